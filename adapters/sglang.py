@@ -1,0 +1,257 @@
+"""A facade shaped like SGLang 0.5.23's prefix cache (``RadixCache``), over any index.
+
+Driven the way SGLang's scheduler drives it — match and lock at admission,
+allocate (evicting when short), ``cache_unfinished_req`` after prefill, one slot
+per decode step, ``cache_finished_req`` at the end — the radix tree behind it gives
+SGLang's hits request for request (SPEC SG-1..SG-6). The logic lives in
+:class:`CacheManager`; this module translates names, units (tokens) and shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from prefixkv.indexes.base import CacheHandle, PrefixIndex
+from prefixkv.indexes.errors import PrefixKVError, RequestStateError
+from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.storage.allocator import BlockAllocator
+
+from .accounting import CacheTotals
+from .manager import CacheManager
+
+__all__ = ["MatchResult", "ReqLike", "SGLangRadixCache", "SimpleReq"]
+
+
+@runtime_checkable
+class ReqLike(Protocol):
+    """What the facade reads from an SGLang ``Req``.
+
+    Optional attributes ``extra_key`` (LoRA id / namespace), ``cache_salt`` and
+    ``priority`` are honoured when present.
+    """
+
+    @property
+    def rid(self) -> str:
+        """Request id."""
+        ...
+
+    @property
+    def origin_input_ids(self) -> Sequence[int]:
+        """Prompt token ids."""
+        ...
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Sampled tokens so far."""
+        ...
+
+
+class SimpleReq:
+    """A minimal ``ReqLike`` for drivers and tests (SGLang ``Req`` fields)."""
+
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: Sequence[int],
+        *,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(origin_input_ids)
+        self.output_ids: list[int] = []
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt
+        self.priority = priority
+
+
+class MatchResult(NamedTuple):
+    """SGLang's ``MatchResult``: the hit's blocks, its length and its last node.
+
+    ``device_indices`` are token slots at page size 1 (SGLang's KV indices) and
+    page (block) ids at page size > 1 (slot = page * page_size + offset).
+    """
+
+    device_indices: list[int]
+    last_node: CacheHandle
+    prefix_len: int
+
+
+def _namespace(req: object) -> ExtraKey | None:
+    extra = getattr(req, "extra_key", None)
+    return make_extra_key(lora=extra, cache_salt=getattr(req, "cache_salt", None))
+
+
+class SGLangRadixCache:
+    """SGLang's prefix-cache API on a prefixkv index and block pool.
+
+    Args:
+        index: a ``PrefixIndex`` or a registry name (``"radix"`` default).
+        capacity_tokens: pool size in tokens (whole pages are used).
+        page_size: tokens per page when ``index`` is a name (default 1).
+        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
+
+    Sizes (``evictable_size``, ``evict``) are in tokens, as in SGLang.
+    """
+
+    def __init__(
+        self,
+        index: PrefixIndex | str = "radix",
+        capacity_tokens: int = 65536,
+        page_size: int | None = None,
+        *,
+        track_boundaries: bool = False,
+    ) -> None:
+        if isinstance(index, str):
+            index = make_index(index, block_size=1 if page_size is None else page_size)
+        self.page_size = index.block_size
+        num_pages = capacity_tokens // self.page_size if type(capacity_tokens) is int else 0
+        if num_pages <= 0:
+            raise PrefixKVError(
+                f"capacity_tokens must hold at least one page of {self.page_size}, "
+                f"got {capacity_tokens!r}"
+            )
+        self.manager = CacheManager(
+            index, BlockAllocator(num_pages), track_boundaries=track_boundaries
+        )
+        self._committed: dict[str, int] = {}
+
+    # ------------------------------------------------------- the tree's own API
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        """The page pool (SGLang's ``token_to_kv_pool_allocator``)."""
+        return self.manager.allocator
+
+    def match_prefix(
+        self, token_ids: Sequence[int], extra_key: ExtraKey | str | None = None
+    ) -> MatchResult:
+        """Longest cached prefix of ``token_ids`` (page-aligned, uncapped); may split a node."""
+        m = self.manager.index.match_prefix(TokenKey(token_ids, extra_key))
+        return MatchResult(m.block_ids, m.handle, m.num_tokens)
+
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        value: Sequence[int],
+        extra_key: ExtraKey | str | None = None,
+    ) -> int:
+        """Insert ``token_ids`` held in pages ``value``; returns the already cached length.
+
+        As in SGLang, the caller frees its pages for the returned prefix (they
+        are duplicates) and owns nothing else afterwards: the tree does.
+        """
+        return self.manager.index.insert(TokenKey(token_ids, extra_key), value).num_cached_tokens
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise PrefixKVError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
+        return self.manager.evict(-(-num_tokens // self.page_size)) * self.page_size
+
+    def inc_lock_ref(self, node: CacheHandle) -> None:
+        """Lock ``node`` and its ancestors."""
+        self.manager.index.lock(node)
+
+    def dec_lock_ref(self, node: CacheHandle) -> None:
+        """Release one lock on ``node`` and its ancestors."""
+        released = self.manager.index.unlock(node)
+        if released:
+            self.manager.allocator.free(released)
+
+    def evictable_size(self) -> int:
+        """Evictable tokens."""
+        return self.manager.index.stats().num_evictable_blocks * self.page_size
+
+    def protected_size(self) -> int:
+        """Locked tokens."""
+        return self.manager.index.stats().num_locked_blocks * self.page_size
+
+    def total_size(self) -> int:
+        """Cached tokens."""
+        return self.manager.index.stats().num_cached_blocks * self.page_size
+
+    def available_size(self) -> int:
+        """Free tokens in the pool."""
+        return self.manager.allocator.num_free_blocks * self.page_size
+
+    def reset(self) -> None:
+        """Drop the whole cache (only with no request running)."""
+        self.manager.reset()
+
+    # ----------------------------------------------------- the scheduler's flow
+
+    def alloc_for_extend(self, req: ReqLike) -> int | None:
+        """Admission (SG-1): match capped at ``len - 1``, lock, allocate the extend.
+
+        At page size > 1 it evicts for one page more than the extend needs, as
+        SGLang's ``alloc_paged_token_slots_extend`` does.
+
+        Returns:
+            The prefix (hit) length, or ``None`` when the pool cannot hold the
+            extend (nothing changes).
+        """
+        rid = str(req.rid)
+        if rid in self._committed:
+            raise RequestStateError(f"request {rid!r} is running already")
+        key = TokenKey(req.origin_input_ids, _namespace(req), getattr(req, "priority", 0) or 0)
+        adm = self.manager.admit(rid, key, reserve_blocks=1 if self.page_size > 1 else 0)
+        if adm is None:
+            return None
+        self._committed[rid] = len(key)
+        return adm.num_cached_tokens
+
+    def cache_unfinished_req(self, req: ReqLike) -> None:
+        """After prefill (SG-3): insert the prompt, free duplicates, move the lock."""
+        rid = str(req.rid)
+        self.manager.commit(rid, self._committed_len(rid))
+
+    def alloc_for_decode(self, req: ReqLike) -> bool:
+        """One decode step: a slot for the last sampled token (the one fed now).
+
+        Evicts to keep one page free, as SGLang's decode allocation does.
+
+        Returns:
+            ``False`` when no slot can be had (SGLang would retract the request).
+        """
+        rid = str(req.rid)
+        pos = self._committed_len(rid)
+        prompt = len(req.origin_input_ids)
+        if not prompt <= pos < prompt + len(req.output_ids):
+            raise RequestStateError(f"request {rid!r} has no sampled token to feed at {pos}")
+        token = req.output_ids[pos - prompt]
+        needs_page = pos % self.page_size == 0
+        reserve = 0 if needs_page or self.page_size == 1 else 1
+        if not self.manager.append(rid, [token], reserve_blocks=reserve):
+            return False
+        self._committed[rid] = pos + 1
+        return True
+
+    def cache_finished_req(self, req: ReqLike) -> None:
+        """At finish (SG-4): insert prompt + fed output, split at the prompt, unlock."""
+        rid = str(req.rid)
+        self.manager.commit(rid, self._committed_len(rid))
+        self.manager.finish(rid)
+        del self._committed[rid]
+
+    def req_to_token(self, req: ReqLike) -> list[int]:
+        """The request's token slots (SGLang's ``req_to_token_pool`` row)."""
+        rid = str(req.rid)
+        n = self._committed_len(rid)
+        ps = self.page_size
+        table = self.manager.block_table(rid)
+        return [table[t // ps] * ps + t % ps for t in range(n)]
+
+    def _committed_len(self, rid: str) -> int:
+        n = self._committed.get(rid)
+        if n is None:
+            raise RequestStateError(f"request {rid!r} is not running")
+        return n
+
+    @property
+    def totals(self) -> CacheTotals:
+        """Requests, query tokens and hit tokens so far."""
+        return self.manager.totals

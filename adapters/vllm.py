@@ -1,0 +1,242 @@
+"""A facade shaped like vLLM 0.33's ``KVCacheManager``, over any prefix index.
+
+Driven the way vLLM's scheduler drives it (``get_computed_blocks`` then
+``allocate_slots`` at admission, ``allocate_slots(request, 1)`` per decode step,
+``free`` at the end), the hash chain behind it gives vLLM's hits request for
+request (SPEC VL-1..VL-4). The logic lives in :class:`CacheManager`; this module
+only translates names and shapes.
+
+vLLM keeps block 0 as its null block, so ``num_blocks=N`` here matches vLLM's
+``num_gpu_blocks=N+1``, with every block id one lower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from prefixkv.indexes.base import PrefixIndex, PrefixMatch
+from prefixkv.indexes.errors import PrefixKVError, RequestStateError
+from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.storage.allocator import BlockAllocator
+
+from .accounting import CacheTotals
+from .manager import CacheManager
+
+__all__ = ["KVCacheBlocks", "RequestLike", "SimpleRequest", "VLLMKVCacheManager"]
+
+
+@runtime_checkable
+class RequestLike(Protocol):
+    """What the facade reads from a vLLM ``Request``.
+
+    Optional attributes ``cache_salt`` (str) and ``lora_request`` (with
+    ``lora_name``) select the namespace, as in vLLM.
+    """
+
+    request_id: str
+
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        """Prompt then output tokens."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """``len(all_token_ids)``."""
+        ...
+
+    num_computed_tokens: int
+
+
+@dataclass
+class SimpleRequest:
+    """A minimal ``RequestLike`` for drivers and tests (vLLM ``Request`` fields)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    cache_salt: str | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then output tokens."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output length."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_id: int) -> None:
+        """Record a sampled token (its KV is computed next step)."""
+        self.output_token_ids.append(token_id)
+
+
+class KVCacheBlocks(NamedTuple):
+    """vLLM's boundary object between scheduler and cache: block ids, one group."""
+
+    block_ids: list[int]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """Block ids per KV-cache group (one group here), as vLLM returns them."""
+        return (list(self.block_ids),)
+
+
+def _namespace(request: RequestLike) -> ExtraKey | None:
+    lora = getattr(request, "lora_request", None)
+    lora_name = getattr(lora, "lora_name", None) if lora is not None else None
+    return make_extra_key(lora=lora_name, cache_salt=getattr(request, "cache_salt", None))
+
+
+class VLLMKVCacheManager:
+    """vLLM's ``KVCacheManager`` API on a prefixkv index and block pool.
+
+    Args:
+        index: a ``PrefixIndex`` or a registry name (``"hash_chain"`` default).
+        num_blocks: usable blocks in the pool.
+        block_size: tokens per block when ``index`` is a name (default 16).
+        enable_caching: ``False`` uses the no-cache index, as vLLM does.
+        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
+
+    Not modelled: speculative lookahead slots, KV-connector external tokens,
+    hybrid (sliding-window, Mamba) groups.
+    """
+
+    def __init__(
+        self,
+        index: PrefixIndex | str = "hash_chain",
+        num_blocks: int = 1024,
+        block_size: int | None = None,
+        *,
+        enable_caching: bool = True,
+        track_boundaries: bool = False,
+    ) -> None:
+        if isinstance(index, str):
+            name = index if enable_caching else "none"
+            index = make_index(name, block_size=16 if block_size is None else block_size)
+        self.manager = CacheManager(
+            index, BlockAllocator(num_blocks), track_boundaries=track_boundaries
+        )
+        self.block_size = index.block_size
+        self._keys: dict[str, TokenKey] = {}
+        self._pending: dict[str, PrefixMatch] = {}
+
+    def _key(self, request: RequestLike) -> TokenKey:
+        # One key per request id: its block-hash memo lives as long as the request,
+        # like vLLM's Request.block_hashes.
+        key = self._keys.get(request.request_id)
+        tokens = request.all_token_ids
+        if key is None:
+            key = self._keys[request.request_id] = TokenKey(tokens, _namespace(request))
+        elif len(tokens) > len(key):
+            key.append(tokens[len(key) :])
+        return key
+
+    def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:
+        """Longest cached prefix, capped at ``num_tokens - 1`` (vLLM's cap). Locks nothing.
+
+        Returns:
+            The hit blocks and the number of computed (hit) tokens.
+        """
+        if request.request_id in self.manager:
+            raise RequestStateError(f"request {request.request_id!r} is running already")
+        key = self.manager.make_key(self._key(request))
+        m = self.manager.match(key)
+        self._pending[request.request_id] = m
+        return KVCacheBlocks(list(m.block_ids)), m.num_tokens
+
+    def allocate_slots(
+        self,
+        request: RequestLike,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> KVCacheBlocks | None:
+        """Slots for ``num_new_tokens`` more tokens; registers the full blocks (VL-1, VL-2).
+
+        A new request takes its hit from the preceding ``get_computed_blocks``.
+        Full blocks are registered up to ``min(computed + new, num_tokens)``
+        before the KV is computed, exactly when vLLM does it.
+
+        Returns:
+            The newly allocated blocks, or ``None`` when they do not fit (nothing
+            changes then).
+
+        Raises:
+            PrefixKVError: lookahead slots (speculative decoding) are asked for,
+                or the counts disagree with the request.
+        """
+        if num_lookahead_tokens:
+            raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
+        if type(num_new_tokens) is not int or num_new_tokens < 0:
+            raise PrefixKVError(
+                f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}"
+            )
+        rid = request.request_id
+        mgr = self.manager
+        key = self._key(request)
+        if rid not in mgr:
+            m = self._pending.pop(rid, None)
+            if m is None or m.num_tokens != num_new_computed_tokens:
+                if num_new_computed_tokens:
+                    raise PrefixKVError(
+                        f"request {rid!r}: {num_new_computed_tokens} computed tokens without "
+                        "a matching get_computed_blocks"
+                    )
+                m = mgr.index.match_prefix(mgr.make_key(key), 0)
+            total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+            adm = mgr.admit(rid, key, num_tokens=min(total, len(key)), prefix_match=m)
+            if adm is None:
+                return None
+            new = adm.block_table[len(m.block_ids) :]
+        else:
+            total = min(request.num_computed_tokens + num_new_tokens, len(key))
+            before = len(mgr.block_table(rid))
+            if not mgr.append(rid, [], num_slots=max(total, mgr.num_computed_tokens(rid))):
+                return None
+            new = mgr.block_table(rid)[before:]
+        mgr.commit(rid, min(total, len(key)), swap_duplicates=False)
+        return KVCacheBlocks(new)
+
+    def free(self, request: RequestLike) -> None:
+        """Release a finished or aborted request, tail block first (HC-7)."""
+        self._pending.pop(request.request_id, None)
+        self._keys.pop(request.request_id, None)
+        if request.request_id in self.manager:
+            self.manager.abort(request.request_id)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table, per group."""
+        return (self.manager.block_table(request_id),)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Blocks shared by every running request, per group (HC-11)."""
+        return [self.manager.num_common_prefix_blocks(running_request_id)]
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache; ``False`` (nothing changes) while requests run."""
+        if self.manager.running():
+            return False
+        self.manager.reset()
+        return True
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop cache entries by block id (KV connectors, HC-10)."""
+        self.manager.evict_blocks(block_ids)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks neither free nor evictable (vLLM: 1 - free queue / total)."""
+        stats = self.manager.index.stats()
+        free = self.manager.allocator.num_free_blocks + stats.num_evictable_blocks
+        return 1.0 - free / self.manager.allocator.num_blocks
+
+    @property
+    def prefix_cache_stats(self) -> CacheTotals:
+        """Requests, query tokens and hit tokens so far (vLLM ``PrefixCacheStats``)."""
+        return self.manager.totals

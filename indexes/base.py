@@ -1,0 +1,192 @@
+"""The contract every prefix-cache index implements, written once.
+
+An index maps token prefixes to the KV blocks that hold them. It owns the blocks it
+caches: a cached block is either locked (in use by at least one request) or
+evictable, and ``evict`` hands unlocked blocks back to the caller (LRU, tail or leaf
+first). Engines see only the records below, never hash entries or tree nodes
+(like vLLM's ``KVCacheBlocks`` and mini-sglang's ``match_prefix`` results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from .tokens import TokenKey
+
+__all__ = ["CacheHandle", "IndexStats", "InsertResult", "PrefixIndex", "PrefixMatch"]
+
+CacheHandle = object
+"""An opaque reference to cached entries (a tree node, a run of blocks).
+
+Pass it back to the index that made it, before that index is mutated by another
+call (a handle from ``match_prefix`` must be locked before the next ``insert``,
+``evict`` or ``reset``).
+"""
+
+
+class PrefixMatch(NamedTuple):
+    """The longest cached prefix of a key.
+
+    Attributes:
+        num_tokens: hit length in tokens, a multiple of ``block_size``.
+        block_ids: the blocks holding the hit, one per block, in order.
+        handle: pass to ``lock`` to pin the hit.
+        num_evictable_blocks: how many of ``block_ids`` are evictable right now;
+            locking the handle protects them, so an admission check subtracts them
+            from the evictable total.
+    """
+
+    num_tokens: int
+    block_ids: list[int]
+    handle: CacheHandle
+    num_evictable_blocks: int
+
+
+class InsertResult(NamedTuple):
+    """What ``insert`` did.
+
+    Attributes:
+        num_cached_tokens: leading tokens of the key the index already held before
+            the call (SGLang's ``prefix_len``).
+        block_ids: the index's blocks for the inserted prefix. Where an entry was
+            already cached under other blocks and the index kept its own (the radix
+            tree), these differ from the caller's: the caller's copies are
+            duplicates to free. An index that keeps duplicates (the hash chain,
+            vLLM's choice) returns the caller's blocks.
+        handle: covers the whole inserted prefix; lock it to pin the prefix.
+    """
+
+    num_cached_tokens: int
+    block_ids: list[int]
+    handle: CacheHandle
+
+
+class IndexStats(NamedTuple):
+    """Sizes and counters of an index, in blocks.
+
+    Attributes:
+        num_cached_blocks: blocks the index owns (locked + evictable).
+        num_evictable_blocks: owned blocks no request has locked.
+        num_locked_blocks: owned blocks pinned by at least one lock.
+        num_entries: hash entries (hash chain) or tree nodes (radix).
+        num_evicted_blocks: blocks given back by ``evict`` since creation.
+    """
+
+    num_cached_blocks: int
+    num_evictable_blocks: int
+    num_locked_blocks: int
+    num_entries: int
+    num_evicted_blocks: int
+
+
+@runtime_checkable
+class PrefixIndex(Protocol):
+    """A prefix-cache index: the one interface every backend implements.
+
+    Thread safety: none. An engine calls its index from its scheduler thread only
+    (as vLLM's and SGLang's schedulers do); wrap it in a lock to share it.
+    """
+
+    block_size: int
+    """Hit granularity in tokens: the hash chain's block, the radix tree's page."""
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """Find the longest cached prefix of ``key``, at most ``max_num_tokens`` long.
+
+        May mutate: recency stamps and node splits (radix). Never locks.
+
+        Args:
+            key: the sequence to look up.
+            max_num_tokens: cap on the hit (the manager passes ``len - 1``).
+
+        Returns:
+            The hit; ``num_tokens == 0`` with no blocks on a miss.
+        """
+        ...
+
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = None,
+        prefix: CacheHandle | None = None,
+    ) -> InsertResult:
+        """Register the first ``num_tokens`` tokens of ``key`` as cached in ``block_ids``.
+
+        Only whole blocks (pages) are registered; a partial tail block is not.
+        New entries start unlocked: lock the returned handle to pin them.
+
+        Args:
+            key: the sequence.
+            block_ids: the caller's blocks for the key, one per block, covering at
+                least the registered whole blocks.
+            num_tokens: how many leading tokens have KV (default: all).
+            prefix: optional hint, a handle the caller holds locked on a prefix of
+                this key (from its previous insert); an index may skip that part.
+
+        Raises:
+            BlockOwnershipError: too few blocks, or a block id cached elsewhere.
+        """
+        ...
+
+    def lock(self, handle: CacheHandle) -> None:
+        """Pin the entries of ``handle`` (vLLM ``ref_cnt += 1``, SGLang ``inc_lock_ref``).
+
+        Raises:
+            InvalidHandleError: the handle is foreign or its entries were evicted.
+        """
+        ...
+
+    def unlock(self, handle: CacheHandle) -> list[int]:
+        """Release one lock on ``handle``; entries stay cached (evictable at 0).
+
+        Returns:
+            Blocks the index no longer holds and hands back to the caller (only
+            blocks whose entries were dropped while locked, e.g. by
+            ``evict_blocks``); usually empty.
+
+        Raises:
+            LockStateError: no lock is held on some entry (a double unlock).
+        """
+        ...
+
+    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
+        """Move one lock from ``old`` to ``new`` (SGLang: lock the new node, unlock the old).
+
+        Equivalent to ``lock(new)`` then ``unlock(old)``; an index may do it in
+        O(difference) when ``new`` extends ``old``.
+        """
+        ...
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Free at least ``num_blocks`` unlocked blocks, least recently used first.
+
+        The hash chain frees exactly that many (tail blocks first); the radix tree
+        frees whole leaves and may overshoot. Fewer come back when not enough are
+        evictable.
+
+        Returns:
+            The freed block ids, now owned by the caller.
+        """
+        ...
+
+    def reset(self) -> list[int]:
+        """Drop every entry and return all cached blocks.
+
+        Raises:
+            CacheInUseError: some entry is locked; nothing changes.
+        """
+        ...
+
+    def stats(self) -> IndexStats:
+        """Sizes and counters, in O(1)."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Verify the internal structure.
+
+        Raises:
+            AssertionError: with a description of the broken state.
+        """
+        ...

@@ -1,0 +1,499 @@
+"""Hash-chain prefix index in the style of vLLM v1's ``BlockPool`` prefix cache.
+
+A flat dict maps chained block hashes to blocks (no parent/child links, SPEC HC-5);
+lookup probes it once per block from block 0 and stops at the first miss (HC-4).
+Unlocked blocks wait in an LRU free queue, a finished request's tail first (HC-7),
+and eviction takes them from its head.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from operator import attrgetter
+
+from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .errors import (
+    BlockOwnershipError,
+    CacheInUseError,
+    InvalidHandleError,
+    LockStateError,
+    PrefixKVError,
+)
+from .free_queue import CachedBlock, FreeBlockQueue
+from .hashing import BlockHasher, Digest
+from .tokens import TokenKey
+
+__all__ = ["HashChainIndex"]
+
+_ref_cnt = attrgetter("ref_cnt")
+_Entry = CachedBlock | dict[int, CachedBlock]
+
+
+@dataclass(frozen=True, slots=True)
+class _ChainHandle:
+    """A run of blocks from block 0, as returned by ``match_prefix`` / ``insert``."""
+
+    owner: HashChainIndex
+    blocks: tuple[CachedBlock, ...]
+    epoch: int  # the owner's eviction epoch when made: unchanged => no block died since
+
+
+def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
+    if num_tokens is None:
+        return len(key)
+    if type(num_tokens) is not int or not 0 <= num_tokens <= len(key):
+        raise PrefixKVError(f"{what} must be an int in [0, {len(key)}], got {num_tokens!r}")
+    return num_tokens
+
+
+def _check_block_ids(block_ids: Sequence[int], what: str) -> None:
+    if any(type(b) is not int or b < 0 for b in block_ids):
+        bad = next(b for b in block_ids if type(b) is not int or b < 0)
+        raise BlockOwnershipError(f"{what}: block ids must be non-negative ints, got {bad!r}")
+
+
+class HashChainIndex:
+    """vLLM's prefix cache: chained block hashes in a flat dict, an LRU free queue.
+
+    Semantics (SPEC HC-1..HC-13):
+
+    * Only full blocks are hashed; ``H_i = D(H_{i-1}, tokens_i)`` with the
+      namespace in block 0 (:class:`~prefixkv.indexes.hashing.BlockHasher`).
+    * ``match_prefix`` probes one hash per block and stops at the first miss.
+    * A locked block has ``ref_cnt > 0`` and is out of the free queue; at 0 it goes
+      to the queue's tail and keeps its hash entry, so it still hits.
+    * ``unlock`` releases a run tail first, so eviction trims chains from the tail.
+    * Duplicates (HC-13): when two requests computed the same block, both blocks
+      are registered under the hash, as vLLM does; lookups return the first one
+      still cached, and each is evicted on its own.
+
+    Args:
+        block_size: tokens per block (vLLM's default 16).
+        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256"`` or a digest callable.
+        seed: root seed; ``None`` draws a random one (see ``BlockHasher``).
+        verify: store each block's tokens, namespace and parent, and accept a hit
+            only if they equal the key's, so a hash collision can never return
+            another sequence's KV (costs memory and a compare per hit block).
+
+    Thread safety: none; call from one scheduler thread.
+    """
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        *,
+        hash_algorithm: str | Digest = "xxh3_128",
+        seed: int | str | bytes | None = None,
+        verify: bool = False,
+    ) -> None:
+        self._hasher = BlockHasher(block_size, hash_algorithm, seed)
+        self.block_size = block_size
+        self.verify = bool(verify)
+        self._table: dict[bytes, _Entry] = {}
+        self._blocks: dict[int, CachedBlock] = {}
+        self._free = FreeBlockQueue()
+        self._epoch = 0
+        self._num_evicted = 0
+
+    @property
+    def hasher(self) -> BlockHasher:
+        """The block hasher (its root seed included)."""
+        return self._hasher
+
+    # ------------------------------------------------------------------ lookup
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """Longest run of cached blocks from block 0 (SPEC HC-4).
+
+        Mutates nothing but the key's hash memo.
+
+        Complexity: O(new blocks to hash) + one dict probe per hit block.
+        """
+        limit = _check_limit(max_num_tokens, key, "max_num_tokens") // self.block_size
+        hashes = key.block_hashes(self._hasher)
+        table = self._table
+        hit: list[CachedBlock] = []
+        append = hit.append
+        for block_hash in islice(hashes, limit):
+            entry = table.get(block_hash)
+            if entry is None:
+                break
+            if type(entry) is CachedBlock:
+                block = entry
+            else:
+                found = self._pick_duplicate(entry, key, len(hit), hit)  # type: ignore[arg-type]
+                if found is None:
+                    break
+                block = found
+            if self.verify and not self._content_matches(block, key, len(hit), hit):
+                break
+            append(block)
+        n = len(hit)
+        num_evictable = n - sum(1 for b in hit if b.ref_cnt) if n else 0
+        return PrefixMatch(
+            n * self.block_size,
+            [b.block_id for b in hit],
+            _ChainHandle(self, tuple(hit), self._epoch),
+            num_evictable,
+        )
+
+    def _pick_duplicate(
+        self, entry: dict[int, CachedBlock], key: TokenKey, pos: int, hit: list[CachedBlock]
+    ) -> CachedBlock | None:
+        # vLLM returns the first block registered under the hash; with verify we
+        # take the first whose registered parent is the block we just matched.
+        if not self.verify:
+            return next(iter(entry.values()))
+        for block in entry.values():
+            if self._content_matches(block, key, pos, hit):
+                return block
+        return None
+
+    def _content_matches(
+        self, block: CachedBlock, key: TokenKey, pos: int, hit: list[CachedBlock]
+    ) -> bool:
+        bs = self.block_size
+        if block.tokens != key.tokens[pos * bs : (pos + 1) * bs]:
+            return False
+        if pos == 0:
+            return block.parent is None and block.extra_key == key.extra_key
+        return block.parent is hit[pos - 1]
+
+    # ---------------------------------------------------------------- register
+
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = None,
+        prefix: CacheHandle | None = None,
+    ) -> InsertResult:
+        """Register the full blocks of the first ``num_tokens`` tokens (vLLM ``cache_full_blocks``).
+
+        A block id already cached under its hash is kept as is (a hit block); a new
+        block id is registered even when its hash is cached already (a duplicate,
+        HC-13). New blocks start unlocked, at the tail of the free queue.
+
+        Args:
+            key: the sequence.
+            block_ids: its blocks, one per block.
+            num_tokens: tokens with KV (default ``len(key)``).
+            prefix: optional handle the caller holds locked on a prefix of this
+                key (its previous insert): those blocks are not re-checked, so a
+                decoding request registers each new block in O(1).
+
+        Raises:
+            BlockOwnershipError: too few or malformed block ids, a repeated id, or an
+                id cached under another hash; nothing is registered then.
+
+        Complexity: O(blocks after ``prefix``).
+        """
+        bs = self.block_size
+        num_full = _check_limit(num_tokens, key, "num_tokens") // bs
+        if len(block_ids) < num_full:
+            raise BlockOwnershipError(
+                f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
+            )
+        hashes = key.block_hashes(self._hasher)
+        done: tuple[CachedBlock, ...] = ()
+        if prefix is not None:
+            pre = self._own(prefix)
+            k = min(len(pre.blocks), num_full)
+            if (
+                k
+                and pre.blocks[k - 1].block_id == block_ids[k - 1]
+                and (pre.epoch == self._epoch or min(map(_ref_cnt, pre.blocks[:k])) > 0)
+            ):
+                done = pre.blocks[:k]
+        start = len(done)
+        new_ids = list(block_ids[start:num_full])
+        _check_block_ids(new_ids, "insert")
+        if len(set(new_ids)) != len(new_ids):
+            raise BlockOwnershipError(f"insert: a block id appears twice in {new_ids}")
+        table, blocks = self._table, self._blocks
+        for i, bid in enumerate(new_ids, start):
+            old = blocks.get(bid)
+            if old is not None and old.block_hash is not None and old.block_hash != hashes[i]:
+                raise BlockOwnershipError(
+                    f"block {bid} is cached for other content; it cannot hold block {i} of {key!r}"
+                )
+        num_cached = start
+        still_cached = True
+        chain = list(done)
+        prev = chain[-1] if chain else None
+        for i, bid in enumerate(new_ids, start):
+            block_hash = hashes[i]
+            if still_cached and block_hash in table:
+                num_cached += 1
+            else:
+                still_cached = False
+            block = blocks.get(bid)
+            if block is None:
+                block = CachedBlock(bid, block_hash)
+                if self.verify:
+                    block.tokens = key.tokens[i * bs : (i + 1) * bs]
+                    block.parent = prev
+                    block.extra_key = key.extra_key if i == 0 else None
+                self._add_entry(block)
+                blocks[bid] = block
+                self._free.append(block)
+            chain.append(block)
+            prev = block
+        return InsertResult(
+            num_cached * bs,
+            list(block_ids[:num_full]),
+            _ChainHandle(self, tuple(chain), self._epoch),
+        )
+
+    def _add_entry(self, block: CachedBlock) -> None:
+        assert block.block_hash is not None
+        entry = self._table.get(block.block_hash)
+        if entry is None:
+            self._table[block.block_hash] = block
+        elif type(entry) is CachedBlock:
+            self._table[block.block_hash] = {entry.block_id: entry, block.block_id: block}
+        else:
+            entry[block.block_id] = block  # type: ignore[index]
+
+    def _drop_entry(self, block: CachedBlock) -> None:
+        # Remove this block's hash entry; its duplicates (if any) stay cached.
+        assert block.block_hash is not None
+        entry = self._table[block.block_hash]
+        if entry is block:
+            del self._table[block.block_hash]
+        else:
+            assert type(entry) is dict
+            del entry[block.block_id]
+            if len(entry) == 1:
+                self._table[block.block_hash] = next(iter(entry.values()))
+        block.block_hash = None
+
+    # ----------------------------------------------------------------- locking
+
+    def _own(self, handle: CacheHandle) -> _ChainHandle:
+        if type(handle) is not _ChainHandle or handle.owner is not self:
+            raise InvalidHandleError(f"handle {handle!r} was not made by this hash chain")
+        return handle
+
+    def lock(self, handle: CacheHandle) -> None:
+        """Pin the blocks of ``handle``: ``ref_cnt += 1``, out of the free queue (HC-6).
+
+        Raises:
+            InvalidHandleError: foreign handle, or a block evicted since the match.
+
+        Complexity: O(blocks).
+        """
+        self._lock_blocks(self._own(handle))
+
+    def _lock_blocks(self, handle: _ChainHandle, start: int = 0) -> None:
+        blocks = handle.blocks
+        if handle.epoch != self._epoch and blocks and min(map(_ref_cnt, blocks)) < 0:
+            dead = next(b.block_id for b in blocks if b.ref_cnt < 0)
+            raise InvalidHandleError(f"block {dead} of this handle was evicted; match again")
+        remove = self._free.remove
+        for block in islice(blocks, start, None):
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def unlock(self, handle: CacheHandle) -> list[int]:
+        """Release one lock, tail block first (HC-6, HC-7).
+
+        Blocks reaching ``ref_cnt == 0`` join the free queue's tail and keep their
+        hash; a block whose entry ``evict_blocks`` dropped is handed back instead.
+
+        Raises:
+            LockStateError: some block of the handle is not locked (double unlock).
+
+        Complexity: O(blocks).
+        """
+        h = self._own(handle)
+        return self._unlock_blocks(h.blocks)
+
+    def _unlock_blocks(self, blocks: Sequence[CachedBlock]) -> list[int]:
+        if blocks and min(map(_ref_cnt, blocks)) <= 0:
+            bad = next(b.block_id for b in blocks if b.ref_cnt <= 0)
+            raise LockStateError(f"block {bad} is not locked; unlock without a matching lock")
+        released: list[int] = []
+        append = self._free.append
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    released.append(block.block_id)
+                    del self._blocks[block.block_id]
+                    block.ref_cnt = -1
+                else:
+                    append(block)
+        return released
+
+    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
+        """Move a lock from ``old`` to ``new``; only the blocks past ``old`` are touched
+        when ``new`` extends it (a decoding request's next insert)."""
+        o, n = self._own(old), self._own(new)
+        k = len(o.blocks)
+        if n.blocks[:k] == o.blocks:
+            self._lock_blocks(n, start=k)
+            return []
+        self._lock_blocks(n)
+        return self._unlock_blocks(o.blocks)
+
+    # ---------------------------------------------------------------- eviction
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Free up to ``num_blocks`` evictable blocks from the queue head (LRU, tails first).
+
+        Each freed block loses its hash entry before it is handed back, so a cached
+        entry never points at overwritten KV (HC-9).
+
+        Complexity: O(num_blocks).
+        """
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        out: list[int] = []
+        free = self._free
+        while len(out) < num_blocks and len(free):
+            block = free.popleft()
+            self._forget(block)
+            out.append(block.block_id)
+        self._num_evicted += len(out)
+        return out
+
+    def _forget(self, block: CachedBlock) -> None:
+        self._drop_entry(block)
+        del self._blocks[block.block_id]
+        block.ref_cnt = -1
+        block.parent = None
+        self._epoch += 1
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> list[int]:
+        """Drop the hash entries of the given blocks (vLLM ``BlockPool.evict_blocks``, HC-10).
+
+        Used by KV connectors. Only entries go: a locked block stays with its
+        requests and is handed back at its last unlock. Blocks chained after a
+        dropped one stay cached but unreachable (lookups stop at the missing
+        link) until the free queue reaches them. Ids not cached are ignored.
+
+        Returns:
+            The unlocked blocks freed now, owned by the caller.
+        """
+        ids = list(block_ids)
+        _check_block_ids(ids, "evict_blocks")
+        freed: list[int] = []
+        for bid in ids:
+            block = self._blocks.get(bid)
+            if block is None or block.block_hash is None:
+                continue
+            if block.ref_cnt == 0:
+                self._free.remove(block)
+                self._forget(block)
+                freed.append(bid)
+            else:
+                self._drop_entry(block)
+        self._num_evicted += len(freed)
+        return freed
+
+    def reset(self) -> list[int]:
+        """Drop every entry (vLLM ``reset_prefix_cache``); blocks come back LRU first.
+
+        Raises:
+            CacheInUseError: a block is locked; nothing changes.
+        """
+        locked = len(self._blocks) - len(self._free)
+        if locked:
+            raise CacheInUseError(f"cannot reset: {locked} cached blocks are locked by requests")
+        out = [b.block_id for b in self._free]
+        for block in self._blocks.values():
+            block.ref_cnt = -1
+            block.block_hash = None
+            block.parent = None
+        self._free.clear()
+        self._table.clear()
+        self._blocks.clear()
+        self._epoch += 1
+        return out
+
+    # ----------------------------------------------------------------- queries
+
+    def num_common_prefix_blocks(self, block_ids: Sequence[int], num_requests: int) -> int:
+        """Leading blocks of ``block_ids`` held by all ``num_requests`` requests (HC-11).
+
+        vLLM's ``get_num_common_prefix_blocks``: count from block 0 while the
+        block is cached with ``ref_cnt == num_requests``.
+
+        Complexity: O(result).
+        """
+        n = 0
+        blocks = self._blocks
+        for bid in block_ids:
+            block = blocks.get(bid)
+            if block is None or block.ref_cnt != num_requests:
+                break
+            n += 1
+        return n
+
+    def ref_cnt(self, block_id: int) -> int:
+        """A cached block's ref count (0 = evictable); -1 when the block is not cached."""
+        block = self._blocks.get(block_id)
+        return -1 if block is None else block.ref_cnt
+
+    def is_cached(self, block_id: int) -> bool:
+        """Whether ``block_id`` has a hash entry (is matchable)."""
+        block = self._blocks.get(block_id)
+        return block is not None and block.block_hash is not None
+
+    def free_queue_block_ids(self) -> list[int]:
+        """Evictable blocks in eviction order (head first). O(n); for tests and reports."""
+        return [b.block_id for b in self._free]
+
+    def stats(self) -> IndexStats:
+        """Sizes and counters. O(1)."""
+        cached = len(self._blocks)
+        evictable = len(self._free)
+        return IndexStats(
+            cached, evictable, cached - evictable, len(self._table), self._num_evicted
+        )
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held by the index's own structures (not the KV)."""
+        per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
+        total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
+        total += len(self._blocks) * per_block
+        total += len(self._table) * (33 + len(self._hasher.root))  # the hash bytes objects
+        dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
+        if self.verify:
+            total += sum(sys.getsizeof(b.tokens) for b in self._blocks.values())
+        return total + dup
+
+    def check_invariants(self) -> None:
+        """Every block is queued iff evictable; the table and blocks agree.
+
+        Raises:
+            AssertionError: describing the first inconsistency.
+        """
+        self._free.check_invariants()
+        queued = {id(b) for b in self._free}
+        for bid, block in self._blocks.items():
+            assert block.block_id == bid, f"block {bid} stored under id {block.block_id}"
+            assert block.ref_cnt >= 0, f"live block {bid} has ref_cnt {block.ref_cnt}"
+            if block.ref_cnt == 0:
+                assert id(block) in queued, f"evictable block {bid} is not in the free queue"
+                assert block.block_hash is not None, f"unlocked block {bid} has no hash"
+            else:
+                assert id(block) not in queued, f"locked block {bid} is in the free queue"
+            if block.block_hash is not None:
+                entry = self._table.get(block.block_hash)
+                assert entry is not None, f"block {bid}'s hash has no table entry"
+                members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+                assert any(m is block for m in members), f"block {bid} missing from its entry"
+            if self.verify and block.tokens is not None:
+                assert len(block.tokens) == self.block_size, f"block {bid} stores a partial block"
+        for block_hash, entry in self._table.items():
+            members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+            assert members, "empty duplicate entry"
+            for m in members:
+                assert m.block_hash == block_hash, f"block {m.block_id} under a foreign hash"
+                assert self._blocks.get(m.block_id) is m, f"block {m.block_id} not owned"

@@ -1,0 +1,144 @@
+"""Chained block hashes in the style of vLLM's ``hash_block_tokens``.
+
+``H_0 = D(root || namespace || bytes(block_0))`` and ``H_i = D(H_{i-1} || bytes(block_i))``,
+where ``D`` is xxh3-128 (fast, the default) or sha256 (collision resistant). Unlike
+vLLM, nothing is pickled: each full block's token bytes are sliced from the key's
+array and hashed with one C call (SPEC HC-2, HC-12).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Callable
+
+import xxhash
+
+from .errors import PrefixKVError
+from .tokens import TOKEN_BYTES, ExtraKey
+
+__all__ = ["HASH_ALGORITHMS", "BlockHasher", "encode_extra_key"]
+
+Digest = Callable[[bytes], bytes]
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+HASH_ALGORITHMS: dict[str, Digest] = {
+    "xxh3_128": xxhash.xxh3_128_digest,
+    "sha256": _sha256,
+}
+"""Digest functions by name: ``xxh3_128`` (default) and ``sha256``."""
+
+
+def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
+    """Unambiguous bytes of a namespace, entering block 0's hash.
+
+    Every field is length-prefixed and every value carries a type tag, so no two
+    different namespaces encode alike (a LoRA ``"x"`` is not a salt ``"x"``).
+    """
+    if not extra_key:
+        return b"\x00\x00\x00\x00"
+    out = [struct.pack("<I", len(extra_key))]
+    for kind, value in extra_key:
+        k = kind.encode()
+        if isinstance(value, str):
+            tag, v = b"s", value.encode()
+        else:
+            tag, v = b"i", str(value).encode()
+        out += [struct.pack("<I", len(k)), k, tag, struct.pack("<I", len(v)), v]
+    return b"".join(out)
+
+
+def _seed_bytes(seed: int | str | bytes | None) -> bytes:
+    if seed is None:
+        return os.urandom(16)
+    if isinstance(seed, bytes):
+        return seed
+    if isinstance(seed, str):
+        return seed.encode()
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed.to_bytes((seed.bit_length() + 8) // 8, "little", signed=True)
+    raise PrefixKVError(f"hash seed must be None, an int, a str or bytes, got {seed!r}")
+
+
+class BlockHasher:
+    """Computes the chained hashes of full blocks for one index.
+
+    Args:
+        block_size: tokens per block (> 0).
+        algorithm: ``"xxh3_128"``, ``"sha256"``, or a callable ``bytes -> bytes``
+            (tests use a deliberately colliding one).
+        seed: the root seed. ``None`` draws 16 random bytes per hasher, so block
+            hashes cannot be predicted (and collisions cannot be searched for
+            offline, vLLM #12621); give a seed to make hashes reproducible across
+            processes, as vLLM does with ``PYTHONHASHSEED``.
+
+    Raises:
+        PrefixKVError: a bad block size, algorithm or seed.
+    """
+
+    __slots__ = ("_digest", "_namespace_roots", "algorithm", "block_size", "root")
+
+    def __init__(
+        self,
+        block_size: int,
+        algorithm: str | Digest = "xxh3_128",
+        seed: int | str | bytes | None = None,
+    ) -> None:
+        if type(block_size) is not int or block_size <= 0:
+            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        if callable(algorithm):
+            self._digest: Digest = algorithm
+            self.algorithm = getattr(algorithm, "__name__", "custom")
+        elif algorithm in HASH_ALGORITHMS:
+            self._digest = HASH_ALGORITHMS[algorithm]
+            self.algorithm = algorithm
+        else:
+            names = ", ".join(sorted(HASH_ALGORITHMS))
+            raise PrefixKVError(f"unknown hash algorithm {algorithm!r}; known: {names}")
+        self.block_size = block_size
+        self.root = self._digest(b"prefixkv-root\x00" + _seed_bytes(seed))
+        self._namespace_roots: dict[ExtraKey | None, bytes] = {}
+
+    def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
+        # root || namespace acts as the "parent hash" of block 0; cached per namespace.
+        parent = self._namespace_roots.get(extra_key)
+        if parent is None:
+            parent = self.root + encode_extra_key(extra_key)
+            if len(self._namespace_roots) < 4096:
+                self._namespace_roots[extra_key] = parent
+        return parent
+
+    def extend(self, hashes: list[bytes], data: memoryview, extra_key: ExtraKey | None) -> None:
+        """Append the hashes of the full blocks of ``data`` not in ``hashes`` yet.
+
+        Args:
+            hashes: the memo, hashes of blocks ``0 .. len(hashes)-1``; extended in place.
+            data: the sequence's token bytes (``TOKEN_BYTES`` per token).
+            extra_key: the sequence's namespace (enters block 0 only; the chain
+                carries it into every later hash).
+
+        Complexity: O(new blocks), one digest call each.
+        """
+        step = self.block_size * TOKEN_BYTES
+        start = len(hashes) * step
+        stop = len(data) - len(data) % step
+        if start >= stop:
+            return
+        digest = self._digest
+        parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
+        append = hashes.append
+        for pos in range(start, stop, step):
+            parent = digest(parent + data[pos : pos + step])
+            append(parent)
+
+    def hash_tokens(self, tokens: bytes, extra_key: ExtraKey | None = None) -> list[bytes]:
+        """Hashes of every full block of ``tokens`` (raw token bytes), from scratch."""
+        out: list[bytes] = []
+        with memoryview(tokens) as view:
+            self.extend(out, view, extra_key)
+        return out

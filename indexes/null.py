@@ -1,0 +1,91 @@
+"""The no-cache baseline: an index that never hits and never holds a block.
+
+Like mini-sglang's null cache, it lets an engine run the same code path with prefix
+caching off, so "no cache" is measured through exactly the machinery the real
+backends use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .errors import InvalidHandleError, PrefixKVError
+from .tokens import TokenKey
+
+__all__ = ["NoPrefixIndex"]
+
+
+class _NullHandle:
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: NoPrefixIndex) -> None:
+        self.owner = owner
+
+
+class NoPrefixIndex:
+    """Always misses; ``insert`` registers nothing, so every block stays the caller's.
+
+    Args:
+        block_size: the allocation granularity the engine uses (reported only).
+    """
+
+    def __init__(self, block_size: int = 16) -> None:
+        if type(block_size) is not int or block_size <= 0:
+            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self._handle = _NullHandle(self)
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """A miss. O(1)."""
+        return PrefixMatch(0, [], self._handle, 0)
+
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = None,
+        prefix: CacheHandle | None = None,
+    ) -> InsertResult:
+        """Registers nothing: the caller keeps (and later frees) all its blocks. O(1)."""
+        return InsertResult(0, [], self._handle)
+
+    def _check(self, handle: CacheHandle) -> None:
+        if handle is not self._handle:
+            raise InvalidHandleError(f"handle {handle!r} was not made by this index")
+
+    def lock(self, handle: CacheHandle) -> None:
+        """Nothing to pin. O(1)."""
+        self._check(handle)
+
+    def unlock(self, handle: CacheHandle) -> list[int]:
+        """Nothing to release. O(1)."""
+        self._check(handle)
+        return []
+
+    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
+        """Nothing to move. O(1)."""
+        self._check(old)
+        self._check(new)
+        return []
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Nothing to evict. O(1)."""
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        return []
+
+    def reset(self) -> list[int]:
+        """Nothing to drop. O(1)."""
+        return []
+
+    def stats(self) -> IndexStats:
+        """All zero. O(1)."""
+        return IndexStats(0, 0, 0, 0, 0)
+
+    def memory_bytes(self) -> int:
+        """The index holds no per-block structures."""
+        return 0
+
+    def check_invariants(self) -> None:
+        """Nothing can break."""

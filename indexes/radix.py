@@ -1,0 +1,512 @@
+"""Radix-tree prefix index in the style of SGLang's ``RadixCache``.
+
+Nodes hold token segments (whole pages) and the blocks holding them; a match or an
+insert that ends inside a segment splits the node there (SPEC RX-3, RX-4). Locks
+propagate to the root (RX-5) and eviction frees unlocked leaves, leaf first and
+upward (RX-6), ordered by a pluggable policy (RX-7). Unlike SGLang, which rebuilds a
+heap over every evictable leaf on each ``evict`` call, the candidates live in a
+sorted list updated incrementally: O(log n) per evicted leaf.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
+
+from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .errors import (
+    BlockOwnershipError,
+    CacheInUseError,
+    InvalidHandleError,
+    LockStateError,
+    PrefixKVError,
+)
+from .eviction import EvictionPolicy, make_eviction_policy
+from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
+
+__all__ = ["RadixIndex"]
+
+_ChildKey = int | bytes
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    """A tree node: ``key`` tokens held in ``value`` blocks (one per page)."""
+
+    key: array[int]
+    value: list[int]
+    parent: _Node | None
+    created: int
+    last_access: int
+    priority: int = 0
+    hit_count: int = 0
+    lock_ref: int = 0
+    children: dict[_ChildKey, _Node] = field(default_factory=dict)
+    evict_key: tuple[tuple[int, ...], int] | None = None  # its entry in the candidates
+    dead: bool = False
+    owner: object = None  # set on roots only: the tree they belong to
+    namespace: ExtraKey | None = None  # roots only
+
+
+def _check_count(name: str, value: object, limit: int) -> int:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise PrefixKVError(f"{name} must be an int in [0, {limit}], got {value!r}")
+    return value
+
+
+class RadixIndex:
+    """SGLang's radix tree over paged blocks: token-exact hits at page size 1.
+
+    Semantics (SPEC RX-1..RX-7, SG-2, SG-5, SG-6):
+
+    * ``block_size`` is SGLang's ``page_size`` (default 1). Keys are cut to whole
+      pages for both match and insert; children are keyed by their first token
+      (page size 1) or their whole first page.
+    * Every node on a matched or inserted path gets the operation's recency
+      stamp; a node created by a split or an insert gets a later one, as with
+      SGLang's ``time.monotonic()`` stamps (here an instance tick counter).
+    * Locks count up the path to the root; unlocking never deletes.
+    * ``evict`` frees whole unlocked leaves in policy order and may overshoot; a
+      parent joins the candidates once its last child is gone.
+    * Namespaces (``extra_key``) get separate subtrees, so they never share nodes.
+    * ``hit_count`` (the ``lfu`` policy) counts inserts through a node by distinct
+      registrations of a key, as SGLang does with ``cache_inserted_len``.
+
+    Args:
+        block_size: page size in tokens (> 0).
+        eviction: ``"lru"`` (default), ``"lfu"``, ``"priority"``, ``"fifo"`` or an
+            :class:`~prefixkv.indexes.eviction.EvictionPolicy`.
+
+    Thread safety: none; call from one scheduler thread.
+    """
+
+    def __init__(self, block_size: int = 1, *, eviction: str | EvictionPolicy = "lru") -> None:
+        if type(block_size) is not int or block_size <= 0:
+            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        self.policy = make_eviction_policy(eviction)
+        self._roots: dict[ExtraKey | None, _Node] = {}
+        self._empty_root = self._new_root()
+        self._candidates: SortedList = SortedList()
+        self._tick = 0
+        self._num_nodes = 0
+        self._evictable = 0
+        self._protected = 0
+        self._num_evicted = 0
+
+    # ----------------------------------------------------------------- helpers
+
+    def _new_root(self, namespace: ExtraKey | None = None) -> _Node:
+        root = _Node(array(TOKEN_TYPECODE), [], None, 0, 0, lock_ref=1, priority=-sys.maxsize)
+        root.owner = self
+        root.namespace = namespace
+        return root
+
+    def _root(self, extra_key: ExtraKey | None, create: bool) -> _Node:
+        root = self._roots.get(extra_key)
+        if root is None:
+            if not create:
+                return self._empty_root
+            root = self._roots[extra_key] = self._new_root(extra_key)
+        return root
+
+    def _child_key(self, tokens: array[int], pos: int) -> _ChildKey:
+        if self.block_size == 1:
+            return tokens[pos]
+        return tokens[pos : pos + self.block_size].tobytes()
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def _add_candidate(self, node: _Node) -> None:
+        k = (self.policy.sort_key(node), node.created)
+        node.evict_key = k
+        self._candidates.add((k, node))
+
+    def _remove_candidate(self, node: _Node) -> None:
+        assert node.evict_key is not None
+        self._candidates.remove((node.evict_key, node))
+        node.evict_key = None
+
+    def _touch(self, node: _Node, tick: int) -> None:
+        if node.evict_key is not None:
+            self._remove_candidate(node)
+            node.last_access = tick
+            self._add_candidate(node)
+        else:
+            node.last_access = tick
+
+    def _update_leaf_status(self, node: _Node) -> None:
+        should = node.lock_ref == 0 and not node.children and node.parent is not None
+        if should and node.evict_key is None:
+            self._add_candidate(node)
+        elif not should and node.evict_key is not None:
+            self._remove_candidate(node)
+
+    def _split(self, child: _Node, split_len: int) -> _Node:
+        # new_node -> child, new_node holding child's first split_len tokens.
+        ps = self.block_size
+        parent = child.parent
+        assert parent is not None and 0 < split_len < len(child.key)
+        tick = self._next_tick()
+        new = _Node(
+            child.key[:split_len],
+            child.value[: split_len // ps],
+            parent,
+            tick,
+            tick,
+            priority=child.priority,
+            hit_count=child.hit_count,
+            lock_ref=child.lock_ref,
+        )
+        parent.children[self._child_key(child.key, 0)] = new
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len // ps :]
+        child.parent = new
+        new.children[self._child_key(child.key, 0)] = child
+        self._num_nodes += 1
+        return new
+
+    # ------------------------------------------------------------------ lookup
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """Longest cached prefix, page-aligned; splits the last node if the match ends
+        inside it (RX-3). Stamps the path with a fresh tick (SG-5).
+
+        Complexity: O(depth) Python steps; segments compare in C.
+        """
+        ps = self.block_size
+        tokens = key.tokens
+        limit = len(tokens)
+        if max_num_tokens is not None:
+            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+        limit -= limit % ps
+        node = self._root(key.extra_key, create=False)
+        if limit == 0 or not node.children:
+            return PrefixMatch(0, [], node, 0)
+        tick = self._next_tick()
+        node.last_access = tick
+        pos = 0
+        path_blocks: list[int] = []
+        evictable = 0
+        children = node.children
+        while pos < limit:
+            child = children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            self._touch(child, tick)
+            seg = child.key
+            n = min(len(seg), limit - pos)
+            m = common_prefix_len(seg, 0, tokens, pos, n)
+            m -= m % ps
+            if m < len(seg):
+                node = self._split(child, m)
+                pos += m
+                path_blocks += node.value
+                if not node.lock_ref:
+                    evictable += len(node.value)
+                break
+            node = child
+            pos += m
+            path_blocks += child.value
+            if not child.lock_ref:
+                evictable += len(child.value)
+            children = child.children
+        return PrefixMatch(pos, path_blocks, node, evictable)
+
+    # ---------------------------------------------------------------- register
+
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = None,
+        prefix: CacheHandle | None = None,
+    ) -> InsertResult:
+        """Insert the page-aligned first ``num_tokens`` tokens (RX-4, SGLang ``insert``).
+
+        Walks like ``match_prefix``, splitting where the key diverges inside a
+        segment, and adds one leaf for the rest, holding the caller's blocks for
+        it. Blocks the tree already had for the leading part are kept: the
+        returned ``block_ids`` are the tree's, and the caller's copies of that part
+        are duplicates to free. ``prefix`` is ignored (the walk is cheap).
+
+        Raises:
+            BlockOwnershipError: too few or malformed block ids; nothing changes.
+
+        Complexity: O(depth) Python steps, segments compare in C.
+        """
+        ps = self.block_size
+        tokens = key.tokens
+        n = (
+            len(tokens)
+            if num_tokens is None
+            else _check_count("num_tokens", num_tokens, len(tokens))
+        )
+        n -= n % ps
+        pages = n // ps
+        if len(block_ids) < pages:
+            raise BlockOwnershipError(
+                f"{pages} pages to insert but only {len(block_ids)} block ids given"
+            )
+        own = list(block_ids[:pages])
+        if own and (set(map(type, own)) != {int} or min(own) < 0 or len(set(own)) != len(own)):
+            raise BlockOwnershipError(
+                f"insert: block ids must be distinct non-negative ints, got {own[:16]}..."
+            )
+        inserted_before = key.index_memo(self)
+        priority = key.priority
+        node = self._root(key.extra_key, create=n > 0)
+        if n == 0:
+            return InsertResult(0, [], node)
+        tick = self._next_tick()
+        node.last_access = tick
+        pos = 0
+        path_blocks: list[int] = []
+        while pos < n:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            self._touch(child, tick)
+            seg = child.key
+            m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
+            m -= m % ps
+            pos += m
+            node = self._split(child, m) if m < len(seg) else child
+            if priority > node.priority:
+                node.priority = priority
+                self._rekey(node)
+            if pos > inserted_before:
+                node.hit_count += 1
+                self._rekey(node)
+            path_blocks += node.value
+        num_cached = pos
+        if pos < n:
+            tick = self._next_tick()
+            leaf = _Node(
+                tokens[pos:n],
+                own[pos // ps :],
+                node,
+                tick,
+                tick,
+                priority=priority,
+                hit_count=1 if n > inserted_before else 0,
+            )
+            node.children[self._child_key(tokens, pos)] = leaf
+            self._num_nodes += 1
+            self._evictable += len(leaf.value)
+            self._update_leaf_status(node)
+            self._add_candidate(leaf)
+            path_blocks += leaf.value
+            node = leaf
+        if n > inserted_before:
+            key.set_index_memo(self, n)
+        return InsertResult(num_cached, path_blocks, node)
+
+    def _rekey(self, node: _Node) -> None:
+        if node.evict_key is not None:
+            self._remove_candidate(node)
+            self._add_candidate(node)
+
+    # ----------------------------------------------------------------- locking
+
+    def _own(self, handle: CacheHandle) -> _Node:
+        # Roots are always valid handles (a miss): locking them is a no-op.
+        if type(handle) is not _Node:
+            raise InvalidHandleError(f"handle {handle!r} is not a radix tree node")
+        if handle.dead and handle.parent is not None:
+            raise InvalidHandleError("the handle's node was evicted; match again")
+        root = handle
+        while root.parent is not None:
+            root = root.parent
+        if root.owner is not self:
+            raise InvalidHandleError("handle belongs to another radix tree")
+        return handle
+
+    def lock(self, handle: CacheHandle) -> None:
+        """``inc_lock_ref``: one more lock on every node up to the root (RX-5).
+
+        Complexity: O(depth).
+        """
+        node: _Node | None = self._own(handle)
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.value)
+                self._protected += len(node.value)
+                if node.evict_key is not None:
+                    self._remove_candidate(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, handle: CacheHandle) -> list[int]:
+        """``dec_lock_ref``: one lock less up to the root; nodes at 0 become evictable.
+
+        Raises:
+            LockStateError: a node on the path is not locked (nothing changes).
+
+        Complexity: O(depth).
+        """
+        start = self._own(handle)
+        node: _Node | None = start
+        while node is not None and node.parent is not None:
+            if node.lock_ref <= 0:
+                raise LockStateError("unlock of a radix node that is not locked")
+            node = node.parent
+        node = start
+        while node is not None and node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable += len(node.value)
+                self._protected -= len(node.value)
+                if not node.children:
+                    self._add_candidate(node)
+            node = node.parent
+        return []
+
+    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
+        """Lock ``new``, then unlock ``old`` (SGLang's checkpoint moves ``req.lock``)."""
+        self._own(old)
+        self.lock(new)
+        return self.unlock(old)
+
+    # ---------------------------------------------------------------- eviction
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Free unlocked leaves in policy order until ``num_blocks`` blocks are free (RX-6).
+
+        Whole leaves go, so more than asked may come back; a parent becomes a
+        candidate once its last child is evicted.
+
+        Complexity: O(log n) per evicted leaf.
+        """
+        _check_count("num_blocks", num_blocks, sys.maxsize)
+        out: list[int] = []
+        cands = self._candidates
+        while len(out) < num_blocks and cands:
+            _, node = cands.pop(0)
+            node.evict_key = None
+            out += node.value
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._child_key(node.key, 0)]
+            self._evictable -= len(node.value)
+            self._num_nodes -= 1
+            node.dead = True
+            node.parent = None
+            if parent.parent is None:
+                if not parent.children:
+                    self._drop_root(parent)
+            elif not parent.children and parent.lock_ref == 0:
+                self._add_candidate(parent)
+        self._num_evicted += len(out)
+        return out
+
+    def _drop_root(self, root: _Node) -> None:
+        # An empty namespace subtree costs memory per tenant; forget it.
+        if self._roots.get(root.namespace) is root:
+            del self._roots[root.namespace]
+
+    def reset(self) -> list[int]:
+        """Drop every node and return all cached blocks (SGLang ``reset``).
+
+        Raises:
+            CacheInUseError: a node is locked; nothing changes.
+        """
+        if self._protected:
+            raise CacheInUseError(f"cannot reset: {self._protected} cached blocks are locked")
+        out: list[int] = []
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                out += node.value
+                node.dead = True
+                stack.extend(node.children.values())
+        self._roots.clear()
+        self._candidates.clear()
+        self._num_nodes = 0
+        self._evictable = 0
+        return out
+
+    # ----------------------------------------------------------------- queries
+
+    def evictable_size(self) -> int:
+        """Evictable blocks (SGLang counts tokens: multiply by the page size)."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """Locked blocks."""
+        return self._protected
+
+    def stats(self) -> IndexStats:
+        """Sizes and counters. O(1)."""
+        return IndexStats(
+            self._evictable + self._protected,
+            self._evictable,
+            self._protected,
+            self._num_nodes,
+            self._num_evicted,
+        )
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held by the tree's own structures (not the KV)."""
+        total = sys.getsizeof(self._candidates) + 64 * len(self._candidates)
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            total += sys.getsizeof(node) + sys.getsizeof(node.key) + sys.getsizeof(node.value)
+            total += sys.getsizeof(node.children) + 28 * len(node.value)
+            stack.extend(node.children.values())
+        return total
+
+    def check_invariants(self) -> None:
+        """Tree shape, sizes, locks and the candidate set agree.
+
+        Raises:
+            AssertionError: describing the first inconsistency.
+        """
+        ps = self.block_size
+        evictable = protected = nodes = 0
+        expect_candidates: set[int] = set()
+        seen_blocks: set[int] = set()
+        for ns, root in self._roots.items():
+            assert root.parent is None and root.namespace == ns, f"namespace {ns!r}: bad root"
+            assert root.children, f"namespace {ns!r} kept an empty root"
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                for ck, child in node.children.items():
+                    assert child.parent is node, "child's parent link is wrong"
+                    assert not child.dead, "a dead node is still linked"
+                    assert self._child_key(child.key, 0) == ck, "child stored under a wrong key"
+                    assert len(child.key) > 0 and len(child.key) % ps == 0, (
+                        f"segment of {len(child.key)} tokens is not whole pages of {ps}"
+                    )
+                    assert len(child.value) == len(child.key) // ps, "blocks and pages disagree"
+                    assert child.lock_ref >= 0, f"negative lock_ref {child.lock_ref}"
+                    if node.parent is not None:
+                        assert node.lock_ref >= child.lock_ref, "parent locked less than child"
+                    for b in child.value:
+                        assert b not in seen_blocks, f"block {b} appears twice in the tree"
+                        seen_blocks.add(b)
+                    nodes += 1
+                    if child.lock_ref:
+                        protected += len(child.value)
+                    else:
+                        evictable += len(child.value)
+                        if not child.children:
+                            expect_candidates.add(id(child))
+                    stack.append(child)
+        assert nodes == self._num_nodes, f"node count {self._num_nodes} but {nodes} nodes"
+        assert evictable == self._evictable, f"evictable {self._evictable} but {evictable}"
+        assert protected == self._protected, f"protected {self._protected} but {protected}"
+        got = {id(node) for _, node in self._candidates}
+        assert got == expect_candidates, "eviction candidates differ from unlocked leaves"
+        for k, node in self._candidates:
+            assert node.evict_key == k, "candidate key out of date"
+            assert k == (self.policy.sort_key(node), node.created), "stale eviction key"

@@ -1,0 +1,116 @@
+"""Backends by name, so an engine picks its index with a config flag.
+
+``make_index("hash_chain" | "radix" | "none", block_size=..., **options)``. A
+third-party backend registers a factory with :func:`register_index`, or ships an
+entry point in the ``prefixkv.indexes`` group that is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from .base import PrefixIndex
+from .errors import PrefixKVError, UnknownIndexError
+
+__all__ = ["IndexRegistry", "available_indexes", "default_registry", "make_index", "register_index"]
+
+IndexFactory = Callable[..., PrefixIndex]
+
+
+class IndexRegistry:
+    """A name -> factory table. ``default_registry`` is the process-wide one."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, IndexFactory] = {}
+        self._entry_points_loaded = False
+
+    def register(self, name: str, factory: IndexFactory, *, replace: bool = False) -> None:
+        """Add a backend. ``factory(block_size=None | int, **options)`` builds it.
+
+        Raises:
+            PrefixKVError: the name is taken (pass ``replace=True``) or not a str.
+        """
+        if not isinstance(name, str) or not name:
+            raise PrefixKVError(f"index name must be a non-empty str, got {name!r}")
+        if name in self._factories and not replace:
+            raise PrefixKVError(f"an index named {name!r} is registered already")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        self._load_entry_points()
+        return sorted(self._factories)
+
+    def make(self, name: str, block_size: int | None = None, **options: Any) -> PrefixIndex:
+        """Build the backend ``name``; ``block_size=None`` takes the backend's default.
+
+        Raises:
+            UnknownIndexError: no such backend (the message lists the known names).
+        """
+        factory = self._factories.get(name)
+        if factory is None:
+            self._load_entry_points()
+            factory = self._factories.get(name)
+        if factory is None:
+            raise UnknownIndexError(
+                f"unknown prefix index {name!r}; known: {', '.join(self.names())}"
+            )
+        if block_size is not None:
+            options["block_size"] = block_size
+        return factory(**options)
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group="prefixkv.indexes"):
+            if ep.name not in self._factories:
+                self._factories[ep.name] = ep.load()
+
+
+def _builtin() -> IndexRegistry:
+    from .hash_chain import HashChainIndex
+    from .null import NoPrefixIndex
+
+    reg = IndexRegistry()
+    reg.register("hash_chain", HashChainIndex)
+    reg.register("none", NoPrefixIndex)
+    try:
+        from .radix import RadixIndex
+    except ImportError:  # pragma: no cover - the radix module is part of the package
+        pass
+    else:
+        reg.register("radix", RadixIndex)
+    return reg
+
+
+default_registry = _builtin()
+"""The registry ``make_index`` uses."""
+
+
+def make_index(name: str, block_size: int | None = None, **options: Any) -> PrefixIndex:
+    """Build a prefix index by name: ``"hash_chain"``, ``"radix"`` or ``"none"``.
+
+    Args:
+        name: the backend.
+        block_size: hit granularity in tokens (hash chain default 16, radix page
+            size default 1).
+        **options: backend options, e.g. ``seed``, ``hash_algorithm``, ``verify``
+            (hash chain) or ``eviction`` (radix).
+
+    Raises:
+        UnknownIndexError: (a ``ValueError``) listing the known names.
+    """
+    return default_registry.make(name, block_size, **options)
+
+
+def register_index(name: str, factory: IndexFactory, *, replace: bool = False) -> None:
+    """Register a third-party backend in the default registry."""
+    default_registry.register(name, factory, replace=replace)
+
+
+def available_indexes() -> list[str]:
+    """Names ``make_index`` accepts."""
+    return default_registry.names()

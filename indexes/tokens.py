@@ -1,0 +1,297 @@
+"""Token sequences as index keys: validation, namespaces and the per-request hash memo.
+
+``TokenKey`` plays the part of vLLM's ``Request.block_hashes`` (hashes computed once
+and extended as tokens are appended) and of SGLang's ``RadixKey`` (token ids plus an
+``extra_key`` namespace). Tokens live in a compact ``array('I')`` so slices compare and
+hash at C speed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from .errors import InvalidTokenError
+
+if TYPE_CHECKING:
+    from .hashing import BlockHasher
+
+__all__ = [
+    "TOKEN_BYTES",
+    "ExtraKey",
+    "TokenKey",
+    "as_token_array",
+    "common_prefix_len",
+    "make_extra_key",
+    "normalize_extra_key",
+]
+
+TOKEN_TYPECODE = "I"
+"""Array typecode of stored tokens: unsigned 32-bit, so ids are 0 <= id < 2**32."""
+
+if array(TOKEN_TYPECODE).itemsize != 4:  # pragma: no cover - exotic platforms only
+    TOKEN_TYPECODE = "L"
+TOKEN_BYTES = array(TOKEN_TYPECODE).itemsize
+
+ExtraValue = str | int
+ExtraKey = tuple[tuple[str, ExtraValue], ...]
+"""A request's namespace: ``((kind, value), ...)``, e.g. ``(("lora", "sql"),)``.
+
+The kind is part of the key, so a LoRA named ``"x"`` and a cache salt ``"x"`` are
+different namespaces; a value's type is part of it too (``1`` is not ``"1"``).
+"""
+
+
+def make_extra_key(
+    *,
+    lora: ExtraValue | None = None,
+    cache_salt: str | None = None,
+    tenant: str | None = None,
+) -> ExtraKey | None:
+    """Build a typed namespace from vLLM/SGLang-style request fields.
+
+    Args:
+        lora: the LoRA adapter name or id (vLLM ``lora_request``, SGLang ``lora_id``).
+        cache_salt: vLLM's ``cache_salt`` / SGLang's ``extra_key`` salt.
+        tenant: a tenant id for multi-tenant isolation.
+
+    Returns:
+        The namespace, or ``None`` when every field is ``None`` (the shared default).
+    """
+    parts: list[tuple[str, ExtraValue]] = []
+    if lora is not None:
+        parts.append(("lora", lora))
+    if cache_salt is not None:
+        parts.append(("cache_salt", cache_salt))
+    if tenant is not None:
+        parts.append(("tenant", tenant))
+    return normalize_extra_key(tuple(parts)) if parts else None
+
+
+def normalize_extra_key(extra_key: object) -> ExtraKey | None:
+    """Check and canonicalize a namespace given as ``None``, a str or pairs.
+
+    A plain string ``s`` means ``(("extra", s),)`` (SGLang's ``extra_key``).
+
+    Raises:
+        InvalidTokenError: the value is not ``None``, a str or ``(kind, value)`` pairs
+            with str kinds and str/int values.
+    """
+    if extra_key is None:
+        return None
+    if isinstance(extra_key, str):
+        return (("extra", extra_key),)
+    if not isinstance(extra_key, tuple):
+        raise InvalidTokenError(
+            f"extra_key must be None, a str or a tuple of (kind, value) pairs, got {extra_key!r}"
+        )
+    for item in extra_key:
+        ok = (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], (str, int))
+            and not isinstance(item[1], bool)
+        )
+        if not ok:
+            raise InvalidTokenError(
+                f"extra_key entries must be (str kind, str|int value), got {item!r} "
+                f"in {extra_key!r}"
+            )
+    return tuple(sorted(extra_key, key=lambda kv: (kv[0], type(kv[1]).__name__, str(kv[1]))))
+
+
+def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
+    """Slow path: position and value of the first token that is not a valid id."""
+    for i, t in enumerate(tokens):
+        if type(t) is bool or not isinstance(t, int) or not 0 <= t < 2**32:
+            if type(t) is not bool and hasattr(t, "__index__"):
+                v = t.__index__()  # numpy / torch integer scalars
+                if 0 <= v < 2**32:
+                    continue
+            return i, t
+    return None
+
+
+def _contains_bool(tokens: Sequence[object]) -> bool:
+    """Whether a list or tuple holds True/False.
+
+    ``seq.index`` scans in C and finds the ints equal to 0 or 1 (bools among them);
+    only those few positions are checked in Python, so a prompt costs one C pass.
+    """
+    for sentinel in (True, False):
+        pos = -1
+        while True:
+            try:
+                pos = tokens.index(sentinel, pos + 1)
+            except ValueError:
+                break
+            if type(tokens[pos]) is bool:
+                return True
+    return False
+
+
+def as_token_array(tokens: Iterable[int]) -> array[int]:
+    """Validate token ids and copy them into a fresh ``array('I')``.
+
+    Accepts lists, tuples, ``array`` objects and other iterables of ints (numpy and
+    torch integer scalars too). Runs at C speed for lists, tuples and arrays.
+
+    Raises:
+        InvalidTokenError: an id is a bool, not an int, negative or >= 2**32; the
+            message gives its position and value.
+    """
+    if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
+        return array(TOKEN_TYPECODE, tokens)
+    seq: Sequence[object] = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    try:
+        if isinstance(seq, (list, tuple)) and _contains_bool(seq):
+            raise TypeError("bool token")
+        return array(TOKEN_TYPECODE, seq)  # type: ignore[arg-type]
+    except (TypeError, OverflowError, ValueError):
+        bad = _find_bad_token(seq)
+        if bad is None:  # pragma: no cover - array rejected something we accept
+            raise
+        pos, value = bad
+        raise InvalidTokenError(
+            f"token ids must be ints with 0 <= id < 2**32; position {pos} holds {value!r}"
+        ) from None
+
+
+def common_prefix_len(a: array[int], a_start: int, b: array[int], b_start: int, n: int) -> int:
+    """Length of the common prefix of ``a[a_start:a_start+n]`` and ``b[b_start:b_start+n]``.
+
+    No per-token Python loop: one C slice compare when the runs agree, else a
+    gallop and a binary search over slice compares (SGLang's ``RadixKey.match``).
+    Both arrays must have the same typecode and hold at least ``n`` items there.
+
+    Complexity: O(n) in C, O(log n) Python steps.
+    """
+    if n <= 0:
+        return 0
+    if a[a_start : a_start + n] == b[b_start : b_start + n]:
+        return n
+    lo, step = 0, 1
+    while True:  # gallop: find a window [lo, hi) holding the first difference
+        hi = min(lo + step, n)
+        if a[a_start + lo : a_start + hi] != b[b_start + lo : b_start + hi]:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[a_start + lo : a_start + mid] == b[b_start + lo : b_start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class TokenKey:
+    """The token ids of one sequence, its namespace, and its memoized block hashes.
+
+    A key belongs to one request: the manager appends decode tokens to it, and the
+    hash chain extends the memoized hashes from ``len(hashes) * block_size`` instead
+    of recomputing them (SPEC HC-3). A new request with the same prompt gets a new
+    key, whose memo starts empty.
+
+    Args:
+        tokens: token ids (validated, copied).
+        extra_key: the namespace (see :func:`make_extra_key`); ``None`` is shared.
+        priority: eviction priority hint for the radix tree's ``priority`` policy
+            (SGLang ``Req.priority``); higher survives longer.
+
+    Raises:
+        InvalidTokenError: a bad token id or namespace.
+    """
+
+    __slots__ = (
+        "_extra_key",
+        "_hash_memo",
+        "_hash_owner",
+        "_index_memo",
+        "_index_owner",
+        "_tokens",
+        "priority",
+    )
+
+    def __init__(
+        self,
+        tokens: Iterable[int],
+        extra_key: ExtraKey | str | None = None,
+        priority: int = 0,
+    ) -> None:
+        if type(priority) is not int:
+            raise InvalidTokenError(f"priority must be an int, got {priority!r}")
+        self._tokens = as_token_array(tokens)
+        self._extra_key = normalize_extra_key(extra_key)
+        self.priority = priority
+        self._hash_owner: BlockHasher | None = None
+        self._hash_memo: list[bytes] = []
+        self._index_owner: object = None
+        self._index_memo: int = 0
+
+    @property
+    def tokens(self) -> array[int]:
+        """The token ids (an ``array('I')``; treat it as read-only)."""
+        return self._tokens
+
+    @property
+    def extra_key(self) -> ExtraKey | None:
+        """The namespace; keys in different namespaces never share cache entries."""
+        return self._extra_key
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(str, self._tokens[:8]))
+        more = ", ..." if len(self._tokens) > 8 else ""
+        return f"TokenKey([{head}{more}] ({len(self)} tokens), extra_key={self._extra_key!r})"
+
+    def append(self, tokens: Iterable[int]) -> None:
+        """Append decoded tokens (validated). Memoized hashes stay valid.
+
+        Raises:
+            InvalidTokenError: a bad token id; the key is unchanged.
+        """
+        self._tokens.extend(as_token_array(tokens))
+
+    def truncate(self, num_tokens: int) -> None:
+        """Drop tokens past ``num_tokens`` (rejected speculative tokens), and their hashes."""
+        if not 0 <= num_tokens <= len(self._tokens):
+            raise InvalidTokenError(
+                f"cannot truncate a {len(self._tokens)}-token key to {num_tokens} tokens"
+            )
+        del self._tokens[num_tokens:]
+        if self._hash_owner is not None:
+            del self._hash_memo[num_tokens // self._hash_owner.block_size :]
+
+    def index_memo(self, owner: object) -> int:
+        """An int an index keeps about this key (the radix tree: tokens it inserted).
+
+        Reads 0 when another index wrote it last.
+        """
+        return self._index_memo if self._index_owner is owner else 0
+
+    def set_index_memo(self, owner: object, value: int) -> None:
+        """Store ``value`` for ``owner`` (see ``index_memo``)."""
+        self._index_owner = owner
+        self._index_memo = value
+
+    def block_hashes(self, hasher: BlockHasher) -> list[bytes]:
+        """Hashes of every full block, computing only those not memoized yet.
+
+        The returned list is the memo itself: read it, do not mutate it. A key
+        used with a different hasher (another index) starts a fresh memo.
+
+        Complexity: O(new full blocks); one C hash call per new block.
+        """
+        if self._hash_owner is not hasher:
+            self._hash_owner = hasher
+            self._hash_memo = []
+        memo = self._hash_memo
+        if len(memo) < len(self._tokens) // hasher.block_size:
+            with memoryview(self._tokens) as view, view.cast("B") as data:
+                hasher.extend(memo, data, self._extra_key)
+        return memo

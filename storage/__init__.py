@@ -1,0 +1,29 @@
+"""Paged KV storage shared by every index: the block allocator and the KV tensor."""
+
+from typing import TYPE_CHECKING
+
+from .allocator import BlockAllocator
+from .block_table import PAD_SLOT, pad_block_tables, slot_mapping, token_slot
+from .errors import StorageShapeError
+
+if TYPE_CHECKING:
+    from .paged_kv import PagedKVCache
+
+__all__ = [
+    "PAD_SLOT",
+    "BlockAllocator",
+    "PagedKVCache",
+    "StorageShapeError",
+    "pad_block_tables",
+    "slot_mapping",
+    "token_slot",
+]
+
+
+def __getattr__(name: str) -> object:
+    # PagedKVCache needs torch; the allocator and helpers do not.
+    if name == "PagedKVCache":
+        from .paged_kv import PagedKVCache
+
+        return PagedKVCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

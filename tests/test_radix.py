@@ -1,0 +1,223 @@
+"""Scenario tests of the radix tree, one per SPEC RX / SG fact, pinning splits and
+exact eviction order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prefixkv.adapters import CacheManager
+from prefixkv.indexes import PrefixKVError, RadixIndex, TokenKey, make_index
+from prefixkv.storage import BlockAllocator
+
+
+def toks(n: int, seed: int = 0, lo: int = 1) -> list[int]:
+    r = random.Random(seed)
+    return [r.randrange(lo, 32000) for _ in range(n)]
+
+
+def insert(index: RadixIndex, tokens: list[int], first_block: int, **kw: object) -> list[int]:
+    n = len(tokens) // index.block_size
+    res = index.insert(TokenKey(tokens, **kw), list(range(first_block, first_block + n)))  # type: ignore[arg-type]
+    index.check_invariants()
+    return res.block_ids
+
+
+def test_rx_01_page_size_defaults_to_one_and_keys_are_page_aligned() -> None:
+    assert RadixIndex().block_size == 1
+    assert make_index("radix").block_size == 1
+    index = RadixIndex(4)
+    res = index.insert(TokenKey(list(range(1, 11))), [0, 1, 2])  # 10 tokens -> 8 inserted
+    assert res.block_ids == [0, 1] and index.stats().num_cached_blocks == 2
+    m = index.match_prefix(TokenKey(list(range(1, 8))))  # 7 tokens -> 4 matched
+    assert m.num_tokens == 4 and m.block_ids == [0]
+
+
+def test_rx_02_children_keyed_by_first_page() -> None:
+    index = RadixIndex(2)
+    insert(index, [1, 2, 3, 4], 0)
+    insert(index, [1, 3, 5, 6], 10)  # same first token, different first page
+    assert index.stats().num_entries == 2
+    assert index.match_prefix(TokenKey([1, 3, 5, 6, 7])).block_ids == [10, 11]
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_rx_03_match_ending_inside_a_segment_splits_the_node(page: int) -> None:
+    index = RadixIndex(page)
+    a = toks(10 * page)
+    insert(index, a, 0)
+    assert index.stats().num_entries == 1
+    probe = a[: 4 * page] + toks(3 * page, seed=9)
+    m = index.match_prefix(TokenKey(probe))
+    assert m.num_tokens == 4 * page
+    assert m.block_ids == list(range(4 * page // page))
+    assert index.stats().num_entries == 2  # split at the hit: the handle covers exactly it
+    index.check_invariants()
+    index.lock(m.handle)
+    assert index.protected_size() == 4 * page // page  # only the hit's node is locked
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_rx_04_insert_diverging_inside_a_segment_splits_and_reports_cached_prefix(
+    page: int,
+) -> None:
+    index = RadixIndex(page)
+    a = toks(6 * page)
+    insert(index, a, 0)
+    b = a[: 2 * page] + toks(5 * page, seed=3)
+    res = index.insert(TokenKey(b), list(range(100, 107)))
+    assert res.num_cached_tokens == 2 * page
+    # The tree keeps its own blocks for the shared part; the caller's are duplicates.
+    assert res.block_ids == [0, 1, 102, 103, 104, 105, 106]
+    assert index.stats().num_entries == 3  # shared node + two branches
+    index.check_invariants()
+
+
+def test_rx_05_lock_ref_moves_sizes_and_unlock_never_deletes() -> None:
+    index = RadixIndex(1)
+    insert(index, [1, 2, 3, 4], 0)
+    insert(index, [1, 2, 7, 8], 10)  # splits: [1,2] -> {[3,4], [7,8]}
+    m = index.match_prefix(TokenKey([1, 2, 3, 4]))
+    index.lock(m.handle)
+    assert index.protected_size() == 4 and index.evictable_size() == 2
+    index.lock(m.handle)
+    index.unlock(m.handle)
+    assert index.protected_size() == 4  # still one lock
+    index.unlock(m.handle)
+    assert index.protected_size() == 0 and index.evictable_size() == 6
+    assert index.stats().num_cached_blocks == 6  # nothing deleted
+    index.check_invariants()
+
+
+def test_rx_06_eviction_is_leaf_first_whole_nodes_lru_then_parents() -> None:
+    index = RadixIndex(1)
+    insert(index, [1, 2, 3, 4], 0)  # tick order: a
+    insert(index, [1, 2, 7, 8, 9], 10)  # b, splits [1,2]
+    insert(index, [5, 6], 20)  # c
+    # Leaves: [3,4] (a), [7,8,9] (b), [5,6] (c); [1,2] is an inner node.
+    assert index.evict(1) == [2, 3]  # the LRU leaf, whole (overshoots the 1 asked)
+    assert index.evict(1) == [12, 13, 14]  # next leaf; now [1,2] is a leaf too
+    assert index.evict(3) == [0, 1, 20, 21]  # [1,2] (older) then [5,6]
+    assert index.stats().num_cached_blocks == 0
+    index.check_invariants()
+
+
+def test_rx_06_locked_leaves_and_their_paths_are_never_evicted() -> None:
+    index = RadixIndex(1)
+    insert(index, [1, 2, 3], 0)
+    insert(index, [1, 2, 9], 10)
+    m = index.match_prefix(TokenKey([1, 2, 3]))
+    index.lock(m.handle)
+    assert index.evict(100) == [12]  # only [9]; [1,2] and [3] are locked
+    index.check_invariants()
+
+
+def test_rx_06_match_refreshes_recency() -> None:
+    index = RadixIndex(1)
+    insert(index, [1, 2], 0)
+    insert(index, [3, 4], 10)
+    index.match_prefix(TokenKey([1, 2]))  # [1,2] is now the most recent
+    assert index.evict(1) == [10, 11]
+
+
+def test_sg_05_split_and_insert_create_later_stamps() -> None:
+    index = RadixIndex(1)
+    insert(index, [1, 2, 3, 4], 0)
+    insert(index, [9], 20)
+    # Matching [1,2] splits [1..4]: the lower part [3,4] keeps the match's stamp,
+    # the new upper node [1,2] gets a later one; [9] is older than both.
+    index.match_prefix(TokenKey([1, 2]))
+    assert index.evict(1) == [20]
+    assert index.evict(1) == [2, 3]
+    assert index.evict(1) == [0, 1]
+
+
+def test_rx_07_lfu_evicts_least_inserted_first() -> None:
+    index = RadixIndex(1, eviction="lfu")
+    insert(index, [1, 2], 0)
+    for extra in ([1, 2, 5], [1, 2, 6]):  # each insert through [1,2] counts a hit
+        key = TokenKey(extra)
+        index.insert(key, [0, 1, 30 + extra[2]])
+    insert(index, [3, 4], 10)  # newer but used once
+    # Leaves: [5] (1 hit), [6] (1 hit), [3,4] (1 hit); [1,2] (3 hits) is inner.
+    assert index.evict(1) == [35]  # LRU among the least used
+    assert index.evict(1) == [36]
+    # Now [1,2] is a leaf too, with 3 hits: the once-used [3,4] goes first.
+    assert index.evict(1) == [10, 11]
+    assert index.evict(1) == [0, 1]
+    index.check_invariants()
+
+
+def test_rx_07_lfu_keeps_a_hot_old_leaf() -> None:
+    index = RadixIndex(1, eviction="lfu")
+    hot = TokenKey([1, 2])
+    index.insert(hot, [0, 1])
+    for _ in range(3):  # three more requests register the same sequence
+        index.insert(TokenKey([1, 2]), [0, 1])
+    insert(index, [3, 4], 10)
+    assert index.evict(1) == [10, 11]  # the newer but colder leaf goes first
+    lru = RadixIndex(1)
+    lru.insert(TokenKey([1, 2]), [0, 1])
+    lru.insert(TokenKey([3, 4]), [10, 11])
+    assert lru.evict(1) == [0, 1]
+
+
+def test_rx_07_priority_evicts_low_priority_first() -> None:
+    index = RadixIndex(1, eviction="priority")
+    index.insert(TokenKey([1, 2], priority=5), [0, 1])
+    index.insert(TokenKey([3, 4], priority=0), [10, 11])
+    index.insert(TokenKey([5, 6], priority=9), [20, 21])
+    assert index.evict(1) == [10, 11]
+    assert index.evict(1) == [0, 1]
+    assert index.evict(1) == [20, 21]
+
+
+def test_rx_07_unknown_policy_is_a_named_error() -> None:
+    with pytest.raises(PrefixKVError, match="lru"):
+        RadixIndex(1, eviction="random")
+
+
+def test_sg_04_finish_splits_at_the_prompt_boundary() -> None:
+    m = CacheManager(RadixIndex(1), BlockAllocator(64))
+    prompt = [1, 2, 3, 4, 5]
+    adm = m.admit("a", prompt)
+    assert adm is not None
+    m.commit("a", 5)
+    for t in (6, 7, 8):
+        assert m.append("a", [t])
+    m.commit("a", 8)
+    m.finish("a")
+    index = m.index
+    assert isinstance(index, RadixIndex)
+    assert index.stats().num_entries == 2  # prompt node + output leaf
+    freed = index.evict(1)
+    assert len(freed) == 3  # the output leaf goes first, the prompt survives
+    assert index.match_prefix(TokenKey(prompt + [9])).num_tokens == 5
+    index.check_invariants()
+
+
+def test_shared_1013_token_prefix_survives_heavy_eviction_of_suffixes() -> None:
+    shared = toks(1013, seed=1)
+    m = CacheManager(RadixIndex(1), BlockAllocator(1013 + 3 * 400))
+    hits = []
+    for i in range(60):
+        prompt = shared + toks(random.Random(i).randrange(200, 400), seed=100 + i)
+        adm = m.admit(f"r{i}", prompt)
+        assert adm is not None
+        hits.append(adm.num_cached_tokens)
+        m.commit(f"r{i}", len(prompt))
+        m.finish(f"r{i}")
+        m.check_integrity()
+    assert m.totals.num_evicted_blocks > 10 * 400  # suffixes were evicted over and over
+    assert hits[0] == 0 and all(h == 1013 for h in hits[1:])
+
+
+def test_namespaces_get_separate_subtrees() -> None:
+    index = RadixIndex(1)
+    index.insert(TokenKey([1, 2, 3], "tenant-a"), [0, 1, 2])
+    assert index.match_prefix(TokenKey([1, 2, 3, 4], "tenant-b")).num_tokens == 0
+    assert index.match_prefix(TokenKey([1, 2, 3, 4])).num_tokens == 0
+    assert index.match_prefix(TokenKey([1, 2, 3, 4], "tenant-a")).num_tokens == 3
+    assert index.evict(10) == [0, 1, 2]
+    index.check_invariants()
