@@ -65,13 +65,21 @@ class CacheManager:
         track_boundaries: keep a token-level mirror of the cached blocks to report
             matched-but-recomputed tokens per request (SPEC BB-8). Costs memory
             and time per registered block; off for speed runs.
+        keep_records: keep every request's record in ``records`` (replays and
+            reports want them; a long-running engine does not, so off by default:
+            ``record(request_id)`` still serves running requests).
 
     Invariant (``check_integrity``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
     """
 
     def __init__(
-        self, index: PrefixIndex, allocator: BlockAllocator, *, track_boundaries: bool = False
+        self,
+        index: PrefixIndex,
+        allocator: BlockAllocator,
+        *,
+        track_boundaries: bool = False,
+        keep_records: bool = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r} does not implement the PrefixIndex protocol")
@@ -81,6 +89,7 @@ class CacheManager:
         self._seqs: dict[RequestId, _Seq] = {}
         self._tracker = BoundaryTracker(index.block_size) if track_boundaries else None
         self.totals = CacheTotals()
+        self.keep_records = keep_records
         self.records: list[RequestRecord] = []
 
     # ------------------------------------------------------------ admission
@@ -169,7 +178,8 @@ class CacheManager:
         self._seqs[request_id] = _Seq(
             key, len(key), table, m.handle, record, m.num_tokens, len(m.block_ids)
         )
-        self.records.append(record)
+        if self.keep_records:
+            self.records.append(record)
         t = self.totals
         t.num_requests += 1
         t.num_query_tokens += len(key)
@@ -229,17 +239,20 @@ class CacheManager:
             RequestStateError: unknown request.
             PrefixKVError: ``num_tokens`` beyond the request's tokens or slots.
         """
-        seq = self._seq(request_id)
-        limit = min(len(seq.key), len(seq.table) * self.block_size)
-        if type(num_tokens) is not int or not 0 <= num_tokens <= limit:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise RequestStateError(f"request {request_id!r} is not running")
+        limit = len(seq.key)
+        slots = len(seq.table) * self.block_size
+        if type(num_tokens) is not int or not 0 <= num_tokens <= min(limit, slots):
             raise PrefixKVError(
-                f"request {request_id!r}: num_tokens must be in [0, {limit}], got {num_tokens!r}"
+                f"request {request_id!r}: num_tokens must be in [0, {min(limit, slots)}], "
+                f"got {num_tokens!r}"
             )
         if num_tokens > seq.num_computed:
             seq.num_computed = num_tokens
-        if num_tokens // self.block_size <= seq.num_registered_blocks:
-            return
-        self._register(seq, num_tokens, swap_duplicates)
+        if num_tokens // self.block_size > seq.num_registered_blocks:
+            self._register(seq, num_tokens, swap_duplicates)
 
     def _register(self, seq: _Seq, num_tokens: int, swap: bool) -> None:
         result = self.index.insert(seq.key, seq.table, num_tokens, prefix=seq.handle)
@@ -296,16 +309,39 @@ class CacheManager:
         seq = self._seq(request_id)
         new = as_token_array(tokens)
         total = len(seq.key) + len(new)
-        slots = total if num_slots is None else num_slots
-        if type(slots) is not int or not 0 <= slots <= total:
-            raise PrefixKVError(f"num_slots must be in [0, {total}], got {num_slots!r}")
-        need = self._blocks_for(slots) - len(seq.table)
-        if need > 0 and not self._fits(need, 0):
+        if (
+            self._grow(seq, total if num_slots is None else num_slots, total, reserve_blocks)
+            is None
+        ):
             return False
-        if need > 0 or reserve_blocks > 0:
-            seq.table += self._take_blocks(max(need, 0), reserve_blocks)
         seq.key.append(new)
         return True
+
+    def grow(
+        self, request_id: RequestId, num_slots: int, *, reserve_blocks: int = 0
+    ) -> list[int] | None:
+        """Make sure the first ``num_slots`` tokens of the request have slots.
+
+        The tokens must be in the request's key already (``append`` adds them).
+
+        Returns:
+            The blocks added to the table (often none), or ``None`` (nothing
+            changed) when no block can be freed.
+        """
+        seq = self._seq(request_id)
+        return self._grow(seq, num_slots, len(seq.key), reserve_blocks)
+
+    def _grow(self, seq: _Seq, slots: int, limit: int, reserve: int) -> list[int] | None:
+        if type(slots) is not int or not 0 <= slots <= limit:
+            raise PrefixKVError(f"num_slots must be in [0, {limit}], got {slots!r}")
+        need = -(-slots // self.block_size) - len(seq.table)
+        if need <= 0 and reserve <= 0:
+            return []
+        if need > 0 and not self._fits(need, 0):
+            return None
+        new = self._take_blocks(max(need, 0), reserve)
+        seq.table += new
+        return new
 
     # -------------------------------------------------------------- release
 
@@ -347,6 +383,10 @@ class CacheManager:
     def block_table(self, request_id: RequestId) -> list[int]:
         """The request's current block table (a copy)."""
         return list(self._seq(request_id).table)
+
+    def num_blocks(self, request_id: RequestId) -> int:
+        """Length of the request's block table. O(1)."""
+        return len(self._seq(request_id).table)
 
     def key(self, request_id: RequestId) -> TokenKey:
         """The request's key (its tokens so far)."""

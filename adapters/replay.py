@@ -271,15 +271,22 @@ def replay(
         raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
     rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(index, num_blocks, track_boundaries=track_boundaries)
+        facade = VLLMKVCacheManager(
+            index, num_blocks, track_boundaries=track_boundaries, keep_records=True
+        )
         rp = _VLLMReplayer(facade, len(reqs))
     elif driver == "sglang":
         sg = SGLangRadixCache(
-            index, num_blocks * index.block_size, track_boundaries=track_boundaries
+            index,
+            num_blocks * index.block_size,
+            track_boundaries=track_boundaries,
+            keep_records=True,
         )
         rp = _SGLangReplayer(sg, len(reqs))
     elif driver == "manager":
-        mgr = CacheManager(index, BlockAllocator(num_blocks), track_boundaries=track_boundaries)
+        mgr = CacheManager(
+            index, BlockAllocator(num_blocks), track_boundaries=track_boundaries, keep_records=True
+        )
         rp = _ManagerReplayer(mgr, len(reqs))
     else:
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")

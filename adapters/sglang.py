@@ -93,6 +93,7 @@ class SGLangRadixCache:
         capacity_tokens: pool size in tokens (whole pages are used).
         page_size: tokens per page when ``index`` is a name (default 1).
         track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
+        keep_records: keep every request's record (see ``CacheManager``).
 
     Sizes (``evictable_size``, ``evict``) are in tokens, as in SGLang.
     """
@@ -104,6 +105,7 @@ class SGLangRadixCache:
         page_size: int | None = None,
         *,
         track_boundaries: bool = False,
+        keep_records: bool = False,
     ) -> None:
         if isinstance(index, str):
             index = make_index(index, block_size=1 if page_size is None else page_size)
@@ -115,7 +117,10 @@ class SGLangRadixCache:
                 f"got {capacity_tokens!r}"
             )
         self.manager = CacheManager(
-            index, BlockAllocator(num_pages), track_boundaries=track_boundaries
+            index,
+            BlockAllocator(num_pages),
+            track_boundaries=track_boundaries,
+            keep_records=keep_records,
         )
         self._committed: dict[str, int] = {}
 

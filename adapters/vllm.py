@@ -60,20 +60,21 @@ class SimpleRequest:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     cache_salt: str | None = None
+    all_token_ids: list[int] = field(init=False)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        """Prompt then output tokens."""
-        return self.prompt_token_ids + self.output_token_ids
+    def __post_init__(self) -> None:
+        # Kept up to date like vLLM's Request._all_token_ids, not rebuilt per read.
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus output length."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)
 
     def append_output_token_ids(self, token_id: int) -> None:
         """Record a sampled token (its KV is computed next step)."""
         self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
 
 
 class KVCacheBlocks(NamedTuple):
@@ -101,6 +102,7 @@ class VLLMKVCacheManager:
         block_size: tokens per block when ``index`` is a name (default 16).
         enable_caching: ``False`` uses the no-cache index, as vLLM does.
         track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
+        keep_records: keep every request's record (see ``CacheManager``).
 
     Not modelled: speculative lookahead slots, KV-connector external tokens,
     hybrid (sliding-window, Mamba) groups.
@@ -114,12 +116,16 @@ class VLLMKVCacheManager:
         *,
         enable_caching: bool = True,
         track_boundaries: bool = False,
+        keep_records: bool = False,
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
             index = make_index(name, block_size=16 if block_size is None else block_size)
         self.manager = CacheManager(
-            index, BlockAllocator(num_blocks), track_boundaries=track_boundaries
+            index,
+            BlockAllocator(num_blocks),
+            track_boundaries=track_boundaries,
+            keep_records=keep_records,
         )
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
@@ -129,11 +135,11 @@ class VLLMKVCacheManager:
         # One key per request id: its block-hash memo lives as long as the request,
         # like vLLM's Request.block_hashes.
         key = self._keys.get(request.request_id)
-        tokens = request.all_token_ids
         if key is None:
-            key = self._keys[request.request_id] = TokenKey(tokens, _namespace(request))
-        elif len(tokens) > len(key):
-            key.append(tokens[len(key) :])
+            key = TokenKey(request.all_token_ids, _namespace(request))
+            self._keys[request.request_id] = key
+        elif request.num_tokens > len(key):
+            key.append(request.all_token_ids[len(key) :])
         return key
 
     def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:
@@ -196,10 +202,10 @@ class VLLMKVCacheManager:
             new = adm.block_table[len(m.block_ids) :]
         else:
             total = min(request.num_computed_tokens + num_new_tokens, len(key))
-            before = len(mgr.block_table(rid))
-            if not mgr.append(rid, [], num_slots=max(total, mgr.num_computed_tokens(rid))):
+            grown = mgr.grow(rid, total)
+            if grown is None:
                 return None
-            new = mgr.block_table(rid)[before:]
+            new = grown
         mgr.commit(rid, min(total, len(key)), swap_duplicates=False)
         return KVCacheBlocks(new)
 

@@ -17,6 +17,7 @@ from .hashing import HASH_ALGORITHMS, BlockHasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
 from .registry import available_indexes, make_index, register_index
+from .sync import SynchronizedIndex
 from .tokens import ExtraKey, TokenKey, make_extra_key
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "PrefixMatch",
     "RadixIndex",
     "RequestStateError",
+    "SynchronizedIndex",
     "TokenKey",
     "UnknownIndexError",
     "available_indexes",

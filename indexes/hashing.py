@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from array import array
 from collections.abc import Callable
 
 import xxhash
@@ -113,32 +114,27 @@ class BlockHasher:
                 self._namespace_roots[extra_key] = parent
         return parent
 
-    def extend(self, hashes: list[bytes], data: memoryview, extra_key: ExtraKey | None) -> None:
-        """Append the hashes of the full blocks of ``data`` not in ``hashes`` yet.
+    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
+        """Append the hashes of the full blocks of ``tokens`` not in ``hashes`` yet.
 
         Args:
             hashes: the memo, hashes of blocks ``0 .. len(hashes)-1``; extended in place.
-            data: the sequence's token bytes (``TOKEN_BYTES`` per token).
+            tokens: the sequence's token ids.
             extra_key: the sequence's namespace (enters block 0 only; the chain
                 carries it into every later hash).
 
-        Complexity: O(new blocks), one digest call each.
+        Complexity: O(new blocks), one digest call each; only the new tokens are copied.
         """
-        step = self.block_size * TOKEN_BYTES
-        start = len(hashes) * step
-        stop = len(data) - len(data) % step
-        if start >= stop:
+        bs = self.block_size
+        first = len(hashes)
+        last = len(tokens) // bs
+        if first >= last:
             return
+        data = tokens[first * bs : last * bs].tobytes()
+        step = bs * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
         append = hashes.append
-        for pos in range(start, stop, step):
+        for pos in range(0, len(data), step):
             parent = digest(parent + data[pos : pos + step])
             append(parent)
-
-    def hash_tokens(self, tokens: bytes, extra_key: ExtraKey | None = None) -> list[bytes]:
-        """Hashes of every full block of ``tokens`` (raw token bytes), from scratch."""
-        out: list[bytes] = []
-        with memoryview(tokens) as view:
-            self.extend(out, view, extra_key)
-        return out

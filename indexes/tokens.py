@@ -8,9 +8,10 @@ hash at C speed.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .errors import InvalidTokenError
 
@@ -33,6 +34,7 @@ TOKEN_TYPECODE = "I"
 if array(TOKEN_TYPECODE).itemsize != 4:  # pragma: no cover - exotic platforms only
     TOKEN_TYPECODE = "L"
 TOKEN_BYTES = array(TOKEN_TYPECODE).itemsize
+_TOKEN_LIMIT = 2**32
 
 ExtraValue = str | int
 ExtraKey = tuple[tuple[str, ExtraValue], ...]
@@ -114,21 +116,24 @@ def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
     return None
 
 
-def _contains_bool(tokens: Sequence[object]) -> bool:
-    """Whether a list or tuple holds True/False.
+_LOW_BYTE = 0 if sys.byteorder == "little" else TOKEN_BYTES - 1
 
-    ``seq.index`` scans in C and finds the ints equal to 0 or 1 (bools among them);
-    only those few positions are checked in Python, so a prompt costs one C pass.
+
+def _contains_bool(tokens: Sequence[object], values: array[int]) -> bool:
+    """Whether a list or tuple held True/False (``values`` is its converted array).
+
+    Bools convert to 1 and 0, so only positions whose low byte is 0 or 1 can hold
+    one: a strided copy of the low bytes and ``find`` locate those few in C.
     """
-    for sentinel in (True, False):
-        pos = -1
-        while True:
-            try:
-                pos = tokens.index(sentinel, pos + 1)
-            except ValueError:
-                break
-            if type(tokens[pos]) is bool:
+    with memoryview(values) as view, view.cast("B") as raw:
+        low = raw[_LOW_BYTE::TOKEN_BYTES].tobytes()
+    for byte in (b"\x00", b"\x01"):
+        pos = low.find(byte)
+        while pos != -1:
+            t = tokens[pos]
+            if t is True or t is False:
                 return True
+            pos = low.find(byte, pos + 1)
     return False
 
 
@@ -144,11 +149,19 @@ def as_token_array(tokens: Iterable[int]) -> array[int]:
     """
     if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, tokens)
+    if type(tokens) is list and len(tokens) <= 4:
+        # Decode steps append one token: checking it in Python beats the C passes.
+        for t in tokens:
+            if type(t) is not int or not 0 <= t < _TOKEN_LIMIT:
+                break
+        else:
+            return array(TOKEN_TYPECODE, tokens)
     seq: Sequence[object] = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
     try:
-        if isinstance(seq, (list, tuple)) and _contains_bool(seq):
+        out: array[int] = array(TOKEN_TYPECODE, cast("Sequence[int]", seq))
+        if _contains_bool(seq, out):
             raise TypeError("bool token")
-        return array(TOKEN_TYPECODE, seq)  # type: ignore[arg-type]
+        return out
     except (TypeError, OverflowError, ValueError):
         bad = _find_bad_token(seq)
         if bad is None:  # pragma: no cover - array rejected something we accept
@@ -292,6 +305,5 @@ class TokenKey:
             self._hash_memo = []
         memo = self._hash_memo
         if len(memo) < len(self._tokens) // hasher.block_size:
-            with memoryview(self._tokens) as view, view.cast("B") as data:
-                hasher.extend(memo, data, self._extra_key)
+            hasher.extend(memo, self._tokens, self._extra_key)
         return memo
