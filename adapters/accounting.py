@@ -9,6 +9,7 @@ granularity, independent of how the index itself is organised.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from dataclasses import dataclass
 
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, common_prefix_len
@@ -77,17 +78,23 @@ class BoundaryTracker:
     """Token-level mirror of what an index holds, for BB-8 accounting.
 
     ``registered`` is told about each block the index adopted (with its parent
-    block), ``forget`` about each block it gave back. ``matched_tokens`` then
-    walks from the hit's last block through cached children at token granularity.
+    block), ``forget`` about each block it gave back, and ``computed_tail`` about
+    the partial last block a request computed but no block-granular index could
+    keep (the seed document's "a prefix tail short of a block never hits").
+    ``matched_tokens`` then walks from the hit's last block through cached
+    children and such tails at token granularity.
 
-    Memory: one entry per cached block. Time: a walk costs O(children of the
-    nodes it visits).
+    Memory: one entry per cached block, and at most ``MAX_TAILS`` tails per block.
+    Time: a walk costs O(children of the nodes it visits).
     """
+
+    MAX_TAILS = 32
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._children: dict[_Node, dict[int, array[int]]] = {}
         self._parent: dict[int, _Node] = {}
+        self._tails: dict[_Node, deque[array[int]]] = {}
 
     @staticmethod
     def _root(extra_key: ExtraKey | None) -> _Node:
@@ -105,9 +112,29 @@ class BoundaryTracker:
             self._parent[bid] = parent
             self._children.setdefault(parent, {})[bid] = tokens[i * bs : (i + 1) * bs]
 
+    def computed_tail(
+        self, key: TokenKey, block_ids: list[int], num_registered: int, num_computed: int
+    ) -> None:
+        """Record the tokens a finished request computed past its last registered block."""
+        bs = self.block_size
+        start = num_registered * bs
+        if not 0 < num_computed - start < bs:
+            return
+        parent: _Node = (
+            block_ids[num_registered - 1] if num_registered else self._root(key.extra_key)
+        )
+        if num_registered and parent not in self._parent:
+            return
+        tails = self._tails.get(parent)
+        if tails is None:
+            tails = self._tails[parent] = deque(maxlen=self.MAX_TAILS)
+        tails.append(key.tokens[start:num_computed])
+
     def forget(self, block_ids: list[int]) -> None:
-        """Drop blocks the index no longer holds."""
+        """Drop blocks the index no longer holds (and the tails computed after them)."""
+        tails = self._tails
         for bid in block_ids:
+            tails.pop(bid, None)
             parent = self._parent.pop(bid, None)
             if parent is None:
                 continue
@@ -121,6 +148,7 @@ class BoundaryTracker:
         """Forget everything (after an index reset)."""
         self._children.clear()
         self._parent.clear()
+        self._tails.clear()
 
     def matched_tokens(self, key: TokenKey, hit_block_ids: list[int]) -> int:
         """Tokens of ``key`` equal to cached content, uncapped, at token granularity."""
@@ -130,17 +158,18 @@ class BoundaryTracker:
         pos = len(hit_block_ids) * bs
         while pos < len(tokens):
             kids = self._children.get(node)
-            if not kids:
-                return pos
             n = min(bs, len(tokens) - pos)
             best, best_bid = 0, -1
-            for bid, content in kids.items():
-                m = common_prefix_len(content, 0, tokens, pos, n)
-                if m > best:
-                    best, best_bid = m, bid
-                    if m == n:
-                        break
+            if kids:
+                for bid, content in kids.items():
+                    m = common_prefix_len(content, 0, tokens, pos, n)
+                    if m > best:
+                        best, best_bid = m, bid
+                        if m == n:
+                            break
             if best < bs:
+                for tail in self._tails.get(node, ()):
+                    best = max(best, common_prefix_len(tail, 0, tokens, pos, min(n, len(tail))))
                 return pos + best
             node, pos = best_bid, pos + bs
         return pos

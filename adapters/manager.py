@@ -20,6 +20,7 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
+from prefixkv.indexes.null import NoPrefixIndex
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array
 from prefixkv.storage.allocator import BlockAllocator
 
@@ -87,9 +88,12 @@ class CacheManager:
         self.allocator = allocator
         self.block_size = index.block_size
         self._seqs: dict[RequestId, _Seq] = {}
-        self._tracker = BoundaryTracker(index.block_size) if track_boundaries else None
+        # The null index holds nothing at any granularity: it has no boundary losses.
+        caching = not isinstance(index, NoPrefixIndex)
+        self._tracker = BoundaryTracker(index.block_size) if track_boundaries and caching else None
         self.totals = CacheTotals()
         self.keep_records = keep_records
+        self._track = track_boundaries
         self.records: list[RequestRecord] = []
 
     # ------------------------------------------------------------ admission
@@ -142,7 +146,7 @@ class CacheManager:
             extra_key: namespace (LoRA, cache salt, tenant); see ``make_extra_key``.
             priority: eviction hint for the radix tree's ``priority`` policy.
             num_tokens: tokens that need slots now (default: the whole prompt;
-                fewer for chunked prefill).
+                fewer for chunked prefill; never fewer than the hit).
             reserve_blocks: evict until this many blocks beyond the need are free,
                 best effort (SGLang's paged over-estimate); never fails on it.
             prefix_match: a match made by ``match`` just before (vLLM's scheduler
@@ -160,12 +164,10 @@ class CacheManager:
             raise RequestStateError(f"request {request_id!r} is running already")
         key = self.make_key(tokens, extra_key, priority)
         want = len(key) if num_tokens is None else num_tokens
+        if type(want) is not int or not 1 <= want <= len(key):
+            raise PrefixKVError(f"num_tokens must be in [1, {len(key)}], got {num_tokens!r}")
         m = self.match(key) if prefix_match is None else prefix_match
-        if type(want) is not int or not m.num_tokens <= want <= len(key):
-            raise PrefixKVError(
-                f"num_tokens must be in [{m.num_tokens}, {len(key)}], got {num_tokens!r}"
-            )
-        need = self._blocks_for(want) - len(m.block_ids)
+        need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
         if not self._fits(need, m.num_evictable_blocks):
             self.totals.num_rejected += 1
             return None
@@ -175,6 +177,8 @@ class CacheManager:
         record = RequestRecord(str(request_id), len(key), m.num_tokens)
         if self._tracker is not None:
             self._fill_boundary_record(record, key, m)
+        elif self._track:
+            record.matched_tokens = record.cap_lost_tokens = record.boundary_lost_tokens = 0
         self._seqs[request_id] = _Seq(
             key, len(key), table, m.handle, record, m.num_tokens, len(m.block_ids)
         )
@@ -188,11 +192,14 @@ class CacheManager:
 
     def _fill_boundary_record(self, record: RequestRecord, key: TokenKey, m: PrefixMatch) -> None:
         assert self._tracker is not None
+        # held: what the index holds at its granularity; the len-1 cap keeps the part
+        # past the hit. Matched tokens beyond it share a block with other tokens (the
+        # prompt's very last token is recomputed by every index, so it is not a loss).
         matched = self._tracker.matched_tokens(key, m.block_ids)
-        aligned = max(m.num_tokens, matched // self.block_size * self.block_size)
+        held = max(m.num_tokens, matched // self.block_size * self.block_size)
         record.matched_tokens = matched
-        record.cap_lost_tokens = min(aligned, len(key)) - m.num_tokens
-        record.boundary_lost_tokens = matched - aligned if matched > aligned else 0
+        record.cap_lost_tokens = min(held, len(key)) - m.num_tokens
+        record.boundary_lost_tokens = max(0, min(matched, len(key) - 1) - held)
 
     def _fits(self, need: int, hit_evictable: int) -> bool:
         # Locking the hit protects its evictable blocks, so they do not count.
@@ -373,6 +380,10 @@ class CacheManager:
 
     def _drop(self, request_id: RequestId, seq: _Seq) -> None:
         del self._seqs[request_id]
+        if self._tracker is not None:
+            self._tracker.computed_tail(
+                seq.key, seq.table, seq.num_registered_blocks, seq.num_computed
+            )
         private = seq.table[seq.num_registered_blocks :] + seq.private_duplicates
         private.reverse()  # vLLM frees in reverse: the tail block is reused first
         self.allocator.free(private)

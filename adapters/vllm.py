@@ -130,6 +130,7 @@ class VLLMKVCacheManager:
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
         self._pending: dict[str, PrefixMatch] = {}
+        self._running: set[str] = set()
 
     def _key(self, request: RequestLike) -> TokenKey:
         # One key per request id: its block-hash memo lives as long as the request,
@@ -138,8 +139,10 @@ class VLLMKVCacheManager:
         if key is None:
             key = TokenKey(request.all_token_ids, _namespace(request))
             self._keys[request.request_id] = key
-        elif request.num_tokens > len(key):
-            key.append(request.all_token_ids[len(key) :])
+        else:
+            have = len(key.tokens)
+            if request.num_tokens > have:
+                key.append(request.all_token_ids[have:])
         return key
 
     def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:
@@ -186,33 +189,37 @@ class VLLMKVCacheManager:
         rid = request.request_id
         mgr = self.manager
         key = self._key(request)
-        if rid not in mgr:
-            m = self._pending.pop(rid, None)
-            if m is None or m.num_tokens != num_new_computed_tokens:
-                if num_new_computed_tokens:
-                    raise PrefixKVError(
-                        f"request {rid!r}: {num_new_computed_tokens} computed tokens without "
-                        "a matching get_computed_blocks"
-                    )
-                m = mgr.index.match_prefix(mgr.make_key(key), 0)
-            total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-            adm = mgr.admit(rid, key, num_tokens=min(total, len(key)), prefix_match=m)
-            if adm is None:
-                return None
-            new = adm.block_table[len(m.block_ids) :]
-        else:
-            total = min(request.num_computed_tokens + num_new_tokens, len(key))
+        if rid in self._running:
+            # A running request (decode, or the next chunk of a prefill): the hot path.
+            total = min(request.num_computed_tokens + num_new_tokens, len(key.tokens))
             grown = mgr.grow(rid, total)
             if grown is None:
                 return None
-            new = grown
-        mgr.commit(rid, min(total, len(key)), swap_duplicates=False)
-        return KVCacheBlocks(new)
+            mgr.commit(rid, total, swap_duplicates=False)
+            return KVCacheBlocks(grown)
+        m = self._pending.pop(rid, None)
+        if m is None or m.num_tokens != num_new_computed_tokens:
+            if num_new_computed_tokens:
+                raise PrefixKVError(
+                    f"request {rid!r}: {num_new_computed_tokens} computed tokens without "
+                    "a matching get_computed_blocks"
+                )
+            m = mgr.index.match_prefix(mgr.make_key(key), 0)
+        total = min(
+            request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, len(key)
+        )
+        adm = mgr.admit(rid, key, num_tokens=total, prefix_match=m)
+        if adm is None:
+            return None
+        self._running.add(rid)
+        mgr.commit(rid, total, swap_duplicates=False)
+        return KVCacheBlocks(adm.block_table[len(m.block_ids) :])
 
     def free(self, request: RequestLike) -> None:
         """Release a finished or aborted request, tail block first (HC-7)."""
         self._pending.pop(request.request_id, None)
         self._keys.pop(request.request_id, None)
+        self._running.discard(request.request_id)
         if request.request_id in self.manager:
             self.manager.abort(request.request_id)
 

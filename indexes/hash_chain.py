@@ -175,7 +175,8 @@ class HashChainIndex:
 
         A block id already cached under its hash is kept as is (a hit block); a new
         block id is registered even when its hash is cached already (a duplicate,
-        HC-13). New blocks start unlocked, at the tail of the free queue.
+        HC-13). New blocks start unlocked, at the tail of the free queue in the
+        order a release would put them (the chain's tail evicted first).
 
         Args:
             key: the sequence.
@@ -224,6 +225,7 @@ class HashChainIndex:
         still_cached = True
         chain = list(done)
         prev = chain[-1] if chain else None
+        created: list[CachedBlock] = []
         for i, bid in enumerate(new_ids, start):
             block_hash = hashes[i]
             if still_cached and block_hash in table:
@@ -239,9 +241,11 @@ class HashChainIndex:
                     block.extra_key = key.extra_key if i == 0 else None
                 self._add_entry(block)
                 blocks[bid] = block
-                self._free.append(block)
+                created.append(block)
             chain.append(block)
             prev = block
+        for block in reversed(created):  # unlocked: queued tail first, like a release
+            self._free.append(block)
         return InsertResult(
             num_cached * bs,
             list(block_ids[:num_full]),

@@ -42,6 +42,7 @@ class _Node:
     parent: _Node | None
     created: int
     last_access: int
+    end: int  # tokens from the root through this node
     priority: int = 0
     hit_count: int = 0
     lock_ref: int = 0
@@ -92,6 +93,7 @@ class RadixIndex:
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
         self._candidates: SortedList = SortedList()
+        self._owned: set[int] = set()  # every block in the tree, to refuse reusing one
         self._tick = 0
         self._num_nodes = 0
         self._evictable = 0
@@ -101,7 +103,7 @@ class RadixIndex:
     # ----------------------------------------------------------------- helpers
 
     def _new_root(self, namespace: ExtraKey | None = None) -> _Node:
-        root = _Node(array(TOKEN_TYPECODE), [], None, 0, 0, lock_ref=1, priority=-sys.maxsize)
+        root = _Node(array(TOKEN_TYPECODE), [], None, 0, 0, 0, lock_ref=1, priority=-sys.maxsize)
         root.owner = self
         root.namespace = namespace
         return root
@@ -160,6 +162,7 @@ class RadixIndex:
             parent,
             tick,
             tick,
+            child.end - len(child.key) + split_len,
             priority=child.priority,
             hit_count=child.hit_count,
             lock_ref=child.lock_ref,
@@ -234,12 +237,16 @@ class RadixIndex:
         segment, and adds one leaf for the rest, holding the caller's blocks for
         it. Blocks the tree already had for the leading part are kept: the
         returned ``block_ids`` are the tree's, and the caller's copies of that part
-        are duplicates to free. ``prefix`` is ignored (the walk is cheap).
+        are duplicates to free. With ``prefix`` (a node the caller holds, whose
+        path its first blocks are), only the blocks after it are checked against
+        the blocks the tree owns.
 
         Raises:
-            BlockOwnershipError: too few or malformed block ids; nothing changes.
+            BlockOwnershipError: too few or malformed block ids, or a block the
+                tree holds already for other tokens; nothing changes.
 
-        Complexity: O(depth) Python steps, segments compare in C.
+        Complexity: O(depth) Python steps, segments compare in C, plus
+        O(blocks after ``prefix``) for the ownership check.
         """
         ps = self.block_size
         tokens = key.tokens
@@ -259,6 +266,9 @@ class RadixIndex:
             raise BlockOwnershipError(
                 f"insert: block ids must be distinct non-negative ints, got {own[:16]}..."
             )
+        skip = min(prefix.end, n) // ps if type(prefix) is _Node and not prefix.dead else 0
+        if self._owned and not self._owned.isdisjoint(own[skip:]):
+            self._check_reused_blocks(key, own, n)
         inserted_before = key.index_memo(self)
         priority = key.priority
         node = self._root(key.extra_key, create=n > 0)
@@ -294,12 +304,14 @@ class RadixIndex:
                 node,
                 tick,
                 tick,
+                n,
                 priority=priority,
                 hit_count=1 if n > inserted_before else 0,
             )
             node.children[self._child_key(tokens, pos)] = leaf
             self._num_nodes += 1
             self._evictable += len(leaf.value)
+            self._owned.update(leaf.value)
             self._update_leaf_status(node)
             self._add_candidate(leaf)
             path_blocks += leaf.value
@@ -307,6 +319,33 @@ class RadixIndex:
         if n > inserted_before:
             key.set_index_memo(self, n)
         return InsertResult(num_cached, path_blocks, node)
+
+    def _check_reused_blocks(self, key: TokenKey, own: list[int], n: int) -> None:
+        # Slow path: some given blocks are in the tree. That is fine only where the
+        # tree holds exactly that block for exactly these tokens (a re-insert of a hit).
+        ps = self.block_size
+        tokens = key.tokens
+        node = self._root(key.extra_key, create=False)
+        pos = 0
+        while pos < n:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            seg = child.key
+            m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
+            m -= m % ps
+            if own[pos // ps : (pos + m) // ps] != child.value[: m // ps]:
+                break
+            pos += m
+            if m < len(seg):
+                break
+            node = child
+        tail = own[pos // ps :]
+        if not self._owned.isdisjoint(tail):
+            bad = next(b for b in tail if b in self._owned)
+            raise BlockOwnershipError(
+                f"block {bad} is cached in the tree for other tokens; it cannot hold these"
+            )
 
     def _rekey(self, node: _Node) -> None:
         if node.evict_key is not None:
@@ -355,7 +394,10 @@ class RadixIndex:
         node: _Node | None = start
         while node is not None and node.parent is not None:
             if node.lock_ref <= 0:
-                raise LockStateError("unlock of a radix node that is not locked")
+                raise LockStateError(
+                    f"unlock of a radix node ({len(node.key)} tokens, lock_ref {node.lock_ref}) "
+                    "that is not locked"
+                )
             node = node.parent
         node = start
         while node is not None and node.parent is not None:
@@ -391,6 +433,7 @@ class RadixIndex:
             _, node = cands.pop(0)
             node.evict_key = None
             out += node.value
+            self._owned.difference_update(node.value)
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key, 0)]
@@ -429,6 +472,7 @@ class RadixIndex:
                 stack.extend(node.children.values())
         self._roots.clear()
         self._candidates.clear()
+        self._owned.clear()
         self._num_nodes = 0
         self._evictable = 0
         return out
@@ -456,6 +500,7 @@ class RadixIndex:
     def memory_bytes(self) -> int:
         """Estimated bytes held by the tree's own structures (not the KV)."""
         total = sys.getsizeof(self._candidates) + 64 * len(self._candidates)
+        total += sys.getsizeof(self._owned)
         stack = list(self._roots.values())
         while stack:
             node = stack.pop()
@@ -488,6 +533,7 @@ class RadixIndex:
                         f"segment of {len(child.key)} tokens is not whole pages of {ps}"
                     )
                     assert len(child.value) == len(child.key) // ps, "blocks and pages disagree"
+                    assert child.end == node.end + len(child.key), "node end position is wrong"
                     assert child.lock_ref >= 0, f"negative lock_ref {child.lock_ref}"
                     if node.parent is not None:
                         assert node.lock_ref >= child.lock_ref, "parent locked less than child"
@@ -503,6 +549,7 @@ class RadixIndex:
                             expect_candidates.add(id(child))
                     stack.append(child)
         assert nodes == self._num_nodes, f"node count {self._num_nodes} but {nodes} nodes"
+        assert seen_blocks == self._owned, "the owned-block set differs from the tree's blocks"
         assert evictable == self._evictable, f"evictable {self._evictable} but {evictable}"
         assert protected == self._protected, f"protected {self._protected} but {protected}"
         got = {id(node) for _, node in self._candidates}

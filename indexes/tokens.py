@@ -137,6 +137,16 @@ def _contains_bool(tokens: Sequence[object], values: array[int]) -> bool:
     return False
 
 
+def _small_valid(tokens: object) -> bool:
+    # Decode steps append one token: checking a short list in Python beats the C passes.
+    if type(tokens) is not list or len(tokens) > 4:
+        return False
+    for t in tokens:  # noqa: SIM110 - a plain loop is faster than all() over a genexpr
+        if type(t) is not int or not 0 <= t < _TOKEN_LIMIT:
+            return False
+    return True
+
+
 def as_token_array(tokens: Iterable[int]) -> array[int]:
     """Validate token ids and copy them into a fresh ``array('I')``.
 
@@ -149,14 +159,17 @@ def as_token_array(tokens: Iterable[int]) -> array[int]:
     """
     if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, tokens)
-    if type(tokens) is list and len(tokens) <= 4:
-        # Decode steps append one token: checking it in Python beats the C passes.
-        for t in tokens:
-            if type(t) is not int or not 0 <= t < _TOKEN_LIMIT:
-                break
-        else:
-            return array(TOKEN_TYPECODE, tokens)
-    seq: Sequence[object] = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    if _small_valid(tokens):
+        return array(TOKEN_TYPECODE, tokens)
+    if isinstance(tokens, (list, tuple)):
+        seq: Sequence[object] = tokens
+    else:
+        try:
+            seq = list(tokens)
+        except TypeError:
+            raise InvalidTokenError(
+                f"tokens must be a sequence of int token ids, got {tokens!r}"
+            ) from None
     try:
         out: array[int] = array(TOKEN_TYPECODE, cast("Sequence[int]", seq))
         if _contains_bool(seq, out):
@@ -268,17 +281,10 @@ class TokenKey:
         Raises:
             InvalidTokenError: a bad token id; the key is unchanged.
         """
-        self._tokens.extend(as_token_array(tokens))
-
-    def truncate(self, num_tokens: int) -> None:
-        """Drop tokens past ``num_tokens`` (rejected speculative tokens), and their hashes."""
-        if not 0 <= num_tokens <= len(self._tokens):
-            raise InvalidTokenError(
-                f"cannot truncate a {len(self._tokens)}-token key to {num_tokens} tokens"
-            )
-        del self._tokens[num_tokens:]
-        if self._hash_owner is not None:
-            del self._hash_memo[num_tokens // self._hash_owner.block_size :]
+        if _small_valid(tokens):
+            self._tokens.extend(tokens)
+        else:
+            self._tokens.extend(as_token_array(tokens))
 
     def index_memo(self, owner: object) -> int:
         """An int an index keeps about this key (the radix tree: tokens it inserted).

@@ -70,10 +70,12 @@ class PagedKVCache:
         return layer
 
     def _index(self, values: IndexLike, what: str) -> torch.Tensor:
-        t = torch.as_tensor(values, dtype=torch.long, device=self.device)
+        t = torch.as_tensor(values, device=self.device)
         if t.dim() != 1:
             raise StorageShapeError(f"{what} must be 1-D, got shape {tuple(t.shape)}")
-        return t
+        if t.numel() and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+            raise StorageShapeError(f"{what} must hold integers, got dtype {t.dtype}")
+        return t.to(torch.long)
 
     def key_cache(self, layer: int) -> torch.Tensor:
         """K of one layer, ``[num_blocks, block_size, heads, dim]`` (a view)."""

@@ -1,0 +1,60 @@
+"""SPEC BB-8: per-request granularity accounting — hit tokens, tokens matched but
+recomputed at a block boundary, and the recomputed last block."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prefixkv.adapters import CacheManager
+from prefixkv.indexes import make_index
+from prefixkv.storage import BlockAllocator
+
+R = random.Random(0)
+A = [R.randrange(1, 32000) for _ in range(80)]
+B = A[:30] + [R.randrange(1, 32000) for _ in range(50)]
+
+
+def records(name: str, bs: int, prompts: list[list[int]]) -> list[tuple[int, int, int, int]]:
+    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(4096 // bs),
+                     track_boundaries=True)  # fmt: skip
+    out = []
+    for i, p in enumerate(prompts):
+        m.admit(i, p)
+        m.commit(i, len(p))
+        r = m.record(i)
+        m.finish(i)
+        assert r.matched_tokens is not None and r.cap_lost_tokens is not None
+        assert r.boundary_lost_tokens is not None
+        out.append((r.hit_tokens, r.matched_tokens, r.boundary_lost_tokens, r.cap_lost_tokens))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "bs", "want"),
+    [
+        # (hit, matched, boundary lost, last block lost) for A, B, A again
+        ("hash_chain", 16, [(0, 0, 0, 0), (16, 30, 14, 0), (64, 80, 0, 16)]),
+        ("radix", 1, [(0, 0, 0, 0), (30, 30, 0, 0), (79, 80, 0, 1)]),
+        ("radix", 16, [(0, 0, 0, 0), (16, 30, 14, 0), (64, 80, 0, 16)]),
+        ("none", 16, [(0, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0)]),
+    ],
+)
+def test_bb_08_seed_example_accounting(name: str, bs: int, want: list[tuple[int, ...]]) -> None:
+    assert records(name, bs, [A, B, A]) == want
+
+
+def test_bb_08_a_partial_last_block_counts_as_boundary_loss() -> None:
+    # Turn 2 extends turn 1 (20 tokens): its tokens 16..19 were computed in a partial
+    # block the hash chain never keeps, and the radix tree at page size 1 does.
+    turn1 = A[:20]
+    turn2 = turn1 + B[40:60]
+    assert records("hash_chain", 16, [turn1, turn2])[1] == (16, 20, 4, 0)
+    assert records("radix", 1, [turn1, turn2])[1] == (20, 20, 0, 0)
+
+
+def test_bb_08_the_null_index_has_no_boundary_losses() -> None:
+    short = A[:10]
+    assert records("none", 16, [short, short]) == [(0, 0, 0, 0), (0, 0, 0, 0)]
+    assert records("hash_chain", 16, [short, short])[1] == (0, 10, 9, 0)
