@@ -63,6 +63,8 @@ class ReplayResult:
         hits: one ``{"id", "prompt_len", "hit_tokens"}`` per request, admission order.
         records: the manager's per-request accounting (BB-8 fields when tracked).
         request_seconds: index time per request (all its calls), admission order.
+        admit_seconds: the part of ``request_seconds`` spent admitting the request
+            (lookup, prefill allocation, registering the prompt), admission order.
         seconds_by_call: summed seconds per call kind.
         evicted_blocks: blocks evicted from the index.
         peak_cached_blocks: the most blocks the index held at once.
@@ -78,6 +80,7 @@ class ReplayResult:
     peak_cached_blocks: int = 0
     index_memory_bytes: int = 0
     wall_seconds: float = 0.0
+    admit_seconds: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """Totals for a result file's last line."""
@@ -290,11 +293,13 @@ def replay(
         rp = _ManagerReplayer(mgr, len(reqs))
     else:
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
+    admit_seconds: list[float] = []
     t0 = time.perf_counter()
     for i, rec in enumerate(reqs):
         while len(rp.live) >= concurrency:
             rp.finish_oldest()
         rp.admit(i, rec)
+        admit_seconds.append(rp.clock.by_request[i])  # nothing else has run for request i
         if on_request is not None:
             on_request(i + 1)
     while rp.live:
@@ -309,4 +314,5 @@ def replay(
         peak_cached_blocks=rp.peak_cached,
         index_memory_bytes=rp.peak_memory,
         wall_seconds=wall,
+        admit_seconds=admit_seconds,
     )

@@ -1,0 +1,44 @@
+"""Progress bars for the command line: tqdm on stderr when installed and wanted, else nothing.
+
+A bar appears only after a second, so quick runs print nothing extra; tqdm is an
+optional dependency (the ``report`` extra) and is imported only when a bar is made.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Protocol
+
+__all__ = ["Progress", "progress"]
+
+
+class Progress(Protocol):
+    """What the CLI needs of a bar (tqdm's own methods)."""
+
+    def update(self, n: int = 1) -> object:
+        """Advance by ``n`` steps."""
+        ...
+
+    def close(self) -> None:
+        """Remove the bar."""
+        ...
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> object:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def progress(total: int, desc: str, *, quiet: bool = False, unit: str = "req") -> Progress:
+    """A bar of ``total`` steps; a silent stand-in when ``quiet`` or tqdm is missing."""
+    if quiet:
+        return _NoProgress()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is an optional dependency
+        return _NoProgress()
+    bar: Progress = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, delay=1.0, leave=False)
+    return bar
