@@ -1,0 +1,370 @@
+"""The ``prefixkv`` command line: compare's tables and files, replay's hit file, errors.
+
+Runs ``main([...])`` in-process on tiny inputs written into ``tmp_path`` (and once
+through ``python -m``); the seed test pins SPEC BB-2/BB-3 as the report shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixkv.adapters.cli import main
+from prefixkv.adapters.compare import (
+    parse_backends,
+    percentile,
+    select_strip_requests,
+    sweep_capacities,
+)
+from prefixkv.adapters.sources import seed_example
+from prefixkv.adapters.traces import write_trace
+from prefixkv.adapters.workloads import make_workload
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _backends(doc: dict[str, Any], workload: int = 0) -> dict[str, dict[str, Any]]:
+    return {b["backend"]: b for b in doc["workloads"][workload]["backends"]}
+
+
+def _error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("prefixkv: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_help_through_python_m() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefixkv.adapters", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "compare" in proc.stdout and "replay" in proc.stdout
+
+
+def test_compare_writes_report_json_and_pngs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    code, stdout, _ = _run(
+        capsys,
+        "compare",
+        "--workload",
+        "tree_of_thought",
+        "few_shot",
+        "--max-requests",
+        "25",
+        "--capacity-sweep",
+        "--timing-repeats",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
+    )
+    assert code == 0
+    assert "tree_of_thought" in stdout and "boundary lost" in stdout
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == [
+        "hit_ratio_vs_capacity.png",
+        "index_time_vs_prompt_length.png",
+        "strips_few_shot.png",
+        "strips_tree_of_thought.png",
+    ]
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+    md = (out / "report.md").read_text(encoding="utf-8")
+    for name in pngs:
+        assert f"]({name})" in md  # relative links
+    assert "## Machine" in md and "| hash_chain |" in md
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["config"]["capacity_sweep"] is True
+    for w in range(2):
+        by = _backends(doc, w)
+        assert set(by) == {"hash_chain", "radix", "none"}
+        hc, rx, none = by["hash_chain"], by["radix"], by["none"]
+        # Shared prefixes: token granularity never hits less than block granularity.
+        assert rx["hit_tokens"] >= hc["hit_tokens"] > 0
+        assert none["hit_tokens"] == 0
+        assert rx["boundary_lost_tokens"] == 0
+        for b in by.values():
+            per = b["per_request"]
+            assert b["hit_tokens"] == sum(per["hit_tokens"])
+            assert (
+                b["prompt_tokens"] == sum(per["prompt_len"]) == doc["workloads"][w]["prompt_tokens"]
+            )
+            assert b["hit_ratio"] == pytest.approx(b["hit_tokens"] / b["prompt_tokens"])
+            assert b["boundary_lost_tokens"] == sum(per["boundary_lost_tokens"])
+            assert b["timing_runs_agree"] and b["evicted_blocks"] == 0  # roomy default
+            assert len(per["index_us"]) == len(per["admit_us"]) == 25
+            assert all(a <= t for a, t in zip(per["admit_us"], per["index_us"], strict=True))
+        sweep = doc["workloads"][w]["sweep"]
+        caps = sweep["capacity_tokens"]
+        assert caps == sorted(caps) and len(caps) >= 2
+        assert caps[-1] == doc["workloads"][w]["capacity_tokens"]
+        assert sweep["hit_ratio"]["radix"][-1] == pytest.approx(rx["hit_ratio"])
+    tot = _backends(doc, 0)["hash_chain"]
+    assert tot["boundary_lost_tokens"] > 0  # forks are unaligned in tree_of_thought
+
+
+def test_seed_workload_shows_the_boundary_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, stdout, _ = _run(
+        capsys,
+        "compare",
+        "--workload",
+        "seed",
+        "--indexes",
+        "hash_chain,radix",
+        "--no-plots",
+        "--timing-repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0
+    doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    by = _backends(doc)
+    hc, rx = by["hash_chain"]["per_request"], by["radix"]["per_request"]
+    assert hc["id"] == rx["id"] == ["A", "B", "A-again"]
+    # BB-2: B shares 30 tokens; the chain reuses block 0 and recomputes tokens 16..29.
+    assert (hc["hit_tokens"][1], hc["matched_tokens"][1], hc["boundary_lost_tokens"][1]) == (
+        16,
+        30,
+        14,
+    )
+    assert (rx["hit_tokens"][1], rx["boundary_lost_tokens"][1]) == (30, 0)
+    # BB-3: A again; the chain recomputes its whole last block, the tree one token.
+    assert (hc["hit_tokens"][2], hc["cap_lost_tokens"][2]) == (64, 16)
+    assert (rx["hit_tokens"][2], rx["cap_lost_tokens"][2]) == (79, 1)
+    row = next(line for line in stdout.splitlines() if line.startswith("hash_chain"))
+    assert " 14 " in row
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "B hit 16 of 80 tokens, matched 30, 14 lost to the block boundary" in md
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_replay_writes_the_oracle_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    expected = {"radix": [0, 30, 79], "hash_chain": [0, 16, 64]}
+    for index, hits in expected.items():
+        out = tmp_path / index / "hits.jsonl"  # the folder is created
+        code, stdout, _ = _run(
+            capsys, "replay", str(trace), "--index", index, "--page-size", "1", "--out", str(out)
+        )
+        assert code == 0 and str(out) in stdout
+        lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        assert len(lines) == 4
+        assert [set(r) for r in lines[:3]] == [{"id", "prompt_len", "hit_tokens"}] * 3
+        assert [r["hit_tokens"] for r in lines[:3]] == hits
+        assert [r["prompt_len"] for r in lines[:3]] == [80, 80, 80]
+        summary = lines[3]["summary"]
+        assert summary["requests"] == 3 and summary["total_hit_tokens"] == sum(hits)
+        assert summary["total_prompt_tokens"] == 240 and summary["trace"] == "seed.jsonl"
+        assert summary["config"]["index"] == index
+        assert summary["config"]["driver"] == {"radix": "sglang", "hash_chain": "vllm"}[index]
+
+
+def test_replay_capacity_and_driver_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, make_workload("shared_system_prompt", num_requests=20, system_len=64))
+    out = tmp_path / "hits.jsonl"
+    argv = ["replay", str(trace), "--index", "hash_chain", "--driver", "manager", "-q"]
+    code, stdout, _ = _run(capsys, *argv, "--capacity-blocks", "40", "--out", str(out))
+    assert code == 0 and stdout == ""
+    summary = json.loads(out.read_text(encoding="utf-8").splitlines()[-1])["summary"]
+    assert summary["config"]["num_blocks"] == 40
+    assert summary["config"]["capacity_tokens"] == 640
+    assert summary["config"]["driver"] == "manager"
+    assert summary["evicted_blocks"] > 0  # 20 prompts of 96..320 tokens in 640 tokens
+
+
+def _mooncake_trace(path: Path, lines: int) -> None:
+    # A shared 3-block system prefix, then conversations that resend their history.
+    records = []
+    next_id = 100
+    history: dict[int, list[int]] = {}
+    for i in range(lines):
+        session = i % 7
+        ids = history.get(session, [0, 1, 2])
+        ids = [*ids, next_id]
+        next_id += 1
+        history[session] = ids
+        input_length = 512 * (len(ids) - 1) + 100 + 37 * session
+        records.append(
+            {"timestamp": i, "input_length": input_length, "output_length": 20, "hash_ids": ids}
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def test_compare_reads_a_mooncake_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "mooncake.jsonl"
+    _mooncake_trace(trace, 60)
+    out = tmp_path / "out"
+    code, stdout, _ = _run(
+        capsys,
+        "compare",
+        "--trace",
+        str(trace),
+        "--max-requests",
+        "50",
+        "--scale-block",
+        "16",
+        "--indexes",
+        "hash_chain,radix",
+        "--timing-repeats",
+        "1",
+        "--no-plots",
+        "--out",
+        str(out),
+    )
+    assert code == 0
+    assert "mooncake.jsonl: 50 requests" in stdout
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["workloads"][0]["num_requests"] == 50
+    assert doc["workloads"][0]["sweep"] is None  # a trace sweeps only when asked
+    by = _backends(doc)
+    assert by["radix"]["hit_tokens"] >= by["hash_chain"]["hit_tokens"] > 0
+
+
+def test_replay_does_not_import_matplotlib(tmp_path: Path) -> None:
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    code = (
+        "import sys; from prefixkv.adapters.cli import main; "
+        f"rc = main(['replay', {str(trace)!r}, '--index', 'radix', '-q', "
+        f"'--out', {str(tmp_path / 'h.jsonl')!r}]); "
+        "print(rc, 'matplotlib' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.stdout.split() == ["0", "False"], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["compare", "--workload", "nope"], "unknown workload 'nope'"),
+        (["compare", "--workload", "seed", "--indexes", "hash_chain,bogus"], "'bogus'"),
+        (["compare", "--indexes", "radix:0"], "radix:0"),
+        (["compare", "--concurrency", "0"], "--concurrency"),
+        (["compare", "--capacity-tokens", "64", "--capacity-blocks", "4"], "not allowed"),
+        (["compare", "--workload", "seed", "--scale-block", "16"], "scale_block=16"),
+        (["frobnicate"], "invalid choice"),
+        (["replay", "trace.jsonl", "--index", "radix"], "--out"),
+    ],
+)
+def test_bad_arguments_are_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert needle in _error_line(err)
+
+
+def test_missing_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "absent.jsonl"
+    for argv in (
+        ["compare", "--trace", str(missing), "--out", str(tmp_path / "o")],
+        ["replay", str(missing), "--index", "radix", "--out", str(tmp_path / "h.jsonl")],
+    ):
+        code, _, err = _run(capsys, *argv)
+        assert code == 2
+        assert str(missing) in _error_line(err)
+
+
+def test_malformed_trace_line_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"id": "a", "tokens": [1, 2, 3]}\n\n{"id": "b", "tokens": [1, -2]}\n')
+    for argv in (
+        ["compare", "--trace", str(trace), "--out", str(tmp_path / "o")],
+        ["replay", str(trace), "--index", "hash_chain", "--out", str(tmp_path / "h.jsonl")],
+    ):
+        code, _, err = _run(capsys, *argv)
+        assert code == 2
+        assert f"{trace}:3:" in _error_line(err)
+
+
+def test_capacity_too_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(
+        capsys, "compare", "-w", "seed", "--capacity-tokens", "40", "--out", str(tmp_path)
+    )
+    assert code == 2
+    assert "capacity 40 tokens" in _error_line(err)
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    code, _, err = _run(
+        capsys,
+        "replay",
+        str(trace),
+        "--index",
+        "radix",
+        "--capacity-blocks",
+        "2",
+        "--out",
+        str(tmp_path / "h.jsonl"),
+    )
+    assert code == 2
+    assert "capacity 32 tokens" in _error_line(err)
+
+
+def test_parse_backends_natural_drivers_and_sizes() -> None:
+    specs = parse_backends("hash_chain, radix,none,radix:16", block_size=8, page_size=1)
+    assert [(s.label, s.index, s.block_size, s.driver) for s in specs] == [
+        ("hash_chain", "hash_chain", 8, "vllm"),
+        ("radix", "radix", 1, "sglang"),
+        ("none", "none", 8, "manager"),
+        ("radix:16", "radix", 16, "sglang"),
+    ]
+    assert {s.driver for s in parse_backends("hash_chain,radix", driver="manager")} == {"manager"}
+
+
+def test_sweep_percentile_and_strip_selection() -> None:
+    caps = sweep_capacities(100, 10_000, 5)
+    assert caps == [100, 316, 1000, 3162, 10000]
+    assert sweep_capacities(500, 400) == [400]
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile([1.0, 2.0], 99) == 2.0 and percentile([], 50) == 0.0
+
+    def result(index: str, hits: list[int], boundary: list[int]) -> dict[str, Any]:
+        n = len(hits)
+        per = {
+            "id": [str(i) for i in range(n)],
+            "hit_tokens": hits,
+            "boundary_lost_tokens": boundary,
+            "cap_lost_tokens": [0] * n,
+        }
+        return {"index": index, "per_request": per}
+
+    rows = [
+        result("hash_chain", [0, 16, 32, 48, 0], [0, 0, 0, 5, 0]),
+        result("radix", [0, 16, 40, 53, 0], [0, 0, 0, 0, 0]),
+        result("none", [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]),
+    ]
+    # Boundary loss first (3), then differing hits (2), then the rest in order (0).
+    assert select_strip_requests(rows, limit=3) == [0, 2, 3]
