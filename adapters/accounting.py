@@ -100,11 +100,11 @@ class BoundaryTracker:
     def _root(extra_key: ExtraKey | None) -> _Node:
         return ("root", extra_key)
 
-    def registered(self, key: TokenKey, block_ids: list[int], start: int) -> None:
-        """Record ``block_ids[start:]`` as cached for blocks ``start..`` of ``key``."""
+    def registered(self, key: TokenKey, block_ids: list[int], start: int, stop: int) -> None:
+        """Record ``block_ids[start:stop]`` as cached for those blocks of ``key``."""
         bs = self.block_size
         tokens = key.tokens
-        for i in range(start, len(block_ids)):
+        for i in range(start, stop):
             bid = block_ids[i]
             if bid in self._parent:
                 continue

@@ -16,7 +16,7 @@ from typing import Any
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .replay import DRIVERS, Driver, ReplayError, ReplayResult, replay
 from .sources import Workload
@@ -72,7 +72,7 @@ class BackendSpec:
 
     def make(self) -> PrefixIndex:
         """A fresh index for one replay."""
-        return make_index(self.index, self.block_size)
+        return make_index(self.index, self.block_size, **pool_owned_options(self.index))
 
     def num_blocks(self, capacity_tokens: int) -> int:
         """Blocks of ``block_size`` that fit in ``capacity_tokens``."""

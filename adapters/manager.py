@@ -9,6 +9,7 @@ which gives vLLM's hits too; see the README). Both facades are thin layers on it
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -263,20 +264,21 @@ class CacheManager:
 
     def _register(self, seq: _Seq, num_tokens: int, swap: bool) -> None:
         result = self.index.insert(seq.key, seq.table, num_tokens, prefix=seq.handle)
+        base = result.first_block
         theirs = result.block_ids
-        n = len(theirs)
+        n = base + len(theirs)
         start = seq.num_registered_blocks
         table = seq.table
-        if n > start and table[start:n] != theirs[start:n]:
-            dups = [i for i in range(start, n) if table[i] != theirs[i]]
+        if n > start and table[start:n] != theirs[start - base :]:
+            dups = [i for i in range(start, n) if table[i] != theirs[i - base]]
             if swap:
                 self.allocator.free([table[i] for i in dups])
                 for i in dups:
-                    table[i] = theirs[i]
+                    table[i] = theirs[i - base]
             else:
                 seq.private_duplicates.extend(table[i] for i in dups)
         if self._tracker is not None:
-            self._tracker.registered(seq.key, list(theirs), start)
+            self._tracker.registered(seq.key, table[:start] + theirs[start - base :], start, n)
         released = self.index.relock(seq.handle, result.handle)
         seq.handle = result.handle
         seq.num_registered_blocks = max(n, start)
@@ -324,19 +326,57 @@ class CacheManager:
         seq.key.append(new)
         return True
 
-    def grow(
-        self, request_id: RequestId, num_slots: int, *, reserve_blocks: int = 0
+    def advance(
+        self,
+        request_id: RequestId,
+        num_slots: int,
+        num_computed: int | None = None,
+        *,
+        reserve_blocks: int = 0,
+        swap_duplicates: bool = True,
     ) -> list[int] | None:
-        """Make sure the first ``num_slots`` tokens of the request have slots.
+        """One scheduler step for a running request: slots, then registration.
 
-        The tokens must be in the request's key already (``append`` adds them).
+        Makes sure the first ``num_slots`` tokens have slots, then does
+        ``commit(num_computed)`` (vLLM's ``allocate_slots``, which registers
+        before the forward pass, passes ``swap_duplicates=False``). Slots may run
+        ahead of the key's tokens; registered tokens must be in the key
+        (``append`` adds them). A decode step that needs no new block costs O(1).
 
         Returns:
             The blocks added to the table (often none), or ``None`` (nothing
             changed) when no block can be freed.
+
+        Raises:
+            RequestStateError: unknown request.
+            PrefixKVError: ``num_slots`` or ``num_computed`` out of range.
         """
-        seq = self._seq(request_id)
-        return self._grow(seq, num_slots, len(seq.key), reserve_blocks)
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise RequestStateError(f"request {request_id!r} is not running")
+        bs = self.block_size
+        if (
+            reserve_blocks <= 0
+            and type(num_slots) is int
+            and 0 <= num_slots <= len(seq.table) * bs
+            and (
+                num_computed is None
+                or (
+                    type(num_computed) is int
+                    and 0 <= num_computed <= num_slots
+                    and num_computed // bs <= seq.num_registered_blocks
+                )
+            )
+        ):
+            # The common decode step: no block to add, nothing new to register.
+            if num_computed is not None and num_computed > seq.num_computed:
+                seq.num_computed = min(num_computed, len(seq.key.tokens))
+            return []
+        new = self._grow(seq, num_slots, sys.maxsize, reserve_blocks)
+        if new is not None and num_computed is not None:
+            known = min(num_computed, len(seq.key.tokens))  # the key may lag its slots
+            self.commit(request_id, known, swap_duplicates=swap_duplicates)
+        return new
 
     def _grow(self, seq: _Seq, slots: int, limit: int, reserve: int) -> list[int] | None:
         if type(slots) is not int or not 0 <= slots <= limit:

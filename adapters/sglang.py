@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
-from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.storage.allocator import BlockAllocator
 
@@ -108,7 +108,8 @@ class SGLangRadixCache:
         keep_records: bool = False,
     ) -> None:
         if isinstance(index, str):
-            index = make_index(index, block_size=1 if page_size is None else page_size)
+            size = 1 if page_size is None else page_size
+            index = make_index(index, block_size=size, **pool_owned_options(index))
         self.page_size = index.block_size
         num_pages = capacity_tokens // self.page_size if type(capacity_tokens) is int else 0
         if num_pages <= 0:

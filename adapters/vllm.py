@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from prefixkv.indexes.base import PrefixIndex, PrefixMatch
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
-from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.storage.allocator import BlockAllocator
 
@@ -80,11 +80,15 @@ class SimpleRequest:
 class KVCacheBlocks(NamedTuple):
     """vLLM's boundary object between scheduler and cache: block ids, one group."""
 
-    block_ids: list[int]
+    block_ids: Sequence[int]
 
     def get_block_ids(self) -> tuple[list[int], ...]:
         """Block ids per KV-cache group (one group here), as vLLM returns them."""
         return (list(self.block_ids),)
+
+
+_NO_BLOCKS = KVCacheBlocks(())
+"""Most decode steps add no block; one shared immutable answer saves an allocation."""
 
 
 def _namespace(request: RequestLike) -> ExtraKey | None:
@@ -120,7 +124,8 @@ class VLLMKVCacheManager:
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
-            index = make_index(name, block_size=16 if block_size is None else block_size)
+            size = 16 if block_size is None else block_size
+            index = make_index(name, block_size=size, **pool_owned_options(name))
         self.manager = CacheManager(
             index,
             BlockAllocator(num_blocks),
@@ -188,15 +193,22 @@ class VLLMKVCacheManager:
             )
         rid = request.request_id
         mgr = self.manager
-        key = self._key(request)
         if rid in self._running:
             # A running request (decode, or the next chunk of a prefill): the hot path.
-            total = min(request.num_computed_tokens + num_new_tokens, len(key.tokens))
-            grown = mgr.grow(rid, total)
+            # The key learns new tokens only when a block fills, as vLLM hashes them.
+            n = request.num_tokens
+            total = request.num_computed_tokens + num_new_tokens
+            if total > n:
+                total = n
+            key = self._keys[rid]
+            have = len(key.tokens)
+            if total // self.block_size > have // self.block_size:
+                key.append(request.all_token_ids[have:n])
+            grown = mgr.advance(rid, total, total, swap_duplicates=False)
             if grown is None:
                 return None
-            mgr.commit(rid, total, swap_duplicates=False)
-            return KVCacheBlocks(grown)
+            return KVCacheBlocks(grown) if grown else _NO_BLOCKS
+        key = self._key(request)
         m = self._pending.pop(rid, None)
         if m is None or m.num_tokens != num_new_computed_tokens:
             if num_new_computed_tokens:

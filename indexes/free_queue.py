@@ -77,6 +77,53 @@ class FreeBlockQueue:
         block.prev = block.next = None
         self._len -= 1
 
+    def pin(self, blocks: list[CachedBlock]) -> None:
+        """``ref_cnt += 1`` on each block, unqueueing those that were evictable.
+
+        One call per run (a hit, a request's new blocks): the list surgery is done
+        inline, which in CPython costs a fraction of a method call per block.
+        Complexity: O(len(blocks)).
+        """
+        removed = 0
+        for block in blocks:
+            if block.ref_cnt == 0:
+                prev, nxt = block.prev, block.next
+                if prev is None or nxt is None:
+                    raise AssertionError(f"block {block.block_id} is not in the free queue")
+                prev.next = nxt
+                nxt.prev = prev
+                block.prev = block.next = None
+                removed += 1
+            block.ref_cnt += 1
+        self._len -= removed
+
+    def release(self, blocks: list[CachedBlock]) -> list[CachedBlock]:
+        """``ref_cnt -= 1`` on each block, last block first (vLLM frees tail first).
+
+        Blocks reaching 0 join the tail of the queue in that order, so a run's tail is
+        evicted before its head; those without a hash (dropped while locked) are not
+        queued but returned. Complexity: O(len(blocks)).
+        """
+        orphans: list[CachedBlock] = []
+        tail = self._tail
+        last = tail.prev
+        assert last is not None
+        added = 0
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    orphans.append(block)
+                    continue
+                last.next = block
+                block.prev = last
+                last = block
+                added += 1
+        last.next = tail
+        tail.prev = last
+        self._len += added
+        return orphans
+
     def popleft(self) -> CachedBlock:
         """Remove and return the least recently used block. O(1).
 

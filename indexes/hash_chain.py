@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter
+from typing import NamedTuple, cast
 
 from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
 from .errors import (
@@ -32,13 +32,21 @@ _ref_cnt = attrgetter("ref_cnt")
 _Entry = CachedBlock | dict[int, CachedBlock]
 
 
-@dataclass(frozen=True, slots=True)
-class _ChainHandle:
-    """A run of blocks from block 0, as returned by ``match_prefix`` / ``insert``."""
+class _ChainHandle(NamedTuple):
+    """Blocks ``chain[:length]``, a run from block 0 (``match_prefix`` / ``insert``).
+
+    A request's successive handles share one append-only ``chain`` list, so
+    registering a decoded block extends it in O(1) instead of copying the run.
+    """
 
     owner: HashChainIndex
-    blocks: tuple[CachedBlock, ...]
+    chain: list[CachedBlock]
+    length: int
     epoch: int  # the owner's eviction epoch when made: unchanged => no block died since
+
+    def blocks(self) -> list[CachedBlock]:
+        """The handle's blocks (a copy unless the handle covers the whole chain)."""
+        return self.chain if self.length == len(self.chain) else self.chain[: self.length]
 
 
 def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
@@ -49,10 +57,15 @@ def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
     return num_tokens
 
 
-def _check_block_ids(block_ids: Sequence[int], what: str) -> None:
-    if any(type(b) is not int or b < 0 for b in block_ids):
+def _check_block_ids(block_ids: list[int], what: str) -> None:
+    """Non-negative ints, none repeated; C-level passes (a decode step registers one)."""
+    if not block_ids:
+        return
+    if set(map(type, block_ids)) != {int} or min(block_ids) < 0:
         bad = next(b for b in block_ids if type(b) is not int or b < 0)
         raise BlockOwnershipError(f"{what}: block ids must be non-negative ints, got {bad!r}")
+    if len(block_ids) > 1 and len(set(block_ids)) != len(block_ids):
+        raise BlockOwnershipError(f"{what}: a block id appears twice in {block_ids}")
 
 
 class HashChainIndex:
@@ -114,13 +127,26 @@ class HashChainIndex:
         """
         limit = _check_limit(max_num_tokens, key, "max_num_tokens") // self.block_size
         hashes = key.block_hashes(self._hasher)
-        table = self._table
+        # One C-level pass probes every hash; the run stops at the first miss.
+        probed = list(map(self._table.get, islice(hashes, limit)))
+        if None in probed:
+            del probed[probed.index(None) :]
+        entries = cast("list[_Entry]", probed)
+        slow = self.verify or dict in map(type, entries)
+        hit = self._resolve(entries, key) if slow else cast("list[CachedBlock]", entries)
+        n = len(hit)
+        num_evictable = n - sum(1 for b in hit if b.ref_cnt) if n else 0
+        return PrefixMatch(
+            n * self.block_size,
+            [b.block_id for b in hit],
+            _ChainHandle(self, hit, n, self._epoch),
+            num_evictable,
+        )
+
+    def _resolve(self, entries: list[_Entry], key: TokenKey) -> list[CachedBlock]:
+        # Slow path: duplicate entries (pick one) or verification (check each).
         hit: list[CachedBlock] = []
-        append = hit.append
-        for block_hash in islice(hashes, limit):
-            entry = table.get(block_hash)
-            if entry is None:
-                break
+        for entry in entries:
             if type(entry) is CachedBlock:
                 block = entry
             else:
@@ -130,15 +156,8 @@ class HashChainIndex:
                 block = found
             if self.verify and not self._content_matches(block, key, len(hit), hit):
                 break
-            append(block)
-        n = len(hit)
-        num_evictable = n - sum(1 for b in hit if b.ref_cnt) if n else 0
-        return PrefixMatch(
-            n * self.block_size,
-            [b.block_id for b in hit],
-            _ChainHandle(self, tuple(hit), self._epoch),
-            num_evictable,
-        )
+            hit.append(block)
+        return hit
 
     def _pick_duplicate(
         self, entry: dict[int, CachedBlock], key: TokenKey, pos: int, hit: list[CachedBlock]
@@ -199,21 +218,20 @@ class HashChainIndex:
                 f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
             )
         hashes = key.block_hashes(self._hasher)
-        done: tuple[CachedBlock, ...] = ()
+        chain: list[CachedBlock] = []
+        start = 0
         if prefix is not None:
             pre = self._own(prefix)
-            k = min(len(pre.blocks), num_full)
-            if (
-                k
-                and pre.blocks[k - 1].block_id == block_ids[k - 1]
-                and (pre.epoch == self._epoch or min(map(_ref_cnt, pre.blocks[:k])) > 0)
-            ):
-                done = pre.blocks[:k]
-        start = len(done)
+            k = min(pre.length, num_full)
+            # The caller holds the prefix locked: its last block alive and locked, and
+            # holding the caller's block there, vouches for the whole run.
+            if k and pre.chain[k - 1].block_id == block_ids[k - 1] and pre.chain[k - 1].ref_cnt > 0:
+                start = k
+                # Extend the request's run in place (or add nothing), else branch off.
+                in_place = k == len(pre.chain) or k == num_full
+                chain = pre.chain if in_place else pre.chain[:k]
         new_ids = list(block_ids[start:num_full])
         _check_block_ids(new_ids, "insert")
-        if len(set(new_ids)) != len(new_ids):
-            raise BlockOwnershipError(f"insert: a block id appears twice in {new_ids}")
         table, blocks = self._table, self._blocks
         for i, bid in enumerate(new_ids, start):
             old = blocks.get(bid)
@@ -223,8 +241,7 @@ class HashChainIndex:
                 )
         num_cached = start
         still_cached = True
-        chain = list(done)
-        prev = chain[-1] if chain else None
+        prev = chain[start - 1] if start else None
         created: list[CachedBlock] = []
         for i, bid in enumerate(new_ids, start):
             block_hash = hashes[i]
@@ -248,8 +265,9 @@ class HashChainIndex:
             self._free.append(block)
         return InsertResult(
             num_cached * bs,
-            list(block_ids[:num_full]),
-            _ChainHandle(self, tuple(chain), self._epoch),
+            new_ids,
+            _ChainHandle(self, chain, max(start, num_full), self._epoch),
+            start,
         )
 
     def _add_entry(self, block: CachedBlock) -> None:
@@ -293,15 +311,11 @@ class HashChainIndex:
         self._lock_blocks(self._own(handle))
 
     def _lock_blocks(self, handle: _ChainHandle, start: int = 0) -> None:
-        blocks = handle.blocks
+        blocks = handle.chain[start : handle.length]  # a slice: islice would walk from 0
         if handle.epoch != self._epoch and blocks and min(map(_ref_cnt, blocks)) < 0:
             dead = next(b.block_id for b in blocks if b.ref_cnt < 0)
             raise InvalidHandleError(f"block {dead} of this handle was evicted; match again")
-        remove = self._free.remove
-        for block in islice(blocks, start, None):
-            if block.ref_cnt == 0:
-                remove(block)
-            block.ref_cnt += 1
+        self._free.pin(blocks)
 
     def unlock(self, handle: CacheHandle) -> list[int]:
         """Release one lock, tail block first (HC-6, HC-7).
@@ -314,36 +328,28 @@ class HashChainIndex:
 
         Complexity: O(blocks).
         """
-        h = self._own(handle)
-        return self._unlock_blocks(h.blocks)
+        return self._unlock_blocks(self._own(handle).blocks())
 
-    def _unlock_blocks(self, blocks: Sequence[CachedBlock]) -> list[int]:
+    def _unlock_blocks(self, blocks: list[CachedBlock]) -> list[int]:
         if blocks and min(map(_ref_cnt, blocks)) <= 0:
             bad = next(b.block_id for b in blocks if b.ref_cnt <= 0)
             raise LockStateError(f"block {bad} is not locked; unlock without a matching lock")
         released: list[int] = []
-        append = self._free.append
-        for block in reversed(blocks):
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None:
-                    released.append(block.block_id)
-                    del self._blocks[block.block_id]
-                    block.ref_cnt = -1
-                else:
-                    append(block)
+        for block in self._free.release(blocks):
+            released.append(block.block_id)
+            del self._blocks[block.block_id]
+            block.ref_cnt = -1
         return released
 
     def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
         """Move a lock from ``old`` to ``new``; only the blocks past ``old`` are touched
         when ``new`` extends it (a decoding request's next insert)."""
         o, n = self._own(old), self._own(new)
-        k = len(o.blocks)
-        if n.blocks[:k] == o.blocks:
-            self._lock_blocks(n, start=k)
+        if n.chain is o.chain and n.length >= o.length:
+            self._lock_blocks(n, start=o.length)
             return []
         self._lock_blocks(n)
-        return self._unlock_blocks(o.blocks)
+        return self._unlock_blocks(o.blocks())
 
     # ---------------------------------------------------------------- eviction
 
@@ -384,7 +390,7 @@ class HashChainIndex:
         Returns:
             The unlocked blocks freed now, owned by the caller.
         """
-        ids = list(block_ids)
+        ids = list(dict.fromkeys(block_ids))  # a set in vLLM: repeats mean nothing
         _check_block_ids(ids, "evict_blocks")
         freed: list[int] = []
         for bid in ids:

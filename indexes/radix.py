@@ -81,11 +81,20 @@ class RadixIndex:
         block_size: page size in tokens (> 0).
         eviction: ``"lru"`` (default), ``"lfu"``, ``"priority"``, ``"fifo"`` or an
             :class:`~prefixkv.indexes.eviction.EvictionPolicy`.
+        check_block_ids: refuse, in ``insert``, a block the tree already holds for
+            other tokens (a set operation per new block). The facades, which draw
+            every block from their own pool, turn it off; SGLang never checks.
 
     Thread safety: none; call from one scheduler thread.
     """
 
-    def __init__(self, block_size: int = 1, *, eviction: str | EvictionPolicy = "lru") -> None:
+    def __init__(
+        self,
+        block_size: int = 1,
+        *,
+        eviction: str | EvictionPolicy = "lru",
+        check_block_ids: bool = True,
+    ) -> None:
         if type(block_size) is not int or block_size <= 0:
             raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
@@ -93,7 +102,11 @@ class RadixIndex:
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
         self._candidates: SortedList = SortedList()
-        self._owned: set[int] = set()  # every block in the tree, to refuse reusing one
+        # Every block in the tree, to refuse one given again for other tokens. It costs
+        # a set operation per block (per token at page size 1), so a caller whose blocks
+        # cannot clash (CacheManager draws them from its own allocator) may turn it off.
+        self.check_block_ids = bool(check_block_ids)
+        self._owned: set[int] = set()
         self._tick = 0
         self._num_nodes = 0
         self._evictable = 0
@@ -198,16 +211,24 @@ class RadixIndex:
         path_blocks: list[int] = []
         evictable = 0
         children = node.children
+        # The hot loop of every admission: helpers are inlined, locals cached.
         while pos < limit:
-            child = children.get(self._child_key(tokens, pos))
+            child = children.get(tokens[pos] if ps == 1 else tokens[pos : pos + ps].tobytes())
             if child is None:
                 break
-            self._touch(child, tick)
+            if child.evict_key is None:
+                child.last_access = tick
+            else:
+                self._touch(child, tick)
             seg = child.key
-            n = min(len(seg), limit - pos)
-            m = common_prefix_len(seg, 0, tokens, pos, n)
-            m -= m % ps
-            if m < len(seg):
+            size = len(seg)
+            if size <= limit - pos and seg == tokens[pos : pos + size]:
+                m = size  # the whole segment matches: one C compare, no call
+            else:
+                m = common_prefix_len(seg, 0, tokens, pos, min(size, limit - pos))
+                if ps != 1:
+                    m -= m % ps
+            if m < size:
                 node = self._split(child, m)
                 pos += m
                 path_blocks += node.value
@@ -218,7 +239,7 @@ class RadixIndex:
             pos += m
             path_blocks += child.value
             if not child.lock_ref:
-                evictable += len(child.value)
+                evictable += size // ps
             children = child.children
         return PrefixMatch(pos, path_blocks, node, evictable)
 
@@ -261,14 +282,10 @@ class RadixIndex:
             raise BlockOwnershipError(
                 f"{pages} pages to insert but only {len(block_ids)} block ids given"
             )
-        own = list(block_ids[:pages])
-        if own and (set(map(type, own)) != {int} or min(own) < 0 or len(set(own)) != len(own)):
-            raise BlockOwnershipError(
-                f"insert: block ids must be distinct non-negative ints, got {own[:16]}..."
-            )
+        # The part under ``prefix`` is the tree's own path: only the rest is checked.
         skip = min(prefix.end, n) // ps if type(prefix) is _Node and not prefix.dead else 0
-        if self._owned and not self._owned.isdisjoint(own[skip:]):
-            self._check_reused_blocks(key, own, n)
+        if self.check_block_ids:
+            self._check_fresh_blocks(key, block_ids, skip, pages, n)
         inserted_before = key.index_memo(self)
         priority = key.priority
         node = self._root(key.extra_key, create=n > 0)
@@ -277,15 +294,23 @@ class RadixIndex:
         tick = self._next_tick()
         node.last_access = tick
         pos = 0
+        first = skip * ps  # blocks before this token are the caller's prefix: not returned
         path_blocks: list[int] = []
         while pos < n:
-            child = node.children.get(self._child_key(tokens, pos))
+            child = node.children.get(tokens[pos] if ps == 1 else tokens[pos : pos + ps].tobytes())
             if child is None:
                 break
-            self._touch(child, tick)
+            if child.evict_key is None:
+                child.last_access = tick
+            else:
+                self._touch(child, tick)
             seg = child.key
-            m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
-            m -= m % ps
+            if len(seg) <= n - pos and seg == tokens[pos : pos + len(seg)]:
+                m = len(seg)
+            else:
+                m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
+                m -= m % ps
+            start = pos
             pos += m
             node = self._split(child, m) if m < len(seg) else child
             if priority > node.priority:
@@ -294,13 +319,14 @@ class RadixIndex:
             if pos > inserted_before:
                 node.hit_count += 1
                 self._rekey(node)
-            path_blocks += node.value
+            if pos > first:
+                path_blocks += node.value[max(0, first - start) // ps :]
         num_cached = pos
         if pos < n:
             tick = self._next_tick()
             leaf = _Node(
                 tokens[pos:n],
-                own[pos // ps :],
+                list(block_ids[pos // ps : pages]),
                 node,
                 tick,
                 tick,
@@ -311,14 +337,29 @@ class RadixIndex:
             node.children[self._child_key(tokens, pos)] = leaf
             self._num_nodes += 1
             self._evictable += len(leaf.value)
-            self._owned.update(leaf.value)
+            if self.check_block_ids:
+                self._owned.update(leaf.value)
             self._update_leaf_status(node)
             self._add_candidate(leaf)
-            path_blocks += leaf.value
+            path_blocks += leaf.value[max(0, first - pos) // ps :]
             node = leaf
         if n > inserted_before:
             key.set_index_memo(self, n)
-        return InsertResult(num_cached, path_blocks, node)
+        return InsertResult(num_cached, path_blocks, node, skip)
+
+    def _check_fresh_blocks(
+        self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
+    ) -> None:
+        fresh = set(block_ids[skip:pages])
+        if len(fresh) != pages - skip or (
+            fresh and (set(map(type, fresh)) != {int} or min(fresh) < 0)
+        ):
+            raise BlockOwnershipError(
+                f"insert: block ids must be distinct non-negative ints, got "
+                f"{list(block_ids[skip:pages])[:16]}..."
+            )
+        if self._owned and not self._owned.isdisjoint(fresh):
+            self._check_reused_blocks(key, list(block_ids[:pages]), n)
 
     def _check_reused_blocks(self, key: TokenKey, own: list[int], n: int) -> None:
         # Slow path: some given blocks are in the tree. That is fine only where the
@@ -433,7 +474,8 @@ class RadixIndex:
             _, node = cands.pop(0)
             node.evict_key = None
             out += node.value
-            self._owned.difference_update(node.value)
+            if self.check_block_ids:
+                self._owned.difference_update(node.value)
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key, 0)]
@@ -549,7 +591,8 @@ class RadixIndex:
                             expect_candidates.add(id(child))
                     stack.append(child)
         assert nodes == self._num_nodes, f"node count {self._num_nodes} but {nodes} nodes"
-        assert seen_blocks == self._owned, "the owned-block set differs from the tree's blocks"
+        if self.check_block_ids:
+            assert seen_blocks == self._owned, "the owned-block set differs from the tree"
         assert evictable == self._evictable, f"evictable {self._evictable} but {evictable}"
         assert protected == self._protected, f"protected {self._protected} but {protected}"
         got = {id(node) for _, node in self._candidates}

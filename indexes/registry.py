@@ -14,7 +14,14 @@ from typing import Any
 from .base import PrefixIndex
 from .errors import PrefixKVError, UnknownIndexError
 
-__all__ = ["IndexRegistry", "available_indexes", "default_registry", "make_index", "register_index"]
+__all__ = [
+    "IndexRegistry",
+    "available_indexes",
+    "default_registry",
+    "make_index",
+    "pool_owned_options",
+    "register_index",
+]
 
 IndexFactory = Callable[..., PrefixIndex]
 
@@ -104,6 +111,16 @@ def make_index(name: str, block_size: int | None = None, **options: Any) -> Pref
         UnknownIndexError: (a ``ValueError``) listing the known names.
     """
     return default_registry.make(name, block_size, **options)
+
+
+def pool_owned_options(name: str) -> dict[str, Any]:
+    """Options for a built-in backend whose blocks all come from one manager's pool.
+
+    Such a caller never hands an index a block it already holds, so the radix
+    tree's per-block reuse check (a set operation per token at page size 1) is
+    turned off, as SGLang runs; other backends need nothing.
+    """
+    return {"check_block_ids": False} if name == "radix" else {}
 
 
 def register_index(name: str, factory: IndexFactory, *, replace: bool = False) -> None:

@@ -188,25 +188,26 @@ def as_token_array(tokens: Iterable[int]) -> array[int]:
 def common_prefix_len(a: array[int], a_start: int, b: array[int], b_start: int, n: int) -> int:
     """Length of the common prefix of ``a[a_start:a_start+n]`` and ``b[b_start:b_start+n]``.
 
-    No per-token Python loop: one C slice compare when the runs agree, else a
-    gallop and a binary search over slice compares (SGLang's ``RadixKey.match``).
+    No per-token Python loop: one C compare when the runs agree (the common case in
+    a radix walk), else a binary search over byte-string compares (memcmp).
     Both arrays must have the same typecode and hold at least ``n`` items there.
 
     Complexity: O(n) in C, O(log n) Python steps.
     """
     if n <= 0:
         return 0
-    if a[a_start : a_start + n] == b[b_start : b_start + n]:
+    if a_start == 0 and n == len(a):
+        if a == b[b_start : b_start + n]:  # a whole segment: compare without copying it
+            return n
+    elif a[a_start : a_start + n] == b[b_start : b_start + n]:
         return n
-    lo, step = 0, 1
-    while True:  # gallop: find a window [lo, hi) holding the first difference
-        hi = min(lo + step, n)
-        if a[a_start + lo : a_start + hi] != b[b_start + lo : b_start + hi]:
-            break
-        lo, step = hi, step * 2
+    w = TOKEN_BYTES
+    x = a[a_start : a_start + n].tobytes()
+    y = b[b_start : b_start + n].tobytes()
+    lo, hi = 0, n  # x and y agree on [0, lo) tokens and differ somewhere in [lo, hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[a_start + lo : a_start + mid] == b[b_start + lo : b_start + mid]:
+        if x[lo * w : mid * w] == y[lo * w : mid * w]:
             lo = mid
         else:
             hi = mid
@@ -237,8 +238,8 @@ class TokenKey:
         "_hash_owner",
         "_index_memo",
         "_index_owner",
-        "_tokens",
         "priority",
+        "tokens",
     )
 
     def __init__(
@@ -249,7 +250,8 @@ class TokenKey:
     ) -> None:
         if type(priority) is not int:
             raise InvalidTokenError(f"priority must be an int, got {priority!r}")
-        self._tokens = as_token_array(tokens)
+        self.tokens: array[int] = as_token_array(tokens)
+        """The token ids, an ``array('I')``: read it, never assign or mutate it."""
         self._extra_key = normalize_extra_key(extra_key)
         self.priority = priority
         self._hash_owner: BlockHasher | None = None
@@ -258,21 +260,16 @@ class TokenKey:
         self._index_memo: int = 0
 
     @property
-    def tokens(self) -> array[int]:
-        """The token ids (an ``array('I')``; treat it as read-only)."""
-        return self._tokens
-
-    @property
     def extra_key(self) -> ExtraKey | None:
         """The namespace; keys in different namespaces never share cache entries."""
         return self._extra_key
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self.tokens)
 
     def __repr__(self) -> str:
-        head = ", ".join(map(str, self._tokens[:8]))
-        more = ", ..." if len(self._tokens) > 8 else ""
+        head = ", ".join(map(str, self.tokens[:8]))
+        more = ", ..." if len(self.tokens) > 8 else ""
         return f"TokenKey([{head}{more}] ({len(self)} tokens), extra_key={self._extra_key!r})"
 
     def append(self, tokens: Iterable[int]) -> None:
@@ -282,9 +279,9 @@ class TokenKey:
             InvalidTokenError: a bad token id; the key is unchanged.
         """
         if _small_valid(tokens):
-            self._tokens.extend(tokens)
+            self.tokens.extend(tokens)
         else:
-            self._tokens.extend(as_token_array(tokens))
+            self.tokens.extend(as_token_array(tokens))
 
     def index_memo(self, owner: object) -> int:
         """An int an index keeps about this key (the radix tree: tokens it inserted).
@@ -310,6 +307,6 @@ class TokenKey:
             self._hash_owner = hasher
             self._hash_memo = []
         memo = self._hash_memo
-        if len(memo) < len(self._tokens) // hasher.block_size:
-            hasher.extend(memo, self._tokens, self._extra_key)
+        if len(memo) < len(self.tokens) // hasher.block_size:
+            hasher.extend(memo, self.tokens, self._extra_key)
         return memo
