@@ -1,0 +1,34 @@
+"""The benchmark suites still run (tiny sizes, timing off): not a performance test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmarks_run_at_smoke_size() -> None:
+    env = dict(os.environ, PREFIXKV_BENCH="smoke")
+    cmd = [sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
+           "--benchmark-disable"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout
+
+
+def test_memory_per_block_script_runs() -> None:
+    cmd = [sys.executable, "benchmarks/memory_per_block.py", "--blocks", "512"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bytes_per_cached_block" in proc.stdout
+
+
+def test_soak_script_runs() -> None:
+    cmd = [sys.executable, "benchmarks/soak.py", "--requests", "300", "--every", "100",
+           "--num-tokens", "2048"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count('"summary"') == 2
