@@ -8,7 +8,6 @@ so ``remove`` is O(1) and no node objects are allocated. Head = evicted first.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +26,8 @@ class CachedBlock:
             (the block is then only waiting for its last unlock).
         ref_cnt: requests holding it; 0 means evictable (in the free queue).
         prev, next: free-queue links (``None`` when not queued).
-        tokens, parent, extra_key: registration content, kept only with
+        tokens, parent, extra_key: registration content (the block's token bytes,
+            the block registered before it, block 0's namespace), kept only with
             ``verify=True`` to reject hash collisions.
     """
 
@@ -36,7 +36,7 @@ class CachedBlock:
     ref_cnt: int = 0
     prev: CachedBlock | None = None
     next: CachedBlock | None = None
-    tokens: array[int] | None = None
+    tokens: bytes | None = None
     parent: CachedBlock | None = None
     extra_key: ExtraKey | None = None
 

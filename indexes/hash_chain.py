@@ -24,11 +24,14 @@ from .errors import (
 )
 from .free_queue import CachedBlock, FreeBlockQueue
 from .hashing import BlockHasher, Digest
-from .tokens import TokenKey
+from .tokens import TOKEN_BYTES, TokenKey
 
 __all__ = ["HashChainIndex"]
 
 _ref_cnt = attrgetter("ref_cnt")
+_block_id = attrgetter("block_id")
+_tokens = attrgetter("tokens")
+_parent = attrgetter("parent")
 _Entry = CachedBlock | dict[int, CachedBlock]
 
 
@@ -132,16 +135,30 @@ class HashChainIndex:
         if None in probed:
             del probed[probed.index(None) :]
         entries = cast("list[_Entry]", probed)
-        slow = self.verify or dict in map(type, entries)
-        hit = self._resolve(entries, key) if slow else cast("list[CachedBlock]", entries)
+        if dict in map(type, entries):
+            hit = self._resolve(entries, key)
+        else:
+            hit = cast("list[CachedBlock]", entries)
+            if self.verify and hit and not self._run_matches(hit, key):
+                hit = self._resolve(entries, key)  # a collision: find where the run breaks
         n = len(hit)
-        num_evictable = n - sum(1 for b in hit if b.ref_cnt) if n else 0
         return PrefixMatch(
             n * self.block_size,
-            [b.block_id for b in hit],
+            list(map(_block_id, hit)),
             _ChainHandle(self, hit, n, self._epoch),
-            num_evictable,
+            list(map(_ref_cnt, hit)).count(0),
         )
+
+    def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
+        # verify, in bulk: the run's stored tokens equal the key's, block 0 is in the
+        # key's namespace, and each block was registered right after its predecessor.
+        first = hit[0]
+        if first.parent is not None or first.extra_key != key.extra_key:
+            return False
+        stored = b"".join(map(_tokens, hit))
+        if stored != key.tokens[: len(hit) * self.block_size].tobytes():
+            return False
+        return list(map(_parent, hit[1:])) == hit[:-1]
 
     def _resolve(self, entries: list[_Entry], key: TokenKey) -> list[CachedBlock]:
         # Slow path: duplicate entries (pick one) or verification (check each).
@@ -175,7 +192,7 @@ class HashChainIndex:
         self, block: CachedBlock, key: TokenKey, pos: int, hit: list[CachedBlock]
     ) -> bool:
         bs = self.block_size
-        if block.tokens != key.tokens[pos * bs : (pos + 1) * bs]:
+        if block.tokens != key.tokens[pos * bs : (pos + 1) * bs].tobytes():
             return False
         if pos == 0:
             return block.parent is None and block.extra_key == key.extra_key
@@ -253,7 +270,7 @@ class HashChainIndex:
             if block is None:
                 block = CachedBlock(bid, block_hash)
                 if self.verify:
-                    block.tokens = key.tokens[i * bs : (i + 1) * bs]
+                    block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
                     block.parent = prev
                     block.extra_key = key.extra_key if i == 0 else None
                 self._add_entry(block)
@@ -500,7 +517,9 @@ class HashChainIndex:
                 members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
                 assert any(m is block for m in members), f"block {bid} missing from its entry"
             if self.verify and block.tokens is not None:
-                assert len(block.tokens) == self.block_size, f"block {bid} stores a partial block"
+                assert len(block.tokens) == self.block_size * TOKEN_BYTES, (
+                    f"block {bid} stores a partial block"
+                )
         for block_hash, entry in self._table.items():
             members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
             assert members, "empty duplicate entry"
