@@ -229,11 +229,19 @@ class VLLMKVCacheManager:
 
     def free(self, request: RequestLike) -> None:
         """Release a finished or aborted request, tail block first (HC-7)."""
-        self._pending.pop(request.request_id, None)
-        self._keys.pop(request.request_id, None)
-        self._running.discard(request.request_id)
-        if request.request_id in self.manager:
-            self.manager.abort(request.request_id)
+        rid = request.request_id
+        self._pending.pop(rid, None)
+        key = self._keys.pop(rid, None)
+        self._running.discard(rid)
+        if rid in self.manager:
+            # Tell the manager what was computed past the key it last saw (the
+            # accounting's partial-tail record); every full block is registered already.
+            assert key is not None
+            if request.num_tokens > len(key.tokens):
+                key.append(request.all_token_ids[len(key.tokens) :])
+            computed = min(request.num_computed_tokens, len(key.tokens))
+            self.manager.advance(rid, computed, computed, swap_duplicates=False)
+            self.manager.abort(rid)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table, per group."""

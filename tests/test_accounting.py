@@ -58,3 +58,21 @@ def test_bb_08_the_null_index_has_no_boundary_losses() -> None:
     short = A[:10]
     assert records("none", 16, [short, short]) == [(0, 0, 0, 0), (0, 0, 0, 0)]
     assert records("hash_chain", 16, [short, short])[1] == (0, 10, 9, 0)
+
+
+def test_bb_08_partial_tail_through_the_vllm_facade() -> None:
+    # The facade feeds the key lazily (when a block fills); at free it must still
+    # report the decoded tokens of the partial last block.
+    from types import SimpleNamespace
+
+    from prefixkv.adapters.replay import replay
+
+    turn1 = SimpleNamespace(id="t1", tokens=A[:20], output=[7, 8])
+    turn2 = SimpleNamespace(id="t2", tokens=A[:20] + [7, 8] + B[40:50], output=[1])
+    chain = replay([turn1, turn2], make_index("hash_chain", block_size=16), 64,
+                   driver="vllm", track_boundaries=True)  # fmt: skip
+    r = chain.records[1]
+    assert (r.hit_tokens, r.matched_tokens, r.boundary_lost_tokens) == (16, 21, 5)
+    tree = replay([turn1, turn2], make_index("radix", block_size=1), 1024,
+                  driver="sglang", track_boundaries=True)  # fmt: skip
+    assert tree.hits[1]["hit_tokens"] == 21
