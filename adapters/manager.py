@@ -518,6 +518,11 @@ class CacheManager:
             self._tracker.clear()
 
     @property
+    def tracks_boundaries(self) -> bool:
+        """Whether per-request BB-8 accounting is on (and the index can cache)."""
+        return self._tracker is not None
+
+    @property
     def usage(self) -> float:
         """Fraction of the pool not free (held or cached), like vLLM's ``usage``."""
         return 1.0 - self.allocator.num_free_blocks / self.allocator.num_blocks

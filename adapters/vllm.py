@@ -234,13 +234,13 @@ class VLLMKVCacheManager:
         key = self._keys.pop(rid, None)
         self._running.discard(rid)
         if rid in self.manager:
-            # Tell the manager what was computed past the key it last saw (the
-            # accounting's partial-tail record); every full block is registered already.
-            assert key is not None
-            if request.num_tokens > len(key.tokens):
-                key.append(request.all_token_ids[len(key.tokens) :])
-            computed = min(request.num_computed_tokens, len(key.tokens))
-            self.manager.advance(rid, computed, computed, swap_duplicates=False)
+            if key is not None and self.manager.tracks_boundaries:
+                # Tell the accounting what was computed past the key it last saw (its
+                # partial-tail record); every full block is registered already.
+                if request.num_tokens > len(key.tokens):
+                    key.append(request.all_token_ids[len(key.tokens) :])
+                computed = min(request.num_computed_tokens, len(key.tokens))
+                self.manager.advance(rid, computed, computed, swap_duplicates=False)
             self.manager.abort(rid)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:

@@ -69,6 +69,12 @@ class BlockAllocator:
         ids = block_ids if isinstance(block_ids, list) else list(block_ids)
         if not ids:
             return
+        if len(ids) == 1:  # a request's partial last block: the common case
+            bid = ids[0]
+            if type(bid) is int and 0 <= bid < self.num_blocks and bid not in self._free_set:
+                self._free_set.add(bid)
+                self._stack.append(bid)
+                return
         if set(map(type, ids)) != {int}:
             bad = next(b for b in ids if type(b) is not int)
             raise BlockOwnershipError(f"block ids must be ints, got {bad!r}")
