@@ -218,10 +218,7 @@ class CacheManager:
             out = alloc.allocate(need)
             assert out is not None
             return out
-        evicted = self.index.evict(need + reserve - free)
-        self.totals.num_evicted_blocks += len(evicted)
-        if self._tracker is not None:
-            self._tracker.forget(evicted)
+        evicted = self._evict(need + reserve - free)
         use = max(0, min(need - free, len(evicted)))
         got = alloc.allocate(min(need, free))
         assert got is not None and len(got) + use == need, "admission check let in a misfit"
@@ -435,10 +432,6 @@ class CacheManager:
         """The request's current block table (a copy)."""
         return list(self._seq(request_id).table)
 
-    def num_blocks(self, request_id: RequestId) -> int:
-        """Length of the request's block table. O(1)."""
-        return len(self._seq(request_id).table)
-
     def key(self, request_id: RequestId) -> TokenKey:
         """The request's key (its tokens so far)."""
         return self._seq(request_id).key
@@ -484,10 +477,17 @@ class CacheManager:
         Returns:
             Blocks freed (the radix tree may free more than asked).
         """
+        evicted = self._evict(num_blocks)
+        self.allocator.free(evicted)
+        return len(evicted)
+
+    def _evict(self, num_blocks: int) -> list[int]:
+        # The index gives blocks back; the caller decides where they go.
         evicted = self.index.evict(num_blocks)
         self.totals.num_evicted_blocks += len(evicted)
-        self._release(evicted)
-        return len(evicted)
+        if self._tracker is not None:
+            self._tracker.forget(evicted)
+        return evicted
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache entries of ``block_ids`` (vLLM KV-connector interface).

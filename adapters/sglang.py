@@ -123,7 +123,6 @@ class SGLangRadixCache:
             track_boundaries=track_boundaries,
             keep_records=keep_records,
         )
-        self._committed: dict[str, int] = {}
 
     # ------------------------------------------------------- the tree's own API
 
@@ -201,14 +200,11 @@ class SGLangRadixCache:
             extend (nothing changes).
         """
         rid = str(req.rid)
-        if rid in self._committed:
+        if rid in self.manager:
             raise RequestStateError(f"request {rid!r} is running already")
         key = TokenKey(req.origin_input_ids, _namespace(req), getattr(req, "priority", 0) or 0)
         adm = self.manager.admit(rid, key, reserve_blocks=1 if self.page_size > 1 else 0)
-        if adm is None:
-            return None
-        self._committed[rid] = len(key)
-        return adm.num_cached_tokens
+        return None if adm is None else adm.num_cached_tokens
 
     def cache_unfinished_req(self, req: ReqLike) -> None:
         """After prefill (SG-3): insert the prompt, free duplicates, move the lock."""
@@ -231,17 +227,13 @@ class SGLangRadixCache:
         token = req.output_ids[pos - prompt]
         needs_page = pos % self.page_size == 0
         reserve = 0 if needs_page or self.page_size == 1 else 1
-        if not self.manager.append(rid, [token], reserve_blocks=reserve):
-            return False
-        self._committed[rid] = pos + 1
-        return True
+        return self.manager.append(rid, [token], reserve_blocks=reserve)
 
     def cache_finished_req(self, req: ReqLike) -> None:
         """At finish (SG-4): insert prompt + fed output, split at the prompt, unlock."""
         rid = str(req.rid)
         self.manager.commit(rid, self._committed_len(rid))
         self.manager.finish(rid)
-        del self._committed[rid]
 
     def req_to_token(self, req: ReqLike) -> list[int]:
         """The request's token slots (SGLang's ``req_to_token_pool`` row)."""
@@ -252,10 +244,10 @@ class SGLangRadixCache:
         return [table[t // ps] * ps + t % ps for t in range(n)]
 
     def _committed_len(self, rid: str) -> int:
-        n = self._committed.get(rid)
-        if n is None:
+        # SGLang's kv_committed_len: the prompt and every fed token, i.e. the key.
+        if rid not in self.manager:
             raise RequestStateError(f"request {rid!r} is not running")
-        return n
+        return len(self.manager.key(rid).tokens)
 
     @property
     def totals(self) -> CacheTotals:

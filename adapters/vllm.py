@@ -135,11 +135,10 @@ class VLLMKVCacheManager:
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
         self._pending: dict[str, PrefixMatch] = {}
-        self._running: set[str] = set()
 
     def _key(self, request: RequestLike) -> TokenKey:
-        # One key per request id: its block-hash memo lives as long as the request,
-        # like vLLM's Request.block_hashes.
+        # One key per request, from its lookup on: its block-hash memo lives as long
+        # as the request, like vLLM's Request.block_hashes.
         key = self._keys.get(request.request_id)
         if key is None:
             key = TokenKey(request.all_token_ids, _namespace(request))
@@ -193,14 +192,14 @@ class VLLMKVCacheManager:
             )
         rid = request.request_id
         mgr = self.manager
-        if rid in self._running:
+        if rid in mgr:
             # A running request (decode, or the next chunk of a prefill): the hot path.
             # The key learns new tokens only when a block fills, as vLLM hashes them.
             n = request.num_tokens
             total = request.num_computed_tokens + num_new_tokens
             if total > n:
                 total = n
-            key = self._keys[rid]
+            key = mgr.key(rid)
             have = len(key.tokens)
             if total // self.block_size > have // self.block_size:
                 key.append(request.all_token_ids[have:n])
@@ -223,7 +222,6 @@ class VLLMKVCacheManager:
         adm = mgr.admit(rid, key, num_tokens=total, prefix_match=m)
         if adm is None:
             return None
-        self._running.add(rid)
         mgr.commit(rid, total, swap_duplicates=False)
         return KVCacheBlocks(adm.block_table[len(m.block_ids) :])
 
@@ -232,7 +230,6 @@ class VLLMKVCacheManager:
         rid = request.request_id
         self._pending.pop(rid, None)
         key = self._keys.pop(rid, None)
-        self._running.discard(rid)
         if rid in self.manager:
             if key is not None and self.manager.tracks_boundaries:
                 # Tell the accounting what was computed past the key it last saw (its

@@ -7,13 +7,21 @@ with the smallest key first. New policies plug in without touching the tree code
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
+
+from sortedcontainers import SortedList
 
 from .errors import PrefixKVError
 
-__all__ = ["EVICTION_POLICIES", "EvictionPolicy", "NodeStats", "make_eviction_policy"]
+__all__ = [
+    "EVICTION_POLICIES",
+    "EvictionPolicy",
+    "EvictionQueue",
+    "NodeStats",
+    "make_eviction_policy",
+]
 
 
 class NodeStats(Protocol):
@@ -112,3 +120,62 @@ def make_eviction_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
             f"unknown eviction policy {policy!r}; known: {', '.join(EVICTION_POLICIES)}"
         )
     return factory()
+
+
+class EvictionQueue:
+    """The eviction candidates (unlocked leaves), smallest policy key first.
+
+    Unlike SGLang, which heapifies every evictable leaf on each ``evict`` call, the
+    candidates stay in a sorted list updated as nodes change: O(log n) per add,
+    removal, re-key or pop. Each node records the key it is filed under in its
+    ``evict_key`` attribute (``None`` when not a candidate); ties are broken by the
+    node's unique ``created`` tick.
+    """
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self._items: SortedList = SortedList()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[tuple[tuple[tuple[int, ...], int], Any]]:
+        return iter(self._items)
+
+    def add(self, node: Any) -> None:
+        """File ``node`` under its current key. O(log n)."""
+        key = (self.policy.sort_key(node), node.created)
+        node.evict_key = key
+        self._items.add((key, node))
+
+    def discard(self, node: Any) -> None:
+        """Take ``node`` out if it is a candidate. O(log n)."""
+        if node.evict_key is not None:
+            self._items.remove((node.evict_key, node))
+            node.evict_key = None
+
+    def rekey(self, node: Any) -> None:
+        """Refile a candidate whose statistics changed. O(log n)."""
+        if node.evict_key is not None:
+            self.discard(node)
+            self.add(node)
+
+    def pop(self) -> Any:
+        """Remove and return the candidate to evict first. O(log n)."""
+        _, node = self._items.pop(0)
+        node.evict_key = None
+        return node
+
+    def clear(self) -> None:
+        """Forget every candidate (the nodes' keys are left as they are)."""
+        self._items.clear()
+
+    def check(self) -> None:
+        """Every entry is filed under its node's current key.
+
+        Raises:
+            AssertionError: a stale key.
+        """
+        for key, node in self._items:
+            assert node.evict_key == key, "candidate key out of date"
+            assert key == (self.policy.sort_key(node), node.created), "stale eviction key"

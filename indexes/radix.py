@@ -3,9 +3,8 @@
 Nodes hold token segments (whole pages) and the blocks holding them; a match or an
 insert that ends inside a segment splits the node there (SPEC RX-3, RX-4). Locks
 propagate to the root (RX-5) and eviction frees unlocked leaves, leaf first and
-upward (RX-6), ordered by a pluggable policy (RX-7). Unlike SGLang, which rebuilds a
-heap over every evictable leaf on each ``evict`` call, the candidates live in a
-sorted list updated incrementally: O(log n) per evicted leaf.
+upward (RX-6), ordered by a pluggable policy (RX-7) through an ``EvictionQueue``
+updated incrementally (SGLang rebuilds a heap over every leaf on each ``evict``).
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sortedcontainers import SortedList
-
 from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
@@ -25,7 +22,7 @@ from .errors import (
     LockStateError,
     PrefixKVError,
 )
-from .eviction import EvictionPolicy, make_eviction_policy
+from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
 
 __all__ = ["RadixIndex"]
@@ -101,7 +98,7 @@ class RadixIndex:
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
-        self._candidates: SortedList = SortedList()
+        self._queue = EvictionQueue(self.policy)
         # Every block in the tree, to refuse one given again for other tokens. It costs
         # a set operation per block (per token at page size 1), so a caller whose blocks
         # cannot clash (CacheManager draws them from its own allocator) may turn it off.
@@ -138,30 +135,16 @@ class RadixIndex:
         self._tick += 1
         return self._tick
 
-    def _add_candidate(self, node: _Node) -> None:
-        k = (self.policy.sort_key(node), node.created)
-        node.evict_key = k
-        self._candidates.add((k, node))
-
-    def _remove_candidate(self, node: _Node) -> None:
-        assert node.evict_key is not None
-        self._candidates.remove((node.evict_key, node))
-        node.evict_key = None
-
     def _touch(self, node: _Node, tick: int) -> None:
-        if node.evict_key is not None:
-            self._remove_candidate(node)
-            node.last_access = tick
-            self._add_candidate(node)
-        else:
-            node.last_access = tick
+        node.last_access = tick
+        self._queue.rekey(node)
 
     def _update_leaf_status(self, node: _Node) -> None:
         should = node.lock_ref == 0 and not node.children and node.parent is not None
         if should and node.evict_key is None:
-            self._add_candidate(node)
-        elif not should and node.evict_key is not None:
-            self._remove_candidate(node)
+            self._queue.add(node)
+        elif not should:
+            self._queue.discard(node)
 
     def _split(self, child: _Node, split_len: int) -> _Node:
         # new_node -> child, new_node holding child's first split_len tokens.
@@ -315,10 +298,10 @@ class RadixIndex:
             node = self._split(child, m) if m < len(seg) else child
             if priority > node.priority:
                 node.priority = priority
-                self._rekey(node)
+                self._queue.rekey(node)
             if pos > inserted_before:
                 node.hit_count += 1
-                self._rekey(node)
+                self._queue.rekey(node)
             if pos > first:
                 path_blocks += node.value[max(0, first - start) // ps :]
         num_cached = pos
@@ -340,7 +323,7 @@ class RadixIndex:
             if self.check_block_ids:
                 self._owned.update(leaf.value)
             self._update_leaf_status(node)
-            self._add_candidate(leaf)
+            self._queue.add(leaf)
             path_blocks += leaf.value[max(0, first - pos) // ps :]
             node = leaf
         if n > inserted_before:
@@ -388,11 +371,6 @@ class RadixIndex:
                 f"block {bad} is cached in the tree for other tokens; it cannot hold these"
             )
 
-    def _rekey(self, node: _Node) -> None:
-        if node.evict_key is not None:
-            self._remove_candidate(node)
-            self._add_candidate(node)
-
     # ----------------------------------------------------------------- locking
 
     def _own(self, handle: CacheHandle) -> _Node:
@@ -418,8 +396,7 @@ class RadixIndex:
             if node.lock_ref == 0:
                 self._evictable -= len(node.value)
                 self._protected += len(node.value)
-                if node.evict_key is not None:
-                    self._remove_candidate(node)
+                self._queue.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -447,7 +424,7 @@ class RadixIndex:
                 self._evictable += len(node.value)
                 self._protected -= len(node.value)
                 if not node.children:
-                    self._add_candidate(node)
+                    self._queue.add(node)
             node = node.parent
         return []
 
@@ -469,10 +446,9 @@ class RadixIndex:
         """
         _check_count("num_blocks", num_blocks, sys.maxsize)
         out: list[int] = []
-        cands = self._candidates
-        while len(out) < num_blocks and cands:
-            _, node = cands.pop(0)
-            node.evict_key = None
+        queue = self._queue
+        while len(out) < num_blocks and queue:
+            node = queue.pop()
             out += node.value
             if self.check_block_ids:
                 self._owned.difference_update(node.value)
@@ -487,7 +463,7 @@ class RadixIndex:
                 if not parent.children:
                     self._drop_root(parent)
             elif not parent.children and parent.lock_ref == 0:
-                self._add_candidate(parent)
+                self._queue.add(parent)
         self._num_evicted += len(out)
         return out
 
@@ -513,7 +489,7 @@ class RadixIndex:
                 node.dead = True
                 stack.extend(node.children.values())
         self._roots.clear()
-        self._candidates.clear()
+        self._queue.clear()
         self._owned.clear()
         self._num_nodes = 0
         self._evictable = 0
@@ -541,7 +517,7 @@ class RadixIndex:
 
     def memory_bytes(self) -> int:
         """Estimated bytes held by the tree's own structures (not the KV)."""
-        total = sys.getsizeof(self._candidates) + 64 * len(self._candidates)
+        total = 64 * len(self._queue)  # a sorted-list entry and its key tuple
         total += sys.getsizeof(self._owned)
         stack = list(self._roots.values())
         while stack:
@@ -595,8 +571,6 @@ class RadixIndex:
             assert seen_blocks == self._owned, "the owned-block set differs from the tree"
         assert evictable == self._evictable, f"evictable {self._evictable} but {evictable}"
         assert protected == self._protected, f"protected {self._protected} but {protected}"
-        got = {id(node) for _, node in self._candidates}
+        got = {id(node) for _, node in self._queue}
         assert got == expect_candidates, "eviction candidates differ from unlocked leaves"
-        for k, node in self._candidates:
-            assert node.evict_key == k, "candidate key out of date"
-            assert k == (self.policy.sort_key(node), node.created), "stale eviction key"
+        self._queue.check()

@@ -9,6 +9,8 @@ the pool is conserved and the index is consistent. Run longer with
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -22,11 +24,15 @@ TOKENS = st.lists(st.integers(1, 4), min_size=1, max_size=14)
 BAD_TOKENS = st.sampled_from([[-1], [True], [1.5], [2**32], []])
 
 
-def snapshot(manager: object) -> tuple[object, ...]:
+def snapshot(manager: object, *, exact: bool = True) -> tuple[object, ...]:
+    """Pool, index and request state. ``exact=False`` leaves out the tree's node count:
+    a lookup that does not fit still splits a node where its match ends, as SGLang's
+    does (the admission check follows the match), which allocates nothing."""
     m = manager  # a CacheManager
+    stats = m.index.stats()  # type: ignore[attr-defined]
     return (
         tuple(m.allocator.free_block_ids()),  # type: ignore[attr-defined]
-        m.index.stats(),  # type: ignore[attr-defined]
+        stats if exact else stats._replace(num_entries=0),
         tuple((r, tuple(m.block_table(r))) for r in m.running()),  # type: ignore[attr-defined]
     )
 
@@ -47,10 +53,10 @@ class VLLMFacadeFuzz(RuleBasedStateMachine):
         self.n += 1
         req = SimpleRequest(f"r{self.n}", prompt)
         blocks, hit = self.kv.get_computed_blocks(req)
-        before = snapshot(self.kv.manager)
+        before = snapshot(self.kv.manager, exact=False)
         new = self.kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         if new is None:
-            assert snapshot(self.kv.manager) == before
+            assert snapshot(self.kv.manager, exact=False) == before
             return
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_ids(1)
@@ -118,9 +124,9 @@ class SGLangFacadeFuzz(RuleBasedStateMachine):
     def admit(self, prompt: list[int]) -> None:
         self.n += 1
         req = SimpleReq(f"r{self.n}", prompt)
-        before = snapshot(self.cache.manager)
+        before = snapshot(self.cache.manager, exact=False)
         if self.cache.alloc_for_extend(req) is None:
-            assert snapshot(self.cache.manager) == before
+            assert snapshot(self.cache.manager, exact=False) == before
             return
         req.output_ids.append(1)
         self.cache.cache_unfinished_req(req)
@@ -178,7 +184,13 @@ class SGLangFacadeFuzz(RuleBasedStateMachine):
             assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
 
 
+# Bounded in the ci profile; the dev profile's own example count applies otherwise.
+RUN = (
+    settings(max_examples=40, stateful_step_count=40)
+    if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
+    else settings(stateful_step_count=80)
+)
 TestVLLMFacadeFuzz = VLLMFacadeFuzz.TestCase
-TestVLLMFacadeFuzz.settings = settings(max_examples=40, stateful_step_count=40)
+TestVLLMFacadeFuzz.settings = RUN
 TestSGLangFacadeFuzz = SGLangFacadeFuzz.TestCase
-TestSGLangFacadeFuzz.settings = settings(max_examples=40, stateful_step_count=40)
+TestSGLangFacadeFuzz.settings = RUN
