@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from helpers import common_prefix
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -62,15 +63,6 @@ PROMPT: dict[str, st.SearchStrategy[Any]] = {
 BAD_EXTRA_KEYS: list[Any] = [5, 1.5, ["tenant"], (("lora", True),), (("lora",),), ((1, "x"),)]
 
 Content = tuple[Any, tuple[int, ...]]  # (namespace, every token up to the block's end)
-
-
-def lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def canonical_namespace(extra_key: Any) -> Any:
@@ -152,7 +144,7 @@ class Model:
         for rec in self.records:
             if rec.ns != ns or not rec.reg:
                 continue
-            n = min(lcp(prompt, rec.tokens[: rec.reg * bs]), cap)
+            n = min(common_prefix(prompt, rec.tokens[: rec.reg * bs]), cap)
             n -= n % bs
             hi = max(hi, n)
             if n > lo and self.intact(rec, n // bs):

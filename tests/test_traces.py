@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import common_prefix
 
 from prefixkv.adapters.traces import (
     TraceFormatError,
@@ -150,15 +151,6 @@ MOONCAKE = [
 def mooncake_path(tmp_path: Path) -> Path:
     lines = ["" if r is None else json.dumps(r) for r in MOONCAKE]
     return write_lines(tmp_path / "mooncake.jsonl", lines)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_mooncake_lengths_and_ids(mooncake_path: Path) -> None:

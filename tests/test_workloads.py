@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import pytest
+from helpers import common_prefix
 
 from prefixkv.adapters.traces import TraceRequest
 from prefixkv.adapters.workloads import (
@@ -24,15 +25,6 @@ from prefixkv.adapters.workloads import (
 from prefixkv.indexes.errors import PrefixKVError
 
 Generator = Callable[..., list[TraceRequest]]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_registry_names_and_immutability() -> None:
