@@ -1,7 +1,7 @@
 """Tests of the trace formats: prefixkv JSONL round trips and errors, Mooncake loading.
 
-The Mooncake fixtures are written here into ``tmp_path``; the real traces under
-/work/shared are for manual checks only, so CI needs nothing but the repository.
+The Mooncake fixtures are written here into ``tmp_path`` (the full public traces are
+for manual checks only), so CI needs nothing but the repository.
 """
 
 from __future__ import annotations
