@@ -24,6 +24,7 @@ from .model import TinyTransformer
 __all__ = [
     "FaultKind",
     "FaultyIndex",
+    "IndexWrapper",
     "KVCapture",
     "KVRecorder",
     "WriteGuard",
@@ -147,7 +148,61 @@ def assert_no_leaks(manager: CacheManager) -> None:
     )
 
 
-class FaultyIndex:
+class IndexWrapper:
+    """Delegates every ``PrefixIndex`` call to ``inner``; test doubles override a few.
+
+    Args:
+        inner: the index that does the real work.
+    """
+
+    def __init__(self, inner: PrefixIndex) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """Delegates."""
+        return self.inner.match_prefix(key, max_num_tokens)
+
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = None,
+        prefix: CacheHandle | None = None,
+    ) -> InsertResult:
+        """Delegates."""
+        return self.inner.insert(key, block_ids, num_tokens, prefix)
+
+    def lock(self, handle: CacheHandle) -> None:
+        """Delegates."""
+        self.inner.lock(handle)
+
+    def unlock(self, handle: CacheHandle) -> list[int]:
+        """Delegates."""
+        return self.inner.unlock(handle)
+
+    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
+        """Delegates."""
+        return self.inner.relock(old, new)
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Delegates."""
+        return self.inner.evict(num_blocks)
+
+    def reset(self) -> list[int]:
+        """Delegates."""
+        return self.inner.reset()
+
+    def stats(self) -> IndexStats:
+        """Delegates."""
+        return self.inner.stats()
+
+    def check_invariants(self) -> None:
+        """Delegates."""
+        self.inner.check_invariants()
+
+
+class FaultyIndex(IndexWrapper):
     """A real index with one deliberate bug, to show the equal-KV property has teeth.
 
     Faults:
@@ -177,9 +232,8 @@ class FaultyIndex:
     ) -> None:
         if fault not in ("wrong_block", "skip_ref"):
             raise PrefixKVError(f"unknown fault {fault!r}; use 'wrong_block' or 'skip_ref'")
-        self.inner = inner
+        super().__init__(inner)
         self.fault = fault
-        self.block_size = inner.block_size
         self.num_faults = 0
         self._skip = skip
         self._max_faults = max_faults
@@ -207,16 +261,6 @@ class FaultyIndex:
             return m._replace(block_ids=ids)
         return m
 
-    def insert(
-        self,
-        key: TokenKey,
-        block_ids: Sequence[int],
-        num_tokens: int | None = None,
-        prefix: CacheHandle | None = None,
-    ) -> InsertResult:
-        """Delegates."""
-        return self.inner.insert(key, block_ids, num_tokens, prefix)
-
     def lock(self, handle: CacheHandle) -> None:
         """Delegates, except that ``skip_ref`` drops the lock of a hit."""
         hit = self._hit_handles.pop(id(handle), None) is handle
@@ -224,32 +268,8 @@ class FaultyIndex:
             return
         self.inner.lock(handle)
 
-    def unlock(self, handle: CacheHandle) -> list[int]:
-        """Delegates."""
-        return self.inner.unlock(handle)
 
-    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
-        """Delegates."""
-        return self.inner.relock(old, new)
-
-    def evict(self, num_blocks: int) -> list[int]:
-        """Delegates."""
-        return self.inner.evict(num_blocks)
-
-    def reset(self) -> list[int]:
-        """Delegates."""
-        return self.inner.reset()
-
-    def stats(self) -> IndexStats:
-        """Delegates."""
-        return self.inner.stats()
-
-    def check_invariants(self) -> None:
-        """Delegates."""
-        self.inner.check_invariants()
-
-
-class WriteGuard:
+class WriteGuard(IndexWrapper):
     """Checks SPEC BB-5 while an engine runs: K/V never go into a block the index holds.
 
     It wraps the engine's index, following which blocks the index holds from what
@@ -269,8 +289,7 @@ class WriteGuard:
     """
 
     def __init__(self, inner: PrefixIndex) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
+        super().__init__(inner)
         self.num_checked_writes = 0
         self._held: set[int] = set()
         self._held_since_step: set[int] = set()
@@ -302,10 +321,6 @@ class WriteGuard:
         self._held_since_step.difference_update(block_ids)
         return block_ids
 
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
-        """Delegates."""
-        return self.inner.match_prefix(key, max_num_tokens)
-
     def insert(
         self,
         key: TokenKey,
@@ -317,10 +332,6 @@ class WriteGuard:
         result = self.inner.insert(key, block_ids, num_tokens, prefix)
         self._held.update(result.block_ids)
         return result
-
-    def lock(self, handle: CacheHandle) -> None:
-        """Delegates."""
-        self.inner.lock(handle)
 
     def unlock(self, handle: CacheHandle) -> list[int]:
         """Delegates; released blocks leave the index."""
@@ -337,11 +348,3 @@ class WriteGuard:
     def reset(self) -> list[int]:
         """Delegates; every block leaves the index."""
         return self._gone(self.inner.reset())
-
-    def stats(self) -> IndexStats:
-        """Delegates."""
-        return self.inner.stats()
-
-    def check_invariants(self) -> None:
-        """Delegates."""
-        self.inner.check_invariants()
