@@ -1,5 +1,6 @@
 """Engine-facing layer: the request manager, facades shaped like vLLM's and SGLang's
-caches, the reference engine, workloads and the CLI."""
+caches, and the reference engine. The measuring bench lives in :mod:`.lab`, which
+nothing here imports."""
 
 from typing import TYPE_CHECKING
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import SCALE
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from prefixkv.adapters.replay import replay
-from prefixkv.adapters.workloads import WORKLOADS
+from prefixkv.adapters.lab.replay import replay
+from prefixkv.adapters.lab.workloads import WORKLOADS
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 

@@ -65,7 +65,7 @@ def test_bb_08_partial_tail_through_the_vllm_facade() -> None:
     # report the decoded tokens of the partial last block.
     from types import SimpleNamespace
 
-    from prefixkv.adapters.replay import replay
+    from prefixkv.adapters.lab.replay import replay
 
     turn1 = SimpleNamespace(id="t1", tokens=A[:20], output=[7, 8])
     turn2 = SimpleNamespace(id="t2", tokens=A[:20] + [7, 8] + B[40:50], output=[1])

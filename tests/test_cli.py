@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.cli import main
-from prefixkv.adapters.compare import (
+from prefixkv.adapters.lab.cli import main
+from prefixkv.adapters.lab.compare import (
     parse_backends,
     percentile,
     select_strip_requests,
     sweep_capacities,
 )
-from prefixkv.adapters.sources import seed_example
-from prefixkv.adapters.traces import write_trace
-from prefixkv.adapters.workloads import make_workload
+from prefixkv.adapters.lab.sources import seed_example
+from prefixkv.adapters.lab.traces import write_trace
+from prefixkv.adapters.lab.workloads import make_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -48,7 +48,7 @@ def _error_line(err: str) -> str:
 
 def test_help_through_python_m() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "prefixkv.adapters", "--help"],
+        [sys.executable, "-m", "prefixkv.adapters.lab", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -253,7 +253,7 @@ def test_replay_does_not_import_matplotlib(tmp_path: Path) -> None:
     trace = tmp_path / "seed.jsonl"
     write_trace(trace, seed_example())
     code = (
-        "import sys; from prefixkv.adapters.cli import main; "
+        "import sys; from prefixkv.adapters.lab.cli import main; "
         f"rc = main(['replay', {str(trace)!r}, '--index', 'radix', '-q', "
         f"'--out', {str(tmp_path / 'h.jsonl')!r}]); "
         "print(rc, 'matplotlib' in sys.modules)"

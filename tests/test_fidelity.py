@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.replay import replay
-from prefixkv.adapters.traces import TraceRequest, load_any
+from prefixkv.adapters.lab.replay import replay
+from prefixkv.adapters.lab.traces import TraceRequest, load_any
 from prefixkv.indexes import make_index
 
 DATA = Path(__file__).parent / "data" / "fidelity"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import common_prefix
 
-from prefixkv.adapters.traces import (
+from prefixkv.adapters.lab.traces import (
     TraceFormatError,
     TraceOptionError,
     TraceRequest,

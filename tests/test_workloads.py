@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from helpers import common_prefix
 
-from prefixkv.adapters.traces import TraceRequest
-from prefixkv.adapters.workloads import (
+from prefixkv.adapters.lab.traces import TraceRequest
+from prefixkv.adapters.lab.workloads import (
     WORKLOADS,
     UnknownWorkloadError,
     WorkloadError,

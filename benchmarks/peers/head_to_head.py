@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixkv.adapters.replay import Driver, ReplayResult, replay
-from prefixkv.adapters.traces import TraceRequest, load_any, write_trace
-from prefixkv.adapters.workloads import make_workload
+from prefixkv.adapters.lab.replay import Driver, ReplayResult, replay
+from prefixkv.adapters.lab.traces import TraceRequest, load_any, write_trace
+from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 

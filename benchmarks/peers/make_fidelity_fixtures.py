@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from prefixkv.adapters.traces import load_any, write_trace
+from prefixkv.adapters.lab.traces import load_any, write_trace
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent.parent / "tests" / "data" / "fidelity"

@@ -1,7 +1,7 @@
 """Where a comparison's requests come from: built-in workloads, the seed example, traces.
 
 The seed example is the seed document's three requests (SPEC BB-2, BB-3); the other
-names are the generators of :mod:`prefixkv.adapters.workloads` at their default sizes.
+names are the generators of :mod:`prefixkv.adapters.lab.workloads` at their default sizes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The comparison's tables and files: aligned text for the terminal, report.md, results.json.
 
-Everything here reads the plain dicts :mod:`prefixkv.adapters.compare` returns; one
+Everything here reads the plain dicts :mod:`prefixkv.adapters.lab.compare` returns; one
 column list serves the terminal table and the Markdown one, so the two never drift.
 """
 

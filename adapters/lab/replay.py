@@ -21,10 +21,10 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.storage.allocator import BlockAllocator
 
-from .accounting import RequestRecord
-from .manager import CacheManager
-from .sglang import SGLangRadixCache, SimpleReq
-from .vllm import SimpleRequest, VLLMKVCacheManager
+from ..accounting import RequestRecord
+from ..manager import CacheManager
+from ..sglang import SGLangRadixCache, SimpleReq
+from ..vllm import SimpleRequest, VLLMKVCacheManager
 
 __all__ = ["DRIVERS", "ReplayError", "ReplayRequest", "ReplayResult", "replay"]
 

@@ -1,8 +1,0 @@
-"""``python -m prefixkv.adapters``: the ``prefixkv`` command line (see :mod:`.cli`)."""
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
