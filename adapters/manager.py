@@ -9,25 +9,32 @@ which gives vLLM's hits too; see the README). Both facades are thin layers on it
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from prefixkv.indexes.base import CacheHandle, PrefixIndex, PrefixMatch
+from prefixkv.indexes.base import (
+    CacheHandle,
+    PrefixIndex,
+    PrefixMatch,
+    SupportsCommonPrefix,
+    SupportsEvictBlocks,
+)
 from prefixkv.indexes.errors import (
     CacheInUseError,
     InvalidTokenError,
+    NamespaceConflictError,
     PrefixKVError,
     RequestStateError,
 )
 from prefixkv.indexes.null import NoPrefixIndex
-from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array
-from prefixkv.storage.allocator import BlockAllocator
+from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array, normalize_extra_key
+from prefixkv.indexes.validation import ceil_div, check_block_ids, check_count
+from prefixkv.storage.allocator import BlockAllocator, Owner
 
 from .accounting import BoundaryTracker, CacheTotals, RequestRecord
 
-__all__ = ["Admission", "CacheManager", "RequestId"]
+__all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
 
 RequestId = Hashable
 
@@ -44,6 +51,28 @@ class Admission(NamedTuple):
     request_id: RequestId
     num_cached_tokens: int
     block_table: list[int]
+
+
+class Lookup(NamedTuple):
+    """A lookup bound to the key it was made for (``CacheManager.match``).
+
+    vLLM's scheduler looks a request up first and allocates second; ``admit`` takes
+    the lookup back and validates it against the state at allocation time (a stale
+    one raises ``StaleHandleError``), so it can never be applied to another key.
+    """
+
+    key: TokenKey
+    match: PrefixMatch
+
+    @property
+    def num_tokens(self) -> int:
+        """Hit length in tokens."""
+        return self.match.num_tokens
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The hit's blocks."""
+        return self.match.block_ids
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +118,7 @@ class CacheManager:
         self.allocator = allocator
         self.block_size = index.block_size
         self._seqs: dict[RequestId, _Seq] = {}
+        self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
         # The null index holds nothing at any granularity: it has no boundary losses.
         caching = not isinstance(index, NoPrefixIndex)
         self._tracker = BoundaryTracker(index.block_size) if track_boundaries and caching else None
@@ -106,27 +136,43 @@ class CacheManager:
         return seq
 
     def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     def make_key(
         self,
         tokens: Iterable[int] | TokenKey,
         extra_key: ExtraKey | str | None = None,
-        priority: int = 0,
+        priority: int | None = None,
     ) -> TokenKey:
         """Validate a prompt into a key (rejects empty prompts).
 
+        A prepared ``TokenKey`` keeps its own namespace and priority; passing a
+        different one with it is an error, never silently dropped.
+
         Raises:
-            InvalidTokenError: an empty prompt or a bad token id.
+            InvalidTokenError: an empty prompt, a bad token id or namespace.
+            NamespaceConflictError: ``extra_key`` or ``priority`` contradicts the key's.
         """
-        key = tokens if isinstance(tokens, TokenKey) else TokenKey(tokens, extra_key, priority)
+        if isinstance(tokens, TokenKey):
+            key = tokens
+            if extra_key is not None and normalize_extra_key(extra_key) != key.extra_key:
+                raise NamespaceConflictError(
+                    f"extra_key {extra_key!r:.80} conflicts with the key's own namespace "
+                    f"{key.extra_key!r:.80}; build the key with it"
+                )
+            if priority is not None and priority != key.priority:
+                raise NamespaceConflictError(
+                    f"priority {priority!r} conflicts with the key's own priority {key.priority}"
+                )
+        else:
+            key = TokenKey(tokens, extra_key, 0 if priority is None else priority)
         if not len(key):
             raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
         return key
 
-    def match(self, key: TokenKey) -> PrefixMatch:
+    def match(self, key: TokenKey) -> Lookup:
         """Look ``key`` up, capped at ``len(key) - 1`` tokens (SPEC BB-1). Locks nothing."""
-        return self.index.match_prefix(key, len(key) - 1)
+        return Lookup(key, self.index.match_prefix(key, len(key) - 1))
 
     def admit(
         self,
@@ -134,46 +180,85 @@ class CacheManager:
         tokens: Iterable[int] | TokenKey,
         extra_key: ExtraKey | str | None = None,
         *,
-        priority: int = 0,
+        priority: int | None = None,
         num_tokens: int | None = None,
         reserve_blocks: int = 0,
-        prefix_match: PrefixMatch | None = None,
+        lookup: Lookup | None = None,
     ) -> Admission | None:
         """Take a request in: match, lock the hit, allocate blocks for the rest.
 
+        Every argument is checked before anything changes, and whether the blocks
+        fit is decided from the state at allocation time (the lookup's blocks that
+        are evictable *now* are the ones locking protects), so a ``None`` or an
+        error leaves the manager exactly as it was.
+
         Args:
-            request_id: unique among running requests.
-            tokens: the prompt, or a prepared ``TokenKey``.
+            request_id: unique among running requests (any hashable).
+            tokens: the prompt, or a prepared ``TokenKey`` (not one a running
+                request uses: a key is one request's).
             extra_key: namespace (LoRA, cache salt, tenant); see ``make_extra_key``.
-            priority: eviction hint for the radix tree's ``priority`` policy.
+                With a prepared key it must agree with the key's own.
+            priority: eviction hint for the radix tree's ``priority`` policy
+                (default 0; with a prepared key, the key's).
             num_tokens: tokens that need slots now (default: the whole prompt;
                 fewer for chunked prefill; never fewer than the hit).
             reserve_blocks: evict until this many blocks beyond the need are free,
                 best effort (SGLang's paged over-estimate); never fails on it.
-            prefix_match: a match made by ``match`` just before (vLLM's scheduler
-                looks up first, allocates second); default: match now.
+            lookup: what ``match(key)`` returned just before (vLLM's scheduler looks
+                up first, allocates second); default: match now.
 
         Returns:
             The admission, or ``None`` when the blocks do not fit even after
             evicting; then nothing is locked, allocated or evicted.
 
         Raises:
-            RequestStateError: ``request_id`` is running already.
+            RequestStateError: ``request_id`` is running already, or the key is
+                another running request's.
             InvalidTokenError: empty prompt or bad tokens.
+            NamespaceConflictError: ``extra_key``/``priority`` contradict the key.
+            StaleHandleError: ``lookup`` was invalidated since it was made (an
+                eviction, ``evict_blocks``, a reset); look up again.
+            PrefixKVError: a bad count, or a lookup made for another key.
         """
-        if request_id in self._seqs:
-            raise RequestStateError(f"request {request_id!r} is running already")
+        try:
+            running = request_id in self._seqs
+        except TypeError:
+            raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
+        if running:
+            raise RequestStateError(f"request {request_id!r:.80} is running already")
         key = self.make_key(tokens, extra_key, priority)
-        want = len(key) if num_tokens is None else num_tokens
-        if type(want) is not int or not 1 <= want <= len(key):
-            raise PrefixKVError(f"num_tokens must be in [1, {len(key)}], got {num_tokens!r}")
-        m = self.match(key) if prefix_match is None else prefix_match
+        holder = self._key_holders.get(id(key))
+        if holder is not None:
+            raise RequestStateError(
+                f"this TokenKey is the key of running request {holder!r:.80}; give each "
+                "request its own key"
+            )
+        want = (
+            len(key)
+            if num_tokens is None
+            else check_count("num_tokens", num_tokens, len(key), lo=1)
+        )
+        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        if lookup is None:
+            m = self.index.match_prefix(key, len(key) - 1)
+        elif type(lookup) is not Lookup or lookup.key is not key:
+            raise PrefixKVError(
+                "lookup must be what match(key) returned for this request's key, "
+                f"got {lookup!r:.80}"
+            )
+        else:
+            m = lookup.match
+        hit_evictable = self.index.count_evictable(m.handle)
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
-        if not self._fits(need, m.num_evictable_blocks):
+        if not self._fits(need, hit_evictable):
             self.totals.num_rejected += 1
             return None
         self.index.lock(m.handle)
-        new = self._take_blocks(need, reserve_blocks)
+        new = self._take_blocks(need, reserve)
+        if new is None:  # the index evicted fewer blocks than it counted as evictable
+            self._release(self.index.unlock(m.handle))
+            self.totals.num_rejected += 1
+            return None
         table = [*m.block_ids, *new]
         record = RequestRecord(str(request_id), len(key), m.num_tokens)
         if self._tracker is not None:
@@ -183,6 +268,7 @@ class CacheManager:
         self._seqs[request_id] = _Seq(
             key, len(key), table, m.handle, record, m.num_tokens, len(m.block_ids)
         )
+        self._key_holders[id(key)] = request_id
         if self.keep_records:
             self.records.append(record)
         t = self.totals
@@ -209,22 +295,23 @@ class CacheManager:
         evictable = self.index.stats().num_evictable_blocks - hit_evictable
         return need <= self.allocator.num_free_blocks + evictable
 
-    def _take_blocks(self, need: int, reserve: int = 0) -> list[int]:
+    def _take_blocks(self, need: int, reserve: int = 0) -> list[int] | None:
         # Free blocks first, then evicted ones (vLLM pops unhashed free blocks before
         # cached ones); an index that overshoots (radix leaves) returns the surplus here.
+        # None (with the evicted blocks back in the pool) if eviction fell short.
         alloc = self.allocator
         free = alloc.num_free_blocks
         if free >= need + reserve:
-            out = alloc.allocate(need)
-            assert out is not None
-            return out
-        evicted = self._evict(need + reserve - free)
-        use = max(0, min(need - free, len(evicted)))
-        got = alloc.allocate(min(need, free))
-        assert got is not None and len(got) + use == need, "admission check let in a misfit"
-        got += evicted[:use]
-        alloc.free(evicted[use:])
-        return got
+            return alloc.allocate(need, owner=Owner.MANAGER)
+        evicted = self._evict(need + reserve - free)  # still ours: cached until now
+        use = max(0, need - free)
+        if use > len(evicted):
+            alloc.free(evicted, owner=Owner.MANAGER)
+            return None
+        got = alloc.allocate(need - use, owner=Owner.MANAGER)
+        assert got is not None
+        alloc.free(evicted[use:], owner=Owner.MANAGER)
+        return got + evicted[:use]
 
     # ---------------------------------------------------------- registration
 
@@ -247,13 +334,7 @@ class CacheManager:
         seq = self._seqs.get(request_id)
         if seq is None:
             raise RequestStateError(f"request {request_id!r} is not running")
-        limit = len(seq.key)
-        slots = len(seq.table) * self.block_size
-        if type(num_tokens) is not int or not 0 <= num_tokens <= min(limit, slots):
-            raise PrefixKVError(
-                f"request {request_id!r}: num_tokens must be in [0, {min(limit, slots)}], "
-                f"got {num_tokens!r}"
-            )
+        check_count("num_tokens", num_tokens, min(len(seq.key), len(seq.table) * self.block_size))
         if num_tokens > seq.num_computed:
             seq.num_computed = num_tokens
         if num_tokens // self.block_size > seq.num_registered_blocks:
@@ -269,7 +350,7 @@ class CacheManager:
         if n > start and table[start:n] != theirs[start - base :]:
             dups = [i for i in range(start, n) if table[i] != theirs[i - base]]
             if swap:
-                self.allocator.free([table[i] for i in dups])
+                self.allocator.free([table[i] for i in dups], owner=Owner.MANAGER)
                 for i in dups:
                     table[i] = theirs[i - base]
             else:
@@ -285,7 +366,7 @@ class CacheManager:
         if block_ids:
             if self._tracker is not None:
                 self._tracker.forget(block_ids)
-            self.allocator.free(block_ids)
+            self.allocator.free(block_ids, owner=Owner.MANAGER)
 
     def append(
         self,
@@ -315,10 +396,9 @@ class CacheManager:
         seq = self._seq(request_id)
         new = as_token_array(tokens)
         total = len(seq.key) + len(new)
-        if (
-            self._grow(seq, total if num_slots is None else num_slots, total, reserve_blocks)
-            is None
-        ):
+        slots = total if num_slots is None else check_count("num_slots", num_slots, total)
+        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        if self._grow(seq, slots, reserve) is None:
             return False
         seq.key.append(new)
         return True
@@ -348,12 +428,10 @@ class CacheManager:
             RequestStateError: unknown request.
             PrefixKVError: ``num_slots`` or ``num_computed`` out of range.
         """
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise RequestStateError(f"request {request_id!r} is not running")
+        seq = self._seq(request_id)
         bs = self.block_size
         if (
-            reserve_blocks <= 0
+            reserve_blocks == 0
             and type(num_slots) is int
             and 0 <= num_slots <= len(seq.table) * bs
             and (
@@ -369,21 +447,26 @@ class CacheManager:
             if num_computed is not None and num_computed > seq.num_computed:
                 seq.num_computed = min(num_computed, len(seq.key.tokens))
             return []
-        new = self._grow(seq, num_slots, sys.maxsize, reserve_blocks)
+        # Everything is checked before a block is added, so an error changes nothing.
+        check_count("num_slots", num_slots)
+        if num_computed is not None:
+            check_count("num_computed", num_computed, num_slots)
+        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        new = self._grow(seq, num_slots, reserve)
         if new is not None and num_computed is not None:
             known = min(num_computed, len(seq.key.tokens))  # the key may lag its slots
             self.commit(request_id, known, swap_duplicates=swap_duplicates)
         return new
 
-    def _grow(self, seq: _Seq, slots: int, limit: int, reserve: int) -> list[int] | None:
-        if type(slots) is not int or not 0 <= slots <= limit:
-            raise PrefixKVError(f"num_slots must be in [0, {limit}], got {slots!r}")
-        need = -(-slots // self.block_size) - len(seq.table)
+    def _grow(self, seq: _Seq, slots: int, reserve: int) -> list[int] | None:
+        need = self._blocks_for(slots) - len(seq.table)
         if need <= 0 and reserve <= 0:
             return []
         if need > 0 and not self._fits(need, 0):
             return None
         new = self._take_blocks(max(need, 0), reserve)
+        if new is None:
+            return None
         seq.table += new
         return new
 
@@ -416,15 +499,18 @@ class CacheManager:
         self._drop(request_id, self._seq(request_id))
 
     def _drop(self, request_id: RequestId, seq: _Seq) -> None:
+        # Unlock first: it is the step that can refuse (and then nothing has changed).
+        released = self.index.unlock(seq.handle)
         del self._seqs[request_id]
+        del self._key_holders[id(seq.key)]
         if self._tracker is not None:
             self._tracker.computed_tail(
                 seq.key, seq.table, seq.num_registered_blocks, seq.num_computed
             )
         private = seq.table[seq.num_registered_blocks :] + seq.private_duplicates
         private.reverse()  # vLLM frees in reverse: the tail block is reused first
-        self.allocator.free(private)
-        self._release(self.index.unlock(seq.handle))
+        self.allocator.free(private, owner=Owner.MANAGER)
+        self._release(released)
 
     # -------------------------------------------------------------- queries
 
@@ -459,9 +545,8 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         n_req = len(self._seqs)
-        fast = getattr(self.index, "num_common_prefix_blocks", None)
-        if fast is not None:
-            n = int(fast(seq.table[: seq.num_registered_blocks], n_req))
+        if isinstance(self.index, SupportsCommonPrefix):
+            n = self.index.num_common_prefix_blocks(seq.table[: seq.num_registered_blocks], n_req)
             if n == seq.num_registered_blocks and n_req == 1:
                 n = len(seq.table)  # a lone request holds its private blocks too
             return n
@@ -477,8 +562,9 @@ class CacheManager:
         Returns:
             Blocks freed (the radix tree may free more than asked).
         """
+        check_count("num_blocks", num_blocks)
         evicted = self._evict(num_blocks)
-        self.allocator.free(evicted)
+        self.allocator.free(evicted, owner=Owner.MANAGER)
         return len(evicted)
 
     def _evict(self, num_blocks: int) -> list[int]:
@@ -492,18 +578,21 @@ class CacheManager:
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache entries of ``block_ids`` (vLLM KV-connector interface).
 
+        Ids of blocks the index does not cache are ignored, as in vLLM; ids outside
+        the pool are an error.
+
         Raises:
             PrefixKVError: the index cannot drop entries by block id.
+            BlockOwnershipError: a malformed id or one outside the pool; nothing changes.
         """
-        drop = getattr(self.index, "evict_blocks", None)
-        if drop is None:
+        ids = check_block_ids(block_ids, "evict_blocks", self.allocator.num_blocks, unique=False)
+        if not isinstance(self.index, SupportsEvictBlocks):
             raise PrefixKVError(f"{type(self.index).__name__} cannot evict entries by block id")
-        ids = list(block_ids)
-        freed = drop(ids)
+        freed = self.index.evict_blocks(ids)
         if self._tracker is not None:
             self._tracker.forget(ids)
         self.totals.num_evicted_blocks += len(freed)
-        self.allocator.free(freed)
+        self.allocator.free(freed, owner=Owner.MANAGER)
 
     def reset(self) -> None:
         """Drop the whole prefix cache; its blocks return to the pool.
@@ -513,7 +602,7 @@ class CacheManager:
         """
         if self._seqs:
             raise CacheInUseError(f"cannot reset: {len(self._seqs)} requests are running")
-        self.allocator.free(self.index.reset())
+        self.allocator.free(self.index.reset(), owner=Owner.MANAGER)
         if self._tracker is not None:
             self._tracker.clear()
 
@@ -535,7 +624,10 @@ class CacheManager:
         )
 
     def check_integrity(self) -> None:
-        """Conservation: free + held-only + cached == num_blocks, with no overlap.
+        """Conservation: free + held-only + cached (+ held by callers) == num_blocks.
+
+        Every block a request holds or the index caches is the manager's in the
+        allocator's ledger, and no block is held privately twice.
 
         Raises:
             AssertionError: describing the leak or double ownership.
@@ -546,20 +638,27 @@ class CacheManager:
         cached = self.index.stats().num_cached_blocks
         free = alloc.num_free_blocks
         held = self.num_held_only_blocks()
-        assert free + held + cached == alloc.num_blocks, (
+        ours = alloc.num_blocks_held_by(Owner.MANAGER)
+        callers = alloc.num_blocks_held_by(Owner.CALLER)
+        assert free + held + cached + callers == alloc.num_blocks, (
             f"blocks leak or double count: free {free} + held-only {held} + cached {cached} "
-            f"!= {alloc.num_blocks}"
+            f"+ held by callers {callers} != {alloc.num_blocks}"
+        )
+        assert ours == held + cached, (
+            f"the ledger gives the manager {ours} blocks, it holds {held} + caches {cached}"
         )
         seen: set[int] = set()
         for rid, s in self._seqs.items():
             private = s.table[s.num_registered_blocks :] + s.private_duplicates
             for b in private:
-                assert not alloc.is_free(b), f"request {rid!r} holds free block {b}"
+                assert alloc.owner_of(b) is Owner.MANAGER, f"{rid!r} holds block {b}, not ours"
                 assert b not in seen, f"block {b} held privately twice"
                 seen.add(b)
             for b in s.table[: s.num_registered_blocks]:
-                assert not alloc.is_free(b), f"request {rid!r} reads free block {b}"
+                assert alloc.owner_of(b) is Owner.MANAGER, f"{rid!r} reads block {b}, not ours"
             assert len(s.table) * self.block_size >= s.num_computed, f"{rid!r} lacks slots"
+            assert self._key_holders.get(id(s.key)) == rid, f"{rid!r}: key ownership lost"
+        assert len(self._key_holders) == len(self._seqs), "a finished request still holds a key"
 
 
 def _common_len(a: list[int], b: list[int], limit: int) -> int:

@@ -9,14 +9,16 @@ SGLang's hits request for request (SPEC SG-1..SG-6). The logic lives in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from prefixkv.indexes.base import CacheHandle, PrefixIndex
-from prefixkv.indexes.errors import PrefixKVError, RequestStateError
+from prefixkv.indexes.base import CacheHandle, PrefixIndex, SupportsCachedBlocks
+from prefixkv.indexes.errors import BlockOwnershipError, PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
-from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
-from prefixkv.storage.allocator import BlockAllocator
+from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key, normalize_extra_key
+from prefixkv.indexes.validation import ceil_div, check_count
+from prefixkv.storage.allocator import BlockAllocator, Owner
+from prefixkv.storage.block_table import slot_mapping
 
 from .accounting import CacheTotals
 from .manager import CacheManager
@@ -28,12 +30,12 @@ __all__ = ["MatchResult", "ReqLike", "SGLangRadixCache", "SimpleReq"]
 class ReqLike(Protocol):
     """What the facade reads from an SGLang ``Req``.
 
-    Optional attributes ``extra_key`` (LoRA id / namespace), ``cache_salt`` and
-    ``priority`` are honoured when present.
+    Optional attributes ``extra_key``, ``cache_salt``, ``lora_id`` and ``priority``
+    are honoured when present.
     """
 
     @property
-    def rid(self) -> str:
+    def rid(self) -> Hashable:
         """Request id."""
         ...
 
@@ -53,11 +55,12 @@ class SimpleReq:
 
     def __init__(
         self,
-        rid: str,
+        rid: Hashable,
         origin_input_ids: Sequence[int],
         *,
         extra_key: str | None = None,
         cache_salt: str | None = None,
+        lora_id: str | None = None,
         priority: int = 0,
     ) -> None:
         self.rid = rid
@@ -65,6 +68,7 @@ class SimpleReq:
         self.output_ids: list[int] = []
         self.extra_key = extra_key
         self.cache_salt = cache_salt
+        self.lora_id = lora_id
         self.priority = priority
 
 
@@ -81,8 +85,20 @@ class MatchResult(NamedTuple):
 
 
 def _namespace(req: object) -> ExtraKey | None:
-    extra = getattr(req, "extra_key", None)
-    return make_extra_key(lora=extra, cache_salt=getattr(req, "cache_salt", None))
+    # The same rule as the tree API's ``extra_key``/``cache_salt`` (make_extra_key).
+    return make_extra_key(
+        extra=getattr(req, "extra_key", None) or None,
+        cache_salt=getattr(req, "cache_salt", None) or None,
+        lora=getattr(req, "lora_id", None),
+    )
+
+
+def _tree_namespace(extra_key: ExtraKey | str | None, cache_salt: str | None) -> ExtraKey | None:
+    if cache_salt is None:
+        return normalize_extra_key(extra_key)
+    if extra_key is not None and not isinstance(extra_key, str):
+        raise PrefixKVError("give cache_salt with a str extra_key (SGLang's RadixKey), or neither")
+    return make_extra_key(extra=extra_key, cache_salt=cache_salt)
 
 
 class SGLangRadixCache:
@@ -132,10 +148,18 @@ class SGLangRadixCache:
         return self.manager.allocator
 
     def match_prefix(
-        self, token_ids: Sequence[int], extra_key: ExtraKey | str | None = None
+        self,
+        token_ids: Sequence[int],
+        extra_key: ExtraKey | str | None = None,
+        cache_salt: str | None = None,
     ) -> MatchResult:
-        """Longest cached prefix of ``token_ids`` (page-aligned, uncapped); may split a node."""
-        m = self.manager.index.match_prefix(TokenKey(token_ids, extra_key))
+        """Longest cached prefix of ``token_ids`` (page-aligned, uncapped); may split a node.
+
+        ``extra_key`` and ``cache_salt`` are SGLang's ``RadixKey`` fields; a request
+        filed through the scheduler flow with the same fields is in the same namespace.
+        """
+        key = TokenKey(token_ids, _tree_namespace(extra_key, cache_salt))
+        m = self.manager.index.match_prefix(key)
         return MatchResult(m.block_ids, m.handle, m.num_tokens)
 
     def insert(
@@ -143,19 +167,60 @@ class SGLangRadixCache:
         token_ids: Sequence[int],
         value: Sequence[int],
         extra_key: ExtraKey | str | None = None,
+        cache_salt: str | None = None,
     ) -> int:
         """Insert ``token_ids`` held in pages ``value``; returns the already cached length.
 
-        As in SGLang, the caller frees its pages for the returned prefix (they
-        are duplicates) and owns nothing else afterwards: the tree does.
+        ``value`` holds one page per whole page of ``token_ids``: pages the caller holds
+        (``allocator.allocate``), or, for a cached prefix, the tree's own pages for
+        exactly those tokens (SGLang re-inserts its matched prefix this way). Pages
+        the index adopts become the cache's; as in SGLang, the caller frees its own
+        copies of pages that were cached already (those ``allocator.owner_of`` still
+        says are the caller's).
+
+        Raises:
+            BlockOwnershipError: a page the pool never handed out, out of range, given
+                twice, held by a running request, or cached for other tokens;
+                nothing changes then.
         """
-        return self.manager.index.insert(TokenKey(token_ids, extra_key), value).num_cached_tokens
+        key = TokenKey(token_ids, _tree_namespace(extra_key, cache_salt))
+        alloc = self.manager.allocator
+        pages = len(key) // self.page_size
+        ids = list(value)
+        if len(ids) < pages:
+            raise BlockOwnershipError(f"{pages} pages to insert but only {len(ids)} page ids given")
+        ids = ids[:pages]
+        for i, page in enumerate(ids):
+            if alloc.owner_of(page) is Owner.MANAGER:
+                self._check_own_prefix(key, ids, i)
+                break
+        mine = [p for p in ids if alloc.owner_of(p) is not Owner.MANAGER]
+        alloc.check_held(mine, Owner.CALLER, "insert")
+        if len(set(ids)) != len(ids):
+            raise BlockOwnershipError(f"insert: a page id appears twice in {ids[:16]}")
+        result = self.manager.index.insert(key, ids)
+        adopted = [p for p in result.block_ids if alloc.owner_of(p) is Owner.CALLER]
+        alloc.transfer(adopted, src=Owner.CALLER, dst=Owner.MANAGER)
+        return result.num_cached_tokens
+
+    def _check_own_prefix(self, key: TokenKey, ids: list[int], first: int) -> None:
+        # Pages the cache holds may be given only as the tree's own pages for exactly
+        # these tokens (a re-insert of a matched prefix), never a request's pages.
+        index = self.manager.index
+        own = index.cached_blocks(key) if isinstance(index, SupportsCachedBlocks) else []
+        alloc = self.manager.allocator
+        for i in range(first, len(ids)):
+            if alloc.owner_of(ids[i]) is Owner.MANAGER and (i >= len(own) or own[i] != ids[i]):
+                raise BlockOwnershipError(
+                    f"insert: page {ids[i]} is held by a running request or cached for other "
+                    "tokens; pass pages you allocated, or the tree's own pages for these tokens"
+                )
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
-        if type(num_tokens) is not int or num_tokens < 0:
-            raise PrefixKVError(f"num_tokens must be a non-negative int, got {num_tokens!r}")
-        return self.manager.evict(-(-num_tokens // self.page_size)) * self.page_size
+        check_count("num_tokens", num_tokens)
+        pages = min(ceil_div(num_tokens, self.page_size), self.manager.allocator.num_blocks)
+        return self.manager.evict(pages) * self.page_size
 
     def inc_lock_ref(self, node: CacheHandle) -> None:
         """Lock ``node`` and its ancestors."""
@@ -164,8 +229,7 @@ class SGLangRadixCache:
     def dec_lock_ref(self, node: CacheHandle) -> None:
         """Release one lock on ``node`` and its ancestors."""
         released = self.manager.index.unlock(node)
-        if released:
-            self.manager.allocator.free(released)
+        self.manager.allocator.free(released, owner=Owner.MANAGER)
 
     def evictable_size(self) -> int:
         """Evictable tokens."""
@@ -199,7 +263,7 @@ class SGLangRadixCache:
             The prefix (hit) length, or ``None`` when the pool cannot hold the
             extend (nothing changes).
         """
-        rid = str(req.rid)
+        rid = req.rid
         if rid in self.manager:
             raise RequestStateError(f"request {rid!r} is running already")
         key = TokenKey(req.origin_input_ids, _namespace(req), getattr(req, "priority", 0) or 0)
@@ -208,7 +272,7 @@ class SGLangRadixCache:
 
     def cache_unfinished_req(self, req: ReqLike) -> None:
         """After prefill (SG-3): insert the prompt, free duplicates, move the lock."""
-        rid = str(req.rid)
+        rid = req.rid
         self.manager.commit(rid, self._committed_len(rid))
 
     def alloc_for_decode(self, req: ReqLike) -> bool:
@@ -219,7 +283,7 @@ class SGLangRadixCache:
         Returns:
             ``False`` when no slot can be had (SGLang would retract the request).
         """
-        rid = str(req.rid)
+        rid = req.rid
         pos = self._committed_len(rid)
         prompt = len(req.origin_input_ids)
         if not prompt <= pos < prompt + len(req.output_ids):
@@ -231,19 +295,17 @@ class SGLangRadixCache:
 
     def cache_finished_req(self, req: ReqLike) -> None:
         """At finish (SG-4): insert prompt + fed output, split at the prompt, unlock."""
-        rid = str(req.rid)
+        rid = req.rid
         self.manager.commit(rid, self._committed_len(rid))
         self.manager.finish(rid)
 
     def req_to_token(self, req: ReqLike) -> list[int]:
         """The request's token slots (SGLang's ``req_to_token_pool`` row)."""
-        rid = str(req.rid)
+        rid = req.rid
         n = self._committed_len(rid)
-        ps = self.page_size
-        table = self.manager.block_table(rid)
-        return [table[t // ps] * ps + t % ps for t in range(n)]
+        return slot_mapping(self.manager.block_table(rid), 0, n, self.page_size)
 
-    def _committed_len(self, rid: str) -> int:
+    def _committed_len(self, rid: Hashable) -> int:
         # SGLang's kv_committed_len: the prompt and every fed token, i.e. the key.
         if rid not in self.manager:
             raise RequestStateError(f"request {rid!r} is not running")

@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from prefixkv.indexes.base import PrefixIndex, PrefixMatch
+from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.storage.allocator import BlockAllocator
 
 from .accounting import CacheTotals
-from .manager import CacheManager
+from .manager import CacheManager, Lookup
 
 __all__ = ["KVCacheBlocks", "RequestLike", "SimpleRequest", "VLLMKVCacheManager"]
 
@@ -134,7 +134,7 @@ class VLLMKVCacheManager:
         )
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
-        self._pending: dict[str, PrefixMatch] = {}
+        self._pending: dict[str, Lookup] = {}
 
     def _key(self, request: RequestLike) -> TokenKey:
         # One key per request, from its lookup on: its block-hash memo lives as long
@@ -158,9 +158,9 @@ class VLLMKVCacheManager:
         if request.request_id in self.manager:
             raise RequestStateError(f"request {request.request_id!r} is running already")
         key = self.manager.make_key(self._key(request))
-        m = self.manager.match(key)
-        self._pending[request.request_id] = m
-        return KVCacheBlocks(list(m.block_ids)), m.num_tokens
+        lookup = self.manager.match(key)
+        self._pending[request.request_id] = lookup
+        return KVCacheBlocks(list(lookup.block_ids)), lookup.num_tokens
 
     def allocate_slots(
         self,
@@ -207,23 +207,24 @@ class VLLMKVCacheManager:
             if grown is None:
                 return None
             return KVCacheBlocks(grown) if grown else _NO_BLOCKS
-        key = self._key(request)
-        m = self._pending.pop(rid, None)
-        if m is None or m.num_tokens != num_new_computed_tokens:
+        key = mgr.make_key(self._key(request))
+        lookup = self._pending.get(rid)
+        if lookup is None or lookup.key is not key or lookup.num_tokens != num_new_computed_tokens:
             if num_new_computed_tokens:
                 raise PrefixKVError(
                     f"request {rid!r}: {num_new_computed_tokens} computed tokens without "
                     "a matching get_computed_blocks"
                 )
-            m = mgr.index.match_prefix(mgr.make_key(key), 0)
+            lookup = Lookup(key, mgr.index.match_prefix(key, 0))  # computes everything
         total = min(
             request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, len(key)
         )
-        adm = mgr.admit(rid, key, num_tokens=total, prefix_match=m)
+        adm = mgr.admit(rid, key, num_tokens=total, lookup=lookup)
+        self._pending.pop(rid, None)
         if adm is None:
             return None
         mgr.commit(rid, total, swap_duplicates=False)
-        return KVCacheBlocks(adm.block_table[len(m.block_ids) :])
+        return KVCacheBlocks(adm.block_table[len(lookup.block_ids) :])
 
     def free(self, request: RequestLike) -> None:
         """Release a finished or aborted request, tail block first (HC-7)."""

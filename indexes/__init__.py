@@ -1,14 +1,27 @@
 """Prefix-cache indexes: the Protocol, hashing, and the backends (pure Python, no torch)."""
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixIndex, PrefixMatch
+from .base import (
+    CacheHandle,
+    IndexStats,
+    InsertResult,
+    PrefixIndex,
+    PrefixMatch,
+    SupportsCachedBlocks,
+    SupportsCommonPrefix,
+    SupportsEvictBlocks,
+    SupportsMemoryBytes,
+)
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
+    IndexOptionError,
     InvalidHandleError,
     InvalidTokenError,
     LockStateError,
+    NamespaceConflictError,
     PrefixKVError,
     RequestStateError,
+    StaleHandleError,
     UnknownIndexError,
 )
 from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
@@ -19,6 +32,7 @@ from .radix import RadixIndex
 from .registry import available_indexes, make_index, register_index
 from .sync import SynchronizedIndex
 from .tokens import ExtraKey, TokenKey, make_extra_key
+from .wrapper import IndexWrapper
 
 __all__ = [
     "EVICTION_POLICIES",
@@ -30,17 +44,25 @@ __all__ = [
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
+    "IndexOptionError",
     "IndexStats",
+    "IndexWrapper",
     "InsertResult",
     "InvalidHandleError",
     "InvalidTokenError",
     "LockStateError",
+    "NamespaceConflictError",
     "NoPrefixIndex",
     "PrefixIndex",
     "PrefixKVError",
     "PrefixMatch",
     "RadixIndex",
     "RequestStateError",
+    "StaleHandleError",
+    "SupportsCachedBlocks",
+    "SupportsCommonPrefix",
+    "SupportsEvictBlocks",
+    "SupportsMemoryBytes",
     "SynchronizedIndex",
     "TokenKey",
     "UnknownIndexError",

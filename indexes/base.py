@@ -14,14 +14,25 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from .tokens import TokenKey
 
-__all__ = ["CacheHandle", "IndexStats", "InsertResult", "PrefixIndex", "PrefixMatch"]
+__all__ = [
+    "CacheHandle",
+    "IndexStats",
+    "InsertResult",
+    "PrefixIndex",
+    "PrefixMatch",
+    "SupportsCachedBlocks",
+    "SupportsCommonPrefix",
+    "SupportsEvictBlocks",
+    "SupportsMemoryBytes",
+]
 
 CacheHandle = object
 """An opaque reference to cached entries (a tree node, a run of blocks).
 
-Pass it back to the index that made it, before that index is mutated by another
-call (a handle from ``match_prefix`` must be locked before the next ``insert``,
-``evict`` or ``reset``).
+Pass it back to the index that made it. A handle is validated whenever it is used:
+if anything since the lookup invalidated it (eviction, ``evict_blocks``, a reset,
+the release of blocks it names), ``lock`` and ``count_evictable`` raise
+``StaleHandleError`` and the caller looks up again; it is never trusted blindly.
 """
 
 
@@ -31,16 +42,13 @@ class PrefixMatch(NamedTuple):
     Attributes:
         num_tokens: hit length in tokens, a multiple of ``block_size``.
         block_ids: the blocks holding the hit, one per block, in order.
-        handle: pass to ``lock`` to pin the hit.
-        num_evictable_blocks: how many of ``block_ids`` are evictable right now;
-            locking the handle protects them, so an admission check subtracts them
-            from the evictable total.
+        handle: pass to ``lock`` to pin the hit (``count_evictable`` says, at the
+            moment of asking, how many of its blocks locking would protect).
     """
 
     num_tokens: int
     block_ids: list[int]
     handle: CacheHandle
-    num_evictable_blocks: int
 
 
 class InsertResult(NamedTuple):
@@ -134,11 +142,25 @@ class PrefixIndex(Protocol):
         """
         ...
 
+    def count_evictable(self, handle: CacheHandle) -> int:
+        """Validate ``handle`` now and count its blocks that are evictable now.
+
+        Locking the handle would protect exactly these blocks, so an admission check
+        made at allocation time subtracts them from the evictable total (vLLM's
+        ``num_evictable_computed_blocks``). Mutates nothing.
+
+        Raises:
+            InvalidHandleError: the handle is foreign.
+            StaleHandleError: something since the lookup invalidated it.
+        """
+        ...
+
     def lock(self, handle: CacheHandle) -> None:
         """Pin the entries of ``handle`` (vLLM ``ref_cnt += 1``, SGLang ``inc_lock_ref``).
 
         Raises:
-            InvalidHandleError: the handle is foreign or its entries were evicted.
+            InvalidHandleError: the handle is foreign.
+            StaleHandleError: something since the lookup invalidated it; nothing changes.
         """
         ...
 
@@ -192,5 +214,49 @@ class PrefixIndex(Protocol):
 
         Raises:
             AssertionError: with a description of the broken state.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsEvictBlocks(Protocol):
+    """An index that drops entries by block id (vLLM ``BlockPool.evict_blocks``, KV connectors)."""
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> list[int]:
+        """Drop the cache entries of ``block_ids``; ids not cached are ignored.
+
+        Returns:
+            The unlocked blocks freed now, owned by the caller; locked ones come
+            back from their last ``unlock``.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsCommonPrefix(Protocol):
+    """An index that counts blocks shared by every running request in O(result)."""
+
+    def num_common_prefix_blocks(self, block_ids: Sequence[int], num_requests: int) -> int:
+        """Leading blocks of ``block_ids`` locked by exactly ``num_requests`` requests."""
+        ...
+
+
+@runtime_checkable
+class SupportsMemoryBytes(Protocol):
+    """An index that can estimate the size of its own structures."""
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes held by the index's structures (not the KV)."""
+        ...
+
+
+@runtime_checkable
+class SupportsCachedBlocks(Protocol):
+    """An index that answers "which blocks hold this prefix?" without side effects."""
+
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+        """The blocks of the longest cached prefix of ``key``, in order.
+
+        Unlike ``match_prefix`` it changes nothing: no recency stamp, no split.
         """
         ...

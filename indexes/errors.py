@@ -11,11 +11,14 @@ from __future__ import annotations
 __all__ = [
     "BlockOwnershipError",
     "CacheInUseError",
+    "IndexOptionError",
     "InvalidHandleError",
     "InvalidTokenError",
     "LockStateError",
+    "NamespaceConflictError",
     "PrefixKVError",
     "RequestStateError",
+    "StaleHandleError",
     "UnknownIndexError",
 ]
 
@@ -29,7 +32,15 @@ class InvalidTokenError(PrefixKVError):
 
 
 class InvalidHandleError(PrefixKVError):
-    """A cache handle came from another index or points at evicted entries."""
+    """A cache handle came from another index or is not a handle at all."""
+
+
+class StaleHandleError(InvalidHandleError):
+    """A handle that was valid when made, invalidated by what happened since.
+
+    Eviction, ``evict_blocks``, a reset or the release of the blocks it names all
+    make a lookup's handle stale; it is rejected, never trusted. Look up again.
+    """
 
 
 class LockStateError(PrefixKVError):
@@ -50,3 +61,11 @@ class RequestStateError(PrefixKVError):
 
 class UnknownIndexError(PrefixKVError):
     """``make_index`` was given a name nobody registered."""
+
+
+class IndexOptionError(PrefixKVError):
+    """``make_index`` was given an option the backend does not take, or a bad value."""
+
+
+class NamespaceConflictError(PrefixKVError):
+    """A namespace (or priority) was given that contradicts the key's own."""

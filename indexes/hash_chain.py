@@ -20,11 +20,12 @@ from .errors import (
     CacheInUseError,
     InvalidHandleError,
     LockStateError,
-    PrefixKVError,
+    StaleHandleError,
 )
 from .free_queue import CachedBlock, FreeBlockQueue
 from .hashing import BlockHasher, Digest
 from .tokens import TOKEN_BYTES, TokenKey
+from .validation import check_block_ids, check_bool, check_count
 
 __all__ = ["HashChainIndex"]
 
@@ -32,6 +33,7 @@ _ref_cnt = attrgetter("ref_cnt")
 _block_id = attrgetter("block_id")
 _tokens = attrgetter("tokens")
 _parent = attrgetter("parent")
+_block_hash = attrgetter("block_hash")
 _Entry = CachedBlock | dict[int, CachedBlock]
 
 
@@ -45,7 +47,7 @@ class _ChainHandle(NamedTuple):
     owner: HashChainIndex
     chain: list[CachedBlock]
     length: int
-    epoch: int  # the owner's eviction epoch when made: unchanged => no block died since
+    epoch: int  # the owner's drop count when made: unchanged => every block still cached
 
     def blocks(self) -> list[CachedBlock]:
         """The handle's blocks (a copy unless the handle covers the whole chain)."""
@@ -53,22 +55,7 @@ class _ChainHandle(NamedTuple):
 
 
 def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
-    if num_tokens is None:
-        return len(key)
-    if type(num_tokens) is not int or not 0 <= num_tokens <= len(key):
-        raise PrefixKVError(f"{what} must be an int in [0, {len(key)}], got {num_tokens!r}")
-    return num_tokens
-
-
-def _check_block_ids(block_ids: list[int], what: str) -> None:
-    """Non-negative ints, none repeated; C-level passes (a decode step registers one)."""
-    if not block_ids:
-        return
-    if set(map(type, block_ids)) != {int} or min(block_ids) < 0:
-        bad = next(b for b in block_ids if type(b) is not int or b < 0)
-        raise BlockOwnershipError(f"{what}: block ids must be non-negative ints, got {bad!r}")
-    if len(block_ids) > 1 and len(set(block_ids)) != len(block_ids):
-        raise BlockOwnershipError(f"{what}: a block id appears twice in {block_ids}")
+    return len(key) if num_tokens is None else check_count(what, num_tokens, len(key))
 
 
 class HashChainIndex:
@@ -107,10 +94,12 @@ class HashChainIndex:
     ) -> None:
         self._hasher = BlockHasher(block_size, hash_algorithm, seed)
         self.block_size = block_size
-        self.verify = bool(verify)
+        self.verify = check_bool("verify", verify)
         self._table: dict[bytes, _Entry] = {}
         self._blocks: dict[int, CachedBlock] = {}
         self._free = FreeBlockQueue()
+        # Counts hash entries dropped (evicted, evict_blocks, reset): a handle made at
+        # the current count names only cached blocks, so validating it is O(1).
         self._epoch = 0
         self._num_evicted = 0
 
@@ -143,11 +132,12 @@ class HashChainIndex:
                 hit = self._resolve(entries, key)  # a collision: find where the run breaks
         n = len(hit)
         return PrefixMatch(
-            n * self.block_size,
-            list(map(_block_id, hit)),
-            _ChainHandle(self, hit, n, self._epoch),
-            list(map(_ref_cnt, hit)).count(0),
+            n * self.block_size, list(map(_block_id, hit)), _ChainHandle(self, hit, n, self._epoch)
         )
+
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+        """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
+        return self.match_prefix(key, max_num_tokens).block_ids
 
     def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
         # verify, in bulk: the run's stored tokens equal the key's, block 0 is in the
@@ -247,8 +237,7 @@ class HashChainIndex:
                 # Extend the request's run in place (or add nothing), else branch off.
                 in_place = k == len(pre.chain) or k == num_full
                 chain = pre.chain if in_place else pre.chain[:k]
-        new_ids = list(block_ids[start:num_full])
-        _check_block_ids(new_ids, "insert")
+        new_ids = check_block_ids(block_ids[start:num_full], "insert")
         table, blocks = self._table, self._blocks
         for i, bid in enumerate(new_ids, start):
             old = blocks.get(bid)
@@ -298,8 +287,10 @@ class HashChainIndex:
             entry[block.block_id] = block  # type: ignore[index]
 
     def _drop_entry(self, block: CachedBlock) -> None:
-        # Remove this block's hash entry; its duplicates (if any) stay cached.
+        # Remove this block's hash entry; its duplicates (if any) stay cached. The one
+        # place an entry dies, so the one place handles learn it (the epoch).
         assert block.block_hash is not None
+        self._epoch += 1
         entry = self._table[block.block_hash]
         if entry is block:
             del self._table[block.block_hash]
@@ -317,22 +308,40 @@ class HashChainIndex:
             raise InvalidHandleError(f"handle {handle!r} was not made by this hash chain")
         return handle
 
+    def count_evictable(self, handle: CacheHandle) -> int:
+        """Validate ``handle`` and count its blocks with ``ref_cnt == 0`` now. O(blocks)."""
+        blocks = self._valid_blocks(self._own(handle))
+        return list(map(_ref_cnt, blocks)).count(0)
+
     def lock(self, handle: CacheHandle) -> None:
         """Pin the blocks of ``handle``: ``ref_cnt += 1``, out of the free queue (HC-6).
 
         Raises:
-            InvalidHandleError: foreign handle, or a block evicted since the match.
+            InvalidHandleError: a foreign handle.
+            StaleHandleError: a block's entry was dropped since the match (evicted,
+                ``evict_blocks``, reset); nothing changes.
 
         Complexity: O(blocks).
         """
-        self._lock_blocks(self._own(handle))
+        self._free.pin(self._valid_blocks(self._own(handle)))
 
-    def _lock_blocks(self, handle: _ChainHandle, start: int = 0) -> None:
+    def _valid_blocks(
+        self, handle: _ChainHandle, start: int = 0, held: list[CachedBlock] | None = None
+    ) -> list[CachedBlock]:
+        # A block's entry dies only in _drop_entry, which moves the epoch: a handle made
+        # at the current epoch is valid as it stands. Otherwise every block must still
+        # be cached, except those the caller holds already (``held``: its old handle,
+        # whose entries evict_blocks may have dropped while it held them).
         blocks = handle.chain[start : handle.length]  # a slice: islice would walk from 0
-        if handle.epoch != self._epoch and blocks and min(map(_ref_cnt, blocks)) < 0:
-            dead = next(b.block_id for b in blocks if b.ref_cnt < 0)
-            raise InvalidHandleError(f"block {dead} of this handle was evicted; match again")
-        self._free.pin(blocks)
+        if handle.epoch != self._epoch and blocks and None in map(_block_hash, blocks):
+            mine = {id(b) for b in held} if held else set()
+            dead = next((b for b in blocks if b.block_hash is None and id(b) not in mine), None)
+            if dead is not None:
+                raise StaleHandleError(
+                    f"block {dead.block_id} of this handle is no longer cached "
+                    "(evicted, dropped by evict_blocks or reset since the match); match again"
+                )
+        return blocks
 
     def unlock(self, handle: CacheHandle) -> list[int]:
         """Release one lock, tail block first (HC-6, HC-7).
@@ -363,10 +372,11 @@ class HashChainIndex:
         when ``new`` extends it (a decoding request's next insert)."""
         o, n = self._own(old), self._own(new)
         if n.chain is o.chain and n.length >= o.length:
-            self._lock_blocks(n, start=o.length)
+            self._free.pin(self._valid_blocks(n, start=o.length))
             return []
-        self._lock_blocks(n)
-        return self._unlock_blocks(o.blocks())
+        held = o.blocks()
+        self._free.pin(self._valid_blocks(n, held=held))
+        return self._unlock_blocks(held)
 
     # ---------------------------------------------------------------- eviction
 
@@ -378,8 +388,7 @@ class HashChainIndex:
 
         Complexity: O(num_blocks).
         """
-        if type(num_blocks) is not int or num_blocks < 0:
-            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        check_count("num_blocks", num_blocks)
         out: list[int] = []
         free = self._free
         while len(out) < num_blocks and len(free):
@@ -394,7 +403,6 @@ class HashChainIndex:
         del self._blocks[block.block_id]
         block.ref_cnt = -1
         block.parent = None
-        self._epoch += 1
 
     def evict_blocks(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the hash entries of the given blocks (vLLM ``BlockPool.evict_blocks``, HC-10).
@@ -407,8 +415,8 @@ class HashChainIndex:
         Returns:
             The unlocked blocks freed now, owned by the caller.
         """
-        ids = list(dict.fromkeys(block_ids))  # a set in vLLM: repeats mean nothing
-        _check_block_ids(ids, "evict_blocks")
+        # A set in vLLM: repeats mean nothing.
+        ids = list(dict.fromkeys(check_block_ids(block_ids, "evict_blocks", unique=False)))
         freed: list[int] = []
         for bid in ids:
             block = self._blocks.get(bid)

@@ -55,15 +55,16 @@ def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
 
 
 def _seed_bytes(seed: int | str | bytes | None) -> bytes:
+    # A type tag first, so 0, "\x00" and b"\x00" are three different seeds.
     if seed is None:
-        return os.urandom(16)
+        return b"r" + os.urandom(16)
     if isinstance(seed, bytes):
-        return seed
+        return b"b" + seed
     if isinstance(seed, str):
-        return seed.encode()
+        return b"s" + seed.encode("utf-8", "surrogatepass")
     if isinstance(seed, int) and not isinstance(seed, bool):
-        return seed.to_bytes((seed.bit_length() + 8) // 8, "little", signed=True)
-    raise PrefixKVError(f"hash seed must be None, an int, a str or bytes, got {seed!r}")
+        return b"i" + str(seed).encode()
+    raise PrefixKVError(f"hash seed must be None, an int, a str or bytes, got {seed!r:.80}")
 
 
 class BlockHasher:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
-from .errors import InvalidHandleError, PrefixKVError
+from .errors import InvalidHandleError
 from .tokens import TokenKey
+from .validation import check_count, check_positive
 
 __all__ = ["NoPrefixIndex"]
 
@@ -31,14 +32,12 @@ class NoPrefixIndex:
     """
 
     def __init__(self, block_size: int = 16) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = check_positive("block_size", block_size)
         self._handle = _NullHandle(self)
 
     def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
         """A miss. O(1)."""
-        return PrefixMatch(0, [], self._handle, 0)
+        return PrefixMatch(0, [], self._handle)
 
     def insert(
         self,
@@ -53,6 +52,11 @@ class NoPrefixIndex:
     def _check(self, handle: CacheHandle) -> None:
         if handle is not self._handle:
             raise InvalidHandleError(f"handle {handle!r} was not made by this index")
+
+    def count_evictable(self, handle: CacheHandle) -> int:
+        """No block to protect. O(1)."""
+        self._check(handle)
+        return 0
 
     def lock(self, handle: CacheHandle) -> None:
         """Nothing to pin. O(1)."""
@@ -71,8 +75,7 @@ class NoPrefixIndex:
 
     def evict(self, num_blocks: int) -> list[int]:
         """Nothing to evict. O(1)."""
-        if type(num_blocks) is not int or num_blocks < 0:
-            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        check_count("num_blocks", num_blocks)
         return []
 
     def reset(self) -> list[int]:

@@ -21,9 +21,11 @@ from .errors import (
     InvalidHandleError,
     LockStateError,
     PrefixKVError,
+    StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
+from .validation import check_bool, check_count
 
 __all__ = ["RadixIndex"]
 
@@ -51,9 +53,7 @@ class _Node:
 
 
 def _check_count(name: str, value: object, limit: int) -> int:
-    if type(value) is not int or not 0 <= value <= limit:
-        raise PrefixKVError(f"{name} must be an int in [0, {limit}], got {value!r}")
-    return value
+    return check_count(name, value, limit)
 
 
 class RadixIndex:
@@ -102,7 +102,7 @@ class RadixIndex:
         # Every block in the tree, to refuse one given again for other tokens. It costs
         # a set operation per block (per token at page size 1), so a caller whose blocks
         # cannot clash (CacheManager draws them from its own allocator) may turn it off.
-        self.check_block_ids = bool(check_block_ids)
+        self.check_block_ids = check_bool("check_block_ids", check_block_ids)
         self._owned: set[int] = set()
         self._tick = 0
         self._num_nodes = 0
@@ -187,12 +187,11 @@ class RadixIndex:
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         if limit == 0 or not node.children:
-            return PrefixMatch(0, [], node, 0)
+            return PrefixMatch(0, [], node)
         tick = self._next_tick()
         node.last_access = tick
         pos = 0
         path_blocks: list[int] = []
-        evictable = 0
         children = node.children
         # The hot loop of every admission: helpers are inlined, locals cached.
         while pos < limit:
@@ -215,16 +214,39 @@ class RadixIndex:
                 node = self._split(child, m)
                 pos += m
                 path_blocks += node.value
-                if not node.lock_ref:
-                    evictable += len(node.value)
                 break
             node = child
             pos += m
             path_blocks += child.value
-            if not child.lock_ref:
-                evictable += size // ps
             children = child.children
-        return PrefixMatch(pos, path_blocks, node, evictable)
+        return PrefixMatch(pos, path_blocks, node)
+
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+        """The blocks ``match_prefix`` would return, without splitting or stamping.
+
+        Complexity: O(depth) Python steps; segments compare in C.
+        """
+        ps = self.block_size
+        tokens = key.tokens
+        limit = len(tokens)
+        if max_num_tokens is not None:
+            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+        limit -= limit % ps
+        node = self._root(key.extra_key, create=False)
+        pos = 0
+        out: list[int] = []
+        while pos < limit:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            m = common_prefix_len(child.key, 0, tokens, pos, min(len(child.key), limit - pos))
+            m -= m % ps
+            out += child.value[: m // ps]
+            pos += m
+            if m < len(child.key):
+                break
+            node = child
+        return out
 
     # ---------------------------------------------------------------- register
 
@@ -374,11 +396,15 @@ class RadixIndex:
     # ----------------------------------------------------------------- locking
 
     def _own(self, handle: CacheHandle) -> _Node:
-        # Roots are always valid handles (a miss): locking them is a no-op.
+        # Roots are always valid handles (a miss): locking them is a no-op. A node is
+        # the same prefix for its whole life (a split keeps its end); it dies only when
+        # evicted or reset, which marks it dead.
         if type(handle) is not _Node:
-            raise InvalidHandleError(f"handle {handle!r} is not a radix tree node")
-        if handle.dead and handle.parent is not None:
-            raise InvalidHandleError("the handle's node was evicted; match again")
+            raise InvalidHandleError(f"handle {handle!r:.80} is not a radix tree node")
+        if handle.dead:
+            raise StaleHandleError(
+                "the handle's node was evicted (or the tree reset) since the match; match again"
+            )
         root = handle
         while root.parent is not None:
             root = root.parent
@@ -386,8 +412,21 @@ class RadixIndex:
             raise InvalidHandleError("handle belongs to another radix tree")
         return handle
 
+    def count_evictable(self, handle: CacheHandle) -> int:
+        """Validate ``handle`` and count the unlocked blocks on its path. O(depth)."""
+        node: _Node | None = self._own(handle)
+        n = 0
+        while node is not None and node.parent is not None:
+            if not node.lock_ref:
+                n += len(node.value)
+            node = node.parent
+        return n
+
     def lock(self, handle: CacheHandle) -> None:
         """``inc_lock_ref``: one more lock on every node up to the root (RX-5).
+
+        Raises:
+            StaleHandleError: the node was evicted since the match; nothing changes.
 
         Complexity: O(depth).
         """

@@ -7,12 +7,13 @@ entry point in the ``prefixkv.indexes`` group that is loaded on first use.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
 from .base import PrefixIndex
-from .errors import PrefixKVError, UnknownIndexError
+from .errors import IndexOptionError, PrefixKVError, UnknownIndexError
 
 __all__ = [
     "IndexRegistry",
@@ -66,6 +67,7 @@ class IndexRegistry:
             )
         if block_size is not None:
             options["block_size"] = block_size
+        _check_options(name, factory, options)
         return factory(**options)
 
     def _load_entry_points(self) -> None:
@@ -75,6 +77,27 @@ class IndexRegistry:
         for ep in entry_points(group="prefixkv.indexes"):
             if ep.name not in self._factories:
                 self._factories[ep.name] = ep.load()
+
+
+def _check_options(name: str, factory: IndexFactory, options: dict[str, Any]) -> None:
+    # A misspelt option is the caller's mistake, not a TypeError from deep inside.
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return
+    try:
+        signature.bind(**options)
+    except TypeError:
+        known = [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        unknown = sorted(set(options) - set(known)) or sorted(options)
+        raise IndexOptionError(
+            f"index {name!r} takes no option {', '.join(map(repr, unknown))}; "
+            f"its options: {', '.join(known) or 'none'}"
+        ) from None
 
 
 def _builtin() -> IndexRegistry:

@@ -50,16 +50,28 @@ def make_extra_key(
     lora: ExtraValue | None = None,
     cache_salt: str | None = None,
     tenant: str | None = None,
+    extra: str | None = None,
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
+    This is the one rule by which the manager and both facades combine request
+    fields into a namespace: each field becomes one ``(kind, value)`` pair, so
+    fields never collide with each other (SGLang concatenates ``extra_key`` and the
+    LoRA id into one string; here they stay apart).
+
     Args:
-        lora: the LoRA adapter name or id (vLLM ``lora_request``, SGLang ``lora_id``).
-        cache_salt: vLLM's ``cache_salt`` / SGLang's ``extra_key`` salt.
+        lora: the LoRA adapter name or id (vLLM ``lora_request.lora_name``, SGLang
+            ``lora_id``).
+        cache_salt: vLLM's and SGLang's ``cache_salt``.
         tenant: a tenant id for multi-tenant isolation.
+        extra: SGLang's ``extra_key`` (caller-defined request classification); a
+            plain string given as a namespace anywhere means the same.
 
     Returns:
         The namespace, or ``None`` when every field is ``None`` (the shared default).
+
+    Raises:
+        InvalidTokenError: a field of the wrong type.
     """
     parts: list[tuple[str, ExtraValue]] = []
     if lora is not None:
@@ -68,6 +80,8 @@ def make_extra_key(
         parts.append(("cache_salt", cache_salt))
     if tenant is not None:
         parts.append(("tenant", tenant))
+    if extra is not None:
+        parts.append(("extra", extra))
     return normalize_extra_key(tuple(parts)) if parts else None
 
 

@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from .allocator import BlockAllocator
+from .allocator import MAX_NUM_BLOCKS, BlockAllocator, Owner
 from .block_table import PAD_SLOT, pad_block_tables, slot_mapping, token_slot
 from .errors import StorageShapeError
 
@@ -10,8 +10,10 @@ if TYPE_CHECKING:
     from .paged_kv import PagedKVCache
 
 __all__ = [
+    "MAX_NUM_BLOCKS",
     "PAD_SLOT",
     "BlockAllocator",
+    "Owner",
     "PagedKVCache",
     "StorageShapeError",
     "pad_block_tables",

@@ -1,114 +1,219 @@
-"""Free block ids of one paged KV pool (vLLM's free queue minus the cached blocks).
+"""Free block ids of one paged KV pool, and who holds each block that is not free.
 
-Blocks come out in id order at first; freed blocks are reused first (LIFO, as vLLM
-prepends uncached blocks "for better GPU locality"). Cached blocks are not here:
-the index owns them until it evicts them.
+vLLM's free queue minus the cached blocks: blocks come out in id order at first, and
+freed blocks are reused first (LIFO, as vLLM prepends uncached blocks "for better
+GPU locality"). Cached blocks are not here: the index owns them until it evicts them.
+
+Every block that is handed out carries an owner tag in a ledger of one byte per block,
+so an entry point that takes block ids from a caller can check them in O(1) each
+(a block the pool never handed out, a block a running request holds) without a
+per-block Python object or set. The ledger grows only as far as blocks have ever been
+handed out, so a pool of billions of blocks costs nothing up front.
 """
 
 from __future__ import annotations
 
+import enum
+from collections import deque
 from collections.abc import Iterable
+from itertools import repeat
 
 from .errors import BlockOwnershipError, PrefixKVError
 
-__all__ = ["BlockAllocator"]
+__all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner"]
+
+MAX_NUM_BLOCKS = 2**31 - 1
+"""The largest pool: block ids must fit the int32 block tables engines use (vLLM)."""
+
+
+class Owner(enum.IntEnum):
+    """Who holds a block.
+
+    ``CALLER`` is whoever called :meth:`BlockAllocator.allocate` without naming an
+    owner (a facade user building pages by hand); ``MANAGER`` is a
+    ``CacheManager``, for the blocks of its requests and of its index.
+    """
+
+    FREE = 0
+    CALLER = 1
+    MANAGER = 2
 
 
 class BlockAllocator:
     """Hands out block ids ``0 .. num_blocks-1``; all or nothing.
 
     Args:
-        num_blocks: pool size (> 0).
+        num_blocks: pool size, in ``[1, MAX_NUM_BLOCKS]``.
 
     Raises:
-        PrefixKVError: a non-positive or non-int size.
+        PrefixKVError: a size that is not such an int.
     """
 
-    __slots__ = ("_free_set", "_stack", "num_blocks")
+    __slots__ = ("_freed", "_ledger", "num_blocks")
 
     def __init__(self, num_blocks: int) -> None:
-        if type(num_blocks) is not int or num_blocks <= 0:
-            raise PrefixKVError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        if type(num_blocks) is not int or not 0 < num_blocks <= MAX_NUM_BLOCKS:
+            raise PrefixKVError(
+                f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], got {num_blocks!r:.80}"
+            )
         self.num_blocks = num_blocks
-        # The stack's end is the head of the queue: pop from there, push freed there.
-        self._stack = list(range(num_blocks - 1, -1, -1))
-        self._free_set = set(self._stack)
+        # Blocks freed after use, the end of the list handed out first.
+        self._freed: list[int] = []
+        # One owner byte per block ever handed out: ids >= len(_ledger) were never
+        # used and are free, next in id order after the freed ones.
+        self._ledger = bytearray()
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks available now. O(1)."""
-        return len(self._stack)
+        return len(self._freed) + self.num_blocks - len(self._ledger)
 
-    def allocate(self, num_blocks: int) -> list[int] | None:
-        """Take ``num_blocks`` blocks, or ``None`` (and nothing) when fewer are free.
+    def allocate(self, num_blocks: int, *, owner: Owner = Owner.CALLER) -> list[int] | None:
+        """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
-        Complexity: O(num_blocks), in C.
+        Freed blocks come first (the last freed first), then never-used ones in id order.
+
+        Complexity: O(num_blocks); never-used blocks are tagged in one C call.
         """
         if type(num_blocks) is not int or num_blocks < 0:
-            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
-        stack = self._stack
-        if num_blocks > len(stack):
+            raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
+        if owner not in (Owner.CALLER, Owner.MANAGER):
+            raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
+        if num_blocks > self.num_free_blocks:
             return None
-        if num_blocks == 0:
-            return []
-        out = stack[-num_blocks:]
-        del stack[-num_blocks:]
+        freed = self._freed
+        ledger = self._ledger
+        take = min(num_blocks, len(freed))
+        out = freed[len(freed) - take :]
+        del freed[len(freed) - take :]
         out.reverse()
-        self._free_set.difference_update(out)
+        if take:
+            deque(map(ledger.__setitem__, out, repeat(owner)), 0)
+        if take < num_blocks:
+            first = len(ledger)
+            rest = num_blocks - take
+            ledger.extend(bytes((owner,)) * rest)
+            out.extend(range(first, first + rest))
         return out
 
-    def free(self, block_ids: Iterable[int]) -> None:
-        """Return blocks; the first of ``block_ids`` is handed out again first.
-
-        Raises:
-            BlockOwnershipError: an id that is not an int, out of range (another
-                pool's), repeated, or already free; nothing is freed then.
-
-        Complexity: O(len(block_ids)), in C.
-        """
-        ids = block_ids if isinstance(block_ids, list) else list(block_ids)
+    def _checked(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
+        # Ints, in range, handed out to ``owner``, none repeated: O(n) in C passes.
+        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Iterable):
+            raise BlockOwnershipError(
+                f"{what}: block ids must be a list of ints, got {block_ids!r:.80}"
+            )
+        ids = block_ids if type(block_ids) is list else list(block_ids)
         if not ids:
-            return
+            return ids
+        ledger = self._ledger
         if len(ids) == 1:  # a request's partial last block: the common case
             bid = ids[0]
-            if type(bid) is int and 0 <= bid < self.num_blocks and bid not in self._free_set:
-                self._free_set.add(bid)
-                self._stack.append(bid)
-                return
+            if type(bid) is int and 0 <= bid < len(ledger) and ledger[bid] == owner:
+                return ids
         if set(map(type, ids)) != {int}:
             bad = next(b for b in ids if type(b) is not int)
-            raise BlockOwnershipError(f"block ids must be ints, got {bad!r}")
+            raise BlockOwnershipError(f"{what}: block ids must be ints, got {bad!r:.80}")
         lo, hi = min(ids), max(ids)
         if lo < 0 or hi >= self.num_blocks:
             bad = lo if lo < 0 else hi
             raise BlockOwnershipError(
-                f"block {bad} is not in this pool of {self.num_blocks} blocks"
+                f"{what}: block {bad} is not in this pool of {self.num_blocks} blocks"
             )
-        unique = set(ids)
-        if len(unique) != len(ids):
-            raise BlockOwnershipError(f"a block id is freed twice in one call: {ids}")
-        if not self._free_set.isdisjoint(unique):
-            bad = min(self._free_set & unique)
-            raise BlockOwnershipError(f"double free of block {bad}")
-        self._free_set |= unique
-        self._stack.extend(reversed(ids))
+        if hi >= len(ledger):
+            raise BlockOwnershipError(f"{what}: double free of block {hi} (never handed out)")
+        tags = bytes(map(ledger.__getitem__, ids))
+        if tags.count(owner) != len(tags):
+            pos = next(i for i, t in enumerate(tags) if t != owner)
+            held = Owner(tags[pos])
+            if held is Owner.FREE:
+                raise BlockOwnershipError(f"{what}: double free of block {ids[pos]}")
+            raise BlockOwnershipError(
+                f"{what}: block {ids[pos]} is held by {held.name}, not by {owner.name}"
+            )
+        if len(set(ids)) != len(ids):
+            raise BlockOwnershipError(f"{what}: a block id appears twice in one call: {ids[:16]}")
+        return ids
+
+    def free(self, block_ids: Iterable[int], *, owner: Owner = Owner.CALLER) -> None:
+        """Return blocks held by ``owner``; the first of ``block_ids`` is handed out again first.
+
+        Raises:
+            BlockOwnershipError: an id that is not an int, out of range (another
+                pool's), repeated, free already, or held by another owner; nothing
+                is freed then.
+
+        Complexity: O(len(block_ids)), in C.
+        """
+        ids = self._checked(block_ids, owner, "free")
+        if not ids:
+            return
+        ledger = self._ledger
+        if len(ids) == 1:
+            ledger[ids[0]] = Owner.FREE
+            self._freed.append(ids[0])
+            return
+        deque(map(ledger.__setitem__, ids, repeat(Owner.FREE)), 0)
+        self._freed.extend(reversed(ids))
+
+    def transfer(self, block_ids: Iterable[int], *, src: Owner, dst: Owner) -> list[int]:
+        """Hand blocks held by ``src`` to ``dst`` (a caller's pages adopted by a cache).
+
+        Raises:
+            BlockOwnershipError: as :meth:`free`, for ``src``; nothing changes then.
+        """
+        if dst not in (Owner.CALLER, Owner.MANAGER):
+            raise PrefixKVError(f"dst must be Owner.CALLER or Owner.MANAGER, got {dst!r}")
+        ids = self._checked(block_ids, src, "transfer")
+        deque(map(self._ledger.__setitem__, ids, repeat(dst)), 0)
+        return ids
+
+    def check_held(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
+        """``block_ids`` as a list, each held by ``owner``, none repeated.
+
+        Raises:
+            BlockOwnershipError: naming ``what`` and the first id that is not.
+        """
+        return self._checked(block_ids, owner, what)
+
+    def owner_of(self, block_id: int) -> Owner:
+        """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
+
+        Raises:
+            BlockOwnershipError: not a block id of this pool.
+        """
+        if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
+            raise BlockOwnershipError(
+                f"block {block_id!r:.80} is not in this pool of {self.num_blocks} blocks"
+            )
+        ledger = self._ledger
+        return Owner(ledger[block_id]) if block_id < len(ledger) else Owner.FREE
+
+    def num_blocks_held_by(self, owner: Owner) -> int:
+        """How many blocks ``owner`` holds. O(blocks ever handed out); for checks."""
+        if owner is Owner.FREE:
+            return self.num_free_blocks
+        return self._ledger.count(owner)
 
     def is_free(self, block_id: int) -> bool:
         """Whether ``block_id`` is free. O(1)."""
-        return block_id in self._free_set
+        return self.owner_of(block_id) is Owner.FREE
 
     def free_block_ids(self) -> list[int]:
-        """Free blocks in the order they will be handed out. O(n)."""
-        return self._stack[::-1]
+        """Free blocks in the order they will be handed out. O(free blocks); for tests."""
+        return [*reversed(self._freed), *range(len(self._ledger), self.num_blocks)]
 
     def check_invariants(self) -> None:
-        """The stack and the set agree, with no repeats.
+        """The freed list and the ledger agree, with no repeats.
 
         Raises:
             AssertionError: describing the mismatch.
         """
-        assert len(self._stack) == len(self._free_set), (
-            f"free stack has {len(self._stack)} entries, set has {len(self._free_set)}"
+        ledger = self._ledger
+        assert len(ledger) <= self.num_blocks, "ledger longer than the pool"
+        assert len(set(self._freed)) == len(self._freed), "a block is freed twice"
+        assert all(0 <= b < len(ledger) for b in self._freed), "freed id never handed out"
+        assert all(ledger[b] == Owner.FREE for b in self._freed), "a freed block has an owner"
+        assert ledger.count(Owner.FREE) == len(self._freed), (
+            f"{ledger.count(Owner.FREE)} free blocks in the ledger, {len(self._freed)} freed"
         )
-        assert set(self._stack) == self._free_set, "free stack and free set differ"
-        assert all(0 <= b < self.num_blocks for b in self._stack), "free id out of range"
+        assert max(ledger, default=0) <= max(Owner), "unknown owner tag in the ledger"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from prefixkv.indexes.validation import check_count, check_positive
+
 from .errors import PrefixKVError
 
 __all__ = ["PAD_SLOT", "pad_block_tables", "slot_mapping", "token_slot"]
@@ -21,10 +23,12 @@ def token_slot(block_table: Sequence[int], position: int, block_size: int) -> in
     """The slot of token ``position``.
 
     Raises:
-        PrefixKVError: the position is past the table's blocks.
+        PrefixKVError: a bad block size or position, or a position past the table.
     """
+    check_positive("block_size", block_size)
+    check_count("position", position)
     index, offset = divmod(position, block_size)
-    if position < 0 or index >= len(block_table):
+    if index >= len(block_table):
         raise PrefixKVError(
             f"token {position} is outside a {len(block_table)}-block table "
             f"(block_size {block_size})"
@@ -35,10 +39,15 @@ def token_slot(block_table: Sequence[int], position: int, block_size: int) -> in
 def slot_mapping(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
     """Slots of tokens ``start .. end-1`` (the tokens a step writes).
 
+    Complexity: O(end - start), one C ``range`` per block.
+
     Raises:
-        PrefixKVError: the range is empty-negative or runs past the table.
+        PrefixKVError: a bad block size, or a range that is negative or runs past the table.
     """
-    if not 0 <= start <= end or (end > 0 and (end - 1) // block_size >= len(block_table)):
+    check_positive("block_size", block_size)
+    check_count("start", start)
+    check_count("end", end, lo=start)
+    if end > 0 and (end - 1) // block_size >= len(block_table):
         raise PrefixKVError(
             f"tokens [{start}, {end}) do not fit a {len(block_table)}-block table "
             f"(block_size {block_size})"
@@ -60,6 +69,8 @@ def pad_block_tables(tables: Sequence[Sequence[int]], width: int | None = None) 
     Raises:
         PrefixKVError: a table is longer than ``width``.
     """
+    if width is not None:
+        check_count("width", width)
     w = max((len(t) for t in tables), default=0) if width is None else width
     out = []
     for t in tables:

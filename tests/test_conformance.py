@@ -81,7 +81,7 @@ def test_is_a_prefix_index(name: str, bs: int) -> None:
 def test_empty_index_misses(name: str, bs: int) -> None:
     index = new_index(name, bs)
     m = index.match_prefix(TokenKey(tokens(3 * bs + 1)))
-    assert (m.num_tokens, m.block_ids, m.num_evictable_blocks) == (0, [], 0)
+    assert (m.num_tokens, m.block_ids, index.count_evictable(m.handle)) == (0, [], 0)
     index.lock(m.handle)  # a miss handle is valid and pins nothing
     check(index)
     assert index.stats().num_cached_blocks == 0
@@ -107,7 +107,7 @@ def test_insert_then_match_is_block_aligned_and_capped(name: str, bs: int, cap: 
     want = limit - limit % bs
     assert m.num_tokens == want
     assert m.block_ids == ids[: want // bs]
-    assert m.num_evictable_blocks == want // bs  # nothing is locked
+    assert index.count_evictable(m.handle) == want // bs  # nothing is locked
 
 
 @pytest.mark.parametrize(("name", "bs"), CACHING_CASES)
@@ -211,7 +211,9 @@ def test_match_reports_evictable_blocks_of_the_hit(name: str, bs: int) -> None:
     m = index.match_prefix(TokenKey(tokens(4 * bs)))
     check(index)
     assert m.block_ids == ids
-    assert m.num_evictable_blocks == 2
+    assert index.count_evictable(m.handle) == 2
+    index.lock(m.handle)
+    assert index.count_evictable(m.handle) == 0
 
 
 @pytest.mark.parametrize(("name", "bs"), CACHING_CASES)

@@ -28,11 +28,12 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.manager import CacheManager, Lookup
 from prefixkv.indexes import (
     InvalidTokenError,
     PrefixKVError,
     RequestStateError,
+    StaleHandleError,
     TokenKey,
     make_index,
 )
@@ -166,6 +167,10 @@ class ManagerMachine(RuleBasedStateMachine):
         self.finished: list[str] = []
         self.history: list[list[int]] = []
         self.next_id = 0
+        # Lookups made earlier and admitted later, with anything in between (vLLM's
+        # scheduler looks up, then allocates; a connector or another request may act
+        # on the cache between the two): (lookup, prompt, namespace).
+        self.lookups: list[tuple[Lookup, list[int], Any]] = []
 
     # ------------------------------------------------------------------ helpers
 
@@ -209,6 +214,66 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(**PROMPT, reuse_id=st.booleans())
     def admit(self, base: int, cut: int, suffix: list[int], extra_key: Any, reuse_id: bool) -> None:
         self.do_admit(self.make_prompt(base, cut, suffix), extra_key, reuse_id)
+
+    @rule(**PROMPT)
+    def lookup(self, base: int, cut: int, suffix: list[int], extra_key: Any) -> None:
+        """Look a prompt up now; ``admit_looked_up`` may use it many steps later."""
+        prompt = self.make_prompt(base, cut, suffix)
+        lookup = self.mgr.match(TokenKey(prompt, extra_key))
+        self.lookups = [*self.lookups[-3:], (lookup, prompt, canonical_namespace(extra_key))]
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), suffix=st.lists(ALPHABET, min_size=1, max_size=12))
+    def lookup_sharing_a_running_prefix(self, i: int, suffix: list[int]) -> None:
+        """Look up a prompt that extends what a running request has registered, so the
+        hit is blocks that request holds locked (the lookup sees none evictable)."""
+        req = self.pick(i)
+        prompt = req.tokens[: req.reg * self.model.bs] + suffix
+        lookup = self.mgr.match(TokenKey(prompt, req.ns))
+        self.lookups = [*self.lookups[-3:], (lookup, prompt, req.ns)]
+
+    @precondition(lambda self: self.lookups)
+    @rule(i=st.integers(0, 100))
+    def evict_blocks_of_a_lookup(self, i: int) -> None:
+        """An adversary drops exactly the entries a pending lookup names."""
+        lookup = self.lookups[i % len(self.lookups)][0]
+        self.evict_blocks_now(list(lookup.block_ids))
+
+    @precondition(lambda self: self.lookups and self.running)
+    @rule(i=st.integers(0, 100), abort=st.booleans())
+    def finish_a_holder_of_a_lookup(self, i: int, abort: bool) -> None:
+        """The request that held a pending lookup's blocks finishes: they turn evictable."""
+        named = set(self.lookups[i % len(self.lookups)][0].block_ids)
+        for req in list(self.running.values()):
+            if named.intersection(req.table):
+                self.do_finish(req, abort)
+                return
+
+    @precondition(lambda self: self.lookups and len(self.running) < MAX_RUNNING)
+    @rule(i=st.integers(0, 100))
+    def admit_looked_up(self, i: int) -> None:
+        """Admit with an old lookup: valid now, stale (rejected) or not fitting."""
+        lookup, prompt, ns = self.lookups.pop(i % len(self.lookups))
+        self.sync()
+        m = self.mgr
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        before = snapshot(m)
+        try:
+            adm = m.admit(rid, lookup.key, lookup=lookup)
+        except StaleHandleError:
+            event("admit with lookup: stale")
+            assert snapshot(m) == before, "a stale lookup changed the state"
+            return
+        if adm is None:
+            event("admit with lookup: rejected")
+            after = snapshot(m)
+            assert after[:-1] == before[:-1], "a rejected admission changed the state"
+            return
+        event("admit with lookup: admitted")
+        assert adm.num_cached_tokens == lookup.num_tokens
+        assert adm.block_table[: len(lookup.block_ids)] == lookup.block_ids
+        self.check_admission(rid, prompt, ns, adm.num_cached_tokens, adm.block_table, None)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100), n=st.integers(0, 10**6))
@@ -261,6 +326,12 @@ class ManagerMachine(RuleBasedStateMachine):
         cached = sorted(self.model.content)
         ids = [cached[p % len(cached)] for p in picks] if cached else []
         ids.append(ghost % m.allocator.num_blocks)  # often free or private: ignored
+        self.evict_blocks_now(ids)
+
+    def evict_blocks_now(self, ids: list[int]) -> None:
+        m = self.mgr
+        if not hasattr(m.index, "evict_blocks"):
+            return
         m.evict_blocks(ids)
         self.sync()
         for bid in ids:
@@ -275,7 +346,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def do_admit(self, prompt: list[int], extra_key: Any, reuse_id: bool) -> Req | None:
         self.sync()
-        m, bs = self.mgr, self.model.bs
+        m = self.mgr
         ns = canonical_namespace(extra_key)
         reused = bool(reuse_id and self.finished)
         if reused:
@@ -310,8 +381,19 @@ class ManagerMachine(RuleBasedStateMachine):
             event("admit: exact hit checked")
         if hit and lo < hi:
             event("admit: hit after eviction")
+        assert lo <= hit, f"hit {hit} below {lo} for {prompt} ns={ns}"
+        return self.check_admission(rid, prompt, ns, hit, table, hi)
+
+    def check_admission(
+        self, rid: str, prompt: list[int], ns: Any, hit: int, table: list[int], hi: int | None
+    ) -> Req:
+        """A hit names only blocks holding exactly the prompt's tokens, owned by nobody
+        privately; the rest of the table is blocks nobody else holds."""
+        bs = self.model.bs
+        if hi is None:
+            hi = self.model.hit_bounds(prompt, ns)[1]
         assert hit % bs == 0 and 0 <= hit <= len(prompt) - 1, (hit, len(prompt))
-        assert lo <= hit <= hi, f"hit {hit} outside [{lo}, {hi}] for {prompt} ns={ns}"
+        assert hit <= hi, f"hit {hit} above {hi} for {prompt} ns={ns}"
         assert len(table) == self.blocks_for(len(prompt))
         assert len(set(table)) == len(table)
         for i, bid in enumerate(table[: hit // bs]):
@@ -320,6 +402,8 @@ class ManagerMachine(RuleBasedStateMachine):
             assert got == want, f"wrong hit: block {bid} at {i} holds {got}, want {want}"
             assert bid not in self.model.unmatchable, f"hit on block {bid} after evict_blocks"
         others = {b for r in self.running.values() for b in r.table[r.reg :]}
+        for bid in table[: hit // bs]:
+            assert bid not in others, f"hit on block {bid} that another request holds"
         for bid in table[hit // bs :]:
             assert bid not in others, f"block {bid} handed out while another request holds it"
             self.model.forget(bid)  # the engine overwrites it now
@@ -502,6 +586,47 @@ TestHashChainManager = HashChainMachine.TestCase
 TestHashChainManager.settings = STEPS
 TestRadixManager = RadixMachine.TestCase
 TestRadixManager.settings = STEPS
+
+
+class StaleLookupMachine(ManagerMachine):
+    """The same model, driven only by the moves that make a lookup stale between it and
+    its admission: requests that hold a prefix, lookups extending it, the holder
+    finishing, its blocks evicted or dropped by ``evict_blocks``; in pools of 4-8
+    blocks, so an admission with an old lookup is often one block short.
+
+    Overriding a rule with a plain method takes it out of this machine.
+    """
+
+    @initialize(bs=st.sampled_from((1, 2, 4)), pool=st.integers(4, 8))
+    def setup(self, bs: int, pool: int) -> None:
+        super().setup(bs, pool)
+
+    @precondition(lambda self: len(self.running) < MAX_RUNNING)
+    @rule(**PROMPT)
+    def hold(self, base: int, cut: int, suffix: list[int], extra_key: Any) -> None:
+        """Admit a prompt and register it; the request stays running, holding it."""
+        req = self.do_admit(self.make_prompt(base, cut, suffix)[:12], extra_key, False)
+        if req is not None:
+            self.do_commit(req, len(req.tokens))
+
+    def admit(self, *args: Any, **kwargs: Any) -> None:  # not a rule here
+        raise AssertionError
+
+    append = commit = serve = evict_blocks = invalid_call = lookup = admit
+
+
+class HashChainStaleLookupMachine(StaleLookupMachine):
+    backend = "hash_chain"
+
+
+class RadixStaleLookupMachine(StaleLookupMachine):
+    backend = "radix"
+
+
+TestHashChainStaleLookups = HashChainStaleLookupMachine.TestCase
+TestHashChainStaleLookups.settings = STEPS
+TestRadixStaleLookups = RadixStaleLookupMachine.TestCase
+TestRadixStaleLookups.settings = STEPS
 
 
 class DifferentialMachine(RuleBasedStateMachine):

@@ -201,7 +201,7 @@ class Scheduler:
             elif n > budget:
                 break
             admission = manager.admit(
-                req.request_id, key, num_tokens=hit.num_tokens + n, prefix_match=hit
+                req.request_id, key, num_tokens=hit.num_tokens + n, lookup=hit
             )
             if admission is None:
                 break

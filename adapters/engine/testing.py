@@ -14,9 +14,10 @@ from typing import Literal, NamedTuple
 import torch
 
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.indexes.base import CacheHandle, IndexStats, InsertResult, PrefixIndex, PrefixMatch
+from prefixkv.indexes.base import CacheHandle, InsertResult, PrefixIndex, PrefixMatch
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import TokenKey
+from prefixkv.indexes.wrapper import IndexWrapper
 from prefixkv.storage.paged_kv import PagedKVCache
 
 from .model import TinyTransformer
@@ -146,60 +147,6 @@ def assert_no_leaks(manager: CacheManager) -> None:
     assert free + stats.num_cached_blocks == manager.allocator.num_blocks, (
         f"free {free} + cached {stats.num_cached_blocks} != {manager.allocator.num_blocks}"
     )
-
-
-class IndexWrapper:
-    """Delegates every ``PrefixIndex`` call to ``inner``; test doubles override a few.
-
-    Args:
-        inner: the index that does the real work.
-    """
-
-    def __init__(self, inner: PrefixIndex) -> None:
-        self.inner = inner
-        self.block_size = inner.block_size
-
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
-        """Delegates."""
-        return self.inner.match_prefix(key, max_num_tokens)
-
-    def insert(
-        self,
-        key: TokenKey,
-        block_ids: Sequence[int],
-        num_tokens: int | None = None,
-        prefix: CacheHandle | None = None,
-    ) -> InsertResult:
-        """Delegates."""
-        return self.inner.insert(key, block_ids, num_tokens, prefix)
-
-    def lock(self, handle: CacheHandle) -> None:
-        """Delegates."""
-        self.inner.lock(handle)
-
-    def unlock(self, handle: CacheHandle) -> list[int]:
-        """Delegates."""
-        return self.inner.unlock(handle)
-
-    def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
-        """Delegates."""
-        return self.inner.relock(old, new)
-
-    def evict(self, num_blocks: int) -> list[int]:
-        """Delegates."""
-        return self.inner.evict(num_blocks)
-
-    def reset(self) -> list[int]:
-        """Delegates."""
-        return self.inner.reset()
-
-    def stats(self) -> IndexStats:
-        """Delegates."""
-        return self.inner.stats()
-
-    def check_invariants(self) -> None:
-        """Delegates."""
-        self.inner.check_invariants()
 
 
 class FaultyIndex(IndexWrapper):

@@ -1,0 +1,93 @@
+"""Argument checks shared by every layer: one place that says what a count, a flag or
+a list of block ids must be, and names the offending value when it is not.
+
+Checks run before anything is mutated, so a rejected call leaves its object as it was.
+Each returns the checked value, so a call site reads ``n = check_count("n", n, hi)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import BlockOwnershipError, PrefixKVError
+
+__all__ = ["ceil_div", "check_block_ids", "check_bool", "check_count", "check_positive"]
+
+
+def check_count(
+    name: str,
+    value: object,
+    hi: int | None = None,
+    *,
+    lo: int = 0,
+    error: type[PrefixKVError] = PrefixKVError,
+) -> int:
+    """``value`` as an int in ``[lo, hi]`` (no upper bound when ``hi`` is None).
+
+    Bools, floats, strings and ``None`` are refused even where Python would accept
+    them as ints, so ``"2"`` or ``True`` never pass for a count.
+
+    Raises:
+        PrefixKVError: (or ``error``) naming ``name``, the range and the value.
+    """
+    if type(value) is not int or value < lo or (hi is not None and value > hi):
+        where = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise error(f"{name} must be an int {where}, got {value!r:.80}")
+    return value
+
+
+def check_positive(name: str, value: object, hi: int | None = None) -> int:
+    """``value`` as an int in ``[1, hi]``; see :func:`check_count`."""
+    return check_count(name, value, hi, lo=1)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a bool; ``"no"``, ``0`` or ``None`` are not bools.
+
+    Raises:
+        PrefixKVError: naming ``name`` and the value.
+    """
+    if type(value) is not bool:
+        raise PrefixKVError(f"{name} must be True or False, got {value!r:.80}")
+    return value
+
+
+def check_block_ids(
+    block_ids: Iterable[Any], what: str, num_blocks: int | None = None, *, unique: bool = True
+) -> list[int]:
+    """Block ids as a fresh list of distinct non-negative ints (below ``num_blocks``).
+
+    With ``unique=False`` repeats are allowed (and kept).
+
+    Complexity: O(n) in C passes (type set, min/max, a set for duplicates).
+
+    Raises:
+        BlockOwnershipError: not iterable, a non-int, a negative or out-of-range id,
+            or an id given twice; the message names ``what`` and the id.
+    """
+    if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Iterable):
+        raise BlockOwnershipError(
+            f"{what}: block ids must be a list of ints, got {block_ids!r:.80}"
+        )
+    ids = list(block_ids)
+    if not ids:
+        return ids
+    if set(map(type, ids)) != {int}:
+        bad = next(b for b in ids if type(b) is not int)
+        raise BlockOwnershipError(f"{what}: block ids must be ints, got {bad!r:.80}")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or (num_blocks is not None and hi >= num_blocks):
+        bad = lo if lo < 0 else hi
+        pool = "" if num_blocks is None else f" of a {num_blocks}-block pool"
+        raise BlockOwnershipError(f"{what}: block {bad} is not a block id{pool}")
+    if unique and len(ids) > 1 and len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        bad = next(b for b in ids if b in seen or seen.add(b))  # type: ignore[func-returns-value]
+        raise BlockOwnershipError(f"{what}: block {bad} appears twice in one call")
+    return ids
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, without floats: blocks needed for ``a`` tokens."""
+    return -(-a // b)

@@ -1,0 +1,386 @@
+"""Call orders and inputs a careful adversary would use on the public API.
+
+Each test pins one class of defect: a lookup trusted after the cache changed under it,
+a namespace dropped on the way in, block ids taken from a caller without asking who
+owns them, a multi-step call that fails half way. The scheduler paths that vLLM and
+SGLang take never produce these orders; an embedding engine, a KV connector or a
+buggy caller can.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.indexes import (
+    BlockOwnershipError,
+    HashChainIndex,
+    InvalidHandleError,
+    PrefixKVError,
+    RadixIndex,
+    RequestStateError,
+    SynchronizedIndex,
+    TokenKey,
+    make_index,
+)
+from prefixkv.indexes.errors import StaleHandleError
+from prefixkv.storage import BlockAllocator, slot_mapping, token_slot
+
+CACHING = ["hash_chain", "radix"]
+
+
+def toks(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+def manager_state(m: CacheManager) -> tuple[Any, ...]:
+    queue = getattr(m.index, "free_queue_block_ids", None)
+    return (
+        tuple(m.allocator.free_block_ids()),
+        m.index.stats(),
+        tuple(queue()) if queue is not None else None,
+        tuple((r, tuple(m.block_table(r)), m.num_computed_tokens(r)) for r in m.running()),
+        m.num_held_only_blocks(),
+    )
+
+
+# ------------------------------------------------- stale handles after the lookup
+
+
+def test_a_lookup_made_stale_by_evict_blocks_is_rejected_not_trusted() -> None:
+    # get_computed_blocks(S) -> evict_blocks(S's hit, held by R) -> free(R) hands the
+    # orphans back -> T allocates them -> allocate_slots(S, ..., S's hit) must not give
+    # S the blocks T is writing.
+    f = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=4)
+    shared = toks(16, 1)
+    r = SimpleRequest("R", list(shared))
+    f.get_computed_blocks(r)
+    assert f.allocate_slots(r, 16) is not None
+    s = SimpleRequest("S", shared + toks(3, 2))
+    blocks, hit = f.get_computed_blocks(s)
+    assert hit == 16
+    f.evict_blocks(blocks.block_ids)
+    f.free(r)
+    t = SimpleRequest("T", toks(32, 3))
+    f.get_computed_blocks(t)
+    assert f.allocate_slots(t, 32) is not None
+    before = manager_state(f.manager)
+    with pytest.raises(StaleHandleError):
+        f.allocate_slots(s, 3, 16, blocks)
+    assert manager_state(f.manager) == before
+    f.manager.check_integrity()
+    # The scheduler looks up again and gets the truth: nothing cached for S.
+    assert f.get_computed_blocks(s)[1] == 0
+    assert f.allocate_slots(s, 19) is not None
+    assert set(f.get_block_ids("S")[0]).isdisjoint(f.get_block_ids("T")[0])
+    f.free(s)
+    f.free(t)
+    f.manager.check_integrity()
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None:
+    # The lookup sees R's blocks locked (nothing to protect); R then finishes, so the
+    # hit's blocks become evictable; locking them for S protects them again. An
+    # admission check that trusted the lookup's count let S in and then failed with
+    # the hit locked forever.
+    bs = 4
+    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(5))
+    shared = toks(16, 4)
+    assert m.admit("R", shared) is not None
+    m.commit("R", 16)
+    key = TokenKey(shared + toks(8, 5))
+    match = m.match(key)
+    assert match.num_tokens == 16
+    m.finish("R")
+    before = manager_state(m)
+    assert m.admit("S", key, lookup=match) is None  # 4 hit + 2 new > 5 blocks
+    assert manager_state(m) == before
+    m.check_integrity()
+    m.reset()  # nothing is left locked
+    assert m.allocator.num_free_blocks == 5
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
+    bs = 2
+    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(6))
+    a = toks(8, 6)
+    assert m.admit("A", a) is not None
+    m.commit("A", 8)
+    m.finish("A")
+    key = TokenKey(a + [7])
+    match = m.match(key)
+    assert match.num_tokens == 8
+    m.evict(6)
+    before = manager_state(m)
+    with pytest.raises(StaleHandleError):
+        m.admit("S", key, lookup=match)
+    assert manager_state(m) == before
+    m.check_integrity()
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_a_lookup_made_stale_by_reset_is_rejected(name: str) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(8))
+    a = toks(6, 7)
+    assert m.admit("A", a) is not None
+    m.commit("A", 6)
+    m.finish("A")
+    key = TokenKey(a + [1])
+    match = m.match(key)
+    m.reset()
+    with pytest.raises(StaleHandleError):
+        m.admit("S", key, lookup=match)
+    m.check_integrity()
+
+
+def test_locking_an_evicted_radix_node_says_it_was_evicted() -> None:
+    tree = RadixIndex(1)
+    tree.insert(TokenKey([1, 2, 3]), [0, 1, 2])
+    match = tree.match_prefix(TokenKey([1, 2, 3]))
+    tree.evict(3)
+    with pytest.raises(StaleHandleError, match="evicted"):
+        tree.lock(match.handle)
+
+
+def test_a_foreign_handle_is_still_an_invalid_handle() -> None:
+    a, b = RadixIndex(1), RadixIndex(1)
+    a.insert(TokenKey([1, 2]), [0, 1])
+    handle = a.match_prefix(TokenKey([1, 2])).handle
+    with pytest.raises(InvalidHandleError, match="another"):
+        b.lock(handle)
+    assert not isinstance(StaleHandleError("x"), type(None))
+    assert issubclass(StaleHandleError, InvalidHandleError)
+
+
+# ------------------------------------------------------------------- namespaces
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_admit_never_drops_a_namespace_given_with_a_prepared_key(name: str) -> None:
+    m = CacheManager(make_index(name, block_size=4), BlockAllocator(64))
+    prompt = toks(33, 8)
+    assert m.admit("alice", prompt, extra_key="alice") is not None
+    m.commit("alice", 33)
+    m.finish("alice")
+    before = manager_state(m)
+    with pytest.raises(PrefixKVError, match="bob"):
+        m.admit("bob", TokenKey(prompt), extra_key="bob")  # conflicts with the key's own
+    with pytest.raises(PrefixKVError, match="priority"):
+        m.admit("bob", TokenKey(prompt, priority=2), priority=5)
+    assert manager_state(m) == before
+    adm = m.admit("bob", TokenKey(prompt, "bob"), extra_key="bob")  # agreeing: fine
+    assert adm is not None and adm.num_cached_tokens == 0
+
+
+def test_the_sglang_request_flow_and_tree_api_share_one_namespace_rule() -> None:
+    cache = SGLangRadixCache("radix", capacity_tokens=256)
+    prompt = toks(20, 9)
+    req = SimpleReq("r", prompt, extra_key="x")
+    assert cache.alloc_for_extend(req) == 0
+    req.output_ids.append(5)
+    cache.cache_finished_req(req)
+    assert cache.match_prefix(prompt, extra_key="x").prefix_len == 20
+    assert cache.match_prefix(prompt).prefix_len == 0
+
+
+# ----------------------------------------------------------- block ownership
+
+
+def sglang_with_a_running_request() -> tuple[SGLangRadixCache, SimpleReq]:
+    cache = SGLangRadixCache("radix", capacity_tokens=32)
+    req = SimpleReq("r", toks(6, 10))
+    assert cache.alloc_for_extend(req) == 0
+    return cache, req
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        "free",  # ids the pool never handed out
+        "held",  # ids a running request holds
+        [40],  # out of range
+        [-1],
+        [1.5],
+        [None],
+    ],
+    ids=repr,
+)
+def test_sglang_insert_takes_only_blocks_the_caller_holds(ids: Any) -> None:
+    cache, _ = sglang_with_a_running_request()
+    if ids == "free":
+        ids = cache.allocator.free_block_ids()[:2]
+    elif ids == "held":
+        ids = cache.manager.block_table("r")[:2]
+    before = manager_state(cache.manager)
+    with pytest.raises(BlockOwnershipError):
+        cache.insert([1, 2][: len(ids)] or [1], ids)
+    assert manager_state(cache.manager) == before
+    cache.manager.check_integrity()
+
+
+def test_sglang_insert_of_caller_blocks_then_evict_keeps_every_block() -> None:
+    cache, _ = sglang_with_a_running_request()
+    mine = cache.allocator.allocate(3)
+    assert mine is not None
+    assert cache.insert([7, 8, 9], mine) == 0
+    cache.manager.check_integrity()
+    # Re-inserting the tree's own blocks for the same tokens is allowed.
+    own = cache.match_prefix([7, 8, 9]).device_indices
+    assert cache.insert([7, 8, 9], own) == 3
+    assert cache.evict(3) == 3
+    cache.manager.check_integrity()
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_evict_blocks_rejects_ids_outside_the_pool(name: str) -> None:
+    f = VLLMKVCacheManager(name, num_blocks=8, block_size=4)
+    before = manager_state(f.manager)
+    for bad in ([8], [-1], [1.5], ["3"]):
+        with pytest.raises(BlockOwnershipError):
+            f.evict_blocks(bad)
+    assert manager_state(f.manager) == before
+
+
+# ---------------------------------------------- validate before anything changes
+
+
+@pytest.mark.parametrize("name", CACHING)
+@pytest.mark.parametrize("bad", ["2", None, 2**70, -1, 1.5])
+def test_admit_validates_reserve_blocks_before_locking(name: str, bad: Any) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
+    a = toks(8, 11)
+    assert m.admit("A", a) is not None
+    m.commit("A", 8)
+    m.finish("A")
+    before = manager_state(m)
+    with pytest.raises(PrefixKVError, match="reserve_blocks"):
+        m.admit("S", a + [3], reserve_blocks=bad)
+    assert manager_state(m) == before
+    m.reset()
+
+
+@pytest.mark.parametrize("name", CACHING)
+@pytest.mark.parametrize("bad", ["x", 1.5, -1, 10**6])
+def test_advance_validates_num_computed_before_adding_blocks(name: str, bad: Any) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
+    assert m.admit("A", toks(4, 12)) is not None
+    before = manager_state(m)
+    with pytest.raises(PrefixKVError, match="num_computed"):
+        m.advance("A", 8, bad)
+    assert manager_state(m) == before
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_a_failing_unlock_leaves_the_request_running(name: str) -> None:
+    class BrokenUnlock(SynchronizedIndex):
+        def unlock(self, handle: Any) -> list[int]:
+            raise PrefixKVError("unlock refused")
+
+    m = CacheManager(BrokenUnlock(make_index(name, block_size=2)), BlockAllocator(16))
+    assert m.admit("A", toks(5, 13)) is not None
+    m.commit("A", 4)
+    before = manager_state(m)
+    with pytest.raises(PrefixKVError, match="unlock refused"):
+        m.finish("A")
+    assert manager_state(m) == before
+    assert "A" in m
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_two_running_requests_cannot_share_one_key_object(name: str) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
+    key = TokenKey(toks(4, 14))
+    assert m.admit("A", key) is not None
+    before = manager_state(m)
+    with pytest.raises(RequestStateError, match="key"):
+        m.admit("B", key)
+    assert manager_state(m) == before
+
+
+def test_sglang_request_ids_keep_their_type() -> None:
+    cache = SGLangRadixCache("radix", capacity_tokens=64)
+    one, one_str = SimpleReq(1, toks(4, 15)), SimpleReq("1", toks(4, 16))  # type: ignore[arg-type]
+    assert cache.alloc_for_extend(one) == 0
+    assert cache.alloc_for_extend(one_str) == 0
+    assert len(cache.manager.running()) == 2
+
+
+# ------------------------------------------------- capabilities through wrappers
+
+
+def test_a_synchronized_index_forwards_every_capability() -> None:
+    inner = HashChainIndex(4, seed=0)
+    wrapped = SynchronizedIndex(inner)
+    for name in ("evict_blocks", "num_common_prefix_blocks", "memory_bytes", "hasher"):
+        assert hasattr(wrapped, name), name
+    m = CacheManager(wrapped, BlockAllocator(8))
+    a = toks(8, 17)
+    assert m.admit("A", a) is not None
+    m.commit("A", 8)
+    m.finish("A")
+    m.evict_blocks(m.index.match_prefix(TokenKey(a)).block_ids)
+    assert m.match(TokenKey(a + [1])).num_tokens == 0
+    m.check_integrity()
+    assert not hasattr(SynchronizedIndex(RadixIndex(1)), "evict_blocks")
+
+
+# ------------------------------------------------------------- smaller defects
+
+
+@pytest.mark.parametrize("name", ["hash_chain", "radix", "none"])
+def test_an_unknown_index_option_is_a_named_error(name: str) -> None:
+    with pytest.raises(PrefixKVError, match="bogus"):
+        make_index(name, bogus=1)
+
+
+@pytest.mark.parametrize("bad", ["no", 0, 1, None])
+def test_verify_must_be_a_bool(bad: Any) -> None:
+    with pytest.raises(PrefixKVError, match="verify"):
+        HashChainIndex(4, verify=bad)
+
+
+def test_seeds_of_different_types_give_different_roots() -> None:
+    roots = {HashChainIndex(4, seed=s).hasher.root for s in (0, "\x00", b"\x00", "0", b"0")}
+    assert len(roots) == 5
+
+
+@pytest.mark.parametrize("bad", [None, 5, "1", [1.5]])
+def test_allocator_free_of_a_non_list_is_a_named_error(bad: Any) -> None:
+    a = BlockAllocator(4)
+    a.allocate(2)
+    before = a.free_block_ids()
+    with pytest.raises(BlockOwnershipError):
+        a.free(bad)
+    assert a.free_block_ids() == before
+
+
+def test_a_huge_pool_is_lazy_or_refused_never_a_memory_error() -> None:
+    a = BlockAllocator(2**31 - 1)  # vLLM's block ids are int32
+    assert a.allocate(3) == [0, 1, 2]
+    assert a.num_free_blocks == 2**31 - 4
+    with pytest.raises(PrefixKVError, match="num_blocks"):
+        BlockAllocator(10**12)
+
+
+@pytest.mark.parametrize("bs", [0, -1, 1.5, "4"])
+def test_slot_helpers_reject_a_bad_block_size(bs: Any) -> None:
+    with pytest.raises(PrefixKVError, match="block_size"):
+        token_slot([0, 1], 3, bs)
+    with pytest.raises(PrefixKVError, match="block_size"):
+        slot_mapping([0, 1], 0, 2, bs)
+
+
+@pytest.mark.parametrize("bad", ["3", 1.5, None])
+def test_slot_helpers_reject_a_bad_position(bad: Any) -> None:
+    with pytest.raises(PrefixKVError):
+        token_slot([0, 1], bad, 4)
+    with pytest.raises(PrefixKVError):
+        slot_mapping([0, 1], 0, bad, 4)

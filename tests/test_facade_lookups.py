@@ -1,0 +1,287 @@
+"""Lookups separated from their use by arbitrary other calls, through both facades.
+
+vLLM's scheduler calls ``get_computed_blocks`` and then ``allocate_slots``; SGLang's tree
+API hands out ``match_prefix``'s node, which the caller locks later with
+``inc_lock_ref``. Between the two, anything may happen here: other admissions, decode
+steps, frees, ``evict_blocks`` of exactly the looked-up blocks, evictions, resets. A
+model of every block's content (the tokens whose K/V it holds, per the engine's
+writes) checks that no hit ever names a block holding other tokens or one another
+request is writing; a stale lookup must be refused with ``StaleHandleError`` and
+change nothing. Conservation is checked after every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from prefixkv.adapters.sglang import MatchResult, SGLangRadixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
+from prefixkv.indexes import StaleHandleError, make_index
+
+TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=14)
+PICKS = st.lists(st.integers(0, 10**6), max_size=3)
+
+
+def state(manager: Any) -> tuple[Any, ...]:
+    """What a refused call must leave as it was."""
+    return (
+        tuple(manager.allocator.free_block_ids()),
+        manager.index.stats(),
+        tuple((r, tuple(manager.block_table(r))) for r in manager.running()),
+        manager.num_held_only_blocks(),
+    )
+
+
+class Content:
+    """Which tokens each block holds: the engine writes a block when its tokens get KV."""
+
+    def __init__(self, block_size: int) -> None:
+        self.bs = block_size
+        self.of: dict[int, tuple[int, ...]] = {}
+
+    def overwrite(self, block_ids: Any) -> None:
+        for b in block_ids:
+            self.of.pop(b, None)  # handed out anew: its old content is gone
+
+    def write(self, table: list[int], tokens: list[int], num_computed: int) -> None:
+        for j in range(num_computed // self.bs):
+            self.of[table[j]] = tuple(tokens[: (j + 1) * self.bs])
+
+    def check_hit(self, block_ids: Any, tokens: list[int], writing: set[int]) -> None:
+        for j, b in enumerate(block_ids):
+            want = tuple(tokens[: (j + 1) * self.bs])
+            got = self.of.get(b)
+            assert got == want, f"wrong hit: block {b} at {j} holds {got}, want {want}"
+            assert b not in writing, f"hit on block {b} that another request is writing"
+
+
+class VLLMLookups(RuleBasedStateMachine):
+    """get_computed_blocks ... anything ... allocate_slots, through the vLLM facade."""
+
+    @initialize(
+        backend=st.sampled_from([("hash_chain", 1), ("hash_chain", 2), ("radix", 2)]),
+        blocks=st.integers(6, 16),
+    )
+    def setup(self, backend: tuple[str, int], blocks: int) -> None:
+        name, bs = backend
+        self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.content = Content(bs)
+        self.live: dict[str, SimpleRequest] = {}
+        self.pending: list[tuple[SimpleRequest, KVCacheBlocks, int]] = []
+        self.history: list[list[int]] = [[1, 2, 3, 1, 2, 3, 1, 2]]
+        self.n = 0
+
+    def prompt(self, base: int, suffix: list[int]) -> list[int]:
+        old = self.history[base % len(self.history)]
+        return (old[: base % (len(old) + 1)] + suffix)[:14]
+
+    def writing(self, but: str) -> set[int]:
+        """Blocks live requests hold beyond what they have computed in whole blocks."""
+        bs = self.content.bs
+        out: set[int] = set()
+        for rid, req in self.live.items():
+            if rid != but:
+                out.update(self.kv.get_block_ids(rid)[0][req.num_computed_tokens // bs :])
+        return out
+
+    def admit(self, req: SimpleRequest, blocks: KVCacheBlocks, hit: int) -> None:
+        m = self.kv.manager
+        before = state(m)
+        try:
+            new = self.kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+        except StaleHandleError:
+            event("vllm: stale lookup refused")
+            assert state(m) == before, "a stale lookup changed the state"
+            return
+        if new is None:
+            event("vllm: does not fit")
+            return
+        event("vllm: admitted with a hit" if hit else "vllm: admitted")
+        table = self.kv.get_block_ids(req.request_id)[0]
+        assert table[: len(blocks.block_ids)] == list(blocks.block_ids)
+        self.content.check_hit(blocks.block_ids, req.all_token_ids, self.writing(req.request_id))
+        self.content.overwrite(new.block_ids)
+        req.num_computed_tokens = req.num_tokens
+        self.content.write(table, req.all_token_ids, req.num_computed_tokens)
+        req.append_output_token_ids(1)
+        self.live[req.request_id] = req
+        self.history.append(list(req.all_token_ids))
+
+    def new_request(self, base: int, suffix: list[int]) -> SimpleRequest:
+        self.n += 1
+        return SimpleRequest(f"r{self.n}", self.prompt(base, suffix))
+
+    @rule(base=st.integers(0, 10**6), suffix=TOKENS)
+    def admit_now(self, base: int, suffix: list[int]) -> None:
+        req = self.new_request(base, suffix)
+        blocks, hit = self.kv.get_computed_blocks(req)
+        self.admit(req, blocks, hit)
+
+    @rule(base=st.integers(0, 10**6), suffix=TOKENS)
+    def lookup(self, base: int, suffix: list[int]) -> None:
+        req = self.new_request(base, suffix)
+        blocks, hit = self.kv.get_computed_blocks(req)
+        self.pending = [*self.pending[-3:], (req, blocks, hit)]
+
+    @precondition(lambda self: self.pending)
+    @rule(i=st.integers(0, 100))
+    def allocate_looked_up(self, i: int) -> None:
+        self.admit(*self.pending.pop(i % len(self.pending)))
+
+    @precondition(lambda self: self.pending)
+    @rule(i=st.integers(0, 100))
+    def evict_blocks_of_a_lookup(self, i: int) -> None:
+        if isinstance(self.kv.manager.index, type(make_index("hash_chain"))):
+            self.kv.evict_blocks(self.pending[i % len(self.pending)][1].block_ids)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        new = self.kv.allocate_slots(req, 1)
+        if new is not None:
+            self.content.overwrite(new.block_ids)
+            req.num_computed_tokens += 1
+            table = self.kv.get_block_ids(req.request_id)[0]
+            self.content.write(table, req.all_token_ids, req.num_computed_tokens)
+            req.append_output_token_ids(data.draw(st.integers(1, 3)))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.kv.free(self.live.pop(rid))
+
+    @rule()
+    def reset(self) -> None:
+        self.kv.reset_prefix_cache()  # refused (False) while requests run
+
+    @invariant()
+    def conserved(self) -> None:
+        if hasattr(self, "kv"):
+            self.kv.manager.check_integrity()
+
+
+class SGLangLookups(RuleBasedStateMachine):
+    """match_prefix ... anything ... inc_lock_ref, through the SGLang facade."""
+
+    @initialize(
+        backend=st.sampled_from([("radix", 1), ("radix", 2), ("hash_chain", 2)]),
+        tokens=st.integers(8, 32),
+    )
+    def setup(self, backend: tuple[str, int], tokens: int) -> None:
+        name, ps = backend
+        self.cache = SGLangRadixCache(make_index(name, block_size=ps), capacity_tokens=tokens)
+        self.content = Content(ps)
+        self.live: dict[str, SimpleReq] = {}
+        self.pending: list[tuple[list[int], MatchResult]] = []
+        self.locked: list[MatchResult] = []
+        self.history: list[list[int]] = [[1, 2, 3, 1, 2, 3, 1, 2]]
+        self.n = 0
+
+    def table(self, req: SimpleReq) -> list[int]:
+        return self.cache.manager.block_table(req.rid)
+
+    def writing(self) -> set[int]:
+        ps = self.content.bs
+        out: set[int] = set()
+        for req in self.live.values():
+            done = len(self.cache.manager.key(req.rid)) // ps
+            out.update(self.table(req)[done:])
+        return out
+
+    @rule(base=st.integers(0, 10**6), suffix=TOKENS)
+    def admit(self, base: int, suffix: list[int]) -> None:
+        old = self.history[base % len(self.history)]
+        self.n += 1
+        req = SimpleReq(f"r{self.n}", (old[: base % (len(old) + 1)] + suffix)[:14])
+        hit = self.cache.alloc_for_extend(req)
+        if hit is None:
+            return
+        table = self.table(req)
+        ps = self.content.bs
+        self.content.check_hit(table[: hit // ps], req.origin_input_ids, self.writing())
+        self.content.overwrite(table[hit // ps :])
+        req.output_ids.append(1)
+        self.cache.cache_unfinished_req(req)
+        self.content.write(self.table(req), list(req.origin_input_ids), len(req.origin_input_ids))
+        self.live[req.rid] = req
+        self.history.append(list(req.origin_input_ids))
+
+    @rule(base=st.integers(0, 10**6), suffix=TOKENS)
+    def lookup(self, base: int, suffix: list[int]) -> None:
+        old = self.history[base % len(self.history)]
+        tokens = (old[: base % (len(old) + 1)] + suffix)[:14]
+        self.pending = [*self.pending[-3:], (tokens, self.cache.match_prefix(tokens))]
+
+    @precondition(lambda self: self.pending)
+    @rule(i=st.integers(0, 100))
+    def lock_looked_up(self, i: int) -> None:
+        tokens, match = self.pending.pop(i % len(self.pending))
+        m = self.cache.manager
+        before = state(m)
+        try:
+            self.cache.inc_lock_ref(match.last_node)
+        except StaleHandleError:
+            event("sglang: stale node refused")
+            assert state(m) == before, "a stale node changed the state"
+            return
+        event("sglang: locked a looked-up node")
+        self.content.check_hit(match.device_indices, tokens, self.writing())
+        self.locked.append(match)
+
+    @precondition(lambda self: self.locked)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i: int) -> None:
+        self.cache.dec_lock_ref(self.locked.pop(i % len(self.locked)).last_node)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        before = len(self.table(req))
+        if self.cache.alloc_for_decode(req):
+            self.content.overwrite(self.table(req)[before:])
+            fed = list(req.origin_input_ids) + req.output_ids
+            self.content.write(self.table(req), fed, len(self.cache.manager.key(req.rid)))
+            req.output_ids.append(data.draw(st.integers(1, 3)))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.cache.cache_finished_req(self.live.pop(rid))
+
+    @rule(n=st.integers(0, 8))
+    def evict(self, n: int) -> None:
+        self.cache.evict(n)
+
+    @precondition(lambda self: not self.live and not self.locked)
+    @rule()
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @invariant()
+    def conserved(self) -> None:
+        if hasattr(self, "cache"):
+            self.cache.manager.check_integrity()
+
+    def teardown(self) -> None:
+        if hasattr(self, "cache"):
+            for match in self.locked:
+                self.cache.dec_lock_ref(match.last_node)
+            for req in list(self.live.values()):
+                self.cache.cache_finished_req(req)
+            self.cache.manager.check_integrity()
+            assert self.cache.manager.index.stats().num_locked_blocks == 0
+
+
+STEPS = settings(settings.default, stateful_step_count=60)
+TestVLLMLookups = VLLMLookups.TestCase
+TestVLLMLookups.settings = STEPS
+TestSGLangLookups = SGLangLookups.TestCase
+TestSGLangLookups.settings = STEPS
