@@ -214,6 +214,7 @@ class SGLangReplay:
         self.page_size = params.page_size
         self.after_step = after_step
         self.live: collections.deque[tuple[Any, list[int]]] = collections.deque()
+        self.prefilling: list[Any] = []  # started, not yet checkpointed
         self.hits: list[dict[str, Any]] = []
 
     def _ints(self, xs: list[int]) -> Any:
@@ -231,6 +232,10 @@ class SGLangReplay:
 
     def admit(self, rec: dict[str, Any]) -> None:
         """One prefill: match, lock, allocate the extend, first token, checkpoint."""
+        self.end_prefill(*self.start_prefill(rec))
+
+    def start_prefill(self, rec: dict[str, Any]) -> tuple[Any, list[int]]:
+        """Match, lock and allocate (a batch admits several before any checkpoint)."""
         torch, cache = self.torch, self.cache
         sampled = rec["output"] or [0]  # an empty output is one throw-away token
         params = self.SamplingParams(temperature=0, max_new_tokens=len(sampled), ignore_eos=True)
@@ -278,6 +283,12 @@ class SGLangReplay:
         self.rows.write((row, slice(0, prefix)), indices)
         self.rows.write((row, slice(prefix, seq)), slots)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = seq
+        self.prefilling.append(req)
+        return req, sampled
+
+    def end_prefill(self, req: Any, sampled: list[int]) -> None:
+        """The prefill's result: first token, then checkpoint (or release)."""
+        self.prefilling.remove(req)
         self._sampled(req, sampled, prefill=True)
         if not req.finished():
             self.live.append((req, sampled))

@@ -32,18 +32,28 @@ def capacity(reqs: list[dict[str, Any]], k: int, kind: str) -> int:
     return 100 * longest if kind == "roomy" else k * longest + longest // 2
 
 
-def conserved(rp: sglang_oracle.SGLangReplay) -> None:
-    """Every page is free, cached by the index, or privately held by a live request."""
-    ps, cache = rp.page_size, rp.cache
-    private = 0
-    for req, _ in rp.live:
-        allocated = -(-req.kv.kv_allocated_len // ps) * ps
-        private += allocated - req.kv.cache_protected_len
-    free = rp.allocator.available_size()
-    total = rp.allocator.size // ps * ps  # whole pages
-    assert free + cache.total_size() + private == total, (free, cache.total_size(), private, total)
-    if isinstance(cache, PrefixKVPrefixCache):
-        cache.check_integrity()
+class Conserved:
+    """After every step: every page is free, cached by the index, or privately held by a
+    live request. The index's own structure is checked every ``every`` steps (O(cache))."""
+
+    def __init__(self, every: int = 64) -> None:
+        self.every = every
+        self.steps = 0
+
+    def __call__(self, rp: sglang_oracle.SGLangReplay) -> None:
+        ps, cache = rp.page_size, rp.cache
+        private = 0
+        for req, _ in rp.live:
+            allocated = -(-req.kv.kv_allocated_len // ps) * ps
+            private += allocated - req.kv.cache_protected_len
+        for req in rp.prefilling:  # its matched prefix is the tree's
+            private += -(-req.kv.kv_allocated_len // ps) * ps - req.prefix_len
+        free = rp.allocator.available_size()
+        total = rp.allocator.size // ps * ps  # whole pages
+        assert free + cache.total_size() + private == total, (free, cache.total_size(), private)
+        self.steps += 1
+        if isinstance(cache, PrefixKVPrefixCache) and self.steps % self.every == 0:
+            cache.check_integrity()
 
 
 def replay(
@@ -56,16 +66,15 @@ def replay(
         if index is None
         else PrefixKVPrefixCache(params, make_index(index, block_size=ps))
     )
-    rp = sglang_oracle.SGLangReplay(cache, params, after_step=conserved if check else None)
+    rp = sglang_oracle.SGLangReplay(cache, params, after_step=Conserved() if check else None)
     rp.run(reqs, k)
     assert cache.protected_size() == 0
-    conserved(rp)
+    Conserved(every=1)(rp)
     return [h["hit_tokens"] for h in rp.hits], cache
 
 
 @pytest.mark.parametrize(("ps", "k", "cap"), CONFIGS)
-# The mixed trace's SGLang hits are pinned by tests/data/fidelity already.
-@pytest.mark.parametrize("trace", ["synthetic", "mooncake"])
+@pytest.mark.parametrize("trace", ["synthetic", "mixed", "mooncake"])
 def test_radix_inside_sglang_equals_radix_cache(traces, report, trace, ps, k, cap) -> None:
     reqs = traces[trace]
     tokens = capacity(reqs, k, cap)
@@ -156,3 +165,29 @@ def test_unsupported_features_refused_by_name(flag, feature) -> None:
     factory = get_radix_cache_factory("prefixkv-radix")
     with pytest.raises(UnsupportedEngineFeatureError, match=feature):
         factory(_context(params, **{flag: True}))
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+@pytest.mark.parametrize("index", [None, "radix", "hash_chain"])
+def test_batched_prefills_free_duplicate_slots(ps, index) -> None:
+    """Requests matched and allocated in one batch before any checkpoint compute the same
+    prefix twice: the tree keeps one copy and the later request's slots go back to the
+    pool (SPEC SG-3), exactly as many as with RadixCache; the hash chain keeps both."""
+    shared = list(range(100, 100 + 3 * 16 + 5))
+    reqs = [{"id": f"b{i}", "tokens": shared + [7 + i] * 9, "output": [1, 2, 3]} for i in range(3)]
+    params = sglang_oracle.build_pools(ps, 4096, 4, 256)
+    cache = (sglang_oracle.make_cache("radix", params) if index is None
+             else PrefixKVPrefixCache(params, make_index(index, block_size=ps)))  # fmt: skip
+    check = Conserved(every=1)
+    rp = sglang_oracle.SGLangReplay(cache, params, after_step=check)
+    started = [rp.start_prefill(r) for r in reqs]  # one prefill batch: all miss
+    assert [h["hit_tokens"] for h in rp.hits] == [0, 0, 0]
+    for req, sampled in started:
+        rp.end_prefill(req, sampled)
+    shared_tokens = len(shared) // ps * ps
+    per_request = -(-(len(reqs[0]["tokens"])) // ps) * ps
+    duplicates = 0 if index == "hash_chain" else 2 * shared_tokens
+    assert rp.allocator.available_size() == 4096 // ps * ps - 3 * per_request + duplicates
+    while rp.live:
+        rp.finish_oldest()
+    assert cache.protected_size() == 0
