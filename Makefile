@@ -2,6 +2,8 @@
 #   make report   the head-to-head comparison on the built-in default workload
 #   make test     lint, type check and the whole test suite
 # Both create (or reuse) the virtual environment in .venv and install the project.
+#   make test-engines   prefixkv inside the real vLLM 0.33 and SGLang 0.5.23 (CPU), in
+#                       side environments built once under $(PEERS) (see the README)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +12,14 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.prefixkv-installed
 REPORT_DIR ?= prefixkv-report
 
-.PHONY: test report bench lint typecheck clean
+PEERS ?= .peers
+# Any Python with the engine installed will do (it gets prefixkv, --no-deps, editable).
+VLLM_PYTHON ?= $(PEERS)/vllm/bin/python
+SGLANG_PYTHON ?= $(PEERS)/sglang/bin/python
+# The engine tests run apart from the default suite: own conftest, no project addopts.
+ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/engines -p no:cacheprovider
+
+.PHONY: test report bench lint typecheck clean test-engines engine-envs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +48,21 @@ report: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only -p no:cacheprovider
+
+# Builds (or reuses: the script checks first) the side environments, then puts this
+# checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point.
+engine-envs:
+	test "$(VLLM_PYTHON)" != "$(PEERS)/vllm/bin/python" || bash benchmarks/peers/setup_env.sh vllm $(PEERS)/vllm
+	test "$(SGLANG_PYTHON)" != "$(PEERS)/sglang/bin/python" || bash benchmarks/peers/setup_env.sh sglang $(PEERS)/sglang
+	for py in $(VLLM_PYTHON) $(SGLANG_PYTHON); do \
+	  $$py -c "import prefixkv.adapters.plugins" 2>/dev/null && \
+	  $$py -c "import importlib.metadata as m, sys; sys.exit(not m.entry_points(group='sglang.srt.plugins', name='prefixkv'))" || \
+	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
+	done
+
+test-engines: engine-envs
+	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm
+	$(SGLANG_PYTHON) $(ENGINE_PYTEST) tests/engines/sglang
 
 clean:
 	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache $(REPORT_DIR)

@@ -14,8 +14,8 @@ agree request for request, and prints the ratios of the performance goals:
 Not part of the test suite. Needs the side environments (README, "Comparing with
 vLLM and SGLang"):
 
-    python benchmarks/peers/head_to_head.py --peers DIR \\
-        --vllm-python VLLM_VENV/bin/python --sglang-python SGLANG_VENV/bin/python
+    python benchmarks/peers/head_to_head.py \\
+        --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from prefixkv.adapters.lab.traces import TraceRequest, load_any, write_trace
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
+
+HERE = Path(__file__).resolve().parent
 
 # The anchor workloads: a few hundred requests, ~1.2K-token prompts, 5-80 output tokens.
 WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -81,9 +83,9 @@ class TimedIndex:
         return getattr(self.inner, name)
 
 
-def run_oracle(cmd: Sequence[str], cwd: Path | None = None) -> dict[str, Any]:
+def run_oracle(cmd: Sequence[str]) -> dict[str, Any]:
     """Run one oracle command; its hits and summary."""
-    subprocess.run(list(cmd), check=True, cwd=cwd, stdout=subprocess.DEVNULL)
+    subprocess.run(list(cmd), check=True, stdout=subprocess.DEVNULL)
     out = Path(cmd[list(cmd).index("--out") + 1])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     return {"hits": [r["hit_tokens"] for r in lines if "id" in r], "summary": lines[-1]["summary"]}
@@ -127,7 +129,7 @@ def hash_chain_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest
     """vLLM's KVCacheManager against the hash chain behind the vLLM-shaped facade."""
     n = len(reqs)
     blocks = sum(len(r.tokens) + len(r.output) for r in reqs) // 16 + 4 * n  # no eviction
-    cmd = [args.vllm_python, str(args.peers / "vllm_oracle.py"), str(trace), "--num-blocks",
+    cmd = [args.vllm_python, str(HERE / "vllm_oracle.py"), str(trace), "--num-blocks",
            str(blocks + 1), "--repeat", str(args.repeat), "--out", str(tmp / "v.jsonl"),
            "--quiet"]  # fmt: skip
     v = run_oracle(cmd)
@@ -151,10 +153,10 @@ def radix_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest], tr
     runs: dict[str, list[dict[str, Any]]] = {"radix": [], "unified-rust": []}
     for _ in range(args.repeat):  # the oracle times one replay; repeat it, keep the least
         for cache in runs:
-            cmd = [args.sglang_python, "sglang_oracle.py", str(trace), "--page-size", "1",
-                   "--capacity-tokens", str(cap), "--concurrency", "1", "--cache", cache,
-                   "--out", str(tmp / f"s-{cache}.jsonl")]  # fmt: skip
-            runs[cache].append(run_oracle(cmd, cwd=args.peers))
+            cmd = [args.sglang_python, str(HERE / "sglang_oracle.py"), str(trace),
+                   "--page-size", "1", "--capacity-tokens", str(cap), "--concurrency", "1",
+                   "--cache", cache, "--out", str(tmp / f"s-{cache}.jsonl")]  # fmt: skip
+            runs[cache].append(run_oracle(cmd))
     ours, by_call, by_method, calls = replay_best(reqs, "radix", 1, cap, "sglang", args.repeat)
     for cache, rs in runs.items():
         if any([h["hit_tokens"] for h in ours.hits] != r["hits"] for r in rs):
@@ -189,7 +191,6 @@ def radix_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest], tr
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--peers", required=True, type=Path, help="vllm_oracle.py's folder")
     ap.add_argument("--vllm-python", required=True)
     ap.add_argument("--sglang-python", required=True)
     ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
@@ -197,7 +198,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    args.peers = args.peers.resolve()
     traces = {w: make_workload(WORKLOADS[w][0], **WORKLOADS[w][1])
               for w in args.workload or list(WORKLOADS)}  # fmt: skip
     for t in args.trace:

@@ -1,13 +1,15 @@
 """Record the real engines' hits on the fidelity fixtures (tests/data/fidelity/).
 
 Replays each fixture trace through the vLLM 0.33 and SGLang 0.5.23 replay oracles
-(the reference scripts that drive the engines' own prefix-cache code on CPU) for a
-grid of block sizes, concurrencies and capacities, and writes ``expected.json``,
-which ``tests/test_fidelity.py`` compares prefixkv against. Needs the two side
-environments described in the README ("Comparing with vLLM and SGLang").
+beside this script (``vllm_oracle.py``, ``sglang_oracle.py``: they drive the engines'
+own prefix-cache code on CPU) for a grid of block sizes, concurrencies and capacities,
+and writes ``expected.json``, which ``tests/test_fidelity.py`` compares prefixkv
+against. Needs the two side environments (``setup_vllm.sh``, ``setup_sglang.sh``;
+README, "Comparing with vLLM and SGLang"):
 
-    python benchmarks/peers/make_fidelity_fixtures.py --peers DIR \
-        --vllm-python VLLM_VENV/bin/python --sglang-python SGLANG_VENV/bin/python
+    python benchmarks/peers/make_fidelity_fixtures.py \
+        --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python \
+        [--out PATH]   # default: overwrite tests/data/fidelity/expected.json
 """
 
 from __future__ import annotations
@@ -60,13 +62,10 @@ def read_hits(path: Path) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--peers", required=True, help="folder with vllm_oracle.py and sglang_oracle.py"
-    )
-    ap.add_argument("--vllm-python", required=True)
-    ap.add_argument("--sglang-python", required=True)
+    ap.add_argument("--vllm-python", required=True, help="a Python with vLLM 0.33")
+    ap.add_argument("--sglang-python", required=True, help="a Python with SGLang 0.5.23")
+    ap.add_argument("--out", type=Path, default=FIXTURES / "expected.json")
     args = ap.parse_args()
-    peers = Path(args.peers).resolve()
     expected: dict[str, dict[str, list[int]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -83,21 +82,22 @@ def main() -> None:
                 out = work / f"{name}-{i}.jsonl"
                 if r["engine"] == "vllm":
                     # vLLM's block 0 is its null block: N usable blocks = N + 1 in vLLM.
-                    cmd = [args.vllm_python, str(peers / "vllm_oracle.py"), str(trace),
+                    cmd = [args.vllm_python, str(HERE / "vllm_oracle.py"), str(trace),
                            "--block-size", str(r["block_size"]), "--num-blocks",
                            str(int(r["blocks"]) + 1), "-k", str(r["k"]), "--out", str(out),
                            "--quiet"]  # fmt: skip
                     subprocess.run(cmd, check=True)
                 else:
                     lines.append(f"{trace} --page-size {r['block_size']} --capacity-tokens "
-                                 f"{r['tokens']} --concurrency {r['k']} --out {out}")  # fmt: skip
+                                 f"{r['tokens']} --concurrency {r['k']} --no-warmup "
+                                 f"--out {out}")  # fmt: skip
             batch.write_text("\n".join(lines) + "\n")
-            subprocess.run([args.sglang_python, "sglang_oracle.py", "--batch", str(batch)],
-                           check=True, cwd=peers)  # fmt: skip
+            subprocess.run([args.sglang_python, str(HERE / "sglang_oracle.py"), "--batch",
+                            str(batch)], check=True)  # fmt: skip
             for i, r in enumerate(runs):
                 expected[name][run_key(r)] = read_hits(work / f"{name}-{i}.jsonl")
-    (FIXTURES / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
-    print(f"wrote {FIXTURES / 'expected.json'}: {sum(len(v) for v in expected.values())} runs")
+    args.out.write_text(json.dumps(expected, indent=1) + "\n")
+    print(f"wrote {args.out}: {sum(len(v) for v in expected.values())} runs")
 
 
 if __name__ == "__main__":

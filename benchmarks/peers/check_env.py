@@ -1,0 +1,101 @@
+"""Check a side environment: the engine's modules import and the seed example's hits.
+
+    PYTHON check_env.py vllm|sglang
+
+Exits 0 when the engine (vLLM 0.33.0 or SGLang 0.5.23) runs on a CPU torch 2.13, the
+modules the oracles and engine tests drive import, and the seed example (a: 80 tokens;
+b: a[:30] + 50 new; a again) gives the engine's hits through its oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
+def seed_trace(path: Path) -> None:
+    rng = random.Random(0)
+    a = [rng.randrange(1, 16000) for _ in range(80)]
+    b = a[:30] + [rng.randrange(16000, 32000) for _ in range(50)]
+    with path.open("w") as f:
+        for rid, tokens in (("a", a), ("b", b), ("a-again", a)):
+            f.write(json.dumps({"id": rid, "tokens": tokens, "output": []}) + "\n")
+
+
+def hits(path: Path) -> dict[str, int]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return {r["id"]: r["hit_tokens"] for r in lines if "id" in r}
+
+
+def main() -> int:
+    engine = sys.argv[1]
+    import pytest  # noqa: F401  # the engine tests run here
+    import sortedcontainers  # noqa: F401  # prefixkv's dependency
+    import torch
+
+    assert torch.__version__.startswith("2.13.") and torch.version.cuda is None, torch.__version__
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "seed.jsonl"
+        seed_trace(trace)
+        if engine == "vllm":
+            import vllm
+            import vllm.v1.core.sched.async_scheduler
+
+            assert vllm.__version__ == VERSIONS[engine], vllm.__version__
+            out = Path(d) / "v.jsonl"
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(HERE / "vllm_oracle.py"),
+                    str(trace),
+                    "--num-blocks",
+                    "64",
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ],
+                check=True,
+            )
+            want = {16: {"a": 0, "b": 16, "a-again": 64}}
+            got = {16: hits(out)}
+        else:
+            sys.path.insert(0, str(HERE))
+            import torchvision_standin
+
+            torchvision_standin.install()
+            import sglang
+            import sglang.srt.managers.schedule_batch
+            import sglang.srt.mem_cache.registry
+
+            assert sglang.__version__ == VERSIONS[engine], sglang.__version__
+            want = {1: {"a": 0, "b": 30, "a-again": 79}, 16: {"a": 0, "b": 16, "a-again": 64}}
+            batch = Path(d) / "runs.txt"
+            batch.write_text(
+                "".join(
+                    f"{trace} --page-size {ps} --capacity-tokens 4096 "
+                    f"--no-warmup --out {d}/p{ps}.jsonl\n"
+                    for ps in want
+                )
+            )
+            subprocess.run(
+                [sys.executable, str(HERE / "sglang_oracle.py"), "--batch", str(batch)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            got = {ps: hits(Path(d) / f"p{ps}.jsonl") for ps in want}
+    if got != want:
+        print(f"check_env: {engine} seed example hits {got}, expected {want}", file=sys.stderr)
+        return 1
+    print(f"check_env: {engine} {VERSIONS[engine]} on torch {torch.__version__}: seed example OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
