@@ -1,0 +1,1 @@
+"""KV-cache events in vLLM 0.33's wire format: codec, transport and a consumer index."""
