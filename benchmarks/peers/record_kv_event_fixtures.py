@@ -12,8 +12,9 @@ its replay settings, then runs, each in its own side environment:
   ``RadixCache`` events through its ``ZmqEventPublisher``).
 
 Each events file starts with a header line; every further line is one published
-batch: ``topic``, ``seq``, the msgpack payload (base64) and the batch as msgspec's JSON
-encoder writes the engine's own struct. Standard library only::
+batch: ``topic``, ``seq``, the msgpack payload (base64), the batch as msgspec's JSON
+encoder writes the engine's own struct, and ``cached``: the ``[hash, count]`` pairs the
+engine's cache held right after that batch. Standard library only::
 
     python benchmarks/peers/record_kv_event_fixtures.py \\
         --vllm-python VLLM_VENV/bin/python --sglang-python SGLANG_VENV/bin/python

@@ -5,7 +5,8 @@ Replays a trace through SGLang's own ``RadixCache`` built with
 oldest finishes first by decoding its remaining output one token per step; the whole
 prompt is prefilled in one step, which samples the first output token; a request
 whose only output token is sampled at prefill finishes there). After every step it
-takes the tree's events as the scheduler's ``publish_kv_events`` does, publishes each
+takes the tree's events as the scheduler's ``publish_kv_events`` does (and notes the
+page hashes the tree then holds), publishes each
 non-empty ``KVEventBatch`` through SGLang's ``ZmqEventPublisher`` and records the
 frames its replay socket returns, then ``reset()`` (``AllBlocksCleared``). The
 scheduler-side calls (match, lock, slot allocation with eviction, ``checkpoint`` /
@@ -99,6 +100,7 @@ class Replayer:
         self.live: deque[tuple[Any, list[int]]] = deque()
         self.step = 0
         self.batches: list[Any] = []
+        self.states: list[list[list[int]]] = []
 
     def end_step(self) -> None:
         """The scheduler loop's ``publish_kv_events``: take the tree's events, batch them."""
@@ -107,7 +109,30 @@ class Replayer:
         events = self.cache.take_events()
         if events:
             self.batches.append(KVEventBatch(ts=1_700_000_000.0 + self.step / 1000, events=events))
+            self.states.append(self.cached())
         self.step += 1
+
+    def cached(self) -> list[list[int]]:
+        """What the tree holds now: ``[event hash, pages with it]`` of every node, sorted.
+
+        The hashes are the ones SGLang's recorder would publish on removing each node
+        (computed by a second ``KVCacheEventRecorder``), so the events' consumer can be
+        compared with the tree itself.
+        """
+        from sglang.srt.mem_cache.events import KVCacheEventRecorder
+
+        probe = KVCacheEventRecorder(enabled=True, page_size=self.page_size,
+                                     lora_names=self.cache.kv_events.lora_names)
+        stack = list(self.cache.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            probe.record_remove(node)
+            stack.extend(node.children.values())
+        counts: dict[int, int] = {}
+        for event in probe.take():
+            for h in event.block_hashes:
+                counts[h] = counts.get(h, 0) + 1
+        return sorted([h, n] for h, n in counts.items())
 
     def _longs(self, xs: list[int]) -> Any:
         return self.torch.tensor(xs, dtype=self.torch.int64)
@@ -269,12 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         head = {"sglang": sglang.__version__, "page_size": args.page_size, "batches": len(frames)}
         f.write(json.dumps({"header": head}) + "\n")
-        for (topic, seq, payload), batch in zip(frames, rp.batches, strict=True):
+        for (topic, seq, payload), batch, state in zip(
+            frames, rp.batches, rp.states, strict=True
+        ):
             line = {
                 "topic": topic.decode(),
                 "seq": int.from_bytes(seq, "big"),
                 "msgpack": base64.b64encode(payload).decode(),
                 "json": msgspec.json.encode(batch).decode(),
+                "cached": state,
             }
             f.write(json.dumps(line) + "\n")
     return 0

@@ -11,7 +11,8 @@ event; this file only plays the scheduler loop and the model runner):
   ``enable_kv_cache_events=True`` in the K-live schedule (at most K live requests,
   the oldest finishes first by decoding its remaining output one token per step; the
   whole prompt is prefilled in one step, which samples the first output token), takes
-  the events after every step as ``Scheduler.update_from_output`` does, publishes each
+  the events after every step as ``Scheduler.update_from_output`` does (and notes
+  which hashes the prefix cache then holds, with their multiplicity), publishes each
   non-empty batch through vLLM's ``ZmqEventPublisher`` and records the frames its
   replay socket returns (``[topic, seq, msgpack]``), then ``reset_prefix_cache``
   (``AllBlocksCleared``). Batch timestamps come from a virtual clock (1 ms per step)
@@ -161,6 +162,7 @@ class Replayer:
         self.live: deque[tuple[Any, list[int]]] = deque()
         self.step = 0
         self.batches: list[Any] = []
+        self.states: list[list[list[int]]] = []
 
     def end_step(self) -> None:
         """``Scheduler.update_from_output``: take the events, batch them if any."""
@@ -169,7 +171,23 @@ class Replayer:
         events = self.manager.take_events()
         if events:
             self.batches.append(KVEventBatch(ts=1_700_000_000.0 + self.step / 1000, events=events))
+            self.states.append(self.cached())
         self.step += 1
+
+    def cached(self) -> list[list[int]]:
+        """What the prefix cache holds now: ``[wire hash, blocks holding it]``, sorted.
+
+        vLLM keeps duplicates (two blocks with one hash when both were computed before
+        either was cached), so a hash may count more than once.
+        """
+        from vllm.v1.core import kv_cache_utils as kcu
+
+        table = self.manager.block_pool.cached_block_hash_to_block._cache
+        out = []
+        for key, blocks in table.items():
+            n = len(blocks) if isinstance(blocks, dict) else 1
+            out.append([kcu.maybe_convert_block_hash(kcu.get_block_hash(key)), n])
+        return sorted(out)
 
     def admit(self, rec: dict[str, Any]) -> None:
         import vllm
@@ -291,7 +309,9 @@ def record_events(trace_path: str, settings_path: str, algo: str, out: str) -> N
             "batches": len(frames),
         }
         f.write(json.dumps({"header": head}) + "\n")
-        for (topic, seq, payload), batch in zip(frames, rp.batches, strict=True):
+        for (topic, seq, payload), batch, state in zip(
+            frames, rp.batches, rp.states, strict=True
+        ):
             # The JSON form is vLLM's own struct through msgspec's JSON encoder (with the
             # rank the publisher stamped), the line a file sink must write.
             line = {
@@ -299,6 +319,7 @@ def record_events(trace_path: str, settings_path: str, algo: str, out: str) -> N
                 "seq": int.from_bytes(seq, "big"),
                 "msgpack": base64.b64encode(payload).decode(),
                 "json": msgspec.json.encode(batch).decode(),
+                "cached": state,
             }
             f.write(json.dumps(line) + "\n")
 
