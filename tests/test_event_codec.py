@@ -22,6 +22,7 @@ import msgspec
 import pytest
 
 from prefixkv.adapters.events.codec import EventDecodeError, EventDecoder, encode, encode_json
+from prefixkv.adapters.events.files import EventFileWriter
 from prefixkv.adapters.events.sglang_wire import SGLangBlockStored
 from prefixkv.adapters.events.wire import (
     AllBlocksCleared,
@@ -230,21 +231,24 @@ VLLM_PYTHON = os.environ.get("PREFIXKV_VLLM_PYTHON")
 _VLLM_READS = """
 import sys, msgspec
 from vllm.distributed.kv_events import KVEventBatch
+json_path, packed_path = sys.argv[1:]
 n = 0
-json_lines, packed = sys.stdin.buffer.read().split(b"\\n--\\n")
-for line in json_lines.splitlines():
-    msgspec.json.decode(line, type=KVEventBatch); n += 1
+with open(json_path, "rb") as f:
+    for line in f:
+        msgspec.json.decode(line, type=KVEventBatch)
+        n += 1
 dec = msgspec.msgpack.Decoder(KVEventBatch)
-for hexed in packed.split():
-    b = dec.decode(bytes.fromhex(hexed.decode()))
-    assert msgspec.msgpack.encode(b) == bytes.fromhex(hexed.decode())
-    n += 1
+with open(packed_path) as f:
+    for hexed in f.read().split():
+        payload = bytes.fromhex(hexed)
+        assert msgspec.msgpack.encode(dec.decode(payload)) == payload
+        n += 1
 print(n)
 """
 
 
 @pytest.mark.skipif(not VLLM_PYTHON, reason="set PREFIXKV_VLLM_PYTHON to a python with vLLM")
-def test_vllm_reads_our_json_lines_and_payloads() -> None:
+def test_vllm_reads_our_event_files_and_payloads(tmp_path: Path) -> None:
     dec = EventDecoder()
     batches = [
         dec.decode(b["payload"]) for name in VLLM_FILES + SGLANG_FILES for b in load(name)[1]
@@ -260,12 +264,14 @@ def test_vllm_reads_our_json_lines_and_payloads() -> None:
             data_parallel_rank=3,
         )
     )
-    json_lines = b"\n".join(encode_json(b) for b in batches)
-    packed = b" ".join(encode(b).hex().encode() for b in batches)
+    json_path, packed_path = tmp_path / "events.jsonl", tmp_path / "packed.txt"
+    with EventFileWriter(json_path) as sink:
+        for b in batches:
+            sink.publish(b)
+    packed_path.write_text(" ".join(encode(b).hex() for b in batches))
     assert VLLM_PYTHON is not None
     out = subprocess.run(
-        [VLLM_PYTHON, "-c", _VLLM_READS],
-        input=json_lines + b"\n--\n" + packed,
+        [VLLM_PYTHON, "-c", _VLLM_READS, str(json_path), str(packed_path)],
         capture_output=True,
         check=True,
         timeout=300,
