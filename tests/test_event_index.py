@@ -153,3 +153,14 @@ def test_matches_a_reference_model(
     assert index.match(query) == expected
     for replica, held in ref.items():
         assert index.blocks(Source(replica, 0, 0, "GPU")) == +held
+
+
+def test_benchmark_script_runs() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "benchmarks/event_index.py", "--block-events", "3000", "--repeat", "1"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["block_events"] >= 3000

@@ -53,13 +53,26 @@ class EventIndex:
             from before this index subscribed, or a stream resumed after a gap).
     """
 
-    __slots__ = ("_count_copies", "_held", "_holders", "num_unknown_removals")
+    # NOTE: sources are numbered and the hash -> holders map stores a bare number for
+    # the usual single holder (a set only when several share a hash): hashing a
+    # Source tuple per block, and a set per block, cost more than the rest of an update.
+    __slots__ = ("_count_copies", "_held", "_holders", "_ids", "_sources", "num_unknown_removals")
 
     def __init__(self, *, count_copies: bool = True) -> None:
         self._count_copies = count_copies
-        self._held: dict[Source, dict[BlockHash, int]] = {}
-        self._holders: dict[BlockHash, set[Source]] = {}
+        self._ids: dict[Source, int] = {}
+        self._sources: list[Source] = []
+        self._held: list[dict[BlockHash, int]] = []  # by source id: hash -> copies
+        self._holders: dict[BlockHash, int | set[int]] = {}
         self.num_unknown_removals = 0
+
+    def _id(self, source: Source) -> int:
+        sid = self._ids.get(source)
+        if sid is None:
+            sid = self._ids[source] = len(self._sources)
+            self._sources.append(source)
+            self._held.append({})
+        return sid
 
     # ------------------------------------------------------------- updates
 
@@ -81,34 +94,31 @@ class EventIndex:
 
     def store(self, source: Source, block_hashes: Iterable[BlockHash]) -> None:
         """Record that ``source`` now holds (another copy of) each hash. O(len(hashes))."""
-        held = self._held.get(source)
-        if held is None:
-            held = self._held[source] = {}
+        sid = self._id(source)
+        held = self._held[sid]
         holders = self._holders
         step = 1 if self._count_copies else 0
         for h in block_hashes:
             n = held.get(h)
-            if n is None:
-                held[h] = 1
-                who = holders.get(h)
-                if who is None:
-                    holders[h] = {source}
-                else:
-                    who.add(source)
-            else:
+            if n is not None:
                 held[h] = n + step
-        if not held:
-            del self._held[source]
+                continue
+            held[h] = 1
+            who = holders.get(h)
+            if who is None:
+                holders[h] = sid
+            elif isinstance(who, int):
+                holders[h] = {who, sid}
+            else:
+                who.add(sid)
 
     def remove(self, source: Source, block_hashes: Iterable[BlockHash]) -> None:
         """Record that ``source`` dropped one copy of each hash; unknown ones are counted.
 
         Complexity: O(len(hashes)).
         """
-        held = self._held.get(source)
-        if held is None:
-            held = {}
-        holders = self._holders
+        sid = self._ids.get(source, -1)
+        held = self._held[sid] if sid >= 0 else {}
         for h in block_hashes:
             n = held.get(h)
             if n is None:
@@ -117,12 +127,16 @@ class EventIndex:
                 held[h] = n - 1
             else:
                 del held[h]
-                who = holders[h]
-                who.discard(source)
-                if not who:
-                    del holders[h]
-        if not held:
-            self._held.pop(source, None)
+                self._drop_holder(h, sid)
+
+    def _drop_holder(self, h: BlockHash, sid: int) -> None:
+        who = self._holders[h]
+        if isinstance(who, int):
+            del self._holders[h]
+            return
+        who.discard(sid)
+        if len(who) == 1:
+            self._holders[h] = next(iter(who))
 
     def clear(self, replica: Hashable, data_parallel_rank: int | None = None) -> None:
         """Forget what ``replica`` holds: every source of it, or of one rank when given.
@@ -130,18 +144,13 @@ class EventIndex:
         ``AllBlocksCleared`` clears one rank; a subscriber calls this on an engine
         restart or a resync. Complexity: O(hashes those sources held).
         """
-        doomed = [
-            s
-            for s in self._held
-            if s.replica == replica
-            and (data_parallel_rank is None or s.data_parallel_rank == data_parallel_rank)
-        ]
-        for source in doomed:
-            for h in self._held.pop(source):
-                who = self._holders[h]
-                who.discard(source)
-                if not who:
-                    del self._holders[h]
+        for sid, s in enumerate(self._sources):
+            if s.replica == replica and (
+                data_parallel_rank is None or s.data_parallel_rank == data_parallel_rank
+            ):
+                for h in self._held[sid]:
+                    self._drop_holder(h, sid)
+                self._held[sid] = {}
 
     # ------------------------------------------------------------- queries
 
@@ -156,32 +165,40 @@ class EventIndex:
         """
         if not block_hashes:
             return {}
-        first = self._holders.get(block_hashes[0])
-        if not first:
+        holders, n = self._holders, len(block_hashes)
+        first = holders.get(block_hashes[0])
+        if first is None:
             return {}
+        if isinstance(first, int):  # one holder: walk until it lacks a block
+            i = 1
+            while i < n:
+                who = holders.get(block_hashes[i])
+                if who is None or (who != first if isinstance(who, int) else first not in who):
+                    break
+                i += 1
+            return {self._sources[first]: i}
         active = set(first)
         out: dict[Source, int] = {}
-        for i in range(1, len(block_hashes)):
-            who = self._holders.get(block_hashes[i])
-            if who is None or not active <= who:
-                for source in active if who is None else active - who:
-                    out[source] = i
-                if who is None:
-                    return out
-                active &= who
-                if not active:
-                    return out
-        for source in active:
-            out[source] = len(block_hashes)
+        for i in range(1, n):
+            who = holders.get(block_hashes[i])
+            keep = active & ({who} if isinstance(who, int) else who or set())
+            for sid in active - keep:
+                out[self._sources[sid]] = i
+            if not keep:
+                return out
+            active = keep
+        for sid in active:
+            out[self._sources[sid]] = n
         return out
 
     def blocks(self, source: Source) -> dict[BlockHash, int]:
         """The hashes ``source`` holds and how many copies of each (a new dict). O(n)."""
-        return dict(self._held.get(source, {}))
+        sid = self._ids.get(source)
+        return dict(self._held[sid]) if sid is not None else {}
 
     def sources(self) -> list[Source]:
         """Every source holding at least one block."""
-        return list(self._held)
+        return [s for s, held in zip(self._sources, self._held, strict=True) if held]
 
     def __len__(self) -> int:
         """Number of distinct hashes held by any source."""
