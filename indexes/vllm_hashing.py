@@ -146,6 +146,11 @@ def to_external_block_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
+_LORA_KINDS = ("lora", "lora_path", "lora_id")
+"""Namespace kinds describing a LoRA adapter (vLLM's ``LoRARequest``); the int id is
+published in events but, as in vLLM, not hashed."""
+
+
 def _namespace_parts(
     extra_key: ExtraKey | None,
 ) -> tuple[tuple[Any, ...], tuple[tuple[str, ExtraValue], ...]]:
@@ -163,10 +168,9 @@ def _namespace_parts(
         first_block.append(("cache_salt", salt))
     # No vLLM equivalent (tenant, SGLang's plain extra_key, anything else): kept in
     # block 0 like a salt, so namespaces stay isolated; vLLM never produces these.
+    lora_kinds = _LORA_KINDS if "lora" in fields else ()
     for kind, value in extra_key:
-        if kind not in ("lora", "lora_path", "cache_salt") or (
-            kind == "lora_path" and "lora" not in fields
-        ):
+        if kind != "cache_salt" and kind not in lora_kinds:
             first_block.append((kind, value))
     return every_block, tuple(first_block)
 
@@ -182,7 +186,8 @@ def block_extra_keys(extra_key: ExtraKey | None, block_index: int) -> tuple[Any,
     ==============================  ====================================================
     ``lora`` (+ ``lora_path``)      ``("lora", lora_name, lora_path)`` in every block;
                                     vLLM requires a non-empty path, so give
-                                    ``("lora_path", ...)`` to reproduce its hashes
+                                    ``("lora_path", ...)`` to reproduce its hashes;
+                                    ``lora_id`` (vLLM's ``lora_int_id``) is not hashed
     ``cache_salt``                  ``("cache_salt", salt)`` in block 0 only
     ``tenant``, ``extra``, others   none in vLLM: ``(kind, value)`` after the salt in
                                     block 0, isolating the namespace in hashes no vLLM

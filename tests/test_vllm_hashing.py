@@ -88,6 +88,9 @@ def test_extra_keys_per_block() -> None:
     assert block_extra_keys((("cache_salt", "s"),), 1) is None
     # a lone path (no LoRA name) has no vLLM meaning: kept as a block-0 key
     assert block_extra_keys((("lora_path", "/a"),), 0) == (("lora_path", "/a"),)
+    # vLLM hashes a LoRA by name and path, not by its int id
+    with_id = normalize_extra_key((("lora", "sql"), ("lora_id", 3), ("lora_path", "/a")))
+    assert block_extra_keys(with_id, 0) == (("lora", "sql", "/a"),)
 
 
 def test_incremental_equals_whole_and_matches_the_formula() -> None:
