@@ -121,8 +121,9 @@ class Replayer:
         """
         from sglang.srt.mem_cache.events import KVCacheEventRecorder
 
-        probe = KVCacheEventRecorder(enabled=True, page_size=self.page_size,
-                                     lora_names=self.cache.kv_events.lora_names)
+        probe = KVCacheEventRecorder(
+            enabled=True, page_size=self.page_size, lora_names=self.cache.kv_events.lora_names
+        )
         stack = list(self.cache.root_node.children.values())
         while stack:
             node = stack.pop()
@@ -294,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         head = {"sglang": sglang.__version__, "page_size": args.page_size, "batches": len(frames)}
         f.write(json.dumps({"header": head}) + "\n")
-        for (topic, seq, payload), batch, state in zip(
-            frames, rp.batches, rp.states, strict=True
-        ):
+        for (topic, seq, payload), batch, state in zip(frames, rp.batches, rp.states, strict=True):
             line = {
                 "topic": topic.decode(),
                 "seq": int.from_bytes(seq, "big"),

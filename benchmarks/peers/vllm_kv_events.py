@@ -309,9 +309,7 @@ def record_events(trace_path: str, settings_path: str, algo: str, out: str) -> N
             "batches": len(frames),
         }
         f.write(json.dumps({"header": head}) + "\n")
-        for (topic, seq, payload), batch, state in zip(
-            frames, rp.batches, rp.states, strict=True
-        ):
+        for (topic, seq, payload), batch, state in zip(frames, rp.batches, rp.states, strict=True):
             # The JSON form is vLLM's own struct through msgspec's JSON encoder (with the
             # rank the publisher stamped), the line a file sink must write.
             line = {
