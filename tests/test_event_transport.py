@@ -9,6 +9,7 @@ fed straight from the published batches, across a publisher restart.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -286,6 +287,78 @@ def test_no_replay_socket_means_resync_on_a_gap(ctx: zmq.Context[Any], tmp_path:
         sub.close()
 
 
+def test_a_stale_frame_after_a_resync_is_not_a_restart(
+    ctx: zmq.Context[Any], tmp_path: Path
+) -> None:
+    # Live frames 2 and 3 arrive late: at 2, the replay only has 4..5 (resync), so 3
+    # is older than what was delivered but newer than the last live frame: stale.
+    pub_ep, replay_ep, proxy_ep = (f"ipc://{tmp_path}/{n}" for n in ("pub", "replay", "proxy"))
+    downstream = ctx.socket(zmq.XPUB)  # XPUB: we see the subscriber's subscription
+    downstream.bind(proxy_ep)
+    got: list[int] = []
+    resyncs: list[int | None] = []
+    restarts: list[int] = []
+    sub = ZmqEventSubscriber(
+        proxy_ep,
+        lambda seq, b: got.append(seq),
+        replay_endpoint=replay_ep,
+        on_resync=resyncs.append,
+        on_restart=lambda: restarts.append(1),
+        context=ctx,
+    )
+    try:
+        assert downstream.poll(5000)
+        downstream.recv()  # the subscription: the link is up
+        with ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=2, context=ctx) as pub:
+            batches = make_batches(random.Random(6), 6, ts0=0.0)
+            for b in batches:
+                pub.publish(b)
+            live = [[b"", k.to_bytes(8, "big"), encode(b)] for k, b in enumerate(batches)]
+            end = time.monotonic() + 5
+            while _buffered(ctx, replay_ep) != [4, 5]:  # the publisher thread is done
+                assert time.monotonic() < end
+                time.sleep(0.01)
+            downstream.send_multipart(live[2])
+            assert sub.poll(2.0) == 2 and got == [4, 5] and resyncs == [4]
+            downstream.send_multipart(live[3])
+            assert sub.poll(2.0) == 0 and restarts == [] and sub.next_seq == 6
+    finally:
+        sub.close()
+        downstream.close(linger=0)
+
+
+def test_replay_answers_without_a_topic_frame(ctx: zmq.Context[Any], tmp_path: Path) -> None:
+    # Older vLLM answered [b"", seq, payload] per batch: no topic frame.
+    replay_ep = f"ipc://{tmp_path}/replay"
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(replay_ep)
+    batches = make_batches(random.Random(5), 3, ts0=0.0)
+
+    def answer() -> None:
+        client, _, start = router.recv_multipart()
+        assert start == (0).to_bytes(8, "big")
+        for seq, b in enumerate(batches):
+            router.send_multipart([client, b"", seq.to_bytes(8, "big"), encode(b)])
+        router.send_multipart([client, b"", END_SEQ, b""])
+
+    server = threading.Thread(target=answer)
+    server.start()
+    got: list[KVEventBatch] = []
+    sub = ZmqEventSubscriber(
+        f"ipc://{tmp_path}/pub",
+        lambda seq, b: got.append(b),
+        replay_endpoint=replay_ep,
+        context=ctx,
+    )
+    try:
+        assert sub.sync() == 3
+        server.join(5)
+        assert [b.ts for b in got] == [0.0, 1.0, 2.0] and sub.next_seq == 3
+    finally:
+        sub.close()
+        router.close(linger=0)
+
+
 def test_subscriber_decodes_with_the_lenient_decoder(ctx: zmq.Context[Any]) -> None:
     # An SGLang-shaped payload (no lora_name, cache_salt) arrives as vLLM structs.
     import msgspec
@@ -315,3 +388,18 @@ def _wait(done: Callable[[], bool], sub: ZmqEventSubscriber, limit: float = 5.0)
         assert time.monotonic() < end, "timed out"
         sub.poll(0.01)
         time.sleep(0.01)
+
+
+def _buffered(ctx: zmq.Context[Any], replay_endpoint: str) -> list[int]:
+    """The seqs a publisher's replay socket holds (asked from 0)."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(replay_endpoint)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    seqs = []
+    while dealer.poll(2000):
+        parts = dealer.recv_multipart()
+        if parts[2] == END_SEQ:
+            break
+        seqs.append(int.from_bytes(parts[2], "big"))
+    dealer.close(linger=0)
+    return seqs

@@ -25,6 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from itertools import count
 from typing import Any
@@ -121,8 +122,7 @@ class ZmqEventPublisher:
                 raise TransportError(f"{name} must be a non-negative int, got {value!r}")
         self.data_parallel_rank = data_parallel_rank
         self._topic = topic.encode()
-        self._buffer: list[tuple[int, bytes]] = []
-        self._buffer_steps = buffer_steps
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[EventBatch | None] = queue.Queue(maxsize=max_queue_size)
         self._seq = count()
         ctx = context or zmq.Context.instance()
@@ -203,9 +203,6 @@ class ZmqEventPublisher:
             payload = pack.encode(batch)
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
-            if len(self._buffer) > self._buffer_steps:
-                # amortized O(1): trim in chunks rather than pop(0) per batch
-                del self._buffer[: len(self._buffer) - self._buffer_steps]
 
     def _serve_replay(self) -> None:
         assert self._replay is not None
@@ -284,6 +281,7 @@ class ZmqEventSubscriber:
         # and check continuity by replay before trusting the stream again.
         self._monitor = self._sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._verify = False
+        self._last_live = -1  # seq of the last live frame (restart detection)
         try:
             (self._sub.bind if bind else self._sub.connect)(endpoint)
         except zmq.ZMQError as e:
@@ -350,13 +348,17 @@ class ZmqEventSubscriber:
             self._verify = False
             if not self._catch_up():
                 self._resync(None)
+        last_live, self._last_live = self._last_live, seq
         if self.next_seq is None:
             self.next_seq = 0
         elif seq < self.next_seq:
-            if self._recent.get(seq) == hash(payload):
-                self.stats["duplicates"] += 1  # already delivered by a replay
+            if self._recent.get(seq) == hash(payload) or seq > last_live:
+                # delivered by a replay already, or skipped by a resync: one run's live
+                # frames only go forward, so a frame after the last live one is stale
+                self.stats["duplicates"] += 1
                 return
-            self._restarted()  # the sequence went backwards: a new publisher run
+            self._restarted()  # the live sequence went backwards: a new publisher run
+            self._last_live = seq
         if seq > self.next_seq:
             self.stats["gaps"] += 1
             if not self._catch_up() or seq > self.next_seq:
@@ -410,7 +412,9 @@ class ZmqEventSubscriber:
                 self._dealer = None
                 return None
             parts = dealer.recv_multipart()
-            # [b"", topic, seq, payload]; vLLM before 0.11 sent no topic frame
+            if len(parts) < 3:
+                continue  # not a replay answer
+            # [b"", topic, seq, payload]; older vLLM sent no topic frame
             seq_bytes, payload = parts[-2], parts[-1]
             if seq_bytes == END_SEQ:
                 return frames
@@ -435,6 +439,7 @@ class ZmqEventSubscriber:
         self.stats["restarts"] += 1
         self._recent.clear()
         self.next_seq = 0
+        self._last_live = -1
         if self._on_restart is not None:
             self._on_restart()
 
