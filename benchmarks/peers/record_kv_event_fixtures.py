@@ -38,10 +38,16 @@ SETTINGS: dict[str, Any] = {
     "(decodes its remaining output one token per step); the whole prompt is prefilled in "
     "one step, which samples output[0]; after the trace the rest finish oldest first, "
     "then the prefix cache is reset. One batch per step that produced events.",
+    "steps": "vLLM: a prefill, each decode token, and the free of a finished request are "
+    "steps (a request is live until it finishes, even with one output token). SGLang: a "
+    "request whose only output token is sampled at prefill finishes in that step and is "
+    "never live; an empty output is one throw-away token.",
+    "vllm_num_blocks_note": "KVCacheConfig.num_blocks; block 0 is vLLM's null block",
     "concurrency": 2,
     "block_size": 4,
-    "num_blocks": 24,
+    "vllm_num_blocks": 24,
     "capacity_tokens": 88,
+    "capacity_tokens_note": "SGLang's KV pool size in tokens",
     "max_model_len": 64,
     "topic": "kv@prefixkv-test",
     "data_parallel_rank": 0,

@@ -136,7 +136,7 @@ class Replayer:
         self.hasher = kcu.get_request_block_hasher(bs, fn, 0)
         spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
         config = KVCacheConfig(
-            num_blocks=settings["num_blocks"],
+            num_blocks=settings["vllm_num_blocks"],
             kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
         )
