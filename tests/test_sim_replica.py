@@ -344,3 +344,18 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
     ):
         with pytest.raises(SimConfigError):
             SimConfig(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("batching", "hit"), [("mixed", 16), ("prefill_first", 8)])
+def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
+    batching: str, hit: int
+) -> None:
+    # a decodes 20 known tokens; b, arriving while a still runs, quotes a's prompt and
+    # first 9 outputs. vLLM registers a's decoded blocks as they fill (b hits 16);
+    # SGLang inserts them when a finishes (b hits a's 8-token prompt only).
+    a = timed_request("a", range(1, 9), list(range(100, 120)), 0.0)
+    b = timed_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
+    cfg = SimConfig(batching=batching)  # type: ignore[arg-type]
+    recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
+    assert recs["a"].finish_s > 0.15 + PROFILE.step_s
+    assert recs["b"].hit_tokens == hit

@@ -15,9 +15,11 @@ from .arrivals import (
     scaled_arrivals,
     with_arrivals,
 )
+from .calibrate import StepSample, calibrate, fit_profile, measure_engine
 from .config import BATCHING_MODES, POLICIES, Batching, Policy, SimConfig
 from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
+from .plots import plot_capacity_sweep, plot_ttft_cdf
 from .profile import (
     COEFFICIENTS,
     DEFAULT_PROFILE,
@@ -29,6 +31,15 @@ from .profile import (
 )
 from .replica import IndexFactory, simulate
 from .requests import FILLER_TOKEN, TimedRequest, timed_request
+from .tables import (
+    TABLE_FORMATS,
+    TableFormatError,
+    request_rows,
+    run_rows,
+    to_dataframes,
+    write_rows,
+    write_tables,
+)
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -37,6 +48,7 @@ __all__ = [
     "DEFAULT_PROFILE",
     "FILLER_TOKEN",
     "POLICIES",
+    "TABLE_FORMATS",
     "ArrivalProcess",
     "Batching",
     "CostProfile",
@@ -51,17 +63,29 @@ __all__ = [
     "SimInputError",
     "SimResult",
     "SimUnservableError",
+    "StepSample",
+    "TableFormatError",
     "TimedRequest",
     "attention_pairs",
     "available_profiles",
+    "calibrate",
+    "fit_profile",
     "fixed_rate_arrivals",
     "load_profile",
+    "measure_engine",
     "percentile",
+    "plot_capacity_sweep",
+    "plot_ttft_cdf",
     "poisson_arrivals",
+    "request_rows",
+    "run_rows",
     "save_profile",
     "scaled_arrivals",
     "simulate",
     "summarize",
     "timed_request",
+    "to_dataframes",
     "with_arrivals",
+    "write_rows",
+    "write_tables",
 ]
