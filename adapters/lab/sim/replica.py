@@ -93,8 +93,9 @@ def simulate(
         raise SimConfigError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
-    manager = CacheManager(index, BlockAllocator(num_blocks))
-    sched = ReplicaScheduler(manager, index, cfg, prof)
+    allocator = BlockAllocator(num_blocks)
+    manager = CacheManager(index, allocator)
+    sched = ReplicaScheduler(manager, allocator, index, cfg, prof)
     records: list[RequestMetrics] = []
     seen: set[str] = set()
     arrivals = iter(requests)

@@ -1,59 +1,53 @@
 """One engine replica's scheduler over a :class:`CacheManager`, with no model behind it.
 
-It plans steps the way the engines do and leaves timing to the cost profile:
+It plans steps the way the engines do (vLLM 0.33, SGLang 0.5.23, their defaults)
+and leaves timing to the cost profile:
 
 - ``mixed`` batching follows vLLM v1's ``Scheduler.schedule``: running requests
-  first (a decode token each, or the next prefill chunk), within the step's token
+  first (a decode token each, or the next prefill chunk) within the step's token
   budget; when a block cannot be found, the last running request is preempted
   (recompute: its blocks are released, it goes back to the front of the waiting
   queue) until the block fits; then, only if nothing was preempted, waiting
-  requests are admitted while ``max_num_seqs`` and the budget allow. Full prompt
-  blocks are registered at admission, before the forward pass, as vLLM's
-  ``allocate_slots`` does, so a request admitted later in the same step hits them.
+  requests are admitted while ``max_num_seqs`` and the budget allow, each only if
+  its whole sequence fits the free and evictable blocks
+  (``scheduler_reserve_full_isl``, on by default) though only the chunk's blocks
+  are allocated. Full prompt blocks are registered at admission, before the
+  forward pass, as ``allocate_slots`` does; decoded blocks as they fill.
 - ``prefill_first`` batching follows SGLang's ``get_next_batch_to_run``: a step
   prefills (the unfinished chunked request, then new admissions) whenever it can,
-  and decodes every running request otherwise; blocks are registered after the
-  step (``cache_unfinished_req``).
-- ``lpm`` orders the waiting queue as SGLang's ``SchedulePolicy.calc_priority``
-  does: longest cached prefix first, stable, with requests whose small hit is
-  shared with an earlier waiting request deferred (in-batch prefix caching), and
-  plain FCFS when more than 128 requests wait.
+  and decodes every running request otherwise. A request is admitted only if its
+  uncached prompt plus the tokens it will decode (clipped at 4096) fit what the
+  free and evictable pool keeps after the running requests' remaining decode
+  (``PrefillAdder``; requests have fixed lengths, so the new-token ratio is 1).
+  Prefill chunks are registered after their step (``cache_unfinished_req``),
+  decoded tokens when the request finishes (``cache_finished_req``). Short of a
+  block while decoding, requests are retracted in SGLang's order (fewest output
+  tokens, then longest prompt, first) to the back of the waiting queue.
+- the waiting queue is FCFS or ``lpm`` (:mod:`.policy`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.indexes.base import PrefixIndex
-from prefixkv.indexes.tokens import ExtraKey, TokenKey
+from prefixkv.indexes.base import PrefixIndex, PrefixMatch
+from prefixkv.indexes.tokens import TokenKey
+from prefixkv.storage.allocator import BlockAllocator
 
 from .config import SimConfig
+from .errors import SimError
 from .metrics import RequestMetrics
+from .policy import sort_by_longest_prefix
 from .profile import CostProfile, attention_pairs
 from .requests import TimedRequest
 
-__all__ = [
-    "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD",
-    "IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD",
-    "WAITING_QUEUE_PREFIX_MATCH_MAX",
-    "Chunk",
-    "ReplicaScheduler",
-    "SimSeq",
-    "StepPlan",
-]
+__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan"]
 
-WAITING_QUEUE_PREFIX_MATCH_MAX = 128
-"""SGLang: above this many waiting requests, ``lpm`` falls back to FCFS."""
-IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
-"""SGLang: requests whose cached prefix is at most this long are checked against
-the other waiting requests."""
-IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
-"""SGLang: a checked request sharing at least this many leading tokens with an
-earlier checked one waits behind the rest, so the first one's prefill is cached."""
+CLIP_MAX_NEW_TOKENS = 4096
+"""SGLang: admission counts at most this many of a request's tokens still to decode."""
 
 
 @dataclass(slots=True, eq=False)
@@ -136,6 +130,7 @@ class ReplicaScheduler:
 
     Args:
         manager: admits, grows, registers and releases the requests' blocks.
+        allocator: the manager's pool (read for admission: free blocks).
         index: the manager's index (looked up, never locked, to size admissions
             and to order the queue for ``lpm``).
         config: the scheduler's settings.
@@ -145,14 +140,17 @@ class ReplicaScheduler:
     def __init__(
         self,
         manager: CacheManager,
+        allocator: BlockAllocator,
         index: PrefixIndex,
         config: SimConfig,
         profile: CostProfile,
     ) -> None:
         self.manager = manager
+        self.allocator = allocator
         self.index = index
         self.config = config
         self.profile = profile
+        self.vllm = config.batching == "mixed"
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
 
@@ -168,9 +166,7 @@ class ReplicaScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         """Plan the step that starts at virtual time ``now``."""
-        if self.config.batching == "mixed":
-            return self._schedule_mixed(now)
-        return self._schedule_prefill_first(now)
+        return self._schedule_mixed(now) if self.vllm else self._schedule_prefill_first(now)
 
     def _schedule_mixed(self, now: float) -> StepPlan:
         budget = self.config.max_num_batched_tokens
@@ -186,34 +182,7 @@ class ReplicaScheduler:
             budget -= n
             i += 1
         if not preempted:  # vLLM admits nothing in a step that preempted
-            self._admit(chunks, budget, now, register_now=True)
-        return StepPlan(chunks, preempted)
-
-    def _schedule_prefill_first(self, now: float) -> StepPlan:
-        budget = self.config.max_num_batched_tokens
-        chunks: list[Chunk] = []
-        preempted: list[SimSeq] = []
-        for seq in [s for s in self.running if s.num_computed < s.prefill_end]:
-            if budget <= 0 or seq not in self.running:
-                break
-            n = min(seq.prefill_end - seq.num_computed, budget)
-            if self._grow_or_preempt(seq, n, preempted):
-                chunks.append(Chunk(seq, seq.num_computed, n))
-                budget -= n
-        if not preempted:
-            self._admit(chunks, budget, now, register_now=False)
-        if chunks:
-            return StepPlan(chunks, preempted)
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if seq.num_tokens - seq.num_computed != 1:
-                i += 1
-                continue
-            if not self._grow_or_preempt(seq, 1, preempted):
-                break
-            chunks.append(Chunk(seq, seq.num_computed, 1))
-            i += 1
+            self._admit(chunks, budget, now)
         return StepPlan(chunks, preempted)
 
     def _grow_or_preempt(self, seq: SimSeq, n: int, preempted: list[SimSeq]) -> bool:
@@ -221,11 +190,47 @@ class ReplicaScheduler:
         # request itself was the last one.
         while not self._grow(seq, n):
             victim = self.running.pop()
-            self._preempt(victim)
+            self._release(victim, front=True)
             preempted.append(victim)
             if victim is seq:
                 return False
         return True
+
+    def _schedule_prefill_first(self, now: float) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[Chunk] = []
+        for seq in self.running:
+            if seq.num_computed < seq.prefill_end and budget > 0:
+                n = min(seq.prefill_end - seq.num_computed, budget)
+                if self._grow(seq, n):  # else it waits for decodes to free blocks
+                    chunks.append(Chunk(seq, seq.num_computed, n))
+                    budget -= n
+        self._admit(chunks, budget, now)
+        if chunks:
+            return StepPlan(chunks, [])
+        retracted: list[SimSeq] = []
+        for seq in list(self.running):
+            if seq.num_tokens - seq.num_computed != 1 or seq in retracted:
+                continue
+            while not self._grow(seq, 1):
+                if len(self.running) == 1:
+                    raise SimError(  # pragma: no cover - the servability check rules it out
+                        f"request {seq.request.id!r} cannot decode alone in the pool"
+                    )
+                # SGLang keeps most-output, shortest-prompt requests: the victim is the
+                # last of the minima of (output tokens, -prompt tokens).
+                victim = min(
+                    reversed(self.running), key=lambda s: (s.num_output, -len(s.request.prompt))
+                )
+                self.running.remove(victim)
+                self._release(victim, front=False)
+                retracted.append(victim)
+                chunks = [c for c in chunks if c.seq is not victim]
+                if victim is seq:
+                    break
+            else:
+                chunks.append(Chunk(seq, seq.num_computed, 1))
+        return StepPlan(chunks, retracted)
 
     def _grow(self, seq: SimSeq, n: int) -> bool:
         rid = seq.request.id
@@ -239,43 +244,65 @@ class ReplicaScheduler:
             seq.num_in_key = seq.num_tokens
         return ok
 
-    def _preempt(self, seq: SimSeq) -> None:
+    def _release(self, seq: SimSeq, *, front: bool) -> None:
         # Recompute mode: drop the K/V, keep the output; the next admission
         # prefills prompt + output (hitting whatever of it is still cached).
         self.manager.abort(seq.request.id)
         seq.num_computed = seq.num_in_key = 0
         seq.metrics.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
-    def _match(self, key: TokenKey) -> int:
-        # The hit admission would get: capped at len - 1 (SPEC BB-1); locks nothing.
-        return self.index.match_prefix(key, len(key) - 1).num_tokens
+    def _match(self, key: TokenKey) -> PrefixMatch:
+        # What admission would hit: capped at len - 1 (SPEC BB-1); locks nothing.
+        return self.index.match_prefix(key, len(key) - 1)
 
-    def _admit(self, chunks: list[Chunk], budget: int, now: float, *, register_now: bool) -> None:
+    def _admit(self, chunks: list[Chunk], budget: int, now: float) -> None:
         cfg = self.config
         if cfg.policy == "lpm":
-            self._sort_by_longest_prefix()
+            self.waiting = sort_by_longest_prefix(self.waiting, lambda k: self._match(k).num_tokens)
+        reserved = 0 if self.vllm else sum(_to_decode(s) for s in self.running)
         while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             key = seq.waiting_key()
-            hit = self._match(key)
-            n = len(key) - hit
+            match = self._match(key)
+            n = len(key) - match.num_tokens
             if cfg.enable_chunked_prefill:
                 n = min(n, budget)
             elif n > budget:
                 break
-            chunk = self._admit_one(seq, key, hit + n)
+            # Alone, a servable request always fits: the gates only hold back company.
+            if (self.running or chunks) and not self._fits(seq, key, match, reserved):
+                break
+            chunk = self._admit_one(seq, key, match.num_tokens + n)
             if chunk is None:
                 break
             self.waiting.popleft()
             chunks.append(chunk)
             budget -= chunk.num_tokens
-            if register_now:
+            if self.vllm:
                 self._register_prompt(chunk)
+            else:
+                reserved += len(key) - chunk.start + _to_decode(seq)
             self._note_admission(seq, chunk.start, now)
 
+    def _fits(self, seq: SimSeq, key: TokenKey, match: PrefixMatch, reserved: int) -> bool:
+        # Free blocks plus the cache's evictable ones, less the hit's own (locking
+        # the hit protects them from eviction).
+        room = (
+            self.allocator.num_free_blocks
+            + self.index.stats().num_evictable_blocks
+            - match.num_evictable_blocks
+        )
+        bs = self.index.block_size
+        if self.vllm:
+            return -(-len(key) // bs) - len(match.block_ids) <= room
+        return len(key) - match.num_tokens + _to_decode(seq) < room * bs - reserved
+
     def _admit_one(self, seq: SimSeq, key: TokenKey, num_tokens: int) -> Chunk | None:
-        # Slots for the hit and this step's chunk only (vLLM allocates per chunk).
+        # Slots for the hit and this step's chunk only (both engines allocate per chunk).
         admission = self.manager.admit(seq.request.id, key, num_tokens=num_tokens)
         if admission is None:
             return None
@@ -304,28 +331,6 @@ class ReplicaScheduler:
         seq.num_admissions += 1
         m.saved_gpu_s += self.profile.prefill_s(cached, 0)
 
-    def _sort_by_longest_prefix(self) -> None:
-        waiting = self.waiting
-        if len(waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX:
-            return  # SGLang turns the matching and sorting off for long queues
-        hits: dict[int, float] = {}
-        heads: set[tuple[ExtraKey | None, bytes]] = set()
-        width = IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD
-        for seq in waiting:
-            key = seq.waiting_key()
-            hit = self._match(key)
-            hits[id(seq)] = -hit
-            if hit > IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD or len(key) < width:
-                continue
-            # A waiting-queue radix tree at page 1 matches >= width tokens exactly
-            # when some earlier checked request has the same first width tokens.
-            head = (key.extra_key, key.tokens[:width].tobytes())
-            if head in heads:
-                hits[id(seq)] = math.inf
-            else:
-                heads.add(head)
-        self.waiting = deque(sorted(waiting, key=lambda s: hits[id(s)]))
-
     # ------------------------------------------------------------------- results
 
     def complete(self, plan: StepPlan, now: float) -> list[SimSeq]:
@@ -338,7 +343,7 @@ class ReplicaScheduler:
         profile = self.profile
         # vLLM registers decode blocks as they fill; SGLang inserts a request's
         # decoded tokens when it finishes (cache_finished_req).
-        register_decode = self.config.batching == "mixed"
+        register_decode = self.vllm
         finished: list[SimSeq] = []
         for seq, start, n in plan.chunks:
             end = start + n
@@ -366,3 +371,8 @@ class ReplicaScheduler:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
         return finished
+
+
+def _to_decode(seq: SimSeq) -> int:
+    """Tokens ``seq`` will still generate, clipped as SGLang's admission counts them."""
+    return min(seq.request.output_len - seq.num_output, CLIP_MAX_NEW_TOKENS)
