@@ -3,6 +3,7 @@ pandas loads into one row per request, DataFrames, and the plots."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -34,7 +35,7 @@ def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
             out.append(
                 simulate(
                     with_arrivals(timed, request_rate=2.0, seed=0),
-                    lambda name=name, bs=bs: make_index(name, bs),  # type: ignore[misc]
+                    functools.partial(make_index, name, bs),
                     capacity,
                     SimConfig(max_num_seqs=16),
                     labels={"backend": name, "workload": "shared_system_prompt"},

@@ -3,6 +3,7 @@ calibration's fit (the timed measurement runs once, on tiny shapes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +56,7 @@ def test_timed_request_validates_and_converts() -> None:
         timed_request("h", [1], -1)
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
-            TimedRequest("i", array("I", [1]), 1, arrival)  # type: ignore[arg-type]
+            TimedRequest("i", array("I", [1]), 1, arrival)
     with pytest.raises(SimInputError, match="output_len"):
         TimedRequest("j", array("I", [1]), 2, None, array("I", [1]))
     with pytest.raises(SimInputError, match="array"):
@@ -143,8 +145,9 @@ def test_profile_round_trip_and_bad_profiles(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no profile"):
         load_profile(tmp_path / "missing.json")
     for k in COEFFICIENTS:
+        negative: dict[str, Any] = {k: -1.0}
         with pytest.raises(ProfileError, match=k):
-            CostProfile("bad", "m", "d", **{c: (-1.0 if c == k else 0.1) for c in COEFFICIENTS})
+            dataclasses.replace(p, **negative)
     with pytest.raises(ProfileError, match="zero"):
         CostProfile("zero", "m", "d", 0, 0, 0, 0, 0)
 

@@ -7,12 +7,16 @@ import math
 import statistics
 from array import array
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
 from prefixkv.adapters import CacheManager
 from prefixkv.adapters.lab.sim import (
+    Batching,
     CostProfile,
+    IndexFactory,
+    Policy,
     SimConfig,
     SimConfigError,
     SimInputError,
@@ -50,7 +54,7 @@ def req(rid: str, prompt: array[int], out: int, at: float) -> TimedRequest:
     return TimedRequest(rid, prompt, out, at)
 
 
-def factory(name: str, block_size: int):  # type: ignore[no-untyped-def]
+def factory(name: str, block_size: int) -> IndexFactory:
     return lambda: make_index(name, block_size)
 
 
@@ -130,12 +134,12 @@ def test_queued_request_waits_for_the_running_one() -> None:
 
 
 def _workload_run(
-    seed: int, name: str = "radix", batching: str = "mixed"
+    seed: int, name: str = "radix", batching: Batching = "mixed"
 ) -> list[dict[str, object]]:
     reqs = [
         timed_request(r.id, r.tokens, r.output) for r in make_workload("multi_turn", num_sessions=6)
     ]
-    cfg = SimConfig(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)  # type: ignore[arg-type]
+    cfg = SimConfig(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)
     res = simulate(
         with_arrivals(reqs, request_rate=3.0, seed=seed), factory(name, 4), 6000, cfg, PROFILE
     )
@@ -178,11 +182,16 @@ def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: Si
 
 
 def _scheduler(
-    batching: str, *, num_blocks: int = 256, policy: str = "fcfs", **kw: int
+    batching: Batching,
+    *,
+    num_blocks: int = 256,
+    policy: Policy = "fcfs",
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
     index = make_index("radix", 4)
     allocator = BlockAllocator(num_blocks)
-    cfg = SimConfig(batching=batching, policy=policy, **kw)  # type: ignore[arg-type]
+    cfg = SimConfig(max_num_seqs, max_num_batched_tokens, policy=policy, batching=batching)
     return ReplicaScheduler(CacheManager(index, allocator), allocator, index, cfg, PROFILE)
 
 
@@ -192,7 +201,9 @@ def _seq(rid: str, prompt: array[int], out: int = 8) -> SimSeq:
 
 
 @pytest.mark.parametrize(("batching", "mixes"), [("mixed", True), ("prefill_first", False)])
-def test_mixed_steps_decode_beside_prefill_sglang_steps_do_not(batching: str, mixes: bool) -> None:
+def test_mixed_steps_decode_beside_prefill_sglang_steps_do_not(
+    batching: Batching, mixes: bool
+) -> None:
     sched = _scheduler(batching)
     a, b = _seq("a", tokens(1, 40)), _seq("b", tokens(500, 40))
     sched.add(a)
@@ -248,7 +259,7 @@ def test_preemption_recomputes_the_newest_and_every_request_finishes() -> None:
 
 @pytest.mark.parametrize(("batching", "victim"), [("mixed", "short"), ("prefill_first", "long")])
 def test_vllm_preempts_the_newest_sglang_retracts_the_longest_prompt(
-    batching: str, victim: str, monkeypatch: pytest.MonkeyPatch
+    batching: Batching, victim: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 14 blocks of 4 cannot hold both (9 + 7 blocks at the end). SGLang's admission
     # reserves what running requests will decode, so it retracts only when that
@@ -256,7 +267,7 @@ def test_vllm_preempts_the_newest_sglang_retracts_the_longest_prompt(
     # preempts the newest running request, SGLang the one with the longest prompt.
     monkeypatch.setattr(scheduler_module, "CLIP_MAX_NEW_TOKENS", 2)
     reqs = [req("long", tokens(1, 16), 20, 0.0), req("short", tokens(100, 8), 20, 0.0)]
-    cfg = SimConfig(batching=batching, check_integrity=True)  # type: ignore[arg-type]
+    cfg = SimConfig(batching=batching, check_integrity=True)
     recs = by_id(simulate(reqs, factory("radix", 4), 56, cfg, PROFILE).requests)
     assert {rid: r.num_preemptions for rid, r in recs.items()} == {
         "long": int(victim == "long"),
@@ -265,13 +276,13 @@ def test_vllm_preempts_the_newest_sglang_retracts_the_longest_prompt(
 
 
 @pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
-def test_admission_waits_until_the_whole_sequence_fits(batching: str) -> None:
+def test_admission_waits_until_the_whole_sequence_fits(batching: Batching) -> None:
     # 16 blocks of 4; a holds 8 (and grows), b's 40 tokens need 10. Chunked prefill
     # would fit b's first 16-token chunk, but both engines gate on the whole prompt
     # (vLLM's scheduler_reserve_full_isl), so b waits for a instead of thrashing.
     a = req("a", tokens(1, 32), 20, 0.0)
     b = req("b", tokens(100, 40), 20, 0.02)
-    cfg = SimConfig(batching=batching, max_num_batched_tokens=16, check_integrity=True)  # type: ignore[arg-type]
+    cfg = SimConfig(batching=batching, max_num_batched_tokens=16, check_integrity=True)
     res = simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE)
     recs = by_id(res.requests)
     assert recs["b"].first_scheduled_s == pytest.approx(recs["a"].finish_s)
@@ -284,8 +295,9 @@ def test_sglang_admission_reserves_the_running_requests_decode() -> None:
     a = req("a", tokens(1, 8), 40, 0.0)
     b = req("b", tokens(100, 8), 8, 0.02)
     start = {}
-    for batching in ("mixed", "prefill_first"):
-        cfg = SimConfig(batching=batching)  # type: ignore[arg-type]
+    modes: tuple[Batching, ...] = ("mixed", "prefill_first")
+    for batching in modes:
+        cfg = SimConfig(batching=batching)
         recs = by_id(simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE).requests)
         start[batching] = recs["b"].first_scheduled_s
         assert start[batching] < recs["a"].finish_s
@@ -314,7 +326,7 @@ def _warm(sched: ReplicaScheduler, prompt: array[int]) -> None:
 
 
 @pytest.mark.parametrize(("policy", "first"), [("fcfs", "fresh"), ("lpm", "cached")])
-def test_lpm_admits_the_longest_cached_prefix_first(policy: str, first: str) -> None:
+def test_lpm_admits_the_longest_cached_prefix_first(policy: Policy, first: str) -> None:
     shared = tokens(1, 64)
     sched = _scheduler("mixed", policy=policy, max_num_seqs=1)
     _warm(sched, shared)
@@ -376,6 +388,7 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
         simulate([a, req("a", tokens(1, 4), 1, 3.0)], factory("none", 16), 4096, None, PROFILE)
     with pytest.raises(SimInputError, match="no arrival"):
         simulate([TimedRequest("x", tokens(1, 4), 1)], factory("none", 16), 4096, None, PROFILE)
+    bad: dict[str, Any]
     for bad in (
         {"max_num_seqs": 0},
         {"policy": "lifo"},
@@ -383,19 +396,19 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
         {"max_num_batched_tokens": 1.5},
     ):
         with pytest.raises(SimConfigError):
-            SimConfig(**bad)  # type: ignore[arg-type]
+            SimConfig(**bad)
 
 
 @pytest.mark.parametrize(("batching", "hit"), [("mixed", 16), ("prefill_first", 8)])
 def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
-    batching: str, hit: int
+    batching: Batching, hit: int
 ) -> None:
     # a decodes 20 known tokens; b, arriving while a still runs, quotes a's prompt and
     # first 9 outputs. vLLM registers a's decoded blocks as they fill (b hits 16);
     # SGLang inserts them when a finishes (b hits a's 8-token prompt only).
     a = timed_request("a", range(1, 9), list(range(100, 120)), 0.0)
     b = timed_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
-    cfg = SimConfig(batching=batching)  # type: ignore[arg-type]
+    cfg = SimConfig(batching=batching)
     recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
     assert recs["a"].finish_s > 0.15 + PROFILE.step_s
     assert recs["b"].hit_tokens == hit

@@ -63,7 +63,7 @@ def plot_ttft_cdf(
         p50 = res.run.ttft_p50_s
         ax.step(ttft, frac, where="post", color=_COLOURS[i % len(_COLOURS)],
                 linestyle=_DASHES[i % len(_DASHES)],
-                label=f"{name} (p50 {p50 * 1e3:.0f} ms)")  # fmt: skip
+                label=f"{name} (p50 {_seconds(p50)})")  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s, log scale)")
     ax.set_ylabel("fraction of requests")
@@ -74,6 +74,10 @@ def plot_ttft_cdf(
     out = Path(path)
     fig.savefig(out)
     return out
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def _tokens(value: float) -> str:
