@@ -1,0 +1,91 @@
+"""Arrival-time simulation of one engine replica: queueing, scheduling and a cost model.
+
+``simulate(requests, index_factory, capacity_tokens, config, profile)`` replays
+timed requests through vLLM- or SGLang-style scheduling over a
+:class:`~prefixkv.adapters.CacheManager` and prices every step with a cost profile,
+giving per-request TTFT, queueing delay and end-to-end latency, and per-run
+percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
+"""
+
+from .arrivals import (
+    ARRIVAL_PROCESSES,
+    ArrivalProcess,
+    fixed_rate_arrivals,
+    poisson_arrivals,
+    scaled_arrivals,
+    with_arrivals,
+)
+from .calibrate import StepSample, calibrate, fit_profile, measure_engine
+from .config import BATCHING_MODES, POLICIES, Batching, Policy, SimConfig
+from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
+from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
+from .plots import plot_capacity_sweep, plot_ttft_cdf
+from .profile import (
+    COEFFICIENTS,
+    DEFAULT_PROFILE,
+    CostProfile,
+    attention_pairs,
+    available_profiles,
+    load_profile,
+    save_profile,
+)
+from .replica import IndexFactory, simulate
+from .requests import FILLER_TOKEN, TimedRequest, timed_request
+from .tables import (
+    TABLE_FORMATS,
+    TableFormatError,
+    request_rows,
+    run_rows,
+    to_dataframes,
+    write_rows,
+    write_tables,
+)
+
+__all__ = [
+    "ARRIVAL_PROCESSES",
+    "BATCHING_MODES",
+    "COEFFICIENTS",
+    "DEFAULT_PROFILE",
+    "FILLER_TOKEN",
+    "POLICIES",
+    "TABLE_FORMATS",
+    "ArrivalProcess",
+    "Batching",
+    "CostProfile",
+    "IndexFactory",
+    "Policy",
+    "ProfileError",
+    "RequestMetrics",
+    "RunMetrics",
+    "SimConfig",
+    "SimConfigError",
+    "SimError",
+    "SimInputError",
+    "SimResult",
+    "SimUnservableError",
+    "StepSample",
+    "TableFormatError",
+    "TimedRequest",
+    "attention_pairs",
+    "available_profiles",
+    "calibrate",
+    "fit_profile",
+    "fixed_rate_arrivals",
+    "load_profile",
+    "measure_engine",
+    "percentile",
+    "plot_capacity_sweep",
+    "plot_ttft_cdf",
+    "poisson_arrivals",
+    "request_rows",
+    "run_rows",
+    "save_profile",
+    "scaled_arrivals",
+    "simulate",
+    "summarize",
+    "timed_request",
+    "to_dataframes",
+    "with_arrivals",
+    "write_rows",
+    "write_tables",
+]

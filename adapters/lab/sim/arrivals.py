@@ -1,0 +1,153 @@
+"""Arrival processes: when each request of an arrival-time replay reaches the engine.
+
+Three ways, as in vLLM's ``benchmark_serving`` and SGLang's ``bench_serving``: a
+Poisson process at a request rate (seeded, so a seed names the arrival pattern), a
+fixed rate (evenly spaced), or a trace's own timestamps stretched or squeezed by a
+time scale. All run lazily, so a streamed trace never sits in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+from .errors import SimConfigError, SimInputError
+from .requests import TimedRequest
+
+__all__ = [
+    "ARRIVAL_PROCESSES",
+    "ArrivalProcess",
+    "fixed_rate_arrivals",
+    "poisson_arrivals",
+    "scaled_arrivals",
+    "with_arrivals",
+]
+
+ArrivalProcess = Literal["poisson", "fixed"]
+ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
+"""The request-rate processes :func:`with_arrivals` knows."""
+
+
+def _positive(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise SimConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
+    """Endless arrival times of a Poisson process: the first at 0, then exponential gaps.
+
+    Args:
+        rate: requests per second.
+        seed: seeds the gaps (``random.Random(seed)``); equal seeds, equal times.
+
+    Raises:
+        SimConfigError: a rate that is not a finite number > 0.
+    """
+    lam = _positive("request rate", rate)
+    return _poisson(lam, random.Random(seed))
+
+
+def _poisson(lam: float, rng: random.Random) -> Iterator[float]:
+    t = 0.0
+    while True:
+        yield t
+        t += rng.expovariate(lam)
+
+
+def fixed_rate_arrivals(rate: float) -> Iterator[float]:
+    """Endless evenly spaced arrival times ``0, 1/rate, 2/rate, ...``.
+
+    Raises:
+        SimConfigError: a rate that is not a finite number > 0.
+    """
+    step = 1.0 / _positive("request rate", rate)
+    return (i * step for i in itertools.count())
+
+
+def scaled_arrivals(timestamps: Iterable[float], time_scale: float) -> Iterator[float]:
+    """A trace's timestamps, relative to the first one, multiplied by ``time_scale``.
+
+    ``time_scale < 1`` squeezes the trace (more load), ``> 1`` stretches it.
+
+    Raises:
+        SimConfigError: a time scale that is not a finite number > 0.
+    """
+    scale = _positive("time scale", time_scale)
+    return _scaled(timestamps, scale)
+
+
+def _scaled(timestamps: Iterable[float], scale: float) -> Iterator[float]:
+    first: float | None = None
+    for t in timestamps:
+        if first is None:
+            first = t
+        yield (t - first) * scale
+
+
+def with_arrivals(
+    requests: Iterable[TimedRequest],
+    *,
+    request_rate: float | None = None,
+    time_scale: float | None = None,
+    process: ArrivalProcess = "poisson",
+    seed: int = 0,
+) -> Iterator[TimedRequest]:
+    """Stamp requests with arrival times (lazily, in order).
+
+    Args:
+        requests: the requests, in arrival order.
+        request_rate: requests per second from ``process``; replaces any arrival
+            the requests carry.
+        time_scale: keep the requests' own arrivals, relative to the first,
+            multiplied by this.
+        process: ``"poisson"`` (seeded) or ``"fixed"`` (evenly spaced).
+        seed: the Poisson process's seed.
+
+    With neither ``request_rate`` nor ``time_scale`` the requests' arrivals are used
+    as they are.
+
+    Raises:
+        SimConfigError: both knobs given, a bad rate, scale or process (at once).
+        SimInputError: a request without an arrival where one is needed (when it
+            is reached).
+    """
+    if request_rate is not None and time_scale is not None:
+        raise SimConfigError("give a request rate or a time scale, not both")
+    if process not in ARRIVAL_PROCESSES:
+        raise SimConfigError(
+            f"unknown arrival process {process!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
+        )
+    if request_rate is not None:
+        times = (
+            poisson_arrivals(request_rate, seed=seed)
+            if process == "poisson"
+            else fixed_rate_arrivals(request_rate)
+        )
+        return (dataclasses.replace(r, arrival=t) for r, t in zip(requests, times, strict=False))
+    scale = None if time_scale is None else _positive("time scale", time_scale)
+    return _rescaled(requests, scale)
+
+
+def _rescaled(requests: Iterable[TimedRequest], scale: float | None) -> Iterator[TimedRequest]:
+    first: float | None = None
+    for r in requests:
+        if r.arrival is None:
+            raise SimInputError(
+                f"request {r.id!r} has no arrival time; give a request rate instead"
+            )
+        if scale is None:
+            yield r
+            continue
+        if first is None:
+            first = r.arrival
+        yield dataclasses.replace(r, arrival=(r.arrival - first) * scale)

@@ -1,0 +1,230 @@
+"""Measure the reference engine's forward pass and fit a cost profile to it.
+
+The step shapes the profile prices (prefill chunks of ``q`` tokens after ``s``
+cached ones, decode batches of ``b`` rows over ``c`` context tokens, and mixes of
+both) are run through :class:`~prefixkv.adapters.engine.TinyTransformer` over its
+paged KV cache on whatever device is present, timed (the least of several runs,
+after a warm-up, CUDA synchronized), and the five coefficients are fitted by non-negative
+least squares on relative error (``scipy.optimize.nnls``), so short and long
+steps count alike. This is the only module of the simulator that reads a clock or
+imports torch, numpy and scipy (the ``calibrate`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from .profile import COEFFICIENTS, CostProfile, attention_pairs
+
+if TYPE_CHECKING:
+    from prefixkv.adapters.engine import EngineConfig
+
+__all__ = [
+    "DEFAULT_DECODE_SHAPES",
+    "DEFAULT_MIXED_SHAPES",
+    "DEFAULT_PREFILL_SHAPES",
+    "StepSample",
+    "calibrate",
+    "fit_profile",
+    "measure_engine",
+]
+
+DEFAULT_PREFILL_SHAPES: tuple[tuple[int, int], ...] = (
+    (16, 0), (64, 0), (256, 0), (512, 0), (1024, 0),
+    (64, 512), (256, 512), (64, 1024), (256, 1024), (512, 1536),
+)  # fmt: skip
+"""``(q, s)``: a prefill chunk of ``q`` tokens after ``s`` cached ones."""
+DEFAULT_DECODE_SHAPES: tuple[tuple[int, int], ...] = (
+    (1, 64), (1, 1024), (4, 256), (8, 64), (8, 1024),
+    (16, 256), (32, 64), (32, 512), (64, 128),
+)  # fmt: skip
+"""``(b, c)``: ``b`` decode rows, each over ``c`` tokens of context."""
+DEFAULT_MIXED_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (64, 0, 8, 256), (256, 512, 16, 128), (512, 0, 4, 1024),
+)  # fmt: skip
+"""``(q, s, b, c)``: one prefill chunk and ``b`` decode rows in the same step."""
+
+
+class StepSample(NamedTuple):
+    """One measured step: its work (the profile's units) and its least seconds."""
+
+    prefill_tokens: int
+    prefill_pairs: int
+    num_decode: int
+    decode_context: int
+    seconds: float
+
+
+def measure_engine(
+    config: EngineConfig | None = None,
+    *,
+    prefill: Sequence[tuple[int, int]] = DEFAULT_PREFILL_SHAPES,
+    decode: Sequence[tuple[int, int]] = DEFAULT_DECODE_SHAPES,
+    mixed: Sequence[tuple[int, int, int, int]] = DEFAULT_MIXED_SHAPES,
+    repeats: int = 5,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[StepSample]:
+    """Time the reference engine's forward pass on each step shape.
+
+    Args:
+        config: the engine's settings (its model, dtype, device and block size are
+            used; default ``EngineConfig()``).
+        prefill: ``(q, s)`` shapes (see :data:`DEFAULT_PREFILL_SHAPES`).
+        decode: ``(b, c)`` shapes (see :data:`DEFAULT_DECODE_SHAPES`).
+        mixed: ``(q, s, b, c)`` shapes (see :data:`DEFAULT_MIXED_SHAPES`).
+        repeats: timed runs per shape; the least is kept, the usual estimate of a
+            step's cost on a machine other work disturbs.
+        warmup: untimed runs per shape first.
+        clock: seconds, monotonic (``time.perf_counter``).
+
+    Returns:
+        One sample per shape, in the order prefill, decode, mixed.
+    """
+    import torch
+
+    from prefixkv.adapters.engine import EngineConfig, SeqChunk, TinyTransformer
+
+    cfg = EngineConfig() if config is None else config
+    bs = cfg.block_size or 16
+    # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
+    steps: list[tuple[list[tuple[int, int]], list[int]]] = [([(q, s)], []) for q, s in prefill]
+    steps += [([], [c] * b) for b, c in decode]
+    steps += [([(q, s)], [c] * b) for q, s, b, c in mixed]
+    rows = [[*pre, *((1, c) for c in dec)] for pre, dec in steps]
+    model = TinyTransformer(cfg.model, dtype=cfg.torch_dtype, device=cfg.torch_device)
+    kv = model.make_kv_cache(max(sum(-(-(s + q) // bs) for q, s in r) for r in rows), bs)
+    vocab = cfg.model.vocab_size
+    sync = torch.cuda.synchronize if cfg.torch_device.type == "cuda" else None
+    batches = []
+    for row in rows:
+        chunks, first = [], 0
+        for q, s in row:  # each sequence gets its own blocks
+            n = -(-(s + q) // bs)
+            tokens = [(first + i) % (vocab - 1) + 1 for i in range(q)]
+            chunks.append(SeqChunk(tokens, s, list(range(first, first + n))))
+            first += n
+        batches.append(chunks)
+    # Round robin over the shapes, so a burst of other work on the machine does not
+    # spoil every run of one shape.
+    best = [math.inf] * len(batches)
+    for i in range(warmup + repeats):
+        for k, chunks in enumerate(batches):
+            if sync is not None:
+                sync(cfg.torch_device)
+            t0 = clock()
+            model.forward(chunks, kv)
+            if sync is not None:
+                sync(cfg.torch_device)
+            if i >= warmup:
+                best[k] = min(best[k], clock() - t0)
+    samples = [
+        StepSample(
+            prefill_tokens=sum(q for q, _ in pre),
+            prefill_pairs=sum(attention_pairs(q, s) for q, s in pre),
+            num_decode=len(dec),
+            decode_context=sum(c + 1 for c in dec),
+            seconds=seconds,
+        )
+        for (pre, dec), seconds in zip(steps, best, strict=True)
+    ]
+    return samples
+
+
+def fit_profile(
+    samples: Sequence[StepSample],
+    *,
+    name: str,
+    model: str,
+    device: str,
+    source: str,
+    notes: str = "",
+) -> CostProfile:
+    """Fit the profile's coefficients to measured steps (NNLS on relative error).
+
+    Raises:
+        ValueError: fewer samples than coefficients.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(samples) < len(COEFFICIENTS):
+        raise ValueError(f"need at least {len(COEFFICIENTS)} samples, got {len(samples)}")
+    work = np.array(
+        [[1.0, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context] for s in samples]
+    )
+    seconds = np.array([s.seconds for s in samples])
+    # Columns are scaled to unit norm first: their units differ by orders of magnitude.
+    weighted = work / seconds[:, None]
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(weighted / scale, np.ones_like(seconds))
+    coef = coef / scale
+    error = np.abs(work @ coef - seconds) / seconds
+    return CostProfile(
+        name=name,
+        model=model,
+        device=device,
+        source=source,
+        notes=notes,
+        fit={
+            "num_samples": len(samples),
+            "relative_error_p50": round(float(np.percentile(error, 50)), 4),
+            "relative_error_max": round(float(error.max()), 4),
+            "seconds_range": [float(seconds.min()), float(seconds.max())],
+        },
+        **{k: float(v) for k, v in zip(COEFFICIENTS, coef, strict=True)},
+    )
+
+
+def calibrate(
+    config: EngineConfig | None = None,
+    *,
+    name: str | None = None,
+    repeats: int = 5,
+    **shapes: Sequence[tuple[int, ...]],
+) -> CostProfile:
+    """Measure the reference engine on ``config``'s device and fit a profile.
+
+    Args:
+        config: an ``EngineConfig`` (default: ``EngineConfig()`` on CUDA when
+            available, else on the CPU).
+        name: the profile's name (default ``reference-engine-<device>``).
+        repeats: timed runs per step shape.
+        **shapes: ``prefill=``, ``decode=``, ``mixed=`` as in :func:`measure_engine`.
+
+    Returns:
+        The fitted profile (save it with :func:`~.profile.save_profile`).
+    """
+    import torch
+
+    from prefixkv.adapters.engine import EngineConfig
+
+    if config is None:
+        config = EngineConfig(device="cuda" if torch.cuda.is_available() else "cpu")
+    samples = measure_engine(config, repeats=repeats, **shapes)  # type: ignore[arg-type]
+    dev = config.torch_device
+    if dev.type == "cuda":
+        device = torch.cuda.get_device_name(dev)
+    else:
+        device = f"CPU {platform.machine()} ({torch.get_num_threads()} torch threads)"
+    m = config.model
+    return fit_profile(
+        samples,
+        name=name or f"reference-engine-{dev.type}",
+        model=(
+            f"prefixkv TinyTransformer: {m.num_layers} layers, {m.num_heads} heads "
+            f"({m.num_kv_heads} KV) x {m.head_dim}, MLP {m.mlp_size}, vocab {m.vocab_size}, "
+            f"{str(config.torch_dtype).removeprefix('torch.')}"
+        ),
+        device=device,
+        source=f"measured by prefixkv calibrate (torch {torch.__version__})",
+        notes=(
+            f"Forward pass only (least of {repeats} runs), block size "
+            f"{config.block_size or 16}; the scheduler's own time is not included."
+        ),
+    )

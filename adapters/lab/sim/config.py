@@ -1,0 +1,75 @@
+"""Scheduler settings of the simulated engine replica, validated on construction.
+
+The knobs are vLLM's (``max_num_seqs``, ``max_num_batched_tokens``,
+``enable_chunked_prefill``) plus the two that tell vLLM's and SGLang's schedulers
+apart: the waiting queue's order (``policy``) and whether a step mixes prefill
+chunks with decode rows (``batching``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from .errors import SimConfigError
+
+__all__ = ["BATCHING_MODES", "POLICIES", "Batching", "Policy", "SimConfig"]
+
+Policy = Literal["fcfs", "lpm"]
+Batching = Literal["mixed", "prefill_first"]
+POLICIES: tuple[Policy, ...] = ("fcfs", "lpm")
+"""Waiting-queue orders: first come first served, SGLang's longest prefix match."""
+BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
+"""vLLM v1 mixes prefill chunks and decode rows in a step; SGLang (without
+``--enable-mixed-chunk``) runs a prefill-only step whenever it can admit, else a
+decode step."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the replica schedules.
+
+    Attributes:
+        max_num_seqs: most requests running at once (vLLM ``max_num_seqs``, SGLang
+            ``max_running_requests``). vLLM's default is 256.
+        max_num_batched_tokens: most tokens computed in one step (vLLM
+            ``max_num_batched_tokens``; SGLang's ``chunked_prefill_size`` for a
+            prefill step). 8192, vLLM's default for online serving.
+        enable_chunked_prefill: a prefill may take what is left of a step's budget
+            and continue next step; without it a prefill runs whole or waits.
+        policy: ``"fcfs"`` or ``"lpm"`` (SGLang's cache-aware order).
+        batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
+        check_integrity: run the manager's ``check_integrity()`` after every step
+            (tests; O(cached blocks) a step).
+
+    Raises:
+        SimConfigError: a non-positive size, an unknown policy or batching mode.
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    policy: Policy = "fcfs"
+    batching: Batching = "mixed"
+    check_integrity: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
+        if self.policy not in POLICIES:
+            raise SimConfigError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        if self.batching not in BATCHING_MODES:
+            raise SimConfigError(
+                f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
+            )
+        for name in ("enable_chunked_prefill", "check_integrity"):
+            if type(getattr(self, name)) is not bool:
+                raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a flat dict (for tables)."""
+        d = asdict(self)
+        del d["check_integrity"]
+        return d

@@ -1,0 +1,224 @@
+"""What a simulated run measures: one record per request and one summary per run.
+
+Per request, the timeline an engine's user sees (arrival, first scheduled, first
+token, finish) and the cache's part in it (hit tokens, uncached prefill tokens,
+preemptions, prefill GPU-seconds computed and saved). Per run, the percentiles
+vLLM's and SGLang's serving benchmarks report (TTFT p50/p90/p99, end-to-end
+latency, throughput) with the cache totals beside them. Percentiles interpolate
+linearly between ranks, as ``numpy.percentile`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["RequestMetrics", "RunMetrics", "SimResult", "percentile", "summarize"]
+
+
+def percentile(values: Sequence[float], q: int) -> float:
+    """The ``q``-th percentile (an int in 1..99), linear between ranks; NaN for no values.
+
+    Same as ``numpy.percentile(values, q)`` (its default, linear method).
+    """
+    if not values:
+        return math.nan
+    if len(values) == 1:
+        return float(values[0])
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """One request's timeline and cache accounting (times in virtual seconds).
+
+    Attributes:
+        request_id: the request.
+        arrival_s: when it reached the engine.
+        prompt_tokens: its prompt length.
+        output_tokens: tokens it generated.
+        first_scheduled_s: start of the step that first computed any of it.
+        first_token_s: end of the step that produced its first output token.
+        finish_s: end of the step that produced its last output token.
+        hit_tokens: prompt tokens served from the cache at its first admission.
+        computed_prefill_tokens: prefill tokens computed, recompute after
+            preemptions included.
+        recomputed_tokens: the part of those computed after a preemption.
+        num_preemptions: times it was preempted (recompute mode).
+        prefill_gpu_s: marginal GPU time of the prefill it computed (the cost
+            model's ``prefill_s`` of each chunk; the per-step fixed cost excluded).
+        saved_gpu_s: marginal GPU time its prefix hits saved, over every admission.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_scheduled_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    hit_tokens: int = 0
+    computed_prefill_tokens: int = 0
+    recomputed_tokens: int = 0
+    num_preemptions: int = 0
+    prefill_gpu_s: float = 0.0
+    saved_gpu_s: float = 0.0
+
+    @property
+    def queueing_delay_s(self) -> float:
+        """Seconds from arrival to the first step that computed any of it."""
+        return self.first_scheduled_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: arrival to the end of its first token's step."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency: arrival to the end of its last token's step."""
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first (NaN for one-token outputs)."""
+        if self.output_tokens < 2:
+            return math.nan
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def uncached_prefill_tokens(self) -> int:
+        """Prompt tokens not served from the cache at first admission."""
+        return self.prompt_tokens - self.hit_tokens
+
+    def as_row(self) -> dict[str, Any]:
+        """Every field and derived time, flat."""
+        row = asdict(self)
+        row["queueing_delay_s"] = self.queueing_delay_s
+        row["ttft_s"] = self.ttft_s
+        row["e2e_s"] = self.e2e_s
+        row["tpot_s"] = self.tpot_s
+        row["uncached_prefill_tokens"] = self.uncached_prefill_tokens
+        return row
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    """One run's summary.
+
+    Attributes:
+        num_requests: requests finished.
+        duration_s: first arrival to last finish.
+        ttft_mean_s, ttft_p50_s, ttft_p90_s, ttft_p99_s: time to first token.
+        e2e_p50_s, e2e_p90_s, e2e_p99_s: end-to-end latency.
+        queueing_mean_s, queueing_p90_s: arrival to first scheduled.
+        tpot_p50_s: median time per output token.
+        request_throughput: finished requests per second of ``duration_s``.
+        output_throughput: generated tokens per second of ``duration_s``.
+        prompt_tokens, hit_tokens, uncached_prefill_tokens: first admissions.
+        hit_ratio: ``hit_tokens / prompt_tokens``.
+        computed_prefill_tokens: prefill tokens computed, recompute included.
+        prefill_gpu_s: marginal GPU-seconds of prefill computed.
+        saved_gpu_s: marginal GPU-seconds of prefill the cache saved.
+        busy_s: seconds the replica spent in steps.
+        num_steps: steps run.
+        num_preemptions: preemptions.
+        evicted_blocks: blocks evicted from the index.
+    """
+
+    num_requests: int
+    duration_s: float
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p90_s: float
+    e2e_p99_s: float
+    queueing_mean_s: float
+    queueing_p90_s: float
+    tpot_p50_s: float
+    request_throughput: float
+    output_throughput: float
+    prompt_tokens: int
+    hit_tokens: int
+    uncached_prefill_tokens: int
+    hit_ratio: float
+    computed_prefill_tokens: int
+    prefill_gpu_s: float
+    saved_gpu_s: float
+    busy_s: float
+    num_steps: int
+    num_preemptions: int
+    evicted_blocks: int
+
+    def as_row(self) -> dict[str, Any]:
+        """Every field, flat."""
+        return asdict(self)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def summarize(
+    records: Iterable[RequestMetrics], *, busy_s: float, num_steps: int, evicted_blocks: int
+) -> RunMetrics:
+    """Fold finished requests' records into a :class:`RunMetrics`."""
+    recs = list(records)
+    ttft = [r.ttft_s for r in recs]
+    e2e = [r.e2e_s for r in recs]
+    queueing = [r.queueing_delay_s for r in recs]
+    tpot = [t for t in (r.tpot_s for r in recs) if not math.isnan(t)]
+    start = min((r.arrival_s for r in recs), default=0.0)
+    end = max((r.finish_s for r in recs), default=0.0)
+    duration = end - start
+    prompt = sum(r.prompt_tokens for r in recs)
+    hit = sum(r.hit_tokens for r in recs)
+    rate = (lambda n: n / duration) if duration > 0 else (lambda n: math.nan)
+    return RunMetrics(
+        num_requests=len(recs),
+        duration_s=duration,
+        ttft_mean_s=_mean(ttft),
+        ttft_p50_s=percentile(ttft, 50),
+        ttft_p90_s=percentile(ttft, 90),
+        ttft_p99_s=percentile(ttft, 99),
+        e2e_p50_s=percentile(e2e, 50),
+        e2e_p90_s=percentile(e2e, 90),
+        e2e_p99_s=percentile(e2e, 99),
+        queueing_mean_s=_mean(queueing),
+        queueing_p90_s=percentile(queueing, 90),
+        tpot_p50_s=percentile(tpot, 50),
+        request_throughput=rate(len(recs)),
+        output_throughput=rate(sum(r.output_tokens for r in recs)),
+        prompt_tokens=prompt,
+        hit_tokens=hit,
+        uncached_prefill_tokens=prompt - hit,
+        hit_ratio=hit / prompt if prompt else 0.0,
+        computed_prefill_tokens=sum(r.computed_prefill_tokens for r in recs),
+        prefill_gpu_s=math.fsum(r.prefill_gpu_s for r in recs),
+        saved_gpu_s=math.fsum(r.saved_gpu_s for r in recs),
+        busy_s=busy_s,
+        num_steps=num_steps,
+        num_preemptions=sum(r.num_preemptions for r in recs),
+        evicted_blocks=evicted_blocks,
+    )
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Everything one simulated run produced.
+
+    Attributes:
+        labels: what the run was (backend, block size, capacity, scheduler
+            settings, profile, and whatever the caller added: workload, arrivals).
+        requests: one record per request, in arrival order.
+        run: the summary.
+    """
+
+    labels: Mapping[str, Any]
+    requests: list[RequestMetrics] = field(repr=False)
+    run: RunMetrics

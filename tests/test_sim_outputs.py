@@ -1,0 +1,132 @@
+"""Analysable outputs of simulated runs: tidy rows, CSV / JSON / Parquet files that
+pandas loads into one row per request, DataFrames, and the plots."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from prefixkv.adapters.lab.sim import SimConfig, SimResult, simulate, timed_request, with_arrivals
+from prefixkv.adapters.lab.sim.plots import plot_capacity_sweep, plot_ttft_cdf
+from prefixkv.adapters.lab.sim.tables import (
+    TableFormatError,
+    request_rows,
+    run_rows,
+    to_dataframes,
+    write_rows,
+    write_tables,
+)
+from prefixkv.adapters.lab.workloads import make_workload
+from prefixkv.indexes import make_index
+
+BACKENDS = (("hash_chain", 16), ("radix", 1))
+
+
+def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
+    reqs = make_workload("shared_system_prompt", num_requests=30)
+    out = []
+    for capacity in capacities:
+        for name, bs in BACKENDS:
+            timed = (timed_request(r.id, r.tokens, r.output) for r in reqs)
+            out.append(
+                simulate(
+                    with_arrivals(timed, request_rate=2.0, seed=0),
+                    functools.partial(make_index, name, bs),
+                    capacity,
+                    SimConfig(max_num_seqs=16),
+                    labels={"backend": name, "workload": "shared_system_prompt"},
+                )
+            )
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[SimResult]:
+    return _runs()
+
+
+def test_rows_are_flat_and_labelled(runs: list[SimResult]) -> None:
+    rows = request_rows(runs)
+    assert len(rows) == 60
+    first = rows[0]
+    for col in ("backend", "workload", "index", "block_size", "capacity_tokens", "policy"):
+        assert col in first
+    for col in ("request_id", "arrival_s", "queueing_delay_s", "ttft_s", "e2e_s", "hit_tokens"):
+        assert col in first
+    assert all(not isinstance(v, (dict, list)) for v in first.values())
+    (run,) = [r for r in run_rows(runs) if r["backend"] == "radix"]
+    assert run["num_requests"] == 30 and 0 < run["hit_ratio"] < 1
+    assert run["ttft_p50_s"] <= run["ttft_p90_s"] <= run["ttft_p99_s"]
+
+
+def test_csv_loads_with_pandas_one_row_per_request(runs: list[SimResult], tmp_path: Path) -> None:
+    pandas = pytest.importorskip("pandas")
+    files = write_tables(runs, tmp_path)
+    assert [f.name for f in files] == ["requests.csv", "runs.csv"]
+    df = pandas.read_csv(tmp_path / "requests.csv")
+    assert len(df) == 60 and df.groupby("backend").size().to_dict() == {
+        "hash_chain": 30,
+        "radix": 30,
+    }
+    assert df["request_id"].is_unique is False  # the same request, once per backend
+    assert not df.duplicated(["backend", "request_id"]).any()
+    radix = df[df["backend"] == "radix"].set_index("request_id")
+    rec = {r.request_id: r for r in runs[1].requests}
+    for rid, row in radix.iterrows():
+        assert row["ttft_s"] == pytest.approx(rec[str(rid)].ttft_s)
+        assert row["hit_tokens"] == rec[str(rid)].hit_tokens
+    run_df = pandas.read_csv(tmp_path / "runs.csv")
+    assert len(run_df) == 2 and "ttft_p90_s" in run_df.columns
+
+
+def test_json_forms_load_flat(runs: list[SimResult], tmp_path: Path) -> None:
+    pandas = pytest.importorskip("pandas")
+    rows = request_rows(runs)
+    rows[0]["tpot_s"] = math.nan  # a one-token output has no TPOT
+    write_rows(tmp_path / "r.json", rows)
+    write_rows(tmp_path / "r.jsonl", rows)
+    records = json.loads((tmp_path / "r.json").read_text())
+    assert records[0]["tpot_s"] is None and len(records) == 60
+    df = pandas.read_json(tmp_path / "r.json")
+    assert len(df) == 60 and "ttft_s" in df.columns
+    lines = pandas.read_json(tmp_path / "r.jsonl", lines=True)
+    assert lines.shape == df.shape
+
+
+def test_dataframes(runs: list[SimResult]) -> None:
+    pytest.importorskip("pandas")
+    requests, summary = to_dataframes(runs)
+    assert requests.shape[0] == 60 and summary.shape[0] == 2
+    p50 = requests.groupby("backend")["ttft_s"].median()
+    assert p50["radix"] == pytest.approx(runs[1].run.ttft_p50_s)
+
+
+def test_parquet_when_pyarrow_is_installed(runs: list[SimResult], tmp_path: Path) -> None:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        with pytest.raises(TableFormatError, match="pyarrow"):
+            write_rows(tmp_path / "r.parquet", request_rows(runs))
+        assert not (tmp_path / "r.parquet").exists()
+        return
+    write_rows(tmp_path / "r.parquet", request_rows(runs))
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 60
+
+
+def test_unknown_table_format(runs: list[SimResult], tmp_path: Path) -> None:
+    with pytest.raises(TableFormatError, match=r"\.csv"):
+        write_rows(tmp_path / "r.xlsx", request_rows(runs))
+
+
+def test_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    runs = _runs((4096, 50_000))
+    cdf = plot_ttft_cdf(runs[:2], tmp_path / "ttft_cdf.png")
+    sweep = plot_capacity_sweep(run_rows(runs), tmp_path / "capacity.png")
+    for path in (cdf, sweep):
+        assert path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

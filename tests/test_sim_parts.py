@@ -1,0 +1,210 @@
+"""The simulator's parts: requests, arrival processes, cost profiles, percentiles, and
+calibration's fit (the timed measurement runs once, on tiny shapes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixkv.adapters.lab.sim import (
+    COEFFICIENTS,
+    DEFAULT_PROFILE,
+    CostProfile,
+    ProfileError,
+    SimConfigError,
+    SimInputError,
+    TimedRequest,
+    attention_pairs,
+    available_profiles,
+    fixed_rate_arrivals,
+    load_profile,
+    percentile,
+    poisson_arrivals,
+    save_profile,
+    scaled_arrivals,
+    timed_request,
+    with_arrivals,
+)
+from prefixkv.adapters.lab.sim.calibrate import StepSample, calibrate, fit_profile
+from prefixkv.indexes import InvalidTokenError
+
+# --------------------------------------------------------------------- requests
+
+
+def test_timed_request_validates_and_converts() -> None:
+    r = timed_request("a", [3, 4, 5], [7, 8], arrival=1.5)
+    assert r.prompt == array("I", [3, 4, 5]) and r.output_len == 2 and r.output_token(1) == 8
+    assert timed_request("b", [1], 5).output is None
+    assert timed_request("c", [1], 5).output_token(4) == 0
+    assert timed_request("d", [1], []).output_len == 1  # an engine always samples one
+    assert timed_request("e", [1], 0).output_len == 1
+    with pytest.raises(SimInputError, match="prompt"):
+        timed_request("f", [], 3)
+    with pytest.raises(InvalidTokenError):
+        timed_request("g", [1, -2], 3)
+    with pytest.raises(SimInputError, match="output length"):
+        timed_request("h", [1], -1)
+    for arrival in (-1.0, math.nan, math.inf, True):
+        with pytest.raises(SimInputError, match="arrival"):
+            TimedRequest("i", array("I", [1]), 1, arrival)
+    with pytest.raises(SimInputError, match="output_len"):
+        TimedRequest("j", array("I", [1]), 2, None, array("I", [1]))
+    with pytest.raises(SimInputError, match="array"):
+        TimedRequest("k", [1], 1)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- arrivals
+
+
+def test_poisson_arrivals_are_seeded_with_the_requested_rate() -> None:
+    a = list(itertools.islice(poisson_arrivals(4.0, seed=3), 20_000))
+    b = list(itertools.islice(poisson_arrivals(4.0, seed=3), 20_000))
+    c = list(itertools.islice(poisson_arrivals(4.0, seed=4), 100))
+    assert a == b and a[:100] != c and a[0] == 0.0
+    gaps = [y - x for x, y in itertools.pairwise(a)]
+    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.03)
+    assert statistics.stdev(gaps) == pytest.approx(0.25, rel=0.03)  # exponential: sd = mean
+
+
+def test_fixed_and_scaled_arrivals() -> None:
+    assert list(itertools.islice(fixed_rate_arrivals(4.0), 4)) == [0.0, 0.25, 0.5, 0.75]
+    assert list(scaled_arrivals([10.0, 11.0, 13.0], 0.5)) == [0.0, 0.5, 1.5]
+
+
+def _reqs(arrivals: list[float | None]) -> list[TimedRequest]:
+    return [TimedRequest(str(i), array("I", [1]), 1, t) for i, t in enumerate(arrivals)]
+
+
+def test_with_arrivals_rate_scale_or_as_they_are() -> None:
+    stamped = list(with_arrivals(_reqs([None] * 3), request_rate=2.0, process="fixed"))
+    assert [r.arrival for r in stamped] == [0.0, 0.5, 1.0]
+    scaled = list(with_arrivals(_reqs([5.0, 6.0, 8.0]), time_scale=2.0))
+    assert [r.arrival for r in scaled] == [0.0, 2.0, 6.0]
+    same = list(with_arrivals(_reqs([5.0, 6.0])))
+    assert [r.arrival for r in same] == [5.0, 6.0]
+    with pytest.raises(SimInputError, match="no arrival"):
+        list(with_arrivals(_reqs([None]), time_scale=1.0))
+    with pytest.raises(SimConfigError, match="not both"):
+        with_arrivals([], request_rate=1.0, time_scale=1.0)
+    with pytest.raises(SimConfigError, match="process"):
+        with_arrivals([], request_rate=1.0, process="bursty")  # type: ignore[arg-type]
+    for bad in (0, -1.0, math.inf, "2"):
+        with pytest.raises(SimConfigError):
+            with_arrivals([], request_rate=bad)  # type: ignore[arg-type]
+        with pytest.raises(SimConfigError):
+            with_arrivals([], time_scale=bad)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- profiles
+
+
+def test_prefill_cost_is_additive_over_chunks_and_decreasing_in_the_hit() -> None:
+    p = load_profile()
+    assert attention_pairs(3, 0) == 1 + 2 + 3 and attention_pairs(2, 5) == 6 + 7
+    whole = p.prefill_s(1000, 24)
+    assert p.prefill_s(300, 24) + p.prefill_s(700, 324) == pytest.approx(whole)
+    costs = [p.prefill_s(1000 - h, h) for h in range(0, 1000, 50)]
+    assert costs == sorted(costs, reverse=True)
+    assert p.step_time(0, 0, 0, 0) == p.step_s
+
+
+def test_default_profile_is_shipped_and_cites_its_source() -> None:
+    assert DEFAULT_PROFILE in available_profiles()
+    p = load_profile(DEFAULT_PROFILE)
+    assert "Vidur" in p.source and "microsoft/vidur" in p.source
+    assert "A100" in p.device and "Llama-2-70b" in p.model
+    # A 70B model on two A100s: tens of ms a decode step, about a second for 4K tokens.
+    assert 0.03 < p.step_s + p.decode_s(1, 1000) < 0.1
+    assert 1.0 < p.step_s + p.prefill_s(4096) < 2.0
+
+
+def test_profile_round_trip_and_bad_profiles(tmp_path: Path) -> None:
+    p = CostProfile("mine", "m", "d", 0.01, 1e-4, 1e-8, 1e-3, 1e-7, source="s", fit={"x": 1})
+    path = tmp_path / "mine.json"
+    save_profile(p, path)
+    assert load_profile(path) == p
+    assert load_profile(str(path)) == p
+    data = json.loads(path.read_text())
+    del data["coefficients"]["step_s"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="step_s"):
+        load_profile(path)
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match="not JSON"):
+        load_profile(path)
+    with pytest.raises(ProfileError, match="no profile"):
+        load_profile(tmp_path / "missing.json")
+    for k in COEFFICIENTS:
+        negative: dict[str, Any] = {k: -1.0}
+        with pytest.raises(ProfileError, match=k):
+            dataclasses.replace(p, **negative)
+    with pytest.raises(ProfileError, match="zero"):
+        CostProfile("zero", "m", "d", 0, 0, 0, 0, 0)
+
+
+# ------------------------------------------------------------------ percentiles
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    np = pytest.importorskip("numpy")
+    values = [0.3, 5.0, 1.0, 2.5, 9.0, 4.0, 0.1]
+    for q in (1, 50, 90, 99):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([2.0], 90) == 2.0
+    assert math.isnan(percentile([], 50))
+
+
+# ------------------------------------------------------------------ calibration
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    truth = CostProfile("t", "m", "d", 2e-3, 3e-5, 4e-9, 5e-4, 6e-8)
+    shapes = [
+        (q, attention_pairs(q, s), b, b * (c + 1))
+        for q, s, b, c in [
+            (16, 0, 0, 0), (512, 0, 0, 0), (256, 1024, 0, 0), (2048, 0, 0, 0),
+            (0, 0, 1, 64), (0, 0, 32, 512), (0, 0, 8, 4096), (64, 0, 8, 256),
+        ]
+    ]  # fmt: skip
+    samples = [StepSample(*w, truth.step_time(*w)) for w in shapes]
+    fitted = fit_profile(samples, name="f", model="m", device="d", source="s")
+    for k in COEFFICIENTS:
+        assert getattr(fitted, k) == pytest.approx(getattr(truth, k), rel=1e-6)
+    assert fitted.fit["relative_error_max"] < 1e-6
+    with pytest.raises(ValueError, match="at least"):
+        fit_profile(samples[:3], name="f", model="m", device="d", source="s")
+
+
+def test_calibrate_measures_the_reference_engine(tmp_path: Path) -> None:
+    profile = calibrate(
+        repeats=1,
+        prefill=[(8, 0), (32, 0), (32, 64), (64, 32)],
+        decode=[(1, 16), (4, 32), (8, 8)],
+        mixed=[(16, 0, 2, 16)],
+    )
+    assert profile.name == "reference-engine-cpu" and "TinyTransformer" in profile.model
+    assert profile.fit["num_samples"] == 8
+    assert profile.step_time(64, attention_pairs(64, 0), 0, 0) > 0
+    save_profile(profile, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == profile
+
+
+def test_the_simulator_needs_none_of_its_optional_dependencies_to_import() -> None:
+    heavy = ("torch", "numpy", "scipy", "matplotlib", "pandas", "pyarrow")
+    code = (
+        "import sys, prefixkv.adapters.lab.sim; "
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
