@@ -21,12 +21,12 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
-from prefixkv.indexes.base import PrefixIndex, PrefixMatch
+from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.storage.allocator import BlockAllocator
 
-from ..manager import CacheManager
+from ..manager import CacheManager, Lookup
 
 __all__ = ["PrefixKVCacheManager"]
 
@@ -83,7 +83,7 @@ class PrefixKVCacheManager:
         self.blocks[0].is_null = True
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._keys: dict[str, TokenKey] = {}
-        self._lookups: dict[str, PrefixMatch] = {}
+        self._lookups: dict[str, Lookup] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -111,12 +111,12 @@ class PrefixKVCacheManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _available(self, hit: PrefixMatch | None) -> int:
-        # Free plus evictable blocks, less the hit's own evictable ones (locking them
-        # takes them off vLLM's free queue too).
-        stats = self.manager.index.stats()
-        pinned = hit.num_evictable_blocks if hit is not None else 0
-        return self.manager.allocator.num_free_blocks + stats.num_evictable_blocks - pinned
+    def _available(self, hit: Lookup | None) -> int:
+        # Free plus evictable blocks, less the hit's own evictable ones now (locking
+        # them takes them off vLLM's free queue too); a stale hit raises here.
+        index = self.manager.index
+        pinned = 0 if hit is None else index.count_evictable(hit.match.handle)
+        return self.manager.allocator.num_free_blocks + index.stats().num_evictable_blocks - pinned
 
     # ------------------------------------------------------------------ lookup
 
@@ -139,7 +139,7 @@ class PrefixKVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
         key = self._key(request, request.num_tokens)
-        m = self.manager.index.match_prefix(key, max(0, cap))
+        m = Lookup(key, self.manager.index.match_prefix(key, max(0, cap)))
         self._lookups[request.request_id] = m
         return self._wrap(m.block_ids), m.num_tokens, 0
 
@@ -253,7 +253,7 @@ class PrefixKVCacheManager:
                 raise PrefixKVError(
                     f"request {rid!r}: {num_hit} computed tokens without a matching lookup"
                 )
-            m = mgr.index.match_prefix(key, 0)
+            m = Lookup(key, mgr.index.match_prefix(key, 0))
         available = self._available(m)
         if full_sequence_must_fit:
             # vLLM's admission gate: the whole sequence must fit, not just this chunk.
@@ -262,7 +262,7 @@ class PrefixKVCacheManager:
                 return None
         if self._blocks_for(slots) - len(m.block_ids) + reserve > available:
             return None
-        adm = mgr.admit(rid, key, num_tokens=max(slots, m.num_tokens, 1), prefix_match=m)
+        adm = mgr.admit(rid, key, num_tokens=max(slots, m.num_tokens, 1), lookup=m)
         if adm is None:
             return None
         del self._lookups[rid]

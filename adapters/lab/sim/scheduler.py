@@ -294,7 +294,7 @@ class ReplicaScheduler:
         room = (
             self.allocator.num_free_blocks
             + self.index.stats().num_evictable_blocks
-            - match.num_evictable_blocks
+            - self.index.count_evictable(match.handle)
         )
         bs = self.index.block_size
         if self.vllm:
