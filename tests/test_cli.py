@@ -272,7 +272,7 @@ def test_replay_does_not_import_matplotlib(tmp_path: Path) -> None:
         (["compare", "--indexes", "radix:0"], "radix:0"),
         (["compare", "--concurrency", "0"], "--concurrency"),
         (["compare", "--capacity-tokens", "64", "--capacity-blocks", "4"], "not allowed"),
-        (["compare", "--workload", "seed", "--scale-block", "16"], "scale_block=16"),
+        (["compare", "--workload", "seed", "--tokens-per-id", "16"], "tokens_per_id=16"),
         (["frobnicate"], "invalid choice"),
         (["replay", "trace.jsonl", "--index", "radix"], "--out"),
     ],

@@ -12,7 +12,7 @@ import gzip
 import zlib
 from collections.abc import Callable, Iterator
 from os import PathLike
-from typing import IO, TypeVar, Union
+from typing import IO, TypeVar, Union, cast
 
 import msgspec
 
@@ -58,7 +58,9 @@ def iter_lines(
         OSError: the file cannot be opened or read.
     """
     with open(path, "rb") as raw:
-        f: IO[bytes] = gzip.GzipFile(fileobj=raw) if raw.read(2) == GZIP_MAGIC else raw
+        f: IO[bytes] = (
+            cast(IO[bytes], gzip.GzipFile(fileobj=raw)) if raw.read(2) == GZIP_MAGIC else raw
+        )
         raw.seek(0)
         lineno = 0
         done = 0
