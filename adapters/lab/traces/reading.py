@@ -101,6 +101,8 @@ def decode(decoder: msgspec.json.Decoder[T], data: bytes, where: str) -> T:
         raise TraceFormatError(f"{where}: {one_line(str(exc))}: {_head(data)}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(f"{where}: not JSON ({one_line(str(exc))}): {_head(data)}") from None
+    except RecursionError:
+        raise TraceFormatError(f"{where}: JSON nested too deeply: {_head(data)}") from None
 
 
 def _head(data: bytes) -> str:
