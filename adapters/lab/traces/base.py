@@ -172,6 +172,8 @@ class ReadOptions:
         seed: selects the token content.
         output: ``False`` empties every output (prompt-only replay).
         limits: size bounds checked before anything is built.
+        block_cache_bytes: token bytes of recently expanded hash-id blocks kept for
+            reuse (default 4 MiB); the reader's only memory that outlives a request.
     """
 
     tokens_per_id: int | None = None
@@ -179,6 +181,7 @@ class ReadOptions:
     seed: int = 0
     output: bool = True
     limits: TraceLimits = TraceLimits()
+    block_cache_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         per_id = self.tokens_per_id
@@ -188,5 +191,9 @@ class ReadOptions:
             raise TraceOptionError(f"vocab_size must be an int >= 2, got {self.vocab_size!r}")
         if type(self.seed) is not int:
             raise TraceOptionError(f"seed must be an int, got {self.seed!r}")
+        if type(self.block_cache_bytes) is not int or self.block_cache_bytes < 0:
+            raise TraceOptionError(
+                f"block_cache_bytes must be an int >= 0, got {self.block_cache_bytes!r}"
+            )
         if not isinstance(self.limits, TraceLimits):
             raise TraceOptionError(f"limits must be a TraceLimits, got {self.limits!r}")

@@ -35,9 +35,6 @@ __all__ = ["HEAD_TOKENS", "BlockTokens", "TokenDeriver"]
 HEAD_TOKENS = 4
 """Leading tokens of every derived run that come from SHAKE-128."""
 
-_LRU_BYTES = 16 * 2**20
-"""Token bytes the block cache may hold (plus about 150 bytes of bookkeeping a block)."""
-
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -120,6 +117,8 @@ class BlockTokens:
             and seed), so traces of different formats never share content by accident.
         tokens_per_id: tokens a block stands for (the format's block size, or an
             override that keeps the sharing pattern at another granularity).
+        cache_bytes: token bytes of recent blocks kept (each entry also costs about
+            150 bytes of bookkeeping, counted too); 0 keeps none.
 
     Raises:
         TraceOptionError: a bad ``tokens_per_id``.
@@ -127,14 +126,16 @@ class BlockTokens:
 
     __slots__ = ("_cache", "_capacity", "_deriver", "_prefix", "tokens_per_id")
 
-    def __init__(self, deriver: TokenDeriver, prefix: str, tokens_per_id: int) -> None:
+    def __init__(
+        self, deriver: TokenDeriver, prefix: str, tokens_per_id: int, cache_bytes: int = 4 * 2**20
+    ) -> None:
         if type(tokens_per_id) is not int or tokens_per_id < 1:
             raise TraceOptionError(f"tokens_per_id must be a positive int, got {tokens_per_id!r}")
         self._deriver = deriver
         self._prefix = prefix
         self.tokens_per_id = tokens_per_id
         self._cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._capacity = max(64, _LRU_BYTES // (4 * tokens_per_id + 150))
+        self._capacity = cache_bytes // (4 * tokens_per_id + 150)
 
     def prompt(self, scope: str, hash_ids: Sequence[int], length: int) -> array[int]:
         """The blocks of ``hash_ids`` in order, cut to ``length`` tokens.

@@ -176,7 +176,7 @@ def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadOptions) -> Iterator
     """
     per_id = fmt.block_size if opts.tokens_per_id is None else opts.tokens_per_id
     deriver = TokenDeriver(opts.vocab_size)
-    blocks = BlockTokens(deriver, f"{fmt.tag}-block:{opts.seed}:", per_id)
+    blocks = BlockTokens(deriver, f"{fmt.tag}-block:{opts.seed}:", per_id, opts.block_cache_bytes)
     output_tag = f"{fmt.tag}-output:{opts.seed}:"
     for lineno, _, rid, record, prompt_len, output_len in _plans(fmt, path, opts):
         tokens = blocks.prompt("", record.hash_ids, prompt_len)

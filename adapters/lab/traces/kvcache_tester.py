@@ -236,7 +236,7 @@ def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceReque
         expander = blocks.get(p.tokens_per_id)
         if expander is None:
             expander = blocks[p.tokens_per_id] = BlockTokens(
-                deriver, f"kvct-block:{seed}:", p.tokens_per_id
+                deriver, f"kvct-block:{seed}:", p.tokens_per_id, opts.block_cache_bytes
             )
         tokens = expander.prompt(p.scope, p.hash_ids, p.prompt - p.tail)
         if p.tail:
