@@ -273,7 +273,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         type=parse_token_count,
         default=MAX_POOL_BLOCKS,
         metavar="N",
-        help="refuse a capacity of more blocks (default 64M = 67,108,864)",
+        help="refuse a capacity of more blocks than this, the pool being built up front "
+        "(default 16M = 16,777,216)",
     )
     p.add_argument(
         "--seed", type=_int, default=0, help="workload seed and hash-id token seed (default 0)"
@@ -336,9 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument(
         "--boundary-accounting",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="replay once with the token-level mirror that counts matched-but-recomputed "
-        "tokens (SPEC BB-8) (default on)",
+        default=None,
+        help="replay once more with the token-level mirror that counts matched-but-"
+        "recomputed tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose "
+        "sharing stops at block boundaries by construction)",
     )
     cmp.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib)")
     cmp.add_argument(
@@ -455,6 +457,8 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     repeats = args.timing_repeats
     if repeats is None:
         repeats = 1 if args.trace is not None else 3
+    if args.boundary_accounting is None:
+        args.boundary_accounting = all(w.tokens_per_id is None for w in workloads)
     plans = []
     for w in workloads:
         cap, points = plan_capacities(
@@ -604,6 +608,7 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
     out = Path(args.out)
     refuse_overwrite([out], [args.trace])
+    t_load = time.perf_counter()
     (workload,) = load_workloads(
         None,
         args.trace,
@@ -614,6 +619,7 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         options=_read_options(args),
         quiet=args.quiet,
     )
+    load_seconds = time.perf_counter() - t_load
     capacity = roomy_capacity(workload.stats, specs) if caps is None else caps[0]
     check_pool(capacity, specs, args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
@@ -654,6 +660,7 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         finally:
             bar.close()
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
+        summary["scan_seconds"] = load_seconds
         f.write(encoder.encode({"summary": summary}))
         f.write(b"\n")
     if not args.quiet or interrupted:

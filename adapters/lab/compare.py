@@ -51,8 +51,8 @@ __all__ = [
 NATURAL_DRIVERS: Mapping[str, Driver] = MappingProxyType({"hash_chain": "vllm", "radix": "sglang"})
 """The scheduler each backend is modelled on; other backends use the manager."""
 
-MAX_POOL_BLOCKS = 2**26
-"""Default bound on one replay's pool (67,108,864 blocks); larger is refused up front."""
+MAX_POOL_BLOCKS = 2**24
+"""Default bound on one replay's pool (16,777,216 blocks); larger is refused up front."""
 
 Bars = Callable[[str, int], Progress]
 """Makes one progress bar: ``bars(description, total prompt tokens)``."""
@@ -305,7 +305,8 @@ def run_backend(
     collector paused: what remains is the index's own cost, not a neighbour
     process's time slice or a collection of everyone's garbage. With
     ``timing_repeats=0`` the times come from the first replay (accounting
-    included); without ``boundary_accounting`` the BB-8 columns are zero.
+    included). Without ``boundary_accounting`` there are ``max(1, timing_repeats)``
+    replays, all timed, and the BB-8 columns are zero.
 
     Returns:
         Totals and per-request lists (see the report's results.json).
@@ -318,7 +319,10 @@ def run_backend(
     if type(timing_repeats) is not int or timing_repeats < 0:
         raise CompareError(f"timing repeats must be an int >= 0, got {timing_repeats!r}")
     num_blocks = spec.num_blocks(capacity_tokens)
-    runs = 1 + timing_repeats
+    # With accounting, one tracked replay then the timed ones; without, the first
+    # timed replay gives the hits too.
+    extra = timing_repeats if boundary_accounting else max(0, timing_repeats - 1)
+    runs = 1 + extra
     try:
         first, memory = _replay(
             workload,
@@ -341,8 +345,10 @@ def run_backend(
                 f"{k + 2}/{runs}",
                 pause_gc=True,
             )[0]
-            for k in range(timing_repeats)
-        ] or [first]
+            for k in range(extra)
+        ]
+        if not boundary_accounting or not timed:
+            timed.insert(0, first)
     except ReplayError as exc:
         raise CapacityError(
             f"capacity {capacity_tokens} tokens ({num_blocks} × {spec.block_size}-token blocks) "

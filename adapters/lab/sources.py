@@ -59,6 +59,8 @@ class Workload:
         stats: counts and sizes, from a scan (traces) or the list.
         notes: what the report must say about it (a hash-id trace's granularity).
         path: the trace file, ``None`` for built-in workloads.
+        tokens_per_id: a hash-id trace's tokens per id (its sharing granularity);
+            ``None`` for token traces and built-in workloads.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Workload:
     stats: TraceStats
     notes: tuple[str, ...] = ()
     path: str | None = None
+    tokens_per_id: int | None = None
 
 
 def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest]:
@@ -162,6 +165,7 @@ def load_workloads(
                 stats,
                 () if note is None else (note,),
                 str(trace),
+                source.tokens_per_id,
             )
         ]
     if tokens_per_id is not None:
