@@ -10,7 +10,8 @@ kernel's rusage of that child. Not a CI test; four modes:
     # (b) prompt tokens/s, load + replay, prompts of 1K-100K tokens, no eviction
     python benchmarks/trace_replay.py throughput --tokens 20m
     # (c) the same capacity over the trace and over a copy N times longer
-    python benchmarks/trace_replay.py memory --trace conversation_trace.jsonl --lengthen 10
+    python benchmarks/trace_replay.py memory --trace conversation_trace.jsonl --lengthen 10 \
+        --head 1200
     # where the time goes: cProfile of an in-process replay, top functions by own time
     python benchmarks/trace_replay.py profile --trace conversation_trace.jsonl \\
         --index radix --size 1 --capacity-tokens 1m -k 8
@@ -155,9 +156,11 @@ def mode_throughput(args: argparse.Namespace) -> None:
     print(_table(rows, cols))
 
 
-def lengthen(trace: Path, copies: int, out: Path) -> None:
-    """``copies`` back-to-back copies of a Mooncake trace, each with its own hash ids."""
+def lengthen(trace: Path, copies: int, out: Path, head: int | None = None) -> None:
+    """``copies`` back-to-back copies of (the first ``head`` lines of) a Mooncake trace,
+    each with its own hash ids."""
     records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    records = records[:head]
     offset = 1 + max(h for r in records for h in r["hash_ids"])
     span = 1 + max(r.get("timestamp", 0) for r in records)
     with out.open("w") as f:
@@ -171,10 +174,12 @@ def lengthen(trace: Path, copies: int, out: Path) -> None:
 def mode_memory(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        short = Path(tmp) / "x1.jsonl"
         long = Path(tmp) / f"x{args.lengthen}.jsonl"
-        lengthen(args.trace, args.lengthen, long)
+        lengthen(args.trace, 1, short, args.head)
+        lengthen(args.trace, args.lengthen, long, args.head)
         for index, (_, size) in BACKENDS.items():
-            base = run_replay(args.trace, index, size, args.capacity_tokens, args.k)
+            base = run_replay(short, index, size, args.capacity_tokens, args.k)
             longer = run_replay(long, index, size, args.capacity_tokens, args.k)
             for row, name in ((base, "1x"), (longer, f"{args.lengthen}x")):
                 row["trace"] = name
@@ -223,6 +228,9 @@ def main() -> None:
         p.add_argument("-k", type=int, default=8)
         p.add_argument("--repeat", type=int, default=1)
     sub.choices["memory"].add_argument("--lengthen", type=int, default=10)
+    sub.choices["memory"].add_argument(
+        "--head", type=int, default=None, help="lengthen only the first N requests"
+    )
     prof = sub.choices["profile"]
     prof.add_argument("--index", default="hash_chain")
     prof.add_argument("--size", type=int, default=16)

@@ -269,6 +269,7 @@ def _replay(
             driver=spec.driver,
             concurrency=concurrency,
             track_boundaries=track,
+            measure_memory=True,
             progress=None if bar is None else bar.update,
         )
     finally:

@@ -219,6 +219,7 @@ class _Replayer(ABC):
         self.manager = manager
         self.result = result
         self.keep = keep
+        self.measure_memory = False
         self.by_call = result.seconds_by_call
         self.live: deque[_Live] = deque()
         self.peak_cached = 0
@@ -231,7 +232,7 @@ class _Replayer(ABC):
             self.peak_cached = cached
             # memory_bytes walks the index: sample it at geometric steps of the peak
             # (O(log capacity) walks), not at every new peak.
-            if cached >= self._next_measure:
+            if self.measure_memory and cached >= self._next_measure:
                 measure = getattr(self.manager.index, "memory_bytes", None)
                 if measure is not None:
                     self.peak_memory = max(self.peak_memory, int(measure()))
@@ -437,6 +438,7 @@ def replay(
     concurrency: int = 1,
     track_boundaries: bool = False,
     keep_per_request: bool = True,
+    measure_memory: bool = False,
     on_admit: Callable[[HitRow], object] | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> ReplayResult:
@@ -456,6 +458,8 @@ def replay(
         track_boundaries: fill the BB-8 columns (matched and lost tokens).
         keep_per_request: keep the per-request columns (``False``: totals only,
             constant memory however long the stream).
+        measure_memory: sample the index's ``memory_bytes`` as its peak grows (at
+            geometric steps: it walks the index) into ``index_memory_bytes``.
         on_admit: called with each admission's :class:`HitRow`, in admission order
             (stream the oracle file from it).
         progress: called with each admitted request's prompt length.
@@ -469,6 +473,7 @@ def replay(
     if type(concurrency) is not int or concurrency < 1:
         raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
     rp = _replayer(index, num_blocks, driver, track_boundaries, keep_per_request)
+    rp.measure_memory = measure_memory
     result = rp.result
     t0 = time.perf_counter()
     try:
