@@ -436,6 +436,7 @@ def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert code == 0, stdout
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     w = doc["workloads"][0]
+    assert doc["config"]["capacity_sweep"] is True
     assert w["capacity_tokens"] == 4000  # the first listed is the table's
     assert w["sweep"]["capacity_tokens"] == [2048, 4000, 16000]
     ratios = w["sweep"]["hit_ratio"]["radix"]

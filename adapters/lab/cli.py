@@ -441,9 +441,10 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         refuse_overwrite([out / "results.json", out / "report.md"], [args.trace])
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     caps = _capacities(args)
+    listed = caps is not None and len(caps) > 1
     sweep = args.capacity_sweep
     if sweep is None:
-        sweep = not args.workload and args.trace is None and (caps is None or len(caps) == 1)
+        sweep = listed or (not args.workload and args.trace is None)
     workloads = load_workloads(
         names or None,
         args.trace,
@@ -466,9 +467,9 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
             backends,
             capacity_tokens=None if caps is None else caps[0],
             concurrency=args.concurrency,
-            sweep_points=SWEEP_POINTS if sweep and (caps is None or len(caps) == 1) else 0,
+            sweep_points=SWEEP_POINTS if sweep and not listed else 0,
         )
-        if caps is not None and len(caps) > 1:
+        if sweep and caps is not None and listed:
             points = sorted(caps)
         for c in [cap, *points]:
             check_pool(c, backends, args.max_pool_blocks)

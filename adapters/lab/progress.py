@@ -52,7 +52,7 @@ def progress(total: int | None, desc: str, *, quiet: bool = False, unit: str = "
         file=sys.stderr,
         delay=1.0,
         leave=False,
-        smoothing=0.05,  # a long-run average: the ETA does not jump with each request
+        smoothing=0.0,  # the whole run's average rate: the ETA does not jump per request
         dynamic_ncols=True,
     )
     return bar
