@@ -174,19 +174,24 @@ class ReplayInterrupted(KeyboardInterrupt):
 
 
 class _VLLMRequest:
-    """What the vLLM facade reads of a request (vLLM ``Request`` fields), over an array."""
+    """What the vLLM facade reads of a request (vLLM ``Request`` fields), over an array.
 
-    __slots__ = ("all_token_ids", "num_computed_tokens", "request_id")
+    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
+    :meth:`append`: the facade reads it every decode step.
+    """
+
+    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
 
     def __init__(self, request_id: str, prompt: Sequence[int]) -> None:
         self.request_id = request_id
         self.all_token_ids: array[int] = array("I", prompt)
+        self.num_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0
 
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus output length."""
-        return len(self.all_token_ids)
+    def append(self, token: int) -> None:
+        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
+        self.all_token_ids.append(token)
+        self.num_tokens += 1
 
 
 class _SGLangReq:
@@ -308,7 +313,7 @@ class _VLLMReplayer(_Replayer):
         row = self.admitted(i, rid, n, hit, t_lookup + t_alloc)
         output = rec.output
         if len(output):
-            req.all_token_ids.append(output[0])
+            req.append(output[0])
         self.live.append(_Live(i, req, output, t_lookup + t_alloc))
         self.note_size()
         return row
@@ -326,7 +331,8 @@ class _VLLMReplayer(_Replayer):
             if new is None:
                 raise self.fail(f"decode step of request {req.request_id!r}")
             req.num_computed_tokens += 1
-            tokens.append(output[k])
+            tokens.append(output[k])  # append(), inlined: the decode loop is hot
+            req.num_tokens += 1
         self.book("allocate_decode", live, spent)
         self.note_size()
         _, t_free = self.timed("free", self.facade.free, req)
