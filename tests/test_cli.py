@@ -6,7 +6,10 @@ through ``python -m``); the seed test pins SPEC BB-2/BB-3 as the report shows th
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.lab.cli import main
+from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import (
     parse_backends,
     percentile,
@@ -272,7 +275,7 @@ def test_replay_does_not_import_matplotlib(tmp_path: Path) -> None:
         (["compare", "--indexes", "radix:0"], "radix:0"),
         (["compare", "--concurrency", "0"], "--concurrency"),
         (["compare", "--capacity-tokens", "64", "--capacity-blocks", "4"], "not allowed"),
-        (["compare", "--workload", "seed", "--scale-block", "16"], "scale_block=16"),
+        (["compare", "--workload", "seed", "--tokens-per-id", "16"], "tokens_per_id=16"),
         (["frobnicate"], "invalid choice"),
         (["replay", "trace.jsonl", "--index", "radix"], "--out"),
     ],
@@ -368,3 +371,325 @@ def test_sweep_percentile_and_strip_selection() -> None:
     ]
     # Boundary loss first (3), then differing hits (2), then the rest in order (0).
     assert select_strip_requests(rows, limit=3) == [0, 2, 3]
+
+
+# --- units, sweeps, engine flags, --version ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("65536", 65536),
+        ("1k", 1000),
+        ("1K", 1024),
+        ("512K", 524288),
+        ("1m", 1_000_000),
+        ("1M", 2**20),
+        ("25.6k", 25600),
+        ("2g", 2_000_000_000),
+        ("1_000_000", 1_000_000),
+    ],
+)
+def test_token_counts_read_like_vllm(text: str, value: int) -> None:
+    assert parse_token_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "1.5", "1.5K", "1e9", "lots", "", "1x", "2" * 30])
+def test_bad_token_counts(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_token_count(text)
+
+
+def test_token_count_lists() -> None:
+    assert parse_token_counts("1m,3m,10m") == [1_000_000, 3_000_000, 10_000_000]
+    for bad in ("1m,1m", ",", "1m,x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_token_counts(bad)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "--version")
+    assert code == 0
+    assert re.fullmatch(r"prefixkv \d+\.\d+\.\S+\n", out)
+
+
+def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    code, stdout, _ = _run(
+        capsys,
+        "compare",
+        "-w",
+        "multi_turn",
+        "--max-requests",
+        "40",
+        "--indexes",
+        "hash_chain,radix",
+        "--capacity-tokens",
+        "4k,2K,16k",
+        "--timing-repeats",
+        "0",
+        "--no-plots",
+        "-q",
+        "--out",
+        str(out),
+    )
+    assert code == 0, stdout
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    w = doc["workloads"][0]
+    assert doc["config"]["capacity_sweep"] is True
+    assert w["capacity_tokens"] == 4000  # the first listed is the table's
+    assert w["sweep"]["capacity_tokens"] == [2048, 4000, 16000]
+    ratios = w["sweep"]["hit_ratio"]["radix"]
+    assert ratios == sorted(ratios) and ratios[0] < ratios[-1]  # more room, more hits
+    assert _backends(doc)["radix"]["hit_ratio"] == pytest.approx(ratios[1])
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "| 16,000 |" in md and "Hit ratio at each capacity" in md
+
+
+def test_engine_named_flags_reach_the_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    code, _, err = _run(
+        capsys,
+        "compare",
+        "-w",
+        "seed",
+        "--indexes",
+        "hash_chain,radix",
+        "--prefix-caching-hash-algo",
+        "sha256",
+        "--radix-eviction-policy",
+        "lfu",
+        "--index-option",
+        "hash_chain.verify=true",
+        "--timing-repeats",
+        "0",
+        "--no-plots",
+        "-q",
+        "--out",
+        str(out),
+    )
+    assert code == 0, err
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    opts = {b["label"]: b["options"] for b in doc["config"]["backends"]}
+    assert opts == {
+        "hash_chain": {"hash_algorithm": "sha256", "verify": True},
+        "radix": {"eviction": "lfu"},
+    }
+    assert [h for h in _backends(doc)["hash_chain"]["per_request"]["hit_tokens"]] == [0, 16, 64]
+    code, _, err = _run(
+        capsys, "compare", "-w", "seed", "--index-option", "radix.bogus=1", "--out", str(out)
+    )
+    assert code == 2 and "does not take options" in _error_line(err)
+
+
+# --- long runs: interrupts, atomic outputs, inputs never overwritten ---------------------
+
+
+def _interrupt_after(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, calls: int) -> None:
+    """Make ``module.name`` raise KeyboardInterrupt on its ``calls``-th call (Ctrl-C)."""
+    real = getattr(module, name)
+    count = [0]
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        if count[0] == calls:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+def test_replay_interrupted_writes_partial_hits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixkv.adapters import vllm
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, make_workload("shared_system_prompt", num_requests=20, system_len=64))
+    out = tmp_path / "hits.jsonl"
+    # Ctrl-C in the 8th lookup: 7 requests were admitted.
+    _interrupt_after(monkeypatch, vllm.VLLMKVCacheManager, "get_computed_blocks", 8)
+    code, stdout, _ = _run(capsys, "replay", str(trace), "--index", "hash_chain", "-k", "2",
+                           "--out", str(out))  # fmt: skip
+    assert code == 130
+    assert "interrupted: partial" in stdout
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["id"] for r in lines[:-1]] == [f"sys-{i}" for i in range(7)]
+    summary = lines[-1]["summary"]
+    assert summary["partial"] is True and summary["requests"] == 7
+
+
+def test_compare_interrupted_keeps_finished_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixkv.adapters import sglang
+
+    out = tmp_path / "o"
+    # The radix tree runs second: interrupt its first replay midway.
+    _interrupt_after(monkeypatch, sglang.SGLangRadixCache, "alloc_for_extend", 5)
+    code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
+                           "--timing-repeats", "1", "--out", str(out))  # fmt: skip
+    assert code == 130
+    assert "(interrupted: partial)" in stdout and "partial results" in stdout
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["partial"] is True and doc["plots"] == {}
+    w = doc["workloads"][0]
+    assert w["partial"] is True and [b["backend"] for b in w["backends"]] == ["hash_chain"]
+    assert "Partial results" in (out / "report.md").read_text(encoding="utf-8")
+    assert not list(out.glob("*.png")) and not list(out.glob(".*"))
+
+
+def test_interrupt_while_loading_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixkv.adapters.lab.traces import source
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, seed_example())
+    out = tmp_path / "h.jsonl"
+    out.write_text("earlier results\n")
+    _interrupt_after(monkeypatch, source.TraceSource, "scan", 1)
+    code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(out))
+    assert code == 130 and "nothing written" in err
+    assert out.read_text() == "earlier results\n"
+
+
+def test_failed_replay_leaves_the_old_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    out = tmp_path / "h.jsonl"
+    out.write_text("earlier results\n")
+    code, _, _ = _run(capsys, "replay", str(trace), "--index", "radix", "--capacity-blocks", "2",
+                      "--out", str(out))  # fmt: skip
+    assert code == 2
+    assert out.read_text() == "earlier results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "seed.jsonl"]
+
+
+def test_out_equal_to_the_input_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    before = trace.read_bytes()
+    link = tmp_path / "alias.jsonl"
+    link.symlink_to(trace)
+    for out in (trace, link, tmp_path / "." / "seed.jsonl"):
+        code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(out))
+        assert code == 2 and "refusing to overwrite" in _error_line(err)
+    code, _, err = _run(capsys, "compare", "--trace", str(tmp_path / "results.json"),
+                        "--out", str(tmp_path))  # fmt: skip
+    assert code == 2
+    (tmp_path / "results.json").write_bytes(before)
+    code, _, err = _run(capsys, "compare", "--trace", str(tmp_path / "results.json"),
+                        "--out", str(tmp_path))  # fmt: skip
+    assert code == 2 and "refusing to overwrite" in _error_line(err)
+    assert trace.read_bytes() == before == (tmp_path / "results.json").read_bytes()
+
+
+# --- no input file or flag ever prints a traceback --------------------------------------
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    good = "".join(
+        json.dumps({"id": f"r{i}", "tokens": list(range(1, 200))}) + "\n" for i in range(300)
+    )
+    data = gzip.compress(good.encode(), mtime=0)
+    files = {
+        "truncated gzip": data[: len(data) // 2],
+        "corrupt gzip": data[:60] + b"\xff" * 80 + data[140:],
+        "bad gzip header": b"\x1f\x8b\x08" + b"\xff" * 40,
+        "bad utf-8": b'{"id": "caf\xe9", "tokens": [1]}\n',
+        "binary junk": bytes(range(256)) * 4,
+        "giant integer": b'{"id": "a", "tokens": [1' + b"0" * 5000 + b"]}\n",
+        "giant output": b'{"input_length": 1, "output_length": 1000000000, "hash_ids": [1]}\n',
+        "giant prompt": b'{"input_length": 1000000000000, "output_length": 1, "hash_ids": [1]}\n',
+        "deep nesting": b'{"id": "a", "tokens": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        "lone surrogate": b'{"id": "\\ud800", "tokens": [1]}\n',
+        "empty": b"",
+        "not a trace": b'{"prompt": "hello"}\n',
+        "kvct without requests": b'{"id": "x", "block_size": 64}\n',
+    }
+    paths = {}
+    for name, content in files.items():
+        p = tmp_path / (name.replace(" ", "_") + ".jsonl")
+        p.write_bytes(content)
+        paths[name] = p
+    return paths
+
+
+def test_no_input_file_prints_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, path in _bad_inputs(tmp_path).items():
+        for argv in (
+            ["replay", str(path), "--index", "radix", "--out", str(tmp_path / "h.jsonl")],
+            ["compare", "--trace", str(path), "--out", str(tmp_path / "o"), "--no-plots"],
+        ):
+            code, _, err = _run(capsys, *argv)
+            assert code == 2, (name, err)
+            line = _error_line(err)
+            assert str(path) in line or "empty" in line, (name, line)
+    assert not (tmp_path / "h.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--capacity-tokens", "1g"],
+        ["--capacity-tokens", "99999999999999999999"],
+        ["--capacity-blocks", "-3"],
+        ["--max-output-tokens", "3"],
+        ["--max-prompt-tokens", "50"],
+        ["--max-pool-blocks", "5"],
+        ["--seed", "1" * 400],
+        ["--vocab-size", "1"],
+        ["--trace-format", "mooncake"],
+        ["--tokens-per-id", "16"],
+        ["--index-option", "nonsense"],
+        ["--index-option", "radix.page=x=y"],
+    ],
+)
+def test_no_flag_prints_a_traceback(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "seed.jsonl"
+    write_trace(trace, seed_example())
+    argv = ["replay", str(trace), "--index", "radix", "--out", str(tmp_path / "h.jsonl"), *flags]
+    code, _, err = _run(capsys, *argv)
+    assert code == 2, err
+    _error_line(err)
+
+
+def test_giant_mooncake_output_through_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "mc.jsonl"
+    trace.write_text('{"input_length": 1, "output_length": 1000000000, "hash_ids": [1]}\n')
+    code, _, err = _run(capsys, "replay", str(trace), "--index", "hash_chain",
+                        "--out", str(tmp_path / "h.jsonl"))  # fmt: skip
+    assert code == 2
+    assert f"{trace}:1: request 'mc-1': output of 1,000,000,000 tokens" in _error_line(err)
+
+
+def test_formats_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = Path(__file__).parent / "data" / "traces"
+    for trace, requests in (
+        (data / "mooncake_small.jsonl", 4),
+        (data / "bailian_small.jsonl", 3),
+        (data / "kv_cache_tester", 6),
+        (data / "prefixkv_small.jsonl", 3),
+    ):
+        out = tmp_path / f"{trace.stem}.jsonl"
+        code, stdout, err = _run(
+            capsys, "replay", str(trace), "--index", "radix", "--out", str(out)
+        )
+        assert code == 0, err
+        summary = json.loads(out.read_text(encoding="utf-8").splitlines()[-1])["summary"]
+        assert summary["requests"] == requests
+        hash_ids = trace.suffix != ".jsonl" or "prefixkv" not in trace.name
+        assert ("cannot show any sub-block gain" in stdout) == hash_ids

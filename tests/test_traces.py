@@ -1,35 +1,55 @@
-"""Tests of the trace formats: prefixkv JSONL round trips and errors, Mooncake loading.
+"""Tests of the trace formats: each reader on small fixtures, and every way a file can be bad.
 
-The Mooncake fixtures are written here into ``tmp_path`` (the full public traces are
-for manual checks only), so CI needs nothing but the repository.
+Fixtures live in ``tests/data/traces/`` (hand-written, a few lines each); corrupt,
+truncated and oversized variants are made here in ``tmp_path``. The public traces
+themselves are for the benchmarks only.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import shutil
+import tarfile
+import tracemalloc
+from array import array
 from pathlib import Path
 
 import pytest
 from helpers import common_prefix
 
 from prefixkv.adapters.lab.traces import (
+    OutputError,
+    ReadOptions,
     TraceFormatError,
+    TraceLimits,
     TraceOptionError,
     TraceRequest,
+    atomic_writer,
     detect_format,
     iter_trace,
     load_any,
     load_mooncake,
+    make_request,
     mooncake_lengths,
+    open_trace,
     read_trace,
+    refuse_overwrite,
     write_trace,
 )
 from prefixkv.indexes.errors import PrefixKVError
 
+DATA = Path(__file__).parent / "data" / "traces"
+MOONCAKE = DATA / "mooncake_small.jsonl"
+BAILIAN = DATA / "bailian_small.jsonl"
+KVCT = DATA / "kv_cache_tester"
+PREFIXKV = DATA / "prefixkv_small.jsonl"
+
 REQUESTS = [
-    TraceRequest("a", [1, 2, 3, 4], [5, 6]),
-    TraceRequest("b", [1, 2, 7], []),
-    TraceRequest("c", [0, 2**32 - 1], [9]),
+    make_request("a", [1, 2, 3, 4], [5, 6]),
+    make_request("b", [1, 2, 7], []),
+    make_request("c", [0, 2**32 - 1], [9], arrival=1.5, session="s", parent="a", turn=2),
 ]
 
 
@@ -38,22 +58,45 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
+def error_of(path: Path, **kwargs: object) -> str:
+    """The one-line message reading ``path`` fails with."""
+    with pytest.raises(TraceFormatError) as info:
+        load_any(path, **kwargs)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    assert isinstance(info.value, PrefixKVError)
+    return message
+
+
 # --- prefixkv JSONL -------------------------------------------------------------------
 
 
-def test_round_trip(tmp_path: Path) -> None:
+def test_round_trip_keeps_arrays_and_links(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     assert write_trace(path, REQUESTS) == 3
-    assert read_trace(path) == REQUESTS
+    back = read_trace(path)
+    assert back == REQUESTS
+    assert all(isinstance(r.tokens, array) and r.tokens.typecode == "I" for r in back)
+    assert back[2][3:] == (1.5, "s", "a", 2)
     assert list(iter_trace(str(path))) == REQUESTS
 
 
-def test_int_ids_blank_lines_and_default_output(tmp_path: Path) -> None:
-    path = write_lines(
-        tmp_path / "t.jsonl",
-        ["", '{"id": 7, "tokens": [3, 4]}', "   ", '{"id": "x", "tokens": [5], "extra": 1}', ""],
-    )
-    assert read_trace(path) == [TraceRequest("7", [3, 4], []), TraceRequest("x", [5], [])]
+def test_gzip_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    write_trace(path, REQUESTS)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    assert read_trace(path) == REQUESTS
+    renamed = tmp_path / "no_suffix.jsonl"  # gzip is known by its magic, not its name
+    shutil.copy(path, renamed)
+    assert read_trace(renamed) == REQUESTS
+
+
+def test_fixture_ids_defaults_and_extra_keys() -> None:
+    a, b, c = load_any(PREFIXKV)
+    assert (a.id, a.arrival, a.session, a.turn) == ("a", 0.0, "s1", 1)
+    assert (b.parent, b.output) == ("a", array("I"))
+    assert c.id == "7" and c.tokens == array("I", [0, 2**32 - 1]) and c.arrival is None
+    assert detect_format(PREFIXKV) == "prefixkv"
 
 
 def test_max_requests_stops_reading(tmp_path: Path) -> None:
@@ -63,41 +106,44 @@ def test_max_requests_stops_reading(tmp_path: Path) -> None:
     )
     assert [r.id for r in read_trace(path, max_requests=2)] == ["a", "b"]
     assert read_trace(path, max_requests=0) == []
-    with pytest.raises(TraceFormatError):
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: not JSON"):
         read_trace(path)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
-def test_bad_max_requests(tmp_path: Path, bad: object) -> None:
-    path = write_lines(tmp_path / "t.jsonl", ['{"id": "a", "tokens": [1]}'])
+def test_bad_max_requests(bad: object) -> None:
     with pytest.raises(TraceOptionError, match="max_requests"):
-        read_trace(path, max_requests=bad)  # type: ignore[arg-type]
+        read_trace(PREFIXKV, max_requests=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("line", "fault"),
     [
         ("{not json", "not JSON"),
-        ("[1, 2, 3]", "JSON object"),
-        ('"tokens"', "JSON object"),
-        ('{"id": "z"}', 'missing "tokens"'),
-        ('{"id": "z", "tokens": []}', "must not be empty"),
-        ('{"id": "z", "tokens": "1 2"}', "list of token ids"),
-        ('{"id": "z", "tokens": null}', "list of token ids"),
-        ('{"id": "z", "tokens": [1, -1]}', "position 1"),
-        ('{"id": "z", "tokens": [4294967296]}', "4294967296"),
-        ('{"id": "z", "tokens": [1, true]}', "True"),
-        ('{"id": "z", "tokens": [1.5]}', "1.5"),
-        ('{"id": "z", "tokens": [[1]]}', "position 0"),
-        ('{"id": "z", "tokens": [1], "output": 5}', '"output"'),
-        ('{"id": "z", "tokens": [1], "output": [2, -3]}', '"output"'),
-        ('{"id": "z", "tokens": [1], "output": null}', '"output"'),
-        ('{"tokens": [1]}', 'missing "id"'),
-        ('{"id": 1.5, "tokens": [1]}', '"id"'),
-        ('{"id": null, "tokens": [1]}', '"id"'),
-        ('{"id": true, "tokens": [1]}', '"id"'),
-        ('{"id": "", "tokens": [1]}', '"id"'),
-        ('{"id": ["a"], "tokens": [1]}', '"id"'),
+        ("[1, 2, 3]", "Expected `object`"),
+        ('"tokens"', "Expected `object`"),
+        ('{"id": "z"}', "`tokens`"),
+        ('{"id": "z", "tokens": []}', "length >= 1"),
+        ('{"id": "z", "tokens": "1 2"}', "$.tokens"),
+        ('{"id": "z", "tokens": null}', "$.tokens"),
+        ('{"id": "z", "tokens": [1, -1]}', "$.tokens[1]"),
+        ('{"id": "z", "tokens": [4294967296]}', "$.tokens[0]"),
+        ('{"id": "z", "tokens": [1, true]}', "got `bool` - at `$.tokens[1]`"),
+        ('{"id": "z", "tokens": [1.5]}', "got `float`"),
+        ('{"id": "z", "tokens": [[1]]}', "$.tokens[0]"),
+        ('{"id": "z", "tokens": [1], "output": 5}', "$.output"),
+        ('{"id": "z", "tokens": [1], "output": [2, -3]}', "$.output[1]"),
+        ('{"id": "z", "tokens": [1], "output": null}', "$.output"),
+        ('{"id": "z", "tokens": [1], "arrival": -1}', "$.arrival"),
+        ('{"tokens": [1]}', "`id`"),
+        ('{"id": 1.5, "tokens": [1]}', "$.id"),
+        ('{"id": null, "tokens": [1]}', "$.id"),
+        ('{"id": true, "tokens": [1]}', "$.id"),
+        ('{"id": "", "tokens": [1]}', '"id" must be a non-empty'),
+        ('{"id": ["a"], "tokens": [1]}', "$.id"),
+        ('{"id": "\\ud800", "tokens": [1]}', "not JSON"),  # a lone surrogate
+        ('{"id": "z", "tokens": [1' + "0" * 5000 + "]}", "out of range"),
+        ('{"id": 1' + "0" * 5000 + ', "tokens": [1]}', "out of range"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, fault: str) -> None:
@@ -105,12 +151,21 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, fault: st
         tmp_path / "bad.jsonl",
         ['{"id": "a", "tokens": [1]}', "", line, '{"id": "b", "tokens": [2]}'],
     )
-    with pytest.raises(TraceFormatError) as info:
-        read_trace(path)
-    message = str(info.value)
+    message = error_of(path)
     assert "bad.jsonl:3:" in message
     assert fault in message
-    assert isinstance(info.value, PrefixKVError)
+
+
+def test_bad_utf8_is_a_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"id": "a", "tokens": [1]}\n{"id": "caf\xe9", "tokens": [2]}\n')
+    message = error_of(path)
+    assert "latin1.jsonl:2:" in message and "UTF-8" in message
+
+
+def test_lone_surrogate_id_fails_at_load() -> None:
+    with pytest.raises(TraceFormatError, match="lone surrogate"):
+        make_request("a\ud800", [1])
 
 
 def test_duplicate_id_gives_both_lines(tmp_path: Path) -> None:
@@ -118,98 +173,174 @@ def test_duplicate_id_gives_both_lines(tmp_path: Path) -> None:
         tmp_path / "dup.jsonl",
         ['{"id": "a", "tokens": [1]}', '{"id": 5, "tokens": [2]}', '{"id": "5", "tokens": [3]}'],
     )
-    with pytest.raises(
-        TraceFormatError, match=r"dup\.jsonl:3: duplicate id '5' \(first on line 2\)"
-    ):
-        read_trace(path)
+    assert "dup.jsonl:3: duplicate id '5' (first at " in error_of(path)
+    assert f"{path}:2)" in error_of(path)
 
 
-def test_write_rejects_bad_requests(tmp_path: Path) -> None:
+def test_write_rejects_bad_requests_and_keeps_the_old_file(tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
+    write_trace(path, REQUESTS[:1])
+    before = path.read_bytes()
     with pytest.raises(TraceFormatError, match="duplicate id"):
         write_trace(path, [REQUESTS[0], REQUESTS[0]])
     with pytest.raises(TraceFormatError, match="must not be empty"):
         write_trace(path, [TraceRequest("e", [], [])])
     with pytest.raises(TraceFormatError, match="request #1"):
         write_trace(path, [REQUESTS[0], TraceRequest("n", [1, -2], [])])
+    assert path.read_bytes() == before  # atomic: a failed write leaves the old file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]  # no temporary left
+
+
+# --- broken files: gzip, sizes, limits -------------------------------------------------
+
+
+def _gzip_lines(n: int) -> bytes:
+    lines = "".join(
+        json.dumps({"id": f"r{i}", "tokens": [i % 97 + 1] * 50}) + "\n" for i in range(n)
+    )
+    return gzip.compress(lines.encode(), mtime=0)
+
+
+def test_truncated_gzip_is_one_line_with_its_position(tmp_path: Path) -> None:
+    data = _gzip_lines(400)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    message = error_of(path)
+    assert "cut.jsonl.gz:" in message and "gzip" in message and "EOFError" in message
+
+
+def test_corrupt_gzip_is_one_line(tmp_path: Path) -> None:
+    data = bytearray(_gzip_lines(400))
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(bytes(data))
+    message = error_of(path)
+    # zlib notices a bad code at once, or the garbled text fails as JSON first.
+    assert "bad.jsonl.gz:" in message
+    assert "corrupt or truncated gzip" in message or "not JSON" in message
+
+
+def test_overlong_line_stops_before_buffering_it(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "long.jsonl", ['{"id": "a", "tokens": [' + "1," * 600 + "1]}"])
+    opts = ReadOptions(limits=TraceLimits(max_document_bytes=1000))
+    with pytest.raises(TraceFormatError, match=r"long\.jsonl:1: line longer than 1,000 bytes"):
+        open_trace(path, options=opts).scan()
+
+
+def test_prompt_and_output_limits(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "big.jsonl", ['{"id": "a", "tokens": [1, 2, 3], "output": [4, 5]}']
+    )
+    small = ReadOptions(limits=TraceLimits(max_prompt_tokens=2))
+    with pytest.raises(TraceFormatError, match=r"big\.jsonl:1: request 'a': prompt of 3 tokens"):
+        open_trace(path, options=small).scan()
+    short = ReadOptions(limits=TraceLimits(max_output_tokens=1))
+    with pytest.raises(TraceFormatError, match="--max-output-tokens"):
+        list(open_trace(path, options=short))
+    with pytest.raises(TraceOptionError, match="max_prompt_tokens"):
+        TraceLimits(max_prompt_tokens=0)
+
+
+def test_giant_mooncake_output_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    line = '{"timestamp": 0, "input_length": 1, "output_length": 1000000000, "hash_ids": [1]}'
+    assert len(line) < 100
+    path = write_lines(tmp_path / "huge.jsonl", [line])
+    tracemalloc.start()
+    try:
+        message = error_of(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "huge.jsonl:1: request 'mc-1': output of 1,000,000,000 tokens exceeds" in message
+    assert peak < 4 * 2**20
+
+
+def test_repeated_hash_ids_stay_small(tmp_path: Path) -> None:
+    # 60 KB of repeated ids: within the limits each line is ~1.5M tokens, but the
+    # reader holds one request at a time and the block cache stays bounded.
+    ids = [7] * 3000
+    line = json.dumps({"input_length": 512 * 3000, "output_length": 1, "hash_ids": ids})
+    path = write_lines(tmp_path / "rep.jsonl", [line] * 7)
+    assert path.stat().st_size < 70_000
+    tracemalloc.start()
+    try:
+        for r in open_trace(path):
+            assert len(r.tokens) == 512 * 3000
+            del r
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20  # one request's 6 MB of tokens and its copy, not 7
+    one = write_lines(
+        tmp_path / "one.jsonl",
+        [json.dumps({"input_length": 512 * 30000, "output_length": 1, "hash_ids": [7] * 30000})],
+    )
+    assert "exceeds the limit of 2,097,152" in error_of(one)
 
 
 # --- Mooncake -------------------------------------------------------------------------
 
-# Lines 1-2 share blocks 10, 11 (1024 tokens); line 4 is the partial first block 10;
-# line 5 a single full block. Line 3 is blank, so ids are mc-1, mc-2, mc-4, mc-5.
-MOONCAKE = [
-    {"timestamp": 0, "input_length": 1200, "output_length": 10, "hash_ids": [10, 11, 12]},
-    {"timestamp": 5, "input_length": 1100, "output_length": 0, "hash_ids": [10, 11, 13]},
-    None,
-    {"timestamp": 9, "input_length": 300, "output_length": 7, "hash_ids": [10]},
-    {"timestamp": 12, "input_length": 512, "output_length": 600, "hash_ids": [14]},
-]
 
-
-@pytest.fixture
-def mooncake_path(tmp_path: Path) -> Path:
-    lines = ["" if r is None else json.dumps(r) for r in MOONCAKE]
-    return write_lines(tmp_path / "mooncake.jsonl", lines)
-
-
-def test_mooncake_lengths_and_ids(mooncake_path: Path) -> None:
-    reqs = load_mooncake(mooncake_path)
+def test_mooncake_lengths_ids_and_arrival() -> None:
+    reqs = load_mooncake(MOONCAKE)
     assert [r.id for r in reqs] == ["mc-1", "mc-2", "mc-4", "mc-5"]
     assert [len(r.tokens) for r in reqs] == [1200, 1100, 300, 512]
     assert [len(r.output) for r in reqs] == [10, 0, 7, 600]
+    assert [r.arrival for r in reqs] == [0.0, 0.25, 1.5, 4.0]  # the trace says ms
+    assert detect_format(MOONCAKE) == "mooncake"
 
 
-def test_mooncake_sharing_follows_hash_ids(mooncake_path: Path) -> None:
-    a, b, c, d = load_mooncake(mooncake_path)
+def test_mooncake_sharing_follows_hash_ids() -> None:
+    a, b, c, d = load_mooncake(MOONCAKE)
     assert common_prefix(a.tokens, b.tokens) == 1024  # blocks 10, 11 equal, 12 != 13
     assert c.tokens == a.tokens[:300]  # a partial block is a prefix of the full one
     assert common_prefix(a.tokens, d.tokens) == 0
-    assert a.tokens[1024:1100] != b.tokens[1024:1100]
-    assert a.output != c.output
+    assert a.output != c.output[:7]
+    assert all(1 <= t < 32000 for r in (a, b, c, d) for t in r.tokens)
 
 
-def test_mooncake_scaled_keeps_pattern(mooncake_path: Path) -> None:
-    a, b, c, d = load_mooncake(mooncake_path, scale_block=16)
+def test_mooncake_tokens_per_id_keeps_pattern() -> None:
+    a, b, c, d = load_any(MOONCAKE, tokens_per_id=16)
     # last block: ceil(partial * 16 / 512): 176 -> 6, 76 -> 3, 300 -> 10, 512 -> 16
     assert [len(r.tokens) for r in (a, b, c, d)] == [38, 35, 10, 16]
     # output: ceil(output_length * 16 / 512): 10 -> 1, 0 -> 0, 7 -> 1, 600 -> 19
     assert [len(r.output) for r in (a, b, c, d)] == [1, 0, 1, 19]
     assert common_prefix(a.tokens, b.tokens) == 32
     assert c.tokens == a.tokens[:10]
-    assert common_prefix(a.tokens, d.tokens) == 0
-    unscaled = load_mooncake(mooncake_path)
+    unscaled = load_mooncake(MOONCAKE)
     assert a.tokens[:16] == unscaled[0].tokens[:16]  # a scaled block is a prefix
+    assert load_any(MOONCAKE, scale_block=16) == [a, b, c, d]  # the old name
 
 
 def test_mooncake_lengths_rule() -> None:
     assert mooncake_lengths(1200, 3, None) == [512, 512, 176]
     assert mooncake_lengths(1200, 3, 16) == [16, 16, 6]
     assert mooncake_lengths(513, 2, 16) == [16, 1]
-    assert mooncake_lengths(1024, 2, 1) == [1, 1]
 
 
-def test_mooncake_deterministic_and_seeded(mooncake_path: Path) -> None:
-    first = load_mooncake(mooncake_path)
-    assert load_mooncake(mooncake_path) == first
-    # Pinned values: any process, platform or Python version must give these.
-    assert first[0].tokens[:4] == [24376, 12749, 2402, 10190]
-    assert first[0].output[:4] == [22211, 27506, 10692, 24584]
-    other = load_mooncake(mooncake_path, seed=1)
+def test_mooncake_deterministic_and_seeded() -> None:
+    first = load_mooncake(MOONCAKE)
+    assert load_mooncake(MOONCAKE) == first
+    # Pinned values: any process, platform or Python version must give these. The
+    # first four tokens of a block are SHAKE-128 (recorded fixtures depend on them).
+    assert first[0].tokens[:4] == array("I", [24376, 12749, 2402, 10190])
+    assert first[0].tokens[4:8] == array("I", [30951, 14960, 15121, 16343])
+    assert first[0].output[:4] == array("I", [22211, 27506, 10692, 24584])
+    other = load_mooncake(MOONCAKE, seed=1)
     assert other[0].tokens[:16] != first[0].tokens[:16]
     assert common_prefix(other[0].tokens, other[1].tokens) == 1024
 
 
-def test_mooncake_vocab_output_and_max_requests(mooncake_path: Path) -> None:
-    reqs = load_mooncake(mooncake_path, vocab_size=7, output=False, max_requests=3)
+def test_mooncake_vocab_output_and_max_requests() -> None:
+    reqs = load_mooncake(MOONCAKE, vocab_size=7, output=False, max_requests=3)
     assert [r.id for r in reqs] == ["mc-1", "mc-2", "mc-4"]
-    assert all(r.output == [] for r in reqs)
+    assert all(len(r.output) == 0 for r in reqs)
     assert {t for r in reqs for t in r.tokens} <= set(range(1, 7))
 
 
-def test_mooncake_requests_do_not_alias(mooncake_path: Path) -> None:
-    a, b, c, _ = load_mooncake(mooncake_path)
-    before = list(b.tokens)
+def test_mooncake_requests_do_not_alias() -> None:
+    a, b, c, _ = load_mooncake(MOONCAKE)
+    before = array("I", b.tokens)
     a.tokens[0] = 99
     assert b.tokens == before
     assert c.tokens[0] != 99
@@ -218,63 +349,201 @@ def test_mooncake_requests_do_not_alias(mooncake_path: Path) -> None:
 @pytest.mark.parametrize(
     ("record", "fault"),
     [
-        ('{"input_length": 10, "output_length": 1}', 'missing "hash_ids"'),
-        ('{"output_length": 1, "hash_ids": [1]}', 'missing "input_length"'),
-        ('{"input_length": 10, "hash_ids": [1]}', 'missing "output_length"'),
-        ('{"input_length": 0, "output_length": 1, "hash_ids": []}', '"input_length"'),
-        ('{"input_length": true, "output_length": 1, "hash_ids": [1]}', '"input_length"'),
-        ('{"input_length": 10, "output_length": -1, "hash_ids": [1]}', '"output_length"'),
-        ('{"input_length": 10, "output_length": 1.0, "hash_ids": [1]}', '"output_length"'),
-        ('{"input_length": 10, "output_length": 1, "hash_ids": "1"}', '"hash_ids"'),
-        ('{"input_length": 10, "output_length": 1, "hash_ids": [1.0]}', '"hash_ids"'),
+        ('{"input_length": 10, "output_length": 1}', "`hash_ids`"),
+        ('{"output_length": 1, "hash_ids": [1]}', "`input_length`"),
+        ('{"input_length": 10, "hash_ids": [1]}', "`output_length`"),
+        ('{"input_length": 0, "output_length": 1, "hash_ids": []}', "$.input_length"),
+        ('{"input_length": true, "output_length": 1, "hash_ids": [1]}', "$.input_length"),
+        ('{"input_length": 10, "output_length": -1, "hash_ids": [1]}', "$.output_length"),
+        ('{"input_length": 10, "output_length": 1.0, "hash_ids": [1]}', "$.output_length"),
+        ('{"input_length": 10, "output_length": 1, "hash_ids": "1"}', "$.hash_ids"),
+        ('{"input_length": 10, "output_length": 1, "hash_ids": [1.0]}', "$.hash_ids[0]"),
         ('{"input_length": 513, "output_length": 1, "hash_ids": [1]}', "ceil(513 / 512) = 2"),
         ('{"input_length": 10, "output_length": 1, "hash_ids": [1, 2]}', "ceil(10 / 512) = 1"),
         ('{"timestamp": "x", "input_length": 1, "output_length": 1, "hash_ids": [1]}', "timestamp"),
-        ("[1]", "JSON object"),
+        ('{"input_length": 1, "output_length": 1, "hash_ids": [1' + "0" * 5000 + "]}", "range"),
+        ("[1]", "Expected `object`"),
         ("{oops", "not JSON"),
     ],
 )
 def test_mooncake_malformed_line(tmp_path: Path, record: str, fault: str) -> None:
-    good = json.dumps(MOONCAKE[0])
+    good = MOONCAKE.read_text().splitlines()[0]
     path = write_lines(tmp_path / "mc.jsonl", [good, good, record])
-    with pytest.raises(TraceFormatError) as info:
-        load_mooncake(path)
-    assert "mc.jsonl:3:" in str(info.value)
-    assert fault in str(info.value)
+    message = error_of(path, trace_format="mooncake")
+    assert "mc.jsonl:3:" in message
+    assert fault in message
 
 
 @pytest.mark.parametrize(
     ("options", "fault"),
     [
-        ({"scale_block": 0}, "scale_block"),
-        ({"scale_block": 513}, "scale_block"),
-        ({"scale_block": 16.0}, "scale_block"),
+        ({"tokens_per_id": 0}, "tokens_per_id"),
+        ({"tokens_per_id": 16.0}, "tokens_per_id"),
         ({"vocab_size": 1}, "vocab_size"),
         ({"max_requests": -1}, "max_requests"),
+        ({"scale_block": 16, "tokens_per_id": 16}, "not both"),
     ],
 )
-def test_mooncake_bad_options(mooncake_path: Path, options: dict[str, object], fault: str) -> None:
+def test_bad_options(options: dict[str, object], fault: str) -> None:
     with pytest.raises(TraceOptionError, match=fault):
-        load_mooncake(mooncake_path, **options)  # type: ignore[arg-type]
+        load_any(MOONCAKE, **options)  # type: ignore[arg-type]
 
 
-# --- format detection ---------------------------------------------------------------
+# --- Qwen-Bailian ---------------------------------------------------------------------
 
 
-def test_detect_and_load_any(tmp_path: Path, mooncake_path: Path) -> None:
-    ours = tmp_path / "ours.jsonl"
-    write_trace(ours, REQUESTS)
-    assert detect_format(ours) == "prefixkv"
-    assert detect_format(mooncake_path) == "mooncake"
-    assert load_any(ours) == REQUESTS
-    assert load_any(ours, output=False)[0] == TraceRequest("a", [1, 2, 3, 4], [])
-    assert load_any(mooncake_path, scale_block=16) == load_mooncake(mooncake_path, scale_block=16)
-    with pytest.raises(TraceOptionError, match="Mooncake traces only"):
-        load_any(ours, scale_block=16)
+def test_bailian_ids_links_and_sharing() -> None:
+    a, b, c = load_any(BAILIAN)
+    assert detect_format(BAILIAN) == "bailian"
+    assert [r.id for r in (a, b, c)] == ["chat-159", "chat-160", "chat-161"]
+    assert (b.parent, b.turn, a.parent, c.turn) == ("chat-159", 2, None, 1)
+    assert [r.arrival for r in (a, b, c)] == [61.114, 62.5, 63.0]  # already seconds
+    assert [len(r.tokens) for r in (a, b, c)] == [40, 60, 16]
+    assert [len(r.output) for r in (a, b, c)] == [6, 5, 0]
+    assert common_prefix(a.tokens, b.tokens) == 32  # ids 1089, 1090 shared, then 1091 != 1092
+    assert c.tokens == a.tokens[:16]
+    # Another format's id 1089 is other content: formats never share by accident.
+    moon = load_any(MOONCAKE, tokens_per_id=16)
+    assert common_prefix(moon[0].tokens, a.tokens) == 0
+
+
+def test_bailian_block_count_must_match(tmp_path: Path) -> None:
+    line = '{"chat_id": 1, "input_length": 40, "output_length": 1, "hash_ids": [1, 2]}'
+    path = write_lines(tmp_path / "q.jsonl", [line])
+    assert 'q.jsonl:1: 2 "hash_ids" but input_length 40 needs ceil(40 / 16) = 3' in error_of(path)
+
+
+# --- kv-cache-tester ------------------------------------------------------------------
+
+KVCT_ORDER = [
+    "conv_a/1",
+    "conv_a/agent_001/1",
+    "conv_a/2",
+    "conv_a/agent_001/2",
+    "conv_a/3",
+    "conv_b/1",
+]
+
+
+def test_kvct_folder_order_sessions_and_sizes() -> None:
+    reqs = {r.id: r for r in load_any(KVCT)}
+    assert detect_format(KVCT) == "kv-cache-tester"
+    assert list(reqs) == KVCT_ORDER  # by time within a conversation, then the next file
+    a1, s1, a2, s2, a3, b1 = (reqs[i] for i in KVCT_ORDER)
+    assert [len(r.tokens) for r in (a1, s1, a2, s2, a3, b1)] == [150, 70, 200, 140, 200, 130]
+    assert [len(r.output) for r in (a1, a2, b1)] == [20, 30, 4]
+    assert (s2.session, s2.parent, s2.turn, s2.arrival) == (
+        "conv_a/agent_001",
+        "conv_a/agent_001/1",
+        2,
+        7.0,
+    )
+    assert (a2.parent, a3.parent, b1.session) == ("conv_a/1", "conv_a/2", "conv_b")
+    assert common_prefix(a1.tokens, a2.tokens) == 128  # ids 1, 2; a1's 22-token tail is its own
+    assert common_prefix(a2.tokens, a3.tokens) == 192  # a repeated request: only its tail differs
+    assert common_prefix(s1.tokens, s2.tokens) == 64
+    assert common_prefix(a1.tokens, b1.tokens) == 0  # "local" ids: conv_b's 1 is not conv_a's
+
+
+def test_kvct_single_file_archive_and_global_scope(tmp_path: Path) -> None:
+    folder = load_any(KVCT)
+    single = load_any(KVCT / "conv_a.json")
+    assert single == folder[:5]
+    archive = tmp_path / "convs.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        for f in sorted(KVCT.iterdir()):
+            tar.add(f, arcname=f"traces/{f.name}")
+    assert detect_format(archive) == "kv-cache-tester"
+    assert load_any(archive) == folder
+    for name in ("conv_a.json", "conv_b.json"):
+        doc = json.loads((KVCT / name).read_text())
+        doc["hash_id_scope"] = "global"
+        (tmp_path / name).write_text(json.dumps(doc))
+    shared = {r.id: r for r in load_any(tmp_path / "conv_a.json")}
+    other = load_any(tmp_path / "conv_b.json")[0]
+    assert common_prefix(shared["conv_a/1"].tokens, other.tokens) == 128
+
+
+def test_kvct_tokens_per_id() -> None:
+    reqs = {r.id: r for r in load_any(KVCT, tokens_per_id=16)}
+    # 2 ids of 64 -> 32 tokens, 22-token tail -> ceil(22 * 16 / 64) = 6; out 20 -> 5
+    assert (len(reqs["conv_a/1"].tokens), len(reqs["conv_a/1"].output)) == (38, 5)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fault"),
+    [
+        (lambda d: d["requests"][0].pop("in"), 'needs "in", "out" and "hash_ids"'),
+        (lambda d: d["requests"][0].update(hash_ids=[1]), '$.requests[0]: 1 "hash_ids" but'),
+        (lambda d: d["requests"][1]["requests"][0].update(out=-1), "$.requests[1].requests[0].out"),
+        (lambda d: d.update(hash_id_scope="galaxy"), "hash_id_scope"),
+        (lambda d: d.update(requests=5), "$.requests"),
+    ],
+)
+def test_kvct_malformed(tmp_path: Path, edit: object, fault: str) -> None:
+    doc = json.loads((KVCT / "conv_a.json").read_text())
+    edit(doc)  # type: ignore[operator]
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps(doc))
+    message = error_of(path, trace_format="kv-cache-tester")
+    assert str(path) in message and fault in message
+
+
+def test_kvct_truncated_archive(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for f in sorted(KVCT.iterdir()):
+            tar.add(f, arcname=f.name)
+    path = tmp_path / "cut.tar.xz"
+    path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    assert "corrupt or truncated archive" in error_of(path)
+
+
+# --- detection, scan, output files ----------------------------------------------------
 
 
 def test_detect_rejects_unknown_and_empty(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="empty trace"):
         detect_format(write_lines(tmp_path / "e.jsonl", ["", "  "]))
-    with pytest.raises(TraceFormatError, match=r"u\.jsonl:2: neither"):
+    with pytest.raises(TraceFormatError, match=r"u\.jsonl:2: not a trace format"):
         detect_format(write_lines(tmp_path / "u.jsonl", ["", '{"prompt": "hi"}']))
+    with pytest.raises(TraceOptionError, match="hash-id traces only"):
+        open_trace(PREFIXKV, options=ReadOptions(tokens_per_id=16))
+
+
+def test_scan_counts_sizes_without_building_tokens() -> None:
+    stats = open_trace(MOONCAKE).scan()
+    assert (stats.num_requests, stats.prompt_tokens, stats.output_tokens) == (4, 3112, 617)
+    assert stats.largest == [1210, 1112, 1100, 307]
+    scaled = open_trace(MOONCAKE, options=ReadOptions(tokens_per_id=16)).scan()
+    assert scaled.prompt_tokens == 38 + 35 + 10 + 16
+    assert open_trace(MOONCAKE, max_requests=2).scan().num_requests == 2
+
+
+def test_source_describes_granularity() -> None:
+    src = open_trace(MOONCAKE, options=ReadOptions(tokens_per_id=16))
+    assert src.describe() == "Mooncake hash-id trace, 16 tokens per id (published: 512)"
+    note = src.granularity_note()
+    assert note is not None and "cannot show any sub-block gain" in note
+    assert open_trace(PREFIXKV).granularity_note() is None
+
+
+def test_atomic_writer_and_refuse_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "out.txt"
+    with atomic_writer(target) as f:
+        f.write(b"one")
+    with pytest.raises(RuntimeError), atomic_writer(target) as f:
+        f.write(b"torn")
+        raise RuntimeError("boom")
+    assert target.read_bytes() == b"one"
+    assert [p.name for p in target.parent.iterdir()] == ["out.txt"]
+    refuse_overwrite([tmp_path / "x.jsonl"], [target])
+    for out in (target, tmp_path / "sub" / ".." / "sub" / "out.txt"):
+        with pytest.raises(OutputError, match="is the input"):
+            refuse_overwrite([out], [target])
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    with pytest.raises(OutputError, match="is the input"):
+        refuse_overwrite([link], [target])
+    with pytest.raises(OutputError, match="input folder"):
+        refuse_overwrite([KVCT / "results.json"], [KVCT])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -191,5 +192,20 @@ def test_long_document_questions_follow_documents() -> None:
 
 def test_requests_do_not_alias() -> None:
     requests = shared_system_prompt(3)
-    requests[0].tokens[0] = -1
-    assert requests[1].tokens[0] != -1
+    requests[0].tokens[0] = 0  # ids are drawn from [1, vocab): 0 marks the write
+    assert requests[1].tokens[0] != 0
+
+
+def test_requests_hold_compact_arrays_and_sessions() -> None:
+    for name in WORKLOADS:
+        for r in make_workload(name, seed=1)[:5]:
+            assert isinstance(r.tokens, array) and r.tokens.typecode == "I", name
+            assert isinstance(r.output, array) and r.output.typecode == "I", name
+    chats = multi_turn(4, turns=(3, 3))
+    by_session: dict[str | None, list[TraceRequest]] = defaultdict(list)
+    for r in chats:
+        by_session[r.session].append(r)
+    assert len(by_session) == 4 and None not in by_session
+    for turns in by_session.values():
+        assert [t.turn for t in turns] == [1, 2, 3]
+        assert [t.parent for t in turns] == [None, turns[0].id, turns[1].id]

@@ -1,41 +1,69 @@
 """The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace.
 
 ``replay`` writes the per-request hit file the vLLM and SGLang reference oracles write,
-so the two diff request by request. Errors are one line on stderr and exit status 2.
+so the two diff request by request. Traces stream: memory is the cache and the live
+requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
+``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C writes what
+is finished, marked partial, and exits 130; every file is written atomically.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
+
+import msgspec
 
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes
 
 from . import report
 from .compare import (
+    MAX_POOL_BLOCKS,
     BackendSpec,
     CompareError,
+    CompareInterrupted,
+    check_pool,
     compare_workload,
     parse_backends,
     plan_capacities,
     roomy_capacity,
 )
-from .progress import progress
-from .replay import DRIVERS, ReplayError, replay
-from .sources import DEFAULT_WORKLOADS, load_workloads, workload_names
-from .traces import load_any
+from .progress import Progress, progress
+from .replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
+from .sources import DEFAULT_WORKLOADS, Workload, load_workloads, workload_names
+from .traces import (
+    FORMATS,
+    ReadOptions,
+    TraceLimits,
+    atomic_writer,
+    refuse_overwrite,
+)
 
-__all__ = ["CLIUsageError", "build_parser", "main"]
+__all__ = ["CLIUsageError", "build_parser", "main", "parse_token_count", "parse_token_counts"]
 
 EXIT_ERROR = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
 SWEEP_POINTS = 7
+MAX_TOKEN_COUNT = 2**48
+"""No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HASH_ALGOS = {"xxhash": "xxh3_128", "xxh3_128": "xxh3_128", "sha256": "sha256"}
+_EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 
 class CLIUsageError(PrefixKVError):
@@ -49,43 +77,148 @@ class _Parser(argparse.ArgumentParser):
         raise CLIUsageError(f"{message} (see {self.prog} --help)")
 
 
+def parse_token_count(text: str) -> int:
+    """A token count as vLLM's size flags read it: ``1000``, ``1k`` (1,000), ``25.6k``,
+    ``1K`` (1,024), ``1M`` (1,048,576), ``2m`` (2,000,000); ``_`` separators allowed.
+
+    Raises:
+        argparse.ArgumentTypeError: not such a number, not positive, or over 2**48.
+    """
+    value = text.strip().replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"want a positive token count like 65536, 512K or 1m, got {text!r}"
+        )
+    number, suffix = m.groups()
+    if suffix in _BINARY:
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"decimals are not allowed with binary suffixes like {suffix} "
+                f"(did you mean {number}{suffix.lower()}?), got {text!r}"
+            )
+        count = int(number) * _BINARY[suffix]
+    elif suffix:
+        count = int(float(number) * _DECIMAL[suffix])
+    elif "." in number:
+        raise argparse.ArgumentTypeError(f"a token count is whole, got {text!r}")
+    else:
+        count = int(number)
+    if not 1 <= count <= MAX_TOKEN_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
+        )
+    return count
+
+
+def parse_token_counts(text: str) -> list[int]:
+    """A comma-separated list of token counts (``1M,3M,10M``), each as
+    :func:`parse_token_count` reads it, duplicates refused."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"want one or more token counts, got {text!r}")
+    counts = [parse_token_count(p) for p in parts]
+    if len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"a capacity is listed twice in {text!r}")
+    return counts
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    if not 1 <= value <= MAX_TOKEN_COUNT:
+        raise argparse.ArgumentTypeError(f"must be a positive int up to 2**48, got {text!r}")
     return value
 
 
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+    if abs(value) > 2**63:
+        raise argparse.ArgumentTypeError(f"must be an int within 2**63, got {text!r}")
+    return value
+
+
+def _option(text: str) -> tuple[str, str, Any]:
+    """``BACKEND.KEY=VALUE`` -> ``(backend, key, value)``; true/false/ints are typed."""
+    m = re.fullmatch(r"([A-Za-z0-9_]+)\.([A-Za-z_][A-Za-z0-9_]*)=(.*)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"want BACKEND.KEY=VALUE (e.g. hash_chain.verify=true), got {text!r}"
+        )
+    backend, key, raw = m.groups()
+    value: Any = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    elif re.fullmatch(r"-?\d{1,18}", raw):
+        value = int(raw)
+    return backend, key, value
+
+
+def _version() -> str:
+    try:
+        return metadata.version("prefixkv")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    g = p.add_argument_group("cache (named like the engines' flags)")
+    g.add_argument(
         "--block-size",
         type=_positive_int,
         default=16,
         metavar="N",
-        help="tokens per block for the hash chain and none (default 16)",
+        help="tokens per block for the hash chain and none, as vLLM's --block-size (default 16)",
     )
-    p.add_argument(
+    g.add_argument(
         "--page-size",
         type=_positive_int,
         default=1,
         metavar="N",
-        help="the radix tree's page size in tokens (default 1)",
+        help="the radix tree's page size in tokens, as SGLang's --page-size (default 1)",
     )
-    cap = p.add_mutually_exclusive_group()
+    cap = g.add_mutually_exclusive_group()
     cap.add_argument(
         "--capacity-tokens",
-        type=_positive_int,
-        metavar="T",
-        help="KV capacity in tokens, the same for every backend (blocks = T // size)",
+        type=parse_token_counts,
+        metavar="T[,T...]",
+        help="KV capacity in tokens, the same for every backend (blocks = T // size); "
+        "suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several "
+        "(1m,3m,10m): compare's table uses the first and its sweep all of them",
     )
     cap.add_argument(
         "--capacity-blocks",
         type=_positive_int,
         metavar="N",
         help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
+    )
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=sorted(_HASH_ALGOS),
+        metavar="ALGO",
+        help="the hash chain's block hash, as vLLM's flag: xxhash (xxh3-128, the default "
+        "here; vLLM defaults to sha256 — hits are the same, only speed differs) or sha256",
+    )
+    g.add_argument(
+        "--radix-eviction-policy",
+        choices=_EVICTION_POLICIES,
+        metavar="POLICY",
+        help=f"the radix tree's eviction, as SGLang's flag: {', '.join(_EVICTION_POLICIES)} "
+        "(default lru)",
+    )
+    g.add_argument(
+        "--index-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="BACKEND.KEY=VALUE",
+        help="any backend option of make_index, e.g. hash_chain.verify=true, "
+        "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
     )
     p.add_argument(
         "--concurrency",
@@ -95,24 +228,64 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="at most K live requests; the oldest finishes first (default 1)",
     )
-    p.add_argument(
+    t = p.add_argument_group("trace input")
+    t.add_argument(
+        "--trace-format",
+        choices=FORMATS,
+        help="the trace's format (default: detected from its shape and first record)",
+    )
+    t.add_argument(
         "--max-requests", type=_positive_int, metavar="N", help="use only the first N requests"
     )
-    p.add_argument(
-        "--scale-block",
+    t.add_argument(
+        "--tokens-per-id",
         type=_positive_int,
         metavar="S",
-        help="Mooncake traces: S tokens per 512-token hash id (e.g. 16)",
+        help="hash-id traces: tokens each hash id expands to, keeping the sharing pattern "
+        "(default: the format's own: Mooncake 512, Qwen-Bailian 16, kv-cache-tester 64)",
+    )
+    t.add_argument(
+        "--scale-block", dest="tokens_per_id", type=_positive_int, help=argparse.SUPPRESS
+    )
+    t.add_argument(
+        "--vocab-size",
+        type=_positive_int,
+        default=32000,
+        metavar="V",
+        help="hash-id traces: token ids are drawn from [1, V) (default 32000)",
+    )
+    t.add_argument(
+        "--max-prompt-tokens",
+        type=parse_token_count,
+        default=TraceLimits().max_prompt_tokens,
+        metavar="T",
+        help="refuse a trace with a longer prompt (default 2M = 2,097,152)",
+    )
+    t.add_argument(
+        "--max-output-tokens",
+        type=parse_token_count,
+        default=TraceLimits().max_output_tokens,
+        metavar="T",
+        help="refuse a trace with a longer output (default 128K = 131,072)",
+    )
+    t.add_argument(
+        "--max-pool-blocks",
+        type=parse_token_count,
+        default=MAX_POOL_BLOCKS,
+        metavar="N",
+        help="refuse a capacity of more blocks than this, the pool being built up front "
+        "(default 16M = 16,777,216)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="workload seed and Mooncake token seed (default 0)"
+        "--seed", type=_int, default=0, help="workload seed and hash-id token seed (default 0)"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``prefixkv`` argument parser with its two subcommands."""
-    parser = _Parser(prog="prefixkv", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"prefixkv {_version()}")
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -132,7 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"built-in workloads (several allowed): {', '.join(workload_names())}",
     )
-    src.add_argument("--trace", metavar="FILE", help="a prefixkv or Mooncake JSONL trace")
+    src.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
+        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
+    )
     cmp.add_argument(
         "--indexes",
         default="hash_chain,radix,none",
@@ -150,11 +328,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument(
         "--timing-repeats",
-        type=_positive_int,
-        default=3,
+        type=lambda t: _positive_int(t) if t != "0" else 0,
+        default=None,
         metavar="R",
-        help="timed replays per backend; each request's index time is its "
-        "minimum over them (default 3)",
+        help="timed replays per backend; each request's index time is its minimum over "
+        "them; 0 times the accounting replay itself (default 3, 1 for a trace)",
+    )
+    cmp.add_argument(
+        "--boundary-accounting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay once more with the token-level mirror that counts matched-but-"
+        "recomputed tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose "
+        "sharing stops at block boundaries by construction)",
     )
     cmp.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib)")
     cmp.add_argument(
@@ -172,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reference oracles do. Default capacity: roomy (no eviction). vLLM's oracle "
         "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block).",
     )
-    rep.add_argument("trace", metavar="TRACE", help="a prefixkv or Mooncake JSONL trace")
+    rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
     rep.add_argument(
         "--index",
         required=True,
@@ -189,127 +375,213 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _capacity(args: argparse.Namespace) -> int | None:
-    """The capacity asked for, in tokens; ``None`` for the roomy default."""
+def _index_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    options: dict[str, dict[str, Any]] = {}
+    if args.prefix_caching_hash_algo is not None:
+        options.setdefault("hash_chain", {})["hash_algorithm"] = _HASH_ALGOS[
+            args.prefix_caching_hash_algo
+        ]
+    if args.radix_eviction_policy is not None:
+        options.setdefault("radix", {})["eviction"] = args.radix_eviction_policy
+    for backend, key, value in args.index_option:
+        options.setdefault(backend, {})[key] = value
+    return options
+
+
+def _read_options(args: argparse.Namespace) -> ReadOptions:
+    limits = TraceLimits(
+        max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
+    )
+    return ReadOptions(vocab_size=args.vocab_size, seed=args.seed, limits=limits)
+
+
+def _capacities(args: argparse.Namespace) -> list[int] | None:
+    """The capacities asked for, in tokens; ``None`` for the roomy default."""
     if args.capacity_tokens is not None:
-        return int(args.capacity_tokens)
+        return list(args.capacity_tokens)
     if args.capacity_blocks is not None:
-        return int(args.capacity_blocks) * int(args.block_size)
+        return [int(args.capacity_blocks) * int(args.block_size)]
     return None
 
 
 def _capacity_rule(args: argparse.Namespace) -> str:
     if args.capacity_tokens is not None:
-        return f"{args.capacity_tokens} tokens for every backend"
+        caps = args.capacity_tokens
+        text = f"{caps[0]:,} tokens for every backend"
+        if len(caps) > 1:
+            text += f"; sweep at {', '.join(f'{c:,}' for c in caps)} tokens"
+        return text
     if args.capacity_blocks is not None:
         return (
-            f"{args.capacity_blocks} blocks of {args.block_size} tokens = "
-            f"{args.capacity_blocks * args.block_size} tokens for every backend"
+            f"{args.capacity_blocks:,} blocks of {args.block_size} tokens = "
+            f"{args.capacity_blocks * args.block_size:,} tokens for every backend"
         )
     return "roomy: every request's prompt and output plus two blocks, so nothing is evicted"
 
 
+def _bars(quiet: bool) -> Any:
+    def make(desc: str, total: int) -> Progress:
+        return progress(total, desc, quiet=quiet, unit="tok")
+
+    return make
+
+
 def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
-    backends = parse_backends(args.indexes, block_size=args.block_size, page_size=args.page_size)
+    backends = parse_backends(
+        args.indexes,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        options=_index_options(args),
+    )
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIUsageError(f"--out {out} is a file; compare writes a folder")
+    if args.trace is not None:
+        refuse_overwrite([out / "results.json", out / "report.md"], [args.trace])
+    names = [n for part in args.workload or [] for n in part.split(",") if n]
+    caps = _capacities(args)
+    listed = caps is not None and len(caps) > 1
     sweep = args.capacity_sweep
     if sweep is None:
-        sweep = not args.workload and args.trace is None
-    names = [n for part in args.workload or [] for n in part.split(",") if n]
+        sweep = listed or (not args.workload and args.trace is None)
     workloads = load_workloads(
         names or None,
         args.trace,
         max_requests=args.max_requests,
-        scale_block=args.scale_block,
+        tokens_per_id=args.tokens_per_id,
         seed=args.seed,
+        trace_format=args.trace_format,
+        options=_read_options(args),
+        quiet=args.quiet,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    plans = [
-        (
+    repeats = args.timing_repeats
+    if repeats is None:
+        repeats = 1 if args.trace is not None else 3
+    if args.boundary_accounting is None:
+        args.boundary_accounting = all(w.tokens_per_id is None for w in workloads)
+    plans = []
+    for w in workloads:
+        cap, points = plan_capacities(
             w,
-            *plan_capacities(
-                w,
-                backends,
-                capacity_tokens=_capacity(args),
-                concurrency=args.concurrency,
-                sweep_points=SWEEP_POINTS if sweep else 0,
-            ),
+            backends,
+            capacity_tokens=None if caps is None else caps[0],
+            concurrency=args.concurrency,
+            sweep_points=SWEEP_POINTS if sweep and not listed else 0,
         )
-        for w in workloads
-    ]
-    runs = 1 + args.timing_repeats
-    total = sum(len(w.requests) * len(backends) * (runs + len(caps)) for w, _, caps in plans)
-    bar = progress(total, "compare", quiet=args.quiet)
+        if sweep and caps is not None and listed:
+            points = sorted(caps)
+        for c in [cap, *points]:
+            check_pool(c, backends, args.max_pool_blocks)
+        plans.append((w, cap, points))
+    results: list[dict[str, Any]] = []
+    interrupted = False
     try:
-        results = [
-            compare_workload(
-                w,
-                backends,
-                cap,
-                caps,
-                concurrency=args.concurrency,
-                timing_repeats=args.timing_repeats,
-                tick=bar.update,
+        for w, cap, points in plans:
+            results.append(
+                compare_workload(
+                    w,
+                    backends,
+                    cap,
+                    points,
+                    concurrency=args.concurrency,
+                    timing_repeats=repeats,
+                    boundary_accounting=args.boundary_accounting,
+                    bars=_bars(args.quiet),
+                )
             )
-            for w, cap, caps in plans
-        ]
-    finally:
-        bar.close()
+    except CompareInterrupted as exc:
+        interrupted = True
+        if exc.workload["backends"]:
+            results.append(exc.workload)
     for r in results:
         print(report.workload_title(r))
-        print(report.text_table(report.table_rows(r["backends"])))
+        if r["backends"]:
+            print(report.text_table(report.table_rows(r["backends"])))
+        for note in r["notes"]:
+            print(f"note: {note}")
         print()
     doc: dict[str, Any] = {
-        "config": _compare_config(args, argv, backends, sweep),
+        "config": _compare_config(args, argv, backends, bool(sweep), repeats),
         "machine": report.machine_info(),
         "versions": report.package_versions(),
         "workloads": results,
-        "plots": {} if args.no_plots else _plots(results, out, args.quiet),
+        "partial": interrupted,
+        "plots": {},
     }
+    if not interrupted and not args.no_plots and results:
+        try:
+            doc["plots"] = _plots(results, out, args.quiet)
+        except KeyboardInterrupt:
+            interrupted = doc["partial"] = True
     doc["elapsed_seconds"] = time.perf_counter() - t0
     report.write_results(out / "results.json", doc)
     report.write_report(out / "report.md", doc)
+    what = "partial results (interrupted)" if interrupted else "the results"
     print(
-        f"wrote {out / 'report.md'}, {out / 'results.json'}"
-        + ("" if args.no_plots else " and the plots")
+        f"wrote {what} to {out / 'report.md'}, {out / 'results.json'}"
+        + (" and the plots" if doc["plots"] else "")
     )
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def _compare_config(
-    args: argparse.Namespace, argv: Sequence[str], backends: Sequence[BackendSpec], sweep: bool
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    backends: Sequence[BackendSpec],
+    sweep: bool,
+    repeats: int,
 ) -> dict[str, Any]:
     return {
         "command": shlex.join(["prefixkv", *argv]),
         "backends": [
-            {"label": b.label, "index": b.index, "block_size": b.block_size, "driver": b.driver}
+            {
+                "label": b.label,
+                "index": b.index,
+                "block_size": b.block_size,
+                "driver": b.driver,
+                "options": dict(b.options),
+            }
             for b in backends
         ],
         "backends_described": [b.describe() for b in backends],
         "workloads": args.workload,
         "trace": args.trace,
+        "trace_format": args.trace_format,
         "capacity_tokens": args.capacity_tokens,
         "capacity_blocks": args.capacity_blocks,
         "capacity_rule": _capacity_rule(args),
         "capacity_sweep": sweep,
         "concurrency": args.concurrency,
         "max_requests": args.max_requests,
-        "scale_block": args.scale_block,
+        "tokens_per_id": args.tokens_per_id,
         "seed": args.seed,
-        "timing_repeats": args.timing_repeats,
-        "timing": "hits and accounting from a replay with boundary accounting; index times "
-        f"from {args.timing_repeats} more without it (garbage collector paused), each "
-        "request's time the minimum over those",
+        "timing_repeats": repeats,
+        "boundary_accounting": args.boundary_accounting,
+        "timing": (
+            f"hits and accounting from a replay with boundary accounting; index times from "
+            f"{repeats} more without it (garbage collector paused), each request's time the "
+            "minimum over those"
+            if repeats
+            else "hits, accounting and index times from one replay (times include the "
+            "accounting's own cost)"
+        ),
     }
 
 
 def _plots(results: list[dict[str, Any]], out: Path, quiet: bool) -> dict[str, Any]:
-    from . import plots  # matplotlib only now, and only if plots are wanted
-
-    bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
     try:
-        return plots.write_plots(results, out, tick=bar.update)
+        from . import plots  # matplotlib only now, and only if plots are wanted
+    except ImportError:  # pragma: no cover - plots itself imports nothing optional
+        return {}
+    bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
+    try:
+        written = plots.write_plots(results, staging, tick=bar.update)
+        for f in staging.iterdir():  # each plot appears whole or not at all
+            os.replace(f, out / f.name)
+        return written
     except ImportError:
         print(
             "prefixkv: plots skipped: matplotlib is not installed (pip install 'prefixkv[report]')",
@@ -318,77 +590,125 @@ def _plots(results: list[dict[str, Any]], out: Path, quiet: bool) -> dict[str, A
         return {}
     finally:
         bar.close()
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     specs = parse_backends(
-        args.index, block_size=args.block_size, page_size=args.page_size, driver=args.driver
+        args.index,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        driver=args.driver,
+        options=_index_options(args),
     )
     if len(specs) != 1:
         raise CompareError(f"replay takes one backend, got {args.index!r}")
     spec = specs[0]
-    requests = load_any(
-        args.trace, max_requests=args.max_requests, scale_block=args.scale_block, seed=args.seed
+    caps = _capacities(args)
+    if caps is not None and len(caps) > 1:
+        raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
+    out = Path(args.out)
+    refuse_overwrite([out], [args.trace])
+    t_load = time.perf_counter()
+    (workload,) = load_workloads(
+        None,
+        args.trace,
+        max_requests=args.max_requests,
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        trace_format=args.trace_format,
+        options=_read_options(args),
+        quiet=args.quiet,
     )
-    if not requests:
-        raise CompareError(f"trace {args.trace} holds no request")
-    capacity = _capacity(args)
-    if capacity is None:
-        capacity = roomy_capacity(requests, specs)
+    load_seconds = time.perf_counter() - t_load
+    capacity = roomy_capacity(workload.stats, specs) if caps is None else caps[0]
+    check_pool(capacity, specs, args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
-    if num_blocks < 1:
-        raise CompareError(f"capacity {capacity} tokens holds no {spec.block_size}-token block")
-    bar = progress(len(requests), "replay", quiet=args.quiet)
+    encoder = msgspec.json.Encoder()
+    interrupted = False
+    with atomic_writer(out) as f:
 
-    def advance(_count: int) -> None:
-        bar.update(1)
+        def write_row(row: HitRow) -> None:
+            f.write(
+                encoder.encode(
+                    {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
+                )
+            )
+            f.write(b"\n")
 
-    try:
-        result = replay(
-            requests,
-            spec.make(),
-            num_blocks,
-            driver=spec.driver,
-            concurrency=args.concurrency,
-            on_request=advance,
+        bar = progress(
+            workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet, unit="tok"
         )
-    except ReplayError as exc:
-        raise ReplayError(
-            f"capacity {capacity} tokens ({num_blocks} × {spec.block_size}-token blocks) is too "
-            f"small at concurrency {args.concurrency}: {exc}"
-        ) from None
-    finally:
-        bar.close()
+        result: ReplayResult
+        try:
+            result = replay(
+                workload.requests,
+                spec.make(),
+                num_blocks,
+                driver=spec.driver,
+                concurrency=args.concurrency,
+                keep_per_request=False,
+                on_admit=write_row,
+                progress=bar.update,
+            )
+        except ReplayInterrupted as exc:
+            result, interrupted = exc.result, True
+        except ReplayError as exc:
+            raise ReplayError(
+                f"capacity {capacity:,} tokens ({num_blocks:,} × {spec.block_size}-token blocks) "
+                f"is too small at concurrency {args.concurrency}: {exc}"
+            ) from None
+        finally:
+            bar.close()
+        summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
+        summary["scan_seconds"] = load_seconds
+        f.write(encoder.encode({"summary": summary}))
+        f.write(b"\n")
+    if not args.quiet or interrupted:
+        state = " (interrupted: partial)" if interrupted else ""
+        print(
+            f"{summary['trace']} {spec.describe()} K={args.concurrency} "
+            f"capacity={num_blocks * spec.block_size:,} tokens: hit {summary['total_hit_tokens']:,}"
+            f"/{summary['total_prompt_tokens']:,} = {summary['hit_ratio']:.4f}, evicted "
+            f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
+        )
+        for note in workload.notes:
+            print(f"note: {note}")
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _replay_summary(
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    workload: Workload,
+    spec: BackendSpec,
+    num_blocks: int,
+    result: ReplayResult,
+) -> dict[str, Any]:
     summary = result.summary()
     summary.update(
         {
-            "trace": os.path.basename(args.trace),
+            "trace": os.path.basename(os.path.normpath(args.trace)),
+            "trace_source": workload.source,
+            "notes": list(workload.notes),
             "config": {
                 "command": shlex.join(["prefixkv", *argv]),
                 "index": spec.index,
                 "driver": spec.driver,
                 "block_size": spec.block_size,
+                "options": dict(spec.options),
                 "num_blocks": num_blocks,
                 "capacity_tokens": num_blocks * spec.block_size,
                 "concurrency": args.concurrency,
                 "max_requests": args.max_requests,
-                "scale_block": args.scale_block,
+                "tokens_per_id": args.tokens_per_id,
                 "seed": args.seed,
-                "prefixkv": report.package_versions()["prefixkv"],
+                "prefixkv": _version(),
                 "python": sys.version.split()[0],
             },
         }
     )
-    out = Path(args.out)
-    report.write_hits(out, result.hits, summary)
-    if not args.quiet:
-        print(
-            f"{summary['trace']} {spec.describe()} K={args.concurrency} "
-            f"capacity={num_blocks * spec.block_size} tokens: hit {summary['total_hit_tokens']}"
-            f"/{summary['total_prompt_tokens']} = {summary['hit_ratio']:.4f}, evicted "
-            f"{summary['evicted_blocks']} blocks -> {out}"
-        )
-    return 0
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -398,8 +718,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        0 on success, 2 on any error (printed as one line on stderr), 130 when
-        interrupted.
+        0 on success; 2 on any error in the input or the flags (one line on
+        stderr); 130 when interrupted (what was finished is written, marked
+        partial); 1 on an internal error (one line too; set ``PREFIXKV_TRACEBACK=1``
+        to see the traceback).
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -410,14 +732,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
-        print("prefixkv: interrupted", file=sys.stderr)
-        return 130
+        print(
+            "prefixkv: interrupted before anything was finished; nothing written", file=sys.stderr
+        )
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (PrefixKVError, OSError, ValueError) as exc:
+    except MemoryError:
+        print(
+            "prefixkv: error: out of memory; lower --capacity-tokens, --max-prompt-tokens "
+            "or --max-output-tokens",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    except (PrefixKVError, OSError, ValueError, RecursionError) as exc:
         print(f"prefixkv: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
+    except Exception as exc:
+        if os.environ.get("PREFIXKV_TRACEBACK"):
+            raise
+        print(
+            f"prefixkv: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            "(set PREFIXKV_TRACEBACK=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 def _one_line(exc: BaseException) -> str:
@@ -425,4 +766,5 @@ def _one_line(exc: BaseException) -> str:
         text = f"{exc.strerror or exc}: {exc.filename}"
     else:
         text = str(exc) or type(exc).__name__
-    return " ".join(text.split())
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 500 else flat[:497] + "..."

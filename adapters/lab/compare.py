@@ -2,7 +2,9 @@
 
 Each backend replays through its natural driver (hash chain: the vLLM-shaped facade,
 radix: the SGLang-shaped one, anything else: the manager) with the same KV capacity
-in tokens; the numbers come back as plain dicts, ready for the report and JSON.
+in tokens; the numbers come back as plain dicts, ready for the report and JSON. A
+workload's requests are re-read on every replay (a trace is never held whole), and
+capacity planning uses the sizes a scan found.
 """
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
-from .replay import DRIVERS, Driver, ReplayError, ReplayResult, replay
+from .progress import Progress
+from .replay import DRIVERS, Driver, ReplayError, ReplayInterrupted, ReplayResult, replay
 from .sources import Workload
-from .traces import TraceRequest
+from .traces import TraceStats
 
 __all__ = [
+    "MAX_POOL_BLOCKS",
     "NATURAL_DRIVERS",
     "BackendSpec",
+    "Bars",
     "CapacityError",
     "CompareError",
+    "CompareInterrupted",
+    "check_pool",
     "compare_workload",
     "min_capacity",
     "parse_backends",
@@ -42,8 +51,11 @@ __all__ = [
 NATURAL_DRIVERS: Mapping[str, Driver] = MappingProxyType({"hash_chain": "vllm", "radix": "sglang"})
 """The scheduler each backend is modelled on; other backends use the manager."""
 
-Tick = Callable[[int], object]
-"""Progress callback: ``tick(n)`` says ``n`` more requests were replayed."""
+MAX_POOL_BLOCKS = 2**24
+"""Default bound on one replay's pool (16,777,216 blocks); larger is refused up front."""
+
+Bars = Callable[[str, int], Progress]
+"""Makes one progress bar: ``bars(description, total prompt tokens)``."""
 
 
 class CompareError(PrefixKVError):
@@ -52,6 +64,14 @@ class CompareError(PrefixKVError):
 
 class CapacityError(CompareError):
     """The KV capacity asked for cannot hold the requests even after evicting."""
+
+
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a comparison; ``workload`` holds the backends finished so far."""
+
+    def __init__(self, workload: dict[str, Any]) -> None:
+        super().__init__("comparison interrupted")
+        self.workload = workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +83,20 @@ class BackendSpec:
         index: the registry name.
         block_size: hit granularity in tokens (the radix tree's page size).
         driver: the replay driver.
+        options: backend options passed to ``make_index`` (``hash_algorithm``,
+            ``eviction``, ...).
     """
 
     label: str
     index: str
     block_size: int
     driver: Driver
+    options: tuple[tuple[str, Any], ...] = ()
 
     def make(self) -> PrefixIndex:
         """A fresh index for one replay."""
-        return make_index(self.index, self.block_size, **pool_owned_options(self.index))
+        opts = {**pool_owned_options(self.index), **dict(self.options)}
+        return make_index(self.index, self.block_size, **opts)
 
     def num_blocks(self, capacity_tokens: int) -> int:
         """Blocks of ``block_size`` that fit in ``capacity_tokens``."""
@@ -82,7 +106,8 @@ class BackendSpec:
         """``"hash_chain (vllm driver, 16-token blocks)"``."""
         unit = "page" if self.index == "radix" else "block"
         plural = "" if self.block_size == 1 else "s"
-        return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural})"
+        opts = "".join(f", {k}={v}" for k, v in self.options)
+        return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural}{opts})"
 
 
 def _positive(name: str, value: object) -> int:
@@ -92,7 +117,12 @@ def _positive(name: str, value: object) -> int:
 
 
 def parse_backends(
-    text: str, *, block_size: int = 16, page_size: int = 1, driver: Driver | None = None
+    text: str,
+    *,
+    block_size: int = 16,
+    page_size: int = 1,
+    driver: Driver | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[BackendSpec]:
     """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity.
 
@@ -101,15 +131,19 @@ def parse_backends(
         block_size: granularity of every backend but the radix tree.
         page_size: the radix tree's page size.
         driver: force one driver for all (default: each backend's natural one).
+        options: per registry name, options for ``make_index`` (checked here by
+            building each backend once).
 
     Raises:
-        CompareError: an empty list, a bad size, a repeated backend or driver.
+        CompareError: an empty list, a bad size, a repeated backend or driver, an
+            option a backend does not take or a bad option value.
         UnknownIndexError: a name nobody registered (the message lists the names).
     """
     _positive("block size", block_size)
     _positive("page size", page_size)
     if driver is not None and driver not in DRIVERS:
         raise CompareError(f"unknown driver {driver!r}; known: {', '.join(DRIVERS)}")
+    opts = options or {}
     specs: list[BackendSpec] = []
     for part in text.split(","):
         label = part.strip()
@@ -124,33 +158,67 @@ def parse_backends(
             size = page_size if name == "radix" else block_size
         if any(s.label == label for s in specs):
             raise CompareError(f"backend {label!r} is listed twice")
-        spec = BackendSpec(label, name, size, driver or NATURAL_DRIVERS.get(name, "manager"))
-        spec.make()  # an unknown name fails here, before anything runs
+        chosen = tuple(sorted(opts.get(name, {}).items()))
+        spec = BackendSpec(
+            label, name, size, driver or NATURAL_DRIVERS.get(name, "manager"), chosen
+        )
+        try:
+            spec.make()  # an unknown name or option fails here, before anything runs
+        except TypeError as exc:
+            raise CompareError(
+                f"backend {label!r} does not take options {dict(chosen)}: {exc}"
+            ) from None
+        except PrefixKVError:
+            raise
+        except ValueError as exc:
+            raise CompareError(f"backend {label!r}: bad option in {dict(chosen)}: {exc}") from None
         specs.append(spec)
     if not specs:
         raise CompareError(f"no backend named in {text!r}")
+    unused = set(opts) - {s.index for s in specs}
+    if unused:
+        raise CompareError(f"options given for backends not compared: {sorted(unused)}")
     return specs
 
 
-def _footprint(request: TraceRequest, block: int) -> int:
-    # Prompt and output, plus a spare block each end: a partial last block, and
-    # SGLang's extend + page_size over-estimate for paged prefill.
-    return len(request.tokens) + len(request.output) + 2 * block
+def _spare(backends: Sequence[BackendSpec]) -> int:
+    # A spare block each end of every request: a partial last block, and SGLang's
+    # extend + page_size over-estimate for paged prefill.
+    return 2 * max(b.block_size for b in backends)
 
 
-def roomy_capacity(requests: Sequence[TraceRequest], backends: Sequence[BackendSpec]) -> int:
+def roomy_capacity(stats: TraceStats, backends: Sequence[BackendSpec]) -> int:
     """Tokens that hold every request's KV at once: no backend ever evicts."""
-    block = max(b.block_size for b in backends)
-    return sum(_footprint(r, block) for r in requests)
+    return stats.prompt_tokens + stats.output_tokens + _spare(backends) * stats.num_requests
 
 
-def min_capacity(
-    requests: Sequence[TraceRequest], backends: Sequence[BackendSpec], concurrency: int
-) -> int:
+def min_capacity(stats: TraceStats, backends: Sequence[BackendSpec], concurrency: int) -> int:
     """Tokens for the ``concurrency`` largest requests live at once: the tight end."""
-    block = max(b.block_size for b in backends)
-    sizes = sorted((_footprint(r, block) for r in requests), reverse=True)
-    return sum(sizes[:concurrency])
+    largest = stats.largest[:concurrency]
+    return sum(largest) + _spare(backends) * len(largest)
+
+
+def check_pool(
+    capacity_tokens: int, backends: Sequence[BackendSpec], max_pool_blocks: int = MAX_POOL_BLOCKS
+) -> None:
+    """Refuse a capacity that holds no block, or more blocks than ``max_pool_blocks``.
+
+    Raises:
+        CapacityError: naming the backend, the capacity and the limit.
+    """
+    for b in backends:
+        blocks = b.num_blocks(capacity_tokens)
+        if blocks < 1:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens holds no {b.block_size}-token block "
+                f"of {b.label}"
+            )
+        if blocks > max_pool_blocks:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens is {blocks:,} blocks of {b.block_size} "
+                f"tokens for {b.label}, over the limit of {max_pool_blocks:,} blocks a pool "
+                "(--max-pool-blocks); give a smaller --capacity-tokens"
+            )
 
 
 def sweep_capacities(low: int, high: int, points: int = 7) -> list[int]:
@@ -164,11 +232,11 @@ def sweep_capacities(low: int, high: int, points: int = 7) -> list[int]:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank ``q``-th percentile (0 < q <= 100); 0.0 for no values."""
-    if not values:
+    if not len(values):
         return 0.0
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    return float(ordered[rank - 1])
 
 
 def _replay(
@@ -177,7 +245,8 @@ def _replay(
     capacity_tokens: int,
     concurrency: int,
     track: bool,
-    tick: Tick | None,
+    bars: Bars | None,
+    what: str,
     *,
     pause_gc: bool = False,
 ) -> tuple[ReplayResult, int]:
@@ -185,11 +254,9 @@ def _replay(
     num_blocks = spec.num_blocks(capacity_tokens)
     if num_blocks < 1:
         raise ReplayError(f"{capacity_tokens} tokens hold no {spec.block_size}-token block")
-
-    def on_request(_count: int) -> None:
-        if tick is not None:
-            tick(1)
-
+    bar = (
+        bars(f"{workload.name} {spec.label} {what}", workload.stats.prompt_tokens) if bars else None
+    )
     paused = pause_gc and gc.isenabled()
     if paused:  # as timeit does: a collection would bill one request for everyone's garbage
         gc.collect()
@@ -202,15 +269,23 @@ def _replay(
             driver=spec.driver,
             concurrency=concurrency,
             track_boundaries=track,
-            on_request=on_request,
+            measure_memory=True,
+            progress=None if bar is None else bar.update,
         )
     finally:
         if paused:
             gc.enable()
+        if bar is not None:
+            bar.close()
     # replay samples the index size only now and then; the end state is exact.
     measure = getattr(index, "memory_bytes", None)
     end_bytes = int(measure()) if measure is not None else 0
     return result, max(result.index_memory_bytes, end_bytes)
+
+
+def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
+    stacked = np.vstack([np.asarray(c, dtype=np.float64) for c in columns])
+    return (stacked.min(axis=0) * 1e6).tolist()  # type: ignore[no-any-return]
 
 
 def run_backend(
@@ -220,7 +295,8 @@ def run_backend(
     *,
     concurrency: int = 1,
     timing_repeats: int = 3,
-    tick: Tick | None = None,
+    boundary_accounting: bool = True,
+    bars: Bars | None = None,
 ) -> dict[str, Any]:
     """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it.
 
@@ -228,54 +304,102 @@ def run_backend(
     token-level mirror behind the accounting costs time inside the index calls),
     each request's time being its minimum over the repeats, with the garbage
     collector paused: what remains is the index's own cost, not a neighbour
-    process's time slice or a collection of everyone's garbage.
+    process's time slice or a collection of everyone's garbage. With
+    ``timing_repeats=0`` the times come from the first replay (accounting
+    included). Without ``boundary_accounting`` there are ``max(1, timing_repeats)``
+    replays, all timed, and the BB-8 columns are zero.
 
     Returns:
         Totals and per-request lists (see the report's results.json).
 
     Raises:
         CapacityError: the capacity cannot hold the requests.
-        CompareError: ``timing_repeats`` is not a positive int.
+        CompareError: ``timing_repeats`` is not an int >= 0.
+        ReplayInterrupted: Ctrl-C (from :func:`replay`).
     """
-    _positive("timing repeats", timing_repeats)
+    if type(timing_repeats) is not int or timing_repeats < 0:
+        raise CompareError(f"timing repeats must be an int >= 0, got {timing_repeats!r}")
     num_blocks = spec.num_blocks(capacity_tokens)
+    # With accounting, one tracked replay then the timed ones; without, the first
+    # timed replay gives the hits too.
+    extra = timing_repeats if boundary_accounting else max(0, timing_repeats - 1)
+    runs = 1 + extra
     try:
-        tracked, memory = _replay(workload, spec, capacity_tokens, concurrency, True, tick)
+        first, memory = _replay(
+            workload,
+            spec,
+            capacity_tokens,
+            concurrency,
+            boundary_accounting,
+            bars,
+            f"1/{runs}",
+            pause_gc=not boundary_accounting,
+        )
         timed = [
-            _replay(workload, spec, capacity_tokens, concurrency, False, tick, pause_gc=True)[0]
-            for _ in range(timing_repeats)
+            _replay(
+                workload,
+                spec,
+                capacity_tokens,
+                concurrency,
+                False,
+                bars,
+                f"{k + 2}/{runs}",
+                pause_gc=True,
+            )[0]
+            for k in range(extra)
         ]
+        if not boundary_accounting or not timed:
+            timed.insert(0, first)
     except ReplayError as exc:
         raise CapacityError(
             f"capacity {capacity_tokens} tokens ({num_blocks} × {spec.block_size}-token blocks) "
             f"is too small for {workload.name!r} with {spec.label} at concurrency "
             f"{concurrency}: {exc}"
         ) from None
-    records = tracked.records
-    index_us = [min(col) * 1e6 for col in zip(*(t.request_seconds for t in timed), strict=True)]
-    admit_us = [min(col) * 1e6 for col in zip(*(t.admit_seconds for t in timed), strict=True)]
+    index_us = _min_us([t.request_seconds for t in timed])
+    admit_us = _min_us([t.admit_seconds for t in timed])
     fastest = min(timed, key=lambda t: t.wall_seconds)
-    prompt = sum(r.prompt_len for r in records)
-    hit = sum(r.hit_tokens for r in records)
+    n = first.num_requests
+    zeros = [0] * n
+
+    def column(values: Sequence[int]) -> list[int]:
+        return list(values) if len(values) == n else zeros
+
+    matched = column(first.matched_tokens)
+    boundary = column(first.boundary_lost_tokens)
+    capped = column(first.cap_lost_tokens)
+    per_request: dict[str, Any] = {
+        "id": list(first.ids),
+        "prompt_len": first.prompt_len.tolist(),
+        "hit_tokens": first.hit_tokens.tolist(),
+        "matched_tokens": matched,
+        "boundary_lost_tokens": boundary,
+        "cap_lost_tokens": capped,
+        "index_us": index_us,
+        "admit_us": admit_us,
+    }
     bs = spec.block_size
+    prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
     return {
         "backend": spec.label,
         "index": spec.index,
         "driver": spec.driver,
         "block_size": bs,
+        "options": dict(spec.options),
         "num_blocks": num_blocks,
         "capacity_tokens": num_blocks * bs,
-        "requests": len(records),
+        "requests": n,
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "hit_ratio": hit / prompt if prompt else 0.0,
-        "matched_tokens": sum(r.matched_tokens or 0 for r in records),
-        "boundary_lost_tokens": sum(r.boundary_lost_tokens or 0 for r in records),
-        "cap_lost_tokens": sum(r.cap_lost_tokens or 0 for r in records),
-        "evicted_blocks": tracked.evicted_blocks,
-        "evicted_tokens": tracked.evicted_blocks * bs,
-        "peak_cached_blocks": tracked.peak_cached_blocks,
-        "peak_cached_tokens": tracked.peak_cached_blocks * bs,
+        "boundary_accounting": boundary_accounting,
+        "matched_tokens": sum(matched),
+        "boundary_lost_tokens": sum(boundary),
+        "cap_lost_tokens": sum(capped),
+        "evicted_blocks": first.evicted_blocks,
+        "evicted_tokens": first.evicted_blocks * bs,
+        "peak_cached_blocks": first.peak_cached_blocks,
+        "peak_cached_tokens": first.peak_cached_blocks * bs,
         "index_memory_bytes": memory,
         "index_us_p50": percentile(index_us, 50),
         "index_us_p99": percentile(index_us, 99),
@@ -283,22 +407,11 @@ def run_backend(
         "admit_us_p50": percentile(admit_us, 50),
         "admit_us_p99": percentile(admit_us, 99),
         "timing_repeats": timing_repeats,
-        "timing_runs_agree": all(
-            [h["hit_tokens"] for h in t.hits] == [r.hit_tokens for r in records] for t in timed
-        ),
+        "timing_runs_agree": all(t.hit_tokens == first.hit_tokens for t in timed),
         "seconds_by_call": dict(fastest.seconds_by_call),
-        "wall_seconds_tracked": tracked.wall_seconds,
+        "wall_seconds_tracked": first.wall_seconds,
         "wall_seconds_timed": [t.wall_seconds for t in timed],
-        "per_request": {
-            "id": [r.request_id for r in records],
-            "prompt_len": [r.prompt_len for r in records],
-            "hit_tokens": [r.hit_tokens for r in records],
-            "matched_tokens": [r.matched_tokens or 0 for r in records],
-            "boundary_lost_tokens": [r.boundary_lost_tokens or 0 for r in records],
-            "cap_lost_tokens": [r.cap_lost_tokens or 0 for r in records],
-            "index_us": index_us,
-            "admit_us": admit_us,
-        },
+        "per_request": per_request,
     }
 
 
@@ -308,7 +421,7 @@ def run_sweep(
     capacities: Sequence[int],
     *,
     concurrency: int = 1,
-    tick: Tick | None = None,
+    bars: Bars | None = None,
 ) -> dict[str, Any]:
     """Hit ratio (and evictions) of each backend at each capacity, without accounting.
 
@@ -316,22 +429,15 @@ def run_sweep(
     """
     ratios: dict[str, list[float | None]] = {b.label: [] for b in backends}
     evicted: dict[str, list[int | None]] = {b.label: [] for b in backends}
-    n = len(workload.requests)
     for cap in capacities:
         for spec in backends:
-            done = [0]
-
-            def count(k: int, done: list[int] = done) -> None:
-                done[0] += k
-                if tick is not None:
-                    tick(k)
-
             try:
-                result, _ = _replay(workload, spec, cap, concurrency, False, count)
+                result, _ = _replay(
+                    workload, spec, cap, concurrency, False, bars, f"sweep {cap:,} tok"
+                )
             except ReplayError:
                 ratios[spec.label].append(None)
                 evicted[spec.label].append(None)
-                count(n - done[0])  # the requests the failed replay never reached
                 continue
             ratios[spec.label].append(result.summary()["hit_ratio"])
             evicted[spec.label].append(result.evicted_blocks)
@@ -343,6 +449,7 @@ def select_strip_requests(results: Sequence[Mapping[str, Any]], limit: int = 6) 
 
     First those where some backend lost tokens to a block boundary, then those where
     the backends' hits differ, then those with a recomputed last block, then the rest.
+    Complexity: O(requests * backends), one pass per criterion.
     """
     per = [r["per_request"] for r in results]
     n = len(per[0]["id"]) if per else 0
@@ -358,12 +465,14 @@ def select_strip_requests(results: Sequence[Mapping[str, Any]], limit: int = 6) 
         return any(p["cap_lost_tokens"][i] for p in cached)
 
     chosen: list[int] = []
+    taken: set[int] = set()
     for test in (boundary, differ, capped, lambda _i: True):
         for i in range(n):
             if len(chosen) >= limit:
                 return sorted(chosen)
-            if i not in chosen and test(i):
+            if i not in taken and test(i):
                 chosen.append(i)
+                taken.add(i)
     return sorted(chosen)
 
 
@@ -380,11 +489,11 @@ def plan_capacities(
     Returns:
         ``(capacity_tokens, sweep)``; the sweep is empty when ``sweep_points`` is 0.
     """
-    roomy = roomy_capacity(workload.requests, backends)
+    roomy = roomy_capacity(workload.stats, backends)
     cap = roomy if capacity_tokens is None else capacity_tokens
     if not sweep_points:
         return cap, []
-    tight = min_capacity(workload.requests, backends, concurrency)
+    tight = min_capacity(workload.stats, backends, concurrency)
     return cap, sweep_capacities(tight, max(roomy, cap), sweep_points)
 
 
@@ -396,39 +505,49 @@ def compare_workload(
     *,
     concurrency: int = 1,
     timing_repeats: int = 3,
-    tick: Tick | None = None,
+    boundary_accounting: bool = True,
+    bars: Bars | None = None,
 ) -> dict[str, Any]:
     """Every backend on one workload: :func:`run_backend` each, then the sweep.
-
-    Each replay calls ``tick(1)`` per request: ``len(requests) * len(backends) *
-    (1 + timing_repeats + len(sweep))`` in all.
 
     Raises:
         CapacityError: ``capacity_tokens`` cannot hold the requests (the sweep's
             capacities never raise; a failed point is ``None``).
+        CompareInterrupted: Ctrl-C; it carries the backends finished so far.
     """
-    rows = [
-        run_backend(
-            workload,
-            b,
-            capacity_tokens,
-            concurrency=concurrency,
-            timing_repeats=timing_repeats,
-            tick=tick,
-        )
-        for b in backends
-    ]
-    swept = (
-        run_sweep(workload, backends, sweep, concurrency=concurrency, tick=tick) if sweep else None
-    )
-    return {
+    doc: dict[str, Any] = {
         "name": workload.name,
         "source": workload.source,
-        "num_requests": len(workload.requests),
-        "prompt_tokens": sum(len(r.tokens) for r in workload.requests),
+        "notes": list(workload.notes),
+        "num_requests": workload.stats.num_requests,
+        "prompt_tokens": workload.stats.prompt_tokens,
+        "output_tokens": workload.stats.output_tokens,
         "capacity_tokens": capacity_tokens,
         "concurrency": concurrency,
-        "backends": rows,
-        "sweep": swept,
-        "strip_requests": select_strip_requests(rows),
+        "backends": [],
+        "sweep": None,
+        "strip_requests": [],
+        "partial": False,
     }
+    try:
+        for b in backends:
+            doc["backends"].append(
+                run_backend(
+                    workload,
+                    b,
+                    capacity_tokens,
+                    concurrency=concurrency,
+                    timing_repeats=timing_repeats,
+                    boundary_accounting=boundary_accounting,
+                    bars=bars,
+                )
+            )
+        doc["strip_requests"] = select_strip_requests(doc["backends"])
+        if sweep:
+            doc["sweep"] = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
+    except (ReplayInterrupted, KeyboardInterrupt):
+        doc["partial"] = True
+        if doc["backends"]:
+            doc["strip_requests"] = select_strip_requests(doc["backends"])
+        raise CompareInterrupted(doc) from None
+    return doc

@@ -1,7 +1,10 @@
 """Progress bars for the command line: tqdm on stderr when installed and wanted, else nothing.
 
-A bar appears only after a second, so quick runs print nothing extra; tqdm is an
-optional dependency (the ``report`` extra) and is imported only when a bar is made.
+One bar per phase (loading a trace, each replay, the plots), each counting what the
+phase's cost grows with — input bytes while loading, prompt tokens while replaying —
+so its ETA stays stable when request sizes vary a thousandfold. A bar appears only
+after a second, so quick runs print nothing extra; tqdm is an optional dependency
+(the ``report`` extra) and is imported only when a bar is made.
 """
 
 from __future__ import annotations
@@ -32,13 +35,24 @@ class _NoProgress:
         return None
 
 
-def progress(total: int, desc: str, *, quiet: bool = False, unit: str = "req") -> Progress:
-    """A bar of ``total`` steps; a silent stand-in when ``quiet`` or tqdm is missing."""
+def progress(total: int | None, desc: str, *, quiet: bool = False, unit: str = "req") -> Progress:
+    """A bar of ``total`` steps (``None``: unknown, no ETA); silent when ``quiet`` or
+    without tqdm. Units other than requests and plots are shown scaled (``1.2M tok``)."""
     if quiet:
         return _NoProgress()
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is an optional dependency
         return _NoProgress()
-    bar: Progress = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, delay=1.0, leave=False)
+    bar: Progress = tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit not in ("req", "plot"),
+        file=sys.stderr,
+        delay=1.0,
+        leave=False,
+        smoothing=0.0,  # the whole run's average rate: the ETA does not jump per request
+        dynamic_ncols=True,
+    )
     return bar

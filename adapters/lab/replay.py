@@ -6,16 +6,21 @@ finishes. The whole prompt is prefilled in one step and its first output token i
 sampled there (SPEC, "Replay used to check fidelity"). A backend is driven through
 the vLLM-shaped facade (as vLLM's scheduler drives ``KVCacheManager``), the
 SGLang-shaped one (as SGLang's scheduler drives ``RadixCache``), or the manager.
+
+The replay consumes its requests as a stream: it holds the K live requests and the
+cache, never the trace. Per-request results are kept in compact arrays (or not at
+all), and each admission can be streamed out as it happens.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
@@ -23,10 +28,18 @@ from prefixkv.storage.allocator import BlockAllocator
 
 from ..accounting import RequestRecord
 from ..manager import CacheManager
-from ..sglang import SGLangRadixCache, SimpleReq
-from ..vllm import SimpleRequest, VLLMKVCacheManager
+from ..sglang import SGLangRadixCache
+from ..vllm import VLLMKVCacheManager
 
-__all__ = ["DRIVERS", "ReplayError", "ReplayRequest", "ReplayResult", "replay"]
+__all__ = [
+    "DRIVERS",
+    "HitRow",
+    "ReplayError",
+    "ReplayInterrupted",
+    "ReplayRequest",
+    "ReplayResult",
+    "replay",
+]
 
 Driver = Literal["vllm", "sglang", "manager"]
 DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
@@ -51,6 +64,14 @@ class ReplayRequest(Protocol):
         ...
 
 
+class HitRow(NamedTuple):
+    """One admission as the reference oracles record it."""
+
+    id: str
+    prompt_len: int
+    hit_tokens: int
+
+
 class ReplayError(PrefixKVError):
     """A request could not be allocated even after evicting everything evictable."""
 
@@ -59,35 +80,76 @@ class ReplayError(PrefixKVError):
 class ReplayResult:
     """What a replay produced.
 
+    Per-request columns are in admission order and empty when the replay was asked
+    not to keep them (``keep_per_request=False``); the totals are always there.
+
     Attributes:
-        hits: one ``{"id", "prompt_len", "hit_tokens"}`` per request, admission order.
-        records: the manager's per-request accounting (BB-8 fields when tracked).
-        request_seconds: index time per request (all its calls), admission order.
-        admit_seconds: the part of ``request_seconds`` spent admitting the request
-            (lookup, prefill allocation, registering the prompt), admission order.
+        ids: request ids.
+        prompt_len: prompt tokens per request.
+        hit_tokens: tokens served from the cache per request.
+        matched_tokens: BB-8 matched tokens per request (tracked replays only).
+        boundary_lost_tokens: BB-8 block-boundary losses per request (tracked only).
+        cap_lost_tokens: BB-8 last-block losses per request (tracked only).
+        request_seconds: index time per request (all its calls).
+        admit_seconds: the part spent admitting it (lookup, prefill allocation,
+            registering the prompt).
+        num_requests: requests admitted.
+        total_prompt_tokens: their prompt tokens.
+        total_hit_tokens: their hit tokens.
         seconds_by_call: summed seconds per call kind.
         evicted_blocks: blocks evicted from the index.
         peak_cached_blocks: the most blocks the index held at once.
-        index_memory_bytes: the index structures' size at the peak.
+        index_memory_bytes: the index structures' size near the peak (sampled).
         wall_seconds: the replay's wall time.
+        partial: the replay was interrupted; only admitted requests are counted and
+            the live ones did not finish.
     """
 
-    hits: list[dict[str, Any]]
-    records: list[RequestRecord]
-    request_seconds: list[float]
+    ids: list[str] = field(default_factory=list)
+    prompt_len: array[int] = field(default_factory=lambda: array("q"))
+    hit_tokens: array[int] = field(default_factory=lambda: array("q"))
+    matched_tokens: array[int] = field(default_factory=lambda: array("q"))
+    boundary_lost_tokens: array[int] = field(default_factory=lambda: array("q"))
+    cap_lost_tokens: array[int] = field(default_factory=lambda: array("q"))
+    request_seconds: array[float] = field(default_factory=lambda: array("d"))
+    admit_seconds: array[float] = field(default_factory=lambda: array("d"))
+    num_requests: int = 0
+    total_prompt_tokens: int = 0
+    total_hit_tokens: int = 0
     seconds_by_call: dict[str, float] = field(default_factory=dict)
     evicted_blocks: int = 0
     peak_cached_blocks: int = 0
     index_memory_bytes: int = 0
     wall_seconds: float = 0.0
-    admit_seconds: list[float] = field(default_factory=list)
+    partial: bool = False
+
+    @property
+    def hits(self) -> list[dict[str, Any]]:
+        """``{"id", "prompt_len", "hit_tokens"}`` per kept request (the oracle format)."""
+        return [
+            {"id": i, "prompt_len": p, "hit_tokens": h}
+            for i, p, h in zip(self.ids, self.prompt_len, self.hit_tokens, strict=True)
+        ]
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Per kept request, the accounting record (BB-8 fields when tracked)."""
+        tracked = len(self.matched_tokens) == len(self.ids)
+        out = []
+        for k, rid in enumerate(self.ids):
+            rec = RequestRecord(rid, self.prompt_len[k], self.hit_tokens[k])
+            if tracked:
+                rec.matched_tokens = self.matched_tokens[k]
+                rec.boundary_lost_tokens = self.boundary_lost_tokens[k]
+                rec.cap_lost_tokens = self.cap_lost_tokens[k]
+            out.append(rec)
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Totals for a result file's last line."""
-        prompt = sum(h["prompt_len"] for h in self.hits)
-        hit = sum(h["hit_tokens"] for h in self.hits)
+        prompt, hit = self.total_prompt_tokens, self.total_hit_tokens
         return {
-            "requests": len(self.hits),
+            "requests": self.num_requests,
             "total_prompt_tokens": prompt,
             "total_hit_tokens": hit,
             "hit_ratio": hit / prompt if prompt else 0.0,
@@ -96,47 +158,90 @@ class ReplayResult:
             "seconds_by_call": dict(self.seconds_by_call),
             "seconds_total_in_index": sum(self.seconds_by_call.values()),
             "wall_seconds": self.wall_seconds,
+            "partial": self.partial,
         }
 
 
-class _Clock:
-    """Sums perf_counter time per call kind and per request."""
+class ReplayInterrupted(KeyboardInterrupt):
+    """The replay was interrupted (Ctrl-C); ``result`` holds what was finished.
 
-    def __init__(self, num_requests: int) -> None:
-        self.by_call: dict[str, float] = {}
-        self.by_request = [0.0] * num_requests
+    A ``KeyboardInterrupt``, so code that does not look for it still stops.
+    """
 
-    def run(self, kind: str, request: int, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.add(kind, request, time.perf_counter() - t0)
-        return out
+    def __init__(self, result: ReplayResult) -> None:
+        super().__init__("replay interrupted")
+        self.result = result
 
-    def add(self, kind: str, request: int, seconds: float) -> None:
-        """Book time measured inline (the decode loops time each call in place, as
-        the reference oracles do, so the clock itself costs no extra call)."""
-        self.by_call[kind] = self.by_call.get(kind, 0.0) + seconds
-        self.by_request[request] += seconds
+
+class _VLLMRequest:
+    """What the vLLM facade reads of a request (vLLM ``Request`` fields), over an array.
+
+    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
+    :meth:`append`: the facade reads it every decode step.
+    """
+
+    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
+
+    def __init__(self, request_id: str, prompt: Sequence[int]) -> None:
+        self.request_id = request_id
+        self.all_token_ids: array[int] = array("I", prompt)
+        self.num_tokens = len(self.all_token_ids)
+        self.num_computed_tokens = 0
+
+    def append(self, token: int) -> None:
+        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
+        self.all_token_ids.append(token)
+        self.num_tokens += 1
+
+
+class _SGLangReq:
+    """What the SGLang facade reads of a request (SGLang ``Req`` fields)."""
+
+    __slots__ = ("origin_input_ids", "output_ids", "rid")
+
+    def __init__(self, rid: str, prompt: Sequence[int]) -> None:
+        self.rid = rid
+        self.origin_input_ids = prompt
+        self.output_ids: list[int] = []
+
+
+class _Live:
+    """A live request: its position, the driver's request object, its output."""
+
+    __slots__ = ("index", "output", "request", "seconds")
+
+    def __init__(self, index: int, request: Any, output: Sequence[int], seconds: float) -> None:
+        self.index = index
+        self.request = request
+        self.output = output
+        self.seconds = seconds
 
 
 class _Replayer(ABC):
     """Shared K-live state; subclasses play one scheduler."""
 
-    def __init__(self, manager: CacheManager, num_requests: int) -> None:
+    def __init__(self, manager: CacheManager, result: ReplayResult, keep: bool) -> None:
         self.manager = manager
-        self.clock = _Clock(num_requests)
-        self.live: deque[tuple[int, Any, Sequence[int]]] = deque()
-        self.hits: list[dict[str, Any]] = []
+        self.result = result
+        self.keep = keep
+        self.measure_memory = False
+        self.by_call = result.seconds_by_call
+        self.live: deque[_Live] = deque()
         self.peak_cached = 0
         self.peak_memory = 0
+        self._next_measure = 64
 
     def note_size(self) -> None:
         cached = self.manager.index.stats().num_cached_blocks
         if cached > self.peak_cached:
             self.peak_cached = cached
-            measure = getattr(self.manager.index, "memory_bytes", None)
-            if measure is not None and cached % 64 == 0:
-                self.peak_memory = max(self.peak_memory, int(measure()))
+            # memory_bytes walks the index: sample it at geometric steps of the peak
+            # (O(log capacity) walks), not at every new peak.
+            if self.measure_memory and cached >= self._next_measure:
+                measure = getattr(self.manager.index, "memory_bytes", None)
+                if measure is not None:
+                    self.peak_memory = max(self.peak_memory, int(measure()))
+                self._next_measure = cached + cached // 4 + 1
 
     def fail(self, what: str) -> ReplayError:
         m = self.manager
@@ -146,8 +251,43 @@ class _Replayer(ABC):
             f"{len(m.running())} requests running; raise the capacity or lower the concurrency"
         )
 
+    def timed(self, kind: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        spent = time.perf_counter() - t0
+        self.by_call[kind] = self.by_call.get(kind, 0.0) + spent
+        return out, spent
+
+    def book(self, kind: str, live: _Live, seconds: float) -> None:
+        """Book time measured inline (the decode loops time each call in place, as
+        the reference oracles do, so the clock itself costs no extra call)."""
+        self.by_call[kind] = self.by_call.get(kind, 0.0) + seconds
+        live.seconds += seconds
+
+    def admitted(self, i: int, rid: str, prompt_len: int, hit: int, seconds: float) -> HitRow:
+        r = self.result
+        r.num_requests += 1
+        r.total_prompt_tokens += prompt_len
+        r.total_hit_tokens += hit
+        if self.keep:
+            r.ids.append(rid)
+            r.prompt_len.append(prompt_len)
+            r.hit_tokens.append(hit)
+            r.admit_seconds.append(seconds)
+            r.request_seconds.append(seconds)
+            if self.manager.tracks_boundaries:
+                rec = self.manager.record(rid)
+                r.matched_tokens.append(rec.matched_tokens or 0)
+                r.boundary_lost_tokens.append(rec.boundary_lost_tokens or 0)
+                r.cap_lost_tokens.append(rec.cap_lost_tokens or 0)
+        return HitRow(rid, prompt_len, hit)
+
+    def finished(self, live: _Live) -> None:
+        if self.keep:
+            self.result.request_seconds[live.index] = live.seconds
+
     @abstractmethod
-    def admit(self, i: int, rec: ReplayRequest) -> None:
+    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
         """Admit and prefill request ``i``; it samples its first output token."""
 
     @abstractmethod
@@ -156,105 +296,143 @@ class _Replayer(ABC):
 
 
 class _VLLMReplayer(_Replayer):
-    def __init__(self, facade: VLLMKVCacheManager, num_requests: int) -> None:
-        super().__init__(facade.manager, num_requests)
+    def __init__(self, facade: VLLMKVCacheManager, result: ReplayResult, keep: bool) -> None:
+        super().__init__(facade.manager, result, keep)
         self.facade = facade
 
-    def admit(self, i: int, rec: ReplayRequest) -> None:
-        f, clock = self.facade, self.clock
-        req = SimpleRequest(str(rec.id), list(rec.tokens))
-        blocks, hit = clock.run("lookup", i, f.get_computed_blocks, req)
+    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
+        f = self.facade
+        rid = str(rec.id)
+        req = _VLLMRequest(rid, rec.tokens)
+        (blocks, hit), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
         n = req.num_tokens
-        new = clock.run("allocate_prefill", i, f.allocate_slots, req, n - hit, hit, blocks)
+        new, t_alloc = self.timed("allocate_prefill", f.allocate_slots, req, n - hit, hit, blocks)
         if new is None:
-            raise self.fail(f"prefill of request {rec.id!r} ({n} tokens, hit {hit})")
+            raise self.fail(f"prefill of request {rid!r} ({n} tokens, hit {hit})")
         req.num_computed_tokens = n
-        self.hits.append({"id": str(rec.id), "prompt_len": n, "hit_tokens": hit})
-        if rec.output:
-            req.append_output_token_ids(rec.output[0])
-        self.live.append((i, req, rec.output))
+        row = self.admitted(i, rid, n, hit, t_lookup + t_alloc)
+        output = rec.output
+        if len(output):
+            req.append(output[0])
+        self.live.append(_Live(i, req, output, t_lookup + t_alloc))
         self.note_size()
+        return row
 
     def finish_oldest(self) -> None:
-        i, req, output = self.live.popleft()
-        f, clock = self.facade, self.clock
+        live = self.live.popleft()
+        req, output = live.request, live.output
+        allocate = self.facade.allocate_slots
+        tokens = req.all_token_ids
         perf, spent = time.perf_counter, 0.0
-        for tok in output[1:]:
+        for k in range(1, len(output)):
             t0 = perf()
-            new = f.allocate_slots(req, 1)
+            new = allocate(req, 1)
             spent += perf() - t0
             if new is None:
                 raise self.fail(f"decode step of request {req.request_id!r}")
             req.num_computed_tokens += 1
-            req.append_output_token_ids(tok)
-        clock.add("allocate_decode", i, spent)
+            tokens.append(output[k])  # append(), inlined: the decode loop is hot
+            req.num_tokens += 1
+        self.book("allocate_decode", live, spent)
         self.note_size()
-        clock.run("free", i, f.free, req)
+        _, t_free = self.timed("free", self.facade.free, req)
+        live.seconds += t_free
+        self.finished(live)
 
 
 class _SGLangReplayer(_Replayer):
     # A request whose only output token is sampled at prefill finishes in that
     # step and is never live (SGLang); vLLM counts every admitted request as live.
 
-    def __init__(self, facade: SGLangRadixCache, num_requests: int) -> None:
-        super().__init__(facade.manager, num_requests)
+    def __init__(self, facade: SGLangRadixCache, result: ReplayResult, keep: bool) -> None:
+        super().__init__(facade.manager, result, keep)
         self.facade = facade
 
-    def admit(self, i: int, rec: ReplayRequest) -> None:
-        f, clock = self.facade, self.clock
-        req = SimpleReq(str(rec.id), rec.tokens)
-        sampled = list(rec.output) or [0]  # SGLang always samples one token at prefill
-        hit = clock.run("alloc_for_extend", i, f.alloc_for_extend, req)
+    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
+        f = self.facade
+        rid = str(rec.id)
+        req = _SGLangReq(rid, rec.tokens)
+        sampled: Sequence[int] = rec.output if len(rec.output) else (0,)  # SGLang samples one
+        hit, spent = self.timed("alloc_for_extend", f.alloc_for_extend, req)
         if hit is None:
-            raise self.fail(f"prefill of request {rec.id!r} ({len(rec.tokens)} tokens)")
-        self.hits.append({"id": str(rec.id), "prompt_len": len(rec.tokens), "hit_tokens": hit})
+            raise self.fail(f"prefill of request {rid!r} ({len(rec.tokens)} tokens)")
         req.output_ids.append(sampled[0])
+        row = self.admitted(i, rid, len(rec.tokens), hit, spent)  # reads the record: first
         if len(sampled) == 1:
-            clock.run("cache_finished_req", i, f.cache_finished_req, req)
+            _, t_done = self.timed("cache_finished_req", f.cache_finished_req, req)
         else:
-            clock.run("cache_unfinished_req", i, f.cache_unfinished_req, req)
-            self.live.append((i, req, sampled))
+            _, t_done = self.timed("cache_unfinished_req", f.cache_unfinished_req, req)
+            self.live.append(_Live(i, req, sampled, spent + t_done))
+        if self.keep:
+            self.result.admit_seconds[i] += t_done
+            self.result.request_seconds[i] += t_done
         self.note_size()
+        return row
 
     def finish_oldest(self) -> None:
-        i, req, sampled = self.live.popleft()
-        f, clock = self.facade, self.clock
+        live = self.live.popleft()
+        req, sampled = live.request, live.output
+        alloc = self.facade.alloc_for_decode
+        out_ids = req.output_ids
         perf, spent = time.perf_counter, 0.0
-        while len(req.output_ids) < len(sampled):
+        while len(out_ids) < len(sampled):
             t0 = perf()
-            ok = f.alloc_for_decode(req)
+            ok = alloc(req)
             spent += perf() - t0
             if not ok:
                 raise self.fail(f"decode step of request {req.rid!r}")
-            req.output_ids.append(sampled[len(req.output_ids)])
-        clock.add("alloc_for_decode", i, spent)
+            out_ids.append(sampled[len(out_ids)])
+        self.book("alloc_for_decode", live, spent)
         self.note_size()
-        clock.run("cache_finished_req", i, f.cache_finished_req, req)
+        _, t_done = self.timed("cache_finished_req", self.facade.cache_finished_req, req)
+        live.seconds += t_done
+        self.finished(live)
 
 
 class _ManagerReplayer(_Replayer):
-    def admit(self, i: int, rec: ReplayRequest) -> None:
-        m, clock = self.manager, self.clock
+    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
+        m = self.manager
         rid = str(rec.id)
-        adm = clock.run("admit", i, m.admit, rid, rec.tokens)
+        adm, t_admit = self.timed("admit", m.admit, rid, rec.tokens)
         if adm is None:
             raise self.fail(f"prefill of request {rid!r} ({len(rec.tokens)} tokens)")
         n = len(rec.tokens)
-        clock.run("commit", i, m.commit, rid, n)
-        self.hits.append({"id": rid, "prompt_len": n, "hit_tokens": adm.num_cached_tokens})
-        self.live.append((i, rid, rec.output))
+        _, t_commit = self.timed("commit", m.commit, rid, n)
+        row = self.admitted(i, rid, n, adm.num_cached_tokens, t_admit + t_commit)
+        self.live.append(_Live(i, rid, rec.output, t_admit + t_commit))
         self.note_size()
+        return row
 
     def finish_oldest(self) -> None:
-        i, rid, output = self.live.popleft()
-        m, clock = self.manager, self.clock
-        for tok in output[:-1]:  # the last sampled token never gets KV
-            if not clock.run("append", i, m.append, rid, [tok]):
+        live = self.live.popleft()
+        m, rid, output = self.manager, live.request, live.output
+        for k in range(len(output) - 1):  # the last sampled token never gets KV
+            ok, spent = self.timed("append", m.append, rid, [output[k]])
+            live.seconds += spent
+            if not ok:
                 raise self.fail(f"decode step of request {rid!r}")
-            n = len(m.key(rid))
-            clock.run("commit", i, m.commit, rid, n)
+            _, spent = self.timed("commit", m.commit, rid, len(m.key(rid)))
+            live.seconds += spent
         self.note_size()
-        clock.run("finish", i, m.finish, rid)
+        _, spent = self.timed("finish", m.finish, rid)
+        live.seconds += spent
+        self.finished(live)
+
+
+def _replayer(
+    index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool
+) -> _Replayer:
+    result = ReplayResult()
+    if driver == "vllm":
+        facade = VLLMKVCacheManager(index, num_blocks, track_boundaries=track)
+        return _VLLMReplayer(facade, result, keep)
+    if driver == "sglang":
+        sg = SGLangRadixCache(index, num_blocks * index.block_size, track_boundaries=track)
+        return _SGLangReplayer(sg, result, keep)
+    if driver == "manager":
+        mgr = CacheManager(index, BlockAllocator(num_blocks), track_boundaries=track)
+        return _ManagerReplayer(mgr, result, keep)
+    raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
 
 
 def replay(
@@ -265,68 +443,66 @@ def replay(
     driver: Driver = "manager",
     concurrency: int = 1,
     track_boundaries: bool = False,
-    on_request: Callable[[int], None] | None = None,
+    keep_per_request: bool = True,
+    measure_memory: bool = False,
+    on_admit: Callable[[HitRow], object] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``index`` with at most ``concurrency`` live.
 
+    The requests are consumed one at a time (a generator or a trace source is never
+    turned into a list), so memory is the cache, the live requests and, when kept,
+    a few numbers per request.
+
     Args:
-        requests: trace requests (``id``, ``tokens``, ``output``).
+        requests: trace requests (``id``, ``tokens``, ``output``), in arrival order.
         index: the backend (fresh; the replay fills it).
         num_blocks: pool size in blocks of ``index.block_size`` tokens.
         driver: ``"vllm"`` (vLLM scheduler order), ``"sglang"`` (SGLang scheduler
             order) or ``"manager"`` (the generic lifecycle).
         concurrency: K, the most live requests.
-        track_boundaries: fill the BB-8 fields of the records.
-        on_request: called with the count of requests admitted so far (progress).
+        track_boundaries: fill the BB-8 columns (matched and lost tokens).
+        keep_per_request: keep the per-request columns (``False``: totals only,
+            constant memory however long the stream).
+        measure_memory: sample the index's ``memory_bytes`` as its peak grows (at
+            geometric steps: it walks the index) into ``index_memory_bytes``.
+        on_admit: called with each admission's :class:`HitRow`, in admission order
+            (stream the oracle file from it).
+        progress: called with each admitted request's prompt length.
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
+        ReplayInterrupted: Ctrl-C; its ``result`` holds the admitted requests
+            (marked ``partial``).
         PrefixKVError: bad arguments.
     """
-    reqs = list(requests)
     if type(concurrency) is not int or concurrency < 1:
         raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
-    rp: _Replayer
-    if driver == "vllm":
-        facade = VLLMKVCacheManager(
-            index, num_blocks, track_boundaries=track_boundaries, keep_records=True
-        )
-        rp = _VLLMReplayer(facade, len(reqs))
-    elif driver == "sglang":
-        sg = SGLangRadixCache(
-            index,
-            num_blocks * index.block_size,
-            track_boundaries=track_boundaries,
-            keep_records=True,
-        )
-        rp = _SGLangReplayer(sg, len(reqs))
-    elif driver == "manager":
-        mgr = CacheManager(
-            index, BlockAllocator(num_blocks), track_boundaries=track_boundaries, keep_records=True
-        )
-        rp = _ManagerReplayer(mgr, len(reqs))
-    else:
-        raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
-    admit_seconds: list[float] = []
+    rp = _replayer(index, num_blocks, driver, track_boundaries, keep_per_request)
+    rp.measure_memory = measure_memory
+    result = rp.result
     t0 = time.perf_counter()
-    for i, rec in enumerate(reqs):
-        while len(rp.live) >= concurrency:
+    try:
+        for i, rec in enumerate(requests):
+            while len(rp.live) >= concurrency:
+                rp.finish_oldest()
+            row = rp.admit(i, rec)
+            if on_admit is not None:
+                on_admit(row)
+            if progress is not None:
+                progress(row.prompt_len)
+        while rp.live:
             rp.finish_oldest()
-        rp.admit(i, rec)
-        admit_seconds.append(rp.clock.by_request[i])  # nothing else has run for request i
-        if on_request is not None:
-            on_request(i + 1)
-    while rp.live:
-        rp.finish_oldest()
-    wall = time.perf_counter() - t0
-    return ReplayResult(
-        hits=rp.hits,
-        records=list(rp.manager.records),
-        request_seconds=rp.clock.by_request,
-        seconds_by_call=rp.clock.by_call,
-        evicted_blocks=rp.manager.totals.num_evicted_blocks,
-        peak_cached_blocks=rp.peak_cached,
-        index_memory_bytes=rp.peak_memory,
-        wall_seconds=wall,
-        admit_seconds=admit_seconds,
-    )
+    except KeyboardInterrupt:
+        result.partial = True
+        _close(rp, result, t0)
+        raise ReplayInterrupted(result) from None
+    _close(rp, result, t0)
+    return result
+
+
+def _close(rp: _Replayer, result: ReplayResult, t0: float) -> None:
+    result.wall_seconds = time.perf_counter() - t0
+    result.evicted_blocks = rp.manager.totals.num_evicted_blocks
+    result.peak_cached_blocks = rp.peak_cached
+    result.index_memory_bytes = rp.peak_memory

@@ -15,12 +15,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .traces import atomic_writer
+
 __all__ = [
     "COLUMNS",
     "human_bytes",
     "machine_info",
     "markdown_table",
     "package_versions",
+    "sweep_table",
     "table_rows",
     "text_table",
     "workload_title",
@@ -129,10 +132,27 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align:
 
 def workload_title(w: Mapping[str, Any]) -> str:
     """``"few_shot: 200 requests, 117,023 prompt tokens, capacity 128,615 tokens, K=1"``."""
-    return (
+    text = (
         f"{w['name']}: {w['num_requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "
         f"capacity {w['capacity_tokens']:,} tokens, concurrency {w['concurrency']}"
     )
+    return text + (" (interrupted: partial)" if w.get("partial") else "")
+
+
+def sweep_table(w: Mapping[str, Any]) -> str | None:
+    """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
+    sweep = w.get("sweep")
+    if not sweep:
+        return None
+    labels = list(sweep["hit_ratio"])
+    rows = []
+    for k, cap in enumerate(sweep["capacity_tokens"]):
+        cells = []
+        for label in labels:
+            ratio = sweep["hit_ratio"][label][k]
+            cells.append("does not fit" if ratio is None else f"{ratio:.1%}")
+        rows.append([f"{cap:,}", *cells])
+    return markdown_table(["capacity (tokens)", *labels], rows, ">" * (1 + len(labels)))
 
 
 def machine_info() -> dict[str, Any]:
@@ -168,21 +188,22 @@ def package_versions() -> dict[str, str | None]:
 
 
 def write_hits(path: Path, hits: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
-    """Write a replay's hit file, the reference oracles' format.
+    """Write a replay's hit file, the reference oracles' format, atomically.
 
     One ``{"id", "prompt_len", "hit_tokens"}`` line per request in admission order,
     then one ``{"summary": {...}}`` line; missing folders are created.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with atomic_writer(path) as f:
         for hit in hits:
-            f.write(json.dumps(hit, separators=(",", ":")) + "\n")
-        f.write(json.dumps({"summary": summary}, separators=(",", ":")) + "\n")
+            f.write((json.dumps(hit, separators=(",", ":")) + "\n").encode())
+        f.write((json.dumps({"summary": summary}, separators=(",", ":")) + "\n").encode())
 
 
 def write_results(path: Path, doc: Mapping[str, Any]) -> None:
-    """Write every number of the comparison as JSON."""
-    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Write every number of the comparison as JSON, atomically."""
+    data = (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def _delta_line(w: Mapping[str, Any]) -> str | None:
@@ -253,6 +274,14 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
     out = [
         "# prefixkv: prefix-cache backends head to head",
         "",
+    ]
+    if doc.get("partial"):
+        out += [
+            "**Partial results: the run was interrupted.** Only the backends and workloads "
+            "below finished; sweeps and plots may be missing.",
+            "",
+        ]
+    out += [
         "Every backend replays the same requests with its natural scheduler's call order, at "
         "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
         "share a block with different ones; a token-granular radix tree does not.",
@@ -294,6 +323,8 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
         ]
     for w in doc["workloads"]:
         out += [f"## {w['name']}", "", f"{workload_title(w)}. Source: {w['source']}.", ""]
+        for note in w.get("notes", ()):
+            out += [f"> Note: {note}", ""]
         out += [
             markdown_table(
                 [c[0] for c in COLUMNS], table_rows(w["backends"]), "".join(c[1] for c in COLUMNS)
@@ -305,10 +336,14 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
             out += [delta, ""]
         if w["name"] == "seed":
             out += _seed_paragraph(w)
+        swept = sweep_table(w)
+        if swept:
+            out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
         strip = plots.get("strips", {}).get(w["name"])
         if w["strip_requests"]:
             out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
             out += [_strip_table(w), ""]
         if strip:
             out += [f"![per-request strips for {w['name']}]({strip})", ""]
-    path.write_text("\n".join(out), encoding="utf-8")
+    with atomic_writer(path) as f:
+        f.write("\n".join(out).encode())

@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .traces import TraceOptionError, TraceRequest, load_any
+from .progress import progress
+from .traces import (
+    ReadOptions,
+    TraceFormat,
+    TraceOptionError,
+    TraceRequest,
+    TraceStats,
+    make_request,
+    open_trace,
+    stats_of,
+)
 from .workloads import WORKLOADS, UnknownWorkloadError, WorkloadError, make_workload
 
 __all__ = [
@@ -38,17 +48,28 @@ DEFAULT_WORKLOADS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Requests to compare on, and where they came from.
+    """Requests to compare on, where they came from, and their sizes.
 
     Attributes:
         name: workload name or trace file name.
-        source: how it was made (generator call or path).
-        requests: the requests, in arrival order.
+        source: how it was made (generator call, or the trace and its format).
+        requests: the requests in arrival order, re-iterable: a list for built-in
+            workloads, a :class:`~prefixkv.adapters.lab.traces.TraceSource` (read
+            again on each pass, never held whole) for traces.
+        stats: counts and sizes, from a scan (traces) or the list.
+        notes: what the report must say about it (a hash-id trace's granularity).
+        path: the trace file, ``None`` for built-in workloads.
+        tokens_per_id: a hash-id trace's tokens per id (its sharing granularity);
+            ``None`` for token traces and built-in workloads.
     """
 
     name: str
     source: str
-    requests: list[TraceRequest]
+    requests: Iterable[TraceRequest]
+    stats: TraceStats
+    notes: tuple[str, ...] = ()
+    path: str | None = None
+    tokens_per_id: int | None = None
 
 
 def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest]:
@@ -69,9 +90,9 @@ def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest
     while fresh[0] == a[30]:
         fresh[0] = rng.randrange(1, vocab_size)
     return [
-        TraceRequest("A", a, draw(4)),
-        TraceRequest("B", a[:30] + fresh, draw(4)),
-        TraceRequest("A-again", list(a), draw(4)),
+        make_request("A", a, draw(4)),
+        make_request("B", a[:30] + fresh, draw(4)),
+        make_request("A-again", a, draw(4)),
     ]
 
 
@@ -85,23 +106,34 @@ def load_workloads(
     trace: str | None,
     *,
     max_requests: int | None = None,
-    scale_block: int | None = None,
+    tokens_per_id: int | None = None,
     seed: int = 0,
+    trace_format: TraceFormat | None = None,
+    options: ReadOptions | None = None,
+    quiet: bool = True,
 ) -> list[Workload]:
-    """Build the workloads of a comparison: named generators, or one trace file.
+    """Build the workloads of a comparison: named generators, or one trace.
+
+    A trace is opened as a stream and scanned once (sizes only, every request
+    validated) with a progress bar over its bytes.
 
     Args:
         names: generator names (``None`` and no trace: :data:`DEFAULT_WORKLOADS`).
-        trace: a prefixkv or Mooncake JSONL file instead.
+        trace: a trace file or folder instead (any format :func:`open_trace` reads).
         max_requests: keep the first this many requests of each.
-        scale_block: Mooncake tokens per hash id (traces only).
-        seed: generator seed, and the Mooncake token seed.
+        tokens_per_id: hash-id traces: tokens each id expands to (default: the
+            format's block size).
+        seed: generator seed, and the hash-id traces' token seed.
+        trace_format: the trace's format (default: detected).
+        options: the trace reader's options (limits, vocabulary, outputs); its
+            ``tokens_per_id`` and ``seed`` are replaced by the arguments above.
+        quiet: no progress bar.
 
     Raises:
-        WorkloadError: both a trace and names, an empty trace, a bad ``max_requests``.
+        WorkloadError: both a trace and names, a bad ``max_requests``.
         UnknownWorkloadError: a name that is neither a generator nor ``seed``.
-        TraceOptionError: ``scale_block`` without a trace, or for a prefixkv trace.
-        TraceFormatError: a malformed trace line (the message names the line).
+        TraceOptionError: ``tokens_per_id`` without a hash-id trace.
+        TraceFormatError: a malformed trace (the message names file and line).
         OSError: the trace cannot be read.
     """
     if max_requests is not None and (type(max_requests) is not int or max_requests < 1):
@@ -109,13 +141,36 @@ def load_workloads(
     if trace is not None:
         if names:
             raise WorkloadError(f"give workloads or a trace, not both: {list(names)} and {trace}")
-        requests = load_any(trace, max_requests=max_requests, scale_block=scale_block, seed=seed)
-        if not requests:
-            raise WorkloadError(f"trace {trace} holds no request")
-        return [Workload(os.path.basename(trace), trace, requests)]
-    if scale_block is not None:
+        base = ReadOptions() if options is None else options
+        opts = ReadOptions(
+            tokens_per_id=tokens_per_id,
+            vocab_size=base.vocab_size,
+            seed=seed,
+            output=base.output,
+            limits=base.limits,
+        )
+        source = open_trace(trace, trace_format, max_requests=max_requests, options=opts)
+        bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
+        try:
+            stats = source.scan(bar.update)
+        finally:
+            bar.close()
+        note = source.granularity_note()
+        name = os.path.basename(os.path.normpath(trace))
+        return [
+            Workload(
+                name,
+                f"{trace} ({source.describe()})",
+                source,
+                stats,
+                () if note is None else (note,),
+                str(trace),
+                source.tokens_per_id,
+            )
+        ]
+    if tokens_per_id is not None:
         raise TraceOptionError(
-            f"scale_block={scale_block} applies to Mooncake traces (--trace) only"
+            f"tokens_per_id={tokens_per_id} applies to hash-id traces (--trace) only"
         )
     out: list[Workload] = []
     for name in names or DEFAULT_WORKLOADS:
@@ -123,13 +178,14 @@ def load_workloads(
             continue
         if name == SEED_WORKLOAD:
             requests = seed_example(seed)
-            source = f"seed document example (seed={seed})"
+            source_text = f"seed document example (seed={seed})"
         else:
             if name not in WORKLOADS:
                 raise UnknownWorkloadError(
                     f"unknown workload {name!r}; known: {', '.join(workload_names())}"
                 )
             requests = make_workload(name, seed=seed)
-            source = f"{name}(seed={seed}), default sizes"
-        out.append(Workload(name, source, requests[:max_requests]))
+            source_text = f"{name}(seed={seed}), default sizes"
+        kept = requests[:max_requests]
+        out.append(Workload(name, source_text, kept, stats_of(kept)))
     return out

@@ -8,7 +8,8 @@ The shapes follow the usual prefix-cache benchmarks (SGLang's and vLLM's).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping
+from array import array
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -75,6 +76,21 @@ class _Tokens:
         return [head, *self.rng.choices(self._ids, k=n - 1)]
 
 
+def _request(
+    request_id: str,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    *,
+    session: str | None = None,
+    parent: str | None = None,
+    turn: int | None = None,
+) -> TraceRequest:
+    """A request with its (already valid) tokens in compact arrays."""
+    return TraceRequest(
+        request_id, array("I", prompt), array("I", output), None, session, parent, turn
+    )
+
+
 def _check_count(name: str, value: object, minimum: int = 1) -> None:
     if type(value) is not int or value < minimum:
         raise WorkloadError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -126,7 +142,7 @@ def shared_system_prompt(
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
     return [
-        TraceRequest(
+        _request(
             f"sys-{i}",
             system + draw.fresh(draw.length(user_len), "user"),
             draw.fresh(draw.length(output_len), "output"),
@@ -178,7 +194,11 @@ def multi_turn(
         for t in range(draw.length(turns)):
             prompt = history + draw.fresh(draw.length(user_len), "user")
             reply = draw.fresh(draw.length(output_len), "output")
-            session.append(TraceRequest(f"chat-{s}-{t}", prompt, reply))
+            rid = f"chat-{s}-{t}"
+            parent = session[-1].id if session else None
+            session.append(
+                _request(rid, prompt, reply, session=f"chat-{s}", parent=parent, turn=t + 1)
+            )
             history = prompt + reply
         sessions.append(session)
     # Draw the next session in proportion to its remaining turns: a uniform shuffle
@@ -241,7 +261,7 @@ def few_shot(
         template = templates[draw.rng.randrange(num_templates)]
         prompt = template + draw.fresh(draw.length(question_len), "question")
         requests.append(
-            TraceRequest(f"fewshot-{i}", prompt, draw.fresh(draw.length(output_len), "output"))
+            _request(f"fewshot-{i}", prompt, draw.fresh(draw.length(output_len), "output"))
         )
     return requests
 
@@ -308,7 +328,7 @@ def tree_of_thought(
             next_level: list[tuple[str, list[int], int]] = []
             for path, prompt, own_start in level:
                 out = draw.fresh(draw.length(output_len), "output")
-                requests.append(TraceRequest(f"tot-{tree}-{path}", prompt, out))
+                requests.append(_request(f"tot-{tree}-{path}", prompt, out))
                 if d == depth:
                     continue
                 for c in range(draw.length(branching)):
@@ -350,7 +370,7 @@ def no_sharing(
     _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     return [
-        TraceRequest(
+        _request(
             f"unique-{i}",
             draw.fresh(draw.length(prompt_len), "prompt"),
             draw.fresh(draw.length(output_len), "output"),
@@ -399,7 +419,7 @@ def long_document(
         for q in range(draw.length(questions)):
             prompt = document + draw.fresh(draw.length(question_len), "question")
             requests.append(
-                TraceRequest(f"doc-{d}-{q}", prompt, draw.fresh(draw.length(output_len), "output"))
+                _request(f"doc-{d}-{q}", prompt, draw.fresh(draw.length(output_len), "output"))
             )
     draw.rng.shuffle(requests)
     return requests

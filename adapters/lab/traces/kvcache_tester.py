@@ -1,0 +1,253 @@
+"""kv-cache-tester's agentic coding traces (Claude Code conversations with sub-agents).
+
+From ``callanjfox/kv-cache-tester`` (``traces/``, ``docs/trace_replay_tester.md``): one
+JSON document per conversation, ``{"id", "block_size": 64, "hash_id_scope": "local" |
+"global", "requests": [...]}``. A request is ``{"t": s from the conversation's start,
+"type": "n" | "s", "in", "out", "hash_ids", ...}`` with one id per *full* block of its
+input (``len(hash_ids) == in // block_size``); a ``{"type": "subagent", "t", "agent_id",
+"requests": [...]}`` entry holds a sub-agent's own requests, timed from its start.
+
+A conversation's requests (its sub-agents' included) are replayed in time order,
+conversation after conversation (files in name order, or archive order). Local ids
+are namespaced by conversation, so conversations share content only under
+``"global"`` scope; the input past the last full block is fresh content per request.
+Input: a folder of ``.json`` files, one ``.json`` file, or a ``.tar.xz`` (``.tar.gz``,
+``.tar``) of them, read one document at a time.
+"""
+
+from __future__ import annotations
+
+import lzma
+import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from .base import ReadOptions, TraceFormatError, TraceRequest
+from .blocks import BlockTokens, TokenDeriver
+from .prefixkv import RequestSize
+from .reading import Progress, StrPath, decode, one_line
+
+__all__ = [
+    "KVCT_BLOCK_SIZE",
+    "conversation_files",
+    "is_archive",
+    "iter_kvcache_tester",
+    "sizes_kvcache_tester",
+]
+
+KVCT_BLOCK_SIZE = 64
+"""Tokens per hash id in the published traces (each document states its own)."""
+
+_ARCHIVE_SUFFIXES = (".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar")
+
+
+class _Request(msgspec.Struct):
+    t: float = 0.0
+    type: str = "n"
+    in_: Annotated[int, msgspec.Meta(ge=0)] | None = msgspec.field(default=None, name="in")
+    out: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    hash_ids: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    requests: list[_Request] | None = None
+    agent_id: str | None = None
+
+
+class _Conversation(msgspec.Struct):
+    requests: list[_Request]
+    id: str | int | None = None
+    block_size: Annotated[int, msgspec.Meta(ge=1)] = KVCT_BLOCK_SIZE
+    hash_id_scope: str = "local"
+
+
+@dataclass(slots=True)
+class _Item:
+    arrival: float
+    session: str
+    where: str
+    request: _Request
+
+
+def is_archive(path: StrPath) -> bool:
+    """Whether the name is a tar archive this reader opens."""
+    return str(path).lower().endswith(_ARCHIVE_SUFFIXES)
+
+
+def conversation_files(path: StrPath) -> list[Path]:
+    """The ``.json`` files of a folder in name order (one conversation each)."""
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if f.suffix == ".json" and f.is_file())
+    if not files:
+        raise TraceFormatError(f"{p}: no .json conversation file in the folder")
+    return files
+
+
+def _documents(
+    path: StrPath, max_bytes: int, progress: Progress | None = None
+) -> Iterator[tuple[str, str, bytes]]:
+    """``(where, default conversation id, bytes)`` per document, one at a time."""
+    p = Path(path)
+    if p.is_dir() or not is_archive(p):
+        for f in conversation_files(p) if p.is_dir() else [p]:
+            data = _read_file(f, max_bytes)
+            yield str(f), f.stem, data
+            if progress is not None:
+                progress(len(data))
+    else:
+        yield from _archive(p, max_bytes)
+
+
+def _read_file(path: Path, max_bytes: int) -> bytes:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TraceFormatError(f"{path}: {size:,} bytes exceed the document limit of {max_bytes:,}")
+    return path.read_bytes()
+
+
+def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytes]]:
+    found = False
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isfile() or not name.endswith(".json"):
+                    continue
+                where = f"{path}:{name}"
+                if member.size > max_bytes:
+                    raise TraceFormatError(
+                        f"{where}: {member.size:,} bytes exceed the document limit of {max_bytes:,}"
+                    )
+                f = tar.extractfile(member)
+                if f is None:  # pragma: no cover - isfile() members always have data
+                    continue
+                found = True
+                yield where, Path(name).stem, f.read()
+    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as exc:
+        raise TraceFormatError(
+            f"{path}: corrupt or truncated archive ({type(exc).__name__}: {one_line(str(exc))})"
+        ) from None
+    if not found:
+        raise TraceFormatError(f"{path}: no .json conversation file in the archive")
+
+
+def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
+    items: list[_Item] = []
+
+    def walk(requests: list[_Request], base: float, session: str, path: str) -> None:
+        for k, r in enumerate(requests):
+            here = f"{path}[{k}]"
+            if r.requests is not None or r.type == "subagent":
+                agent = r.agent_id or f"agent{k}"
+                walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
+            else:
+                items.append(_Item(base + r.t, session, f"{where}: {here}", r))
+
+    walk(conv.requests, 0.0, conv_id, "$.requests")
+    items.sort(key=lambda item: item.arrival)  # stable: ties keep the file's order
+    return items
+
+
+_IDS = msgspec.json.Decoder(list[int])
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One request, checked: what it is called, where it sits, what it will hold."""
+
+    where: str
+    id: str
+    item: _Item
+    scope: str
+    tokens_per_id: int
+    parent: str | None
+    turn: int
+    hash_ids: list[int]
+    tail: int
+    prompt: int
+    output: int
+
+
+def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -> Iterator[_Plan]:
+    """Every request in replay order, checked against the schema and the limits."""
+    limits = opts.limits
+    decoder = msgspec.json.Decoder(_Conversation)
+    for where, stem, data in _documents(path, limits.max_document_bytes, progress):
+        conv = decode(decoder, data, where)
+        conv_id = stem if conv.id is None else str(conv.id)
+        scope = "" if conv.hash_id_scope == "global" else conv_id
+        if conv.hash_id_scope not in ("local", "global"):
+            raise TraceFormatError(
+                f'{where}: "hash_id_scope" must be "local" or "global", got {conv.hash_id_scope!r}'
+            )
+        block = conv.block_size
+        s = block if opts.tokens_per_id is None else opts.tokens_per_id
+        last: dict[str, tuple[str, int]] = {}
+        for item in _flatten(conv, conv_id, where):
+            r = item.request
+            if r.in_ is None or r.out is None or not r.hash_ids:
+                raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
+            hash_ids = decode(_IDS, bytes(r.hash_ids), f"{item.where}.hash_ids")
+            if len(hash_ids) != r.in_ // block:
+                raise TraceFormatError(
+                    f'{item.where}: {len(hash_ids)} "hash_ids" but "in" {r.in_} needs '
+                    f"{r.in_} // {block} = {r.in_ // block}"
+                )
+            if r.in_ == 0:
+                raise TraceFormatError(f'{item.where}: "in" must be >= 1')
+            tail = -(-(r.in_ - block * len(hash_ids)) * s // block)
+            prompt = s * len(hash_ids) + tail
+            output = -(-r.out * s // block) if opts.output else 0
+            prev = last.get(item.session)
+            turn = 1 if prev is None else prev[1] + 1
+            rid = f"{item.session}/{turn}"
+            fault = limits.check_prompt(prompt) or limits.check_output(output)
+            if fault:
+                raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
+            last[item.session] = (rid, turn)
+            parent = None if prev is None else prev[0]
+            yield _Plan(
+                item.where, rid, item, scope, s, parent, turn, hash_ids, tail, prompt, output
+            )
+
+
+def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
+    """Yield the requests of kv-cache-tester traces, conversation by conversation.
+
+    Ids are ``<conversation>/<turn>`` and ``<conversation>/<agent>/<turn>``; the session
+    is the conversation (or sub-agent), the parent the session's previous request, and
+    the arrival the seconds from the conversation's start.
+
+    Memory: one conversation document and one request's tokens at a time.
+
+    Raises:
+        TraceFormatError: a document that is not JSON or not the schema, a request
+            without ``in``/``out``/``hash_ids``, ``len(hash_ids) != in // block_size``,
+            sizes past the limits, a corrupt archive; the message names the file and
+            the JSON path of the request.
+        OSError: a file cannot be read.
+    """
+    seed = opts.seed
+    deriver = TokenDeriver(opts.vocab_size)
+    blocks: dict[int, BlockTokens] = {}
+    for p in _plans(path, opts):
+        expander = blocks.get(p.tokens_per_id)
+        if expander is None:
+            expander = blocks[p.tokens_per_id] = BlockTokens(
+                deriver, f"kvct-block:{seed}:", p.tokens_per_id, opts.block_cache_bytes
+            )
+        tokens = expander.prompt(p.scope, p.hash_ids, p.prompt - p.tail)
+        if p.tail:
+            tokens += deriver.named(f"kvct-tail:{seed}:{p.id}", p.tail)
+        out = deriver.named(f"kvct-output:{seed}:{p.id}", p.output)
+        yield TraceRequest(p.id, tokens, out, p.item.arrival, p.item.session, p.parent, p.turn)
+
+
+def sizes_kvcache_tester(
+    path: StrPath, opts: ReadOptions, progress: Progress | None = None
+) -> Iterator[RequestSize]:
+    """Every request's id and sizes, validated as :func:`iter_kvcache_tester` does."""
+    for p in _plans(path, opts, progress):
+        yield RequestSize(p.id, p.prompt, p.output, p.where)

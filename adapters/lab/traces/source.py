@@ -1,0 +1,321 @@
+"""A trace on disk as a re-readable stream of requests, with a cheap sizes-only scan.
+
+:func:`open_trace` detects the format (or takes it), and the :class:`TraceSource` it
+returns yields requests one at a time each time it is iterated, so a replay holds one
+request's tokens, never the trace. :meth:`TraceSource.scan` reads the trace once
+without building tokens: it validates every request (format, limits, ids, duplicate
+ids) and returns the sizes that capacity planning and progress bars need.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+import msgspec
+import numpy as np
+import xxhash
+
+from .base import ReadOptions, TraceFormatError, TraceOptionError, TraceRequest
+from .hashid import BAILIAN, MOONCAKE, iter_hashid, sizes_hashid
+from .kvcache_tester import (
+    KVCT_BLOCK_SIZE,
+    conversation_files,
+    is_archive,
+    iter_kvcache_tester,
+    sizes_kvcache_tester,
+)
+from .prefixkv import RequestSize, iter_prefixkv, sizes_prefixkv
+from .reading import Progress, StrPath, decode, iter_lines
+
+__all__ = [
+    "FORMATS",
+    "TraceFormat",
+    "TraceSource",
+    "TraceStats",
+    "detect_format",
+    "open_trace",
+    "stats_of",
+]
+
+TraceFormat = Literal["prefixkv", "mooncake", "bailian", "kv-cache-tester"]
+FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
+
+_LARGEST = 256
+"""How many of the largest requests the scan remembers (the tight capacity's K)."""
+
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+@dataclass(slots=True)
+class TraceStats:
+    """What a scan learns of a trace: counts and sizes, no tokens.
+
+    Attributes:
+        num_requests: requests (after ``max_requests``).
+        prompt_tokens: all prompt tokens.
+        output_tokens: all output tokens.
+        largest: prompt + output tokens of the largest requests, largest first
+            (at most 256 of them).
+    """
+
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    largest: list[int] = field(default_factory=list)
+
+    def add(self, prompt_tokens: int, output_tokens: int) -> None:
+        """Count one request."""
+        self.num_requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.output_tokens += output_tokens
+        size = prompt_tokens + output_tokens
+        if len(self.largest) < _LARGEST:
+            heapq.heappush(self.largest, size)
+        elif size > self.largest[0]:
+            heapq.heapreplace(self.largest, size)
+
+    def finish(self) -> TraceStats:
+        """Sort ``largest`` largest first (after the last ``add``)."""
+        self.largest.sort(reverse=True)
+        return self
+
+
+def stats_of(requests: Iterable[TraceRequest]) -> TraceStats:
+    """The stats of requests already in memory (a built-in workload)."""
+    stats = TraceStats()
+    for r in requests:
+        stats.add(len(r.tokens), len(r.output))
+    return stats.finish()
+
+
+def detect_format(path: StrPath) -> TraceFormat:
+    """Tell the format of a trace from its shape and its first record's keys.
+
+    A folder or a tar archive is kv-cache-tester's; otherwise the first non-blank
+    line decides: ``"requests"`` kv-cache-tester, ``"tokens"`` prefixkv,
+    ``"hash_ids"`` with ``"chat_id"`` Qwen-Bailian, ``"hash_ids"`` alone Mooncake. A
+    ``.json`` file whose first line is not a whole object is a pretty-printed
+    kv-cache-tester conversation.
+
+    Raises:
+        TraceFormatError: an empty file, or a first record of no known format.
+        OSError: the path cannot be read.
+    """
+    p = Path(path)
+    if p.is_dir() or is_archive(p):
+        return "kv-cache-tester"
+    for lineno, line in iter_lines(p, 64 * 2**20):
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            keys = decode(_KEYS, line, where)
+        except TraceFormatError:
+            if p.suffix == ".json":
+                return "kv-cache-tester"
+            raise
+        if "requests" in keys:
+            return "kv-cache-tester"
+        if "tokens" in keys:
+            return "prefixkv"
+        if "hash_ids" in keys:
+            return "bailian" if "chat_id" in keys else "mooncake"
+        raise TraceFormatError(
+            f'{where}: not a trace format prefixkv reads (prefixkv needs "tokens", Mooncake '
+            f'and Qwen-Bailian "hash_ids", kv-cache-tester "requests"); keys {sorted(keys)}'
+        )
+    raise TraceFormatError(f"{p}: empty trace (no non-blank line)")
+
+
+_NATIVE_TOKENS_PER_ID: dict[TraceFormat, int | None] = {
+    "prefixkv": None,
+    "mooncake": MOONCAKE.block_size,
+    "bailian": BAILIAN.block_size,
+    "kv-cache-tester": KVCT_BLOCK_SIZE,
+}
+
+_DESCRIPTIONS: dict[TraceFormat, str] = {
+    "prefixkv": "prefixkv token trace",
+    "mooncake": "Mooncake hash-id trace",
+    "bailian": "Qwen-Bailian hash-id trace",
+    "kv-cache-tester": "kv-cache-tester agentic trace",
+}
+
+
+class TraceSource:
+    """A trace file (or folder) read lazily, as often as needed.
+
+    Iterating yields :class:`TraceRequest` one at a time (the first ``max_requests``);
+    each iteration re-reads the file, so several replays of one trace hold no more
+    than one does.
+
+    Args:
+        path: the trace (a file, or a folder/archive for kv-cache-tester).
+        trace_format: the format; ``None`` detects it (:func:`detect_format`).
+        max_requests: stop after this many requests (``None``: all).
+        options: token content, outputs and size limits.
+
+    Raises:
+        TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
+        TraceFormatError: the format cannot be detected.
+        OSError: the path cannot be read.
+    """
+
+    def __init__(
+        self,
+        path: StrPath,
+        trace_format: TraceFormat | None = None,
+        *,
+        max_requests: int | None = None,
+        options: ReadOptions | None = None,
+    ) -> None:
+        if max_requests is not None and (type(max_requests) is not int or max_requests < 0):
+            raise TraceOptionError(
+                f"max_requests must be None or an int >= 0, got {max_requests!r}"
+            )
+        if trace_format is not None and trace_format not in FORMATS:
+            raise TraceOptionError(
+                f"unknown trace format {trace_format!r}; known: {', '.join(FORMATS)}"
+            )
+        self.path = path
+        self.format: TraceFormat = detect_format(path) if trace_format is None else trace_format
+        self.max_requests = max_requests
+        self.options = ReadOptions() if options is None else options
+        if self.format == "prefixkv" and self.options.tokens_per_id is not None:
+            raise TraceOptionError(
+                f"tokens_per_id={self.options.tokens_per_id!r} applies to hash-id traces only; "
+                f"{path} is a prefixkv token trace"
+            )
+
+    @property
+    def native_tokens_per_id(self) -> int | None:
+        """Tokens per hash id in the published trace (``None`` for token traces)."""
+        return _NATIVE_TOKENS_PER_ID[self.format]
+
+    @property
+    def tokens_per_id(self) -> int | None:
+        """Tokens each hash id expands to here (``None`` for token traces)."""
+        if self.native_tokens_per_id is None:
+            return None
+        return self.options.tokens_per_id or self.native_tokens_per_id
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        opts = self.options
+        it: Iterator[TraceRequest]
+        if self.format == "prefixkv":
+            it = iter_prefixkv(self.path, limits=opts.limits, output=opts.output)
+        elif self.format == "mooncake":
+            it = iter_hashid(MOONCAKE, self.path, opts)
+        elif self.format == "bailian":
+            it = iter_hashid(BAILIAN, self.path, opts)
+        else:
+            it = iter_kvcache_tester(self.path, opts)
+        return itertools.islice(it, self.max_requests)
+
+    def sizes(self, progress: Progress | None = None) -> Iterator[RequestSize]:
+        """Each request's id and sizes, validated, without building tokens."""
+        opts = self.options
+        it: Iterator[RequestSize]
+        if self.format == "prefixkv":
+            it = sizes_prefixkv(
+                self.path, limits=opts.limits, output=opts.output, progress=progress
+            )
+        elif self.format == "mooncake":
+            it = sizes_hashid(MOONCAKE, self.path, opts, progress)
+        elif self.format == "bailian":
+            it = sizes_hashid(BAILIAN, self.path, opts, progress)
+        else:
+            it = sizes_kvcache_tester(self.path, opts, progress)
+        return itertools.islice(it, self.max_requests)
+
+    def input_bytes(self) -> int | None:
+        """Bytes a scan reads (for a progress bar); ``None`` when unknown (archives)."""
+        p = Path(self.path)
+        if p.is_dir():
+            return sum(f.stat().st_size for f in conversation_files(p))
+        if is_archive(p):
+            return None
+        return os.path.getsize(p)
+
+    def scan(self, progress: Progress | None = None) -> TraceStats:
+        """Read the whole trace once, checking every request; return its sizes.
+
+        Duplicate ids are found through 8 bytes a request (a 64-bit hash of each id),
+        then located by a second pass only when there is one.
+
+        Raises:
+            TraceFormatError: the first malformed request (file and line), or a
+                duplicate id (both places), or a trace with no request.
+        """
+        stats = TraceStats()
+        digests: array[int] = array("Q")
+        for size in self.sizes(progress):
+            stats.add(size.prompt_tokens, size.output_tokens)
+            digests.append(xxhash.xxh3_64_intdigest(size.id.encode()))
+        if not stats.num_requests:
+            raise TraceFormatError(f"{self.path}: the trace holds no request")
+        self._check_unique(digests)
+        return stats.finish()
+
+    def _check_unique(self, digests: array[int]) -> None:
+        values = np.frombuffer(digests, dtype=np.uint64)
+        ordered = np.sort(values)
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        if not len(repeats):
+            return
+        wanted = set(int(x) for x in repeats[:64])
+        first: dict[str, str] = {}
+        for size in self.sizes():
+            if xxhash.xxh3_64_intdigest(size.id.encode()) not in wanted:
+                continue
+            if size.id in first:
+                raise TraceFormatError(
+                    f"{size.where}: duplicate id {size.id!r} (first at {first[size.id]})"
+                )
+            first[size.id] = size.where
+
+    def describe(self) -> str:
+        """``"Mooncake hash-id trace, 512 tokens per id"``."""
+        text = _DESCRIPTIONS[self.format]
+        per_id = self.tokens_per_id
+        if per_id is None:
+            return text
+        native = self.native_tokens_per_id
+        if per_id == native:
+            return f"{text}, {per_id} tokens per id"
+        return f"{text}, {per_id} tokens per id (published: {native})"
+
+    def granularity_note(self) -> str | None:
+        """For hash-id traces: why a token-granular index cannot gain from sub-block sharing."""
+        per_id = self.tokens_per_id
+        if per_id is None:
+            return None
+        return (
+            f"{_DESCRIPTIONS[self.format]}: the trace only says which {per_id}-token blocks "
+            "requests share, so prompts here share whole blocks and nothing in between by "
+            "construction. A radix tree at page size 1 therefore cannot show any sub-block "
+            "gain over block-granular caching on this trace; where their hits differ, it is "
+            "from partial last blocks, block sizes that do not divide the id's block, and "
+            "eviction, not from finer sharing."
+        )
+
+    def __repr__(self) -> str:
+        return f"TraceSource({str(self.path)!r}, {self.format!r})"
+
+
+def open_trace(
+    path: StrPath,
+    trace_format: TraceFormat | None = None,
+    *,
+    max_requests: int | None = None,
+    options: ReadOptions | None = None,
+) -> TraceSource:
+    """Open a trace for streaming; see :class:`TraceSource`."""
+    return TraceSource(path, trace_format, max_requests=max_requests, options=options)
