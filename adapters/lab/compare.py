@@ -164,10 +164,6 @@ def parse_backends(
         )
         try:
             spec.make()  # an unknown name or option fails here, before anything runs
-        except TypeError as exc:
-            raise CompareError(
-                f"backend {label!r} does not take options {dict(chosen)}: {exc}"
-            ) from None
         except PrefixKVError:
             raise
         except ValueError as exc:
