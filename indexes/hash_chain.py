@@ -12,9 +12,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import NamedTuple, cast
+from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -83,6 +83,10 @@ class HashChainIndex:
 
     Thread safety: none; call from one scheduler thread.
     """
+
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="block", models="vllm", default_block_size=16
+    )
 
     def __init__(
         self,

@@ -8,8 +8,9 @@ backends use.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import InvalidHandleError
 from .tokens import TokenKey
 from .validation import check_count, check_positive
@@ -30,6 +31,8 @@ class NoPrefixIndex:
     Args:
         block_size: the allocation granularity the engine uses (reported only).
     """
+
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(caches=False)
 
     def __init__(self, block_size: int = 16) -> None:
         self.block_size = check_positive("block_size", block_size)

@@ -13,8 +13,10 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -84,6 +86,15 @@ class RadixIndex:
 
     Thread safety: none; call from one scheduler thread.
     """
+
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="page",
+        models="sglang",
+        default_block_size=1,
+        # A manager draws every block from its own pool and checks ownership in the
+        # allocator's ledger: the tree's per-block check would repeat it per token.
+        pool_owned_options=MappingProxyType({"check_block_ids": False}),
+    )
 
     def __init__(
         self,

@@ -436,13 +436,13 @@ def run_seed(name: str, bs: int, pool: int) -> tuple[list[int], list[list[int]]]
     for i, prompt in enumerate((a, b, a)):
         adm = manager.admit(f"req-{i}", prompt)
         assert adm is not None
-        manager.check_integrity()
-        hits.append(adm.num_cached_tokens)
+        manager.check_invariants()
+        hits.append(adm.hit_tokens)
         tables.append(adm.block_table)
         manager.commit(f"req-{i}", len(prompt))
-        manager.check_integrity()
+        manager.check_invariants()
         manager.finish(f"req-{i}")
-        manager.check_integrity()
+        manager.check_invariants()
     assert manager.num_held_only_blocks() == 0
     stats = manager.index.stats()
     assert manager.allocator.num_free_blocks + stats.num_cached_blocks == pool
@@ -476,10 +476,10 @@ def test_bb_01_hit_is_capped_at_len_minus_one(name: str, bs: int) -> None:
             assert adm is not None
             manager.commit(rid, length)
             manager.finish(rid)
-            manager.check_integrity()
+            manager.check_invariants()
         capped = length - 1
         want = 0 if name == "none" else capped - capped % bs
-        assert adm.num_cached_tokens == want, (length, adm)
+        assert adm.hit_tokens == want, (length, adm)
 
 
 @pytest.mark.parametrize(

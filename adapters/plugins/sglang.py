@@ -278,7 +278,7 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         stats = self.index.stats()
         print(f"prefixkv {type(self.index).__name__}: {stats}")
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """The index's own invariants (pool-wide conservation needs the live rows).
 
         Raises:

@@ -384,10 +384,10 @@ class PrefixKVCacheManager:
         """No Mamba partial tails."""
         return []
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """prefixkv's conservation check (free + held-only + cached == blocks).
 
         Raises:
             AssertionError: describing the leak or double ownership.
         """
-        self.manager.check_integrity()
+        self.manager.check_invariants()
