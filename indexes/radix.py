@@ -22,12 +22,11 @@ from .errors import (
     CacheInUseError,
     InvalidHandleError,
     LockStateError,
-    PrefixKVError,
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
-from .validation import check_bool, check_count
+from .validation import check_bool, check_count, check_positive
 
 __all__ = ["RadixIndex"]
 
@@ -52,10 +51,6 @@ class _Node:
     dead: bool = False
     owner: object = None  # set on roots only: the tree they belong to
     namespace: ExtraKey | None = None  # roots only
-
-
-def _check_count(name: str, value: object, limit: int) -> int:
-    return check_count(name, value, limit)
 
 
 class RadixIndex:
@@ -103,9 +98,7 @@ class RadixIndex:
         eviction: str | EvictionPolicy = "lru",
         check_block_ids: bool = True,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = check_positive("block_size", block_size)
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
@@ -194,7 +187,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         if limit == 0 or not node.children:
@@ -241,7 +234,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         pos = 0
@@ -290,7 +283,7 @@ class RadixIndex:
         n = (
             len(tokens)
             if num_tokens is None
-            else _check_count("num_tokens", num_tokens, len(tokens))
+            else check_count("num_tokens", num_tokens, len(tokens))
         )
         n -= n % ps
         pages = n // ps
@@ -494,7 +487,7 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        _check_count("num_blocks", num_blocks, sys.maxsize)
+        check_count("num_blocks", num_blocks, sys.maxsize)
         out: list[int] = []
         queue = self._queue
         while len(out) < num_blocks and queue:

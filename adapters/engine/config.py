@@ -14,6 +14,7 @@ from types import MappingProxyType
 import torch
 
 from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.validation import check_positive
 
 __all__ = ["SUPPORTED_DTYPES", "EngineConfig", "EngineConfigError", "ModelConfig"]
 
@@ -28,9 +29,7 @@ class EngineConfigError(PrefixKVError):
 
 
 def _positive_int(name: str, value: object) -> int:
-    if type(value) is not int or value <= 0:
-        raise EngineConfigError(f"{name} must be a positive int, got {value!r}")
-    return value
+    return check_positive(name, value, error=EngineConfigError)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from prefixkv.adapters.observer import CacheObserver
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import InvalidTokenError, RequestStateError
 from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.paged_kv import PagedKVCache
 
@@ -203,7 +204,7 @@ class Engine:
         # The most tokens that ever need K/V at once: after the last decode step,
         # or when a preempted request is prefilled again (its last token has none).
         peak = num_prompt + max_new_tokens - 1
-        blocks = -(-peak // self.block_size)
+        blocks = ceil_div(peak, self.block_size)
         cfg = self.config
         if blocks > cfg.num_blocks:
             raise EngineConfigError(
