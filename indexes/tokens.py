@@ -271,7 +271,7 @@ class TokenKey:
         self._hash_owner: BlockHasher | None = None
         self._hash_memo: list[bytes] = []
         self._index_owner: object = None
-        self._index_memo: int = 0
+        self._index_memo: object = None
 
     @property
     def extra_key(self) -> ExtraKey | None:
@@ -297,14 +297,13 @@ class TokenKey:
         else:
             self.tokens.extend(as_token_array(tokens))
 
-    def index_memo(self, owner: object) -> int:
-        """An int an index keeps about this key (the radix tree: tokens it inserted).
-
-        Reads 0 when another index wrote it last.
+    def index_memo(self, owner: object) -> object:
+        """What an index keeps about this key (the radix tree: the tokens it inserted
+        and the node it ended at), or ``None`` when another index wrote it last.
         """
-        return self._index_memo if self._index_owner is owner else 0
+        return self._index_memo if self._index_owner is owner else None
 
-    def set_index_memo(self, owner: object, value: int) -> None:
+    def set_index_memo(self, owner: object, value: object) -> None:
         """Store ``value`` for ``owner`` (see ``index_memo``)."""
         self._index_owner = owner
         self._index_memo = value
