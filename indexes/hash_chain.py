@@ -3,7 +3,9 @@
 A flat dict maps chained block hashes to blocks (no parent/child links, SPEC HC-5);
 lookup probes it once per block from block 0 and stops at the first miss (HC-4).
 Unlocked blocks wait in an LRU free queue, a finished request's tail first (HC-7),
-and eviction takes them from its head.
+and eviction takes them from its head. An optional event sink hears what vLLM's
+``BlockPool`` queues as KV events: each newly cached chain (``cache_full_blocks``),
+each dropped entry (``_maybe_evict_cached_block``) and each reset.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import NamedTuple, cast
+from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -23,8 +25,8 @@ from .errors import (
     StaleHandleError,
 )
 from .free_queue import CachedBlock, FreeBlockQueue
-from .hashing import BlockHasher, Digest
-from .tokens import TOKEN_BYTES, TokenKey
+from .hashing import Digest, make_block_hasher
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import check_block_ids, check_bool, check_count
 
 __all__ = ["HashChainIndex"]
@@ -72,17 +74,27 @@ class HashChainIndex:
     * Duplicates (HC-13): when two requests computed the same block, both blocks
       are registered under the hash, as vLLM does; lookups return the first one
       still cached, and each is evicted on its own.
+    * Events (``set_event_sink``): ``on_stored`` once per run of newly registered
+      blocks (duplicates too), ``on_removed`` per dropped entry, ``on_cleared`` on
+      reset: exactly the calls behind vLLM 0.33's ``BlockStored``/``BlockRemoved``/
+      ``AllBlocksCleared``.
 
     Args:
         block_size: tokens per block (vLLM's default 16).
-        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256"`` or a digest callable.
-        seed: root seed; ``None`` draws a random one (see ``BlockHasher``).
+        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256_raw"``, vLLM's own
+            ``"sha256"``, ``"sha256_cbor"``, ``"xxhash"``, ``"xxhash_cbor"`` (hashes
+            identical to vLLM 0.33's), or a digest callable
+            (:func:`~prefixkv.indexes.hashing.make_block_hasher`).
+        seed: prefixkv's chains: the root seed (``None`` draws a random one);
+            vLLM's: its ``PYTHONHASHSEED`` (``None``: vLLM's rule).
         verify: store each block's tokens, namespace and parent, and accept a hit
             only if they equal the key's, so a hash collision can never return
             another sequence's KV (costs memory and a compare per hit block).
 
     Thread safety: none; call from one scheduler thread.
     """
+
+    kv_event_dialect: ClassVar[str] = "vllm"
 
     def __init__(
         self,
@@ -92,7 +104,7 @@ class HashChainIndex:
         seed: int | str | bytes | None = None,
         verify: bool = False,
     ) -> None:
-        self._hasher = BlockHasher(block_size, hash_algorithm, seed)
+        self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
         self.block_size = block_size
         self.verify = check_bool("verify", verify)
         self._table: dict[bytes, _Entry] = {}
@@ -102,11 +114,16 @@ class HashChainIndex:
         # the current count names only cached blocks, so validating it is O(1).
         self._epoch = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
 
     @property
-    def hasher(self) -> BlockHasher:
+    def hasher(self) -> ChainHasher:
         """The block hasher (its root seed included)."""
         return self._hasher
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ------------------------------------------------------------------ lookup
 
@@ -269,12 +286,45 @@ class HashChainIndex:
             prev = block
         for block in reversed(created):  # unlocked: queued tail first, like a release
             self._free.append(block)
+        if self._sink is not None and created:
+            self._announce(key, hashes, chain, start, created)
         return InsertResult(
             num_cached * bs,
             new_ids,
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
+
+    def _announce(
+        self,
+        key: TokenKey,
+        hashes: list[bytes],
+        chain: list[CachedBlock],
+        start: int,
+        created: list[CachedBlock],
+    ) -> None:
+        # vLLM's cache_full_blocks: one BlockStored per run of newly cached blocks,
+        # chained to the block before it. The new blocks are one run at the end of the
+        # chain unless the caller re-registered some blocks in between.
+        assert self._sink is not None
+        bs = self.block_size
+        new = {id(b) for b in created}
+        i, end = start, len(chain)
+        while i < end:
+            if id(chain[i]) not in new:
+                i += 1
+                continue
+            j = i + 1
+            while j < end and id(chain[j]) in new:
+                j += 1
+            self._sink.on_stored(
+                hashes[i:j],
+                hashes[i - 1] if i else None,
+                key.tokens[i * bs : j * bs],
+                bs,
+                key.extra_key,
+            )
+            i = j
 
     def _add_entry(self, block: CachedBlock) -> None:
         assert block.block_hash is not None
@@ -288,9 +338,12 @@ class HashChainIndex:
 
     def _drop_entry(self, block: CachedBlock) -> None:
         # Remove this block's hash entry; its duplicates (if any) stay cached. The one
-        # place an entry dies, so the one place handles learn it (the epoch).
+        # place an entry dies, so the one place handles (the epoch) and the event sink
+        # (vLLM: one BlockRemoved per evicted block) learn it.
         assert block.block_hash is not None
         self._epoch += 1
+        if self._sink is not None:
+            self._sink.on_removed((block.block_hash,))
         entry = self._table[block.block_hash]
         if entry is block:
             del self._table[block.block_hash]
@@ -449,6 +502,8 @@ class HashChainIndex:
         self._table.clear()
         self._blocks.clear()
         self._epoch += 1
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
@@ -497,7 +552,8 @@ class HashChainIndex:
         per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
         total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
         total += len(self._blocks) * per_block
-        total += len(self._table) * (33 + len(self._hasher.root))  # the hash bytes objects
+        digest_len = len(next(iter(self._table))) if self._table else 0
+        total += len(self._table) * (33 + digest_len)  # the hash bytes objects
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
         if self.verify:
             total += sum(sys.getsizeof(b.tokens) for b in self._blocks.values())

@@ -5,6 +5,9 @@ insert that ends inside a segment splits the node there (SPEC RX-3, RX-4). Locks
 propagate to the root (RX-5) and eviction frees unlocked leaves, leaf first and
 upward (RX-6), ordered by a pluggable policy (RX-7) through an ``EvictionQueue``
 updated incrementally (SGLang rebuilds a heap over every leaf on each ``evict``).
+An optional event sink hears what SGLang's ``KVCacheEventRecorder`` records: each new
+node's pages (``record_store``), each evicted node (``record_remove``) and each reset,
+with SGLang's page digests, computed only while a sink is attached.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -24,6 +28,7 @@ from .errors import (
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
+from .sglang_hashing import namespace_prior, page_hashes
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
 from .validation import check_bool, check_count
 
@@ -50,6 +55,7 @@ class _Node:
     dead: bool = False
     owner: object = None  # set on roots only: the tree they belong to
     namespace: ExtraKey | None = None  # roots only
+    hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
 
 
 def _check_count(name: str, value: object, limit: int) -> int:
@@ -73,6 +79,10 @@ class RadixIndex:
     * Namespaces (``extra_key``) get separate subtrees, so they never share nodes.
     * ``hit_count`` (the ``lfu`` policy) counts inserts through a node by distinct
       registrations of a key, as SGLang does with ``cache_inserted_len``.
+    * Events (``set_event_sink``): ``on_stored`` per new node (its pages, chained to
+      its parent's last page), ``on_removed`` per evicted node, ``on_cleared`` on
+      reset, with SGLang's page digests (:mod:`~prefixkv.indexes.sglang_hashing`);
+      splits announce nothing, they divide a node's digests, as SGLang's do.
 
     Args:
         block_size: page size in tokens (> 0).
@@ -84,6 +94,8 @@ class RadixIndex:
 
     Thread safety: none; call from one scheduler thread.
     """
+
+    kv_event_dialect: ClassVar[str] = "sglang"
 
     def __init__(
         self,
@@ -109,6 +121,11 @@ class RadixIndex:
         self._evictable = 0
         self._protected = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ----------------------------------------------------------------- helpers
 
@@ -166,6 +183,9 @@ class RadixIndex:
         parent.children[self._child_key(child.key, 0)] = new
         child.key = child.key[split_len:]
         child.value = child.value[split_len // ps :]
+        if child.hashes is not None:  # SGLang's split_node_hash_value
+            new.hashes = child.hashes[: split_len // ps]
+            child.hashes = child.hashes[split_len // ps :]
         child.parent = new
         new.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
@@ -348,9 +368,43 @@ class RadixIndex:
             self._queue.add(leaf)
             path_blocks += leaf.value[max(0, first - pos) // ps :]
             node = leaf
+            if self._sink is not None:
+                self._announce(leaf, key.extra_key)
         if n > inserted_before:
             key.set_index_memo(self, n)
         return InsertResult(num_cached, path_blocks, node, skip)
+
+    def _page_hashes(self, node: _Node) -> list[bytes]:
+        # SGLang's compute_node_event_hash_values: computed once, from the nearest
+        # ancestor that has them (or the namespace's start), and kept on the node.
+        if node.hashes is None:
+            missing = []
+            top = node
+            while top.parent is not None and top.hashes is None:
+                missing.append(top)
+                top = top.parent
+            if top.parent is None:
+                prior = namespace_prior(top.namespace)
+            else:
+                assert top.hashes  # a node holds at least one page
+                prior = top.hashes[-1]
+            for m in reversed(missing):
+                m.hashes = page_hashes(m.key, prior, self.block_size)
+                prior = m.hashes[-1]
+        assert node.hashes is not None
+        return node.hashes
+
+    def _announce(self, leaf: _Node, extra_key: ExtraKey | None) -> None:
+        # SGLang's record_store: the node's pages, chained to its parent's last page.
+        assert self._sink is not None and leaf.parent is not None
+        parent = leaf.parent
+        self._sink.on_stored(
+            self._page_hashes(leaf),
+            None if parent.parent is None else self._page_hashes(parent)[-1],
+            leaf.key,
+            self.block_size,
+            extra_key,
+        )
 
     def _check_fresh_blocks(
         self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
@@ -488,6 +542,8 @@ class RadixIndex:
         queue = self._queue
         while len(out) < num_blocks and queue:
             node = queue.pop()
+            if self._sink is not None:  # SGLang's record_remove: one node, its pages
+                self._sink.on_removed(self._page_hashes(node))
             out += node.value
             if self.check_block_ids:
                 self._owned.difference_update(node.value)
@@ -532,6 +588,8 @@ class RadixIndex:
         self._owned.clear()
         self._num_nodes = 0
         self._evictable = 0
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
