@@ -2,12 +2,14 @@
 
 from .base import (
     CacheHandle,
+    EventSink,
     IndexStats,
     InsertResult,
     PrefixIndex,
     PrefixMatch,
     SupportsCachedBlocks,
     SupportsCommonPrefix,
+    SupportsEventSink,
     SupportsEvictBlocks,
     SupportsMemoryBytes,
 )
@@ -26,7 +28,7 @@ from .errors import (
 )
 from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
 from .hash_chain import HashChainIndex
-from .hashing import HASH_ALGORITHMS, BlockHasher
+from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
 from .registry import available_indexes, make_index, register_index
@@ -35,12 +37,14 @@ from .tokens import ExtraKey, TokenKey, make_extra_key
 from .wrapper import IndexWrapper
 
 __all__ = [
+    "BLOCK_HASH_ALGORITHMS",
     "EVICTION_POLICIES",
     "HASH_ALGORITHMS",
     "BlockHasher",
     "BlockOwnershipError",
     "CacheHandle",
     "CacheInUseError",
+    "EventSink",
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
@@ -61,12 +65,14 @@ __all__ = [
     "StaleHandleError",
     "SupportsCachedBlocks",
     "SupportsCommonPrefix",
+    "SupportsEventSink",
     "SupportsEvictBlocks",
     "SupportsMemoryBytes",
     "SynchronizedIndex",
     "TokenKey",
     "UnknownIndexError",
     "available_indexes",
+    "make_block_hasher",
     "make_eviction_policy",
     "make_extra_key",
     "make_index",

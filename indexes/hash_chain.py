@@ -535,6 +535,20 @@ class HashChainIndex:
         block = self._blocks.get(block_id)
         return block is not None and block.block_hash is not None
 
+    def cached_block_hashes(self) -> list[bytes]:
+        """The digest of every cached entry, once per block (duplicates repeat).
+
+        What a sink attached since the index was empty has been told is cached:
+        stored and not yet removed or cleared. O(n); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        for entry in self._table.values():
+            if type(entry) is CachedBlock:
+                out.append(cast("bytes", entry.block_hash))
+            else:
+                out += (cast("bytes", b.block_hash) for b in entry.values())  # type: ignore[union-attr]
+        return out
+
     def free_queue_block_ids(self) -> list[int]:
         """Evictable blocks in eviction order (head first). O(n); for tests and reports."""
         return [b.block_id for b in self._free]

@@ -594,6 +594,21 @@ class RadixIndex:
 
     # ----------------------------------------------------------------- queries
 
+    def cached_block_hashes(self) -> list[bytes]:
+        """SGLang's page digest of every cached page, once per page.
+
+        What a sink attached since the tree was empty has been told is cached.
+        Computes the digests not computed yet (as an attached sink would have).
+        O(cached pages); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            out += self._page_hashes(node)
+            stack.extend(node.children.values())
+        return out
+
     def evictable_size(self) -> int:
         """Evictable blocks (SGLang counts tokens: multiply by the page size)."""
         return self._evictable
