@@ -338,12 +338,10 @@ class HashChainIndex:
 
     def _drop_entry(self, block: CachedBlock) -> None:
         # Remove this block's hash entry; its duplicates (if any) stay cached. The one
-        # place an entry dies, so the one place handles (the epoch) and the event sink
-        # (vLLM: one BlockRemoved per evicted block) learn it.
+        # place an entry dies, so the one place handles learn it (the epoch). Its
+        # callers (evict, evict_blocks) tell the event sink, once per call.
         assert block.block_hash is not None
         self._epoch += 1
-        if self._sink is not None:
-            self._sink.on_removed((block.block_hash,))
         entry = self._table[block.block_hash]
         if entry is block:
             del self._table[block.block_hash]
@@ -442,14 +440,14 @@ class HashChainIndex:
         Complexity: O(num_blocks).
         """
         check_count("num_blocks", num_blocks)
-        out: list[int] = []
         free = self._free
-        while len(out) < num_blocks and len(free):
-            block = free.popleft()
+        popped = [free.popleft() for _ in range(min(num_blocks, len(free)))]
+        if self._sink is not None and popped:  # vLLM: one BlockRemoved per evicted block
+            self._sink.on_removed([cast("bytes", b.block_hash) for b in popped])
+        for block in popped:
             self._forget(block)
-            out.append(block.block_id)
-        self._num_evicted += len(out)
-        return out
+        self._num_evicted += len(popped)
+        return list(map(_block_id, popped))
 
     def _forget(self, block: CachedBlock) -> None:
         self._drop_entry(block)
@@ -471,16 +469,20 @@ class HashChainIndex:
         # A set in vLLM: repeats mean nothing.
         ids = list(dict.fromkeys(check_block_ids(block_ids, "evict_blocks", unique=False)))
         freed: list[int] = []
+        dropped: list[bytes] = []
         for bid in ids:
             block = self._blocks.get(bid)
             if block is None or block.block_hash is None:
                 continue
+            dropped.append(block.block_hash)
             if block.ref_cnt == 0:
                 self._free.remove(block)
                 self._forget(block)
                 freed.append(bid)
             else:
                 self._drop_entry(block)
+        if self._sink is not None and dropped:
+            self._sink.on_removed(dropped)
         self._num_evicted += len(freed)
         return freed
 

@@ -540,10 +540,11 @@ class RadixIndex:
         _check_count("num_blocks", num_blocks, sys.maxsize)
         out: list[int] = []
         queue = self._queue
+        sink = self._sink
         while len(out) < num_blocks and queue:
             node = queue.pop()
-            if self._sink is not None:  # SGLang's record_remove: one node, its pages
-                self._sink.on_removed(self._page_hashes(node))
+            if sink is not None:  # SGLang's record_remove: one node, its pages
+                sink.on_removed(self._page_hashes(node))
             out += node.value
             if self.check_block_ids:
                 self._owned.difference_update(node.value)

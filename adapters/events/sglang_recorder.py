@@ -10,7 +10,8 @@ this recorder turns the calls into the events SGLang's ``KVCacheEventRecorder`` 
   (``hash_str_to_int64``);
 * each page is one ``BlockStored``, merged into the queue's last event when it
   continues that event's chain with the same medium, block size, salt and LoRA
-  (``KVCacheEventRecorder.enqueue``); consecutive removals merge likewise;
+  (``KVCacheEventRecorder.enqueue``), so a node's pages make one event; consecutive
+  removals merge likewise;
 * the namespace's ``cache_salt`` is published in ``BlockStored.cache_salt`` (the page
   digests are already salted, :mod:`prefixkv.indexes.sglang_hashing`);
 * a new recorder starts with ``AllBlocksCleared`` queued, as a new ``RadixCache``
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefixkv.indexes.sglang_hashing import to_event_hash
+from prefixkv.indexes.sglang_hashing import to_event_hash, to_event_hashes
 from prefixkv.indexes.tokens import ExtraKey
 
 from .codec import to_vllm_event
@@ -99,29 +100,32 @@ class SGLangEventRecorder:
         block_size: int,
         extra_key: ExtraKey | None,
     ) -> None:
-        """A node's pages were cached (``record_store``): one ``BlockStored`` per page."""
-        salt = _cache_salt(extra_key)
-        parent = None if parent_block_hash is None else to_event_hash(parent_block_hash)
-        for i, digest in enumerate(block_hashes):
-            h = to_event_hash(digest)
-            page = list(token_ids[i * block_size : (i + 1) * block_size])
-            self._enqueue(
-                SGLangBlockStored(
-                    block_hashes=[h],
-                    parent_block_hash=parent,
-                    token_ids=page,
-                    block_size=len(page),
-                    lora_id=None,
-                    medium=self.medium,
-                    cache_salt=salt,
-                )
+        """A node's pages were cached (``record_store``).
+
+        SGLang enqueues one ``BlockStored`` per page; a node's pages chain and share
+        every field, so after the first each merges into the one before: the node is
+        enqueued here as that merged event (which itself may merge into the tail).
+        """
+        if not block_hashes:
+            return
+        self._enqueue(
+            SGLangBlockStored(
+                block_hashes=to_event_hashes(block_hashes),
+                parent_block_hash=None
+                if parent_block_hash is None
+                else to_event_hash(parent_block_hash),
+                token_ids=list(token_ids[: len(block_hashes) * block_size]),
+                block_size=block_size,
+                lora_id=None,
+                medium=self.medium,
+                cache_salt=_cache_salt(extra_key),
             )
-            parent = h
+        )
 
     def on_removed(self, block_hashes: Sequence[bytes]) -> None:
         """A node was evicted (``record_remove``): one ``BlockRemoved`` for its pages."""
         if block_hashes:
-            hashes = [to_event_hash(d) for d in block_hashes]
+            hashes = to_event_hashes(block_hashes)
             self._enqueue(SGLangBlockRemoved(block_hashes=hashes, medium=self.medium))
 
     def on_cleared(self) -> None:
