@@ -308,8 +308,19 @@ class HashChainIndex:
         # chain unless the caller re-registered some blocks in between.
         assert self._sink is not None
         bs = self.block_size
+        end = len(chain)
+        first = end - len(created)
+        if chain[first] is created[0]:  # the usual case: one run ending the chain
+            self._sink.on_stored(
+                hashes[first:end],
+                hashes[first - 1] if first else None,
+                key.tokens[first * bs : end * bs],
+                bs,
+                key.extra_key,
+            )
+            return
         new = {id(b) for b in created}
-        i, end = start, len(chain)
+        i = start
         while i < end:
             if id(chain[i]) not in new:
                 i += 1
