@@ -2,7 +2,9 @@
 
 from .base import (
     CacheHandle,
+    Described,
     EventSink,
+    IndexDescription,
     IndexStats,
     InsertResult,
     PrefixIndex,
@@ -12,6 +14,7 @@ from .base import (
     SupportsEventSink,
     SupportsEvictBlocks,
     SupportsMemoryBytes,
+    describe,
 )
 from .errors import (
     BlockOwnershipError,
@@ -31,7 +34,7 @@ from .hash_chain import HashChainIndex
 from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
-from .registry import available_indexes, make_index, register_index
+from .registry import available_indexes, describe_index, make_index, register_index
 from .sync import SynchronizedIndex
 from .tokens import ExtraKey, TokenKey, make_extra_key
 from .wrapper import IndexWrapper
@@ -44,10 +47,12 @@ __all__ = [
     "BlockOwnershipError",
     "CacheHandle",
     "CacheInUseError",
+    "Described",
     "EventSink",
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
+    "IndexDescription",
     "IndexOptionError",
     "IndexStats",
     "IndexWrapper",
@@ -72,6 +77,8 @@ __all__ = [
     "TokenKey",
     "UnknownIndexError",
     "available_indexes",
+    "describe",
+    "describe_index",
     "make_block_hasher",
     "make_eviction_policy",
     "make_extra_key",

@@ -16,7 +16,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, EventSink, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -95,6 +95,9 @@ class HashChainIndex:
     """
 
     kv_event_dialect: ClassVar[str] = "vllm"
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="block", models="vllm", default_block_size=16
+    )
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ import xxhash
 
 from .errors import PrefixKVError
 from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
+from .validation import check_positive
 from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
 __all__ = [
@@ -104,8 +105,7 @@ class BlockHasher:
         algorithm: str | Digest = "xxh3_128",
         seed: int | str | bytes | None = None,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        check_positive("block_size", block_size)
         if callable(algorithm):
             self._digest: Digest = algorithm
             self.algorithm = getattr(algorithm, "__name__", "custom")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .base import CacheHandle, EventSink, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import InvalidHandleError
 from .tokens import TokenKey
 from .validation import check_count, check_positive
@@ -36,6 +36,7 @@ class NoPrefixIndex:
     """
 
     kv_event_dialect: ClassVar[str] = "vllm"
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(caches=False)
 
     def __init__(self, block_size: int = 16) -> None:
         self.block_size = check_positive("block_size", block_size)

@@ -16,21 +16,21 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
-from .base import CacheHandle, EventSink, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
     InvalidHandleError,
     LockStateError,
-    PrefixKVError,
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .sglang_hashing import namespace_prior, page_hashes
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
-from .validation import check_bool, check_count
+from .validation import check_bool, check_count, check_positive
 
 __all__ = ["RadixIndex"]
 
@@ -56,10 +56,6 @@ class _Node:
     owner: object = None  # set on roots only: the tree they belong to
     namespace: ExtraKey | None = None  # roots only
     hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
-
-
-def _check_count(name: str, value: object, limit: int) -> int:
-    return check_count(name, value, limit)
 
 
 class RadixIndex:
@@ -96,6 +92,14 @@ class RadixIndex:
     """
 
     kv_event_dialect: ClassVar[str] = "sglang"
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="page",
+        models="sglang",
+        default_block_size=1,
+        # A manager draws every block from its own pool and checks ownership in the
+        # allocator's ledger: the tree's per-block check would repeat it per token.
+        pool_owned_options=MappingProxyType({"check_block_ids": False}),
+    )
 
     def __init__(
         self,
@@ -104,9 +108,7 @@ class RadixIndex:
         eviction: str | EvictionPolicy = "lru",
         check_block_ids: bool = True,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = check_positive("block_size", block_size)
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
@@ -203,7 +205,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         if limit == 0 or not node.children:
@@ -250,7 +252,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         pos = 0
@@ -299,7 +301,7 @@ class RadixIndex:
         n = (
             len(tokens)
             if num_tokens is None
-            else _check_count("num_tokens", num_tokens, len(tokens))
+            else check_count("num_tokens", num_tokens, len(tokens))
         )
         n -= n % ps
         pages = n // ps
@@ -537,7 +539,7 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        _check_count("num_blocks", num_blocks, sys.maxsize)
+        check_count("num_blocks", num_blocks, sys.maxsize)
         out: list[int] = []
         queue = self._queue
         sink = self._sink

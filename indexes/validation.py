@@ -37,9 +37,15 @@ def check_count(
     return value
 
 
-def check_positive(name: str, value: object, hi: int | None = None) -> int:
+def check_positive(
+    name: str,
+    value: object,
+    hi: int | None = None,
+    *,
+    error: type[PrefixKVError] = PrefixKVError,
+) -> int:
     """``value`` as an int in ``[1, hi]``; see :func:`check_count`."""
-    return check_count(name, value, hi, lo=1)
+    return check_count(name, value, hi, lo=1, error=error)
 
 
 def check_bool(name: str, value: object) -> bool:

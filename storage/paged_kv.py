@@ -11,18 +11,14 @@ from collections.abc import Sequence
 
 import torch
 
+from prefixkv.indexes.validation import ceil_div, check_count, check_positive
+
 from .block_table import PAD_SLOT
 from .errors import PrefixKVError, StorageShapeError
 
 __all__ = ["PagedKVCache"]
 
 IndexLike = Sequence[int] | torch.Tensor
-
-
-def _positive(name: str, value: object) -> int:
-    if type(value) is not int or value <= 0:
-        raise PrefixKVError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class PagedKVCache:
@@ -47,11 +43,11 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.num_layers = _positive("num_layers", num_layers)
-        self.num_kv_heads = _positive("num_kv_heads", num_kv_heads)
-        self.head_dim = _positive("head_dim", head_dim)
-        self.num_blocks = _positive("num_blocks", num_blocks)
-        self.block_size = _positive("block_size", block_size)
+        self.num_layers = check_positive("num_layers", num_layers)
+        self.num_kv_heads = check_positive("num_kv_heads", num_kv_heads)
+        self.head_dim = check_positive("head_dim", head_dim)
+        self.num_blocks = check_positive("num_blocks", num_blocks)
+        self.block_size = check_positive("block_size", block_size)
         self.dtype = dtype
         self.device = torch.device(device)
         self.kv = torch.zeros(
@@ -65,9 +61,7 @@ class PagedKVCache:
         return self.kv[which, layer].view(self.num_slots, self.num_kv_heads, self.head_dim)
 
     def _layer(self, layer: int) -> int:
-        if type(layer) is not int or not 0 <= layer < self.num_layers:
-            raise PrefixKVError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
-        return layer
+        return check_count("layer", layer, self.num_layers - 1)
 
     def _index(self, values: IndexLike, what: str) -> torch.Tensor:
         t = torch.as_tensor(values, device=self.device)
@@ -129,7 +123,7 @@ class PagedKVCache:
                 f"{num_tokens} tokens do not fit a {table.numel()}-block table "
                 f"(block_size {self.block_size})"
             )
-        nb = -(-num_tokens // self.block_size)
+        nb = ceil_div(num_tokens, self.block_size)
         used = table[:nb]
         if nb and (int(used.min()) < 0 or int(used.max()) >= self.num_blocks):
             raise PrefixKVError(
