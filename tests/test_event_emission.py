@@ -36,7 +36,14 @@ from prefixkv.adapters.events import (
 from prefixkv.adapters.events.sglang_recorder import SGLangEventRecorder as _Recorder
 from prefixkv.adapters.sglang import SGLangRadixCache
 from prefixkv.adapters.vllm import VLLMKVCacheManager
-from prefixkv.indexes import HashChainIndex, NoPrefixIndex, RadixIndex, TokenKey, make_index
+from prefixkv.indexes import (
+    HashChainIndex,
+    NoPrefixIndex,
+    RadixIndex,
+    SynchronizedIndex,
+    TokenKey,
+    make_index,
+)
 from prefixkv.indexes.registry import pool_owned_options
 from prefixkv.indexes.vllm_hashing import to_external_block_hash
 
@@ -250,3 +257,12 @@ def test_no_prefix_index_reports_resets_only() -> None:
     index.insert(TokenKey([1, 2, 3, 4]), [0])
     index.reset()
     assert recorder.take_events() == [AllBlocksCleared()]
+
+
+def test_wrapped_indexes_report_through_their_wrapper() -> None:
+    for inner in (HashChainIndex(2, seed=0), RadixIndex(2)):
+        wrapped = SynchronizedIndex(inner)
+        recorder = attach_event_recorder(wrapped)
+        assert type(recorder) is type(make_event_recorder(inner))
+        wrapped.insert(TokenKey([1, 2, 3, 4]), [0, 1])
+        assert isinstance(recorder.take_events()[-1], BlockStored)
