@@ -67,5 +67,5 @@ def test_lifecycle_with_events(
         step()
 
     benchmark(one)
-    m.check_integrity()
+    m.check_invariants()
     assert (taken[0] > 0) == (events == "on")
