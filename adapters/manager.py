@@ -141,9 +141,12 @@ class CacheManager:
     # ------------------------------------------------------------ admission
 
     def _seq(self, request_id: RequestId) -> _Seq:
-        seq = self._seqs.get(request_id)
+        try:
+            seq = self._seqs.get(request_id)
+        except TypeError:  # unhashable: it cannot name a running request
+            seq = None
         if seq is None:
-            raise RequestStateError(f"request {request_id!r} is not running")
+            raise RequestStateError(f"request {request_id!r:.80} is not running")
         return seq
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -326,9 +329,7 @@ class CacheManager:
             RequestStateError: unknown request.
             PrefixKVError: ``num_tokens`` beyond the request's tokens or slots.
         """
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise RequestStateError(f"request {request_id!r} is not running")
+        seq = self._seq(request_id)
         check_count("num_tokens", num_tokens, min(len(seq.key), len(seq.table) * self.block_size))
         if num_tokens > seq.num_computed:
             seq.num_computed = num_tokens
@@ -529,7 +530,10 @@ class CacheManager:
         return list(self._seqs)
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._seqs
+        try:
+            return request_id in self._seqs
+        except TypeError:  # unhashable: never a running request's id
+            return False
 
     def num_common_prefix_blocks(self, request_id: RequestId) -> int:
         """Leading blocks of the request's table shared by every running request (HC-11).

@@ -16,7 +16,7 @@ from prefixkv.indexes.base import CacheHandle, PrefixIndex, SupportsCachedBlocks
 from prefixkv.indexes.errors import BlockOwnershipError, PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key, normalize_extra_key
-from prefixkv.indexes.validation import ceil_div, check_count
+from prefixkv.indexes.validation import MAX_BLOCKS, ceil_div, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 from prefixkv.storage.block_table import slot_mapping
 
@@ -212,7 +212,7 @@ class SGLangRadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
-        check_count("num_tokens", num_tokens)
+        check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size)
         pages = min(ceil_div(num_tokens, self.page_size), self.manager.allocator.num_blocks)
         return self.manager.evict(pages) * self.page_size
 

@@ -20,6 +20,7 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.indexes.validation import check_count
 from prefixkv.storage.allocator import BlockAllocator
 
 from .accounting import CacheTotals
@@ -178,12 +179,10 @@ class VLLMKVCacheManager:
             PrefixKVError: lookahead slots (speculative decoding) are asked for,
                 or the counts disagree with the request.
         """
-        if num_lookahead_tokens:
+        check_count("num_new_tokens", num_new_tokens)
+        check_count("num_new_computed_tokens", num_new_computed_tokens)
+        if check_count("num_lookahead_tokens", num_lookahead_tokens):
             raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            raise PrefixKVError(
-                f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}"
-            )
         rid = request.request_id
         mgr = self.manager
         if rid in mgr:

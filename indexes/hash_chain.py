@@ -27,7 +27,7 @@ from .errors import (
 from .free_queue import CachedBlock, FreeBlockQueue
 from .hashing import Digest, make_block_hasher
 from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
-from .validation import check_block_ids, check_bool, check_count
+from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
 
 __all__ = ["HashChainIndex"]
 
@@ -240,6 +240,7 @@ class HashChainIndex:
         """
         bs = self.block_size
         num_full = _check_limit(num_tokens, key, "num_tokens") // bs
+        check_sequence("block_ids", block_ids)
         if len(block_ids) < num_full:
             raise BlockOwnershipError(
                 f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
@@ -453,7 +454,7 @@ class HashChainIndex:
 
         Complexity: O(num_blocks).
         """
-        check_count("num_blocks", num_blocks)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         free = self._free
         popped = [free.popleft() for _ in range(min(num_blocks, len(free)))]
         if self._sink is not None and popped:  # vLLM: one BlockRemoved per evicted block

@@ -20,7 +20,7 @@ import xxhash
 
 from .errors import PrefixKVError
 from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
-from .validation import check_positive
+from .validation import MAX_BLOCK_SIZE, check_positive
 from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
 __all__ = [
@@ -105,7 +105,7 @@ class BlockHasher:
         algorithm: str | Digest = "xxh3_128",
         seed: int | str | bytes | None = None,
     ) -> None:
-        check_positive("block_size", block_size)
+        check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         if callable(algorithm):
             self._digest: Digest = algorithm
             self.algorithm = getattr(algorithm, "__name__", "custom")

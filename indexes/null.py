@@ -13,7 +13,7 @@ from typing import ClassVar
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import InvalidHandleError
 from .tokens import TokenKey
-from .validation import check_count, check_positive
+from .validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_count, check_positive
 
 __all__ = ["NoPrefixIndex"]
 
@@ -39,7 +39,7 @@ class NoPrefixIndex:
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(caches=False)
 
     def __init__(self, block_size: int = 16) -> None:
-        self.block_size = check_positive("block_size", block_size)
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._handle = _NullHandle(self)
         self._sink: EventSink | None = None
 
@@ -87,7 +87,7 @@ class NoPrefixIndex:
 
     def evict(self, num_blocks: int) -> list[int]:
         """Nothing to evict. O(1)."""
-        check_count("num_blocks", num_blocks)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         return []
 
     def reset(self) -> list[int]:

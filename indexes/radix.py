@@ -30,7 +30,15 @@ from .errors import (
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .sglang_hashing import namespace_prior, page_hashes
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
-from .validation import check_bool, check_count, check_positive
+from .validation import (
+    MAX_BLOCK_SIZE,
+    MAX_BLOCKS,
+    check_block_ids,
+    check_bool,
+    check_count,
+    check_positive,
+    check_sequence,
+)
 
 __all__ = ["RadixIndex"]
 
@@ -108,7 +116,7 @@ class RadixIndex:
         eviction: str | EvictionPolicy = "lru",
         check_block_ids: bool = True,
     ) -> None:
-        self.block_size = check_positive("block_size", block_size)
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
@@ -305,6 +313,7 @@ class RadixIndex:
         )
         n -= n % ps
         pages = n // ps
+        check_sequence("block_ids", block_ids)
         if len(block_ids) < pages:
             raise BlockOwnershipError(
                 f"{pages} pages to insert but only {len(block_ids)} block ids given"
@@ -411,14 +420,7 @@ class RadixIndex:
     def _check_fresh_blocks(
         self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
     ) -> None:
-        fresh = set(block_ids[skip:pages])
-        if len(fresh) != pages - skip or (
-            fresh and (set(map(type, fresh)) != {int} or min(fresh) < 0)
-        ):
-            raise BlockOwnershipError(
-                f"insert: block ids must be distinct non-negative ints, got "
-                f"{list(block_ids[skip:pages])[:16]}..."
-            )
+        fresh = set(check_block_ids(block_ids[skip:pages], "insert"))
         if self._owned and not self._owned.isdisjoint(fresh):
             self._check_reused_blocks(key, list(block_ids[:pages]), n)
 
@@ -539,7 +541,7 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        check_count("num_blocks", num_blocks, sys.maxsize)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         queue = self._queue
         sink = self._sink

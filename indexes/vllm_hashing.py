@@ -28,6 +28,7 @@ import xxhash as _xxhash
 
 from .errors import PrefixKVError
 from .tokens import ExtraKey, ExtraValue
+from .validation import MAX_BLOCK_SIZE, check_positive
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
@@ -244,8 +245,7 @@ class VllmBlockHasher:
         algorithm: str = "sha256_cbor",
         none_hash_seed: str | None = None,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._hash = _check_algorithm(algorithm)
         if none_hash_seed is None:
             none_hash_seed = resolve_none_hash_seed(algorithm)

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 
 import torch
 
-from prefixkv.indexes.validation import ceil_div, check_count, check_positive
+from prefixkv.indexes.validation import (
+    MAX_BLOCK_SIZE,
+    MAX_BLOCKS,
+    ceil_div,
+    check_count,
+    check_positive,
+)
 
 from .block_table import PAD_SLOT
 from .errors import PrefixKVError, StorageShapeError
@@ -19,6 +25,9 @@ from .errors import PrefixKVError, StorageShapeError
 __all__ = ["PagedKVCache"]
 
 IndexLike = Sequence[int] | torch.Tensor
+
+_MAX_DIM = 2**16
+"""Bound of the per-token sizes (layers, heads, head width): far above any model's."""
 
 
 class PagedKVCache:
@@ -43,17 +52,27 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.num_layers = check_positive("num_layers", num_layers)
-        self.num_kv_heads = check_positive("num_kv_heads", num_kv_heads)
-        self.head_dim = check_positive("head_dim", head_dim)
-        self.num_blocks = check_positive("num_blocks", num_blocks)
-        self.block_size = check_positive("block_size", block_size)
+        self.num_layers = check_positive("num_layers", num_layers, _MAX_DIM)
+        self.num_kv_heads = check_positive("num_kv_heads", num_kv_heads, _MAX_DIM)
+        self.head_dim = check_positive("head_dim", head_dim, _MAX_DIM)
+        self.num_blocks = check_positive("num_blocks", num_blocks, MAX_BLOCKS)
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
+        if not isinstance(dtype, torch.dtype):
+            raise StorageShapeError(f"dtype must be a torch.dtype, got {dtype!r:.80}")
         self.dtype = dtype
-        self.device = torch.device(device)
-        self.kv = torch.zeros(
-            2, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
-            dtype=dtype, device=self.device,
-        )  # fmt: skip
+        try:
+            self.device = torch.device(device)
+            self.kv = torch.zeros(
+                2, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
+                dtype=dtype, device=self.device,
+            )  # fmt: skip
+        except (RuntimeError, MemoryError, TypeError) as exc:
+            # torch says "can't allocate memory" or "invalid device" as a RuntimeError.
+            raise StorageShapeError(
+                f"cannot make a KV cache of {num_layers} layers x {num_blocks} blocks x "
+                f"{block_size} tokens x {num_kv_heads} heads x {head_dim} on {device!r}: "
+                f"{' '.join(str(exc).split())[:200]}"
+            ) from None
         self.num_slots = num_blocks * block_size
 
     def _flat(self, which: int, layer: int) -> torch.Tensor:
@@ -118,7 +137,8 @@ class PagedKVCache:
             PrefixKVError: the table is too short or holds an out-of-range block.
         """
         table = self._index(block_table, "block_table")
-        if num_tokens < 0 or num_tokens > table.numel() * self.block_size:
+        check_count("num_tokens", num_tokens)
+        if num_tokens > table.numel() * self.block_size:
             raise PrefixKVError(
                 f"{num_tokens} tokens do not fit a {table.numel()}-block table "
                 f"(block_size {self.block_size})"

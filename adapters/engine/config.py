@@ -14,7 +14,7 @@ from types import MappingProxyType
 import torch
 
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.validation import check_positive
+from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_positive
 
 __all__ = ["SUPPORTED_DTYPES", "EngineConfig", "EngineConfigError", "ModelConfig"]
 
@@ -28,8 +28,8 @@ class EngineConfigError(PrefixKVError):
     """An engine or model setting is out of range, or a request cannot be served by it."""
 
 
-def _positive_int(name: str, value: object) -> int:
-    return check_positive(name, value, error=EngineConfigError)
+def _positive_int(name: str, value: object, hi: int | None = None) -> int:
+    return check_positive(name, value, hi, error=EngineConfigError)
 
 
 @dataclass(frozen=True)
@@ -138,14 +138,14 @@ class EngineConfig:
                 f"prefix_index must be a registry name (str), got {self.prefix_index!r}"
             )
         if self.block_size is not None:
-            _positive_int("block_size", self.block_size)
+            _positive_int("block_size", self.block_size, MAX_BLOCK_SIZE)
         if not isinstance(self.index_options, Mapping):
             raise EngineConfigError(f"index_options must be a mapping, got {self.index_options!r}")
         if "block_size" in self.index_options:
             raise EngineConfigError(
                 "pass block_size as EngineConfig.block_size, not in index_options"
             )
-        _positive_int("num_blocks", self.num_blocks)
+        _positive_int("num_blocks", self.num_blocks, MAX_BLOCKS)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         for name in ("enable_chunked_prefill", "check_invariants"):
