@@ -5,6 +5,9 @@ insert that ends inside a segment splits the node there (SPEC RX-3, RX-4). Locks
 propagate to the root (RX-5) and eviction frees unlocked leaves, leaf first and
 upward (RX-6), ordered by a pluggable policy (RX-7) through an ``EvictionQueue``
 updated incrementally (SGLang rebuilds a heap over every leaf on each ``evict``).
+An optional event sink hears what SGLang's ``KVCacheEventRecorder`` records: each new
+node's pages (``record_store``), each evicted node (``record_remove``) and each reset,
+with SGLang's page digests, computed only while a sink is attached.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
-from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -25,6 +28,7 @@ from .errors import (
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
+from .sglang_hashing import namespace_prior, page_hashes
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
 from .validation import (
     MAX_BLOCK_SIZE,
@@ -59,6 +63,7 @@ class _Node:
     dead: bool = False
     tree: object = None  # the RadixIndex it belongs to: a handle is validated in O(1)
     namespace: ExtraKey | None = None  # roots only
+    hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
 
 
 class _Memo(NamedTuple):
@@ -88,6 +93,10 @@ class RadixIndex:
     * Namespaces (``extra_key``) get separate subtrees, so they never share nodes.
     * ``hit_count`` (the ``lfu`` policy) counts inserts through a node by distinct
       registrations of a key, as SGLang does with ``cache_inserted_len``.
+    * Events (``set_event_sink``): ``on_stored`` per new node (its pages, chained to
+      its parent's last page), ``on_removed`` per evicted node, ``on_cleared`` on
+      reset, with SGLang's page digests (:mod:`~prefixkv.indexes.sglang_hashing`);
+      splits announce nothing, they divide a node's digests, as SGLang's do.
 
     Args:
         block_size: page size in tokens (> 0).
@@ -100,6 +109,7 @@ class RadixIndex:
     Thread safety: none; call from one scheduler thread.
     """
 
+    kv_event_dialect: ClassVar[str] = "sglang"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
         unit="page",
         models="sglang",
@@ -131,6 +141,11 @@ class RadixIndex:
         self._evictable = 0
         self._protected = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ----------------------------------------------------------------- helpers
 
@@ -190,6 +205,9 @@ class RadixIndex:
         parent.children[self._child_key(child.key, 0)] = new
         child.key = child.key[split_len:]
         child.value = child.value[split_len // ps :]
+        if child.hashes is not None:  # SGLang's split_node_hash_value
+            new.hashes = child.hashes[: split_len // ps]
+            child.hashes = child.hashes[split_len // ps :]
         child.parent = new
         new.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
@@ -350,6 +368,8 @@ class RadixIndex:
         if pos < n:
             node = self._add_leaf(node, key, block_ids, pos, n, inserted_before)
             blocks += node.value
+            if self._sink is not None:
+                self._announce(node, key.extra_key)
         key.set_index_memo(self, _Memo(max(n, inserted_before), node))
         return InsertResult(num_cached, blocks, node, skip)
 
@@ -397,6 +417,38 @@ class RadixIndex:
         self._update_leaf_status(parent)
         self._queue.add(leaf)
         return leaf
+
+    def _page_hashes(self, node: _Node) -> list[bytes]:
+        # SGLang's compute_node_event_hash_values: computed once, from the nearest
+        # ancestor that has them (or the namespace's start), and kept on the node.
+        if node.hashes is None:
+            missing = []
+            top = node
+            while top.parent is not None and top.hashes is None:
+                missing.append(top)
+                top = top.parent
+            if top.parent is None:
+                prior = namespace_prior(top.namespace)
+            else:
+                assert top.hashes  # a node holds at least one page
+                prior = top.hashes[-1]
+            for m in reversed(missing):
+                m.hashes = page_hashes(m.key, prior, self.block_size)
+                prior = m.hashes[-1]
+        assert node.hashes is not None
+        return node.hashes
+
+    def _announce(self, leaf: _Node, extra_key: ExtraKey | None) -> None:
+        # SGLang's record_store: the node's pages, chained to its parent's last page.
+        assert self._sink is not None and leaf.parent is not None
+        parent = leaf.parent
+        self._sink.on_stored(
+            self._page_hashes(leaf),
+            None if parent.parent is None else self._page_hashes(parent)[-1],
+            leaf.key,
+            self.block_size,
+            extra_key,
+        )
 
     def _check_fresh_blocks(
         self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
@@ -544,8 +596,11 @@ class RadixIndex:
         check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         queue = self._queue
+        sink = self._sink
         while len(out) < num_blocks and queue:
             node = queue.pop()
+            if sink is not None:  # SGLang's record_remove: one node, its pages
+                sink.on_removed(self._page_hashes(node))
             out += node.value
             if self.check_block_ids:
                 self._owned.difference_update(node.value)
@@ -590,9 +645,26 @@ class RadixIndex:
         self._owned.clear()
         self._num_nodes = 0
         self._evictable = 0
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
+
+    def cached_block_hashes(self) -> list[bytes]:
+        """SGLang's page digest of every cached page, once per page.
+
+        What a sink attached since the tree was empty has been told is cached.
+        Computes the digests not computed yet (as an attached sink would have).
+        O(cached pages); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            out += self._page_hashes(node)
+            stack.extend(node.children.values())
+        return out
 
     def evictable_size(self) -> int:
         """Evictable blocks (SGLang counts tokens: multiply by the page size)."""
