@@ -39,10 +39,12 @@ from prefixkv.indexes.errors import (
     RequestStateError,
 )
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array, normalize_extra_key
-from prefixkv.indexes.validation import ceil_div, check_block_ids, check_count
+from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
 from .accounting import CacheTotals
+from .events.dialects import EventRecorder, attach_event_recorder
+from .events.wire import KVEvent
 from .observer import CacheObserver, ObserverGroup
 
 __all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
@@ -105,6 +107,10 @@ class CacheManager:
         allocator: the pool's free blocks (same block size as the index).
         observers: optional hooks told about admissions, registrations, releases,
             evictions and resets (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record the index's KV events (vLLM's switch of the
+            same name): ``take_events()`` returns them as vLLM's wire structs, in the
+            dialect the index speaks (vLLM's for the hash chain, SGLang's page events
+            for the radix tree).
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
@@ -116,6 +122,7 @@ class CacheManager:
         allocator: BlockAllocator,
         *,
         observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -130,13 +137,14 @@ class CacheManager:
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
-        self._observer: CacheObserver | None = (
-            None
-            if not observers
-            else observers[0]
-            if len(observers) == 1
-            else ObserverGroup(observers)
-        )
+        self._observer: CacheObserver | None = None
+        if len(observers) == 1:
+            self._observer = observers[0]
+        elif observers:
+            self._observer = ObserverGroup(observers)
+        self._events: EventRecorder | None = None
+        if check_bool("enable_kv_cache_events", enable_kv_cache_events):
+            self._events = attach_event_recorder(index)
 
     # ------------------------------------------------------------ admission
 
@@ -606,6 +614,11 @@ class CacheManager:
         self.allocator.free(self.index.reset(), owner=Owner.MANAGER)
         if self._observer is not None:
             self._observer.on_reset()
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first (vLLM's ``take_events``);
+        empty unless built with ``enable_kv_cache_events``."""
+        return [] if self._events is None else self._events.take_events()
 
     @property
     def usage(self) -> float:

@@ -20,29 +20,31 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from prefixkv.adapters.events import EventRecorder, attach_event_recorder
+from prefixkv.adapters.events import KVEventBatch
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import VLLMKVCacheManager
-from prefixkv.indexes.tokens import ExtraKey, make_extra_key
 
 Record = dict[str, Any]
 
 
-def attach_recorder(facade: VLLMKVCacheManager | SGLangRadixCache) -> EventRecorder:
-    """Attach a recorder to the facade's index (until the facades take
-    ``enable_kv_cache_events`` themselves)."""
-    return attach_event_recorder(facade.manager.index)
+class FacadeEvents:
+    """A facade's events, taken as vLLM's engine core takes them once per step
+    (the facade must be built with ``enable_kv_cache_events=True``)."""
+
+    def __init__(self, facade: VLLMKVCacheManager | SGLangRadixCache) -> None:
+        self.facade = facade
+
+    def take_events(self) -> list[Any]:
+        return self.facade.take_events()
+
+    def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
+        events = self.take_events()
+        return KVEventBatch(ts, events, data_parallel_rank) if events else None
 
 
-def vllm_namespace(request: Any) -> ExtraKey | None:
-    """vLLM's namespace of a request: LoRA name, path and id, and the cache salt."""
-    lora = getattr(request, "lora_request", None)
-    return make_extra_key(
-        lora=None if lora is None else lora.lora_name,
-        lora_path=None if lora is None else lora.lora_path,
-        lora_id=None if lora is None else lora.lora_int_id,
-        cache_salt=getattr(request, "cache_salt", None),
-    )
+def attach_recorder(facade: VLLMKVCacheManager | SGLangRadixCache) -> FacadeEvents:
+    """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
+    return FacadeEvents(facade)
 
 
 class LoRARequest:

@@ -59,11 +59,11 @@ def steps_of(driver_kind: str, index: Any, num_blocks: int) -> list[list[Any]]:
     """Each step's events (non-empty ones) when the facade drives ``PLAIN``."""
     out: list[list[Any]] = []
     if driver_kind == "vllm":
-        vllm = VLLMKVCacheManager(index, num_blocks)
+        vllm = VLLMKVCacheManager(index, num_blocks, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver: VllmDriver | SGLangDriver = VllmDriver(vllm, lambda: None)
     else:
-        sglang = SGLangRadixCache(index, num_blocks * index.block_size)
+        sglang = SGLangRadixCache(index, num_blocks * index.block_size, enable_kv_cache_events=True)
         recorder = attach_recorder(sglang)
         driver = SGLangDriver(sglang, lambda: None)
 

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live, vllm_namespace
+from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
-import prefixkv.adapters.vllm as vllm_facade
 from prefixkv.adapters.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -70,16 +69,14 @@ def first_difference(ours: list[bytes], theirs: list[bytes]) -> str:
 
 
 @pytest.mark.parametrize("algo", ["sha256_cbor", "sha256"])
-def test_hash_chain_publishes_vllms_batches(algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The facade names a request's namespace from its LoRA name and salt; vLLM hashes the
-    # LoRA path too and publishes its int id. Until the facade forwards both, give it
-    # vLLM's full namespace.
-    monkeypatch.setattr(vllm_facade, "_namespace", vllm_namespace)
+def test_hash_chain_publishes_vllms_batches(algo: str) -> None:
     header, theirs = recorded(f"vllm_{algo}.jsonl")
     bs = SETTINGS["block_size"]
     seed = header["none_hash_seed"]  # PYTHONHASHSEED
     index = make_index("hash_chain", block_size=bs, hash_algorithm=algo, seed=seed)
-    facade = VLLMKVCacheManager(index, SETTINGS["vllm_num_blocks"] - 1)  # block 0 is vLLM's null
+    facade = VLLMKVCacheManager(  # block 0 is vLLM's null block
+        index, SETTINGS["vllm_num_blocks"] - 1, enable_kv_cache_events=True
+    )
     recorder = attach_recorder(facade)
     ours: list[bytes] = []
     step = 0

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kv_event_drivers import Driver, SGLangDriver, VllmDriver, attach_recorder, vllm_namespace
+from kv_event_drivers import Driver, SGLangDriver, VllmDriver, attach_recorder
 
-import prefixkv.adapters.vllm as vllm_facade
 from prefixkv.adapters.events import EventIndex
 from prefixkv.adapters.sglang import SGLangRadixCache
 from prefixkv.adapters.vllm import VLLMKVCacheManager
@@ -78,10 +77,7 @@ def test_event_consumer_mirrors_the_index_after_every_step(
     block_size: int,
     pool: int,
 ) -> None:
-    with pytest.MonkeyPatch.context() as mp:
-        # vLLM's full namespace (LoRA path and id), until the facade forwards them.
-        mp.setattr(vllm_facade, "_namespace", vllm_namespace)
-        replay_checked(backend, facade_kind, trace, concurrency, block_size, pool)
+    replay_checked(backend, facade_kind, trace, concurrency, block_size, pool)
 
 
 def replay_checked(
@@ -97,11 +93,11 @@ def replay_checked(
     consumer = EventIndex()
     driver: Driver
     if facade_kind == "vllm":
-        vllm = VLLMKVCacheManager(index, pool)
+        vllm = VLLMKVCacheManager(index, pool, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver = VllmDriver(vllm, lambda: check(index, recorder, consumer))
     else:
-        sglang = SGLangRadixCache(index, pool * block_size)
+        sglang = SGLangRadixCache(index, pool * block_size, enable_kv_cache_events=True)
         recorder = attach_recorder(sglang)
         driver = SGLangDriver(sglang, lambda: check(index, recorder, consumer))
     check(index, recorder, consumer)
@@ -131,6 +127,4 @@ def replay_checked(
 def test_the_pools_evict_constantly(backend: str, facade_kind: str) -> None:
     # The property's pools are tiny: a plain run of distinct requests keeps evicting.
     trace = [(i % 3, [i % 4 + 1, i % 3 + 1], 3, i % 5, "admit", []) for i in range(30)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(vllm_facade, "_namespace", vllm_namespace)
-        assert replay_checked(backend, facade_kind, trace, 2, 2, 8) >= 20
+    assert replay_checked(backend, facade_kind, trace, 2, 2, 8) >= 20

@@ -30,8 +30,8 @@ import msgspec
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes
 
-from ..events import EventFileWriter, ZmqEventPublisher, attach_event_recorder
-from ..events.wire import EventBatch
+from ..events import EventFileWriter, KVEventBatch, ZmqEventPublisher
+from ..events.wire import EventBatch, KVEvent
 from . import report
 from .compare import (
     MAX_POOL_BLOCKS,
@@ -66,7 +66,9 @@ MAX_TOKEN_COUNT = 2**48
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_HASH_ALGOS = {"xxhash": "xxh3_128", "xxh3_128": "xxh3_128", "sha256": "sha256"}
+_HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
+"""vLLM's --prefix-caching-hash-algo names (computed exactly as vLLM 0.33 does), plus
+prefixkv's own encodings (xxh3_128, the default, and sha256_raw)."""
 _EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 
@@ -203,10 +205,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--prefix-caching-hash-algo",
-        choices=sorted(_HASH_ALGOS),
+        choices=_HASH_ALGOS,
         metavar="ALGO",
-        help="the hash chain's block hash, as vLLM's flag: xxhash (xxh3-128, the default "
-        "here; vLLM defaults to sha256 — hits are the same, only speed differs) or sha256",
+        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
+        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's "
+        "own xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
     )
     g.add_argument(
         "--radix-eviction-policy",
@@ -445,9 +448,7 @@ def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | Non
 def _index_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {}
     if args.prefix_caching_hash_algo is not None:
-        options.setdefault("hash_chain", {})["hash_algorithm"] = _HASH_ALGOS[
-            args.prefix_caching_hash_algo
-        ]
+        options.setdefault("hash_chain", {})["hash_algorithm"] = args.prefix_caching_hash_algo
     if args.radix_eviction_policy is not None:
         options.setdefault("radix", {})["eviction"] = args.radix_eviction_policy
     for backend, key, value in args.index_option:
@@ -701,14 +702,12 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     interrupted = False
     with atomic_writer(out) as f, _kv_event_stream(args) as events:
         index = spec.make()
-        on_step = None
+        on_events = None
         if events is not None:
-            recorder = attach_event_recorder(index)
+            stream = events
 
-            def on_step() -> None:
-                batch = recorder.take_batch(time.time())
-                if batch is not None:
-                    events.publish(batch)
+            def on_events(batch: list[KVEvent]) -> None:
+                stream.publish(KVEventBatch(time.time(), batch, None))
 
         def write_row(row: HitRow) -> None:
             f.write(
@@ -732,7 +731,7 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 keep_per_request=False,
                 on_admit=write_row,
                 progress=bar.update,
-                on_step=on_step,
+                on_events=on_events,
             )
         except ReplayInterrupted as exc:
             result, interrupted = exc.result, True

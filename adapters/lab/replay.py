@@ -28,6 +28,7 @@ from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.storage.allocator import BlockAllocator
 
 from ..accounting import BoundaryTracker, RequestRecord
+from ..events.wire import KVEvent
 from ..manager import CacheManager
 from ..sglang import SGLangRadixCache
 from ..vllm import VLLMKVCacheManager
@@ -445,7 +446,7 @@ class _ManagerReplayer(_Replayer):
 
 
 def _replayer(
-    index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool
+    index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool, events: bool
 ) -> _Replayer:
     result = ReplayResult()
     tracker = None
@@ -455,13 +456,22 @@ def _replayer(
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(index, num_blocks, observers=observers)
+        facade = VLLMKVCacheManager(
+            index, num_blocks, observers=observers, enable_kv_cache_events=events
+        )
         rp = _VLLMReplayer(facade, result, keep)
     elif driver == "sglang":
-        sg = SGLangRadixCache(index, num_blocks * index.block_size, observers=observers)
+        sg = SGLangRadixCache(
+            index,
+            num_blocks * index.block_size,
+            observers=observers,
+            enable_kv_cache_events=events,
+        )
         rp = _SGLangReplayer(sg, result, keep)
     elif driver == "manager":
-        mgr = CacheManager(index, BlockAllocator(num_blocks), observers=observers)
+        mgr = CacheManager(
+            index, BlockAllocator(num_blocks), observers=observers, enable_kv_cache_events=events
+        )
         rp = _ManagerReplayer(mgr, result, keep)
     else:
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
@@ -482,6 +492,7 @@ def replay(
     on_admit: Callable[[HitRow], object] | None = None,
     progress: Callable[[int], object] | None = None,
     on_step: Callable[[], object] | None = None,
+    on_events: Callable[[list[KVEvent]], object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``index`` with at most ``concurrency`` live.
 
@@ -508,6 +519,9 @@ def replay(
             its KV events: an admission (prefill), each decode step, and (the vLLM
             driver) a finished request's release; the SGLang driver releases a
             request in the step that samples its last token, as SGLang does.
+        on_events: with KV events on (the facades' ``enable_kv_cache_events``), called
+            at the end of each step that produced events, with the events
+            ``take_events()`` returned (what an engine publishes as one batch).
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
@@ -517,9 +531,22 @@ def replay(
     """
     if type(concurrency) is not int or concurrency < 1:
         raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
-    rp = _replayer(index, num_blocks, driver, track_boundaries, keep_per_request)
+    rp = _replayer(
+        index, num_blocks, driver, track_boundaries, keep_per_request, on_events is not None
+    )
     rp.measure_memory = measure_memory
     rp.on_step = on_step
+    if on_events is not None:
+        take, step = rp.manager.take_events, on_step
+
+        def publish_step() -> None:
+            events = take()
+            if events:
+                on_events(events)
+            if step is not None:
+                step()
+
+        rp.on_step = publish_step
     result = rp.result
     t0 = time.perf_counter()
     try:
