@@ -242,34 +242,14 @@ class CacheManager:
                 eviction, ``evict_blocks``, a reset); look up again.
             PrefixKVError: a bad count, or a lookup made for another key.
         """
-        try:
-            running = request_id in self._seqs
-        except TypeError:
-            raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
-        if running:
-            raise RequestStateError(f"request {request_id!r:.80} is running already")
-        key = self.make_key(tokens, extra_key, priority)
-        holder = self._key_holders.get(id(key))
-        if holder is not None:
-            raise RequestStateError(
-                f"this TokenKey is the key of running request {holder!r:.80}; give each "
-                "request its own key"
-            )
+        key = self._new_key(request_id, tokens, extra_key, priority)
         want = (
             len(key)
             if num_tokens is None
             else check_count("num_tokens", num_tokens, len(key), lo=1)
         )
         reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
-        if lookup is None:
-            m = self.index.match_prefix(key, len(key) - 1)
-        elif type(lookup) is not Lookup or lookup.key is not key:
-            raise PrefixKVError(
-                "lookup must be what match(key) returned for this request's key, "
-                f"got {lookup!r:.80}"
-            )
-        else:
-            m = lookup.match
+        m = self._lookup_for(key, lookup)
         hit_evictable = self.index.count_evictable(m.handle)
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
         if not self._fits(need, hit_evictable):
@@ -293,6 +273,39 @@ class CacheManager:
         if self._observer is not None:
             self._observer.on_admit(request_id, key, m.block_ids, m.num_tokens)
         return Admission(request_id, m.num_tokens, list(table))
+
+    def _new_key(
+        self,
+        request_id: RequestId,
+        tokens: Iterable[int] | TokenKey,
+        extra_key: ExtraKey | str | None,
+        priority: int | None,
+    ) -> TokenKey:
+        # A new request's id and key: not running, and the key no running request's.
+        try:
+            running = request_id in self._seqs
+        except TypeError:
+            raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
+        if running:
+            raise RequestStateError(f"request {request_id!r:.80} is running already")
+        key = self.make_key(tokens, extra_key, priority)
+        holder = self._key_holders.get(id(key))
+        if holder is not None:
+            raise RequestStateError(
+                f"this TokenKey is the key of running request {holder!r:.80}; give each "
+                "request its own key"
+            )
+        return key
+
+    def _lookup_for(self, key: TokenKey, lookup: Lookup | None) -> PrefixMatch:
+        if lookup is None:
+            return self.index.match_prefix(key, len(key) - 1)
+        if type(lookup) is not Lookup or lookup.key is not key:
+            raise PrefixKVError(
+                "lookup must be what match(key) returned for this request's key, "
+                f"got {lookup!r:.80}"
+            )
+        return lookup.match
 
     def _fits(self, need: int, hit_evictable: int) -> bool:
         # Locking the hit protects its evictable blocks, so they do not count.

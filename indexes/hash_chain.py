@@ -17,6 +17,7 @@ from operator import attrgetter
 from typing import ClassVar, NamedTuple, cast
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .block_map import BlockHashToBlockMap, CachedBlock, Entry
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -24,7 +25,7 @@ from .errors import (
     LockStateError,
     StaleHandleError,
 )
-from .free_queue import CachedBlock, FreeBlockQueue
+from .free_queue import FreeBlockQueue
 from .hashing import Digest, make_block_hasher
 from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
@@ -36,7 +37,6 @@ _block_id = attrgetter("block_id")
 _tokens = attrgetter("tokens")
 _parent = attrgetter("parent")
 _block_hash = attrgetter("block_hash")
-_Entry = CachedBlock | dict[int, CachedBlock]
 
 
 class _ChainHandle(NamedTuple):
@@ -110,7 +110,7 @@ class HashChainIndex:
         self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
         self.block_size = block_size
         self.verify = check_bool("verify", verify)
-        self._table: dict[bytes, _Entry] = {}
+        self._table = BlockHashToBlockMap()
         self._blocks: dict[int, CachedBlock] = {}
         self._free = FreeBlockQueue()
         # Counts hash entries dropped (evicted, evict_blocks, reset): a handle made at
@@ -143,7 +143,7 @@ class HashChainIndex:
         probed = list(map(self._table.get, islice(hashes, limit)))
         if None in probed:
             del probed[probed.index(None) :]
-        entries = cast("list[_Entry]", probed)
+        entries = cast("list[Entry]", probed)
         if dict in map(type, entries):
             hit = self._resolve(entries, key)
         else:
@@ -170,7 +170,7 @@ class HashChainIndex:
             return False
         return list(map(_parent, hit[1:])) == hit[:-1]
 
-    def _resolve(self, entries: list[_Entry], key: TokenKey) -> list[CachedBlock]:
+    def _resolve(self, entries: list[Entry], key: TokenKey) -> list[CachedBlock]:
         # Slow path: duplicate entries (pick one) or verification (check each).
         hit: list[CachedBlock] = []
         for entry in entries:
@@ -246,20 +246,9 @@ class HashChainIndex:
                 f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
             )
         hashes = key.block_hashes(self._hasher)
-        chain: list[CachedBlock] = []
-        start = 0
-        if prefix is not None:
-            pre = self._own(prefix)
-            k = min(pre.length, num_full)
-            # The caller holds the prefix locked: its last block alive and locked, and
-            # holding the caller's block there, vouches for the whole run.
-            if k and pre.chain[k - 1].block_id == block_ids[k - 1] and pre.chain[k - 1].ref_cnt > 0:
-                start = k
-                # Extend the request's run in place (or add nothing), else branch off.
-                in_place = k == len(pre.chain) or k == num_full
-                chain = pre.chain if in_place else pre.chain[:k]
+        chain, start = self._continued_run(prefix, block_ids, num_full)
         new_ids = check_block_ids(block_ids[start:num_full], "insert")
-        table, blocks = self._table, self._blocks
+        blocks = self._blocks
         for i, bid in enumerate(new_ids, start):
             old = blocks.get(bid)
             if old is not None and old.block_hash is not None and old.block_hash != hashes[i]:
@@ -267,37 +256,64 @@ class HashChainIndex:
                     f"block {bid} is cached for other content; it cannot hold block {i} of {key!r}"
                 )
         num_cached = start
-        still_cached = True
-        prev = chain[start - 1] if start else None
-        created: list[CachedBlock] = []
-        for i, bid in enumerate(new_ids, start):
-            block_hash = hashes[i]
-            if still_cached and block_hash in table:
-                num_cached += 1
-            else:
-                still_cached = False
-            block = blocks.get(bid)
-            if block is None:
-                block = CachedBlock(bid, block_hash)
-                if self.verify:
-                    block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
-                    block.parent = prev
-                    block.extra_key = key.extra_key if i == 0 else None
-                self._add_entry(block)
-                blocks[bid] = block
-                created.append(block)
-            chain.append(block)
-            prev = block
+        while num_cached < num_full and hashes[num_cached] in self._table:
+            num_cached += 1
+        created = self._register_run(key, hashes, new_ids, chain, start)
         for block in reversed(created):  # unlocked: queued tail first, like a release
             self._free.append(block)
         if self._sink is not None and created:
             self._announce(key, hashes, chain, start, created)
         return InsertResult(
-            num_cached * bs,
+            num_cached * self.block_size,
             new_ids,
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
+
+    def _continued_run(
+        self, prefix: CacheHandle | None, block_ids: Sequence[int], num_full: int
+    ) -> tuple[list[CachedBlock], int]:
+        # The run an insert extends and where its new blocks start: the caller's locked
+        # prefix vouches for its blocks when its last one is alive, locked and holding
+        # the caller's block there; its run grows in place (or branches off a copy).
+        if prefix is None:
+            return [], 0
+        pre = self._own(prefix)
+        k = min(pre.length, num_full)
+        last = pre.chain[k - 1] if k else None
+        if last is None or last.block_id != block_ids[k - 1] or last.ref_cnt <= 0:
+            return [], 0
+        in_place = k == len(pre.chain) or k == num_full
+        return (pre.chain if in_place else pre.chain[:k]), k
+
+    def _register_run(
+        self,
+        key: TokenKey,
+        hashes: list[bytes],
+        new_ids: list[int],
+        chain: list[CachedBlock],
+        start: int,
+    ) -> list[CachedBlock]:
+        # Append blocks start.. to the run, making a record for each block id not
+        # cached yet (a duplicate of a cached hash included, HC-13); returns the new ones.
+        bs = self.block_size
+        blocks = self._blocks
+        prev = chain[start - 1] if start else None
+        created: list[CachedBlock] = []
+        for i, bid in enumerate(new_ids, start):
+            block = blocks.get(bid)
+            if block is None:
+                block = CachedBlock(bid, hashes[i])
+                if self.verify:
+                    block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
+                    block.parent = prev
+                    block.extra_key = key.extra_key if i == 0 else None
+                self._table.add(block)
+                blocks[bid] = block
+                created.append(block)
+            chain.append(block)
+            prev = block
+        return created
 
     def _announce(
         self,
@@ -341,31 +357,11 @@ class HashChainIndex:
             )
             i = j
 
-    def _add_entry(self, block: CachedBlock) -> None:
-        assert block.block_hash is not None
-        entry = self._table.get(block.block_hash)
-        if entry is None:
-            self._table[block.block_hash] = block
-        elif type(entry) is CachedBlock:
-            self._table[block.block_hash] = {entry.block_id: entry, block.block_id: block}
-        else:
-            entry[block.block_id] = block  # type: ignore[index]
-
     def _drop_entry(self, block: CachedBlock) -> None:
-        # Remove this block's hash entry; its duplicates (if any) stay cached. The one
-        # place an entry dies, so the one place handles learn it (the epoch). Its
-        # callers (evict, evict_blocks) tell the event sink, once per call.
-        assert block.block_hash is not None
+        # The one place an entry dies, so the one place handles learn it (the epoch).
+        # Its callers (evict, evict_blocks) tell the event sink, once per call.
         self._epoch += 1
-        entry = self._table[block.block_hash]
-        if entry is block:
-            del self._table[block.block_hash]
-        else:
-            assert type(entry) is dict
-            del entry[block.block_id]
-            if len(entry) == 1:
-                self._table[block.block_hash] = next(iter(entry.values()))
-        block.block_hash = None
+        self._table.drop(block)
 
     # ----------------------------------------------------------------- locking
 
@@ -609,14 +605,14 @@ class HashChainIndex:
             if block.block_hash is not None:
                 entry = self._table.get(block.block_hash)
                 assert entry is not None, f"block {bid}'s hash has no table entry"
-                members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+                members = self._table.members(entry)
                 assert any(m is block for m in members), f"block {bid} missing from its entry"
             if self.verify and block.tokens is not None:
                 assert len(block.tokens) == self.block_size * TOKEN_BYTES, (
                     f"block {bid} stores a partial block"
                 )
         for block_hash, entry in self._table.items():
-            members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+            members = self._table.members(entry)
             assert members, "empty duplicate entry"
             for m in members:
                 assert m.block_hash == block_hash, f"block {m.block_id} under a foreign hash"
