@@ -105,8 +105,9 @@ TIME_COLUMNS: tuple[tuple[str, str, str], ...] = (
     (
         "prefill GPU-s",
         ">",
-        "GPU-seconds of prefill computed (recomputation after preemption included) / saved "
-        "by prefix hits, by the cost profile's prefill terms",
+        "GPU-seconds of prefill computed / saved by prefix hits, by the cost profile's "
+        "prefill terms; both count every admission, so a preempted request's recompute "
+        "and its re-hit on its own blocks are in them",
     ),
     ("evicted blk", ">", "blocks (pages) evicted from the index"),
     ("preempt", ">", "preemptions (vLLM) or retractions (SGLang): requests recomputed"),
