@@ -135,8 +135,8 @@ def simulate(
         finished = sched.complete(plan, now)
         if progress is not None and finished:
             progress(sum(len(s.request.prompt) for s in finished))
-        if cfg.check_integrity:
-            manager.check_integrity()
+        if cfg.check_invariants:
+            manager.check_invariants()
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": block_size,
