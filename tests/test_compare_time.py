@@ -341,3 +341,29 @@ def test_make_report_still_works(tmp_path: Path) -> None:
     doc = _doc(report)
     assert {w["workload"] for w in doc["workloads"]} >= {"seed", "multi_turn", "few_shot"}
     assert not math.isnan(doc["runs"][0]["hit_ratio"])
+
+
+def test_ctrl_c_while_writing_the_tables_lists_the_finished_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixkv.adapters.lab import report
+
+    real = report.write_rows
+    calls = [0]
+
+    def interrupted_second(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_rows", interrupted_second)
+    code, _, _ = _run(capsys, "compare", "-w", "seed", "--request-rate", "1", *SMALL,
+                      "--out", str(tmp_path))  # fmt: skip
+    assert code == 130
+    doc = _doc(tmp_path)
+    assert doc["partial"] is True and doc["tables"] == {"requests_csv": "requests.csv"}
+    assert (tmp_path / "requests.csv").exists() and not (tmp_path / "runs.csv").exists()
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "- tables: requests.csv\n" in md and "Partial results" in md
+    assert not list(tmp_path.glob(".*"))

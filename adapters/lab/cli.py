@@ -587,7 +587,8 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if out.exists() and not out.is_dir():
         raise CLIUsageError(f"--out {out} is a file; compare writes a folder")
     if args.trace is not None:
-        outputs = ["results.json", "report.md", "requests.csv", "runs.csv"]
+        outputs = ["results.json", "report.md"]
+        outputs += [f"{t}.{f}" for t in ("requests", "runs") for f in ("csv", "parquet")]
         refuse_overwrite([out / name for name in outputs], [args.trace])
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     caps = _capacities(args)
@@ -645,7 +646,10 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "tables": {},
     }
     if results:
-        meta["tables"] = report.write_tables(results, out)
+        try:
+            report.write_tables(results, out, meta["tables"])
+        except KeyboardInterrupt:  # each table is whole or absent; the finished are listed
+            interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
         try:
             meta["plots"] = _plots(results, out, args.quiet)

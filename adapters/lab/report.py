@@ -323,9 +323,17 @@ def request_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]
     return [row for w in workloads for row in w.request_rows()]
 
 
-def write_tables(workloads: Sequence[WorkloadResult], out: Path) -> dict[str, str]:
+def write_tables(
+    workloads: Sequence[WorkloadResult], out: Path, written: dict[str, str] | None = None
+) -> dict[str, str]:
     """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and ``.parquet`` twins when
     pyarrow is installed), each atomically.
+
+    Args:
+        workloads: what the comparison measured.
+        out: the folder.
+        written: filled in as each file is complete (so an interrupted caller
+            knows which are this run's).
 
     Returns:
         ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
@@ -334,7 +342,7 @@ def write_tables(workloads: Sequence[WorkloadResult], out: Path) -> dict[str, st
     formats = ["csv"]
     if importlib.util.find_spec("pyarrow") is not None:
         formats.append("parquet")
-    written: dict[str, str] = {}
+    written = {} if written is None else written
     for fmt in formats:
         for name, rows in tables.items():
             write_rows(out / f"{name}.{fmt}", rows)
@@ -530,7 +538,7 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             f"{cfg['profile_device']}); source: {cfg['profile_source']}",
         ]
     out += [
-        f"- tables: {', '.join(v for k, v in doc.get('tables', {}).items())}",
+        f"- tables: {', '.join(doc.get('tables', {}).values()) or 'none written'}",
         "",
         "## Machine",
         "",
