@@ -310,7 +310,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``prefixkv`` argument parser with its two subcommands."""
+    """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate)."""
     parser = _Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"prefixkv {_version()}")
     sub = parser.add_subparsers(
@@ -413,12 +413,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to run (default: cuda when available, else cpu)",
     )
     cal.add_argument(
-        "--dtype", choices=("float32", "float64"), default="float32", help="default float32"
+        "--dtype", choices=("float32", "float64"), default="float32", help="(default float32)"
     )
-    cal.add_argument("--num-layers", type=_positive_int, default=2, metavar="N", help="default 2")
-    cal.add_argument("--num-heads", type=_positive_int, default=4, metavar="N", help="default 4")
-    cal.add_argument(
-        "--head-dim", type=_positive_int, default=32, metavar="N", help="even; default 32"
+    m = cal.add_argument_group("the reference engine's model (its weights are random)")
+    m.add_argument(
+        "--num-layers", type=_positive_int, default=2, metavar="N", help="layers (default 2)"
+    )
+    m.add_argument(
+        "--num-heads",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="attention heads, as many KV heads (default 4)",
+    )
+    m.add_argument(
+        "--head-dim", type=_positive_int, default=32, metavar="N", help="even (default 32)"
     )
     cal.add_argument(
         "--repeats",
