@@ -159,6 +159,10 @@ def seconds(value: float) -> str:
     return f"{value:.3g} s" if value < 1000 else f"{value:,.0f} s"
 
 
+def _gpu_s(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def time_rows(runs: Sequence[TimedRun]) -> list[list[str]]:
     """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
     rows = []
@@ -173,7 +177,7 @@ def time_rows(runs: Sequence[TimedRun]) -> list[list[str]]:
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
                 seconds(r.e2e_p50_s),
                 f"{r.request_throughput:.3g}",
-                f"{r.prefill_gpu_s:,.1f} / {r.saved_gpu_s:,.1f}",
+                f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
                 f"{r.evicted_blocks:,}",
                 f"{r.num_preemptions:,}",
             ]
@@ -398,8 +402,8 @@ def _time_delta_line(w: WorkloadResult) -> str | None:
     return (
         f"At arrival time, radix's TTFT p50 is {seconds(rx.ttft_p50_s)} against the hash "
         f"chain's {seconds(hc.ttft_p50_s)} (p90 {seconds(rx.ttft_p90_s)} against "
-        f"{seconds(hc.ttft_p90_s)}); its prefix hits saved {rx.saved_gpu_s:,.1f} GPU-seconds "
-        f"of prefill against {hc.saved_gpu_s:,.1f}."
+        f"{seconds(hc.ttft_p90_s)}); its prefix hits saved {seconds(rx.saved_gpu_s)} of "
+        f"prefill GPU time against {seconds(hc.saved_gpu_s)}."
     )
 
 
