@@ -336,8 +336,11 @@ class CacheManager:
         if num_tokens // self.block_size > seq.num_registered_blocks:
             self._register(seq, num_tokens, swap_duplicates)
 
-    def _register(self, seq: _Seq, num_tokens: int, swap: bool) -> None:
-        result = self.index.insert(seq.key, seq.table, num_tokens, prefix=seq.handle)
+    def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
+        # A running request's insert continues from its own node (O(new blocks)); the
+        # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
+        prefix = None if whole else seq.handle
+        result = self.index.insert(seq.key, seq.table, num_tokens, prefix=prefix)
         base = result.first_block
         theirs = result.block_ids
         n = base + len(theirs)
@@ -484,7 +487,7 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         if seq.num_computed // self.block_size > seq.num_registered_blocks:
-            self._register(seq, seq.num_computed, True)
+            self._register(seq, seq.num_computed, True, whole=True)
         if split_at_prompt and seq.num_computed > seq.prompt_len >= self.block_size:
             self.index.insert(seq.key, seq.table, seq.prompt_len, prefix=seq.handle)
         self._drop(request_id, seq)

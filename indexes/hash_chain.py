@@ -3,7 +3,9 @@
 A flat dict maps chained block hashes to blocks (no parent/child links, SPEC HC-5);
 lookup probes it once per block from block 0 and stops at the first miss (HC-4).
 Unlocked blocks wait in an LRU free queue, a finished request's tail first (HC-7),
-and eviction takes them from its head.
+and eviction takes them from its head. An optional event sink hears what vLLM's
+``BlockPool`` queues as KV events: each newly cached chain (``cache_full_blocks``),
+each dropped entry (``_maybe_evict_cached_block``) and each reset.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -23,8 +25,8 @@ from .errors import (
     StaleHandleError,
 )
 from .free_queue import CachedBlock, FreeBlockQueue
-from .hashing import BlockHasher, Digest
-from .tokens import TOKEN_BYTES, TokenKey
+from .hashing import Digest, make_block_hasher
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
 
 __all__ = ["HashChainIndex"]
@@ -72,11 +74,19 @@ class HashChainIndex:
     * Duplicates (HC-13): when two requests computed the same block, both blocks
       are registered under the hash, as vLLM does; lookups return the first one
       still cached, and each is evicted on its own.
+    * Events (``set_event_sink``): ``on_stored`` once per run of newly registered
+      blocks (duplicates too), ``on_removed`` per dropped entry, ``on_cleared`` on
+      reset: exactly the calls behind vLLM 0.33's ``BlockStored``/``BlockRemoved``/
+      ``AllBlocksCleared``.
 
     Args:
         block_size: tokens per block (vLLM's default 16).
-        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256"`` or a digest callable.
-        seed: root seed; ``None`` draws a random one (see ``BlockHasher``).
+        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256_raw"``, vLLM's own
+            ``"sha256"``, ``"sha256_cbor"``, ``"xxhash"``, ``"xxhash_cbor"`` (hashes
+            identical to vLLM 0.33's), or a digest callable
+            (:func:`~prefixkv.indexes.hashing.make_block_hasher`).
+        seed: prefixkv's chains: the root seed (``None`` draws a random one);
+            vLLM's: its ``PYTHONHASHSEED`` (``None``: vLLM's rule).
         verify: store each block's tokens, namespace and parent, and accept a hit
             only if they equal the key's, so a hash collision can never return
             another sequence's KV (costs memory and a compare per hit block).
@@ -84,6 +94,7 @@ class HashChainIndex:
     Thread safety: none; call from one scheduler thread.
     """
 
+    kv_event_dialect: ClassVar[str] = "vllm"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
         unit="block", models="vllm", default_block_size=16
     )
@@ -96,7 +107,7 @@ class HashChainIndex:
         seed: int | str | bytes | None = None,
         verify: bool = False,
     ) -> None:
-        self._hasher = BlockHasher(block_size, hash_algorithm, seed)
+        self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
         self.block_size = block_size
         self.verify = check_bool("verify", verify)
         self._table: dict[bytes, _Entry] = {}
@@ -106,11 +117,16 @@ class HashChainIndex:
         # the current count names only cached blocks, so validating it is O(1).
         self._epoch = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
 
     @property
-    def hasher(self) -> BlockHasher:
+    def hasher(self) -> ChainHasher:
         """The block hasher (its root seed included)."""
         return self._hasher
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ------------------------------------------------------------------ lookup
 
@@ -274,12 +290,56 @@ class HashChainIndex:
             prev = block
         for block in reversed(created):  # unlocked: queued tail first, like a release
             self._free.append(block)
+        if self._sink is not None and created:
+            self._announce(key, hashes, chain, start, created)
         return InsertResult(
             num_cached * bs,
             new_ids,
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
+
+    def _announce(
+        self,
+        key: TokenKey,
+        hashes: list[bytes],
+        chain: list[CachedBlock],
+        start: int,
+        created: list[CachedBlock],
+    ) -> None:
+        # vLLM's cache_full_blocks: one BlockStored per run of newly cached blocks,
+        # chained to the block before it. The new blocks are one run at the end of the
+        # chain unless the caller re-registered some blocks in between.
+        assert self._sink is not None
+        bs = self.block_size
+        end = len(chain)
+        first = end - len(created)
+        if chain[first] is created[0]:  # the usual case: one run ending the chain
+            self._sink.on_stored(
+                hashes[first:end],
+                hashes[first - 1] if first else None,
+                key.tokens[first * bs : end * bs],
+                bs,
+                key.extra_key,
+            )
+            return
+        new = {id(b) for b in created}
+        i = start
+        while i < end:
+            if id(chain[i]) not in new:
+                i += 1
+                continue
+            j = i + 1
+            while j < end and id(chain[j]) in new:
+                j += 1
+            self._sink.on_stored(
+                hashes[i:j],
+                hashes[i - 1] if i else None,
+                key.tokens[i * bs : j * bs],
+                bs,
+                key.extra_key,
+            )
+            i = j
 
     def _add_entry(self, block: CachedBlock) -> None:
         assert block.block_hash is not None
@@ -293,7 +353,8 @@ class HashChainIndex:
 
     def _drop_entry(self, block: CachedBlock) -> None:
         # Remove this block's hash entry; its duplicates (if any) stay cached. The one
-        # place an entry dies, so the one place handles learn it (the epoch).
+        # place an entry dies, so the one place handles learn it (the epoch). Its
+        # callers (evict, evict_blocks) tell the event sink, once per call.
         assert block.block_hash is not None
         self._epoch += 1
         entry = self._table[block.block_hash]
@@ -394,14 +455,14 @@ class HashChainIndex:
         Complexity: O(num_blocks).
         """
         check_count("num_blocks", num_blocks, MAX_BLOCKS)
-        out: list[int] = []
         free = self._free
-        while len(out) < num_blocks and len(free):
-            block = free.popleft()
+        popped = [free.popleft() for _ in range(min(num_blocks, len(free)))]
+        if self._sink is not None and popped:  # vLLM: one BlockRemoved per evicted block
+            self._sink.on_removed([cast("bytes", b.block_hash) for b in popped])
+        for block in popped:
             self._forget(block)
-            out.append(block.block_id)
-        self._num_evicted += len(out)
-        return out
+        self._num_evicted += len(popped)
+        return list(map(_block_id, popped))
 
     def _forget(self, block: CachedBlock) -> None:
         self._drop_entry(block)
@@ -423,16 +484,20 @@ class HashChainIndex:
         # A set in vLLM: repeats mean nothing.
         ids = list(dict.fromkeys(check_block_ids(block_ids, "evict_blocks", unique=False)))
         freed: list[int] = []
+        dropped: list[bytes] = []
         for bid in ids:
             block = self._blocks.get(bid)
             if block is None or block.block_hash is None:
                 continue
+            dropped.append(block.block_hash)
             if block.ref_cnt == 0:
                 self._free.remove(block)
                 self._forget(block)
                 freed.append(bid)
             else:
                 self._drop_entry(block)
+        if self._sink is not None and dropped:
+            self._sink.on_removed(dropped)
         self._num_evicted += len(freed)
         return freed
 
@@ -454,6 +519,8 @@ class HashChainIndex:
         self._table.clear()
         self._blocks.clear()
         self._epoch += 1
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
@@ -485,6 +552,20 @@ class HashChainIndex:
         block = self._blocks.get(block_id)
         return block is not None and block.block_hash is not None
 
+    def cached_block_hashes(self) -> list[bytes]:
+        """The digest of every cached entry, once per block (duplicates repeat).
+
+        What a sink attached since the index was empty has been told is cached:
+        stored and not yet removed or cleared. O(n); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        for entry in self._table.values():
+            if type(entry) is CachedBlock:
+                out.append(cast("bytes", entry.block_hash))
+            else:
+                out += (cast("bytes", b.block_hash) for b in entry.values())  # type: ignore[union-attr]
+        return out
+
     def free_queue_block_ids(self) -> list[int]:
         """Evictable blocks in eviction order (head first). O(n); for tests and reports."""
         return [b.block_id for b in self._free]
@@ -502,7 +583,8 @@ class HashChainIndex:
         per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
         total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
         total += len(self._blocks) * per_block
-        total += len(self._table) * (33 + len(self._hasher.root))  # the hash bytes objects
+        digest_len = len(next(iter(self._table))) if self._table else 0
+        total += len(self._table) * (33 + digest_len)  # the hash bytes objects
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
         if self.verify:
             total += sum(sys.getsizeof(b.tokens) for b in self._blocks.values())

@@ -9,6 +9,8 @@ request by request. ``calibrate`` times the reference engine and writes a cost p
 requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
 ``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C writes what
 is finished, marked partial, and exits 130; every file is written atomically.
+``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's KV events,
+one batch per scheduler step, in vLLM 0.33's wire format.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +34,8 @@ import msgspec
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes
 
+from ..events import EventFileWriter, ZmqEventPublisher, attach_event_recorder
+from ..events.wire import EventBatch
 from . import report
 from .compare import (
     MAX_POOL_BLOCKS,
@@ -400,6 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
+    ev.add_argument(
+        "--kv-events",
+        metavar="FILE|ENDPOINT",
+        help="write the index's KV events to FILE, one batch per scheduler step as one "
+        "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket "
+        "at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 "
+        "binds; a host name connects)",
+    )
+    ev.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
+        "requests (vLLM's replay_endpoint), so late subscribers catch up",
+    )
+    ev.add_argument(
+        "--kv-events-topic",
+        default="",
+        metavar="TOPIC",
+        help="with an ENDPOINT: the topic frame of every message (default empty)",
+    )
     cal = sub.add_parser(
         "calibrate",
         help="time the reference engine on this machine and write a cost profile",
@@ -503,6 +528,48 @@ def _add_time(p: argparse.ArgumentParser) -> None:
         help=f"the step cost profile: a shipped one ({', '.join(available_profiles())}) or a "
         f"file from prefixkv calibrate (default {DEFAULT_PROFILE})",
     )
+
+
+_ZMQ_SCHEMES = ("tcp://", "ipc://")
+
+
+class _EventPublisher:
+    """What the replay hands each step's batch to: a file writer or a ZeroMQ publisher."""
+
+    def __init__(self, target: EventFileWriter | ZmqEventPublisher) -> None:
+        self.target = target
+        self.num_batches = 0
+
+    def publish(self, batch: EventBatch) -> None:
+        self.target.publish(batch)
+        self.num_batches += 1
+
+
+@contextlib.contextmanager
+def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | None]:
+    target: str | None = args.kv_events
+    if target is None:
+        if args.kv_events_replay is not None:
+            raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
+        yield None
+        return
+    if target.startswith(_ZMQ_SCHEMES):
+        pub = ZmqEventPublisher(
+            endpoint=target, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic
+        )
+        try:
+            yield _EventPublisher(pub)
+        finally:
+            pub.shutdown()
+        return
+    if args.kv_events_replay is not None:
+        raise CLIUsageError(
+            "--kv-events-replay needs --kv-events to be a tcp:// or ipc:// endpoint"
+        )
+    with atomic_writer(target) as f:
+        writer = EventFileWriter(f)
+        yield _EventPublisher(writer)
+        writer.shutdown()
 
 
 def _index_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -820,7 +887,13 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if caps is not None and len(caps) > 1:
         raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
     out = Path(args.out)
-    refuse_overwrite([out], [args.trace])
+    outputs = [out]
+    events_file = args.kv_events is not None and not args.kv_events.startswith(_ZMQ_SCHEMES)
+    if events_file:
+        if Path(args.kv_events).resolve() == out.resolve():
+            raise CLIUsageError("--kv-events and --out name the same file; give two")
+        outputs.append(Path(args.kv_events))
+    refuse_overwrite(outputs, [args.trace])
     t_load = time.perf_counter()
     (workload,) = load_workloads(
         None,
@@ -838,7 +911,16 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     num_blocks = spec.num_blocks(capacity)
     encoder = msgspec.json.Encoder()
     interrupted = False
-    with atomic_writer(out) as f:
+    with atomic_writer(out) as f, _kv_event_stream(args) as events:
+        index = spec.make()
+        on_step = None
+        if events is not None:
+            recorder = attach_event_recorder(index)
+
+            def on_step() -> None:
+                batch = recorder.take_batch(time.time())
+                if batch is not None:
+                    events.publish(batch)
 
         def write_row(row: HitRow) -> None:
             f.write(
@@ -855,13 +937,14 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         try:
             result = replay(
                 workload.requests,
-                spec.make(),
+                index,
                 num_blocks,
                 driver=spec.driver,
                 concurrency=args.concurrency,
                 keep_per_request=False,
                 on_admit=write_row,
                 progress=bar.update,
+                on_step=on_step,
             )
         except ReplayInterrupted as exc:
             result, interrupted = exc.result, True
@@ -874,6 +957,8 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
             bar.close()
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
+        if events is not None:
+            summary["kv_events"] = {"target": args.kv_events, "batches": events.num_batches}
         f.write(encoder.encode({"summary": summary}))
         f.write(b"\n")
     if not args.quiet or interrupted:
@@ -884,6 +969,8 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"/{summary['total_prompt_tokens']:,} = {summary['hit_ratio']:.4f}, evicted "
             f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
         )
+        if events is not None:
+            print(f"KV events: {events.num_batches:,} batches -> {args.kv_events}")
         for note in workload.notes:
             print(f"note: {note}")
     return EXIT_INTERRUPTED if interrupted else 0
