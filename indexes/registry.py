@@ -20,6 +20,7 @@ __all__ = [
     "available_indexes",
     "default_registry",
     "describe_index",
+    "index_options",
     "make_index",
     "pool_owned_options",
     "register_index",
@@ -65,6 +66,14 @@ class IndexRegistry:
         self._factories[name] = factory
         self._descriptions[name] = description or IndexDescription()
 
+    def options(self, name: str) -> list[str]:
+        """The options backend ``name`` takes (its factory's keyword arguments).
+
+        Raises:
+            UnknownIndexError: no such backend.
+        """
+        return [o for o in _option_names(self._factory(name)) if o != "block_size"]
+
     def describe(self, name: str) -> IndexDescription:
         """What backend ``name`` says about itself.
 
@@ -109,6 +118,15 @@ class IndexRegistry:
         for ep in entry_points(group="prefixkv.indexes"):
             if ep.name not in self._factories:
                 self.register(ep.name, ep.load())
+
+
+def _option_names(factory: IndexFactory) -> list[str]:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return []
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds]
 
 
 def _check_options(name: str, factory: IndexFactory, options: dict[str, Any]) -> None:
@@ -171,6 +189,15 @@ def describe_index(name: str) -> IndexDescription:
         UnknownIndexError: no such backend.
     """
     return default_registry.describe(name)
+
+
+def index_options(name: str) -> list[str]:
+    """The options the registered backend ``name`` takes, e.g. ``["eviction", ...]``.
+
+    Raises:
+        UnknownIndexError: no such backend.
+    """
+    return default_registry.options(name)
 
 
 def pool_owned_options(name: str) -> dict[str, Any]:

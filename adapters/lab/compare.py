@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from prefixkv.indexes.base import PrefixIndex
+from prefixkv.indexes.base import IndexDescription, PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import make_index, pool_owned_options
+from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
 from .progress import Progress
 from .replay import DRIVERS, Driver, ReplayError, ReplayInterrupted, ReplayResult, replay
@@ -57,7 +57,11 @@ __all__ = [
     "sweep_capacities",
 ]
 
-NATURAL_DRIVERS: Mapping[str, Driver] = MappingProxyType({"hash_chain": "vllm", "radix": "sglang"})
+NATURAL_DRIVERS: Mapping[str | None, Driver] = MappingProxyType(
+    {"vllm": "vllm", "sglang": "sglang", None: "manager"}
+)
+"""The scheduler order that drives a backend, by the engine it models (its
+``IndexDescription.models``): a backend modelled on no engine runs through the manager."""
 """The scheduler each backend is modelled on; other backends use the manager."""
 
 MAX_POOL_BLOCKS = 2**24
@@ -111,9 +115,14 @@ class BackendSpec:
         """Blocks of ``block_size`` that fit in ``capacity_tokens``."""
         return capacity_tokens // self.block_size
 
+    @property
+    def description(self) -> IndexDescription:
+        """What the backend says about itself."""
+        return describe_index(self.index)
+
     def describe(self) -> str:
         """``"hash_chain (vllm driver, 16-token blocks)"``."""
-        unit = "page" if self.index == "radix" else "block"
+        unit = self.description.unit
         plural = "" if self.block_size == 1 else "s"
         opts = "".join(f", {k}={v}" for k, v in self.options)
         return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural}{opts})"
@@ -137,8 +146,8 @@ def parse_backends(
 
     Args:
         text: comma-separated registry names, each optionally ``:SIZE``.
-        block_size: granularity of every backend but the radix tree.
-        page_size: the radix tree's page size.
+        block_size: granularity of the backends whose unit is a block (vLLM's).
+        page_size: granularity of the backends whose unit is a page (SGLang's).
         driver: force one driver for all (default: each backend's natural one).
         options: per registry name, options for ``make_index`` (checked here by
             building each backend once).
@@ -164,12 +173,16 @@ def parse_backends(
                 raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
             size = int(size_text)
         else:
-            size = page_size if name == "radix" else block_size
+            size = page_size if describe_index(name).unit == "page" else block_size
         if any(s.label == label for s in specs):
             raise CompareError(f"backend {label!r} is listed twice")
         chosen = tuple(sorted(opts.get(name, {}).items()))
         spec = BackendSpec(
-            label, name, size, driver or NATURAL_DRIVERS.get(name, "manager"), chosen
+            label,
+            name,
+            size,
+            driver or NATURAL_DRIVERS.get(describe_index(name).models, "manager"),
+            chosen,
         )
         try:
             spec.make()  # an unknown name or option fails here, before anything runs
@@ -653,7 +666,7 @@ def select_strip_requests(results: Sequence[BackendRun], limit: int = 6) -> list
     """
     per = [r.per_request for r in results]
     n = len(per[0]) if per else 0
-    cached = [p for p, r in zip(per, results, strict=True) if r.index != "none"] or per
+    cached = [p for p, r in zip(per, results, strict=True) if describe_index(r.index).caches] or per
 
     def boundary(i: int) -> bool:
         return any(p.boundary_lost_tokens[i] for p in cached)

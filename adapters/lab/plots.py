@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.indexes.registry import describe_index
+
 from .compare import BackendRun, WorkloadResult
 from .sim.plots import plot_capacity_sweep, plot_ttft_cdf
 
@@ -37,7 +39,8 @@ SEGMENT_COLOURS: Mapping[str, str] = {
 }
 """Strip-plot colours per kind of prompt token."""
 
-_BACKEND_COLOURS = {"hash_chain": "#1f77b4", "radix": "#ff7f0e", "none": "#7f7f7f"}
+_ENGINE_COLOURS = {"vllm": "#1f77b4", "sglang": "#ff7f0e"}  # by IndexDescription.models
+_NO_CACHE_COLOUR = "#7f7f7f"
 _SPARE_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#2ca02c")
 _SEGMENT_LABELS = {
     "hit": "hit (served from the cache)",
@@ -48,8 +51,12 @@ _SEGMENT_LABELS = {
 
 
 def backend_colour(index: str, position: int) -> str:
-    """A stable colour per registry name; the ``position``-th spare for the others."""
-    return _BACKEND_COLOURS.get(index, _SPARE_COLOURS[position % len(_SPARE_COLOURS)])
+    """A stable colour per engine modelled (grey: no cache); the ``position``-th spare otherwise."""
+    description = describe_index(index)
+    if not description.caches:
+        return _NO_CACHE_COLOUR
+    spare = _SPARE_COLOURS[position % len(_SPARE_COLOURS)]
+    return _ENGINE_COLOURS.get(description.models or "", spare)
 
 
 def _figure(width: float, height: float) -> Any:
@@ -59,7 +66,7 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _label(b: BackendRun) -> str:
-    unit = "page" if b.index == "radix" else "block"
+    unit = describe_index(b.index).unit
     return f"{b.backend} ({b.driver}, {unit} {b.block_size})"
 
 

@@ -16,10 +16,12 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from prefixkv.indexes.registry import describe_index
 
 from .compare import BackendRun, WorkloadResult
 from .sim import write_rows
@@ -113,6 +115,9 @@ TIME_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("preempt", ">", "preemptions (vLLM) or retractions (SGLang): requests recomputed"),
 )
 """Columns of the arrival-time table, as :data:`COLUMNS`."""
+
+
+_T = TypeVar("_T")
 
 
 def human_bytes(n: int) -> str:
@@ -379,9 +384,17 @@ def write_results(path: Path, doc: Mapping[str, Any]) -> None:
         f.write(data)
 
 
+def _by_engine(backends: Sequence[_T], index_of: Callable[[_T], str]) -> dict[str | None, _T]:
+    # The first backend modelled on each engine (its IndexDescription.models).
+    out: dict[str | None, _T] = {}
+    for b in backends:
+        out.setdefault(describe_index(index_of(b)).models, b)
+    return out
+
+
 def _delta_line(w: WorkloadResult) -> str | None:
-    by_index = {b.index: b for b in w.backends}
-    hc, rx = by_index.get("hash_chain"), by_index.get("radix")
+    by_engine = _by_engine(w.backends, lambda b: b.index)
+    hc, rx = by_engine.get("vllm"), by_engine.get("sglang")
     if hc is None or rx is None:
         return None
     gain = rx.hit_tokens - hc.hit_tokens
@@ -395,13 +408,14 @@ def _delta_line(w: WorkloadResult) -> str | None:
 
 
 def _time_delta_line(w: WorkloadResult) -> str | None:
-    by_index = {t.index: t.result.run for t in w.timed_at_table()}
-    hc, rx = by_index.get("hash_chain"), by_index.get("radix")
-    if hc is None or rx is None:
+    timed = _by_engine(w.timed_at_table(), lambda t: t.index)
+    hc_t, rx_t = timed.get("vllm"), timed.get("sglang")
+    if hc_t is None or rx_t is None:
         return None
+    hc, rx = hc_t.result.run, rx_t.result.run
     return (
-        f"At arrival time, radix's TTFT p50 is {seconds(rx.ttft_p50_s)} against the hash "
-        f"chain's {seconds(hc.ttft_p50_s)} (p90 {seconds(rx.ttft_p90_s)} against "
+        f"At arrival time, {rx_t.backend}'s TTFT p50 is {seconds(rx.ttft_p50_s)} against "
+        f"{hc_t.backend}'s {seconds(hc.ttft_p50_s)} (p90 {seconds(rx.ttft_p90_s)} against "
         f"{seconds(hc.ttft_p90_s)}); its prefix hits saved {seconds(rx.saved_gpu_s)} of "
         f"prefill GPU time against {seconds(hc.saved_gpu_s)}."
     )
@@ -425,7 +439,7 @@ def _seed_paragraph(w: WorkloadResult) -> list[str]:
     lines = []
     for b in w.backends:
         p = b.per_request
-        if b.index == "none" or "B" not in p.ids:
+        if not describe_index(b.index).caches or "B" not in p.ids:
             continue
         i = p.ids.index("B")
         line = (

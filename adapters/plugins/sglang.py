@@ -44,7 +44,7 @@ from sglang.srt.mem_cache.registry import (
 )
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex
-from prefixkv.indexes.registry import make_index, pool_owned_options
+from prefixkv.indexes.registry import index_options, make_index, pool_owned_options
 from prefixkv.indexes.tokens import TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div
 
@@ -54,8 +54,6 @@ __all__ = ["BACKENDS", "PrefixKVPrefixCache", "make_prefix_cache", "register"]
 
 BACKENDS = {"prefixkv-radix": "radix", "prefixkv-hash-chain": "hash_chain"}
 """``--radix-cache-backend`` name -> prefixkv index."""
-
-_POLICIES = {"radix": ("lru", "lfu", "fifo", "priority"), "hash_chain": ("lru",)}
 
 
 def register() -> None:
@@ -90,11 +88,11 @@ def make_prefix_cache(index_name: str, ctx: TreeCacheBuildContext) -> PrefixKVPr
     if params.is_eagle:
         refuse("EAGLE speculative decoding (bigram keys)")
     policy = (params.eviction_policy or "lru").lower()
-    if policy not in _POLICIES.get(index_name, ("lru",)):
-        refuse(f"--radix-eviction-policy {policy} with the {index_name} index")
     options = pool_owned_options(index_name)
-    if index_name == "radix":
+    if "eviction" in index_options(index_name):  # the index picks its policy by name
         options["eviction"] = policy
+    elif policy != "lru":  # an index without the option evicts in LRU order only
+        refuse(f"--radix-eviction-policy {policy} with the {index_name} index")
     index = make_index(index_name, block_size=params.page_size, **options)
     return PrefixKVPrefixCache(params, index, disable=ctx.disable_radix_cache)
 
