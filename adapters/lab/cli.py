@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import available_indexes
+from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..events import EventFileWriter, KVEventBatch, ZmqEventPublisher
 from ..events.wire import EventBatch, KVEvent
@@ -576,11 +576,16 @@ def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | Non
 
 
 def _index_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    # An engine-named flag reaches every backend that takes its option.
     options: dict[str, dict[str, Any]] = {}
-    if args.prefix_caching_hash_algo is not None:
-        options.setdefault("hash_chain", {})["hash_algorithm"] = args.prefix_caching_hash_algo
-    if args.radix_eviction_policy is not None:
-        options.setdefault("radix", {})["eviction"] = args.radix_eviction_policy
+    flags = {
+        "hash_algorithm": args.prefix_caching_hash_algo,
+        "eviction": args.radix_eviction_policy,
+    }
+    for name in available_indexes():
+        for option in index_options(name):
+            if flags.get(option) is not None:
+                options.setdefault(name, {})[option] = flags[option]
     for backend, key, value in args.index_option:
         options.setdefault(backend, {})[key] = value
     return options
