@@ -418,9 +418,11 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         new = as_token_array(tokens)
-        total = len(seq.key) + len(new)
+        total = len(seq.key.tokens) + len(new)
         slots = total if num_slots is None else check_count("num_slots", num_slots, total)
-        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        reserve = 0
+        if type(reserve_blocks) is not int or reserve_blocks:
+            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
         if self._grow(seq, slots, reserve) is None:
             return False
         seq.key.append(new)

@@ -292,12 +292,14 @@ class SGLangRadixCache:
         rid = req.rid
         pos = self._committed_len(rid)
         prompt = len(req.origin_input_ids)
-        if not prompt <= pos < prompt + len(req.output_ids):
+        output = req.output_ids
+        if not prompt <= pos < prompt + len(output):
             raise RequestStateError(f"request {rid!r} has no sampled token to feed at {pos}")
-        token = req.output_ids[pos - prompt]
-        needs_page = pos % self.page_size == 0
-        reserve = 0 if needs_page or self.page_size == 1 else 1
-        return self.manager.append(rid, [token], reserve_blocks=reserve)
+        ps = self.page_size
+        reserve = 0 if ps == 1 or pos % ps == 0 else 1
+        return self.manager.append(
+            rid, output[pos - prompt : pos - prompt + 1], reserve_blocks=reserve
+        )
 
     def cache_finished_req(self, req: ReqLike) -> None:
         """At finish (SG-4): insert prompt + fed output, split at the prompt, unlock."""
@@ -313,9 +315,7 @@ class SGLangRadixCache:
 
     def _committed_len(self, rid: Hashable) -> int:
         # SGLang's kv_committed_len: the prompt and every fed token, i.e. the key.
-        if rid not in self.manager:
-            raise RequestStateError(f"request {rid!r} is not running")
-        return len(self.manager.key(rid).tokens)
+        return len(self.manager.key(rid).tokens)  # RequestStateError when not running
 
     @property
     def totals(self) -> CacheTotals:

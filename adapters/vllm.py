@@ -192,10 +192,18 @@ class VLLMKVCacheManager:
             PrefixKVError: lookahead slots (speculative decoding) are asked for,
                 or the counts disagree with the request.
         """
-        check_count("num_new_tokens", num_new_tokens)
-        check_count("num_new_computed_tokens", num_new_computed_tokens)
-        if check_count("num_lookahead_tokens", num_lookahead_tokens):
-            raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
+        if (
+            type(num_new_tokens) is not int
+            or num_new_tokens < 0
+            or type(num_new_computed_tokens) is not int
+            or type(num_lookahead_tokens) is not int
+            or num_new_computed_tokens < 0
+            or num_lookahead_tokens != 0
+        ):  # the decode step's arguments pass these tests and no call
+            check_count("num_new_tokens", num_new_tokens)
+            check_count("num_new_computed_tokens", num_new_computed_tokens)
+            if check_count("num_lookahead_tokens", num_lookahead_tokens):
+                raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
         rid = request.request_id
         mgr = self.manager
         if rid in mgr:

@@ -71,6 +71,28 @@ class BlockHashToBlockMap(dict[bytes, Entry]):
         else:
             entry[block.block_id] = block  # type: ignore[index]
 
+    def add_many(self, blocks: list[CachedBlock]) -> None:
+        """File each of ``blocks`` under its hash (a run of new blocks). O(len(blocks))."""
+        get = self.get
+        for block in blocks:
+            block_hash = block.block_hash
+            assert block_hash is not None
+            if get(block_hash) is None:
+                self[block_hash] = block
+            else:
+                self.add(block)
+
+    def drop_many(self, blocks: list[CachedBlock]) -> None:
+        """Remove the entries of ``blocks`` and mark them dropped. O(len(blocks))."""
+        for block in blocks:
+            block_hash = block.block_hash
+            assert block_hash is not None
+            if self[block_hash] is block:
+                del self[block_hash]
+                block.block_hash = None
+            else:
+                self.drop(block)
+
     def drop(self, block: CachedBlock) -> None:
         """Remove ``block``'s entry (its duplicates stay) and mark it dropped. O(1)."""
         block_hash = block.block_hash

@@ -41,6 +41,42 @@ class FreeBlockQueue:
         self._tail.prev = block
         self._len += 1
 
+    def extend(self, blocks: list[CachedBlock]) -> None:
+        """Queue ``blocks`` at the tail, in order (the last one is the most recent).
+
+        One call per run of new blocks; the links are set inline. O(len(blocks)).
+        """
+        last = self._tail.prev
+        assert last is not None
+        for block in blocks:
+            last.next = block
+            block.prev = last
+            last = block
+        last.next = self._tail
+        self._tail.prev = last
+        self._len += len(blocks)
+
+    def popleft_many(self, n: int) -> list[CachedBlock]:
+        """Remove and return up to ``n`` blocks from the head (least recent first).
+
+        The run is cut out of the list in one step. O(returned blocks).
+        """
+        out: list[CachedBlock] = []
+        node = self._head.next
+        tail = self._tail
+        while len(out) < n and node is not tail:
+            assert node is not None
+            out.append(node)
+            node = node.next
+        if out:
+            assert node is not None
+            self._head.next = node
+            node.prev = self._head
+            for block in out:
+                block.prev = block.next = None
+            self._len -= len(out)
+        return out
+
     def remove(self, block: CachedBlock) -> None:
         """Take ``block`` out of the queue, wherever it is. O(1)."""
         prev, nxt = block.prev, block.next

@@ -259,8 +259,7 @@ class HashChainIndex:
         while num_cached < num_full and hashes[num_cached] in self._table:
             num_cached += 1
         created = self._register_run(key, hashes, new_ids, chain, start)
-        for block in reversed(created):  # unlocked: queued tail first, like a release
-            self._free.append(block)
+        self._free.extend(created[::-1])  # unlocked: queued tail first, like a release
         if self._sink is not None and created:
             self._announce(key, hashes, chain, start, created)
         return InsertResult(
@@ -300,19 +299,19 @@ class HashChainIndex:
         blocks = self._blocks
         prev = chain[start - 1] if start else None
         created: list[CachedBlock] = []
+        verify = self.verify
         for i, bid in enumerate(new_ids, start):
             block = blocks.get(bid)
             if block is None:
-                block = CachedBlock(bid, hashes[i])
-                if self.verify:
+                block = blocks[bid] = CachedBlock(bid, hashes[i])
+                if verify:
                     block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
                     block.parent = prev
                     block.extra_key = key.extra_key if i == 0 else None
-                self._table.add(block)
-                blocks[bid] = block
                 created.append(block)
             chain.append(block)
             prev = block
+        self._table.add_many(created)
         return created
 
     def _announce(
@@ -357,11 +356,11 @@ class HashChainIndex:
             )
             i = j
 
-    def _drop_entry(self, block: CachedBlock) -> None:
-        # The one place an entry dies, so the one place handles learn it (the epoch).
+    def _drop_entries(self, blocks: list[CachedBlock]) -> None:
+        # The one place entries die, so the one place handles learn it (the epoch).
         # Its callers (evict, evict_blocks) tell the event sink, once per call.
         self._epoch += 1
-        self._table.drop(block)
+        self._table.drop_many(blocks)
 
     # ----------------------------------------------------------------- locking
 
@@ -390,7 +389,7 @@ class HashChainIndex:
     def _valid_blocks(
         self, handle: _ChainHandle, start: int = 0, held: list[CachedBlock] | None = None
     ) -> list[CachedBlock]:
-        # A block's entry dies only in _drop_entry, which moves the epoch: a handle made
+        # A block's entry dies only in _drop_entries, which moves the epoch: a handle made
         # at the current epoch is valid as it stands. Otherwise every block must still
         # be cached, except those the caller holds already (``held``: its old handle,
         # whose entries evict_blocks may have dropped while it held them).
@@ -450,21 +449,26 @@ class HashChainIndex:
 
         Complexity: O(num_blocks).
         """
-        check_count("num_blocks", num_blocks, MAX_BLOCKS)
-        free = self._free
-        popped = [free.popleft() for _ in range(min(num_blocks, len(free)))]
-        if self._sink is not None and popped:  # vLLM: one BlockRemoved per evicted block
+        if type(num_blocks) is not int or not 0 <= num_blocks <= MAX_BLOCKS:
+            check_count("num_blocks", num_blocks, MAX_BLOCKS)
+        popped = self._free.popleft_many(num_blocks)
+        if not popped:
+            return []
+        if self._sink is not None:  # vLLM: one BlockRemoved per evicted block
             self._sink.on_removed([cast("bytes", b.block_hash) for b in popped])
-        for block in popped:
-            self._forget(block)
+        self._forget(popped)
         self._num_evicted += len(popped)
         return list(map(_block_id, popped))
 
-    def _forget(self, block: CachedBlock) -> None:
-        self._drop_entry(block)
-        del self._blocks[block.block_id]
-        block.ref_cnt = -1
-        block.parent = None
+    def _forget(self, dead: list[CachedBlock]) -> None:
+        # Records die here: their entries go (which stales handles naming them) and the
+        # block ids leave the index.
+        self._drop_entries(dead)
+        blocks = self._blocks
+        for block in dead:
+            del blocks[block.block_id]
+            block.ref_cnt = -1
+            block.parent = None
 
     def evict_blocks(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the hash entries of the given blocks (vLLM ``BlockPool.evict_blocks``, HC-10).
@@ -488,10 +492,10 @@ class HashChainIndex:
             dropped.append(block.block_hash)
             if block.ref_cnt == 0:
                 self._free.remove(block)
-                self._forget(block)
+                self._forget([block])
                 freed.append(bid)
             else:
-                self._drop_entry(block)
+                self._drop_entries([block])
         if self._sink is not None and dropped:
             self._sink.on_removed(dropped)
         self._num_evicted += len(freed)

@@ -41,6 +41,9 @@ class Owner(enum.IntEnum):
     MANAGER = 2
 
 
+_OWNERS = (Owner.CALLER, Owner.MANAGER)
+
+
 class BlockAllocator:
     """Hands out block ids ``0 .. num_blocks-1``; all or nothing.
 
@@ -77,14 +80,24 @@ class BlockAllocator:
 
         Complexity: O(num_blocks); never-used blocks are tagged in one C call.
         """
+        freed = self._freed
+        ledger = self._ledger
+        if num_blocks == 1 and type(num_blocks) is int and owner in _OWNERS:
+            # A decode step's one block (every step at page size 1): no slicing.
+            if freed:
+                bid = freed.pop()
+                ledger[bid] = owner
+                return [bid]
+            if len(ledger) < self.num_blocks:
+                ledger.append(owner)
+                return [len(ledger) - 1]
+            return None
         if type(num_blocks) is not int or num_blocks < 0:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
-        if owner not in (Owner.CALLER, Owner.MANAGER):
+        if owner not in _OWNERS:
             raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
         if num_blocks > self.num_free_blocks:
             return None
-        freed = self._freed
-        ledger = self._ledger
         take = min(num_blocks, len(freed))
         out = freed[len(freed) - take :]
         del freed[len(freed) - take :]
