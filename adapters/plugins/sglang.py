@@ -24,6 +24,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -48,6 +49,8 @@ from prefixkv.indexes.registry import index_options, make_index, pool_owned_opti
 from prefixkv.indexes.tokens import TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div
 
+from ..events.dialects import EventRecorder, attach_event_recorder
+from ..events.sglang_recorder import SGLangEventRecorder
 from .errors import UnsupportedEngineFeatureError
 
 __all__ = ["BACKENDS", "PrefixKVPrefixCache", "make_prefix_cache", "register"]
@@ -111,6 +114,36 @@ class _Node:
         return f"<prefixkv node: {self.num_tokens} tokens>"
 
 
+class _EngineEvents:
+    """SGLang's event-recorder interface (``take()``) over prefixkv's recorder.
+
+    The radix tree records SGLang's own page events; any other index (the hash chain)
+    records vLLM's, which carry the same fields. Either way SGLang gets its own
+    structs, so its publisher and a router see what SGLang's RadixCache sends.
+    """
+
+    def __init__(self, recorder: EventRecorder) -> None:
+        self.recorder = recorder
+
+    def take(self) -> list[Any]:
+        """The events since the last call, as ``sglang.srt.disaggregation.kv_events`` structs."""
+        recorder = self.recorder
+        events: list[Any] = (
+            recorder.take_sglang_events()
+            if isinstance(recorder, SGLangEventRecorder)
+            else recorder.take_events()
+        )
+        if not events:
+            return []
+        from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        sglang_event: Any = BlockStored | BlockRemoved | AllBlocksCleared
+        out: list[Any] = msgspec.msgpack.decode(
+            msgspec.msgpack.encode(events), type=list[sglang_event]
+        )
+        return out
+
+
 class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
     """SGLang's ``BasePrefixCache`` over a prefixkv index, on SGLang's own pools.
 
@@ -135,6 +168,10 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         device = getattr(self.token_to_kv_pool_allocator, "device", "cpu")
         self.device = torch.device(device if isinstance(device, (str, torch.device)) else "cpu")
         self.root_node = _Node(None, [], 0)
+        # SGLang's base class reads self.kv_events (a recorder with take()).
+        self.kv_events: _EngineEvents | None = None
+        if params.enable_kv_cache_events and not self.disable:
+            self.kv_events = _EngineEvents(attach_event_recorder(index))
         if params.enable_metrics:
             self.init_metrics_collector()
 
@@ -143,8 +180,9 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
     def _key(
         self, tokens: Sequence[int], extra_key: Any, cache_salt: Any, priority: int = 0
     ) -> TokenKey:
-        # SGLang keeps LoRA ids and cache salts in separate subtrees; so does prefixkv.
-        return TokenKey(tokens, make_extra_key(lora=extra_key, cache_salt=cache_salt), priority)
+        # SGLang's RadixKey fields (extra_key, which carries the LoRA id, and the salt),
+        # by the same rule as the SGLang-shaped facade.
+        return TokenKey(tokens, make_extra_key(extra=extra_key, cache_salt=cache_salt), priority)
 
     def _slots(self, block_ids: Sequence[int]) -> torch.Tensor:
         pages = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
