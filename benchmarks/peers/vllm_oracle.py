@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from k_live import run_k_live
+
 CALL_KINDS = ("hash", "lookup", "allocate_prefill", "allocate_decode", "free", "step_other")
 
 # vllm.config.ModelConfig reads an HF config; no weights are loaded, nothing is fetched.
@@ -105,6 +107,42 @@ def kv_cache_config(num_blocks: int, block_size: int) -> Any:
     )
 
 
+def make_manager(
+    block_size: int,
+    num_blocks: int,
+    hash_algo: str,
+    max_model_len: int,
+    *,
+    log_stats: bool,
+    enable_kv_cache_events: bool = False,
+) -> tuple[Any, Callable[[Any], Any]]:
+    """vLLM's ``KVCacheManager`` as ``Scheduler.__init__`` builds it, and the block hasher.
+
+    First what ``EngineCore`` sets up before the scheduler exists (the KV-cache specs,
+    the hash function's ``NONE_HASH``), then the arguments ``Scheduler.__init__``
+    passes with ``SchedulerConfig``'s defaults.
+    """
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    register_all_kvcache_specs(None)
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    init_none_hash(hash_fn)
+    manager = KVCacheManager(
+        kv_cache_config(num_blocks, block_size),
+        max_model_len=max_model_len,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        max_in_flight_tokens=max_model_len,
+        enable_caching=True,
+        log_stats=log_stats,
+        enable_kv_cache_events=enable_kv_cache_events,
+    )
+    return manager, get_request_block_hasher(block_size, hash_fn, 0)
+
+
 class Timer:
     """Seconds and calls per call kind (perf_counter sums around the real calls)."""
 
@@ -127,28 +165,12 @@ class ManagerReplay:
 
     def __init__(self, block_size: int, num_blocks: int, hash_algo: str, max_model_len: int):
         from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
         from vllm.v1.request import Request, RequestStatus
 
         self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
         self.block_size = block_size
-        # What EngineCore sets up before the scheduler exists.
-        register_all_kvcache_specs(None)
-        hash_fn = get_hash_fn_by_name(hash_algo)
-        init_none_hash(hash_fn)
-        self.block_hasher = get_request_block_hasher(block_size, hash_fn, 0)
-        # The arguments Scheduler.__init__ passes (defaults of SchedulerConfig).
-        self.kv = KVCacheManager(
-            kv_cache_config(num_blocks, block_size),
-            max_model_len=max_model_len,
-            scheduler_block_size=block_size,
-            hash_block_size=block_size,
-            max_in_flight_tokens=max_model_len,
-            enable_caching=True,
-            log_stats=True,
+        self.kv, self.block_hasher = make_manager(
+            block_size, num_blocks, hash_algo, max_model_len, log_stats=True
         )
         self.timer = Timer()
         self.live: deque[tuple[Any, list[int]]] = deque()
@@ -218,12 +240,7 @@ class ManagerReplay:
             self.kv.free(req)
 
     def run(self, reqs: list[dict[str, Any]], k: int) -> None:
-        for rec in reqs:
-            if len(self.live) >= k:
-                self.finish_oldest()
-            self.admit(rec)
-        while self.live:
-            self.finish_oldest()
+        run_k_live(self, reqs, k)
 
     def cached_blocks(self) -> int:
         return sum(1 for b in self.kv.block_pool.blocks if b.block_hash is not None)
