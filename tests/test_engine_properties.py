@@ -14,11 +14,11 @@ search run ``HYPOTHESIS_PROFILE=dev pytest tests/test_engine_properties.py``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
 import torch
+from helpers import BACKENDS, DEVICES
 from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
@@ -34,8 +34,6 @@ from prefixkv.adapters.engine.testing import (
 )
 from prefixkv.indexes import LockStateError, PrefixIndex, PrefixKVError, make_index
 
-BACKENDS = ("none", "hash_chain", "radix")
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 VOCAB = 512
 
 
@@ -46,13 +44,7 @@ def _examples(ci: int) -> int:
     return settings.default.max_examples
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # The model's matmuls are tiny: more threads only add stalls on a busy CI box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Workload(NamedTuple):
