@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import helpers
 import pytest
 
 from prefixkv.adapters.manager import CacheManager
@@ -34,20 +35,13 @@ from prefixkv.storage import BlockAllocator, slot_mapping, token_slot
 CACHING = ["hash_chain", "radix"]
 
 
+def manager_state(m: CacheManager) -> tuple[Any, ...]:
+    return helpers.manager_state(m, totals=False)  # a rejected admission counts in them
+
+
 def toks(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1, 30000) for _ in range(n)]
-
-
-def manager_state(m: CacheManager) -> tuple[Any, ...]:
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue is not None else None,
-        tuple((r, tuple(m.block_table(r)), m.num_computed_tokens(r)) for r in m.running()),
-        m.num_held_only_blocks(),
-    )
 
 
 # ------------------------------------------------- stale handles after the lookup

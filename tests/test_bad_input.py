@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import helpers
 import pytest
 
 from prefixkv.adapters.manager import CacheManager
@@ -314,18 +315,7 @@ def test_hash_chain_evict_blocks_rejects_malformed_ids(bad: Any) -> None:
 
 def manager_state(m: CacheManager) -> tuple[object, ...]:
     m.check_invariants()
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue else None,
-        tuple(
-            (rid, tuple(m.block_table(rid)), m.num_computed_tokens(rid), tuple(m.key(rid).tokens))
-            for rid in m.running()
-        ),
-        m.num_held_only_blocks(),
-        (m.totals.num_requests, m.totals.num_hit_tokens, m.totals.num_rejected),
-    )
+    return helpers.manager_state(m)
 
 
 def busy_manager(name: str) -> CacheManager:

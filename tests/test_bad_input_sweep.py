@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import manager_state
 
 from prefixkv.adapters import Engine, EngineConfig
 from prefixkv.adapters.manager import CacheManager
@@ -65,18 +66,6 @@ def busy_manager(name: str) -> CacheManager:
     m.admit("live", [1, 2, 3, 4, 9, 9])
     m.commit("live", 4)
     return m
-
-
-def manager_state(m: CacheManager) -> Any:
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(
-            (r, tuple(m.block_table(r)), m.num_computed_tokens(r), tuple(m.key(r).tokens))
-            for r in m.running()
-        ),
-        m.num_held_only_blocks(),
-    )
 
 
 def index_with_content(name: str) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from helpers import common_prefix
+from helpers import manager_state as snapshot
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -85,23 +86,6 @@ class Req:
 
     def content(self, i: int, bs: int) -> Content:
         return (self.ns, tuple(self.tokens[: (i + 1) * bs]))
-
-
-def snapshot(m: CacheManager) -> tuple[Any, ...]:
-    """Everything a rejected call must leave as it was."""
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue is not None else None,
-        tuple(m.running()),
-        tuple(
-            (rid, tuple(m.block_table(rid)), m.num_computed_tokens(rid), tuple(m.key(rid).tokens))
-            for rid in m.running()
-        ),
-        m.num_held_only_blocks(),
-        dataclasses.astuple(m.totals),
-    )
 
 
 @dataclass
