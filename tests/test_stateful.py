@@ -558,18 +558,19 @@ class ManagerMachine(RuleBasedStateMachine):
 STEPS = settings(settings.default, stateful_step_count=100)
 
 
-class HashChainMachine(ManagerMachine):
-    backend = "hash_chain"
+def per_backend(machine: type[ManagerMachine]) -> tuple[Any, Any]:
+    """``machine``'s test cases on the hash chain and on the radix tree, ``STEPS`` long
+    (the machines named ``HashChain<name>`` and ``Radix<name>``, ``Manager`` dropped)."""
+    stem = machine.__name__.removeprefix("Manager")
+    cases = []
+    for prefix, backend in (("HashChain", "hash_chain"), ("Radix", "radix")):
+        case = type(prefix + stem, (machine,), {"backend": backend}).TestCase
+        case.settings = STEPS
+        cases.append(case)
+    return cases[0], cases[1]
 
 
-class RadixMachine(ManagerMachine):
-    backend = "radix"
-
-
-TestHashChainManager = HashChainMachine.TestCase
-TestHashChainManager.settings = STEPS
-TestRadixManager = RadixMachine.TestCase
-TestRadixManager.settings = STEPS
+TestHashChainManager, TestRadixManager = per_backend(ManagerMachine)
 
 
 class StaleLookupMachine(ManagerMachine):
@@ -599,18 +600,7 @@ class StaleLookupMachine(ManagerMachine):
     append = commit = serve = evict_blocks = invalid_call = lookup = admit
 
 
-class HashChainStaleLookupMachine(StaleLookupMachine):
-    backend = "hash_chain"
-
-
-class RadixStaleLookupMachine(StaleLookupMachine):
-    backend = "radix"
-
-
-TestHashChainStaleLookups = HashChainStaleLookupMachine.TestCase
-TestHashChainStaleLookups.settings = STEPS
-TestRadixStaleLookups = RadixStaleLookupMachine.TestCase
-TestRadixStaleLookups.settings = STEPS
+TestHashChainStaleLookups, TestRadixStaleLookups = per_backend(StaleLookupMachine)
 
 
 class DifferentialMachine(RuleBasedStateMachine):
