@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prefixkv.adapters.manager import CacheManager
 
@@ -45,3 +47,45 @@ def manager_state(m: CacheManager, *, totals: bool = True) -> tuple[Any, ...]:
         m.num_held_only_blocks(),
     )
     return (*state, dataclasses.astuple(m.totals)) if totals else state
+
+
+class FacadeMachine(RuleBasedStateMachine):
+    """What the facade state machines share. ``setup`` sets ``manager`` (the facade's
+    ``CacheManager``) and ``live`` (running requests by id); ``release`` ends a request
+    as the engine does (vLLM ``free``, SGLang ``cache_finished_req``).
+
+    The manager's integrity is checked after every step; at the end every live request
+    is released and no block may stay held or locked.
+    """
+
+    manager: CacheManager
+    live: dict[str, Any]
+
+    def release(self, req: Any) -> None:
+        raise NotImplementedError
+
+    def draw_live(self, data: st.DataObject) -> Any:
+        """One of the live requests, drawn."""
+        return self.live[data.draw(st.sampled_from(sorted(self.live)))]
+
+    @invariant()
+    def conserved(self) -> None:
+        if hasattr(self, "manager"):
+            self.manager.check_invariants()
+
+    def teardown(self) -> None:
+        if hasattr(self, "manager"):
+            for req in list(self.live.values()):
+                self.release(req)
+            m = self.manager
+            m.check_invariants()
+            assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
+
+
+@precondition(lambda self: self.live)
+@rule(data=st.data())
+def release_a_live_request(self: FacadeMachine, data: st.DataObject) -> None:
+    """A rule for a :class:`FacadeMachine` (under the engine's name for it): a drawn
+    live request finishes."""
+    rid = data.draw(st.sampled_from(sorted(self.live)))
+    self.release(self.live.pop(rid))
