@@ -44,6 +44,26 @@ def toks(n: int, seed: int) -> list[int]:
     return [rng.randrange(1, 30000) for _ in range(n)]
 
 
+def cached_manager(
+    name: str,
+    block_size: int,
+    num_blocks: int,
+    rid: str,
+    prompt: list[int],
+    *,
+    finish: bool = True,
+    extra_key: str | None = None,
+) -> CacheManager:
+    """A manager whose request ``rid`` computed ``prompt`` (all of it registered), and
+    then finished unless ``finish`` is False."""
+    m = CacheManager(make_index(name, block_size=block_size), BlockAllocator(num_blocks))
+    assert m.admit(rid, prompt, extra_key=extra_key) is not None
+    m.commit(rid, len(prompt))
+    if finish:
+        m.finish(rid)
+    return m
+
+
 # ------------------------------------------------- stale handles after the lookup
 
 
@@ -84,11 +104,8 @@ def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None
     # hit's blocks become evictable; locking them for S protects them again. An
     # admission check that trusted the lookup's count let S in and then failed with
     # the hit locked forever.
-    bs = 4
-    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(5))
     shared = toks(16, 4)
-    assert m.admit("R", shared) is not None
-    m.commit("R", 16)
+    m = cached_manager(name, 4, 5, "R", shared, finish=False)
     key = TokenKey(shared + toks(8, 5))
     match = m.match(key)
     assert match.num_tokens == 16
@@ -103,12 +120,8 @@ def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None
 
 @pytest.mark.parametrize("name", CACHING)
 def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
-    bs = 2
-    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(6))
     a = toks(8, 6)
-    assert m.admit("A", a) is not None
-    m.commit("A", 8)
-    m.finish("A")
+    m = cached_manager(name, 2, 6, "A", a)
     key = TokenKey(a + [7])
     match = m.match(key)
     assert match.num_tokens == 8
@@ -122,11 +135,8 @@ def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
 
 @pytest.mark.parametrize("name", CACHING)
 def test_a_lookup_made_stale_by_reset_is_rejected(name: str) -> None:
-    m = CacheManager(make_index(name, block_size=2), BlockAllocator(8))
     a = toks(6, 7)
-    assert m.admit("A", a) is not None
-    m.commit("A", 6)
-    m.finish("A")
+    m = cached_manager(name, 2, 8, "A", a)
     key = TokenKey(a + [1])
     match = m.match(key)
     m.reset()
@@ -159,11 +169,8 @@ def test_a_foreign_handle_is_still_an_invalid_handle() -> None:
 
 @pytest.mark.parametrize("name", CACHING)
 def test_admit_never_drops_a_namespace_given_with_a_prepared_key(name: str) -> None:
-    m = CacheManager(make_index(name, block_size=4), BlockAllocator(64))
     prompt = toks(33, 8)
-    assert m.admit("alice", prompt, extra_key="alice") is not None
-    m.commit("alice", 33)
-    m.finish("alice")
+    m = cached_manager(name, 4, 64, "alice", prompt, extra_key="alice")
     before = manager_state(m)
     with pytest.raises(PrefixKVError, match="bob"):
         m.admit("bob", TokenKey(prompt), extra_key="bob")  # conflicts with the key's own
@@ -249,11 +256,8 @@ def test_evict_blocks_rejects_ids_outside_the_pool(name: str) -> None:
 @pytest.mark.parametrize("name", CACHING)
 @pytest.mark.parametrize("bad", ["2", None, 2**70, -1, 1.5])
 def test_admit_validates_reserve_blocks_before_locking(name: str, bad: Any) -> None:
-    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
     a = toks(8, 11)
-    assert m.admit("A", a) is not None
-    m.commit("A", 8)
-    m.finish("A")
+    m = cached_manager(name, 2, 16, "A", a)
     before = manager_state(m)
     with pytest.raises(PrefixKVError, match="reserve_blocks"):
         m.admit("S", a + [3], reserve_blocks=bad)
