@@ -21,7 +21,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 # The recorders' own loop, so the facades run the very schedule the fixtures were made in.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "peers"))
@@ -32,6 +32,8 @@ from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import VLLMKVCacheManager
 
 Record = dict[str, Any]
+F = TypeVar("F")
+R = TypeVar("R")
 
 
 class FacadeEvents:
@@ -81,13 +83,18 @@ def _lora(lora: dict[str, Any]) -> dict[str, Any]:
     return {"name": lora["name"], "int_id": lora["id"], "path": lora["path"]}
 
 
-class VllmDriver:
-    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
+class _Driver(Generic[F, R]):
+    """A facade, where the engine takes its events (``end_step``) and the live requests
+    with their outputs, oldest first."""
 
-    def __init__(self, facade: VLLMKVCacheManager, end_step: Callable[[], None]) -> None:
+    def __init__(self, facade: F, end_step: Callable[[], None]) -> None:
         self.facade = facade
         self.end_step = end_step
-        self.live: deque[tuple[VllmRequest, list[int]]] = deque()
+        self.live: deque[tuple[R, list[int]]] = deque()
+
+
+class VllmDriver(_Driver[VLLMKVCacheManager, VllmRequest]):
+    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
         f, req = self.facade, VllmRequest(rec)
@@ -122,13 +129,8 @@ class VllmDriver:
         return ok
 
 
-class SGLangDriver:
+class SGLangDriver(_Driver[SGLangRadixCache, SimpleReq]):
     """SGLang's scheduler order through :class:`SGLangRadixCache`."""
-
-    def __init__(self, facade: SGLangRadixCache, end_step: Callable[[], None]) -> None:
-        self.facade = facade
-        self.end_step = end_step
-        self.live: deque[tuple[SimpleReq, list[int]]] = deque()
 
     def admit(self, rec: Record) -> bool:
         f = self.facade

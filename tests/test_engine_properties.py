@@ -13,6 +13,7 @@ search run ``HYPOTHESIS_PROFILE=dev pytest tests/test_engine_properties.py``.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import NamedTuple
 
@@ -269,11 +270,14 @@ TEETH_WORKLOAD = Workload(
     waves=[[_BASE[:30] + [1, 2, 3]], [_BASE[:35] + [4], _BASE, [5, *_BASE[::-1]], _BASE[:22]]],
     max_new=[[6], [6, 6, 6, 6]],
 )
+# Both caching backends, two block sizes, a roomy and a tight pool.
+TEETH_GRID = pytest.mark.parametrize(
+    ("num_blocks_per_token", "block_size", "backend"),
+    list(itertools.product([1.0, 0.5], [1, 4], ["hash_chain", "radix"])),
+)
 
 
-@pytest.mark.parametrize("backend", ["hash_chain", "radix"])
-@pytest.mark.parametrize("block_size", [1, 4])
-@pytest.mark.parametrize("num_blocks_per_token", [1.0, 0.5])
+@TEETH_GRID
 def test_teeth_control_real_index_passes(
     backend: str, block_size: int, num_blocks_per_token: float
 ) -> None:
@@ -298,9 +302,7 @@ def test_teeth_wrong_block_on_a_hit_breaks_equal_kv(backend: str, block_size: in
     assert faulty.num_faults == 1
 
 
-@pytest.mark.parametrize("backend", ["hash_chain", "radix"])
-@pytest.mark.parametrize("block_size", [1, 4])
-@pytest.mark.parametrize("num_blocks_per_token", [1.0, 0.5])
+@TEETH_GRID
 def test_teeth_skipped_ref_count_breaks_the_property(
     backend: str, block_size: int, num_blocks_per_token: float
 ) -> None:
