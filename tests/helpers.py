@@ -89,3 +89,17 @@ def release_a_live_request(self: FacadeMachine, data: st.DataObject) -> None:
     live request finishes."""
     rid = data.draw(st.sampled_from(sorted(self.live)))
     self.release(self.live.pop(rid))
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, calls: int) -> None:
+    """Make ``module.name`` raise KeyboardInterrupt on its ``calls``-th call (Ctrl-C)."""
+    real = getattr(module, name)
+    count = [0]
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        if count[0] == calls:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
