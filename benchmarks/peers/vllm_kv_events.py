@@ -8,7 +8,8 @@ event; this file only plays the scheduler loop and the model runner):
   ``get_request_block_hasher``, for each ``prefix_caching_hash_algo``, with and
   without ``PYTHONHASHSEED``; plus their wire form (``maybe_convert_block_hash``).
 * ``events TRACE SETTINGS OUT``: replays TRACE through ``KVCacheManager`` with
-  ``enable_kv_cache_events=True`` in the K-live schedule (at most K live requests,
+  ``enable_kv_cache_events=True`` (stepped by the fidelity oracle's
+  ``vllm_oracle.ManagerReplay``) in the K-live schedule (at most K live requests,
   the oldest finishes first by decoding its remaining output one token per step; the
   whole prompt is prefilled in one step, which samples the first output token), takes
   the events after every step as ``Scheduler.update_from_output`` does (and notes
@@ -30,12 +31,10 @@ import argparse
 import json
 import os
 import sys
-from collections import deque
 from typing import Any
 
 from event_recording import StepBatches, publish_and_replay, read_inputs, write_recording
-from k_live import run_k_live
-from vllm_oracle import make_manager
+from vllm_oracle import ManagerReplay, RequestMaker
 
 ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 HASH_REQUESTS: list[dict[str, Any]] = [
@@ -50,27 +49,6 @@ HASH_REQUESTS: list[dict[str, Any]] = [
         "cache_salt": "s",
     },
 ]
-
-
-def make_request(vllm: Any, rid: str, rec: dict[str, Any], hasher: Any, step: int) -> Any:
-    """A vLLM ``Request`` for one trace record (LoRA and cache salt included)."""
-    from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
-
-    lora = rec.get("lora")
-    return Request(
-        request_id=rid,
-        prompt_token_ids=list(rec["tokens"]),
-        sampling_params=SamplingParams(
-            max_tokens=max(1, len(rec.get("output", []))), ignore_eos=True
-        ),
-        pooling_params=None,
-        arrival_time=float(step),
-        lora_request=LoRARequest(lora["name"], lora["id"], lora["path"]) if lora else None,
-        cache_salt=rec.get("cache_salt"),
-        block_hasher=hasher,
-    )
 
 
 def record_hashes(out: str) -> None:
@@ -91,9 +69,10 @@ def record_hashes(out: str) -> None:
             fn = get_hash_fn_by_name(algo)
             kcu.init_none_hash(fn)
             hasher = kcu.get_request_block_hasher(block_size, fn, 0)
+            make_request = RequestMaker(hasher)
             reqs = []
             for i, rec in enumerate(HASH_REQUESTS):
-                req = make_request(vllm, f"r{i}", rec, hasher, i)
+                req = make_request({**rec, "id": f"r{i}"}, float(i))
                 reqs.append(
                     {
                         **rec,
@@ -120,28 +99,25 @@ def record_hashes(out: str) -> None:
 
 
 class Replayer:
-    """One vLLM ``KVCacheManager`` with events on, stepped like the sync ``Scheduler``."""
+    """The oracle's ``ManagerReplay`` with events on, each step's events batched."""
 
     def __init__(self, settings: dict[str, Any], algo: str) -> None:
         from vllm.distributed.kv_events import KVEventBatch
         from vllm.v1.core import kv_cache_utils as kcu
 
-        bs = settings["block_size"]
-        self.block_size = bs
-        max_len = settings["max_model_len"]
-        self.manager, self.hasher = make_manager(
-            bs,
+        self.replay = ManagerReplay(
+            settings["block_size"],
             settings["vllm_num_blocks"],
             algo,
-            max_len,
+            settings["max_model_len"],
             log_stats=False,
             enable_kv_cache_events=True,
         )
+        self.manager = self.replay.kv
         self.none_hash_seed = kcu.get_none_hash_seed()
-        self.live: deque[tuple[Any, list[int]]] = deque()
         # Scheduler.update_from_output: take the events, batch them if any.
         self.steps = StepBatches(self.manager.take_events, KVEventBatch, self.cached)
-        self.end_step = self.steps.end_step
+        self.replay.end_step = self.steps.end_step
 
     def cached(self) -> list[list[int]]:
         """What the prefix cache holds now: ``[wire hash, blocks holding it]``, sorted.
@@ -158,53 +134,11 @@ class Replayer:
             out.append([kcu.maybe_convert_block_hash(kcu.get_block_hash(key)), n])
         return sorted(out)
 
-    def admit(self, rec: dict[str, Any]) -> None:
-        import vllm
-        from vllm.v1.request import RequestStatus
-
-        req = make_request(vllm, str(rec["id"]), rec, self.hasher, self.steps.step)
-        output = list(rec.get("output", []))
-        self.manager.new_step_starts()
-        blocks, num_hit, boundary = self.manager.get_computed_blocks(req, None)
-        req.shared_prefix_boundary = boundary
-        num_new = req.num_tokens - num_hit
-        new = self.manager.allocate_slots(
-            req,
-            num_new,
-            num_new_computed_tokens=num_hit,
-            new_computed_blocks=blocks,
-            full_sequence_must_fit=True,
-            has_scheduled_reqs=bool(self.live),
-        )
-        if new is None:
-            raise SystemExit(f"request {req.request_id}: pool too small for the prefill")
-        req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_hit + num_new
-        if output:
-            req.append_output_token_ids(output[0])
-        self.end_step()
-        self.live.append((req, output))
-
-    def finish_oldest(self) -> None:
-        from vllm.v1.request import RequestStatus
-
-        req, output = self.live.popleft()
-        for i in range(1, len(output)):
-            self.manager.new_step_starts()
-            if self.manager.allocate_slots(req, 1, num_lookahead_tokens=0) is None:
-                raise SystemExit(f"request {req.request_id}: pool too small at decode {i}")
-            req.num_computed_tokens += 1
-            req.append_output_token_ids(output[i])
-            self.end_step()
-        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        self.manager.free(req)
-        self.end_step()
-
     def run(self, trace: list[dict[str, Any]], k: int) -> None:
-        run_k_live(self, trace, k)
+        self.replay.run(trace, k)
         if not self.manager.reset_prefix_cache():
             raise SystemExit("reset_prefix_cache failed: blocks still in use")
-        self.end_step()
+        self.steps.end_step()
 
 
 def record_events(trace_path: str, settings_path: str, algo: str, out: str) -> None:

@@ -160,18 +160,70 @@ class Timer:
             self.calls[kind] += 1
 
 
-class ManagerReplay:
-    """The K-live schedule over one real ``KVCacheManager`` (the ``manager`` driver)."""
+class RequestMaker:
+    """vLLM ``Request`` objects for trace records (their LoRA and cache salt included).
 
-    def __init__(self, block_size: int, num_blocks: int, hash_algo: str, max_model_len: int):
+    ``Request.__init__`` hashes the prompt's full blocks with ``block_hasher``; the
+    imports are resolved once, so a timed call times the request itself.
+    """
+
+    def __init__(self, block_hasher: Callable[[Any], Any]) -> None:
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.request import Request
 
-        self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
+        self.block_hasher = block_hasher
+        self._Request, self._SP, self._LoRA = Request, SamplingParams, LoRARequest
+
+    def __call__(self, rec: dict[str, Any], arrival: float) -> Any:
+        lora = rec.get("lora")
+        return self._Request(
+            request_id=str(rec["id"]),
+            prompt_token_ids=list(rec["tokens"]),
+            sampling_params=self._SP(
+                max_tokens=max(1, len(rec.get("output") or [])), ignore_eos=True
+            ),
+            pooling_params=None,
+            arrival_time=arrival,
+            lora_request=self._LoRA(lora["name"], lora["id"], lora["path"]) if lora else None,
+            cache_salt=rec.get("cache_salt"),
+            block_hasher=self.block_hasher,
+        )
+
+
+class ManagerReplay:
+    """The K-live schedule over one real ``KVCacheManager`` (the ``manager`` driver).
+
+    A record is ``{"id", "tokens", "output"}``, optionally with ``cache_salt`` and a
+    LoRA ``{"name", "id", "path"}``. A prefill, each decode token and the free of a
+    finished request are steps; each ends where ``Scheduler.update_from_output``
+    takes the manager's events: in ``end_step`` (default: take them and drop them).
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        hash_algo: str,
+        max_model_len: int,
+        *,
+        log_stats: bool = True,
+        enable_kv_cache_events: bool = False,
+    ):
+        from vllm.v1.request import RequestStatus
+
+        self.Status = RequestStatus
         self.block_size = block_size
         self.kv, self.block_hasher = make_manager(
-            block_size, num_blocks, hash_algo, max_model_len, log_stats=True
+            block_size,
+            num_blocks,
+            hash_algo,
+            max_model_len,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
         )
+        self.make_request = RequestMaker(self.block_hasher)
+        self.end_step: Callable[[], object] = self.kv.take_events
         self.timer = Timer()
         self.live: deque[tuple[Any, list[int]]] = deque()
         self.hits: list[dict[str, Any]] = []
@@ -185,21 +237,12 @@ class ManagerReplay:
 
     def admit(self, rec: dict[str, Any]) -> None:
         """One schedule() step for a WAITING request: lookup, whole-prompt allocation."""
-        output = rec["output"]
-        with self.timer("hash"):  # Request.__init__ hashes the prompt's full blocks
-            req = self.Request(
-                request_id=rec["id"],
-                prompt_token_ids=list(rec["tokens"]),
-                sampling_params=self.SamplingParams(
-                    max_tokens=max(1, len(output)), ignore_eos=True
-                ),
-                pooling_params=None,
-                arrival_time=float(self.steps),
-                block_hasher=self.block_hasher,
-            )
+        output = list(rec.get("output") or [])
+        with self.timer("hash"):
+            req = self.make_request(rec, float(self.steps))
         self._step()
         with self.timer("lookup"):
-            blocks, num_hit, _ = self.kv.get_computed_blocks(req)
+            blocks, num_hit, req.shared_prefix_boundary = self.kv.get_computed_blocks(req)
         num_new = req.num_tokens - num_hit
         with self.timer("allocate_prefill"):
             new = self.kv.allocate_slots(
@@ -211,15 +254,17 @@ class ManagerReplay:
                 has_scheduled_reqs=bool(self.live),
             )
         if new is None:
-            raise AllocationFailed(f"request {rec['id']!r}: prefill of {num_new} tokens")
+            raise AllocationFailed(f"request {req.request_id!r}: prefill of {num_new} tokens")
         self.kv.record_prefix_cache_stats(req, num_hit)
-        self.hits.append({"id": rec["id"], "prompt_len": len(rec["tokens"]), "hit_tokens": num_hit})
+        self.hits.append(
+            {"id": req.request_id, "prompt_len": len(rec["tokens"]), "hit_tokens": num_hit}
+        )
         req.status = self.Status.RUNNING
         req.num_computed_tokens = req.num_tokens  # _update_after_schedule
         if output:  # update_from_output: the prefill samples output[0]
             with self.timer("hash"):
                 req.append_output_token_ids(output[0])
-        self.kv.take_events()
+        self.end_step()
         self.live.append((req, output))
 
     def finish_oldest(self) -> None:
@@ -234,10 +279,11 @@ class ManagerReplay:
             req.num_computed_tokens += 1
             with self.timer("hash"):
                 req.append_output_token_ids(token)
-            self.kv.take_events()
+            self.end_step()
         req.status = self.Status.FINISHED_LENGTH_CAPPED
         with self.timer("free"):
             self.kv.free(req)
+        self.end_step()
 
     def run(self, reqs: list[dict[str, Any]], k: int) -> None:
         run_k_live(self, reqs, k)
