@@ -61,9 +61,10 @@ def recorded(name: str) -> tuple[dict[str, Any], list[bytes]]:
     ]
 
 
-def stepped(take_batch: Callable[[float, int], Any]) -> tuple[list[Any], Callable[[], None]]:
-    """A driver's ``end_step`` that keeps each step's batch, taken as the recorders took
-    theirs (at ``T0 + step / 1000``, with the settings' rank), and the list it fills."""
+def published(driver: Any, facade: Any, take_batch: Callable[[float, int], Any]) -> list[Any]:
+    """The fixture trace through ``facade``, driven and reset as the recorders did; the
+    batches ``take_batch`` gave at the end of each step (at ``T0 + step / 1000``, with
+    the settings' rank)."""
     batches: list[Any] = []
     step = 0
 
@@ -74,7 +75,10 @@ def stepped(take_batch: Callable[[float, int], Any]) -> tuple[list[Any], Callabl
             batches.append(batch)
         step += 1
 
-    return batches, end_step
+    d = driver(facade, end_step)
+    run_k_live(d, TRACE, SETTINGS["concurrency"])
+    assert d.reset()
+    return batches
 
 
 def first_difference(ours: list[bytes], theirs: list[bytes]) -> str:
@@ -95,11 +99,7 @@ def test_hash_chain_publishes_vllms_batches(algo: str) -> None:
         index, SETTINGS["vllm_num_blocks"] - 1, enable_kv_cache_events=True
     )
     recorder = attach_recorder(facade)
-    batches, end_step = stepped(recorder.take_batch)
-    driver = VllmDriver(facade, end_step)
-    run_k_live(driver, TRACE, SETTINGS["concurrency"])
-    assert driver.reset()
-    ours = [encode(b) for b in batches]
+    ours = [encode(b) for b in published(VllmDriver, facade, recorder.take_batch)]
     assert ours == theirs, first_difference(ours, theirs)
 
 
@@ -111,10 +111,7 @@ def test_radix_tree_publishes_sglangs_batches(page_size: int) -> None:
     assert isinstance(recorder, SGLangEventRecorder)
     index.set_event_sink(recorder)  # type: ignore[attr-defined]
     facade = SGLangRadixCache(index, SETTINGS["capacity_tokens"])
-    batches, end_step = stepped(recorder.take_sglang_batch)
-    driver = SGLangDriver(facade, end_step)
-    run_k_live(driver, TRACE, SETTINGS["concurrency"])
-    assert driver.reset()
+    batches = published(SGLangDriver, facade, recorder.take_sglang_batch)
     ours = [encode(b) for b in batches]
     assert ours == theirs, first_difference(ours, theirs)
     # take_events gives the same events as vLLM structs, as a router's decoder reads them
