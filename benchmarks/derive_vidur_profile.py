@@ -128,6 +128,29 @@ def linear_layers(vidur: str) -> tuple[np.ndarray, np.ndarray]:
     return tokens[order], (NUM_LAYERS * (per_layer + 2 * all_reduce))[order]
 
 
+def column(rows: list[dict[str, str]], name: str) -> np.ndarray:
+    """One integer column of ``rows``."""
+    return np.array([int(r[name]) for r in rows])
+
+
+def summed(rows: list[dict[str, str]], names: Sequence[str]) -> np.ndarray:
+    """Each row's sum of the float columns ``names``."""
+    return np.array([sum(float(r[n]) for n in names) for r in rows])
+
+
+def attention(attn: list[dict[str, str]], phase: str) -> tuple[list[dict[str, str]], np.ndarray]:
+    """The tensor-parallel-``TP`` attention rows of ``phase`` (prefill or decode) and
+    each one's milliseconds: the kernel and the input and output reshapes."""
+    rows = [
+        r
+        for r in attn
+        if r["is_prefill"] == str(phase == "prefill")
+        and r["num_tensor_parallel_workers"] == str(TP)
+    ]
+    parts = (phase, "input_reshape", "output_reshape")
+    return rows, summed(rows, [f"time_stats.attn_{k}.median" for k in parts])
+
+
 def derive(vidur: str) -> CostProfile:
     """Fit the five coefficients; returns the profile with its fit report."""
     fit: dict[str, Any] = {}
@@ -140,54 +163,21 @@ def derive(vidur: str) -> CostProfile:
     fit["linear_prefill_regime_512_4096"] = rel_errors(lin_base + lin_token * tokens[pre], lin[pre])
 
     attn = read_csv(vidur, "attention")
-    p = [
-        r for r in attn if r["is_prefill"] == "True" and r["num_tensor_parallel_workers"] == str(TP)
-    ]
-    q = np.array([int(r["prefill_chunk_size"]) for r in p])
-    s = np.array([int(r["kv_cache_size"]) for r in p])
-    t = np.array(
-        [
-            sum(
-                float(r[f"time_stats.attn_{k}.median"])
-                for k in ("prefill", "input_reshape", "output_reshape")
-            )
-            for r in p
-        ]
-    )
+    p, t = attention(attn, "prefill")
+    q, s = column(p, "prefill_chunk_size"), column(p, "kv_cache_size")
     pairs = q * s + q * (q + 1) / 2
     a_q, a_pair = lstsq([q, pairs], t, relative=True)
     fit["prefill_attention"] = rel_errors(a_q * q + a_pair * pairs, t)
 
-    d = [
-        r
-        for r in attn
-        if r["is_prefill"] == "False" and r["num_tensor_parallel_workers"] == str(TP)
-    ]
-    b = np.array([int(r["batch_size"]) for r in d])
-    kv = np.array([int(r["kv_cache_size"]) for r in d])
-    t = np.array(
-        [
-            sum(
-                float(r[f"time_stats.attn_{k}.median"])
-                for k in ("decode", "input_reshape", "output_reshape")
-            )
-            for r in d
-        ]
-    )
+    d, t = attention(attn, "decode")
+    b, kv = column(d, "batch_size"), column(d, "kv_cache_size")
     e0, e_seq, e_ctx = lstsq([np.ones_like(b), b, b * kv], t, relative=True)
     fit["decode_attention"] = rel_errors(e0 + e_seq * b + e_ctx * b * kv, t)
 
     cpu = [r for r in read_csv(vidur, "cpu") if r["model_name"] == "meta-llama/Llama-2-70b-hf"]
-    cb = np.array([int(r["batch_size"]) for r in cpu])
-    ct = np.array(
-        [
-            sum(
-                float(r[f"{k}_median"])
-                for k in ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_model_outputs")
-            )
-            for r in cpu
-        ]
-    )
+    cb = column(cpu, "batch_size")
+    parts = ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_model_outputs")
+    ct = summed(cpu, [f"{k}_median" for k in parts])
     cpu0, cpu_seq = lstsq([np.ones_like(cb), cb], ct)
     fit["cpu_overhead"] = rel_errors(cpu0 + cpu_seq * cb, ct)
     fit["cpu_overhead_rows"] = f"Llama-2-70b at tensor parallel {cpu[0]['tensor_parallel_degree']}"

@@ -60,6 +60,25 @@ def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
     return len(key) if num_tokens is None else check_count(what, num_tokens, len(key))
 
 
+def _runs_of(
+    chain: list[CachedBlock], start: int, end: int, new: set[int]
+) -> list[tuple[int, int]]:
+    """The maximal runs ``[i, j)`` within ``chain[start:end]`` of the blocks in ``new``
+    (by ``id``), in chain order."""
+    runs = []
+    i = start
+    while i < end:
+        if id(chain[i]) not in new:
+            i += 1
+            continue
+        j = i + 1
+        while j < end and id(chain[j]) in new:
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
 class HashChainIndex:
     """vLLM's prefix cache: chained block hashes in a flat dict, an LRU free queue.
 
@@ -330,23 +349,10 @@ class HashChainIndex:
         end = len(chain)
         first = end - len(created)
         if chain[first] is created[0]:  # the usual case: one run ending the chain
-            self._sink.on_stored(
-                hashes[first:end],
-                hashes[first - 1] if first else None,
-                key.tokens[first * bs : end * bs],
-                bs,
-                key.extra_key,
-            )
-            return
-        new = {id(b) for b in created}
-        i = start
-        while i < end:
-            if id(chain[i]) not in new:
-                i += 1
-                continue
-            j = i + 1
-            while j < end and id(chain[j]) in new:
-                j += 1
+            runs = [(first, end)]
+        else:
+            runs = _runs_of(chain, start, end, {id(b) for b in created})
+        for i, j in runs:
             self._sink.on_stored(
                 hashes[i:j],
                 hashes[i - 1] if i else None,
@@ -354,7 +360,6 @@ class HashChainIndex:
                 bs,
                 key.extra_key,
             )
-            i = j
 
     def _drop_entries(self, blocks: list[CachedBlock]) -> None:
         # The one place entries die, so the one place handles learn it (the epoch).

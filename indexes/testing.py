@@ -16,6 +16,7 @@ or one case at a time (``CONFORMANCE_CASES``, e.g. in ``pytest.mark.parametrize`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -69,6 +70,21 @@ def _new(make: IndexFactory, bs: int) -> tuple[PrefixIndex, bool]:
     return index, describe(index).caches
 
 
+def _caching_only(
+    case: Callable[[PrefixIndex, int], None],
+) -> Callable[[IndexFactory, int], None]:
+    """A case about what an index caches: it runs on a fresh index from ``make(bs)``,
+    and holds trivially for one that caches nothing."""
+
+    @functools.wraps(case)
+    def run(make: IndexFactory, bs: int) -> None:
+        index, caches = _new(make, bs)
+        if caches:
+            case(index, bs)
+
+    return run
+
+
 # --------------------------------------------------------------------- cases
 
 
@@ -103,13 +119,11 @@ def insert_then_match_is_block_aligned_and_capped(make: IndexFactory, bs: int) -
         assert index.count_evictable(m.handle) == want // bs
 
 
+@_caching_only
 def match_of_a_diverging_key_stops_at_the_last_whole_common_block(
-    make: IndexFactory, bs: int
+    index: PrefixIndex, bs: int
 ) -> None:
     """A key differing inside block 1 hits block 0 only; namespaces never share."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     ids = [0, 1, 2]
     index.insert(TokenKey(_tokens(3 * bs)), ids)
     other = _tokens(3 * bs)
@@ -162,11 +176,9 @@ def insert_with_num_tokens_registers_only_whole_blocks_of_that_prefix(
     assert (m.num_tokens, m.block_ids) == (want, ids[: want // bs])
 
 
-def lock_unlock_relock(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def lock_unlock_relock(index: PrefixIndex, bs: int) -> None:
     """Locks count; relock moves one onto a longer prefix; unlocking never deletes."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     ids = [0, 1, 2, 3]
     key = TokenKey(_tokens(4 * bs))
     first = index.insert(key, ids, 2 * bs)
@@ -192,11 +204,9 @@ def lock_unlock_relock(make: IndexFactory, bs: int) -> None:
     assert index.match_prefix(TokenKey(_tokens(4 * bs))).block_ids == ids
 
 
-def count_evictable_is_asked_now(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def count_evictable_is_asked_now(index: PrefixIndex, bs: int) -> None:
     """``count_evictable`` counts the hit's unlocked blocks at the moment of asking."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     ids = [0, 1, 2, 3]
     res = index.insert(TokenKey(_tokens(2 * bs)), ids[:2])
     index.lock(res.handle)
@@ -210,11 +220,9 @@ def count_evictable_is_asked_now(make: IndexFactory, bs: int) -> None:
     assert index.count_evictable(m.handle) == 0
 
 
-def double_unlock_raises_and_changes_nothing(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def double_unlock_raises_and_changes_nothing(index: PrefixIndex, bs: int) -> None:
     """An unlock without a lock is ``LockStateError`` and changes nothing."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     res = index.insert(TokenKey(_tokens(3 * bs)), [0, 1, 2])
     index.lock(res.handle)
     index.unlock(res.handle)
@@ -230,11 +238,9 @@ def double_unlock_raises_and_changes_nothing(make: IndexFactory, bs: int) -> Non
     assert index.stats() == before
 
 
-def evict_returns_only_unlocked_blocks(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def evict_returns_only_unlocked_blocks(index: PrefixIndex, bs: int) -> None:
     """Locked blocks survive any eviction; what stays still hits."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     locked_ids, free_ids, shared_ids = [0, 1, 2], [3, 4, 5], [6, 7]
     held = index.insert(TokenKey(_tokens(3 * bs)), locked_ids)
     index.lock(held.handle)
@@ -332,11 +338,9 @@ def foreign_handles_are_rejected(make: IndexFactory, bs: int) -> None:
     assert other.stats().num_locked_blocks == 0
 
 
-def handle_of_evicted_entries_is_rejected(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def handle_of_evicted_entries_is_rejected(index: PrefixIndex, bs: int) -> None:
     """A lookup whose blocks were evicted since is stale: refused, never trusted."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     index.insert(TokenKey(_tokens(2 * bs)), [0, 1])
     m = index.match_prefix(TokenKey(_tokens(2 * bs)))
     assert m.num_tokens == 2 * bs
@@ -349,11 +353,9 @@ def handle_of_evicted_entries_is_rejected(make: IndexFactory, bs: int) -> None:
     assert index.stats().num_locked_blocks == 0
 
 
-def insert_with_too_few_block_ids_raises_and_registers_nothing(make: IndexFactory, bs: int) -> None:
+@_caching_only
+def insert_with_too_few_block_ids_raises_and_registers_nothing(index: PrefixIndex, bs: int) -> None:
     """Fewer block ids than whole blocks is ``BlockOwnershipError``; nothing registers."""
-    index, caches = _new(make, bs)
-    if not caches:
-        return
     with _raises(BlockOwnershipError):
         index.insert(TokenKey(_tokens(3 * bs)), [0, 1])
     check(index)

@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles and the CUDA marker.
+"""Shared test configuration: hypothesis profiles, the CUDA marker, shared fixtures.
 
 Profiles: ``ci`` (default; derandomized, bounded examples, no deadline) and ``dev``
 (random, many more examples). Pick one with ``HYPOTHESIS_PROFILE=dev``.
@@ -7,6 +7,7 @@ Profiles: ``ci`` (default; derandomized, bounded examples, no deadline) and ``de
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +28,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for a module (``pytestmark = usefixtures(...)``): the tiny
+    model's matmuls gain nothing from more, and stall on a busy CI box."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _cuda_available() -> bool:

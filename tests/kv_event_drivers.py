@@ -1,6 +1,7 @@
 """K-live drivers of the two facades, stepping like the engines' schedulers.
 
-The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``):
+The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``;
+``run_k_live`` is the recorders' own, ``benchmarks/peers/k_live.py``):
 at most K requests live, the oldest finishes first by decoding its remaining output
 one token per step; the whole prompt is prefilled in one step, which samples the first
 output token. ``end_step`` is called where the engine takes its events. vLLM: a
@@ -16,15 +17,23 @@ whose decode does not fit is aborted.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+# The recorders' own loop, so the facades run the very schedule the fixtures were made in.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "peers"))
+from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import VLLMKVCacheManager
 
 Record = dict[str, Any]
+F = TypeVar("F")
+R = TypeVar("R")
 
 
 class FacadeEvents:
@@ -74,13 +83,18 @@ def _lora(lora: dict[str, Any]) -> dict[str, Any]:
     return {"name": lora["name"], "int_id": lora["id"], "path": lora["path"]}
 
 
-class VllmDriver:
-    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
+class _Driver(Generic[F, R]):
+    """A facade, where the engine takes its events (``end_step``) and the live requests
+    with their outputs, oldest first."""
 
-    def __init__(self, facade: VLLMKVCacheManager, end_step: Callable[[], None]) -> None:
+    def __init__(self, facade: F, end_step: Callable[[], None]) -> None:
         self.facade = facade
         self.end_step = end_step
-        self.live: deque[tuple[VllmRequest, list[int]]] = deque()
+        self.live: deque[tuple[R, list[int]]] = deque()
+
+
+class VllmDriver(_Driver[VLLMKVCacheManager, VllmRequest]):
+    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
         f, req = self.facade, VllmRequest(rec)
@@ -115,13 +129,8 @@ class VllmDriver:
         return ok
 
 
-class SGLangDriver:
+class SGLangDriver(_Driver[SGLangRadixCache, SimpleReq]):
     """SGLang's scheduler order through :class:`SGLangRadixCache`."""
-
-    def __init__(self, facade: SGLangRadixCache, end_step: Callable[[], None]) -> None:
-        self.facade = facade
-        self.end_step = end_step
-        self.live: deque[tuple[SimpleReq, list[int]]] = deque()
 
     def admit(self, rec: Record) -> bool:
         f = self.facade
@@ -166,13 +175,3 @@ class SGLangDriver:
 
 
 Driver = VllmDriver | SGLangDriver
-
-
-def run_k_live(driver: Driver, trace: list[Record], concurrency: int) -> None:
-    """Admit ``trace`` in order with at most ``concurrency`` live, then finish the rest."""
-    for rec in trace:
-        while len(driver.live) >= concurrency:
-            driver.finish_oldest()
-        driver.admit(rec)
-    while driver.live:
-        driver.finish_oldest()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import helpers
 import pytest
 
 from prefixkv.adapters.manager import CacheManager
@@ -34,20 +35,33 @@ from prefixkv.storage import BlockAllocator, slot_mapping, token_slot
 CACHING = ["hash_chain", "radix"]
 
 
+def manager_state(m: CacheManager) -> tuple[Any, ...]:
+    return helpers.manager_state(m, totals=False)  # a rejected admission counts in them
+
+
 def toks(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1, 30000) for _ in range(n)]
 
 
-def manager_state(m: CacheManager) -> tuple[Any, ...]:
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue is not None else None,
-        tuple((r, tuple(m.block_table(r)), m.num_computed_tokens(r)) for r in m.running()),
-        m.num_held_only_blocks(),
-    )
+def cached_manager(
+    name: str,
+    block_size: int,
+    num_blocks: int,
+    rid: str,
+    prompt: list[int],
+    *,
+    finish: bool = True,
+    extra_key: str | None = None,
+) -> CacheManager:
+    """A manager whose request ``rid`` computed ``prompt`` (all of it registered), and
+    then finished unless ``finish`` is False."""
+    m = CacheManager(make_index(name, block_size=block_size), BlockAllocator(num_blocks))
+    assert m.admit(rid, prompt, extra_key=extra_key) is not None
+    m.commit(rid, len(prompt))
+    if finish:
+        m.finish(rid)
+    return m
 
 
 # ------------------------------------------------- stale handles after the lookup
@@ -90,11 +104,8 @@ def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None
     # hit's blocks become evictable; locking them for S protects them again. An
     # admission check that trusted the lookup's count let S in and then failed with
     # the hit locked forever.
-    bs = 4
-    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(5))
     shared = toks(16, 4)
-    assert m.admit("R", shared) is not None
-    m.commit("R", 16)
+    m = cached_manager(name, 4, 5, "R", shared, finish=False)
     key = TokenKey(shared + toks(8, 5))
     match = m.match(key)
     assert match.num_tokens == 16
@@ -109,12 +120,8 @@ def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None
 
 @pytest.mark.parametrize("name", CACHING)
 def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
-    bs = 2
-    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(6))
     a = toks(8, 6)
-    assert m.admit("A", a) is not None
-    m.commit("A", 8)
-    m.finish("A")
+    m = cached_manager(name, 2, 6, "A", a)
     key = TokenKey(a + [7])
     match = m.match(key)
     assert match.num_tokens == 8
@@ -128,11 +135,8 @@ def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
 
 @pytest.mark.parametrize("name", CACHING)
 def test_a_lookup_made_stale_by_reset_is_rejected(name: str) -> None:
-    m = CacheManager(make_index(name, block_size=2), BlockAllocator(8))
     a = toks(6, 7)
-    assert m.admit("A", a) is not None
-    m.commit("A", 6)
-    m.finish("A")
+    m = cached_manager(name, 2, 8, "A", a)
     key = TokenKey(a + [1])
     match = m.match(key)
     m.reset()
@@ -165,11 +169,8 @@ def test_a_foreign_handle_is_still_an_invalid_handle() -> None:
 
 @pytest.mark.parametrize("name", CACHING)
 def test_admit_never_drops_a_namespace_given_with_a_prepared_key(name: str) -> None:
-    m = CacheManager(make_index(name, block_size=4), BlockAllocator(64))
     prompt = toks(33, 8)
-    assert m.admit("alice", prompt, extra_key="alice") is not None
-    m.commit("alice", 33)
-    m.finish("alice")
+    m = cached_manager(name, 4, 64, "alice", prompt, extra_key="alice")
     before = manager_state(m)
     with pytest.raises(PrefixKVError, match="bob"):
         m.admit("bob", TokenKey(prompt), extra_key="bob")  # conflicts with the key's own
@@ -255,11 +256,8 @@ def test_evict_blocks_rejects_ids_outside_the_pool(name: str) -> None:
 @pytest.mark.parametrize("name", CACHING)
 @pytest.mark.parametrize("bad", ["2", None, 2**70, -1, 1.5])
 def test_admit_validates_reserve_blocks_before_locking(name: str, bad: Any) -> None:
-    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
     a = toks(8, 11)
-    assert m.admit("A", a) is not None
-    m.commit("A", 8)
-    m.finish("A")
+    m = cached_manager(name, 2, 16, "A", a)
     before = manager_state(m)
     with pytest.raises(PrefixKVError, match="reserve_blocks"):
         m.admit("S", a + [3], reserve_blocks=bad)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import helpers
 import pytest
 
 from prefixkv.adapters.manager import CacheManager
@@ -312,20 +313,19 @@ def test_hash_chain_evict_blocks_rejects_malformed_ids(bad: Any) -> None:
 # ----------------------------------------------------------------------- manager
 
 
+def refuses(
+    m: CacheManager, exc: type[PrefixKVError], fn: Callable[[], object], *shown: object
+) -> None:
+    """``fn`` raises ``exc`` naming each of ``shown`` (see :func:`raises`) and leaves ``m``
+    exactly as it was."""
+    before = manager_state(m)
+    raises(exc, fn, *shown)
+    assert manager_state(m) == before
+
+
 def manager_state(m: CacheManager) -> tuple[object, ...]:
     m.check_invariants()
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue else None,
-        tuple(
-            (rid, tuple(m.block_table(rid)), m.num_computed_tokens(rid), tuple(m.key(rid).tokens))
-            for rid in m.running()
-        ),
-        m.num_held_only_blocks(),
-        (m.totals.num_requests, m.totals.num_hit_tokens, m.totals.num_rejected),
-    )
+    return helpers.manager_state(m)
 
 
 def busy_manager(name: str) -> CacheManager:
@@ -344,9 +344,7 @@ def busy_manager(name: str) -> CacheManager:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_admit_rejects_a_running_request_id(name: str) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(RequestStateError, lambda: m.admit("run", [5, 5, 5]), "'run'")
-    assert manager_state(m) == before
+    refuses(m, RequestStateError, lambda: m.admit("run", [5, 5, 5]), "'run'")
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -362,18 +360,14 @@ def test_admit_rejects_an_empty_prompt(name: str) -> None:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_admit_rejects_bad_tokens(name: str, bad: Any) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(InvalidTokenError, lambda: m.admit("new", [1, 2, 3, bad]), bad)
-    assert manager_state(m) == before
+    refuses(m, InvalidTokenError, lambda: m.admit("new", [1, 2, 3, bad]), bad)
 
 
 @pytest.mark.parametrize("bad", BAD_EXTRA_KEYS[:4], ids=repr)
 @pytest.mark.parametrize("name", BACKENDS)
 def test_admit_rejects_a_bad_extra_key(name: str, bad: Any) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(InvalidTokenError, lambda: m.admit("new", [1, 2, 3], bad), bad)
-    assert manager_state(m) == before
+    refuses(m, InvalidTokenError, lambda: m.admit("new", [1, 2, 3], bad), bad)
 
 
 BAD_NUM_TOKENS = [
@@ -399,36 +393,28 @@ def test_admit_rejects_a_bad_num_tokens_and_changes_nothing(name: str, bad: Any)
 @pytest.mark.parametrize("name", BACKENDS)
 def test_commit_beyond_the_slots_is_rejected(name: str, bad: Any) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(PrefixKVError, lambda: m.commit("run", bad), bad)
-    assert manager_state(m) == before
+    refuses(m, PrefixKVError, lambda: m.commit("run", bad), bad)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_commit_beyond_the_allocated_slots_of_a_chunked_prefill(name: str) -> None:
     m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
     m.admit("chunk", [1, 2, 3, 4, 5, 6], num_tokens=2)  # slots for 2 tokens only
-    before = manager_state(m)
-    raises(PrefixKVError, lambda: m.commit("chunk", 3), 3)
-    assert manager_state(m) == before
+    refuses(m, PrefixKVError, lambda: m.commit("chunk", 3), 3)
 
 
 @pytest.mark.parametrize("bad", BAD_TOKENS, ids=repr)
 @pytest.mark.parametrize("name", BACKENDS)
 def test_append_rejects_bad_tokens(name: str, bad: Any) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(InvalidTokenError, lambda: m.append("run", [8, bad]), bad)
-    assert manager_state(m) == before
+    refuses(m, InvalidTokenError, lambda: m.append("run", [8, bad]), bad)
 
 
 @pytest.mark.parametrize("bad", [-1, 99, 1.5], ids=repr)
 @pytest.mark.parametrize("name", BACKENDS)
 def test_append_rejects_a_bad_num_slots(name: str, bad: Any) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(PrefixKVError, lambda: m.append("run", [8], num_slots=bad), bad)
-    assert manager_state(m) == before
+    refuses(m, PrefixKVError, lambda: m.append("run", [8], num_slots=bad), bad)
 
 
 @pytest.mark.parametrize("op", ["finish", "abort", "commit", "append", "block_table", "key"])
@@ -462,9 +448,7 @@ def test_double_finish_and_abort_after_finish_are_rejected(name: str) -> None:
 @pytest.mark.parametrize("name", BACKENDS)
 def test_reset_while_requests_run_is_rejected(name: str) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(CacheInUseError, lambda: m.reset(), "1")
-    assert manager_state(m) == before
+    refuses(m, CacheInUseError, lambda: m.reset(), "1")
 
 
 def test_manager_rejects_an_object_that_is_not_an_index() -> None:
@@ -474,9 +458,7 @@ def test_manager_rejects_an_object_that_is_not_an_index() -> None:
 @pytest.mark.parametrize("name", ["radix", "none"])
 def test_evict_blocks_on_an_index_without_it_is_rejected(name: str) -> None:
     m = busy_manager(name)
-    before = manager_state(m)
-    raises(PrefixKVError, lambda: m.evict_blocks([0]), type(m.index).__name__)
-    assert manager_state(m) == before
+    refuses(m, PrefixKVError, lambda: m.evict_blocks([0]), type(m.index).__name__)
 
 
 # ---------------------------------------------------------------- block tables

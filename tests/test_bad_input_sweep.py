@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import manager_state
 
 from prefixkv.adapters import Engine, EngineConfig
 from prefixkv.adapters.manager import CacheManager
@@ -67,18 +68,6 @@ def busy_manager(name: str) -> CacheManager:
     return m
 
 
-def manager_state(m: CacheManager) -> Any:
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(
-            (r, tuple(m.block_table(r)), m.num_computed_tokens(r), tuple(m.key(r).tokens))
-            for r in m.running()
-        ),
-        m.num_held_only_blocks(),
-    )
-
-
 def index_with_content(name: str) -> Any:
     index = make_index(name, block_size=2)
     index.insert(TokenKey([1, 2, 3, 4]), [0, 1])
@@ -127,60 +116,54 @@ class Entry:
     valid: tuple[Any, ...] = ()  # values of WRONG this argument takes (huge: "does not fit")
 
 
+def on(label: str, build: Callable[[], Any], state: Callable[[Any], Any]) -> Callable[..., Entry]:
+    """Entries on one kind of object: ``at(what, call, ...)`` is the entry ``label.what``
+    (``what`` alone for an unlabelled group) built by ``build``, snapshot by ``state``."""
+
+    def at(what: str, call: Callable[[Any, Any], object], **options: Any) -> Entry:
+        return Entry(f"{label}.{what}" if label else what, build, state, call, **options)
+
+    return at
+
+
+def _free_ids(a: BlockAllocator) -> Any:
+    return tuple(a.free_block_ids())
+
+
 def _entries() -> list[Entry]:
     out: list[Entry] = []
+    bare = on("", lambda: None, lambda _: None)
     for name in ("hash_chain", "radix"):
 
         def mk(n: str = name) -> Any:
             return index_with_content(n)
 
+        index = on(name, mk, index_state)
+
         out += [
-            Entry(
-                f"{name}.match_prefix(max_num_tokens)",
-                mk,
-                index_state,
+            index(
+                "match_prefix(max_num_tokens)",
                 lambda i, b: i.match_prefix(TokenKey([1, 2, 3, 4]), b),
                 accepts_none=True,
             ),
-            Entry(
-                f"{name}.insert(num_tokens)",
-                mk,
-                index_state,
+            index(
+                "insert(num_tokens)",
                 lambda i, b: i.insert(TokenKey([1, 2, 3, 4, 5, 6]), [0, 1, 2], b),
                 accepts_none=True,
             ),
-            Entry(
-                f"{name}.insert(block_ids item)",
-                mk,
-                index_state,
-                lambda i, b: i.insert(TokenKey([7, 8, 9, 10]), [b, 5]),
-            ),
-            Entry(
-                f"{name}.insert(block_ids)",
-                mk,
-                index_state,
-                lambda i, b: i.insert(TokenKey([7, 8, 9, 10]), b),
-            ),
-            Entry(f"{name}.evict(num_blocks)", mk, index_state, lambda i, b: i.evict(b)),
-            Entry(f"{name}.lock(handle)", mk, index_state, lambda i, b: i.lock(b)),
-            Entry(f"{name}.unlock(handle)", mk, index_state, lambda i, b: i.unlock(b)),
-            Entry(
-                f"{name}.count_evictable(handle)",
-                mk,
-                index_state,
-                lambda i, b: i.count_evictable(b),
-            ),
-            Entry(
-                f"{name}.cached_blocks(max_num_tokens)",
-                mk,
-                index_state,
+            index("insert(block_ids item)", lambda i, b: i.insert(TokenKey([7, 8, 9, 10]), [b, 5])),
+            index("insert(block_ids)", lambda i, b: i.insert(TokenKey([7, 8, 9, 10]), b)),
+            index("evict(num_blocks)", lambda i, b: i.evict(b)),
+            index("lock(handle)", lambda i, b: i.lock(b)),
+            index("unlock(handle)", lambda i, b: i.unlock(b)),
+            index("count_evictable(handle)", lambda i, b: i.count_evictable(b)),
+            index(
+                "cached_blocks(max_num_tokens)",
                 lambda i, b: i.cached_blocks(TokenKey([1, 2, 3, 4]), b),
                 accepts_none=True,
             ),
-            Entry(
+            bare(
                 f"make_index({name}, block_size)",
-                lambda: None,
-                lambda _: None,
                 lambda _, b, n=name: make_index(n, block_size=b),
                 accepts_none=True,
             ),
@@ -189,119 +172,59 @@ def _entries() -> list[Entry]:
         def mgr(n: str = name) -> CacheManager:
             return busy_manager(n)
 
+        manager = on(f"manager[{name}]", mgr, manager_state)
+
         out += [
-            Entry(
-                f"manager[{name}].admit(tokens)",
-                mgr,
-                manager_state,
-                lambda m, b: m.admit("new", b),
-                valid=([1],),
-            ),
-            Entry(
-                f"manager[{name}].admit(token)",
-                mgr,
-                manager_state,
-                lambda m, b: m.admit("new", [1, 2, b]),
-            ),
-            Entry(
-                f"manager[{name}].admit(num_tokens)",
-                mgr,
-                manager_state,
+            manager("admit(tokens)", lambda m, b: m.admit("new", b), valid=([1],)),
+            manager("admit(token)", lambda m, b: m.admit("new", [1, 2, b])),
+            manager(
+                "admit(num_tokens)",
                 lambda m, b: m.admit("new", [1, 2, 3, 4, 8], num_tokens=b),
                 accepts_none=True,
             ),
-            Entry(
-                f"manager[{name}].admit(reserve_blocks)",
-                mgr,
-                manager_state,
+            manager(
+                "admit(reserve_blocks)",
                 lambda m, b: m.admit("new", [1, 2, 3, 4, 8], reserve_blocks=b),
             ),
-            Entry(
-                f"manager[{name}].admit(priority)",
-                mgr,
-                manager_state,
+            manager(
+                "admit(priority)",
                 lambda m, b: m.admit("new", [1, 2, 3, 4, 8], priority=b),
                 accepts_none=True,
                 valid=(-1, 2**70),
             ),
-            Entry(
-                f"manager[{name}].admit(extra_key)",
-                mgr,
-                manager_state,
+            manager(
+                "admit(extra_key)",
                 lambda m, b: m.admit("new", [1, 2, 3, 4, 8], b if b != "3" else 5),
                 accepts_none=True,
             ),
-            Entry(
-                f"manager[{name}].admit(lookup)",
-                mgr,
-                manager_state,
+            manager(
+                "admit(lookup)",
                 lambda m, b: m.admit("new", [1, 2, 3, 4, 8], lookup=b),
                 accepts_none=True,
             ),
-            Entry(
-                f"manager[{name}].admit(request_id)",
-                mgr,
-                manager_state,
+            manager(
+                "admit(request_id)",
                 lambda m, b: m.admit(b if isinstance(b, list) else "live", [1, 2, 3]),
             ),
-            Entry(
-                f"manager[{name}].commit(num_tokens)",
-                mgr,
-                manager_state,
-                lambda m, b: m.commit("live", b),
-            ),
-            Entry(
-                f"manager[{name}].append(tokens)",
-                mgr,
-                manager_state,
-                lambda m, b: m.append("live", [b]),
-            ),
-            Entry(
-                f"manager[{name}].append(num_slots)",
-                mgr,
-                manager_state,
+            manager("commit(num_tokens)", lambda m, b: m.commit("live", b)),
+            manager("append(tokens)", lambda m, b: m.append("live", [b])),
+            manager(
+                "append(num_slots)",
                 lambda m, b: m.append("live", [1], num_slots=b),
                 accepts_none=True,
             ),
-            Entry(
-                f"manager[{name}].append(reserve_blocks)",
-                mgr,
-                manager_state,
-                lambda m, b: m.append("live", [1], reserve_blocks=b),
+            manager("append(reserve_blocks)", lambda m, b: m.append("live", [1], reserve_blocks=b)),
+            manager("advance(num_slots)", lambda m, b: m.advance("live", b, 4), valid=(2**70,)),
+            manager(
+                "advance(num_computed)", lambda m, b: m.advance("live", 12, b), accepts_none=True
             ),
-            Entry(
-                f"manager[{name}].advance(num_slots)",
-                mgr,
-                manager_state,
-                lambda m, b: m.advance("live", b, 4),
-                valid=(2**70,),
+            manager(
+                "advance(reserve_blocks)", lambda m, b: m.advance("live", 12, 4, reserve_blocks=b)
             ),
-            Entry(
-                f"manager[{name}].advance(num_computed)",
-                mgr,
-                manager_state,
-                lambda m, b: m.advance("live", 12, b),
-                accepts_none=True,
-            ),
-            Entry(
-                f"manager[{name}].advance(reserve_blocks)",
-                mgr,
-                manager_state,
-                lambda m, b: m.advance("live", 12, 4, reserve_blocks=b),
-            ),
-            Entry(
-                f"manager[{name}].evict(num_blocks)", mgr, manager_state, lambda m, b: m.evict(b)
-            ),
-            Entry(
-                f"manager[{name}].evict_blocks(ids)",
-                mgr,
-                manager_state,
-                lambda m, b: m.evict_blocks([b]),
-            ),
-            Entry(
-                f"manager[{name}].finish(request_id)",
-                mgr,
-                manager_state,
+            manager("evict(num_blocks)", lambda m, b: m.evict(b)),
+            manager("evict_blocks(ids)", lambda m, b: m.evict_blocks([b])),
+            manager(
+                "finish(request_id)",
                 lambda m, b: m.finish(b if isinstance(b, list) else f"ghost-{b!r}"),
             ),
         ]
@@ -318,144 +241,63 @@ def _entries() -> list[Entry]:
         def sstate(c: SGLangRadixCache) -> Any:
             return manager_state(c.manager)
 
+        vllm = on(f"vllm[{name}]", vf, vstate)
+        sglang = on(f"sglang[{name}]", sf, sstate)
+
         out += [
-            Entry(
-                f"vllm[{name}].allocate_slots(num_new_tokens)",
-                vf,
-                vstate,
+            vllm(
+                "allocate_slots(num_new_tokens)",
                 lambda f, b: f.allocate_slots(f.live, b),
                 valid=(2**70,),
             ),
-            Entry(
-                f"vllm[{name}].allocate_slots(num_new_computed_tokens)",
-                vf,
-                vstate,
+            vllm(
+                "allocate_slots(num_new_computed_tokens)",
                 lambda f, b: f.allocate_slots(SimpleRequest("n", [1, 2, 3]), 3, b),
             ),
-            Entry(
-                f"vllm[{name}].allocate_slots(num_lookahead_tokens)",
-                vf,
-                vstate,
+            vllm(
+                "allocate_slots(num_lookahead_tokens)",
                 lambda f, b: f.allocate_slots(f.live, 1, num_lookahead_tokens=b),
             ),
-            Entry(
-                f"vllm[{name}].get_computed_blocks(tokens)",
-                vf,
-                vstate,
+            vllm(
+                "get_computed_blocks(tokens)",
                 lambda f, b: f.get_computed_blocks(SimpleRequest("n", [1, b])),
             ),
-            Entry(f"vllm[{name}].evict_blocks(ids)", vf, vstate, lambda f, b: f.evict_blocks([b])),
-            Entry(
-                f"sglang[{name}].match_prefix(tokens)",
-                sf,
-                sstate,
-                lambda c, b: c.match_prefix([1, b]),
-            ),
-            Entry(
-                f"sglang[{name}].insert(value)", sf, sstate, lambda c, b: c.insert([8, 9], [b, 60])
-            ),
-            Entry(f"sglang[{name}].evict(num_tokens)", sf, sstate, lambda c, b: c.evict(b)),
-            Entry(f"sglang[{name}].inc_lock_ref(node)", sf, sstate, lambda c, b: c.inc_lock_ref(b)),
-            Entry(
-                f"sglang[{name}].alloc_for_extend(priority)",
-                sf,
-                sstate,
+            vllm("evict_blocks(ids)", lambda f, b: f.evict_blocks([b])),
+            sglang("match_prefix(tokens)", lambda c, b: c.match_prefix([1, b])),
+            sglang("insert(value)", lambda c, b: c.insert([8, 9], [b, 60])),
+            sglang("evict(num_tokens)", lambda c, b: c.evict(b)),
+            sglang("inc_lock_ref(node)", lambda c, b: c.inc_lock_ref(b)),
+            sglang(
+                "alloc_for_extend(priority)",
                 lambda c, b: c.alloc_for_extend(SimpleReq("n", [1, 2], priority=b)),
                 accepts_none=True,
                 valid=(-1, 2**70),
             ),
         ]
+    allocator = on("BlockAllocator", lambda: BlockAllocator(8), _free_ids)
+    allocated = on("BlockAllocator", lambda: _allocator_with(3), _free_ids)
+    engine = on(
+        "Engine", lambda: Engine(EngineConfig(num_blocks=16)), lambda e: e.stats.num_requests
+    )
     out += [
-        Entry(
-            "TokenKey(priority)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: TokenKey([1], priority=b),
-            valid=(-1, 2**70),
-        ),
-        Entry(
-            "HashChainIndex(verify)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: HashChainIndex(4, verify=b),
-            valid=(True,),
-        ),
-        Entry(
+        bare("TokenKey(priority)", lambda _, b: TokenKey([1], priority=b), valid=(-1, 2**70)),
+        bare("HashChainIndex(verify)", lambda _, b: HashChainIndex(4, verify=b), valid=(True,)),
+        bare(
             "HashChainIndex(seed)",
-            lambda: None,
-            lambda _: None,
             lambda _, b: HashChainIndex(4, seed=b if not isinstance(b, (int, str)) else 1.5),
             accepts_none=True,
         ),
-        Entry(
-            "RadixIndex(eviction)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: RadixIndex(1, eviction=b),
-        ),
-        Entry(
-            "BlockAllocator(num_blocks)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: BlockAllocator(b),
-        ),
-        Entry(
-            "BlockAllocator.allocate(num_blocks)",
-            lambda: BlockAllocator(8),
-            lambda a: tuple(a.free_block_ids()),
-            lambda a, b: a.allocate(b),
-            valid=(2**70,),
-        ),
-        Entry(
-            "BlockAllocator.free(ids)",
-            lambda: _allocator_with(3),
-            lambda a: tuple(a.free_block_ids()),
-            lambda a, b: a.free(b),
-            valid=([1],),
-        ),
-        Entry(
-            "BlockAllocator.free(id)",
-            lambda: _allocator_with(3),
-            lambda a: tuple(a.free_block_ids()),
-            lambda a, b: a.free([0, b]),
-        ),
-        Entry(
-            "BlockAllocator.owner_of(id)",
-            lambda: BlockAllocator(8),
-            lambda a: tuple(a.free_block_ids()),
-            lambda a, b: a.owner_of(b),
-        ),
-        Entry(
-            "token_slot(position)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: token_slot([0, 1], b, 4),
-        ),
-        Entry(
-            "token_slot(block_size)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: token_slot([0, 1], 1, b),
-        ),
-        Entry(
-            "slot_mapping(end)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: slot_mapping([0, 1], 0, b, 4),
-        ),
-        Entry(
-            "pad_block_tables(width)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: pad_block_tables([[0]], b),
-            accepts_none=True,
-        ),
-        Entry(
-            "PagedKVCache(num_layers)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: PagedKVCache(b, 2, 4, 4, 2),
-        ),
+        bare("RadixIndex(eviction)", lambda _, b: RadixIndex(1, eviction=b)),
+        bare("BlockAllocator(num_blocks)", lambda _, b: BlockAllocator(b)),
+        allocator("allocate(num_blocks)", lambda a, b: a.allocate(b), valid=(2**70,)),
+        allocated("free(ids)", lambda a, b: a.free(b), valid=([1],)),
+        allocated("free(id)", lambda a, b: a.free([0, b])),
+        allocator("owner_of(id)", lambda a, b: a.owner_of(b)),
+        bare("token_slot(position)", lambda _, b: token_slot([0, 1], b, 4)),
+        bare("token_slot(block_size)", lambda _, b: token_slot([0, 1], 1, b)),
+        bare("slot_mapping(end)", lambda _, b: slot_mapping([0, 1], 0, b, 4)),
+        bare("pad_block_tables(width)", lambda _, b: pad_block_tables([[0]], b), accepts_none=True),
+        bare("PagedKVCache(num_layers)", lambda _, b: PagedKVCache(b, 2, 4, 4, 2)),
         Entry(
             "PagedKVCache.gather(layer)",
             paged_kv,
@@ -468,24 +310,9 @@ def _entries() -> list[Entry]:
             lambda c: c.kv.sum().item(),
             lambda c, b: c.gather(0, [0], b),
         ),
-        Entry(
-            "EngineConfig(num_blocks)",
-            lambda: None,
-            lambda _: None,
-            lambda _, b: EngineConfig(num_blocks=b),
-        ),
-        Entry(
-            "Engine.add_request(max_new_tokens)",
-            lambda: Engine(EngineConfig(num_blocks=16)),
-            lambda e: e.stats.num_requests,
-            lambda e, b: e.add_request([1, 2, 3], b),
-        ),
-        Entry(
-            "Engine.add_request(token)",
-            lambda: Engine(EngineConfig(num_blocks=16)),
-            lambda e: e.stats.num_requests,
-            lambda e, b: e.add_request([1, b], 2),
-        ),
+        bare("EngineConfig(num_blocks)", lambda _, b: EngineConfig(num_blocks=b)),
+        engine("add_request(max_new_tokens)", lambda e, b: e.add_request([1, 2, 3], b)),
+        engine("add_request(token)", lambda e, b: e.add_request([1, b], 2)),
     ]
     return out
 

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from helpers import interrupt_after
 
 from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import (
@@ -525,20 +526,6 @@ def test_engine_named_flags_reach_the_backends(
 # --- long runs: interrupts, atomic outputs, inputs never overwritten ---------------------
 
 
-def _interrupt_after(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, calls: int) -> None:
-    """Make ``module.name`` raise KeyboardInterrupt on its ``calls``-th call (Ctrl-C)."""
-    real = getattr(module, name)
-    count = [0]
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        count[0] += 1
-        if count[0] == calls:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, wrapped)
-
-
 def test_replay_interrupted_writes_partial_hits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -548,7 +535,7 @@ def test_replay_interrupted_writes_partial_hits(
     write_trace(trace, make_workload("shared_system_prompt", num_requests=20, system_len=64))
     out = tmp_path / "hits.jsonl"
     # Ctrl-C in the 8th lookup: 7 requests were admitted.
-    _interrupt_after(monkeypatch, vllm.VLLMKVCacheManager, "get_computed_blocks", 8)
+    interrupt_after(monkeypatch, vllm.VLLMKVCacheManager, "get_computed_blocks", 8)
     code, stdout, _ = _run(capsys, "replay", str(trace), "--index", "hash_chain", "-k", "2",
                            "--out", str(out))  # fmt: skip
     assert code == 130
@@ -566,7 +553,7 @@ def test_compare_interrupted_keeps_finished_backends(
 
     out = tmp_path / "o"
     # The radix tree runs second: interrupt its first replay midway.
-    _interrupt_after(monkeypatch, sglang.SGLangRadixCache, "alloc_for_extend", 5)
+    interrupt_after(monkeypatch, sglang.SGLangRadixCache, "alloc_for_extend", 5)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--timing-repeats", "1", "--out", str(out))  # fmt: skip
     assert code == 130
@@ -589,7 +576,7 @@ def test_interrupt_while_loading_writes_nothing(
     write_trace(trace, seed_example())
     out = tmp_path / "h.jsonl"
     out.write_text("earlier results\n")
-    _interrupt_after(monkeypatch, source.TraceSource, "scan", 1)
+    interrupt_after(monkeypatch, source.TraceSource, "scan", 1)
     code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(out))
     assert code == 130 and "nothing written" in err
     assert out.read_text() == "earlier results\n"

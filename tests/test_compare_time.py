@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import interrupt_after
 
 from prefixkv.adapters.lab import timed
 from prefixkv.adapters.lab.cli import main
@@ -225,16 +226,8 @@ def test_bad_time_flags_are_one_line(
 def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = timed.simulate
-    calls = [0]
-
-    def interrupted_second(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 2:  # the radix tree's run, halfway through the backends
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(timed, "simulate", interrupted_second)
+    # the radix tree's run, halfway through the backends
+    interrupt_after(monkeypatch, timed, "simulate", 2)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--request-rate", "2", *SMALL[:4], "--out", str(tmp_path))  # fmt: skip
     assert code == 130 and "partial results" in stdout
@@ -348,16 +341,7 @@ def test_ctrl_c_while_writing_the_tables_lists_the_finished_ones(
 ) -> None:
     from prefixkv.adapters.lab import report
 
-    real = report.write_rows
-    calls = [0]
-
-    def interrupted_second(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(report, "write_rows", interrupted_second)
+    interrupt_after(monkeypatch, report, "write_rows", 2)
     code, _, _ = _run(capsys, "compare", "-w", "seed", "--request-rate", "1", *SMALL,
                       "--out", str(tmp_path))  # fmt: skip
     assert code == 130

@@ -8,10 +8,10 @@ The randomized equal-KV property lives in ``test_engine_properties.py``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import BACKENDS, DEVICES
 
 from prefixkv.adapters import Engine, EngineConfig
 from prefixkv.adapters.accounting import BoundaryTracker
@@ -37,18 +37,10 @@ from prefixkv.indexes import (
     make_index,
 )
 
-BACKENDS = ("none", "hash_chain", "radix")
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # The model's matmuls are tiny: more threads only add stalls on a busy CI box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tokens(seed: int, n: int, vocab: int = 512) -> list[int]:

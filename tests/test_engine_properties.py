@@ -13,12 +13,13 @@ search run ``HYPOTHESIS_PROFILE=dev pytest tests/test_engine_properties.py``.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
 import torch
+from helpers import BACKENDS, DEVICES
 from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
@@ -34,8 +35,6 @@ from prefixkv.adapters.engine.testing import (
 )
 from prefixkv.indexes import LockStateError, PrefixIndex, PrefixKVError, make_index
 
-BACKENDS = ("none", "hash_chain", "radix")
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 VOCAB = 512
 
 
@@ -46,13 +45,7 @@ def _examples(ci: int) -> int:
     return settings.default.max_examples
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # The model's matmuls are tiny: more threads only add stalls on a busy CI box.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Workload(NamedTuple):
@@ -277,11 +270,14 @@ TEETH_WORKLOAD = Workload(
     waves=[[_BASE[:30] + [1, 2, 3]], [_BASE[:35] + [4], _BASE, [5, *_BASE[::-1]], _BASE[:22]]],
     max_new=[[6], [6, 6, 6, 6]],
 )
+# Both caching backends, two block sizes, a roomy and a tight pool.
+TEETH_GRID = pytest.mark.parametrize(
+    ("num_blocks_per_token", "block_size", "backend"),
+    list(itertools.product([1.0, 0.5], [1, 4], ["hash_chain", "radix"])),
+)
 
 
-@pytest.mark.parametrize("backend", ["hash_chain", "radix"])
-@pytest.mark.parametrize("block_size", [1, 4])
-@pytest.mark.parametrize("num_blocks_per_token", [1.0, 0.5])
+@TEETH_GRID
 def test_teeth_control_real_index_passes(
     backend: str, block_size: int, num_blocks_per_token: float
 ) -> None:
@@ -306,9 +302,7 @@ def test_teeth_wrong_block_on_a_hit_breaks_equal_kv(backend: str, block_size: in
     assert faulty.num_faults == 1
 
 
-@pytest.mark.parametrize("backend", ["hash_chain", "radix"])
-@pytest.mark.parametrize("block_size", [1, 4])
-@pytest.mark.parametrize("num_blocks_per_token", [1.0, 0.5])
+@TEETH_GRID
 def test_teeth_skipped_ref_count_breaks_the_property(
     backend: str, block_size: int, num_blocks_per_token: float
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,26 @@ def recorded(name: str) -> tuple[dict[str, Any], list[bytes]]:
     ]
 
 
+def published(driver: Any, facade: Any, take_batch: Callable[[float, int], Any]) -> list[Any]:
+    """The fixture trace through ``facade``, driven and reset as the recorders did; the
+    batches ``take_batch`` gave at the end of each step (at ``T0 + step / 1000``, with
+    the settings' rank)."""
+    batches: list[Any] = []
+    step = 0
+
+    def end_step() -> None:
+        nonlocal step
+        batch = take_batch(T0 + step / 1000, SETTINGS["data_parallel_rank"])
+        if batch is not None:
+            batches.append(batch)
+        step += 1
+
+    d = driver(facade, end_step)
+    run_k_live(d, TRACE, SETTINGS["concurrency"])
+    assert d.reset()
+    return batches
+
+
 def first_difference(ours: list[bytes], theirs: list[bytes]) -> str:
     dec = EventDecoder()
     for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
@@ -78,19 +99,7 @@ def test_hash_chain_publishes_vllms_batches(algo: str) -> None:
         index, SETTINGS["vllm_num_blocks"] - 1, enable_kv_cache_events=True
     )
     recorder = attach_recorder(facade)
-    ours: list[bytes] = []
-    step = 0
-
-    def end_step() -> None:
-        nonlocal step
-        batch = recorder.take_batch(T0 + step / 1000, SETTINGS["data_parallel_rank"])
-        if batch is not None:
-            ours.append(encode(batch))
-        step += 1
-
-    driver = VllmDriver(facade, end_step)
-    run_k_live(driver, TRACE, SETTINGS["concurrency"])
-    assert driver.reset()
+    ours = [encode(b) for b in published(VllmDriver, facade, recorder.take_batch)]
     assert ours == theirs, first_difference(ours, theirs)
 
 
@@ -102,25 +111,12 @@ def test_radix_tree_publishes_sglangs_batches(page_size: int) -> None:
     assert isinstance(recorder, SGLangEventRecorder)
     index.set_event_sink(recorder)  # type: ignore[attr-defined]
     facade = SGLangRadixCache(index, SETTINGS["capacity_tokens"])
-    ours: list[bytes] = []
-    views: list[Any] = []
-    step = 0
-
-    def end_step() -> None:
-        nonlocal step
-        batch = recorder.take_sglang_batch(T0 + step / 1000, SETTINGS["data_parallel_rank"])
-        if batch is not None:
-            ours.append(encode(batch))
-            views.append(from_sglang(batch))
-        step += 1
-
-    driver = SGLangDriver(facade, end_step)
-    run_k_live(driver, TRACE, SETTINGS["concurrency"])
-    assert driver.reset()
+    batches = published(SGLangDriver, facade, recorder.take_sglang_batch)
+    ours = [encode(b) for b in batches]
     assert ours == theirs, first_difference(ours, theirs)
     # take_events gives the same events as vLLM structs, as a router's decoder reads them
     dec = EventDecoder()
-    assert views == [dec.decode(p) for p in theirs]
+    assert [from_sglang(b) for b in batches] == [dec.decode(p) for p in theirs]
 
 
 def test_sglang_recorder_take_events_reads_as_the_decoder_does() -> None:

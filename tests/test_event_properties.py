@@ -10,7 +10,7 @@ equal the entries the index holds, in the wire form of the index's dialect.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given
@@ -61,34 +61,35 @@ def check(index: Any, recorder: Any, consumer: EventIndex) -> None:
     assert known == held
 
 
+class Run(NamedTuple):
+    """One replay: the trace and its schedule, block size and pool (blocks)."""
+
+    trace: list[tuple[int, list[int], int, int, str, list[int]]]
+    concurrency: int
+    block_size: int
+    pool: int
+
+
 @pytest.mark.parametrize("facade_kind", ["vllm", "sglang"])
 @pytest.mark.parametrize("backend", ["hash_chain", "radix"])
 @given(
-    trace=requests,
-    concurrency=st.integers(1, 3),
-    block_size=st.sampled_from([1, 2]),
-    pool=st.integers(7, 12),
+    run=st.builds(
+        Run,
+        trace=requests,
+        concurrency=st.integers(1, 3),
+        block_size=st.sampled_from([1, 2]),
+        pool=st.integers(7, 12),
+    )
 )
 def test_event_consumer_mirrors_the_index_after_every_step(
-    backend: str,
-    facade_kind: str,
-    trace: list[tuple[int, list[int], int, int, str, list[int]]],
-    concurrency: int,
-    block_size: int,
-    pool: int,
+    backend: str, facade_kind: str, run: Run
 ) -> None:
-    replay_checked(backend, facade_kind, trace, concurrency, block_size, pool)
+    replay_checked(backend, facade_kind, run)
 
 
-def replay_checked(
-    backend: str,
-    facade_kind: str,
-    trace: list[tuple[int, list[int], int, int, str, list[int]]],
-    concurrency: int,
-    block_size: int,
-    pool: int,
-) -> int:
-    """Run ``trace``, checking the consumer after every step; returns blocks evicted."""
+def replay_checked(backend: str, facade_kind: str, run: Run) -> int:
+    """Replay ``run``, checking the consumer after every step; returns blocks evicted."""
+    trace, concurrency, block_size, pool = run
     index = make_index(backend, block_size=block_size, **pool_owned_options(backend))
     consumer = EventIndex()
     driver: Driver
@@ -127,4 +128,4 @@ def replay_checked(
 def test_the_pools_evict_constantly(backend: str, facade_kind: str) -> None:
     # The property's pools are tiny: a plain run of distinct requests keeps evicting.
     trace = [(i % 3, [i % 4 + 1, i % 3 + 1], 3, i % 5, "admit", []) for i in range(30)]
-    assert replay_checked(backend, facade_kind, trace, 2, 2, 8) >= 20
+    assert replay_checked(backend, facade_kind, Run(trace, 2, 2, 8)) >= 20

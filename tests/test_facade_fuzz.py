@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 
+from helpers import FacadeMachine, release_a_live_request
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
@@ -37,16 +38,22 @@ def snapshot(manager: object, *, exact: bool = True) -> tuple[object, ...]:
     )
 
 
-class VLLMFacadeFuzz(RuleBasedStateMachine):
+class VLLMFacadeFuzz(FacadeMachine):
     """vLLM's call order: get_computed_blocks + allocate_slots, allocate_slots(1), free."""
 
     @initialize(backend=BACKENDS, blocks=st.integers(6, 40))
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
         self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
-        self.live: dict[str, SimpleRequest] = {}
+        self.manager = self.kv.manager
+        self.live = {}
         self.done: list[SimpleRequest] = []
         self.n = 0
+
+    def release(self, req: SimpleRequest) -> None:
+        self.kv.free(req)
+
+    free = release_a_live_request
 
     @rule(prompt=TOKENS)
     def admit(self, prompt: list[int]) -> None:
@@ -65,16 +72,10 @@ class VLLMFacadeFuzz(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
-        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.draw_live(data)
         if self.kv.allocate_slots(req, 1) is not None:
             req.num_computed_tokens += 1
             req.append_output_token_ids(data.draw(st.integers(1, 4)))
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def free(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
-        self.kv.free(self.live.pop(rid))
 
     @rule(kind=st.sampled_from(["unknown", "negative", "lookahead", "computed"]),
           bad=BAD_TOKENS)  # fmt: skip
@@ -96,29 +97,22 @@ class VLLMFacadeFuzz(RuleBasedStateMachine):
             raise AssertionError(f"misuse {kind} was accepted")
         assert snapshot(self.kv.manager) == before
 
-    @invariant()
-    def conserved(self) -> None:
-        if hasattr(self, "kv"):
-            self.kv.manager.check_invariants()
 
-    def teardown(self) -> None:
-        if hasattr(self, "kv"):
-            for req in list(self.live.values()):
-                self.kv.free(req)
-            m = self.kv.manager
-            m.check_invariants()
-            assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
-
-
-class SGLangFacadeFuzz(RuleBasedStateMachine):
+class SGLangFacadeFuzz(FacadeMachine):
     """SGLang's call order: alloc_for_extend, cache_unfinished_req, decode, finish."""
 
     @initialize(backend=BACKENDS, tokens=st.integers(8, 80))
     def setup(self, backend: tuple[str, int], tokens: int) -> None:
         name, bs = backend
         self.cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=tokens)
-        self.live: dict[str, SimpleReq] = {}
+        self.manager = self.cache.manager
+        self.live = {}
         self.n = 0
+
+    def release(self, req: SimpleReq) -> None:
+        self.cache.cache_finished_req(req)
+
+    finish = release_a_live_request
 
     @rule(prompt=TOKENS)
     def admit(self, prompt: list[int]) -> None:
@@ -135,15 +129,9 @@ class SGLangFacadeFuzz(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
-        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.draw_live(data)
         if self.cache.alloc_for_decode(req):
             req.output_ids.append(data.draw(st.integers(1, 4)))
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
-        self.cache.cache_finished_req(self.live.pop(rid))
 
     @rule(kind=st.sampled_from(["unknown", "twice", "no_token", "bad_tokens", "evict"]),
           bad=BAD_TOKENS)  # fmt: skip
@@ -169,19 +157,6 @@ class SGLangFacadeFuzz(RuleBasedStateMachine):
                 return
             raise AssertionError(f"misuse {kind} was accepted")
         assert snapshot(self.cache.manager) == before
-
-    @invariant()
-    def conserved(self) -> None:
-        if hasattr(self, "cache"):
-            self.cache.manager.check_invariants()
-
-    def teardown(self) -> None:
-        if hasattr(self, "cache"):
-            for req in list(self.live.values()):
-                self.cache.cache_finished_req(req)
-            m = self.cache.manager
-            m.check_invariants()
-            assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
 
 
 # Bounded in the ci profile; the dev profile's own example count applies otherwise.

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import FacadeMachine, release_a_live_request
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from prefixkv.adapters.sglang import MatchResult, SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
@@ -59,7 +60,7 @@ class Content:
             assert b not in writing, f"hit on block {b} that another request is writing"
 
 
-class VLLMLookups(RuleBasedStateMachine):
+class VLLMLookups(FacadeMachine):
     """get_computed_blocks ... anything ... allocate_slots, through the vLLM facade."""
 
     @initialize(
@@ -69,11 +70,17 @@ class VLLMLookups(RuleBasedStateMachine):
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
         self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.manager = self.kv.manager
         self.content = Content(bs)
-        self.live: dict[str, SimpleRequest] = {}
+        self.live = {}
         self.pending: list[tuple[SimpleRequest, KVCacheBlocks, int]] = []
         self.history: list[list[int]] = [[1, 2, 3, 1, 2, 3, 1, 2]]
         self.n = 0
+
+    def release(self, req: SimpleRequest) -> None:
+        self.kv.free(req)
+
+    free = release_a_live_request
 
     def prompt(self, base: int, suffix: list[int]) -> list[int]:
         old = self.history[base % len(self.history)]
@@ -141,7 +148,7 @@ class VLLMLookups(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
-        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.draw_live(data)
         new = self.kv.allocate_slots(req, 1)
         if new is not None:
             self.content.overwrite(new.block_ids)
@@ -150,23 +157,12 @@ class VLLMLookups(RuleBasedStateMachine):
             self.content.write(table, req.all_token_ids, req.num_computed_tokens)
             req.append_output_token_ids(data.draw(st.integers(1, 3)))
 
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def free(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
-        self.kv.free(self.live.pop(rid))
-
     @rule()
     def reset(self) -> None:
         self.kv.reset_prefix_cache()  # refused (False) while requests run
 
-    @invariant()
-    def conserved(self) -> None:
-        if hasattr(self, "kv"):
-            self.kv.manager.check_invariants()
 
-
-class SGLangLookups(RuleBasedStateMachine):
+class SGLangLookups(FacadeMachine):
     """match_prefix ... anything ... inc_lock_ref, through the SGLang facade."""
 
     @initialize(
@@ -176,12 +172,18 @@ class SGLangLookups(RuleBasedStateMachine):
     def setup(self, backend: tuple[str, int], tokens: int) -> None:
         name, ps = backend
         self.cache = SGLangRadixCache(make_index(name, block_size=ps), capacity_tokens=tokens)
+        self.manager = self.cache.manager
         self.content = Content(ps)
-        self.live: dict[str, SimpleReq] = {}
+        self.live = {}
         self.pending: list[tuple[list[int], MatchResult]] = []
         self.locked: list[MatchResult] = []
         self.history: list[list[int]] = [[1, 2, 3, 1, 2, 3, 1, 2]]
         self.n = 0
+
+    def release(self, req: SimpleReq) -> None:
+        self.cache.cache_finished_req(req)
+
+    finish = release_a_live_request
 
     def table(self, req: SimpleReq) -> list[int]:
         return self.cache.manager.block_table(req.rid)
@@ -242,19 +244,13 @@ class SGLangLookups(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
-        req = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.draw_live(data)
         before = len(self.table(req))
         if self.cache.alloc_for_decode(req):
             self.content.overwrite(self.table(req)[before:])
             fed = list(req.origin_input_ids) + req.output_ids
             self.content.write(self.table(req), fed, len(self.cache.manager.key(req.rid)))
             req.output_ids.append(data.draw(st.integers(1, 3)))
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.live)))
-        self.cache.cache_finished_req(self.live.pop(rid))
 
     @rule(n=st.integers(0, 8))
     def evict(self, n: int) -> None:
@@ -265,19 +261,11 @@ class SGLangLookups(RuleBasedStateMachine):
     def reset(self) -> None:
         self.cache.reset()
 
-    @invariant()
-    def conserved(self) -> None:
-        if hasattr(self, "cache"):
-            self.cache.manager.check_invariants()
-
     def teardown(self) -> None:
         if hasattr(self, "cache"):
             for match in self.locked:
                 self.cache.dec_lock_ref(match.last_node)
-            for req in list(self.live.values()):
-                self.cache.cache_finished_req(req)
-            self.cache.manager.check_invariants()
-            assert self.cache.manager.index.stats().num_locked_blocks == 0
+        super().teardown()
 
 
 STEPS = settings(settings.default, stateful_step_count=60)

@@ -28,6 +28,16 @@ def vllm_admit(kv: VLLMKVCacheManager, req: SimpleRequest) -> int:
     return hit
 
 
+def vllm_served(prompt: list[int], num_blocks: int = 32) -> VLLMKVCacheManager:
+    """A vLLM facade (hash chain, blocks of 4) on which a request computed ``prompt``
+    and was freed."""
+    kv = VLLMKVCacheManager("hash_chain", num_blocks=num_blocks, block_size=4)
+    a = SimpleRequest("a", prompt)
+    vllm_admit(kv, a)
+    kv.free(a)
+    return kv
+
+
 def vllm_decode(kv: VLLMKVCacheManager, req: SimpleRequest, token: int) -> None:
     req.append_output_token_ids(token)
     assert kv.allocate_slots(req, 1) is not None
@@ -45,10 +55,7 @@ def test_vl_01_prompt_blocks_are_registered_at_allocation_and_hit_concurrently()
 
 
 def test_vl_01_hit_is_capped_at_len_minus_one() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
-    a = SimpleRequest("a", list(range(1, 9)))
-    vllm_admit(kv, a)
-    kv.free(a)
+    kv = vllm_served(list(range(1, 9)))
     again = SimpleRequest("a2", list(range(1, 9)))
     blocks, hit = kv.get_computed_blocks(again)
     assert hit == 4 and blocks.get_block_ids() == ([0],)
@@ -72,10 +79,7 @@ def test_vl_02_decode_registers_full_blocks_except_the_last_tokens() -> None:
 
 
 def test_vl_03_recomputed_last_block_is_a_second_block_under_the_same_hash() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
-    a = SimpleRequest("a", list(range(1, 9)))
-    vllm_admit(kv, a)
-    kv.free(a)
+    kv = vllm_served(list(range(1, 9)))
     a2 = SimpleRequest("a2", list(range(1, 9)))
     assert vllm_admit(kv, a2) == 4
     assert kv.get_block_ids("a2") == ([0, 2],)  # block 1's content recomputed into 2
@@ -87,10 +91,7 @@ def test_vl_03_recomputed_last_block_is_a_second_block_under_the_same_hash() -> 
 
 
 def test_vl_04_free_queue_order_and_eviction() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=6, block_size=4)
-    a = SimpleRequest("a", list(range(1, 11)))  # blocks 0,1 full + 2 partial
-    vllm_admit(kv, a)
-    kv.free(a)
+    kv = vllm_served(list(range(1, 11)), num_blocks=6)  # blocks 0,1 full + 2 partial
     index = kv.manager.index
     assert isinstance(index, HashChainIndex)
     # Hashed blocks go to the LRU tail, tail first; the unhashed block 2 to the head.

@@ -10,16 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.lab.sim import SimConfig, SimResult, simulate, timed_request, with_arrivals
-from prefixkv.adapters.lab.sim.plots import plot_capacity_sweep, plot_ttft_cdf
-from prefixkv.adapters.lab.sim.tables import (
+from prefixkv.adapters.lab.sim import (
+    SimConfig,
+    SimResult,
     TableFormatError,
     request_rows,
     run_rows,
+    simulate,
+    timed_request,
     to_dataframes,
+    with_arrivals,
     write_rows,
     write_tables,
 )
+from prefixkv.adapters.lab.sim.plots import plot_capacity_sweep, plot_ttft_cdf
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from helpers import common_prefix
+from helpers import manager_state as snapshot
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -85,23 +86,6 @@ class Req:
 
     def content(self, i: int, bs: int) -> Content:
         return (self.ns, tuple(self.tokens[: (i + 1) * bs]))
-
-
-def snapshot(m: CacheManager) -> tuple[Any, ...]:
-    """Everything a rejected call must leave as it was."""
-    queue = getattr(m.index, "free_queue_block_ids", None)
-    return (
-        tuple(m.allocator.free_block_ids()),
-        m.index.stats(),
-        tuple(queue()) if queue is not None else None,
-        tuple(m.running()),
-        tuple(
-            (rid, tuple(m.block_table(rid)), m.num_computed_tokens(rid), tuple(m.key(rid).tokens))
-            for rid in m.running()
-        ),
-        m.num_held_only_blocks(),
-        dataclasses.astuple(m.totals),
-    )
 
 
 @dataclass
@@ -574,18 +558,19 @@ class ManagerMachine(RuleBasedStateMachine):
 STEPS = settings(settings.default, stateful_step_count=100)
 
 
-class HashChainMachine(ManagerMachine):
-    backend = "hash_chain"
+def per_backend(machine: type[ManagerMachine]) -> tuple[Any, Any]:
+    """``machine``'s test cases on the hash chain and on the radix tree, ``STEPS`` long
+    (the machines named ``HashChain<name>`` and ``Radix<name>``, ``Manager`` dropped)."""
+    stem = machine.__name__.removeprefix("Manager")
+    cases = []
+    for prefix, backend in (("HashChain", "hash_chain"), ("Radix", "radix")):
+        case = type(prefix + stem, (machine,), {"backend": backend}).TestCase
+        case.settings = STEPS
+        cases.append(case)
+    return cases[0], cases[1]
 
 
-class RadixMachine(ManagerMachine):
-    backend = "radix"
-
-
-TestHashChainManager = HashChainMachine.TestCase
-TestHashChainManager.settings = STEPS
-TestRadixManager = RadixMachine.TestCase
-TestRadixManager.settings = STEPS
+TestHashChainManager, TestRadixManager = per_backend(ManagerMachine)
 
 
 class StaleLookupMachine(ManagerMachine):
@@ -615,18 +600,7 @@ class StaleLookupMachine(ManagerMachine):
     append = commit = serve = evict_blocks = invalid_call = lookup = admit
 
 
-class HashChainStaleLookupMachine(StaleLookupMachine):
-    backend = "hash_chain"
-
-
-class RadixStaleLookupMachine(StaleLookupMachine):
-    backend = "radix"
-
-
-TestHashChainStaleLookups = HashChainStaleLookupMachine.TestCase
-TestHashChainStaleLookups.settings = STEPS
-TestRadixStaleLookups = RadixStaleLookupMachine.TestCase
-TestRadixStaleLookups.settings = STEPS
+TestHashChainStaleLookups, TestRadixStaleLookups = per_backend(StaleLookupMachine)
 
 
 class DifferentialMachine(RuleBasedStateMachine):

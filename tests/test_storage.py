@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import DEVICES
 
 from prefixkv.indexes import BlockOwnershipError
 from prefixkv.storage import BlockAllocator, pad_block_tables, slot_mapping, token_slot
 from prefixkv.storage.paged_kv import PagedKVCache
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def test_allocator_hands_out_in_id_order_and_reuses_freed_blocks_first() -> None:

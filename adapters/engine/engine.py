@@ -18,10 +18,10 @@ import torch
 from prefixkv.adapters.accounting import BoundaryTracker
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.observer import CacheObserver
+from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import InvalidTokenError, RequestStateError
 from prefixkv.indexes.registry import make_index
-from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.paged_kv import PagedKVCache
 
@@ -201,21 +201,17 @@ class Engine:
         return out
 
     def _check_fits(self, num_prompt: int, max_new_tokens: int, what: str) -> None:
-        # The most tokens that ever need K/V at once: after the last decode step,
-        # or when a preempted request is prefilled again (its last token has none).
-        peak = num_prompt + max_new_tokens - 1
-        blocks = ceil_div(peak, self.block_size)
         cfg = self.config
-        if blocks > cfg.num_blocks:
-            raise EngineConfigError(
-                f"{what} needs {blocks} blocks of {self.block_size} tokens for {peak} tokens, "
-                f"but the pool has num_blocks {cfg.num_blocks}"
-            )
-        if not cfg.enable_chunked_prefill and peak > cfg.max_num_batched_tokens:
-            raise EngineConfigError(
-                f"{what} may need a {peak}-token prefill, over max_num_batched_tokens "
-                f"{cfg.max_num_batched_tokens}; enable chunked prefill or raise the budget"
-            )
+        reason = unservable(
+            num_prompt,
+            max_new_tokens,
+            block_size=self.block_size,
+            num_blocks=cfg.num_blocks,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        if reason is not None:
+            raise EngineConfigError(f"{what} {reason}")
 
     def _prepare(self, prompt: Sequence[int], max_new_tokens: object, what: str) -> list[int]:
         tokens = self._check_prompt(prompt, what)

@@ -15,9 +15,10 @@ whatever a router may meet and returns vLLM structs:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+from msgspec.structs import astuple
 
 from prefixkv.indexes.errors import PrefixKVError
 
@@ -33,7 +34,7 @@ __all__ = [
     "to_vllm_event",
 ]
 
-Hash = bytes | int
+T = TypeVar("T")
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
@@ -51,77 +52,46 @@ def encode_json(batch: EventBatch | SGLangEventBatch) -> bytes:
     return msgspec.json.encode(batch)
 
 
-# Lenient shapes: everything after block_hashes may be missing (older vLLM, SGLang).
+# Lenient shapes of vLLM's own events: everything after block_hashes may be missing
+# (older vLLM, SGLang). Older vLLM declared the events array_like: positional
+# fields, tag first, down to the first layout without ``medium``.
 
 
-class _MapStored(msgspec.Struct, tag="BlockStored", gc=False):
-    block_hashes: list[Hash]
-    parent_block_hash: Hash | None = None
-    token_ids: list[int] = msgspec.field(default_factory=list)
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
+def _lenient(event: type[msgspec.Struct], array_like: bool, num_fields: int | None = None) -> Any:
+    """``event``'s first ``num_fields`` fields, every one after ``block_hashes`` optional
+    (an empty ``token_ids``, a ``block_size`` of 0, else None), as a struct tagged like
+    ``event``: a map, or a positional array."""
+    defaults = {"token_ids": msgspec.field(default_factory=list), "block_size": 0}
+    fields: list[Any] = []
+    for f in msgspec.structs.fields(event)[:num_fields]:
+        if f.name == "block_hashes":
+            fields.append((f.name, f.type))
+        else:
+            fields.append((f.name, f.type, defaults.get(f.name)))
+    name = ("_Array" if array_like else "_Map") + event.__name__
+    return msgspec.defstruct(
+        name, fields, tag=event.__name__, array_like=array_like, gc=False, module=__name__
+    )
 
 
-class _MapRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
-    block_hashes: list[Hash]
-    medium: str | None = None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
+def _lenient_batch(name: str, stored: Any, removed: Any, cleared: Any) -> Any:
+    return msgspec.defstruct(
+        name,
+        [("ts", float), ("events", list[stored | removed | cleared]), ("rank", int | None, None)],
+        array_like=True,
+        gc=False,
+        module=__name__,
+    )
 
 
-class _MapCleared(msgspec.Struct, tag="AllBlocksCleared", gc=False):
-    pass
-
-
-class _MapBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
-    events: list[_MapStored | _MapRemoved | _MapCleared]
-    rank: int | None = None
-
-
-# Older vLLM declared the events array_like: positional fields, tag first.
-
-
-class _ArrayStored(msgspec.Struct, tag="BlockStored", array_like=True, gc=False):
-    block_hashes: list[Hash]
-    parent_block_hash: Hash | None = None
-    token_ids: list[int] = msgspec.field(default_factory=list)
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class _ArrayRemoved(msgspec.Struct, tag="BlockRemoved", array_like=True, gc=False):
-    block_hashes: list[Hash]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class _ArrayCleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, gc=False):
-    pass
-
-
-class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
-    events: list[_ArrayStored | _ArrayRemoved | _ArrayCleared]
-    rank: int | None = None
-
+_MapStored = _lenient(BlockStored, array_like=False)
+_MapRemoved = _lenient(BlockRemoved, array_like=False)
+_MapCleared = _lenient(AllBlocksCleared, array_like=False)
+_MapBatch = _lenient_batch("_MapBatch", _MapStored, _MapRemoved, _MapCleared)
+_ArrayStored = _lenient(BlockStored, array_like=True, num_fields=11)  # to the sliding window
+_ArrayRemoved = _lenient(BlockRemoved, array_like=True, num_fields=3)  # to group_idx
+_ArrayCleared = _lenient(AllBlocksCleared, array_like=True)
+_ArrayBatch = _lenient_batch("_ArrayBatch", _ArrayStored, _ArrayRemoved, _ArrayCleared)
 
 _MapEvent = _MapStored | _MapRemoved | _MapCleared
 _ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
@@ -132,34 +102,17 @@ _ARRAY_FIELDS = {
 }
 
 
-def _stored(e: Any) -> BlockStored:
-    # Any of the lenient or SGLang BlockStored shapes; absent fields read as None.
+def _sglang_stored(e: Any) -> BlockStored:
+    # SGLang's own field order; its cache_salt is dropped.
     return BlockStored(
-        block_hashes=e.block_hashes,
-        parent_block_hash=e.parent_block_hash,
-        token_ids=e.token_ids,
-        block_size=e.block_size,
-        lora_id=e.lora_id,
-        medium=e.medium,
-        lora_name=e.lora_name,
-        extra_keys=getattr(e, "extra_keys", None),
-        group_idx=getattr(e, "group_idx", None),
-        kv_cache_spec_kind=getattr(e, "kv_cache_spec_kind", None),
-        kv_cache_spec_sliding_window=getattr(e, "kv_cache_spec_sliding_window", None),
-        locality=getattr(e, "locality", None),
-        ownership=getattr(e, "ownership", None),
-        session_id=getattr(e, "session_id", None),
-        lookahead_token_ids=getattr(e, "lookahead_token_ids", None),
-    )
-
-
-def _removed(e: Any) -> BlockRemoved:
-    return BlockRemoved(
-        block_hashes=e.block_hashes,
-        medium=e.medium,
-        group_idx=getattr(e, "group_idx", None),
-        locality=getattr(e, "locality", None),
-        ownership=getattr(e, "ownership", None),
+        e.block_hashes,
+        e.parent_block_hash,
+        e.token_ids,
+        e.block_size,
+        e.lora_id,
+        e.medium,
+        e.lora_name,
+        session_id=e.session_id,
     )
 
 
@@ -168,10 +121,13 @@ def to_vllm_event(e: object) -> KVEvent:
 
     Fields the layout lacks read as ``None``; SGLang's ``cache_salt`` is dropped.
     """
-    if isinstance(e, (_MapStored, _ArrayStored, SGLangBlockStored)):
-        return _stored(e)
+    if isinstance(e, SGLangBlockStored):
+        return _sglang_stored(e)
+    # A lenient shape's fields, and SGLang's BlockRemoved's, are a prefix of vLLM's.
+    if isinstance(e, (_MapStored, _ArrayStored)):
+        return BlockStored(*astuple(e))
     if isinstance(e, (_MapRemoved, _ArrayRemoved, SGLangBlockRemoved)):
-        return _removed(e)
+        return BlockRemoved(*astuple(e))
     return AllBlocksCleared()
 
 
@@ -182,6 +138,14 @@ def from_sglang(batch: SGLangEventBatch) -> KVEventBatch:
     """
     events = [to_vllm_event(e) for e in batch.events]
     return KVEventBatch(ts=batch.ts, events=events, data_parallel_rank=batch.attn_dp_rank)
+
+
+def _strict(decoder: msgspec.msgpack.Decoder[T], payload: bytes, what: str) -> T:
+    """``decoder.decode(payload)``; a payload it refuses raises ``EventDecodeError(what)``."""
+    try:
+        return decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise EventDecodeError(f"{what}: {e}") from None
 
 
 class EventDecoder:
@@ -233,10 +197,7 @@ class EventDecoder:
         Raises:
             EventDecodeError: the payload is not a vLLM 0.33 batch.
         """
-        try:
-            return self._vllm.decode(payload)
-        except msgspec.DecodeError as e:
-            raise EventDecodeError(f"not a vLLM 0.33 KV-event batch: {e}") from None
+        return _strict(self._vllm, payload, "not a vLLM 0.33 KV-event batch")
 
     def decode_sglang(self, payload: bytes) -> SGLangEventBatch:
         """Decode an SGLang 0.5.23 batch strictly, into SGLang's structs (re-encodes exactly).
@@ -244,16 +205,10 @@ class EventDecoder:
         Raises:
             EventDecodeError: the payload is not an SGLang 0.5.23 batch.
         """
-        try:
-            return self._sglang.decode(payload)
-        except msgspec.DecodeError as e:
-            raise EventDecodeError(f"not an SGLang 0.5.23 KV-event batch: {e}") from None
+        return _strict(self._sglang, payload, "not an SGLang 0.5.23 KV-event batch")
 
     def _decode_generic(self, payload: bytes) -> KVEventBatch:
-        try:
-            raw = self._generic.decode(payload)
-        except msgspec.DecodeError as e:
-            raise EventDecodeError(f"KV-event payload is not msgpack: {e}") from None
+        raw = _strict(self._generic, payload, "KV-event payload is not msgpack")
         ok = (
             isinstance(raw, list)
             and 2 <= len(raw) <= 3

@@ -402,12 +402,7 @@ class BackendRun:
     def labels(self) -> dict[str, Scalar]:
         """The columns that say which run a row belongs to."""
         return {
-            "workload": self.workload,
-            "schedule": "k_live",
-            "role": "table",
-            "backend": self.backend,
-            "index": self.index,
-            "block_size": self.block_size,
+            **_run_identity(self.workload, "table", self.backend, self.index, self.block_size),
             "options": options_text(self.options),
             "capacity_tokens": self.capacity_tokens,
             "num_blocks": self.num_blocks,
@@ -607,12 +602,7 @@ class SweepPoint:
     def row(self) -> dict[str, Scalar]:
         """One flat run record (``fits`` false where the capacity was too small)."""
         return {
-            "workload": self.workload,
-            "schedule": "k_live",
-            "role": "sweep",
-            "backend": self.backend,
-            "index": self.index,
-            "block_size": self.block_size,
+            **_run_identity(self.workload, "sweep", self.backend, self.index, self.block_size),
             "capacity_tokens": self.capacity_tokens,
             "num_blocks": self.capacity_tokens // self.block_size,
             "pool_tokens": self.capacity_tokens // self.block_size * self.block_size,
@@ -621,6 +611,20 @@ class SweepPoint:
             "hit_ratio": self.hit_ratio,
             "evicted_blocks": self.evicted_blocks,
         }
+
+
+def _run_identity(
+    workload: str, role: str, backend: str, index: str, block_size: int
+) -> dict[str, Scalar]:
+    """The leading columns of a K-live run record: which run, in the tables' order."""
+    return {
+        "workload": workload,
+        "schedule": "k_live",
+        "role": role,
+        "backend": backend,
+        "index": index,
+        "block_size": block_size,
+    }
 
 
 def run_sweep(

@@ -286,9 +286,22 @@ class _Replayer(ABC):
                 r.cap_lost_tokens.append(rec.cap_lost_tokens)
         return HitRow(rid, prompt_len, hit)
 
-    def finished(self, live: _Live) -> None:
+    def stepped(self) -> None:
+        """A scheduler step ended: note the cache's size, then call the step hook."""
+        self.note_size()
+        if self.on_step is not None:
+            self.on_step()
+
+    def release(self, live: _Live, kind: str, fn: Callable[[Any], object], req: Any) -> None:
+        """Release the finished ``live`` request with ``fn(req)`` (timed as ``kind``);
+        the release ends a step."""
+        self.note_size()
+        _, spent = self.timed(kind, fn, req)
+        live.seconds += spent
         if self.keep:
             self.result.request_seconds[live.index] = live.seconds
+        if self.on_step is not None:
+            self.on_step()
 
     @abstractmethod
     def admit(self, i: int, rec: ReplayRequest) -> HitRow:
@@ -319,9 +332,7 @@ class _VLLMReplayer(_Replayer):
         if len(output):
             req.append(output[0])
         self.live.append(_Live(i, req, output, t_lookup + t_alloc))
-        self.note_size()
-        if self.on_step is not None:
-            self.on_step()
+        self.stepped()
         return row
 
     def finish_oldest(self) -> None:
@@ -343,12 +354,7 @@ class _VLLMReplayer(_Replayer):
             if step is not None:
                 step()
         self.book("allocate_decode", live, spent)
-        self.note_size()
-        _, t_free = self.timed("free", self.facade.free, req)
-        live.seconds += t_free
-        self.finished(live)
-        if step is not None:  # vLLM frees a finished request in a step of its own
-            step()
+        self.release(live, "free", self.facade.free, req)  # vLLM: a step of its own
 
 
 class _SGLangReplayer(_Replayer):
@@ -377,9 +383,7 @@ class _SGLangReplayer(_Replayer):
         if self.keep:
             self.result.admit_seconds[i] += t_done
             self.result.request_seconds[i] += t_done
-        self.note_size()
-        if self.on_step is not None:
-            self.on_step()
+        self.stepped()
         return row
 
     def finish_oldest(self) -> None:
@@ -400,12 +404,7 @@ class _SGLangReplayer(_Replayer):
             if step is not None and len(out_ids) < len(sampled):
                 step()
         self.book("alloc_for_decode", live, spent)
-        self.note_size()
-        _, t_done = self.timed("cache_finished_req", self.facade.cache_finished_req, req)
-        live.seconds += t_done
-        self.finished(live)
-        if step is not None:
-            step()
+        self.release(live, "cache_finished_req", self.facade.cache_finished_req, req)
 
 
 class _ManagerReplayer(_Replayer):
@@ -419,9 +418,7 @@ class _ManagerReplayer(_Replayer):
         _, t_commit = self.timed("commit", m.commit, rid, n)
         row = self.admitted(i, rid, n, adm.hit_tokens, t_admit + t_commit)
         self.live.append(_Live(i, rid, rec.output, t_admit + t_commit))
-        self.note_size()
-        if self.on_step is not None:
-            self.on_step()
+        self.stepped()
         return row
 
     def finish_oldest(self) -> None:
@@ -437,12 +434,7 @@ class _ManagerReplayer(_Replayer):
             live.seconds += spent
             if step is not None:
                 step()
-        self.note_size()
-        _, spent = self.timed("finish", m.finish, rid)
-        live.seconds += spent
-        self.finished(live)
-        if step is not None:
-            step()
+        self.release(live, "finish", m.finish, rid)
 
 
 def _replayer(

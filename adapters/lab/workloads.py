@@ -3,17 +3,28 @@
 Each generator is a pure function of its arguments: it draws from its own
 ``random.Random(seed)``, so a seed names a workload the way a file names a trace.
 The shapes follow the usual prefix-cache benchmarks (SGLang's and vLLM's).
+
+Every generator also takes ``output_len``, the inclusive range of each request's
+output length; ``vocab_size``, token ids are drawn from ``[1, vocab_size)``; and
+``seed``, the workload's seed. Its size knobs are checked before anything is drawn:
+a count is an int (at least 1, or 0 for ``system_len`` and ``depth``), a range an
+inclusive ``(low, high)`` pair of ints with ``low`` at least 1 (0 for ``output_len``,
+2 for ``root_len`` and ``thought_len``); ``vocab_size`` is at least 2. A knob out of
+range raises :class:`WorkloadError` naming it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ParamSpec
 
 from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.validation import check_count
 
 from .traces import TraceRequest
 
@@ -29,6 +40,8 @@ __all__ = [
     "shared_system_prompt",
     "tree_of_thought",
 ]
+
+P = ParamSpec("P")
 
 LengthRange = tuple[int, int]
 """An inclusive ``(low, high)`` range of token counts."""
@@ -51,8 +64,6 @@ class _Tokens:
     """
 
     def __init__(self, vocab_size: int, seed: int) -> None:
-        if type(vocab_size) is not int or vocab_size < 2:
-            raise WorkloadError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
         self.rng = random.Random(seed)
         self._ids = range(1, vocab_size)
         self._heads: dict[str, set[int]] = {}
@@ -91,12 +102,13 @@ def _request(
     )
 
 
-def _check_count(name: str, value: object, minimum: int = 1) -> None:
-    if type(value) is not int or value < minimum:
-        raise WorkloadError(f"{name} must be an int >= {minimum}, got {value!r}")
+_MINIMUM: Mapping[str, int] = MappingProxyType(
+    {"system_len": 0, "depth": 0, "output_len": 0, "root_len": 2, "thought_len": 2, "vocab_size": 2}
+)
+"""The knobs whose least value is not 1."""
 
 
-def _check_range(name: str, value: object, minimum: int = 1) -> None:
+def _check_range(name: str, value: object, minimum: int) -> None:
     ok = (
         isinstance(value, (tuple, list))
         and len(value) == 2
@@ -110,6 +122,34 @@ def _check_range(name: str, value: object, minimum: int = 1) -> None:
         )
 
 
+def _checked(generator: Callable[P, list[TraceRequest]]) -> Callable[P, list[TraceRequest]]:
+    """``generator`` with its knobs checked first, in signature order (module docstring).
+
+    A knob whose default is a pair is a range, any other but ``seed`` a count.
+    """
+    signature = inspect.signature(generator)
+    knobs = [
+        (name, isinstance(p.default, tuple), _MINIMUM.get(name, 1))
+        for name, p in signature.parameters.items()
+        if name != "seed"
+    ]
+
+    @functools.wraps(generator)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> list[TraceRequest]:
+        values = signature.bind(*args, **kwargs)
+        values.apply_defaults()
+        for name, is_range, minimum in knobs:
+            value = values.arguments[name]
+            if is_range:
+                _check_range(name, value, minimum)
+            else:
+                check_count(name, value, lo=minimum, error=WorkloadError)
+        return generator(*args, **kwargs)
+
+    return checked
+
+
+@_checked
 def shared_system_prompt(
     num_requests: int = 200,
     *,
@@ -128,17 +168,11 @@ def shared_system_prompt(
         num_requests: number of requests.
         system_len: tokens of the common system prompt.
         user_len: range of the unique user part's length.
-        output_len: range of each request's output length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_requests", num_requests)
-    _check_count("system_len", system_len, 0)
-    _check_range("user_len", user_len)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
     return [
@@ -151,6 +185,7 @@ def shared_system_prompt(
     ]
 
 
+@_checked
 def multi_turn(
     num_sessions: int = 32,
     *,
@@ -173,18 +208,11 @@ def multi_turn(
         turns: range of turns per session.
         system_len: tokens of a system prompt all sessions start with (0: none).
         user_len: range of each user message's length.
-        output_len: range of each reply's length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_sessions", num_sessions)
-    _check_range("turns", turns)
-    _check_count("system_len", system_len, 0)
-    _check_range("user_len", user_len)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
     sessions: list[list[TraceRequest]] = []
@@ -213,6 +241,7 @@ def multi_turn(
     return order
 
 
+@_checked
 def few_shot(
     num_requests: int = 200,
     *,
@@ -236,19 +265,11 @@ def few_shot(
         examples: range of examples per template.
         example_len: range of each example's length.
         question_len: range of each question's length.
-        output_len: range of each request's output length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_requests", num_requests)
-    _check_count("num_templates", num_templates)
-    _check_range("examples", examples)
-    _check_range("example_len", example_len)
-    _check_range("question_len", question_len)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     templates: list[list[int]] = []
     for _ in range(num_templates):
@@ -266,6 +287,7 @@ def few_shot(
     return requests
 
 
+@_checked
 def tree_of_thought(
     num_trees: int = 8,
     *,
@@ -297,20 +319,11 @@ def tree_of_thought(
         root_len: range of the root prompt's length (at least 2).
         thought_len: range of each appended thought's length (at least 2).
         unaligned_to: fork positions avoid multiples of this (1: no constraint).
-        output_len: range of each request's output length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_trees", num_trees)
-    _check_count("depth", depth, 0)
-    _check_range("branching", branching)
-    _check_range("root_len", root_len, 2)
-    _check_range("thought_len", thought_len, 2)
-    _check_count("unaligned_to", unaligned_to)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
 
     def fork_point(lo: int, hi: int) -> int:
@@ -342,6 +355,7 @@ def tree_of_thought(
     return requests
 
 
+@_checked
 def no_sharing(
     num_requests: int = 200,
     *,
@@ -358,16 +372,11 @@ def no_sharing(
     Args:
         num_requests: number of requests.
         prompt_len: range of each prompt's length.
-        output_len: range of each request's output length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_requests", num_requests)
-    _check_range("prompt_len", prompt_len)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     return [
         _request(
@@ -379,6 +388,7 @@ def no_sharing(
     ]
 
 
+@_checked
 def long_document(
     num_documents: int = 8,
     *,
@@ -400,18 +410,11 @@ def long_document(
         questions: range of questions per document.
         document_len: range of each document's length.
         question_len: range of each question's length.
-        output_len: range of each answer's length.
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: the workload's seed.
+        output_len, vocab_size, seed: as every workload's (module docstring).
 
     Raises:
         WorkloadError: a knob is out of range.
     """
-    _check_count("num_documents", num_documents)
-    _check_range("questions", questions)
-    _check_range("document_len", document_len)
-    _check_range("question_len", question_len)
-    _check_range("output_len", output_len, 0)
     draw = _Tokens(vocab_size, seed)
     requests: list[TraceRequest] = []
     for d in range(num_documents):

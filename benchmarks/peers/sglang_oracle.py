@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchvision_standin
+from k_live import run_k_live
 
 torchvision_standin.install()
 
@@ -68,11 +69,18 @@ def load_trace(path: str) -> list[dict[str, Any]]:
     return reqs
 
 
-def build_pools(page_size: int, capacity_tokens: int, max_reqs: int, max_context: int) -> Any:
+def build_pools(
+    page_size: int,
+    capacity_tokens: int,
+    max_reqs: int,
+    max_context: int,
+    enable_kv_cache_events: bool = False,
+) -> Any:
     """SGLang's CPU pools, as ``kv_cache_configurator`` builds them, and the cache params.
 
     The KV data pool is 1 layer x 1 head x 8 dims: trees and allocators handle slot
-    indices only. Returns ``CacheInitParams`` (allocator, req-to-token pool, page size).
+    indices only. Returns ``CacheInitParams`` (allocator, req-to-token pool, page size;
+    with ``enable_kv_cache_events`` a tree built on them records KV events).
     """
     import torch
     from sglang.srt.mem_cache.allocator import (
@@ -122,6 +130,7 @@ def build_pools(page_size: int, capacity_tokens: int, max_reqs: int, max_context
         page_size=page_size,
         eviction_policy=memory.radix_eviction_policy,
         eviction_policy_config=memory.radix_eviction_policy_config,
+        enable_kv_cache_events=enable_kv_cache_events,
     )
 
 
@@ -191,6 +200,9 @@ class Timed:
 class SGLangReplay:
     """The K-live schedule over one SGLang prefix cache and its pools.
 
+    A record is ``{"id", "tokens", "output"}``, optionally with SGLang's namespaces
+    ``extra_key`` and ``cache_salt``.
+
     Args:
         cache: a ``BasePrefixCache`` built on ``params`` (SGLang's or a plug-in).
         params: the ``CacheInitParams`` from ``build_pools``.
@@ -237,14 +249,16 @@ class SGLangReplay:
     def start_prefill(self, rec: dict[str, Any]) -> tuple[Any, list[int]]:
         """Match, lock and allocate (a batch admits several before any checkpoint)."""
         torch, cache = self.torch, self.cache
-        sampled = rec["output"] or [0]  # an empty output is one throw-away token
+        sampled = list(rec.get("output") or [0])  # an empty output is one throw-away token
         params = self.SamplingParams(temperature=0, max_new_tokens=len(sampled), ignore_eos=True)
         params.normalize(None)
         req = self.Req(
-            rid=rec["id"],
+            rid=str(rec["id"]),
             origin_input_text="",
             origin_input_ids=array("q", rec["tokens"]),
             sampling_params=params,
+            extra_key=rec.get("extra_key"),
+            cache_salt=rec.get("cache_salt"),
         )
         if cache.supports_fast_match_prefix():  # SchedulePolicy.calc_priority
             self.common.match_kv_cache(req, cache)
@@ -339,12 +353,7 @@ class SGLangReplay:
             self._stepped()
 
     def run(self, reqs: list[dict[str, Any]], k: int) -> None:
-        for rec in reqs:
-            while len(self.live) >= k:
-                self.finish_oldest()
-            self.admit(rec)
-        while self.live:
-            self.finish_oldest()
+        run_k_live(self, reqs, k)
 
 
 def run_one(argv: list[str]) -> int:

@@ -8,7 +8,8 @@ event; this file only plays the scheduler loop and the model runner):
   ``get_request_block_hasher``, for each ``prefix_caching_hash_algo``, with and
   without ``PYTHONHASHSEED``; plus their wire form (``maybe_convert_block_hash``).
 * ``events TRACE SETTINGS OUT``: replays TRACE through ``KVCacheManager`` with
-  ``enable_kv_cache_events=True`` in the K-live schedule (at most K live requests,
+  ``enable_kv_cache_events=True`` (stepped by the fidelity oracle's
+  ``vllm_oracle.ManagerReplay``) in the K-live schedule (at most K live requests,
   the oldest finishes first by decoding its remaining output one token per step; the
   whole prompt is prefilled in one step, which samples the first output token), takes
   the events after every step as ``Scheduler.update_from_output`` does (and notes
@@ -27,12 +28,13 @@ Normally called by ``record_kv_event_fixtures.py``; by hand::
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
-from collections import deque
 from typing import Any
+
+from event_recording import StepBatches, publish_and_replay, read_inputs, write_recording
+from vllm_oracle import ManagerReplay, RequestMaker
 
 ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 HASH_REQUESTS: list[dict[str, Any]] = [
@@ -47,27 +49,6 @@ HASH_REQUESTS: list[dict[str, Any]] = [
         "cache_salt": "s",
     },
 ]
-
-
-def make_request(vllm: Any, rid: str, rec: dict[str, Any], hasher: Any, step: int) -> Any:
-    """A vLLM ``Request`` for one trace record (LoRA and cache salt included)."""
-    from vllm.lora.request import LoRARequest
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
-
-    lora = rec.get("lora")
-    return Request(
-        request_id=rid,
-        prompt_token_ids=list(rec["tokens"]),
-        sampling_params=SamplingParams(
-            max_tokens=max(1, len(rec.get("output", []))), ignore_eos=True
-        ),
-        pooling_params=None,
-        arrival_time=float(step),
-        lora_request=LoRARequest(lora["name"], lora["id"], lora["path"]) if lora else None,
-        cache_salt=rec.get("cache_salt"),
-        block_hasher=hasher,
-    )
 
 
 def record_hashes(out: str) -> None:
@@ -88,9 +69,10 @@ def record_hashes(out: str) -> None:
             fn = get_hash_fn_by_name(algo)
             kcu.init_none_hash(fn)
             hasher = kcu.get_request_block_hasher(block_size, fn, 0)
+            make_request = RequestMaker(hasher)
             reqs = []
             for i, rec in enumerate(HASH_REQUESTS):
-                req = make_request(vllm, f"r{i}", rec, hasher, i)
+                req = make_request({**rec, "id": f"r{i}"}, float(i))
                 reqs.append(
                     {
                         **rec,
@@ -117,62 +99,25 @@ def record_hashes(out: str) -> None:
 
 
 class Replayer:
-    """One vLLM ``KVCacheManager`` with events on, stepped like the sync ``Scheduler``."""
+    """The oracle's ``ManagerReplay`` with events on, each step's events batched."""
 
     def __init__(self, settings: dict[str, Any], algo: str) -> None:
-        import torch
-        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.distributed.kv_events import KVEventBatch
         from vllm.v1.core import kv_cache_utils as kcu
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-        bs = settings["block_size"]
-        self.block_size = bs
-        register_all_kvcache_specs(None)
-        fn = get_hash_fn_by_name(algo)
-        kcu.init_none_hash(fn)
-        self.none_hash_seed = kcu.get_none_hash_seed()
-        self.hasher = kcu.get_request_block_hasher(bs, fn, 0)
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        config = KVCacheConfig(
-            num_blocks=settings["vllm_num_blocks"],
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
-        )
-        max_len = settings["max_model_len"]
-        self.manager = KVCacheManager(
-            kv_cache_config=config,
-            max_model_len=max_len,
-            max_in_flight_tokens=max_len,
-            enable_caching=True,
-            use_eagle=False,
-            num_hash_lookahead_tokens=0,
-            num_prefill_lookahead=0,
+        self.replay = ManagerReplay(
+            settings["block_size"],
+            settings["vllm_num_blocks"],
+            algo,
+            settings["max_model_len"],
             log_stats=False,
             enable_kv_cache_events=True,
-            dcp_world_size=1,
-            pcp_world_size=1,
-            scheduler_block_size=bs,
-            hash_block_size=bs,
-            metrics_collector=None,
-            watermark=0.0,
-            enable_mamba_shared_prefix_checkpoint=False,
         )
-        self.live: deque[tuple[Any, list[int]]] = deque()
-        self.step = 0
-        self.batches: list[Any] = []
-        self.states: list[list[list[int]]] = []
-
-    def end_step(self) -> None:
-        """``Scheduler.update_from_output``: take the events, batch them if any."""
-        from vllm.distributed.kv_events import KVEventBatch
-
-        events = self.manager.take_events()
-        if events:
-            self.batches.append(KVEventBatch(ts=1_700_000_000.0 + self.step / 1000, events=events))
-            self.states.append(self.cached())
-        self.step += 1
+        self.manager = self.replay.kv
+        self.none_hash_seed = kcu.get_none_hash_seed()
+        # Scheduler.update_from_output: take the events, batch them if any.
+        self.steps = StepBatches(self.manager.take_events, KVEventBatch, self.cached)
+        self.replay.end_step = self.steps.end_step
 
     def cached(self) -> list[list[int]]:
         """What the prefix cache holds now: ``[wire hash, blocks holding it]``, sorted.
@@ -189,137 +134,29 @@ class Replayer:
             out.append([kcu.maybe_convert_block_hash(kcu.get_block_hash(key)), n])
         return sorted(out)
 
-    def admit(self, rec: dict[str, Any]) -> None:
-        import vllm
-        from vllm.v1.request import RequestStatus
-
-        req = make_request(vllm, str(rec["id"]), rec, self.hasher, self.step)
-        output = list(rec.get("output", []))
-        self.manager.new_step_starts()
-        blocks, num_hit, boundary = self.manager.get_computed_blocks(req, None)
-        req.shared_prefix_boundary = boundary
-        num_new = req.num_tokens - num_hit
-        new = self.manager.allocate_slots(
-            req,
-            num_new,
-            num_new_computed_tokens=num_hit,
-            new_computed_blocks=blocks,
-            num_lookahead_tokens=0,
-            num_external_computed_tokens=0,
-            delay_cache_blocks=False,
-            num_encoder_tokens=0,
-            full_sequence_must_fit=True,
-            reserved_blocks=0,
-            has_scheduled_reqs=bool(self.live),
-        )
-        if new is None:
-            raise SystemExit(f"request {req.request_id}: pool too small for the prefill")
-        req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_hit + num_new
-        if output:
-            req.append_output_token_ids(output[0])
-        self.end_step()
-        self.live.append((req, output))
-
-    def finish_oldest(self) -> None:
-        from vllm.v1.request import RequestStatus
-
-        req, output = self.live.popleft()
-        for i in range(1, len(output)):
-            self.manager.new_step_starts()
-            if self.manager.allocate_slots(req, 1, num_lookahead_tokens=0) is None:
-                raise SystemExit(f"request {req.request_id}: pool too small at decode {i}")
-            req.num_computed_tokens += 1
-            req.append_output_token_ids(output[i])
-            self.end_step()
-        req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        self.manager.free(req)
-        self.end_step()
-
     def run(self, trace: list[dict[str, Any]], k: int) -> None:
-        for rec in trace:
-            while len(self.live) >= k:
-                self.finish_oldest()
-            self.admit(rec)
-        while self.live:
-            self.finish_oldest()
+        self.replay.run(trace, k)
         if not self.manager.reset_prefix_cache():
             raise SystemExit("reset_prefix_cache failed: blocks still in use")
-        self.end_step()
-
-
-def publish_and_replay(batches: list[Any], settings: dict[str, Any]) -> list[list[bytes]]:
-    """Send the batches through vLLM's ``ZmqEventPublisher``; read them back by replay."""
-    import zmq
-    from vllm.distributed.kv_events import ZmqEventPublisher
-
-    name = f"prefixkv-events-{os.getpid()}"
-    pub = ZmqEventPublisher(
-        data_parallel_rank=settings["data_parallel_rank"],
-        endpoint=f"inproc://{name}-pub",
-        replay_endpoint=f"inproc://{name}-replay",
-        buffer_steps=len(batches) + 1,
-        topic=settings["topic"],
-    )
-    for batch in batches:
-        pub.publish(batch)
-    ctx = zmq.Context.instance()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(pub._replay_endpoint)
-    frames: list[list[bytes]] = []
-    for _attempt in range(200):
-        frames = []
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        while True:
-            if not dealer.poll(5000):
-                raise SystemExit("no replay answer from the publisher")
-            _, topic, seq, payload = dealer.recv_multipart()
-            if seq == ZmqEventPublisher.END_SEQ:
-                break
-            frames.append([topic, seq, payload])
-        if len(frames) == len(batches):
-            break
-        import time
-
-        time.sleep(0.05)  # the publisher thread is still draining its queue
-    pub.shutdown()
-    dealer.close(linger=0)
-    if len(frames) != len(batches):
-        raise SystemExit(f"replayed {len(frames)} of {len(batches)} batches")
-    return frames
+        self.steps.end_step()
 
 
 def record_events(trace_path: str, settings_path: str, algo: str, out: str) -> None:
-    import msgspec
     import vllm
+    from vllm.distributed.kv_events import ZmqEventPublisher
 
-    with open(settings_path) as f:
-        settings = json.load(f)
-    with open(trace_path) as f:
-        trace = [json.loads(line) for line in f if line.strip()]
+    trace, settings = read_inputs(trace_path, settings_path)
     rp = Replayer(settings, algo)
     rp.run(trace, settings["concurrency"])
-    frames = publish_and_replay(rp.batches, settings)
-    with open(out, "w") as f:
-        head = {
-            "vllm": vllm.__version__,
-            "hash": algo,
-            "none_hash_seed": rp.none_hash_seed,
-            "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
-            "batches": len(frames),
-        }
-        f.write(json.dumps({"header": head}) + "\n")
-        for (topic, seq, payload), batch, state in zip(frames, rp.batches, rp.states, strict=True):
-            # The JSON form is vLLM's own struct through msgspec's JSON encoder (with the
-            # rank the publisher stamped), the line a file sink must write.
-            line = {
-                "topic": topic.decode(),
-                "seq": int.from_bytes(seq, "big"),
-                "msgpack": base64.b64encode(payload).decode(),
-                "json": msgspec.json.encode(batch).decode(),
-                "cached": state,
-            }
-            f.write(json.dumps(line) + "\n")
+    frames = publish_and_replay(ZmqEventPublisher, "data_parallel_rank", rp.steps.batches, settings)
+    head = {
+        "vllm": vllm.__version__,
+        "hash": algo,
+        "none_hash_seed": rp.none_hash_seed,
+        "pythonhashseed": os.environ.get("PYTHONHASHSEED"),
+        "batches": len(frames),
+    }
+    write_recording(out, head, frames, rp.steps)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from k_live import run_k_live
+
 CALL_KINDS = ("hash", "lookup", "allocate_prefill", "allocate_decode", "free", "step_other")
 
 # vllm.config.ModelConfig reads an HF config; no weights are loaded, nothing is fetched.
@@ -105,6 +107,42 @@ def kv_cache_config(num_blocks: int, block_size: int) -> Any:
     )
 
 
+def make_manager(
+    block_size: int,
+    num_blocks: int,
+    hash_algo: str,
+    max_model_len: int,
+    *,
+    log_stats: bool,
+    enable_kv_cache_events: bool = False,
+) -> tuple[Any, Callable[[Any], Any]]:
+    """vLLM's ``KVCacheManager`` as ``Scheduler.__init__`` builds it, and the block hasher.
+
+    First what ``EngineCore`` sets up before the scheduler exists (the KV-cache specs,
+    the hash function's ``NONE_HASH``), then the arguments ``Scheduler.__init__``
+    passes with ``SchedulerConfig``'s defaults.
+    """
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    register_all_kvcache_specs(None)
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    init_none_hash(hash_fn)
+    manager = KVCacheManager(
+        kv_cache_config(num_blocks, block_size),
+        max_model_len=max_model_len,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        max_in_flight_tokens=max_model_len,
+        enable_caching=True,
+        log_stats=log_stats,
+        enable_kv_cache_events=enable_kv_cache_events,
+    )
+    return manager, get_request_block_hasher(block_size, hash_fn, 0)
+
+
 class Timer:
     """Seconds and calls per call kind (perf_counter sums around the real calls)."""
 
@@ -122,34 +160,70 @@ class Timer:
             self.calls[kind] += 1
 
 
-class ManagerReplay:
-    """The K-live schedule over one real ``KVCacheManager`` (the ``manager`` driver)."""
+class RequestMaker:
+    """vLLM ``Request`` objects for trace records (their LoRA and cache salt included).
 
-    def __init__(self, block_size: int, num_blocks: int, hash_algo: str, max_model_len: int):
+    ``Request.__init__`` hashes the prompt's full blocks with ``block_hasher``; the
+    imports are resolved once, so a timed call times the request itself.
+    """
+
+    def __init__(self, block_hasher: Callable[[Any], Any]) -> None:
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.request import Request
 
-        self.Request, self.Status, self.SamplingParams = Request, RequestStatus, SamplingParams
-        self.block_size = block_size
-        # What EngineCore sets up before the scheduler exists.
-        register_all_kvcache_specs(None)
-        hash_fn = get_hash_fn_by_name(hash_algo)
-        init_none_hash(hash_fn)
-        self.block_hasher = get_request_block_hasher(block_size, hash_fn, 0)
-        # The arguments Scheduler.__init__ passes (defaults of SchedulerConfig).
-        self.kv = KVCacheManager(
-            kv_cache_config(num_blocks, block_size),
-            max_model_len=max_model_len,
-            scheduler_block_size=block_size,
-            hash_block_size=block_size,
-            max_in_flight_tokens=max_model_len,
-            enable_caching=True,
-            log_stats=True,
+        self.block_hasher = block_hasher
+        self._Request, self._SP, self._LoRA = Request, SamplingParams, LoRARequest
+
+    def __call__(self, rec: dict[str, Any], arrival: float) -> Any:
+        lora = rec.get("lora")
+        return self._Request(
+            request_id=str(rec["id"]),
+            prompt_token_ids=list(rec["tokens"]),
+            sampling_params=self._SP(
+                max_tokens=max(1, len(rec.get("output") or [])), ignore_eos=True
+            ),
+            pooling_params=None,
+            arrival_time=arrival,
+            lora_request=self._LoRA(lora["name"], lora["id"], lora["path"]) if lora else None,
+            cache_salt=rec.get("cache_salt"),
+            block_hasher=self.block_hasher,
         )
+
+
+class ManagerReplay:
+    """The K-live schedule over one real ``KVCacheManager`` (the ``manager`` driver).
+
+    A record is ``{"id", "tokens", "output"}``, optionally with ``cache_salt`` and a
+    LoRA ``{"name", "id", "path"}``. A prefill, each decode token and the free of a
+    finished request are steps; each ends where ``Scheduler.update_from_output``
+    takes the manager's events: in ``end_step`` (default: take them and drop them).
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        hash_algo: str,
+        max_model_len: int,
+        *,
+        log_stats: bool = True,
+        enable_kv_cache_events: bool = False,
+    ):
+        from vllm.v1.request import RequestStatus
+
+        self.Status = RequestStatus
+        self.block_size = block_size
+        self.kv, self.block_hasher = make_manager(
+            block_size,
+            num_blocks,
+            hash_algo,
+            max_model_len,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
+        self.make_request = RequestMaker(self.block_hasher)
+        self.end_step: Callable[[], object] = self.kv.take_events
         self.timer = Timer()
         self.live: deque[tuple[Any, list[int]]] = deque()
         self.hits: list[dict[str, Any]] = []
@@ -163,21 +237,12 @@ class ManagerReplay:
 
     def admit(self, rec: dict[str, Any]) -> None:
         """One schedule() step for a WAITING request: lookup, whole-prompt allocation."""
-        output = rec["output"]
-        with self.timer("hash"):  # Request.__init__ hashes the prompt's full blocks
-            req = self.Request(
-                request_id=rec["id"],
-                prompt_token_ids=list(rec["tokens"]),
-                sampling_params=self.SamplingParams(
-                    max_tokens=max(1, len(output)), ignore_eos=True
-                ),
-                pooling_params=None,
-                arrival_time=float(self.steps),
-                block_hasher=self.block_hasher,
-            )
+        output = list(rec.get("output") or [])
+        with self.timer("hash"):
+            req = self.make_request(rec, float(self.steps))
         self._step()
         with self.timer("lookup"):
-            blocks, num_hit, _ = self.kv.get_computed_blocks(req)
+            blocks, num_hit, req.shared_prefix_boundary = self.kv.get_computed_blocks(req)
         num_new = req.num_tokens - num_hit
         with self.timer("allocate_prefill"):
             new = self.kv.allocate_slots(
@@ -189,15 +254,17 @@ class ManagerReplay:
                 has_scheduled_reqs=bool(self.live),
             )
         if new is None:
-            raise AllocationFailed(f"request {rec['id']!r}: prefill of {num_new} tokens")
+            raise AllocationFailed(f"request {req.request_id!r}: prefill of {num_new} tokens")
         self.kv.record_prefix_cache_stats(req, num_hit)
-        self.hits.append({"id": rec["id"], "prompt_len": len(rec["tokens"]), "hit_tokens": num_hit})
+        self.hits.append(
+            {"id": req.request_id, "prompt_len": len(rec["tokens"]), "hit_tokens": num_hit}
+        )
         req.status = self.Status.RUNNING
         req.num_computed_tokens = req.num_tokens  # _update_after_schedule
         if output:  # update_from_output: the prefill samples output[0]
             with self.timer("hash"):
                 req.append_output_token_ids(output[0])
-        self.kv.take_events()
+        self.end_step()
         self.live.append((req, output))
 
     def finish_oldest(self) -> None:
@@ -212,18 +279,14 @@ class ManagerReplay:
             req.num_computed_tokens += 1
             with self.timer("hash"):
                 req.append_output_token_ids(token)
-            self.kv.take_events()
+            self.end_step()
         req.status = self.Status.FINISHED_LENGTH_CAPPED
         with self.timer("free"):
             self.kv.free(req)
+        self.end_step()
 
     def run(self, reqs: list[dict[str, Any]], k: int) -> None:
-        for rec in reqs:
-            if len(self.live) >= k:
-                self.finish_oldest()
-            self.admit(rec)
-        while self.live:
-            self.finish_oldest()
+        run_k_live(self, reqs, k)
 
     def cached_blocks(self) -> int:
         return sum(1 for b in self.kv.block_pool.blocks if b.block_hash is not None)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.storage.allocator import BlockAllocator
 
@@ -33,20 +34,16 @@ IndexFactory = Callable[[], PrefixIndex]
 def _check_servable(
     request: TimedRequest, num_blocks: int, block_size: int, config: SimConfig
 ) -> None:
-    # The most tokens needing K/V at once: after the last decode step, or when a
-    # preempted request is prefilled again (its last token never has K/V).
-    peak = len(request.prompt) + request.output_len - 1
-    blocks = -(-peak // block_size)
-    if blocks > num_blocks:
-        raise SimUnservableError(
-            f"request {request.id!r} needs {blocks} blocks of {block_size} tokens for "
-            f"{peak} tokens; the pool has {num_blocks}"
-        )
-    if not config.enable_chunked_prefill and peak > config.max_num_batched_tokens:
-        raise SimUnservableError(
-            f"request {request.id!r} may need a {peak}-token prefill, over "
-            f"max_num_batched_tokens {config.max_num_batched_tokens}; enable chunked prefill"
-        )
+    reason = unservable(
+        len(request.prompt),
+        request.output_len,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
+    if reason is not None:
+        raise SimUnservableError(f"request {request.id!r} {reason}")
 
 
 def simulate(

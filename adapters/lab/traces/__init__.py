@@ -10,6 +10,7 @@ helpers below are for small traces and tests.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypedDict
 
 from .base import (
     DEFAULT_LIMITS,
@@ -37,12 +38,16 @@ from .source import (
     stats_of,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "BAILIAN_BLOCK_SIZE",
     "DEFAULT_LIMITS",
     "FORMATS",
     "KVCT_BLOCK_SIZE",
     "MOONCAKE_BLOCK_SIZE",
+    "LoadOptions",
     "OutputError",
     "ReadOptions",
     "TraceFormat",
@@ -71,21 +76,47 @@ __all__ = [
 ]
 
 
-def _options(
-    scale_block: int | None,
-    tokens_per_id: int | None,
-    vocab_size: int,
-    seed: int,
-    output: bool,
-) -> ReadOptions:
+class LoadOptions(TypedDict, total=False):
+    """The keyword options of :func:`iter_mooncake`, :func:`load_mooncake`, :func:`load_any`.
+
+    Attributes:
+        max_requests: read at most this many requests (default: all).
+        scale_block: the old name of ``tokens_per_id`` (give one of the two).
+        tokens_per_id: tokens each hash id stands for (default: the format's own).
+        vocab_size: token ids are drawn from ``[1, vocab_size)`` (default 32000).
+        seed: selects the token content (default 0).
+        output: ``False`` empties every output (default ``True``).
+    """
+
+    max_requests: int | None
+    scale_block: int | None
+    tokens_per_id: int | None
+    vocab_size: int
+    seed: int
+    output: bool
+
+
+def _open(
+    path: StrPath,
+    trace_format: TraceFormat | None,
+    *,
+    max_requests: int | None = None,
+    scale_block: int | None = None,
+    tokens_per_id: int | None = None,
+    vocab_size: int = 32000,
+    seed: int = 0,
+    output: bool = True,
+) -> TraceSource:
+    # The one place that reads LoadOptions, defaults included.
     if scale_block is not None and tokens_per_id is not None:
         raise TraceOptionError("give tokens_per_id or its old name scale_block, not both")
-    return ReadOptions(
+    options = ReadOptions(
         tokens_per_id=tokens_per_id if scale_block is None else scale_block,
         vocab_size=vocab_size,
         seed=seed,
         output=output,
     )
+    return open_trace(path, trace_format, max_requests=max_requests, options=options)
 
 
 def iter_trace(path: StrPath, *, max_requests: int | None = None) -> Iterator[TraceRequest]:
@@ -102,68 +133,30 @@ def read_trace(path: StrPath, *, max_requests: int | None = None) -> list[TraceR
     return load_any(path, max_requests=max_requests, trace_format="prefixkv")
 
 
-def iter_mooncake(
-    path: StrPath,
-    *,
-    max_requests: int | None = None,
-    scale_block: int | None = None,
-    tokens_per_id: int | None = None,
-    vocab_size: int = 32000,
-    seed: int = 0,
-    output: bool = True,
-) -> Iterator[TraceRequest]:
-    """Yield a Mooncake hash-id trace as token requests (``scale_block`` is the old
-    name of ``tokens_per_id``)."""
-    opts = _options(scale_block, tokens_per_id, vocab_size, seed, output)
-    return iter(open_trace(path, "mooncake", max_requests=max_requests, options=opts))
+def iter_mooncake(path: StrPath, **options: Unpack[LoadOptions]) -> Iterator[TraceRequest]:
+    """Yield a Mooncake hash-id trace as token requests (options: :class:`LoadOptions`)."""
+    return iter(_open(path, "mooncake", **options))
 
 
-def load_mooncake(
-    path: StrPath,
-    *,
-    max_requests: int | None = None,
-    scale_block: int | None = None,
-    tokens_per_id: int | None = None,
-    vocab_size: int = 32000,
-    seed: int = 0,
-    output: bool = True,
-) -> list[TraceRequest]:
+def load_mooncake(path: StrPath, **options: Unpack[LoadOptions]) -> list[TraceRequest]:
     """A small Mooncake trace as a list; see :func:`iter_mooncake`."""
-    return list(
-        iter_mooncake(
-            path,
-            max_requests=max_requests,
-            scale_block=scale_block,
-            tokens_per_id=tokens_per_id,
-            vocab_size=vocab_size,
-            seed=seed,
-            output=output,
-        )
-    )
+    return list(iter_mooncake(path, **options))
 
 
 def load_any(
-    path: StrPath,
-    *,
-    max_requests: int | None = None,
-    scale_block: int | None = None,
-    tokens_per_id: int | None = None,
-    vocab_size: int = 32000,
-    seed: int = 0,
-    output: bool = True,
-    trace_format: TraceFormat | None = None,
+    path: StrPath, *, trace_format: TraceFormat | None = None, **options: Unpack[LoadOptions]
 ) -> list[TraceRequest]:
     """A small trace of any format as a list, validated by a scan first.
 
     Holds every request's tokens: for long traces iterate :func:`open_trace` instead.
+    Options: :class:`LoadOptions`.
 
     Raises:
         TraceFormatError: as :meth:`TraceSource.scan`.
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
     """
-    opts = _options(scale_block, tokens_per_id, vocab_size, seed, output)
-    source = open_trace(path, trace_format, max_requests=max_requests, options=opts)
-    if max_requests == 0:
+    source = _open(path, trace_format, **options)
+    if options.get("max_requests") == 0:
         return []
     source.scan()
     return list(source)

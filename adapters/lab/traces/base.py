@@ -141,21 +141,17 @@ class TraceLimits:
 
     def check_prompt(self, length: int) -> str | None:
         """The fault of a prompt of ``length`` tokens, or ``None`` when it is within bounds."""
-        if length > self.max_prompt_tokens:
-            return (
-                f"prompt of {length:,} tokens exceeds the limit of "
-                f"{self.max_prompt_tokens:,} (--max-prompt-tokens)"
-            )
-        return None
+        return _over_limit("prompt", length, self.max_prompt_tokens)
 
     def check_output(self, length: int) -> str | None:
         """The fault of an output of ``length`` tokens, or ``None`` when it is within bounds."""
-        if length > self.max_output_tokens:
-            return (
-                f"output of {length:,} tokens exceeds the limit of "
-                f"{self.max_output_tokens:,} (--max-output-tokens)"
-            )
+        return _over_limit("output", length, self.max_output_tokens)
+
+
+def _over_limit(what: str, length: int, limit: int) -> str | None:
+    if length <= limit:
         return None
+    return f"{what} of {length:,} tokens exceeds the limit of {limit:,} (--max-{what}-tokens)"
 
 
 DEFAULT_LIMITS = TraceLimits()
