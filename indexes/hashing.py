@@ -54,7 +54,7 @@ def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
     return b"".join(out)
 
 
-def _seed_bytes(seed: int | str | bytes | None) -> bytes:
+def _seed_bytes(seed: object) -> bytes:
     # A type tag first, so 0, "\x00" and b"\x00" are three different seeds.
     if seed is None:
         return b"r" + os.urandom(16)
@@ -87,9 +87,9 @@ class BlockHasher:
 
     def __init__(
         self,
-        block_size: int,
+        block_size: object,
         algorithm: str | Digest = "xxh3_128",
-        seed: int | str | bytes | None = None,
+        seed: object = None,
     ) -> None:
         if type(block_size) is not int or block_size <= 0:
             raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")

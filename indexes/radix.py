@@ -48,7 +48,7 @@ class _Node:
     children: dict[_ChildKey, _Node] = field(default_factory=dict)
     evict_key: tuple[tuple[int, ...], int] | None = None  # its entry in the candidates
     dead: bool = False
-    owner: object = None  # set on roots only: the tree they belong to
+    owner: RadixIndex | None = None  # set on roots only: the tree they belong to
     namespace: ExtraKey | None = None  # roots only
 
 
@@ -87,10 +87,10 @@ class RadixIndex:
 
     def __init__(
         self,
-        block_size: int = 1,
+        block_size: object = 1,
         *,
         eviction: str | EvictionPolicy = "lru",
-        check_block_ids: bool = True,
+        check_block_ids: object = True,
     ) -> None:
         if type(block_size) is not int or block_size <= 0:
             raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
@@ -173,7 +173,7 @@ class RadixIndex:
 
     # ------------------------------------------------------------------ lookup
 
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+    def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest cached prefix, page-aligned; splits the last node if the match ends
         inside it (RX-3). Stamps the path with a fresh tick (SG-5).
 
@@ -221,7 +221,7 @@ class RadixIndex:
             children = child.children
         return PrefixMatch(pos, path_blocks, node)
 
-    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+    def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
 
         Complexity: O(depth) Python steps; segments compare in C.
@@ -254,7 +254,7 @@ class RadixIndex:
         self,
         key: TokenKey,
         block_ids: Sequence[int],
-        num_tokens: int | None = None,
+        num_tokens: object = None,
         prefix: CacheHandle | None = None,
     ) -> InsertResult:
         """Insert the page-aligned first ``num_tokens`` tokens (RX-4, SGLang ``insert``).
@@ -475,7 +475,7 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- eviction
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(self, num_blocks: object) -> list[int]:
         """Free unlocked leaves in policy order until ``num_blocks`` blocks are free (RX-6).
 
         Whole leaves go, so more than asked may come back; a parent becomes a
@@ -483,10 +483,10 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        _check_count("num_blocks", num_blocks, sys.maxsize)
+        n = _check_count("num_blocks", num_blocks, sys.maxsize)
         out: list[int] = []
         queue = self._queue
-        while len(out) < num_blocks and queue:
+        while len(out) < n and queue:
             node = queue.pop()
             out += node.value
             if self.check_block_ids:

@@ -11,15 +11,13 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from .errors import InvalidTokenError
 
-if TYPE_CHECKING:
-    from .hashing import BlockHasher
-
 __all__ = [
     "TOKEN_BYTES",
+    "ChainHasher",
     "ExtraKey",
     "TokenKey",
     "as_token_array",
@@ -47,10 +45,10 @@ different namespaces; a value's type is part of it too (``1`` is not ``"1"``).
 
 def make_extra_key(
     *,
-    lora: ExtraValue | None = None,
-    cache_salt: str | None = None,
-    tenant: str | None = None,
-    extra: str | None = None,
+    lora: object = None,
+    cache_salt: object = None,
+    tenant: object = None,
+    extra: object = None,
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
@@ -67,13 +65,15 @@ def make_extra_key(
         extra: SGLang's ``extra_key`` (caller-defined request classification); a
             plain string given as a namespace anywhere means the same.
 
+        Each is a str or an int (not a bool), or ``None``.
+
     Returns:
         The namespace, or ``None`` when every field is ``None`` (the shared default).
 
     Raises:
         InvalidTokenError: a field of the wrong type.
     """
-    parts: list[tuple[str, ExtraValue]] = []
+    parts: list[tuple[str, object]] = []
     if lora is not None:
         parts.append(("lora", lora))
     if cache_salt is not None:
@@ -116,6 +116,23 @@ def normalize_extra_key(extra_key: object) -> ExtraKey | None:
                 f"in {extra_key!r}"
             )
     return tuple(sorted(extra_key, key=lambda kv: (kv[0], type(kv[1]).__name__, str(kv[1]))))
+
+
+class ChainHasher(Protocol):
+    """What computes a sequence's chained block hashes for :meth:`TokenKey.block_hashes`.
+
+    ``hashing.BlockHasher`` (prefixkv's encoding) and ``vllm_hashing.VllmBlockHasher``
+    (vLLM's) both are one.
+    """
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per hashed block."""
+        ...
+
+    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
+        """Append the hashes of the full blocks of ``tokens`` not in ``hashes`` yet."""
+        ...
 
 
 def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
@@ -238,9 +255,10 @@ class TokenKey:
 
     Args:
         tokens: token ids (validated, copied).
-        extra_key: the namespace (see :func:`make_extra_key`); ``None`` is shared.
-        priority: eviction priority hint for the radix tree's ``priority`` policy
-            (SGLang ``Req.priority``); higher survives longer.
+        extra_key: the namespace: ``None`` (shared), a str, or ``(kind, value)`` pairs
+            (see :func:`make_extra_key`).
+        priority: an int, the eviction priority hint for the radix tree's
+            ``priority`` policy (SGLang ``Req.priority``); higher survives longer.
 
     Raises:
         InvalidTokenError: a bad token id or namespace.
@@ -259,8 +277,8 @@ class TokenKey:
     def __init__(
         self,
         tokens: Iterable[int],
-        extra_key: ExtraKey | str | None = None,
-        priority: int = 0,
+        extra_key: object = None,
+        priority: object = 0,
     ) -> None:
         if type(priority) is not int:
             raise InvalidTokenError(f"priority must be an int, got {priority!r}")
@@ -268,7 +286,7 @@ class TokenKey:
         """The token ids, an ``array('I')``: read it, never assign or mutate it."""
         self._extra_key = normalize_extra_key(extra_key)
         self.priority = priority
-        self._hash_owner: BlockHasher | None = None
+        self._hash_owner: ChainHasher | None = None
         self._hash_memo: list[bytes] = []
         self._index_owner: object = None
         self._index_memo: int = 0
@@ -309,7 +327,7 @@ class TokenKey:
         self._index_owner = owner
         self._index_memo = value
 
-    def block_hashes(self, hasher: BlockHasher) -> list[bytes]:
+    def block_hashes(self, hasher: ChainHasher) -> list[bytes]:
         """Hashes of every full block, computing only those not memoized yet.
 
         The returned list is the memo itself: read it, do not mutate it. A key

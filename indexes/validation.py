@@ -3,6 +3,12 @@ a list of block ids must be, and names the offending value when it is not.
 
 Checks run before anything is mutated, so a rejected call leaves its object as it was.
 Each returns the checked value, so a call site reads ``n = check_count("n", n, hi)``.
+
+A public entry point of a module the compiled build compiles declares each argument
+it checks as ``object``: a compiled (mypyc) function checks its declared argument
+types on entry, raising ``TypeError``, and reads ``True`` given for an ``int`` as
+``1``, so only an ``object`` argument reaches the check that names the bad value.
+The ``PrefixIndex`` protocol keeps the precise types for type-checked callers.
 """
 
 from __future__ import annotations

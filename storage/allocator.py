@@ -51,7 +51,7 @@ class BlockAllocator:
 
     __slots__ = ("_freed", "_ledger", "num_blocks")
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: object) -> None:
         if type(num_blocks) is not int or not 0 < num_blocks <= MAX_NUM_BLOCKS:
             raise PrefixKVError(
                 f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], got {num_blocks!r:.80}"
@@ -68,7 +68,7 @@ class BlockAllocator:
         """Blocks available now. O(1)."""
         return len(self._freed) + self.num_blocks - len(self._ledger)
 
-    def allocate(self, num_blocks: int, *, owner: Owner = Owner.CALLER) -> list[int] | None:
+    def allocate(self, num_blocks: object, *, owner: Owner = Owner.CALLER) -> list[int] | None:
         """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
         Freed blocks come first (the last freed first), then never-used ones in id order.
@@ -175,7 +175,7 @@ class BlockAllocator:
         """
         return self._checked(block_ids, owner, what)
 
-    def owner_of(self, block_id: int) -> Owner:
+    def owner_of(self, block_id: object) -> Owner:
         """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
 
         Raises:
@@ -194,7 +194,7 @@ class BlockAllocator:
             return self.num_free_blocks
         return self._ledger.count(owner)
 
-    def is_free(self, block_id: int) -> bool:
+    def is_free(self, block_id: object) -> bool:
         """Whether ``block_id`` is free. O(1)."""
         return self.owner_of(block_id) is Owner.FREE
 
