@@ -96,7 +96,7 @@ class BlockAllocator:
             out.extend(range(first, first + rest))
         return out
 
-    def _checked(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
+    def _checked(self, block_ids: object, owner: Owner, what: str) -> list[int]:
         # Ints, in range, handed out to ``owner``, none repeated: O(n) in C passes.
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Iterable):
             raise BlockOwnershipError(
