@@ -16,12 +16,14 @@ from prefixkv.indexes.base import CacheHandle, PrefixIndex, SupportsCachedBlocks
 from prefixkv.indexes.errors import BlockOwnershipError, PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key, normalize_extra_key
-from prefixkv.indexes.validation import ceil_div, check_count
+from prefixkv.indexes.validation import MAX_BLOCKS, ceil_div, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 from prefixkv.storage.block_table import slot_mapping
 
 from .accounting import CacheTotals
+from .events.wire import KVEvent
 from .manager import CacheManager
+from .observer import CacheObserver
 
 __all__ = ["MatchResult", "ReqLike", "SGLangRadixCache", "SimpleReq"]
 
@@ -108,8 +110,8 @@ class SGLangRadixCache:
         index: a ``PrefixIndex`` or a registry name (``"radix"`` default).
         capacity_tokens: pool size in tokens (whole pages are used).
         page_size: tokens per page when ``index`` is a name (default 1).
-        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
-        keep_records: keep every request's record (see ``CacheManager``).
+        observers: hooks for the manager (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record KV events for ``take_events``.
 
     Sizes (``evictable_size``, ``evict``) are in tokens, as in SGLang.
     """
@@ -120,8 +122,8 @@ class SGLangRadixCache:
         capacity_tokens: int = 65536,
         page_size: int | None = None,
         *,
-        track_boundaries: bool = False,
-        keep_records: bool = False,
+        observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if isinstance(index, str):
             size = 1 if page_size is None else page_size
@@ -136,8 +138,8 @@ class SGLangRadixCache:
         self.manager = CacheManager(
             index,
             BlockAllocator(num_pages),
-            track_boundaries=track_boundaries,
-            keep_records=keep_records,
+            observers=observers,
+            enable_kv_cache_events=enable_kv_cache_events,
         )
 
     # ------------------------------------------------------- the tree's own API
@@ -218,7 +220,7 @@ class SGLangRadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
-        check_count("num_tokens", num_tokens)
+        check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size)
         pages = min(ceil_div(num_tokens, self.page_size), self.manager.allocator.num_blocks)
         return self.manager.evict(pages) * self.page_size
 
@@ -247,6 +249,10 @@ class SGLangRadixCache:
         """Free tokens in the pool."""
         return self.manager.allocator.num_free_blocks * self.page_size
 
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call, SGLang's page events as vLLM wire structs."""
+        return self.manager.take_events()
+
     def reset(self) -> None:
         """Drop the whole cache (only with no request running)."""
         self.manager.reset()
@@ -268,7 +274,7 @@ class SGLangRadixCache:
             raise RequestStateError(f"request {rid!r} is running already")
         key = TokenKey(req.origin_input_ids, _namespace(req), getattr(req, "priority", 0) or 0)
         adm = self.manager.admit(rid, key, reserve_blocks=1 if self.page_size > 1 else 0)
-        return None if adm is None else adm.num_cached_tokens
+        return None if adm is None else adm.hit_tokens
 
     def cache_unfinished_req(self, req: ReqLike) -> None:
         """After prefill (SG-3): insert the prompt, free duplicates, move the lock."""
@@ -286,12 +292,14 @@ class SGLangRadixCache:
         rid = req.rid
         pos = self._committed_len(rid)
         prompt = len(req.origin_input_ids)
-        if not prompt <= pos < prompt + len(req.output_ids):
+        output = req.output_ids
+        if not prompt <= pos < prompt + len(output):
             raise RequestStateError(f"request {rid!r} has no sampled token to feed at {pos}")
-        token = req.output_ids[pos - prompt]
-        needs_page = pos % self.page_size == 0
-        reserve = 0 if needs_page or self.page_size == 1 else 1
-        return self.manager.append(rid, [token], reserve_blocks=reserve)
+        ps = self.page_size
+        reserve = 0 if ps == 1 or pos % ps == 0 else 1
+        return self.manager.append(
+            rid, output[pos - prompt : pos - prompt + 1], reserve_blocks=reserve
+        )
 
     def cache_finished_req(self, req: ReqLike) -> None:
         """At finish (SG-4): insert prompt + fed output, split at the prompt, unlock."""
@@ -307,9 +315,7 @@ class SGLangRadixCache:
 
     def _committed_len(self, rid: Hashable) -> int:
         # SGLang's kv_committed_len: the prompt and every fed token, i.e. the key.
-        if rid not in self.manager:
-            raise RequestStateError(f"request {rid!r} is not running")
-        return len(self.manager.key(rid).tokens)
+        return len(self.manager.key(rid).tokens)  # RequestStateError when not running
 
     @property
     def totals(self) -> CacheTotals:

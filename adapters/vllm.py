@@ -20,10 +20,13 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.indexes.validation import check_count
 from prefixkv.storage.allocator import BlockAllocator
 
 from .accounting import CacheTotals
+from .events.wire import KVEvent
 from .manager import CacheManager, Lookup
+from .observer import CacheObserver
 
 __all__ = ["KVCacheBlocks", "RequestLike", "SimpleRequest", "VLLMKVCacheManager"]
 
@@ -92,9 +95,14 @@ _NO_BLOCKS = KVCacheBlocks(())
 
 
 def _namespace(request: RequestLike) -> ExtraKey | None:
+    # vLLM's extra keys: the LoRA (name and path hashed, id published) and the salt.
     lora = getattr(request, "lora_request", None)
-    lora_name = getattr(lora, "lora_name", None) if lora is not None else None
-    return make_extra_key(lora=lora_name, cache_salt=getattr(request, "cache_salt", None))
+    return make_extra_key(
+        lora=None if lora is None else getattr(lora, "lora_name", None),
+        lora_path=None if lora is None else getattr(lora, "lora_path", None),
+        lora_id=None if lora is None else getattr(lora, "lora_int_id", None),
+        cache_salt=getattr(request, "cache_salt", None),
+    )
 
 
 class VLLMKVCacheManager:
@@ -105,8 +113,8 @@ class VLLMKVCacheManager:
         num_blocks: usable blocks in the pool.
         block_size: tokens per block when ``index`` is a name (default 16).
         enable_caching: ``False`` uses the no-cache index, as vLLM does.
-        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
-        keep_records: keep every request's record (see ``CacheManager``).
+        observers: hooks for the manager (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record KV events for ``take_events`` (vLLM's flag).
 
     Not modelled: speculative lookahead slots, KV-connector external tokens,
     hybrid (sliding-window, Mamba) groups.
@@ -119,8 +127,8 @@ class VLLMKVCacheManager:
         block_size: int | None = None,
         *,
         enable_caching: bool = True,
-        track_boundaries: bool = False,
-        keep_records: bool = False,
+        observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
@@ -129,8 +137,8 @@ class VLLMKVCacheManager:
         self.manager = CacheManager(
             index,
             BlockAllocator(num_blocks),
-            track_boundaries=track_boundaries,
-            keep_records=keep_records,
+            observers=observers,
+            enable_kv_cache_events=enable_kv_cache_events,
         )
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
@@ -184,12 +192,18 @@ class VLLMKVCacheManager:
             PrefixKVError: lookahead slots (speculative decoding) are asked for,
                 or the counts disagree with the request.
         """
-        if num_lookahead_tokens:
-            raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            raise PrefixKVError(
-                f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}"
-            )
+        if (
+            type(num_new_tokens) is not int
+            or num_new_tokens < 0
+            or type(num_new_computed_tokens) is not int
+            or type(num_lookahead_tokens) is not int
+            or num_new_computed_tokens < 0
+            or num_lookahead_tokens != 0
+        ):  # the decode step's arguments pass these tests and no call
+            check_count("num_new_tokens", num_new_tokens)
+            check_count("num_new_computed_tokens", num_new_computed_tokens)
+            if check_count("num_lookahead_tokens", num_lookahead_tokens):
+                raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
         rid = request.request_id
         mgr = self.manager
         if rid in mgr:
@@ -232,14 +246,17 @@ class VLLMKVCacheManager:
         self._pending.pop(rid, None)
         key = self._keys.pop(rid, None)
         if rid in self.manager:
-            if key is not None and self.manager.tracks_boundaries:
-                # Tell the accounting what was computed past the key it last saw (its
-                # partial-tail record); every full block is registered already.
-                if request.num_tokens > len(key.tokens):
-                    key.append(request.all_token_ids[len(key.tokens) :])
-                computed = min(request.num_computed_tokens, len(key.tokens))
-                self.manager.advance(rid, computed, computed, swap_duplicates=False)
+            # The key learns tokens only when a block fills; tell the manager what the
+            # request computed past it (every full block is registered already).
+            if key is not None and request.num_tokens > len(key.tokens):
+                key.append(request.all_token_ids[len(key.tokens) :])
+            computed = min(request.num_computed_tokens, len(self.manager.key(rid).tokens))
+            self.manager.advance(rid, computed, computed, swap_duplicates=False)
             self.manager.abort(rid)
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call (vLLM ``KVCacheManager.take_events``)."""
+        return self.manager.take_events()
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table, per group."""
@@ -263,9 +280,7 @@ class VLLMKVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks neither free nor evictable (vLLM: 1 - free queue / total)."""
-        stats = self.manager.index.stats()
-        free = self.manager.allocator.num_free_blocks + stats.num_evictable_blocks
-        return 1.0 - free / self.manager.allocator.num_blocks
+        return self.manager.usage
 
     @property
     def prefix_cache_stats(self) -> CacheTotals:

@@ -97,7 +97,7 @@ def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str
     per_step(benchmark)
     if facade is not None:
         facade.free(done.pop())
-        facade.manager.check_integrity()
+        facade.manager.check_invariants()
 
 
 @pytest.mark.parametrize(("index", "page"), [("radix", 1), ("hash_chain", 16), ("driver", 1)])
@@ -118,4 +118,4 @@ def test_sglang_alloc_for_decode_step(benchmark: BenchmarkFixture, index: str, p
     per_step(benchmark)
     if facade is not None:
         facade.cache_finished_req(done.pop())
-        facade.manager.check_integrity()
+        facade.manager.check_invariants()

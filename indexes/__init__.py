@@ -2,14 +2,19 @@
 
 from .base import (
     CacheHandle,
+    Described,
+    EventSink,
+    IndexDescription,
     IndexStats,
     InsertResult,
     PrefixIndex,
     PrefixMatch,
     SupportsCachedBlocks,
     SupportsCommonPrefix,
+    SupportsEventSink,
     SupportsEvictBlocks,
     SupportsMemoryBytes,
+    describe,
 )
 from .errors import (
     BlockOwnershipError,
@@ -26,24 +31,28 @@ from .errors import (
 )
 from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
 from .hash_chain import HashChainIndex
-from .hashing import HASH_ALGORITHMS, BlockHasher
+from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
-from .registry import available_indexes, make_index, register_index
+from .registry import available_indexes, describe_index, make_index, register_index
 from .sync import SynchronizedIndex
 from .tokens import ExtraKey, TokenKey, make_extra_key
 from .wrapper import IndexWrapper
 
 __all__ = [
+    "BLOCK_HASH_ALGORITHMS",
     "EVICTION_POLICIES",
     "HASH_ALGORITHMS",
     "BlockHasher",
     "BlockOwnershipError",
     "CacheHandle",
     "CacheInUseError",
+    "Described",
+    "EventSink",
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
+    "IndexDescription",
     "IndexOptionError",
     "IndexStats",
     "IndexWrapper",
@@ -61,12 +70,16 @@ __all__ = [
     "StaleHandleError",
     "SupportsCachedBlocks",
     "SupportsCommonPrefix",
+    "SupportsEventSink",
     "SupportsEvictBlocks",
     "SupportsMemoryBytes",
     "SynchronizedIndex",
     "TokenKey",
     "UnknownIndexError",
     "available_indexes",
+    "describe",
+    "describe_index",
+    "make_block_hasher",
     "make_eviction_policy",
     "make_extra_key",
     "make_index",

@@ -9,36 +9,10 @@ so ``remove`` is O(1) and no node objects are allocated. Head = evicted first.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from .tokens import ExtraKey
+from .block_map import CachedBlock
 
-__all__ = ["CachedBlock", "FreeBlockQueue"]
-
-
-@dataclass(slots=True, eq=False)
-class CachedBlock:
-    """One block the hash chain owns.
-
-    Attributes:
-        block_id: the storage block.
-        block_hash: its chained hash; ``None`` once dropped by ``evict_blocks``
-            (the block is then only waiting for its last unlock).
-        ref_cnt: requests holding it; 0 means evictable (in the free queue).
-        prev, next: free-queue links (``None`` when not queued).
-        tokens, parent, extra_key: registration content (the block's token bytes,
-            the block registered before it, block 0's namespace), kept only with
-            ``verify=True`` to reject hash collisions.
-    """
-
-    block_id: int
-    block_hash: bytes | None
-    ref_cnt: int = 0
-    prev: CachedBlock | None = None
-    next: CachedBlock | None = None
-    tokens: bytes | None = None
-    parent: CachedBlock | None = None
-    extra_key: ExtraKey | None = None
+__all__ = ["FreeBlockQueue"]
 
 
 class FreeBlockQueue:
@@ -66,6 +40,42 @@ class FreeBlockQueue:
         block.next = self._tail
         self._tail.prev = block
         self._len += 1
+
+    def extend(self, blocks: list[CachedBlock]) -> None:
+        """Queue ``blocks`` at the tail, in order (the last one is the most recent).
+
+        One call per run of new blocks; the links are set inline. O(len(blocks)).
+        """
+        last = self._tail.prev
+        assert last is not None
+        for block in blocks:
+            last.next = block
+            block.prev = last
+            last = block
+        last.next = self._tail
+        self._tail.prev = last
+        self._len += len(blocks)
+
+    def popleft_many(self, n: int) -> list[CachedBlock]:
+        """Remove and return up to ``n`` blocks from the head (least recent first).
+
+        The run is cut out of the list in one step. O(returned blocks).
+        """
+        out: list[CachedBlock] = []
+        node = self._head.next
+        tail = self._tail
+        while len(out) < n and node is not tail:
+            assert node is not None
+            out.append(node)
+            node = node.next
+        if out:
+            assert node is not None
+            self._head.next = node
+            node.prev = self._head
+            for block in out:
+                block.prev = block.next = None
+            self._len -= len(out)
+        return out
 
     def remove(self, block: CachedBlock) -> None:
         """Take ``block`` out of the queue, wherever it is. O(1)."""

@@ -43,12 +43,27 @@ different namespaces; a value's type is part of it too (``1`` is not ``"1"``).
 """
 
 
+class ChainHasher(Protocol):
+    """What ``TokenKey.block_hashes`` needs of a block hasher: a block size and a way
+    to extend a memo of chained block digests (``hashing.BlockHasher``,
+    ``vllm_hashing.VllmBlockHasher``)."""
+
+    block_size: int
+    """Tokens per hashed block."""
+
+    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
+        """Append the digests of the full blocks of ``tokens`` not in ``hashes`` yet."""
+        ...
+
+
 def make_extra_key(
     *,
     lora: object = None,
     cache_salt: object = None,
     tenant: object = None,
     extra: object = None,
+    lora_path: object = None,
+    lora_id: object = None,
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
@@ -64,18 +79,34 @@ def make_extra_key(
         tenant: a tenant id for multi-tenant isolation.
         extra: SGLang's ``extra_key`` (caller-defined request classification); a
             plain string given as a namespace anywhere means the same.
+        lora_path: the LoRA adapter's path (vLLM ``lora_request.lora_path``): part
+            of vLLM's block hashes, so needed to reproduce them; only with ``lora``.
+        lora_id: the LoRA adapter's int id (vLLM ``lora_request.lora_int_id``):
+            published in vLLM's events, never hashed by vLLM; only with ``lora``.
 
-        Each is a str or an int (not a bool), or ``None``.
+        ``lora``, ``cache_salt``, ``tenant`` and ``extra`` are each a str or an int
+        (not a bool), or ``None``.
 
     Returns:
         The namespace, or ``None`` when every field is ``None`` (the shared default).
 
     Raises:
-        InvalidTokenError: a field of the wrong type.
+        InvalidTokenError: a field of the wrong type, or ``lora_path``/``lora_id``
+            without ``lora``.
     """
     parts: list[tuple[str, object]] = []
+    if lora is None and (lora_path is not None or lora_id is not None):
+        raise InvalidTokenError("lora_path and lora_id describe a LoRA: give lora too")
     if lora is not None:
         parts.append(("lora", lora))
+        if lora_path is not None:
+            if not isinstance(lora_path, str):
+                raise InvalidTokenError(f"lora_path must be a str, got {lora_path!r}")
+            parts.append(("lora_path", lora_path))
+        if lora_id is not None:
+            if type(lora_id) is not int:
+                raise InvalidTokenError(f"lora_id must be an int, got {lora_id!r}")
+            parts.append(("lora_id", lora_id))
     if cache_salt is not None:
         parts.append(("cache_salt", cache_salt))
     if tenant is not None:
@@ -116,23 +147,6 @@ def normalize_extra_key(extra_key: object) -> ExtraKey | None:
                 f"in {extra_key!r}"
             )
     return tuple(sorted(extra_key, key=lambda kv: (kv[0], type(kv[1]).__name__, str(kv[1]))))
-
-
-class ChainHasher(Protocol):
-    """What computes a sequence's chained block hashes for :meth:`TokenKey.block_hashes`.
-
-    ``hashing.BlockHasher`` (prefixkv's encoding) and ``vllm_hashing.VllmBlockHasher``
-    (vLLM's) both are one.
-    """
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per hashed block."""
-        ...
-
-    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
-        """Append the hashes of the full blocks of ``tokens`` not in ``hashes`` yet."""
-        ...
 
 
 def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
@@ -289,7 +303,7 @@ class TokenKey:
         self._hash_owner: ChainHasher | None = None
         self._hash_memo: list[bytes] = []
         self._index_owner: object = None
-        self._index_memo: int = 0
+        self._index_memo: object = None
 
     @property
     def extra_key(self) -> ExtraKey | None:
@@ -310,19 +324,20 @@ class TokenKey:
         Raises:
             InvalidTokenError: a bad token id; the key is unchanged.
         """
-        if _small_valid(tokens):
+        if _small_valid(tokens) or (
+            type(tokens) is array and tokens.typecode == TOKEN_TYPECODE  # holds only ids
+        ):
             self.tokens.extend(tokens)
         else:
             self.tokens.extend(as_token_array(tokens))
 
-    def index_memo(self, owner: object) -> int:
-        """An int an index keeps about this key (the radix tree: tokens it inserted).
-
-        Reads 0 when another index wrote it last.
+    def index_memo(self, owner: object) -> object:
+        """What an index keeps about this key (the radix tree: the tokens it inserted
+        and the node it ended at), or ``None`` when another index wrote it last.
         """
-        return self._index_memo if self._index_owner is owner else 0
+        return self._index_memo if self._index_owner is owner else None
 
-    def set_index_memo(self, owner: object, value: int) -> None:
+    def set_index_memo(self, owner: object, value: object) -> None:
         """Store ``value`` for ``owner`` (see ``index_memo``)."""
         self._index_owner = owner
         self._index_memo = value

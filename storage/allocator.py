@@ -18,11 +18,13 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 
+from prefixkv.indexes.validation import MAX_BLOCKS
+
 from .errors import BlockOwnershipError, PrefixKVError
 
 __all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner"]
 
-MAX_NUM_BLOCKS = 2**31 - 1
+MAX_NUM_BLOCKS = MAX_BLOCKS
 """The largest pool: block ids must fit the int32 block tables engines use (vLLM)."""
 
 
@@ -37,6 +39,9 @@ class Owner(enum.IntEnum):
     FREE = 0
     CALLER = 1
     MANAGER = 2
+
+
+_OWNERS = (Owner.CALLER, Owner.MANAGER)
 
 
 class BlockAllocator:
@@ -75,14 +80,26 @@ class BlockAllocator:
 
         Complexity: O(num_blocks); never-used blocks are tagged in one C call.
         """
+        freed = self._freed
+        ledger = self._ledger
+        # The type first: mypy narrows an object equal to 1 to int, and compiled code then
+        # converts it, so a True or a 1.0 would pass for the int 1.
+        if type(num_blocks) is int and num_blocks == 1 and owner in _OWNERS:
+            # A decode step's one block (every step at page size 1): no slicing.
+            if freed:
+                bid = freed.pop()
+                ledger[bid] = owner
+                return [bid]
+            if len(ledger) < self.num_blocks:
+                ledger.append(owner)
+                return [len(ledger) - 1]
+            return None
         if type(num_blocks) is not int or num_blocks < 0:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
-        if owner not in (Owner.CALLER, Owner.MANAGER):
+        if owner not in _OWNERS:
             raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
         if num_blocks > self.num_free_blocks:
             return None
-        freed = self._freed
-        ledger = self._ledger
         take = min(num_blocks, len(freed))
         out = freed[len(freed) - take :]
         del freed[len(freed) - take :]

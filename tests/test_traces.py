@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import shutil
 import tarfile
 import tracemalloc
@@ -537,6 +538,9 @@ def test_atomic_writer_and_refuse_overwrite(tmp_path: Path) -> None:
         raise RuntimeError("boom")
     assert target.read_bytes() == b"one"
     assert [p.name for p in target.parent.iterdir()] == ["out.txt"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
     refuse_overwrite([tmp_path / "x.jsonl"], [target])
     for out in (target, tmp_path / "sub" / ".." / "sub" / "out.txt"):
         with pytest.raises(OutputError, match="is the input"):

@@ -24,6 +24,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -44,17 +45,18 @@ from sglang.srt.mem_cache.registry import (
 )
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex
-from prefixkv.indexes.registry import make_index, pool_owned_options
+from prefixkv.indexes.registry import index_options, make_index, pool_owned_options
 from prefixkv.indexes.tokens import TokenKey, make_extra_key
+from prefixkv.indexes.validation import ceil_div
 
+from ..events.dialects import EventRecorder, attach_event_recorder
+from ..events.sglang_recorder import SGLangEventRecorder
 from .errors import UnsupportedEngineFeatureError
 
 __all__ = ["BACKENDS", "PrefixKVPrefixCache", "make_prefix_cache", "register"]
 
 BACKENDS = {"prefixkv-radix": "radix", "prefixkv-hash-chain": "hash_chain"}
 """``--radix-cache-backend`` name -> prefixkv index."""
-
-_POLICIES = {"radix": ("lru", "lfu", "fifo", "priority"), "hash_chain": ("lru",)}
 
 
 def register() -> None:
@@ -89,11 +91,11 @@ def make_prefix_cache(index_name: str, ctx: TreeCacheBuildContext) -> PrefixKVPr
     if params.is_eagle:
         refuse("EAGLE speculative decoding (bigram keys)")
     policy = (params.eviction_policy or "lru").lower()
-    if policy not in _POLICIES.get(index_name, ("lru",)):
-        refuse(f"--radix-eviction-policy {policy} with the {index_name} index")
     options = pool_owned_options(index_name)
-    if index_name == "radix":
+    if "eviction" in index_options(index_name):  # the index picks its policy by name
         options["eviction"] = policy
+    elif policy != "lru":  # an index without the option evicts in LRU order only
+        refuse(f"--radix-eviction-policy {policy} with the {index_name} index")
     index = make_index(index_name, block_size=params.page_size, **options)
     return PrefixKVPrefixCache(params, index, disable=ctx.disable_radix_cache)
 
@@ -110,6 +112,36 @@ class _Node:
 
     def __repr__(self) -> str:
         return f"<prefixkv node: {self.num_tokens} tokens>"
+
+
+class _EngineEvents:
+    """SGLang's event-recorder interface (``take()``) over prefixkv's recorder.
+
+    The radix tree records SGLang's own page events; any other index (the hash chain)
+    records vLLM's, which carry the same fields. Either way SGLang gets its own
+    structs, so its publisher and a router see what SGLang's RadixCache sends.
+    """
+
+    def __init__(self, recorder: EventRecorder) -> None:
+        self.recorder = recorder
+
+    def take(self) -> list[Any]:
+        """The events since the last call, as ``sglang.srt.disaggregation.kv_events`` structs."""
+        recorder = self.recorder
+        events: list[Any] = (
+            recorder.take_sglang_events()
+            if isinstance(recorder, SGLangEventRecorder)
+            else recorder.take_events()
+        )
+        if not events:
+            return []
+        from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        sglang_event: Any = BlockStored | BlockRemoved | AllBlocksCleared
+        out: list[Any] = msgspec.msgpack.decode(
+            msgspec.msgpack.encode(events), type=list[sglang_event]
+        )
+        return out
 
 
 class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
@@ -136,6 +168,10 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         device = getattr(self.token_to_kv_pool_allocator, "device", "cpu")
         self.device = torch.device(device if isinstance(device, (str, torch.device)) else "cpu")
         self.root_node = _Node(None, [], 0)
+        # SGLang's base class reads self.kv_events (a recorder with take()).
+        self.kv_events: _EngineEvents | None = None
+        if params.enable_kv_cache_events and not self.disable:
+            self.kv_events = _EngineEvents(attach_event_recorder(index))
         if params.enable_metrics:
             self.init_metrics_collector()
 
@@ -144,8 +180,9 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
     def _key(
         self, tokens: Sequence[int], extra_key: Any, cache_salt: Any, priority: int = 0
     ) -> TokenKey:
-        # SGLang keeps LoRA ids and cache salts in separate subtrees; so does prefixkv.
-        return TokenKey(tokens, make_extra_key(lora=extra_key, cache_salt=cache_salt), priority)
+        # SGLang's RadixKey fields (extra_key, which carries the LoRA id, and the salt),
+        # by the same rule as the SGLang-shaped facade.
+        return TokenKey(tokens, make_extra_key(extra=extra_key, cache_salt=cache_salt), priority)
 
     def _slots(self, block_ids: Sequence[int]) -> torch.Tensor:
         pages = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
@@ -251,7 +288,7 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         """Free at least ``num_tokens`` tokens of unlocked pages (whole leaves: may overshoot)."""
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
-        freed = self.index.evict(-(-params.num_tokens // self.page_size))
+        freed = self.index.evict(ceil_div(params.num_tokens, self.page_size))
         self._free_pages(freed)
         return EvictResult(num_tokens_evicted=len(freed) * self.page_size)
 
@@ -278,7 +315,7 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         stats = self.index.stats()
         print(f"prefixkv {type(self.index).__name__}: {stats}")
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """The index's own invariants (pool-wide conservation needs the live rows).
 
         Raises:

@@ -34,12 +34,13 @@ class SimConfig:
             ``max_running_requests``). vLLM's default is 256.
         max_num_batched_tokens: most tokens computed in one step (vLLM
             ``max_num_batched_tokens``; SGLang's ``chunked_prefill_size`` for a
-            prefill step). 8192, vLLM's default for online serving.
+            prefill step). 8192: SGLang's default on 80 GB GPUs and vLLM's for online
+            serving on H100/H200 (vLLM uses 2048 on an A100).
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
         policy: ``"fcfs"`` or ``"lpm"`` (SGLang's cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
-        check_integrity: run the manager's ``check_integrity()`` after every step
+        check_invariants: run the manager's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
@@ -51,7 +52,7 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "fcfs"
     batching: Batching = "mixed"
-    check_integrity: bool = False
+    check_invariants: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -64,12 +65,12 @@ class SimConfig:
             raise SimConfigError(
                 f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
             )
-        for name in ("enable_chunked_prefill", "check_integrity"):
+        for name in ("enable_chunked_prefill", "check_invariants"):
             if type(getattr(self, name)) is not bool:
                 raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as a flat dict (for tables)."""
         d = asdict(self)
-        del d["check_integrity"]
+        del d["check_invariants"]
         return d

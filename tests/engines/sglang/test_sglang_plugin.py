@@ -53,7 +53,7 @@ class Conserved:
         assert free + cache.total_size() + private == total, (free, cache.total_size(), private)
         self.steps += 1
         if isinstance(cache, PrefixKVPrefixCache) and self.steps % self.every == 0:
-            cache.check_integrity()
+            cache.check_invariants()
 
 
 def replay(
@@ -100,6 +100,40 @@ def test_radix_inside_sglang_equals_radix_cache(traces, report, trace, ps, k, ca
     if cap == "roomy":
         # Without eviction the hash chain at the page size hits what the tree does.
         assert chain == native
+
+
+def events_of(reqs: list[dict[str, Any]], ps: int, k: int, cap: int, index: str | None) -> Any:
+    context = max(len(r["tokens"]) + len(r["output"]) + 2 for r in reqs)
+    params = sglang_oracle.build_pools(ps, cap, k + 1, context)
+    params.enable_kv_cache_events = True
+    cache = (
+        sglang_oracle.make_cache("radix", params)
+        if index is None
+        else PrefixKVPrefixCache(params, make_index(index, block_size=ps))
+    )
+    steps: list[Any] = []
+
+    def after_step(rp: sglang_oracle.SGLangReplay) -> None:
+        events = rp.cache.take_events()
+        if events:
+            steps.append(events)
+
+    sglang_oracle.SGLangReplay(cache, params, after_step=after_step).run(reqs, k)
+    return steps
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_kv_events_inside_sglang_equal_radix_caches(traces, ps) -> None:
+    # SGLang's scheduler takes the tree's events after each step: with prefixkv's radix
+    # tree they equal RadixCache's (page hashes, merged stores, per-node removals),
+    # through eviction, as SGLang's own structs.
+    reqs = traces["mixed"][:60]
+    cap = capacity(reqs, 4, "tight")
+    native = events_of(reqs, ps, 4, cap, None)
+    ours = events_of(reqs, ps, 4, cap, "radix")
+    assert sum(map(len, native)) > 50
+    assert any(type(e).__name__ == "BlockRemoved" for step in native for e in step)
+    assert ours == native
 
 
 def test_backends_registered_by_sglangs_plugin_loader() -> None:
