@@ -46,7 +46,9 @@ class _ChainHandle(NamedTuple):
     registering a decoded block extends it in O(1) instead of copying the run.
     """
 
-    owner: HashChainIndex
+    # Quoted: a compiled (mypyc) NamedTuple evaluates an unquoted field type at import,
+    # before the class defined below exists.
+    owner: "HashChainIndex"  # noqa: UP037
     chain: list[CachedBlock]
     length: int
     epoch: int  # the owner's drop count when made: unchanged => every block still cached
@@ -56,7 +58,7 @@ class _ChainHandle(NamedTuple):
         return self.chain if self.length == len(self.chain) else self.chain[: self.length]
 
 
-def _check_limit(num_tokens: int | None, key: TokenKey, what: str) -> int:
+def _check_limit(num_tokens: object, key: TokenKey, what: str) -> int:
     return len(key) if num_tokens is None else check_count(what, num_tokens, len(key))
 
 
@@ -120,14 +122,14 @@ class HashChainIndex:
 
     def __init__(
         self,
-        block_size: int = 16,
+        block_size: object = 16,
         *,
         hash_algorithm: str | Digest = "xxh3_128",
-        seed: int | str | bytes | None = None,
-        verify: bool = False,
+        seed: object = None,
+        verify: object = False,
     ) -> None:
         self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
-        self.block_size = block_size
+        self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
         self._table = BlockHashToBlockMap()
         self._blocks: dict[int, CachedBlock] = {}
@@ -149,7 +151,7 @@ class HashChainIndex:
 
     # ------------------------------------------------------------------ lookup
 
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+    def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest run of cached blocks from block 0 (SPEC HC-4).
 
         Mutates nothing but the key's hash memo.
@@ -174,7 +176,7 @@ class HashChainIndex:
             n * self.block_size, list(map(_block_id, hit)), _ChainHandle(self, hit, n, self._epoch)
         )
 
-    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+    def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
         return self.match_prefix(key, max_num_tokens).block_ids
 
@@ -233,7 +235,7 @@ class HashChainIndex:
         self,
         key: TokenKey,
         block_ids: Sequence[int],
-        num_tokens: int | None = None,
+        num_tokens: object = None,
         prefix: CacheHandle | None = None,
     ) -> InsertResult:
         """Register the full blocks of the first ``num_tokens`` tokens (vLLM ``cache_full_blocks``).
@@ -446,7 +448,7 @@ class HashChainIndex:
 
     # ---------------------------------------------------------------- eviction
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(self, num_blocks: object) -> list[int]:
         """Free up to ``num_blocks`` evictable blocks from the queue head (LRU, tails first).
 
         Each freed block loses its hash entry before it is handed back, so a cached
@@ -454,9 +456,12 @@ class HashChainIndex:
 
         Complexity: O(num_blocks).
         """
-        if type(num_blocks) is not int or not 0 <= num_blocks <= MAX_BLOCKS:
-            check_count("num_blocks", num_blocks, MAX_BLOCKS)
-        popped = self._free.popleft_many(num_blocks)
+        n = (
+            num_blocks
+            if type(num_blocks) is int and 0 <= num_blocks <= MAX_BLOCKS
+            else check_count("num_blocks", num_blocks, MAX_BLOCKS)
+        )
+        popped = self._free.popleft_many(n)
         if not popped:
             return []
         if self._sink is not None:  # vLLM: one BlockRemoved per evicted block

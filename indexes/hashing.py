@@ -68,7 +68,7 @@ def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
     return b"".join(out)
 
 
-def _seed_bytes(seed: int | str | bytes | None) -> bytes:
+def _seed_bytes(seed: object) -> bytes:
     # A type tag first, so 0, "\x00" and b"\x00" are three different seeds.
     if seed is None:
         return b"r" + os.urandom(16)
@@ -101,11 +101,11 @@ class BlockHasher:
 
     def __init__(
         self,
-        block_size: int,
+        block_size: object,
         algorithm: str | Digest = "xxh3_128",
-        seed: int | str | bytes | None = None,
+        seed: object = None,
     ) -> None:
-        check_positive("block_size", block_size, MAX_BLOCK_SIZE)
+        size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         if callable(algorithm):
             self._digest: Digest = algorithm
             self.algorithm = getattr(algorithm, "__name__", "custom")
@@ -115,7 +115,7 @@ class BlockHasher:
         else:
             names = ", ".join(sorted(HASH_ALGORITHMS))
             raise PrefixKVError(f"unknown hash algorithm {algorithm!r}; known: {names}")
-        self.block_size = block_size
+        self.block_size = size
         self.root = self._digest(b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
 
@@ -155,9 +155,9 @@ class BlockHasher:
 
 
 def make_block_hasher(
-    block_size: int,
+    block_size: object,
     algorithm: str | Digest = "xxh3_128",
-    seed: int | str | bytes | None = None,
+    seed: object = None,
 ) -> ChainHasher:
     """The block hasher named ``algorithm``.
 
@@ -195,7 +195,8 @@ def make_block_hasher(
                 f"hash {algorithm!r} takes vLLM's PYTHONHASHSEED as seed (an int or str), "
                 f"got {seed!r:.80}"
             )
-        return VllmBlockHasher(block_size, algorithm, None if seed is None else str(seed))
+        size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
+        return VllmBlockHasher(size, algorithm, None if seed is None else str(seed))
     if isinstance(algorithm, str) and algorithm not in HASH_ALGORITHMS:
         raise PrefixKVError(
             f"unknown hash algorithm {algorithm!r}; known: {', '.join(BLOCK_HASH_ALGORITHMS)}"

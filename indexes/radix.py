@@ -61,7 +61,7 @@ class _Node:
     children: dict[_ChildKey, _Node] = field(default_factory=dict)
     evict_key: tuple[tuple[int, ...], int] | None = None  # its entry in the candidates
     dead: bool = False
-    tree: object = None  # the RadixIndex it belongs to: a handle is validated in O(1)
+    tree: RadixIndex | None = None  # the tree it belongs to: a handle is validated in O(1)
     namespace: ExtraKey | None = None  # roots only
     hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
 
@@ -121,10 +121,10 @@ class RadixIndex:
 
     def __init__(
         self,
-        block_size: int = 1,
+        block_size: object = 1,
         *,
         eviction: str | EvictionPolicy = "lru",
-        check_block_ids: bool = True,
+        check_block_ids: object = True,
     ) -> None:
         self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self.policy = make_eviction_policy(eviction)
@@ -257,13 +257,13 @@ class RadixIndex:
             children = node.children
         return node, pos, passed
 
-    def _limit(self, key: TokenKey, max_num_tokens: int | None) -> int:
+    def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
         if max_num_tokens is not None:
             limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         return limit - limit % self.block_size
 
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+    def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest cached prefix, page-aligned; splits the last node if the match ends
         inside it (RX-3). Stamps the path with a fresh tick (SG-5).
 
@@ -281,7 +281,7 @@ class RadixIndex:
             blocks += n.value
         return PrefixMatch(pos, blocks, node)
 
-    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
+    def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
 
         Complexity: O(depth) Python steps; segments compare in C.
@@ -311,7 +311,7 @@ class RadixIndex:
         self,
         key: TokenKey,
         block_ids: Sequence[int],
-        num_tokens: int | None = None,
+        num_tokens: object = None,
         prefix: CacheHandle | None = None,
     ) -> InsertResult:
         """Insert the page-aligned first ``num_tokens`` tokens (RX-4, SGLang ``insert``).
@@ -585,7 +585,7 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- eviction
 
-    def evict(self, num_blocks: int) -> list[int]:
+    def evict(self, num_blocks: object) -> list[int]:
         """Free unlocked leaves in policy order until ``num_blocks`` blocks are free (RX-6).
 
         Whole leaves go, so more than asked may come back; a parent becomes a
@@ -593,11 +593,11 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        check_count("num_blocks", num_blocks, MAX_BLOCKS)
+        n = check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         queue = self._queue
         sink = self._sink
-        while len(out) < num_blocks and queue:
+        while len(out) < n and queue:
             node = queue.pop()
             if sink is not None:  # SGLang's record_remove: one node, its pages
                 sink.on_removed(self._page_hashes(node))

@@ -56,7 +56,7 @@ class BlockAllocator:
 
     __slots__ = ("_freed", "_ledger", "num_blocks")
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: object) -> None:
         if type(num_blocks) is not int or not 0 < num_blocks <= MAX_NUM_BLOCKS:
             raise PrefixKVError(
                 f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], got {num_blocks!r:.80}"
@@ -73,7 +73,7 @@ class BlockAllocator:
         """Blocks available now. O(1)."""
         return len(self._freed) + self.num_blocks - len(self._ledger)
 
-    def allocate(self, num_blocks: int, *, owner: Owner = Owner.CALLER) -> list[int] | None:
+    def allocate(self, num_blocks: object, *, owner: Owner = Owner.CALLER) -> list[int] | None:
         """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
         Freed blocks come first (the last freed first), then never-used ones in id order.
@@ -82,7 +82,9 @@ class BlockAllocator:
         """
         freed = self._freed
         ledger = self._ledger
-        if num_blocks == 1 and type(num_blocks) is int and owner in _OWNERS:
+        # The type first: mypy narrows an object equal to 1 to int, and compiled code then
+        # converts it, so a True or a 1.0 would pass for the int 1.
+        if type(num_blocks) is int and num_blocks == 1 and owner in _OWNERS:
             # A decode step's one block (every step at page size 1): no slicing.
             if freed:
                 bid = freed.pop()
@@ -111,7 +113,7 @@ class BlockAllocator:
             out.extend(range(first, first + rest))
         return out
 
-    def _checked(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
+    def _checked(self, block_ids: object, owner: Owner, what: str) -> list[int]:
         # Ints, in range, handed out to ``owner``, none repeated: O(n) in C passes.
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Iterable):
             raise BlockOwnershipError(
@@ -190,7 +192,7 @@ class BlockAllocator:
         """
         return self._checked(block_ids, owner, what)
 
-    def owner_of(self, block_id: int) -> Owner:
+    def owner_of(self, block_id: object) -> Owner:
         """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
 
         Raises:
@@ -209,7 +211,7 @@ class BlockAllocator:
             return self.num_free_blocks
         return self._ledger.count(owner)
 
-    def is_free(self, block_id: int) -> bool:
+    def is_free(self, block_id: object) -> bool:
         """Whether ``block_id`` is free. O(1)."""
         return self.owner_of(block_id) is Owner.FREE
 

@@ -78,6 +78,10 @@ def index_state(index: Any) -> Any:
     return (index.stats(), tuple(index.cached_blocks(TokenKey([1, 2, 3, 4]))))
 
 
+# Each facade's running request, by facade (a compiled facade takes no new attributes).
+LIVE: dict[int, Any] = {}
+
+
 def vllm_facade(name: str) -> VLLMKVCacheManager:
     f = VLLMKVCacheManager(make_index(name, block_size=2), num_blocks=32)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
@@ -85,7 +89,7 @@ def vllm_facade(name: str) -> VLLMKVCacheManager:
     f.allocate_slots(req, 5)
     req.num_computed_tokens = 5
     req.append_output_token_ids(7)
-    f.live = req  # type: ignore[attr-defined]
+    LIVE[id(f)] = req
     return f
 
 
@@ -95,7 +99,7 @@ def sglang_facade(name: str) -> SGLangRadixCache:
     c.alloc_for_extend(req)
     req.output_ids.append(5)
     c.cache_unfinished_req(req)
-    c.live = req  # type: ignore[attr-defined]
+    LIVE[id(c)] = req
     return c
 
 
@@ -247,7 +251,7 @@ def _entries() -> list[Entry]:
         out += [
             vllm(
                 "allocate_slots(num_new_tokens)",
-                lambda f, b: f.allocate_slots(f.live, b),
+                lambda f, b: f.allocate_slots(LIVE[id(f)], b),
                 valid=(2**70,),
             ),
             vllm(
@@ -256,7 +260,7 @@ def _entries() -> list[Entry]:
             ),
             vllm(
                 "allocate_slots(num_lookahead_tokens)",
-                lambda f, b: f.allocate_slots(f.live, 1, num_lookahead_tokens=b),
+                lambda f, b: f.allocate_slots(LIVE[id(f)], 1, num_lookahead_tokens=b),
             ),
             vllm(
                 "get_computed_blocks(tokens)",

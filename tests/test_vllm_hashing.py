@@ -119,7 +119,7 @@ def test_token_key_memo_uses_the_hasher() -> None:
     key = TokenKey(range(10), extra_key=(("cache_salt", "x"),))
     expected: list[bytes] = []
     hasher.extend(expected, key.tokens, key.extra_key)
-    assert key.block_hashes(hasher) == expected  # type: ignore[arg-type]
+    assert key.block_hashes(hasher) == expected
 
 
 def test_namespaces_without_vllm_equivalent_stay_isolated() -> None:
