@@ -1,0 +1,247 @@
+"""A radix tree of blocks with worker sets, in the design of Dynamo's KV indexer.
+
+Dynamo's ``RadixTree`` (``lib/kv-router/src/indexer``) keys each node's children by
+the *local* hash of one block's tokens and keeps, per worker, a lookup from the
+engine's chained block hash to the node it stored. So engine hashes stay opaque (a
+replica may hash with any seed or algorithm: only the parent link of a
+``BlockStored`` is looked up by it), and a request is matched by walking its blocks'
+content hashes from the root, intersecting worker sets and recording the depth at
+which each worker drops out.
+
+Worker sets are bitmasks (one bit per worker), so the walk is an ``&`` per block.
+A ``BlockStored`` whose parent the worker is not known to hold (its events were lost)
+cannot be placed and is skipped, as Dynamo does; ``BlockRemoved`` of a hash the worker
+does not hold is counted and ignored. A node no worker holds and with no children is
+pruned.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from prefixkv.adapters.events.wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+)
+from prefixkv.indexes.tokens import TOKEN_TYPECODE
+
+from .index import StreamCheck
+from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
+
+__all__ = ["RadixBlockIndex"]
+
+
+class _Held:
+    __slots__ = ("copies", "node")
+
+    def __init__(self, node: _Node) -> None:
+        self.node = node
+        self.copies = 1
+
+
+class _Node:
+    __slots__ = ("children", "local", "parent", "workers")
+
+    def __init__(self, parent: _Node | None, local: int) -> None:
+        self.parent = parent
+        self.local = local
+        self.children: dict[int, _Node] = {}
+        self.workers = 0
+
+
+class RadixBlockIndex:
+    """Dynamo's radix tree: children by block content hash, a worker bitmask per node.
+
+    Args:
+        scheme: the fleet's block size (its hashes are not needed: see the module).
+    """
+
+    kind = "radix"
+    event_fed = True
+
+    def __init__(self, scheme: HashScheme) -> None:
+        self.scheme = scheme
+        self.block_size = scheme.block_size
+        self._root = _Node(None, 0)
+        self._check = StreamCheck(scheme, verify_hashes=False)
+        self.incompatible = self._check.incompatible
+        self._bits: dict[Worker, int] = {}
+        self._workers: dict[int, Worker] = {}  # bit -> worker
+        self._free_bits: list[int] = []
+        # per bit: engine hash -> the node it stored, with copies (vLLM duplicates)
+        self._lookup: dict[int, dict[int, _Held]] = {}
+        self._stats = dict.fromkeys(
+            ("block_events", "refused_block_events", "orphan_blocks", "unknown_removals"), 0
+        )
+        self._num_nodes = 0
+
+    # ------------------------------------------------------------ workers
+
+    def _bit(self, worker: Worker) -> int:
+        bit = self._bits.get(worker)
+        if bit is None:
+            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._bits)
+            self._bits[worker] = bit
+            self._workers[bit] = worker
+            self._lookup[bit] = {}
+        return bit
+
+    # ------------------------------------------------------------ updates
+
+    def apply(self, replica: int, batch: EventBatch, now: float) -> None:
+        """Apply one batch. Complexity: O(blocks in it) plus hashing their tokens."""
+        rank = batch.data_parallel_rank or 0
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                if event.medium not in (MEDIUM_GPU, None):
+                    continue
+                if not self._check.accepts(replica, event):
+                    self._stats["refused_block_events"] += len(event.block_hashes)
+                    continue
+                self._store(Worker(replica, rank, event.group_idx or 0), event)
+            elif isinstance(event, BlockRemoved):
+                if event.medium not in (MEDIUM_GPU, None):
+                    continue
+                if replica in self.incompatible:
+                    self._stats["refused_block_events"] += len(event.block_hashes)
+                    continue
+                self._remove(Worker(replica, rank, event.group_idx or 0), event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self.clear(replica, rank)
+
+    def _store(self, worker: Worker, event: BlockStored) -> None:
+        bit = self._bit(worker)
+        lookup = self._lookup[bit]
+        hashes = event.block_hashes
+        self._stats["block_events"] += len(hashes)
+        if event.parent_block_hash is None:
+            node = self._root
+        else:
+            entry = lookup.get(_int(event.parent_block_hash))
+            if entry is None:
+                self._stats["orphan_blocks"] += len(hashes)
+                return
+            node = entry.node
+        if len(event.token_ids) >= len(hashes) * self.block_size:
+            data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
+            locals_ = local_block_hashes(data, self.block_size)
+        else:  # hash-only event: the engine's hash is the only key there is
+            locals_ = [_int(h) for h in hashes]
+        for h, local in zip(hashes, locals_, strict=False):
+            child = node.children.get(local)
+            if child is None:
+                child = node.children[local] = _Node(node, local)
+                self._num_nodes += 1
+            key = _int(h)
+            entry = lookup.get(key)
+            if entry is None:
+                lookup[key] = _Held(child)
+            else:
+                entry.copies += 1
+            child.workers |= bit
+            node = child
+
+    def _remove(self, worker: Worker, hashes: list[bytes | int]) -> None:
+        self._stats["block_events"] += len(hashes)
+        bit = self._bits.get(worker)
+        if bit is None:
+            self._stats["unknown_removals"] += len(hashes)
+            return
+        lookup = self._lookup[bit]
+        for h in hashes:
+            key = _int(h)
+            entry = lookup.get(key)
+            if entry is None:
+                self._stats["unknown_removals"] += 1
+                continue
+            if entry.copies > 1:
+                entry.copies -= 1
+                continue
+            del lookup[key]
+            self._drop(entry.node, bit)
+
+    def _drop(self, node: _Node, bit: int) -> None:
+        node.workers &= ~bit
+        while node.parent is not None and not node.workers and not node.children:
+            parent = node.parent
+            del parent.children[node.local]
+            self._num_nodes -= 1
+            node = parent
+
+    def clear(self, replica: int, data_parallel_rank: int | None = None) -> None:
+        """Drop the replica's blocks (one rank when given). O(blocks dropped)."""
+        for worker, bit in list(self._bits.items()):
+            if worker.replica != replica:
+                continue
+            if data_parallel_rank is not None and worker.data_parallel_rank != data_parallel_rank:
+                continue
+            lookup = self._lookup[bit]
+            for entry in lookup.values():
+                self._drop(entry.node, bit)
+            lookup.clear()
+
+    def forget(self, replica: int) -> None:
+        """Drop the replica's blocks, checks and worker bits."""
+        self.clear(replica)
+        self._check.forget(replica)
+        for worker, bit in list(self._bits.items()):
+            if worker.replica == replica:
+                del self._bits[worker], self._workers[bit], self._lookup[bit]
+                self._free_bits.append(bit)
+
+    # ------------------------------------------------------------ queries
+
+    def match(self, keys: RouteKeys, now: float) -> dict[Worker, int]:
+        """Depth at which each worker drops out of the request's path.
+
+        Complexity: O(matched blocks) dict probes and ``&``, plus O(workers) at the end.
+        """
+        node = self._root
+        active = -1
+        depth = 0
+        out: dict[Worker, int] = {}
+        workers = self._workers
+        for local in keys.local_hashes:
+            child = node.children.get(local)
+            keep = child.workers & active if child is not None else 0
+            gone = active & ~keep if depth else 0
+            while gone:
+                low = gone & -gone
+                out[workers[low]] = depth
+                gone ^= low
+            if child is None or not keep:
+                return out
+            active = keep
+            node = child
+            depth += 1
+        while active > 0 and depth:
+            low = active & -active
+            out[workers[low]] = depth
+            active ^= low
+        return out
+
+    def on_routed(self, worker: Worker, keys: RouteKeys, now: float) -> None:
+        """Nothing: this index learns from events only."""
+
+    def held(self, worker: Worker) -> dict[int, int]:
+        """The engine hashes the worker holds, with copies. O(blocks held)."""
+        bit = self._bits.get(worker)
+        if bit is None:
+            return {}
+        return {h: e.copies for h, e in self._lookup[bit].items()}
+
+    def num_blocks(self, worker: Worker) -> int:
+        """Distinct blocks the worker holds. O(1)."""
+        bit = self._bits.get(worker)
+        return len(self._lookup[bit]) if bit is not None else 0
+
+    def stats(self) -> dict[str, int]:
+        """Counters, plus ``entries`` (tree nodes)."""
+        return {**self._stats, "entries": self._num_nodes}
+
+
+def _int(h: bytes | int) -> int:
+    return h if isinstance(h, int) else int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
