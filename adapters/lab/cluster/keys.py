@@ -82,7 +82,9 @@ class HashScheme:
         self.block_size = hasher.block_size
 
     @classmethod
-    def prefixkv(cls, block_size: int, seed: int | str | bytes, algorithm: str = "xxh3_128") -> HashScheme:
+    def prefixkv(
+        cls, block_size: int, seed: int | str | bytes, algorithm: str = "xxh3_128"
+    ) -> HashScheme:
         """prefixkv's hash chain with a fleet-wide seed (vLLM's ``PYTHONHASHSEED`` role).
 
         Raises:

@@ -53,7 +53,9 @@ def _pow2(workers: Sequence[Worker], ctx: RouteContext) -> Worker:
     return a if load(a).active_requests <= load(b).active_requests else b
 
 
-def _argmin_random_ties(workers: Sequence[Worker], costs: Sequence[float], ctx: RouteContext) -> Worker:
+def _argmin_random_ties(
+    workers: Sequence[Worker], costs: Sequence[float], ctx: RouteContext
+) -> Worker:
     """The cheapest worker, ties broken uniformly (Dynamo's ``minimum_cost_index``)."""
     best, best_cost, ties = 0, math.inf, 0
     for i, c in enumerate(costs):
@@ -112,13 +114,17 @@ class LeastOutstanding:
 
     def __post_init__(self) -> None:
         if self.by not in ("requests", "tokens"):
-            raise ClusterConfigError(f"least_outstanding by must be requests or tokens, got {self.by!r}")
+            raise ClusterConfigError(
+                f"least_outstanding by must be requests or tokens, got {self.by!r}"
+            )
 
     def choose(self, ctx: RouteContext) -> Worker:
         """The minimum of the load measure."""
         load = ctx.loads.load
         if self.by == "requests":
-            return min(ctx.candidates, key=lambda w: (load(w).active_requests, load(w).prefill_tokens))
+            return min(
+                ctx.candidates, key=lambda w: (load(w).active_requests, load(w).prefill_tokens)
+            )
         return min(ctx.candidates, key=lambda w: (load(w).prefill_tokens, load(w).active_requests))
 
 
@@ -144,7 +150,12 @@ class PrefixHash:
         key = tuple(workers)
         if self._ring is None or self._ring[0] != key:
             points = sorted(
-                (xxhash.xxh3_64_intdigest(f"{w.replica}:{w.data_parallel_rank}:{w.group_idx}#{v}"), w)
+                (
+                    xxhash.xxh3_64_intdigest(
+                        f"{w.replica}:{w.data_parallel_rank}:{w.group_idx}#{v}".encode()
+                    ),
+                    w,
+                )
                 for w in workers
                 for v in range(self.virtual_nodes)
             )
@@ -295,7 +306,9 @@ class LlmdWeighted:
                 prefix = (hits[w] - lo_hit) / (hi_hit - lo_hit)
             queue = 1.0 if hi_q == lo_q else (hi_q - q) / (hi_q - lo_q)
             kv = 1.0 - ctx.loads.load(w).kv_usage
-            out.append(self.prefix_weight * prefix + self.kv_weight * kv + self.queue_weight * queue)
+            out.append(
+                self.prefix_weight * prefix + self.kv_weight * kv + self.queue_weight * queue
+            )
         return out
 
     def choose(self, ctx: RouteContext) -> Worker:
@@ -363,7 +376,9 @@ def make_policy(spec: PolicySpec) -> RoutingPolicy:
     """
     entry = POLICIES.get(spec.name)
     if entry is None:
-        raise UnknownPolicyError(f"{spec.name!r} is not a routing policy; known: {', '.join(POLICIES)}")
+        raise UnknownPolicyError(
+            f"{spec.name!r} is not a routing policy; known: {', '.join(POLICIES)}"
+        )
     accepted = [f.name for f in fields(entry.factory) if f.init]  # type: ignore[arg-type]
     unknown = sorted(set(spec.params) - set(accepted))
     if unknown:

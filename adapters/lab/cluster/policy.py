@@ -174,4 +174,3 @@ def parse_policies(text: str, known: tuple[str, ...]) -> list[PolicySpec]:
     if not specs:
         raise UnknownPolicyError("no routing policy given")
     return specs
-

@@ -61,6 +61,10 @@ class EventPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self.next_seq = 0
 
+    def encode(self, batch: EventBatch) -> bytes:
+        """A batch's msgpack payload (vLLM's bytes), unnumbered (dumps)."""
+        return self._encoder.encode(batch)
+
     def publish(self, batch: EventBatch) -> SeqBatch:
         """Number, encode and buffer a batch."""
         out = SeqBatch(self.next_seq, batch.ts, self._encoder.encode(batch))
