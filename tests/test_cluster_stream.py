@@ -53,7 +53,7 @@ class FakeReplica:
 
     def dump(self) -> Dump:
         stored = BlockStored(sorted(self.held), None, [], 1, None, "GPU", None, group_idx=0)
-        payload = self.pub._encoder.encode(KVEventBatch(ts=0.0, events=[stored], data_parallel_rank=0))
+        payload = self.pub.encode(KVEventBatch(ts=0.0, events=[stored], data_parallel_rank=0))
         return Dump(self.pub.next_seq, [payload])
 
 

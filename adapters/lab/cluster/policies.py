@@ -197,13 +197,13 @@ class RayPrefixAffinity:
         queue = [ctx.loads.load(w).active_requests for w in cands]
         if max(queue) - min(queue) > self.imbalanced_threshold:
             return _pow2(cands, ctx)
-        if ctx.match_rate() < self.match_rate_threshold or ctx.index is None:
-            index = ctx.index
-            sizes = [index.num_blocks(w) if index is not None else 0 for w in cands]
-            smallest = min(sizes)
-            return _pow2([w for w, s in zip(cands, sizes, strict=True) if s == smallest], ctx)
-        best = max(ctx.cached_tokens(w) for w in cands)
-        return _pow2([w for w in cands if ctx.cached_tokens(w) == best], ctx)
+        if ctx.match_rate() >= self.match_rate_threshold:
+            best = max(ctx.cached_tokens(w) for w in cands)
+            return _pow2([w for w in cands if ctx.cached_tokens(w) == best], ctx)
+        index = ctx.index
+        sizes = [index.num_blocks(w) if index is not None else 0 for w in cands]
+        smallest = min(sizes)
+        return _pow2([w for w, s in zip(cands, sizes, strict=True) if s == smallest], ctx)
 
 
 @dataclass

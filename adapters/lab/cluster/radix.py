@@ -74,7 +74,14 @@ class RadixBlockIndex:
         # per bit: engine hash -> the node it stored, with copies (vLLM duplicates)
         self._lookup: dict[int, dict[int, _Held]] = {}
         self._stats = dict.fromkeys(
-            ("block_events", "refused_block_events", "orphan_blocks", "unknown_removals"), 0
+            (
+                "block_events",
+                "refused_block_events",
+                "orphan_blocks",
+                "unknown_removals",
+                "cleared",
+            ),
+            0,
         )
         self._num_nodes = 0
 
@@ -173,6 +180,7 @@ class RadixBlockIndex:
 
     def clear(self, replica: int, data_parallel_rank: int | None = None) -> None:
         """Drop the replica's blocks (one rank when given). O(blocks dropped)."""
+        self._stats["cleared"] += 1
         for worker, bit in list(self._bits.items()):
             if worker.replica != replica:
                 continue

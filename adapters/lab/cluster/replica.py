@@ -305,9 +305,9 @@ class SimReplica:
             raise SimUnservableError(  # pragma: no cover - add() checks servability
                 f"replica {self.replica_id}: nothing schedulable at t={start:.6f}"
             )
+        self._publish(start)
         if self.check_scheme is not None:
             self._check_admissions(plan.chunks, start)
-        self._publish(start)
         seconds = plan.seconds(self.profile)
         self.now = start + seconds
         self.busy_s += seconds
@@ -324,8 +324,8 @@ class SimReplica:
             self._publish(self.now)
 
     def _check_admissions(self, chunks: list[tuple[SimSeq, int, int]], now: float) -> None:
-        # Blocks hit at a first admission were cached before this step: the events
-        # published so far must announce them (this step's are not applied yet).
+        # Blocks hit at a first admission must have been announced by the time the
+        # step runs: in this step's batch (published at schedule time) or before.
         for seq, _, _ in chunks:
             m = seq.metrics
             if m.first_scheduled_s != now or seq.num_admissions != 1:

@@ -33,7 +33,8 @@ from .stream import Dump, SeqBatch, StreamTracker
 __all__ = ["Decision", "Router"]
 
 SWEEP_INTERVAL_S = 60.0
-"""How often (virtual seconds) open reservations are swept."""
+"""How often (virtual seconds) open reservations are swept, at most (and at least as
+often as their TTL)."""
 
 
 class Decision(NamedTuple):
@@ -88,7 +89,7 @@ class Router:
         self.dead: set[int] = set()
         self.trackers: dict[int, StreamTracker] = {}
         self._candidates: list[Worker] | None = None
-        self._next_sweep = SWEEP_INTERVAL_S
+        self._next_sweep = min(SWEEP_INTERVAL_S, reservation_ttl)
         self.num_decisions = 0
 
     # ------------------------------------------------------------ membership
@@ -190,7 +191,7 @@ class Router:
         self.now = now
         if now >= self._next_sweep:
             self.loads.sweep(now)
-            self._next_sweep = now + SWEEP_INTERVAL_S
+            self._next_sweep = now + min(SWEEP_INTERVAL_S, self.loads.ttl)
         t0 = time.perf_counter()
         keys = RouteKeys(request.prompt, self.scheme)
         index = self.index

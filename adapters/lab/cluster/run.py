@@ -141,6 +141,7 @@ class _Run:
         self.done: dict[str, RoutedRequest] = {}
         self.arrival_order: list[str] = []
         self.busy_s: dict[int, float] = {}
+        self.busy_base: dict[int, float] = {}
         self.inv = Invariants()
         self.warmups: list[dict[str, Any]] = []
         self.next_id = config.num_replicas
@@ -178,6 +179,7 @@ class _Run:
     def start_replica(self, replica: int, at: float) -> None:
         self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=at))
         self.live.add(replica)
+        self.busy_s.setdefault(replica, 0.0)
         for router in self._routers():
             self._join(router, replica)
 
@@ -311,6 +313,11 @@ class _Run:
     def _replica_died(self, replica: int, t: float, *, restart: bool) -> None:
         lost = self._void_after(replica, t)
         if restart:
+            # the new process counts its busy time from 0: keep the old one's
+            self.busy_base[replica] = self.busy_base.get(replica, 0.0) + self.busy_s.get(
+                replica, 0.0
+            )
+            self.busy_s[replica] = 0.0
             self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=t))
             for router in self._routers():
                 router.replica_restarted(replica)
@@ -525,7 +532,8 @@ def _result(
     requests = [run.done[rid] for rid in run.arrival_order if rid in run.done]
     inv.lost_requests = [rid for rid in run.arrival_order if rid not in run.done]
     per: dict[int, ReplicaSummary] = {
-        r: ReplicaSummary(r, 0, 0, 0, 0, busy) for r, busy in sorted(run.busy_s.items())
+        r: ReplicaSummary(r, 0, 0, 0, 0, busy + run.busy_base.get(r, 0.0))
+        for r, busy in sorted(run.busy_s.items())
     }
     for rr in requests:
         s = per.setdefault(rr.replica, ReplicaSummary(rr.replica, 0, 0, 0, 0, 0.0))
