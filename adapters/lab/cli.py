@@ -29,6 +29,7 @@ from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes
 
 from . import report
+from .cluster.cli import add_cluster_parser, run_cluster_command
 from .compare import (
     MAX_POOL_BLOCKS,
     BackendSpec,
@@ -372,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    add_cluster_parser(sub)
     return parser
 
 
@@ -728,6 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.command == "compare":
             return _run_compare(args, args_list)
+        if args.command == "cluster":
+            return run_cluster_command(args, args_list)
         return _run_replay(args, args_list)
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0

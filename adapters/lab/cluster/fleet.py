@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.requests import TimedRequest
 from prefixkv.indexes.base import PrefixIndex
@@ -198,7 +199,7 @@ class PooledFleet(LocalFleet):
     def __init__(self, spec: ReplicaSpec, num_replicas: int, *, infinite: bool = False) -> None:
         super().__init__()
         capacity = (1 << 24) * spec.block_size if infinite else spec.capacity_tokens * num_replicas
-        self.pool = SharedPool(spec.index_factory(), capacity, events=False)
+        self.pool = SharedPool(spec.index_factory(), capacity, events=False, shared=True)
         self.spec = spec
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
@@ -216,11 +217,30 @@ class PooledFleet(LocalFleet):
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
         """Step the schedulers in global time order (they share the cache)."""
         live = [self.replicas[r] for r in replicas if r in self.replicas]
+        blocked: set[int] = set()
         while True:
-            ready = [rep for rep in live if rep.sched.has_unfinished() and rep.now < until]
+            ready = [
+                rep
+                for rep in live
+                if rep.sched.has_unfinished() and rep.now < until and rep.replica_id not in blocked
+            ]
             if not ready:
                 break
-            min(ready, key=lambda rep: (rep.now, rep.replica_id)).step()
+            rep = min(ready, key=lambda rep: (rep.now, rep.replica_id))
+            if rep.step():
+                blocked.clear()
+                continue
+            # Its requests wait for blocks the others hold: until the next of them steps.
+            others = [o.now for o in live if o is not rep and o.sched.running]
+            if not others:
+                raise SimError(
+                    f"pooled replica {rep.replica_id} cannot schedule at t={rep.now:.6f} "
+                    "and no other replica will free blocks"
+                )
+            if min(others) > rep.now:
+                rep.now = min(others)
+            else:
+                blocked.add(rep.replica_id)
         return [rep.advance(-math.inf) for rep in live], [
             r for r in replicas if r not in self.replicas
         ]

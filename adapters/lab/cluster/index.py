@@ -19,7 +19,7 @@ removal); the router still sends it load, never predicted hits.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from prefixkv.adapters.events.index import EventIndex, Source
 from prefixkv.adapters.events.wire import (
@@ -32,7 +32,12 @@ from prefixkv.adapters.events.wire import (
 
 from .keys import HashScheme, RouteKeys, Worker
 
-__all__ = ["ChainedHashIndex", "ClusterIndex", "StreamCheck"]
+__all__ = ["ChainedHashIndex", "ClusterIndex", "StreamCheck", "wire_int"]
+
+
+def wire_int(h: bytes | int) -> int:
+    """A wire hash as vLLM's 64-bit int (raw digests: their low 64 bits)."""
+    return h if isinstance(h, int) else int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
 @runtime_checkable
@@ -116,9 +121,10 @@ class StreamCheck:
         ):
             expected = self.scheme.first_block_hash(event.token_ids)
             if expected is not None and event.block_hashes:
-                if expected != event.block_hashes[0]:
+                got = wire_int(event.block_hashes[0])
+                if expected != got:
                     self.incompatible[replica] = (
-                        f"block hash {event.block_hashes[0]:#x} for tokens the router "
+                        f"block hash {got:#x} for tokens the router "
                         f"hashes to {expected:#x}: another hash seed or algorithm"
                     )
                     return False
@@ -183,7 +189,8 @@ class ChainedHashIndex:
         for source, n in self._events.match(keys.block_hashes).items():
             if source.medium not in (MEDIUM_GPU, None):
                 continue
-            worker = Worker(source.replica, source.data_parallel_rank or 0, source.group_idx or 0)
+            replica = cast(int, source.replica)
+            worker = Worker(replica, source.data_parallel_rank or 0, source.group_idx or 0)
             if n > out.get(worker, 0):
                 out[worker] = n
         return out

@@ -346,7 +346,7 @@ class MooncakeTTFT:
 
 class _Entry(NamedTuple):
     factory: Callable[..., RoutingPolicy]
-    index: str | None
+    index_kind: str | None
     index_params: dict[str, Any]
 
 
@@ -392,8 +392,8 @@ def make_policy(spec: PolicySpec) -> RoutingPolicy:
 def policy_index(spec: PolicySpec) -> tuple[str | None, dict[str, Any]]:
     """The index kind a spec's policy reads and its options (spec overrides defaults)."""
     entry = POLICIES.get(spec.name)
-    default_kind = entry.index if entry is not None else None
-    kind = spec.index or default_kind
+    default_kind = entry.index_kind if entry is not None else None
+    kind = spec.index_kind or default_kind
     if kind is None:
         return None, {}
     params = dict(entry.index_params) if entry is not None and kind == default_kind else {}

@@ -108,14 +108,14 @@ class PolicySpec(NamedTuple):
 
     Attributes:
         name: the policy (or bound) name.
-        index: the cluster index it reads (``None``: its default, or none).
+        index_kind: the cluster index it reads (``None``: its default, or none).
         params: policy parameters.
         index_params: index parameters (``ttl``, ``max_blocks``).
         text: the spec as written (the run's label).
     """
 
     name: str
-    index: str | None
+    index_kind: str | None
     params: dict[str, Any]
     index_params: dict[str, Any]
     text: str

@@ -28,7 +28,7 @@ from prefixkv.adapters.events.wire import (
 )
 from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
-from .index import StreamCheck
+from .index import StreamCheck, wire_int
 from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
 
 __all__ = ["RadixBlockIndex"]
@@ -127,7 +127,7 @@ class RadixBlockIndex:
         if event.parent_block_hash is None:
             node = self._root
         else:
-            entry = lookup.get(_int(event.parent_block_hash))
+            entry = lookup.get(wire_int(event.parent_block_hash))
             if entry is None:
                 self._stats["orphan_blocks"] += len(hashes)
                 return
@@ -136,13 +136,13 @@ class RadixBlockIndex:
             data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
             locals_ = local_block_hashes(data, self.block_size)
         else:  # hash-only event: the engine's hash is the only key there is
-            locals_ = [_int(h) for h in hashes]
+            locals_ = [wire_int(h) for h in hashes]
         for h, local in zip(hashes, locals_, strict=False):
             child = node.children.get(local)
             if child is None:
                 child = node.children[local] = _Node(node, local)
                 self._num_nodes += 1
-            key = _int(h)
+            key = wire_int(h)
             entry = lookup.get(key)
             if entry is None:
                 lookup[key] = _Held(child)
@@ -159,7 +159,7 @@ class RadixBlockIndex:
             return
         lookup = self._lookup[bit]
         for h in hashes:
-            key = _int(h)
+            key = wire_int(h)
             entry = lookup.get(key)
             if entry is None:
                 self._stats["unknown_removals"] += 1
@@ -249,7 +249,3 @@ class RadixBlockIndex:
     def stats(self) -> dict[str, int]:
         """Counters, plus ``entries`` (tree nodes)."""
         return {**self._stats, "entries": self._num_nodes}
-
-
-def _int(h: bytes | int) -> int:
-    return h if isinstance(h, int) else int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from prefixkv.adapters.events.wire import (
@@ -34,12 +35,13 @@ from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
 from prefixkv.adapters.lab.sim.requests import TimedRequest
-from prefixkv.adapters.lab.sim.scheduler import ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.scheduler import Chunk, ReplicaScheduler, SimSeq
 from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE
 from prefixkv.storage.allocator import BlockAllocator
 
 from ._interim_events import manager_with_events
 from .errors import ClusterConfigError
+from .index import wire_int
 from .keys import HashScheme
 from .stream import Dump, EventPublisher, SeqBatch
 
@@ -79,7 +81,9 @@ class LocalIndexer:
         blocks = self._blocks
         for event in events:
             if isinstance(event, BlockStored):
-                parent = None if event.parent_block_hash is None else _int(event.parent_block_hash)
+                parent = (
+                    None if event.parent_block_hash is None else wire_int(event.parent_block_hash)
+                )
                 up = blocks.get(parent) if parent is not None else None
                 depth = 0 if up is None else up.depth + 1
                 data = b""
@@ -87,7 +91,7 @@ class LocalIndexer:
                     data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
                 step = self.block_size * TOKEN_BYTES
                 for i, h in enumerate(event.block_hashes):
-                    key = _int(h)
+                    key = wire_int(h)
                     held = blocks.get(key)
                     if held is None:
                         blocks[key] = _Block(parent, data[i * step : (i + 1) * step], depth)
@@ -97,12 +101,12 @@ class LocalIndexer:
                     depth += 1
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
-                    held = blocks.get(_int(h))
+                    held = blocks.get(wire_int(h))
                     if held is None:
                         continue
                     held.copies -= 1
                     if not held.copies:
-                        del blocks[_int(h)]
+                        del blocks[wire_int(h)]
             elif isinstance(event, AllBlocksCleared):
                 blocks.clear()
 
@@ -117,10 +121,10 @@ class LocalIndexer:
             n += 1
         return n
 
-    def dump_events(self, group_idx: int = 0) -> list[BlockStored]:
+    def dump_events(self, group_idx: int = 0) -> list[KVEvent]:
         """The held blocks as ``BlockStored`` events, parents before children, each
         repeated per copy. O(blocks log blocks)."""
-        out: list[BlockStored] = []
+        out: list[KVEvent] = []
         bs = self.block_size
         for h, b in sorted(self._blocks.items(), key=lambda item: item[1].depth):
             tokens = list(array(TOKEN_TYPECODE, b.tokens)) if b.tokens else []
@@ -143,12 +147,20 @@ class SharedPool:
         index_factory: makes the (empty) index.
         capacity_tokens: the pool in tokens.
         events: the manager queues KV events (a pooled cache publishes none).
+        shared: several replicas schedule over it (one may have to wait for another).
 
     Raises:
         ClusterConfigError: a capacity holding no block.
     """
 
-    def __init__(self, index_factory: IndexFactory, capacity_tokens: int, *, events: bool) -> None:
+    def __init__(
+        self,
+        index_factory: IndexFactory,
+        capacity_tokens: int,
+        *,
+        events: bool,
+        shared: bool = False,
+    ) -> None:
         index = index_factory()
         self.block_size = index.block_size
         self.num_blocks = capacity_tokens // self.block_size
@@ -161,6 +173,7 @@ class SharedPool:
             index, self.allocator, events
         )
         self.events = events
+        self.shared = shared
 
 
 class ReplicaReport(NamedTuple):
@@ -293,15 +306,22 @@ class SimReplica:
         """Run until every request has finished."""
         return self.advance(math.inf)
 
-    def step(self) -> None:
-        """Run one step (the pooled fleet interleaves replicas step by step)."""
-        self._step()
+    def step(self) -> bool:
+        """Run one step (the pooled fleet interleaves replicas step by step).
 
-    def _step(self) -> None:
+        Returns:
+            False when nothing could be scheduled: on a shared pool, the other
+            replicas hold the blocks; it waits for them.
+        """
+        return self._step()
+
+    def _step(self) -> bool:
         sched = self.sched
         start = self.now
         plan = sched.schedule(start)
         if not plan.chunks:
+            if self.pool.shared:
+                return False
             raise SimUnservableError(  # pragma: no cover - add() checks servability
                 f"replica {self.replica_id}: nothing schedulable at t={start:.6f}"
             )
@@ -322,8 +342,9 @@ class SimReplica:
             self._hashes.pop(seq.metrics.request_id, None)
         if not sched.has_unfinished():
             self._publish(self.now)
+        return True
 
-    def _check_admissions(self, chunks: list[tuple[SimSeq, int, int]], now: float) -> None:
+    def _check_admissions(self, chunks: Sequence[Chunk], now: float) -> None:
         # Blocks hit at a first admission must have been announced by the time the
         # step runs: in this step's batch (published at schedule time) or before.
         for seq, _, _ in chunks:
@@ -409,7 +430,3 @@ class SimReplica:
     def in_flight(self) -> list[str]:
         """Ids of the requests waiting or running."""
         return [s.request.id for s in (*self.sched.waiting, *self.sched.running)]
-
-
-def _int(h: bytes | int) -> int:
-    return h if isinstance(h, int) else int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF

@@ -39,7 +39,7 @@ from .index import ChainedHashIndex, ClusterIndex
 from .keys import HashScheme, Worker
 from .metrics import ClusterResult, Invariants, ReplicaSummary, RoutedRequest, summarize_run
 from .policies import POLICIES, LeastOutstanding, RoundRobin, make_policy, policy_index
-from .policy import PolicySpec, parse_policy
+from .policy import PolicySpec, RoutingPolicy, parse_policy
 from .radix import RadixBlockIndex
 from .replica import ReplicaReport
 from .router import Decision, Router
@@ -152,6 +152,7 @@ class _Run:
     # ------------------------------------------------------------ set-up
 
     def _new_router(self) -> Router:
+        policy: RoutingPolicy
         if self.bound:
             policy = LeastOutstanding(by="tokens")
             index = None
