@@ -5,11 +5,22 @@ what now has KV -> ``append`` during decode -> ``finish`` (or ``abort``). The
 manager owns the block tables and the allocator; the index owns cached blocks and
 is asked to ``evict`` when the allocator runs short (SGLang's ownership model,
 which gives vLLM's hits too; see the README). Both facades are thin layers on it.
+
+A running request's block table, and who owns each part::
+
+    table: [ hit | registered since     | private: computed or being computed ]
+           0     num_hit_blocks         num_registered_blocks            len(table)
+           <--- the index's, locked by us ---><------ ours, freed at release ------>
+
+Registering moves the boundary right: the index adopts our blocks (or, when it had
+the same content already, gives us its own and our copies are duplicates). Blocks the
+allocator hands out are tagged ``Owner.MANAGER`` whether a request or the index holds
+them; ``check_invariants`` counts both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -27,12 +38,12 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
-from prefixkv.indexes.null import NoPrefixIndex
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array, normalize_extra_key
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
-from .accounting import BoundaryTracker, CacheTotals, RequestRecord
+from .accounting import CacheTotals
+from .observer import CacheObserver, ObserverGroup
 
 __all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
 
@@ -44,12 +55,12 @@ class Admission(NamedTuple):
 
     Attributes:
         request_id: the request.
-        num_cached_tokens: prompt tokens served from the cache; compute from here.
+        hit_tokens: prompt tokens served from the cache; compute from here.
         block_table: the request's blocks now (a copy; see ``block_table()``).
     """
 
     request_id: RequestId
-    num_cached_tokens: int
+    hit_tokens: int
     block_table: list[int]
 
 
@@ -81,7 +92,6 @@ class _Seq:
     prompt_len: int
     table: list[int]
     handle: CacheHandle
-    record: RequestRecord
     num_computed: int  # tokens whose KV is written (or promised, vLLM-style)
     num_registered_blocks: int  # leading table blocks the index holds for us
     private_duplicates: list[int] = field(default_factory=list)
@@ -93,14 +103,10 @@ class CacheManager:
     Args:
         index: any :class:`~prefixkv.indexes.PrefixIndex`.
         allocator: the pool's free blocks (same block size as the index).
-        track_boundaries: keep a token-level mirror of the cached blocks to report
-            matched-but-recomputed tokens per request (SPEC BB-8). Costs memory
-            and time per registered block; off for speed runs.
-        keep_records: keep every request's record in ``records`` (replays and
-            reports want them; a long-running engine does not, so off by default:
-            ``record(request_id)`` still serves running requests).
+        observers: optional hooks told about admissions, registrations, releases,
+            evictions and resets (accounting, metrics); see ``observer.py``.
 
-    Invariant (``check_integrity``): free + held-only + cached == ``num_blocks``.
+    Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
     """
 
@@ -109,30 +115,38 @@ class CacheManager:
         index: PrefixIndex,
         allocator: BlockAllocator,
         *,
-        track_boundaries: bool = False,
-        keep_records: bool = False,
+        observers: Sequence[CacheObserver] = (),
     ) -> None:
         if not isinstance(index, PrefixIndex):
-            raise PrefixKVError(f"{index!r} does not implement the PrefixIndex protocol")
+            raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
+        if not isinstance(allocator, BlockAllocator):
+            raise PrefixKVError(f"allocator must be a BlockAllocator, got {allocator!r:.80}")
+        bad = [o for o in observers if not isinstance(o, CacheObserver)]
+        if bad:
+            raise PrefixKVError(f"{bad[0]!r:.80} does not implement CacheObserver")
         self.index = index
         self.allocator = allocator
         self.block_size = index.block_size
+        self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
-        # The null index holds nothing at any granularity: it has no boundary losses.
-        caching = not isinstance(index, NoPrefixIndex)
-        self._tracker = BoundaryTracker(index.block_size) if track_boundaries and caching else None
-        self.totals = CacheTotals()
-        self.keep_records = keep_records
-        self._track = track_boundaries
-        self.records: list[RequestRecord] = []
+        self._observer: CacheObserver | None = (
+            None
+            if not observers
+            else observers[0]
+            if len(observers) == 1
+            else ObserverGroup(observers)
+        )
 
     # ------------------------------------------------------------ admission
 
     def _seq(self, request_id: RequestId) -> _Seq:
-        seq = self._seqs.get(request_id)
+        try:
+            seq = self._seqs.get(request_id)
+        except TypeError:  # unhashable: it cannot name a running request
+            seq = None
         if seq is None:
-            raise RequestStateError(f"request {request_id!r} is not running")
+            raise RequestStateError(f"request {request_id!r:.80} is not running")
         return seq
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -260,33 +274,17 @@ class CacheManager:
             self.totals.num_rejected += 1
             return None
         table = [*m.block_ids, *new]
-        record = RequestRecord(str(request_id), len(key), m.num_tokens)
-        if self._tracker is not None:
-            self._fill_boundary_record(record, key, m)
-        elif self._track:
-            record.matched_tokens = record.cap_lost_tokens = record.boundary_lost_tokens = 0
         self._seqs[request_id] = _Seq(
-            key, len(key), table, m.handle, record, m.num_tokens, len(m.block_ids)
+            key, len(key), table, m.handle, m.num_tokens, len(m.block_ids)
         )
         self._key_holders[id(key)] = request_id
-        if self.keep_records:
-            self.records.append(record)
         t = self.totals
         t.num_requests += 1
         t.num_query_tokens += len(key)
         t.num_hit_tokens += m.num_tokens
+        if self._observer is not None:
+            self._observer.on_admit(request_id, key, m.block_ids, m.num_tokens)
         return Admission(request_id, m.num_tokens, list(table))
-
-    def _fill_boundary_record(self, record: RequestRecord, key: TokenKey, m: PrefixMatch) -> None:
-        assert self._tracker is not None
-        # held: what the index holds at its granularity; the len-1 cap keeps the part
-        # past the hit. Matched tokens beyond it share a block with other tokens (the
-        # prompt's very last token is recomputed by every index, so it is not a loss).
-        matched = self._tracker.matched_tokens(key, m.block_ids)
-        held = max(m.num_tokens, matched // self.block_size * self.block_size)
-        record.matched_tokens = matched
-        record.cap_lost_tokens = min(held, len(key)) - m.num_tokens
-        record.boundary_lost_tokens = max(0, min(matched, len(key) - 1) - held)
 
     def _fits(self, need: int, hit_evictable: int) -> bool:
         # Locking the hit protects its evictable blocks, so they do not count.
@@ -331,9 +329,7 @@ class CacheManager:
             RequestStateError: unknown request.
             PrefixKVError: ``num_tokens`` beyond the request's tokens or slots.
         """
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            raise RequestStateError(f"request {request_id!r} is not running")
+        seq = self._seq(request_id)
         check_count("num_tokens", num_tokens, min(len(seq.key), len(seq.table) * self.block_size))
         if num_tokens > seq.num_computed:
             seq.num_computed = num_tokens
@@ -355,17 +351,20 @@ class CacheManager:
                     table[i] = theirs[i - base]
             else:
                 seq.private_duplicates.extend(table[i] for i in dups)
-        if self._tracker is not None:
-            self._tracker.registered(seq.key, table[:start] + theirs[start - base :], start, n)
         released = self.index.relock(seq.handle, result.handle)
         seq.handle = result.handle
-        seq.num_registered_blocks = max(n, start)
+        if n > start:
+            seq.num_registered_blocks = n
+            if self._observer is not None:
+                self._observer.on_register(seq.key, table, start, n)
         self._release(released)
 
     def _release(self, block_ids: list[int]) -> None:
+        # Blocks the index handed back at an unlock (their entries were dropped while
+        # locked): no longer cached, back to the pool.
         if block_ids:
-            if self._tracker is not None:
-                self._tracker.forget(block_ids)
+            if self._observer is not None:
+                self._observer.on_release(block_ids)
             self.allocator.free(block_ids, owner=Owner.MANAGER)
 
     def append(
@@ -503,9 +502,9 @@ class CacheManager:
         released = self.index.unlock(seq.handle)
         del self._seqs[request_id]
         del self._key_holders[id(seq.key)]
-        if self._tracker is not None:
-            self._tracker.computed_tail(
-                seq.key, seq.table, seq.num_registered_blocks, seq.num_computed
+        if self._observer is not None:
+            self._observer.on_finish(
+                request_id, seq.key, seq.table, seq.num_registered_blocks, seq.num_computed
             )
         private = seq.table[seq.num_registered_blocks :] + seq.private_duplicates
         private.reverse()  # vLLM frees in reverse: the tail block is reused first
@@ -526,16 +525,15 @@ class CacheManager:
         """Tokens of the request with KV (hit + committed)."""
         return self._seq(request_id).num_computed
 
-    def record(self, request_id: RequestId) -> RequestRecord:
-        """The request's accounting record."""
-        return self._seq(request_id).record
-
     def running(self) -> list[RequestId]:
         """Requests admitted and not finished, oldest first."""
         return list(self._seqs)
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._seqs
+        try:
+            return request_id in self._seqs
+        except TypeError:  # unhashable: never a running request's id
+            return False
 
     def num_common_prefix_blocks(self, request_id: RequestId) -> int:
         """Leading blocks of the request's table shared by every running request (HC-11).
@@ -571,8 +569,8 @@ class CacheManager:
         # The index gives blocks back; the caller decides where they go.
         evicted = self.index.evict(num_blocks)
         self.totals.num_evicted_blocks += len(evicted)
-        if self._tracker is not None:
-            self._tracker.forget(evicted)
+        if evicted and self._observer is not None:
+            self._observer.on_evict(evicted)
         return evicted
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -589,8 +587,8 @@ class CacheManager:
         if not isinstance(self.index, SupportsEvictBlocks):
             raise PrefixKVError(f"{type(self.index).__name__} cannot evict entries by block id")
         freed = self.index.evict_blocks(ids)
-        if self._tracker is not None:
-            self._tracker.forget(ids)
+        if self._observer is not None:
+            self._observer.on_release(ids)
         self.totals.num_evicted_blocks += len(freed)
         self.allocator.free(freed, owner=Owner.MANAGER)
 
@@ -603,18 +601,15 @@ class CacheManager:
         if self._seqs:
             raise CacheInUseError(f"cannot reset: {len(self._seqs)} requests are running")
         self.allocator.free(self.index.reset(), owner=Owner.MANAGER)
-        if self._tracker is not None:
-            self._tracker.clear()
-
-    @property
-    def tracks_boundaries(self) -> bool:
-        """Whether per-request BB-8 accounting is on (and the index can cache)."""
-        return self._tracker is not None
+        if self._observer is not None:
+            self._observer.on_reset()
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool not free (held or cached), like vLLM's ``usage``."""
-        return 1.0 - self.allocator.num_free_blocks / self.allocator.num_blocks
+        """Fraction of the pool in use, vLLM's ``usage``: evictable cached blocks count
+        as free (they are in vLLM's free queue), held and locked ones as used."""
+        free = self.allocator.num_free_blocks + self.index.stats().num_evictable_blocks
+        return 1.0 - free / self.allocator.num_blocks
 
     def num_held_only_blocks(self) -> int:
         """Blocks held by running requests and not owned by the index."""
@@ -623,7 +618,7 @@ class CacheManager:
             for s in self._seqs.values()
         )
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """Conservation: free + held-only + cached (+ held by callers) == num_blocks.
 
         Every block a request holds or the index caches is the manager's in the

@@ -16,12 +16,13 @@ from prefixkv.indexes.base import CacheHandle, PrefixIndex, SupportsCachedBlocks
 from prefixkv.indexes.errors import BlockOwnershipError, PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key, normalize_extra_key
-from prefixkv.indexes.validation import ceil_div, check_count
+from prefixkv.indexes.validation import MAX_BLOCKS, ceil_div, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 from prefixkv.storage.block_table import slot_mapping
 
 from .accounting import CacheTotals
 from .manager import CacheManager
+from .observer import CacheObserver
 
 __all__ = ["MatchResult", "ReqLike", "SGLangRadixCache", "SimpleReq"]
 
@@ -108,8 +109,7 @@ class SGLangRadixCache:
         index: a ``PrefixIndex`` or a registry name (``"radix"`` default).
         capacity_tokens: pool size in tokens (whole pages are used).
         page_size: tokens per page when ``index`` is a name (default 1).
-        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
-        keep_records: keep every request's record (see ``CacheManager``).
+        observers: hooks for the manager (accounting, metrics); see ``observer.py``.
 
     Sizes (``evictable_size``, ``evict``) are in tokens, as in SGLang.
     """
@@ -120,8 +120,7 @@ class SGLangRadixCache:
         capacity_tokens: int = 65536,
         page_size: int | None = None,
         *,
-        track_boundaries: bool = False,
-        keep_records: bool = False,
+        observers: Sequence[CacheObserver] = (),
     ) -> None:
         if isinstance(index, str):
             size = 1 if page_size is None else page_size
@@ -133,12 +132,7 @@ class SGLangRadixCache:
                 f"capacity_tokens must hold at least one page of {self.page_size}, "
                 f"got {capacity_tokens!r}"
             )
-        self.manager = CacheManager(
-            index,
-            BlockAllocator(num_pages),
-            track_boundaries=track_boundaries,
-            keep_records=keep_records,
-        )
+        self.manager = CacheManager(index, BlockAllocator(num_pages), observers=observers)
 
     # ------------------------------------------------------- the tree's own API
 
@@ -218,7 +212,7 @@ class SGLangRadixCache:
 
     def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
-        check_count("num_tokens", num_tokens)
+        check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size)
         pages = min(ceil_div(num_tokens, self.page_size), self.manager.allocator.num_blocks)
         return self.manager.evict(pages) * self.page_size
 
@@ -268,7 +262,7 @@ class SGLangRadixCache:
             raise RequestStateError(f"request {rid!r} is running already")
         key = TokenKey(req.origin_input_ids, _namespace(req), getattr(req, "priority", 0) or 0)
         adm = self.manager.admit(rid, key, reserve_blocks=1 if self.page_size > 1 else 0)
-        return None if adm is None else adm.num_cached_tokens
+        return None if adm is None else adm.hit_tokens
 
     def cache_unfinished_req(self, req: ReqLike) -> None:
         """After prefill (SG-3): insert the prompt, free duplicates, move the lock."""

@@ -20,10 +20,12 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.indexes.validation import check_count
 from prefixkv.storage.allocator import BlockAllocator
 
 from .accounting import CacheTotals
 from .manager import CacheManager, Lookup
+from .observer import CacheObserver
 
 __all__ = ["KVCacheBlocks", "RequestLike", "SimpleRequest", "VLLMKVCacheManager"]
 
@@ -105,8 +107,7 @@ class VLLMKVCacheManager:
         num_blocks: usable blocks in the pool.
         block_size: tokens per block when ``index`` is a name (default 16).
         enable_caching: ``False`` uses the no-cache index, as vLLM does.
-        track_boundaries: per-request BB-8 accounting (see ``CacheManager``).
-        keep_records: keep every request's record (see ``CacheManager``).
+        observers: hooks for the manager (accounting, metrics); see ``observer.py``.
 
     Not modelled: speculative lookahead slots, KV-connector external tokens,
     hybrid (sliding-window, Mamba) groups.
@@ -119,19 +120,13 @@ class VLLMKVCacheManager:
         block_size: int | None = None,
         *,
         enable_caching: bool = True,
-        track_boundaries: bool = False,
-        keep_records: bool = False,
+        observers: Sequence[CacheObserver] = (),
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
             size = 16 if block_size is None else block_size
             index = make_index(name, block_size=size, **pool_owned_options(name))
-        self.manager = CacheManager(
-            index,
-            BlockAllocator(num_blocks),
-            track_boundaries=track_boundaries,
-            keep_records=keep_records,
-        )
+        self.manager = CacheManager(index, BlockAllocator(num_blocks), observers=observers)
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
         self._pending: dict[str, Lookup] = {}
@@ -184,12 +179,10 @@ class VLLMKVCacheManager:
             PrefixKVError: lookahead slots (speculative decoding) are asked for,
                 or the counts disagree with the request.
         """
-        if num_lookahead_tokens:
+        check_count("num_new_tokens", num_new_tokens)
+        check_count("num_new_computed_tokens", num_new_computed_tokens)
+        if check_count("num_lookahead_tokens", num_lookahead_tokens):
             raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
-        if type(num_new_tokens) is not int or num_new_tokens < 0:
-            raise PrefixKVError(
-                f"num_new_tokens must be a non-negative int, got {num_new_tokens!r}"
-            )
         rid = request.request_id
         mgr = self.manager
         if rid in mgr:
@@ -232,13 +225,12 @@ class VLLMKVCacheManager:
         self._pending.pop(rid, None)
         key = self._keys.pop(rid, None)
         if rid in self.manager:
-            if key is not None and self.manager.tracks_boundaries:
-                # Tell the accounting what was computed past the key it last saw (its
-                # partial-tail record); every full block is registered already.
-                if request.num_tokens > len(key.tokens):
-                    key.append(request.all_token_ids[len(key.tokens) :])
-                computed = min(request.num_computed_tokens, len(key.tokens))
-                self.manager.advance(rid, computed, computed, swap_duplicates=False)
+            # The key learns tokens only when a block fills; tell the manager what the
+            # request computed past it (every full block is registered already).
+            if key is not None and request.num_tokens > len(key.tokens):
+                key.append(request.all_token_ids[len(key.tokens) :])
+            computed = min(request.num_computed_tokens, len(self.manager.key(rid).tokens))
+            self.manager.advance(rid, computed, computed, swap_duplicates=False)
             self.manager.abort(rid)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
@@ -263,9 +255,7 @@ class VLLMKVCacheManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks neither free nor evictable (vLLM: 1 - free queue / total)."""
-        stats = self.manager.index.stats()
-        free = self.manager.allocator.num_free_blocks + stats.num_evictable_blocks
-        return 1.0 - free / self.manager.allocator.num_blocks
+        return self.manager.usage
 
     @property
     def prefix_cache_stats(self) -> CacheTotals:

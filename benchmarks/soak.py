@@ -90,11 +90,10 @@ def soak(
                 "seconds": round(time.perf_counter() - t0, 1),
             }
             print(json.dumps(point), flush=True)
-    m.check_integrity()
+    m.check_invariants()
     seconds = time.perf_counter() - t0
     m.reset()
-    m.records.clear()
-    m.check_integrity()
+    m.check_invariants()
     after_index = getattr(index, "memory_bytes", lambda: 0)()
     gc.collect()
     return {

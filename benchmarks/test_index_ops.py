@@ -106,7 +106,7 @@ def test_request_lifecycle(
         m.finish(rid)
 
     benchmark(one)
-    m.check_integrity()
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("prompt_len", PROMPT_LENS)

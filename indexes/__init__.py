@@ -2,6 +2,8 @@
 
 from .base import (
     CacheHandle,
+    Described,
+    IndexDescription,
     IndexStats,
     InsertResult,
     PrefixIndex,
@@ -10,6 +12,7 @@ from .base import (
     SupportsCommonPrefix,
     SupportsEvictBlocks,
     SupportsMemoryBytes,
+    describe,
 )
 from .errors import (
     BlockOwnershipError,
@@ -29,7 +32,7 @@ from .hash_chain import HashChainIndex
 from .hashing import HASH_ALGORITHMS, BlockHasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
-from .registry import available_indexes, make_index, register_index
+from .registry import available_indexes, describe_index, make_index, register_index
 from .sync import SynchronizedIndex
 from .tokens import ExtraKey, TokenKey, make_extra_key
 from .wrapper import IndexWrapper
@@ -41,9 +44,11 @@ __all__ = [
     "BlockOwnershipError",
     "CacheHandle",
     "CacheInUseError",
+    "Described",
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
+    "IndexDescription",
     "IndexOptionError",
     "IndexStats",
     "IndexWrapper",
@@ -67,6 +72,8 @@ __all__ = [
     "TokenKey",
     "UnknownIndexError",
     "available_indexes",
+    "describe",
+    "describe_index",
     "make_eviction_policy",
     "make_extra_key",
     "make_index",

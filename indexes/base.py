@@ -9,13 +9,16 @@ first). Engines see only the records below, never hash entries or tree nodes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 from .tokens import TokenKey
 
 __all__ = [
     "CacheHandle",
+    "Described",
+    "IndexDescription",
     "IndexStats",
     "InsertResult",
     "PrefixIndex",
@@ -24,6 +27,7 @@ __all__ = [
     "SupportsCommonPrefix",
     "SupportsEvictBlocks",
     "SupportsMemoryBytes",
+    "describe",
 ]
 
 CacheHandle = object
@@ -72,6 +76,39 @@ class InsertResult(NamedTuple):
     block_ids: list[int]
     handle: CacheHandle
     first_block: int = 0
+
+
+class IndexDescription(NamedTuple):
+    """What a backend says about itself, so no caller ever matches on its name.
+
+    Attributes:
+        unit: what its ``block_size`` is called: ``"block"`` (vLLM) or ``"page"`` (SGLang).
+        models: the engine whose prefix cache it reproduces (``"vllm"``, ``"sglang"``),
+            whose scheduler order a replay should drive it in; ``None`` for neither.
+        caches: ``False`` for an index that never holds a block (prefix caching off).
+        default_block_size: its ``block_size`` when none is given.
+        pool_owned_options: options to build it with when the caller owns the block
+            pool and checks block ownership itself (a ``CacheManager``), e.g. turning
+            off a per-block check the caller already makes.
+    """
+
+    unit: Literal["block", "page"] = "block"
+    models: str | None = None
+    caches: bool = True
+    default_block_size: int = 16
+    pool_owned_options: Mapping[str, Any] = MappingProxyType({})
+
+
+@runtime_checkable
+class Described(Protocol):
+    """A backend class that describes itself (every built-in does)."""
+
+    DESCRIPTION: ClassVar[IndexDescription]
+
+
+def describe(index: object) -> IndexDescription:
+    """What ``index`` says about itself (wrappers forward it); a plain block index if silent."""
+    return index.DESCRIPTION if isinstance(index, Described) else IndexDescription()
 
 
 class IndexStats(NamedTuple):

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import NamedTuple, cast
+from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -25,7 +25,7 @@ from .errors import (
 from .free_queue import CachedBlock, FreeBlockQueue
 from .hashing import BlockHasher, Digest
 from .tokens import TOKEN_BYTES, TokenKey
-from .validation import check_block_ids, check_bool, check_count
+from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
 
 __all__ = ["HashChainIndex"]
 
@@ -83,6 +83,10 @@ class HashChainIndex:
 
     Thread safety: none; call from one scheduler thread.
     """
+
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="block", models="vllm", default_block_size=16
+    )
 
     def __init__(
         self,
@@ -220,6 +224,7 @@ class HashChainIndex:
         """
         bs = self.block_size
         num_full = _check_limit(num_tokens, key, "num_tokens") // bs
+        check_sequence("block_ids", block_ids)
         if len(block_ids) < num_full:
             raise BlockOwnershipError(
                 f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
@@ -388,7 +393,7 @@ class HashChainIndex:
 
         Complexity: O(num_blocks).
         """
-        check_count("num_blocks", num_blocks)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         free = self._free
         while len(out) < num_blocks and len(free):

@@ -18,6 +18,7 @@ import xxhash
 
 from .errors import PrefixKVError
 from .tokens import TOKEN_BYTES, ExtraKey
+from .validation import MAX_BLOCK_SIZE, check_positive
 
 __all__ = ["HASH_ALGORITHMS", "BlockHasher", "encode_extra_key"]
 
@@ -91,8 +92,7 @@ class BlockHasher:
         algorithm: str | Digest = "xxh3_128",
         seed: int | str | bytes | None = None,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         if callable(algorithm):
             self._digest: Digest = algorithm
             self.algorithm = getattr(algorithm, "__name__", "custom")

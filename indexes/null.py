@@ -8,11 +8,12 @@ backends use.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import InvalidHandleError
 from .tokens import TokenKey
-from .validation import check_count, check_positive
+from .validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_count, check_positive
 
 __all__ = ["NoPrefixIndex"]
 
@@ -31,8 +32,10 @@ class NoPrefixIndex:
         block_size: the allocation granularity the engine uses (reported only).
     """
 
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(caches=False)
+
     def __init__(self, block_size: int = 16) -> None:
-        self.block_size = check_positive("block_size", block_size)
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._handle = _NullHandle(self)
 
     def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
@@ -75,7 +78,7 @@ class NoPrefixIndex:
 
     def evict(self, num_blocks: int) -> list[int]:
         """Nothing to evict. O(1)."""
-        check_count("num_blocks", num_blocks)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         return []
 
     def reset(self) -> list[int]:

@@ -13,19 +13,28 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import ClassVar
 
-from .base import CacheHandle, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
     InvalidHandleError,
     LockStateError,
-    PrefixKVError,
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
-from .validation import check_bool, check_count
+from .validation import (
+    MAX_BLOCK_SIZE,
+    MAX_BLOCKS,
+    check_block_ids,
+    check_bool,
+    check_count,
+    check_positive,
+    check_sequence,
+)
 
 __all__ = ["RadixIndex"]
 
@@ -50,10 +59,6 @@ class _Node:
     dead: bool = False
     owner: object = None  # set on roots only: the tree they belong to
     namespace: ExtraKey | None = None  # roots only
-
-
-def _check_count(name: str, value: object, limit: int) -> int:
-    return check_count(name, value, limit)
 
 
 class RadixIndex:
@@ -85,6 +90,15 @@ class RadixIndex:
     Thread safety: none; call from one scheduler thread.
     """
 
+    DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
+        unit="page",
+        models="sglang",
+        default_block_size=1,
+        # A manager draws every block from its own pool and checks ownership in the
+        # allocator's ledger: the tree's per-block check would repeat it per token.
+        pool_owned_options=MappingProxyType({"check_block_ids": False}),
+    )
+
     def __init__(
         self,
         block_size: int = 1,
@@ -92,9 +106,7 @@ class RadixIndex:
         eviction: str | EvictionPolicy = "lru",
         check_block_ids: bool = True,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
@@ -183,7 +195,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         if limit == 0 or not node.children:
@@ -230,7 +242,7 @@ class RadixIndex:
         tokens = key.tokens
         limit = len(tokens)
         if max_num_tokens is not None:
-            limit = min(_check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         limit -= limit % ps
         node = self._root(key.extra_key, create=False)
         pos = 0
@@ -279,10 +291,11 @@ class RadixIndex:
         n = (
             len(tokens)
             if num_tokens is None
-            else _check_count("num_tokens", num_tokens, len(tokens))
+            else check_count("num_tokens", num_tokens, len(tokens))
         )
         n -= n % ps
         pages = n // ps
+        check_sequence("block_ids", block_ids)
         if len(block_ids) < pages:
             raise BlockOwnershipError(
                 f"{pages} pages to insert but only {len(block_ids)} block ids given"
@@ -355,14 +368,7 @@ class RadixIndex:
     def _check_fresh_blocks(
         self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
     ) -> None:
-        fresh = set(block_ids[skip:pages])
-        if len(fresh) != pages - skip or (
-            fresh and (set(map(type, fresh)) != {int} or min(fresh) < 0)
-        ):
-            raise BlockOwnershipError(
-                f"insert: block ids must be distinct non-negative ints, got "
-                f"{list(block_ids[skip:pages])[:16]}..."
-            )
+        fresh = set(check_block_ids(block_ids[skip:pages], "insert"))
         if self._owned and not self._owned.isdisjoint(fresh):
             self._check_reused_blocks(key, list(block_ids[:pages]), n)
 
@@ -483,7 +489,7 @@ class RadixIndex:
 
         Complexity: O(log n) per evicted leaf.
         """
-        _check_count("num_blocks", num_blocks, sys.maxsize)
+        check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         queue = self._queue
         while len(out) < num_blocks and queue:

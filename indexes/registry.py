@@ -12,13 +12,14 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from .base import PrefixIndex
+from .base import Described, IndexDescription, PrefixIndex
 from .errors import IndexOptionError, PrefixKVError, UnknownIndexError
 
 __all__ = [
     "IndexRegistry",
     "available_indexes",
     "default_registry",
+    "describe_index",
     "make_index",
     "pool_owned_options",
     "register_index",
@@ -32,10 +33,25 @@ class IndexRegistry:
 
     def __init__(self) -> None:
         self._factories: dict[str, IndexFactory] = {}
+        self._descriptions: dict[str, IndexDescription] = {}
         self._entry_points_loaded = False
 
-    def register(self, name: str, factory: IndexFactory, *, replace: bool = False) -> None:
+    def register(
+        self,
+        name: str,
+        factory: IndexFactory,
+        *,
+        description: IndexDescription | None = None,
+        replace: bool = False,
+    ) -> None:
         """Add a backend. ``factory(block_size=None | int, **options)`` builds it.
+
+        Args:
+            name: the registry name.
+            factory: builds the index (a class or a function).
+            description: what the backend says about itself; default: the factory's
+                ``DESCRIPTION`` when it is a described class, else a plain block index.
+            replace: allow replacing a registered name.
 
         Raises:
             PrefixKVError: the name is taken (pass ``replace=True``) or not a str.
@@ -44,7 +60,19 @@ class IndexRegistry:
             raise PrefixKVError(f"index name must be a non-empty str, got {name!r}")
         if name in self._factories and not replace:
             raise PrefixKVError(f"an index named {name!r} is registered already")
+        if description is None:
+            description = factory.DESCRIPTION if isinstance(factory, Described) else None
         self._factories[name] = factory
+        self._descriptions[name] = description or IndexDescription()
+
+    def describe(self, name: str) -> IndexDescription:
+        """What backend ``name`` says about itself.
+
+        Raises:
+            UnknownIndexError: no such backend.
+        """
+        self._factory(name)
+        return self._descriptions[name]
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
@@ -57,18 +85,22 @@ class IndexRegistry:
         Raises:
             UnknownIndexError: no such backend (the message lists the known names).
         """
+        factory = self._factory(name)
+        if block_size is not None:
+            options["block_size"] = block_size
+        _check_options(name, factory, options)
+        return factory(**options)
+
+    def _factory(self, name: str) -> IndexFactory:
         factory = self._factories.get(name)
         if factory is None:
             self._load_entry_points()
             factory = self._factories.get(name)
         if factory is None:
             raise UnknownIndexError(
-                f"unknown prefix index {name!r}; known: {', '.join(self.names())}"
+                f"unknown prefix index {name!r:.80}; known: {', '.join(self.names())}"
             )
-        if block_size is not None:
-            options["block_size"] = block_size
-        _check_options(name, factory, options)
-        return factory(**options)
+        return factory
 
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
@@ -76,7 +108,7 @@ class IndexRegistry:
         self._entry_points_loaded = True
         for ep in entry_points(group="prefixkv.indexes"):
             if ep.name not in self._factories:
-                self._factories[ep.name] = ep.load()
+                self.register(ep.name, ep.load())
 
 
 def _check_options(name: str, factory: IndexFactory, options: dict[str, Any]) -> None:
@@ -103,16 +135,12 @@ def _check_options(name: str, factory: IndexFactory, options: dict[str, Any]) ->
 def _builtin() -> IndexRegistry:
     from .hash_chain import HashChainIndex
     from .null import NoPrefixIndex
+    from .radix import RadixIndex
 
     reg = IndexRegistry()
     reg.register("hash_chain", HashChainIndex)
+    reg.register("radix", RadixIndex)
     reg.register("none", NoPrefixIndex)
-    try:
-        from .radix import RadixIndex
-    except ImportError:  # pragma: no cover - the radix module is part of the package
-        pass
-    else:
-        reg.register("radix", RadixIndex)
     return reg
 
 
@@ -136,19 +164,34 @@ def make_index(name: str, block_size: int | None = None, **options: Any) -> Pref
     return default_registry.make(name, block_size, **options)
 
 
-def pool_owned_options(name: str) -> dict[str, Any]:
-    """Options for a built-in backend whose blocks all come from one manager's pool.
+def describe_index(name: str) -> IndexDescription:
+    """What the registered backend ``name`` says about itself.
 
-    Such a caller never hands an index a block it already holds, so the radix
-    tree's per-block reuse check (a set operation per token at page size 1) is
-    turned off, as SGLang runs; other backends need nothing.
+    Raises:
+        UnknownIndexError: no such backend.
     """
-    return {"check_block_ids": False} if name == "radix" else {}
+    return default_registry.describe(name)
 
 
-def register_index(name: str, factory: IndexFactory, *, replace: bool = False) -> None:
-    """Register a third-party backend in the default registry."""
-    default_registry.register(name, factory, replace=replace)
+def pool_owned_options(name: str) -> dict[str, Any]:
+    """Options for backend ``name`` when the caller owns the block pool (a manager).
+
+    A manager never hands an index a block it already holds and checks ownership in
+    its allocator's ledger, so a backend may skip its own per-block check; each
+    backend says which options do that (``IndexDescription.pool_owned_options``).
+    """
+    return dict(describe_index(name).pool_owned_options)
+
+
+def register_index(
+    name: str,
+    factory: IndexFactory,
+    *,
+    description: IndexDescription | None = None,
+    replace: bool = False,
+) -> None:
+    """Register a third-party backend in the default registry (see ``IndexRegistry.register``)."""
+    default_registry.register(name, factory, description=description, replace=replace)
 
 
 def available_indexes() -> list[str]:

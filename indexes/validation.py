@@ -7,12 +7,28 @@ Each returns the checked value, so a call site reads ``n = check_count("n", n, h
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .errors import BlockOwnershipError, PrefixKVError
 
-__all__ = ["ceil_div", "check_block_ids", "check_bool", "check_count", "check_positive"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_BLOCK_SIZE",
+    "ceil_div",
+    "check_block_ids",
+    "check_bool",
+    "check_count",
+    "check_positive",
+    "check_sequence",
+]
+
+MAX_BLOCKS = 2**31 - 1
+"""The most blocks a pool holds, and so the bound of every block id and block count:
+engines keep block tables as int32 tensors (vLLM)."""
+
+MAX_BLOCK_SIZE = 2**20
+"""The largest block (page) in tokens; engines use 1 to a few hundred."""
 
 
 def check_count(
@@ -37,9 +53,15 @@ def check_count(
     return value
 
 
-def check_positive(name: str, value: object, hi: int | None = None) -> int:
+def check_positive(
+    name: str,
+    value: object,
+    hi: int | None = None,
+    *,
+    error: type[PrefixKVError] = PrefixKVError,
+) -> int:
     """``value`` as an int in ``[1, hi]``; see :func:`check_count`."""
-    return check_count(name, value, hi, lo=1)
+    return check_count(name, value, hi, lo=1, error=error)
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -73,19 +95,33 @@ def check_block_ids(
     ids = list(block_ids)
     if not ids:
         return ids
+    if num_blocks is None:
+        num_blocks = MAX_BLOCKS
     if set(map(type, ids)) != {int}:
         bad = next(b for b in ids if type(b) is not int)
         raise BlockOwnershipError(f"{what}: block ids must be ints, got {bad!r:.80}")
     lo, hi = min(ids), max(ids)
-    if lo < 0 or (num_blocks is not None and hi >= num_blocks):
+    if lo < 0 or hi >= num_blocks:
         bad = lo if lo < 0 else hi
-        pool = "" if num_blocks is None else f" of a {num_blocks}-block pool"
+        pool = f" of a {num_blocks}-block pool"
         raise BlockOwnershipError(f"{what}: block {bad} is not a block id{pool}")
     if unique and len(ids) > 1 and len(set(ids)) != len(ids):
         seen: set[int] = set()
         bad = next(b for b in ids if b in seen or seen.add(b))  # type: ignore[func-returns-value]
         raise BlockOwnershipError(f"{what}: block {bad} appears twice in one call")
     return ids
+
+
+def check_sequence(name: str, value: object) -> None:
+    """``value`` must be a list, tuple or other sequence (not a str or bytes).
+
+    Raises:
+        BlockOwnershipError: naming ``name`` and the value.
+    """
+    if type(value) is not list and (
+        not isinstance(value, Sequence) or isinstance(value, (str, bytes))
+    ):
+        raise BlockOwnershipError(f"{name} must be a list of block ids, got {value!r:.80}")
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -18,11 +18,13 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 
+from prefixkv.indexes.validation import MAX_BLOCKS
+
 from .errors import BlockOwnershipError, PrefixKVError
 
 __all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner"]
 
-MAX_NUM_BLOCKS = 2**31 - 1
+MAX_NUM_BLOCKS = MAX_BLOCKS
 """The largest pool: block ids must fit the int32 block tables engines use (vLLM)."""
 
 

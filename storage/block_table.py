@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefixkv.indexes.validation import check_count, check_positive
+from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_count, check_positive
 
 from .errors import PrefixKVError
 
@@ -25,7 +25,7 @@ def token_slot(block_table: Sequence[int], position: int, block_size: int) -> in
     Raises:
         PrefixKVError: a bad block size or position, or a position past the table.
     """
-    check_positive("block_size", block_size)
+    check_positive("block_size", block_size, MAX_BLOCK_SIZE)
     check_count("position", position)
     index, offset = divmod(position, block_size)
     if index >= len(block_table):
@@ -44,7 +44,7 @@ def slot_mapping(block_table: Sequence[int], start: int, end: int, block_size: i
     Raises:
         PrefixKVError: a bad block size, or a range that is negative or runs past the table.
     """
-    check_positive("block_size", block_size)
+    check_positive("block_size", block_size, MAX_BLOCK_SIZE)
     check_count("start", start)
     check_count("end", end, lo=start)
     if end > 0 and (end - 1) // block_size >= len(block_table):
@@ -70,7 +70,7 @@ def pad_block_tables(tables: Sequence[Sequence[int]], width: int | None = None) 
         PrefixKVError: a table is longer than ``width``.
     """
     if width is not None:
-        check_count("width", width)
+        check_count("width", width, MAX_BLOCKS)
     w = max((len(t) for t in tables), default=0) if width is None else width
     out = []
     for t in tables:

@@ -11,6 +11,14 @@ from collections.abc import Sequence
 
 import torch
 
+from prefixkv.indexes.validation import (
+    MAX_BLOCK_SIZE,
+    MAX_BLOCKS,
+    ceil_div,
+    check_count,
+    check_positive,
+)
+
 from .block_table import PAD_SLOT
 from .errors import PrefixKVError, StorageShapeError
 
@@ -18,11 +26,8 @@ __all__ = ["PagedKVCache"]
 
 IndexLike = Sequence[int] | torch.Tensor
 
-
-def _positive(name: str, value: object) -> int:
-    if type(value) is not int or value <= 0:
-        raise PrefixKVError(f"{name} must be a positive int, got {value!r}")
-    return value
+_MAX_DIM = 2**16
+"""Bound of the per-token sizes (layers, heads, head width): far above any model's."""
 
 
 class PagedKVCache:
@@ -47,17 +52,27 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.num_layers = _positive("num_layers", num_layers)
-        self.num_kv_heads = _positive("num_kv_heads", num_kv_heads)
-        self.head_dim = _positive("head_dim", head_dim)
-        self.num_blocks = _positive("num_blocks", num_blocks)
-        self.block_size = _positive("block_size", block_size)
+        self.num_layers = check_positive("num_layers", num_layers, _MAX_DIM)
+        self.num_kv_heads = check_positive("num_kv_heads", num_kv_heads, _MAX_DIM)
+        self.head_dim = check_positive("head_dim", head_dim, _MAX_DIM)
+        self.num_blocks = check_positive("num_blocks", num_blocks, MAX_BLOCKS)
+        self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
+        if not isinstance(dtype, torch.dtype):
+            raise StorageShapeError(f"dtype must be a torch.dtype, got {dtype!r:.80}")
         self.dtype = dtype
-        self.device = torch.device(device)
-        self.kv = torch.zeros(
-            2, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
-            dtype=dtype, device=self.device,
-        )  # fmt: skip
+        try:
+            self.device = torch.device(device)
+            self.kv = torch.zeros(
+                2, num_layers, num_blocks, block_size, num_kv_heads, head_dim,
+                dtype=dtype, device=self.device,
+            )  # fmt: skip
+        except (RuntimeError, MemoryError, TypeError) as exc:
+            # torch says "can't allocate memory" or "invalid device" as a RuntimeError.
+            raise StorageShapeError(
+                f"cannot make a KV cache of {num_layers} layers x {num_blocks} blocks x "
+                f"{block_size} tokens x {num_kv_heads} heads x {head_dim} on {device!r}: "
+                f"{' '.join(str(exc).split())[:200]}"
+            ) from None
         self.num_slots = num_blocks * block_size
 
     def _flat(self, which: int, layer: int) -> torch.Tensor:
@@ -65,9 +80,7 @@ class PagedKVCache:
         return self.kv[which, layer].view(self.num_slots, self.num_kv_heads, self.head_dim)
 
     def _layer(self, layer: int) -> int:
-        if type(layer) is not int or not 0 <= layer < self.num_layers:
-            raise PrefixKVError(f"layer must be in [0, {self.num_layers}), got {layer!r}")
-        return layer
+        return check_count("layer", layer, self.num_layers - 1)
 
     def _index(self, values: IndexLike, what: str) -> torch.Tensor:
         t = torch.as_tensor(values, device=self.device)
@@ -124,12 +137,13 @@ class PagedKVCache:
             PrefixKVError: the table is too short or holds an out-of-range block.
         """
         table = self._index(block_table, "block_table")
-        if num_tokens < 0 or num_tokens > table.numel() * self.block_size:
+        check_count("num_tokens", num_tokens)
+        if num_tokens > table.numel() * self.block_size:
             raise PrefixKVError(
                 f"{num_tokens} tokens do not fit a {table.numel()}-block table "
                 f"(block_size {self.block_size})"
             )
-        nb = -(-num_tokens // self.block_size)
+        nb = ceil_div(num_tokens, self.block_size)
         used = table[:nb]
         if nb and (int(used.min()) < 0 or int(used.max()) >= self.num_blocks):
             raise PrefixKVError(

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from prefixkv.adapters import CacheManager
-from prefixkv.indexes import make_index
+from prefixkv.adapters.accounting import BoundaryTracker
+from prefixkv.indexes import describe, make_index
 from prefixkv.storage import BlockAllocator
 
 R = random.Random(0)
@@ -17,14 +18,16 @@ B = A[:30] + [R.randrange(1, 32000) for _ in range(50)]
 
 
 def records(name: str, bs: int, prompts: list[list[int]]) -> list[tuple[int, int, int, int]]:
-    m = CacheManager(make_index(name, block_size=bs), BlockAllocator(4096 // bs),
-                     track_boundaries=True)  # fmt: skip
+    index = make_index(name, block_size=bs)
+    tracker = BoundaryTracker(bs, caches=describe(index).caches)
+    m = CacheManager(index, BlockAllocator(4096 // bs), observers=[tracker])
     out = []
     for i, p in enumerate(prompts):
         m.admit(i, p)
         m.commit(i, len(p))
-        r = m.record(i)
+        r = tracker.record(i)
         m.finish(i)
+        tracker.check_invariants()
         assert r.matched_tokens is not None and r.cap_lost_tokens is not None
         assert r.boundary_lost_tokens is not None
         out.append((r.hit_tokens, r.matched_tokens, r.boundary_lost_tokens, r.cap_lost_tokens))

@@ -74,14 +74,14 @@ def test_a_lookup_made_stale_by_evict_blocks_is_rejected_not_trusted() -> None:
     with pytest.raises(StaleHandleError):
         f.allocate_slots(s, 3, 16, blocks)
     assert manager_state(f.manager) == before
-    f.manager.check_integrity()
+    f.manager.check_invariants()
     # The scheduler looks up again and gets the truth: nothing cached for S.
     assert f.get_computed_blocks(s)[1] == 0
     assert f.allocate_slots(s, 19) is not None
     assert set(f.get_block_ids("S")[0]).isdisjoint(f.get_block_ids("T")[0])
     f.free(s)
     f.free(t)
-    f.manager.check_integrity()
+    f.manager.check_invariants()
 
 
 @pytest.mark.parametrize("name", CACHING)
@@ -102,7 +102,7 @@ def test_an_admission_check_uses_the_state_at_allocation_time(name: str) -> None
     before = manager_state(m)
     assert m.admit("S", key, lookup=match) is None  # 4 hit + 2 new > 5 blocks
     assert manager_state(m) == before
-    m.check_integrity()
+    m.check_invariants()
     m.reset()  # nothing is left locked
     assert m.allocator.num_free_blocks == 5
 
@@ -123,7 +123,7 @@ def test_a_lookup_made_stale_by_eviction_is_rejected(name: str) -> None:
     with pytest.raises(StaleHandleError):
         m.admit("S", key, lookup=match)
     assert manager_state(m) == before
-    m.check_integrity()
+    m.check_invariants()
 
 
 @pytest.mark.parametrize("name", CACHING)
@@ -138,7 +138,7 @@ def test_a_lookup_made_stale_by_reset_is_rejected(name: str) -> None:
     m.reset()
     with pytest.raises(StaleHandleError):
         m.admit("S", key, lookup=match)
-    m.check_integrity()
+    m.check_invariants()
 
 
 def test_locking_an_evicted_radix_node_says_it_was_evicted() -> None:
@@ -177,7 +177,7 @@ def test_admit_never_drops_a_namespace_given_with_a_prepared_key(name: str) -> N
         m.admit("bob", TokenKey(prompt, priority=2), priority=5)
     assert manager_state(m) == before
     adm = m.admit("bob", TokenKey(prompt, "bob"), extra_key="bob")  # agreeing: fine
-    assert adm is not None and adm.num_cached_tokens == 0
+    assert adm is not None and adm.hit_tokens == 0
 
 
 def test_the_sglang_request_flow_and_tree_api_share_one_namespace_rule() -> None:
@@ -223,7 +223,7 @@ def test_sglang_insert_takes_only_blocks_the_caller_holds(ids: Any) -> None:
     with pytest.raises(BlockOwnershipError):
         cache.insert([1, 2][: len(ids)] or [1], ids)
     assert manager_state(cache.manager) == before
-    cache.manager.check_integrity()
+    cache.manager.check_invariants()
 
 
 def test_sglang_insert_of_caller_blocks_then_evict_keeps_every_block() -> None:
@@ -231,12 +231,12 @@ def test_sglang_insert_of_caller_blocks_then_evict_keeps_every_block() -> None:
     mine = cache.allocator.allocate(3)
     assert mine is not None
     assert cache.insert([7, 8, 9], mine) == 0
-    cache.manager.check_integrity()
+    cache.manager.check_invariants()
     # Re-inserting the tree's own blocks for the same tokens is allowed.
     own = cache.match_prefix([7, 8, 9]).device_indices
     assert cache.insert([7, 8, 9], own) == 3
     assert cache.evict(3) == 3
-    cache.manager.check_integrity()
+    cache.manager.check_invariants()
 
 
 @pytest.mark.parametrize("name", CACHING)
@@ -328,7 +328,7 @@ def test_a_synchronized_index_forwards_every_capability() -> None:
     m.finish("A")
     m.evict_blocks(m.index.match_prefix(TokenKey(a)).block_ids)
     assert m.match(TokenKey(a + [1])).num_tokens == 0
-    m.check_integrity()
+    m.check_invariants()
     assert not hasattr(SynchronizedIndex(RadixIndex(1)), "evict_blocks")
 
 

@@ -313,7 +313,7 @@ def test_hash_chain_evict_blocks_rejects_malformed_ids(bad: Any) -> None:
 
 
 def manager_state(m: CacheManager) -> tuple[object, ...]:
-    m.check_integrity()
+    m.check_invariants()
     queue = getattr(m.index, "free_queue_block_ids", None)
     return (
         tuple(m.allocator.free_block_ids()),
@@ -337,7 +337,7 @@ def busy_manager(name: str) -> CacheManager:
         m.finish(rid)
     m.admit("run", [1, 2, 3, 4, 7, 7])
     m.commit("run", 2)
-    m.check_integrity()
+    m.check_invariants()
     return m
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from prefixkv.adapters import Engine, EngineConfig
+from prefixkv.adapters.accounting import BoundaryTracker
 from prefixkv.adapters.engine import (
     EngineConfigError,
     ModelConfig,
@@ -28,7 +29,13 @@ from prefixkv.adapters.engine.testing import (
     assert_no_leaks,
     check_equal_kv,
 )
-from prefixkv.indexes import InvalidTokenError, PrefixKVError, UnknownIndexError, make_index
+from prefixkv.indexes import (
+    InvalidTokenError,
+    PrefixKVError,
+    UnknownIndexError,
+    describe_index,
+    make_index,
+)
 
 BACKENDS = ("none", "hash_chain", "radix")
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -66,8 +73,11 @@ def _run(
     backend: str, prompts: list[list[int]], max_new: int | list[int] = 8, **cfg: object
 ) -> tuple[Engine, list[RequestResult], KVRecorder]:
     recorder = KVRecorder()
-    options: dict[str, object] = {"dtype": F64, "check_integrity": True, **cfg}
-    engine = Engine(EngineConfig(prefix_index=backend, **options), on_finish=recorder)  # type: ignore[arg-type]
+    options: dict[str, object] = {"dtype": F64, "check_invariants": True, **cfg}
+    config = EngineConfig(prefix_index=backend, **options)  # type: ignore[arg-type]
+    bs = config.block_size or describe_index(backend).default_block_size
+    tracker = BoundaryTracker(bs, caches=describe_index(backend).caches)
+    engine = Engine(config, observers=[tracker], on_finish=recorder)
     results = engine.generate(prompts, max_new_tokens=max_new)
     outputs = [r.output_tokens for r in results]
     ids = [r.request_id for r in results]
@@ -94,7 +104,7 @@ def _run(
         ("device", 3),
         ("prefix_index", ""),
         ("prefix_index", 5),
-        ("check_integrity", 1),
+        ("check_invariants", 1),
         ("enable_chunked_prefill", "yes"),
         ("index_options", {"block_size": 4}),
         ("index_options", [("seed", 1)]),
@@ -320,7 +330,7 @@ def test_bb_05_repeated_prompt_never_writes_into_a_cached_block(
     must go to a private copy, not into the index's block (the radix tree would
     otherwise swap the copy for the cached block before the forward pass)."""
     guard = WriteGuard(make_index(backend, block_size))
-    config = EngineConfig(num_blocks=64, dtype=F64, check_integrity=True)
+    config = EngineConfig(num_blocks=64, dtype=F64, check_invariants=True)
     engine = Engine(config, index=guard, on_step=guard.on_step)
     guard.attach(engine.kv_cache)
     prompt = list(range(1, 17))
@@ -454,15 +464,15 @@ def test_faulty_index_rejects_unknown_faults() -> None:
         FaultyIndex(make_index("hash_chain", 4), "bogus")  # type: ignore[arg-type]
 
 
-def test_check_integrity_runs_after_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = Engine(EngineConfig(num_blocks=32, block_size=4, check_integrity=True))
+def test_check_invariants_runs_after_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(EngineConfig(num_blocks=32, block_size=4, check_invariants=True))
     calls: list[int] = []
-    check = engine.manager.check_integrity
+    check = engine.manager.check_invariants
 
     def counted() -> None:
         calls.append(engine.stats.num_steps)
         check()
 
-    monkeypatch.setattr(engine.manager, "check_integrity", counted)
+    monkeypatch.setattr(engine.manager, "check_invariants", counted)
     engine.generate(_shared_prompts(), max_new_tokens=3)
     assert calls == list(range(1, engine.stats.num_steps + 1))

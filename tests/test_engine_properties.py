@@ -138,7 +138,7 @@ def run_checked(
 ) -> tuple[Engine, list[RequestResult]]:
     """Run a workload and check BB-6 on it: the property every test here relies on.
 
-    Checks, for every step, ``check_integrity()``; for every K/V write, that it
+    Checks, for every step, ``check_invariants()``; for every K/V write, that it
     misses the blocks the index holds (BB-5); for every request, its K/V and
     tokens against itself computed alone with no cache (float64, atol 1e-12); at
     the end, that nothing leaked.
@@ -157,7 +157,7 @@ def run_checked(
         enable_chunked_prefill=setup.enable_chunked_prefill,
         dtype=torch.float64,
         device=device,
-        check_integrity=True,
+        check_invariants=True,
     )
     guard = WriteGuard(make_index(backend, setup.block_size) if index is None else index)
     engine = Engine(config, index=guard, on_finish=recorder, on_step=guard.on_step)

@@ -99,14 +99,14 @@ class VLLMFacadeFuzz(RuleBasedStateMachine):
     @invariant()
     def conserved(self) -> None:
         if hasattr(self, "kv"):
-            self.kv.manager.check_integrity()
+            self.kv.manager.check_invariants()
 
     def teardown(self) -> None:
         if hasattr(self, "kv"):
             for req in list(self.live.values()):
                 self.kv.free(req)
             m = self.kv.manager
-            m.check_integrity()
+            m.check_invariants()
             assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
 
 
@@ -173,14 +173,14 @@ class SGLangFacadeFuzz(RuleBasedStateMachine):
     @invariant()
     def conserved(self) -> None:
         if hasattr(self, "cache"):
-            self.cache.manager.check_integrity()
+            self.cache.manager.check_invariants()
 
     def teardown(self) -> None:
         if hasattr(self, "cache"):
             for req in list(self.live.values()):
                 self.cache.cache_finished_req(req)
             m = self.cache.manager
-            m.check_integrity()
+            m.check_invariants()
             assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
 
 

@@ -163,7 +163,7 @@ class VLLMLookups(RuleBasedStateMachine):
     @invariant()
     def conserved(self) -> None:
         if hasattr(self, "kv"):
-            self.kv.manager.check_integrity()
+            self.kv.manager.check_invariants()
 
 
 class SGLangLookups(RuleBasedStateMachine):
@@ -268,7 +268,7 @@ class SGLangLookups(RuleBasedStateMachine):
     @invariant()
     def conserved(self) -> None:
         if hasattr(self, "cache"):
-            self.cache.manager.check_integrity()
+            self.cache.manager.check_invariants()
 
     def teardown(self) -> None:
         if hasattr(self, "cache"):
@@ -276,7 +276,7 @@ class SGLangLookups(RuleBasedStateMachine):
                 self.cache.dec_lock_ref(match.last_node)
             for req in list(self.live.values()):
                 self.cache.cache_finished_req(req)
-            self.cache.manager.check_integrity()
+            self.cache.manager.check_invariants()
             assert self.cache.manager.index.stats().num_locked_blocks == 0
 
 

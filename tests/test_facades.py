@@ -83,7 +83,7 @@ def test_vl_03_recomputed_last_block_is_a_second_block_under_the_same_hash() -> 
     assert isinstance(index, HashChainIndex)
     assert index.is_cached(1) and index.is_cached(2) and index.stats().num_entries == 2
     kv.free(a2)
-    kv.manager.check_integrity()
+    kv.manager.check_invariants()
 
 
 def test_vl_04_free_queue_order_and_eviction() -> None:
@@ -107,7 +107,7 @@ def test_vl_04_free_queue_order_and_eviction() -> None:
     c = SimpleRequest("c", list(range(1, 9)) + [99])
     assert vllm_admit(kv, c) == 8
     assert kv.get_block_ids("c") == ([0, 1, 5],)
-    kv.manager.check_integrity()
+    kv.manager.check_invariants()
 
 
 def test_vllm_facade_returns_none_when_it_does_not_fit_and_changes_nothing() -> None:
@@ -149,7 +149,7 @@ def sg_run(cache: SGLangRadixCache, rid: str, prompt: list[int], output: list[in
         assert cache.alloc_for_decode(req)
         req.output_ids.append(t)
     cache.cache_finished_req(req)
-    cache.manager.check_integrity()
+    cache.manager.check_invariants()
     return hit
 
 
@@ -198,7 +198,7 @@ def test_sg_03_cache_unfinished_req_swaps_duplicates_for_cached_slots() -> None:
     assert cache.protected_size() == 5
     cache.cache_finished_req(first)
     cache.cache_finished_req(second)
-    cache.manager.check_integrity()
+    cache.manager.check_invariants()
     assert cache.protected_size() == 0
 
 
@@ -251,7 +251,7 @@ def test_bb_02_03_every_backend_behind_the_vllm_facade(name: str, bs: int, want:
         r = SimpleRequest(rid, list(prompt))
         hits.append(vllm_admit(kv, r))
         kv.free(r)
-        kv.manager.check_integrity()
+        kv.manager.check_invariants()
     assert hits == want
 
 

@@ -34,8 +34,8 @@ def run(m: CacheManager, rid: str, tokens: list[int]) -> int:
     assert adm is not None
     m.commit(rid, len(tokens))
     m.finish(rid)
-    m.check_integrity()
-    return adm.num_cached_tokens
+    m.check_invariants()
+    return adm.hit_tokens
 
 
 def test_hc_01_block_size_defaults_to_16() -> None:
@@ -109,7 +109,7 @@ def test_hc_06_hit_takes_block_out_of_free_queue_and_release_keeps_hash() -> Non
     assert isinstance(index, HashChainIndex)
     assert index.free_queue_block_ids() == [1, 0]
     adm = m.admit("b", list(range(1, 10)))
-    assert adm is not None and adm.num_cached_tokens == 8
+    assert adm is not None and adm.hit_tokens == 8
     assert index.ref_cnt(0) == 1 and index.ref_cnt(1) == 1
     assert index.free_queue_block_ids() == []
     m.finish("b")
@@ -166,20 +166,20 @@ def test_hc_10_evict_blocks_drops_entries_and_descendants_become_unreachable() -
     m.evict_blocks([1])
     assert not index.is_cached(1) and index.is_cached(2)  # 2 stays, unreachable
     assert run(m, "b", list(range(1, 14))) == 4  # stops at the missing link
-    m.check_integrity()
+    m.check_invariants()
 
 
 def test_hc_10_evict_blocks_of_a_locked_block_returns_it_at_last_unlock() -> None:
     m = manager(num_blocks=8, block_size=4)
     run(m, "a", list(range(1, 10)))
     adm = m.admit("b", list(range(1, 10)))
-    assert adm is not None and adm.num_cached_tokens == 8
+    assert adm is not None and adm.hit_tokens == 8
     free_before = m.allocator.num_free_blocks
     m.evict_blocks([0])
-    m.check_integrity()
+    m.check_invariants()
     assert m.allocator.num_free_blocks == free_before  # still held by b
     m.finish("b")
-    m.check_integrity()
+    m.check_invariants()
     assert m.allocator.num_free_blocks == free_before + 2  # block 0 and b's tail block
 
 
@@ -235,13 +235,13 @@ def test_hc_13_recomputed_last_block_registers_a_duplicate() -> None:
     a = toks(80)
     run(m, "a", a)
     adm = m.admit("a2", a)
-    assert adm is not None and adm.num_cached_tokens == 64
+    assert adm is not None and adm.hit_tokens == 64
     m.commit("a2", 80)
     index = m.index
     assert isinstance(index, HashChainIndex)
     assert index.stats().num_entries == 5 and index.stats().num_cached_blocks == 6
     m.finish("a2")
-    m.check_integrity()
+    m.check_invariants()
 
 
 def test_handles_are_checked() -> None:

@@ -33,7 +33,7 @@ def served(m: CacheManager, rid: str, tokens: list[int], extra: object = None) -
     assert adm is not None
     m.commit(rid, len(tokens))
     m.finish(rid)
-    return adm.num_cached_tokens
+    return adm.hit_tokens
 
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
@@ -44,7 +44,7 @@ def test_tenant_b_never_hits_tenant_a_through_the_manager(name: str, bs: int) ->
     assert served(m, "b1", PROMPT, b) == 0
     assert served(m, "shared", PROMPT) == 0
     assert served(m, "a2", PROMPT, a) > 0
-    m.check_integrity()
+    m.check_invariants()
 
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
@@ -107,7 +107,7 @@ def test_verify_turns_hash_collisions_into_misses(verify: bool, wrong_hit: bool)
     assert (hit > 0) is wrong_hit
     # With verify, equal content still hits (the colliding hash is not a miss by itself).
     assert served(m, "c", [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8
-    m.check_integrity()
+    m.check_invariants()
 
 
 def test_verify_checks_the_parent_so_a_collision_deeper_in_the_chain_misses() -> None:
@@ -204,5 +204,5 @@ def test_synchronized_index_under_a_shared_manager(name: str) -> None:
     for t in threads:
         t.join()
     assert not errors
-    m.check_integrity()
+    m.check_invariants()
     assert index.stats().num_locked_blocks == 0

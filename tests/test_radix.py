@@ -205,10 +205,10 @@ def test_shared_1013_token_prefix_survives_heavy_eviction_of_suffixes() -> None:
         prompt = shared + toks(random.Random(i).randrange(200, 400), seed=100 + i)
         adm = m.admit(f"r{i}", prompt)
         assert adm is not None
-        hits.append(adm.num_cached_tokens)
+        hits.append(adm.hit_tokens)
         m.commit(f"r{i}", len(prompt))
         m.finish(f"r{i}")
-        m.check_integrity()
+        m.check_invariants()
     assert m.totals.num_evicted_blocks > 10 * 400  # suffixes were evicted over and over
     assert hits[0] == 0 and all(h == 1013 for h in hits[1:])
 

@@ -243,7 +243,7 @@ def test_preemption_recomputes_the_newest_and_every_request_finishes() -> None:
     # 16 blocks of 4 tokens; three requests of 16 + 20 tokens cannot all hold their
     # 9 blocks: decode runs out and vLLM preempts the newest running request.
     reqs = [req(f"r{i}", tokens(100 * i + 1, 16), 20, 0.0) for i in range(3)]
-    cfg = SimConfig(max_num_seqs=3, check_integrity=True)
+    cfg = SimConfig(max_num_seqs=3, check_invariants=True)
     res = simulate(reqs, factory("hash_chain", 4), 64, cfg, PROFILE)
     recs = by_id(res.requests)
     assert res.run.num_requests == 3
@@ -267,7 +267,7 @@ def test_vllm_preempts_the_newest_sglang_retracts_the_longest_prompt(
     # preempts the newest running request, SGLang the one with the longest prompt.
     monkeypatch.setattr(scheduler_module, "CLIP_MAX_NEW_TOKENS", 2)
     reqs = [req("long", tokens(1, 16), 20, 0.0), req("short", tokens(100, 8), 20, 0.0)]
-    cfg = SimConfig(batching=batching, check_integrity=True)
+    cfg = SimConfig(batching=batching, check_invariants=True)
     recs = by_id(simulate(reqs, factory("radix", 4), 56, cfg, PROFILE).requests)
     assert {rid: r.num_preemptions for rid, r in recs.items()} == {
         "long": int(victim == "long"),
@@ -282,7 +282,7 @@ def test_admission_waits_until_the_whole_sequence_fits(batching: Batching) -> No
     # (vLLM's scheduler_reserve_full_isl), so b waits for a instead of thrashing.
     a = req("a", tokens(1, 32), 20, 0.0)
     b = req("b", tokens(100, 40), 20, 0.02)
-    cfg = SimConfig(batching=batching, max_num_batched_tokens=16, check_integrity=True)
+    cfg = SimConfig(batching=batching, max_num_batched_tokens=16, check_invariants=True)
     res = simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE)
     recs = by_id(res.requests)
     assert recs["b"].first_scheduled_s == pytest.approx(recs["a"].finish_s)

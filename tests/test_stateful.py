@@ -3,7 +3,7 @@
 Tiny block sizes (1, 2, 4) and tiny pools (4..24 blocks, sometimes a generous one) make
 splits and eviction happen on most steps. Prompts come from a 4-token alphabet and are
 built by cutting and extending earlier prompts, so sequences share prefixes at
-unaligned positions. After every step: ``check_integrity()`` (which runs the index's
+unaligned positions. After every step: ``check_invariants()`` (which runs the index's
 ``check_invariants()``), block conservation, and a reference model of the content of
 every registered block (no hit may ever return a block holding other tokens; without
 eviction the hit must be exactly the model's).
@@ -271,9 +271,9 @@ class ManagerMachine(RuleBasedStateMachine):
             assert after[:-1] == before[:-1], "a rejected admission changed the state"
             return
         event("admit with lookup: admitted")
-        assert adm.num_cached_tokens == lookup.num_tokens
+        assert adm.hit_tokens == lookup.num_tokens
         assert adm.block_table[: len(lookup.block_ids)] == lookup.block_ids
-        self.check_admission(rid, prompt, ns, adm.num_cached_tokens, adm.block_table, None)
+        self.check_admission(rid, prompt, ns, adm.hit_tokens, adm.block_table, None)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100), n=st.integers(0, 10**6))
@@ -375,7 +375,7 @@ class ManagerMachine(RuleBasedStateMachine):
             if reused:
                 self.finished.insert(0, rid)
             return None
-        hit, table = adm.num_cached_tokens, adm.block_table
+        hit, table = adm.hit_tokens, adm.block_table
         event("admit: hit" if hit else "admit: miss")
         if hit and lo == hi:
             event("admit: exact hit checked")
@@ -536,7 +536,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if self.m is None:
             return
         m, bs = self.m, self.model.bs
-        m.check_integrity()
+        m.check_invariants()
         s = m.index.stats()
         assert s.num_cached_blocks == s.num_evictable_blocks + s.num_locked_blocks
         self.sync()
@@ -559,13 +559,13 @@ class ManagerMachine(RuleBasedStateMachine):
         m = self.m
         for rid in list(self.running):
             m.finish(rid)
-            m.check_integrity()
+            m.check_invariants()
         self.running.clear()
         s = m.index.stats()
         assert m.num_held_only_blocks() == 0 and s.num_locked_blocks == 0
         assert m.allocator.num_free_blocks + s.num_cached_blocks == m.allocator.num_blocks
         m.reset()
-        m.check_integrity()
+        m.check_invariants()
         assert m.allocator.num_free_blocks == m.allocator.num_blocks
         assert m.index.stats().num_cached_blocks == 0
 
@@ -672,7 +672,7 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.next_id += 1
         adms = [m.admit(rid, prompt, extra_key) for m in self.ms]
         assert adms[0] is not None and adms[1] is not None
-        hits = [a.num_cached_tokens for a in adms]
+        hits = [a.hit_tokens for a in adms]
         assert hits[0] == hits[1], f"hash_chain hit {hits[0]} != radix hit {hits[1]}"
         event("differential: hit" if hits[0] else "differential: miss")
         assert len(adms[0].block_table) == len(adms[1].block_table)
@@ -724,7 +724,7 @@ class DifferentialMachine(RuleBasedStateMachine):
     @invariant()
     def integrity(self) -> None:
         for m in self.ms:
-            m.check_integrity()
+            m.check_invariants()
             assert m.index.stats().num_evicted_blocks == 0
 
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 import torch
 
 from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_positive
 
 __all__ = ["SUPPORTED_DTYPES", "EngineConfig", "EngineConfigError", "ModelConfig"]
 
@@ -27,10 +28,8 @@ class EngineConfigError(PrefixKVError):
     """An engine or model setting is out of range, or a request cannot be served by it."""
 
 
-def _positive_int(name: str, value: object) -> int:
-    if type(value) is not int or value <= 0:
-        raise EngineConfigError(f"{name} must be a positive int, got {value!r}")
-    return value
+def _positive_int(name: str, value: object, hi: int | None = None) -> int:
+    return check_positive(name, value, hi, error=EngineConfigError)
 
 
 @dataclass(frozen=True)
@@ -114,10 +113,8 @@ class EngineConfig:
         model: the transformer's sizes and seed.
         dtype: ``torch.float32`` / ``torch.float64`` or their names.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
-        check_integrity: run ``CacheManager.check_integrity()`` after every step
+        check_invariants: run ``CacheManager.check_invariants()`` after every step
             (tests; costs O(cached blocks) per step).
-        track_boundaries: keep the manager's boundary tracker, so results report
-            matched-but-recomputed tokens (SPEC BB-8).
 
     Raises:
         EngineConfigError: a value out of range or of the wrong type.
@@ -133,8 +130,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     dtype: torch.dtype | str = torch.float32
     device: torch.device | str = "cpu"
-    check_integrity: bool = False
-    track_boundaries: bool = True
+    check_invariants: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix_index, str) or not self.prefix_index:
@@ -142,17 +138,17 @@ class EngineConfig:
                 f"prefix_index must be a registry name (str), got {self.prefix_index!r}"
             )
         if self.block_size is not None:
-            _positive_int("block_size", self.block_size)
+            _positive_int("block_size", self.block_size, MAX_BLOCK_SIZE)
         if not isinstance(self.index_options, Mapping):
             raise EngineConfigError(f"index_options must be a mapping, got {self.index_options!r}")
         if "block_size" in self.index_options:
             raise EngineConfigError(
                 "pass block_size as EngineConfig.block_size, not in index_options"
             )
-        _positive_int("num_blocks", self.num_blocks)
+        _positive_int("num_blocks", self.num_blocks, MAX_BLOCKS)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        for name in ("enable_chunked_prefill", "check_integrity", "track_boundaries"):
+        for name in ("enable_chunked_prefill", "check_invariants"):
             if type(getattr(self, name)) is not bool:
                 raise EngineConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.model, ModelConfig):

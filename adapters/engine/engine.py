@@ -15,10 +15,13 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from prefixkv.adapters.accounting import BoundaryTracker
 from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.observer import CacheObserver
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import InvalidTokenError, RequestStateError
 from prefixkv.indexes.registry import make_index
+from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.paged_kv import PagedKVCache
 
@@ -69,7 +72,7 @@ class RequestResult(NamedTuple):
         recomputed_tokens: the part of ``computed_prefill_tokens`` computed after
             preemptions.
         matched_tokens: prompt tokens equal to cached content at token granularity
-            at first admission (``None`` without ``track_boundaries``).
+            at first admission (``None`` without a ``BoundaryTracker`` observer).
         cap_lost_tokens: cached but recomputed because of the ``len - 1`` cap
             (the recomputed last block), or ``None``.
         boundary_lost_tokens: matched but recomputed because they share a block
@@ -126,6 +129,9 @@ class Engine:
         config: the engine's settings (default ``EngineConfig()``).
         index: a ready index to use instead of building ``config.prefix_index``
             (third-party instances, test doubles); its ``block_size`` rules.
+        observers: the cache manager's observers; a
+            :class:`~prefixkv.adapters.accounting.BoundaryTracker` among them fills
+            the results' BB-8 fields.
         on_finish: see :class:`FinishHook`.
         on_step: see :data:`StepHook`.
 
@@ -142,6 +148,7 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         index: PrefixIndex | None = None,
+        observers: Sequence[CacheObserver] = (),
         on_finish: FinishHook | None = None,
         on_step: StepHook | None = None,
     ) -> None:
@@ -155,9 +162,8 @@ class Engine:
                 f"config.block_size {cfg.block_size} disagrees with the index's {index.block_size}"
             )
         self.config = cfg
-        self.manager = CacheManager(
-            index, BlockAllocator(cfg.num_blocks), track_boundaries=cfg.track_boundaries
-        )
+        self.manager = CacheManager(index, BlockAllocator(cfg.num_blocks), observers=observers)
+        self.accounting = next((o for o in observers if isinstance(o, BoundaryTracker)), None)
         self.block_size = self.manager.block_size
         self.model = TinyTransformer(cfg.model, dtype=cfg.torch_dtype, device=cfg.torch_device)
         self.kv_cache = self.model.make_kv_cache(cfg.num_blocks, self.block_size)
@@ -198,7 +204,7 @@ class Engine:
         # The most tokens that ever need K/V at once: after the last decode step,
         # or when a preempted request is prefilled again (its last token has none).
         peak = num_prompt + max_new_tokens - 1
-        blocks = -(-peak // self.block_size)
+        blocks = ceil_div(peak, self.block_size)
         cfg = self.config
         if blocks > cfg.num_blocks:
             raise EngineConfigError(
@@ -258,12 +264,16 @@ class Engine:
 
         Raises:
             EngineConfigError: nothing can be scheduled (see ``Scheduler.schedule``).
-            AssertionError: with ``config.check_integrity``, a broken invariant.
+            AssertionError: with ``config.check_invariants``, a broken invariant.
         """
         plan = self.scheduler.schedule()
         self.stats.num_preemptions += len(plan.preempted)
         if not plan.chunks:
             return []  # nothing to run: no request is waiting or running
+        if self.accounting is not None:
+            for c in plan.chunks:  # a first admission's record, while it is running
+                if c.request.record is None:
+                    c.request.record = self.accounting.record(c.request.request_id)
         # Read the tables only now: admissions, growth and preemption of this step
         # are done, and commits may have swapped blocks since the last step.
         chunks = [
@@ -289,10 +299,9 @@ class Engine:
                 st.num_decode_tokens += c.num_tokens
         for req in finished:
             st.num_finished += 1
-            if req.record is not None:
-                st.num_hit_tokens += req.record.hit_tokens
-        if self.config.check_integrity:
-            self.manager.check_integrity()
+            st.num_hit_tokens += req.hit_tokens or 0
+        if self.config.check_invariants:
+            self.manager.check_invariants()
         if self.on_step is not None:
             self.on_step(self)
         return [r.request_id for r in finished]
@@ -360,7 +369,7 @@ class Engine:
             request_id=request_id,
             prompt_len=len(req.prompt),
             output_tokens=tuple(req.output),
-            hit_tokens=0 if rec is None else rec.hit_tokens,
+            hit_tokens=req.hit_tokens or 0,
             computed_prefill_tokens=req.computed_prefill_tokens,
             recomputed_tokens=req.recomputed_tokens,
             matched_tokens=None if rec is None else rec.matched_tokens,

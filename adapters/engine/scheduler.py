@@ -48,7 +48,10 @@ class EngineRequest:
         computed_prefill_tokens: prefill tokens computed, recompute included.
         recomputed_tokens: the part of ``computed_prefill_tokens`` computed after
             a preemption.
-        record: the manager's accounting record of the first admission.
+        hit_tokens: prompt tokens served from the cache at the first admission
+            (``None`` until admitted).
+        record: the accounting record of the first admission, when the engine has
+            a boundary tracker (SPEC BB-8).
     """
 
     request_id: int
@@ -62,6 +65,7 @@ class EngineRequest:
     num_preemptions: int = 0
     computed_prefill_tokens: int = 0
     recomputed_tokens: int = 0
+    hit_tokens: int | None = None
     record: RequestRecord | None = None
 
     @property
@@ -206,10 +210,10 @@ class Scheduler:
             if admission is None:
                 break
             self.waiting.popleft()
-            if req.record is None:
-                req.record = manager.record(req.request_id)
+            if req.hit_tokens is None:
+                req.hit_tokens = admission.hit_tokens
             req.status = RequestStatus.RUNNING
-            req.num_computed = admission.num_cached_tokens
+            req.num_computed = admission.hit_tokens
             req.num_in_key = req.prefill_end = len(key)
             self.running.append(req)
             # Register the prefill's blocks now, before the forward pass (vLLM's

@@ -136,7 +136,7 @@ def assert_no_leaks(manager: CacheManager) -> None:
     Raises:
         AssertionError: describing the leak.
     """
-    manager.check_integrity()
+    manager.check_invariants()
     running = manager.running()
     assert not running, f"requests still running: {running}"
     held = manager.num_held_only_blocks()

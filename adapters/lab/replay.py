@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
-from prefixkv.indexes.base import PrefixIndex
+from prefixkv.indexes.base import PrefixIndex, describe
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.storage.allocator import BlockAllocator
 
-from ..accounting import RequestRecord
+from ..accounting import BoundaryTracker, RequestRecord
 from ..manager import CacheManager
 from ..sglang import SGLangRadixCache
 from ..vllm import VLLMKVCacheManager
@@ -230,6 +230,7 @@ class _Replayer(ABC):
         self.peak_cached = 0
         self.peak_memory = 0
         self._next_measure = 64
+        self.tracker: BoundaryTracker | None = None
 
     def note_size(self) -> None:
         cached = self.manager.index.stats().num_cached_blocks
@@ -275,11 +276,11 @@ class _Replayer(ABC):
             r.hit_tokens.append(hit)
             r.admit_seconds.append(seconds)
             r.request_seconds.append(seconds)
-            if self.manager.tracks_boundaries:
-                rec = self.manager.record(rid)
-                r.matched_tokens.append(rec.matched_tokens or 0)
-                r.boundary_lost_tokens.append(rec.boundary_lost_tokens or 0)
-                r.cap_lost_tokens.append(rec.cap_lost_tokens or 0)
+            if self.tracker is not None:
+                rec = self.tracker.record(rid)
+                r.matched_tokens.append(rec.matched_tokens)
+                r.boundary_lost_tokens.append(rec.boundary_lost_tokens)
+                r.cap_lost_tokens.append(rec.cap_lost_tokens)
         return HitRow(rid, prompt_len, hit)
 
     def finished(self, live: _Live) -> None:
@@ -398,7 +399,7 @@ class _ManagerReplayer(_Replayer):
             raise self.fail(f"prefill of request {rid!r} ({len(rec.tokens)} tokens)")
         n = len(rec.tokens)
         _, t_commit = self.timed("commit", m.commit, rid, n)
-        row = self.admitted(i, rid, n, adm.num_cached_tokens, t_admit + t_commit)
+        row = self.admitted(i, rid, n, adm.hit_tokens, t_admit + t_commit)
         self.live.append(_Live(i, rid, rec.output, t_admit + t_commit))
         self.note_size()
         return row
@@ -423,16 +424,25 @@ def _replayer(
     index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool
 ) -> _Replayer:
     result = ReplayResult()
+    tracker = None
+    if track:
+        caches = describe(index).caches
+        tracker = BoundaryTracker(index.block_size, caches=caches, keep_records=False)
+    observers = [] if tracker is None else [tracker]
+    rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(index, num_blocks, track_boundaries=track)
-        return _VLLMReplayer(facade, result, keep)
-    if driver == "sglang":
-        sg = SGLangRadixCache(index, num_blocks * index.block_size, track_boundaries=track)
-        return _SGLangReplayer(sg, result, keep)
-    if driver == "manager":
-        mgr = CacheManager(index, BlockAllocator(num_blocks), track_boundaries=track)
-        return _ManagerReplayer(mgr, result, keep)
-    raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
+        facade = VLLMKVCacheManager(index, num_blocks, observers=observers)
+        rp = _VLLMReplayer(facade, result, keep)
+    elif driver == "sglang":
+        sg = SGLangRadixCache(index, num_blocks * index.block_size, observers=observers)
+        rp = _SGLangReplayer(sg, result, keep)
+    elif driver == "manager":
+        mgr = CacheManager(index, BlockAllocator(num_blocks), observers=observers)
+        rp = _ManagerReplayer(mgr, result, keep)
+    else:
+        raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
+    rp.tracker = tracker
+    return rp
 
 
 def replay(

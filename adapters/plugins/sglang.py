@@ -46,6 +46,7 @@ from sglang.srt.mem_cache.registry import (
 from prefixkv.indexes.base import CacheHandle, PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 from prefixkv.indexes.tokens import TokenKey, make_extra_key
+from prefixkv.indexes.validation import ceil_div
 
 from .errors import UnsupportedEngineFeatureError
 
@@ -251,7 +252,7 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         """Free at least ``num_tokens`` tokens of unlocked pages (whole leaves: may overshoot)."""
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
-        freed = self.index.evict(-(-params.num_tokens // self.page_size))
+        freed = self.index.evict(ceil_div(params.num_tokens, self.page_size))
         self._free_pages(freed)
         return EvictResult(num_tokens_evicted=len(freed) * self.page_size)
 
@@ -278,7 +279,7 @@ class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]
         stats = self.index.stats()
         print(f"prefixkv {type(self.index).__name__}: {stats}")
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """The index's own invariants (pool-wide conservation needs the live rows).
 
         Raises:

@@ -24,6 +24,7 @@ from vllm.v1.request import Request, RequestStatus
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
+from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
 
 from ..manager import CacheManager, Lookup
@@ -109,7 +110,7 @@ class PrefixKVCacheManager:
         return key
 
     def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     def _available(self, hit: Lookup | None) -> int:
         # Free plus evictable blocks, less the hit's own evictable ones now (locking
@@ -384,10 +385,10 @@ class PrefixKVCacheManager:
         """No Mamba partial tails."""
         return []
 
-    def check_integrity(self) -> None:
+    def check_invariants(self) -> None:
         """prefixkv's conservation check (free + held-only + cached == blocks).
 
         Raises:
             AssertionError: describing the leak or double ownership.
         """
-        self.manager.check_integrity()
+        self.manager.check_invariants()

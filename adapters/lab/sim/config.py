@@ -39,7 +39,7 @@ class SimConfig:
             and continue next step; without it a prefill runs whole or waits.
         policy: ``"fcfs"`` or ``"lpm"`` (SGLang's cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
-        check_integrity: run the manager's ``check_integrity()`` after every step
+        check_invariants: run the manager's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
@@ -51,7 +51,7 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "fcfs"
     batching: Batching = "mixed"
-    check_integrity: bool = False
+    check_invariants: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -64,12 +64,12 @@ class SimConfig:
             raise SimConfigError(
                 f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
             )
-        for name in ("enable_chunked_prefill", "check_integrity"):
+        for name in ("enable_chunked_prefill", "check_invariants"):
             if type(getattr(self, name)) is not bool:
                 raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as a flat dict (for tables)."""
         d = asdict(self)
-        del d["check_integrity"]
+        del d["check_invariants"]
         return d

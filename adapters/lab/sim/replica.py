@@ -130,8 +130,8 @@ def simulate(
         busy += seconds
         num_steps += 1
         sched.complete(plan, now)
-        if cfg.check_integrity:
-            manager.check_integrity()
+        if cfg.check_invariants:
+            manager.check_invariants()
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": block_size,

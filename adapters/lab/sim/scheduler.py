@@ -306,7 +306,7 @@ class ReplicaScheduler:
         admission = self.manager.admit(seq.request.id, key, num_tokens=num_tokens)
         if admission is None:
             return None
-        cached = admission.num_cached_tokens
+        cached = admission.hit_tokens
         seq.key = None  # the manager owns the key now and appends to it
         seq.num_computed = cached
         seq.num_in_key = seq.prefill_end = len(key)

@@ -53,7 +53,7 @@ class Conserved:
         assert free + cache.total_size() + private == total, (free, cache.total_size(), private)
         self.steps += 1
         if isinstance(cache, PrefixKVPrefixCache) and self.steps % self.every == 0:
-            cache.check_integrity()
+            cache.check_invariants()
 
 
 def replay(

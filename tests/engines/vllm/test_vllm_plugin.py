@@ -89,7 +89,7 @@ def run(
     def after_step(s: Any) -> None:
         usage.append(s.get_kv_cache_usage())
         if cls is not None:
-            s.kv_cache_manager.check_integrity()
+            s.kv_cache_manager.check_invariants()
 
     rp = vllm_oracle.SchedulerReplay(sched, hasher)
     for rec in reqs:
@@ -99,7 +99,7 @@ def run(
     if cls is not None:
         manager = sched.kv_cache_manager
         assert not manager.manager.running()
-        manager.check_integrity()
+        manager.check_invariants()
     return {
         "hits": rp.hits,
         "stats": rp.stats,

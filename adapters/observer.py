@@ -1,0 +1,133 @@
+"""Measurement as optional hooks on the request lifecycle (vLLM's ``KVCacheMetricsCollector``).
+
+The manager calls an observer at the few places where blocks change owner: a request
+is admitted, its blocks become cached, cached blocks leave the index, a request ends,
+the cache is reset. Observers only watch: they never call back into the manager, and
+with none attached the manager pays one ``is None`` test per hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol, runtime_checkable
+
+from prefixkv.indexes.tokens import TokenKey
+
+__all__ = ["CacheObserver", "ObserverBase", "ObserverGroup"]
+
+
+@runtime_checkable
+class CacheObserver(Protocol):
+    """What a ``CacheManager`` tells an observer. Subclass ``ObserverBase`` to
+    implement only the hooks you need."""
+
+    def on_admit(
+        self, request_id: Hashable, key: TokenKey, hit_block_ids: Sequence[int], hit_tokens: int
+    ) -> None:
+        """A request was admitted; its first ``hit_tokens`` tokens come from the cache."""
+        ...
+
+    def on_register(self, key: TokenKey, block_ids: Sequence[int], start: int, stop: int) -> None:
+        """Blocks ``block_ids[start:stop]`` now cache blocks ``start..stop-1`` of ``key``."""
+        ...
+
+    def on_release(self, block_ids: Sequence[int]) -> None:
+        """These blocks' entries left the index outside eviction (``evict_blocks``, or
+        blocks handed back at their last unlock); they are no longer matchable."""
+        ...
+
+    def on_evict(self, block_ids: Sequence[int]) -> None:
+        """The index evicted these blocks."""
+        ...
+
+    def on_finish(
+        self,
+        request_id: Hashable,
+        key: TokenKey,
+        block_table: Sequence[int],
+        num_registered_blocks: int,
+        num_computed_tokens: int,
+    ) -> None:
+        """A request ends (finished or aborted) with this much computed KV."""
+        ...
+
+    def on_reset(self) -> None:
+        """The whole cache was dropped."""
+        ...
+
+
+class ObserverBase:
+    """A ``CacheObserver`` whose hooks do nothing: override the ones you need."""
+
+    def on_admit(
+        self, request_id: Hashable, key: TokenKey, hit_block_ids: Sequence[int], hit_tokens: int
+    ) -> None:
+        """See :class:`CacheObserver`."""
+
+    def on_register(self, key: TokenKey, block_ids: Sequence[int], start: int, stop: int) -> None:
+        """See :class:`CacheObserver`."""
+
+    def on_release(self, block_ids: Sequence[int]) -> None:
+        """See :class:`CacheObserver`."""
+
+    def on_evict(self, block_ids: Sequence[int]) -> None:
+        """See :class:`CacheObserver`."""
+
+    def on_finish(
+        self,
+        request_id: Hashable,
+        key: TokenKey,
+        block_table: Sequence[int],
+        num_registered_blocks: int,
+        num_computed_tokens: int,
+    ) -> None:
+        """See :class:`CacheObserver`."""
+
+    def on_reset(self) -> None:
+        """See :class:`CacheObserver`."""
+
+
+class ObserverGroup(ObserverBase):
+    """Several observers as one, called in order."""
+
+    def __init__(self, observers: Sequence[CacheObserver]) -> None:
+        self.observers = tuple(observers)
+
+    def on_admit(
+        self, request_id: Hashable, key: TokenKey, hit_block_ids: Sequence[int], hit_tokens: int
+    ) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_admit(request_id, key, hit_block_ids, hit_tokens)
+
+    def on_register(self, key: TokenKey, block_ids: Sequence[int], start: int, stop: int) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_register(key, block_ids, start, stop)
+
+    def on_release(self, block_ids: Sequence[int]) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_release(block_ids)
+
+    def on_evict(self, block_ids: Sequence[int]) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_evict(block_ids)
+
+    def on_finish(
+        self,
+        request_id: Hashable,
+        key: TokenKey,
+        block_table: Sequence[int],
+        num_registered_blocks: int,
+        num_computed_tokens: int,
+    ) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_finish(request_id, key, block_table, num_registered_blocks, num_computed_tokens)
+
+    def on_reset(self) -> None:
+        """Tells each observer."""
+        for o in self.observers:
+            o.on_reset()
