@@ -125,6 +125,11 @@ def add_cluster_parser(sub: Any) -> None:
     )
     a.add_argument("--time-scale", type=_positive(float), metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
+    p.add_argument(
+        "--load-per-replica",
+        action="store_true",
+        help="sweeping --replicas: keep each replica's load, arrivals N/first times as fast",
+    )
     r = p.add_argument_group("router")
     r.add_argument(
         "--policies",
@@ -179,12 +184,18 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     specs = parse_policies(args.policies, tuple(POLICIES))
     plan = parse_faults(args.faults) if args.faults else None
 
-    def stream() -> Iterator[TimedRequest]:
+    first = args.replicas[0]
+
+    def stream(cfg: ClusterConfig | None = None) -> Iterator[TimedRequest]:
+        # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
+        k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
+        rate = None if args.request_rate is None else args.request_rate / k
+        scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
         return timed_requests(
             requests,
             prefill_only=args.prefill_only,
-            request_rate=args.request_rate,
-            time_scale=args.time_scale,
+            request_rate=rate,
+            time_scale=scale,
             seed=args.seed,
         )
 

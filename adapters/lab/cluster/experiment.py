@@ -34,7 +34,7 @@ def arrival_span(requests: Iterable[TimedRequest]) -> float:
 
 
 def run_experiment(
-    requests: Callable[[], Iterable[TimedRequest]],
+    requests: Callable[[ClusterConfig], Iterable[TimedRequest]],
     policies: Sequence[PolicySpec],
     config: ClusterConfig,
     *,
@@ -43,11 +43,13 @@ def run_experiment(
     faults: FaultPlan | None = None,
     fleet: Callable[[], Fleet] | None = None,
     on_run: Callable[[ClusterResult], None] | None = None,
+    fault_free: bool = True,
 ) -> list[ClusterResult]:
     """Run every policy at every fleet size and capacity, then the fault runs.
 
     Args:
-        requests: makes a fresh request stream for each run.
+        requests: makes a fresh request stream for each run's settings (the arrivals
+            may depend on the fleet size).
         policies: the policy (and bound) specs.
         config: the base settings; ``replicas``/``capacities`` override its sizes.
         replicas: fleet sizes (default: the config's).
@@ -55,6 +57,7 @@ def run_experiment(
         faults: a resolved fault plan for the fault runs, or ``None``.
         fleet: makes the fleet of each run (Ray); default in-process.
         on_run: called with each result as it finishes (progress).
+        fault_free: run the fault-free runs (off: the fault runs only).
 
     Returns:
         Every result, fault-free first.
@@ -62,17 +65,19 @@ def run_experiment(
     sizes = list(replicas) or [config.num_replicas]
     caps = list(capacities) or [config.capacity_tokens]
     out: list[ClusterResult] = []
-    plan: list[tuple[ClusterConfig, PolicySpec, FaultPlan | None]] = [
-        (dataclasses.replace(config, num_replicas=n, capacity_tokens=c), spec, None)
-        for n, c in itertools.product(sizes, caps)
-        for spec in policies
-    ]
+    plan: list[tuple[ClusterConfig, PolicySpec, FaultPlan | None]] = []
+    if fault_free:
+        plan += [
+            (dataclasses.replace(config, num_replicas=n, capacity_tokens=c), spec, None)
+            for n, c in itertools.product(sizes, caps)
+            for spec in policies
+        ]
     if faults is not None and faults.any:
         first = dataclasses.replace(config, num_replicas=sizes[0], capacity_tokens=caps[0])
         plan += [(first, spec, faults) for spec in policies if not spec.is_bound]
     for cfg, spec, fault_plan in plan:
         res = run_cluster(
-            requests(),
+            requests(cfg),
             spec,
             cfg,
             fault_plan,

@@ -8,11 +8,18 @@ replica may hash with any seed or algorithm: only the parent link of a
 content hashes from the root, intersecting worker sets and recording the depth at
 which each worker drops out.
 
-Worker sets are bitmasks (one bit per worker), so the walk is an ``&`` per block.
 A ``BlockStored`` whose parent the worker is not known to hold (its events were lost)
 cannot be placed and is skipped, as Dynamo does; ``BlockRemoved`` of a hash the worker
 does not hold is counted and ignored. A node no worker holds and with no children is
 pruned.
+
+NOTE: nodes are not objects. A node is an int; its edges live in one dict keyed by
+``(parent, local hash)`` and its fields in parallel lists (worker bitmask, parent,
+local hash, child count), with freed ids reused. Hundreds of thousands of small
+objects with parent/child links would make every cyclic garbage collection walk the
+whole tree, which cost more than the updates themselves; ints in lists are not
+tracked. Worker sets are bitmasks (one bit per worker), so the walk is an ``&`` per
+block.
 """
 
 from __future__ import annotations
@@ -33,23 +40,7 @@ from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
 
 __all__ = ["RadixBlockIndex"]
 
-
-class _Held:
-    __slots__ = ("copies", "node")
-
-    def __init__(self, node: _Node) -> None:
-        self.node = node
-        self.copies = 1
-
-
-class _Node:
-    __slots__ = ("children", "local", "parent", "workers")
-
-    def __init__(self, parent: _Node | None, local: int) -> None:
-        self.parent = parent
-        self.local = local
-        self.children: dict[int, _Node] = {}
-        self.workers = 0
+_ROOT = 0
 
 
 class RadixBlockIndex:
@@ -65,14 +56,21 @@ class RadixBlockIndex:
     def __init__(self, scheme: HashScheme) -> None:
         self.scheme = scheme
         self.block_size = scheme.block_size
-        self._root = _Node(None, 0)
         self._check = StreamCheck(scheme, verify_hashes=False)
         self.incompatible = self._check.incompatible
+        # the tree: node 0 is the root
+        self._edges: dict[tuple[int, int], int] = {}
+        self._workers_of: list[int] = [0]
+        self._parent: list[int] = [-1]
+        self._local: list[int] = [0]
+        self._nchildren: list[int] = [0]
+        self._free_nodes: list[int] = []
+        # workers
         self._bits: dict[Worker, int] = {}
         self._workers: dict[int, Worker] = {}  # bit -> worker
         self._free_bits: list[int] = []
-        # per bit: engine hash -> the node it stored, with copies (vLLM duplicates)
-        self._lookup: dict[int, dict[int, _Held]] = {}
+        self._lookup: dict[int, dict[int, int]] = {}  # bit -> engine hash -> node
+        self._copies: dict[int, dict[int, int]] = {}  # bit -> engine hash -> copies > 1
         self._stats = dict.fromkeys(
             (
                 "block_events",
@@ -83,7 +81,6 @@ class RadixBlockIndex:
             ),
             0,
         )
-        self._num_nodes = 0
 
     # ------------------------------------------------------------ workers
 
@@ -94,7 +91,41 @@ class RadixBlockIndex:
             self._bits[worker] = bit
             self._workers[bit] = worker
             self._lookup[bit] = {}
+            self._copies[bit] = {}
         return bit
+
+    # ------------------------------------------------------------ nodes
+
+    def _child(self, node: int, local: int) -> int:
+        key = (node, local)
+        child = self._edges.get(key)
+        if child is not None:
+            return child
+        if self._free_nodes:
+            child = self._free_nodes.pop()
+            self._workers_of[child] = 0
+            self._parent[child] = node
+            self._local[child] = local
+            self._nchildren[child] = 0
+        else:
+            child = len(self._parent)
+            self._workers_of.append(0)
+            self._parent.append(node)
+            self._local.append(local)
+            self._nchildren.append(0)
+        self._edges[key] = child
+        self._nchildren[node] += 1
+        return child
+
+    def _drop(self, node: int, bit: int) -> None:
+        workers_of, parent, nchildren = self._workers_of, self._parent, self._nchildren
+        workers_of[node] &= ~bit
+        while node != _ROOT and not workers_of[node] and not nchildren[node]:
+            up = parent[node]
+            del self._edges[(up, self._local[node])]
+            nchildren[up] -= 1
+            self._free_nodes.append(node)
+            node = up
 
     # ------------------------------------------------------------ updates
 
@@ -121,35 +152,32 @@ class RadixBlockIndex:
 
     def _store(self, worker: Worker, event: BlockStored) -> None:
         bit = self._bit(worker)
-        lookup = self._lookup[bit]
+        lookup, copies = self._lookup[bit], self._copies[bit]
         hashes = event.block_hashes
         self._stats["block_events"] += len(hashes)
         if event.parent_block_hash is None:
-            node = self._root
+            node = _ROOT
         else:
-            entry = lookup.get(wire_int(event.parent_block_hash))
-            if entry is None:
+            found = lookup.get(wire_int(event.parent_block_hash))
+            if found is None:
                 self._stats["orphan_blocks"] += len(hashes)
                 return
-            node = entry.node
+            node = found
         if len(event.token_ids) >= len(hashes) * self.block_size:
             data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
             locals_ = local_block_hashes(data, self.block_size)
         else:  # hash-only event: the engine's hash is the only key there is
             locals_ = [wire_int(h) for h in hashes]
+        workers_of = self._workers_of
+        child_of = self._child
         for h, local in zip(hashes, locals_, strict=False):
-            child = node.children.get(local)
-            if child is None:
-                child = node.children[local] = _Node(node, local)
-                self._num_nodes += 1
-            key = wire_int(h)
-            entry = lookup.get(key)
-            if entry is None:
-                lookup[key] = _Held(child)
+            node = child_of(node, local)
+            key = h if type(h) is int else wire_int(h)
+            if key in lookup:
+                copies[key] = copies.get(key, 1) + 1
             else:
-                entry.copies += 1
-            child.workers |= bit
-            node = child
+                lookup[key] = node
+            workers_of[node] |= bit
 
     def _remove(self, worker: Worker, hashes: list[bytes | int]) -> None:
         self._stats["block_events"] += len(hashes)
@@ -157,26 +185,21 @@ class RadixBlockIndex:
         if bit is None:
             self._stats["unknown_removals"] += len(hashes)
             return
-        lookup = self._lookup[bit]
+        lookup, copies = self._lookup[bit], self._copies[bit]
         for h in hashes:
-            key = wire_int(h)
-            entry = lookup.get(key)
-            if entry is None:
+            key = h if type(h) is int else wire_int(h)
+            n = copies.get(key)
+            if n is not None:
+                if n > 2:
+                    copies[key] = n - 1
+                else:
+                    del copies[key]
+                continue
+            node = lookup.pop(key, None)
+            if node is None:
                 self._stats["unknown_removals"] += 1
                 continue
-            if entry.copies > 1:
-                entry.copies -= 1
-                continue
-            del lookup[key]
-            self._drop(entry.node, bit)
-
-    def _drop(self, node: _Node, bit: int) -> None:
-        node.workers &= ~bit
-        while node.parent is not None and not node.workers and not node.children:
-            parent = node.parent
-            del parent.children[node.local]
-            self._num_nodes -= 1
-            node = parent
+            self._drop(node, bit)
 
     def clear(self, replica: int, data_parallel_rank: int | None = None) -> None:
         """Drop the replica's blocks (one rank when given). O(blocks dropped)."""
@@ -187,9 +210,10 @@ class RadixBlockIndex:
             if data_parallel_rank is not None and worker.data_parallel_rank != data_parallel_rank:
                 continue
             lookup = self._lookup[bit]
-            for entry in lookup.values():
-                self._drop(entry.node, bit)
+            for node in lookup.values():
+                self._drop(node, bit)
             lookup.clear()
+            self._copies[bit].clear()
 
     def forget(self, replica: int) -> None:
         """Drop the replica's blocks, checks and worker bits."""
@@ -197,7 +221,7 @@ class RadixBlockIndex:
         self._check.forget(replica)
         for worker, bit in list(self._bits.items()):
             if worker.replica == replica:
-                del self._bits[worker], self._workers[bit], self._lookup[bit]
+                del self._bits[worker], self._workers[bit], self._lookup[bit], self._copies[bit]
                 self._free_bits.append(bit)
 
     # ------------------------------------------------------------ queries
@@ -207,14 +231,14 @@ class RadixBlockIndex:
 
         Complexity: O(matched blocks) dict probes and ``&``, plus O(workers) at the end.
         """
-        node = self._root
+        edges, workers_of, workers = self._edges, self._workers_of, self._workers
+        node = _ROOT
         active = -1
         depth = 0
         out: dict[Worker, int] = {}
-        workers = self._workers
         for local in keys.local_hashes:
-            child = node.children.get(local)
-            keep = child.workers & active if child is not None else 0
+            child = edges.get((node, local))
+            keep = workers_of[child] & active if child is not None else 0
             gone = active & ~keep if depth else 0
             while gone:
                 low = gone & -gone
@@ -239,7 +263,8 @@ class RadixBlockIndex:
         bit = self._bits.get(worker)
         if bit is None:
             return {}
-        return {h: e.copies for h, e in self._lookup[bit].items()}
+        copies = self._copies[bit]
+        return {h: copies.get(h, 1) for h in self._lookup[bit]}
 
     def num_blocks(self, worker: Worker) -> int:
         """Distinct blocks the worker holds. O(1)."""
@@ -247,5 +272,5 @@ class RadixBlockIndex:
         return len(self._lookup[bit]) if bit is not None else 0
 
     def stats(self) -> dict[str, int]:
-        """Counters, plus ``entries`` (tree nodes)."""
-        return {**self._stats, "entries": self._num_nodes}
+        """Counters, plus ``entries`` (tree nodes, the root excluded)."""
+        return {**self._stats, "entries": len(self._edges)}
