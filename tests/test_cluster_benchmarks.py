@@ -29,8 +29,8 @@ def test_cluster_index_benchmark_runs() -> None:
 
 
 def test_cluster_router_benchmark_runs() -> None:
-    out = _run("benchmarks/cluster_router.py", "--workers", "4", "--docs", "20", "--decisions", "50",
-               "--policies", "round_robin,dynamo,sglang")  # fmt: skip
+    out = _run("benchmarks/cluster_router.py", "--workers", "4", "--docs", "20",
+               "--decisions", "50", "--policies", "round_robin,dynamo,sglang")  # fmt: skip
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["policy"] for r in rows] == ["round_robin", "dynamo", "sglang"]
 
