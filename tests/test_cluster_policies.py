@@ -110,6 +110,8 @@ def test_least_outstanding_by_requests_or_tokens() -> None:
     book(loads, W[3], 3, tokens=10)
     assert LeastOutstanding().choose(ctx(loads=loads)) == W[0]
     assert LeastOutstanding(by="tokens").choose(ctx(loads=loads)) == W[1]
+    idle = LeastOutstanding()  # ties taken in turn: an idle fleet is spread
+    assert [idle.choose(ctx()) for _ in range(5)] == [*W, W[0]]
     with pytest.raises(ClusterConfigError):
         LeastOutstanding(by="blocks")
 

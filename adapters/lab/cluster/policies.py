@@ -107,10 +107,12 @@ class Pow2:
 @dataclass
 class LeastOutstanding:
     """The least loaded worker: fewest requests in flight (``by="requests"``) or least
-    booked prefill work (``by="tokens"``); ties go to the first in fleet order."""
+    booked prefill work (``by="tokens"``); ties taken in turn (round robin among them,
+    so an idle fleet is not all sent to its first worker)."""
 
     by: str = "requests"
     name: str = field(default="least_outstanding", init=False)
+    _next: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.by not in ("requests", "tokens"):
@@ -121,11 +123,13 @@ class LeastOutstanding:
     def choose(self, ctx: RouteContext) -> Worker:
         """The minimum of the load measure."""
         load = ctx.loads.load
+        cands = ctx.candidates
+        k = self._next % len(cands)
+        self._next += 1
+        order = cands[k:] + cands[:k]
         if self.by == "requests":
-            return min(
-                ctx.candidates, key=lambda w: (load(w).active_requests, load(w).prefill_tokens)
-            )
-        return min(ctx.candidates, key=lambda w: (load(w).prefill_tokens, load(w).active_requests))
+            return min(order, key=lambda w: (load(w).active_requests, load(w).prefill_tokens))
+        return min(order, key=lambda w: (load(w).prefill_tokens, load(w).active_requests))
 
 
 @dataclass
