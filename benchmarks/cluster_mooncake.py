@@ -4,7 +4,8 @@ Replicas are Mooncake's prefill instances: the default cost profile (Llama-2-70B
 A100s, from Vidur's profiling data), one output token per request (prefill-only, as
 Mooncake's cache experiments), 512-token blocks (the traces' granularity), a 3M-token
 KV cache each (Mooncake's per-node "local cache"), the trace's own timestamps
-stretched by ``--time-scale`` so that the fleet is busy but not swamped. Groups:
+stretched (``--conversation-time-scale`` 2.5, ``--synthetic-time-scale`` 4: each fleet is
+busy, round robin near saturation, not swamped). Groups:
 
 * ``policies``: every policy and both bounds at 8 replicas (the hit ratio against
   round robin and the pooled bound, the load CV, Mooncake's TTFT ordering);
@@ -130,7 +131,8 @@ def main() -> None:
     ap.add_argument("--synthetic", type=Path)
     ap.add_argument("--out", type=Path, default=Path("cluster-bench"))
     ap.add_argument("--groups", default="policies,frontier,replicas,capacity,faults")
-    ap.add_argument("--time-scale", type=float, default=2.5)
+    ap.add_argument("--conversation-time-scale", type=float, default=2.5)
+    ap.add_argument("--synthetic-time-scale", type=float, default=4.0)
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--capacity-tokens", type=int, default=3_000_000)
     ap.add_argument("--max-requests", type=int)
@@ -146,8 +148,11 @@ def main() -> None:
         keep_tokens=False,
     )
     summary: dict[str, Any] = {}
-    traces = {"conversation": args.conversation, "synthetic": args.synthetic}
-    for name, path in traces.items():
+    traces = {
+        "conversation": (args.conversation, args.conversation_time_scale),
+        "synthetic": (args.synthetic, args.synthetic_time_scale),
+    }
+    for name, (path, scale) in traces.items():
         if path is None:
             continue
         for group in groups:
@@ -177,12 +182,12 @@ def main() -> None:
             for spec_text in fault_list:
                 plan = None
                 if spec_text is not None:
-                    span_reqs = list(requests(path, limit, args.time_scale, args.replicas, cfg))
+                    span_reqs = list(requests(path, limit, scale, args.replicas, cfg))
                     span = (span_reqs[-1].arrival or 0.0) - (span_reqs[0].arrival or 0.0)
                     plan = parse_faults(spec_text).resolve(span)
                 results += run_experiment(
-                    lambda c, path=path, limit=limit: requests(
-                        path, limit, args.time_scale, args.replicas, c
+                    lambda c, path=path, limit=limit, scale=scale: requests(
+                        path, limit, scale, args.replicas, c
                     ),
                     specs,
                     cfg,
@@ -197,7 +202,7 @@ def main() -> None:
                 results,
                 out,
                 command=f"python benchmarks/cluster_mooncake.py --groups {group} ...",
-                source=f"Mooncake {name} trace, prefill-only, timestamps x {args.time_scale} "
+                source=f"Mooncake {name} trace, prefill-only, timestamps x {scale} "
                 f"(x {args.replicas}/N when sweeping N)",
                 requests_table=False,
             )
