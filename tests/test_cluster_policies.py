@@ -274,3 +274,22 @@ def test_fault_specs() -> None:
             parse_faults(bad)
     with pytest.raises(FaultSpecError):
         parse_faults("kill=9@1").check(4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "dynamo:temperature=-1",
+        "dynamo:overlap_score_credit=nan",
+        "dynamo:prefill_load_scale=inf",
+        "llmd:kv_weight=true",
+        "prefix_hash:prefix_tokens=0",
+        "prefix_hash:virtual_nodes=2.5",
+        "sglang:cache_threshold=abc",
+    ],
+)
+def test_bad_policy_parameters_are_named(bad: str) -> None:
+    with pytest.raises(ClusterConfigError, match=bad.split(":")[1].split("=")[0]):
+        make_policy(parse_policy(bad, KNOWN))
+    assert make_policy(parse_policy("ray_pca:imbalanced_threshold=inf", KNOWN))
+    assert make_policy(parse_policy("sglang:balance_abs_threshold=inf", KNOWN))

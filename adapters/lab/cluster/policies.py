@@ -68,6 +68,36 @@ def _argmin_random_ties(
     return workers[best]
 
 
+class _Params:
+    """Checks a policy's numeric parameters on construction: a real number (no bool,
+    no NaN) >= 0, an int >= 1 where the default is an int, infinity only where
+    ``_unbounded`` names the parameter."""
+
+    _unbounded: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            default = f.default
+            if (
+                not f.init
+                or isinstance(default, (bool, str))
+                or not isinstance(default, (int, float))
+            ):
+                continue
+            value = getattr(self, f.name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and isinstance(default, int) and not isinstance(default, bool):
+                ok = type(value) is int and value >= 1
+            elif ok:
+                ok = not math.isnan(value) and value >= 0
+                ok = ok and (math.isfinite(value) or f.name in self._unbounded)
+            if not ok:
+                raise ClusterConfigError(
+                    f"{type(self).__name__} {f.name} must be "
+                    f"{'an int >= 1' if type(default) is int else 'a number >= 0'}, got {value!r}"
+                )
+
+
 @dataclass
 class Random:
     """Uniformly random worker."""
@@ -133,7 +163,7 @@ class LeastOutstanding:
 
 
 @dataclass
-class PrefixHash:
+class PrefixHash(_Params):
     """SGLang gateway ``prefix_hash``: consistent hashing with bounded load.
 
     The first ``prefix_tokens`` tokens are hashed (xxh3-64) onto a ring of
@@ -181,7 +211,7 @@ class PrefixHash:
 
 
 @dataclass
-class RayPrefixAffinity:
+class RayPrefixAffinity(_Params):
     """Ray 2.60 ``PrefixCacheAffinityRouter``.
 
     If the queue spread (max - min requests in flight) exceeds
@@ -194,6 +224,7 @@ class RayPrefixAffinity:
     match_rate_threshold: float = 0.1
     imbalanced_threshold: float = math.inf
     name: str = field(default="ray_pca", init=False)
+    _unbounded = ("imbalanced_threshold",)
 
     def choose(self, ctx: RouteContext) -> Worker:
         """As above."""
@@ -211,7 +242,7 @@ class RayPrefixAffinity:
 
 
 @dataclass
-class SGLangCacheAware:
+class SGLangCacheAware(_Params):
     """SGLang router ``cache_aware`` (its CLI defaults: 0.3, 64, 1.5).
 
     Load is requests in flight. When ``max - min > balance_abs_threshold`` and
@@ -221,9 +252,10 @@ class SGLangCacheAware:
     """
 
     cache_threshold: float = 0.3
-    balance_abs_threshold: float = 64
+    balance_abs_threshold: float = 64.0
     balance_rel_threshold: float = 1.5
     name: str = field(default="sglang", init=False)
+    _unbounded = ("balance_abs_threshold", "balance_rel_threshold")
 
     def choose(self, ctx: RouteContext) -> Worker:
         """As above; ties go to the first worker in fleet order."""
@@ -241,7 +273,7 @@ class SGLangCacheAware:
 
 
 @dataclass
-class DynamoCost:
+class DynamoCost(_Params):
     """Dynamo KV router's default cost, the cheapest worker (softmax when ``temperature``).
 
     ``cost = prefill_load_scale * max((booked prefill tokens + prompt) / block_size
@@ -280,7 +312,7 @@ class DynamoCost:
 
 
 @dataclass
-class LlmdWeighted:
+class LlmdWeighted(_Params):
     """llm-d's endpoint picker: weighted scorers, the highest total (random ties).
 
     Prefix: matched blocks, min-max normalized over the workers holding any (1 when
