@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from prefixkv.adapters.lab.cluster import run as run_module
+from prefixkv.adapters.lab.cluster import driver
 from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
@@ -251,7 +251,7 @@ def test_a_broken_invariant_is_reported(
     requests: list[TimedRequest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A driver that forgets a dead replica's requests loses them; check() says so.
-    monkeypatch.setattr(run_module._Run, "_void_after", lambda self, replica, t: [])
+    monkeypatch.setattr(driver.ClusterDriver, "_void_after", lambda self, replica, t: [])
     res = run_cluster(requests, "dynamo", CFG, "kill=1@25")
     assert res.invariants.lost_requests
     with pytest.raises(AssertionError, match="lost requests"):

@@ -25,12 +25,13 @@ from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .index import ChainedHashIndex, ClusterIndex
 from .keys import HashScheme, RouteKeys, Worker
 from .load import LoadTracker, Reservation, WorkerLoad
+from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
 from .policies import POLICIES, make_policy, policy_index
 from .policy import BOUNDS, PolicySpec, RouteContext, RoutingPolicy, parse_policies, parse_policy
 from .radix import RadixBlockIndex
 from .ray_fleet import RayFleet, ray_available
-from .replica import LocalIndexer, ReplicaReport, SimReplica
+from .replica import ReplicaReport, SimReplica
 from .report import write_report
 from .requests import timed_requests
 from .router import Decision, Router
