@@ -97,14 +97,24 @@ class Router:
     def add_replica(
         self,
         replica: int,
-        replay: Callable[[int, float], list[SeqBatch] | None],
-        dump: Callable[[], Dump | None],
+        replay: Callable[[int, float], list[SeqBatch] | None] | None = None,
+        dump: Callable[[], Dump | None] | None = None,
     ) -> None:
-        """Start routing to ``replica`` (and, for an event-fed index, follow its stream)."""
+        """Start routing to ``replica``.
+
+        For an event-fed index, its stream is followed through ``replay`` and ``dump``
+        (a simulated replica); without them the caller feeds the index itself, e.g.
+        with :func:`~.live.subscribe` on a real engine's ZeroMQ stream.
+        """
         self.dead.discard(replica)
         self.serving[Worker(replica)] = None
         self._candidates = None
-        if self.index is not None and self.index.event_fed:
+        if (
+            replay is not None
+            and dump is not None
+            and self.index is not None
+            and self.index.event_fed
+        ):
             self.trackers[replica] = StreamTracker(
                 on_batch=lambda seq, batch: self._apply(replica, batch),
                 replay=lambda start: replay(start, self.now),
