@@ -231,7 +231,7 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(
             f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
             f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
-            f"load CV {r.load_cv:.3f}  decision p99 {r.decision_p99_us:.0f} us  "
+            f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
             f"[{lab['wall_s']:.1f} s wall] {ok}",
             flush=True,
         )

@@ -209,7 +209,13 @@ class ClusterDriver:
         del self.in_flight[rid]
         d = self.decisions[rid]
         self.done[rid] = RoutedRequest(
-            m, replica, self.routes[rid], d.predicted_blocks, d.decision_s * 1e6, d.hash_s * 1e6
+            m,
+            replica,
+            self.routes[rid],
+            d.predicted_blocks,
+            d.decision_s * 1e6,
+            d.hash_s * 1e6,
+            d.decision_cpu_s * 1e6,
         )
         if self.plan.lose_completions and self.rng.random() < self.plan.lose_completions:
             self.stats["lost_completions"] += 1

@@ -52,6 +52,7 @@ class RoutedRequest:
             policy reads no index).
         decision_us: wall microseconds of the last decision.
         hash_us: wall microseconds hashing its blocks for that decision.
+        decision_cpu_us: CPU microseconds of that decision (this thread).
     """
 
     metrics: RequestMetrics
@@ -60,6 +61,7 @@ class RoutedRequest:
     predicted_blocks: int | None
     decision_us: float
     hash_us: float
+    decision_cpu_us: float
 
     def as_row(self, block_size: int) -> dict[str, Any]:
         """Flat columns (the record's, then the route's)."""
@@ -71,6 +73,7 @@ class RoutedRequest:
             predicted_hit_tokens=predicted,
             decision_us=self.decision_us,
             hash_us=self.hash_us,
+            decision_cpu_us=self.decision_cpu_us,
         )
         return row
 
@@ -155,6 +158,7 @@ class ClusterRun:
     prompt_tokens_cv: float
     decision_p50_us: float
     decision_p99_us: float
+    decision_cpu_p99_us: float
     hash_p50_us: float
     hash_p99_us: float
     overlap_predictions: int
@@ -210,6 +214,7 @@ def summarize_run(
         prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
         decision_p50_us=percentile(decisions, 50),
         decision_p99_us=percentile(decisions, 99),
+        decision_cpu_p99_us=percentile([r.decision_cpu_us for r in requests], 99),
         hash_p50_us=percentile(hashes, 50),
         hash_p99_us=percentile(hashes, 99),
         overlap_predictions=n,

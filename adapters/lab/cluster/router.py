@@ -46,12 +46,15 @@ class Decision(NamedTuple):
             admission caps), or ``None`` for a policy that reads no index.
         decision_s: wall seconds of the decision (index match, policy, booking).
         hash_s: wall seconds computing the request's block keys.
+        decision_cpu_s: the decision's CPU seconds in this thread (hashing excluded):
+            its cost without the waits a busy machine adds to the wall clock.
     """
 
     worker: Worker
     predicted_blocks: int | None
     decision_s: float
     hash_s: float
+    decision_cpu_s: float
 
 
 class Router:
@@ -208,6 +211,7 @@ class Router:
         if index is not None:
             _ = keys.local_hashes if index.kind == "radix" else keys.block_hashes
         t1 = time.perf_counter()
+        c1 = time.thread_time_ns()
         cands = self.candidates()
         if not cands:
             raise NoReplicaError(f"no replica to route {request.id!r} to at t={now:.3f} s")
@@ -240,9 +244,11 @@ class Router:
         )
         if index is not None:
             index.on_routed(worker, keys, now)
+        c2 = time.thread_time_ns()
         t2 = time.perf_counter()
         self.num_decisions += 1
-        return Decision(worker, cached // bs if index is not None else None, t2 - t1, t1 - t0)
+        predicted = cached // bs if index is not None else None
+        return Decision(worker, predicted, t2 - t1, t1 - t0, (c2 - c1) / 1e9)
 
     def stream_stats(self) -> dict[str, int]:
         """Tracker counters summed over replicas."""
