@@ -39,10 +39,12 @@ from prefixkv.indexes.errors import (
     RequestStateError,
 )
 from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array, normalize_extra_key
-from prefixkv.indexes.validation import ceil_div, check_block_ids, check_count
+from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
 from .accounting import CacheTotals
+from .events.dialects import EventRecorder, attach_event_recorder
+from .events.wire import KVEvent
 from .observer import CacheObserver, ObserverGroup
 
 __all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
@@ -105,6 +107,10 @@ class CacheManager:
         allocator: the pool's free blocks (same block size as the index).
         observers: optional hooks told about admissions, registrations, releases,
             evictions and resets (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record the index's KV events (vLLM's switch of the
+            same name): ``take_events()`` returns them as vLLM's wire structs, in the
+            dialect the index speaks (vLLM's for the hash chain, SGLang's page events
+            for the radix tree).
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
@@ -116,6 +122,7 @@ class CacheManager:
         allocator: BlockAllocator,
         *,
         observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -130,13 +137,14 @@ class CacheManager:
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
-        self._observer: CacheObserver | None = (
-            None
-            if not observers
-            else observers[0]
-            if len(observers) == 1
-            else ObserverGroup(observers)
-        )
+        self._observer: CacheObserver | None = None
+        if len(observers) == 1:
+            self._observer = observers[0]
+        elif observers:
+            self._observer = ObserverGroup(observers)
+        self._events: EventRecorder | None = None
+        if check_bool("enable_kv_cache_events", enable_kv_cache_events):
+            self._events = attach_event_recorder(index)
 
     # ------------------------------------------------------------ admission
 
@@ -234,34 +242,14 @@ class CacheManager:
                 eviction, ``evict_blocks``, a reset); look up again.
             PrefixKVError: a bad count, or a lookup made for another key.
         """
-        try:
-            running = request_id in self._seqs
-        except TypeError:
-            raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
-        if running:
-            raise RequestStateError(f"request {request_id!r:.80} is running already")
-        key = self.make_key(tokens, extra_key, priority)
-        holder = self._key_holders.get(id(key))
-        if holder is not None:
-            raise RequestStateError(
-                f"this TokenKey is the key of running request {holder!r:.80}; give each "
-                "request its own key"
-            )
+        key = self._new_key(request_id, tokens, extra_key, priority)
         want = (
             len(key)
             if num_tokens is None
             else check_count("num_tokens", num_tokens, len(key), lo=1)
         )
         reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
-        if lookup is None:
-            m = self.index.match_prefix(key, len(key) - 1)
-        elif type(lookup) is not Lookup or lookup.key is not key:
-            raise PrefixKVError(
-                "lookup must be what match(key) returned for this request's key, "
-                f"got {lookup!r:.80}"
-            )
-        else:
-            m = lookup.match
+        m = self._lookup_for(key, lookup)
         hit_evictable = self.index.count_evictable(m.handle)
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
         if not self._fits(need, hit_evictable):
@@ -285,6 +273,39 @@ class CacheManager:
         if self._observer is not None:
             self._observer.on_admit(request_id, key, m.block_ids, m.num_tokens)
         return Admission(request_id, m.num_tokens, list(table))
+
+    def _new_key(
+        self,
+        request_id: RequestId,
+        tokens: Iterable[int] | TokenKey,
+        extra_key: ExtraKey | str | None,
+        priority: int | None,
+    ) -> TokenKey:
+        # A new request's id and key: not running, and the key no running request's.
+        try:
+            running = request_id in self._seqs
+        except TypeError:
+            raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
+        if running:
+            raise RequestStateError(f"request {request_id!r:.80} is running already")
+        key = self.make_key(tokens, extra_key, priority)
+        holder = self._key_holders.get(id(key))
+        if holder is not None:
+            raise RequestStateError(
+                f"this TokenKey is the key of running request {holder!r:.80}; give each "
+                "request its own key"
+            )
+        return key
+
+    def _lookup_for(self, key: TokenKey, lookup: Lookup | None) -> PrefixMatch:
+        if lookup is None:
+            return self.index.match_prefix(key, len(key) - 1)
+        if type(lookup) is not Lookup or lookup.key is not key:
+            raise PrefixKVError(
+                "lookup must be what match(key) returned for this request's key, "
+                f"got {lookup!r:.80}"
+            )
+        return lookup.match
 
     def _fits(self, need: int, hit_evictable: int) -> bool:
         # Locking the hit protects its evictable blocks, so they do not count.
@@ -336,8 +357,11 @@ class CacheManager:
         if num_tokens // self.block_size > seq.num_registered_blocks:
             self._register(seq, num_tokens, swap_duplicates)
 
-    def _register(self, seq: _Seq, num_tokens: int, swap: bool) -> None:
-        result = self.index.insert(seq.key, seq.table, num_tokens, prefix=seq.handle)
+    def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
+        # A running request's insert continues from its own node (O(new blocks)); the
+        # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
+        prefix = None if whole else seq.handle
+        result = self.index.insert(seq.key, seq.table, num_tokens, prefix=prefix)
         base = result.first_block
         theirs = result.block_ids
         n = base + len(theirs)
@@ -484,7 +508,7 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         if seq.num_computed // self.block_size > seq.num_registered_blocks:
-            self._register(seq, seq.num_computed, True)
+            self._register(seq, seq.num_computed, True, whole=True)
         if split_at_prompt and seq.num_computed > seq.prompt_len >= self.block_size:
             self.index.insert(seq.key, seq.table, seq.prompt_len, prefix=seq.handle)
         self._drop(request_id, seq)
@@ -603,6 +627,11 @@ class CacheManager:
         self.allocator.free(self.index.reset(), owner=Owner.MANAGER)
         if self._observer is not None:
             self._observer.on_reset()
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first (vLLM's ``take_events``);
+        empty unless built with ``enable_kv_cache_events``."""
+        return [] if self._events is None else self._events.take_events()
 
     @property
     def usage(self) -> float:

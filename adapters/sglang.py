@@ -21,6 +21,7 @@ from prefixkv.storage.allocator import BlockAllocator, Owner
 from prefixkv.storage.block_table import slot_mapping
 
 from .accounting import CacheTotals
+from .events.wire import KVEvent
 from .manager import CacheManager
 from .observer import CacheObserver
 
@@ -110,6 +111,7 @@ class SGLangRadixCache:
         capacity_tokens: pool size in tokens (whole pages are used).
         page_size: tokens per page when ``index`` is a name (default 1).
         observers: hooks for the manager (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record KV events for ``take_events``.
 
     Sizes (``evictable_size``, ``evict``) are in tokens, as in SGLang.
     """
@@ -121,6 +123,7 @@ class SGLangRadixCache:
         page_size: int | None = None,
         *,
         observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if isinstance(index, str):
             size = 1 if page_size is None else page_size
@@ -132,7 +135,12 @@ class SGLangRadixCache:
                 f"capacity_tokens must hold at least one page of {self.page_size}, "
                 f"got {capacity_tokens!r}"
             )
-        self.manager = CacheManager(index, BlockAllocator(num_pages), observers=observers)
+        self.manager = CacheManager(
+            index,
+            BlockAllocator(num_pages),
+            observers=observers,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
 
     # ------------------------------------------------------- the tree's own API
 
@@ -240,6 +248,10 @@ class SGLangRadixCache:
     def available_size(self) -> int:
         """Free tokens in the pool."""
         return self.manager.allocator.num_free_blocks * self.page_size
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call, SGLang's page events as vLLM wire structs."""
+        return self.manager.take_events()
 
     def reset(self) -> None:
         """Drop the whole cache (only with no request running)."""

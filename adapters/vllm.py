@@ -24,6 +24,7 @@ from prefixkv.indexes.validation import check_count
 from prefixkv.storage.allocator import BlockAllocator
 
 from .accounting import CacheTotals
+from .events.wire import KVEvent
 from .manager import CacheManager, Lookup
 from .observer import CacheObserver
 
@@ -94,9 +95,14 @@ _NO_BLOCKS = KVCacheBlocks(())
 
 
 def _namespace(request: RequestLike) -> ExtraKey | None:
+    # vLLM's extra keys: the LoRA (name and path hashed, id published) and the salt.
     lora = getattr(request, "lora_request", None)
-    lora_name = getattr(lora, "lora_name", None) if lora is not None else None
-    return make_extra_key(lora=lora_name, cache_salt=getattr(request, "cache_salt", None))
+    return make_extra_key(
+        lora=None if lora is None else getattr(lora, "lora_name", None),
+        lora_path=None if lora is None else getattr(lora, "lora_path", None),
+        lora_id=None if lora is None else getattr(lora, "lora_int_id", None),
+        cache_salt=getattr(request, "cache_salt", None),
+    )
 
 
 class VLLMKVCacheManager:
@@ -108,6 +114,7 @@ class VLLMKVCacheManager:
         block_size: tokens per block when ``index`` is a name (default 16).
         enable_caching: ``False`` uses the no-cache index, as vLLM does.
         observers: hooks for the manager (accounting, metrics); see ``observer.py``.
+        enable_kv_cache_events: record KV events for ``take_events`` (vLLM's flag).
 
     Not modelled: speculative lookahead slots, KV-connector external tokens,
     hybrid (sliding-window, Mamba) groups.
@@ -121,12 +128,18 @@ class VLLMKVCacheManager:
         *,
         enable_caching: bool = True,
         observers: Sequence[CacheObserver] = (),
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
             size = 16 if block_size is None else block_size
             index = make_index(name, block_size=size, **pool_owned_options(name))
-        self.manager = CacheManager(index, BlockAllocator(num_blocks), observers=observers)
+        self.manager = CacheManager(
+            index,
+            BlockAllocator(num_blocks),
+            observers=observers,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
         self.block_size = index.block_size
         self._keys: dict[str, TokenKey] = {}
         self._pending: dict[str, Lookup] = {}
@@ -232,6 +245,10 @@ class VLLMKVCacheManager:
             computed = min(request.num_computed_tokens, len(self.manager.key(rid).tokens))
             self.manager.advance(rid, computed, computed, swap_duplicates=False)
             self.manager.abort(rid)
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call (vLLM ``KVCacheManager.take_events``)."""
+        return self.manager.take_events()
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table, per group."""

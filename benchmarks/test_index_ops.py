@@ -16,7 +16,7 @@ from conftest import CACHE_BLOCKS, PROMPT_LENS, per_second, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from prefixkv.adapters import CacheManager
-from prefixkv.indexes import BlockHasher, PrefixIndex, TokenKey, make_index
+from prefixkv.indexes import PrefixIndex, TokenKey, make_block_hasher, make_index
 from prefixkv.indexes.registry import pool_owned_options
 from prefixkv.storage import BlockAllocator
 
@@ -110,10 +110,11 @@ def test_request_lifecycle(
 
 
 @pytest.mark.parametrize("prompt_len", PROMPT_LENS)
-@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256_raw", "sha256", "sha256_cbor"])
 def test_hashing(benchmark: BenchmarkFixture, algorithm: str, prompt_len: int) -> None:
-    """Chained block hashes of a whole prompt (the README's tokens/s figure at 32K)."""
-    hasher = BlockHasher(16, algorithm, seed=0)
+    """Chained block hashes of a whole prompt (the README's tokens/s figure at 32K);
+    ``sha256``/``sha256_cbor`` are vLLM's (a pickle or CBOR encoding per block)."""
+    hasher = make_block_hasher(16, algorithm, seed=0)
     prompt = tokens(prompt_len, seed=10)
     key = TokenKey(prompt)
     benchmark(lambda: hasher.extend([], key.tokens, None))

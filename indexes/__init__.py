@@ -3,6 +3,7 @@
 from .base import (
     CacheHandle,
     Described,
+    EventSink,
     IndexDescription,
     IndexStats,
     InsertResult,
@@ -10,6 +11,7 @@ from .base import (
     PrefixMatch,
     SupportsCachedBlocks,
     SupportsCommonPrefix,
+    SupportsEventSink,
     SupportsEvictBlocks,
     SupportsMemoryBytes,
     describe,
@@ -29,7 +31,7 @@ from .errors import (
 )
 from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
 from .hash_chain import HashChainIndex
-from .hashing import HASH_ALGORITHMS, BlockHasher
+from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
 from .null import NoPrefixIndex
 from .radix import RadixIndex
 from .registry import available_indexes, describe_index, make_index, register_index
@@ -38,6 +40,7 @@ from .tokens import ExtraKey, TokenKey, make_extra_key
 from .wrapper import IndexWrapper
 
 __all__ = [
+    "BLOCK_HASH_ALGORITHMS",
     "EVICTION_POLICIES",
     "HASH_ALGORITHMS",
     "BlockHasher",
@@ -45,6 +48,7 @@ __all__ = [
     "CacheHandle",
     "CacheInUseError",
     "Described",
+    "EventSink",
     "EvictionPolicy",
     "ExtraKey",
     "HashChainIndex",
@@ -66,6 +70,7 @@ __all__ = [
     "StaleHandleError",
     "SupportsCachedBlocks",
     "SupportsCommonPrefix",
+    "SupportsEventSink",
     "SupportsEvictBlocks",
     "SupportsMemoryBytes",
     "SynchronizedIndex",
@@ -74,6 +79,7 @@ __all__ = [
     "available_indexes",
     "describe",
     "describe_index",
+    "make_block_hasher",
     "make_eviction_policy",
     "make_extra_key",
     "make_index",

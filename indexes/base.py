@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
-from .tokens import TokenKey
+from .tokens import ExtraKey, TokenKey
 
 __all__ = [
     "CacheHandle",
     "Described",
+    "EventSink",
     "IndexDescription",
     "IndexStats",
     "InsertResult",
@@ -25,6 +26,7 @@ __all__ = [
     "PrefixMatch",
     "SupportsCachedBlocks",
     "SupportsCommonPrefix",
+    "SupportsEventSink",
     "SupportsEvictBlocks",
     "SupportsMemoryBytes",
     "describe",
@@ -295,5 +297,66 @@ class SupportsCachedBlocks(Protocol):
         """The blocks of the longest cached prefix of ``key``, in order.
 
         Unlike ``match_prefix`` it changes nothing: no recency stamp, no split.
+        """
+        ...
+
+
+class EventSink(Protocol):
+    """Receives an index's cache-content changes, as an engine's KV-event queue does.
+
+    Calls carry raw digests and the request's namespace; a recorder
+    (``prefixkv.adapters.events``) turns them into the wire events of the engine the
+    index mirrors. Calls arrive in the order the changes happen, on the index's thread.
+    """
+
+    def on_stored(
+        self,
+        block_hashes: Sequence[bytes],
+        parent_block_hash: bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        extra_key: ExtraKey | None,
+    ) -> None:
+        """Full blocks (pages) became cached, as one chain.
+
+        Args:
+            block_hashes: the new blocks' digests, in sequence order.
+            parent_block_hash: the digest of the block just before the first one;
+                ``None`` when the chain starts at the sequence's first block.
+            token_ids: the new blocks' tokens, ``block_size`` per digest (read them
+                during the call; the index may reuse the buffer).
+            block_size: tokens per block.
+            extra_key: the sequence's namespace.
+        """
+        ...
+
+    def on_removed(self, block_hashes: Sequence[bytes]) -> None:
+        """Cached blocks left the cache (evicted, dropped by ``evict_blocks``)."""
+        ...
+
+    def on_cleared(self) -> None:
+        """The whole cache was reset."""
+        ...
+
+
+@runtime_checkable
+class SupportsEventSink(Protocol):
+    """An index that reports its cache-content changes to an optional :class:`EventSink`.
+
+    With no sink attached (the default) the index pays at most one ``is None`` test
+    per operation.
+    """
+
+    kv_event_dialect: str
+    """Whose events the sink calls reproduce, given the matching recorder: ``"vllm"``
+    (vLLM 0.33's ``BlockPool``: one call per stored chain, one digest per removal)
+    or ``"sglang"`` (SGLang 0.5.23's ``RadixCache``: one call per tree node, page
+    digests as SGLang computes them)."""
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Attach ``sink`` (``None`` detaches). Changes from now on are reported.
+
+        Entries cached before the sink was attached were never announced to it, so
+        their later removal reaches it unannounced.
         """
         ...

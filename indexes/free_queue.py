@@ -9,36 +9,10 @@ so ``remove`` is O(1) and no node objects are allocated. Head = evicted first.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from .tokens import ExtraKey
+from .block_map import CachedBlock
 
-__all__ = ["CachedBlock", "FreeBlockQueue"]
-
-
-@dataclass(slots=True, eq=False)
-class CachedBlock:
-    """One block the hash chain owns.
-
-    Attributes:
-        block_id: the storage block.
-        block_hash: its chained hash; ``None`` once dropped by ``evict_blocks``
-            (the block is then only waiting for its last unlock).
-        ref_cnt: requests holding it; 0 means evictable (in the free queue).
-        prev, next: free-queue links (``None`` when not queued).
-        tokens, parent, extra_key: registration content (the block's token bytes,
-            the block registered before it, block 0's namespace), kept only with
-            ``verify=True`` to reject hash collisions.
-    """
-
-    block_id: int
-    block_hash: bytes | None
-    ref_cnt: int = 0
-    prev: CachedBlock | None = None
-    next: CachedBlock | None = None
-    tokens: bytes | None = None
-    parent: CachedBlock | None = None
-    extra_key: ExtraKey | None = None
+__all__ = ["FreeBlockQueue"]
 
 
 class FreeBlockQueue:

@@ -3,7 +3,9 @@
 A flat dict maps chained block hashes to blocks (no parent/child links, SPEC HC-5);
 lookup probes it once per block from block 0 and stops at the first miss (HC-4).
 Unlocked blocks wait in an LRU free queue, a finished request's tail first (HC-7),
-and eviction takes them from its head.
+and eviction takes them from its head. An optional event sink hears what vLLM's
+``BlockPool`` queues as KV events: each newly cached chain (``cache_full_blocks``),
+each dropped entry (``_maybe_evict_cached_block``) and each reset.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from itertools import islice
 from operator import attrgetter
 from typing import ClassVar, NamedTuple, cast
 
-from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .block_map import BlockHashToBlockMap, CachedBlock, Entry
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -22,9 +25,9 @@ from .errors import (
     LockStateError,
     StaleHandleError,
 )
-from .free_queue import CachedBlock, FreeBlockQueue
-from .hashing import BlockHasher, Digest
-from .tokens import TOKEN_BYTES, TokenKey
+from .free_queue import FreeBlockQueue
+from .hashing import Digest, make_block_hasher
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
 
 __all__ = ["HashChainIndex"]
@@ -34,7 +37,6 @@ _block_id = attrgetter("block_id")
 _tokens = attrgetter("tokens")
 _parent = attrgetter("parent")
 _block_hash = attrgetter("block_hash")
-_Entry = CachedBlock | dict[int, CachedBlock]
 
 
 class _ChainHandle(NamedTuple):
@@ -72,11 +74,19 @@ class HashChainIndex:
     * Duplicates (HC-13): when two requests computed the same block, both blocks
       are registered under the hash, as vLLM does; lookups return the first one
       still cached, and each is evicted on its own.
+    * Events (``set_event_sink``): ``on_stored`` once per run of newly registered
+      blocks (duplicates too), ``on_removed`` per dropped entry, ``on_cleared`` on
+      reset: exactly the calls behind vLLM 0.33's ``BlockStored``/``BlockRemoved``/
+      ``AllBlocksCleared``.
 
     Args:
         block_size: tokens per block (vLLM's default 16).
-        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256"`` or a digest callable.
-        seed: root seed; ``None`` draws a random one (see ``BlockHasher``).
+        hash_algorithm: ``"xxh3_128"`` (default), ``"sha256_raw"``, vLLM's own
+            ``"sha256"``, ``"sha256_cbor"``, ``"xxhash"``, ``"xxhash_cbor"`` (hashes
+            identical to vLLM 0.33's), or a digest callable
+            (:func:`~prefixkv.indexes.hashing.make_block_hasher`).
+        seed: prefixkv's chains: the root seed (``None`` draws a random one);
+            vLLM's: its ``PYTHONHASHSEED`` (``None``: vLLM's rule).
         verify: store each block's tokens, namespace and parent, and accept a hit
             only if they equal the key's, so a hash collision can never return
             another sequence's KV (costs memory and a compare per hit block).
@@ -84,6 +94,7 @@ class HashChainIndex:
     Thread safety: none; call from one scheduler thread.
     """
 
+    kv_event_dialect: ClassVar[str] = "vllm"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
         unit="block", models="vllm", default_block_size=16
     )
@@ -96,21 +107,26 @@ class HashChainIndex:
         seed: int | str | bytes | None = None,
         verify: bool = False,
     ) -> None:
-        self._hasher = BlockHasher(block_size, hash_algorithm, seed)
+        self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
         self.block_size = block_size
         self.verify = check_bool("verify", verify)
-        self._table: dict[bytes, _Entry] = {}
+        self._table = BlockHashToBlockMap()
         self._blocks: dict[int, CachedBlock] = {}
         self._free = FreeBlockQueue()
         # Counts hash entries dropped (evicted, evict_blocks, reset): a handle made at
         # the current count names only cached blocks, so validating it is O(1).
         self._epoch = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
 
     @property
-    def hasher(self) -> BlockHasher:
+    def hasher(self) -> ChainHasher:
         """The block hasher (its root seed included)."""
         return self._hasher
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ------------------------------------------------------------------ lookup
 
@@ -127,7 +143,7 @@ class HashChainIndex:
         probed = list(map(self._table.get, islice(hashes, limit)))
         if None in probed:
             del probed[probed.index(None) :]
-        entries = cast("list[_Entry]", probed)
+        entries = cast("list[Entry]", probed)
         if dict in map(type, entries):
             hit = self._resolve(entries, key)
         else:
@@ -154,7 +170,7 @@ class HashChainIndex:
             return False
         return list(map(_parent, hit[1:])) == hit[:-1]
 
-    def _resolve(self, entries: list[_Entry], key: TokenKey) -> list[CachedBlock]:
+    def _resolve(self, entries: list[Entry], key: TokenKey) -> list[CachedBlock]:
         # Slow path: duplicate entries (pick one) or verification (check each).
         hit: list[CachedBlock] = []
         for entry in entries:
@@ -230,20 +246,9 @@ class HashChainIndex:
                 f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
             )
         hashes = key.block_hashes(self._hasher)
-        chain: list[CachedBlock] = []
-        start = 0
-        if prefix is not None:
-            pre = self._own(prefix)
-            k = min(pre.length, num_full)
-            # The caller holds the prefix locked: its last block alive and locked, and
-            # holding the caller's block there, vouches for the whole run.
-            if k and pre.chain[k - 1].block_id == block_ids[k - 1] and pre.chain[k - 1].ref_cnt > 0:
-                start = k
-                # Extend the request's run in place (or add nothing), else branch off.
-                in_place = k == len(pre.chain) or k == num_full
-                chain = pre.chain if in_place else pre.chain[:k]
+        chain, start = self._continued_run(prefix, block_ids, num_full)
         new_ids = check_block_ids(block_ids[start:num_full], "insert")
-        table, blocks = self._table, self._blocks
+        blocks = self._blocks
         for i, bid in enumerate(new_ids, start):
             old = blocks.get(bid)
             if old is not None and old.block_hash is not None and old.block_hash != hashes[i]:
@@ -251,60 +256,112 @@ class HashChainIndex:
                     f"block {bid} is cached for other content; it cannot hold block {i} of {key!r}"
                 )
         num_cached = start
-        still_cached = True
-        prev = chain[start - 1] if start else None
-        created: list[CachedBlock] = []
-        for i, bid in enumerate(new_ids, start):
-            block_hash = hashes[i]
-            if still_cached and block_hash in table:
-                num_cached += 1
-            else:
-                still_cached = False
-            block = blocks.get(bid)
-            if block is None:
-                block = CachedBlock(bid, block_hash)
-                if self.verify:
-                    block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
-                    block.parent = prev
-                    block.extra_key = key.extra_key if i == 0 else None
-                self._add_entry(block)
-                blocks[bid] = block
-                created.append(block)
-            chain.append(block)
-            prev = block
+        while num_cached < num_full and hashes[num_cached] in self._table:
+            num_cached += 1
+        created = self._register_run(key, hashes, new_ids, chain, start)
         for block in reversed(created):  # unlocked: queued tail first, like a release
             self._free.append(block)
+        if self._sink is not None and created:
+            self._announce(key, hashes, chain, start, created)
         return InsertResult(
-            num_cached * bs,
+            num_cached * self.block_size,
             new_ids,
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
 
-    def _add_entry(self, block: CachedBlock) -> None:
-        assert block.block_hash is not None
-        entry = self._table.get(block.block_hash)
-        if entry is None:
-            self._table[block.block_hash] = block
-        elif type(entry) is CachedBlock:
-            self._table[block.block_hash] = {entry.block_id: entry, block.block_id: block}
-        else:
-            entry[block.block_id] = block  # type: ignore[index]
+    def _continued_run(
+        self, prefix: CacheHandle | None, block_ids: Sequence[int], num_full: int
+    ) -> tuple[list[CachedBlock], int]:
+        # The run an insert extends and where its new blocks start: the caller's locked
+        # prefix vouches for its blocks when its last one is alive, locked and holding
+        # the caller's block there; its run grows in place (or branches off a copy).
+        if prefix is None:
+            return [], 0
+        pre = self._own(prefix)
+        k = min(pre.length, num_full)
+        last = pre.chain[k - 1] if k else None
+        if last is None or last.block_id != block_ids[k - 1] or last.ref_cnt <= 0:
+            return [], 0
+        in_place = k == len(pre.chain) or k == num_full
+        return (pre.chain if in_place else pre.chain[:k]), k
+
+    def _register_run(
+        self,
+        key: TokenKey,
+        hashes: list[bytes],
+        new_ids: list[int],
+        chain: list[CachedBlock],
+        start: int,
+    ) -> list[CachedBlock]:
+        # Append blocks start.. to the run, making a record for each block id not
+        # cached yet (a duplicate of a cached hash included, HC-13); returns the new ones.
+        bs = self.block_size
+        blocks = self._blocks
+        prev = chain[start - 1] if start else None
+        created: list[CachedBlock] = []
+        for i, bid in enumerate(new_ids, start):
+            block = blocks.get(bid)
+            if block is None:
+                block = CachedBlock(bid, hashes[i])
+                if self.verify:
+                    block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
+                    block.parent = prev
+                    block.extra_key = key.extra_key if i == 0 else None
+                self._table.add(block)
+                blocks[bid] = block
+                created.append(block)
+            chain.append(block)
+            prev = block
+        return created
+
+    def _announce(
+        self,
+        key: TokenKey,
+        hashes: list[bytes],
+        chain: list[CachedBlock],
+        start: int,
+        created: list[CachedBlock],
+    ) -> None:
+        # vLLM's cache_full_blocks: one BlockStored per run of newly cached blocks,
+        # chained to the block before it. The new blocks are one run at the end of the
+        # chain unless the caller re-registered some blocks in between.
+        assert self._sink is not None
+        bs = self.block_size
+        end = len(chain)
+        first = end - len(created)
+        if chain[first] is created[0]:  # the usual case: one run ending the chain
+            self._sink.on_stored(
+                hashes[first:end],
+                hashes[first - 1] if first else None,
+                key.tokens[first * bs : end * bs],
+                bs,
+                key.extra_key,
+            )
+            return
+        new = {id(b) for b in created}
+        i = start
+        while i < end:
+            if id(chain[i]) not in new:
+                i += 1
+                continue
+            j = i + 1
+            while j < end and id(chain[j]) in new:
+                j += 1
+            self._sink.on_stored(
+                hashes[i:j],
+                hashes[i - 1] if i else None,
+                key.tokens[i * bs : j * bs],
+                bs,
+                key.extra_key,
+            )
+            i = j
 
     def _drop_entry(self, block: CachedBlock) -> None:
-        # Remove this block's hash entry; its duplicates (if any) stay cached. The one
-        # place an entry dies, so the one place handles learn it (the epoch).
-        assert block.block_hash is not None
+        # The one place an entry dies, so the one place handles learn it (the epoch).
+        # Its callers (evict, evict_blocks) tell the event sink, once per call.
         self._epoch += 1
-        entry = self._table[block.block_hash]
-        if entry is block:
-            del self._table[block.block_hash]
-        else:
-            assert type(entry) is dict
-            del entry[block.block_id]
-            if len(entry) == 1:
-                self._table[block.block_hash] = next(iter(entry.values()))
-        block.block_hash = None
+        self._table.drop(block)
 
     # ----------------------------------------------------------------- locking
 
@@ -394,14 +451,14 @@ class HashChainIndex:
         Complexity: O(num_blocks).
         """
         check_count("num_blocks", num_blocks, MAX_BLOCKS)
-        out: list[int] = []
         free = self._free
-        while len(out) < num_blocks and len(free):
-            block = free.popleft()
+        popped = [free.popleft() for _ in range(min(num_blocks, len(free)))]
+        if self._sink is not None and popped:  # vLLM: one BlockRemoved per evicted block
+            self._sink.on_removed([cast("bytes", b.block_hash) for b in popped])
+        for block in popped:
             self._forget(block)
-            out.append(block.block_id)
-        self._num_evicted += len(out)
-        return out
+        self._num_evicted += len(popped)
+        return list(map(_block_id, popped))
 
     def _forget(self, block: CachedBlock) -> None:
         self._drop_entry(block)
@@ -423,16 +480,20 @@ class HashChainIndex:
         # A set in vLLM: repeats mean nothing.
         ids = list(dict.fromkeys(check_block_ids(block_ids, "evict_blocks", unique=False)))
         freed: list[int] = []
+        dropped: list[bytes] = []
         for bid in ids:
             block = self._blocks.get(bid)
             if block is None or block.block_hash is None:
                 continue
+            dropped.append(block.block_hash)
             if block.ref_cnt == 0:
                 self._free.remove(block)
                 self._forget(block)
                 freed.append(bid)
             else:
                 self._drop_entry(block)
+        if self._sink is not None and dropped:
+            self._sink.on_removed(dropped)
         self._num_evicted += len(freed)
         return freed
 
@@ -454,6 +515,8 @@ class HashChainIndex:
         self._table.clear()
         self._blocks.clear()
         self._epoch += 1
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
@@ -485,6 +548,20 @@ class HashChainIndex:
         block = self._blocks.get(block_id)
         return block is not None and block.block_hash is not None
 
+    def cached_block_hashes(self) -> list[bytes]:
+        """The digest of every cached entry, once per block (duplicates repeat).
+
+        What a sink attached since the index was empty has been told is cached:
+        stored and not yet removed or cleared. O(n); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        for entry in self._table.values():
+            if type(entry) is CachedBlock:
+                out.append(cast("bytes", entry.block_hash))
+            else:
+                out += (cast("bytes", b.block_hash) for b in entry.values())  # type: ignore[union-attr]
+        return out
+
     def free_queue_block_ids(self) -> list[int]:
         """Evictable blocks in eviction order (head first). O(n); for tests and reports."""
         return [b.block_id for b in self._free]
@@ -502,7 +579,8 @@ class HashChainIndex:
         per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
         total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
         total += len(self._blocks) * per_block
-        total += len(self._table) * (33 + len(self._hasher.root))  # the hash bytes objects
+        digest_len = len(next(iter(self._table))) if self._table else 0
+        total += len(self._table) * (33 + digest_len)  # the hash bytes objects
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
         if self.verify:
             total += sum(sys.getsizeof(b.tokens) for b in self._blocks.values())
@@ -527,14 +605,14 @@ class HashChainIndex:
             if block.block_hash is not None:
                 entry = self._table.get(block.block_hash)
                 assert entry is not None, f"block {bid}'s hash has no table entry"
-                members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+                members = self._table.members(entry)
                 assert any(m is block for m in members), f"block {bid} missing from its entry"
             if self.verify and block.tokens is not None:
                 assert len(block.tokens) == self.block_size * TOKEN_BYTES, (
                     f"block {bid} stores a partial block"
                 )
         for block_hash, entry in self._table.items():
-            members = [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+            members = self._table.members(entry)
             assert members, "empty duplicate entry"
             for m in members:
                 assert m.block_hash == block_hash, f"block {m.block_id} under a foreign hash"

@@ -1,9 +1,11 @@
-"""Chained block hashes in the style of vLLM's ``hash_block_tokens``.
+"""Chained block hashes in the style of vLLM's ``hash_block_tokens``, and the choice of hasher.
 
-``H_0 = D(root || namespace || bytes(block_0))`` and ``H_i = D(H_{i-1} || bytes(block_i))``,
-where ``D`` is xxh3-128 (fast, the default) or sha256 (collision resistant). Unlike
-vLLM, nothing is pickled: each full block's token bytes are sliced from the key's
-array and hashed with one C call (SPEC HC-2, HC-12).
+prefixkv's own chain: ``H_0 = D(root || namespace || bytes(block_0))`` and
+``H_i = D(H_{i-1} || bytes(block_i))``, where ``D`` is xxh3-128 (fast, the default) or
+sha256 (``sha256_raw``, collision resistant). Unlike vLLM, nothing is pickled: each
+full block's token bytes are sliced from the key's array and hashed with one C call
+(SPEC HC-2, HC-12). :func:`make_block_hasher` picks this chain or vLLM's exact one
+(:mod:`.vllm_hashing`) by name.
 """
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ from collections.abc import Callable
 import xxhash
 
 from .errors import PrefixKVError
-from .tokens import TOKEN_BYTES, ExtraKey
+from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
 from .validation import MAX_BLOCK_SIZE, check_positive
+from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
-__all__ = ["HASH_ALGORITHMS", "BlockHasher", "encode_extra_key"]
+__all__ = [
+    "BLOCK_HASH_ALGORITHMS",
+    "HASH_ALGORITHMS",
+    "BlockHasher",
+    "encode_extra_key",
+    "make_block_hasher",
+]
 
 Digest = Callable[[bytes], bytes]
 
@@ -31,9 +40,13 @@ def _sha256(data: bytes) -> bytes:
 
 HASH_ALGORITHMS: dict[str, Digest] = {
     "xxh3_128": xxhash.xxh3_128_digest,
-    "sha256": _sha256,
+    "sha256_raw": _sha256,
 }
-"""Digest functions by name: ``xxh3_128`` (default) and ``sha256``."""
+"""prefixkv's own chain's digests by name: ``xxh3_128`` (default) and ``sha256_raw``."""
+
+BLOCK_HASH_ALGORITHMS: tuple[str, ...] = (*HASH_ALGORITHMS, *VLLM_HASH_FUNCTIONS)
+"""Every name :func:`make_block_hasher` takes: prefixkv's chains, then vLLM's exact ones
+(``sha256``, ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``)."""
 
 
 def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
@@ -139,3 +152,52 @@ class BlockHasher:
         for pos in range(0, len(data), step):
             parent = digest(parent + data[pos : pos + step])
             append(parent)
+
+
+def make_block_hasher(
+    block_size: int,
+    algorithm: str | Digest = "xxh3_128",
+    seed: int | str | bytes | None = None,
+) -> ChainHasher:
+    """The block hasher named ``algorithm``.
+
+    ==================  ==============================================  ====================
+    ``algorithm``       digest of block ``i``                           same hashes as
+    ==================  ==============================================  ====================
+    ``xxh3_128``        xxh3-128 of ``H_{i-1} || token bytes``          prefixkv, same seed
+    ``sha256_raw``      sha256 of ``H_{i-1} || token bytes``            prefixkv, same seed
+    ``sha256``          vLLM's: sha256 of pickled                       vLLM 0.33, same
+                        ``(H_{i-1}, tokens, extra_keys)``               ``PYTHONHASHSEED``
+    ``sha256_cbor``     vLLM's: sha256 of canonical CBOR of the same    vLLM 0.33, any
+                                                                        language
+    ``xxhash``          vLLM's: xxh3-128 of the pickle                  vLLM 0.33, same
+                                                                        ``PYTHONHASHSEED``
+    ``xxhash_cbor``     vLLM's: xxh3-128 of the CBOR                    vLLM 0.33, same
+                                                                        ``PYTHONHASHSEED``
+    ==================  ==============================================  ====================
+
+    Args:
+        block_size: tokens per block (> 0).
+        algorithm: a name above, or a digest callable ``bytes -> bytes`` for
+            prefixkv's chain.
+        seed: prefixkv's chains: the root seed (``None``: random per hasher). vLLM's:
+            plays ``PYTHONHASHSEED`` (an int or str; ``None`` reads the environment
+            and falls back as vLLM does: a fixed seed for the sha256 variants, a
+            random one for the xxhash variants).
+
+    Raises:
+        PrefixKVError: an unknown name, a bad block size, or a seed vLLM cannot take
+            (bytes) for a vLLM algorithm.
+    """
+    if isinstance(algorithm, str) and algorithm in VLLM_HASH_FUNCTIONS:
+        if seed is not None and (type(seed) is bool or not isinstance(seed, (int, str))):
+            raise PrefixKVError(
+                f"hash {algorithm!r} takes vLLM's PYTHONHASHSEED as seed (an int or str), "
+                f"got {seed!r:.80}"
+            )
+        return VllmBlockHasher(block_size, algorithm, None if seed is None else str(seed))
+    if isinstance(algorithm, str) and algorithm not in HASH_ALGORITHMS:
+        raise PrefixKVError(
+            f"unknown hash algorithm {algorithm!r}; known: {', '.join(BLOCK_HASH_ALGORITHMS)}"
+        )
+    return BlockHasher(block_size, algorithm, seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import InvalidHandleError
 from .tokens import TokenKey
 from .validation import MAX_BLOCK_SIZE, MAX_BLOCKS, check_count, check_positive
@@ -28,15 +28,24 @@ class _NullHandle:
 class NoPrefixIndex:
     """Always misses; ``insert`` registers nothing, so every block stays the caller's.
 
+    Its event sink hears only resets (vLLM with prefix caching off still publishes
+    ``AllBlocksCleared`` on ``reset_prefix_cache``).
+
     Args:
         block_size: the allocation granularity the engine uses (reported only).
     """
 
+    kv_event_dialect: ClassVar[str] = "vllm"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(caches=False)
 
     def __init__(self, block_size: int = 16) -> None:
         self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._handle = _NullHandle(self)
+        self._sink: EventSink | None = None
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report resets to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
         """A miss. O(1)."""
@@ -82,7 +91,9 @@ class NoPrefixIndex:
         return []
 
     def reset(self) -> list[int]:
-        """Nothing to drop. O(1)."""
+        """Nothing to drop; the sink hears the reset. O(1)."""
+        if self._sink is not None:
+            self._sink.on_cleared()
         return []
 
     def stats(self) -> IndexStats:

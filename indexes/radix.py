@@ -5,6 +5,9 @@ insert that ends inside a segment splits the node there (SPEC RX-3, RX-4). Locks
 propagate to the root (RX-5) and eviction frees unlocked leaves, leaf first and
 upward (RX-6), ordered by a pluggable policy (RX-7) through an ``EvictionQueue``
 updated incrementally (SGLang rebuilds a heap over every leaf on each ``evict``).
+An optional event sink hears what SGLang's ``KVCacheEventRecorder`` records: each new
+node's pages (``record_store``), each evicted node (``record_remove``) and each reset,
+with SGLang's page digests, computed only while a sink is attached.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
-from .base import CacheHandle, IndexDescription, IndexStats, InsertResult, PrefixMatch
+from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -25,6 +28,7 @@ from .errors import (
     StaleHandleError,
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
+from .sglang_hashing import namespace_prior, page_hashes
 from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
 from .validation import (
     MAX_BLOCK_SIZE,
@@ -57,8 +61,19 @@ class _Node:
     children: dict[_ChildKey, _Node] = field(default_factory=dict)
     evict_key: tuple[tuple[int, ...], int] | None = None  # its entry in the candidates
     dead: bool = False
-    owner: object = None  # set on roots only: the tree they belong to
+    tree: object = None  # the RadixIndex it belongs to: a handle is validated in O(1)
     namespace: ExtraKey | None = None  # roots only
+    hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
+
+
+class _Memo(NamedTuple):
+    """What the tree remembers about a key: tokens it inserted, the node it ended at."""
+
+    inserted: int
+    node: _Node | None
+
+
+_NO_MEMO = _Memo(0, None)
 
 
 class RadixIndex:
@@ -78,6 +93,10 @@ class RadixIndex:
     * Namespaces (``extra_key``) get separate subtrees, so they never share nodes.
     * ``hit_count`` (the ``lfu`` policy) counts inserts through a node by distinct
       registrations of a key, as SGLang does with ``cache_inserted_len``.
+    * Events (``set_event_sink``): ``on_stored`` per new node (its pages, chained to
+      its parent's last page), ``on_removed`` per evicted node, ``on_cleared`` on
+      reset, with SGLang's page digests (:mod:`~prefixkv.indexes.sglang_hashing`);
+      splits announce nothing, they divide a node's digests, as SGLang's do.
 
     Args:
         block_size: page size in tokens (> 0).
@@ -90,6 +109,7 @@ class RadixIndex:
     Thread safety: none; call from one scheduler thread.
     """
 
+    kv_event_dialect: ClassVar[str] = "sglang"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
         unit="page",
         models="sglang",
@@ -121,12 +141,18 @@ class RadixIndex:
         self._evictable = 0
         self._protected = 0
         self._num_evicted = 0
+        self._sink: EventSink | None = None
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report cache-content changes to ``sink`` from now on (``None``: stop). O(1)."""
+        self._sink = sink
 
     # ----------------------------------------------------------------- helpers
 
     def _new_root(self, namespace: ExtraKey | None = None) -> _Node:
-        root = _Node(array(TOKEN_TYPECODE), [], None, 0, 0, 0, lock_ref=1, priority=-sys.maxsize)
-        root.owner = self
+        root = _Node(
+            array(TOKEN_TYPECODE), [], None, 0, 0, 0, lock_ref=1, priority=-sys.maxsize, tree=self
+        )
         root.namespace = namespace
         return root
 
@@ -174,10 +200,14 @@ class RadixIndex:
             priority=child.priority,
             hit_count=child.hit_count,
             lock_ref=child.lock_ref,
+            tree=self,
         )
         parent.children[self._child_key(child.key, 0)] = new
         child.key = child.key[split_len:]
         child.value = child.value[split_len // ps :]
+        if child.hashes is not None:  # SGLang's split_node_hash_value
+            new.hashes = child.hashes[: split_len // ps]
+            child.hashes = child.hashes[split_len // ps :]
         child.parent = new
         new.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
@@ -185,27 +215,23 @@ class RadixIndex:
 
     # ------------------------------------------------------------------ lookup
 
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
-        """Longest cached prefix, page-aligned; splits the last node if the match ends
-        inside it (RX-3). Stamps the path with a fresh tick (SG-5).
+    def _walk(
+        self, node: _Node, tokens: array[int], pos: int, limit: int, tick: int
+    ) -> tuple[_Node, int, list[_Node]]:
+        """Follow ``tokens`` down from ``node`` (which ends at token ``pos``) for at most
+        ``limit`` tokens, stamping each node passed with ``tick`` and splitting the last
+        one where the tokens end or diverge inside it (RX-3, RX-4).
 
-        Complexity: O(depth) Python steps; segments compare in C.
+        The one walk match and insert share (mini-sglang's ``_tree_walk``).
+
+        Returns:
+            The last node reached, the tokens matched through it, and the nodes passed.
+
+        Complexity: O(nodes passed) Python steps; segments compare in C.
         """
         ps = self.block_size
-        tokens = key.tokens
-        limit = len(tokens)
-        if max_num_tokens is not None:
-            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
-        limit -= limit % ps
-        node = self._root(key.extra_key, create=False)
-        if limit == 0 or not node.children:
-            return PrefixMatch(0, [], node)
-        tick = self._next_tick()
-        node.last_access = tick
-        pos = 0
-        path_blocks: list[int] = []
+        passed: list[_Node] = []
         children = node.children
-        # The hot loop of every admission: helpers are inlined, locals cached.
         while pos < limit:
             child = children.get(tokens[pos] if ps == 1 else tokens[pos : pos + ps].tobytes())
             if child is None:
@@ -220,18 +246,40 @@ class RadixIndex:
                 m = size  # the whole segment matches: one C compare, no call
             else:
                 m = common_prefix_len(seg, 0, tokens, pos, min(size, limit - pos))
-                if ps != 1:
-                    m -= m % ps
+                m -= m % ps
+            pos += m
             if m < size:
                 node = self._split(child, m)
-                pos += m
-                path_blocks += node.value
+                passed.append(node)
                 break
             node = child
-            pos += m
-            path_blocks += child.value
-            children = child.children
-        return PrefixMatch(pos, path_blocks, node)
+            passed.append(node)
+            children = node.children
+        return node, pos, passed
+
+    def _limit(self, key: TokenKey, max_num_tokens: int | None) -> int:
+        limit = len(key.tokens)
+        if max_num_tokens is not None:
+            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+        return limit - limit % self.block_size
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        """Longest cached prefix, page-aligned; splits the last node if the match ends
+        inside it (RX-3). Stamps the path with a fresh tick (SG-5).
+
+        Complexity: O(depth) Python steps; segments compare in C.
+        """
+        limit = self._limit(key, max_num_tokens)
+        root = self._root(key.extra_key, create=False)
+        if limit == 0 or not root.children:
+            return PrefixMatch(0, [], root)
+        tick = self._next_tick()
+        root.last_access = tick
+        node, pos, passed = self._walk(root, key.tokens, 0, limit, tick)
+        blocks: list[int] = []
+        for n in passed:
+            blocks += n.value
+        return PrefixMatch(pos, blocks, node)
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
@@ -240,10 +288,7 @@ class RadixIndex:
         """
         ps = self.block_size
         tokens = key.tokens
-        limit = len(tokens)
-        if max_num_tokens is not None:
-            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
-        limit -= limit % ps
+        limit = self._limit(key, max_num_tokens)
         node = self._root(key.extra_key, create=False)
         pos = 0
         out: list[int] = []
@@ -275,24 +320,23 @@ class RadixIndex:
         segment, and adds one leaf for the rest, holding the caller's blocks for
         it. Blocks the tree already had for the leading part are kept: the
         returned ``block_ids`` are the tree's, and the caller's copies of that part
-        are duplicates to free. With ``prefix`` (a node the caller holds, whose
-        path its first blocks are), only the blocks after it are checked against
-        the blocks the tree owns.
+        are duplicates to free.
+
+        With ``prefix`` equal to the node this key's previous insert returned (a
+        decoding request registering its new tokens), the walk starts there: the
+        nodes above keep their stamps, and the insert costs O(new tokens), not
+        O(depth). Without it, the whole path is walked and stamped (SGLang's
+        ``cache_finished_req``).
 
         Raises:
             BlockOwnershipError: too few or malformed block ids, or a block the
                 tree holds already for other tokens; nothing changes.
 
-        Complexity: O(depth) Python steps, segments compare in C, plus
-        O(blocks after ``prefix``) for the ownership check.
+        Complexity: O(nodes walked) Python steps, segments compare in C, plus
+        O(new blocks) for the ownership check.
         """
         ps = self.block_size
-        tokens = key.tokens
-        n = (
-            len(tokens)
-            if num_tokens is None
-            else check_count("num_tokens", num_tokens, len(tokens))
-        )
+        n = len(key) if num_tokens is None else check_count("num_tokens", num_tokens, len(key))
         n -= n % ps
         pages = n // ps
         check_sequence("block_ids", block_ids)
@@ -300,70 +344,111 @@ class RadixIndex:
             raise BlockOwnershipError(
                 f"{pages} pages to insert but only {len(block_ids)} block ids given"
             )
-        # The part under ``prefix`` is the tree's own path: only the rest is checked.
-        skip = min(prefix.end, n) // ps if type(prefix) is _Node and not prefix.dead else 0
+        memo = key.index_memo(self)
+        inserted_before, last = memo if isinstance(memo, _Memo) else _NO_MEMO
+        start = last if prefix is not None and prefix is last else None
+        if start is not None and (start.dead or start.end > n):
+            start = None
+        skip = 0 if start is None else start.end // ps
         if self.check_block_ids:
-            self._check_fresh_blocks(key, block_ids, skip, pages, n)
-        inserted_before = key.index_memo(self)
-        priority = key.priority
-        node = self._root(key.extra_key, create=n > 0)
+            # The prefix the caller holds is the tree's own path: only the rest is checked.
+            held = prefix.end if type(prefix) is _Node and not prefix.dead else 0
+            self._check_fresh_blocks(key, block_ids, min(held, n) // ps, pages, n)
+        node = self._root(key.extra_key, create=n > 0) if start is None else start
         if n == 0:
             return InsertResult(0, [], node)
         tick = self._next_tick()
         node.last_access = tick
-        pos = 0
-        first = skip * ps  # blocks before this token are the caller's prefix: not returned
-        path_blocks: list[int] = []
-        while pos < n:
-            child = node.children.get(tokens[pos] if ps == 1 else tokens[pos : pos + ps].tobytes())
-            if child is None:
-                break
-            if child.evict_key is None:
-                child.last_access = tick
-            else:
-                self._touch(child, tick)
-            seg = child.key
-            if len(seg) <= n - pos and seg == tokens[pos : pos + len(seg)]:
-                m = len(seg)
-            else:
-                m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
-                m -= m % ps
-            start = pos
-            pos += m
-            node = self._split(child, m) if m < len(seg) else child
-            if priority > node.priority:
-                node.priority = priority
-                self._queue.rekey(node)
-            if pos > inserted_before:
-                node.hit_count += 1
-                self._queue.rekey(node)
-            if pos > first:
-                path_blocks += node.value[max(0, first - start) // ps :]
+        node, pos, passed = self._walk(node, key.tokens, skip * ps, n, tick)
+        self._note_insert(passed, key.priority, inserted_before)
+        blocks: list[int] = []
+        for p in passed:
+            blocks += p.value
         num_cached = pos
         if pos < n:
-            tick = self._next_tick()
-            leaf = _Node(
-                tokens[pos:n],
-                list(block_ids[pos // ps : pages]),
-                node,
-                tick,
-                tick,
-                n,
-                priority=priority,
-                hit_count=1 if n > inserted_before else 0,
-            )
-            node.children[self._child_key(tokens, pos)] = leaf
-            self._num_nodes += 1
-            self._evictable += len(leaf.value)
-            if self.check_block_ids:
-                self._owned.update(leaf.value)
-            self._update_leaf_status(node)
-            self._queue.add(leaf)
-            path_blocks += leaf.value[max(0, first - pos) // ps :]
-            node = leaf
-        if n > inserted_before:
-            key.set_index_memo(self, n)
-        return InsertResult(num_cached, path_blocks, node, skip)
+            node = self._add_leaf(node, key, block_ids, pos, n, inserted_before)
+            blocks += node.value
+            if self._sink is not None:
+                self._announce(node, key.extra_key)
+        key.set_index_memo(self, _Memo(max(n, inserted_before), node))
+        return InsertResult(num_cached, blocks, node, skip)
+
+    def _note_insert(self, passed: list[_Node], priority: int, inserted_before: int) -> None:
+        # SGLang's insert raises a node's priority to the request's, and counts a hit on
+        # the nodes past what this key inserted before (its cache_inserted_len).
+        for node in passed:
+            changed = False
+            if priority > node.priority:
+                node.priority = priority
+                changed = True
+            if node.end > inserted_before:
+                node.hit_count += 1
+                changed = True
+            if changed:
+                self._queue.rekey(node)
+
+    def _add_leaf(
+        self,
+        parent: _Node,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        pos: int,
+        n: int,
+        inserted_before: int,
+    ) -> _Node:
+        ps = self.block_size
+        tick = self._next_tick()
+        leaf = _Node(
+            key.tokens[pos:n],
+            list(block_ids[pos // ps : n // ps]),
+            parent,
+            tick,
+            tick,
+            n,
+            priority=key.priority,
+            hit_count=1 if n > inserted_before else 0,
+            tree=self,
+        )
+        parent.children[self._child_key(key.tokens, pos)] = leaf
+        self._num_nodes += 1
+        self._evictable += len(leaf.value)
+        if self.check_block_ids:
+            self._owned.update(leaf.value)
+        self._update_leaf_status(parent)
+        self._queue.add(leaf)
+        return leaf
+
+    def _page_hashes(self, node: _Node) -> list[bytes]:
+        # SGLang's compute_node_event_hash_values: computed once, from the nearest
+        # ancestor that has them (or the namespace's start), and kept on the node.
+        if node.hashes is None:
+            missing = []
+            top = node
+            while top.parent is not None and top.hashes is None:
+                missing.append(top)
+                top = top.parent
+            if top.parent is None:
+                prior = namespace_prior(top.namespace)
+            else:
+                assert top.hashes  # a node holds at least one page
+                prior = top.hashes[-1]
+            for m in reversed(missing):
+                m.hashes = page_hashes(m.key, prior, self.block_size)
+                prior = m.hashes[-1]
+        assert node.hashes is not None
+        return node.hashes
+
+    def _announce(self, leaf: _Node, extra_key: ExtraKey | None) -> None:
+        # SGLang's record_store: the node's pages, chained to its parent's last page.
+        assert self._sink is not None and leaf.parent is not None
+        parent = leaf.parent
+        self._sink.on_stored(
+            self._page_hashes(leaf),
+            None if parent.parent is None else self._page_hashes(parent)[-1],
+            leaf.key,
+            self.block_size,
+            extra_key,
+        )
 
     def _check_fresh_blocks(
         self, key: TokenKey, block_ids: Sequence[int], skip: int, pages: int, n: int
@@ -411,10 +496,7 @@ class RadixIndex:
             raise StaleHandleError(
                 "the handle's node was evicted (or the tree reset) since the match; match again"
             )
-        root = handle
-        while root.parent is not None:
-            root = root.parent
-        if root.owner is not self:
+        if handle.tree is not self:
             raise InvalidHandleError("handle belongs to another radix tree")
         return handle
 
@@ -474,10 +556,32 @@ class RadixIndex:
         return []
 
     def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
-        """Lock ``new``, then unlock ``old`` (SGLang's checkpoint moves ``req.lock``)."""
-        self._own(old)
-        self.lock(new)
-        return self.unlock(old)
+        """Lock ``new``, then unlock ``old`` (SGLang's checkpoint moves ``req.lock``).
+
+        When ``new`` descends from ``old`` (a request's next insert), only the nodes
+        between them change: O(new nodes), not O(depth).
+
+        Raises:
+            LockStateError: ``old`` is not locked; nothing changes.
+        """
+        o, n = self._own(old), self._own(new)
+        if o.parent is not None and o.lock_ref <= 0:
+            raise LockStateError("relock from a radix node that is not locked")
+        between: list[_Node] = []
+        node: _Node | None = n
+        while node is not None and node is not o and node.end > o.end:
+            between.append(node)
+            node = node.parent
+        if node is not o:  # not a descendant: the general move
+            self.lock(n)
+            return self.unlock(o)
+        for node in between:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.value)
+                self._protected += len(node.value)
+                self._queue.discard(node)
+            node.lock_ref += 1
+        return []
 
     # ---------------------------------------------------------------- eviction
 
@@ -492,8 +596,11 @@ class RadixIndex:
         check_count("num_blocks", num_blocks, MAX_BLOCKS)
         out: list[int] = []
         queue = self._queue
+        sink = self._sink
         while len(out) < num_blocks and queue:
             node = queue.pop()
+            if sink is not None:  # SGLang's record_remove: one node, its pages
+                sink.on_removed(self._page_hashes(node))
             out += node.value
             if self.check_block_ids:
                 self._owned.difference_update(node.value)
@@ -538,9 +645,26 @@ class RadixIndex:
         self._owned.clear()
         self._num_nodes = 0
         self._evictable = 0
+        if self._sink is not None:
+            self._sink.on_cleared()
         return out
 
     # ----------------------------------------------------------------- queries
+
+    def cached_block_hashes(self) -> list[bytes]:
+        """SGLang's page digest of every cached page, once per page.
+
+        What a sink attached since the tree was empty has been told is cached.
+        Computes the digests not computed yet (as an attached sink would have).
+        O(cached pages); for tests and consumers' checks.
+        """
+        out: list[bytes] = []
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            out += self._page_hashes(node)
+            stack.extend(node.children.values())
+        return out
 
     def evictable_size(self) -> int:
         """Evictable blocks (SGLang counts tokens: multiply by the page size)."""

@@ -11,15 +11,13 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from .errors import InvalidTokenError
 
-if TYPE_CHECKING:
-    from .hashing import BlockHasher
-
 __all__ = [
     "TOKEN_BYTES",
+    "ChainHasher",
     "ExtraKey",
     "TokenKey",
     "as_token_array",
@@ -45,12 +43,27 @@ different namespaces; a value's type is part of it too (``1`` is not ``"1"``).
 """
 
 
+class ChainHasher(Protocol):
+    """What ``TokenKey.block_hashes`` needs of a block hasher: a block size and a way
+    to extend a memo of chained block digests (``hashing.BlockHasher``,
+    ``vllm_hashing.VllmBlockHasher``)."""
+
+    block_size: int
+    """Tokens per hashed block."""
+
+    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
+        """Append the digests of the full blocks of ``tokens`` not in ``hashes`` yet."""
+        ...
+
+
 def make_extra_key(
     *,
     lora: ExtraValue | None = None,
     cache_salt: str | None = None,
     tenant: str | None = None,
     extra: str | None = None,
+    lora_path: str | None = None,
+    lora_id: int | None = None,
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
@@ -66,16 +79,31 @@ def make_extra_key(
         tenant: a tenant id for multi-tenant isolation.
         extra: SGLang's ``extra_key`` (caller-defined request classification); a
             plain string given as a namespace anywhere means the same.
+        lora_path: the LoRA adapter's path (vLLM ``lora_request.lora_path``): part
+            of vLLM's block hashes, so needed to reproduce them; only with ``lora``.
+        lora_id: the LoRA adapter's int id (vLLM ``lora_request.lora_int_id``):
+            published in vLLM's events, never hashed by vLLM; only with ``lora``.
 
     Returns:
         The namespace, or ``None`` when every field is ``None`` (the shared default).
 
     Raises:
-        InvalidTokenError: a field of the wrong type.
+        InvalidTokenError: a field of the wrong type, or ``lora_path``/``lora_id``
+            without ``lora``.
     """
     parts: list[tuple[str, ExtraValue]] = []
+    if lora is None and (lora_path is not None or lora_id is not None):
+        raise InvalidTokenError("lora_path and lora_id describe a LoRA: give lora too")
     if lora is not None:
         parts.append(("lora", lora))
+        if lora_path is not None:
+            if not isinstance(lora_path, str):
+                raise InvalidTokenError(f"lora_path must be a str, got {lora_path!r}")
+            parts.append(("lora_path", lora_path))
+        if lora_id is not None:
+            if type(lora_id) is not int:
+                raise InvalidTokenError(f"lora_id must be an int, got {lora_id!r}")
+            parts.append(("lora_id", lora_id))
     if cache_salt is not None:
         parts.append(("cache_salt", cache_salt))
     if tenant is not None:
@@ -268,10 +296,10 @@ class TokenKey:
         """The token ids, an ``array('I')``: read it, never assign or mutate it."""
         self._extra_key = normalize_extra_key(extra_key)
         self.priority = priority
-        self._hash_owner: BlockHasher | None = None
+        self._hash_owner: ChainHasher | None = None
         self._hash_memo: list[bytes] = []
         self._index_owner: object = None
-        self._index_memo: int = 0
+        self._index_memo: object = None
 
     @property
     def extra_key(self) -> ExtraKey | None:
@@ -297,19 +325,18 @@ class TokenKey:
         else:
             self.tokens.extend(as_token_array(tokens))
 
-    def index_memo(self, owner: object) -> int:
-        """An int an index keeps about this key (the radix tree: tokens it inserted).
-
-        Reads 0 when another index wrote it last.
+    def index_memo(self, owner: object) -> object:
+        """What an index keeps about this key (the radix tree: the tokens it inserted
+        and the node it ended at), or ``None`` when another index wrote it last.
         """
-        return self._index_memo if self._index_owner is owner else 0
+        return self._index_memo if self._index_owner is owner else None
 
-    def set_index_memo(self, owner: object, value: int) -> None:
+    def set_index_memo(self, owner: object, value: object) -> None:
         """Store ``value`` for ``owner`` (see ``index_memo``)."""
         self._index_owner = owner
         self._index_memo = value
 
-    def block_hashes(self, hasher: BlockHasher) -> list[bytes]:
+    def block_hashes(self, hasher: ChainHasher) -> list[bytes]:
         """Hashes of every full block, computing only those not memoized yet.
 
         The returned list is the memo itself: read it, do not mutate it. A key

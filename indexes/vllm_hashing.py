@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import sys
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ import xxhash as _xxhash
 
 from .errors import PrefixKVError
 from .tokens import ExtraKey, ExtraValue
+from .validation import MAX_BLOCK_SIZE, check_positive
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
@@ -39,6 +41,7 @@ __all__ = [
     "sha256",
     "sha256_cbor",
     "to_external_block_hash",
+    "to_external_block_hashes",
     "xxhash",
     "xxhash_cbor",
 ]
@@ -146,6 +149,17 @@ def to_external_block_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
+def to_external_block_hashes(block_hashes: Sequence[bytes]) -> list[int]:
+    """:func:`to_external_block_hash` of each digest, in one C-level pass.
+
+    The low 64 bits of a big-endian digest are its last 8 bytes. O(len(block_hashes)).
+    """
+    words = array("Q", b"".join([h[-8:] for h in block_hashes]))
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words.tolist()
+
+
 _LORA_KINDS = ("lora", "lora_path", "lora_id")
 """Namespace kinds describing a LoRA adapter (vLLM's ``LoRARequest``); the int id is
 published in events but, as in vLLM, not hashed."""
@@ -231,8 +245,7 @@ class VllmBlockHasher:
         algorithm: str = "sha256_cbor",
         none_hash_seed: str | None = None,
     ) -> None:
-        if type(block_size) is not int or block_size <= 0:
-            raise PrefixKVError(f"block_size must be a positive int, got {block_size!r}")
+        check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._hash = _check_algorithm(algorithm)
         if none_hash_seed is None:
             none_hash_seed = resolve_none_hash_seed(algorithm)

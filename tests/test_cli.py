@@ -7,18 +7,22 @@ through ``python -m``); the seed test pins SPEC BB-2/BB-3 as the report shows th
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import (
+    BackendRun,
+    RequestHits,
     parse_backends,
     percentile,
     select_strip_requests,
@@ -37,8 +41,44 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def _backends(doc: dict[str, Any], workload: int = 0) -> dict[str, dict[str, Any]]:
-    return {b["backend"]: b for b in doc["workloads"][workload]["backends"]}
+_PER_REQUEST = {
+    "request_id": str,
+    "prompt_tokens": int,
+    "hit_tokens": int,
+    "matched_tokens": int,
+    "boundary_lost_tokens": int,
+    "cap_lost_tokens": int,
+    "index_us": float,
+    "admit_us": float,
+}
+
+
+def _backends(out: Path, workload: int = 0) -> dict[str, dict[str, Any]]:
+    """The K-live table's run records by backend (results.json), each with its
+    per-request columns read back from requests.csv."""
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    name = doc["workloads"][workload]["workload"]
+    with (out / "requests.csv").open(encoding="utf-8", newline="") as f:
+        requests = [r for r in csv.DictReader(f) if r["workload"] == name]
+    runs = {}
+    for run in doc["runs"]:
+        if (run["workload"], run["schedule"], run["role"]) != (name, "k_live", "table"):
+            continue
+        mine = [r for r in requests if r["schedule"] == "k_live" and r["backend"] == run["backend"]]
+        assert [int(r["position"]) for r in mine] == list(range(len(mine)))
+        run["per_request"] = {k: [t(r[k]) for r in mine] for k, t in _PER_REQUEST.items()}
+        runs[run["backend"]] = run
+    return runs
+
+
+def _sweep(doc: dict[str, Any], workload: int = 0) -> dict[str, dict[int, float | None]]:
+    """K-live sweep hit ratios: backend -> capacity -> ratio."""
+    name = doc["workloads"][workload]["workload"]
+    out: dict[str, dict[int, float | None]] = {}
+    for run in doc["runs"]:
+        if (run["workload"], run["schedule"], run["role"]) == (name, "k_live", "sweep"):
+            out.setdefault(run["backend"], {})[run["capacity_tokens"]] = run["hit_ratio"]
+    return out
 
 
 def _error_line(err: str) -> str:
@@ -99,7 +139,7 @@ def test_compare_writes_report_json_and_pngs(
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert doc["config"]["capacity_sweep"] is True
     for w in range(2):
-        by = _backends(doc, w)
+        by = _backends(out, w)
         assert set(by) == {"hash_chain", "radix", "none"}
         hc, rx, none = by["hash_chain"], by["radix"], by["none"]
         # Shared prefixes: token granularity never hits less than block granularity.
@@ -110,19 +150,21 @@ def test_compare_writes_report_json_and_pngs(
             per = b["per_request"]
             assert b["hit_tokens"] == sum(per["hit_tokens"])
             assert (
-                b["prompt_tokens"] == sum(per["prompt_len"]) == doc["workloads"][w]["prompt_tokens"]
+                b["prompt_tokens"]
+                == sum(per["prompt_tokens"])
+                == doc["workloads"][w]["prompt_tokens"]
             )
             assert b["hit_ratio"] == pytest.approx(b["hit_tokens"] / b["prompt_tokens"])
             assert b["boundary_lost_tokens"] == sum(per["boundary_lost_tokens"])
             assert b["timing_runs_agree"] and b["evicted_blocks"] == 0  # roomy default
             assert len(per["index_us"]) == len(per["admit_us"]) == 25
             assert all(a <= t for a, t in zip(per["admit_us"], per["index_us"], strict=True))
-        sweep = doc["workloads"][w]["sweep"]
-        caps = sweep["capacity_tokens"]
+        sweep = _sweep(doc, w)
+        caps = list(sweep["radix"])
         assert caps == sorted(caps) and len(caps) >= 2
         assert caps[-1] == doc["workloads"][w]["capacity_tokens"]
-        assert sweep["hit_ratio"]["radix"][-1] == pytest.approx(rx["hit_ratio"])
-    tot = _backends(doc, 0)["hash_chain"]
+        assert sweep["radix"][caps[-1]] == pytest.approx(rx["hit_ratio"])
+    tot = _backends(out, 0)["hash_chain"]
     assert tot["boundary_lost_tokens"] > 0  # forks are unaligned in tree_of_thought
 
 
@@ -143,10 +185,9 @@ def test_seed_workload_shows_the_boundary_loss(
         str(tmp_path),
     )
     assert code == 0
-    doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
-    by = _backends(doc)
+    by = _backends(tmp_path)
     hc, rx = by["hash_chain"]["per_request"], by["radix"]["per_request"]
-    assert hc["id"] == rx["id"] == ["A", "B", "A-again"]
+    assert hc["request_id"] == rx["request_id"] == ["A", "B", "A-again"]
     # BB-2: B shares 30 tokens; the chain reuses block 0 and recomputes tokens 16..29.
     assert (hc["hit_tokens"][1], hc["matched_tokens"][1], hc["boundary_lost_tokens"][1]) == (
         16,
@@ -247,8 +288,8 @@ def test_compare_reads_a_mooncake_trace(tmp_path: Path, capsys: pytest.CaptureFi
     assert "mooncake.jsonl: 50 requests" in stdout
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert doc["workloads"][0]["num_requests"] == 50
-    assert doc["workloads"][0]["sweep"] is None  # a trace sweeps only when asked
-    by = _backends(doc)
+    assert _sweep(doc) == {}  # a trace sweeps only when asked
+    by = _backends(out)
     assert by["radix"]["hit_tokens"] >= by["hash_chain"]["hit_tokens"] > 0
 
 
@@ -354,15 +395,14 @@ def test_sweep_percentile_and_strip_selection() -> None:
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
     assert percentile([1.0, 2.0], 99) == 2.0 and percentile([], 50) == 0.0
 
-    def result(index: str, hits: list[int], boundary: list[int]) -> dict[str, Any]:
+    def result(index: str, hits: list[int], boundary: list[int]) -> BackendRun:
         n = len(hits)
-        per = {
-            "id": [str(i) for i in range(n)],
-            "hit_tokens": hits,
-            "boundary_lost_tokens": boundary,
-            "cap_lost_tokens": [0] * n,
-        }
-        return {"index": index, "per_request": per}
+        zeros = [0] * n
+        per = RequestHits(
+            [str(i) for i in range(n)], [60] * n, hits, hits, boundary, zeros, [1.0] * n, [1.0] * n
+        )
+        # select_strip_requests reads only these two fields of a BackendRun.
+        return cast(BackendRun, SimpleNamespace(index=index, per_request=per))
 
     rows = [
         result("hash_chain", [0, 16, 32, 48, 0], [0, 0, 0, 5, 0]),
@@ -438,10 +478,11 @@ def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[
     w = doc["workloads"][0]
     assert doc["config"]["capacity_sweep"] is True
     assert w["capacity_tokens"] == 4000  # the first listed is the table's
-    assert w["sweep"]["capacity_tokens"] == [2048, 4000, 16000]
-    ratios = w["sweep"]["hit_ratio"]["radix"]
+    sweep = _sweep(doc)["radix"]
+    assert list(sweep) == [2048, 4000, 16000]
+    ratios = list(sweep.values())
     assert ratios == sorted(ratios) and ratios[0] < ratios[-1]  # more room, more hits
-    assert _backends(doc)["radix"]["hit_ratio"] == pytest.approx(ratios[1])
+    assert _backends(out)["radix"]["hit_ratio"] == pytest.approx(ratios[1])
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "| 16,000 |" in md and "Hit ratio at each capacity" in md
 
@@ -471,13 +512,10 @@ def test_engine_named_flags_reach_the_backends(
         str(out),
     )
     assert code == 0, err
-    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    opts = {b["label"]: b["options"] for b in doc["config"]["backends"]}
-    assert opts == {
-        "hash_chain": {"hash_algorithm": "sha256", "verify": True},
-        "radix": {"eviction": "lfu"},
-    }
-    assert [h for h in _backends(doc)["hash_chain"]["per_request"]["hit_tokens"]] == [0, 16, 64]
+    by = _backends(out)
+    opts = {label: b["options"] for label, b in by.items()}
+    assert opts == {"hash_chain": "hash_algorithm=sha256,verify=True", "radix": "eviction=lfu"}
+    assert [h for h in by["hash_chain"]["per_request"]["hit_tokens"]] == [0, 16, 64]
     code, _, err = _run(
         capsys, "compare", "-w", "seed", "--index-option", "radix.bogus=1", "--out", str(out)
     )
@@ -536,7 +574,8 @@ def test_compare_interrupted_keeps_finished_backends(
     doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert doc["partial"] is True and doc["plots"] == {}
     w = doc["workloads"][0]
-    assert w["partial"] is True and [b["backend"] for b in w["backends"]] == ["hash_chain"]
+    assert w["partial"] is True and [b["backend"] for b in doc["runs"]] == ["hash_chain"]
+    assert list(_backends(out)) == ["hash_chain"]  # the tables hold what finished
     assert "Partial results" in (out / "report.md").read_text(encoding="utf-8")
     assert not list(out.glob("*.png")) and not list(out.glob(".*"))
 

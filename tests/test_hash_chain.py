@@ -198,7 +198,7 @@ def test_hc_11_num_common_prefix_blocks() -> None:
     assert m.num_common_prefix_blocks("x") == len(m.block_table("x"))
 
 
-@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256_raw", "sha256", "sha256_cbor", "xxhash"])
 def test_hc_12_hash_algorithms(algorithm: str) -> None:
     m = CacheManager(HashChainIndex(4, hash_algorithm=algorithm, seed=3), BlockAllocator(16))
     assert run(m, "a", list(range(1, 10))) == 0

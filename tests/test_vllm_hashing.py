@@ -15,8 +15,16 @@ from typing import Any
 
 import pytest
 
-from prefixkv.indexes import TokenKey
-from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes import (
+    BLOCK_HASH_ALGORITHMS,
+    BlockHasher,
+    HashChainIndex,
+    TokenKey,
+    make_block_hasher,
+    make_extra_key,
+    make_index,
+)
+from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError
 from prefixkv.indexes.tokens import ExtraKey, normalize_extra_key
 from prefixkv.indexes.vllm_hashing import (
     DEFAULT_NONE_HASH_SEED,
@@ -141,3 +149,69 @@ def test_external_hash_is_the_low_64_bits() -> None:
 def test_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(PrefixKVError):
         VllmBlockHasher(**kwargs)
+
+
+@pytest.mark.parametrize(("case", "req"), CASES)
+def test_hash_chain_by_name_hashes_as_vllm(
+    case: dict[str, Any], req: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # make_index's hash_algorithm and seed (vLLM's PYTHONHASHSEED), with the namespace
+    # built by make_extra_key from vLLM's request fields.
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    index = make_index(
+        "hash_chain",
+        block_size=GOLDEN["block_size"],
+        hash_algorithm=case["algorithm"],
+        seed=case["pythonhashseed"],
+    )
+    assert isinstance(index, HashChainIndex)
+    lora = req.get("lora")
+    ns = make_extra_key(
+        lora=lora and lora["name"],
+        lora_path=lora and lora["path"],
+        lora_id=lora and lora["id"],
+        cache_salt=req.get("cache_salt"),
+    )
+    key = TokenKey(req["tokens"], ns)
+    assert [h.hex() for h in key.block_hashes(index.hasher)] == req["block_hashes"]
+
+
+def test_hash_algorithm_names() -> None:
+    assert BLOCK_HASH_ALGORITHMS == (
+        "xxh3_128",
+        "sha256_raw",
+        "sha256",
+        "sha256_cbor",
+        "xxhash",
+        "xxhash_cbor",
+    )
+    assert isinstance(make_block_hasher(4, "sha256", seed=0), VllmBlockHasher)
+    assert isinstance(make_block_hasher(4, "sha256_raw", seed=0), BlockHasher)
+    key = TokenKey([1, 2, 3, 4])
+    # an int seed is PYTHONHASHSEED's string; prefixkv's raw sha256 is another chain
+    assert key.block_hashes(make_block_hasher(4, "sha256", 0)) == TokenKey(
+        [1, 2, 3, 4]
+    ).block_hashes(make_block_hasher(4, "sha256", "0"))
+    raw = TokenKey([1, 2, 3, 4]).block_hashes(make_block_hasher(4, "sha256_raw", 0))
+    assert raw != key.block_hashes(make_block_hasher(4, "sha256", 0))
+    with pytest.raises(PrefixKVError, match="known: xxh3_128, sha256_raw, sha256, sha256_cbor"):
+        make_index("hash_chain", hash_algorithm="md5")
+    with pytest.raises(PrefixKVError, match="PYTHONHASHSEED"):
+        make_block_hasher(4, "sha256_cbor", seed=b"\x00")
+    with pytest.raises(PrefixKVError, match="PYTHONHASHSEED"):
+        make_block_hasher(4, "sha256_cbor", seed=True)
+
+
+def test_make_extra_key_lora_path_and_id() -> None:
+    assert make_extra_key(lora="sql", lora_path="/p", lora_id=3) == (
+        ("lora", "sql"),
+        ("lora_id", 3),
+        ("lora_path", "/p"),
+    )
+    for bad in ({"lora_path": "/p"}, {"lora_id": 3}):
+        with pytest.raises(InvalidTokenError, match="give lora too"):
+            make_extra_key(**bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTokenError, match="lora_id must be an int"):
+        make_extra_key(lora="sql", lora_id="3")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTokenError, match="lora_path must be a str"):
+        make_extra_key(lora="sql", lora_path=3)  # type: ignore[arg-type]

@@ -3,15 +3,23 @@
 ``wire`` (vLLM's structs) and ``sglang_wire`` (SGLang 0.5.23's) encode byte for byte
 what the engines publish; ``codec`` decodes either, and older vLLM, into vLLM structs;
 ``transport`` is a ZeroMQ publisher/subscriber pair like vLLM's ``ZmqEventPublisher``;
-``files`` writes and reads one JSON line per batch; ``recorder`` turns an index's sink
-calls into vLLM events; ``index`` rebuilds, from events alone, which blocks each
-replica holds.
+``files`` writes and reads one JSON line per batch; ``recorder`` and ``sglang_recorder``
+turn an index's sink calls into vLLM's or SGLang's events, and ``dialects`` picks the
+one an index speaks; ``index`` rebuilds, from events alone, which blocks each replica
+holds.
 """
 
 from .codec import EventDecodeError, EventDecoder, encode, encode_json, from_sglang
+from .dialects import (
+    EventRecorder,
+    EventsUnsupportedError,
+    attach_event_recorder,
+    make_event_recorder,
+)
 from .files import EventFileWriter, read_event_file
 from .index import EventIndex, Source
 from .recorder import VllmEventRecorder
+from .sglang_recorder import SGLangEventRecorder
 from .transport import END_SEQ, TransportError, ZmqEventPublisher, ZmqEventSubscriber
 from .wire import (
     AllBlocksCleared,
@@ -32,15 +40,20 @@ __all__ = [
     "EventDecoder",
     "EventFileWriter",
     "EventIndex",
+    "EventRecorder",
+    "EventsUnsupportedError",
     "KVCacheEvent",
     "KVEventBatch",
+    "SGLangEventRecorder",
     "Source",
     "TransportError",
     "VllmEventRecorder",
     "ZmqEventPublisher",
     "ZmqEventSubscriber",
+    "attach_event_recorder",
     "encode",
     "encode_json",
     "from_sglang",
+    "make_event_recorder",
     "read_event_file",
 ]

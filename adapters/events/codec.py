@@ -24,7 +24,14 @@ from prefixkv.indexes.errors import PrefixKVError
 from .sglang_wire import SGLangBlockRemoved, SGLangBlockStored, SGLangEventBatch
 from .wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventBatch
 
-__all__ = ["EventDecodeError", "EventDecoder", "encode", "encode_json", "from_sglang"]
+__all__ = [
+    "EventDecodeError",
+    "EventDecoder",
+    "encode",
+    "encode_json",
+    "from_sglang",
+    "to_vllm_event",
+]
 
 Hash = bytes | int
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -156,7 +163,11 @@ def _removed(e: Any) -> BlockRemoved:
     )
 
 
-def _normalize(e: object) -> KVEvent:
+def to_vllm_event(e: object) -> KVEvent:
+    """One decoded event of any known layout (vLLM, older vLLM, SGLang) as a vLLM struct.
+
+    Fields the layout lacks read as ``None``; SGLang's ``cache_salt`` is dropped.
+    """
     if isinstance(e, (_MapStored, _ArrayStored, SGLangBlockStored)):
         return _stored(e)
     if isinstance(e, (_MapRemoved, _ArrayRemoved, SGLangBlockRemoved)):
@@ -169,7 +180,7 @@ def from_sglang(batch: SGLangEventBatch) -> KVEventBatch:
 
     ``cache_salt`` is dropped: SGLang's hashes are already namespaced by it.
     """
-    events = [_normalize(e) for e in batch.events]
+    events = [to_vllm_event(e) for e in batch.events]
     return KVEventBatch(ts=batch.ts, events=events, data_parallel_rank=batch.attn_dp_rank)
 
 
@@ -212,7 +223,7 @@ class EventDecoder:
                 lenient = decoder.decode(payload)
             except msgspec.DecodeError:
                 continue
-            events = [_normalize(e) for e in lenient.events]
+            events = [to_vllm_event(e) for e in lenient.events]
             return KVEventBatch(ts=lenient.ts, events=events, data_parallel_rank=lenient.rank)
         return self._decode_generic(payload)
 
@@ -270,13 +281,13 @@ class EventDecoder:
             if isinstance(item, dict):
                 if item.get("type") not in _ARRAY_FIELDS:
                     return None
-                return _normalize(msgspec.convert(item, _MapEvent))
+                return to_vllm_event(msgspec.convert(item, _MapEvent))
             if isinstance(item, list) and item:
                 known = _ARRAY_FIELDS.get(item[0]) if isinstance(item[0], str) else None
                 if known is None:
                     return None
                 # fields a newer layout appended are dropped
-                return _normalize(msgspec.convert(item[: known + 1], _ArrayEvent))
+                return to_vllm_event(msgspec.convert(item[: known + 1], _ArrayEvent))
         except msgspec.ValidationError as e:
             raise EventDecodeError(f"malformed KV event {item!r:.200}: {e}") from None
         raise EventDecodeError(f"a KV event must be a tagged map or array, got {item!r:.200}")

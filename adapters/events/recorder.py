@@ -19,9 +19,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from prefixkv.indexes.tokens import ExtraKey
-from prefixkv.indexes.vllm_hashing import block_extra_keys, to_external_block_hash
+from prefixkv.indexes.vllm_hashing import (
+    block_extra_keys,
+    to_external_block_hash,
+    to_external_block_hashes,
+)
 
-from .wire import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from .wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVEventBatch,
+)
 
 __all__ = ["VllmEventRecorder", "event_extra_keys"]
 
@@ -37,10 +48,16 @@ def event_extra_keys(
     with their tags dropped: ``("lora", name, path)`` -> ``name``, ``("cache_salt", s)``
     -> ``s``.
     """
-    out: list[tuple[Any, ...] | None] = []
-    for i in range(first_block, first_block + num_blocks):
-        keys = block_extra_keys(extra_key, i)
-        out.append(None if keys is None else tuple(k[1] for k in keys))
+    if num_blocks <= 0:
+        return []
+    if extra_key is None:
+        return [None] * num_blocks
+    # Block 0 differs from the rest (its salt); every later block is alike.
+    later = block_extra_keys(extra_key, 1)
+    out = [None if later is None else tuple(k[1] for k in later)] * num_blocks
+    if first_block == 0:
+        keys = block_extra_keys(extra_key, 0)
+        out[0] = None if keys is None else tuple(k[1] for k in keys)
     return out
 
 
@@ -75,6 +92,11 @@ class VllmEventRecorder:
     def _wire(self, digest: bytes) -> bytes | int:
         return to_external_block_hash(digest) if self.int_hashes else digest
 
+    def _wire_all(self, digests: Sequence[bytes]) -> list[ExternalBlockHash]:
+        if self.int_hashes:
+            return list(to_external_block_hashes(digests))
+        return list(digests)
+
     def on_stored(
         self,
         block_hashes: Sequence[bytes],
@@ -94,7 +116,7 @@ class VllmEventRecorder:
         lora_id = fields.get("lora_id")
         self._events.append(
             BlockStored(
-                block_hashes=[self._wire(h) for h in block_hashes],
+                block_hashes=self._wire_all(block_hashes),
                 parent_block_hash=None
                 if parent_block_hash is None
                 else self._wire(parent_block_hash),
@@ -113,10 +135,9 @@ class VllmEventRecorder:
 
     def on_removed(self, block_hashes: Sequence[bytes]) -> None:
         """Blocks left the cache: one ``BlockRemoved`` per hash, in order."""
-        for h in block_hashes:
-            self._events.append(
-                BlockRemoved([self._wire(h)], self.medium, group_idx=self.group_idx)
-            )
+        wire = self._wire_all(block_hashes)
+        medium, group = self.medium, self.group_idx
+        self._events += [BlockRemoved([h], medium, group_idx=group) for h in wire]
 
     def on_cleared(self) -> None:
         """The cache was reset."""

@@ -24,6 +24,7 @@ __all__ = [
     "EventBatch",
     "ExternalBlockHash",
     "KVCacheEvent",
+    "KVEvent",
     "KVEventBatch",
 ]
 
@@ -102,6 +103,10 @@ class BlockRemoved(KVCacheEvent):
 
 class AllBlocksCleared(KVCacheEvent):
     """The whole prefix cache was reset (vLLM ``reset_prefix_cache``)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+"""One event of a batch, as vLLM's ``KVEventBatch.events`` holds them."""
 
 
 class KVEventBatch(EventBatch):

@@ -1,10 +1,16 @@
-"""The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace.
+"""The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace,
+``calibrate`` a cost profile.
 
-``replay`` writes the per-request hit file the vLLM and SGLang reference oracles write,
-so the two diff request by request. Traces stream: memory is the cache and the live
+``compare`` with ``--request-rate`` or ``--time-scale`` also runs each backend at arrival
+time on its natural engine and reports TTFT, queueing and GPU time. ``replay`` writes
+the per-request hit file the vLLM and SGLang reference oracles write, so the two diff
+request by request. ``calibrate`` times the reference engine and writes a cost profile
+``compare --profile`` reads. Traces stream: memory is the cache and the live
 requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
 ``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C writes what
 is finished, marked partial, and exits 130; every file is written atomically.
+``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's KV events,
+one batch per scheduler step, in vLLM 0.33's wire format.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,22 +34,38 @@ import msgspec
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes
 
+from ..events import EventFileWriter, KVEventBatch, ZmqEventPublisher
+from ..events.wire import EventBatch, KVEvent
 from . import report
 from .cluster.cli import add_cluster_parser, run_cluster_command
 from .compare import (
     MAX_POOL_BLOCKS,
     BackendSpec,
     CompareError,
-    CompareInterrupted,
+    WorkloadResult,
     check_pool,
-    compare_workload,
     parse_backends,
-    plan_capacities,
     roomy_capacity,
+)
+from .comparison import (
+    CompareOptions,
+    default_boundary_accounting,
+    plan_comparison,
+    run_comparison,
 )
 from .progress import Progress, progress
 from .replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
+from .sim import (
+    ARRIVAL_PROCESSES,
+    BATCHING_MODES,
+    DEFAULT_PROFILE,
+    POLICIES,
+    available_profiles,
+    load_profile,
+    save_profile,
+)
 from .sources import DEFAULT_WORKLOADS, Workload, load_workloads, workload_names
+from .timed import TimeSettings
 from .traces import (
     FORMATS,
     ReadOptions,
@@ -57,13 +79,14 @@ __all__ = ["CLIUsageError", "build_parser", "main", "parse_token_count", "parse_
 EXIT_ERROR = 2
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130
-SWEEP_POINTS = 7
 MAX_TOKEN_COUNT = 2**48
 """No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_HASH_ALGOS = {"xxhash": "xxh3_128", "xxh3_128": "xxh3_128", "sha256": "sha256"}
+_HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
+"""vLLM's --prefix-caching-hash-algo names (computed exactly as vLLM 0.33 does), plus
+prefixkv's own encodings (xxh3_128, the default, and sha256_raw)."""
 _EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 
@@ -134,6 +157,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         value = int(text)
@@ -200,10 +233,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--prefix-caching-hash-algo",
-        choices=sorted(_HASH_ALGOS),
+        choices=_HASH_ALGOS,
         metavar="ALGO",
-        help="the hash chain's block hash, as vLLM's flag: xxhash (xxh3-128, the default "
-        "here; vLLM defaults to sha256 — hits are the same, only speed differs) or sha256",
+        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
+        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's "
+        "own xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
     )
     g.add_argument(
         "--radix-eviction-policy",
@@ -284,7 +318,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``prefixkv`` argument parser with its two subcommands."""
+    """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate)."""
     parser = _Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"prefixkv {_version()}")
     sub = parser.add_subparsers(
@@ -343,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         "recomputed tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose "
         "sharing stops at block boundaries by construction)",
     )
+    _add_time(cmp)
     cmp.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib)")
     cmp.add_argument(
         "--out",
@@ -373,16 +408,179 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
+    ev.add_argument(
+        "--kv-events",
+        metavar="FILE|ENDPOINT",
+        help="write the index's KV events to FILE, one batch per scheduler step as one "
+        "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket "
+        "at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 "
+        "binds; a host name connects)",
+    )
+    ev.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
+        "requests (vLLM's replay_endpoint), so late subscribers catch up",
+    )
+    ev.add_argument(
+        "--kv-events-topic",
+        default="",
+        metavar="TOPIC",
+        help="with an ENDPOINT: the topic frame of every message (default empty)",
+    )
+    cal = sub.add_parser(
+        "calibrate",
+        help="time the reference engine on this machine and write a cost profile",
+        description="Run the reference engine's forward pass on prefill, decode and mixed "
+        "step shapes, time each (the least of --repeats runs), fit the cost model's five "
+        "coefficients and write them as a profile that compare --profile FILE reads.",
+    )
+    cal.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="where to run (default: cuda when available, else cpu)",
+    )
+    cal.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32", help="(default float32)"
+    )
+    m = cal.add_argument_group("the reference engine's model (its weights are random)")
+    m.add_argument(
+        "--num-layers", type=_positive_int, default=2, metavar="N", help="layers (default 2)"
+    )
+    m.add_argument(
+        "--num-heads",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="attention heads, as many KV heads (default 4)",
+    )
+    m.add_argument(
+        "--head-dim", type=_positive_int, default=32, metavar="N", help="even (default 32)"
+    )
+    cal.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        metavar="R",
+        help="timed runs per shape (the least is kept; default 5)",
+    )
+    cal.add_argument(
+        "--quick",
+        action="store_true",
+        help="8 small shapes instead of 22: a rough profile in seconds",
+    )
+    cal.add_argument("--name", metavar="NAME", help="the profile's name (default from the device)")
+    cal.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    cal.add_argument("--out", "-o", required=True, metavar="FILE", help="the profile (JSON)")
     add_cluster_parser(sub)
     return parser
+
+
+def _add_time(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
+    )
+    when = g.add_mutually_exclusive_group()
+    when.add_argument(
+        "--request-rate",
+        type=_positive_float,
+        metavar="R",
+        help="also run each backend at arrival time, requests arriving at R per second "
+        "(as vllm bench serve --request-rate)",
+    )
+    when.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        metavar="S",
+        help="also run each backend at arrival time, at the trace's own timestamps times S "
+        "(S < 1: faster, more load)",
+    )
+    g.add_argument(
+        "--arrival",
+        choices=ARRIVAL_PROCESSES,
+        help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        metavar="N",
+        help="most running requests, as vLLM's flag (SGLang --max-running-requests; default 256)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=parse_token_count,
+        metavar="T",
+        help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
+        "default 8192)",
+    )
+    g.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware lpm "
+        "(default: fcfs, both engines' default)",
+    )
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        help="force one engine for every backend: mixed (vLLM: prefill chunks and decodes "
+        "in one step) or prefill_first (SGLang). Default: each backend's natural engine, "
+        "hash chain and none as vLLM, radix as SGLang",
+    )
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the step cost profile: a shipped one ({', '.join(available_profiles())}) or a "
+        f"file from prefixkv calibrate (default {DEFAULT_PROFILE})",
+    )
+
+
+_ZMQ_SCHEMES = ("tcp://", "ipc://")
+
+
+class _EventPublisher:
+    """What the replay hands each step's batch to: a file writer or a ZeroMQ publisher."""
+
+    def __init__(self, target: EventFileWriter | ZmqEventPublisher) -> None:
+        self.target = target
+        self.num_batches = 0
+
+    def publish(self, batch: EventBatch) -> None:
+        self.target.publish(batch)
+        self.num_batches += 1
+
+
+@contextlib.contextmanager
+def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | None]:
+    target: str | None = args.kv_events
+    if target is None:
+        if args.kv_events_replay is not None:
+            raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
+        yield None
+        return
+    if target.startswith(_ZMQ_SCHEMES):
+        pub = ZmqEventPublisher(
+            endpoint=target, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic
+        )
+        try:
+            yield _EventPublisher(pub)
+        finally:
+            pub.shutdown()
+        return
+    if args.kv_events_replay is not None:
+        raise CLIUsageError(
+            "--kv-events-replay needs --kv-events to be a tcp:// or ipc:// endpoint"
+        )
+    with atomic_writer(target) as f:
+        writer = EventFileWriter(f)
+        yield _EventPublisher(writer)
+        writer.shutdown()
 
 
 def _index_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {}
     if args.prefix_caching_hash_algo is not None:
-        options.setdefault("hash_chain", {})["hash_algorithm"] = _HASH_ALGOS[
-            args.prefix_caching_hash_algo
-        ]
+        options.setdefault("hash_chain", {})["hash_algorithm"] = args.prefix_caching_hash_algo
     if args.radix_eviction_policy is not None:
         options.setdefault("radix", {})["eviction"] = args.radix_eviction_policy
     for backend, key, value in args.index_option:
@@ -428,6 +626,33 @@ def _bars(quiet: bool) -> Any:
     return make
 
 
+_TIME_KNOBS = (
+    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "profile",
+)  # fmt: skip
+
+
+def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
+    if args.request_rate is None and args.time_scale is None:
+        given = [k for k in _TIME_KNOBS if getattr(args, k) is not None]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise CLIUsageError(f"{flags} need --request-rate or --time-scale")
+        return None
+    if args.arrival is not None and args.request_rate is None:
+        raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
+    return TimeSettings(
+        request_rate=args.request_rate,
+        time_scale=args.time_scale,
+        arrival=args.arrival or "poisson",
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs or 256,
+        max_num_batched_tokens=args.max_num_batched_tokens or 8192,
+        policy=args.policy,
+        batching=args.batching,
+        profile=load_profile(args.profile or DEFAULT_PROFILE),
+    )
+
+
 def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     backends = parse_backends(
@@ -436,11 +661,14 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         page_size=args.page_size,
         options=_index_options(args),
     )
+    settings = _time_settings(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIUsageError(f"--out {out} is a file; compare writes a folder")
     if args.trace is not None:
-        refuse_overwrite([out / "results.json", out / "report.md"], [args.trace])
+        outputs = ["results.json", "report.md"]
+        outputs += [f"{t}.{f}" for t in ("requests", "runs") for f in ("csv", "parquet")]
+        refuse_overwrite([out / name for name in outputs], [args.trace])
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     caps = _capacities(args)
     listed = caps is not None and len(caps) > 1
@@ -461,68 +689,59 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if repeats is None:
         repeats = 1 if args.trace is not None else 3
     if args.boundary_accounting is None:
-        args.boundary_accounting = all(w.tokens_per_id is None for w in workloads)
-    plans = []
-    for w in workloads:
-        cap, points = plan_capacities(
-            w,
-            backends,
-            capacity_tokens=None if caps is None else caps[0],
-            concurrency=args.concurrency,
-            sweep_points=SWEEP_POINTS if sweep and not listed else 0,
-        )
-        if sweep and caps is not None and listed:
-            points = sorted(caps)
-        for c in [cap, *points]:
-            check_pool(c, backends, args.max_pool_blocks)
-        plans.append((w, cap, points))
-    results: list[dict[str, Any]] = []
-    interrupted = False
-    try:
-        for w, cap, points in plans:
-            results.append(
-                compare_workload(
-                    w,
-                    backends,
-                    cap,
-                    points,
-                    concurrency=args.concurrency,
-                    timing_repeats=repeats,
-                    boundary_accounting=args.boundary_accounting,
-                    bars=_bars(args.quiet),
-                )
-            )
-    except CompareInterrupted as exc:
-        interrupted = True
-        if exc.workload["backends"]:
-            results.append(exc.workload)
+        args.boundary_accounting = default_boundary_accounting(workloads)
+    options = CompareOptions(
+        backends=tuple(backends),
+        capacities=None if caps is None else tuple(caps),
+        capacity_sweep=bool(sweep),
+        concurrency=args.concurrency,
+        timing_repeats=repeats,
+        boundary_accounting=args.boundary_accounting,
+        time=settings,
+        max_pool_blocks=args.max_pool_blocks,
+    )
+    plans = plan_comparison(workloads, options)
+    comparison = run_comparison(plans, options, bars=_bars(args.quiet))
+    interrupted = comparison.partial
+    results = comparison.workloads
     for r in results:
         print(report.workload_title(r))
-        if r["backends"]:
-            print(report.text_table(report.table_rows(r["backends"])))
-        for note in r["notes"]:
+        if r.backends:
+            print(report.text_table(report.table_rows(r.backends)))
+        for note in r.notes:
             print(f"note: {note}")
+        timed = r.timed_at_table()
+        if timed:
+            print()
+            print(report.time_title(r))
+            print(report.text_table(report.time_rows(timed), report.TIME_COLUMNS))
         print()
-    doc: dict[str, Any] = {
-        "config": _compare_config(args, argv, backends, bool(sweep), repeats),
+    meta: dict[str, Any] = {
+        "config": _compare_config(args, argv, backends, bool(sweep), repeats, settings),
         "machine": report.machine_info(),
         "versions": report.package_versions(),
-        "workloads": results,
         "partial": interrupted,
         "plots": {},
+        "tables": {},
     }
+    if results:
+        try:
+            report.write_tables(results, out, meta["tables"])
+        except KeyboardInterrupt:  # each table is whole or absent; the finished are listed
+            interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
         try:
-            doc["plots"] = _plots(results, out, args.quiet)
+            meta["plots"] = _plots(results, out, args.quiet)
         except KeyboardInterrupt:
-            interrupted = doc["partial"] = True
-    doc["elapsed_seconds"] = time.perf_counter() - t0
-    report.write_results(out / "results.json", doc)
-    report.write_report(out / "report.md", doc)
+            interrupted = meta["partial"] = True
+    meta["elapsed_seconds"] = time.perf_counter() - t0
+    report.write_results(out / "results.json", report.results_document(results, meta))
+    report.write_report(out / "report.md", results, meta)
     what = "partial results (interrupted)" if interrupted else "the results"
+    files = [out / "report.md", out / "results.json", *(out / f for f in meta["tables"].values())]
     print(
-        f"wrote {what} to {out / 'report.md'}, {out / 'results.json'}"
-        + (" and the plots" if doc["plots"] else "")
+        f"wrote {what} to {', '.join(str(f) for f in files)}"
+        + (" and the plots" if meta["plots"] else "")
     )
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -533,24 +752,18 @@ def _compare_config(
     backends: Sequence[BackendSpec],
     sweep: bool,
     repeats: int,
+    settings: TimeSettings | None,
 ) -> dict[str, Any]:
-    return {
+    config: dict[str, Any] = {
         "command": shlex.join(["prefixkv", *argv]),
-        "backends": [
-            {
-                "label": b.label,
-                "index": b.index,
-                "block_size": b.block_size,
-                "driver": b.driver,
-                "options": dict(b.options),
-            }
-            for b in backends
-        ],
+        "backends": ",".join(b.label for b in backends),
         "backends_described": [b.describe() for b in backends],
-        "workloads": args.workload,
+        "workloads": ",".join(args.workload) if args.workload else None,
         "trace": args.trace,
         "trace_format": args.trace_format,
-        "capacity_tokens": args.capacity_tokens,
+        "capacity_tokens": None
+        if args.capacity_tokens is None
+        else ",".join(str(c) for c in args.capacity_tokens),
         "capacity_blocks": args.capacity_blocks,
         "capacity_rule": _capacity_rule(args),
         "capacity_sweep": sweep,
@@ -569,9 +782,25 @@ def _compare_config(
             "accounting's own cost)"
         ),
     }
+    if settings is not None:
+        prof = settings.profile
+        config.update(
+            {
+                **settings.row(),
+                "engines": [settings.describe_engine(b) for b in backends],
+                "max_num_seqs": settings.max_num_seqs,
+                "max_num_batched_tokens": settings.max_num_batched_tokens,
+                "policy": settings.policy,
+                "batching": settings.batching,
+                "profile_model": prof.model,
+                "profile_device": prof.device,
+                "profile_source": prof.source,
+            }
+        )
+    return config
 
 
-def _plots(results: list[dict[str, Any]], out: Path, quiet: bool) -> dict[str, Any]:
+def _plots(results: list[WorkloadResult], out: Path, quiet: bool) -> dict[str, str]:
     try:
         from . import plots  # matplotlib only now, and only if plots are wanted
     except ImportError:  # pragma: no cover - plots itself imports nothing optional
@@ -595,6 +824,57 @@ def _plots(results: list[dict[str, Any]], out: Path, quiet: bool) -> dict[str, A
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _run_calibrate(args: argparse.Namespace) -> int:
+    import torch  # only calibrate needs torch here
+
+    from prefixkv.adapters.engine import EngineConfig, ModelConfig
+
+    from .sim.calibrate import (
+        DEFAULT_DECODE_SHAPES,
+        DEFAULT_MIXED_SHAPES,
+        DEFAULT_PREFILL_SHAPES,
+        QUICK_SHAPES,
+        calibrate,
+    )
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIUsageError(f"--out {out} is a folder; calibrate writes a file")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = ModelConfig(
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_heads,
+        head_dim=args.head_dim,
+    )
+    config = EngineConfig(model=model, dtype=args.dtype, device=device)
+    shapes: dict[str, Any] = dict(QUICK_SHAPES) if args.quick else {}
+    num_shapes = sum(
+        len(shapes.get(k, default))
+        for k, default in (
+            ("prefill", DEFAULT_PREFILL_SHAPES),
+            ("decode", DEFAULT_DECODE_SHAPES),
+            ("mixed", DEFAULT_MIXED_SHAPES),
+        )
+    )
+    bar = progress((1 + args.repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
+                   unit="run")  # fmt: skip
+    try:
+        profile = calibrate(
+            config, name=args.name, repeats=args.repeats, progress=bar.update, **shapes
+        )
+    finally:
+        bar.close()
+    save_profile(profile, out)
+    fit = profile.fit
+    print(
+        f"{profile.name}: {profile.device}; fit over {fit['num_samples']} step shapes, "
+        f"relative error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
+        f" -> {out}"
+    )
+    return 0
+
+
 def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     specs = parse_backends(
         args.index,
@@ -610,7 +890,13 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if caps is not None and len(caps) > 1:
         raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
     out = Path(args.out)
-    refuse_overwrite([out], [args.trace])
+    outputs = [out]
+    events_file = args.kv_events is not None and not args.kv_events.startswith(_ZMQ_SCHEMES)
+    if events_file:
+        if Path(args.kv_events).resolve() == out.resolve():
+            raise CLIUsageError("--kv-events and --out name the same file; give two")
+        outputs.append(Path(args.kv_events))
+    refuse_overwrite(outputs, [args.trace])
     t_load = time.perf_counter()
     (workload,) = load_workloads(
         None,
@@ -628,7 +914,14 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     num_blocks = spec.num_blocks(capacity)
     encoder = msgspec.json.Encoder()
     interrupted = False
-    with atomic_writer(out) as f:
+    with atomic_writer(out) as f, _kv_event_stream(args) as events:
+        index = spec.make()
+        on_events = None
+        if events is not None:
+            stream = events
+
+            def on_events(batch: list[KVEvent]) -> None:
+                stream.publish(KVEventBatch(time.time(), batch, None))
 
         def write_row(row: HitRow) -> None:
             f.write(
@@ -645,13 +938,14 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         try:
             result = replay(
                 workload.requests,
-                spec.make(),
+                index,
                 num_blocks,
                 driver=spec.driver,
                 concurrency=args.concurrency,
                 keep_per_request=False,
                 on_admit=write_row,
                 progress=bar.update,
+                on_events=on_events,
             )
         except ReplayInterrupted as exc:
             result, interrupted = exc.result, True
@@ -664,6 +958,8 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
             bar.close()
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
+        if events is not None:
+            summary["kv_events"] = {"target": args.kv_events, "batches": events.num_batches}
         f.write(encoder.encode({"summary": summary}))
         f.write(b"\n")
     if not args.quiet or interrupted:
@@ -674,6 +970,8 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"/{summary['total_prompt_tokens']:,} = {summary['hit_ratio']:.4f}, evicted "
             f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
         )
+        if events is not None:
+            print(f"KV events: {events.num_batches:,} batches -> {args.kv_events}")
         for note in workload.notes:
             print(f"note: {note}")
     return EXIT_INTERRUPTED if interrupted else 0
@@ -730,6 +1028,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.command == "compare":
             return _run_compare(args, args_list)
+        if args.command == "calibrate":
+            return _run_calibrate(args)
         if args.command == "cluster":
             return run_cluster_command(args, args_list)
         return _run_replay(args, args_list)

@@ -2,8 +2,10 @@
 
 Each backend replays through its natural driver (hash chain: the vLLM-shaped facade,
 radix: the SGLang-shaped one, anything else: the manager) with the same KV capacity
-in tokens; the numbers come back as plain dicts, ready for the report and JSON. A
-workload's requests are re-read on every replay (a trace is never held whole), and
+in tokens. With :class:`~.timed.TimeSettings` each backend also runs at arrival time
+on its natural engine (:mod:`.timed`). The numbers come back as typed records whose
+``row()`` and ``request_rows()`` give the flat records of the tidy tables. A
+workload's requests are re-read on every run (a trace is never held whole), and
 capacity planning uses the sizes a scan found.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -24,20 +26,27 @@ from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .progress import Progress
 from .replay import DRIVERS, Driver, ReplayError, ReplayInterrupted, ReplayResult, replay
+from .sim import SimUnservableError
 from .sources import Workload
+from .timed import Scalar, TimedRun, TimeSettings, run_timed
 from .traces import TraceStats
 
 __all__ = [
     "MAX_POOL_BLOCKS",
     "NATURAL_DRIVERS",
+    "BackendRun",
     "BackendSpec",
     "Bars",
     "CapacityError",
     "CompareError",
     "CompareInterrupted",
+    "RequestHits",
+    "SweepPoint",
+    "WorkloadResult",
     "check_pool",
     "compare_workload",
     "min_capacity",
+    "options_text",
     "parse_backends",
     "percentile",
     "plan_capacities",
@@ -67,9 +76,9 @@ class CapacityError(CompareError):
 
 
 class CompareInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a comparison; ``workload`` holds the backends finished so far."""
+    """Ctrl-C during a comparison; ``workload`` holds what finished so far."""
 
-    def __init__(self, workload: dict[str, Any]) -> None:
+    def __init__(self, workload: WorkloadResult) -> None:
         super().__init__("comparison interrupted")
         self.workload = workload
 
@@ -284,6 +293,159 @@ def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
     return (stacked.min(axis=0) * 1e6).tolist()  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True, slots=True)
+class RequestHits:
+    """Per-request columns of one K-live replay, in arrival order.
+
+    Attributes:
+        ids: request ids.
+        prompt_tokens: prompt length.
+        hit_tokens: prompt tokens served from the cache.
+        matched_tokens: tokens equal to cached content (BB-8; 0 without accounting).
+        boundary_lost_tokens: matched but recomputed at a block boundary (BB-8).
+        cap_lost_tokens: matched but recomputed in the last block (BB-1, BB-3).
+        index_us: index time of all the request's calls (min over timed replays).
+        admit_us: the part spent admitting it.
+    """
+
+    ids: list[str]
+    prompt_tokens: list[int]
+    hit_tokens: list[int]
+    matched_tokens: list[int]
+    boundary_lost_tokens: list[int]
+    cap_lost_tokens: list[int]
+    index_us: list[float]
+    admit_us: list[float]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRun:
+    """One backend's K-live replay of one workload at the comparison's capacity.
+
+    Hits and evictions come from the first replay (with boundary accounting when
+    asked), index times from the timed replays (see :func:`run_backend`).
+
+    Attributes:
+        workload: the workload's name.
+        backend, index, driver, block_size: which backend, driven how.
+        options: its ``make_index`` options.
+        capacity_tokens: the capacity asked for (the same for every backend).
+        num_blocks, pool_tokens: the pool: the whole blocks that fit, and their tokens.
+        concurrency: the K of the K-live schedule.
+        num_requests, prompt_tokens, hit_tokens, hit_ratio: the totals.
+        boundary_accounting: whether the BB-8 columns were measured.
+        matched_tokens, boundary_lost_tokens, cap_lost_tokens: BB-8 totals.
+        evicted_blocks, evicted_tokens: what the index evicted.
+        peak_cached_blocks, peak_cached_tokens: the most it held at once.
+        index_memory_bytes: its structures' estimated size at the peak.
+        index_us_p50, index_us_p99, index_us_mean: index time per request.
+        admit_us_p50, admit_us_p99: admission time per request.
+        timing_repeats: timed replays run.
+        timing_runs_agree: every timed replay hit exactly what the first did.
+        seconds_by_call: index seconds per call kind (the fastest timed replay).
+        wall_seconds_tracked: the first replay's wall time.
+        wall_seconds_timed: each timed replay's wall time.
+        per_request: the per-request columns.
+    """
+
+    workload: str
+    backend: str
+    index: str
+    driver: Driver
+    block_size: int
+    options: Mapping[str, Any]
+    capacity_tokens: int
+    num_blocks: int
+    pool_tokens: int
+    concurrency: int
+    num_requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_ratio: float
+    boundary_accounting: bool
+    matched_tokens: int
+    boundary_lost_tokens: int
+    cap_lost_tokens: int
+    evicted_blocks: int
+    evicted_tokens: int
+    peak_cached_blocks: int
+    peak_cached_tokens: int
+    index_memory_bytes: int
+    index_us_p50: float
+    index_us_p99: float
+    index_us_mean: float
+    admit_us_p50: float
+    admit_us_p99: float
+    timing_repeats: int
+    timing_runs_agree: bool
+    seconds_by_call: Mapping[str, float]
+    wall_seconds_tracked: float
+    wall_seconds_timed: tuple[float, ...]
+    per_request: RequestHits = field(repr=False)
+
+    def labels(self) -> dict[str, Scalar]:
+        """The columns that say which run a row belongs to."""
+        return {
+            "workload": self.workload,
+            "schedule": "k_live",
+            "role": "table",
+            "backend": self.backend,
+            "index": self.index,
+            "block_size": self.block_size,
+            "options": options_text(self.options),
+            "capacity_tokens": self.capacity_tokens,
+            "num_blocks": self.num_blocks,
+            "pool_tokens": self.pool_tokens,
+            "driver": self.driver,
+            "concurrency": self.concurrency,
+        }
+
+    def row(self) -> dict[str, Scalar]:
+        """One flat run record (every field but the per-request columns)."""
+        row = self.labels()
+        for name in (
+            "num_requests", "prompt_tokens", "hit_tokens", "hit_ratio", "boundary_accounting",
+            "matched_tokens", "boundary_lost_tokens", "cap_lost_tokens", "evicted_blocks",
+            "evicted_tokens", "peak_cached_blocks", "peak_cached_tokens", "index_memory_bytes",
+            "index_us_p50", "index_us_p99", "index_us_mean", "admit_us_p50", "admit_us_p99",
+            "timing_repeats", "timing_runs_agree", "wall_seconds_tracked",
+        ):  # fmt: skip
+            row[name] = getattr(self, name)
+        row["wall_seconds_timed_min"] = min(self.wall_seconds_timed, default=math.nan)
+        for call, seconds in sorted(self.seconds_by_call.items()):
+            row[f"index_seconds_{call}"] = seconds
+        return row
+
+    def request_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per request, in arrival order."""
+        labels = self.labels()
+        p = self.per_request
+        return [
+            {
+                **labels,
+                "position": k,
+                "request_id": p.ids[k],
+                "prompt_tokens": p.prompt_tokens[k],
+                "hit_tokens": p.hit_tokens[k],
+                "uncached_prefill_tokens": p.prompt_tokens[k] - p.hit_tokens[k],
+                "matched_tokens": p.matched_tokens[k],
+                "boundary_lost_tokens": p.boundary_lost_tokens[k],
+                "cap_lost_tokens": p.cap_lost_tokens[k],
+                "index_us": p.index_us[k],
+                "admit_us": p.admit_us[k],
+            }
+            for k in range(len(p))
+        ]
+
+
+def options_text(options: Mapping[str, Any]) -> str:
+    """``{"eviction": "lfu"}`` -> ``"eviction=lfu"`` (``,``-joined, sorted; ``""`` for none)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
 def run_backend(
     workload: Workload,
     spec: BackendSpec,
@@ -293,7 +455,7 @@ def run_backend(
     timing_repeats: int = 3,
     boundary_accounting: bool = True,
     bars: Bars | None = None,
-) -> dict[str, Any]:
+) -> BackendRun:
     """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it.
 
     Hits and evictions come from the first replay; index times from the others (the
@@ -304,9 +466,6 @@ def run_backend(
     ``timing_repeats=0`` the times come from the first replay (accounting
     included). Without ``boundary_accounting`` there are ``max(1, timing_repeats)``
     replays, all timed, and the BB-8 columns are zero.
-
-    Returns:
-        Totals and per-request lists (see the report's results.json).
 
     Raises:
         CapacityError: the capacity cannot hold the requests.
@@ -361,54 +520,94 @@ def run_backend(
     def column(values: Sequence[int]) -> list[int]:
         return list(values) if len(values) == n else zeros
 
-    matched = column(first.matched_tokens)
-    boundary = column(first.boundary_lost_tokens)
-    capped = column(first.cap_lost_tokens)
-    per_request: dict[str, Any] = {
-        "id": list(first.ids),
-        "prompt_len": first.prompt_len.tolist(),
-        "hit_tokens": first.hit_tokens.tolist(),
-        "matched_tokens": matched,
-        "boundary_lost_tokens": boundary,
-        "cap_lost_tokens": capped,
-        "index_us": index_us,
-        "admit_us": admit_us,
-    }
+    hits = RequestHits(
+        ids=list(first.ids),
+        prompt_tokens=first.prompt_len.tolist(),
+        hit_tokens=first.hit_tokens.tolist(),
+        matched_tokens=column(first.matched_tokens),
+        boundary_lost_tokens=column(first.boundary_lost_tokens),
+        cap_lost_tokens=column(first.cap_lost_tokens),
+        index_us=index_us,
+        admit_us=admit_us,
+    )
     bs = spec.block_size
     prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
-    return {
-        "backend": spec.label,
-        "index": spec.index,
-        "driver": spec.driver,
-        "block_size": bs,
-        "options": dict(spec.options),
-        "num_blocks": num_blocks,
-        "capacity_tokens": num_blocks * bs,
-        "requests": n,
-        "prompt_tokens": prompt,
-        "hit_tokens": hit,
-        "hit_ratio": hit / prompt if prompt else 0.0,
-        "boundary_accounting": boundary_accounting,
-        "matched_tokens": sum(matched),
-        "boundary_lost_tokens": sum(boundary),
-        "cap_lost_tokens": sum(capped),
-        "evicted_blocks": first.evicted_blocks,
-        "evicted_tokens": first.evicted_blocks * bs,
-        "peak_cached_blocks": first.peak_cached_blocks,
-        "peak_cached_tokens": first.peak_cached_blocks * bs,
-        "index_memory_bytes": memory,
-        "index_us_p50": percentile(index_us, 50),
-        "index_us_p99": percentile(index_us, 99),
-        "index_us_mean": sum(index_us) / len(index_us) if index_us else 0.0,
-        "admit_us_p50": percentile(admit_us, 50),
-        "admit_us_p99": percentile(admit_us, 99),
-        "timing_repeats": timing_repeats,
-        "timing_runs_agree": all(t.hit_tokens == first.hit_tokens for t in timed),
-        "seconds_by_call": dict(fastest.seconds_by_call),
-        "wall_seconds_tracked": first.wall_seconds,
-        "wall_seconds_timed": [t.wall_seconds for t in timed],
-        "per_request": per_request,
-    }
+    return BackendRun(
+        workload=workload.name,
+        backend=spec.label,
+        index=spec.index,
+        driver=spec.driver,
+        block_size=bs,
+        options=dict(spec.options),
+        capacity_tokens=capacity_tokens,
+        num_blocks=num_blocks,
+        pool_tokens=num_blocks * bs,
+        concurrency=concurrency,
+        num_requests=n,
+        prompt_tokens=prompt,
+        hit_tokens=hit,
+        hit_ratio=hit / prompt if prompt else 0.0,
+        boundary_accounting=boundary_accounting,
+        matched_tokens=sum(hits.matched_tokens),
+        boundary_lost_tokens=sum(hits.boundary_lost_tokens),
+        cap_lost_tokens=sum(hits.cap_lost_tokens),
+        evicted_blocks=first.evicted_blocks,
+        evicted_tokens=first.evicted_blocks * bs,
+        peak_cached_blocks=first.peak_cached_blocks,
+        peak_cached_tokens=first.peak_cached_blocks * bs,
+        index_memory_bytes=memory,
+        index_us_p50=percentile(index_us, 50),
+        index_us_p99=percentile(index_us, 99),
+        index_us_mean=sum(index_us) / len(index_us) if index_us else 0.0,
+        admit_us_p50=percentile(admit_us, 50),
+        admit_us_p99=percentile(admit_us, 99),
+        timing_repeats=timing_repeats,
+        timing_runs_agree=all(t.hit_tokens == first.hit_tokens for t in timed),
+        seconds_by_call=dict(fastest.seconds_by_call),
+        wall_seconds_tracked=first.wall_seconds,
+        wall_seconds_timed=tuple(t.wall_seconds for t in timed),
+        per_request=hits,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One backend's K-live hit ratio at one capacity of the sweep.
+
+    Attributes:
+        workload, backend, index, block_size: which run.
+        capacity_tokens: the capacity asked for.
+        concurrency: the K of the K-live schedule.
+        hit_ratio: ``None`` when the requests do not fit this capacity.
+        evicted_blocks: ``None`` likewise.
+    """
+
+    workload: str
+    backend: str
+    index: str
+    block_size: int
+    capacity_tokens: int
+    concurrency: int
+    hit_ratio: float | None
+    evicted_blocks: int | None
+
+    def row(self) -> dict[str, Scalar]:
+        """One flat run record (``fits`` false where the capacity was too small)."""
+        return {
+            "workload": self.workload,
+            "schedule": "k_live",
+            "role": "sweep",
+            "backend": self.backend,
+            "index": self.index,
+            "block_size": self.block_size,
+            "capacity_tokens": self.capacity_tokens,
+            "num_blocks": self.capacity_tokens // self.block_size,
+            "pool_tokens": self.capacity_tokens // self.block_size * self.block_size,
+            "concurrency": self.concurrency,
+            "fits": self.hit_ratio is not None,
+            "hit_ratio": self.hit_ratio,
+            "evicted_blocks": self.evicted_blocks,
+        }
 
 
 def run_sweep(
@@ -418,47 +617,52 @@ def run_sweep(
     *,
     concurrency: int = 1,
     bars: Bars | None = None,
-) -> dict[str, Any]:
+) -> list[SweepPoint]:
     """Hit ratio (and evictions) of each backend at each capacity, without accounting.
 
-    A capacity a backend cannot run at gives ``None`` for it.
+    A capacity a backend cannot run at gives ``None`` for it. Points come capacity
+    by capacity, backends in order.
     """
-    ratios: dict[str, list[float | None]] = {b.label: [] for b in backends}
-    evicted: dict[str, list[int | None]] = {b.label: [] for b in backends}
+    points: list[SweepPoint] = []
     for cap in capacities:
         for spec in backends:
+            ratio: float | None = None
+            evicted: int | None = None
             try:
                 result, _ = _replay(
                     workload, spec, cap, concurrency, False, bars, f"sweep {cap:,} tok"
                 )
+                ratio, evicted = result.summary()["hit_ratio"], result.evicted_blocks
             except ReplayError:
-                ratios[spec.label].append(None)
-                evicted[spec.label].append(None)
-                continue
-            ratios[spec.label].append(result.summary()["hit_ratio"])
-            evicted[spec.label].append(result.evicted_blocks)
-    return {"capacity_tokens": list(capacities), "hit_ratio": ratios, "evicted_blocks": evicted}
+                pass
+            points.append(
+                SweepPoint(
+                    workload.name, spec.label, spec.index, spec.block_size, cap, concurrency,
+                    ratio, evicted,
+                )
+            )  # fmt: skip
+    return points
 
 
-def select_strip_requests(results: Sequence[Mapping[str, Any]], limit: int = 6) -> list[int]:
+def select_strip_requests(results: Sequence[BackendRun], limit: int = 6) -> list[int]:
     """Positions of a few telling requests for the strip plot, in arrival order.
 
     First those where some backend lost tokens to a block boundary, then those where
     the backends' hits differ, then those with a recomputed last block, then the rest.
     Complexity: O(requests * backends), one pass per criterion.
     """
-    per = [r["per_request"] for r in results]
-    n = len(per[0]["id"]) if per else 0
-    cached = [p for p, r in zip(per, results, strict=True) if r["index"] != "none"] or per
+    per = [r.per_request for r in results]
+    n = len(per[0]) if per else 0
+    cached = [p for p, r in zip(per, results, strict=True) if r.index != "none"] or per
 
     def boundary(i: int) -> bool:
-        return any(p["boundary_lost_tokens"][i] for p in cached)
+        return any(p.boundary_lost_tokens[i] for p in cached)
 
     def differ(i: int) -> bool:
-        return len({p["hit_tokens"][i] for p in cached}) > 1
+        return len({p.hit_tokens[i] for p in cached}) > 1
 
     def capped(i: int) -> bool:
-        return any(p["cap_lost_tokens"][i] for p in cached)
+        return any(p.cap_lost_tokens[i] for p in cached)
 
     chosen: list[int] = []
     taken: set[int] = set()
@@ -493,6 +697,80 @@ def plan_capacities(
     return cap, sweep_capacities(tight, max(roomy, cap), sweep_points)
 
 
+@dataclass(slots=True)
+class WorkloadResult:
+    """Everything a comparison measured on one workload.
+
+    Attributes:
+        name, source, notes: the workload, where it came from, what the report
+            must say about it.
+        num_requests, prompt_tokens, output_tokens: its sizes.
+        capacity_tokens: the capacity of the table (asked for; each backend uses
+            the whole blocks that fit).
+        concurrency: the K of the K-live schedule.
+        backends: each backend's K-live replay at ``capacity_tokens``.
+        sweep: K-live hit ratios at the sweep's capacities (empty: no sweep).
+        strip_requests: positions of the requests the strip plot shows.
+        timed: arrival-time runs, the table's capacity first, then the sweep's
+            (empty without :class:`~.timed.TimeSettings`).
+        partial: Ctrl-C stopped it; what is here finished.
+    """
+
+    name: str
+    source: str
+    notes: tuple[str, ...]
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    capacity_tokens: int
+    concurrency: int
+    backends: list[BackendRun] = field(default_factory=list)
+    sweep: list[SweepPoint] = field(default_factory=list)
+    strip_requests: list[int] = field(default_factory=list)
+    timed: list[TimedRun] = field(default_factory=list)
+    partial: bool = False
+
+    @property
+    def sweep_capacities(self) -> list[int]:
+        """The sweep's capacities, ascending."""
+        return sorted({p.capacity_tokens for p in self.sweep})
+
+    def timed_at_table(self) -> list[TimedRun]:
+        """The arrival-time runs at the table's capacity, one per backend."""
+        return [t for t in self.timed if t.role == "table"]
+
+    def row(self) -> dict[str, Scalar]:
+        """The workload as one flat record."""
+        return {
+            "workload": self.name,
+            "source": self.source,
+            "notes": " ".join(self.notes),
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "capacity_tokens": self.capacity_tokens,
+            "concurrency": self.concurrency,
+            "partial": self.partial,
+        }
+
+    def run_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per run: K-live table, K-live sweep, arrival-time runs."""
+        return [
+            *(b.row() for b in self.backends),
+            *(p.row() for p in self.sweep),
+            *(t.row() for t in self.timed),
+        ]
+
+    def request_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per request x backend x configuration."""
+        rows: list[dict[str, Scalar]] = []
+        for b in self.backends:
+            rows += b.request_rows()
+        for t in self.timed:
+            rows += t.request_rows()
+        return rows
+
+
 def compare_workload(
     workload: Workload,
     backends: Sequence[BackendSpec],
@@ -502,32 +780,32 @@ def compare_workload(
     concurrency: int = 1,
     timing_repeats: int = 3,
     boundary_accounting: bool = True,
+    time: TimeSettings | None = None,
     bars: Bars | None = None,
-) -> dict[str, Any]:
-    """Every backend on one workload: :func:`run_backend` each, then the sweep.
+) -> WorkloadResult:
+    """Every backend on one workload: :func:`run_backend` each, the sweep, then (with
+    ``time``) each backend's arrival-time run at the table's capacity and at each
+    capacity of the sweep.
 
     Raises:
         CapacityError: ``capacity_tokens`` cannot hold the requests (the sweep's
-            capacities never raise; a failed point is ``None``).
-        CompareInterrupted: Ctrl-C; it carries the backends finished so far.
+            capacities never raise; a failed point is ``None``, a failed
+            arrival-time point is left out).
+        CompareInterrupted: Ctrl-C; it carries what finished so far.
     """
-    doc: dict[str, Any] = {
-        "name": workload.name,
-        "source": workload.source,
-        "notes": list(workload.notes),
-        "num_requests": workload.stats.num_requests,
-        "prompt_tokens": workload.stats.prompt_tokens,
-        "output_tokens": workload.stats.output_tokens,
-        "capacity_tokens": capacity_tokens,
-        "concurrency": concurrency,
-        "backends": [],
-        "sweep": None,
-        "strip_requests": [],
-        "partial": False,
-    }
+    result = WorkloadResult(
+        name=workload.name,
+        source=workload.source,
+        notes=tuple(workload.notes),
+        num_requests=workload.stats.num_requests,
+        prompt_tokens=workload.stats.prompt_tokens,
+        output_tokens=workload.stats.output_tokens,
+        capacity_tokens=capacity_tokens,
+        concurrency=concurrency,
+    )
     try:
         for b in backends:
-            doc["backends"].append(
+            result.backends.append(
                 run_backend(
                     workload,
                     b,
@@ -538,12 +816,42 @@ def compare_workload(
                     bars=bars,
                 )
             )
-        doc["strip_requests"] = select_strip_requests(doc["backends"])
+        result.strip_requests = select_strip_requests(result.backends)
         if sweep:
-            doc["sweep"] = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
+            result.sweep = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
+        if time is not None:
+            _run_timed_all(result, workload, backends, capacity_tokens, sweep, time, bars)
     except (ReplayInterrupted, KeyboardInterrupt):
-        doc["partial"] = True
-        if doc["backends"]:
-            doc["strip_requests"] = select_strip_requests(doc["backends"])
-        raise CompareInterrupted(doc) from None
-    return doc
+        result.partial = True
+        if result.backends:
+            result.strip_requests = select_strip_requests(result.backends)
+        raise CompareInterrupted(result) from None
+    return result
+
+
+def _run_timed_all(
+    result: WorkloadResult,
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    capacity_tokens: int,
+    sweep: Sequence[int],
+    time: TimeSettings,
+    bars: Bars | None,
+) -> None:
+    for b in backends:
+        try:
+            run = run_timed(workload, b, capacity_tokens, time, bars=bars)
+        except SimUnservableError as exc:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
+                f"with {b.label} in the arrival-time run: {exc}"
+            ) from None
+        result.timed.append(run)
+    for cap in sweep:
+        if cap == capacity_tokens:
+            continue  # the table's run is that point
+        for b in backends:
+            try:
+                result.timed.append(run_timed(workload, b, cap, time, role="sweep", bars=bars))
+            except SimUnservableError:
+                continue  # a point that does not fit is left out (plotted as a gap)

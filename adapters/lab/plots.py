@@ -1,4 +1,5 @@
-"""The comparison's PNG plots: hit ratio vs capacity, index time vs prompt length, strips.
+"""The comparison's PNG plots: hit ratio vs capacity, index time vs prompt length, strips,
+and with arrival-time runs the TTFT CDF and hit ratio / TTFT p90 vs capacity per workload.
 
 matplotlib is imported inside each function (``Figure`` objects rendered by Agg, no
 pyplot state), so the CLI runs without it until a plot is asked for.
@@ -12,6 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .compare import BackendRun, WorkloadResult
+from .sim.plots import plot_capacity_sweep, plot_ttft_cdf
+
 Tick = Callable[[int], object]
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "plot_capacity",
     "plot_index_time",
     "plot_strips",
+    "plot_time",
     "write_plots",
 ]
 
@@ -53,9 +58,9 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def _label(b: Mapping[str, Any]) -> str:
-    unit = "page" if b["index"] == "radix" else "block"
-    return f"{b['backend']} ({b['driver']}, {unit} {b['block_size']})"
+def _label(b: BackendRun) -> str:
+    unit = "page" if b.index == "radix" else "block"
+    return f"{b.backend} ({b.driver}, {unit} {b.block_size})"
 
 
 def _plain_log_ticks(ax: Any, values: Sequence[int]) -> None:
@@ -74,13 +79,13 @@ def _plain_log_ticks(ax: Any, values: Sequence[int]) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_capacity(workloads: Sequence[Mapping[str, Any]], path: Path) -> bool:
+def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
     """Hit ratio vs capacity in tokens (log x), one panel per workload with a sweep.
 
     Returns:
         Whether a file was written (``False`` when no workload has a sweep).
     """
-    swept = [w for w in workloads if w.get("sweep")]
+    swept = [w for w in workloads if w.sweep]
     if not swept:
         return False
     cols = min(3, len(swept))
@@ -90,16 +95,17 @@ def plot_capacity(workloads: Sequence[Mapping[str, Any]], path: Path) -> bool:
     for ax in axes.flat[len(swept) :]:
         ax.set_visible(False)
     for ax, w in zip(axes.flat, swept, strict=False):
-        sweep = w["sweep"]
-        caps = sweep["capacity_tokens"]
-        for pos, b in enumerate(w["backends"]):
-            ys = [math.nan if y is None else y for y in sweep["hit_ratio"][b["backend"]]]
-            ax.plot(caps, ys, marker="o", label=_label(b), color=backend_colour(b["index"], pos))
-        ax.axvline(w["capacity_tokens"], color="#555555", linestyle=":", linewidth=1)
+        caps = w.sweep_capacities
+        ratio = {(p.backend, p.capacity_tokens): p.hit_ratio for p in w.sweep}
+        for pos, b in enumerate(w.backends):
+            ys = [ratio.get((b.backend, c)) for c in caps]
+            ys_plot = [math.nan if y is None else y for y in ys]
+            ax.plot(caps, ys_plot, marker="o", label=_label(b), color=backend_colour(b.index, pos))
+        ax.axvline(w.capacity_tokens, color="#555555", linestyle=":", linewidth=1)
         ax.set_xscale("log")
         _plain_log_ticks(ax, caps)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{w['name']} ({w['num_requests']} requests)", fontsize=10)
+        ax.set_title(f"{w.name} ({w.num_requests} requests)", fontsize=10)
         ax.set_xlabel("KV capacity (tokens, log scale)")
         ax.set_ylabel("hit ratio (tokens)")
         ax.grid(True, which="both", alpha=0.3)
@@ -127,19 +133,17 @@ def _binned_medians(xs: Sequence[int], ys: Sequence[float]) -> tuple[list[float]
     return mx, my
 
 
-def _time_panel(ax: Any, workloads: Sequence[Mapping[str, Any]], field: str, title: str) -> None:
-    labels = [b["backend"] for b in workloads[0]["backends"]]
+def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title: str) -> None:
+    labels = [b.backend for b in workloads[0].backends]
     for pos, label in enumerate(labels):
         xs: list[int] = []
         ys: list[float] = []
-        meta: Mapping[str, Any] = {}
-        for w in workloads:
-            for b in w["backends"]:
-                if b["backend"] == label:
-                    meta = b
-                    xs += b["per_request"]["prompt_len"]
-                    ys += [max(y, 0.01) for y in b["per_request"][field]]
-        colour = backend_colour(meta["index"], pos)
+        runs = [b for w in workloads for b in w.backends if b.backend == label]
+        for b in runs:
+            xs += b.per_request.prompt_tokens
+            ys += [max(y, 0.01) for y in getattr(b.per_request, field)]
+        meta = runs[0]
+        colour = backend_colour(meta.index, pos)
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
         ax.plot(mx, my, color=colour, linewidth=2, marker="o", markersize=3, label=_label(meta))
@@ -151,7 +155,7 @@ def _time_panel(ax: Any, workloads: Sequence[Mapping[str, Any]], field: str, tit
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_index_time(workloads: Sequence[Mapping[str, Any]], path: Path) -> None:
+def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     """Per-request index time vs prompt length, all workloads pooled, per backend.
 
     Left: admission (lookup with hashing, prefill allocation, prompt registration);
@@ -169,13 +173,14 @@ def plot_index_time(workloads: Sequence[Mapping[str, Any]], path: Path) -> None:
     fig.savefig(path)
 
 
-def _segments(p: Mapping[str, Any], i: int) -> list[tuple[str, int]]:
-    hit, cap, bnd = p["hit_tokens"][i], p["cap_lost_tokens"][i], p["boundary_lost_tokens"][i]
-    new = p["prompt_len"][i] - hit - cap - bnd
+def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
+    p = b.per_request
+    hit, cap, bnd = p.hit_tokens[i], p.cap_lost_tokens[i], p.boundary_lost_tokens[i]
+    new = p.prompt_tokens[i] - hit - cap - bnd
     return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
 
 
-def plot_strips(w: Mapping[str, Any], path: Path) -> bool:
+def plot_strips(w: WorkloadResult, path: Path) -> bool:
     """A few requests as bars of prompt tokens, coloured by fate, backends side by side.
 
     Each request gets its own panel and x range (tokens 0..prompt length), so a
@@ -185,26 +190,26 @@ def plot_strips(w: Mapping[str, Any], path: Path) -> bool:
     Returns:
         Whether a file was written (``False`` when no request was selected).
     """
-    chosen: list[int] = list(w["strip_requests"])
+    chosen: list[int] = list(w.strip_requests)
     if not chosen:
         return False
-    backends = w["backends"]
-    block = max(b["block_size"] for b in backends)
+    backends = w.backends
+    block = max(b.block_size for b in backends)
     fig = _figure(9.0, 0.6 + len(chosen) * (0.45 * len(backends) + 0.55))
     axes = fig.subplots(len(chosen), 1, squeeze=False)[:, 0]
     for ax, i in zip(axes, chosen, strict=True):
-        first = backends[0]["per_request"]
-        length = first["prompt_len"][i]
+        first = backends[0].per_request
+        length = first.prompt_tokens[i]
         for row, b in enumerate(backends):
             left = 0
             y = len(backends) - 1 - row
-            for kind, n in _segments(b["per_request"], i):
+            for kind, n in _segments(b, i):
                 if n > 0:
                     ax.barh(y, n, left=left, height=0.7, color=SEGMENT_COLOURS[kind])
                 left += n
-            hit = b["per_request"]["hit_tokens"][i]
-            bnd = b["per_request"]["boundary_lost_tokens"][i]
-            cap = b["per_request"]["cap_lost_tokens"][i]
+            hit = b.per_request.hit_tokens[i]
+            bnd = b.per_request.boundary_lost_tokens[i]
+            cap = b.per_request.cap_lost_tokens[i]
             ax.text(
                 length * 1.01,
                 y,
@@ -216,10 +221,10 @@ def plot_strips(w: Mapping[str, Any], path: Path) -> bool:
             for x in range(block, length, block):
                 ax.axvline(x, color="#444444", linestyle=":", linewidth=0.6)
         ax.set_yticks(range(len(backends)))
-        ax.set_yticklabels([b["backend"] for b in reversed(backends)], fontsize=8)
+        ax.set_yticklabels([b.backend for b in reversed(backends)], fontsize=8)
         ax.set_xlim(0, length * 1.3)
         ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= length])
-        ax.set_title(f"request {first['id'][i]} ({length} prompt tokens)", fontsize=9, loc="left")
+        ax.set_title(f"request {first.ids[i]} ({length} prompt tokens)", fontsize=9, loc="left")
         ax.tick_params(axis="x", labelsize=7)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
@@ -228,7 +233,7 @@ def plot_strips(w: Mapping[str, Any], path: Path) -> bool:
 
     handles = [Patch(color=SEGMENT_COLOURS[k], label=_SEGMENT_LABELS[k]) for k in SEGMENT_COLOURS]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
-    title = f"{w['name']}: what happened to each prompt token"
+    title = f"{w.name}: what happened to each prompt token"
     if block > 1:
         title += f" (dotted: {block}-token block boundaries)"
     fig.suptitle(title, fontsize=10)
@@ -236,9 +241,43 @@ def plot_strips(w: Mapping[str, Any], path: Path) -> bool:
     return True
 
 
-def num_plots(workloads: Sequence[Mapping[str, Any]]) -> int:
+def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
+    """The arrival-time plots of one workload: the TTFT CDF per backend at the table's
+    capacity, and hit ratio and TTFT p90 against capacity when there are several.
+
+    Returns:
+        ``{"ttft_cdf_<workload>": file, "time_capacity_<workload>": file}`` for the
+        files written (none without arrival-time runs).
+    """
+    written: dict[str, str] = {}
+    table = w.timed_at_table()
+    if not table:
+        return written
+    part = _file_part(w.name)
+    name = f"ttft_cdf_{part}.png"
+    t = table[0]
+    plot_ttft_cdf(
+        [r.result for r in table],
+        out / name,
+        label_key="legend",
+        title=f"{w.name}: time to first token\n{t.settings.describe_arrivals()}, "
+        f"{w.capacity_tokens:,} tokens of KV, profile {t.settings.profile.name}",
+    )
+    written[f"ttft_cdf_{w.name}"] = name
+    if len({r.capacity_tokens for r in w.timed}) > 1:
+        name = f"time_vs_capacity_{part}.png"
+        plot_capacity_sweep(
+            [r.row() for r in w.timed],
+            out / name,
+            title=f"{w.name}: what KV capacity buys ({t.settings.describe_arrivals()})",
+        )
+        written[f"time_capacity_{w.name}"] = name
+    return written
+
+
+def num_plots(workloads: Sequence[WorkloadResult]) -> int:
     """How many plot steps :func:`write_plots` reports through ``tick``."""
-    return 2 + len(workloads)
+    return 2 + 2 * len(workloads)
 
 
 def _file_part(name: str) -> str:
@@ -246,13 +285,14 @@ def _file_part(name: str) -> str:
 
 
 def write_plots(
-    workloads: Sequence[Mapping[str, Any]], out: Path, *, tick: Tick | None = None
-) -> dict[str, Any]:
+    workloads: Sequence[WorkloadResult], out: Path, *, tick: Tick | None = None
+) -> dict[str, str]:
     """Write every plot of a comparison into ``out``.
 
     Returns:
-        File names relative to ``out``: ``{"capacity", "index_time", "strips":
-        {workload: name}}`` (``capacity`` only when some workload has a sweep).
+        File names relative to ``out``, by what they show: ``capacity`` (when some
+        workload has a sweep), ``index_time``, ``strips_<workload>``, and with
+        arrival-time runs ``ttft_cdf_<workload>`` and ``time_capacity_<workload>``.
 
     Raises:
         ImportError: matplotlib is not installed.
@@ -263,7 +303,7 @@ def write_plots(
         if tick is not None:
             tick(1)
 
-    written: dict[str, Any] = {"strips": {}}
+    written: dict[str, str] = {}
     if plot_capacity(workloads, out / "hit_ratio_vs_capacity.png"):
         written["capacity"] = "hit_ratio_vs_capacity.png"
     step()
@@ -271,8 +311,10 @@ def write_plots(
     written["index_time"] = "index_time_vs_prompt_length.png"
     step()
     for w in workloads:
-        name = f"strips_{_file_part(w['name'])}.png"
+        name = f"strips_{_file_part(w.name)}.png"
         if plot_strips(w, out / name):
-            written["strips"][w["name"]] = name
+            written[f"strips_{w.name}"] = name
+        step()
+        written.update(plot_time(w, out))
         step()
     return written

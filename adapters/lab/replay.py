@@ -9,7 +9,8 @@ SGLang-shaped one (as SGLang's scheduler drives ``RadixCache``), or the manager.
 
 The replay consumes its requests as a stream: it holds the K live requests and the
 cache, never the trace. Per-request results are kept in compact arrays (or not at
-all), and each admission can be streamed out as it happens.
+all), and each admission can be streamed out as it happens; ``on_step`` marks the end
+of every scheduler step (where an engine takes its KV events).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.storage.allocator import BlockAllocator
 
 from ..accounting import BoundaryTracker, RequestRecord
+from ..events.wire import KVEvent
 from ..manager import CacheManager
 from ..sglang import SGLangRadixCache
 from ..vllm import VLLMKVCacheManager
@@ -227,6 +229,7 @@ class _Replayer(ABC):
         self.measure_memory = False
         self.by_call = result.seconds_by_call
         self.live: deque[_Live] = deque()
+        self.on_step: Callable[[], object] | None = None
         self.peak_cached = 0
         self.peak_memory = 0
         self._next_measure = 64
@@ -317,6 +320,8 @@ class _VLLMReplayer(_Replayer):
             req.append(output[0])
         self.live.append(_Live(i, req, output, t_lookup + t_alloc))
         self.note_size()
+        if self.on_step is not None:
+            self.on_step()
         return row
 
     def finish_oldest(self) -> None:
@@ -325,6 +330,7 @@ class _VLLMReplayer(_Replayer):
         allocate = self.facade.allocate_slots
         tokens = req.all_token_ids
         perf, spent = time.perf_counter, 0.0
+        step = self.on_step
         for k in range(1, len(output)):
             t0 = perf()
             new = allocate(req, 1)
@@ -334,11 +340,15 @@ class _VLLMReplayer(_Replayer):
             req.num_computed_tokens += 1
             tokens.append(output[k])  # append(), inlined: the decode loop is hot
             req.num_tokens += 1
+            if step is not None:
+                step()
         self.book("allocate_decode", live, spent)
         self.note_size()
         _, t_free = self.timed("free", self.facade.free, req)
         live.seconds += t_free
         self.finished(live)
+        if step is not None:  # vLLM frees a finished request in a step of its own
+            step()
 
 
 class _SGLangReplayer(_Replayer):
@@ -368,6 +378,8 @@ class _SGLangReplayer(_Replayer):
             self.result.admit_seconds[i] += t_done
             self.result.request_seconds[i] += t_done
         self.note_size()
+        if self.on_step is not None:
+            self.on_step()
         return row
 
     def finish_oldest(self) -> None:
@@ -376,6 +388,7 @@ class _SGLangReplayer(_Replayer):
         alloc = self.facade.alloc_for_decode
         out_ids = req.output_ids
         perf, spent = time.perf_counter, 0.0
+        step = self.on_step
         while len(out_ids) < len(sampled):
             t0 = perf()
             ok = alloc(req)
@@ -383,11 +396,16 @@ class _SGLangReplayer(_Replayer):
             if not ok:
                 raise self.fail(f"decode step of request {req.rid!r}")
             out_ids.append(sampled[len(out_ids)])
+            # The step that samples the last token also releases the request.
+            if step is not None and len(out_ids) < len(sampled):
+                step()
         self.book("alloc_for_decode", live, spent)
         self.note_size()
         _, t_done = self.timed("cache_finished_req", self.facade.cache_finished_req, req)
         live.seconds += t_done
         self.finished(live)
+        if step is not None:
+            step()
 
 
 class _ManagerReplayer(_Replayer):
@@ -402,11 +420,14 @@ class _ManagerReplayer(_Replayer):
         row = self.admitted(i, rid, n, adm.hit_tokens, t_admit + t_commit)
         self.live.append(_Live(i, rid, rec.output, t_admit + t_commit))
         self.note_size()
+        if self.on_step is not None:
+            self.on_step()
         return row
 
     def finish_oldest(self) -> None:
         live = self.live.popleft()
         m, rid, output = self.manager, live.request, live.output
+        step = self.on_step
         for k in range(len(output) - 1):  # the last sampled token never gets KV
             ok, spent = self.timed("append", m.append, rid, [output[k]])
             live.seconds += spent
@@ -414,14 +435,18 @@ class _ManagerReplayer(_Replayer):
                 raise self.fail(f"decode step of request {rid!r}")
             _, spent = self.timed("commit", m.commit, rid, len(m.key(rid)))
             live.seconds += spent
+            if step is not None:
+                step()
         self.note_size()
         _, spent = self.timed("finish", m.finish, rid)
         live.seconds += spent
         self.finished(live)
+        if step is not None:
+            step()
 
 
 def _replayer(
-    index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool
+    index: PrefixIndex, num_blocks: int, driver: Driver, track: bool, keep: bool, events: bool
 ) -> _Replayer:
     result = ReplayResult()
     tracker = None
@@ -431,13 +456,22 @@ def _replayer(
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(index, num_blocks, observers=observers)
+        facade = VLLMKVCacheManager(
+            index, num_blocks, observers=observers, enable_kv_cache_events=events
+        )
         rp = _VLLMReplayer(facade, result, keep)
     elif driver == "sglang":
-        sg = SGLangRadixCache(index, num_blocks * index.block_size, observers=observers)
+        sg = SGLangRadixCache(
+            index,
+            num_blocks * index.block_size,
+            observers=observers,
+            enable_kv_cache_events=events,
+        )
         rp = _SGLangReplayer(sg, result, keep)
     elif driver == "manager":
-        mgr = CacheManager(index, BlockAllocator(num_blocks), observers=observers)
+        mgr = CacheManager(
+            index, BlockAllocator(num_blocks), observers=observers, enable_kv_cache_events=events
+        )
         rp = _ManagerReplayer(mgr, result, keep)
     else:
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
@@ -457,6 +491,8 @@ def replay(
     measure_memory: bool = False,
     on_admit: Callable[[HitRow], object] | None = None,
     progress: Callable[[int], object] | None = None,
+    on_step: Callable[[], object] | None = None,
+    on_events: Callable[[list[KVEvent]], object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``index`` with at most ``concurrency`` live.
 
@@ -479,6 +515,13 @@ def replay(
         on_admit: called with each admission's :class:`HitRow`, in admission order
             (stream the oracle file from it).
         progress: called with each admitted request's prompt length.
+        on_step: called at the end of every scheduler step, where an engine takes
+            its KV events: an admission (prefill), each decode step, and (the vLLM
+            driver) a finished request's release; the SGLang driver releases a
+            request in the step that samples its last token, as SGLang does.
+        on_events: with KV events on (the facades' ``enable_kv_cache_events``), called
+            at the end of each step that produced events, with the events
+            ``take_events()`` returned (what an engine publishes as one batch).
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
@@ -488,8 +531,22 @@ def replay(
     """
     if type(concurrency) is not int or concurrency < 1:
         raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
-    rp = _replayer(index, num_blocks, driver, track_boundaries, keep_per_request)
+    rp = _replayer(
+        index, num_blocks, driver, track_boundaries, keep_per_request, on_events is not None
+    )
     rp.measure_memory = measure_memory
+    rp.on_step = on_step
+    if on_events is not None:
+        take, step = rp.manager.take_events, on_step
+
+        def publish_step() -> None:
+            events = take()
+            if events:
+                on_events(events)
+            if step is not None:
+                step()
+
+        rp.on_step = publish_step
     result = rp.result
     t0 = time.perf_counter()
     try:

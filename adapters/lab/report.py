@@ -1,12 +1,18 @@
-"""The comparison's tables and files: aligned text for the terminal, report.md, results.json.
+"""The comparison's tables and files: aligned text, report.md, results.json, tidy tables.
 
-Everything here reads the plain dicts :mod:`prefixkv.adapters.lab.compare` returns; one
-column list serves the terminal table and the Markdown one, so the two never drift.
+Everything here reads the typed records :mod:`prefixkv.adapters.lab.compare` returns;
+one column list per table serves the terminal and Markdown, so the two never drift.
+The analysable outputs are flat: ``requests.csv`` (one row per request x backend x
+configuration), ``runs.csv`` (one row per run), Parquet twins when pyarrow is
+installed, and ``results.json``, whose ``runs`` and ``workloads`` are lists of flat
+records (``pandas.json_normalize`` gives one column per field).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -15,22 +21,36 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .compare import BackendRun, WorkloadResult
+from .sim import write_rows
+from .timed import Scalar, TimedRun
 from .traces import atomic_writer
 
 __all__ = [
     "COLUMNS",
+    "RESULTS_FORMAT",
+    "TIME_COLUMNS",
     "human_bytes",
     "machine_info",
     "markdown_table",
     "package_versions",
+    "request_rows",
+    "results_document",
+    "run_rows",
     "sweep_table",
     "table_rows",
     "text_table",
+    "time_rows",
+    "time_sweep_table",
     "workload_title",
     "write_hits",
     "write_report",
     "write_results",
+    "write_tables",
 ]
+
+RESULTS_FORMAT = "prefixkv-compare/2"
+"""The ``format`` of results.json: version 2 holds flat ``runs`` and ``workloads``."""
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
@@ -69,6 +89,31 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 """Table columns: (header, alignment, meaning) — the meaning goes in report.md."""
 
+TIME_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    (
+        "engine",
+        "<",
+        "the scheduler it runs as: vllm (prefill chunks and decode rows mixed in a step) "
+        "or sglang (a prefill step whenever one fits, else a decode step), and its queue order",
+    ),
+    ("hit ratio", ">", "prompt tokens served from the cache at first admission / all"),
+    ("TTFT p50/p90/p99", ">", "time to first token: arrival to the end of its first step"),
+    ("queue mean/p90", ">", "arrival to the first step that computed any of the request"),
+    ("E2E p50", ">", "arrival to the last output token"),
+    ("req/s", ">", "finished requests per second, first arrival to last finish"),
+    (
+        "prefill GPU-s",
+        ">",
+        "GPU-seconds of prefill computed / saved by prefix hits, by the cost profile's "
+        "prefill terms; both count every admission, so a preempted request's recompute "
+        "and its re-hit on its own blocks are in them",
+    ),
+    ("evicted blk", ">", "blocks (pages) evicted from the index"),
+    ("preempt", ">", "preemptions (vLLM) or retractions (SGLang): requests recomputed"),
+)
+"""Columns of the arrival-time table, as :data:`COLUMNS`."""
+
 
 def human_bytes(n: int) -> str:
     """``1536`` -> ``"1.5 KiB"``."""
@@ -84,36 +129,73 @@ def _us(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def table_rows(backends: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+def table_rows(backends: Sequence[BackendRun]) -> list[list[str]]:
     """One row of :data:`COLUMNS` cells per backend result."""
     return [
         [
-            b["backend"],
-            b["driver"],
-            str(b["block_size"]),
-            f"{b['hit_ratio']:.1%}",
-            f"{b['hit_tokens']:,}",
-            f"{b['boundary_lost_tokens']:,}",
-            f"{b['cap_lost_tokens']:,}",
-            f"{b['evicted_blocks']:,} / {b['evicted_tokens']:,}",
-            f"{_us(b['admit_us_p50'])} / {_us(b['admit_us_p99'])}",
-            f"{_us(b['index_us_p50'])} / {_us(b['index_us_p99'])}",
-            f"{b['peak_cached_blocks']:,}",
-            human_bytes(b["index_memory_bytes"]),
+            b.backend,
+            b.driver,
+            str(b.block_size),
+            f"{b.hit_ratio:.1%}",
+            f"{b.hit_tokens:,}",
+            f"{b.boundary_lost_tokens:,}",
+            f"{b.cap_lost_tokens:,}",
+            f"{b.evicted_blocks:,} / {b.evicted_tokens:,}",
+            f"{_us(b.admit_us_p50)} / {_us(b.admit_us_p99)}",
+            f"{_us(b.index_us_p50)} / {_us(b.index_us_p99)}",
+            f"{b.peak_cached_blocks:,}",
+            human_bytes(b.index_memory_bytes),
         ]
         for b in backends
     ]
 
 
-def text_table(rows: Sequence[Sequence[str]]) -> str:
-    """The rows under :data:`COLUMNS` headers as aligned plain text."""
-    headers = [c[0] for c in COLUMNS]
+def seconds(value: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"``, ``4.5`` -> ``"4.50 s"``, ``1234.5`` -> ``"1,234 s"``."""
+    if math.isnan(value):
+        return "-"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s" if value < 1000 else f"{value:,.0f} s"
+
+
+def _gpu_s(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def time_rows(runs: Sequence[TimedRun]) -> list[list[str]]:
+    """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
+    rows = []
+    for t in runs:
+        r = t.result.run
+        rows.append(
+            [
+                t.backend,
+                f"{t.engine}, {t.config.policy}",
+                f"{r.hit_ratio:.1%}",
+                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
+                f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
+                seconds(r.e2e_p50_s),
+                f"{r.request_throughput:.3g}",
+                f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
+                f"{r.evicted_blocks:,}",
+                f"{r.num_preemptions:,}",
+            ]
+        )
+    return rows
+
+
+def text_table(
+    rows: Sequence[Sequence[str]], columns: Sequence[tuple[str, str, str]] = COLUMNS
+) -> str:
+    """The rows under ``columns``' headers (default :data:`COLUMNS`) as aligned plain text."""
+    headers = [c[0] for c in columns]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         parts = [
             c.ljust(w) if col[1] == "<" else c.rjust(w)
-            for c, w, col in zip(cells, widths, COLUMNS, strict=True)
+            for c, w, col in zip(cells, widths, columns, strict=True)
         ]
         return "  ".join(parts).rstrip()
 
@@ -130,29 +212,64 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align:
     return "\n".join(out)
 
 
-def workload_title(w: Mapping[str, Any]) -> str:
+def workload_title(w: WorkloadResult) -> str:
     """``"few_shot: 200 requests, 117,023 prompt tokens, capacity 128,615 tokens, K=1"``."""
     text = (
-        f"{w['name']}: {w['num_requests']:,} requests, {w['prompt_tokens']:,} prompt tokens, "
-        f"capacity {w['capacity_tokens']:,} tokens, concurrency {w['concurrency']}"
+        f"{w.name}: {w.num_requests:,} requests, {w.prompt_tokens:,} prompt tokens, "
+        f"capacity {w.capacity_tokens:,} tokens, concurrency {w.concurrency}"
     )
-    return text + (" (interrupted: partial)" if w.get("partial") else "")
+    return text + (" (interrupted: partial)" if w.partial else "")
 
 
-def sweep_table(w: Mapping[str, Any]) -> str | None:
-    """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
-    sweep = w.get("sweep")
-    if not sweep:
+def time_title(w: WorkloadResult) -> str | None:
+    """``"arrival time: Poisson, 4 req/s (seed 0); profile ...; capacity ..."``."""
+    runs = w.timed_at_table()
+    if not runs:
         return None
-    labels = list(sweep["hit_ratio"])
+    t = runs[0]
+    cfg = t.config
+    return (
+        f"arrival time: {t.settings.describe_arrivals()}; max_num_seqs {cfg.max_num_seqs}, "
+        f"max_num_batched_tokens {cfg.max_num_batched_tokens:,}; "
+        f"profile {t.settings.profile.name}; capacity {w.capacity_tokens:,} tokens"
+    )
+
+
+def sweep_table(w: WorkloadResult) -> str | None:
+    """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
+    if not w.sweep:
+        return None
+    labels = list(dict.fromkeys(p.backend for p in w.sweep))
+    ratio = {(p.backend, p.capacity_tokens): p.hit_ratio for p in w.sweep}
     rows = []
-    for k, cap in enumerate(sweep["capacity_tokens"]):
+    for cap in w.sweep_capacities:
         cells = []
         for label in labels:
-            ratio = sweep["hit_ratio"][label][k]
-            cells.append("does not fit" if ratio is None else f"{ratio:.1%}")
+            r = ratio.get((label, cap))
+            cells.append("does not fit" if r is None else f"{r:.1%}")
         rows.append([f"{cap:,}", *cells])
     return markdown_table(["capacity (tokens)", *labels], rows, ">" * (1 + len(labels)))
+
+
+def time_sweep_table(w: WorkloadResult) -> str | None:
+    """Hit ratio and TTFT p90 per backend at each capacity of the arrival-time runs,
+    as Markdown (``None`` unless there are several capacities)."""
+    caps = sorted({t.capacity_tokens for t in w.timed})
+    if len(caps) < 2:
+        return None
+    labels = list(dict.fromkeys(t.backend for t in w.timed))
+    by = {(t.backend, t.capacity_tokens): t.result.run for t in w.timed}
+    rows = []
+    for cap in caps:
+        cells = []
+        for label in labels:
+            r = by.get((label, cap))
+            cells.append(
+                "does not fit" if r is None else f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
+            )
+        rows.append([f"{cap:,}", *cells])
+    headers = ["capacity (tokens)", *(f"{x} hit / TTFT p90" for x in labels)]
+    return markdown_table(headers, rows, ">" * (1 + len(labels)))
 
 
 def machine_info() -> dict[str, Any]:
@@ -179,7 +296,8 @@ def machine_info() -> dict[str, Any]:
 def package_versions() -> dict[str, str | None]:
     """Installed versions of prefixkv and what the report uses."""
     out: dict[str, str | None] = {}
-    for name in ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers"):
+    names = ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers", "pandas", "pyarrow")
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -199,59 +317,125 @@ def write_hits(path: Path, hits: Sequence[Mapping[str, Any]], summary: Mapping[s
         f.write((json.dumps({"summary": summary}, separators=(",", ":")) + "\n").encode())
 
 
+def run_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
+    """One flat record per run of every workload (see :meth:`WorkloadResult.run_rows`)."""
+    return [row for w in workloads for row in w.run_rows()]
+
+
+def request_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
+    """One flat record per request x backend x configuration of every workload."""
+    return [row for w in workloads for row in w.request_rows()]
+
+
+def write_tables(
+    workloads: Sequence[WorkloadResult], out: Path, written: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and ``.parquet`` twins when
+    pyarrow is installed), each atomically.
+
+    Args:
+        workloads: what the comparison measured.
+        out: the folder.
+        written: filled in as each file is complete (so an interrupted caller
+            knows which are this run's).
+
+    Returns:
+        ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
+    """
+    tables = {"requests": request_rows(workloads), "runs": run_rows(workloads)}
+    formats = ["csv"]
+    if importlib.util.find_spec("pyarrow") is not None:
+        formats.append("parquet")
+    written = {} if written is None else written
+    for fmt in formats:
+        for name, rows in tables.items():
+            write_rows(out / f"{name}.{fmt}", rows)
+            written[f"{name}_{fmt}"] = f"{name}.{fmt}"
+    return written
+
+
+def _json_safe(value: Any) -> Any:
+    # NaN (a one-token output's TPOT) is null in JSON, not the non-standard NaN.
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def results_document(
+    workloads: Sequence[WorkloadResult], meta: Mapping[str, Any]
+) -> dict[str, Any]:
+    """results.json's content: ``meta`` (config, machine, versions, plots, ...), then
+    ``workloads`` and ``runs`` as lists of flat records (no list or dict inside)."""
+    return {
+        "format": RESULTS_FORMAT,
+        **meta,
+        "workloads": [w.row() for w in workloads],
+        "runs": [{k: _json_safe(v) for k, v in row.items()} for row in run_rows(workloads)],
+    }
+
+
 def write_results(path: Path, doc: Mapping[str, Any]) -> None:
-    """Write every number of the comparison as JSON, atomically."""
-    data = (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+    """Write ``doc`` as JSON, atomically."""
+    data = (json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
     with atomic_writer(path) as f:
         f.write(data)
 
 
-def _delta_line(w: Mapping[str, Any]) -> str | None:
-    by_index = {b["index"]: b for b in w["backends"]}
+def _delta_line(w: WorkloadResult) -> str | None:
+    by_index = {b.index: b for b in w.backends}
     hc, rx = by_index.get("hash_chain"), by_index.get("radix")
     if hc is None or rx is None:
         return None
-    gain = rx["hit_tokens"] - hc["hit_tokens"]
+    gain = rx.hit_tokens - hc.hit_tokens
     return (
-        f"{rx['backend']} served {gain:+,} prompt tokens from the cache relative to "
-        f"{hc['backend']} ({gain / max(1, w['prompt_tokens']):+.1%} of all prompt tokens). "
-        f"Matched but recomputed: {hc['backend']} {hc['boundary_lost_tokens']:,} at block "
-        f"boundaries and {hc['cap_lost_tokens']:,} in last blocks; {rx['backend']} "
-        f"{rx['boundary_lost_tokens']:,} and {rx['cap_lost_tokens']:,}."
+        f"{rx.backend} served {gain:+,} prompt tokens from the cache relative to "
+        f"{hc.backend} ({gain / max(1, w.prompt_tokens):+.1%} of all prompt tokens). "
+        f"Matched but recomputed: {hc.backend} {hc.boundary_lost_tokens:,} at block "
+        f"boundaries and {hc.cap_lost_tokens:,} in last blocks; {rx.backend} "
+        f"{rx.boundary_lost_tokens:,} and {rx.cap_lost_tokens:,}."
     )
 
 
-def _strip_table(w: Mapping[str, Any]) -> str:
-    backends = w["backends"]
-    headers = ["request", "prompt", *(f"{b['backend']} hit / bnd / last" for b in backends)]
+def _time_delta_line(w: WorkloadResult) -> str | None:
+    by_index = {t.index: t.result.run for t in w.timed_at_table()}
+    hc, rx = by_index.get("hash_chain"), by_index.get("radix")
+    if hc is None or rx is None:
+        return None
+    return (
+        f"At arrival time, radix's TTFT p50 is {seconds(rx.ttft_p50_s)} against the hash "
+        f"chain's {seconds(hc.ttft_p50_s)} (p90 {seconds(rx.ttft_p90_s)} against "
+        f"{seconds(hc.ttft_p90_s)}); its prefix hits saved {seconds(rx.saved_gpu_s)} of "
+        f"prefill GPU time against {seconds(hc.saved_gpu_s)}."
+    )
+
+
+def _strip_table(w: WorkloadResult) -> str:
+    backends = w.backends
+    headers = ["request", "prompt", *(f"{b.backend} hit / bnd / last" for b in backends)]
     rows = []
-    for i in w["strip_requests"]:
-        first = backends[0]["per_request"]
-        row = [first["id"][i], str(first["prompt_len"][i])]
+    for i in w.strip_requests:
+        first = backends[0].per_request
+        row = [first.ids[i], str(first.prompt_tokens[i])]
         for b in backends:
-            p = b["per_request"]
-            row.append(
-                f"{p['hit_tokens'][i]} / {p['boundary_lost_tokens'][i]} / {p['cap_lost_tokens'][i]}"
-            )
+            p = b.per_request
+            row.append(f"{p.hit_tokens[i]} / {p.boundary_lost_tokens[i]} / {p.cap_lost_tokens[i]}")
         rows.append(row)
     return markdown_table(headers, rows, "<>" + ">" * len(backends))
 
 
-def _seed_paragraph(w: Mapping[str, Any]) -> list[str]:
+def _seed_paragraph(w: WorkloadResult) -> list[str]:
     lines = []
-    for b in w["backends"]:
-        p = b["per_request"]
-        if b["index"] == "none" or "B" not in p["id"]:
+    for b in w.backends:
+        p = b.per_request
+        if b.index == "none" or "B" not in p.ids:
             continue
-        i = p["id"].index("B")
+        i = p.ids.index("B")
         line = (
-            f"- {b['backend']}: B hit {p['hit_tokens'][i]} of {p['prompt_len'][i]} tokens, "
-            f"matched {p['matched_tokens'][i]}, {p['boundary_lost_tokens'][i]} lost to the "
+            f"- {b.backend}: B hit {p.hit_tokens[i]} of {p.prompt_tokens[i]} tokens, "
+            f"matched {p.matched_tokens[i]}, {p.boundary_lost_tokens[i]} lost to the "
             "block boundary"
         )
-        if "A-again" in p["id"]:
-            j = p["id"].index("A-again")
-            line += f"; A again hit {p['hit_tokens'][j]}, recomputing {p['cap_lost_tokens'][j]}"
+        if "A-again" in p.ids:
+            j = p.ids.index("A-again")
+            line += f"; A again hit {p.hit_tokens[j]}, recomputing {p.cap_lost_tokens[j]}"
         lines.append(line + ".")
     if not lines:
         return []
@@ -268,9 +452,51 @@ def _seed_paragraph(w: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def write_report(path: Path, doc: Mapping[str, Any]) -> None:
-    """Write report.md: configuration, machine, the tables, and the plots (relative links)."""
+def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    runs = w.timed_at_table()
+    if not runs:
+        return []
+    out = [
+        f"### {w.name} at arrival time",
+        "",
+        f"{time_title(w)}. Engines: "
+        + "; ".join(
+            f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})"
+            for t in runs
+        )
+        + ".",
+        "",
+        markdown_table(
+            [c[0] for c in TIME_COLUMNS], time_rows(runs), "".join(c[1] for c in TIME_COLUMNS)
+        ),
+        "",
+    ]
+    delta = _time_delta_line(w)
+    if delta:
+        out += [delta, ""]
+    cdf = plots.get(f"ttft_cdf_{w.name}")
+    if cdf:
+        out += [f"![TTFT CDF for {w.name}]({cdf})", ""]
+    swept = time_sweep_table(w)
+    if swept:
+        out += ["Hit ratio and TTFT p90 at each capacity:", "", swept, ""]
+    curve = plots.get(f"time_capacity_{w.name}")
+    if curve:
+        out += [f"![hit ratio and TTFT p90 vs capacity for {w.name}]({curve})", ""]
+    return out
+
+
+def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[str, Any]) -> None:
+    """Write report.md: configuration, machine, the tables, and the plots (relative links).
+
+    Args:
+        path: the file.
+        workloads: what the comparison measured.
+        doc: results.json's metadata (``config``, ``machine``, ``versions``,
+            ``plots``, ``partial``, ``elapsed_seconds``).
+    """
     cfg, plots = doc["config"], doc.get("plots", {})
+    timed = any(w.timed for w in workloads)
     out = [
         "# prefixkv: prefix-cache backends head to head",
         "",
@@ -286,6 +512,15 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
         "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
         "share a block with different ones; a token-granular radix tree does not.",
         "",
+    ]
+    if timed:
+        out += [
+            "Each backend also runs at arrival time on its natural engine: requests queue, "
+            "are batched and prefilled in chunks, and every step costs what the cost profile "
+            "says, giving TTFT, queueing and the GPU time prefix hits save.",
+            "",
+        ]
+    out += [
         "## Configuration",
         "",
         f"- command: `{cfg['command']}`",
@@ -296,6 +531,18 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
         f"- seed: {cfg['seed']}",
         f"- run time: {doc['elapsed_seconds']:.1f} s",
         f"- timings: {cfg['timing']}",
+    ]
+    if cfg.get("arrivals"):
+        out += [
+            f"- arrivals: {cfg['arrivals']}",
+            f"- engines: {'; '.join(cfg['engines'])}",
+            f"- scheduler: max_num_seqs {cfg['max_num_seqs']}, max_num_batched_tokens "
+            f"{cfg['max_num_batched_tokens']:,}, chunked prefill",
+            f"- cost profile: {cfg['profile']} ({cfg['profile_model']} on "
+            f"{cfg['profile_device']}); source: {cfg['profile_source']}",
+        ]
+    out += [
+        f"- tables: {', '.join(doc.get('tables', {}).values()) or 'none written'}",
         "",
         "## Machine",
         "",
@@ -307,6 +554,13 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
         *(f"- **{name}**: {meaning}" for name, _, meaning in COLUMNS),
         "",
     ]
+    if timed:
+        out += [
+            "Arrival-time columns:",
+            "",
+            *(f"- **{name}**: {meaning}" for name, _, meaning in TIME_COLUMNS),
+            "",
+        ]
     if plots.get("capacity"):
         out += [
             "## Hit ratio vs cache capacity",
@@ -321,29 +575,30 @@ def write_report(path: Path, doc: Mapping[str, Any]) -> None:
             f"![index time vs prompt length]({plots['index_time']})",
             "",
         ]
-    for w in doc["workloads"]:
-        out += [f"## {w['name']}", "", f"{workload_title(w)}. Source: {w['source']}.", ""]
-        for note in w.get("notes", ()):
+    for w in workloads:
+        out += [f"## {w.name}", "", f"{workload_title(w)}. Source: {w.source}.", ""]
+        for note in w.notes:
             out += [f"> Note: {note}", ""]
         out += [
             markdown_table(
-                [c[0] for c in COLUMNS], table_rows(w["backends"]), "".join(c[1] for c in COLUMNS)
+                [c[0] for c in COLUMNS], table_rows(w.backends), "".join(c[1] for c in COLUMNS)
             ),
             "",
         ]
         delta = _delta_line(w)
         if delta:
             out += [delta, ""]
-        if w["name"] == "seed":
+        if w.name == "seed":
             out += _seed_paragraph(w)
         swept = sweep_table(w)
         if swept:
             out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
-        strip = plots.get("strips", {}).get(w["name"])
-        if w["strip_requests"]:
+        strip = plots.get(f"strips_{w.name}")
+        if w.strip_requests:
             out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
             out += [_strip_table(w), ""]
         if strip:
-            out += [f"![per-request strips for {w['name']}]({strip})", ""]
+            out += [f"![per-request strips for {w.name}]({strip})", ""]
+        out += _time_section(w, plots)
     with atomic_writer(path) as f:
         f.write("\n".join(out).encode())

@@ -25,7 +25,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpecKind, get_kv_ca
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import make_index, pool_owned_options
+from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
 from .errors import UnsupportedEngineFeatureError
 from .vllm_kv import PrefixKVCacheManager
@@ -59,10 +59,11 @@ def index_from_config(vllm_config: VllmConfig, block_size: int) -> PrefixIndex:
     if not isinstance(name, str):
         raise PrefixKVError(f"{SETTINGS_KEY}.index must be a registry name, got {name!r}")
     options = {**pool_owned_options(name), **options}
-    try:
-        return make_index(name, block_size=block_size, **options)
-    except TypeError as e:  # an option the backend does not take
-        raise PrefixKVError(f"{SETTINGS_KEY}: index {name!r} rejects options {options}: {e}") from e
+    if describe_index(name).models == "vllm":
+        # vLLM's own block hashes (and so KV events a router can match with vLLM
+        # replicas): its --prefix-caching-hash-algo; PYTHONHASHSEED seeds it as in vLLM.
+        options.setdefault("hash_algorithm", vllm_config.cache_config.prefix_caching_hash_algo)
+    return make_index(name, block_size=block_size, **options)
 
 
 def check_supported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
@@ -100,9 +101,6 @@ def check_supported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
         refuse("KV connectors (--kv-transfer-config)")
     if vllm_config.speculative_config is not None:
         refuse("speculative decoding (lookahead slots; --speculative-config)")
-    events = vllm_config.kv_events_config
-    if events is not None and events.enable_kv_cache_events:
-        refuse("KV-cache events (--kv-events-config)")
     if vllm_config.parallel_config.decode_context_parallel_size > 1:
         refuse("decode context parallelism (--decode-context-parallel-size)")
     if vllm_config.aux_output_config.enabled:
@@ -144,6 +142,7 @@ class PrefixKVScheduler(Scheduler):  # type: ignore[misc]
             enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats,
             watermark=self.scheduler_config.watermark,
+            enable_kv_cache_events=self.enable_kv_cache_events,
         )
         logger.info(
             "prefixkv: %s index (block size %d) over %d KV blocks",

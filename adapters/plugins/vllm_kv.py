@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -66,12 +67,15 @@ class PrefixKVCacheManager:
         enable_caching: bool = True,
         log_stats: bool = False,
         watermark: float = 0.0,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if num_gpu_blocks < 2:
             raise PrefixKVError(
                 f"num_gpu_blocks must be >= 2 (block 0 is null), got {num_gpu_blocks}"
             )
-        self.manager = CacheManager(index, BlockAllocator(num_gpu_blocks - 1))
+        self.manager = CacheManager(
+            index, BlockAllocator(num_gpu_blocks - 1), enable_kv_cache_events=enable_kv_cache_events
+        )
         self.block_size = index.block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -352,8 +356,20 @@ class PrefixKVCacheManager:
         self.manager.evict_blocks(b - 1 for b in block_ids if b > 0)
 
     def take_events(self) -> list[Any]:
-        """KV-cache events: none yet (the index publishes no events to this manager)."""
-        return []
+        """The index's KV events since the last step, as vLLM's own event structs (the
+        scheduler publishes them in one ``KVEventBatch``), or none when events are off."""
+        events = self.manager.take_events()
+        if not events:
+            return []
+        # prefixkv's structs are vLLM's field for field: a msgpack round trip gives
+        # vLLM's own classes, so any consumer of the scheduler sees what it expects.
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        vllm_event: Any = BlockStored | BlockRemoved | AllBlocksCleared
+        out: list[Any] = msgspec.msgpack.decode(
+            msgspec.msgpack.encode(events), type=list[vllm_event]
+        )
+        return out
 
     def new_step_starts(self) -> None:
         """Nothing to do per step for one full-attention group."""

@@ -241,13 +241,21 @@ def build_scheduler(
     additional_config: dict[str, Any] | None = None,
     hash_algo: str = "sha256",
     enable_chunked_prefill: bool = True,
+    kv_events: bool = False,
     model_dir: str,
 ) -> tuple[Any, Callable[[Any], Any]]:
     """A scheduler built the way ``EngineCore.__init__`` builds it, and its block hasher.
 
     ``model_dir`` must hold a ``config.json`` (see ``TINY_LLAMA``); nothing is loaded.
     """
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVEventsConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (
         get_request_block_hasher,
@@ -275,6 +283,9 @@ def build_scheduler(
         ),
         device_config=DeviceConfig(device="cpu"),
         additional_config=additional_config or {},
+        kv_events_config=(
+            KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
+        ),
     )
     register_all_kvcache_specs(config)
     kv_config = kv_cache_config(num_blocks, block_size)

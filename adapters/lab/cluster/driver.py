@@ -30,7 +30,7 @@ from .config import ClusterConfig, make_index_for
 from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, TimedFault
 from .fleet import Fleet, ReplicaSpec
-from .keys import HashScheme, Worker
+from .keys import Worker
 from .metrics import Invariants, RoutedRequest
 from .policies import LeastOutstanding, RoundRobin, make_policy
 from .policy import PolicySpec, RoutingPolicy
@@ -60,7 +60,7 @@ class ClusterDriver:
         self.fleet = fleet
         self.replica_spec = replica_spec
         self.profile = replica_spec.profile
-        self.scheme = HashScheme.prefixkv(config.block_size, config.hash_seed)
+        self.scheme = replica_spec.scheme()
         self.channel = EventChannel(plan, config.seed + 1)
         self.rng = random.Random(config.seed + 2)
         self.bound = spec.is_bound

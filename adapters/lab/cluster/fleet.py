@@ -70,9 +70,13 @@ class ReplicaSpec:
             options.setdefault("seed", self.hash_seed)
         return functools.partial(make_index, self.backend, self.block_size, **options)
 
+    def scheme(self) -> HashScheme:
+        """The hash scheme the replica's index publishes events with."""
+        return HashScheme.for_index(self.index_factory()())
+
     def build(self, replica_id: int) -> SimReplica:
         """The replica."""
-        scheme = HashScheme.prefixkv(self.block_size, self.hash_seed) if self.check_hits else None
+        scheme = self.scheme() if self.check_hits else None
         return SimReplica(
             replica_id,
             self.index_factory(),

@@ -15,18 +15,21 @@ of per-block keys, computed once when it is routed:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import xxhash
 
-from prefixkv.indexes.hashing import BlockHasher
-from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey
+from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
+from prefixkv.indexes.hash_chain import HashChainIndex
+from prefixkv.indexes.hashing import make_block_hasher
+from prefixkv.indexes.sglang_hashing import namespace_prior, page_hashes, to_event_hashes
+from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE, ChainHasher, ExtraKey
 from prefixkv.indexes.vllm_hashing import VllmBlockHasher, to_external_block_hash
 
 from .errors import ClusterConfigError
 
-__all__ = ["ChainHasher", "HashScheme", "RouteKeys", "Worker", "local_block_hashes"]
+__all__ = ["HashScheme", "RouteKeys", "Worker", "local_block_hashes"]
 
 LOCAL_HASH_SEED = 1337
 """Seed of the per-block content hash (the one Dynamo's ``LocalBlockHash`` uses)."""
@@ -41,16 +44,6 @@ class Worker(NamedTuple):
     """The engine's data-parallel rank (a batch's ``data_parallel_rank``)."""
     group_idx: int = 0
     """The KV-cache group (an event's ``group_idx``)."""
-
-
-class ChainHasher(Protocol):
-    """The interface of prefixkv's ``BlockHasher`` and ``VllmBlockHasher``."""
-
-    block_size: int
-
-    def extend(self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None) -> None:
-        """Append the digests of the full blocks of ``tokens`` not in ``hashes`` yet."""
-        ...
 
 
 def local_block_hashes(data: bytes, block_size: int) -> list[int]:
@@ -68,24 +61,42 @@ class HashScheme:
     """How the fleet's engines hash blocks, as the router recomputes it.
 
     Args:
-        hasher: the engines' chained hasher: prefixkv's :class:`BlockHasher` with the
-            fleet's seed (what ``make_index("hash_chain", seed=...)`` uses), or
-            :class:`VllmBlockHasher` for vLLM engines.
+        block_size: tokens per block (page).
+        hashes: the wire hashes of the full blocks of a token array (and namespace).
+        name: what it is (``"xxh3_128"``, ``"sha256_cbor"``, ``"sglang"``, ...).
 
-    Use :meth:`prefixkv` or :meth:`vllm` to build one.
+    Build one with :meth:`for_index` (the scheme a replica's index publishes),
+    :meth:`prefixkv`, :meth:`vllm` or :meth:`sglang`.
     """
 
-    __slots__ = ("block_size", "hasher")
+    __slots__ = ("_hashes", "block_size", "name")
 
-    def __init__(self, hasher: ChainHasher) -> None:
-        self.hasher = hasher
-        self.block_size = hasher.block_size
+    def __init__(
+        self,
+        block_size: int,
+        hashes: Callable[[array[int], ExtraKey | None], list[int]],
+        name: str,
+    ) -> None:
+        self.block_size = block_size
+        self._hashes = hashes
+        self.name = name
+
+    @classmethod
+    def chained(cls, hasher: ChainHasher, name: str = "chain") -> HashScheme:
+        """vLLM-style chained hashes from ``hasher``, on the wire as vLLM's 64-bit ints."""
+
+        def hashes(tokens: array[int], extra_key: ExtraKey | None) -> list[int]:
+            digests: list[bytes] = []
+            hasher.extend(digests, tokens, extra_key)
+            return [to_external_block_hash(d) for d in digests]
+
+        return cls(hasher.block_size, hashes, name)
 
     @classmethod
     def prefixkv(
         cls, block_size: int, seed: int | str | bytes, algorithm: str = "xxh3_128"
     ) -> HashScheme:
-        """prefixkv's hash chain with a fleet-wide seed (vLLM's ``PYTHONHASHSEED`` role).
+        """The hash chain's hashes with a fleet-wide seed (vLLM's ``PYTHONHASHSEED`` role).
 
         Raises:
             ClusterConfigError: no seed (a random root would make every replica's
@@ -93,21 +104,42 @@ class HashScheme:
         """
         if seed is None:
             raise ClusterConfigError("a fleet needs one hash seed shared by every replica")
-        return cls(BlockHasher(block_size, algorithm, seed))
+        return cls.chained(make_block_hasher(block_size, algorithm, seed), algorithm)
 
     @classmethod
     def vllm(cls, block_size: int, algorithm: str = "sha256_cbor") -> HashScheme:
         """vLLM 0.33's block hashes (``--prefix-caching-hash-algo``)."""
-        return cls(VllmBlockHasher(block_size, algorithm))
+        return cls.chained(VllmBlockHasher(block_size, algorithm), algorithm)
+
+    @classmethod
+    def sglang(cls, page_size: int) -> HashScheme:
+        """SGLang 0.5.23's page hashes (sha256 chain, the first 8 bytes signed)."""
+
+        def hashes(tokens: array[int], extra_key: ExtraKey | None) -> list[int]:
+            full = len(tokens) - len(tokens) % page_size
+            digests = page_hashes(tokens[:full], namespace_prior(extra_key), page_size)
+            return to_event_hashes(digests) if digests else []
+
+        return cls(page_size, hashes, "sglang")
+
+    @classmethod
+    def for_index(cls, index: PrefixIndex) -> HashScheme:
+        """The scheme ``index`` publishes events with: its own chain hasher (the hash
+        chain, seed included), SGLang's page hashes (the radix tree), else prefixkv's
+        default chain (an index that publishes nothing: its hashes are never met).
+        """
+        if isinstance(index, HashChainIndex):
+            return cls.chained(index.hasher, "hash_chain")
+        if isinstance(index, SupportsEventSink) and index.kv_event_dialect == "sglang":
+            return cls.sglang(index.block_size)
+        return cls.prefixkv(index.block_size, 0)
 
     def block_hashes(self, tokens: array[int], extra_key: ExtraKey | None = None) -> list[int]:
-        """The wire hashes (vLLM's 64-bit ints) of the full blocks of ``tokens``.
+        """The wire hashes of the full blocks of ``tokens``.
 
         Complexity: O(len(tokens)); one digest per block.
         """
-        digests: list[bytes] = []
-        self.hasher.extend(digests, tokens, extra_key)
-        return [to_external_block_hash(d) for d in digests]
+        return self._hashes(tokens, extra_key)
 
     def first_block_hash(self, token_ids: Sequence[int]) -> int | None:
         """The wire hash of a chain's first block with these tokens (no namespace), or
@@ -116,8 +148,7 @@ class HashScheme:
         if len(token_ids) < self.block_size:
             return None
         tokens = array(TOKEN_TYPECODE, token_ids[: self.block_size])
-        hashes = self.block_hashes(tokens)
-        return hashes[0]
+        return self.block_hashes(tokens)[0]
 
 
 class RouteKeys:

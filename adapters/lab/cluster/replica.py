@@ -32,9 +32,10 @@ from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
 from prefixkv.adapters.lab.sim.requests import TimedRequest
 from prefixkv.adapters.lab.sim.scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.manager import CacheManager
+from prefixkv.indexes.base import SupportsEventSink
 from prefixkv.storage.allocator import BlockAllocator
 
-from ._interim_events import manager_with_events
 from .errors import ClusterConfigError
 from .keys import HashScheme
 from .local_indexer import KVEvent, LocalIndexer
@@ -71,11 +72,11 @@ class SharedPool:
             raise ClusterConfigError(
                 f"capacity_tokens {capacity_tokens} holds no block of {self.block_size} tokens"
             )
+        self.index = index
         self.allocator = BlockAllocator(self.num_blocks)
-        self.manager, self.index, self.take_events = manager_with_events(
-            index, self.allocator, events
-        )
-        self.events = events
+        # An index that reports nothing (the ``none`` backend) publishes no events.
+        self.events = events and isinstance(index, SupportsEventSink)
+        self.manager = CacheManager(index, self.allocator, enable_kv_cache_events=self.events)
         self.shared = shared
 
 
@@ -265,7 +266,7 @@ class SimReplica:
     def _publish(self, ts: float) -> None:
         if not self.pool.events:
             return
-        events: list[KVEvent] = self.pool.take_events()
+        events: list[KVEvent] = self.manager.take_events()
         if not events:
             return
         self.local.apply(events)

@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_DECODE_SHAPES",
     "DEFAULT_MIXED_SHAPES",
     "DEFAULT_PREFILL_SHAPES",
+    "QUICK_SHAPES",
     "StepSample",
     "calibrate",
     "fit_profile",
@@ -48,6 +49,14 @@ DEFAULT_MIXED_SHAPES: tuple[tuple[int, int, int, int], ...] = (
 )  # fmt: skip
 """``(q, s, b, c)``: one prefill chunk and ``b`` decode rows in the same step."""
 
+QUICK_SHAPES: dict[str, tuple[tuple[int, ...], ...]] = {
+    "prefill": ((8, 0), (32, 0), (32, 64), (64, 32)),
+    "decode": ((1, 16), (4, 32), (8, 8)),
+    "mixed": ((16, 0, 2, 16),),
+}
+"""A few small shapes (8 samples, enough for the 5 coefficients): a rough profile in
+seconds, for trying the command out and for tests."""
+
 
 class StepSample(NamedTuple):
     """One measured step: its work (the profile's units) and its least seconds."""
@@ -68,6 +77,7 @@ def measure_engine(
     repeats: int = 5,
     warmup: int = 1,
     clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int], object] | None = None,
 ) -> list[StepSample]:
     """Time the reference engine's forward pass on each step shape.
 
@@ -81,6 +91,8 @@ def measure_engine(
             step's cost on a machine other work disturbs.
         warmup: untimed runs per shape first.
         clock: seconds, monotonic (``time.perf_counter``).
+        progress: called with 1 after each forward pass (a progress bar's
+            ``update``); there are ``(warmup + repeats) * shapes`` of them.
 
     Returns:
         One sample per shape, in the order prefill, decode, mixed.
@@ -122,6 +134,8 @@ def measure_engine(
                 sync(cfg.torch_device)
             if i >= warmup:
                 best[k] = min(best[k], clock() - t0)
+            if progress is not None:
+                progress(1)
     samples = [
         StepSample(
             prefill_tokens=sum(q for q, _ in pre),
@@ -186,6 +200,7 @@ def calibrate(
     *,
     name: str | None = None,
     repeats: int = 5,
+    progress: Callable[[int], object] | None = None,
     **shapes: Sequence[tuple[int, ...]],
 ) -> CostProfile:
     """Measure the reference engine on ``config``'s device and fit a profile.
@@ -195,6 +210,7 @@ def calibrate(
             available, else on the CPU).
         name: the profile's name (default ``reference-engine-<device>``).
         repeats: timed runs per step shape.
+        progress: see :func:`measure_engine`.
         **shapes: ``prefill=``, ``decode=``, ``mixed=`` as in :func:`measure_engine`.
 
     Returns:
@@ -206,7 +222,12 @@ def calibrate(
 
     if config is None:
         config = EngineConfig(device="cuda" if torch.cuda.is_available() else "cpu")
-    samples = measure_engine(config, repeats=repeats, **shapes)  # type: ignore[arg-type]
+    samples = measure_engine(
+        config,
+        repeats=repeats,
+        progress=progress,
+        **shapes,  # type: ignore[arg-type]
+    )
     dev = config.torch_device
     if dev.type == "cuda":
         device = torch.cuda.get_device_name(dev)

@@ -34,7 +34,8 @@ class SimConfig:
             ``max_running_requests``). vLLM's default is 256.
         max_num_batched_tokens: most tokens computed in one step (vLLM
             ``max_num_batched_tokens``; SGLang's ``chunked_prefill_size`` for a
-            prefill step). 8192, vLLM's default for online serving.
+            prefill step). 8192: SGLang's default on 80 GB GPUs and vLLM's for online
+            serving on H100/H200 (vLLM uses 2048 on an A100).
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
         policy: ``"fcfs"`` or ``"lpm"`` (SGLang's cache-aware order).

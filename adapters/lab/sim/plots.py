@@ -53,7 +53,9 @@ def plot_ttft_cdf(
     Returns:
         ``path``.
     """
-    fig, ax = _figure(6.4, 4.0)
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = _figure(6.4, 4.2)
     for i, res in enumerate(results):
         ttft = sorted(r.ttft_s for r in res.requests)
         if not ttft:
@@ -65,12 +67,13 @@ def plot_ttft_cdf(
                 linestyle=_DASHES[i % len(_DASHES)],
                 label=f"{name} (p50 {_seconds(p50)})")  # fmt: skip
     ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} s"))
+    ax.set_xlabel("TTFT (log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.0)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     out = Path(path)
     fig.savefig(out)
     return out
@@ -81,7 +84,8 @@ def _seconds(value: float) -> str:
 
 
 def _tokens(value: float) -> str:
-    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+    # Decimal, as capacities are usually given (vLLM's 8k = 8,000).
+    for unit, size in (("M", 10**6), ("k", 10**3)):
         if value >= size:
             return f"{value / size:.3g}{unit}"
     return f"{value:.0f}"
@@ -135,7 +139,7 @@ def plot_capacity_sweep(
         ax.legend(fontsize="small")
     hit_ax.set_ylim(0, 1.0)
     ttft_ax.set_ylim(bottom=0)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=11)
     out = Path(path)
     fig.savefig(out)
     return out

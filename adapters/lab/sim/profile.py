@@ -224,5 +224,11 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Cost
 
 
 def save_profile(profile: CostProfile, path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` as JSON (the form :func:`load_profile` reads)."""
-    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n", encoding="utf-8")
+    """Write ``profile`` as JSON (the form :func:`load_profile` reads), atomically.
+
+    Missing folders are created; an interrupted write leaves the old file.
+    """
+    from ..traces.files import atomic_writer  # the readers (numpy) only when writing
+
+    with atomic_writer(path) as f:
+        f.write((json.dumps(profile.to_dict(), indent=2) + "\n").encode())

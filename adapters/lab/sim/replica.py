@@ -57,6 +57,7 @@ def simulate(
     profile: CostProfile | None = None,
     *,
     labels: Mapping[str, Any] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> SimResult:
     """Replay ``requests`` at their arrival times through one simulated replica.
 
@@ -69,6 +70,8 @@ def simulate(
         config: scheduler settings (default ``SimConfig()``).
         profile: step costs (default: the shipped default profile).
         labels: extra columns for the result's tables (workload, arrivals, ...).
+        progress: called with a request's prompt tokens when it finishes (a
+            progress bar's ``update``).
 
     Returns:
         Per-request records and the run's summary; ``labels`` holds the index,
@@ -129,7 +132,9 @@ def simulate(
         now += seconds
         busy += seconds
         num_steps += 1
-        sched.complete(plan, now)
+        finished = sched.complete(plan, now)
+        if progress is not None and finished:
+            progress(sum(len(s.request.prompt) for s in finished))
         if cfg.check_invariants:
             manager.check_invariants()
     all_labels: dict[str, Any] = {

@@ -10,6 +10,7 @@ Parquet; :func:`to_dataframes` returns pandas DataFrames when pandas is installe
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -70,7 +71,8 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
 
     CSV and Parquet get one column per key (the union over rows, a missing value
     empty); JSON is a list of flat records, JSON lines one record a line (NaN is
-    ``null`` in both).
+    ``null`` in both). The file appears whole or not at all (written beside
+    ``path``, then renamed over it); missing folders are created.
 
     Raises:
         TableFormatError: another suffix, or ``.parquet`` without pyarrow.
@@ -82,21 +84,26 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
             f"cannot write {out.name!r}: the suffix must be one of "
             f"{', '.join('.' + f for f in TABLE_FORMATS)}"
         )
+    from ..traces.files import atomic_writer  # the readers (numpy) only when writing
+
     columns = _columns(rows)
     if fmt == "parquet":
         _write_parquet(out, rows, columns)
-    elif fmt == "csv":
-        with out.open("w", newline="", encoding="utf-8") as f:
+        return out
+    with atomic_writer(out) as raw:
+        f = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        if fmt == "csv":
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
-    else:
-        records = [{k: _json_value(row.get(k)) for k in columns} for row in rows]
-        with out.open("w", encoding="utf-8") as f:
+        else:
+            records = [{k: _json_value(row.get(k)) for k in columns} for row in rows]
             if fmt == "json":
                 json.dump(records, f, allow_nan=False)
             else:
                 f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+        f.flush()
+        f.detach()  # the writer closes the file itself, after syncing it
     return out
 
 
@@ -108,8 +115,11 @@ def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[s
         raise TableFormatError(
             f"writing {out.name!r} needs pyarrow (pip install pyarrow); CSV and JSON do not"
         ) from None
+    from ..traces.files import atomic_writer
+
     table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
-    pq.write_table(table, out)
+    with atomic_writer(out) as f:
+        pq.write_table(table, f)
 
 
 def write_tables(

@@ -148,6 +148,57 @@ def test_hash_chain_inside_vllm_equals_kv_cache_manager(
         )
 
 
+class Collected:
+    """Stands in for vLLM's event publisher: keeps each published batch's events."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+
+    def publish(self, batch: Any) -> None:
+        self.batches.append(list(batch.events))
+
+    def shutdown(self) -> None:
+        pass
+
+
+def events_of(model_dir: str, reqs: list[dict[str, Any]], algo: str, cls: str | None) -> Any:
+    sched, hasher = vllm_oracle.build_scheduler(
+        block_size=16,
+        num_blocks=num_blocks(reqs, 16, "tight"),
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        async_scheduling=False,
+        scheduler_cls=cls,
+        additional_config={"prefixkv": {"index": "hash_chain"}} if cls else None,
+        hash_algo=algo,
+        kv_events=True,
+        model_dir=model_dir,
+    )
+    sched.kv_event_publisher = collected = Collected()
+    rp = vllm_oracle.SchedulerReplay(sched, hasher)
+    for rec in reqs:
+        rp.add(rec)
+    rp.run()
+    return collected.batches
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "sha256"])
+def test_kv_events_inside_vllm_equal_the_native_ones(
+    model_dir, traces, algo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scheduler publishes one batch per step; with prefixkv's hash chain the batches
+    # (hashes, parents, tokens, removals) equal what vLLM's own manager publishes,
+    # through chunked prefill, preemption and eviction.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    reqs = traces["mixed"][:60]
+    native = events_of(model_dir, reqs, algo, None)
+    ours = events_of(model_dir, reqs, algo, PLUGIN)
+    assert sum(map(len, native)) > 100
+    assert any(type(e).__name__ == "BlockRemoved" for b in native for e in b)
+    assert ours == native
+
+
 def test_radix_index_from_additional_config(model_dir, traces) -> None:
     out = run(model_dir, traces["synthetic"][:10], 16, False, 512, "roomy", PLUGIN, "radix")
     manager = out["scheduler"].kv_cache_manager

@@ -1,0 +1,351 @@
+"""Arrival-time runs of a comparison: each backend on its natural engine, with a clock.
+
+The K-live replay of :mod:`.compare` counts the prompt tokens each index serves
+from cache; this runs the same requests through :func:`.sim.simulate` (a queue,
+continuous batching, a cost profile) to tell what that is worth to the engine's
+users: TTFT, queueing, throughput, GPU-seconds of prefill. Requests arrive at a
+Poisson or fixed request rate, or at the trace's own timestamps times a scale.
+
+By default each backend runs the way its engine schedules: the hash chain (and
+``none``, and the generic manager driver) as vLLM does (prefill chunks and decode
+rows mixed in one step), the radix tree as SGLang does (a prefill step whenever
+one can be admitted, else a decode step); both first come, first served, the two
+engines' default queue order. Every knob can be forced for all backends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from prefixkv.indexes.tokens import as_token_array
+
+from .progress import Progress
+from .sim import (
+    ARRIVAL_PROCESSES,
+    ArrivalProcess,
+    Batching,
+    CostProfile,
+    Policy,
+    SimConfig,
+    SimConfigError,
+    SimResult,
+    TimedRequest,
+    load_profile,
+    simulate,
+    with_arrivals,
+)
+from .sources import Workload
+from .traces import TraceRequest, TraceSource
+
+if TYPE_CHECKING:
+    from .compare import BackendSpec
+
+__all__ = [
+    "ENGINE_MODES",
+    "EngineMode",
+    "Scalar",
+    "TimeSettings",
+    "TimedRun",
+    "check_arrivals",
+    "run_timed",
+    "timed_requests",
+]
+
+EngineMode = Literal["vllm", "sglang"]
+ENGINE_MODES: Mapping[EngineMode, tuple[Batching, Policy]] = {
+    "vllm": ("mixed", "fcfs"),
+    "sglang": ("prefill_first", "fcfs"),
+}
+"""Each engine's batching and default queue order (vLLM's ``--scheduling-policy fcfs``,
+SGLang's ``--schedule-policy fcfs``)."""
+
+_ENGINE_NAMES: Mapping[EngineMode, str] = {"vllm": "vLLM", "sglang": "SGLang"}
+
+Scalar = str | int | float | bool | None
+"""A table cell: rows hold only these, so every format has one column per field."""
+
+Bars = Callable[[str, int], Progress]
+
+
+def _finite(name: str, value: float | None, *, positive: bool = True) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (value <= 0 if positive else value < 0)
+    ):
+        raise SimConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSettings:
+    """How a comparison's arrival-time runs go: arrivals, scheduler knobs, cost profile.
+
+    Attributes:
+        request_rate: requests per second (``arrival`` process); replaces the
+            trace's timestamps.
+        time_scale: keep the trace's timestamps, relative to the first request,
+            multiplied by this (``< 1`` squeezes the trace: more load).
+        arrival: ``"poisson"`` (seeded) or ``"fixed"`` (evenly spaced).
+        seed: the Poisson process's seed.
+        max_num_seqs: most running requests (vLLM ``--max-num-seqs``, SGLang
+            ``--max-running-requests``).
+        max_num_batched_tokens: most tokens a step computes (vLLM
+            ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``).
+        policy: force a queue order on every backend (``None``: each engine's own).
+        batching: force a batching mode on every backend (``None``: each
+            backend's natural engine's).
+        profile: the step costs.
+
+    Raises:
+        SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
+            value out of range, an unknown process, policy or batching mode.
+    """
+
+    request_rate: float | None = None
+    time_scale: float | None = None
+    arrival: ArrivalProcess = "poisson"
+    seed: int = 0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    policy: Policy | None = None
+    batching: Batching | None = None
+    profile: CostProfile = field(default_factory=load_profile)
+
+    def __post_init__(self) -> None:
+        if (self.request_rate is None) == (self.time_scale is None):
+            raise SimConfigError("give a request rate or a time scale (one of the two)")
+        _finite("request rate", self.request_rate)
+        _finite("time scale", self.time_scale)
+        if self.arrival not in ARRIVAL_PROCESSES:
+            raise SimConfigError(
+                f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
+            )
+        if type(self.seed) is not int:
+            raise SimConfigError(f"seed must be an int, got {self.seed!r}")
+        if not isinstance(self.profile, CostProfile):
+            raise SimConfigError(f"profile must be a CostProfile, got {self.profile!r:.80}")
+        # Validates the knobs (sizes, policy, batching) now, not at the first run.
+        SimConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            policy=self.policy or "fcfs",
+            batching=self.batching or "mixed",
+        )
+
+    def engine(self, spec: BackendSpec) -> EngineMode:
+        """The engine ``spec`` runs as: SGLang's for the radix tree's driver, vLLM's
+        for the others, unless ``batching`` forces one."""
+        if self.batching is not None:
+            return "vllm" if self.batching == "mixed" else "sglang"
+        return "sglang" if spec.driver == "sglang" else "vllm"
+
+    def config(self, spec: BackendSpec) -> SimConfig:
+        """The scheduler settings of ``spec``'s runs."""
+        batching, policy = ENGINE_MODES[self.engine(spec)]
+        return SimConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            policy=self.policy or policy,
+            batching=self.batching or batching,
+        )
+
+    def describe_engine(self, spec: BackendSpec) -> str:
+        """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
+        cfg = self.config(spec)
+        name = _ENGINE_NAMES[self.engine(spec)]
+        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.policy} queue)"
+
+    def describe_arrivals(self) -> str:
+        """``"Poisson, 4 req/s (seed 0)"``, ``"fixed, 4 req/s"``, ``"trace timestamps × 10"``."""
+        if self.request_rate is not None:
+            rate = f"{self.request_rate:g} req/s"
+            if self.arrival == "poisson":
+                return f"Poisson, {rate} (seed {self.seed})"
+            return f"fixed, {rate}"
+        return f"trace timestamps × {self.time_scale:g}"
+
+    def row(self) -> dict[str, Scalar]:
+        """The settings as table columns (every arrival-time row carries them)."""
+        return {
+            "arrivals": self.describe_arrivals(),
+            "request_rate": self.request_rate,
+            "arrival_process": self.arrival if self.request_rate is not None else "trace",
+            "time_scale": self.time_scale,
+            "arrival_seed": self.seed,
+            "profile": self.profile.name,
+        }
+
+
+def timed_requests(requests: Iterable[TraceRequest]) -> Iterator[TimedRequest]:
+    """Trace requests as the simulator's requests, lazily (the arrival is kept).
+
+    A request with an empty output still decodes one token, as an engine does.
+    """
+    for r in requests:
+        out = r.output
+        yield TimedRequest(
+            r.id,
+            as_token_array(r.tokens),
+            max(1, len(out)),
+            r.arrival,
+            as_token_array(out) if len(out) else None,
+        )
+
+
+def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
+    """Refuse, before anything runs, a time scale for requests that have no usable clock.
+
+    Built-in workloads have no timestamps; kv-cache-tester traces time each
+    conversation from its own start, so their requests are not in arrival order.
+
+    Raises:
+        SimConfigError: naming the workload and what to give instead.
+    """
+    if settings.time_scale is None:
+        return
+    source = workload.requests
+    if isinstance(source, TraceSource) and source.format == "kv-cache-tester":
+        raise SimConfigError(
+            f"{workload.name}: kv-cache-tester traces time each conversation from its own "
+            "start, so their requests are not in arrival order; give --request-rate"
+        )
+    first = next(iter(source), None)
+    if first is not None and first.arrival is None:
+        what = "built-in workload" if workload.path is None else "trace"
+        raise SimConfigError(
+            f"{workload.name}: this {what} has no arrival times for --time-scale; "
+            "give --request-rate"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRun:
+    """One backend's arrival-time run of one workload at one capacity.
+
+    Attributes:
+        workload: the workload's name.
+        backend: the backend's label.
+        index: its registry name.
+        block_size: its hit granularity.
+        options: its ``make_index`` options, ``k=v`` joined by ``,``.
+        engine: the engine it ran as (``vllm`` or ``sglang``).
+        capacity_tokens: the capacity asked for (the same for every backend; the
+            pool is the whole blocks that fit, :attr:`pool_tokens`).
+        role: ``"table"`` (the comparison's capacity) or ``"sweep"``.
+        config: the scheduler settings.
+        settings: the arrivals and cost profile.
+        result: per-request records and the run's summary.
+    """
+
+    workload: str
+    backend: str
+    index: str
+    block_size: int
+    options: str
+    engine: EngineMode
+    capacity_tokens: int
+    role: str
+    config: SimConfig
+    settings: TimeSettings
+    result: SimResult
+
+    @property
+    def pool_tokens(self) -> int:
+        """The pool's tokens: the whole blocks that fit ``capacity_tokens``."""
+        return self.capacity_tokens // self.block_size * self.block_size
+
+    def labels(self) -> dict[str, Scalar]:
+        """The columns that say which run a row belongs to."""
+        return {
+            "workload": self.workload,
+            "schedule": "arrival",
+            "role": self.role,
+            "backend": self.backend,
+            "index": self.index,
+            "block_size": self.block_size,
+            "options": self.options,
+            "capacity_tokens": self.capacity_tokens,
+            "num_blocks": self.capacity_tokens // self.block_size,
+            "pool_tokens": self.pool_tokens,
+            "engine": self.engine,
+            **self.config.as_dict(),
+            **self.settings.row(),
+        }
+
+    def row(self) -> dict[str, Scalar]:
+        """One flat run record: labels, then the summary (:class:`~.sim.RunMetrics`)."""
+        return {**self.labels(), **self.result.run.as_row()}
+
+    def request_rows(self) -> list[dict[str, Any]]:
+        """One flat record per request, in arrival order."""
+        labels = self.labels()
+        return [{**labels, "position": k, **r.as_row()} for k, r in enumerate(self.result.requests)]
+
+
+def run_timed(
+    workload: Workload,
+    spec: BackendSpec,
+    capacity_tokens: int,
+    settings: TimeSettings,
+    *,
+    role: str = "table",
+    bars: Bars | None = None,
+) -> TimedRun:
+    """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens``.
+
+    The requests are read again from the workload (a trace streams), stamped with
+    arrival times, and replayed by :func:`~.sim.simulate`.
+
+    Raises:
+        SimInputError: requests out of arrival order (a trace's timestamps).
+        SimUnservableError: a request that cannot fit the pool even alone.
+        KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
+    """
+    config = settings.config(spec)
+    stamped = with_arrivals(
+        timed_requests(workload.requests),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+    where = "" if role == "table" else f" @ {capacity_tokens:,} tok"
+    desc = f"{workload.name} {spec.label} time{where}"
+    bar = bars(desc, workload.stats.prompt_tokens) if bars else None
+    try:
+        result = simulate(
+            stamped,
+            spec.make,
+            capacity_tokens,
+            config,
+            settings.profile,
+            labels={
+                "workload": workload.name,
+                "backend": spec.label,
+                "legend": f"{spec.label} as {settings.engine(spec)}",
+            },
+            progress=None if bar is None else bar.update,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return TimedRun(
+        workload=workload.name,
+        backend=spec.label,
+        index=spec.index,
+        block_size=spec.block_size,
+        options=",".join(f"{k}={v}" for k, v in spec.options),
+        engine=settings.engine(spec),
+        capacity_tokens=capacity_tokens,
+        role=role,
+        config=config,
+        settings=settings,
+        result=result,
+    )

@@ -1,0 +1,178 @@
+"""K-live drivers of the two facades, stepping like the engines' schedulers.
+
+The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``):
+at most K requests live, the oldest finishes first by decoding its remaining output
+one token per step; the whole prompt is prefilled in one step, which samples the first
+output token. ``end_step`` is called where the engine takes its events. vLLM: a
+prefill, each decode token and the free of a finished request are steps. SGLang: a
+request whose only output token is sampled at prefill finishes in that step; the
+step that samples the last token releases the request.
+
+Requests are the fixture trace's records: ``id``, ``tokens``, ``output``, and
+optionally ``cache_salt``, ``lora`` ``{name, id, path}`` (vLLM) and ``extra_key``
+(SGLang). A request that does not fit is not admitted (``admit`` returns False); one
+whose decode does not fit is aborted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from prefixkv.adapters.events import KVEventBatch
+from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.vllm import VLLMKVCacheManager
+
+Record = dict[str, Any]
+
+
+class FacadeEvents:
+    """A facade's events, taken as vLLM's engine core takes them once per step
+    (the facade must be built with ``enable_kv_cache_events=True``)."""
+
+    def __init__(self, facade: VLLMKVCacheManager | SGLangRadixCache) -> None:
+        self.facade = facade
+
+    def take_events(self) -> list[Any]:
+        return self.facade.take_events()
+
+    def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
+        events = self.take_events()
+        return KVEventBatch(ts, events, data_parallel_rank) if events else None
+
+
+def attach_recorder(facade: VLLMKVCacheManager | SGLangRadixCache) -> FacadeEvents:
+    """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
+    return FacadeEvents(facade)
+
+
+class LoRARequest:
+    """vLLM's ``LoRARequest`` fields."""
+
+    def __init__(self, name: str, int_id: int, path: str) -> None:
+        self.lora_name, self.lora_int_id, self.lora_path = name, int_id, path
+
+
+class VllmRequest:
+    """vLLM ``Request`` fields the facade reads."""
+
+    def __init__(self, rec: Record) -> None:
+        self.request_id = str(rec["id"])
+        self.all_token_ids: list[int] = list(rec["tokens"])
+        self.num_computed_tokens = 0
+        self.cache_salt: str | None = rec.get("cache_salt")
+        lora = rec.get("lora")
+        self.lora_request = None if lora is None else LoRARequest(**_lora(lora))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+def _lora(lora: dict[str, Any]) -> dict[str, Any]:
+    return {"name": lora["name"], "int_id": lora["id"], "path": lora["path"]}
+
+
+class VllmDriver:
+    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
+
+    def __init__(self, facade: VLLMKVCacheManager, end_step: Callable[[], None]) -> None:
+        self.facade = facade
+        self.end_step = end_step
+        self.live: deque[tuple[VllmRequest, list[int]]] = deque()
+
+    def admit(self, rec: Record) -> bool:
+        f, req = self.facade, VllmRequest(rec)
+        output = list(rec.get("output", []))
+        blocks, hit = f.get_computed_blocks(req)
+        n = req.num_tokens
+        if f.allocate_slots(req, n - hit, hit, blocks) is None:
+            f.free(req)
+            self.end_step()
+            return False
+        req.num_computed_tokens = n
+        if output:
+            req.all_token_ids.append(output[0])
+        self.end_step()
+        self.live.append((req, output))
+        return True
+
+    def finish_oldest(self) -> None:
+        req, output = self.live.popleft()
+        for i in range(1, len(output)):
+            if self.facade.allocate_slots(req, 1) is None:
+                break  # preempted for good: aborted
+            req.num_computed_tokens += 1
+            req.all_token_ids.append(output[i])
+            self.end_step()
+        self.facade.free(req)
+        self.end_step()
+
+    def reset(self) -> bool:
+        ok = self.facade.reset_prefix_cache()
+        self.end_step()
+        return ok
+
+
+class SGLangDriver:
+    """SGLang's scheduler order through :class:`SGLangRadixCache`."""
+
+    def __init__(self, facade: SGLangRadixCache, end_step: Callable[[], None]) -> None:
+        self.facade = facade
+        self.end_step = end_step
+        self.live: deque[tuple[SimpleReq, list[int]]] = deque()
+
+    def admit(self, rec: Record) -> bool:
+        f = self.facade
+        req = SimpleReq(
+            str(rec["id"]),
+            rec["tokens"],
+            extra_key=rec.get("extra_key"),
+            cache_salt=rec.get("cache_salt"),
+        )
+        sampled = list(rec.get("output") or [0])  # SGLang always samples one token
+        if f.alloc_for_extend(req) is None:
+            self.end_step()
+            return False
+        req.output_ids.append(sampled[0])
+        if len(sampled) == 1:
+            f.cache_finished_req(req)
+        else:
+            f.cache_unfinished_req(req)
+            self.live.append((req, sampled))
+        self.end_step()
+        return True
+
+    def finish_oldest(self) -> None:
+        f = self.facade
+        req, sampled = self.live.popleft()
+        while len(req.output_ids) < len(sampled):
+            if not f.alloc_for_decode(req):
+                f.manager.abort(req.rid)  # retracted for good
+                self.end_step()
+                return
+            req.output_ids.append(sampled[len(req.output_ids)])
+            if len(req.output_ids) == len(sampled):
+                f.cache_finished_req(req)
+            self.end_step()
+
+    def reset(self) -> bool:
+        if self.live:
+            return False
+        self.facade.reset()
+        self.end_step()
+        return True
+
+
+Driver = VllmDriver | SGLangDriver
+
+
+def run_k_live(driver: Driver, trace: list[Record], concurrency: int) -> None:
+    """Admit ``trace`` in order with at most ``concurrency`` live, then finish the rest."""
+    for rec in trace:
+        while len(driver.live) >= concurrency:
+            driver.finish_oldest()
+        driver.admit(rec)
+    while driver.live:
+        driver.finish_oldest()

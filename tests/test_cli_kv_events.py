@@ -1,0 +1,233 @@
+"""``prefixkv replay --kv-events``: the index's event stream, one batch per scheduler step.
+
+The file is read back and compared, event for event, with the same trace driven
+through the facade in the engine's scheduler order (the driver the golden tests check
+against vLLM's and SGLang's own streams); the lab's traces carry no namespaces, so
+the trace's salts and LoRAs are dropped on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
+
+import prefixkv.adapters.lab.cli as cli
+from prefixkv.adapters.events import read_event_file
+from prefixkv.adapters.events.wire import EventBatch
+from prefixkv.adapters.sglang import SGLangRadixCache
+from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.indexes import make_index
+from prefixkv.indexes.registry import pool_owned_options
+
+DATA = Path(__file__).parent / "data" / "events"
+TRACE = DATA / "trace.jsonl"
+PLAIN = [
+    {k: v for k, v in json.loads(line).items() if k in ("id", "tokens", "output")}
+    for line in TRACE.read_text().splitlines()
+]
+VLLM_PYTHON = os.environ.get("PREFIXKV_VLLM_PYTHON")
+
+
+def replay(capsys: pytest.CaptureFixture[str], tmp_path: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "hits.jsonl"
+    code = cli.main(
+        [
+            "replay",
+            str(TRACE),
+            "--out",
+            str(out),
+            "--concurrency",
+            "2",
+            "--quiet",
+            *extra,
+        ]
+    )
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    summary: dict[str, Any] = json.loads(out.read_text().splitlines()[-1])["summary"]
+    return summary
+
+
+def steps_of(driver_kind: str, index: Any, num_blocks: int) -> list[list[Any]]:
+    """Each step's events (non-empty ones) when the facade drives ``PLAIN``."""
+    out: list[list[Any]] = []
+    if driver_kind == "vllm":
+        vllm = VLLMKVCacheManager(index, num_blocks, enable_kv_cache_events=True)
+        recorder = attach_recorder(vllm)
+        driver: VllmDriver | SGLangDriver = VllmDriver(vllm, lambda: None)
+    else:
+        sglang = SGLangRadixCache(index, num_blocks * index.block_size, enable_kv_cache_events=True)
+        recorder = attach_recorder(sglang)
+        driver = SGLangDriver(sglang, lambda: None)
+
+    def end_step() -> None:
+        events = recorder.take_events()
+        if events:
+            out.append(events)
+
+    driver.end_step = end_step
+    run_k_live(driver, PLAIN, 2)
+    return out
+
+
+def test_replay_writes_vllms_batches_one_line_per_step(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    events = tmp_path / "events.jsonl"
+    summary = replay(
+        capsys,
+        tmp_path,
+        "--index",
+        "hash_chain",
+        "--block-size",
+        "4",
+        "--capacity-blocks",
+        "23",
+        "--index-option",
+        "hash_chain.hash_algorithm=sha256_cbor",
+        "--index-option",
+        "hash_chain.seed=0",
+        "--kv-events",
+        str(events),
+    )
+    lines = events.read_bytes().splitlines()
+    assert summary["kv_events"] == {"target": str(events), "batches": len(lines)}
+    batches = list(read_event_file(events))
+    # each line is exactly msgspec's JSON of the batch (what vLLM's structs give)
+    assert [msgspec.json.encode(b) for b in batches] == lines
+    assert all(b.data_parallel_rank == 0 for b in batches)
+    assert [b.ts for b in batches] == sorted(b.ts for b in batches)
+    index = make_index("hash_chain", block_size=4, hash_algorithm="sha256_cbor", seed=0)
+    want = steps_of("vllm", index, 23)
+    assert [b.events for b in batches] == want
+    assert summary["evicted_blocks"] > 0  # the stream has removals, not only stores
+
+
+def test_replay_writes_the_radix_trees_events(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    events = tmp_path / "events.jsonl"
+    replay(
+        capsys,
+        tmp_path,
+        "--index",
+        "radix",
+        "--page-size",
+        "2",
+        "--capacity-tokens",
+        "52",
+        "--kv-events",
+        str(events),
+    )
+    batches = list(read_event_file(events))
+    index = make_index("radix", block_size=2, **pool_owned_options("radix"))
+    assert [b.events for b in batches] == steps_of("sglang", index, 26)
+    # SGLang's hashes are signed: the file holds negative ints where SGLang's would
+    hashes = [h for b in batches for e in b.events for h in getattr(e, "block_hashes", [])]
+    assert min(hashes) < 0 < max(hashes)  # type: ignore[operator]
+
+
+class FakePublisher:
+    """Stands in for ZmqEventPublisher: records its settings and batches."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.batches: list[EventBatch] = []
+        self.closed = False
+
+    def publish(self, batch: EventBatch) -> None:
+        self.batches.append(batch)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+def test_replay_publishes_to_an_endpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[FakePublisher] = []
+
+    def make(**kwargs: Any) -> FakePublisher:
+        made.append(FakePublisher(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(cli, "ZmqEventPublisher", make)
+    flags = ["--index", "hash_chain", "--block-size", "4", "--capacity-blocks", "23"]
+    summary = replay(
+        capsys,
+        tmp_path,
+        *flags,
+        "--kv-events",
+        "tcp://*:5557",
+        "--kv-events-replay",
+        "tcp://*:5558",
+        "--kv-events-topic",
+        "kv",
+    )
+    (pub,) = made
+    assert pub.kwargs == {
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "topic": "kv",
+    }
+    assert pub.closed and len(pub.batches) == summary["kv_events"]["batches"] > 0
+    # the same stream a file gets
+    (tmp_path / "hits.jsonl").unlink()
+    replay(capsys, tmp_path, *flags, "--kv-events", str(tmp_path / "e.jsonl"))
+    in_file = list(read_event_file(tmp_path / "e.jsonl"))
+    assert [len(b.events) for b in in_file] == [len(b.events) for b in pub.batches]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kv-events", "{out}"], "name the same file"),
+        (["--kv-events-replay", "tcp://*:5558"], "needs --kv-events ENDPOINT"),
+        (["--kv-events", "{tmp}/e.jsonl", "--kv-events-replay", "tcp://*:1"], "tcp:// or ipc://"),
+    ],
+)
+def test_replay_kv_event_flag_errors(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "hits.jsonl"
+    argv = [f.format(out=out, tmp=tmp_path) for f in flags]
+    code = cli.main(["replay", str(TRACE), "--index", "hash_chain", "--out", str(out), *argv])
+    _, err = capsys.readouterr()
+    assert code == 2 and message in err, err
+    assert not out.exists()
+
+
+_VLLM_READS = """
+import sys, msgspec
+from vllm.distributed.kv_events import KVEventBatch
+n = 0
+with open(sys.argv[1], "rb") as f:
+    for line in f:
+        msgspec.json.decode(line, type=KVEventBatch)
+        n += 1
+print(n)
+"""
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="set PREFIXKV_VLLM_PYTHON to a python with vLLM")
+def test_vllm_reads_every_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for index, size in (("hash_chain", "--capacity-blocks=23"), ("radix", "--capacity-tokens=88")):
+        events = tmp_path / f"{index}.jsonl"
+        (tmp_path / "hits.jsonl").unlink(missing_ok=True)
+        replay(capsys, tmp_path, "--index", index, "--block-size=4", "--page-size=4", size,
+               "--kv-events", str(events))  # fmt: skip
+        assert VLLM_PYTHON is not None
+        proc = subprocess.run(
+            [VLLM_PYTHON, "-c", _VLLM_READS, str(events)],
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
+        assert int(proc.stdout.split()[-1]) == len(events.read_bytes().splitlines())
