@@ -37,6 +37,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 from ..events import EventFileWriter, KVEventBatch, ZmqEventPublisher
 from ..events.wire import EventBatch, KVEvent
 from . import report
+from .cluster.cli import add_cluster_parser, run_cluster_command
 from .compare import (
     MAX_POOL_BLOCKS,
     BackendSpec,
@@ -472,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--name", metavar="NAME", help="the profile's name (default from the device)")
     cal.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     cal.add_argument("--out", "-o", required=True, metavar="FILE", help="the profile (JSON)")
+    add_cluster_parser(sub)
     return parser
 
 
@@ -1033,6 +1035,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_compare(args, args_list)
         if args.command == "calibrate":
             return _run_calibrate(args)
+        if args.command == "cluster":
+            return run_cluster_command(args, args_list)
         return _run_replay(args, args_list)
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0

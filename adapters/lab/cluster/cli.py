@@ -1,0 +1,285 @@
+"""``prefixkv cluster``: route a trace over N replicas with each policy; write a report.
+
+The subcommand's flags and its run live here; the ``prefixkv`` entry point only adds
+the subparser (:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
+from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+
+from .errors import ClusterConfigError
+from .experiment import arrival_span, run_experiment
+from .faults import parse_faults
+from .fleet import Fleet
+from .metrics import ClusterResult
+from .policies import POLICIES
+from .policy import BOUNDS, parse_policies
+from .report import write_report
+from .requests import timed_requests
+from .run import ClusterConfig
+
+__all__ = ["add_cluster_parser", "run_cluster_command"]
+
+DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
+
+
+def _token_counts(text: str) -> list[int]:
+    from prefixkv.adapters.lab.cli import parse_token_counts
+
+    return parse_token_counts(text)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want positive ints like 1,2,4,8, got {text!r}") from None
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"want distinct positive ints like 1,2,4,8, got {text!r}")
+    return values
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_cluster_parser(sub: Any) -> None:
+    """Add the ``cluster`` subcommand to the ``prefixkv`` subparsers."""
+    p = sub.add_parser(
+        "cluster",
+        help="route a trace over N replicas with each routing policy; write a report",
+        description="Simulate N engine replicas (each an arrival-time replica with its own "
+        "prefix cache and the cost model) behind a KV-aware router fed by their KV events, "
+        "once per routing policy, and write tables, plots and report.md. Deterministic "
+        "in-process by default; --ray runs one Ray actor per replica.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", metavar="PATH", help="a trace (any format compare reads)")
+    src.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="multi_turn",
+        help="a built-in workload when no trace is given (default multi_turn)",
+    )
+    p.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
+    p.add_argument("--max-requests", type=_positive(int), metavar="N", help="the first N requests")
+    p.add_argument(
+        "--tokens-per-id",
+        type=_positive(int),
+        metavar="S",
+        help="hash-id traces: tokens per hash id (default: the format's, Mooncake 512)",
+    )
+    f = p.add_argument_group("fleet")
+    f.add_argument("--replicas", type=_ints, default=[8], metavar="N[,N...]",
+                   help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
+    f.add_argument(
+        "--capacity-tokens",
+        type=_token_counts,
+        metavar="T[,T...]",
+        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it "
+        "(default 3m, Mooncake's per-node local cache)",
+    )
+    f.add_argument(
+        "--block-size",
+        type=_positive(int),
+        metavar="N",
+        help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
+    )
+    f.add_argument(
+        "--backend", default="hash_chain", help="each replica's index (default hash_chain)"
+    )
+    f.add_argument("--max-num-seqs", type=_positive(int), default=256, metavar="N")
+    f.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192, metavar="N")
+    f.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
+    )
+    f.add_argument("--buffer-steps", type=_positive(int), default=10_000, metavar="N",
+                   help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
+    f.add_argument("--prefill-only", action="store_true",
+                   help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
+    a = p.add_argument_group("arrivals").add_mutually_exclusive_group()
+    a.add_argument(
+        "--request-rate", type=_positive(float), metavar="R", help="Poisson, R requests/s"
+    )
+    a.add_argument("--time-scale", type=_positive(float), metavar="S",
+                   help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
+    p.add_argument(
+        "--load-per-replica",
+        action="store_true",
+        help="sweeping --replicas: keep each replica's load, arrivals N/first times as fast",
+    )
+    r = p.add_argument_group("router")
+    r.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        metavar="SPEC[,SPEC...]",
+        help="routing policies, each name[@chained|radix|approx][:key=value...]; pooled and "
+        f"infinite are the bounds (default: {DEFAULT_POLICIES})",
+    )
+    r.add_argument(
+        "--faults",
+        metavar="SPEC[,SPEC...]",
+        help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
+        "router_restart@60%%:dump (see the README)",
+    )
+    x = p.add_argument_group("runner")
+    x.add_argument(
+        "--ray",
+        action="store_true",
+        help="one Ray actor per replica (pip install 'prefixkv[cluster]')",
+    )
+    x.add_argument(
+        "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
+    )
+    x.add_argument("--ray-cpus", type=_positive(float), default=1.0, metavar="C",
+                   help="CPUs each replica actor asks for (default 1)")  # fmt: skip
+    x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
+    x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
+    x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
+    x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+
+
+def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int | None]:
+    """Trace requests (re-iterable), a description, and tokens per hash id."""
+    if args.trace is None:
+        w = make_workload(args.workload, seed=args.seed)
+        return w, f"built-in workload {args.workload} ({len(w)} requests)", None
+    opts = ReadOptions(
+        tokens_per_id=args.tokens_per_id, seed=args.seed, output=not args.prefill_only
+    )
+    source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
+    name = os.path.basename(args.trace)
+    return source, f"{name} ({source.format})", source.tokens_per_id
+
+
+def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``prefixkv cluster``; returns the exit status (errors raise)."""
+    requests, description, per_id = _source(args)
+    if args.trace is None and args.request_rate is None:
+        args.request_rate = 2.0  # built-in workloads have no timestamps
+    block_size = args.block_size or per_id or 16
+    capacities = args.capacity_tokens or [3_000_000]
+    specs = parse_policies(args.policies, tuple(POLICIES))
+    plan = parse_faults(args.faults) if args.faults else None
+
+    first = args.replicas[0]
+
+    def stream(cfg: ClusterConfig | None = None) -> Iterator[TimedRequest]:
+        # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
+        k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
+        rate = None if args.request_rate is None else args.request_rate / k
+        scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
+        return timed_requests(
+            requests,
+            prefill_only=args.prefill_only,
+            request_rate=rate,
+            time_scale=scale,
+            seed=args.seed,
+        )
+
+    if plan is not None:
+        if plan.needs_relative:
+            plan = plan.resolve(arrival_span(stream()))
+        plan.check(args.replicas[0])
+    config = ClusterConfig(
+        num_replicas=args.replicas[0],
+        capacity_tokens=capacities[0],
+        backend=args.backend,
+        block_size=block_size,
+        sim=SimConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+        profile=load_profile(args.profile),
+        buffer_steps=args.buffer_steps,
+        seed=args.seed,
+        keep_tokens=plan is not None,
+    )
+    timing = (
+        f"Poisson {args.request_rate}/s (seed {args.seed})"
+        if args.request_rate is not None
+        else f"trace timestamps x {args.time_scale or 1.0}"
+    )
+    quiet = args.quiet
+
+    def progress(res: ClusterResult) -> None:
+        if quiet:
+            return
+        r, lab = res.run, res.labels
+        ok = "ok" if not res.invariants.broken() else "INVARIANTS BROKEN"
+        print(
+            f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
+            f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
+            f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
+            f"[{lab['wall_s']:.1f} s wall] {ok}",
+            flush=True,
+        )
+
+    fleet_factory = None
+    ray_module: Any = None
+    if args.ray:
+        from .ray_fleet import RayFleet
+
+        try:
+            import ray as ray_module
+        except ImportError:
+            raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
+        if not ray_module.is_initialized():
+            ray_module.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+        cpus = args.ray_cpus
+
+        def fleet_factory() -> Fleet:
+            return RayFleet(num_cpus=cpus, init=False)
+
+    t0 = time.perf_counter()
+    try:
+        results = run_experiment(
+            stream,
+            specs,
+            config,
+            replicas=args.replicas,
+            capacities=capacities,
+            faults=plan,
+            fleet=fleet_factory,
+            on_run=progress,
+        )
+    finally:
+        if ray_module is not None:
+            ray_module.shutdown()
+    files = write_report(
+        results,
+        args.out,
+        command="prefixkv " + shlex.join(argv),
+        source=f"{description}; arrivals: {timing}; "
+        f"{'prefill only' if args.prefill_only else 'full outputs'}",
+        requests_table=not args.no_requests_table,
+    )
+    broken = [r for r in results if r.invariants.broken()]
+    if not quiet:
+        wall = time.perf_counter() - t0
+        print(f"{len(results)} runs in {wall:.1f} s; wrote {len(files)} files to {args.out}")
+    if broken:
+        print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,390 @@
+"""The virtual-time driver of a cluster run: the fleet, the channel, the router, faults.
+
+The driver advances the fleet to each request's arrival, delivers what happened by
+then (event batches through the lossy channel, first tokens and completions to the
+router), applies the faults due, and routes the request. Replicas never see the
+future and the router never sees a batch before it arrives, so a run is a pure
+function of its requests, settings, seed and faults.
+
+When a replica dies (killed, or restarted empty) the steps it had not finished by
+then are void: their outputs are discarded and its requests are routed again, their
+arrival unchanged (the TTFT they see includes the lost time). At the end, every
+request must have finished exactly once and, once the streams are synced, each live
+replica's view in the router must equal what the replica holds
+(:class:`~.metrics.Invariants`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import random
+import time
+from typing import Any
+
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+
+from .config import ClusterConfig, make_index_for
+from .errors import ReplicaDeadError
+from .faults import EventChannel, FaultPlan, TimedFault
+from .fleet import Fleet, ReplicaSpec
+from .keys import Worker
+from .metrics import Invariants, RoutedRequest
+from .policies import LeastOutstanding, RoundRobin, make_policy
+from .policy import PolicySpec, RoutingPolicy
+from .replica import ReplicaReport
+from .router import Decision, Router
+
+__all__ = ["ClusterDriver"]
+
+
+_FIRST, _FINISH = 0, 1
+
+
+class ClusterDriver:
+    """One run's state and its steps (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: PolicySpec,
+        config: ClusterConfig,
+        plan: FaultPlan,
+        fleet: Fleet,
+        replica_spec: ReplicaSpec,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.plan = plan
+        self.fleet = fleet
+        self.replica_spec = replica_spec
+        self.profile = replica_spec.profile
+        self.scheme = replica_spec.scheme()
+        self.channel = EventChannel(plan, config.seed + 1)
+        self.rng = random.Random(config.seed + 2)
+        self.bound = spec.is_bound
+        late = any(f.kind == "late_join" for f in plan.timed)
+        self.router: Router | None = None if late else self._new_router()
+        # Before a late router joins, a plain round-robin balancer sends requests.
+        self.bootstrap = Router(RoundRobin(), None, self.scheme, self.profile, seed=config.seed)
+        self.outputs: list[tuple[float, int, int, int, Any]] = []  # time, kind, order, replica, x
+        self.order = 0
+        self.live: set[int] = set()
+        self.busy: set[int] = set()
+        self.draining: set[int] = set()
+        self.gone: set[int] = set()
+        self.in_flight: dict[str, tuple[int, TimedRequest]] = {}
+        self.routes: dict[str, int] = {}
+        self.decisions: dict[str, Decision] = {}
+        self.done: dict[str, RoutedRequest] = {}
+        self.arrival_order: list[str] = []
+        self.busy_s: dict[int, float] = {}
+        self.busy_base: dict[int, float] = {}
+        self.inv = Invariants()
+        self.warmups: list[dict[str, Any]] = []
+        self.next_id = config.num_replicas
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("batches", "dispatch_failures", "lost_completions", "stale_outputs"), 0
+        )
+
+    # ------------------------------------------------------------ set-up
+
+    def _new_router(self) -> Router:
+        policy: RoutingPolicy
+        if self.bound:
+            policy = LeastOutstanding(by="tokens")
+            index = None
+        else:
+            policy = make_policy(self.spec)
+            index = make_index_for(self.spec, self.scheme)
+        return Router(
+            policy,
+            index,
+            self.scheme,
+            self.profile,
+            seed=self.config.seed,
+            reservation_ttl=self.config.reservation_ttl,
+        )
+
+    def _spec_for(self, replica: int) -> ReplicaSpec:
+        kind = self.plan.mismatch.get(replica)
+        base = self.replica_spec
+        if kind == "block_size":
+            return _replace_spec(base, block_size=base.block_size * 2)
+        if kind == "hash":
+            return _replace_spec(base, hash_seed=base.hash_seed + 1)
+        return base
+
+    def start_replica(self, replica: int, at: float) -> None:
+        self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=at))
+        self.live.add(replica)
+        self.busy_s.setdefault(replica, 0.0)
+        for router in self._routers():
+            self._join(router, replica)
+
+    def _join(self, router: Router, replica: int) -> None:
+        fleet = self.fleet
+        router.add_replica(
+            replica,
+            replay=lambda start, until: fleet.replay(replica, start, until),
+            dump=lambda: fleet.dump(replica),
+        )
+
+    def _routers(self) -> list[Router]:
+        return [self.bootstrap] if self.router is None else [self.bootstrap, self.router]
+
+    # ------------------------------------------------------------ time
+
+    def advance_to(self, t: float) -> None:
+        """Advance the fleet to ``t`` and deliver everything due by then."""
+        ids = sorted(self.busy & self.live)
+        if ids:
+            reports, dead = self.fleet.advance(ids, t)
+            for rep in reports:
+                self._take(rep, t)
+            for r in dead:
+                self._replica_died(r, t, restart=False)
+        self._deliver(t)
+
+    def _take(self, rep: ReplicaReport, t: float) -> None:
+        r = rep.replica
+        if rep.num_waiting or rep.num_running:
+            self.busy.add(r)
+        else:
+            self.busy.discard(r)
+        self.busy_s[r] = rep.busy_s
+        self.inv.unannounced_hits.extend(rep.violations)
+        self.stats["batches"] += len(rep.batches)
+        for b in rep.batches:
+            self.channel.send(r, b)
+        for rid, at in rep.first_tokens:
+            self._output(at, _FIRST, r, rid)
+        for m in rep.finished:
+            self._output(m.finish_s, _FINISH, r, m)
+        for router in self._routers():
+            router.now = t
+            router.gauges(
+                r, num_waiting=rep.num_waiting, num_running=rep.num_running, kv_usage=rep.kv_usage
+            )
+
+    def _output(self, at: float, kind: int, replica: int, x: Any) -> None:
+        heapq.heappush(self.outputs, (at, kind, self.order, replica, x))
+        self.order += 1
+
+    def _deliver(self, t: float) -> None:
+        batches = self.channel.due(t)
+        outputs = []
+        while self.outputs and self.outputs[0][0] <= t:
+            outputs.append(heapq.heappop(self.outputs))
+        merged = sorted(
+            [(at, -1, i, r, b) for i, (at, r, b) in enumerate(batches)]
+            + [(o[0], o[1], o[2], o[3], o[4]) for o in outputs],
+            key=lambda e: (e[0], e[1], e[2]),
+        )
+        for at, kind, _, r, x in merged:
+            if kind == -1:
+                if self.router is not None:
+                    self.router.now = at
+                    self.router.receive(r, x.seq, x.payload)
+            elif kind == _FIRST:
+                for router in self._routers():
+                    router.first_token(x)
+            else:
+                self._finish(r, x)
+        for r in sorted(self.draining):
+            if r not in self.busy and not any(rr == r for rr, _ in self.in_flight.values()):
+                self._retire(r)
+
+    def _finish(self, replica: int, m: RequestMetrics) -> None:
+        rid = m.request_id
+        holder = self.in_flight.get(rid)
+        if holder is None or holder[0] != replica:
+            if rid in self.done:
+                self.inv.duplicate_completions.append(rid)
+            self.stats["stale_outputs"] += 1
+            return
+        if replica not in self.live:
+            self.inv.served_by_dead += 1
+        del self.in_flight[rid]
+        d = self.decisions[rid]
+        self.done[rid] = RoutedRequest(
+            m,
+            replica,
+            self.routes[rid],
+            d.predicted_blocks,
+            d.decision_s * 1e6,
+            d.hash_s * 1e6,
+            d.decision_cpu_s * 1e6,
+        )
+        if self.plan.lose_completions and self.rng.random() < self.plan.lose_completions:
+            self.stats["lost_completions"] += 1
+            return
+        for router in self._routers():
+            router.finished(rid)
+
+    # ------------------------------------------------------------ routing
+
+    def route(self, request: TimedRequest, t: float) -> None:
+        """Route (and dispatch) one request at ``t``, retrying past dead replicas."""
+        if request.id not in self.routes:
+            self.arrival_order.append(request.id)
+            self.routes[request.id] = 0
+        while True:
+            router = self.router or self.bootstrap
+            decision = router.route(request, t)
+            r = decision.worker.replica
+            if r in router.dead:
+                self.inv.routed_to_dead += 1
+            self.routes[request.id] += 1
+            try:
+                self.fleet.add(r, request)
+            except ReplicaDeadError:
+                self.stats["dispatch_failures"] += 1
+                self._replica_died(r, t, restart=False)
+                continue
+            self.decisions[request.id] = decision
+            self.in_flight[request.id] = (r, request)
+            self.busy.add(r)
+            return
+
+    def _void_after(self, replica: int, t: float) -> list[TimedRequest]:
+        """Discard what ``replica`` did after ``t``; return its unfinished requests."""
+        self.channel.discard(replica, t)
+        self.outputs = [o for o in self.outputs if not (o[3] == replica and o[0] > t)]
+        heapq.heapify(self.outputs)
+        self.busy.discard(replica)
+        return [req for rid, (r, req) in sorted(self.in_flight.items()) if r == replica]
+
+    def _replica_died(self, replica: int, t: float, *, restart: bool) -> None:
+        lost = self._void_after(replica, t)
+        if restart:
+            # the new process counts its busy time from 0: keep the old one's
+            self.busy_base[replica] = self.busy_base.get(replica, 0.0) + self.busy_s.get(
+                replica, 0.0
+            )
+            self.busy_s[replica] = 0.0
+            self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=t))
+            for router in self._routers():
+                router.replica_restarted(replica)
+        else:
+            self.live.discard(replica)
+            self.gone.add(replica)
+            for router in self._routers():
+                router.remove_replica(replica, dead=True)
+        for req in sorted(lost, key=lambda q: (q.arrival or 0.0, q.id)):
+            del self.in_flight[req.id]
+            self.route(req, t)
+
+    def _retire(self, replica: int) -> None:
+        for router in self._routers():
+            router.remove_replica(replica, dead=False)
+        self.draining.discard(replica)
+        self.live.discard(replica)
+        self.gone.add(replica)
+        self.fleet.kill(replica)
+
+    # ------------------------------------------------------------ faults
+
+    def apply(self, fault: TimedFault) -> None:
+        """Apply a timed fault at its time (the fleet is advanced there first)."""
+        t = fault.at
+        self.advance_to(t)
+        r = fault.replica
+        if fault.kind in ("kill", "restart", "clear", "gap", "scale_down") and r not in self.live:
+            return  # already gone
+        if fault.kind == "kill":
+            assert r is not None
+            self.fleet.kill(r)
+            self._replica_died(r, t, restart=False)
+        elif fault.kind == "restart":
+            assert r is not None
+            self._replica_died(r, t, restart=True)
+        elif fault.kind == "clear":
+            assert r is not None
+            self.fleet.reset_prefix_cache(r)
+            self.busy.add(r)
+            self.advance_to(t)  # publish the clear
+        elif fault.kind == "gap":
+            assert r is not None
+            self.channel.blackout(r, self.config.buffer_steps + 1)
+        elif fault.kind == "scale_up":
+            self.start_replica(self.next_id, t)
+            self.next_id += 1
+        elif fault.kind == "scale_down":
+            assert r is not None
+            for router in self._routers():
+                router.drain(r)
+            self.draining.add(r)
+            self._deliver(t)
+        elif fault.kind in ("router_restart", "late_join"):
+            self._warm_up(fault.mode, t, fault.kind)
+
+    def _warm_up(self, mode: str, t: float, kind: str) -> None:
+        self.router = self._new_router()
+        self.router.now = t
+        for r in sorted(self.live):
+            self._join(self.router, r)
+        for r in sorted(self.draining):
+            self.router.drain(r)
+        t0 = time.perf_counter()
+        for tracker in self.router.trackers.values():
+            if mode == "dump":
+                tracker.resync()
+            else:
+                tracker.sync()
+        stats = self.router.stream_stats()
+        self.warmups.append(
+            {
+                "kind": kind,
+                "mode": mode,
+                "at_s": t,
+                "wall_ms": (time.perf_counter() - t0) * 1e3,
+                "batches_replayed": stats.get("delivered", 0),
+                "dumps": stats.get("resyncs", 0),
+            }
+        )
+
+    # ------------------------------------------------------------ the end
+
+    def drain(self, faults: list[TimedFault]) -> None:
+        """Apply the remaining faults, then run every replica dry and sync the streams."""
+        for fault in faults:
+            self.apply(fault)
+        while self.busy & self.live or self.outputs or self.channel.pending:
+            self.advance_to(math.inf)
+        if self.router is not None:
+            self.router.now = math.inf
+            for tracker in self.router.trackers.values():
+                tracker.sync()
+
+    def check_views(self) -> None:
+        """Compare the router's view of each replica with what it holds."""
+        router = self.router
+        if router is None or router.index is None or not router.index.event_fed:
+            return
+        index = router.index
+        for r in sorted(self.live):
+            view = index.held(Worker(r))
+            if r in index.incompatible:
+                if view:
+                    self.inv.diverged.append(f"replica {r} is incompatible yet indexed")
+                continue
+            truth = self.fleet.held(r)
+            missing = set(truth) - set(view)
+            phantom = {h for h in view if view[h] > truth.get(h, 0)}
+            if self.plan.drop_removals:
+                self.inv.phantom_blocks += len(phantom)
+                phantom = set()
+            if missing or phantom:
+                self.inv.diverged.append(
+                    f"replica {r}: {len(missing)} blocks held but not indexed, "
+                    f"{len(phantom)} indexed but not held"
+                )
+        for r in sorted(self.gone):
+            if index.held(Worker(r)):
+                self.inv.stale_view.append(r)
+
+
+def _replace_spec(spec: ReplicaSpec, **changes: Any) -> ReplicaSpec:
+    return dataclasses.replace(spec, **changes)

@@ -1,0 +1,272 @@
+"""Faults a cluster run injects, and the lossy channel between replicas and router.
+
+Stream faults act on every batch in flight (:class:`EventChannel`): ``drop=P`` loses a
+batch with probability P (a full high-water mark), ``delay=S`` and ``jitter=S`` hold it
+for S plus up to S seconds (later batches overtake earlier ones), ``gap=R@T`` loses
+replica R's next ``buffer_steps + 1`` batches from T (more than replay can bridge).
+``drop_removals=P`` makes replicas lose each ``BlockRemoved`` before it is published
+(replay cannot bring it back: only a dump can); ``lose_completions=P`` loses a
+request's completion on its way back to the router (the reservation stays open
+until swept). Timed faults act on replicas and the router: ``kill=R@T``,
+``restart=R@T`` (same replica, sequence back at 0, cache empty), ``clear=R@T``
+(``AllBlocksCleared``), ``scale_up@T``, ``scale_down=R@T``, ``router_restart@T`` and
+``late_join@T`` (warm-up ``:replay`` from sequence 0, the default, or ``:dump``), and
+``mismatch=R:block_size`` or ``mismatch=R:hash`` configures replica R unlike the rest.
+Times are seconds, or ``P%`` of the run's arrival span.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from .errors import FaultSpecError
+from .stream import SeqBatch
+
+__all__ = [
+    "TIMED_FAULTS",
+    "EventChannel",
+    "FaultPlan",
+    "TimedFault",
+    "parse_faults",
+]
+
+TIMED_FAULTS = (
+    "kill",
+    "restart",
+    "clear",
+    "gap",
+    "scale_up",
+    "scale_down",
+    "router_restart",
+    "late_join",
+)
+_RATES = ("drop", "drop_removals", "lose_completions")
+_SECONDS = ("delay", "jitter")
+_WARMUPS = ("replay", "dump")
+
+
+class TimedFault(NamedTuple):
+    """A fault at a time.
+
+    Attributes:
+        kind: one of :data:`TIMED_FAULTS`.
+        at: seconds (after :meth:`FaultPlan.resolve`), or a fraction of the span.
+        replica: the replica it hits (``None`` for router faults and scale up).
+        mode: ``"replay"`` or ``"dump"`` for router warm-ups.
+        relative: ``at`` is a fraction of the arrival span.
+    """
+
+    kind: str
+    at: float
+    replica: int | None = None
+    mode: str = "replay"
+    relative: bool = False
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Every fault of one run (the default: none).
+
+    Attributes:
+        drop: probability each batch is lost in transit.
+        drop_removals: probability each ``BlockRemoved`` is never published.
+        delay: seconds every batch takes.
+        jitter: up to this many more seconds, uniformly (reorders).
+        lose_completions: probability a completion never reaches the router.
+        timed: faults at given times.
+        mismatch: replica -> ``"block_size"`` or ``"hash"``.
+        text: the spec as given.
+    """
+
+    drop: float = 0.0
+    drop_removals: float = 0.0
+    delay: float = 0.0
+    jitter: float = 0.0
+    lose_completions: float = 0.0
+    timed: tuple[TimedFault, ...] = ()
+    mismatch: dict[int, str] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def any(self) -> bool:
+        """Whether anything is injected."""
+        return bool(
+            self.drop
+            or self.drop_removals
+            or self.delay
+            or self.jitter
+            or self.lose_completions
+            or self.timed
+            or self.mismatch
+        )
+
+    @property
+    def needs_relative(self) -> bool:
+        """Whether some time is a fraction of the arrival span."""
+        return any(f.relative for f in self.timed)
+
+    def resolve(self, span_s: float) -> FaultPlan:
+        """The plan with fractional times turned into seconds of a ``span_s`` run."""
+        timed = tuple(
+            f._replace(at=f.at * span_s, relative=False) if f.relative else f for f in self.timed
+        )
+        return replace(self, timed=tuple(sorted(timed, key=lambda f: f.at)))
+
+    def check(self, num_replicas: int) -> None:
+        """Reject faults naming replicas that do not exist.
+
+        Raises:
+            FaultSpecError: a replica id out of ``0 .. num_replicas - 1``.
+        """
+        for f in self.timed:
+            if f.replica is not None and not 0 <= f.replica < num_replicas:
+                raise FaultSpecError(
+                    f"fault {f.kind} names replica {f.replica}; replicas are 0..{num_replicas - 1}"
+                )
+        for r in self.mismatch:
+            if not 0 <= r < num_replicas:
+                raise FaultSpecError(
+                    f"mismatch names replica {r}; replicas are 0..{num_replicas - 1}"
+                )
+
+
+def _time(text: str, where: str) -> tuple[float, bool]:
+    relative = text.endswith("%")
+    try:
+        value = float(text[:-1] if relative else text)
+    except ValueError:
+        raise FaultSpecError(f"{where}: time {text!r} is not seconds or a percentage") from None
+    if value < 0 or (relative and value > 100):
+        raise FaultSpecError(f"{where}: time {text!r} out of range")
+    return (value / 100, True) if relative else (value, False)
+
+
+def _replica(text: str, where: str) -> int:
+    if not text.isdigit():
+        raise FaultSpecError(f"{where}: replica {text!r} is not a non-negative int")
+    return int(text)
+
+
+def _number(text: str, where: str, *, rate: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FaultSpecError(f"{where}: {text!r} is not a number") from None
+    if value < 0 or (rate and value > 1):
+        raise FaultSpecError(f"{where}: {text!r} out of range ({'0..1' if rate else '>= 0'})")
+    return value
+
+
+def parse_faults(text: str) -> FaultPlan:
+    """Parse ``--faults``: comma-separated entries (see the module docstring).
+
+    Raises:
+        FaultSpecError: an unknown fault or a malformed entry.
+    """
+    values: dict[str, float] = {}
+    timed: list[TimedFault] = []
+    mismatch: dict[int, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, sep, arg = entry.partition("=")
+        if "@" in name:  # scale_up@T, router_restart@T[:mode]
+            name, _, at_text = name.partition("@")
+            arg, sep = f"@{at_text}", "="
+        if name in _RATES or name in _SECONDS:
+            values[name] = (
+                1.0
+                if not sep and name == "drop_removals"
+                else _number(arg, entry, rate=name in _RATES)
+            )
+        elif name == "mismatch":
+            who, _, kind = arg.partition(":")
+            if kind not in ("block_size", "hash"):
+                raise FaultSpecError(f"{entry}: mismatch is R:block_size or R:hash")
+            mismatch[_replica(who, entry)] = kind
+        elif name in TIMED_FAULTS:
+            who, _, when = arg.partition("@")
+            when, _, mode = when.partition(":")
+            if mode and mode not in _WARMUPS:
+                raise FaultSpecError(f"{entry}: warm-up {mode!r} is not replay or dump")
+            if not when:
+                raise FaultSpecError(f"{entry}: give a time, e.g. {name}=1@50% or {name}@120")
+            at, relative = _time(when, entry)
+            needs_replica = name not in ("scale_up", "router_restart", "late_join")
+            if needs_replica != bool(who):
+                raise FaultSpecError(
+                    f"{entry}: {name} {'needs' if needs_replica else 'takes no'} replica"
+                )
+            replica = _replica(who, entry) if who else None
+            timed.append(TimedFault(name, at, replica, mode or "replay", relative))
+        else:
+            known = ", ".join((*_RATES, *_SECONDS, "mismatch", *TIMED_FAULTS))
+            raise FaultSpecError(f"unknown fault {name!r} in {entry!r}; known: {known}")
+    return FaultPlan(
+        drop=values.get("drop", 0.0),
+        drop_removals=values.get("drop_removals", 0.0),
+        delay=values.get("delay", 0.0),
+        jitter=values.get("jitter", 0.0),
+        lose_completions=values.get("lose_completions", 0.0),
+        timed=tuple(sorted(timed, key=lambda f: f.at)),
+        mismatch=mismatch,
+        text=text,
+    )
+
+
+class EventChannel:
+    """Batches in flight from replicas to the router, lost, delayed or reordered.
+
+    Args:
+        plan: the faults.
+        seed: seeds the losses and delays.
+    """
+
+    def __init__(self, plan: FaultPlan, seed: int) -> None:
+        self.plan = plan
+        self._rng = random.Random(seed)
+        self._heap: list[tuple[float, int, int, SeqBatch]] = []
+        self._order = 0
+        self._blackout: dict[int, int] = {}  # replica -> batches still to lose
+        self.num_dropped = 0
+
+    @property
+    def pending(self) -> int:
+        """Batches in flight."""
+        return len(self._heap)
+
+    def blackout(self, replica: int, batches: int) -> None:
+        """Lose ``replica``'s next ``batches`` batches (the ``gap`` fault)."""
+        self._blackout[replica] = batches
+
+    def send(self, replica: int, batch: SeqBatch) -> None:
+        """A replica published ``batch``."""
+        plan = self.plan
+        left = self._blackout.get(replica, 0)
+        if left:
+            self._blackout[replica] = left - 1
+            self.num_dropped += 1
+            return
+        if plan.drop and self._rng.random() < plan.drop:
+            self.num_dropped += 1
+            return
+        at = batch.ts + plan.delay + (self._rng.uniform(0, plan.jitter) if plan.jitter else 0.0)
+        heapq.heappush(self._heap, (at, self._order, replica, batch))
+        self._order += 1
+
+    def due(self, until: float) -> list[tuple[float, int, SeqBatch]]:
+        """``(time, replica, batch)`` arriving by ``until``, in arrival order."""
+        out = []
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            at, _, replica, batch = heapq.heappop(heap)
+            out.append((at, replica, batch))
+        return out
+
+    def discard(self, replica: int, after: float) -> None:
+        """Drop ``replica``'s batches published after ``after`` (it died before)."""
+        self._heap = [e for e in self._heap if not (e[2] == replica and e[3].ts > after)]
+        heapq.heapify(self._heap)

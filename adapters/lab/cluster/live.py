@@ -1,0 +1,64 @@
+"""The router in front of real engines: their ZeroMQ KV-event streams feed its index.
+
+A vLLM 0.33 engine started with ``--kv-events-config '{"enable_kv_cache_events": true,
+"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'``
+publishes what :class:`~prefixkv.adapters.events.ZmqEventSubscriber` reads (gaps
+replayed, restarts detected). :func:`subscribe` connects one such stream to a
+:class:`~.router.Router`: batches go to its cluster index, a restart or an
+unbridgeable gap makes the index forget the replica (a real engine offers no dump:
+what it still holds is learned again as it publishes). The caller polls the
+subscriber and calls :meth:`Router.route` with the requests' token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.adapters.events.transport import ZmqEventSubscriber
+from prefixkv.adapters.events.wire import KVEventBatch
+
+from .router import Router
+
+__all__ = ["subscribe"]
+
+
+def subscribe(
+    router: Router,
+    replica: int,
+    endpoint: str,
+    *,
+    replay_endpoint: str | None = None,
+    context: Any = None,
+) -> ZmqEventSubscriber:
+    """Route to ``replica`` and feed its ZeroMQ event stream into ``router``'s index.
+
+    Args:
+        router: the router (its index must be event-fed to learn anything).
+        replica: the id the router knows the engine by.
+        endpoint: the engine's PUB address (``tcp://host:5557``).
+        replay_endpoint: its ROUTER replay address, if it has one.
+        context: a ZeroMQ context (default: the process-wide one).
+
+    Returns:
+        The subscriber: call ``poll()`` (and ``sync()`` after connecting) to apply
+        what arrived; ``close()`` when done.
+    """
+    router.add_replica(replica)
+    index = router.index
+
+    def on_batch(seq: int, batch: KVEventBatch) -> None:
+        if index is not None:
+            index.apply(replica, batch, router.now)
+
+    def forget(*_: object) -> None:
+        if index is not None:
+            index.forget(replica)
+
+    return ZmqEventSubscriber(
+        endpoint,
+        on_batch,
+        replay_endpoint=replay_endpoint,
+        on_restart=forget,
+        on_resync=forget,
+        context=context,
+    )

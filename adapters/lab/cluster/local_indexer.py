@@ -1,0 +1,116 @@
+"""What a replica's own events say it holds: Dynamo's local indexer, for dumps and checks.
+
+Dynamo keeps, on each worker, a radix tree plus a buffer of its events, so a router
+that missed events can ask for the worker's whole state (a "tree dump") instead of a
+replay. :class:`LocalIndexer` is that state for a simulated replica: every block its
+published events announced (with copies, parent and tokens), rebuilt from the events
+alone, dumped as ``BlockStored`` events parents first.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from prefixkv.adapters.events.wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+)
+from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE
+
+from .index import wire_int
+
+__all__ = ["KVEvent", "LocalIndexer"]
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class _Block:
+    __slots__ = ("copies", "depth", "parent", "tokens")
+
+    def __init__(self, parent: int | None, tokens: bytes, depth: int) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.depth = depth
+        self.copies = 1
+
+
+class LocalIndexer:
+    """The blocks a replica's own events say it holds (Dynamo's ``LocalKvIndexer``).
+
+    Args:
+        block_size: tokens per block.
+        keep_tokens: keep each block's tokens (4 bytes a token) so a dump carries
+            them, as a radix cluster index needs; without, a dump is hash-only.
+    """
+
+    __slots__ = ("_blocks", "block_size", "keep_tokens")
+
+    def __init__(self, block_size: int, *, keep_tokens: bool = True) -> None:
+        self.block_size = block_size
+        self.keep_tokens = keep_tokens
+        self._blocks: dict[int, _Block] = {}
+
+    def apply(self, events: list[KVEvent]) -> None:
+        """Follow the replica's events. O(blocks in them)."""
+        blocks = self._blocks
+        for event in events:
+            if isinstance(event, BlockStored):
+                parent = (
+                    None if event.parent_block_hash is None else wire_int(event.parent_block_hash)
+                )
+                up = blocks.get(parent) if parent is not None else None
+                depth = 0 if up is None else up.depth + 1
+                data = b""
+                if self.keep_tokens and event.token_ids:
+                    data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
+                step = self.block_size * TOKEN_BYTES
+                for i, h in enumerate(event.block_hashes):
+                    key = wire_int(h)
+                    held = blocks.get(key)
+                    if held is None:
+                        blocks[key] = _Block(parent, data[i * step : (i + 1) * step], depth)
+                    else:
+                        held.copies += 1
+                    parent = key
+                    depth += 1
+            elif isinstance(event, BlockRemoved):
+                for h in event.block_hashes:
+                    held = blocks.get(wire_int(h))
+                    if held is None:
+                        continue
+                    held.copies -= 1
+                    if not held.copies:
+                        del blocks[wire_int(h)]
+            elif isinstance(event, AllBlocksCleared):
+                blocks.clear()
+
+    def held(self) -> dict[int, int]:
+        """Hash -> copies (a new dict). O(blocks)."""
+        return {h: b.copies for h, b in self._blocks.items()}
+
+    def prefix(self, hashes: list[int]) -> int:
+        """Leading hashes held. O(prefix)."""
+        n = 0
+        while n < len(hashes) and hashes[n] in self._blocks:
+            n += 1
+        return n
+
+    def dump_events(self, group_idx: int = 0) -> list[KVEvent]:
+        """The held blocks as ``BlockStored`` events, parents before children, each
+        repeated per copy. O(blocks log blocks)."""
+        out: list[KVEvent] = []
+        bs = self.block_size
+        for h, b in sorted(self._blocks.items(), key=lambda item: item[1].depth):
+            tokens = list(array(TOKEN_TYPECODE, b.tokens)) if b.tokens else []
+            for _ in range(b.copies):
+                out.append(
+                    BlockStored(
+                        [h], b.parent, tokens, bs, None, MEDIUM_GPU, None, group_idx=group_idx
+                    )
+                )
+        return out
+
+    def __len__(self) -> int:
+        return len(self._blocks)

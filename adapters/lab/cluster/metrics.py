@@ -1,0 +1,266 @@
+"""What a cluster run measures: per request, per replica, per run, and its invariants.
+
+Hit ratio is prompt tokens served from cache at each request's (last) first
+admission over all prompt tokens, Dynamo's "cache efficiency". Load imbalance is the
+coefficient of variation (population standard deviation over mean) of the seconds
+each replica spent computing: what herding costs shows up there, whatever the
+policy's own load measure. Predicted overlap is what the router's index promised for
+the chosen worker (capped as admission caps), realized is what the replica then hit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics, percentile
+
+__all__ = [
+    "ClusterResult",
+    "ClusterRun",
+    "Invariants",
+    "ReplicaSummary",
+    "RoutedRequest",
+    "coefficient_of_variation",
+    "summarize_run",
+]
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """Population standard deviation over the mean (0 for no spread, NaN for no values)."""
+    if not values:
+        return math.nan
+    mean = math.fsum(values) / len(values)
+    if mean == 0:
+        return 0.0
+    return statistics.pstdev(values) / mean
+
+
+@dataclass(slots=True)
+class RoutedRequest:
+    """One request's route and timeline.
+
+    Attributes:
+        metrics: the replica's record (arrival is the original one, TTFT includes
+            any time lost on a replica that died).
+        replica: the replica that finished it.
+        routes: decisions it took (more than 1 after a replica died under it).
+        predicted_blocks: the index's promise for the last decision (``None``: the
+            policy reads no index).
+        decision_us: wall microseconds of the last decision.
+        hash_us: wall microseconds hashing its blocks for that decision.
+        decision_cpu_us: CPU microseconds of that decision (this thread).
+    """
+
+    metrics: RequestMetrics
+    replica: int
+    routes: int
+    predicted_blocks: int | None
+    decision_us: float
+    hash_us: float
+    decision_cpu_us: float
+
+    def as_row(self, block_size: int) -> dict[str, Any]:
+        """Flat columns (the record's, then the route's)."""
+        row = self.metrics.as_row()
+        predicted = None if self.predicted_blocks is None else self.predicted_blocks * block_size
+        row.update(
+            replica=self.replica,
+            routes=self.routes,
+            predicted_hit_tokens=predicted,
+            decision_us=self.decision_us,
+            hash_us=self.hash_us,
+            decision_cpu_us=self.decision_cpu_us,
+        )
+        return row
+
+
+@dataclass(slots=True)
+class ReplicaSummary:
+    """One replica's share of a run."""
+
+    replica: int
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    computed_prefill_tokens: int
+    busy_s: float
+
+
+@dataclass(slots=True)
+class Invariants:
+    """What must hold whatever the faults ("stale information may cost hits, never
+    correctness"), as counted by the run.
+
+    Attributes:
+        lost_requests: requests that never finished.
+        duplicate_completions: requests that finished twice.
+        routed_to_dead: decisions for a replica the router knew dead.
+        served_by_dead: completions from a replica after it died.
+        unannounced_hits: admissions that hit blocks the replica never announced.
+        diverged: replicas whose router view differs from their cache after the run
+            (beyond what the faults allow: see ``phantom_blocks``).
+        stale_view: dead or removed replicas the index still holds blocks for.
+        phantom_blocks: blocks the router believes cached that are not (allowed
+            only when removals were dropped; costs hits, never correctness).
+    """
+
+    lost_requests: list[str] = field(default_factory=list)
+    duplicate_completions: list[str] = field(default_factory=list)
+    routed_to_dead: int = 0
+    served_by_dead: int = 0
+    unannounced_hits: list[str] = field(default_factory=list)
+    diverged: list[str] = field(default_factory=list)
+    stale_view: list[int] = field(default_factory=list)
+    phantom_blocks: int = 0
+
+    def broken(self) -> list[str]:
+        """Descriptions of the invariants that do not hold (empty when all hold)."""
+        out = []
+        if self.lost_requests:
+            out.append(f"{len(self.lost_requests)} lost requests: {self.lost_requests[:5]}")
+        if self.duplicate_completions:
+            out.append(f"duplicate completions: {self.duplicate_completions[:5]}")
+        if self.routed_to_dead:
+            out.append(f"{self.routed_to_dead} decisions for a dead replica")
+        if self.served_by_dead:
+            out.append(f"{self.served_by_dead} completions from a dead replica")
+        if self.unannounced_hits:
+            out.append(f"hits on unannounced blocks: {self.unannounced_hits[:3]}")
+        if self.diverged:
+            out.append(f"router view diverged: {self.diverged[:3]}")
+        if self.stale_view:
+            out.append(f"index holds blocks for gone replicas {self.stale_view}")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRun:
+    """One run's summary (every field a column of the run table)."""
+
+    num_requests: int
+    num_replicas: int
+    hit_ratio: float
+    prompt_tokens: int
+    hit_tokens: int
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+    load_cv: float
+    load_max_over_mean: float
+    requests_cv: float
+    prompt_tokens_cv: float
+    decision_p50_us: float
+    decision_p99_us: float
+    decision_cpu_p99_us: float
+    hash_p50_us: float
+    hash_p99_us: float
+    overlap_predictions: int
+    overlap_mae_tokens: float
+    phantom_rate: float
+    missed_rate: float
+    rerouted_requests: int
+    swept_reservations: int
+    prefill_gpu_s: float
+    makespan_s: float
+
+
+def summarize_run(
+    requests: Sequence[RoutedRequest],
+    replicas: Sequence[ReplicaSummary],
+    *,
+    block_size: int,
+    swept: int,
+) -> ClusterRun:
+    """Fold a run's records into a :class:`ClusterRun`."""
+    recs = [r.metrics for r in requests]
+    ttft = [m.ttft_s for m in recs]
+    e2e = [m.e2e_s for m in recs]
+    prompt = sum(m.prompt_tokens for m in recs)
+    hit = sum(m.hit_tokens for m in recs)
+    busy = [r.busy_s for r in replicas]
+    mean_busy = math.fsum(busy) / len(busy) if busy else math.nan
+    decisions = [r.decision_us for r in requests]
+    hashes = [r.hash_us for r in requests]
+    pairs = [
+        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
+        for r in requests
+        if r.predicted_blocks is not None
+    ]
+    n = len(pairs)
+    start = min((m.arrival_s for m in recs), default=0.0)
+    end = max((m.finish_s for m in recs), default=0.0)
+    return ClusterRun(
+        num_requests=len(recs),
+        num_replicas=len(replicas),
+        hit_ratio=hit / prompt if prompt else 0.0,
+        prompt_tokens=prompt,
+        hit_tokens=hit,
+        ttft_mean_s=math.fsum(ttft) / len(ttft) if ttft else math.nan,
+        ttft_p50_s=percentile(ttft, 50),
+        ttft_p90_s=percentile(ttft, 90),
+        ttft_p99_s=percentile(ttft, 99),
+        e2e_p50_s=percentile(e2e, 50),
+        e2e_p99_s=percentile(e2e, 99),
+        load_cv=coefficient_of_variation(busy),
+        load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
+        requests_cv=coefficient_of_variation([r.requests for r in replicas]),
+        prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
+        decision_p50_us=percentile(decisions, 50),
+        decision_p99_us=percentile(decisions, 99),
+        decision_cpu_p99_us=percentile([r.decision_cpu_us for r in requests], 99),
+        hash_p50_us=percentile(hashes, 50),
+        hash_p99_us=percentile(hashes, 99),
+        overlap_predictions=n,
+        overlap_mae_tokens=math.fsum(abs(p - h) for p, h in pairs) / n if n else math.nan,
+        phantom_rate=sum(p > h for p, h in pairs) / n if n else math.nan,
+        missed_rate=sum(p < h for p, h in pairs) / n if n else math.nan,
+        rerouted_requests=sum(r.routes > 1 for r in requests),
+        swept_reservations=swept,
+        prefill_gpu_s=math.fsum(m.prefill_gpu_s for m in recs),
+        makespan_s=end - start,
+    )
+
+
+@dataclass
+class ClusterResult:
+    """Everything one cluster run produced.
+
+    Attributes:
+        labels: what the run was (policy, index, replicas, capacity, faults, ...).
+        requests: one record per finished request, in arrival order.
+        replicas: one summary per replica that ever ran.
+        run: the summary.
+        invariants: what was checked.
+        stats: counters of the event path, the index and the router.
+    """
+
+    labels: Mapping[str, Any]
+    requests: list[RoutedRequest] = field(repr=False)
+    replicas: list[ReplicaSummary]
+    run: ClusterRun
+    invariants: Invariants
+    stats: dict[str, Any]
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` naming every broken invariant."""
+        broken = self.invariants.broken()
+        if broken:
+            raise AssertionError(f"{self.labels.get('policy')}: " + "; ".join(broken))
+
+    def run_row(self) -> dict[str, Any]:
+        """Labels, summary and invariant counts as one flat row."""
+        inv = self.invariants
+        return {
+            **self.labels,
+            **asdict(self.run),
+            "invariants_hold": not inv.broken(),
+            "phantom_blocks": inv.phantom_blocks,
+            **{f"stat_{k}": v for k, v in self.stats.items() if isinstance(v, (int, float))},
+        }

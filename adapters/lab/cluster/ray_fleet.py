@@ -1,0 +1,169 @@
+"""The fleet on Ray: one actor per replica, advanced in parallel.
+
+Each replica is a :class:`SimReplica` inside a Ray actor (``num_cpus`` each, default
+1); the driver (the router's process) calls the actors exactly as the in-process fleet
+calls its objects, so a fault-free run gives the same decisions and hit ratios.
+Advancing fans out to every busy replica at once and gathers the reports; event
+batches cross as vLLM's msgpack bytes with their sequence numbers. A killed actor
+(``ray.kill``) raises ``RayActorError`` on its next call: the driver treats the
+replica as dead and routes its requests elsewhere. Ray is imported only here, and
+only when a Ray run is asked for (``pip install prefixkv[cluster]``).
+
+On a multi-node cluster, call ``ray.init(address="auto")`` (or set ``RAY_ADDRESS``)
+before the run; the actors are scheduled across the nodes unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+
+from .errors import ClusterConfigError, ReplicaDeadError
+from .fleet import ReplicaSpec
+from .replica import ReplicaReport, SimReplica
+from .stream import Dump, SeqBatch
+
+__all__ = ["RayFleet", "ray_available"]
+
+
+def ray_available() -> bool:
+    """Whether Ray can be imported."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _ReplicaActor:
+    """The actor class: a SimReplica built from its spec, behind Ray calls."""
+
+    def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
+        self.replica: SimReplica = spec.build(replica_id)
+
+    def add(self, request: TimedRequest) -> None:
+        self.replica.add(request)
+
+    def advance(self, until: float) -> ReplicaReport:
+        return self.replica.advance(until)
+
+    def replay(self, start: int, until: float) -> list[SeqBatch]:
+        return self.replica.replay(start, until)
+
+    def dump(self) -> Dump:
+        return self.replica.dump()
+
+    def reset_prefix_cache(self) -> None:
+        self.replica.reset_prefix_cache()
+
+    def held(self) -> dict[int, int]:
+        return self.replica.held()
+
+
+class RayFleet:
+    """Replicas as Ray actors.
+
+    Args:
+        num_cpus: CPUs each actor asks for.
+        init: call ``ray.init`` (local, ``ray_init`` options) unless Ray is already up.
+        ray_init: options for ``ray.init`` (e.g. ``num_cpus``, ``address``).
+
+    Raises:
+        ClusterConfigError: Ray is not installed.
+    """
+
+    def __init__(
+        self, *, num_cpus: float = 1, init: bool = True, ray_init: dict[str, Any] | None = None
+    ) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ClusterConfigError(
+                "--ray needs Ray: pip install 'prefixkv[cluster]' (or pip install ray)"
+            ) from None
+        self._ray = ray
+        self._started_ray = False
+        if init and not ray.is_initialized():
+            options = {"include_dashboard": False, "log_to_driver": False, **(ray_init or {})}
+            ray.init(**options)
+            self._started_ray = True
+        self._cls = ray.remote(num_cpus=num_cpus)(_ReplicaActor)
+        self.actors: dict[int, Any] = {}
+
+    def _call(self, replica: int, method: str, *args: Any) -> Any:
+        actor = self.actors.get(replica)
+        if actor is None:
+            raise ReplicaDeadError(f"replica {replica} is not running")
+        try:
+            return self._ray.get(getattr(actor, method).remote(*args))
+        except self._ray.exceptions.RayActorError as e:
+            self.actors.pop(replica, None)
+            raise ReplicaDeadError(f"replica {replica} died: {e}") from None
+
+    def start(self, replica: int, spec: ReplicaSpec) -> None:
+        """Start (or replace with an empty one) the replica's actor."""
+        old = self.actors.pop(replica, None)
+        if old is not None:
+            self._ray.kill(old)
+        self.actors[replica] = self._cls.remote(spec, replica)
+
+    def add(self, replica: int, request: TimedRequest) -> None:
+        """Send the request (waits for the actor to take it, so a dead one is known)."""
+        self._call(replica, "add", request)
+
+    def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
+        """Advance every listed replica in parallel."""
+        ray = self._ray
+        dead = [r for r in replicas if r not in self.actors]
+        refs = {r: self.actors[r].advance.remote(until) for r in replicas if r in self.actors}
+        reports = []
+        for r, ref in refs.items():
+            try:
+                reports.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                self.actors.pop(r, None)
+                dead.append(r)
+        return reports, dead
+
+    def replay(self, replica: int, start: int, until: float) -> list[SeqBatch] | None:
+        """The actor's buffered batches."""
+        try:
+            out: list[SeqBatch] = self._call(replica, "replay", start, until)
+        except ReplicaDeadError:
+            return None
+        return out
+
+    def dump(self, replica: int) -> Dump | None:
+        """The actor's dump."""
+        try:
+            out: Dump = self._call(replica, "dump")
+        except ReplicaDeadError:
+            return None
+        return out
+
+    def kill(self, replica: int) -> None:
+        """``ray.kill`` the actor."""
+        actor = self.actors.pop(replica, None)
+        if actor is not None:
+            self._ray.kill(actor, no_restart=True)
+
+    def reset_prefix_cache(self, replica: int) -> None:
+        """Reset the actor's cache."""
+        self._call(replica, "reset_prefix_cache")
+
+    def held(self, replica: int) -> dict[int, int]:
+        """What the actor's events say it holds."""
+        try:
+            out: dict[int, int] = self._call(replica, "held")
+        except ReplicaDeadError:
+            return {}
+        return out
+
+    def close(self) -> None:
+        """Kill the actors; shut Ray down if this fleet started it."""
+        for actor in self.actors.values():
+            self._ray.kill(actor)
+        self.actors.clear()
+        if self._started_ray:
+            self._ray.shutdown()

@@ -1,0 +1,336 @@
+"""One engine replica of a cluster, stepped in virtual time, publishing its KV events.
+
+The arrival-time replica of :mod:`prefixkv.adapters.lab.sim` (its scheduler, cost
+profile and request records over a :class:`CacheManager`), driven from outside: the
+cluster adds requests as the router sends them and advances every replica to the next
+routing decision. Each scheduler step publishes one event batch, stamped with the
+step's start and numbered from 0 (vLLM collects ``take_events`` in ``schedule`` and
+publishes once per step); events left by a step after which the replica goes idle are
+published when it ends.
+
+The replica also keeps what Dynamo calls its local indexer (:class:`LocalIndexer`):
+the blocks its own events say it holds, with parents and tokens, so it can answer a
+router's request for a dump, and so a run can check, at every admission, that the
+hit the engine serves is made of blocks its events announced.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from prefixkv.adapters.events.wire import (
+    BlockRemoved,
+    KVEventBatch,
+)
+from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.errors import SimUnservableError
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.profile import CostProfile
+from prefixkv.adapters.lab.sim.replica import IndexFactory
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.manager import CacheManager
+from prefixkv.indexes.base import SupportsEventSink
+from prefixkv.storage.allocator import BlockAllocator
+
+from .errors import ClusterConfigError
+from .keys import HashScheme
+from .local_indexer import KVEvent, LocalIndexer
+from .stream import Dump, EventPublisher, SeqBatch
+
+__all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
+
+
+class SharedPool:
+    """One replica's index, pool and manager, or one shared by several (the pooled bound).
+
+    Args:
+        index_factory: makes the (empty) index.
+        capacity_tokens: the pool in tokens.
+        events: the manager queues KV events (a pooled cache publishes none).
+        shared: several replicas schedule over it (one may have to wait for another).
+
+    Raises:
+        ClusterConfigError: a capacity holding no block.
+    """
+
+    def __init__(
+        self,
+        index_factory: IndexFactory,
+        capacity_tokens: int,
+        *,
+        events: bool,
+        shared: bool = False,
+    ) -> None:
+        index = index_factory()
+        self.block_size = index.block_size
+        self.num_blocks = capacity_tokens // self.block_size
+        if self.num_blocks < 1:
+            raise ClusterConfigError(
+                f"capacity_tokens {capacity_tokens} holds no block of {self.block_size} tokens"
+            )
+        self.index = index
+        self.allocator = BlockAllocator(self.num_blocks)
+        # An index that reports nothing (the ``none`` backend) publishes no events.
+        self.events = events and isinstance(index, SupportsEventSink)
+        self.manager = CacheManager(index, self.allocator, enable_kv_cache_events=self.events)
+        self.shared = shared
+
+
+class ReplicaReport(NamedTuple):
+    """What a replica produced while advancing.
+
+    Attributes:
+        replica: its id.
+        now: its clock (end of its last step, or of its idle wait).
+        batches: event batches published, in ``seq`` order.
+        first_tokens: ``(request id, time)`` of first tokens.
+        finished: records of requests that finished.
+        num_waiting: waiting requests now.
+        num_running: running requests now.
+        kv_usage: fraction of the pool held by running requests (vLLM's usage).
+        busy_s: seconds spent in steps since the replica started.
+        violations: admissions that hit blocks the replica never announced.
+    """
+
+    replica: int
+    now: float
+    batches: list[SeqBatch]
+    first_tokens: list[tuple[str, float]]
+    finished: list[RequestMetrics]
+    num_waiting: int
+    num_running: int
+    kv_usage: float
+    busy_s: float
+    violations: list[str]
+
+
+class SimReplica:
+    """A replica in virtual time: ``add`` requests, ``advance`` to a time, read reports.
+
+    Args:
+        replica_id: its id in the fleet.
+        index_factory: makes its (empty) prefix index (unused with ``pool``).
+        capacity_tokens: its KV pool in tokens (unused with ``pool``).
+        config: scheduler settings.
+        profile: step costs.
+        buffer_steps: event batches kept for replay.
+        data_parallel_rank: stamped on its batches.
+        keep_tokens: keep block tokens for dumps (see :class:`LocalIndexer`).
+        check_scheme: when given, each first admission's hit is checked against the
+            blocks the replica's events announced (hashing every prompt: for tests).
+        drop_removals: probability each ``BlockRemoved`` is lost before publishing
+            (a fault; the local indexer still sees it).
+        seed: seeds that loss.
+        pool: index, pool and manager shared with other replicas (the pooled
+            bound); by default the replica has its own.
+        start_time: its clock when it starts (a replica started or restarted mid-run).
+
+    Raises:
+        ClusterConfigError: a capacity holding no block.
+    """
+
+    def __init__(
+        self,
+        replica_id: int,
+        index_factory: IndexFactory,
+        capacity_tokens: int,
+        config: SimConfig,
+        profile: CostProfile,
+        *,
+        buffer_steps: int = 10_000,
+        data_parallel_rank: int = 0,
+        keep_tokens: bool = True,
+        check_scheme: HashScheme | None = None,
+        drop_removals: float = 0.0,
+        seed: int = 0,
+        pool: SharedPool | None = None,
+        start_time: float = 0.0,
+    ) -> None:
+        if pool is None:
+            pool = SharedPool(index_factory, capacity_tokens, events=True)
+        self.pool = pool
+        self.index = pool.index
+        self.allocator = pool.allocator
+        self.manager = pool.manager
+        self.block_size = pool.block_size
+        self.num_blocks = pool.num_blocks
+        self.replica_id = replica_id
+        index = self.index
+        self.config = config
+        self.profile = profile
+        self.sched = ReplicaScheduler(self.manager, self.allocator, index, config, profile)
+        self.publisher = EventPublisher(buffer_steps)
+        self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
+        self.data_parallel_rank = data_parallel_rank
+        self.check_scheme = check_scheme
+        self.now = start_time
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self._batches: list[SeqBatch] = []
+        self._first: list[tuple[str, float]] = []
+        self._finished: list[RequestMetrics] = []
+        self._violations: list[str] = []
+        self._hashes: dict[str, list[int]] = {}
+        self._drop_removals = drop_removals
+        self._rng = random.Random(seed)
+
+    # ------------------------------------------------------------ requests
+
+    def add(self, request: TimedRequest) -> None:
+        """Queue a request the router sent; it waits for the next step.
+
+        Raises:
+            SimUnservableError: it cannot fit this replica's pool even alone.
+        """
+        peak = len(request.prompt) + request.output_len - 1
+        if -(-peak // self.block_size) > self.num_blocks:
+            raise SimUnservableError(
+                f"request {request.id!r} needs {-(-peak // self.block_size)} blocks; "
+                f"replica {self.replica_id} has {self.num_blocks}"
+            )
+        arrival = request.arrival if request.arrival is not None else self.now
+        if not self.sched.has_unfinished():
+            self.now = max(self.now, arrival)
+        if self.check_scheme is not None:
+            self._hashes[request.id] = self.check_scheme.block_hashes(request.prompt)
+        metrics = RequestMetrics(request.id, arrival, len(request.prompt), request.output_len)
+        self.sched.add(SimSeq(request, metrics))
+
+    def advance(self, until: float) -> ReplicaReport:
+        """Run every step that starts before ``until``; report what happened."""
+        while self.sched.has_unfinished() and self.now < until:
+            self._step()
+        return self._report()
+
+    def drain(self) -> ReplicaReport:
+        """Run until every request has finished."""
+        return self.advance(math.inf)
+
+    def step(self) -> bool:
+        """Run one step (the pooled fleet interleaves replicas step by step).
+
+        Returns:
+            False when nothing could be scheduled: on a shared pool, the other
+            replicas hold the blocks; it waits for them.
+        """
+        return self._step()
+
+    def _step(self) -> bool:
+        sched = self.sched
+        start = self.now
+        plan = sched.schedule(start)
+        if not plan.chunks:
+            if self.pool.shared:
+                return False
+            raise SimUnservableError(  # pragma: no cover - add() checks servability
+                f"replica {self.replica_id}: nothing schedulable at t={start:.6f}"
+            )
+        self._publish(start)
+        if self.check_scheme is not None:
+            self._check_admissions(plan.chunks, start)
+        seconds = plan.seconds(self.profile)
+        self.now = start + seconds
+        self.busy_s += seconds
+        self.num_steps += 1
+        finished = sched.complete(plan, self.now)
+        for seq, _, _ in plan.chunks:
+            m = seq.metrics
+            if m.first_token_s == self.now:
+                self._first.append((m.request_id, self.now))
+        for seq in finished:
+            self._finished.append(seq.metrics)
+            self._hashes.pop(seq.metrics.request_id, None)
+        if not sched.has_unfinished():
+            self._publish(self.now)
+        return True
+
+    def _check_admissions(self, chunks: Sequence[Chunk], now: float) -> None:
+        # Blocks hit at a first admission must have been announced by the time the
+        # step runs: in this step's batch (published at schedule time) or before.
+        for seq, _, _ in chunks:
+            m = seq.metrics
+            if m.first_scheduled_s != now or seq.num_admissions != 1:
+                continue
+            hit_blocks = m.hit_tokens // self.block_size
+            announced = self.local.prefix(self._hashes.get(m.request_id, []))
+            if hit_blocks > announced:
+                self._violations.append(
+                    f"replica {self.replica_id}: request {m.request_id!r} hit {hit_blocks} "
+                    f"blocks at t={now:.3f}, its events announced {announced}"
+                )
+
+    def _publish(self, ts: float) -> None:
+        if not self.pool.events:
+            return
+        events: list[KVEvent] = self.manager.take_events()
+        if not events:
+            return
+        self.local.apply(events)
+        if self._drop_removals:
+            # lost inside the engine: neither published nor buffered for replay
+            p, rng = self._drop_removals, self._rng
+            events = [e for e in events if not (isinstance(e, BlockRemoved) and rng.random() < p)]
+            if not events:
+                return
+        batch = KVEventBatch(ts=ts, events=events, data_parallel_rank=self.data_parallel_rank)
+        self._batches.append(self.publisher.publish(batch))
+
+    def _report(self) -> ReplicaReport:
+        stats = self.index.stats()
+        held = self.num_blocks - self.allocator.num_free_blocks - stats.num_evictable_blocks
+        report = ReplicaReport(
+            self.replica_id,
+            self.now,
+            self._batches,
+            self._first,
+            self._finished,
+            len(self.sched.waiting),
+            len(self.sched.running),
+            held / self.num_blocks,
+            self.busy_s,
+            self._violations,
+        )
+        self._batches, self._first, self._finished, self._violations = [], [], [], []
+        return report
+
+    # ------------------------------------------------------------ control
+
+    def replay(self, start: int, until: float) -> list[SeqBatch]:
+        """Buffered batches from ``start`` published at or before ``until``."""
+        return self.publisher.replay(start, until)
+
+    def dump(self) -> Dump:
+        """The cache as ``BlockStored`` batches and the ``seq`` the stream continues from."""
+        events = self.local.dump_events()
+        rank = self.data_parallel_rank
+        payloads = [
+            self.publisher.encode(KVEventBatch(self.now, events[i : i + 256], rank))
+            for i in range(0, len(events), 256)
+        ]
+        return Dump(self.publisher.next_seq, payloads)
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's ``reset_prefix_cache(reset_running_requests=True)``: preempt every
+        running request (recompute: back to the waiting queue's front), then drop the
+        whole cache; publishes ``AllBlocksCleared``."""
+        sched = self.sched
+        for seq in reversed(sched.running):
+            self.manager.abort(seq.request.id)
+            seq.num_computed = seq.num_in_key = 0
+            seq.metrics.num_preemptions += 1
+            sched.waiting.appendleft(seq)
+        sched.running.clear()
+        self.manager.reset()
+        self._publish(self.now)
+
+    def held(self) -> dict[int, int]:
+        """Hash -> copies the replica's events say it holds now."""
+        return self.local.held()
+
+    def in_flight(self) -> list[str]:
+        """Ids of the requests waiting or running."""
+        return [s.request.id for s in (*self.sched.waiting, *self.sched.running)]

@@ -1,0 +1,217 @@
+"""The cluster figures of the README, on Mooncake's conversation and synthetic traces.
+
+Replicas are Mooncake's prefill instances: the default cost profile (Llama-2-70B on two
+A100s, from Vidur's profiling data), one output token per request (prefill-only, as
+Mooncake's cache experiments), 512-token blocks (the traces' granularity), a 3M-token
+KV cache each (Mooncake's per-node "local cache"), the trace's own timestamps
+stretched (``--conversation-time-scale`` 2.5, ``--synthetic-time-scale`` 4: each fleet is
+busy, round robin near saturation, not swamped). Groups:
+
+* ``policies``: every policy and both bounds at 8 replicas (the hit ratio against
+  round robin and the pooled bound, the load CV, Mooncake's TTFT ordering);
+* ``frontier``: parameter sweeps (Dynamo's overlap credit and temperature, llm-d's
+  3:2:2 preset, SGLang's struct defaults, Ray's imbalance check) for the hit-ratio /
+  load-imbalance frontier;
+* ``replicas``: 1 to 32 replicas at the load per replica of 8 (first
+  ``--sweep-requests`` requests);
+* ``capacity``: per-replica capacity from 0.5M to 30M tokens at 8 replicas;
+* ``faults``: each fault on its own, for three event-fed and decision-fed policies
+  (first ``--fault-requests`` requests).
+
+Each group writes a ``prefixkv cluster`` report (tables, plots, report.md) under
+``--out/<trace>/<group>``; ``summary.json`` collects the headline figures.
+
+    python benchmarks/cluster_mooncake.py --conversation conversation_trace.jsonl \\
+        --synthetic synthetic_trace.jsonl --out cluster-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prefixkv.adapters.lab.cluster.experiment import run_experiment
+from prefixkv.adapters.lab.cluster.faults import parse_faults
+from prefixkv.adapters.lab.cluster.metrics import ClusterResult
+from prefixkv.adapters.lab.cluster.policies import POLICIES
+from prefixkv.adapters.lab.cluster.policy import BOUNDS, parse_policies
+from prefixkv.adapters.lab.cluster.report import write_report
+from prefixkv.adapters.lab.cluster.requests import timed_requests
+from prefixkv.adapters.lab.cluster.run import ClusterConfig
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.traces import ReadOptions, open_trace
+
+CACHE_AWARE = ("ray_pca", "sglang", "dynamo", "llmd", "mooncake")
+FRONTIER = (
+    "round_robin,least_outstanding,pooled,"
+    "dynamo,dynamo:overlap_score_credit=0.5,dynamo:overlap_score_credit=2,"
+    "dynamo:overlap_score_credit=4,dynamo:temperature=0.5,dynamo:temperature=1,"
+    "llmd,llmd:prefix_weight=3:kv_weight=2:queue_weight=2,"
+    "sglang,sglang:cache_threshold=0.5:balance_abs_threshold=32:balance_rel_threshold=1.1,"
+    "ray_pca,ray_pca:imbalanced_threshold=10,mooncake,prefix_hash,pow2"
+)
+FAULTS = (
+    "drop=0.05",
+    "drop_removals",
+    "delay=0.05,jitter=0.5",
+    "kill=3@50%",
+    "restart=3@50%",
+    "clear=3@50%",
+    "router_restart@50%",
+    "router_restart@50%:dump",
+    "late_join@30%",
+    "gap=3@50%",
+    "mismatch=3:block_size",
+    "mismatch=3:hash",
+    "scale_up@30%,scale_down=0@60%",
+)
+
+
+def requests(
+    path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterConfig
+) -> Iterator[TimedRequest]:
+    """The trace's requests, prefill-only, at the load per replica of ``n0`` replicas."""
+    source = open_trace(path, "mooncake", max_requests=limit, options=ReadOptions(output=False))
+    return timed_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
+
+
+def headline(results: list[ClusterResult]) -> dict[str, Any]:
+    """The targets: the best load-aware policy against pooled, round robin's gap, TTFT order."""
+    by = {r.labels["policy"]: r for r in results}
+    pooled, rr = by["pooled"].run, by["round_robin"].run
+    balanced = [by[p] for p in CACHE_AWARE if p in by and by[p].run.load_cv <= 0.1]
+    best = max(balanced, key=lambda r: r.run.hit_ratio, default=None)
+    ttft = {p: by[p].run.ttft_mean_s for p in ("random", "least_outstanding", "pooled") if p in by}
+    cache_aware = min((by[p] for p in CACHE_AWARE if p in by), key=lambda r: r.run.ttft_mean_s)
+    return {
+        "pooled_hit": pooled.hit_ratio,
+        "infinite_hit": by["infinite"].run.hit_ratio if "infinite" in by else math.nan,
+        "round_robin_hit": rr.hit_ratio,
+        "round_robin_over_pooled": rr.hit_ratio / pooled.hit_ratio,
+        "best_balanced_policy": best.labels["policy"] if best else None,
+        "best_balanced_hit": best.run.hit_ratio if best else math.nan,
+        "best_balanced_over_pooled": best.run.hit_ratio / pooled.hit_ratio if best else math.nan,
+        "best_balanced_load_cv": best.run.load_cv if best else math.nan,
+        "ttft_mean_s": {**ttft, "cache_aware": cache_aware.run.ttft_mean_s},
+        "ttft_cache_aware_policy": cache_aware.labels["policy"],
+        "ttft_over_pooled": {
+            k: v / ttft["pooled"]
+            for k, v in {**ttft, "cache_aware": cache_aware.run.ttft_mean_s}.items()
+        },
+    }
+
+
+def progress(trace: str, group: str) -> Callable[[ClusterResult], None]:
+    """Prints one line per finished run."""
+
+    def line(r: ClusterResult) -> None:
+        lab, run = r.labels, r.run
+        print(
+            f"{trace:12} {group:9} {lab['policy']:<40} N={lab['num_replicas']:<3} "
+            f"cap={lab['capacity_tokens']:<9} {lab['faults'] or '-':<30} hit {run.hit_ratio:.3f} "
+            f"TTFT {run.ttft_mean_s:8.2f} s CV {run.load_cv:.3f} "
+            f"{'ok' if not r.invariants.broken() else 'BROKEN'}",
+            flush=True,
+        )
+
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--conversation", type=Path)
+    ap.add_argument("--synthetic", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("cluster-bench"))
+    ap.add_argument("--groups", default="policies,frontier,replicas,capacity,faults")
+    ap.add_argument("--conversation-time-scale", type=float, default=2.5)
+    ap.add_argument("--synthetic-time-scale", type=float, default=4.0)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--capacity-tokens", type=int, default=3_000_000)
+    ap.add_argument("--max-requests", type=int)
+    ap.add_argument("--sweep-requests", type=int, default=4000)
+    ap.add_argument("--fault-requests", type=int, default=3000)
+    args = ap.parse_args()
+
+    groups = args.groups.split(",")
+    base = ClusterConfig(
+        num_replicas=args.replicas,
+        capacity_tokens=args.capacity_tokens,
+        block_size=512,
+        keep_tokens=False,
+    )
+    summary: dict[str, Any] = {}
+    traces = {
+        "conversation": (args.conversation, args.conversation_time_scale),
+        "synthetic": (args.synthetic, args.synthetic_time_scale),
+    }
+    for name, (path, scale) in traces.items():
+        if path is None:
+            continue
+        for group in groups:
+            t0 = time.perf_counter()
+            limit = args.max_requests
+            policies = ",".join((*POLICIES, *BOUNDS))
+            replicas: list[int] = [args.replicas]
+            capacities = [args.capacity_tokens]
+            cfg = base
+            if group == "frontier":
+                policies = FRONTIER
+            elif group == "replicas":
+                policies = "round_robin,least_outstanding,sglang,llmd,dynamo,pooled,infinite"
+                replicas = [1, 2, 4, 8, 16, 32]
+                limit = args.sweep_requests
+            elif group == "capacity":
+                policies = "round_robin,sglang,llmd,dynamo,pooled,infinite"
+                capacities = [500_000, 1_000_000, 3_000_000, 10_000_000, 30_000_000]
+                limit = args.sweep_requests
+            elif group == "faults":
+                policies = "dynamo,llmd,sglang"
+                limit = args.fault_requests
+                cfg = dataclasses.replace(base, keep_tokens=True, buffer_steps=1000)
+            specs = parse_policies(policies, tuple(POLICIES))
+            results: list[ClusterResult] = []
+            fault_list = (None, *FAULTS) if group == "faults" else (None,)
+            for spec_text in fault_list:
+                plan = None
+                if spec_text is not None:
+                    span_reqs = list(requests(path, limit, scale, args.replicas, cfg))
+                    span = (span_reqs[-1].arrival or 0.0) - (span_reqs[0].arrival or 0.0)
+                    plan = parse_faults(spec_text).resolve(span)
+                results += run_experiment(
+                    lambda c, path=path, limit=limit, scale=scale: requests(
+                        path, limit, scale, args.replicas, c
+                    ),
+                    specs,
+                    cfg,
+                    replicas=replicas,
+                    capacities=capacities,
+                    faults=plan,
+                    fault_free=spec_text is None,
+                    on_run=progress(name, group),
+                )
+            out = args.out / name / group
+            write_report(
+                results,
+                out,
+                command=f"python benchmarks/cluster_mooncake.py --groups {group} ...",
+                source=f"Mooncake {name} trace, prefill-only, timestamps x {scale} "
+                f"(x {args.replicas}/N when sweeping N)",
+                requests_table=False,
+            )
+            if group == "policies":
+                summary[name] = headline(results)
+            summary.setdefault("wall_s", {})[f"{name}/{group}"] = round(time.perf_counter() - t0)
+            (args.out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The router fed by a real ZeroMQ KV-event stream (vLLM's publisher protocol)."""
+
+from __future__ import annotations
+
+from array import array
+
+from prefixkv.adapters.events import BlockStored, KVEventBatch, ZmqEventPublisher
+from prefixkv.adapters.lab.cluster import HashScheme, Router, Worker, make_policy, parse_policy
+from prefixkv.adapters.lab.cluster.live import subscribe
+from prefixkv.adapters.lab.cluster.policies import POLICIES
+from prefixkv.adapters.lab.cluster.radix import RadixBlockIndex
+from prefixkv.adapters.lab.sim import load_profile, timed_request
+
+
+def test_a_zmq_stream_steers_the_router() -> None:
+    scheme = HashScheme.prefixkv(16, seed=0)
+    router = Router(
+        make_policy(parse_policy("dynamo", tuple(POLICIES))),
+        RadixBlockIndex(scheme),
+        scheme,
+        load_profile(),
+    )
+    prompt = array("I", range(1, 161))
+    hashes = scheme.block_hashes(prompt)
+    pubs = [
+        ZmqEventPublisher(f"inproc://kv{r}", replay_endpoint=f"inproc://kv{r}-replay")
+        for r in range(3)
+    ]
+    subs = [
+        subscribe(router, r, f"inproc://kv{r}", replay_endpoint=f"inproc://kv{r}-replay")
+        for r in range(3)
+    ]
+    try:
+        stored = BlockStored(hashes, None, prompt.tolist(), 16, None, "GPU", None, group_idx=0)
+        pubs[2].publish(KVEventBatch(0.0, [stored], 0))
+        for _ in range(200):
+            subs[2].sync()
+            if router.index is not None and router.index.held(Worker(2)):
+                break
+        decision = router.route(timed_request("q", prompt.tolist() + [7] * 16, 4, 0.0), 0.0)
+        assert decision.worker == Worker(2) and decision.predicted_blocks == 10
+    finally:
+        for s in subs:
+            s.close()
+        for p in pubs:
+            p.shutdown()

@@ -1,0 +1,264 @@
+"""Cluster runs in the deterministic mode: every policy, the bounds, every fault.
+
+A small multi-turn workload (sessions sharing a system prompt) over 4 replicas with
+small caches, so eviction, queueing and cache-aware routing all happen. Every run
+checks its invariants (no lost request, no decision or completion for a dead replica,
+no hit on blocks the replica never announced, the router's view equal to each
+replica's cache after the run); each fault also has its own assertion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+from prefixkv.adapters.lab.cluster import driver
+from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
+from prefixkv.adapters.lab.cluster.faults import parse_faults
+from prefixkv.adapters.lab.cluster.metrics import ClusterResult
+from prefixkv.adapters.lab.cluster.policies import POLICIES
+from prefixkv.adapters.lab.cluster.requests import timed_requests
+from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.workloads import make_workload
+
+CFG = ClusterConfig(
+    num_replicas=4,
+    capacity_tokens=4096,
+    block_size=16,
+    check=True,
+    buffer_steps=32,
+    reservation_ttl=20.0,
+)
+T = 25.0  # seconds into the ~60 s workload
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[TimedRequest]:
+    w = make_workload("multi_turn", num_sessions=40, turns=(2, 6), system_len=64, seed=1)
+    return list(timed_requests(w, request_rate=3.0, seed=0))
+
+
+def rows(res: ClusterResult) -> list[tuple[object, ...]]:
+    """What a run decided and measured, wall-clock timings left out."""
+    return [
+        (
+            r.metrics.request_id,
+            r.replica,
+            r.routes,
+            r.predicted_blocks,
+            r.metrics.hit_tokens,
+            r.metrics.first_token_s,
+            r.metrics.finish_s,
+        )
+        for r in res.requests
+    ]
+
+
+def summary(res: ClusterResult) -> dict[str, object]:
+    d = dataclasses.asdict(res.run)
+    for k in (
+        "decision_p50_us",
+        "decision_p99_us",
+        "decision_cpu_p99_us",
+        "hash_p50_us",
+        "hash_p99_us",
+    ):
+        del d[k]
+    return d
+
+
+EVERY = [
+    *POLICIES,
+    "pooled",
+    "infinite",
+    "dynamo@chained",
+    "llmd@radix",
+    "sglang@radix",
+    "mooncake@approx",
+]
+
+
+@pytest.mark.parametrize("policy", EVERY)
+def test_every_policy_routes_every_request_and_holds_its_invariants(
+    policy: str, requests: list[TimedRequest]
+) -> None:
+    res = run_cluster(requests, policy, CFG)
+    res.check()
+    assert res.run.num_requests == len(requests)
+    assert 0 < res.run.hit_ratio < 1
+    assert res.labels["policy"] == policy
+    if res.labels["index"] != "none":
+        assert res.run.overlap_predictions == len(requests)
+
+
+def test_bounds_and_cache_aware_routing_order(requests: list[TimedRequest]) -> None:
+    hit = {
+        p: run_cluster(requests, p, CFG).run.hit_ratio
+        for p in ("round_robin", "dynamo", "pooled", "infinite")
+    }
+    assert hit["infinite"] >= hit["pooled"] > hit["dynamo"] > hit["round_robin"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "faults"),
+    [
+        ("random", ""),
+        ("dynamo", ""),
+        ("sglang", "drop=0.2,delay=0.3,jitter=1"),
+        ("llmd", "kill=1@25,drop_removals=0.5"),
+        ("mooncake@radix", "restart=2@20,router_restart@30:dump"),
+    ],
+)
+def test_deterministic_mode_gives_identical_results(
+    policy: str, faults: str, requests: list[TimedRequest]
+) -> None:
+    a = run_cluster(requests, policy, CFG, faults)
+    b = run_cluster(requests, policy, CFG, faults)
+    assert rows(a) == rows(b)
+    assert summary(a) == summary(b)
+    c = run_cluster(requests, policy, dataclasses.replace(CFG, seed=7), faults)
+    if policy == "random":  # seeded choices: another seed, other decisions
+        assert rows(c) != rows(a)
+
+
+# ---------------------------------------------------------------- faults
+
+Check = Callable[[ClusterResult, ClusterResult], None]
+
+
+def _event_fed(res: ClusterResult) -> bool:
+    return res.labels["index"] in ("chained", "radix")
+
+
+def _dropped(res: ClusterResult, base: ClusterResult) -> None:
+    assert res.stats["dropped_batches"] > 0
+    if _event_fed(res):
+        assert res.stats["gaps"] > 0 and res.stats["replays"] >= res.stats["gaps"]
+
+
+def _phantoms(res: ClusterResult, base: ClusterResult) -> None:
+    if _event_fed(res):  # the cost: the router believes blocks that are gone
+        assert res.invariants.phantom_blocks > 0
+
+
+def _reordered(res: ClusterResult, base: ClusterResult) -> None:
+    if _event_fed(res):
+        assert res.stats["gaps"] > 0 and res.stats["duplicates"] > 0
+
+
+def _killed(res: ClusterResult, base: ClusterResult) -> None:
+    assert all(r.metrics.finish_s <= T for r in res.requests if r.replica == 1)
+    assert res.invariants.routed_to_dead == 0
+
+
+def _restarted(res: ClusterResult, base: ClusterResult) -> None:
+    if _event_fed(res) and any(r.replica == 1 and r.metrics.arrival_s < T for r in base.requests):
+        assert res.stats["restarts"] == 1  # seen in the stream: its sequence went back to 0
+    late = [r for r in res.requests if r.replica == 1 and r.metrics.finish_s > T]
+    assert all(r.metrics.first_scheduled_s >= T for r in late)
+
+
+def _cleared(res: ClusterResult, base: ClusterResult) -> None:
+    if _event_fed(res):
+        assert res.stats["index_cleared"] >= 1
+
+
+def _warm(mode: str) -> Check:
+    def check(res: ClusterResult, base: ClusterResult) -> None:
+        (w,) = res.stats["warmups"]
+        assert w["mode"] == mode and w["at_s"] == T
+        if res.labels["index"] in ("chained", "radix"):
+            assert w["dumps"] == (4 if mode == "dump" else w["dumps"])
+            assert w["batches_replayed"] > 0 or w["dumps"] > 0
+
+    return check
+
+
+def _gap(res: ClusterResult, base: ClusterResult) -> None:
+    if _event_fed(res) and res.stats["dropped_batches"] > CFG.buffer_steps:
+        assert res.stats["resyncs"] >= 1  # the replay window could not bridge it
+
+
+def _mismatch(kind: str) -> Check:
+    def check(res: ClusterResult, base: ClusterResult) -> None:
+        incompatible = res.stats.get("incompatible", {})
+        if res.labels["index"] == "chained" or (
+            kind == "block_size" and res.labels["index"] == "radix"
+        ):
+            assert 3 in incompatible and kind.split("_")[0] in incompatible[3]
+        elif res.labels["index"] == "radix":  # keyed by content: another seed is followed
+            assert incompatible == {}
+            assert any(r.replica == 3 and r.predicted_blocks for r in res.requests)
+
+    return check
+
+
+def _scaled(res: ClusterResult, base: ClusterResult) -> None:
+    assert 4 in [s.replica for s in res.replicas]  # the new replica joined
+    assert all(r.metrics.arrival_s <= 40 for r in res.requests if r.replica == 0)
+
+
+def _swept(res: ClusterResult, base: ClusterResult) -> None:
+    assert res.stats["lost_completions"] > 0 and res.run.swept_reservations > 0
+
+
+FAULTS: list[tuple[str, Check]] = [
+    ("drop=0.3", _dropped),
+    ("drop_removals", _phantoms),
+    ("delay=0.5,jitter=2", _reordered),
+    ("kill=1@25", _killed),
+    ("restart=1@25", _restarted),
+    ("clear=2@25", _cleared),
+    ("router_restart@25", _warm("replay")),
+    ("router_restart@25:dump", _warm("dump")),
+    ("late_join@25", _warm("replay")),
+    ("late_join@25:dump", _warm("dump")),
+    ("gap=0@25", _gap),
+    ("mismatch=3:block_size", _mismatch("block_size")),
+    ("mismatch=3:hash", _mismatch("hash")),
+    ("scale_up@20,scale_down=0@40", _scaled),
+    ("lose_completions=0.3", _swept),
+]
+
+
+@pytest.fixture(scope="module")
+def fault_free(requests: list[TimedRequest]) -> dict[str, ClusterResult]:
+    return {p: run_cluster(requests, p, CFG) for p in ("dynamo", "llmd", "sglang")}
+
+
+@pytest.mark.parametrize("policy", ["dynamo", "llmd", "sglang"])
+@pytest.mark.parametrize(("faults", "check"), FAULTS, ids=[f for f, _ in FAULTS])
+def test_fault_invariants(
+    policy: str,
+    faults: str,
+    check: Check,
+    requests: list[TimedRequest],
+    fault_free: dict[str, ClusterResult],
+) -> None:
+    base = fault_free[policy]
+    res = run_cluster(requests, policy, CFG, faults)
+    res.check()  # stale information may cost hits, never correctness
+    assert res.run.num_requests == len(requests)
+    check(res, base)
+
+
+def test_relative_fault_times_must_be_resolved(requests: list[TimedRequest]) -> None:
+    with pytest.raises(ClusterConfigError):
+        run_cluster(requests, "dynamo", CFG, "kill=1@50%")
+    plan = parse_faults("kill=1@50%").resolve(50.0)
+    assert plan.timed[0].at == 25.0
+    run_cluster(requests, "dynamo", CFG, plan).check()
+
+
+def test_a_broken_invariant_is_reported(
+    requests: list[TimedRequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A driver that forgets a dead replica's requests loses them; check() says so.
+    monkeypatch.setattr(driver.ClusterDriver, "_void_after", lambda self, replica, t: [])
+    res = run_cluster(requests, "dynamo", CFG, "kill=1@25")
+    assert res.invariants.lost_requests
+    with pytest.raises(AssertionError, match="lost requests"):
+        res.check()
