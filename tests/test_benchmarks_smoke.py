@@ -32,3 +32,10 @@ def test_soak_script_runs() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count('"summary"') == 2
+
+
+def test_decode_flat_script_runs() -> None:
+    cmd = [sys.executable, "benchmarks/decode_flat.py", "--steps", "2048", "--repeat", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("| vllm |") == 3 and proc.stdout.count("| sglang |") == 3
