@@ -112,6 +112,11 @@ class CacheManager:
             dialect the index speaks (vLLM's for the hash chain, SGLang's page events
             for the radix tree).
 
+    Arguments are checked on entry, and those checked are declared ``object`` (the
+    compiled build would refuse a wrong type before the check could name it): counts
+    are ints, flags bools, a namespace what ``make_extra_key`` builds, a lookup what
+    ``match`` returned.
+
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
     """
