@@ -110,43 +110,44 @@ def test_restart_is_detected_from_the_sequence() -> None:
     now = [0.0]
     tracker, view = make_tracker(rep, now)
     rng = random.Random(2)
-    for i in range(6):
-        b = rep.step(rng, float(i))
-        now[0] = float(i)
-        tracker.receive(b.seq, b.payload)
+
+    def steps(times: range) -> None:
+        for i in times:  # each step's batch arrives at once
+            b = rep.step(rng, float(i))
+            now[0] = float(i)
+            tracker.receive(b.seq, b.payload)
+
+    steps(range(6))
     rep.restart()
-    for i in range(6, 8):
-        b = rep.step(rng, float(i))
-        now[0] = float(i)
-        tracker.receive(b.seq, b.payload)
+    steps(range(6, 8))
     assert tracker.stats["restarts"] == 1
     assert set(view.blocks(SRC)) == rep.held
 
 
-def test_late_joiner_replays_from_zero() -> None:
-    rep = FakeReplica(100)
+def join_late(
+    buffer_steps: int, missed: int, seed: int
+) -> tuple[FakeReplica, StreamTracker, EventIndex]:
+    """A tracker that starts after ``missed`` batches and then receives the next one."""
+    rep = FakeReplica(buffer_steps)
     now = [0.0]
-    rng = random.Random(3)
-    for i in range(5):
+    rng = random.Random(seed)
+    for i in range(missed):
         rep.step(rng, float(i))
     tracker, view = make_tracker(rep, now)
-    b = rep.step(rng, 5.0)
-    now[0] = 5.0
+    b = rep.step(rng, float(missed))
+    now[0] = float(missed)
     tracker.receive(b.seq, b.payload)
+    return rep, tracker, view
+
+
+def test_late_joiner_replays_from_zero() -> None:
+    rep, tracker, view = join_late(100, 5, seed=3)
     assert tracker.stats["gaps"] == 1 and tracker.stats["delivered"] == 6
     assert set(view.blocks(SRC)) == rep.held
 
 
 def test_late_joiner_past_the_replay_window_resyncs() -> None:
-    rep = FakeReplica(2)
-    now = [0.0]
-    rng = random.Random(4)
-    for i in range(20):
-        rep.step(rng, float(i))
-    tracker, view = make_tracker(rep, now)
-    b = rep.step(rng, 20.0)
-    now[0] = 20.0
-    tracker.receive(b.seq, b.payload)
+    rep, tracker, view = join_late(2, 20, seed=4)
     assert tracker.stats["resyncs"] == 1
     assert set(view.blocks(SRC)) == rep.held
 

@@ -15,6 +15,7 @@ whatever a router may meet and returns vLLM structs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -28,6 +29,7 @@ from .wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEve
 __all__ = [
     "EventDecodeError",
     "EventDecoder",
+    "as_engine_events",
     "encode",
     "encode_json",
     "from_sglang",
@@ -50,6 +52,18 @@ def encode(batch: EventBatch | SGLangEventBatch) -> bytes:
 def encode_json(batch: EventBatch | SGLangEventBatch) -> bytes:
     """The batch through msgspec's JSON encoder: one line of a KV-event file."""
     return msgspec.json.encode(batch)
+
+
+def as_engine_events(events: Sequence[Any], event_type: Any) -> list[Any]:
+    """``events`` as an engine's own event classes, whose fields prefixkv's structs
+    repeat one for one: a msgpack round trip, so a consumer sees what it expects.
+
+    Args:
+        events: prefixkv's events (vLLM's or SGLang's structs).
+        event_type: the union of the engine's event classes.
+    """
+    out: list[Any] = msgspec.msgpack.decode(msgspec.msgpack.encode(events), type=list[event_type])
+    return out
 
 
 # Lenient shapes of vLLM's own events: everything after block_hashes may be missing

@@ -35,7 +35,8 @@ import zmq
 
 from prefixkv.indexes.errors import PrefixKVError
 
-from .codec import EventDecodeError, EventDecoder
+from .codec import EventDecodeError
+from .sequence import SequencedStream
 from .wire import EventBatch, KVEventBatch
 
 __all__ = [
@@ -221,7 +222,7 @@ class ZmqEventPublisher:
 BatchCallback = Callable[[int, KVEventBatch], None]
 
 
-class ZmqEventSubscriber:
+class ZmqEventSubscriber(SequencedStream):
     """Receives one publisher's batches in order, with gap replay and restart detection.
 
     Callbacks run inside :meth:`poll` / :meth:`sync`, in stream order.
@@ -257,22 +258,14 @@ class ZmqEventSubscriber:
         bind: bool = False,
         context: zmq.Context[Any] | None = None,
     ) -> None:
+        super().__init__(remember)
         self._ctx = context or zmq.Context.instance()
         self._on_batch = on_batch
         self._on_restart = on_restart
         self._on_resync = on_resync
         self._replay_endpoint = replay_endpoint
         self._replay_timeout = replay_timeout
-        self._remember = remember
-        self._decoder = EventDecoder()
-        self._recent: dict[int, int] = {}  # seq -> hash(payload) of delivered batches
         self._dealer: zmq.Socket[Any] | None = None
-        self.next_seq: int | None = None
-        """The sequence number expected next (None before the first batch)."""
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("delivered", "duplicates", "gaps", "replays", "restarts", "resyncs", "bad"), 0
-        )
-        """Counters: delivered, duplicates, gaps, replays, restarts, resyncs, bad payloads."""
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.set_hwm(hwm)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
@@ -421,11 +414,7 @@ class ZmqEventSubscriber:
             frames.append((int.from_bytes(seq_bytes, "big"), payload))
 
     def _deliver(self, seq: int, payload: bytes) -> None:
-        self.next_seq = seq + 1
-        recent = self._recent
-        recent[seq] = hash(payload)
-        if len(recent) > self._remember:
-            del recent[next(iter(recent))]
+        self._passed(seq, payload)
         try:
             batch = self._decoder.decode(payload)
         except EventDecodeError:
@@ -436,9 +425,7 @@ class ZmqEventSubscriber:
         self._on_batch(seq, batch)
 
     def _restarted(self) -> None:
-        self.stats["restarts"] += 1
-        self._recent.clear()
-        self.next_seq = 0
+        self._new_run()
         self._last_live = -1
         if self._on_restart is not None:
             self._on_restart()

@@ -600,6 +600,20 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
     return ReadOptions(vocab_size=args.vocab_size, seed=args.seed, limits=limits)
 
 
+def _load_workloads(args: argparse.Namespace, names: list[str] | None) -> list[Workload]:
+    """The named built-in workloads, or the trace, as the trace-input flags shape them."""
+    return load_workloads(
+        names,
+        args.trace,
+        max_requests=args.max_requests,
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        trace_format=args.trace_format,
+        options=_read_options(args),
+        quiet=args.quiet,
+    )
+
+
 def _capacities(args: argparse.Namespace) -> list[int] | None:
     """The capacities asked for, in tokens; ``None`` for the roomy default."""
     if args.capacity_tokens is not None:
@@ -680,16 +694,7 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     sweep = args.capacity_sweep
     if sweep is None:
         sweep = listed or (not args.workload and args.trace is None)
-    workloads = load_workloads(
-        names or None,
-        args.trace,
-        max_requests=args.max_requests,
-        tokens_per_id=args.tokens_per_id,
-        seed=args.seed,
-        trace_format=args.trace_format,
-        options=_read_options(args),
-        quiet=args.quiet,
-    )
+    workloads = _load_workloads(args, names or None)
     repeats = args.timing_repeats
     if repeats is None:
         repeats = 1 if args.trace is not None else 3
@@ -903,16 +908,7 @@ def _run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
         outputs.append(Path(args.kv_events))
     refuse_overwrite(outputs, [args.trace])
     t_load = time.perf_counter()
-    (workload,) = load_workloads(
-        None,
-        args.trace,
-        max_requests=args.max_requests,
-        tokens_per_id=args.tokens_per_id,
-        seed=args.seed,
-        trace_format=args.trace_format,
-        options=_read_options(args),
-        quiet=args.quiet,
-    )
+    (workload,) = _load_workloads(args, None)
     load_seconds = time.perf_counter() - t_load
     capacity = roomy_capacity(workload.stats, specs) if caps is None else caps[0]
     check_pool(capacity, specs, args.max_pool_blocks)

@@ -24,7 +24,6 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -49,6 +48,7 @@ from prefixkv.indexes.registry import index_options, make_index, pool_owned_opti
 from prefixkv.indexes.tokens import TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div
 
+from ..events.codec import as_engine_events
 from ..events.dialects import EventRecorder, attach_event_recorder
 from ..events.sglang_recorder import SGLangEventRecorder
 from .errors import UnsupportedEngineFeatureError
@@ -137,11 +137,7 @@ class _EngineEvents:
             return []
         from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-        sglang_event: Any = BlockStored | BlockRemoved | AllBlocksCleared
-        out: list[Any] = msgspec.msgpack.decode(
-            msgspec.msgpack.encode(events), type=list[sglang_event]
-        )
-        return out
+        return as_engine_events(events, BlockStored | BlockRemoved | AllBlocksCleared)
 
 
 class PrefixKVPrefixCache(BasePrefixCache):  # type: ignore[misc]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.metrics.stats import PrefixCacheStats
@@ -28,6 +27,7 @@ from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
 
+from ..events.codec import as_engine_events
 from ..manager import CacheManager, Lookup
 
 __all__ = ["PrefixKVCacheManager"]
@@ -365,11 +365,7 @@ class PrefixKVCacheManager:
         # vLLM's own classes, so any consumer of the scheduler sees what it expects.
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-        vllm_event: Any = BlockStored | BlockRemoved | AllBlocksCleared
-        out: list[Any] = msgspec.msgpack.decode(
-            msgspec.msgpack.encode(events), type=list[vllm_event]
-        )
-        return out
+        return as_engine_events(events, BlockStored | BlockRemoved | AllBlocksCleared)
 
     def new_step_starts(self) -> None:
         """Nothing to do per step for one full-attention group."""

@@ -22,6 +22,7 @@ from collections import OrderedDict
 
 from prefixkv.adapters.events.wire import EventBatch
 
+from .bitmask import WorkerBitmasks
 from .errors import ClusterConfigError
 from .keys import RouteKeys, Worker
 
@@ -31,7 +32,7 @@ DYNAMO_APPROX_TTL_S = 120.0
 """Dynamo's ``router_ttl_secs`` for its approximate (no-events) indexer."""
 
 
-class ApproxIndex:
+class ApproxIndex(WorkerBitmasks):
     """Blocks assumed cached where the router sent them, for ``ttl`` seconds.
 
     Args:
@@ -53,24 +54,16 @@ class ApproxIndex:
             raise ClusterConfigError(f"ttl must be None or > 0 seconds, got {ttl!r}")
         if max_blocks is not None and (type(max_blocks) is not int or max_blocks < 1):
             raise ClusterConfigError(f"max_blocks must be None or an int >= 1, got {max_blocks!r}")
+        super().__init__()
         self.ttl = math.inf if ttl is None else float(ttl)
         self.max_blocks = max_blocks
         self.incompatible: dict[int, str] = {}
         self._holders: dict[int, int] = {}  # hash -> worker bitmask
-        self._bits: dict[Worker, int] = {}
-        self._workers: dict[int, Worker] = {}
-        self._free_bits: list[int] = []
         self._entries: dict[int, OrderedDict[int, float]] = {}  # bit -> hash -> expiry
         self._stats = dict.fromkeys(("inserted", "expired", "capped"), 0)
 
-    def _bit(self, worker: Worker) -> int:
-        bit = self._bits.get(worker)
-        if bit is None:
-            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._bits)
-            self._bits[worker] = bit
-            self._workers[bit] = worker
-            self._entries[bit] = OrderedDict()
-        return bit
+    def _new_worker(self, bit: int) -> None:
+        self._entries[bit] = OrderedDict()
 
     def _drop(self, h: int, bit: int) -> None:
         mask = self._holders[h] & ~bit
@@ -120,22 +113,17 @@ class ApproxIndex:
 
     def clear(self, replica: int, data_parallel_rank: int | None = None) -> None:
         """Forget what was assumed of ``replica`` (one rank when given)."""
-        for worker, bit in self._bits.items():
-            if worker.replica == replica and (
-                data_parallel_rank is None or worker.data_parallel_rank == data_parallel_rank
-            ):
-                entries = self._entries[bit]
-                for h in entries:
-                    self._drop(h, bit)
-                entries.clear()
+        for bit in self._bits_of(replica, data_parallel_rank):
+            entries = self._entries[bit]
+            for h in entries:
+                self._drop(h, bit)
+            entries.clear()
 
     def forget(self, replica: int) -> None:
         """Forget ``replica`` and free its worker bits."""
         self.clear(replica)
-        for worker, bit in list(self._bits.items()):
-            if worker.replica == replica:
-                del self._bits[worker], self._workers[bit], self._entries[bit]
-                self._free_bits.append(bit)
+        for bit in self._forget_workers(replica):
+            del self._entries[bit]
 
     # ------------------------------------------------------------ queries
 
@@ -146,25 +134,21 @@ class ApproxIndex:
         """
         self._expire(now)
         holders = self._holders
-        workers = self._workers
+        drop_out = self._drop_out
         active = -1
         depth = 0
         out: dict[Worker, int] = {}
         for h in keys.block_hashes:
             keep = holders.get(h, 0) & active
             gone = active & ~keep if depth else 0
-            while gone:
-                low = gone & -gone
-                out[workers[low]] = depth
-                gone ^= low
+            if gone:
+                drop_out(out, gone, depth)
             if not keep:
                 return out
             active = keep
             depth += 1
-        while active > 0 and depth:
-            low = active & -active
-            out[workers[low]] = depth
-            active ^= low
+        if depth:
+            drop_out(out, active, depth)
         return out
 
     def held(self, worker: Worker) -> dict[int, int]:

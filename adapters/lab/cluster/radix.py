@@ -35,6 +35,7 @@ from prefixkv.adapters.events.wire import (
 )
 from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
+from .bitmask import WorkerBitmasks
 from .index import StreamCheck, wire_int
 from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
 
@@ -43,7 +44,7 @@ __all__ = ["RadixBlockIndex"]
 _ROOT = 0
 
 
-class RadixBlockIndex:
+class RadixBlockIndex(WorkerBitmasks):
     """Dynamo's radix tree: children by block content hash, a worker bitmask per node.
 
     Args:
@@ -54,6 +55,7 @@ class RadixBlockIndex:
     event_fed = True
 
     def __init__(self, scheme: HashScheme) -> None:
+        super().__init__()
         self.scheme = scheme
         self.block_size = scheme.block_size
         self._check = StreamCheck(scheme, verify_hashes=False)
@@ -65,10 +67,7 @@ class RadixBlockIndex:
         self._local: list[int] = [0]
         self._nchildren: list[int] = [0]
         self._free_nodes: list[int] = []
-        # workers
-        self._bits: dict[Worker, int] = {}
-        self._workers: dict[int, Worker] = {}  # bit -> worker
-        self._free_bits: list[int] = []
+        # per worker bit
         self._lookup: dict[int, dict[int, int]] = {}  # bit -> engine hash -> node
         self._copies: dict[int, dict[int, int]] = {}  # bit -> engine hash -> copies > 1
         self._stats = dict.fromkeys(
@@ -84,15 +83,9 @@ class RadixBlockIndex:
 
     # ------------------------------------------------------------ workers
 
-    def _bit(self, worker: Worker) -> int:
-        bit = self._bits.get(worker)
-        if bit is None:
-            bit = self._free_bits.pop() if self._free_bits else 1 << len(self._bits)
-            self._bits[worker] = bit
-            self._workers[bit] = worker
-            self._lookup[bit] = {}
-            self._copies[bit] = {}
-        return bit
+    def _new_worker(self, bit: int) -> None:
+        self._lookup[bit] = {}
+        self._copies[bit] = {}
 
     # ------------------------------------------------------------ nodes
 
@@ -204,11 +197,7 @@ class RadixBlockIndex:
     def clear(self, replica: int, data_parallel_rank: int | None = None) -> None:
         """Drop the replica's blocks (one rank when given). O(blocks dropped)."""
         self._stats["cleared"] += 1
-        for worker, bit in list(self._bits.items()):
-            if worker.replica != replica:
-                continue
-            if data_parallel_rank is not None and worker.data_parallel_rank != data_parallel_rank:
-                continue
+        for bit in self._bits_of(replica, data_parallel_rank):
             lookup = self._lookup[bit]
             for node in lookup.values():
                 self._drop(node, bit)
@@ -219,10 +208,8 @@ class RadixBlockIndex:
         """Drop the replica's blocks, checks and worker bits."""
         self.clear(replica)
         self._check.forget(replica)
-        for worker, bit in list(self._bits.items()):
-            if worker.replica == replica:
-                del self._bits[worker], self._workers[bit], self._lookup[bit], self._copies[bit]
-                self._free_bits.append(bit)
+        for bit in self._forget_workers(replica):
+            del self._lookup[bit], self._copies[bit]
 
     # ------------------------------------------------------------ queries
 
@@ -231,7 +218,7 @@ class RadixBlockIndex:
 
         Complexity: O(matched blocks) dict probes and ``&``, plus O(workers) at the end.
         """
-        edges, workers_of, workers = self._edges, self._workers_of, self._workers
+        edges, workers_of, drop_out = self._edges, self._workers_of, self._drop_out
         node = _ROOT
         active = -1
         depth = 0
@@ -240,19 +227,15 @@ class RadixBlockIndex:
             child = edges.get((node, local))
             keep = workers_of[child] & active if child is not None else 0
             gone = active & ~keep if depth else 0
-            while gone:
-                low = gone & -gone
-                out[workers[low]] = depth
-                gone ^= low
+            if gone:
+                drop_out(out, gone, depth)
             if child is None or not keep:
                 return out
             active = keep
             node = child
             depth += 1
-        while active > 0 and depth:
-            low = active & -active
-            out[workers[low]] = depth
-            active ^= low
+        if depth:
+            drop_out(out, active, depth)
         return out
 
     def on_routed(self, worker: Worker, keys: RouteKeys, now: float) -> None:

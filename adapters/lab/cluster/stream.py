@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from prefixkv.adapters.events.codec import EventDecodeError, EventDecoder
+from prefixkv.adapters.events.codec import EventDecodeError
+from prefixkv.adapters.events.sequence import SequencedStream
 from prefixkv.adapters.events.wire import EventBatch, KVEventBatch
 
 __all__ = ["Dump", "EventPublisher", "SeqBatch", "StreamTracker"]
@@ -81,7 +82,7 @@ Replay = Callable[[int], "list[SeqBatch] | None"]
 """Asks the replica for its buffered batches from a ``seq`` (None: unreachable)."""
 
 
-class StreamTracker:
+class StreamTracker(SequencedStream):
     """One replica's stream as a router receives it: in order, once, or resynced.
 
     Args:
@@ -103,19 +104,12 @@ class StreamTracker:
         *,
         remember: int = 100_000,
     ) -> None:
+        super().__init__(remember)
         self._on_batch = on_batch
         self._replay = replay
         self._dump = dump
         self._on_restart = on_restart
         self._on_resync = on_resync
-        self._remember = remember
-        self._decoder = EventDecoder()
-        self._recent: dict[int, int] = {}
-        self.next_seq: int | None = None
-        """The ``seq`` expected next (None before anything was delivered)."""
-        self.stats = dict.fromkeys(
-            ("delivered", "duplicates", "gaps", "replays", "restarts", "resyncs", "bad"), 0
-        )
 
     # ------------------------------------------------------------ live
 
@@ -209,11 +203,7 @@ class StreamTracker:
         return True
 
     def _deliver(self, seq: int, payload: bytes) -> None:
-        self.next_seq = seq + 1
-        recent = self._recent
-        recent[seq] = hash(payload)
-        if len(recent) > self._remember:
-            del recent[next(iter(recent))]
+        self._passed(seq, payload)
         if self._apply(seq, payload):
             self.stats["delivered"] += 1
 
@@ -227,7 +217,5 @@ class StreamTracker:
         return True
 
     def _restarted(self) -> None:
-        self.stats["restarts"] += 1
-        self._recent.clear()
-        self.next_seq = 0
+        self._new_run()
         self._on_restart()
