@@ -38,7 +38,7 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
-from prefixkv.indexes.tokens import ExtraKey, TokenKey, as_token_array, normalize_extra_key
+from prefixkv.indexes.tokens import TokenKey, as_token_array, normalize_extra_key
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
@@ -112,17 +112,22 @@ class CacheManager:
             dialect the index speaks (vLLM's for the hash chain, SGLang's page events
             for the radix tree).
 
+    Arguments are checked on entry, and those checked are declared ``object`` (the
+    compiled build would refuse a wrong type before the check could name it): counts
+    are ints, flags bools, a namespace what ``make_extra_key`` builds, a lookup what
+    ``match`` returned.
+
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
     """
 
     def __init__(
         self,
-        index: PrefixIndex,
-        allocator: BlockAllocator,
+        index: object,
+        allocator: object,
         *,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: bool = False,
+        enable_kv_cache_events: object = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -131,9 +136,9 @@ class CacheManager:
         bad = [o for o in observers if not isinstance(o, CacheObserver)]
         if bad:
             raise PrefixKVError(f"{bad[0]!r:.80} does not implement CacheObserver")
-        self.index = index
-        self.allocator = allocator
-        self.block_size = index.block_size
+        self.index: PrefixIndex = index
+        self.allocator: BlockAllocator = allocator
+        self.block_size: int = index.block_size
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
@@ -163,8 +168,8 @@ class CacheManager:
     def make_key(
         self,
         tokens: Iterable[int] | TokenKey,
-        extra_key: ExtraKey | str | None = None,
-        priority: int | None = None,
+        extra_key: object = None,
+        priority: object = None,
     ) -> TokenKey:
         """Validate a prompt into a key (rejects empty prompts).
 
@@ -200,12 +205,12 @@ class CacheManager:
         self,
         request_id: RequestId,
         tokens: Iterable[int] | TokenKey,
-        extra_key: ExtraKey | str | None = None,
+        extra_key: object = None,
         *,
-        priority: int | None = None,
-        num_tokens: int | None = None,
-        reserve_blocks: int = 0,
-        lookup: Lookup | None = None,
+        priority: object = None,
+        num_tokens: object = None,
+        reserve_blocks: object = 0,
+        lookup: object = None,
     ) -> Admission | None:
         """Take a request in: match, lock the hit, allocate blocks for the rest.
 
@@ -278,8 +283,8 @@ class CacheManager:
         self,
         request_id: RequestId,
         tokens: Iterable[int] | TokenKey,
-        extra_key: ExtraKey | str | None,
-        priority: int | None,
+        extra_key: object,
+        priority: object,
     ) -> TokenKey:
         # A new request's id and key: not running, and the key no running request's.
         try:
@@ -297,15 +302,14 @@ class CacheManager:
             )
         return key
 
-    def _lookup_for(self, key: TokenKey, lookup: Lookup | None) -> PrefixMatch:
+    def _lookup_for(self, key: TokenKey, lookup: object) -> PrefixMatch:
         if lookup is None:
             return self.index.match_prefix(key, len(key) - 1)
-        if type(lookup) is not Lookup or lookup.key is not key:
-            raise PrefixKVError(
-                "lookup must be what match(key) returned for this request's key, "
-                f"got {lookup!r:.80}"
-            )
-        return lookup.match
+        if type(lookup) is Lookup and lookup.key is key:
+            return lookup.match
+        raise PrefixKVError(
+            f"lookup must be what match(key) returned for this request's key, got {lookup!r:.80}"
+        )
 
     def _fits(self, need: int, hit_evictable: int) -> bool:
         # Locking the hit protects its evictable blocks, so they do not count.
@@ -335,7 +339,7 @@ class CacheManager:
     # ---------------------------------------------------------- registration
 
     def commit(
-        self, request_id: RequestId, num_tokens: int, *, swap_duplicates: bool = True
+        self, request_id: RequestId, num_tokens: object, *, swap_duplicates: object = True
     ) -> None:
         """Register the request's first ``num_tokens`` tokens (their KV is written).
 
@@ -351,11 +355,12 @@ class CacheManager:
             PrefixKVError: ``num_tokens`` beyond the request's tokens or slots.
         """
         seq = self._seq(request_id)
-        check_count("num_tokens", num_tokens, min(len(seq.key), len(seq.table) * self.block_size))
-        if num_tokens > seq.num_computed:
-            seq.num_computed = num_tokens
-        if num_tokens // self.block_size > seq.num_registered_blocks:
-            self._register(seq, num_tokens, swap_duplicates)
+        hi = min(len(seq.key), len(seq.table) * self.block_size)
+        n = check_count("num_tokens", num_tokens, hi)
+        if n > seq.num_computed:
+            seq.num_computed = n
+        if n // self.block_size > seq.num_registered_blocks:
+            self._register(seq, n, bool(swap_duplicates))
 
     def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
         # A running request's insert continues from its own node (O(new blocks)); the
@@ -396,8 +401,8 @@ class CacheManager:
         request_id: RequestId,
         tokens: Iterable[int],
         *,
-        num_slots: int | None = None,
-        reserve_blocks: int = 0,
+        num_slots: object = None,
+        reserve_blocks: object = 0,
     ) -> bool:
         """Add tokens to the sequence and make sure its tokens have slots.
 
@@ -431,11 +436,11 @@ class CacheManager:
     def advance(
         self,
         request_id: RequestId,
-        num_slots: int,
-        num_computed: int | None = None,
+        num_slots: object,
+        num_computed: object = None,
         *,
-        reserve_blocks: int = 0,
-        swap_duplicates: bool = True,
+        reserve_blocks: object = 0,
+        swap_duplicates: object = True,
     ) -> list[int] | None:
         """One scheduler step for a running request: slots, then registration.
 
@@ -455,31 +460,27 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         bs = self.block_size
-        if (
-            reserve_blocks == 0
-            and type(num_slots) is int
-            and 0 <= num_slots <= len(seq.table) * bs
-            and (
-                num_computed is None
-                or (
-                    type(num_computed) is int
-                    and 0 <= num_computed <= num_slots
-                    and num_computed // bs <= seq.num_registered_blocks
-                )
-            )
-        ):
+        if reserve_blocks == 0 and type(num_slots) is int and 0 <= num_slots <= len(seq.table) * bs:
             # The common decode step: no block to add, nothing new to register.
-            if num_computed is not None and num_computed > seq.num_computed:
-                seq.num_computed = min(num_computed, len(seq.key.tokens))
-            return []
+            if num_computed is None:
+                return []
+            if (
+                type(num_computed) is int
+                and 0 <= num_computed <= num_slots
+                and num_computed // bs <= seq.num_registered_blocks
+            ):
+                if num_computed > seq.num_computed:
+                    seq.num_computed = min(num_computed, len(seq.key.tokens))
+                return []
         # Everything is checked before a block is added, so an error changes nothing.
-        check_count("num_slots", num_slots)
+        slots = check_count("num_slots", num_slots)
+        computed = None
         if num_computed is not None:
-            check_count("num_computed", num_computed, num_slots)
+            computed = check_count("num_computed", num_computed, slots)
         reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
-        new = self._grow(seq, num_slots, reserve)
-        if new is not None and num_computed is not None:
-            known = min(num_computed, len(seq.key.tokens))  # the key may lag its slots
+        new = self._grow(seq, slots, reserve)
+        if new is not None and computed is not None:
+            known = min(computed, len(seq.key.tokens))  # the key may lag its slots
             self.commit(request_id, known, swap_duplicates=swap_duplicates)
         return new
 
@@ -497,7 +498,7 @@ class CacheManager:
 
     # -------------------------------------------------------------- release
 
-    def finish(self, request_id: RequestId, *, split_at_prompt: bool = True) -> None:
+    def finish(self, request_id: RequestId, *, split_at_prompt: object = True) -> None:
         """Register what has KV, then release the request (SPEC SG-4, HC-7).
 
         The request's computed tokens are registered; with ``split_at_prompt`` the
@@ -580,14 +581,13 @@ class CacheManager:
                 n = min(n, _common_len(seq.table, other.table, n))
         return n
 
-    def evict(self, num_blocks: int) -> int:
+    def evict(self, num_blocks: object) -> int:
         """Evict at least ``num_blocks`` unlocked cached blocks into the pool.
 
         Returns:
             Blocks freed (the radix tree may free more than asked).
         """
-        check_count("num_blocks", num_blocks)
-        evicted = self._evict(num_blocks)
+        evicted = self._evict(check_count("num_blocks", num_blocks))
         self.allocator.free(evicted, owner=Owner.MANAGER)
         return len(evicted)
 

@@ -10,7 +10,7 @@ SGLang's hits request for request (SPEC SG-1..SG-6). The logic lives in
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, cast
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex, SupportsCachedBlocks
 from prefixkv.indexes.errors import BlockOwnershipError, PrefixKVError, RequestStateError
@@ -24,54 +24,9 @@ from .accounting import CacheTotals
 from .events.wire import KVEvent
 from .manager import CacheManager
 from .observer import CacheObserver
+from .requests import ReqLike, SimpleReq
 
 __all__ = ["MatchResult", "ReqLike", "SGLangRadixCache", "SimpleReq"]
-
-
-@runtime_checkable
-class ReqLike(Protocol):
-    """What the facade reads from an SGLang ``Req``.
-
-    Optional attributes ``extra_key``, ``cache_salt``, ``lora_id`` and ``priority``
-    are honoured when present.
-    """
-
-    @property
-    def rid(self) -> Hashable:
-        """Request id."""
-        ...
-
-    @property
-    def origin_input_ids(self) -> Sequence[int]:
-        """Prompt token ids."""
-        ...
-
-    @property
-    def output_ids(self) -> list[int]:
-        """Sampled tokens so far."""
-        ...
-
-
-class SimpleReq:
-    """A minimal ``ReqLike`` for drivers and tests (SGLang ``Req`` fields)."""
-
-    def __init__(
-        self,
-        rid: Hashable,
-        origin_input_ids: Sequence[int],
-        *,
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-        lora_id: str | None = None,
-        priority: int = 0,
-    ) -> None:
-        self.rid = rid
-        self.origin_input_ids = list(origin_input_ids)
-        self.output_ids: list[int] = []
-        self.extra_key = extra_key
-        self.cache_salt = cache_salt
-        self.lora_id = lora_id
-        self.priority = priority
 
 
 class MatchResult(NamedTuple):
@@ -95,7 +50,7 @@ def _namespace(req: object) -> ExtraKey | None:
     )
 
 
-def _tree_namespace(extra_key: ExtraKey | str | None, cache_salt: str | None) -> ExtraKey | None:
+def _tree_namespace(extra_key: object, cache_salt: object) -> ExtraKey | None:
     if cache_salt is None:
         return normalize_extra_key(extra_key)
     if extra_key is not None and not isinstance(extra_key, str):
@@ -119,16 +74,16 @@ class SGLangRadixCache:
     def __init__(
         self,
         index: PrefixIndex | str = "radix",
-        capacity_tokens: int = 65536,
-        page_size: int | None = None,
+        capacity_tokens: object = 65536,
+        page_size: object = None,
         *,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: bool = False,
+        enable_kv_cache_events: object = False,
     ) -> None:
         if isinstance(index, str):
-            size = 1 if page_size is None else page_size
+            size: Any = 1 if page_size is None else page_size  # make_index checks it
             index = make_index(index, block_size=size, **pool_owned_options(index))
-        self.page_size = index.block_size
+        self.page_size: int = index.block_size
         num_pages = capacity_tokens // self.page_size if type(capacity_tokens) is int else 0
         if num_pages <= 0:
             raise PrefixKVError(
@@ -152,8 +107,8 @@ class SGLangRadixCache:
     def match_prefix(
         self,
         token_ids: Sequence[int],
-        extra_key: ExtraKey | str | None = None,
-        cache_salt: str | None = None,
+        extra_key: object = None,
+        cache_salt: object = None,
     ) -> MatchResult:
         """Longest cached prefix of ``token_ids`` (page-aligned, uncapped); may split a node.
 
@@ -168,8 +123,8 @@ class SGLangRadixCache:
         self,
         token_ids: Sequence[int],
         value: Sequence[int],
-        extra_key: ExtraKey | str | None = None,
-        cache_salt: str | None = None,
+        extra_key: object = None,
+        cache_salt: object = None,
     ) -> int:
         """Insert ``token_ids`` held in pages ``value``; returns the already cached length.
 
@@ -188,7 +143,7 @@ class SGLangRadixCache:
         key = TokenKey(token_ids, _tree_namespace(extra_key, cache_salt))
         alloc = self.manager.allocator
         pages = len(key) // self.page_size
-        ids = list(value)
+        ids: list[object] = list(value)  # checked below, one by one, by the pool
         if len(ids) < pages:
             raise BlockOwnershipError(f"{pages} pages to insert but only {len(ids)} page ids given")
         ids = ids[:pages]
@@ -197,15 +152,16 @@ class SGLangRadixCache:
                 self._check_own_prefix(key, ids, i)
                 break
         mine = [p for p in ids if alloc.owner_of(p) is not Owner.MANAGER]
-        alloc.check_held(mine, Owner.CALLER, "insert")
+        alloc.check_held(cast("list[int]", mine), Owner.CALLER, "insert")  # checks they are
         if len(set(ids)) != len(ids):
             raise BlockOwnershipError(f"insert: a page id appears twice in {ids[:16]}")
-        result = self.manager.index.insert(key, ids)
+        # Every page is the cache's own (owner_of said so) or one of ``mine``: all ids.
+        result = self.manager.index.insert(key, cast("list[int]", ids))
         adopted = [p for p in result.block_ids if alloc.owner_of(p) is Owner.CALLER]
         alloc.transfer(adopted, src=Owner.CALLER, dst=Owner.MANAGER)
         return result.num_cached_tokens
 
-    def _check_own_prefix(self, key: TokenKey, ids: list[int], first: int) -> None:
+    def _check_own_prefix(self, key: TokenKey, ids: list[object], first: int) -> None:
         # Pages the cache holds may be given only as the tree's own pages for exactly
         # these tokens (a re-insert of a matched prefix), never a request's pages.
         index = self.manager.index
@@ -218,10 +174,10 @@ class SGLangRadixCache:
                     "tokens; pass pages you allocated, or the tree's own pages for these tokens"
                 )
 
-    def evict(self, num_tokens: int) -> int:
+    def evict(self, num_tokens: object) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free; returns tokens freed."""
-        check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size)
-        pages = min(ceil_div(num_tokens, self.page_size), self.manager.allocator.num_blocks)
+        n = check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size)
+        pages = min(ceil_div(n, self.page_size), self.manager.allocator.num_blocks)
         return self.manager.evict(pages) * self.page_size
 
     def inc_lock_ref(self, node: CacheHandle) -> None:

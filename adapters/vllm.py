@@ -12,9 +12,8 @@ vLLM keeps block 0 as its null block, so ``num_blocks=N`` here matches vLLM's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
@@ -27,57 +26,9 @@ from .accounting import CacheTotals
 from .events.wire import KVEvent
 from .manager import CacheManager, Lookup
 from .observer import CacheObserver
+from .requests import RequestLike, SimpleRequest
 
 __all__ = ["KVCacheBlocks", "RequestLike", "SimpleRequest", "VLLMKVCacheManager"]
-
-
-@runtime_checkable
-class RequestLike(Protocol):
-    """What the facade reads from a vLLM ``Request``.
-
-    Optional attributes ``cache_salt`` (str) and ``lora_request`` (with
-    ``lora_name``) select the namespace, as in vLLM.
-    """
-
-    request_id: str
-
-    @property
-    def all_token_ids(self) -> Sequence[int]:
-        """Prompt then output tokens."""
-        ...
-
-    @property
-    def num_tokens(self) -> int:
-        """``len(all_token_ids)``."""
-        ...
-
-    num_computed_tokens: int
-
-
-@dataclass
-class SimpleRequest:
-    """A minimal ``RequestLike`` for drivers and tests (vLLM ``Request`` fields)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    cache_salt: str | None = None
-    all_token_ids: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        # Kept up to date like vLLM's Request._all_token_ids, not rebuilt per read.
-        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus output length."""
-        return len(self.all_token_ids)
-
-    def append_output_token_ids(self, token_id: int) -> None:
-        """Record a sampled token (its KV is computed next step)."""
-        self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)
 
 
 class KVCacheBlocks(NamedTuple):
@@ -123,16 +74,16 @@ class VLLMKVCacheManager:
     def __init__(
         self,
         index: PrefixIndex | str = "hash_chain",
-        num_blocks: int = 1024,
-        block_size: int | None = None,
+        num_blocks: object = 1024,
+        block_size: object = None,
         *,
-        enable_caching: bool = True,
+        enable_caching: object = True,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: bool = False,
+        enable_kv_cache_events: object = False,
     ) -> None:
         if isinstance(index, str):
             name = index if enable_caching else "none"
-            size = 16 if block_size is None else block_size
+            size: Any = 16 if block_size is None else block_size  # make_index checks it
             index = make_index(name, block_size=size, **pool_owned_options(name))
         self.manager = CacheManager(
             index,
@@ -141,8 +92,8 @@ class VLLMKVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
         )
         self.block_size = index.block_size
-        self._keys: dict[str, TokenKey] = {}
-        self._pending: dict[str, Lookup] = {}
+        self._keys: dict[Hashable, TokenKey] = {}
+        self._pending: dict[Hashable, Lookup] = {}
 
     def _key(self, request: RequestLike) -> TokenKey:
         # One key per request, from its lookup on: its block-hash memo lives as long
@@ -173,10 +124,10 @@ class VLLMKVCacheManager:
     def allocate_slots(
         self,
         request: RequestLike,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
+        num_new_tokens: object,
+        num_new_computed_tokens: object = 0,
+        new_computed_blocks: object = None,
+        num_lookahead_tokens: object = 0,
     ) -> KVCacheBlocks | None:
         """Slots for ``num_new_tokens`` more tokens; registers the full blocks (VL-1, VL-2).
 
@@ -193,24 +144,26 @@ class VLLMKVCacheManager:
                 or the counts disagree with the request.
         """
         if (
-            type(num_new_tokens) is not int
-            or num_new_tokens < 0
-            or type(num_new_computed_tokens) is not int
-            or type(num_lookahead_tokens) is not int
-            or num_new_computed_tokens < 0
-            or num_lookahead_tokens != 0
+            type(num_new_tokens) is int
+            and num_new_tokens >= 0
+            and type(num_new_computed_tokens) is int
+            and num_new_computed_tokens >= 0
+            and type(num_lookahead_tokens) is int
+            and num_lookahead_tokens == 0
         ):  # the decode step's arguments pass these tests and no call
+            num_new, num_hit = num_new_tokens, num_new_computed_tokens
+        else:  # one of them is wrong: the checks name it, in this order
             check_count("num_new_tokens", num_new_tokens)
             check_count("num_new_computed_tokens", num_new_computed_tokens)
-            if check_count("num_lookahead_tokens", num_lookahead_tokens):
-                raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
+            check_count("num_lookahead_tokens", num_lookahead_tokens)
+            raise PrefixKVError("lookahead slots (speculative decoding) are not modelled")
         rid = request.request_id
         mgr = self.manager
         if rid in mgr:
             # A running request (decode, or the next chunk of a prefill): the hot path.
             # The key learns new tokens only when a block fills, as vLLM hashes them.
             n = request.num_tokens
-            total = request.num_computed_tokens + num_new_tokens
+            total = request.num_computed_tokens + num_new
             if total > n:
                 total = n
             key = mgr.key(rid)
@@ -223,16 +176,14 @@ class VLLMKVCacheManager:
             return KVCacheBlocks(grown) if grown else _NO_BLOCKS
         key = mgr.make_key(self._key(request))
         lookup = self._pending.get(rid)
-        if lookup is None or lookup.key is not key or lookup.num_tokens != num_new_computed_tokens:
-            if num_new_computed_tokens:
+        if lookup is None or lookup.key is not key or lookup.num_tokens != num_hit:
+            if num_hit:
                 raise PrefixKVError(
-                    f"request {rid!r}: {num_new_computed_tokens} computed tokens without "
+                    f"request {rid!r}: {num_hit} computed tokens without "
                     "a matching get_computed_blocks"
                 )
             lookup = Lookup(key, mgr.index.match_prefix(key, 0))  # computes everything
-        total = min(
-            request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, len(key)
-        )
+        total = min(request.num_computed_tokens + num_hit + num_new, len(key))
         adm = mgr.admit(rid, key, num_tokens=total, lookup=lookup)
         self._pending.pop(rid, None)
         if adm is None:
@@ -258,11 +209,11 @@ class VLLMKVCacheManager:
         """KV events since the last call (vLLM ``KVCacheManager.take_events``)."""
         return self.manager.take_events()
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: Hashable) -> tuple[list[int], ...]:
         """The request's block table, per group."""
         return (self.manager.block_table(request_id),)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def get_num_common_prefix_blocks(self, running_request_id: Hashable) -> list[int]:
         """Blocks shared by every running request, per group (HC-11)."""
         return [self.manager.num_common_prefix_blocks(running_request_id)]
 

@@ -1,0 +1,53 @@
+"""The request shapes the facades read stay Python on both builds: the protocols are
+runtime-checkable, and a driver may give a request attributes of its own (vLLM's
+``lora_request``), which the facade honours.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prefixkv.adapters import requests, sglang, vllm
+from prefixkv.adapters.requests import ReqLike, RequestLike, SimpleReq, SimpleRequest
+from prefixkv.adapters.sglang import SGLangRadixCache
+from prefixkv.adapters.vllm import VLLMKVCacheManager
+
+
+def test_the_facades_export_the_request_shapes_of_their_engine() -> None:
+    assert vllm.SimpleRequest is SimpleRequest and vllm.RequestLike is RequestLike
+    assert sglang.SimpleReq is SimpleReq and sglang.ReqLike is ReqLike
+    assert SimpleRequest.__module__ == SimpleReq.__module__ == requests.__name__
+
+
+def test_the_protocols_check_at_runtime() -> None:
+    assert isinstance(SimpleRequest("a", [1, 2]), RequestLike)
+    assert isinstance(SimpleReq("a", [1, 2]), ReqLike)
+    assert not isinstance(object(), RequestLike)
+    assert not isinstance(SimpleNamespace(rid="a"), ReqLike)
+
+
+def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
+    kv = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=2)
+    prompt = [1, 2, 3, 4, 5]
+    hits = []
+    for rid, lora in (("a", None), ("b", "sql"), ("c", None), ("d", "sql"), ("e", "chat")):
+        req = SimpleRequest(rid, list(prompt))
+        if lora is not None:
+            req.lora_request = SimpleNamespace(  # type: ignore[attr-defined]
+                lora_name=lora, lora_int_id=1, lora_path=f"/loras/{lora}"
+            )
+        blocks, hit = kv.get_computed_blocks(req)
+        assert kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
+        req.num_computed_tokens = req.num_tokens
+        kv.free(req)
+        hits.append(hit)
+    assert hits == [0, 0, 4, 4, 0]
+
+
+def test_a_driver_may_tag_a_simple_req() -> None:
+    cache = SGLangRadixCache("radix", capacity_tokens=64)
+    req = SimpleReq("a", [1, 2, 3])
+    req.arrival = 0.5  # type: ignore[attr-defined]
+    assert cache.alloc_for_extend(req) == 0
+    cache.cache_finished_req(req)
+    assert req.arrival == 0.5  # type: ignore[attr-defined]
