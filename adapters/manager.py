@@ -38,7 +38,7 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
-from prefixkv.indexes.tokens import TokenKey, as_token_array, normalize_extra_key
+from prefixkv.indexes.tokens import TokenKey, checked_tokens, normalize_extra_key
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
@@ -422,7 +422,7 @@ class CacheManager:
             InvalidTokenError: a bad token id.
         """
         seq = self._seq(request_id)
-        new = as_token_array(tokens)
+        new = checked_tokens(tokens)  # a decode step's token: checked, not copied
         total = len(seq.key.tokens) + len(new)
         slots = total if num_slots is None else check_count("num_slots", num_slots, total)
         reserve = 0

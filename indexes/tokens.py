@@ -194,6 +194,20 @@ def _small_valid(tokens: object) -> bool:
     return True
 
 
+def checked_tokens(tokens: Iterable[int]) -> Sequence[int]:
+    """Validated token ids: a short list of valid ids as it is, anything else copied.
+
+    For a decode step's one token, the check without the copy; the caller must not
+    keep the result past the caller's own mutation of ``tokens``.
+
+    Raises:
+        InvalidTokenError: as :func:`as_token_array`.
+    """
+    if _small_valid(tokens):
+        return cast("list[int]", tokens)
+    return as_token_array(tokens)
+
+
 def as_token_array(tokens: Iterable[int]) -> array[int]:
     """Validate token ids and copy them into a fresh ``array('I')``.
 

@@ -96,6 +96,12 @@ def check_block_ids(
         BlockOwnershipError: not iterable, a non-int, a negative or out-of-range id,
             or an id given twice; the message names ``what`` and the id.
     """
+    if num_blocks is None:
+        num_blocks = MAX_BLOCKS
+    if type(block_ids) is list and len(block_ids) == 1:  # a decode step's one new block
+        bid = block_ids[0]
+        if type(bid) is int and 0 <= bid < num_blocks:
+            return [bid]
     if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Iterable):
         raise BlockOwnershipError(
             f"{what}: block ids must be a list of ints, got {block_ids!r:.80}"
@@ -103,8 +109,6 @@ def check_block_ids(
     ids = list(block_ids)
     if not ids:
         return ids
-    if num_blocks is None:
-        num_blocks = MAX_BLOCKS
     if set(map(type, ids)) != {int}:
         bad = next(b for b in ids if type(b) is not int)
         raise BlockOwnershipError(f"{what}: block ids must be ints, got {bad!r:.80}")
