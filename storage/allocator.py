@@ -161,16 +161,36 @@ class BlockAllocator:
 
         Complexity: O(len(block_ids)), in C.
         """
-        ids = self._checked(block_ids, owner, "free")
-        if not ids:
-            return
-        ledger = self._ledger
+        ids = self._retag(block_ids, owner, Owner.FREE, "free")
         if len(ids) == 1:
-            ledger[ids[0]] = Owner.FREE
             self._freed.append(ids[0])
-            return
-        deque(map(ledger.__setitem__, ids, repeat(Owner.FREE)), 0)
-        self._freed.extend(reversed(ids))
+        elif ids:
+            self._freed.extend(reversed(ids))
+
+    def _retag(self, block_ids: object, owner: Owner, new: Owner, what: str) -> list[int]:
+        # Check and retag in one pass over a list (a leaf's slots at page size 1 are
+        # freed by the thousand); an id that fails, a repeated one included (it finds
+        # its own new tag), undoes the pass and the multi-pass check names it.
+        if type(block_ids) is list and new != owner:
+            ledger = self._ledger
+            size = len(ledger)
+            was, tag = int(owner), int(new)  # plain ints: no enum on the per-id path
+            done = 0
+            for item in block_ids:
+                if type(item) is not int:
+                    break
+                bid: int = item
+                if not 0 <= bid < size or ledger[bid] != was:
+                    break
+                ledger[bid] = tag
+                done += 1
+            else:
+                return block_ids
+            for i in range(done):
+                ledger[block_ids[i]] = was
+        ids = self._checked(block_ids, owner, what)
+        deque(map(self._ledger.__setitem__, ids, repeat(new)), 0)
+        return ids
 
     def transfer(self, block_ids: Iterable[int], *, src: Owner, dst: Owner) -> list[int]:
         """Hand blocks held by ``src`` to ``dst`` (a caller's pages adopted by a cache).
@@ -180,9 +200,7 @@ class BlockAllocator:
         """
         if dst not in (Owner.CALLER, Owner.MANAGER):
             raise PrefixKVError(f"dst must be Owner.CALLER or Owner.MANAGER, got {dst!r}")
-        ids = self._checked(block_ids, src, "transfer")
-        deque(map(self._ledger.__setitem__, ids, repeat(dst)), 0)
-        return ids
+        return self._retag(block_ids, src, dst, "transfer")
 
     def check_held(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
         """``block_ids`` as a list, each held by ``owner``, none repeated.

@@ -9,6 +9,7 @@ from helpers import DEVICES
 
 from prefixkv.indexes import BlockOwnershipError
 from prefixkv.storage import BlockAllocator, pad_block_tables, slot_mapping, token_slot
+from prefixkv.storage.allocator import Owner
 from prefixkv.storage.paged_kv import PagedKVCache
 
 
@@ -40,6 +41,24 @@ def test_allocator_rejects_foreign_repeated_and_double_frees(bad: list[int]) -> 
     with pytest.raises(BlockOwnershipError, match="double free of block 2"):
         a.free([3, 2])
     assert a.free_block_ids() == [2]  # the valid id 3 was not freed either
+
+
+@pytest.mark.parametrize("bad", [[0, 1, 0], [0, 1, 9], [0, 1, "x"], [0, 1, 3]])
+def test_a_refused_free_or_transfer_changes_no_owner(bad: list[object]) -> None:
+    # The valid ids before the bad one are checked and retagged in one pass; the
+    # refusal must undo them (a repeat, another pool's id, a non-int, a caller's block).
+    a = BlockAllocator(8)
+    mine = a.allocate(3, owner=Owner.MANAGER)
+    theirs = a.allocate(1)
+    assert mine == [0, 1, 2] and theirs == [3]
+    before = [a.owner_of(b) for b in range(4)], a.free_block_ids()
+    with pytest.raises(BlockOwnershipError):
+        a.free(bad, owner=Owner.MANAGER)  # type: ignore[arg-type]
+    assert ([a.owner_of(b) for b in range(4)], a.free_block_ids()) == before
+    with pytest.raises(BlockOwnershipError):
+        a.transfer(bad, src=Owner.MANAGER, dst=Owner.CALLER)  # type: ignore[arg-type]
+    assert ([a.owner_of(b) for b in range(4)], a.free_block_ids()) == before
+    a.check_invariants()
 
 
 def test_bb_04_slot_positions() -> None:
