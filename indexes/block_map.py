@@ -4,14 +4,11 @@ block(s) cached under it (vLLM's ``KVCacheBlock`` and ``BlockHashToBlockMap``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .tokens import ExtraKey
 
 __all__ = ["BlockHashToBlockMap", "CachedBlock", "Entry"]
 
 
-@dataclass(slots=True, eq=False)
 class CachedBlock:
     """One block the hash chain owns.
 
@@ -30,14 +27,26 @@ class CachedBlock:
             ``verify=True`` to reject hash collisions.
     """
 
-    block_id: int
-    block_hash: bytes | None
-    ref_cnt: int = 0
-    prev: CachedBlock | None = None
-    next: CachedBlock | None = None
-    tokens: bytes | None = None
-    parent: CachedBlock | None = None
-    extra_key: ExtraKey | None = None
+    # A plain class with every field set in __init__: a dataclass's defaults cost a
+    # lookup each per record when compiled (a record per registered block).
+    __slots__ = ("block_hash", "block_id", "extra_key", "next", "parent", "prev", "ref_cnt",
+                 "tokens")  # fmt: skip
+
+    def __init__(self, block_id: int, block_hash: bytes | None) -> None:
+        self.block_id = block_id
+        self.block_hash = block_hash
+        self.ref_cnt = 0
+        self.prev: CachedBlock | None = None
+        self.next: CachedBlock | None = None
+        self.tokens: bytes | None = None
+        self.parent: CachedBlock | None = None
+        self.extra_key: ExtraKey | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedBlock(block_id={self.block_id}, block_hash={self.block_hash!r}, "
+            f"ref_cnt={self.ref_cnt})"
+        )
 
 
 Entry = CachedBlock | dict[int, CachedBlock]
