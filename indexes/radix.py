@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
@@ -45,25 +44,45 @@ __all__ = ["RadixIndex"]
 _ChildKey = int | bytes
 
 
-@dataclass(slots=True, eq=False)
 class _Node:
-    """A tree node: ``key`` tokens held in ``value`` blocks (one per page)."""
+    """A tree node: ``key`` tokens held in ``value`` blocks (one per page).
 
-    key: array[int]
-    value: list[int]
-    parent: _Node | None
-    created: int
-    last_access: int
-    end: int  # tokens from the root through this node
-    priority: int = 0
-    hit_count: int = 0
-    lock_ref: int = 0
-    children: dict[_ChildKey, _Node] = field(default_factory=dict)
-    evict_key: tuple[tuple[int, ...], int] | None = None  # its entry in the candidates
-    dead: bool = False
-    tree: RadixIndex | None = None  # the tree it belongs to: a handle is validated in O(1)
-    namespace: ExtraKey | None = None  # roots only
-    hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
+    A plain class with every field set in ``__init__``: a dataclass's defaults cost a
+    lookup each per node when compiled.
+    """
+
+    __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
+                 "key", "last_access", "lock_ref", "namespace", "parent", "priority",
+                 "tree", "value")  # fmt: skip
+
+    def __init__(
+        self,
+        key: array[int],
+        value: list[int],
+        parent: _Node | None,
+        created: int,
+        last_access: int,
+        end: int,  # tokens from the root through this node
+        priority: int = 0,
+        hit_count: int = 0,
+        lock_ref: int = 0,
+        tree: RadixIndex | None = None,  # the tree it belongs to: handles check it in O(1)
+    ) -> None:
+        self.key = key
+        self.value = value
+        self.parent = parent
+        self.created = created
+        self.last_access = last_access
+        self.end = end
+        self.priority = priority
+        self.hit_count = hit_count
+        self.lock_ref = lock_ref
+        self.tree = tree
+        self.children: dict[_ChildKey, _Node] = {}
+        self.evict_key: tuple[tuple[int, ...], int] | None = None  # its candidates entry
+        self.dead = False
+        self.namespace: ExtraKey | None = None  # roots only
+        self.hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
 
 
 class _Memo(NamedTuple):
