@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.lab.replay import replay
+from prefixkv.adapters.lab.replay import _Collector, replay
 from prefixkv.adapters.lab.traces import ReadOptions, TraceRequest, open_trace
-from prefixkv.indexes import make_index
+from prefixkv.indexes import PrefixMatch, TokenKey, make_index
+from prefixkv.indexes.wrapper import IndexWrapper
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -86,3 +87,52 @@ def test_a_trace_replays_in_memory_bounded_by_the_cache(tmp_path: Path) -> None:
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.2 * peaks[0], peaks
+
+
+class _Cycle:
+    alive = 0
+
+    def __init__(self) -> None:
+        _Cycle.alive += 1
+        self.me = self  # only the cyclic collector can free it
+
+    def __del__(self) -> None:
+        _Cycle.alive -= 1
+
+
+class _CyclicIndex(IndexWrapper):
+    """An index (a user's, say) that leaves one reference cycle per lookup."""
+
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
+        _Cycle()
+        return super().match_prefix(key, max_num_tokens)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_replay_collects_cycles_between_requests_and_restores_the_collector(
+    enabled: bool,
+) -> None:
+    # The replay runs with the cyclic collector off and collects every EVERY
+    # admissions: another index's cycles stay bounded. A caller who turned the
+    # collector off keeps it off (and then nothing is collected).
+    n = 3 * _Collector.EVERY + 100
+    gc.collect()
+    _Cycle.alive = 0
+    seen: list[tuple[bool, int]] = []  # the collector's state, cycles alive
+    was = gc.isenabled()
+    if not enabled:
+        gc.disable()
+    try:
+        replay(
+            _requests(n), _CyclicIndex(make_index("hash_chain", block_size=16)), 64,
+            driver="manager", concurrency=2, keep_per_request=False,
+            progress=lambda _: seen.append((gc.isenabled(), _Cycle.alive)),
+        )  # fmt: skip
+        assert gc.isenabled() is enabled
+        assert not any(on for on, _ in seen)
+        peak = max(alive for _, alive in seen)
+        assert peak <= _Collector.EVERY + 2 if enabled else peak == n, peak
+    finally:
+        if was:
+            gc.enable()
+        gc.collect()

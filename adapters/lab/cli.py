@@ -785,8 +785,8 @@ def _compare_config(
         "boundary_accounting": args.boundary_accounting,
         "timing": (
             f"hits and accounting from a replay with boundary accounting; index times from "
-            f"{repeats} more without it (garbage collector paused), each request's time the "
-            "minimum over those"
+            f"{repeats} more without it (garbage collected between requests only), each "
+            "request's time the minimum over those"
             if repeats
             else "hits, accounting and index times from one replay (times include the "
             "accounting's own cost)"

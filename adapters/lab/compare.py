@@ -11,7 +11,6 @@ capacity planning uses the sizes a scan found.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,8 +264,6 @@ def _replay(
     track: bool,
     bars: Bars | None,
     what: str,
-    *,
-    pause_gc: bool = False,
 ) -> tuple[ReplayResult, int]:
     index = spec.make()
     num_blocks = spec.num_blocks(capacity_tokens)
@@ -275,10 +272,6 @@ def _replay(
     bar = (
         bars(f"{workload.name} {spec.label} {what}", workload.stats.prompt_tokens) if bars else None
     )
-    paused = pause_gc and gc.isenabled()
-    if paused:  # as timeit does: a collection would bill one request for everyone's garbage
-        gc.collect()
-        gc.disable()
     try:
         result = replay(
             workload.requests,
@@ -291,8 +284,6 @@ def _replay(
             progress=None if bar is None else bar.update,
         )
     finally:
-        if paused:
-            gc.enable()
         if bar is not None:
             bar.close()
     # replay samples the index size only now and then; the end state is exact.
@@ -468,9 +459,9 @@ def run_backend(
 
     Hits and evictions come from the first replay; index times from the others (the
     token-level mirror behind the accounting costs time inside the index calls),
-    each request's time being its minimum over the repeats, with the garbage
-    collector paused: what remains is the index's own cost, not a neighbour
-    process's time slice or a collection of everyone's garbage. With
+    each request's time being its minimum over the repeats (the replay collects
+    garbage only between requests): what remains is the index's own cost, not a
+    neighbour process's time slice or a collection of everyone's garbage. With
     ``timing_repeats=0`` the times come from the first replay (accounting
     included). Without ``boundary_accounting`` there are ``max(1, timing_repeats)``
     replays, all timed, and the BB-8 columns are zero.
@@ -496,7 +487,6 @@ def run_backend(
             boundary_accounting,
             bars,
             f"1/{runs}",
-            pause_gc=not boundary_accounting,
         )
         timed = [
             _replay(
@@ -507,7 +497,6 @@ def run_backend(
                 False,
                 bars,
                 f"{k + 2}/{runs}",
-                pause_gc=True,
             )[0]
             for k in range(extra)
         ]

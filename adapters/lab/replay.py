@@ -15,6 +15,7 @@ of every scheduler step (where an engine takes its KV events).
 
 from __future__ import annotations
 
+import gc
 import time
 from abc import ABC, abstractmethod
 from array import array
@@ -540,11 +541,13 @@ def replay(
 
         rp.on_step = publish_step
     result = rp.result
+    collector = _Collector()
     t0 = time.perf_counter()
     try:
         for i, rec in enumerate(requests):
             while len(rp.live) >= concurrency:
                 rp.finish_oldest()
+            collector.between_requests(i)
             row = rp.admit(i, rec)
             if on_admit is not None:
                 on_admit(row)
@@ -556,8 +559,39 @@ def replay(
         result.partial = True
         _close(rp, result, t0)
         raise ReplayInterrupted(result) from None
+    finally:
+        collector.close()
     _close(rp, result, t0)
     return result
+
+
+class _Collector:
+    """The cyclic garbage collector during a replay: off, with a full collection
+    between requests every ``EVERY`` admissions.
+
+    A cache holds hundreds of thousands of linked records that live long; with the
+    collector on, every few hundred allocations it walks the young ones and every so
+    often all of them, a fifth of a replay's time on a long trace. The indexes make
+    next to no cyclic garbage per request, so collecting now and then, between
+    requests (never inside a timed call), keeps memory bounded as well. Nothing
+    changes when the collector was off already (a caller's choice).
+    """
+
+    EVERY = 4096
+
+    def __init__(self) -> None:
+        self.active = gc.isenabled()
+        if self.active:
+            gc.disable()
+
+    def between_requests(self, i: int) -> None:
+        if self.active and i and i % self.EVERY == 0:
+            gc.collect()
+
+    def close(self) -> None:
+        if self.active:
+            gc.enable()
+            self.active = False
 
 
 def _close(rp: _Replayer, result: ReplayResult, t0: float) -> None:
