@@ -160,21 +160,32 @@ class HashChainIndex:
         """
         limit = _check_limit(max_num_tokens, key, "max_num_tokens") // self.block_size
         hashes = key.block_hashes(self._hasher)
-        # One C-level pass probes every hash; the run stops at the first miss.
+        # One probe per hash; the run stops at the first miss. A hash with duplicate
+        # blocks (a dict entry, rare) sends the whole run to the slow path.
+        table = self._table
+        hit: list[CachedBlock] = []
+        ids: list[int] = []
+        duplicates = False
+        for block_hash in islice(hashes, limit):
+            entry = table.get(block_hash)
+            if type(entry) is not CachedBlock:
+                duplicates = entry is not None
+                break
+            hit.append(entry)
+            ids.append(entry.block_id)
+        if duplicates or (self.verify and hit and not self._run_matches(hit, key)):
+            # Pick among duplicates, or find where a collision breaks the run.
+            hit = self._resolve(self._probe(hashes, limit), key)
+            ids = list(map(_block_id, hit))
+        n = len(hit)
+        return PrefixMatch(n * self.block_size, ids, _ChainHandle(self, hit, n, self._epoch))
+
+    def _probe(self, hashes: list[bytes], limit: int) -> list[Entry]:
+        # The entries of the run up to the first miss.
         probed = list(map(self._table.get, islice(hashes, limit)))
         if None in probed:
             del probed[probed.index(None) :]
-        entries = cast("list[Entry]", probed)
-        if dict in map(type, entries):
-            hit = self._resolve(entries, key)
-        else:
-            hit = cast("list[CachedBlock]", entries)
-            if self.verify and hit and not self._run_matches(hit, key):
-                hit = self._resolve(entries, key)  # a collision: find where the run breaks
-        n = len(hit)
-        return PrefixMatch(
-            n * self.block_size, list(map(_block_id, hit)), _ChainHandle(self, hit, n, self._epoch)
-        )
+        return cast("list[Entry]", probed)
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
