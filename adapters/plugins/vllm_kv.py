@@ -192,8 +192,8 @@ class PrefixKVCacheManager:
         (vLLM's admission); a running one grows (a prefill chunk or a decode step,
         O(1) when no block is added). Full blocks of the tokens whose KV this step
         computes are registered before the forward pass, up to ``num_tokens``, as
-        vLLM does; later tokens (async placeholders) are registered by
-        ``cache_blocks``.
+        vLLM does; tokens sampled after this step (async scheduling schedules them
+        before they exist) are registered by ``cache_blocks``.
 
         Returns:
             The newly allocated blocks, or ``None`` (nothing changed) when they do

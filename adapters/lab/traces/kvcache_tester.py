@@ -4,8 +4,9 @@ From ``callanjfox/kv-cache-tester`` (``traces/``, ``docs/trace_replay_tester.md`
 JSON document per conversation, ``{"id", "block_size": 64, "hash_id_scope": "local" |
 "global", "requests": [...]}``. A request is ``{"t": s from the conversation's start,
 "type": "n" | "s", "in", "out", "hash_ids", ...}`` with one id per *full* block of its
-input (``len(hash_ids) == in // block_size``); a ``{"type": "subagent", "t", "agent_id",
-"requests": [...]}`` entry holds a sub-agent's own requests, timed from its start.
+input (``len(hash_ids) == in // block_size``); an entry with an ``agent_id`` and
+``requests`` of its own (``{"t", "agent_id", "requests": [...]}``, its ``type`` naming
+the kind) holds a sub-agent's requests, timed from its start.
 
 A conversation's requests (its sub-agents' included) are replayed in time order,
 conversation after conversation (files in name order, or archive order). Local ids
@@ -139,7 +140,7 @@ def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
     def walk(requests: list[_Request], base: float, session: str, path: str) -> None:
         for k, r in enumerate(requests):
             here = f"{path}[{k}]"
-            if r.requests is not None or r.type == "subagent":
+            if r.requests is not None or r.agent_id is not None:  # a sub-agent
                 agent = r.agent_id or f"agent{k}"
                 walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
             else:
