@@ -18,27 +18,27 @@ __all__ = ["CacheObserver", "ObserverBase", "ObserverGroup"]
 
 @runtime_checkable
 class CacheObserver(Protocol):
-    """What a ``CacheManager`` tells an observer. Subclass ``ObserverBase`` to
-    implement only the hooks you need."""
+    """What a ``CacheManager`` tells an observer. Every hook does nothing here:
+    subclass ``ObserverBase`` (or this protocol) to implement only those you need."""
 
     def on_admit(
         self, request_id: Hashable, key: TokenKey, hit_block_ids: Sequence[int], hit_tokens: int
     ) -> None:
         """A request was admitted; its first ``hit_tokens`` tokens come from the cache."""
-        ...
+        return None
 
     def on_register(self, key: TokenKey, block_ids: Sequence[int], start: int, stop: int) -> None:
         """Blocks ``block_ids[start:stop]`` now cache blocks ``start..stop-1`` of ``key``."""
-        ...
+        return None
 
     def on_release(self, block_ids: Sequence[int]) -> None:
         """These blocks' entries left the index outside eviction (``evict_blocks``, or
         blocks handed back at their last unlock); they are no longer matchable."""
-        ...
+        return None
 
     def on_evict(self, block_ids: Sequence[int]) -> None:
         """The index evicted these blocks."""
-        ...
+        return None
 
     def on_finish(
         self,
@@ -49,42 +49,15 @@ class CacheObserver(Protocol):
         num_computed_tokens: int,
     ) -> None:
         """A request ends (finished or aborted) with this much computed KV."""
-        ...
+        return None
 
     def on_reset(self) -> None:
         """The whole cache was dropped."""
-        ...
+        return None
 
 
-class ObserverBase:
+class ObserverBase(CacheObserver):
     """A ``CacheObserver`` whose hooks do nothing: override the ones you need."""
-
-    def on_admit(
-        self, request_id: Hashable, key: TokenKey, hit_block_ids: Sequence[int], hit_tokens: int
-    ) -> None:
-        """See :class:`CacheObserver`."""
-
-    def on_register(self, key: TokenKey, block_ids: Sequence[int], start: int, stop: int) -> None:
-        """See :class:`CacheObserver`."""
-
-    def on_release(self, block_ids: Sequence[int]) -> None:
-        """See :class:`CacheObserver`."""
-
-    def on_evict(self, block_ids: Sequence[int]) -> None:
-        """See :class:`CacheObserver`."""
-
-    def on_finish(
-        self,
-        request_id: Hashable,
-        key: TokenKey,
-        block_table: Sequence[int],
-        num_registered_blocks: int,
-        num_computed_tokens: int,
-    ) -> None:
-        """See :class:`CacheObserver`."""
-
-    def on_reset(self) -> None:
-        """See :class:`CacheObserver`."""
 
 
 class ObserverGroup(ObserverBase):
