@@ -356,17 +356,19 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         hi = min(len(seq.key), len(seq.table) * self.block_size)
-        n = check_count("num_tokens", num_tokens, hi)
-        if n > seq.num_computed:
-            seq.num_computed = n
-        if n // self.block_size > seq.num_registered_blocks:
-            self._register(seq, n, bool(swap_duplicates))
+        self._commit(seq, check_count("num_tokens", num_tokens, hi), bool(swap_duplicates))
+
+    def _commit(self, seq: _Seq, num_tokens: int, swap: bool) -> None:
+        if num_tokens > seq.num_computed:
+            seq.num_computed = num_tokens
+        if num_tokens // self.block_size > seq.num_registered_blocks:
+            self._register(seq, num_tokens, swap)
 
     def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
         # A running request's insert continues from its own node (O(new blocks)); the
         # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
         prefix = None if whole else seq.handle
-        result = self.index.insert(seq.key, seq.table, num_tokens, prefix=prefix)
+        result = self.index.insert(seq.key, seq.table, num_tokens, prefix)
         base = result.first_block
         theirs = result.block_ids
         n = base + len(theirs)
@@ -439,6 +441,7 @@ class CacheManager:
         num_slots: object,
         num_computed: object = None,
         *,
+        tokens: object = None,
         reserve_blocks: object = 0,
         swap_duplicates: object = True,
     ) -> list[int] | None:
@@ -447,8 +450,21 @@ class CacheManager:
         Makes sure the first ``num_slots`` tokens have slots, then does
         ``commit(num_computed)`` (vLLM's ``allocate_slots``, which registers
         before the forward pass, passes ``swap_duplicates=False``). Slots may run
-        ahead of the key's tokens; registered tokens must be in the key
-        (``append`` adds them). A decode step that needs no new block costs O(1).
+        ahead of the key's tokens; registered tokens must be in the key: ``append``
+        adds them, or ``tokens`` supplies them. A decode step that needs no new
+        block costs O(1).
+
+        Args:
+            request_id: the request.
+            num_slots: tokens that need slots (its computed tokens and the new ones).
+            num_computed: tokens whose KV is written or promised by the end of the
+                step (default: no registration).
+            tokens: the request's whole sequence so far, of which the key holds a
+                prefix (vLLM's ``request.all_token_ids``). Registration is capped at
+                its length, and the key learns from it the tokens it lacks when a
+                block is to be registered, as vLLM hashes a block once it fills.
+            reserve_blocks: evict until this many more blocks are free, best effort.
+            swap_duplicates: as in ``commit``.
 
         Returns:
             The blocks added to the table (often none), or ``None`` (nothing
@@ -457,6 +473,8 @@ class CacheManager:
         Raises:
             RequestStateError: unknown request.
             PrefixKVError: ``num_slots`` or ``num_computed`` out of range.
+            InvalidTokenError: ``tokens`` not a sequence, or a bad id among those
+                the key learns.
         """
         seq = self._seq(request_id)
         bs = self.block_size
@@ -477,11 +495,26 @@ class CacheManager:
         computed = None
         if num_computed is not None:
             computed = check_count("num_computed", num_computed, slots)
-        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        reserve = 0
+        if type(reserve_blocks) is not int or reserve_blocks:
+            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        learn: Sequence[int] = ()
+        if tokens is not None:
+            if type(tokens) is not list and (
+                not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes))
+            ):
+                raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
+            have = len(seq.key.tokens)
+            if computed is not None:
+                computed = min(computed, len(tokens))
+                if computed // bs > seq.num_registered_blocks and len(tokens) > have:
+                    learn = checked_tokens(tokens[have:])
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
+            if learn:
+                seq.key.append(learn)
             known = min(computed, len(seq.key.tokens))  # the key may lag its slots
-            self.commit(request_id, known, swap_duplicates=swap_duplicates)
+            self._commit(seq, known, bool(swap_duplicates))
         return new
 
     def _grow(self, seq: _Seq, slots: int, reserve: int) -> list[int] | None:

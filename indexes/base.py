@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
+from .records import InsertResult
 from .tokens import ExtraKey, TokenKey
 
 __all__ = [
@@ -55,29 +56,6 @@ class PrefixMatch(NamedTuple):
     num_tokens: int
     block_ids: list[int]
     handle: CacheHandle
-
-
-class InsertResult(NamedTuple):
-    """What ``insert`` did.
-
-    Attributes:
-        num_cached_tokens: leading tokens of the key the index already held before
-            the call (SGLang's ``prefix_len``).
-        block_ids: the index's blocks for the inserted prefix, from block
-            ``first_block`` on. Where an entry was already cached under other
-            blocks and the index kept its own (the radix tree), these differ from
-            the caller's: the caller's copies are duplicates to free. An index that
-            keeps duplicates (the hash chain, vLLM's choice) returns the caller's.
-        handle: covers the whole inserted prefix; lock it to pin the prefix.
-        first_block: where ``block_ids`` starts: 0, or the end of the ``prefix``
-            handle the caller passed (that part is unchanged, so an index may skip
-            it and keep a decoding request's inserts O(new blocks)).
-    """
-
-    num_cached_tokens: int
-    block_ids: list[int]
-    handle: CacheHandle
-    first_block: int = 0
 
 
 class IndexDescription(NamedTuple):

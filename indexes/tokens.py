@@ -340,9 +340,9 @@ class TokenKey:
         Raises:
             InvalidTokenError: a bad token id; the key is unchanged.
         """
-        if _small_valid(tokens) or (
-            type(tokens) is array and tokens.typecode == TOKEN_TYPECODE  # holds only ids
-        ):
+        if _small_valid(tokens):
+            self.tokens.fromlist(cast("list[int]", tokens))  # extend() would iterate
+        elif type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # only ids
             self.tokens.extend(tokens)
         else:
             self.tokens.extend(as_token_array(tokens))

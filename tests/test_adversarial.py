@@ -22,6 +22,7 @@ from prefixkv.indexes import (
     BlockOwnershipError,
     HashChainIndex,
     InvalidHandleError,
+    InvalidTokenError,
     PrefixKVError,
     RadixIndex,
     RequestStateError,
@@ -265,6 +266,37 @@ def test_advance_validates_num_computed_before_adding_blocks(name: str, bad: Any
     before = manager_state(m)
     with pytest.raises(PrefixKVError, match="num_computed"):
         m.advance("A", 8, bad)
+    assert manager_state(m) == before
+
+
+@pytest.mark.parametrize("name", CACHING)
+def test_advance_learns_the_tokens_it_registers_from_the_sequence(name: str) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
+    prompt = toks(3, 15)
+    assert m.admit("A", prompt) is not None
+    m.commit("A", 3)
+    seq = [*prompt, 7, 8, 9]
+    assert m.advance("A", 6, 6, tokens=seq[:5]) == [m.block_table("A")[-1]]
+    assert list(m.key("A").tokens) == seq[:5]  # learned up to the sequence's end
+    assert m.num_computed_tokens("A") == 5  # registration capped at its length
+    assert m.index.match_prefix(TokenKey([*seq[:4], 1])).num_tokens == 4
+    assert m.advance("A", 6, 6) == []  # without the sequence the key lags: no block 2
+    assert m.index.match_prefix(TokenKey([*seq, 1])).num_tokens == 4
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("name", CACHING)
+@pytest.mark.parametrize("bad", ["x", 1.5, -1, 2**32, True, None])
+def test_advance_checks_the_tokens_it_learns_before_adding_blocks(name: str, bad: Any) -> None:
+    m = CacheManager(make_index(name, block_size=2), BlockAllocator(16))
+    prompt = toks(4, 16)
+    assert m.admit("A", prompt) is not None
+    m.commit("A", 4)
+    before = manager_state(m)
+    with pytest.raises(InvalidTokenError):
+        m.advance("A", 8, 6, tokens=[*prompt, 5, bad])  # a new block and a bad token
+    with pytest.raises(InvalidTokenError, match="sequence"):
+        m.advance("A", 8, 6, tokens=bad if bad is not None else 5)
     assert manager_state(m) == before
 
 

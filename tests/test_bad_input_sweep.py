@@ -225,6 +225,16 @@ def _entries() -> list[Entry]:
             manager(
                 "advance(reserve_blocks)", lambda m, b: m.advance("live", 12, 4, reserve_blocks=b)
             ),
+            manager(
+                "advance(tokens)",
+                lambda m, b: m.advance("live", 8, 8, tokens=b),
+                accepts_none=True,
+                valid=([1],),
+            ),
+            manager(
+                "advance(token)",
+                lambda m, b: m.advance("live", 8, 8, tokens=[1, 2, 3, 4, 9, 9, b, 7]),
+            ),
             manager("evict(num_blocks)", lambda m, b: m.evict(b)),
             manager("evict_blocks(ids)", lambda m, b: m.evict_blocks([b])),
             manager(

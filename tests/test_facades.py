@@ -11,7 +11,7 @@ import random
 import pytest
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
 from prefixkv.indexes import HashChainIndex, RadixIndex, make_index
 
 
@@ -117,6 +117,34 @@ def test_vllm_facade_returns_none_when_it_does_not_fit_and_changes_nothing() -> 
     blocks, hit = kv.get_computed_blocks(r)
     assert kv.allocate_slots(r, 12, hit, blocks) is None
     assert kv.manager.allocator.num_free_blocks == 2 and not kv.manager.running()
+
+
+def test_vllm_facade_gives_slots_past_num_tokens_but_registers_only_tokens() -> None:
+    # vLLM's allocate_slots: slots for computed + new tokens, which async scheduling
+    # runs past num_tokens (the placeholders of tokens not sampled yet); blocks are
+    # cached only up to num_tokens.
+    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
+    a = SimpleRequest("a", [1, 2, 3, 4, 5, 6])
+    vllm_admit(kv, a)
+    a.append_output_token_ids(7)  # num_tokens 7, computed 6
+    assert kv.allocate_slots(a, 3) is not None  # one token and two placeholders
+    assert len(kv.get_block_ids("a")[0]) == 3  # slots for 9 tokens
+    index = kv.manager.index
+    assert isinstance(index, HashChainIndex)
+    assert index.stats().num_cached_blocks == 1  # tokens 5..8 are not all known yet
+    a.num_computed_tokens = 9
+    a.append_output_token_ids(8)
+    a.append_output_token_ids(9)
+    assert kv.allocate_slots(a, 1) == KVCacheBlocks([])  # 10 slots fit in 3 blocks
+    assert index.stats().num_cached_blocks == 2  # block 1 (tokens 5..8) is known now
+    kv.free(a)
+    kv.manager.check_invariants()
+
+
+def test_vllm_facade_blocks_compare_and_print_like_vllms() -> None:
+    assert KVCacheBlocks([1, 2]) == KVCacheBlocks((1, 2)) != KVCacheBlocks([1])
+    assert KVCacheBlocks([3]).get_block_ids() == ([3],)
+    assert repr(KVCacheBlocks((3,))) == "KVCacheBlocks(block_ids=[3])"
 
 
 def test_vllm_facade_reset_and_usage_and_common_prefix() -> None:

@@ -11,6 +11,7 @@ from prefixkv.adapters import CacheManager
 from prefixkv.indexes import (
     BlockHasher,
     HashChainIndex,
+    InsertResult,
     InvalidHandleError,
     LockStateError,
     TokenKey,
@@ -267,3 +268,14 @@ def test_verify_rejects_a_colliding_hash() -> None:
         m = index.match_prefix(TokenKey([9, 9, 9, 9, 9]))
         assert m.num_tokens == expect
         index.check_invariants()
+
+
+def test_insert_results_compare_by_value_and_print_briefly() -> None:
+    index = HashChainIndex(4, seed=0)
+    r = index.insert(TokenKey([1, 2, 3, 4, 5]), [10, 11])
+    assert r == InsertResult(0, [10], r.handle) != InsertResult(4, [10], r.handle)
+    assert r != (0, [10], r.handle, 0)
+    assert repr(r) == (
+        "InsertResult(num_cached_tokens=0, block_ids=[10], "
+        "handle=<hash-chain handle: 1 blocks, epoch 0>, first_block=0)"
+    )
