@@ -478,7 +478,12 @@ class CacheManager:
         """
         seq = self._seq(request_id)
         bs = self.block_size
-        if reserve_blocks == 0 and type(num_slots) is int and 0 <= num_slots <= len(seq.table) * bs:
+        if (
+            type(num_slots) is int
+            and 0 <= num_slots <= len(seq.table) * bs
+            and type(reserve_blocks) is int
+            and reserve_blocks == 0
+        ):
             # The common decode step: no block to add, nothing new to register.
             if num_computed is None:
                 return []

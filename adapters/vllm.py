@@ -183,7 +183,7 @@ class VLLMKVCacheManager:
             # Slots for its computed and new tokens, as vLLM (async scheduling's
             # placeholders included); registration up to its tokens, which the key
             # learns only when a block fills, as vLLM hashes them.
-            total = request.num_computed_tokens + num_new
+            total: object = request.num_computed_tokens + num_new  # boxed once, passed twice
             grown = mgr.advance(
                 rid, total, total, tokens=request.all_token_ids, swap_duplicates=False
             )

@@ -70,26 +70,21 @@ class BlockHashToBlockMap(dict[bytes, Entry]):
 
     def add(self, block: CachedBlock) -> None:
         """File ``block`` under its hash, beside any duplicate. O(1)."""
-        block_hash = block.block_hash
-        assert block_hash is not None
-        entry = self.get(block_hash)
-        if entry is None:
-            self[block_hash] = block
-        elif type(entry) is CachedBlock:
-            self[block_hash] = {entry.block_id: entry, block.block_id: block}
-        else:
-            entry[block.block_id] = block  # type: ignore[index]
+        self.add_many([block])
 
     def add_many(self, blocks: list[CachedBlock]) -> None:
-        """File each of ``blocks`` under its hash (a run of new blocks). O(len(blocks))."""
-        get = self.get
+        """File each of ``blocks`` under its hash (a run of new blocks), each beside
+        any duplicate. O(len(blocks))."""
         for block in blocks:
             block_hash = block.block_hash
             assert block_hash is not None
-            if get(block_hash) is None:
+            entry = self.get(block_hash)
+            if entry is None:
                 self[block_hash] = block
+            elif type(entry) is CachedBlock:
+                self[block_hash] = {entry.block_id: entry, block.block_id: block}
             else:
-                self.add(block)
+                entry[block.block_id] = block  # type: ignore[index]
 
     def drop_many(self, blocks: list[CachedBlock]) -> None:
         """Remove the entries of ``blocks`` and mark them dropped. O(len(blocks))."""

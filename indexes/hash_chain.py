@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import ClassVar, cast
+from typing import ClassVar, Final, cast
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .block_map import BlockHashToBlockMap, CachedBlock, Entry
@@ -32,11 +32,11 @@ from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, ch
 
 __all__ = ["HashChainIndex"]
 
-_ref_cnt = attrgetter("ref_cnt")
-_block_id = attrgetter("block_id")
-_tokens = attrgetter("tokens")
-_parent = attrgetter("parent")
-_block_hash = attrgetter("block_hash")
+_ref_cnt: Final = attrgetter("ref_cnt")
+_block_id: Final = attrgetter("block_id")
+_tokens: Final = attrgetter("tokens")
+_parent: Final = attrgetter("parent")
+_block_hash: Final = attrgetter("block_hash")
 
 
 class _ChainHandle:
@@ -289,11 +289,16 @@ class HashChainIndex:
         chain, start = self._continued_run(prefix, block_ids, num_full)
         new_ids = check_block_ids(block_ids[start:num_full], "insert")
         blocks = self._blocks
-        for i, bid in enumerate(new_ids, start):
+        for j, bid in enumerate(new_ids):
             old = blocks.get(bid)
-            if old is not None and old.block_hash is not None and old.block_hash != hashes[i]:
+            if (
+                old is not None
+                and old.block_hash is not None
+                and old.block_hash != hashes[start + j]
+            ):
                 raise BlockOwnershipError(
-                    f"block {bid} is cached for other content; it cannot hold block {i} of {key!r}"
+                    f"block {bid} is cached for other content; "
+                    f"it cannot hold block {start + j} of {key!r}"
                 )
         num_cached = start
         while num_cached < num_full and hashes[num_cached] in self._table:
@@ -340,7 +345,8 @@ class HashChainIndex:
         prev = chain[start - 1] if start else None
         created: list[CachedBlock] = []
         verify = self.verify
-        for i, bid in enumerate(new_ids, start):
+        i = start
+        for bid in new_ids:
             block = blocks.get(bid)
             if block is None:
                 block = blocks[bid] = CachedBlock(bid, hashes[i])
@@ -351,6 +357,7 @@ class HashChainIndex:
                 created.append(block)
             chain.append(block)
             prev = block
+            i += 1
         self._table.add_many(created)
         return created
 

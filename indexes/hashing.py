@@ -148,10 +148,11 @@ class BlockHasher:
         step = bs * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
-        append = hashes.append
-        for pos in range(0, len(data), step):
+        pos = 0
+        while pos < len(data):  # compiled, a while loop makes no range object
             parent = digest(parent + data[pos : pos + step])
-            append(parent)
+            hashes.append(parent)
+            pos += step
 
 
 def make_block_hasher(

@@ -16,7 +16,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, Final, NamedTuple
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
@@ -92,7 +92,7 @@ class _Memo(NamedTuple):
     node: _Node | None
 
 
-_NO_MEMO = _Memo(0, None)
+_NO_MEMO: Final = _Memo(0, None)
 
 
 class RadixIndex:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from .errors import InvalidTokenError
 
@@ -26,13 +26,11 @@ __all__ = [
     "normalize_extra_key",
 ]
 
-TOKEN_TYPECODE = "I"
+TOKEN_TYPECODE: Final = "I" if array("I").itemsize == 4 else "L"  # "L": exotic platforms
 """Array typecode of stored tokens: unsigned 32-bit, so ids are 0 <= id < 2**32."""
 
-if array(TOKEN_TYPECODE).itemsize != 4:  # pragma: no cover - exotic platforms only
-    TOKEN_TYPECODE = "L"
-TOKEN_BYTES = array(TOKEN_TYPECODE).itemsize
-_TOKEN_LIMIT = 2**32
+TOKEN_BYTES: Final = array(TOKEN_TYPECODE).itemsize
+_TOKEN_LIMIT: Final = 2**32
 
 ExtraValue = str | int
 ExtraKey = tuple[tuple[str, ExtraValue], ...]
@@ -161,7 +159,7 @@ def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
     return None
 
 
-_LOW_BYTE = 0 if sys.byteorder == "little" else TOKEN_BYTES - 1
+_LOW_BYTE: Final = 0 if sys.byteorder == "little" else TOKEN_BYTES - 1
 
 
 def _contains_bool(tokens: Sequence[object], values: array[int]) -> bool:

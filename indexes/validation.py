@@ -17,6 +17,7 @@ protocol keeps the precise types for type-checked callers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from .errors import BlockOwnershipError, PrefixKVError
 
@@ -31,11 +32,11 @@ __all__ = [
     "check_sequence",
 ]
 
-MAX_BLOCKS = 2**31 - 1
+MAX_BLOCKS: Final = 2**31 - 1
 """The most blocks a pool holds, and so the bound of every block id and block count:
 engines keep block tables as int32 tensors (vLLM)."""
 
-MAX_BLOCK_SIZE = 2**20
+MAX_BLOCK_SIZE: Final = 2**20
 """The largest block (page) in tokens; engines use 1 to a few hundred."""
 
 

@@ -17,6 +17,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
+from typing import Final
 
 from prefixkv.indexes.validation import MAX_BLOCKS
 
@@ -24,7 +25,7 @@ from .errors import BlockOwnershipError, PrefixKVError
 
 __all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner"]
 
-MAX_NUM_BLOCKS = MAX_BLOCKS
+MAX_NUM_BLOCKS: Final = MAX_BLOCKS
 """The largest pool: block ids must fit the int32 block tables engines use (vLLM)."""
 
 
@@ -41,7 +42,7 @@ class Owner(enum.IntEnum):
     MANAGER = 2
 
 
-_OWNERS = (Owner.CALLER, Owner.MANAGER)
+_OWNERS: Final = (Owner.CALLER, Owner.MANAGER)
 
 
 class BlockAllocator:
