@@ -3,8 +3,9 @@
 An index maps token prefixes to the KV blocks that hold them. It owns the blocks it
 caches: a cached block is either locked (in use by at least one request) or
 evictable, and ``evict`` hands unlocked blocks back to the caller (LRU, tail or leaf
-first). Engines see only the records below, never hash entries or tree nodes
-(like vLLM's ``KVCacheBlocks`` and mini-sglang's ``match_prefix`` results).
+first). Engines see only its records (``PrefixMatch`` and ``InsertResult``, in
+``records.py``), never hash entries or tree nodes (like vLLM's ``KVCacheBlocks`` and
+mini-sglang's ``match_prefix`` results).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
-from .records import InsertResult
+from .records import InsertResult, PrefixMatch
 from .tokens import ExtraKey, TokenKey
 
 __all__ = [
@@ -41,21 +42,6 @@ if anything since the lookup invalidated it (eviction, ``evict_blocks``, a reset
 the release of blocks it names), ``lock`` and ``count_evictable`` raise
 ``StaleHandleError`` and the caller looks up again; it is never trusted blindly.
 """
-
-
-class PrefixMatch(NamedTuple):
-    """The longest cached prefix of a key.
-
-    Attributes:
-        num_tokens: hit length in tokens, a multiple of ``block_size``.
-        block_ids: the blocks holding the hit, one per block, in order.
-        handle: pass to ``lock`` to pin the hit (``count_evictable`` says, at the
-            moment of asking, how many of its blocks locking would protect).
-    """
-
-    num_tokens: int
-    block_ids: list[int]
-    handle: CacheHandle
 
 
 class IndexDescription(NamedTuple):

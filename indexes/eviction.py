@@ -49,7 +49,14 @@ class NodeStats(Protocol):
 
 
 class EvictionPolicy(Protocol):
-    """Orders eviction candidates: smaller ``sort_key`` is evicted first."""
+    """Orders eviction candidates: smaller ``sort_key`` is evicted first.
+
+    A policy may also set ``monotone = True`` to say that a node's key never decreases
+    as its statistics change (its last access moves forward, its hit count and
+    priority only grow), as every built-in policy's does. The queue then files a
+    touched candidate again only when it reaches the front, not on every touch;
+    without it (an MRU policy, say), every touch re-files the candidate at once.
+    """
 
     name: str
 
@@ -62,6 +69,7 @@ class LRUPolicy:
     """Least recently used first (SGLang's default)."""
 
     name = "lru"
+    monotone = True
 
     def sort_key(self, node: NodeStats) -> tuple[int, ...]:
         """``(last_access,)``."""
@@ -72,6 +80,7 @@ class LFUPolicy:
     """Least frequently used first, LRU among equals."""
 
     name = "lfu"
+    monotone = True
 
     def sort_key(self, node: NodeStats) -> tuple[int, ...]:
         """``(hit_count, last_access)``."""
@@ -82,6 +91,7 @@ class PriorityPolicy:
     """Lowest request priority first, LRU among equals."""
 
     name = "priority"
+    monotone = True
 
     def sort_key(self, node: NodeStats) -> tuple[int, ...]:
         """``(priority, last_access)``."""
@@ -92,6 +102,7 @@ class FIFOPolicy:
     """Oldest node first, whatever its use."""
 
     name = "fifo"
+    monotone = True
 
     def sort_key(self, node: NodeStats) -> tuple[int, ...]:
         """``(created,)``."""
@@ -127,13 +138,20 @@ class EvictionQueue:
 
     Unlike SGLang, which heapifies every evictable leaf on each ``evict`` call, the
     candidates stay in a sorted list updated as nodes change: O(log n) per add,
-    removal, re-key or pop. Each node records the key it is filed under in its
-    ``evict_key`` attribute (``None`` when not a candidate); ties are broken by the
-    node's unique ``created`` tick.
+    removal or pop. Each node records the key it is filed under in its ``evict_key``
+    attribute (``None`` when not a candidate); ties are broken by the node's unique
+    ``created`` tick.
+
+    With a ``monotone`` policy a candidate touched since it was filed keeps its old
+    (smaller) entry until it reaches the front, where ``pop`` files it again under
+    its current key: the order is that of current keys, as if every touch had
+    re-filed it, but a match through a candidate costs no re-filing (a sorted-list
+    removal and insertion, most of a short match's time).
     """
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
+        self._lazy = getattr(policy, "monotone", False) is True
         self._items: SortedList = SortedList()
 
     def __len__(self) -> int:
@@ -142,9 +160,12 @@ class EvictionQueue:
     def __iter__(self) -> Iterator[tuple[tuple[tuple[int, ...], int], Any]]:
         return iter(self._items)
 
+    def _key(self, node: Any) -> tuple[tuple[int, ...], int]:
+        return (self.policy.sort_key(node), node.created)
+
     def add(self, node: Any) -> None:
         """File ``node`` under its current key. O(log n)."""
-        key = (self.policy.sort_key(node), node.created)
+        key = self._key(node)
         node.evict_key = key
         self._items.add((key, node))
 
@@ -155,27 +176,40 @@ class EvictionQueue:
             node.evict_key = None
 
     def rekey(self, node: Any) -> None:
-        """Refile a candidate whose statistics changed. O(log n)."""
-        if node.evict_key is not None:
+        """Note that a candidate's statistics changed: re-file it now, or (monotone
+        policy) when it reaches the front. O(log n), or O(1)."""
+        if node.evict_key is not None and not self._lazy:
             self.discard(node)
             self.add(node)
 
     def pop(self) -> Any:
-        """Remove and return the candidate to evict first. O(log n)."""
-        _, node = self._items.pop(0)
-        node.evict_key = None
-        return node
+        """Remove and return the candidate to evict first. O(log n) amortized."""
+        while True:
+            filed, node = self._items.pop(0)
+            if self._lazy:
+                key = self._key(node)
+                if key != filed:  # touched since filed: its key only grew
+                    node.evict_key = key
+                    self._items.add((key, node))
+                    continue
+            node.evict_key = None
+            return node
 
     def clear(self) -> None:
         """Forget every candidate (the nodes' keys are left as they are)."""
         self._items.clear()
 
     def check(self) -> None:
-        """Every entry is filed under its node's current key.
+        """Every entry is filed under its node's current key (monotone policy: under
+        a key no greater than its current one).
 
         Raises:
             AssertionError: a stale key.
         """
         for key, node in self._items:
             assert node.evict_key == key, "candidate key out of date"
-            assert key == (self.policy.sort_key(node), node.created), "stale eviction key"
+            now = self._key(node)
+            if self._lazy:
+                assert key <= now, "a monotone policy's key decreased"
+            else:
+                assert key == now, "stale eviction key"

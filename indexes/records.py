@@ -1,15 +1,51 @@
-"""``InsertResult``, the record ``insert`` returns, as a compiled class.
+"""The records an index returns: ``PrefixMatch`` (a lookup) and ``InsertResult``.
 
-It is not a ``NamedTuple`` like ``PrefixMatch``: a decoding request makes one with
-every block it fills, and a NamedTuple is built through a Python-level ``__new__``
-(about 0.5 µs, as much as the rest of a hash-chain insert), where this class, compiled
-with the indexes, is built in a few tens of nanoseconds. It lives apart from
-``base.py`` because that module's runtime-checkable Protocols must stay Python.
+Plain classes, not NamedTuples: a lookup makes one and a decoding request makes an
+``InsertResult`` with every block it fills, and a NamedTuple is built through a
+Python-level ``__new__`` (about 0.5 µs, as much as the rest of a hash-chain insert),
+where these classes, compiled with the indexes, are built in a few tens of
+nanoseconds. They live apart from ``base.py`` because that module's
+runtime-checkable Protocols must stay Python.
 """
 
 from __future__ import annotations
 
-__all__ = ["InsertResult"]
+__all__ = ["InsertResult", "PrefixMatch"]
+
+
+class PrefixMatch:
+    """The longest cached prefix of a key.
+
+    Attributes:
+        num_tokens: hit length in tokens, a multiple of ``block_size``.
+        block_ids: the blocks holding the hit, one per block, in order.
+        handle: pass to ``lock`` to pin the hit (``count_evictable`` says, at the
+            moment of asking, how many of its blocks locking would protect).
+    """
+
+    __slots__ = ("block_ids", "handle", "num_tokens")
+
+    def __init__(self, num_tokens: int, block_ids: list[int], handle: object) -> None:
+        self.num_tokens = num_tokens
+        self.block_ids = block_ids
+        self.handle = handle
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrefixMatch):
+            return NotImplemented
+        return (
+            self.num_tokens == other.num_tokens
+            and self.block_ids == other.block_ids
+            and self.handle == other.handle
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable fields, compared by value
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixMatch(num_tokens={self.num_tokens}, block_ids={self.block_ids!r}, "
+            f"handle={self.handle!r})"
+        )
 
 
 class InsertResult:

@@ -14,6 +14,7 @@ from prefixkv.indexes import (
     InsertResult,
     InvalidHandleError,
     LockStateError,
+    PrefixMatch,
     TokenKey,
     make_extra_key,
     make_index,
@@ -278,4 +279,15 @@ def test_insert_results_compare_by_value_and_print_briefly() -> None:
     assert repr(r) == (
         "InsertResult(num_cached_tokens=0, block_ids=[10], "
         "handle=<hash-chain handle: 1 blocks, epoch 0>, first_block=0)"
+    )
+
+
+def test_prefix_matches_compare_by_value_and_print_briefly() -> None:
+    index = HashChainIndex(4, seed=0)
+    index.insert(TokenKey([1, 2, 3, 4, 5]), [10, 11])
+    m = index.match_prefix(TokenKey([1, 2, 3, 4, 9]))
+    assert m == PrefixMatch(4, [10], m.handle) != PrefixMatch(4, [11], m.handle)
+    assert m != (4, [10], m.handle)
+    assert repr(m) == (
+        "PrefixMatch(num_tokens=4, block_ids=[10], handle=<hash-chain handle: 1 blocks, epoch 0>)"
     )

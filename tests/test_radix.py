@@ -9,6 +9,7 @@ import pytest
 
 from prefixkv.adapters import CacheManager
 from prefixkv.indexes import PrefixKVError, RadixIndex, TokenKey, make_index
+from prefixkv.indexes.eviction import EvictionQueue, LFUPolicy, LRUPolicy, NodeStats
 from prefixkv.storage import BlockAllocator
 
 
@@ -221,3 +222,86 @@ def test_namespaces_get_separate_subtrees() -> None:
     assert index.match_prefix(TokenKey([1, 2, 3, 4], "tenant-a")).num_tokens == 3
     assert index.evict(10) == [0, 1, 2]
     index.check_invariants()
+
+
+class _Stats:
+    """A node as the eviction queue sees it."""
+
+    def __init__(self, created: int) -> None:
+        self.created = created
+        self.last_access = created
+        self.hit_count = 0
+        self.priority = 0
+        self.evict_key: tuple[tuple[int, ...], int] | None = None
+
+
+class _EagerLFU:
+    """LFU's keys, re-filed at every touch (no ``monotone``)."""
+
+    name = "eager-lfu"
+
+    def sort_key(self, node: NodeStats) -> tuple[int, ...]:
+        return LFUPolicy().sort_key(node)
+
+
+class _MRU:
+    """Most recently used first: a key that decreases when a node is touched."""
+
+    name = "mru"
+
+    def sort_key(self, node: NodeStats) -> tuple[int, ...]:
+        return (-node.last_access,)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rx_07_lazy_refiling_evicts_in_the_order_of_current_keys(seed: int) -> None:
+    # A monotone policy's queue re-files touched candidates only when they reach the
+    # front; its pops must equal a queue that re-files at every touch.
+    rng = random.Random(seed)
+    lazy, eager = EvictionQueue(LFUPolicy()), EvictionQueue(_EagerLFU())
+    nodes: dict[str, list[_Stats]] = {"lazy": [], "eager": []}
+    for tick in range(1, 301):
+        op = rng.random()
+        if op < 0.35 or not nodes["lazy"]:
+            for name, q in (("lazy", lazy), ("eager", eager)):
+                node = _Stats(tick)
+                nodes[name].append(node)
+                q.add(node)
+        elif op < 0.8:
+            i = rng.randrange(len(nodes["lazy"]))
+            bump = rng.random() < 0.3
+            for name, q in (("lazy", lazy), ("eager", eager)):
+                node = nodes[name][i]
+                node.last_access = tick
+                node.hit_count += bump
+                q.rekey(node)
+        else:
+            got = [q.pop().created for q in (lazy, eager)]
+            assert got[0] == got[1]
+            for name in nodes:
+                nodes[name] = [n for n in nodes[name] if n.created != got[0]]
+        lazy.check()
+        eager.check()
+    assert [lazy.pop().created for _ in range(len(lazy))] == [
+        eager.pop().created for _ in range(len(eager))
+    ]
+
+
+def test_rx_07_a_policy_whose_key_can_decrease_is_refiled_at_every_touch() -> None:
+    q = EvictionQueue(_MRU())
+    a, b = _Stats(1), _Stats(2)
+    q.add(a)
+    q.add(b)
+    a.last_access = 3
+    q.rekey(a)  # a is now the most recent: first out
+    q.check()
+    assert q.pop() is a and q.pop() is b
+
+
+def test_rx_07_a_monotone_policy_whose_key_decreased_fails_the_check() -> None:
+    q = EvictionQueue(LRUPolicy())
+    a = _Stats(5)
+    q.add(a)
+    a.last_access = 1  # a key moving back breaks the monotone promise
+    with pytest.raises(AssertionError, match="decreased"):
+        q.check()

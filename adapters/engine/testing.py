@@ -205,7 +205,7 @@ class FaultyIndex(IndexWrapper):
         if self.fault == "wrong_block" and len(m.block_ids) >= 3 and self._should_fault():
             ids = list(m.block_ids)
             ids[0], ids[1] = ids[1], ids[0]
-            return m._replace(block_ids=ids)
+            return PrefixMatch(m.num_tokens, ids, m.handle)
         return m
 
     def lock(self, handle: CacheHandle) -> None:
