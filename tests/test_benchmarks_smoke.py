@@ -39,3 +39,28 @@ def test_decode_flat_script_runs() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("| vllm |") == 3 and proc.stdout.count("| sglang |") == 3
+
+
+def test_decode_profile_loop_runs_and_its_annotations_parse() -> None:
+    for facade in ("vllm", "sglang"):
+        for index in ("hash_chain", "radix", "driver"):
+            cmd = [sys.executable, "benchmarks/decode_profile.py", "--child", "--facade", facade,
+                   "--index", index, "--rounds", "2", "--steps", "40"]  # fmt: skip
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import decode_profile
+    finally:
+        sys.path.pop(0)
+    small = decode_profile.inclusive(
+        "100 (50.00%)  ???:Py_RunMain [/lib/libpython3.11.so]\n"
+        "40 (20.00%)  *  a.c:CPyDef_manager___CacheManager___advance [/x.so]\n"
+        "30 (15.00%)  a.c:CPyDef_manager___CacheManager___advance'2 [/x.so]\n"
+    )
+    assert small == {"Py_RunMain": 100, "CPyDef_manager___CacheManager___advance": 40}
+    large = {"Py_RunMain": 300, "CPyDef_manager___CacheManager___advance": 140}
+    assert decode_profile.per_step(small, large, 10) == {
+        "Py_RunMain": 20.0,
+        "CPyDef_manager___CacheManager___advance": 10.0,
+    }

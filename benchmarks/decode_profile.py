@@ -1,0 +1,149 @@
+"""Where a decode step's work goes: CPU instructions per step, by function (callgrind).
+
+Wall time on a shared machine moves by 2x from minute to minute; the instructions a
+step executes do not. This runs the decode loop of ``test_decode_step.py`` (a
+17-token prompt, then ``--steps`` decode steps, ``--rounds`` requests one after the
+other, each round's finished request freed) under valgrind's callgrind twice, at
+``--rounds`` and at three times as many, and prints each function's inclusive
+instructions per step from the difference (start-up, imports and the first round
+cancel out). A driver row, the same loop around a call that does nothing, is the
+share of the loop itself. Works on either build: put the compiled one first on
+``PYTHONPATH`` to profile it (its functions are named ``CPyDef_<module>___<Class>___<method>``).
+
+    python benchmarks/decode_profile.py --facade vllm --index hash_chain [--top 25]
+    site=$(python .ci/build_compiled.py --site build/mypyc/site)
+    PYTHONPATH=$site python benchmarks/decode_profile.py --facade sglang --index radix
+
+Needs ``valgrind`` (Debian: ``apt install valgrind``); a run takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+STEPS = 1024
+PROMPT = 17  # one full block and one token: the steps dominate, not the admission
+LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
+
+
+def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
+    """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
+    from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+    from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+
+    rng = random.Random(17)
+    prompt = [rng.randrange(32000) for _ in range(PROMPT)]
+    out = [rng.randrange(32000) for _ in range(steps + 1)]
+    backend = "hash_chain" if index == "driver" else index
+    if facade == "vllm":
+        kv = VLLMKVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16, 16)
+        done: SimpleRequest | None = None
+        for r in range(rounds):
+            if done is not None:
+                kv.free(done)
+            req = SimpleRequest(f"r{r}", list(prompt))
+            blocks, hit = kv.get_computed_blocks(req)
+            kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+            req.num_computed_tokens = req.num_tokens
+            req.append_output_token_ids(out[0])
+            step = kv.allocate_slots if index != "driver" else (lambda r, n: None)
+            tokens = req.all_token_ids
+            for k in range(1, steps + 1):
+                step(req, 1)
+                req.num_computed_tokens += 1
+                tokens.append(out[k])
+            done = req
+        return
+    page = 1 if backend == "radix" else 16
+    cache = SGLangRadixCache(backend, (rounds + 2) * (PROMPT + steps + 16), page)
+    prev: SimpleReq | None = None
+    for r in range(rounds):
+        if prev is not None:
+            cache.cache_finished_req(prev)
+        sreq = SimpleReq(f"r{r}", prompt)
+        cache.alloc_for_extend(sreq)
+        sreq.output_ids.append(out[0])
+        cache.cache_unfinished_req(sreq)
+        alloc = cache.alloc_for_decode if index != "driver" else (lambda r: True)
+        outs = sreq.output_ids
+        for k in range(1, steps + 1):
+            alloc(sreq)
+            outs.append(out[k])
+        prev = sreq
+
+
+def inclusive(annotated: str) -> dict[str, int]:
+    """Function -> inclusive instructions, from ``callgrind_annotate --inclusive=yes``.
+
+    A function listed under several files (its symbol and its source) keeps the
+    largest count.
+    """
+    costs: dict[str, int] = {}
+    for line in annotated.splitlines():
+        m = LINE.match(line)
+        if m:
+            name = m.group(3).split(" ")[0].split("'")[0]
+            costs[name] = max(costs.get(name, 0), int(m.group(1).replace(",", "")))
+    return costs
+
+
+def per_step(small: dict[str, int], large: dict[str, int], steps: int) -> dict[str, float]:
+    """Instructions per step of each function: the difference of two run lengths."""
+    return {k: (v - small.get(k, 0)) / steps for k, v in large.items() if v > small.get(k, 0)}
+
+
+def profile(args: argparse.Namespace, index: str, rounds: int) -> dict[str, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+               __file__, "--child", "--facade", args.facade, "--index", index,
+               "--rounds", str(rounds), "--steps", str(args.steps)]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, env=os.environ)
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+    return inclusive(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--facade", choices=("vllm", "sglang"), default="vllm")
+    ap.add_argument("--index", choices=("hash_chain", "radix", "driver"), default="hash_chain")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        run_child(args.facade, args.index, args.rounds, args.steps)
+        return
+    if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
+        raise SystemExit("decode_profile.py needs valgrind (Debian: apt install valgrind)")
+    steps = 2 * args.rounds * args.steps
+    rows = {}
+    for index in (args.index, "driver"):
+        small, large = profile(args, index, args.rounds), profile(args, index, 3 * args.rounds)
+        rows[index] = per_step(small, large, steps)
+    mine, driver = rows[args.index], rows["driver"]
+    extra = {k: v - driver.get(k, 0.0) for k, v in mine.items()}
+    total = extra.get("Py_RunMain", 0.0)
+    print(f"{args.facade} facade, {args.index}: {total:.0f} instructions per decode step "
+          "beyond the driver loop's; by function, inclusive, per step:")  # fmt: skip
+    # Leave out the frames the driver's loop runs under too (main, the interpreter loop).
+    loop = 0.5 * driver.get("Py_RunMain", 0.0)
+    parts = [(k, v) for k, v in extra.items() if v > 0.01 * total and driver.get(k, 0) < loop]
+    for name, cost in sorted(parts, key=lambda kv: -kv[1])[: args.top]:
+        print(f"{cost:9.0f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
