@@ -149,7 +149,7 @@ class BlockHasher:
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
         pos = 0
-        while pos < len(data):  # compiled, a while loop makes no range object
+        while pos < len(data):  # compiled, range() with a variable step is a Python call
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
             pos += step
