@@ -150,9 +150,9 @@ class VLLMKVCacheManager:
 
         A new request takes its hit from the preceding ``get_computed_blocks``.
         A running one gets slots for ``num_computed_tokens + num_new_tokens``, as
-        in vLLM even past ``num_tokens`` (async scheduling's placeholders). Full
-        blocks are registered up to ``min(computed + new, num_tokens)`` before the
-        KV is computed, exactly when vLLM does it.
+        in vLLM even past ``num_tokens`` (tokens async scheduling has scheduled but
+        not sampled yet). Full blocks are registered up to ``min(computed + new,
+        num_tokens)`` before the KV is computed, exactly when vLLM does it.
 
         Returns:
             The newly allocated blocks, or ``None`` when they do not fit (nothing
@@ -180,8 +180,8 @@ class VLLMKVCacheManager:
         mgr = self.manager
         if rid in mgr:
             # A running request (decode, or the next chunk of a prefill): the hot path.
-            # Slots for its computed and new tokens, as vLLM (async scheduling's
-            # placeholders included); registration up to its tokens, which the key
+            # Slots for its computed and new tokens, as vLLM (tokens scheduled but not
+            # sampled yet included); registration up to its tokens, which the key
             # learns only when a block fills, as vLLM hashes them.
             total: object = request.num_computed_tokens + num_new  # boxed once, passed twice
             grown = mgr.advance(

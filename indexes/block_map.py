@@ -65,12 +65,8 @@ class BlockHashToBlockMap(dict[bytes, Entry]):
     one: most entries cost no extra object.
 
     NOTE: it is a ``dict`` so the hash chain probes a whole run of hashes with
-    ``map(table.get, hashes)`` in one C pass; only ``add`` and ``drop`` mutate it.
+    ``map(table.get, hashes)`` in one C pass; only ``add_many`` and ``drop_many`` mutate it.
     """
-
-    def add(self, block: CachedBlock) -> None:
-        """File ``block`` under its hash, beside any duplicate. O(1)."""
-        self.add_many([block])
 
     def add_many(self, blocks: list[CachedBlock]) -> None:
         """File each of ``blocks`` under its hash (a run of new blocks), each beside
