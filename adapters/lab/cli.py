@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
+from prefixkv.indexes.buildinfo import VersionAction
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes, index_options
 
@@ -320,7 +321,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate)."""
     parser = _Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"prefixkv {_version()}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
