@@ -10,6 +10,7 @@
 #   make bench    the benchmark suites
 # Each creates (or reuses) the virtual environment in .venv and installs the project in
 # it, editable (pure Python). report, bench and test's second half run the wheel.
+#   make wheel-venv     that wheel in build/wheel-venv: build/wheel-venv/bin/python runs it
 #   make test-engines   prefixkv inside the real vLLM 0.33 and SGLang 0.5.23 (CPU), in
 #                       side environments built once under $(PEERS) (see the README)
 
@@ -43,13 +44,15 @@ SGLANG_PYTHON ?= $(PEERS)/sglang/bin/python
 # The engine tests run apart from the default suite: own conftest, no project addopts.
 ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/engines -p no:cacheprovider
 
-.PHONY: test check test-compiled wheel report bench lint typecheck clean test-engines engine-envs
+.PHONY: test check test-compiled wheel wheel-venv report bench lint typecheck clean test-engines engine-envs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	PREFIXKV_BUILD=pure $(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
+
+wheel-venv: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
 
 $(WHEEL_VENV)/.built-%: $(STAMP) $(WHEEL_SOURCES)
 	rm -rf $(WHEEL_VENV) build/wheel
