@@ -93,6 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in BOTH_BUILDS:
             item.add_marker(pytest.mark.both_builds)
+    # The slow ones first: with pytest-xdist's workers, the soak test then runs beside
+    # the rest instead of after it.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
