@@ -216,8 +216,8 @@ def compiled_extensions(required: bool) -> dict[str, str] | None:
         except BuildError as exc:
             raise SystemExit(f"prefixkv: {exc}\n(PREFIXKV_BUILD=pure builds without it)") from None
         (key_dir / "done").touch()
-        for old in CACHE.iterdir():  # one compiled tree is enough: drop stale ones
-            if old.is_dir() and old != key_dir:
+        for old in CACHE.iterdir():  # one compiled tree is enough: drop finished stale ones
+            if old != key_dir and (old / "done").is_file():
                 shutil.rmtree(old)
         spent = time.perf_counter() - start
         print(f"prefixkv: compiled in {spent:.0f} s ({key_dir.name})", file=sys.stderr)
