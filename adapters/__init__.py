@@ -1,21 +1,28 @@
 """Engine-facing layer: the request manager, facades shaped like vLLM's and SGLang's
-caches, and the reference engine. The measuring bench lives in :mod:`.lab`, which
-nothing here imports."""
+caches, the KV-event codec and transport, and the router a KV-aware frontend embeds.
+The reference engine lives in :mod:`.engine` and the measuring bench in :mod:`.lab`;
+importing this package loads neither.
+"""
 
-from typing import TYPE_CHECKING
+import warnings
 
 from .accounting import CacheTotals, RequestRecord
 from .manager import Admission, CacheManager
 
-if TYPE_CHECKING:
-    from .engine import Engine, EngineConfig
+__all__ = ["Admission", "CacheManager", "CacheTotals", "RequestRecord"]
 
-__all__ = ["Admission", "CacheManager", "CacheTotals", "Engine", "EngineConfig", "RequestRecord"]
+_MOVED_TO_ENGINE = frozenset({"Engine", "EngineConfig"})
 
 
 def __getattr__(name: str) -> object:
-    # The engine imports torch; the manager and facades do not need it.
-    if name in ("Engine", "EngineConfig"):
+    # Deprecated: the reference engine imports torch and is not the product's API.
+    if name in _MOVED_TO_ENGINE:
+        warnings.warn(
+            f"prefixkv.adapters.{name} is deprecated and goes in the next release; "
+            f"import it from prefixkv.adapters.engine",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         from . import engine
 
         return getattr(engine, name)

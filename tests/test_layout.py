@@ -23,6 +23,15 @@ def _modules_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
+HEAVY = ("zmq", "torch", "vllm", "sglang", "matplotlib")
+"""What an engine-facing module must not load: a socket library, the tensor library,
+an engine it may not run in, the plotting library."""
+
+
+def _heavy(mods: set[str]) -> set[str]:
+    return {m for m in mods if m.split(".")[0] in HEAVY or m.startswith("prefixkv.adapters.lab")}
+
+
 def test_the_indexes_import_nothing_above_them_and_no_torch() -> None:
     mods = _modules_after("import prefixkv.indexes, prefixkv.indexes.testing")
     assert "torch" not in mods
@@ -39,6 +48,35 @@ def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
     assert not {m for m in mods if m.split(".")[0] in ("vllm", "sglang", "matplotlib")}
     assert "prefixkv.adapters.plugins.vllm" not in mods
     assert "prefixkv.adapters.plugins.sglang" not in mods
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import prefixkv.adapters",
+        "import prefixkv.adapters.manager",
+        "import prefixkv.adapters.events",
+        "import prefixkv.adapters.events.codec, prefixkv.adapters.events.wire",
+    ],
+)
+def test_the_manager_and_the_event_codec_load_no_zmq_torch_lab_or_engine(statement: str) -> None:
+    assert not _heavy(_modules_after(statement))
+
+
+def test_the_event_transport_loads_on_first_use() -> None:
+    mods = _modules_after("import prefixkv.adapters.events as e; e.ZmqEventSubscriber; e.END_SEQ")
+    assert {"zmq", "prefixkv.adapters.events.transport"} <= mods
+
+
+def test_the_reference_engine_from_the_adapters_root_is_deprecated() -> None:
+    import prefixkv.adapters
+    from prefixkv.adapters.engine import Engine
+
+    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.engine"):
+        assert prefixkv.adapters.Engine is Engine
+    assert "Engine" not in prefixkv.adapters.__all__
+    with pytest.raises(AttributeError):
+        prefixkv.adapters.NoSuchName  # noqa: B018
 
 
 @pytest.mark.parametrize(
