@@ -22,13 +22,12 @@ import time
 from array import array
 
 from prefixkv.adapters.events.wire import BlockStored, KVEventBatch
-from prefixkv.adapters.lab.cluster.keys import HashScheme, Worker
-from prefixkv.adapters.lab.cluster.policies import POLICIES, make_policy
-from prefixkv.adapters.lab.cluster.policy import parse_policy
-from prefixkv.adapters.lab.cluster.router import Router
-from prefixkv.adapters.lab.cluster.run import make_index_for
 from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.keys import HashScheme, Worker
+from prefixkv.adapters.router.policies import POLICIES, make_cluster_index, make_policy
+from prefixkv.adapters.router.router import Router
+from prefixkv.adapters.router.routing import parse_policy
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,7 +67,7 @@ def main() -> None:
 
     for name in args.policies.split(","):
         spec = parse_policy(name, tuple(POLICIES))
-        index = make_index_for(spec, scheme)
+        index = make_cluster_index(spec, scheme)
         router = Router(make_policy(spec), index, scheme, profile, seed=args.seed)
         for w in range(args.workers):
             router.add_replica(w, replay=lambda start, until: None, dump=lambda: None)
@@ -83,7 +82,7 @@ def main() -> None:
             for w in workers:
                 req = TimedRequest(f"warm-{d}-{w}", docs[d], 64, 0.0)
                 if index is not None and not index.event_fed:
-                    from prefixkv.adapters.lab.cluster.keys import RouteKeys
+                    from prefixkv.adapters.router.keys import RouteKeys
 
                     index.on_routed(Worker(w), RouteKeys(req.prompt, scheme), 0.0)
                 router.loads.reserve(

@@ -5,11 +5,11 @@ from __future__ import annotations
 from array import array
 
 from prefixkv.adapters.events import BlockStored, KVEventBatch, ZmqEventPublisher
-from prefixkv.adapters.lab.cluster import HashScheme, Router, Worker, make_policy, parse_policy
-from prefixkv.adapters.lab.cluster.live import subscribe
-from prefixkv.adapters.lab.cluster.policies import POLICIES
-from prefixkv.adapters.lab.cluster.radix import RadixBlockIndex
 from prefixkv.adapters.lab.sim import load_profile, timed_request
+from prefixkv.adapters.router import HashScheme, Router, Worker, make_policy, parse_policy
+from prefixkv.adapters.router.block_tree import RadixBlockIndex
+from prefixkv.adapters.router.event_feed import subscribe
+from prefixkv.adapters.router.policies import POLICIES
 
 
 def test_a_zmq_stream_steers_the_router() -> None:

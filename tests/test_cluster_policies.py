@@ -12,16 +12,17 @@ from array import array
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.approx import ApproxIndex
 from prefixkv.adapters.lab.cluster.errors import (
     ClusterConfigError,
     FaultSpecError,
     UnknownPolicyError,
 )
 from prefixkv.adapters.lab.cluster.faults import parse_faults
-from prefixkv.adapters.lab.cluster.keys import HashScheme, RouteKeys, Worker
-from prefixkv.adapters.lab.cluster.load import LoadTracker
-from prefixkv.adapters.lab.cluster.policies import (
+from prefixkv.adapters.lab.sim.profile import load_profile
+from prefixkv.adapters.router.approx import ApproxIndex
+from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
+from prefixkv.adapters.router.load import LoadTracker
+from prefixkv.adapters.router.policies import (
     POLICIES,
     DynamoCost,
     LeastOutstanding,
@@ -36,8 +37,7 @@ from prefixkv.adapters.lab.cluster.policies import (
     make_policy,
     policy_index,
 )
-from prefixkv.adapters.lab.cluster.policy import RouteContext, RoutingPolicy, parse_policy
-from prefixkv.adapters.lab.sim.profile import load_profile
+from prefixkv.adapters.router.routing import RouteContext, RoutingPolicy, parse_policy
 
 BS = 16
 W = [Worker(i) for i in range(4)]

@@ -18,11 +18,11 @@ from prefixkv.adapters.lab.cluster import driver
 from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.policies import POLICIES
 from prefixkv.adapters.lab.cluster.requests import timed_requests
 from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
 from prefixkv.adapters.lab.sim.requests import TimedRequest
 from prefixkv.adapters.lab.workloads import make_workload
+from prefixkv.adapters.router.policies import POLICIES
 
 CFG = ClusterConfig(
     num_replicas=4,

@@ -57,9 +57,10 @@ def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
         "import prefixkv.adapters.manager",
         "import prefixkv.adapters.events",
         "import prefixkv.adapters.events.codec, prefixkv.adapters.events.wire",
+        "import prefixkv.adapters.router",
     ],
 )
-def test_the_manager_and_the_event_codec_load_no_zmq_torch_lab_or_engine(statement: str) -> None:
+def test_the_manager_event_codec_and_router_load_no_zmq_torch_lab_or_engine(statement: str) -> None:
     assert not _heavy(_modules_after(statement))
 
 
@@ -68,28 +69,20 @@ def test_the_event_transport_loads_on_first_use() -> None:
     assert {"zmq", "prefixkv.adapters.events.transport"} <= mods
 
 
-def test_the_reference_engine_from_the_adapters_root_is_deprecated() -> None:
-    import prefixkv.adapters
-    from prefixkv.adapters.engine import Engine
-
-    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.engine"):
-        assert prefixkv.adapters.Engine is Engine
-    assert "Engine" not in prefixkv.adapters.__all__
-    with pytest.raises(AttributeError):
-        prefixkv.adapters.NoSuchName  # noqa: B018
-
-
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
         ("indexes", r"prefixkv\.(storage|adapters)|^\s*import torch|^\s*from torch"),
         ("storage", r"prefixkv\.adapters"),
         ("adapters", r"prefixkv\.adapters\.lab|from \.+lab\b|from \.lab\b"),
+        ("adapters/router", r"prefixkv\.adapters\.(lab|engine)|from \.\.(lab|engine)\b|import zmq"),
     ],
 )
 def test_no_module_imports_upward(folder: str, forbidden: str) -> None:
     pattern = re.compile(forbidden, re.M)
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    paths = sorted((ROOT / folder).rglob("*.py"))
+    assert paths, f"{folder} has no modules"
+    for path in paths:
         if folder == "adapters" and "lab" in path.relative_to(ROOT / folder).parts:
             continue
         imports = "\n".join(

@@ -1,16 +1,22 @@
-"""Many replicas behind one KV-aware router: cluster indexes, load, policies, faults.
+"""The cluster simulation: many replicas behind one KV-aware router, with faults.
 
 N simulated engine replicas (each the arrival-time replica of :mod:`..sim` with its own
-index and capacity) publish KV events with sequence numbers; a router keeps a cluster
-index of which worker holds which block, tracks load with reservations, and routes
-each request with a policy. Runs in-process in virtual time (deterministic) or with
-one Ray actor per replica (:class:`RayFleet`).
+index and capacity) publish KV events with sequence numbers; the router of
+:mod:`prefixkv.adapters.router` keeps a cluster index of which worker holds which
+block, tracks load with reservations, and routes each request with a policy. Runs
+in-process in virtual time (deterministic) or with one Ray actor per replica
+(:class:`RayFleet`).
 
 ``run_cluster(requests, "dynamo", ClusterConfig(...), faults="kill=1@60")`` is the
-entry point; ``prefixkv cluster`` runs many policies and writes a report.
+entry point; ``prefixkv cluster`` runs many policies and writes a report. The router's
+names that this package exported before they moved (``Router``, ``HashScheme``,
+``make_policy``, ...) still import from here for one release, with a
+``DeprecationWarning``.
 """
 
-from .approx import DYNAMO_APPROX_TTL_S, ApproxIndex
+import warnings
+
+from .config import ClusterConfig
 from .errors import (
     ClusterConfigError,
     ClusterError,
@@ -22,78 +28,92 @@ from .errors import (
 from .experiment import arrival_span, run_experiment
 from .faults import EventChannel, FaultPlan, TimedFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
-from .index import ChainedHashIndex, ClusterIndex
-from .keys import HashScheme, RouteKeys, Worker
-from .load import LoadTracker, Reservation, WorkerLoad
 from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
-from .policies import POLICIES, make_policy, policy_index
-from .policy import BOUNDS, PolicySpec, RouteContext, RoutingPolicy, parse_policies, parse_policy
-from .radix import RadixBlockIndex
+from .publisher import EventPublisher
 from .ray_fleet import RayFleet, ray_available
 from .replica import ReplicaReport, SimReplica
 from .report import write_report
 from .requests import timed_requests
-from .router import Decision, Router
-from .run import ClusterConfig, make_index_for, run_cluster
-from .stream import Dump, EventPublisher, SeqBatch, StreamTracker
+from .run import run_cluster
 
 __all__ = [
-    "BOUNDS",
-    "DYNAMO_APPROX_TTL_S",
-    "POLICIES",
-    "ApproxIndex",
-    "ChainedHashIndex",
     "ClusterConfig",
     "ClusterConfigError",
     "ClusterError",
-    "ClusterIndex",
     "ClusterResult",
     "ClusterRun",
-    "Decision",
-    "Dump",
     "EventChannel",
     "EventPublisher",
     "FaultPlan",
     "FaultSpecError",
     "Fleet",
-    "HashScheme",
     "Invariants",
-    "LoadTracker",
     "LocalFleet",
     "LocalIndexer",
     "NoReplicaError",
-    "PolicySpec",
     "PooledFleet",
-    "RadixBlockIndex",
     "RayFleet",
     "ReplicaDeadError",
     "ReplicaReport",
     "ReplicaSpec",
     "ReplicaSummary",
-    "Reservation",
-    "RouteContext",
-    "RouteKeys",
     "RoutedRequest",
-    "Router",
-    "RoutingPolicy",
-    "SeqBatch",
     "SimReplica",
-    "StreamTracker",
     "TimedFault",
     "UnknownPolicyError",
-    "Worker",
-    "WorkerLoad",
     "arrival_span",
-    "make_index_for",
-    "make_policy",
     "parse_faults",
-    "parse_policies",
-    "parse_policy",
-    "policy_index",
     "ray_available",
     "run_cluster",
     "run_experiment",
     "timed_requests",
     "write_report",
 ]
+
+_MOVED_TO_ROUTER = {
+    "ApproxIndex": "ApproxIndex",
+    "ChainedHashIndex": "ChainedHashIndex",
+    "ClusterIndex": "ClusterIndex",
+    "Decision": "Decision",
+    "Dump": "Dump",
+    "HashScheme": "HashScheme",
+    "LoadTracker": "LoadTracker",
+    "POLICIES": "POLICIES",
+    "PolicySpec": "PolicySpec",
+    "RadixBlockIndex": "RadixBlockIndex",
+    "RouteContext": "RouteContext",
+    "RouteKeys": "RouteKeys",
+    "Router": "Router",
+    "RoutingPolicy": "RoutingPolicy",
+    "SeqBatch": "SeqBatch",
+    "StreamTracker": "StreamTracker",
+    "Worker": "Worker",
+    "WorkerLoad": "WorkerLoad",
+    "make_index_for": "make_cluster_index",
+    "make_policy": "make_policy",
+    "parse_policies": "parse_policies",
+    "parse_policy": "parse_policy",
+    "BOUNDS": "routing.BOUNDS",
+    "DYNAMO_APPROX_TTL_S": "approx.DYNAMO_APPROX_TTL_S",
+    "Reservation": "load.Reservation",
+    "policy_index": "policies.policy_index",
+}
+"""Names this package exported before the router moved -> where they are now, under
+``prefixkv.adapters.router``."""
+
+
+def __getattr__(name: str) -> object:
+    new = _MOVED_TO_ROUTER.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"prefixkv.adapters.lab.cluster.{name} moved to prefixkv.adapters.router.{new}; "
+        "the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    import importlib
+
+    module, _, attr = f"prefixkv.adapters.router.{new}".rpartition(".")
+    return getattr(importlib.import_module(module), attr)

@@ -19,14 +19,14 @@ from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import TimedRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.router.policies import POLICIES
+from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
 from .errors import ClusterConfigError
 from .experiment import arrival_span, run_experiment
 from .faults import parse_faults
 from .fleet import Fleet
 from .metrics import ClusterResult
-from .policies import POLICIES
-from .policy import BOUNDS, parse_policies
 from .report import write_report
 from .requests import timed_requests
 from .run import ClusterConfig

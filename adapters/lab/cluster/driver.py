@@ -25,17 +25,22 @@ from typing import Any
 
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.keys import Worker
+from prefixkv.adapters.router.policies import (
+    LeastOutstanding,
+    RoundRobin,
+    make_cluster_index,
+    make_policy,
+)
+from prefixkv.adapters.router.router import Decision, Router
+from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
-from .config import ClusterConfig, make_index_for
+from .config import ClusterConfig
 from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, TimedFault
 from .fleet import Fleet, ReplicaSpec
-from .keys import Worker
 from .metrics import Invariants, RoutedRequest
-from .policies import LeastOutstanding, RoundRobin, make_policy
-from .policy import PolicySpec, RoutingPolicy
 from .replica import ReplicaReport
-from .router import Decision, Router
 
 __all__ = ["ClusterDriver"]
 
@@ -97,7 +102,7 @@ class ClusterDriver:
             index = None
         else:
             policy = make_policy(self.spec)
-            index = make_index_for(self.spec, self.scheme)
+            index = make_cluster_index(self.spec, self.scheme)
         return Router(
             policy,
             index,

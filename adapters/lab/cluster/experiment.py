@@ -12,11 +12,11 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.routing import PolicySpec
 
 from .faults import FaultPlan
 from .fleet import Fleet
 from .metrics import ClusterResult
-from .policy import PolicySpec
 from .run import ClusterConfig, run_cluster
 
 __all__ = ["arrival_span", "run_experiment"]

@@ -22,8 +22,9 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from prefixkv.adapters.router.stream_tracker import SeqBatch
+
 from .errors import FaultSpecError
-from .stream import SeqBatch
 
 __all__ = [
     "TIMED_FAULTS",

@@ -18,13 +18,13 @@ from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.keys import HashScheme
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .errors import ReplicaDeadError
-from .keys import HashScheme
 from .replica import ReplicaReport, SharedPool, SimReplica
-from .stream import Dump, SeqBatch
 
 __all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaSpec"]
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
 from .errors import ClusterConfigError, ReplicaDeadError
 from .fleet import ReplicaSpec
 from .replica import ReplicaReport, SimReplica
-from .stream import Dump, SeqBatch
 
 __all__ = ["RayFleet", "ray_available"]
 

@@ -16,17 +16,17 @@ from typing import Any
 
 from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.router.policies import POLICIES, policy_index
+from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
-from .config import ClusterConfig, make_index_for
+from .config import ClusterConfig
 from .driver import ClusterDriver
 from .errors import ClusterConfigError
 from .faults import FaultPlan, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
-from .policies import POLICIES, policy_index
-from .policy import PolicySpec, parse_policy
 
-__all__ = ["ClusterConfig", "make_index_for", "run_cluster"]
+__all__ = ["ClusterConfig", "run_cluster"]
 
 
 def run_cluster(

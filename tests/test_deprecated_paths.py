@@ -1,0 +1,58 @@
+"""Names that moved keep their old import paths for one release, with a warning that
+says where they went; the object is the same one."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import prefixkv.adapters.router as router
+from prefixkv.adapters.lab import cluster
+
+
+def test_the_reference_engine_from_the_adapters_root_is_deprecated() -> None:
+    import prefixkv.adapters
+    from prefixkv.adapters.engine import Engine
+
+    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.engine"):
+        assert prefixkv.adapters.Engine is Engine
+    assert "Engine" not in prefixkv.adapters.__all__
+    with pytest.raises(AttributeError):
+        prefixkv.adapters.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("name", sorted(cluster._MOVED_TO_ROUTER))
+def test_the_routers_old_names_in_the_lab_warn_and_resolve(name: str) -> None:
+    new = cluster._MOVED_TO_ROUTER[name]
+    module, _, attr = f"prefixkv.adapters.router.{new}".rpartition(".")
+    with pytest.warns(DeprecationWarning, match=rf"prefixkv\.adapters\.router\.{new}\b"):
+        old = getattr(cluster, name)
+    assert old is getattr(importlib.import_module(module), attr)
+    assert name not in cluster.__all__
+
+
+def test_every_name_the_lab_cluster_exported_before_still_imports() -> None:
+    before = {
+        "BOUNDS", "DYNAMO_APPROX_TTL_S", "POLICIES", "ApproxIndex", "ChainedHashIndex",
+        "ClusterConfig", "ClusterConfigError", "ClusterError", "ClusterIndex", "ClusterResult",
+        "ClusterRun", "Decision", "Dump", "EventChannel", "EventPublisher", "FaultPlan",
+        "FaultSpecError", "Fleet", "HashScheme", "Invariants", "LoadTracker", "LocalFleet",
+        "LocalIndexer", "NoReplicaError", "PolicySpec", "PooledFleet", "RadixBlockIndex",
+        "RayFleet", "ReplicaDeadError", "ReplicaReport", "ReplicaSpec", "ReplicaSummary",
+        "Reservation", "RouteContext", "RouteKeys", "RoutedRequest", "Router", "RoutingPolicy",
+        "SeqBatch", "SimReplica", "StreamTracker", "TimedFault", "UnknownPolicyError", "Worker",
+        "WorkerLoad", "arrival_span", "make_index_for", "make_policy", "parse_faults",
+        "parse_policies", "parse_policy", "policy_index", "ray_available", "run_cluster",
+        "run_experiment", "timed_requests", "write_report",
+    }  # fmt: skip
+    with pytest.warns(DeprecationWarning):
+        missing = {n for n in before if getattr(cluster, n, None) is None}
+    assert not missing
+    assert set(cluster.__all__) | set(cluster._MOVED_TO_ROUTER) == before
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        cluster.NoSuchName  # noqa: B018
+    assert router.Router is router.router.Router
