@@ -29,8 +29,8 @@ from prefixkv.adapters.lab.compare import (
     select_strip_requests,
     sweep_capacities,
 )
-from prefixkv.adapters.lab.sources import seed_example
 from prefixkv.adapters.lab.traces import write_trace
+from prefixkv.adapters.lab.workload_sources import seed_example
 from prefixkv.adapters.lab.workloads import make_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -56,3 +56,23 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="NoSuchName"):
         cluster.NoSuchName  # noqa: B018
     assert router.Router is router.router.Router
+
+
+def test_the_queue_order_names_replace_policy_in_the_simulator() -> None:
+    from prefixkv.adapters.lab import sim
+    from prefixkv.adapters.lab.sim import config
+
+    for module in (sim, config):
+        with pytest.warns(DeprecationWarning, match="QUEUE_ORDERS"):
+            assert module.POLICIES == sim.QUEUE_ORDERS == ("fcfs", "lpm")
+        with pytest.warns(DeprecationWarning, match="QueueOrder"):
+            assert module.Policy is sim.QueueOrder
+    assert "POLICIES" not in sim.__all__
+
+
+def test_eviction_queue_check_is_check_invariants() -> None:
+    from prefixkv.indexes.eviction import EvictionQueue, LRUPolicy
+
+    q = EvictionQueue(LRUPolicy())
+    with pytest.warns(DeprecationWarning, match="check_invariants"):
+        q.check()

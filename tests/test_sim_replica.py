@@ -16,7 +16,7 @@ from prefixkv.adapters.lab.sim import (
     Batching,
     CostProfile,
     IndexFactory,
-    Policy,
+    QueueOrder,
     SimConfig,
     SimConfigError,
     SimInputError,
@@ -185,7 +185,7 @@ def _scheduler(
     batching: Batching,
     *,
     num_blocks: int = 256,
-    policy: Policy = "fcfs",
+    policy: QueueOrder = "fcfs",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
@@ -326,7 +326,7 @@ def _warm(sched: ReplicaScheduler, prompt: array[int]) -> None:
 
 
 @pytest.mark.parametrize(("policy", "first"), [("fcfs", "fresh"), ("lpm", "cached")])
-def test_lpm_admits_the_longest_cached_prefix_first(policy: Policy, first: str) -> None:
+def test_lpm_admits_the_longest_cached_prefix_first(policy: QueueOrder, first: str) -> None:
     shared = tokens(1, 64)
     sched = _scheduler("mixed", policy=policy, max_num_seqs=1)
     _warm(sched, shared)

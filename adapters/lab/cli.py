@@ -59,12 +59,11 @@ from .sim import (
     ARRIVAL_PROCESSES,
     BATCHING_MODES,
     DEFAULT_PROFILE,
-    POLICIES,
+    QUEUE_ORDERS,
     available_profiles,
     load_profile,
     save_profile,
 )
-from .sources import DEFAULT_WORKLOADS, Workload, load_workloads, workload_names
 from .timed import TimeSettings
 from .traces import (
     FORMATS,
@@ -73,6 +72,7 @@ from .traces import (
     atomic_writer,
     refuse_overwrite,
 )
+from .workload_sources import DEFAULT_WORKLOADS, Workload, load_workloads, workload_names
 
 __all__ = ["CLIUsageError", "build_parser", "main", "parse_token_count", "parse_token_counts"]
 
@@ -516,7 +516,7 @@ def _add_time(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--policy",
-        choices=POLICIES,
+        choices=QUEUE_ORDERS,
         help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware lpm "
         "(default: fcfs, both engines' default)",
     )

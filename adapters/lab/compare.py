@@ -26,9 +26,9 @@ from prefixkv.indexes.registry import describe_index, make_index, pool_owned_opt
 from .progress import Progress
 from .replay import DRIVERS, Driver, ReplayError, ReplayInterrupted, ReplayResult, replay
 from .sim import SimUnservableError
-from .sources import Workload
 from .timed import Scalar, TimedRun, TimeSettings, run_timed
 from .traces import TraceStats
+from .workload_sources import Workload
 
 __all__ = [
     "MAX_POOL_BLOCKS",

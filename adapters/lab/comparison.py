@@ -28,10 +28,10 @@ from .compare import (
     plan_capacities,
 )
 from .progress import progress
-from .sim import ArrivalProcess, Batching, CostProfile, Policy, load_profile
-from .sources import Workload, load_workloads
+from .sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
 from .timed import Scalar, TimeSettings, check_arrivals
 from .traces import ReadOptions
+from .workload_sources import Workload, load_workloads
 
 __all__ = [
     "SWEEP_POINTS",
@@ -237,7 +237,7 @@ def compare_backends(
     arrival: ArrivalProcess = "poisson",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
-    policy: Policy | None = None,
+    policy: QueueOrder | None = None,
     batching: Batching | None = None,
     profile: str | os.PathLike[str] | CostProfile | None = None,
     block_size: int = 16,

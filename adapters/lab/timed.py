@@ -28,7 +28,7 @@ from .sim import (
     ArrivalProcess,
     Batching,
     CostProfile,
-    Policy,
+    QueueOrder,
     SimConfig,
     SimConfigError,
     SimResult,
@@ -37,8 +37,8 @@ from .sim import (
     simulate,
     with_arrivals,
 )
-from .sources import Workload
 from .traces import TraceRequest, TraceSource
+from .workload_sources import Workload
 
 if TYPE_CHECKING:
     from .compare import BackendSpec
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 EngineMode = Literal["vllm", "sglang"]
-ENGINE_MODES: Mapping[EngineMode, tuple[Batching, Policy]] = {
+ENGINE_MODES: Mapping[EngineMode, tuple[Batching, QueueOrder]] = {
     "vllm": ("mixed", "fcfs"),
     "sglang": ("prefill_first", "fcfs"),
 }
@@ -114,7 +114,7 @@ class TimeSettings:
     seed: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    policy: Policy | None = None
+    policy: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)
 

@@ -7,6 +7,8 @@ giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """
 
+import warnings
+
 from .arrivals import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
@@ -16,7 +18,7 @@ from .arrivals import (
     with_arrivals,
 )
 from .calibrate import StepSample, calibrate, fit_profile, measure_engine
-from .config import BATCHING_MODES, POLICIES, Batching, Policy, SimConfig
+from .config import BATCHING_MODES, Batching, SimConfig
 from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
 from .plots import plot_capacity_sweep, plot_ttft_cdf
@@ -29,6 +31,7 @@ from .profile import (
     load_profile,
     save_profile,
 )
+from .queue_order import QUEUE_ORDERS, QueueOrder
 from .replica import IndexFactory, simulate
 from .requests import FILLER_TOKEN, TimedRequest, timed_request
 from .tables import (
@@ -47,14 +50,14 @@ __all__ = [
     "COEFFICIENTS",
     "DEFAULT_PROFILE",
     "FILLER_TOKEN",
-    "POLICIES",
+    "QUEUE_ORDERS",
     "TABLE_FORMATS",
     "ArrivalProcess",
     "Batching",
     "CostProfile",
     "IndexFactory",
-    "Policy",
     "ProfileError",
+    "QueueOrder",
     "RequestMetrics",
     "RunMetrics",
     "SimConfig",
@@ -89,3 +92,18 @@ __all__ = [
     "write_rows",
     "write_tables",
 ]
+
+_RENAMED = {"Policy": "QueueOrder", "POLICIES": "QUEUE_ORDERS"}
+
+
+def __getattr__(name: str) -> object:
+    # Deprecated: "policy" alone means a router's routing policy; this is a queue order.
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} is now {__name__}.{new}; the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]
