@@ -76,3 +76,21 @@ def test_eviction_queue_check_is_check_invariants() -> None:
     q = EvictionQueue(LRUPolicy())
     with pytest.warns(DeprecationWarning, match="check_invariants"):
         q.check()
+
+
+def _compare_moved() -> list[tuple[str, str]]:
+    from prefixkv.adapters.lab import compare, comparison
+
+    return [("compare", n) for n in sorted(compare._MOVED)] + [
+        ("comparison", n) for n in sorted(comparison._MOVED)
+    ]
+
+
+@pytest.mark.parametrize(("module", "name"), _compare_moved())
+def test_the_old_compare_and_comparison_names_warn_and_resolve(module: str, name: str) -> None:
+    old = importlib.import_module(f"prefixkv.adapters.lab.{module}")
+    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.lab\.compare\.\w+"):
+        value = getattr(old, name)
+    assert value is not None
+    with pytest.raises(AttributeError):
+        getattr(old, "NoSuchName")  # noqa: B009

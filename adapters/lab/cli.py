@@ -38,21 +38,16 @@ from ..events import EventFileWriter, KVEventBatch, ZmqEventPublisher
 from ..events.wire import EventBatch, KVEvent
 from . import report
 from .cluster.cli import add_cluster_parser, run_cluster_command
-from .compare import (
-    MAX_POOL_BLOCKS,
-    BackendSpec,
-    CompareError,
-    WorkloadResult,
+from .compare.arrival import TimeSettings
+from .compare.plan import (
+    CompareSettings,
     check_pool,
-    parse_backends,
-    roomy_capacity,
-)
-from .comparison import (
-    CompareOptions,
     default_boundary_accounting,
     plan_comparison,
-    run_comparison,
+    roomy_capacity,
 )
+from .compare.run import WorkloadResult, run_comparison
+from .compare.spec import MAX_POOL_BLOCKS, BackendSpec, CompareError, parse_backends
 from .progress import Progress, progress
 from .replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from .sim import (
@@ -64,7 +59,6 @@ from .sim import (
     load_profile,
     save_profile,
 )
-from .timed import TimeSettings
 from .traces import (
     FORMATS,
     ReadOptions,
@@ -700,7 +694,7 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         repeats = 1 if args.trace is not None else 3
     if args.boundary_accounting is None:
         args.boundary_accounting = default_boundary_accounting(workloads)
-    options = CompareOptions(
+    options = CompareSettings(
         backends=tuple(backends),
         capacities=None if caps is None else tuple(caps),
         capacity_sweep=bool(sweep),
@@ -720,11 +714,11 @@ def _run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print(report.text_table(report.table_rows(r.backends)))
         for note in r.notes:
             print(f"note: {note}")
-        timed = r.timed_at_table()
-        if timed:
+        arrival = r.arrival_at_table()
+        if arrival:
             print()
             print(report.time_title(r))
-            print(report.text_table(report.time_rows(timed), report.TIME_COLUMNS))
+            print(report.text_table(report.time_rows(arrival), report.TIME_COLUMNS))
         print()
     meta: dict[str, Any] = {
         "config": _compare_config(args, argv, backends, bool(sweep), repeats, settings),
