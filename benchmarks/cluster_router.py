@@ -23,7 +23,7 @@ from array import array
 
 from prefixkv.adapters.events.wire import BlockStored, KVEventBatch
 from prefixkv.adapters.lab.sim.profile import load_profile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.keys import HashScheme, Worker
 from prefixkv.adapters.router.policies import POLICIES, make_cluster_index, make_policy
 from prefixkv.adapters.router.router import Router
@@ -63,7 +63,7 @@ def main() -> None:
         d = rng.randrange(len(docs))
         depth = rng.randrange(1, args.blocks + 1)
         tail = array("I", (rng.randrange(1, 32000) for _ in range((args.blocks - depth) * bs)))
-        requests.append(TimedRequest(f"q{i}", docs[d][: depth * bs] + tail, 64, float(i)))
+        requests.append(SimRequest(f"q{i}", docs[d][: depth * bs] + tail, 64, float(i)))
 
     for name in args.policies.split(","):
         spec = parse_policy(name, tuple(POLICIES))
@@ -80,7 +80,7 @@ def main() -> None:
                     index.apply(w, KVEventBatch(0.0, [event], 0), 0.0)
         for d, workers in enumerate(placement):  # bookings (and the approximate index)
             for w in workers:
-                req = TimedRequest(f"warm-{d}-{w}", docs[d], 64, 0.0)
+                req = SimRequest(f"warm-{d}-{w}", docs[d], 64, 0.0)
                 if index is not None and not index.event_fed:
                     from prefixkv.adapters.router.keys import RouteKeys
 

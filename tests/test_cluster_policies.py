@@ -255,10 +255,10 @@ def test_fault_specs() -> None:
     assert (plan.drop, plan.drop_removals, plan.delay, plan.jitter) == (0.1, 1.0, 0.5, 1.0)
     assert plan.mismatch == {3: "hash"} and plan.needs_relative
     resolved = plan.resolve(200.0)
-    kinds = [(f.kind, f.at, f.replica, f.mode) for f in resolved.timed]
+    kinds = [(f.kind, f.at, f.replica, f.mode) for f in resolved.scheduled]
     assert ("restart", 100.0, 1, "replay") in kinds
     assert ("router_restart", 20.0, None, "dump") in kinds
-    assert [f.at for f in resolved.timed] == sorted(f.at for f in resolved.timed)
+    assert [f.at for f in resolved.scheduled] == sorted(f.at for f in resolved.scheduled)
     for bad in (
         "explode=1",
         "drop=2",

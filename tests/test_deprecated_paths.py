@@ -49,7 +49,11 @@ def test_every_name_the_lab_cluster_exported_before_still_imports() -> None:
     with pytest.warns(DeprecationWarning):
         missing = {n for n in before if getattr(cluster, n, None) is None}
     assert not missing
-    assert set(cluster.__all__) | set(cluster._MOVED_TO_ROUTER) == before
+    renamed = set(cluster._RENAMED.values())
+    assert (
+        set(cluster.__all__) - renamed | set(cluster._MOVED_TO_ROUTER) | set(cluster._RENAMED)
+        == before
+    )
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:
@@ -94,3 +98,35 @@ def test_the_old_compare_and_comparison_names_warn_and_resolve(module: str, name
     assert value is not None
     with pytest.raises(AttributeError):
         getattr(old, "NoSuchName")  # noqa: B009
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        ("prefixkv.adapters.lab.sim", "TimedRequest", "SimRequest"),
+        ("prefixkv.adapters.lab.sim", "timed_request", "sim_request"),
+        ("prefixkv.adapters.lab.sim.requests", "TimedRequest", "SimRequest"),
+        ("prefixkv.adapters.lab.cluster", "TimedFault", "ScheduledFault"),
+        ("prefixkv.adapters.lab.cluster", "timed_requests", "sim_requests"),
+    ],
+)
+def test_timed_names_for_arrival_time_things_are_renamed(module: str, old: str, new: str) -> None:
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=new):
+        assert getattr(mod, old) is getattr(mod, new)
+
+
+def test_fault_plans_scheduled_faults_keep_their_old_name() -> None:
+    plan = cluster.parse_faults("kill=1@5")
+    with pytest.warns(DeprecationWarning, match="scheduled"):
+        assert plan.timed == plan.scheduled
+
+
+def test_cluster_result_check_is_check_invariants() -> None:
+    from prefixkv.adapters.lab.cluster import ClusterConfig, run_cluster
+    from prefixkv.adapters.lab.sim import sim_request
+
+    requests = [sim_request(f"r{i}", [1 + i] * 40, 2, arrival=0.1 * i) for i in range(4)]
+    res = run_cluster(requests, "round_robin", ClusterConfig(num_replicas=2, capacity_tokens=512))
+    with pytest.warns(DeprecationWarning, match="check_invariants"):
+        res.check()

@@ -18,7 +18,7 @@ from typing import Any
 
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.router.policies import POLICIES
@@ -30,8 +30,8 @@ from ..cluster.faults import parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
 from ..cluster.report import write_report
-from ..cluster.requests import timed_requests
 from ..cluster.run import ClusterConfig
+from ..cluster.trace_requests import sim_requests
 from .options import parse_token_counts
 
 __all__ = ["add_cluster_parser", "run_cluster_command"]
@@ -254,16 +254,16 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _arrivals(
     args: argparse.Namespace, requests: Iterable[TraceRequest]
-) -> Callable[[ClusterConfig | None], Iterator[TimedRequest]]:
+) -> Callable[[ClusterConfig | None], Iterator[SimRequest]]:
     """The requests with arrival times, for a fleet configuration (re-iterable)."""
     first = args.replicas[0]
 
-    def stream(cfg: ClusterConfig | None = None) -> Iterator[TimedRequest]:
+    def stream(cfg: ClusterConfig | None = None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
         k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
         rate = None if args.request_rate is None else args.request_rate / k
         scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
-        return timed_requests(
+        return sim_requests(
             requests,
             prefill_only=args.prefill_only,
             request_rate=rate,

@@ -26,7 +26,7 @@ from .errors import (
     UnknownPolicyError,
 )
 from .experiment import arrival_span, run_experiment
-from .faults import EventChannel, FaultPlan, TimedFault, parse_faults
+from .faults import EventChannel, FaultPlan, ScheduledFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
@@ -34,8 +34,8 @@ from .publisher import EventPublisher
 from .ray_fleet import RayFleet, ray_available
 from .replica import ReplicaReport, SimReplica
 from .report import write_report
-from .requests import timed_requests
 from .run import run_cluster
+from .trace_requests import sim_requests
 
 __all__ = [
     "ClusterConfig",
@@ -59,15 +59,15 @@ __all__ = [
     "ReplicaSpec",
     "ReplicaSummary",
     "RoutedRequest",
+    "ScheduledFault",
     "SimReplica",
-    "TimedFault",
     "UnknownPolicyError",
     "arrival_span",
     "parse_faults",
     "ray_available",
     "run_cluster",
     "run_experiment",
-    "timed_requests",
+    "sim_requests",
     "write_report",
 ]
 
@@ -103,7 +103,19 @@ _MOVED_TO_ROUTER = {
 ``prefixkv.adapters.router``."""
 
 
+_RENAMED = {"TimedFault": "ScheduledFault", "timed_requests": "sim_requests"}
+"""Names renamed in place ("timed" means measured by the wall clock)."""
+
+
 def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        warnings.warn(
+            f"{__name__}.{name} is now {__name__}.{_RENAMED[name]}; "
+            "the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[_RENAMED[name]]
     new = _MOVED_TO_ROUTER.get(name)
     if new is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

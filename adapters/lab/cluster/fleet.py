@@ -17,7 +17,7 @@ from typing import Protocol
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import PrefixIndex
@@ -99,7 +99,7 @@ class Fleet(Protocol):
         """Start (or restart, empty) ``replica`` from ``spec``."""
         ...
 
-    def add(self, replica: int, request: TimedRequest) -> None:
+    def add(self, replica: int, request: SimRequest) -> None:
         """Send a request. Raises :class:`ReplicaDeadError` if the replica is gone."""
         ...
 
@@ -148,7 +148,7 @@ class LocalFleet:
         """Build (or rebuild, empty) the replica."""
         self.replicas[replica] = spec.build(replica)
 
-    def add(self, replica: int, request: TimedRequest) -> None:
+    def add(self, replica: int, request: SimRequest) -> None:
         """Queue the request on the replica."""
         self._get(replica).add(request)
 

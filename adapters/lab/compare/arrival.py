@@ -30,8 +30,8 @@ from ..sim import (
     QueueOrder,
     SimConfig,
     SimConfigError,
+    SimRequest,
     SimResult,
-    TimedRequest,
     load_profile,
     simulate,
     with_arrivals,
@@ -173,14 +173,14 @@ class TimeSettings:
         }
 
 
-def _sim_requests(requests: Iterable[TraceRequest]) -> Iterator[TimedRequest]:
+def _sim_requests(requests: Iterable[TraceRequest]) -> Iterator[SimRequest]:
     """Trace requests as the simulator's requests, lazily (the arrival is kept).
 
     A request with an empty output still decodes one token, as an engine does.
     """
     for r in requests:
         out = r.output
-        yield TimedRequest(
+        yield SimRequest(
             r.id,
             as_token_array(r.tokens),
             max(1, len(out)),

@@ -33,7 +33,7 @@ from .profile import (
 )
 from .queue_order import QUEUE_ORDERS, QueueOrder
 from .replica import IndexFactory, simulate
-from .requests import FILLER_TOKEN, TimedRequest, timed_request
+from .requests import FILLER_TOKEN, SimRequest, sim_request
 from .tables import (
     TABLE_FORMATS,
     TableFormatError,
@@ -64,11 +64,11 @@ __all__ = [
     "SimConfigError",
     "SimError",
     "SimInputError",
+    "SimRequest",
     "SimResult",
     "SimUnservableError",
     "StepSample",
     "TableFormatError",
-    "TimedRequest",
     "attention_pairs",
     "available_profiles",
     "calibrate",
@@ -84,20 +84,26 @@ __all__ = [
     "run_rows",
     "save_profile",
     "scaled_arrivals",
+    "sim_request",
     "simulate",
     "summarize",
-    "timed_request",
     "to_dataframes",
     "with_arrivals",
     "write_rows",
     "write_tables",
 ]
 
-_RENAMED = {"Policy": "QueueOrder", "POLICIES": "QUEUE_ORDERS"}
+_RENAMED = {
+    "Policy": "QueueOrder",
+    "POLICIES": "QUEUE_ORDERS",
+    "TimedRequest": "SimRequest",
+    "timed_request": "sim_request",
+}
+"""Old names -> new: "policy" alone means a router's routing policy (this is a queue
+order); "timed" means measured by the wall clock (this request has an arrival time)."""
 
 
 def __getattr__(name: str) -> object:
-    # Deprecated: "policy" alone means a router's routing policy; this is a queue order.
     new = _RENAMED.get(name)
     if new is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,7 @@ from .errors import SimError
 from .metrics import RequestMetrics
 from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
-from .requests import TimedRequest
+from .requests import SimRequest
 
 __all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan"]
 
@@ -65,7 +65,7 @@ class SimSeq:
         key: while waiting, the key to admit it with (prompt + output so far).
     """
 
-    request: TimedRequest
+    request: SimRequest
     metrics: RequestMetrics
     num_output: int = 0
     num_computed: int = 0
