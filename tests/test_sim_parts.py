@@ -35,7 +35,7 @@ from prefixkv.adapters.lab.sim import (
     sim_request,
     with_arrivals,
 )
-from prefixkv.adapters.lab.sim.calibrate import StepSample, calibrate, fit_profile
+from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
 from prefixkv.indexes import InvalidTokenError
 
 # --------------------------------------------------------------------- requests

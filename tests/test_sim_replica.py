@@ -27,9 +27,9 @@ from prefixkv.adapters.lab.sim import (
     simulate,
     with_arrivals,
 )
-from prefixkv.adapters.lab.sim import scheduler as scheduler_module
+from prefixkv.adapters.lab.sim import replica_scheduler as scheduler_module
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
-from prefixkv.adapters.lab.sim.scheduler import ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import ReplicaScheduler, SimSeq
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 from prefixkv.storage import BlockAllocator

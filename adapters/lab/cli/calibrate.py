@@ -14,7 +14,7 @@ from typing import Any
 
 from ..progress import progress
 from ..sim import save_profile
-from .options import CLIUsageError, positive_int
+from .common import CLIUsageError, positive_int
 
 __all__ = ["add_calibrate_parser", "run_calibrate"]
 
@@ -73,7 +73,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from prefixkv.adapters.engine import EngineConfig, ModelConfig
 
-    from ..sim.calibrate import (
+    from ..sim.calibration import (
         DEFAULT_DECODE_SHAPES,
         DEFAULT_MIXED_SHAPES,
         DEFAULT_PREFILL_SHAPES,

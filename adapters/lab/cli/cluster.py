@@ -32,7 +32,7 @@ from ..cluster.metrics import ClusterResult
 from ..cluster.report import write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
-from .options import parse_token_counts
+from .common import parse_token_counts
 
 __all__ = ["add_cluster_parser", "run_cluster_command"]
 

@@ -38,7 +38,7 @@ from ..sim import (
 )
 from ..traces import refuse_overwrite
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
-from .options import (
+from .common import (
     EXIT_INTERRUPTED,
     CLIUsageError,
     add_common,

@@ -25,8 +25,8 @@ from prefixkv.indexes.errors import PrefixKVError
 
 from .calibrate import add_calibrate_parser, run_calibrate
 from .cluster import add_cluster_parser, run_cluster_command
+from .common import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser, version
 from .compare import add_compare_parser, run_compare
-from .options import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser, version
 from .replay import add_replay_parser, run_replay
 
 __all__ = ["build_parser", "main"]

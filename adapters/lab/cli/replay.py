@@ -30,7 +30,7 @@ from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from ..traces import atomic_writer, refuse_overwrite
 from ..workload_sources import Workload
-from .options import (
+from .common import (
     EXIT_INTERRUPTED,
     CLIUsageError,
     add_common,

@@ -32,9 +32,9 @@ from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
 from .publisher import EventPublisher
 from .ray_fleet import RayFleet, ray_available
-from .replica import ReplicaReport, SimReplica
 from .report import write_report
 from .run import run_cluster
+from .sim_replica import ReplicaReport, SimReplica
 from .trace_requests import sim_requests
 
 __all__ = [

@@ -40,7 +40,7 @@ from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
 from .fleet import Fleet, ReplicaSpec
 from .metrics import Invariants, RoutedRequest
-from .replica import ReplicaReport
+from .sim_replica import ReplicaReport
 
 __all__ = ["ClusterDriver"]
 

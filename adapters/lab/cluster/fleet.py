@@ -24,7 +24,7 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .errors import ReplicaDeadError
-from .replica import ReplicaReport, SharedPool, SimReplica
+from .sim_replica import ReplicaReport, SharedPool, SimReplica
 
 __all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaSpec"]
 

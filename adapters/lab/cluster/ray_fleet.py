@@ -22,7 +22,7 @@ from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
 from .errors import ClusterConfigError, ReplicaDeadError
 from .fleet import ReplicaSpec
-from .replica import ReplicaReport, SimReplica
+from .sim_replica import ReplicaReport, SimReplica
 
 __all__ = ["RayFleet", "ray_available"]
 

@@ -17,7 +17,7 @@ from .arrivals import (
     scaled_arrivals,
     with_arrivals,
 )
-from .calibrate import StepSample, calibrate, fit_profile, measure_engine
+from .calibration import StepSample, calibrate, fit_profile, measure_engine
 from .config import BATCHING_MODES, Batching, SimConfig
 from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize

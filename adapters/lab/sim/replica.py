@@ -22,8 +22,8 @@ from .config import SimConfig
 from .errors import SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import CostProfile, load_profile
+from .replica_scheduler import ReplicaScheduler, SimSeq
 from .requests import SimRequest
-from .scheduler import ReplicaScheduler, SimSeq
 
 __all__ = ["IndexFactory", "simulate"]
 

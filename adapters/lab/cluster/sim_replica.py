@@ -30,8 +30,8 @@ from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
+from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, ReplicaScheduler, SimSeq
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.sim.scheduler import Chunk, ReplicaScheduler, SimSeq
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
