@@ -1,8 +1,9 @@
-"""The layers' import rules: dependencies point down, and what an engine embeds never
-loads the measuring bench or an engine it does not run in.
+"""The layers' import rules: dependencies point down, and what an engine or a router
+embeds never loads the measuring bench, ZeroMQ, torch, or an engine it does not run in.
 
-``indexes`` <- ``storage`` <- ``adapters`` <- ``adapters/lab``; the plug-ins import
-vLLM or SGLang only when an engine loads them.
+``indexes`` <- ``storage`` <- ``adapters`` (``router`` among them) <- ``adapters/lab``;
+the plug-ins import vLLM or SGLang only when an engine loads them; the events
+transport (ZeroMQ) loads only when something publishes or subscribes.
 """
 
 from __future__ import annotations

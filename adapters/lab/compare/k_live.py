@@ -273,6 +273,24 @@ def run_backend(
             f"{spec.block_size}-token blocks) is too small for {workload.name!r} with "
             f"{spec.label} at concurrency {concurrency}: {exc}"
         ) from None
+    return _backend_run(
+        workload, spec, capacity_tokens, concurrency, timing_repeats, boundary_accounting,
+        first, memory, timed,
+    )  # fmt: skip
+
+
+def _backend_run(
+    workload: Workload,
+    spec: BackendSpec,
+    capacity_tokens: int,
+    concurrency: int,
+    timing_repeats: int,
+    boundary_accounting: bool,
+    first: ReplayResult,
+    memory: int,
+    timed: Sequence[ReplayResult],
+) -> BackendRun:
+    """The record of a backend's replays: hits from ``first``, times from ``timed``."""
     hits = _request_hits(first, timed)
     index_us, admit_us = hits.index_us, hits.admit_us
     bs = spec.block_size
