@@ -300,7 +300,9 @@ def test_compare_backends_old_calling_convention_still_works_with_a_warning(
                              request_rate=5.0, policy="lpm")  # fmt: skip
     (run,) = t.comparison.workloads[0].arrival_runs
     assert run.config.policy == "lpm"
-    with pytest.warns(DeprecationWarning, match=r"lab\.compare\.options\.compare_backends"):
+    with pytest.warns(
+        DeprecationWarning, match=r"is now prefixkv\.adapters\.lab\.compare\.compare_backends"
+    ):
         from prefixkv.adapters.lab.comparison import compare_backends as old
     assert old is compare_backends
     with pytest.warns(DeprecationWarning, match="arrival_runs"):

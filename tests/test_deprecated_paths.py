@@ -4,6 +4,7 @@ says where they went; the object is the same one."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 
@@ -22,11 +23,10 @@ def test_the_reference_engine_from_the_adapters_root_is_deprecated() -> None:
         prefixkv.adapters.NoSuchName  # noqa: B018
 
 
-@pytest.mark.parametrize("name", sorted(cluster._MOVED_TO_ROUTER))
-def test_the_routers_old_names_in_the_lab_warn_and_resolve(name: str) -> None:
-    new = cluster._MOVED_TO_ROUTER[name]
-    module, _, attr = f"prefixkv.adapters.router.{new}".rpartition(".")
-    with pytest.warns(DeprecationWarning, match=rf"prefixkv\.adapters\.router\.{new}\b"):
+@pytest.mark.parametrize("name", sorted(cluster._MOVED))
+def test_the_clusters_old_names_warn_and_resolve(name: str) -> None:
+    module, _, attr = cluster._MOVED[name].partition(":")
+    with pytest.warns(DeprecationWarning, match=rf"is now {re.escape(module)}\.{attr}\b"):
         old = getattr(cluster, name)
     assert old is getattr(importlib.import_module(module), attr)
     assert name not in cluster.__all__
@@ -49,11 +49,8 @@ def test_every_name_the_lab_cluster_exported_before_still_imports() -> None:
     with pytest.warns(DeprecationWarning):
         missing = {n for n in before if getattr(cluster, n, None) is None}
     assert not missing
-    renamed = set(cluster._RENAMED.values())
-    assert (
-        set(cluster.__all__) - renamed | set(cluster._MOVED_TO_ROUTER) | set(cluster._RENAMED)
-        == before
-    )
+    renamed = {"ScheduledFault", "sim_requests"}
+    assert set(cluster.__all__) - renamed | set(cluster._MOVED) == before
 
 
 def test_an_unknown_name_is_still_an_attribute_error() -> None:

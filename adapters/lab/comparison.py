@@ -5,32 +5,20 @@ other names) still works for one release, with a ``DeprecationWarning``; import 
 from ``prefixkv.adapters.lab.compare``.
 """
 
-import importlib
-import warnings
+from prefixkv.adapters.deprecated import moved_names
 
+_COMPARE = "prefixkv.adapters.lab.compare"
 _MOVED = {
-    "SWEEP_POINTS": "plan.SWEEP_POINTS",
-    "CompareOptions": "plan.CompareSettings",  # what a caller writes is CompareOptions now
-    "Comparison": "run.Comparison",
-    "ComparisonTables": "run.ComparisonTables",
-    "WorkloadPlan": "plan.WorkloadPlan",
-    "compare_backends": "options.compare_backends",
-    "default_boundary_accounting": "plan.default_boundary_accounting",
-    "plan_comparison": "plan.plan_comparison",
-    "run_comparison": "run.run_comparison",
+    "SWEEP_POINTS": f"{_COMPARE}.plan:SWEEP_POINTS",
+    "CompareOptions": f"{_COMPARE}.plan:CompareSettings",  # a caller writes CompareOptions now
+    "Comparison": f"{_COMPARE}:Comparison",
+    "ComparisonTables": f"{_COMPARE}:ComparisonTables",
+    "WorkloadPlan": f"{_COMPARE}.plan:WorkloadPlan",
+    "compare_backends": f"{_COMPARE}:compare_backends",
+    "default_boundary_accounting": f"{_COMPARE}.plan:default_boundary_accounting",
+    "plan_comparison": f"{_COMPARE}:plan_comparison",
+    "run_comparison": f"{_COMPARE}:run_comparison",
 }
-"""The old module's names -> where they are under ``prefixkv.adapters.lab.compare``."""
+"""The old module's names -> where they are now."""
 
-
-def __getattr__(name: str) -> object:
-    new = _MOVED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, _, attr = new.partition(".")
-    warnings.warn(
-        f"prefixkv.adapters.lab.comparison.{name} is now "
-        f"prefixkv.adapters.lab.compare.{module}.{attr}; the old path goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(f"prefixkv.adapters.lab.compare.{module}"), attr)
+__getattr__ = moved_names(__name__, _MOVED)

@@ -14,7 +14,7 @@ names that this package exported before they moved (``Router``, ``HashScheme``,
 ``DeprecationWarning``.
 """
 
-import warnings
+from prefixkv.adapters.deprecated import moved_names
 
 from .config import ClusterConfig
 from .errors import (
@@ -71,61 +71,27 @@ __all__ = [
     "write_report",
 ]
 
-_MOVED_TO_ROUTER = {
-    "ApproxIndex": "ApproxIndex",
-    "ChainedHashIndex": "ChainedHashIndex",
-    "ClusterIndex": "ClusterIndex",
-    "Decision": "Decision",
-    "Dump": "Dump",
-    "HashScheme": "HashScheme",
-    "LoadTracker": "LoadTracker",
-    "POLICIES": "POLICIES",
-    "PolicySpec": "PolicySpec",
-    "RadixBlockIndex": "RadixBlockIndex",
-    "RouteContext": "RouteContext",
-    "RouteKeys": "RouteKeys",
-    "Router": "Router",
-    "RoutingPolicy": "RoutingPolicy",
-    "SeqBatch": "SeqBatch",
-    "StreamTracker": "StreamTracker",
-    "Worker": "Worker",
-    "WorkerLoad": "WorkerLoad",
-    "make_index_for": "make_cluster_index",
-    "make_policy": "make_policy",
-    "parse_policies": "parse_policies",
-    "parse_policy": "parse_policy",
-    "BOUNDS": "routing.BOUNDS",
-    "DYNAMO_APPROX_TTL_S": "approx.DYNAMO_APPROX_TTL_S",
-    "Reservation": "load.Reservation",
-    "policy_index": "policies.policy_index",
-}
-"""Names this package exported before the router moved -> where they are now, under
-``prefixkv.adapters.router``."""
-
-
-_RENAMED = {"TimedFault": "ScheduledFault", "timed_requests": "sim_requests"}
-"""Names renamed in place ("timed" means measured by the wall clock)."""
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENAMED:
-        warnings.warn(
-            f"{__name__}.{name} is now {__name__}.{_RENAMED[name]}; "
-            "the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
+_ROUTER = "prefixkv.adapters.router"
+_MOVED = {
+    **{
+        name: f"{_ROUTER}:{name}"
+        for name in (
+            "POLICIES", "ApproxIndex", "ChainedHashIndex", "ClusterIndex", "Decision", "Dump",
+            "HashScheme", "LoadTracker", "PolicySpec", "RadixBlockIndex", "RouteContext",
+            "RouteKeys", "Router", "RoutingPolicy", "SeqBatch", "StreamTracker", "Worker",
+            "WorkerLoad", "make_policy", "parse_policies", "parse_policy",
         )
-        return globals()[_RENAMED[name]]
-    new = _MOVED_TO_ROUTER.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"prefixkv.adapters.lab.cluster.{name} moved to prefixkv.adapters.router.{new}; "
-        "the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    import importlib
+    },
+    "make_index_for": f"{_ROUTER}:make_cluster_index",
+    "BOUNDS": f"{_ROUTER}.routing:BOUNDS",
+    "DYNAMO_APPROX_TTL_S": f"{_ROUTER}.approx:DYNAMO_APPROX_TTL_S",
+    "Reservation": f"{_ROUTER}.load:Reservation",
+    "policy_index": f"{_ROUTER}.policies:policy_index",
+    # renamed in place: "timed" means measured by the wall clock
+    "TimedFault": f"{__name__}.faults:ScheduledFault",
+    "timed_requests": f"{__name__}.trace_requests:sim_requests",
+}  # fmt: skip
+"""Names this package exported before the router moved out (or before they were
+renamed) -> where they are now."""
 
-    module, _, attr = f"prefixkv.adapters.router.{new}".rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+__getattr__ = moved_names(__name__, _MOVED)

@@ -7,7 +7,7 @@ giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """
 
-import warnings
+from prefixkv.adapters.deprecated import moved_names
 
 from .arrivals import (
     ARRIVAL_PROCESSES,
@@ -93,23 +93,13 @@ __all__ = [
     "write_tables",
 ]
 
-_RENAMED = {
-    "Policy": "QueueOrder",
-    "POLICIES": "QUEUE_ORDERS",
-    "TimedRequest": "SimRequest",
-    "timed_request": "sim_request",
-}
-"""Old names -> new: "policy" alone means a router's routing policy (this is a queue
-order); "timed" means measured by the wall clock (this request has an arrival time)."""
-
-
-def __getattr__(name: str) -> object:
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now {__name__}.{new}; the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]
+__getattr__ = moved_names(
+    __name__,
+    {
+        "Policy": f"{__name__}:QueueOrder",
+        "POLICIES": f"{__name__}:QUEUE_ORDERS",
+        "TimedRequest": f"{__name__}:SimRequest",
+        "timed_request": f"{__name__}:sim_request",
+    },
+    "'policy' alone means a router's routing policy; 'timed', measured by the wall clock",
+)

@@ -9,14 +9,17 @@ chunks with decode rows (``batching``).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+from prefixkv.adapters.deprecated import moved_names
 
 from .errors import SimConfigError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
 __all__ = ["BATCHING_MODES", "Batching", "SimConfig"]
+
+_QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
 
 Batching = Literal["mixed", "prefill_first"]
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
@@ -79,18 +82,8 @@ class SimConfig:
         return d
 
 
-_RENAMED = {"Policy": "QueueOrder", "POLICIES": "QUEUE_ORDERS"}
-
-
-def __getattr__(name: str) -> object:
-    # Deprecated: "policy" alone means a router's routing policy; this is a queue order.
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now prefixkv.adapters.lab.sim.{new}; "
-        "the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return QueueOrder if new == "QueueOrder" else QUEUE_ORDERS
+__getattr__ = moved_names(
+    __name__,
+    {"Policy": f"{_QUEUE_ORDER}:QueueOrder", "POLICIES": f"{_QUEUE_ORDER}:QUEUE_ORDERS"},
+    "'policy' alone means a router's routing policy",
+)

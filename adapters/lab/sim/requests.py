@@ -9,11 +9,11 @@ they would in the engine) or just a length.
 from __future__ import annotations
 
 import math
-import warnings
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from prefixkv.adapters.deprecated import moved_names
 from prefixkv.indexes.tokens import as_token_array
 
 from .errors import SimInputError
@@ -106,17 +106,8 @@ def sim_request(
     return SimRequest(id, tokens, len(out), arrival, out)
 
 
-_RENAMED = {"TimedRequest": "SimRequest", "timed_request": "sim_request"}
-
-
-def __getattr__(name: str) -> object:
-    # Deprecated: "timed" means measured by the wall clock; this request has an arrival.
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now {new}; the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]
+__getattr__ = moved_names(
+    __name__,
+    {"TimedRequest": f"{__name__}:SimRequest", "timed_request": f"{__name__}:sim_request"},
+    "'timed' means measured by the wall clock",
+)
