@@ -88,8 +88,8 @@ _MOVED = {
     "Reservation": f"{_ROUTER}.load:Reservation",
     "policy_index": f"{_ROUTER}.policies:policy_index",
     # renamed in place: "timed" means measured by the wall clock
-    "TimedFault": f"{__name__}.faults:ScheduledFault",
-    "timed_requests": f"{__name__}.trace_requests:sim_requests",
+    "TimedFault": f"{__name__}:ScheduledFault",
+    "timed_requests": f"{__name__}:sim_requests",
 }  # fmt: skip
 """Names this package exported before the router moved out (or before they were
 renamed) -> where they are now."""
