@@ -223,6 +223,22 @@ def test_bad_time_flags_are_one_line(
     assert not (tmp_path / "o").exists()
 
 
+def test_unsorted_timestamps_under_a_time_scale_name_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "late.jsonl"
+    trace.write_text(
+        '{"id": "a", "tokens": [1, 2], "arrival": 3}\n'
+        '{"id": "b", "tokens": [1, 2], "arrival": 5}\n'
+        '{"id": "c", "tokens": [1, 2], "arrival": 4}\n'
+    )
+    code, _, err = _run(
+        capsys, "compare", "--trace", str(trace), "--time-scale", "1", "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and not (tmp_path / "o").exists()
+    assert f"{trace}:3: request 'c' arrives at 4 s, before the request at {trace}:2" in err
+
+
 def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
