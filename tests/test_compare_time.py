@@ -207,6 +207,8 @@ def test_time_scale_keeps_a_mooncake_traces_timestamps(
         (["-w", "seed", "--request-rate", "1", "--time-scale", "1"], "not allowed with"),
         (["-w", "seed", "--request-rate", "0"], "--request-rate"),
         (["-w", "seed", "--request-rate", "nan"], "finite number > 0"),
+        (["-w", "seed", "--request-rate", "1e-300"], "in [1e-09, 1e+09], got 1e-300"),
+        (["--trace", str(MOONCAKE_HEAD), "--time-scale", "1e300"], "time scale must be"),
         (["-w", "seed", "--time-scale", "2", "--arrival", "fixed"], "--arrival goes with"),
         (["-w", "seed", "--request-rate", "1", "--profile", "nope"], "no profile 'nope'"),
         (["-w", "seed", "--request-rate", "1", "--policy", "sjf"], "invalid choice"),

@@ -67,14 +67,15 @@ def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
-def check_count(name: str, value: object, minimum: int = 0) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``.
+def check_count(name: str, value: object, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
+    """``value`` if it is an int (not a bool) in ``[minimum, maximum]`` (ZeroMQ's socket
+    options and Python's buffers take at most a C int or ssize_t).
 
     Raises:
         TransportError: otherwise.
     """
-    if type(value) is not int or value < minimum:
-        raise TransportError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise TransportError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r:.60}")
     return value
 
 

@@ -13,7 +13,21 @@ from typing import Any, Literal
 
 from .errors import SimConfigError
 
-__all__ = ["BATCHING_MODES", "POLICIES", "Batching", "Policy", "SimConfig"]
+__all__ = [
+    "BATCHING_MODES",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_NUM_SEQS",
+    "POLICIES",
+    "Batching",
+    "Policy",
+    "SimConfig",
+]
+
+MAX_NUM_SEQS = 2**20
+"""The most running requests a replica may be given (vLLM's default: 256)."""
+
+MAX_NUM_BATCHED_TOKENS = 2**31 - 1
+"""The largest step token budget (vLLM's default: 8192; an int32 in the engines)."""
 
 Policy = Literal["fcfs", "lpm"]
 Batching = Literal["mixed", "prefill_first"]
@@ -44,7 +58,9 @@ class SimConfig:
             (tests; O(cached blocks) a step).
 
     Raises:
-        SimConfigError: a non-positive size, an unknown policy or batching mode.
+        SimConfigError: a size out of range (``max_num_seqs`` up to
+            :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
+            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown policy or batching mode.
     """
 
     max_num_seqs: int = 256
@@ -55,10 +71,13 @@ class SimConfig:
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name, top in (
+            ("max_num_seqs", MAX_NUM_SEQS),
+            ("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
+        ):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
+            if type(value) is not int or not 1 <= value <= top:
+                raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
         if self.policy not in POLICIES:
             raise SimConfigError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
         if self.batching not in BATCHING_MODES:
