@@ -184,7 +184,10 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
         w = make_workload(args.workload, seed=args.seed)
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
     opts = ReadOptions(
-        tokens_per_id=args.tokens_per_id, seed=args.seed, output=not args.prefill_only
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        output=not args.prefill_only,
+        sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
     source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
     name = os.path.basename(args.trace)

@@ -313,7 +313,10 @@ def read_options(args: argparse.Namespace) -> ReadOptions:
     limits = TraceLimits(
         max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
     )
-    return ReadOptions(vocab_size=args.vocab_size, seed=args.seed, limits=limits)
+    timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
+    return ReadOptions(
+        vocab_size=args.vocab_size, seed=args.seed, limits=limits, sorted_arrivals=timed
+    )
 
 
 def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> list[Workload]:
