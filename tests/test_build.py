@@ -89,6 +89,18 @@ def test_the_listed_modules_exist_and_the_core_is_listed() -> None:
     assert {"prefixkv.indexes.hash_chain", "prefixkv.indexes.radix"} <= set(modules)
 
 
+def test_every_package_folder_is_listed_so_the_wheel_carries_it() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        setuptools = tomllib.load(f)["tool"]["setuptools"]
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rest = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *rest)))
+    assert sorted(found - set(setuptools["packages"])) == []
+
+
 def test_the_suites_run_on_both_builds_exist() -> None:
     missing = sorted(name for name in BOTH_BUILDS if not (ROOT / "tests" / name).is_file())
     assert missing == []
