@@ -446,7 +446,7 @@ def test_token_count_lists() -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "--version")
     assert code == 0
-    assert re.fullmatch(r"prefixkv \d+\.\d+\.\S+\n", out)
+    assert re.match(r"prefixkv \d+\.\d+\.\S+ \((compiled|pure Python)\)\nPython 3\.", out)
 
 
 def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

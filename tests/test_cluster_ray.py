@@ -17,6 +17,7 @@ from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a local Ray cluster starts in seconds
 
 from prefixkv.adapters.lab.cluster.ray_fleet import RayFleet  # noqa: E402
 

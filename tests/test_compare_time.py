@@ -360,6 +360,7 @@ def test_calibrate_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_make_report_still_works(tmp_path: Path) -> None:
     # The README's command: make and the installed script are part of the set-up.
     make = shutil.which("make")

@@ -21,11 +21,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from prefixkv.indexes.buildinfo import VersionAction
 from prefixkv.indexes.errors import PrefixKVError
 
 from .calibrate import add_calibrate_parser, run_calibrate
 from .cluster import add_cluster_parser, run_cluster_command
-from .common import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser, version
+from .common import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser
 from .compare import add_compare_parser, run_compare
 from .replay import add_replay_parser, run_replay
 
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate,
     cluster)."""
     parser = Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"prefixkv {version()}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )
