@@ -64,11 +64,11 @@ def __getattr__(name: str) -> object:
             DeprecationWarning,
             stacklevel=2,
         )
-        return VLLMKVCacheManager
+        return _DeprecatedVLLMKVCacheManager
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class VLLMKVCacheManager:
+class _DeprecatedVLLMKVCacheManager:
     """Deprecated: the facade of earlier releases, over :class:`KVCacheManager`.
 
     ``num_blocks`` counts usable blocks as it did (the null block is added), and

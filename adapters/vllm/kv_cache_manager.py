@@ -615,12 +615,17 @@ class KVCacheManager:
         mgr = self.manager
         if rid in mgr:
             # The key learns tokens only when a block fills; tell the manager (and its
-            # observers) what the request computed past it: every full block is
-            # registered already.
+            # observers) what the request computed past it, registering nothing: vLLM
+            # registers no block at free, and under async scheduling a preempted
+            # request may have computed a block whose tokens were never confirmed.
             if key is not None:
                 _learn(key, request, request.num_tokens)
+            done = mgr.num_computed_tokens(rid)
+            bs = self.block_size
             computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
-            mgr.advance(rid, computed, computed, swap_duplicates=False)
+            computed = min(computed, (done // bs + 1) * bs - 1)
+            if computed > done:
+                mgr.advance(rid, computed, computed, swap_duplicates=False)
             mgr.abort(rid)
 
     # --------------------------------------------------------------- queries

@@ -47,7 +47,9 @@ __all__ = [
     "vllm_types",
 ]
 
-logger = init_logger(__name__)
+# Under vLLM's own logger, which vLLM's logging configuration shows (a logger outside
+# "vllm" would print nothing below WARNING in a server).
+logger = init_logger("vllm.prefixkv")
 
 SETTINGS_KEY = "prefixkv"
 SUPPORTED_VERSIONS = ((0, 32), (0, 33))
