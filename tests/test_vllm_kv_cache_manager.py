@@ -150,7 +150,7 @@ def test_answers_with_the_injected_engine_types() -> None:
     kv = KVCacheManager(
         "hash_chain", 8, 2, engine_types=types, log_stats=True, enable_kv_cache_events=True
     )
-    assert made == [(0, True)]  # the null block; the rest when first handed out
+    assert made == [(0, True)] + [(i, False) for i in range(1, 8)]  # up front, as vLLM
     a = request("a", [1, 2, 3])
     new = admit(kv, a)
     assert type(new) is Blocks and [b.block_id for b in new.blocks[0]] == [1, 2]
@@ -159,8 +159,24 @@ def test_answers_with_the_injected_engine_types() -> None:
     kv.record_prefix_cache_stats(request("x", [1, 2, 3], num_preemptions=1), 2)
     stats = kv.make_prefix_cache_stats()
     assert type(stats) is Stats and stats.calls == [(3, 2, True)]
-    assert type(kv.empty_kv_cache_blocks) is Blocks and kv.empty_kv_cache_blocks.blocks == ([],)
+    assert type(kv.empty_kv_cache_blocks) is Blocks and kv.empty_kv_cache_blocks.blocks == ((),)
     assert PREFIXKV_TYPES.blocks is KVCacheBlocks and PREFIXKV_TYPES.block is KVCacheBlock
+
+
+def test_block_objects_of_a_huge_pool_are_made_as_their_ids_are_handed_out() -> None:
+    made: list[int] = []
+
+    def block(block_id: int, is_null: bool) -> KVCacheBlock:
+        made.append(block_id)
+        return KVCacheBlock(block_id, is_null)
+
+    types = PREFIXKV_TYPES._replace(block=block)
+    kv = KVCacheManager("hash_chain", num_blocks=1 << 20, block_size=1, engine_types=types)
+    assert len(made) == 1 << 16
+    new = admit(kv, request("a", list(range(1, 70_001))))
+    assert new.get_block_ids()[0][-1] == 70_000 and made[-1] >= 70_000
+    assert len(made) < 1 << 18  # doubling, not the whole pool
+    assert kv.get_blocks("a").blocks[0][-1] is new.blocks[0][-1]
 
 
 def test_usage_counts_evictable_blocks_as_free_like_vllms_block_pool() -> None:

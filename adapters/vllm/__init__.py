@@ -5,6 +5,8 @@
 * :mod:`.kv_cache_manager`: :class:`KVCacheManager`, vLLM 0.32/0.33's ``KVCacheManager``
   over a prefixkv index (engine-free; the class ``make test`` replays hit for hit
   against vLLM is the class that runs inside it).
+* :mod:`.engine_types`: the block, block-list, stats and event types it answers with
+  (:class:`EngineTypes`; prefixkv's look-alikes by default, vLLM's own inside vLLM).
 * :mod:`.scheduler`: ``PrefixKVScheduler`` / ``PrefixKVAsyncScheduler``, vLLM's own
   schedulers with that manager. They import vLLM, so this package names them lazily:
   importing ``prefixkv.adapters.vllm`` never imports vLLM.
@@ -21,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..observer import CacheObserver
 from ..requests import RequestLike, SimpleRequest
-from .kv_cache_manager import (
+from .engine_types import (
     PREFIXKV_TYPES,
     EngineTypes,
     KVCacheBlock,
     KVCacheBlocks,
-    KVCacheManager,
     PrefixCacheStats,
 )
+from .kv_cache_manager import KVCacheManager
 
 if TYPE_CHECKING:
     from prefixkv.indexes.base import PrefixIndex

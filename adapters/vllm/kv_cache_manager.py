@@ -3,8 +3,8 @@
 Mirrors ``vllm/v1/core/kv_cache_manager.py`` (0.32 and 0.33) for one full-attention
 KV-cache group: every method and attribute vLLM's ``Scheduler``, ``AsyncScheduler`` and
 ``EngineCore`` use. Engine-free: the block, block-list, prefix-cache-stats and KV-event
-types come from :class:`EngineTypes` (``scheduler.py`` passes vLLM's own; by default
-prefixkv's look-alikes below), so ``make test`` replays this very class hit for hit
+types come from :class:`~.engine_types.EngineTypes` (``scheduler.py`` passes vLLM's own;
+by default prefixkv's look-alikes), so ``make test`` replays this very class hit for hit
 against recordings of vLLM (SPEC VL-1..VL-4).
 
 Block ids are vLLM's: block 0 is the null block, held from the start and never handed
@@ -13,8 +13,8 @@ out, so ``num_blocks`` is vLLM's ``num_gpu_blocks`` and ``num_blocks - 1`` block
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Final, NamedTuple
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Final
 
 from prefixkv.indexes.base import PrefixIndex, describe
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
@@ -23,166 +23,17 @@ from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
-from ..events.wire import KVEvent
 from ..manager import CacheManager, Lookup
 from ..observer import CacheObserver
 from ..requests import RequestLike
+from .engine_types import PREFIXKV_TYPES, Coordinator, EngineTypes
 
-__all__ = [
-    "PREFIXKV_TYPES",
-    "Coordinator",
-    "EngineTypes",
-    "KVCacheBlock",
-    "KVCacheBlocks",
-    "KVCacheManager",
-    "PrefixCacheStats",
-    "SingleTypeManager",
-]
+__all__ = ["KVCacheManager"]
 
+_EAGER_BLOCKS: Final = 1 << 16
+"""Block objects made at construction; larger pools make the rest as ids are handed out."""
 _NO_CAP: Final = 1 << 60
 """``max_model_len`` when none is given: no cap (and a short int, compared fast)."""
-
-
-class KVCacheBlock:
-    """prefixkv's stand-in for vLLM's ``KVCacheBlock``: what the scheduler reads of a block."""
-
-    __slots__ = ("block_id", "is_null")
-
-    def __init__(self, block_id: int, is_null: bool = False) -> None:
-        self.block_id = block_id
-        self.is_null = is_null
-
-    def __repr__(self) -> str:
-        return f"KVCacheBlock(block_id={self.block_id})"
-
-
-class KVCacheBlocks:
-    """vLLM's boundary object between scheduler and cache: ``blocks[group][i]``.
-
-    prefixkv's stand-in for vLLM's dataclass of the same name (one group here),
-    compared by block ids.
-    """
-
-    __slots__ = ("blocks",)
-
-    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
-        self.blocks = blocks
-
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
-        """Block ids per group; ``None`` with ``allow_none`` when every group is empty."""
-        if allow_none and not any(self.blocks):
-            return None
-        return tuple([b.block_id for b in group] for group in self.blocks)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, KVCacheBlocks):
-            return NotImplemented
-        return self.get_block_ids() == other.get_block_ids()
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value, like vLLM's dataclass
-
-    def __repr__(self) -> str:
-        return f"KVCacheBlocks(block_ids={self.get_block_ids()!r})"
-
-
-class PrefixCacheStats:
-    """vLLM's ``PrefixCacheStats`` (the ``vllm:prefix_cache_*`` metrics), prefixkv's copy.
-
-    Attributes:
-        reset: ``reset_prefix_cache`` ran since the last take.
-        requests, queries, hits: new requests, their prompt tokens, their hit tokens.
-        preempted_requests, preempted_queries, preempted_hits: the same for requests
-            that were preempted before (counted apart, as vLLM does).
-    """
-
-    __slots__ = (
-        "hits",
-        "preempted_hits",
-        "preempted_queries",
-        "preempted_requests",
-        "queries",
-        "requests",
-        "reset",
-    )
-
-    def __init__(self) -> None:
-        self.reset = False
-        self.requests = self.queries = self.hits = 0
-        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        """Count one admitted lookup."""
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-
-def _same_events(events: list[KVEvent]) -> list[Any]:
-    return list(events)
-
-
-class EngineTypes(NamedTuple):
-    """The engine's own types, which the manager builds its answers from.
-
-    Attributes:
-        block: ``(block_id, is_null) -> block`` (vLLM's ``KVCacheBlock``); each block
-            object is made once, the first time its id is handed out.
-        blocks: ``groups -> block list`` (vLLM's ``KVCacheBlocks``), called with a
-            tuple of one list of blocks.
-        prefix_cache_stats: ``() -> stats`` with ``record(num_tokens, num_hits,
-            preempted)`` and ``reset`` (vLLM's ``PrefixCacheStats``).
-        convert_events: prefixkv's KV events (vLLM's wire structs) -> the engine's.
-    """
-
-    block: Callable[[int, bool], Any]
-    blocks: Callable[[tuple[list[Any], ...]], Any]
-    prefix_cache_stats: Callable[[], Any]
-    convert_events: Callable[[list[KVEvent]], list[Any]]
-
-
-PREFIXKV_TYPES: Final = EngineTypes(KVCacheBlock, KVCacheBlocks, PrefixCacheStats, _same_events)
-"""prefixkv's own look-alikes: what the manager answers with outside an engine."""
-
-
-class SingleTypeManager:
-    """What vLLM reads of a KV-cache group's manager: its block size and spec.
-
-    ``EngineCore`` reads them at start-up (``_initialize_effective_attention_block_size``,
-    ``get_kv_cache_group_metadata``), the scheduler to size speculative steps.
-    """
-
-    __slots__ = ("block_size", "kv_cache_group_id", "kv_cache_spec")
-
-    def __init__(self, block_size: int, kv_cache_spec: object) -> None:
-        self.block_size = block_size
-        self.kv_cache_spec = kv_cache_spec
-        self.kv_cache_group_id = 0
-
-
-class Coordinator:
-    """What vLLM reads of ``KVCacheManager.coordinator``, for one full-attention group.
-
-    No partial-block hits, no re-prefilled tokens, no eagle groups: the features that
-    would set them are refused at start-up.
-    """
-
-    __slots__ = (
-        "eagle_group_ids",
-        "enable_partial_hash_hits",
-        "num_reprefillable_tokens",
-        "single_type_managers",
-    )
-
-    def __init__(self, block_size: int, kv_cache_spec: object) -> None:
-        self.single_type_managers = (SingleTypeManager(block_size, kv_cache_spec),)
-        self.enable_partial_hash_hits = False
-        self.num_reprefillable_tokens = 0
-        self.eagle_group_ids: tuple[int, ...] = ()
 
 
 def _namespace(request: RequestLike) -> ExtraKey | None:
@@ -280,16 +131,18 @@ class KVCacheManager:
         self._types = engine_types
         self._make_blocks = engine_types.blocks
         self.prefix_cache_stats: Any = engine_types.prefix_cache_stats() if self.log_stats else None
-        # Block objects, made the first time their id is handed out (a pool of millions
-        # costs nothing up front); block 0 is the null block.
+        # Block objects, one per id, made up front as vLLM's BlockPool makes them; past
+        # _EAGER_BLOCKS the rest when first handed out (a pool of millions costs nothing
+        # up front). Block 0 is the null block.
         self._block_objects: list[Any] = [engine_types.block(0, True)]
-        self.empty_kv_cache_blocks: Any = engine_types.blocks(([],))
+        self._make_block_objects(min(gpu_blocks, _EAGER_BLOCKS) - 1)
+        self.empty_kv_cache_blocks: Any = engine_types.blocks(((),))  # immutable, as vLLM's
         self._keys: dict[Hashable, TokenKey] = {}
         self._lookups: dict[Hashable, Lookup] = {}
 
     # ------------------------------------------------------------------ helpers
 
-    def create_kv_cache_blocks(self, blocks: tuple[list[Any], ...]) -> Any:
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[Any], ...]) -> Any:
         """The engine's block list, sharing the one empty answer as vLLM does."""
         return self._make_blocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
@@ -476,17 +329,6 @@ class KVCacheManager:
             has_scheduled_reqs,
         )
 
-    @staticmethod
-    def _plain(external: object, delay: object, encoder: object) -> bool:
-        # No KV-connector, delayed-caching or encoder tokens (their defaults).
-        return (
-            type(external) is int
-            and external == 0
-            and delay is False
-            and type(encoder) is int
-            and encoder == 0
-        )
-
     def _allocate(
         self,
         request: RequestLike,
@@ -507,7 +349,11 @@ class KVCacheManager:
         num_hit = check_count("num_new_computed_tokens", num_new_computed_tokens)
         lookahead = check_count("num_lookahead_tokens", num_lookahead_tokens)
         reserve = check_count("reserved_blocks", reserved_blocks)
-        if not self._plain(num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens):
+        if (
+            num_external_computed_tokens != 0
+            or delay_cache_blocks is not False
+            or num_encoder_tokens != 0
+        ):
             raise PrefixKVError(
                 "KV-connector loads, delayed caching and encoder (cross-attention) "
                 "tokens are not supported"

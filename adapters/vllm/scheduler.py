@@ -35,7 +35,8 @@ from prefixkv.indexes.registry import describe_index, make_index, pool_owned_opt
 from ..errors import UnsupportedEngineFeatureError
 from ..events.codec import as_engine_events
 from ..events.wire import KVEvent
-from .kv_cache_manager import EngineTypes, KVCacheManager
+from .engine_types import EngineTypes
+from .kv_cache_manager import KVCacheManager
 
 __all__ = [
     "SUPPORTED_VERSIONS",

@@ -111,7 +111,7 @@ def run(config: ServeConfig, logs: Path) -> dict[str, Any]:
         tap.close()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", required=True, help="the vllm executable to serve with")
     ap.add_argument("--model", required=True, help="model directory (config.json)")
@@ -119,7 +119,8 @@ def main() -> int:
     ap.add_argument("--logs", default="serve-logs")
     ap.add_argument("--configs", default="native,hash_chain,radix")
     ap.add_argument("--num-gpu-blocks", type=int, default=65, help="the pool, null block incl.")
-    args = ap.parse_args()
+    ap.add_argument("--serve-arg", action="append", default=[], help="more vllm serve args")
+    args = ap.parse_args(argv)
     results = []
     for label in args.configs.split(","):
         config = ServeConfig(
@@ -128,7 +129,7 @@ def main() -> int:
             index=None if label == "native" else label,
             num_gpu_blocks=args.num_gpu_blocks,
             hash_algo="sha256_cbor",
-            extra_args=("--max-num-batched-tokens", "256", "--max-num-seqs", "4"),
+            extra_args=("--max-num-batched-tokens", "256", "--max-num-seqs", "4", *args.serve_arg),
         )
         print(f"serving {label} ...", flush=True)
         results.append(run(config, Path(args.logs)))
