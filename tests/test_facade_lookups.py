@@ -67,7 +67,7 @@ class Content:
 
 
 class VLLMLookups(FacadeMachine):
-    """get_computed_blocks ... anything ... allocate_slots, through the vLLM facade."""
+    """get_computed_blocks ... anything ... allocate_slots, through the vLLM KVCacheManager."""
 
     @initialize(
         backend=st.sampled_from([("hash_chain", 1), ("hash_chain", 2), ("radix", 2)]),

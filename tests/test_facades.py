@@ -29,7 +29,7 @@ def vllm_admit(kv: KVCacheManager, req: SimpleRequest) -> int:
 
 
 def vllm_served(prompt: list[int], num_blocks: int = 33) -> KVCacheManager:
-    """A vLLM facade (hash chain, blocks of 4) on which a request computed ``prompt``
+    """A vLLM KVCacheManager (hash chain, blocks of 4) on which a request computed ``prompt``
     and was freed."""
     kv = KVCacheManager("hash_chain", num_blocks=num_blocks, block_size=4)
     a = SimpleRequest("a", prompt)

@@ -316,35 +316,9 @@ class KVCacheManager:
                 if grown is None:
                     return None
                 return self._wrap(grown) if grown else self.empty_kv_cache_blocks
-        return self._allocate(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            num_encoder_tokens,
-            full_sequence_must_fit,
-            reserved_blocks,
-            has_scheduled_reqs,
-        )
-
-    def _allocate(
-        self,
-        request: RequestLike,
-        num_new_tokens: object,
-        num_new_computed_tokens: object,
-        num_lookahead_tokens: object,
-        num_external_computed_tokens: object,
-        delay_cache_blocks: object,
-        num_encoder_tokens: object,
-        full_sequence_must_fit: object,
-        reserved_blocks: object,
-        has_scheduled_reqs: object,
-    ) -> Any:
-        # allocate_slots in full: every argument checked (in signature order, so the
-        # error names the first wrong one), then an admission, or a running request
-        # with lookahead slots, blocks to keep free or the slot cap in play.
+        # Everything else: every argument checked (in signature order, so the error names
+        # the first wrong one), then an admission, or a running request with lookahead
+        # slots, blocks to keep free or the slot cap in play.
         num_new = check_count("num_new_tokens", num_new_tokens)
         num_hit = check_count("num_new_computed_tokens", num_new_computed_tokens)
         lookahead = check_count("num_lookahead_tokens", num_lookahead_tokens)
