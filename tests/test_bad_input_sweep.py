@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import manager_state
 
-from prefixkv.adapters import Engine, EngineConfig
+from prefixkv.adapters.engine import Engine, EngineConfig
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest

@@ -20,7 +20,8 @@ from prefixkv.adapters.events.wire import (
     BlockStored,
     KVEventBatch,
 )
-from prefixkv.adapters.lab.cluster.stream import Dump, EventPublisher, SeqBatch, StreamTracker
+from prefixkv.adapters.lab.cluster.publisher import EventPublisher
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch, StreamTracker
 
 SRC = Source(0, 0, 0, "GPU")
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from helpers import interrupt_after
 
-from prefixkv.adapters.lab import timed
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.comparison import compare_backends
+from prefixkv.adapters.lab.compare import CompareError, CompareOptions, compare_backends
+from prefixkv.adapters.lab.compare import arrival as arrival_module
 from prefixkv.adapters.lab.sim import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,7 +227,7 @@ def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the radix tree's run, halfway through the backends
-    interrupt_after(monkeypatch, timed, "simulate", 2)
+    interrupt_after(monkeypatch, arrival_module, "simulate", 2)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--request-rate", "2", *SMALL[:4], "--out", str(tmp_path))  # fmt: skip
     assert code == 130 and "partial results" in stdout
@@ -267,8 +267,9 @@ def test_time_plots_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_compare_backends_returns_dataframes() -> None:
     pandas = pytest.importorskip("pandas")
-    t = compare_backends(["few_shot"], indexes="hash_chain,radix", request_rate=3.0,
-                         max_requests=25, timing_repeats=0)  # fmt: skip
+    options = CompareOptions(["few_shot"], indexes="hash_chain,radix", request_rate=3.0,
+                             max_requests=25, timing_repeats=0)  # fmt: skip
+    t = compare_backends(options)
     assert isinstance(t.requests, pandas.DataFrame) and isinstance(t.runs, pandas.DataFrame)
     assert len(t.requests) == 2 * 2 * 25 and len(t.runs) == 2 * 2
     arrival = t.runs[t.runs["schedule"] == "arrival"].set_index("backend")
@@ -276,15 +277,41 @@ def test_compare_backends_returns_dataframes() -> None:
     medians = t.requests[t.requests["schedule"] == "arrival"].groupby("backend")["ttft_s"].median()
     assert medians["radix"] == pytest.approx(arrival.loc["radix", "ttft_p50_s"])
     (w,) = t.comparison.workloads
-    assert [r.backend for r in w.timed] == ["hash_chain", "radix"]
+    assert [r.backend for r in w.arrival_runs] == ["hash_chain", "radix"]
     assert len(t.comparison.request_rows()) == len(t.requests)
 
 
 def test_compare_backends_without_pandas_gives_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails
-    t = compare_backends(["seed"], indexes="radix", time_scale=None, timing_repeats=0)
+    t = compare_backends(CompareOptions(["seed"], indexes="radix"), timing_repeats=0)
     assert isinstance(t.requests, list) and len(t.requests) == 3
     assert t.requests[1]["request_id"] == "B" and t.requests[1]["hit_tokens"] == 30
+
+
+def test_compare_backends_old_calling_convention_still_works_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.warns(DeprecationWarning, match="CompareOptions"):
+        t = compare_backends(["seed"], indexes="radix", timing_repeats=0)
+    assert [r["hit_tokens"] for r in t.requests] == [0, 30, 79]
+    with pytest.warns(DeprecationWarning, match="queue_order"):
+        t = compare_backends(workloads=["seed"], indexes="radix", timing_repeats=0,
+                             request_rate=5.0, policy="lpm")  # fmt: skip
+    (run,) = t.comparison.workloads[0].arrival_runs
+    assert run.config.policy == "lpm"
+    with pytest.warns(
+        DeprecationWarning, match=r"is now prefixkv\.adapters\.lab\.compare\.compare_backends"
+    ):
+        from prefixkv.adapters.lab.comparison import compare_backends as old
+    assert old is compare_backends
+    with pytest.warns(DeprecationWarning, match="arrival_runs"):
+        assert t.comparison.workloads[0].timed == [run]
+
+
+def test_compare_options_refuse_a_field_they_do_not_have() -> None:
+    with pytest.raises(CompareError, match=r"no capacity_blocks; it has: .*capacity_tokens"):
+        compare_backends(CompareOptions(["seed"]), capacity_blocks=4)
 
 
 def test_calibrate_writes_a_profile_compare_reads(

@@ -23,7 +23,7 @@ from prefixkv.adapters.lab.sim import (
     ProfileError,
     SimConfigError,
     SimInputError,
-    TimedRequest,
+    SimRequest,
     attention_pairs,
     available_profiles,
     fixed_rate_arrivals,
@@ -32,35 +32,35 @@ from prefixkv.adapters.lab.sim import (
     poisson_arrivals,
     save_profile,
     scaled_arrivals,
-    timed_request,
+    sim_request,
     with_arrivals,
 )
-from prefixkv.adapters.lab.sim.calibrate import StepSample, calibrate, fit_profile
+from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
 from prefixkv.indexes import InvalidTokenError
 
 # --------------------------------------------------------------------- requests
 
 
 def test_timed_request_validates_and_converts() -> None:
-    r = timed_request("a", [3, 4, 5], [7, 8], arrival=1.5)
+    r = sim_request("a", [3, 4, 5], [7, 8], arrival=1.5)
     assert r.prompt == array("I", [3, 4, 5]) and r.output_len == 2 and r.output_token(1) == 8
-    assert timed_request("b", [1], 5).output is None
-    assert timed_request("c", [1], 5).output_token(4) == 0
-    assert timed_request("d", [1], []).output_len == 1  # an engine always samples one
-    assert timed_request("e", [1], 0).output_len == 1
+    assert sim_request("b", [1], 5).output is None
+    assert sim_request("c", [1], 5).output_token(4) == 0
+    assert sim_request("d", [1], []).output_len == 1  # an engine always samples one
+    assert sim_request("e", [1], 0).output_len == 1
     with pytest.raises(SimInputError, match="prompt"):
-        timed_request("f", [], 3)
+        sim_request("f", [], 3)
     with pytest.raises(InvalidTokenError):
-        timed_request("g", [1, -2], 3)
+        sim_request("g", [1, -2], 3)
     with pytest.raises(SimInputError, match="output length"):
-        timed_request("h", [1], -1)
+        sim_request("h", [1], -1)
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
-            TimedRequest("i", array("I", [1]), 1, arrival)
+            SimRequest("i", array("I", [1]), 1, arrival)
     with pytest.raises(SimInputError, match="output_len"):
-        TimedRequest("j", array("I", [1]), 2, None, array("I", [1]))
+        SimRequest("j", array("I", [1]), 2, None, array("I", [1]))
     with pytest.raises(SimInputError, match="array"):
-        TimedRequest("k", [1], 1)  # type: ignore[arg-type]
+        SimRequest("k", [1], 1)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------- arrivals
@@ -81,8 +81,8 @@ def test_fixed_and_scaled_arrivals() -> None:
     assert list(scaled_arrivals([10.0, 11.0, 13.0], 0.5)) == [0.0, 0.5, 1.5]
 
 
-def _reqs(arrivals: list[float | None]) -> list[TimedRequest]:
-    return [TimedRequest(str(i), array("I", [1]), 1, t) for i, t in enumerate(arrivals)]
+def _reqs(arrivals: list[float | None]) -> list[SimRequest]:
+    return [SimRequest(str(i), array("I", [1]), 1, t) for i, t in enumerate(arrivals)]
 
 
 def test_with_arrivals_rate_scale_or_as_they_are() -> None:

@@ -1,4 +1,4 @@
-"""A cluster run's settings, and the cluster index a policy spec asks for."""
+"""A cluster run's settings."""
 
 from __future__ import annotations
 
@@ -7,15 +7,9 @@ from dataclasses import dataclass, field
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.profile import CostProfile
 
-from .approx import ApproxIndex
-from .errors import ClusterConfigError, UnknownPolicyError
-from .index import ChainedHashIndex, ClusterIndex
-from .keys import HashScheme
-from .policies import policy_index
-from .policy import PolicySpec
-from .radix import RadixBlockIndex
+from .errors import ClusterConfigError
 
-__all__ = ["ClusterConfig", "make_index_for"]
+__all__ = ["ClusterConfig"]
 
 
 @dataclass(frozen=True)
@@ -58,15 +52,3 @@ class ClusterConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ClusterConfigError(f"{name} must be a positive int, got {value!r}")
-
-
-def make_index_for(spec: PolicySpec, scheme: HashScheme) -> ClusterIndex | None:
-    """The cluster index a policy spec reads (``None`` for load-only policies)."""
-    kind, params = policy_index(spec)
-    if kind is None:
-        return None
-    if kind == "approx":
-        return ApproxIndex(**params)
-    if params:
-        raise UnknownPolicyError(f"{spec.text!r}: {kind} index takes no {', '.join(params)}")
-    return ChainedHashIndex(scheme) if kind == "chained" else RadixBlockIndex(scheme)

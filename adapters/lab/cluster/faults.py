@@ -7,7 +7,7 @@ replica R's next ``buffer_steps + 1`` batches from T (more than replay can bridg
 ``drop_removals=P`` makes replicas lose each ``BlockRemoved`` before it is published
 (replay cannot bring it back: only a dump can); ``lose_completions=P`` loses a
 request's completion on its way back to the router (the reservation stays open
-until swept). Timed faults act on replicas and the router: ``kill=R@T``,
+until swept). Scheduled faults act on replicas and the router: ``kill=R@T``,
 ``restart=R@T`` (same replica, sequence back at 0, cache empty), ``clear=R@T``
 (``AllBlocksCleared``), ``scale_up@T``, ``scale_down=R@T``, ``router_restart@T`` and
 ``late_join@T`` (warm-up ``:replay`` from sequence 0, the default, or ``:dump``), and
@@ -19,21 +19,23 @@ from __future__ import annotations
 
 import heapq
 import random
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from prefixkv.adapters.router.stream_tracker import SeqBatch
+
 from .errors import FaultSpecError
-from .stream import SeqBatch
 
 __all__ = [
-    "TIMED_FAULTS",
+    "SCHEDULED_FAULTS",
     "EventChannel",
     "FaultPlan",
-    "TimedFault",
+    "ScheduledFault",
     "parse_faults",
 ]
 
-TIMED_FAULTS = (
+SCHEDULED_FAULTS = (
     "kill",
     "restart",
     "clear",
@@ -48,11 +50,11 @@ _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
 
 
-class TimedFault(NamedTuple):
+class ScheduledFault(NamedTuple):
     """A fault at a time.
 
     Attributes:
-        kind: one of :data:`TIMED_FAULTS`.
+        kind: one of :data:`SCHEDULED_FAULTS`.
         at: seconds (after :meth:`FaultPlan.resolve`), or a fraction of the span.
         replica: the replica it hits (``None`` for router faults and scale up).
         mode: ``"replay"`` or ``"dump"`` for router warm-ups.
@@ -76,7 +78,7 @@ class FaultPlan:
         delay: seconds every batch takes.
         jitter: up to this many more seconds, uniformly (reorders).
         lose_completions: probability a completion never reaches the router.
-        timed: faults at given times.
+        scheduled: faults at given times.
         mismatch: replica -> ``"block_size"`` or ``"hash"``.
         text: the spec as given.
     """
@@ -86,7 +88,7 @@ class FaultPlan:
     delay: float = 0.0
     jitter: float = 0.0
     lose_completions: float = 0.0
-    timed: tuple[TimedFault, ...] = ()
+    scheduled: tuple[ScheduledFault, ...] = ()
     mismatch: dict[int, str] = field(default_factory=dict)
     text: str = ""
 
@@ -99,21 +101,32 @@ class FaultPlan:
             or self.delay
             or self.jitter
             or self.lose_completions
-            or self.timed
+            or self.scheduled
             or self.mismatch
         )
 
     @property
+    def timed(self) -> tuple[ScheduledFault, ...]:
+        """Deprecated name of :attr:`scheduled` (goes in the next release)."""
+        warnings.warn(
+            "FaultPlan.timed is now FaultPlan.scheduled ('timed' means measured by the wall clock)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.scheduled
+
+    @property
     def needs_relative(self) -> bool:
         """Whether some time is a fraction of the arrival span."""
-        return any(f.relative for f in self.timed)
+        return any(f.relative for f in self.scheduled)
 
     def resolve(self, span_s: float) -> FaultPlan:
         """The plan with fractional times turned into seconds of a ``span_s`` run."""
-        timed = tuple(
-            f._replace(at=f.at * span_s, relative=False) if f.relative else f for f in self.timed
+        scheduled = tuple(
+            f._replace(at=f.at * span_s, relative=False) if f.relative else f
+            for f in self.scheduled
         )
-        return replace(self, timed=tuple(sorted(timed, key=lambda f: f.at)))
+        return replace(self, scheduled=tuple(sorted(scheduled, key=lambda f: f.at)))
 
     def check(self, num_replicas: int) -> None:
         """Reject faults naming replicas that do not exist.
@@ -121,7 +134,7 @@ class FaultPlan:
         Raises:
             FaultSpecError: a replica id out of ``0 .. num_replicas - 1``.
         """
-        for f in self.timed:
+        for f in self.scheduled:
             if f.replica is not None and not 0 <= f.replica < num_replicas:
                 raise FaultSpecError(
                     f"fault {f.kind} names replica {f.replica}; replicas are 0..{num_replicas - 1}"
@@ -167,7 +180,7 @@ def parse_faults(text: str) -> FaultPlan:
         FaultSpecError: an unknown fault or a malformed entry.
     """
     values: dict[str, float] = {}
-    timed: list[TimedFault] = []
+    scheduled: list[ScheduledFault] = []
     mismatch: dict[int, str] = {}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
@@ -187,7 +200,7 @@ def parse_faults(text: str) -> FaultPlan:
             if kind not in ("block_size", "hash"):
                 raise FaultSpecError(f"{entry}: mismatch is R:block_size or R:hash")
             mismatch[_replica(who, entry)] = kind
-        elif name in TIMED_FAULTS:
+        elif name in SCHEDULED_FAULTS:
             who, _, when = arg.partition("@")
             when, _, mode = when.partition(":")
             if mode and mode not in _WARMUPS:
@@ -201,9 +214,9 @@ def parse_faults(text: str) -> FaultPlan:
                     f"{entry}: {name} {'needs' if needs_replica else 'takes no'} replica"
                 )
             replica = _replica(who, entry) if who else None
-            timed.append(TimedFault(name, at, replica, mode or "replay", relative))
+            scheduled.append(ScheduledFault(name, at, replica, mode or "replay", relative))
         else:
-            known = ", ".join((*_RATES, *_SECONDS, "mismatch", *TIMED_FAULTS))
+            known = ", ".join((*_RATES, *_SECONDS, "mismatch", *SCHEDULED_FAULTS))
             raise FaultSpecError(f"unknown fault {name!r} in {entry!r}; known: {known}")
     return FaultPlan(
         drop=values.get("drop", 0.0),
@@ -211,7 +224,7 @@ def parse_faults(text: str) -> FaultPlan:
         delay=values.get("delay", 0.0),
         jitter=values.get("jitter", 0.0),
         lose_completions=values.get("lose_completions", 0.0),
-        timed=tuple(sorted(timed, key=lambda f: f.at)),
+        scheduled=tuple(sorted(scheduled, key=lambda f: f.at)),
         mismatch=mismatch,
         text=text,
     )

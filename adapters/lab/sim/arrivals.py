@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from .errors import SimConfigError, SimInputError
-from .requests import TimedRequest
+from .requests import SimRequest
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -95,13 +95,13 @@ def _scaled(timestamps: Iterable[float], scale: float) -> Iterator[float]:
 
 
 def with_arrivals(
-    requests: Iterable[TimedRequest],
+    requests: Iterable[SimRequest],
     *,
     request_rate: float | None = None,
     time_scale: float | None = None,
     process: ArrivalProcess = "poisson",
     seed: int = 0,
-) -> Iterator[TimedRequest]:
+) -> Iterator[SimRequest]:
     """Stamp requests with arrival times (lazily, in order).
 
     Args:
@@ -138,7 +138,7 @@ def with_arrivals(
     return _rescaled(requests, scale)
 
 
-def _rescaled(requests: Iterable[TimedRequest], scale: float | None) -> Iterator[TimedRequest]:
+def _rescaled(requests: Iterable[SimRequest], scale: float | None) -> Iterator[SimRequest]:
     first: float | None = None
     for r in requests:
         if r.arrival is None:
