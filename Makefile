@@ -11,7 +11,7 @@
 # Each creates (or reuses) the virtual environment in .venv and installs the project in
 # it, editable (pure Python). report, bench and test's second half run the wheel.
 #   make wheel-venv     that wheel in build/wheel-venv: build/wheel-venv/bin/python runs it
-#   make test-engines   prefixkv inside the real vLLM 0.33 and SGLang 0.5.23 (CPU), in
+#   make test-engines   prefixkv inside the real vLLM 0.32/0.33 and SGLang 0.5.23 (CPU), in
 #                       side environments built once under $(PEERS) (see the README)
 
 PYTHON ?= python3
@@ -110,15 +110,19 @@ bench: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
 	$(WPY) -m pytest benchmarks --benchmark-only -p no:cacheprovider
 
 # Builds (or reuses: the script checks first) the side environments, then puts this
-# checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point.
+# checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point (unless
+# prefixkv there is this checkout already), then checks prefixkv runs inside vLLM.
+THIS_CHECKOUT := import pathlib, sys, prefixkv.adapters as a; \
+	sys.exit(pathlib.Path(a.__file__).resolve().parent != pathlib.Path('adapters').resolve())
 engine-envs:
 	test "$(VLLM_PYTHON)" != "$(PEERS)/vllm/bin/python" || bash benchmarks/peers/setup_env.sh vllm $(PEERS)/vllm
 	test "$(SGLANG_PYTHON)" != "$(PEERS)/sglang/bin/python" || bash benchmarks/peers/setup_env.sh sglang $(PEERS)/sglang
 	for py in $(VLLM_PYTHON) $(SGLANG_PYTHON); do \
-	  $$py -c "import prefixkv.adapters.plugins" 2>/dev/null && \
+	  $$py -c "$(THIS_CHECKOUT)" 2>/dev/null && \
 	  $$py -c "import importlib.metadata as m, sys; sys.exit(not m.entry_points(group='sglang.srt.plugins', name='prefixkv'))" || \
 	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
 	done
+	$(VLLM_PYTHON) benchmarks/peers/check_env.py vllm --prefixkv
 
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm

@@ -18,10 +18,13 @@ __all__ = ["ReqLike", "RequestLike", "SimpleReq", "SimpleRequest"]
 
 @runtime_checkable
 class RequestLike(Protocol):
-    """What the vLLM facade reads from a vLLM ``Request``.
+    """What prefixkv's vLLM ``KVCacheManager`` reads from a vLLM ``Request``.
 
-    Optional attributes ``cache_salt`` (str) and ``lora_request`` (with
-    ``lora_name``) select the namespace, as in vLLM.
+    Optional attributes, read when present as vLLM's ``Request`` has them:
+    ``cache_salt`` (str) and ``lora_request`` (``lora_name``, ``lora_path``,
+    ``lora_int_id``) select the namespace, as in vLLM's block hashes;
+    ``skip_reading_prefix_cache``, ``num_preemptions`` and ``status`` steer lookups,
+    stats and the watermark.
     """
 
     @property

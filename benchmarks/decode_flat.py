@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 WINDOW = 1024
 PROMPT = 1000
 
 
 def vllm_run(index: str, size: int, steps: int, rng: random.Random) -> list[float]:
-    """Seconds per window of ``WINDOW`` decode steps through the vLLM facade."""
-    facade = VLLMKVCacheManager(index, (PROMPT + steps) // size + 4, size)
+    """Seconds per window of ``WINDOW`` decode steps through the vLLM KVCacheManager."""
+    facade = KVCacheManager(index, (PROMPT + steps) // size + 5, size)  # + the null block
     req = SimpleRequest("r", [rng.randrange(32000) for _ in range(PROMPT)])
-    blocks, hit = facade.get_computed_blocks(req)
+    blocks, hit, _ = facade.get_computed_blocks(req)
     facade.allocate_slots(req, req.num_tokens - hit, hit, blocks)
     req.num_computed_tokens = req.num_tokens
     req.append_output_token_ids(1)

@@ -38,20 +38,20 @@ LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
     """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
     from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-    from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+    from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
     rng = random.Random(17)
     prompt = [rng.randrange(32000) for _ in range(PROMPT)]
     out = [rng.randrange(32000) for _ in range(steps + 1)]
     backend = "hash_chain" if index == "driver" else index
     if facade == "vllm":
-        kv = VLLMKVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16, 16)
+        kv = KVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16 + 1, 16)
         done: SimpleRequest | None = None
         for r in range(rounds):
             if done is not None:
                 kv.free(done)
             req = SimpleRequest(f"r{r}", list(prompt))
-            blocks, hit = kv.get_computed_blocks(req)
+            blocks, hit, _ = kv.get_computed_blocks(req)
             kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
             req.num_computed_tokens = req.num_tokens
             req.append_output_token_ids(out[0])

@@ -22,7 +22,7 @@ from conftest import SCALE, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 STEPS = 16 if SCALE == "smoke" else 1024
 ROUNDS = 2 if SCALE == "smoke" else 50
@@ -33,7 +33,7 @@ OUTPUT = tokens(STEPS + 1, seed=18)
 Setup = Callable[[], tuple[tuple[Any], dict[str, Any]]]
 
 
-def vllm_rounds(facade: VLLMKVCacheManager | None, done: list[SimpleRequest]) -> Setup:
+def vllm_rounds(facade: KVCacheManager | None, done: list[SimpleRequest]) -> Setup:
     """Setup of each round: the last round's request freed, a new one admitted."""
     counter = iter(range(10**9))
 
@@ -42,7 +42,7 @@ def vllm_rounds(facade: VLLMKVCacheManager | None, done: list[SimpleRequest]) ->
         if facade is not None:
             while done:
                 facade.free(done.pop())
-            blocks, hit = facade.get_computed_blocks(req)
+            blocks, hit, _ = facade.get_computed_blocks(req)
             facade.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_ids(OUTPUT[0])
@@ -81,8 +81,8 @@ def per_step(benchmark: BenchmarkFixture) -> None:
 @pytest.mark.parametrize(("index", "bs"), [("hash_chain", 16), ("radix", 16), ("driver", 16)])
 def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str, bs: int) -> None:
     """``allocate_slots(request, 1)`` after the request's sampled token is appended."""
-    num_blocks = (ROUNDS + 2) * (len(PROMPT) + STEPS + 1) // bs + 8
-    facade = None if index == "driver" else VLLMKVCacheManager(index, num_blocks, bs)
+    num_blocks = (ROUNDS + 2) * (len(PROMPT) + STEPS + 1) // bs + 9  # the null block too
+    facade = None if index == "driver" else KVCacheManager(index, num_blocks, bs)
     allocate = facade.allocate_slots if facade is not None else lambda r, n: None
 
     def decode(req: SimpleRequest) -> None:

@@ -27,7 +27,7 @@ from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_li
 
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_extra_key, make_index
 from prefixkv.indexes.buildinfo import build_kind
 from prefixkv.indexes.registry import pool_owned_options
@@ -154,9 +154,7 @@ class Run:
         return f"{op}{args!r} -> {result} | {state(m)}"
 
 
-def step_printer(
-    facade: VLLMKVCacheManager | SGLangRadixCache, out: list[str]
-) -> Callable[[], None]:
+def step_printer(facade: KVCacheManager | SGLangRadixCache, out: list[str]) -> Callable[[], None]:
     """Where the engine takes its events: the step's events and the state, as a line."""
     name, events = type(facade).__name__, attach_recorder(facade)
 
@@ -179,7 +177,7 @@ def facades(r: random.Random) -> list[str]:
     ]
     out: list[str] = []
     chain = make_index("hash_chain", 4, seed=0, **pool_owned_options("hash_chain"))
-    vllm = VLLMKVCacheManager(chain, 24, enable_kv_cache_events=True)
+    vllm = KVCacheManager(chain, 25, enable_kv_cache_events=True)  # 24 and vLLM's null block
     sglang = SGLangRadixCache("radix", 48, 2, enable_kv_cache_events=True)
     for facade, driver in ((vllm, VllmDriver), (sglang, SGLangDriver)):
         run_k_live(driver(facade, step_printer(facade, out)), trace, 3)

@@ -29,7 +29,7 @@ from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager
 
 Record = dict[str, Any]
 F = TypeVar("F")
@@ -40,7 +40,7 @@ class FacadeEvents:
     """A facade's events, taken as vLLM's engine core takes them once per step
     (the facade must be built with ``enable_kv_cache_events=True``)."""
 
-    def __init__(self, facade: VLLMKVCacheManager | SGLangRadixCache) -> None:
+    def __init__(self, facade: KVCacheManager | SGLangRadixCache) -> None:
         self.facade = facade
 
     def take_events(self) -> list[Any]:
@@ -51,7 +51,7 @@ class FacadeEvents:
         return KVEventBatch(ts, events, data_parallel_rank) if events else None
 
 
-def attach_recorder(facade: VLLMKVCacheManager | SGLangRadixCache) -> FacadeEvents:
+def attach_recorder(facade: KVCacheManager | SGLangRadixCache) -> FacadeEvents:
     """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
     return FacadeEvents(facade)
 
@@ -93,13 +93,13 @@ class _Driver(Generic[F, R]):
         self.live: deque[tuple[R, list[int]]] = deque()
 
 
-class VllmDriver(_Driver[VLLMKVCacheManager, VllmRequest]):
-    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
+class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
+    """vLLM's scheduler order through :class:`KVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
         f, req = self.facade, VllmRequest(rec)
         output = list(rec.get("output", []))
-        blocks, hit = f.get_computed_blocks(req)
+        blocks, hit, _ = f.get_computed_blocks(req)
         n = req.num_tokens
         if f.allocate_slots(req, n - hit, hit, blocks) is None:
             f.free(req)

@@ -17,7 +17,7 @@ import pytest
 
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     BlockOwnershipError,
     HashChainIndex,
@@ -72,15 +72,15 @@ def test_a_lookup_made_stale_by_evict_blocks_is_rejected_not_trusted() -> None:
     # get_computed_blocks(S) -> evict_blocks(S's hit, held by R) -> free(R) hands the
     # orphans back -> T allocates them -> allocate_slots(S, ..., S's hit) must not give
     # S the blocks T is writing.
-    f = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=4)
+    f = KVCacheManager("hash_chain", num_blocks=17, block_size=4)
     shared = toks(16, 1)
     r = SimpleRequest("R", list(shared))
     f.get_computed_blocks(r)
     assert f.allocate_slots(r, 16) is not None
     s = SimpleRequest("S", shared + toks(3, 2))
-    blocks, hit = f.get_computed_blocks(s)
+    blocks, hit, _ = f.get_computed_blocks(s)
     assert hit == 16
-    f.evict_blocks(blocks.block_ids)
+    f.evict_blocks(blocks.get_block_ids()[0])
     f.free(r)
     t = SimpleRequest("T", toks(32, 3))
     f.get_computed_blocks(t)
@@ -235,9 +235,9 @@ def test_sglang_insert_of_caller_blocks_then_evict_keeps_every_block() -> None:
 
 @pytest.mark.parametrize("name", CACHING)
 def test_evict_blocks_rejects_ids_outside_the_pool(name: str) -> None:
-    f = VLLMKVCacheManager(name, num_blocks=8, block_size=4)
+    f = KVCacheManager(name, num_blocks=9, block_size=4)
     before = manager_state(f.manager)
-    for bad in ([8], [-1], [1.5], ["3"]):
+    for bad in ([9], [-1], [1.5], ["3"]):
         with pytest.raises(BlockOwnershipError):
             f.evict_blocks(bad)
     assert manager_state(f.manager) == before

@@ -34,7 +34,7 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim.calibration import measure_engine
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex, TokenKey, make_index
 from prefixkv.storage import (
     BlockAllocator,
@@ -95,8 +95,8 @@ def index_state(index: Any) -> Any:
 LIVE: dict[int, Any] = {}
 
 
-def vllm_facade(name: str) -> VLLMKVCacheManager:
-    f = VLLMKVCacheManager(make_index(name, block_size=2), num_blocks=32)
+def vllm_facade(name: str) -> KVCacheManager:
+    f = KVCacheManager(make_index(name, block_size=2), num_blocks=33)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
     f.get_computed_blocks(req)
     f.allocate_slots(req, 5)
@@ -256,13 +256,13 @@ def _entries() -> list[Entry]:
             ),
         ]
 
-        def vf(n: str = name) -> VLLMKVCacheManager:
+        def vf(n: str = name) -> KVCacheManager:
             return vllm_facade(n)
 
         def sf(n: str = name) -> SGLangRadixCache:
             return sglang_facade(n)
 
-        def vstate(f: VLLMKVCacheManager) -> Any:
+        def vstate(f: KVCacheManager) -> Any:
             return manager_state(f.manager)
 
         def sstate(c: SGLangRadixCache) -> Any:
@@ -284,6 +284,22 @@ def _entries() -> list[Entry]:
             vllm(
                 "allocate_slots(num_lookahead_tokens)",
                 lambda f, b: f.allocate_slots(LIVE[id(f)], 1, num_lookahead_tokens=b),
+                valid=(2**70,),
+            ),
+            vllm(
+                "allocate_slots(reserved_blocks)",
+                lambda f, b: f.allocate_slots(LIVE[id(f)], 1, reserved_blocks=b),
+                valid=(2**70,),
+            ),
+            vllm(
+                "allocate_slots(num_external_computed_tokens)",
+                lambda f, b: f.allocate_slots(LIVE[id(f)], 1, num_external_computed_tokens=b),
+            ),
+            vllm(
+                "get_computed_blocks(max_cache_hit_length)",
+                lambda f, b: f.get_computed_blocks(SimpleRequest("n", [1, 2, 3]), b),
+                accepts_none=True,
+                valid=(2**70,),
             ),
             vllm(
                 "get_computed_blocks(tokens)",
@@ -316,6 +332,14 @@ def _entries() -> list[Entry]:
         ),
         bare("RadixIndex(eviction)", lambda _, b: RadixIndex(1, eviction=b)),
         bare("BlockAllocator(num_blocks)", lambda _, b: BlockAllocator(b)),
+        bare("vllm.KVCacheManager(num_blocks)", lambda _, b: KVCacheManager(num_blocks=b)),
+        bare(
+            "vllm.KVCacheManager(max_model_len)",
+            lambda _, b: KVCacheManager(num_blocks=8, max_model_len=b),
+            accepts_none=True,
+            valid=(2**70,),
+        ),
+        bare("vllm.KVCacheManager(watermark)", lambda _, b: KVCacheManager(watermark=b)),
         allocator("allocate(num_blocks)", lambda a, b: a.allocate(b), valid=(2**70,)),
         allocated("free(ids)", lambda a, b: a.free(b), valid=([1],)),
         allocated("free(id)", lambda a, b: a.free([0, b])),

@@ -530,7 +530,7 @@ def test_replay_interrupted_writes_partial_hits(
     write_trace(trace, make_workload("shared_system_prompt", num_requests=20, system_len=64))
     out = tmp_path / "hits.jsonl"
     # Ctrl-C in the 8th lookup: 7 requests were admitted.
-    interrupt_after(monkeypatch, vllm.VLLMKVCacheManager, "get_computed_blocks", 8)
+    interrupt_after(monkeypatch, vllm.KVCacheManager, "get_computed_blocks", 8)
     code, stdout, _ = _run(capsys, "replay", str(trace), "--index", "hash_chain", "-k", "2",
                            "--out", str(out))  # fmt: skip
     assert code == 130

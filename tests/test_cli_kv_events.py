@@ -22,7 +22,7 @@ import prefixkv.adapters.lab.cli as cli
 from prefixkv.adapters.events import read_event_file, transport
 from prefixkv.adapters.events.wire import EventBatch
 from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 
@@ -59,7 +59,7 @@ def steps_of(driver_kind: str, index: Any, num_blocks: int) -> list[list[Any]]:
     """Each step's events (non-empty ones) when the facade drives ``PLAIN``."""
     out: list[list[Any]] = []
     if driver_kind == "vllm":
-        vllm = VLLMKVCacheManager(index, num_blocks, enable_kv_cache_events=True)
+        vllm = KVCacheManager(index, num_blocks + 1, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver: VllmDriver | SGLangDriver = VllmDriver(vllm, lambda: None)
     else:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import make_index
 
 PACKAGE_DIRS = ("/indexes/", "/storage/", "/adapters/")
@@ -44,9 +44,9 @@ def count_lines(fn: Callable[[], object]) -> int:
 
 
 def vllm_decode(name: str, bs: int, steps: int) -> int:
-    f = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=8192)
+    f = KVCacheManager(make_index(name, block_size=bs), num_blocks=8193)
     req = SimpleRequest("r", list(range(1, 65)))
-    blocks, hit = f.get_computed_blocks(req)
+    blocks, hit, _ = f.get_computed_blocks(req)
     f.allocate_slots(req, req.num_tokens - hit, hit, blocks)
     req.num_computed_tokens = req.num_tokens
     req.append_output_token_ids(1)

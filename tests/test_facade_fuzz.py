@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import PrefixKVError, make_index
 
 BACKENDS = st.sampled_from([("hash_chain", 1), ("hash_chain", 4), ("radix", 1), ("radix", 4)])
@@ -44,7 +44,7 @@ class VLLMFacadeFuzz(FacadeMachine):
     @initialize(backend=BACKENDS, blocks=st.integers(6, 40))
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
-        self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=blocks + 1)
         self.manager = self.kv.manager
         self.live = {}
         self.done: list[SimpleRequest] = []
@@ -59,7 +59,7 @@ class VLLMFacadeFuzz(FacadeMachine):
     def admit(self, prompt: list[int]) -> None:
         self.n += 1
         req = SimpleRequest(f"r{self.n}", prompt)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         before = snapshot(self.kv.manager, exact=False)
         new = self.kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         if new is None:
@@ -77,7 +77,7 @@ class VLLMFacadeFuzz(FacadeMachine):
             req.num_computed_tokens += 1
             req.append_output_token_ids(data.draw(st.integers(1, 4)))
 
-    @rule(kind=st.sampled_from(["unknown", "negative", "lookahead", "computed"]),
+    @rule(kind=st.sampled_from(["unknown", "negative", "connector", "computed"]),
           bad=BAD_TOKENS)  # fmt: skip
     def misuse(self, kind: str, bad: list[object]) -> None:
         before = snapshot(self.kv.manager)
@@ -87,8 +87,8 @@ class VLLMFacadeFuzz(FacadeMachine):
                 self.kv.allocate_slots(req, 1, 5)  # 5 computed tokens it never looked up
             elif kind == "negative":
                 self.kv.allocate_slots(req, -1)
-            elif kind == "lookahead":
-                self.kv.allocate_slots(req, 1, num_lookahead_tokens=2)
+            elif kind == "connector":  # KV-connector tokens: refused, not modelled
+                self.kv.allocate_slots(req, 1, num_external_computed_tokens=2)
             else:
                 self.kv.get_computed_blocks(SimpleRequest("bad", bad))  # type: ignore[arg-type]
         except PrefixKVError:

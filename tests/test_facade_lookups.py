@@ -20,11 +20,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from prefixkv.adapters.sglang import MatchResult, SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import StaleHandleError, make_index
 
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=14)
 PICKS = st.lists(st.integers(0, 10**6), max_size=3)
+
+
+def ids(blocks: KVCacheBlocks) -> list[int]:
+    """The block ids of a one-group block list."""
+    (group,) = blocks.get_block_ids()
+    return group
 
 
 def state(manager: Any) -> tuple[Any, ...]:
@@ -61,7 +67,7 @@ class Content:
 
 
 class VLLMLookups(FacadeMachine):
-    """get_computed_blocks ... anything ... allocate_slots, through the vLLM facade."""
+    """get_computed_blocks ... anything ... allocate_slots, through the vLLM KVCacheManager."""
 
     @initialize(
         backend=st.sampled_from([("hash_chain", 1), ("hash_chain", 2), ("radix", 2)]),
@@ -69,7 +75,7 @@ class VLLMLookups(FacadeMachine):
     )
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
-        self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=blocks + 1)
         self.manager = self.kv.manager
         self.content = Content(bs)
         self.live = {}
@@ -109,9 +115,9 @@ class VLLMLookups(FacadeMachine):
             return
         event("vllm: admitted with a hit" if hit else "vllm: admitted")
         table = self.kv.get_block_ids(req.request_id)[0]
-        assert table[: len(blocks.block_ids)] == list(blocks.block_ids)
-        self.content.check_hit(blocks.block_ids, req.all_token_ids, self.writing(req.request_id))
-        self.content.overwrite(new.block_ids)
+        assert table[: len(ids(blocks))] == ids(blocks)
+        self.content.check_hit(ids(blocks), req.all_token_ids, self.writing(req.request_id))
+        self.content.overwrite(ids(new))
         req.num_computed_tokens = req.num_tokens
         self.content.write(table, req.all_token_ids, req.num_computed_tokens)
         req.append_output_token_ids(1)
@@ -125,13 +131,13 @@ class VLLMLookups(FacadeMachine):
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
     def admit_now(self, base: int, suffix: list[int]) -> None:
         req = self.new_request(base, suffix)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         self.admit(req, blocks, hit)
 
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
     def lookup(self, base: int, suffix: list[int]) -> None:
         req = self.new_request(base, suffix)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         self.pending = [*self.pending[-3:], (req, blocks, hit)]
 
     @precondition(lambda self: self.pending)
@@ -143,7 +149,7 @@ class VLLMLookups(FacadeMachine):
     @rule(i=st.integers(0, 100))
     def evict_blocks_of_a_lookup(self, i: int) -> None:
         if isinstance(self.kv.manager.index, type(make_index("hash_chain"))):
-            self.kv.evict_blocks(self.pending[i % len(self.pending)][1].block_ids)
+            self.kv.evict_blocks(ids(self.pending[i % len(self.pending)][1]))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -151,7 +157,7 @@ class VLLMLookups(FacadeMachine):
         req = self.draw_live(data)
         new = self.kv.allocate_slots(req, 1)
         if new is not None:
-            self.content.overwrite(new.block_ids)
+            self.content.overwrite(ids(new))
             req.num_computed_tokens += 1
             table = self.kv.get_block_ids(req.request_id)[0]
             self.content.write(table, req.all_token_ids, req.num_computed_tokens)

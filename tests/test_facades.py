@@ -1,7 +1,7 @@
 """The vLLM- and SGLang-shaped facades: SPEC VL-1..VL-4 and SG-1..SG-6 with exact
 block ids, and every backend behind both facades.
 
-Block ids here are vLLM's minus one: vLLM keeps block 0 as its null block.
+Block ids are vLLM's: block 0 is its null block, never handed out.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheBlock, KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, RadixIndex, make_index
 
 
@@ -20,49 +20,49 @@ def toks(n: int, seed: int = 0) -> list[int]:
     return [r.randrange(1, 32000) for _ in range(n)]
 
 
-def vllm_admit(kv: VLLMKVCacheManager, req: SimpleRequest) -> int:
-    blocks, hit = kv.get_computed_blocks(req)
+def vllm_admit(kv: KVCacheManager, req: SimpleRequest) -> int:
+    blocks, hit, _ = kv.get_computed_blocks(req)
     new = kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
     assert new is not None
     req.num_computed_tokens = req.num_tokens
     return hit
 
 
-def vllm_served(prompt: list[int], num_blocks: int = 32) -> VLLMKVCacheManager:
-    """A vLLM facade (hash chain, blocks of 4) on which a request computed ``prompt``
+def vllm_served(prompt: list[int], num_blocks: int = 33) -> KVCacheManager:
+    """A vLLM KVCacheManager (hash chain, blocks of 4) on which a request computed ``prompt``
     and was freed."""
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=num_blocks, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=num_blocks, block_size=4)
     a = SimpleRequest("a", prompt)
     vllm_admit(kv, a)
     kv.free(a)
     return kv
 
 
-def vllm_decode(kv: VLLMKVCacheManager, req: SimpleRequest, token: int) -> None:
+def vllm_decode(kv: KVCacheManager, req: SimpleRequest, token: int) -> None:
     req.append_output_token_ids(token)
     assert kv.allocate_slots(req, 1) is not None
     req.num_computed_tokens += 1
 
 
 def test_vl_01_prompt_blocks_are_registered_at_allocation_and_hit_concurrently() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=33, block_size=4)
     a = SimpleRequest("a", list(range(1, 11)))  # 10 tokens: 2 full blocks + 2
     assert vllm_admit(kv, a) == 0
-    assert kv.get_block_ids("a") == ([0, 1, 2],)
+    assert kv.get_block_ids("a") == ([1, 2, 3],)
     b = SimpleRequest("b", list(range(1, 11)) + [50])  # a is still running
     assert vllm_admit(kv, b) == 8
-    assert kv.get_block_ids("b") == ([0, 1, 3],)
+    assert kv.get_block_ids("b") == ([1, 2, 4],)
 
 
 def test_vl_01_hit_is_capped_at_len_minus_one() -> None:
     kv = vllm_served(list(range(1, 9)))
     again = SimpleRequest("a2", list(range(1, 9)))
-    blocks, hit = kv.get_computed_blocks(again)
-    assert hit == 4 and blocks.get_block_ids() == ([0],)
+    blocks, hit, boundary = kv.get_computed_blocks(again)
+    assert hit == 4 and blocks.get_block_ids() == ([1],) and boundary == 0
 
 
 def test_vl_02_decode_registers_full_blocks_except_the_last_tokens() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=33, block_size=4)
     a = SimpleRequest("a", [1, 2, 3, 4, 5, 6])
     vllm_admit(kv, a)
     a.append_output_token_ids(7)  # sampled at prefill
@@ -82,39 +82,39 @@ def test_vl_03_recomputed_last_block_is_a_second_block_under_the_same_hash() -> 
     kv = vllm_served(list(range(1, 9)))
     a2 = SimpleRequest("a2", list(range(1, 9)))
     assert vllm_admit(kv, a2) == 4
-    assert kv.get_block_ids("a2") == ([0, 2],)  # block 1's content recomputed into 2
+    assert kv.get_block_ids("a2") == ([1, 3],)  # block 2's content recomputed into 3
     index = kv.manager.index
     assert isinstance(index, HashChainIndex)
-    assert index.is_cached(1) and index.is_cached(2) and index.stats().num_entries == 2
+    assert index.is_cached(2) and index.is_cached(3) and index.stats().num_entries == 2
     kv.free(a2)
     kv.manager.check_invariants()
 
 
 def test_vl_04_free_queue_order_and_eviction() -> None:
-    kv = vllm_served(list(range(1, 11)), num_blocks=6)  # blocks 0,1 full + 2 partial
+    kv = vllm_served(list(range(1, 11)), num_blocks=7)  # blocks 1,2 full + 3 partial
     index = kv.manager.index
     assert isinstance(index, HashChainIndex)
-    # Hashed blocks go to the LRU tail, tail first; the unhashed block 2 to the head.
-    assert index.free_queue_block_ids() == [1, 0]
-    assert kv.manager.allocator.free_block_ids() == [2, 3, 4, 5]
+    # Hashed blocks go to the LRU tail, tail first; the unhashed block 3 to the head.
+    assert index.free_queue_block_ids() == [2, 1]
+    assert kv.manager.allocator.free_block_ids() == [3, 4, 5, 6]
     # Never-used (and unhashed) blocks go before any cached block is evicted.
     b = SimpleRequest("b", toks(16, seed=1))
     vllm_admit(kv, b)
-    assert kv.get_block_ids("b") == ([2, 3, 4, 5],)
+    assert kv.get_block_ids("b") == ([3, 4, 5, 6],)
     assert index.stats().num_cached_blocks == 2 + 4
     kv.free(b)
     # A hit takes its blocks out of the queue; the next allocation evicts LRU: b's
-    # tail (block 5) went to the queue head, after a's blocks only if a is older.
+    # tail (block 6) went to the queue head, after a's blocks only if a is older.
     c = SimpleRequest("c", list(range(1, 9)) + [99])
     assert vllm_admit(kv, c) == 8
-    assert kv.get_block_ids("c") == ([0, 1, 5],)
+    assert kv.get_block_ids("c") == ([1, 2, 6],)
     kv.manager.check_invariants()
 
 
 def test_vllm_facade_returns_none_when_it_does_not_fit_and_changes_nothing() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=2, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=3, block_size=4)  # 2 blocks hold KV
     r = SimpleRequest("big", list(range(1, 13)))
-    blocks, hit = kv.get_computed_blocks(r)
+    blocks, hit, _ = kv.get_computed_blocks(r)
     assert kv.allocate_slots(r, 12, hit, blocks) is None
     assert kv.manager.allocator.num_free_blocks == 2 and not kv.manager.running()
 
@@ -123,7 +123,7 @@ def test_vllm_facade_gives_slots_past_num_tokens_but_registers_only_tokens() -> 
     # vLLM's allocate_slots: slots for computed + new tokens, which async scheduling
     # runs past num_tokens (the placeholders of tokens not sampled yet); blocks are
     # cached only up to num_tokens.
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=32, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=33, block_size=4)
     a = SimpleRequest("a", [1, 2, 3, 4, 5, 6])
     vllm_admit(kv, a)
     a.append_output_token_ids(7)  # num_tokens 7, computed 6
@@ -135,23 +135,27 @@ def test_vllm_facade_gives_slots_past_num_tokens_but_registers_only_tokens() -> 
     a.num_computed_tokens = 9
     a.append_output_token_ids(8)
     a.append_output_token_ids(9)
-    assert kv.allocate_slots(a, 1) == KVCacheBlocks([])  # 10 slots fit in 3 blocks
+    assert kv.allocate_slots(a, 1) is kv.empty_kv_cache_blocks  # 10 slots fit in 3 blocks
     assert index.stats().num_cached_blocks == 2  # block 1 (tokens 5..8) is known now
     kv.free(a)
     kv.manager.check_invariants()
 
 
 def test_vllm_facade_blocks_compare_and_print_like_vllms() -> None:
-    assert KVCacheBlocks([1, 2]) == KVCacheBlocks((1, 2)) != KVCacheBlocks([1])
-    assert KVCacheBlocks([3]).get_block_ids() == ([3],)
-    assert repr(KVCacheBlocks((3,))) == "KVCacheBlocks(block_ids=[3])"
+    one, two, three = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    assert KVCacheBlocks(([one, two],)) == KVCacheBlocks(((one, two),)) != KVCacheBlocks(([one],))
+    assert KVCacheBlocks(([three],)).get_block_ids() == ([3],)
+    assert KVCacheBlocks(([],)).get_block_ids(allow_none=True) is None
+    assert repr(KVCacheBlocks(([three],))) == "KVCacheBlocks(block_ids=([3],))"
 
 
 def test_vllm_facade_reset_and_usage_and_common_prefix() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=8, block_size=4)
+    kv = KVCacheManager("hash_chain", num_blocks=9, block_size=4, log_stats=True)
     a, b = SimpleRequest("a", [1, 2, 3, 4, 5]), SimpleRequest("b", [1, 2, 3, 4, 6])
     vllm_admit(kv, a)
+    kv.record_prefix_cache_stats(a, 0)
     vllm_admit(kv, b)
+    kv.record_prefix_cache_stats(b, 4)
     assert kv.get_num_common_prefix_blocks("a") == [1]
     assert kv.usage == pytest.approx(3 / 8)
     assert kv.reset_prefix_cache() is False
@@ -159,7 +163,10 @@ def test_vllm_facade_reset_and_usage_and_common_prefix() -> None:
     kv.free(b)
     assert kv.reset_prefix_cache() is True
     assert kv.manager.index.stats().num_cached_blocks == 0
-    assert kv.prefix_cache_stats.num_hit_tokens == 4
+    assert kv.manager.totals.num_hit_tokens == 4
+    stats = kv.make_prefix_cache_stats()
+    assert (stats.requests, stats.queries, stats.hits, stats.reset) == (2, 10, 4, True)
+    assert kv.make_prefix_cache_stats().requests == 0  # taken: a fresh one
 
 
 # ------------------------------------------------------------------ SGLang side
@@ -274,7 +281,7 @@ SEED_B = SEED_A[:30] + toks(50, seed=1)
      ("none", 16, [0, 0, 0]), ("hash_chain", 1, [0, 30, 79])],
 )  # fmt: skip
 def test_bb_02_03_every_backend_behind_the_vllm_facade(name: str, bs: int, want: list[int]) -> None:
-    kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=2048 // bs)
+    kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=2048 // bs + 1)
     hits = []
     for rid, prompt in (("a", SEED_A), ("b", SEED_B), ("a2", SEED_A)):
         r = SimpleRequest(rid, list(prompt))

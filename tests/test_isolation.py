@@ -13,7 +13,7 @@ import pytest
 
 from prefixkv.adapters import CacheManager
 from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     HashChainIndex,
     RadixIndex,
@@ -49,11 +49,11 @@ def test_tenant_b_never_hits_tenant_a_through_the_manager(name: str, bs: int) ->
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
 def test_cache_salt_isolates_through_the_vllm_facade(name: str, bs: int) -> None:
-    kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=4096 // bs)
+    kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=4096 // bs + 1)
 
     def run(rid: str, salt: str | None) -> int:
         req = SimpleRequest(rid, list(PROMPT), cache_salt=salt)
-        blocks, hit = kv.get_computed_blocks(req)
+        blocks, hit, _ = kv.get_computed_blocks(req)
         assert kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
         kv.free(req)
         return hit

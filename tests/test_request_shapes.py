@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from prefixkv.adapters import requests, sglang, vllm
 from prefixkv.adapters.requests import ReqLike, RequestLike, SimpleReq, SimpleRequest
 from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.vllm import KVCacheManager
 
 
 def test_the_facades_export_the_request_shapes_of_their_engine() -> None:
@@ -27,7 +27,7 @@ def test_the_protocols_check_at_runtime() -> None:
 
 
 def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=2)
+    kv = KVCacheManager("hash_chain", num_blocks=17, block_size=2)
     prompt = [1, 2, 3, 4, 5]
     hits = []
     for rid, lora in (("a", None), ("b", "sql"), ("c", None), ("d", "sql"), ("e", "chat")):
@@ -36,7 +36,7 @@ def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
             req.lora_request = SimpleNamespace(  # type: ignore[attr-defined]
                 lora_name=lora, lora_int_id=1, lora_path=f"/loras/{lora}"
             )
-        blocks, hit = kv.get_computed_blocks(req)
+        blocks, hit, _ = kv.get_computed_blocks(req)
         assert kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
         req.num_computed_tokens = req.num_tokens
         kv.free(req)

@@ -4,8 +4,9 @@ Requests are admitted in order and at most K are live; when a request arrives wh
 K are live, the oldest live one decodes its remaining output one token per step and
 finishes. The whole prompt is prefilled in one step and its first output token is
 sampled there (SPEC, "Replay used to check fidelity"). A backend is driven through
-the vLLM-shaped facade (as vLLM's scheduler drives ``KVCacheManager``), the
-SGLang-shaped one (as SGLang's scheduler drives ``RadixCache``), or the manager.
+prefixkv's vLLM ``KVCacheManager`` (the class that runs inside vLLM, as its scheduler
+drives it), the SGLang-shaped one (as SGLang's scheduler drives ``RadixCache``), or
+the manager.
 
 The replay consumes its requests as a stream: it holds the K live requests and the
 cache, never the trace. Per-request results are kept in compact arrays (or not at
@@ -32,7 +33,7 @@ from ..accounting import BoundaryTracker, RequestRecord
 from ..events.wire import KVEvent
 from ..manager import CacheManager
 from ..sglang import SGLangRadixCache
-from ..vllm import VLLMKVCacheManager
+from ..vllm.kv_cache_manager import KVCacheManager
 
 __all__ = [
     "DRIVERS",
@@ -314,7 +315,7 @@ class _Replayer(ABC):
 
 
 class _VLLMReplayer(_Replayer):
-    def __init__(self, facade: VLLMKVCacheManager, result: ReplayResult, keep: bool) -> None:
+    def __init__(self, facade: KVCacheManager, result: ReplayResult, keep: bool) -> None:
         super().__init__(facade.manager, result, keep)
         self.facade = facade
 
@@ -322,7 +323,7 @@ class _VLLMReplayer(_Replayer):
         f = self.facade
         rid = str(rec.id)
         req = _VLLMRequest(rid, rec.tokens)
-        (blocks, hit), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
+        (blocks, hit, _), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
         n = req.num_tokens
         new, t_alloc = self.timed("allocate_prefill", f.allocate_slots, req, n - hit, hit, blocks)
         if new is None:
@@ -449,8 +450,8 @@ def _replayer(
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(
-            index, num_blocks, observers=observers, enable_kv_cache_events=events
+        facade = KVCacheManager(  # num_gpu_blocks: vLLM's null block 0 comes on top
+            index, num_blocks + 1, observers=observers, enable_kv_cache_events=events
         )
         rp = _VLLMReplayer(facade, result, keep)
     elif driver == "sglang":

@@ -1,7 +1,6 @@
 """Plug-ins that put a prefixkv index inside the real engines, chosen by their own flags.
 
-* :mod:`.vllm`: ``--scheduler-cls prefixkv.adapters.plugins.vllm.PrefixKVScheduler``
-  with ``--additional-config '{"prefixkv": {"index": "radix"}}'`` (vLLM 0.33).
+* :mod:`.vllm`: deprecated, moved to :mod:`prefixkv.adapters.vllm.scheduler`.
 * :mod:`.sglang`: ``--radix-cache-backend prefixkv-radix`` or ``prefixkv-hash-chain``
   (SGLang 0.5.23), registered through SGLang's ``sglang.srt.plugins`` entry point.
 

@@ -29,7 +29,7 @@ def main() -> None:
 
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(args.block_size, hash_fn, 0)
+    hasher = get_request_block_hasher(args.block_size, hash_fn)
     n, bs = args.blocks, args.block_size
     prompt = list(range(1, n * bs + 2))  # one long prompt: n full blocks
     req = Request(request_id="r", prompt_token_ids=prompt,
