@@ -40,7 +40,9 @@ def test_cluster_command_writes_the_report(tmp_path: Path) -> None:
     assert "## Fault runs" in report and "kill=1@50%" in report
     assert "| dynamo | radix |" in report
     payload = json.loads((out / "results.json").read_text())
-    assert {p["labels"]["policy"] for p in payload} == {"round_robin", "dynamo", "sglang", "pooled"}
+    assert payload["format"] == "prefixkv-cluster/2" and payload["partial"] is False
+    policies = {p["labels"]["policy"] for p in payload["runs"]}
+    assert policies == {"round_robin", "dynamo", "sglang", "pooled"}
 
 
 def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
