@@ -67,6 +67,12 @@ def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
         ["--faults", "kill=9@10"],
         ["--replicas", "0"],
         ["--capacity-tokens", "lots"],
+        # accepted but ignored until now: refused by name
+        ["--time-scale", "2"],
+        ["--tokens-per-id", "16"],
+        ["--trace-format", "mooncake"],
+        ["--ray-address", "127.0.0.1:6379"],
+        ["--ray-cpus", "0.5"],
     ],
 )
 def test_cluster_command_rejects_bad_flags(
@@ -75,3 +81,13 @@ def test_cluster_command_rejects_bad_flags(
     assert main(["cluster", "--quiet", "--out", str(tmp_path / "x"), *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prefixkv: error:") and len(err.splitlines()) == 1
+
+
+def test_cluster_on_a_workload_takes_max_requests(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    argv = ["cluster", "--workload", "multi_turn", "--max-requests", "12", "--replicas", "2",
+            "--policies", "round_robin", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    with (out / "runs.csv").open() as f:
+        (run,) = csv.DictReader(f)
+    assert run["num_requests"] == "12"
