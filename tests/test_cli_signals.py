@@ -203,3 +203,78 @@ def test_the_command_line_imports_light_before_its_handler() -> None:
         "prefixkv.adapters.lab.cli.main",
         "prefixkv.adapters.lab.cli.signals",
     ]
+
+
+def test_a_signal_while_writing_is_held_until_the_files_are_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In-process, with a real signal sent to this process once the replay has finished:
+    # held, so the hit file is completed and committed, and the exit says interrupted.
+    from prefixkv.adapters.lab.cli import main
+    from prefixkv.adapters.lab.cli import replay as replay_cli
+
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 30, 4)
+    real = replay_cli._replay_summary
+
+    def summary_then_signal(*args: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_cli, "_replay_summary", summary_then_signal)
+    previous = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "hits.jsonl"
+    code = main(["replay", str(trace), "--index", "radix", "--quiet", "--out", str(out)])
+    assert code == 143, capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == previous  # the caller's handler is back
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 31 and json.loads(lines[-1])["summary"]["partial"] is False
+
+
+def test_a_signal_while_the_cluster_report_is_written_is_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefixkv.adapters.lab.cli import cluster as cluster_cli
+    from prefixkv.adapters.lab.cli import main
+
+    real = cluster_cli.write_report
+
+    def signal_then_write(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster_cli, "write_report", signal_then_write)
+    out = tmp_path / "r"
+    argv = ["cluster", "--workload", "multi_turn", "--max-requests", "20", "--replicas", "2",
+            "--policies", "round_robin,llmd", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 130, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert doc["partial"] is False and len(doc["runs"]) == 2  # every run had finished
+    assert (out / "report.md").exists()
+
+
+def test_a_second_signal_while_stopping_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C in the 5th request, and again while the replay unwinds (its progress bar
+    # closes): the second is only counted, the finished rows are written.
+    from prefixkv.adapters.lab.cli import main
+    from prefixkv.adapters.lab.cli import replay as replay_cli
+
+    class Bar:
+        calls = 0
+
+        def update(self, n: int) -> None:
+            Bar.calls += 1
+            if Bar.calls == 5:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        def close(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(replay_cli, "progress", lambda *a, **k: Bar())
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 30, 4)
+    out = tmp_path / "hits.jsonl"
+    code = main(["replay", str(trace), "--index", "radix", "--out", str(out)])
+    assert code == 130, capsys.readouterr().err
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert json.loads(lines[-1])["summary"]["partial"] is True and 4 <= len(lines) - 1 < 30
