@@ -95,6 +95,11 @@ def test_only_regular_files_are_written(tmp_path: Path) -> None:
         check_output(tmp_path)
     with pytest.raises(OutputError, match="not a folder"):
         check_output(tmp_path / "victim.txt" / "below.json")
+    with pytest.raises(OutputError, match="ends with a slash"):
+        check_output(f"{tmp_path}/new/")
+    if os.path.isdir("/proc/self"):  # permissions say yes to root; creating says no
+        with pytest.raises(OutputError, match=r"cannot create /proc/prefixkv/x\.json"):
+            check_output("/proc/prefixkv/x.json")
     regular = tmp_path / "regular.json"
     regular.write_text("old")
     with atomic_writer(regular) as f:
@@ -268,3 +273,20 @@ def test_a_wildcard_port_is_bound_and_printed(
     assert host == "tcp://127.0.0.1" and port.isdigit() and int(port) > 0, stdout
     summary = json.loads(out.read_text().splitlines()[-1])["summary"]
     assert summary["kv_events"]["target"] == bound
+
+
+def test_replay_refuses_event_flags_it_would_ignore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path)
+    out = str(tmp_path / "h.jsonl")
+    for flags, message in (
+        (["--kv-events-topic", "kv"], "--kv-events-topic needs --kv-events to be a tcp://"),
+        (["--kv-events", str(tmp_path / "e.jsonl"), "--kv-events-topic", "kv"], "tcp://"),
+        ([], "ends with a slash"),
+    ):
+        target = out + "/" if not flags else out
+        argv = ["replay", str(trace), "--index", "radix", "--out", target, *flags]
+        assert main(argv) == 2
+        assert message in _one_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed.jsonl"]

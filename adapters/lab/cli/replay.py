@@ -266,6 +266,9 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
             raise CLIUsageError("--kv-events-replay needs --kv-events to be a tcp:// or ipc:// "
                                 "endpoint")  # fmt: skip
         parse_endpoint(args.kv_events_replay, "--kv-events-replay")
+    if args.kv_events_topic and endpoint is None:
+        raise CLIUsageError("--kv-events-topic needs --kv-events to be a tcp:// or ipc:// "
+                            "endpoint")  # fmt: skip
     if args.kv_events is not None and endpoint is None:
         events = check_output(args.kv_events)
         if os.path.realpath(events) == os.path.realpath(out):

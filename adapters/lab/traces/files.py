@@ -60,7 +60,9 @@ def _kind(mode: int) -> str:
 
 
 def _writable_parent(path: Path) -> None:
-    """The nearest existing folder above ``path`` is a folder this process may write."""
+    """The nearest existing folder above ``path`` is a folder where this process can
+    create the folders and the file ``path`` needs (tried: permissions alone do not say,
+    for root or on special file systems such as ``/proc``)."""
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         if parent.is_symlink():  # a dangling link: mkdir would fail late
@@ -68,8 +70,10 @@ def _writable_parent(path: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise OutputError(f"{parent} is not a folder; cannot create {path}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write in {parent} (permission denied)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".prefixkv-probe-", dir=parent))
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {exc.strerror or exc} in {parent}") from None
 
 
 def check_output(path: StrPath) -> Path:
@@ -83,6 +87,10 @@ def check_output(path: StrPath) -> Path:
             socket, or its folder cannot be created or written.
     """
     target = Path(path)
+    if os.fspath(path).endswith(("/", os.sep)):
+        raise OutputError(
+            f"{os.fspath(path)} ends with a slash, as a folder does; give a file name"
+        )
     try:
         st = target.lstat()
     except (FileNotFoundError, NotADirectoryError):
