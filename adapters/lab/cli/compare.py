@@ -296,7 +296,10 @@ def _write_outputs(
         "tables": {},
     }
     if results:
-        report.write_tables(results, out, meta["tables"])
+        try:
+            report.write_tables(results, out, meta["tables"])
+        except KeyboardInterrupt:  # called without main()'s handler: each table whole or absent
+            interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
         try:
             meta["plots"] = _plots(results, out, args.quiet, interrupts)
