@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -93,7 +94,9 @@ def test_cluster_refuses_actors_that_cannot_be_placed(
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("prefixkv: error: --ray: 4 replica actors x --ray-cpus 1 = 4 CPUs")
-    assert "--ray-cpus 0.5 or fewer replicas" in err and len(err.splitlines()) == 1
+    # 2 free CPUs, or fewer while the previous test's actors are still being killed
+    assert re.search(r"has [\d.]+ free .*give --ray-cpus 0?\.\d+ or fewer replicas$", err), err
+    assert len(err.splitlines()) == 1
     assert not (tmp_path / "report").exists()
     assert ray.is_initialized()  # the caller's Ray is left running
 
