@@ -599,9 +599,11 @@ def test_out_equal_to_the_input_is_refused(
     before = trace.read_bytes()
     link = tmp_path / "alias.jsonl"
     link.symlink_to(trace)
-    for out in (trace, link, tmp_path / "." / "seed.jsonl"):
+    for out in (trace, tmp_path / "." / "seed.jsonl"):
         code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(out))
         assert code == 2 and "refusing to overwrite" in _error_line(err)
+    code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(link))
+    assert code == 2 and "is a symbolic link" in _error_line(err)  # never written through
     code, _, err = _run(capsys, "compare", "--trace", str(tmp_path / "results.json"),
                         "--out", str(tmp_path))  # fmt: skip
     assert code == 2

@@ -139,6 +139,8 @@ class FakePublisher:
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
+        self.endpoint = kwargs["endpoint"]  # as bound: the real one resolves a wildcard port
+        self.replay_endpoint = kwargs.get("replay_endpoint")
         self.batches: list[EventBatch] = []
         self.closed = False
 
