@@ -86,6 +86,7 @@ engine-envs:
 	  $$py -c "import importlib.metadata as m, sys; sys.exit(not m.entry_points(group='sglang.srt.plugins', name='prefixkv'))" || \
 	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
 	done
+	$(SGLANG_PYTHON) benchmarks/peers/check_env.py sglang
 
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm

@@ -3,8 +3,9 @@
     PYTHON check_env.py vllm|sglang
 
 Exits 0 when the engine (vLLM 0.33.0 or SGLang 0.5.23) runs on a CPU torch 2.13, the
-modules the oracles and engine tests drive import, and the seed example (a: 80 tokens;
-b: a[:30] + 50 new; a again) gives the engine's hits through its oracle.
+modules the oracles and engine tests drive import (for SGLang: prefixkv too, with its
+dependencies, and SGLang's plug-in loader registers its backends), and the seed example
+(a: 80 tokens; b: a[:30] + 50 new; a again) gives the engine's hits through its oracle.
 """
 
 from __future__ import annotations
@@ -32,6 +33,25 @@ def seed_trace(path: Path) -> None:
 def hits(path: Path) -> dict[str, int]:
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     return {r["id"]: r["hit_tokens"] for r in lines if "id" in r}
+
+
+def sglang_plugin_missing() -> str:
+    """Why prefixkv cannot run inside this SGLang ("" when it can): the engine tests
+    import prefixkv and its dependencies, and SGLang must find its entry point."""
+    try:
+        from sglang.srt.mem_cache.registry import get_radix_cache_factory
+        from sglang.srt.plugins import load_plugins
+
+        import prefixkv.adapters.lab.traces  # noqa: F401  # the engine tests' traces
+
+        load_plugins()  # SGLang's own loader: the sglang.srt.plugins entry point
+    except ImportError as e:
+        return f"prefixkv does not import here ({e}); rerun setup_env.sh"
+    names = ("prefixkv-radix", "prefixkv-hash-chain")
+    missing = [n for n in names if get_radix_cache_factory(n) is None]
+    if missing:
+        return f"SGLang's plug-in loader did not register {missing}: install prefixkv here"
+    return ""
 
 
 def main() -> int:
@@ -75,6 +95,10 @@ def main() -> int:
             import sglang.srt.mem_cache.registry
 
             assert sglang.__version__ == VERSIONS[engine], sglang.__version__
+            missing = sglang_plugin_missing()
+            if missing:
+                print(f"check_env: {missing}", file=sys.stderr)
+                return 1
             want = {1: {"a": 0, "b": 30, "a-again": 79}, 16: {"a": 0, "b": 16, "a-again": 64}}
             batch = Path(d) / "runs.txt"
             batch.write_text(
