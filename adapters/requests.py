@@ -106,23 +106,23 @@ class ReqLike(Protocol):
         ...
 
     @property
-    def output_ids(self) -> list[int]:
-        """Sampled tokens so far."""
+    def output_ids(self) -> Sequence[int]:
+        """Sampled tokens so far (a list, or SGLang's ``array``)."""
         ...
 
     @property
-    def extra_key(self) -> str | None:
-        """SGLang's namespace string (``None``: the shared one)."""
+    def extra_key(self) -> object:
+        """SGLang's namespace string (``None``: the shared one); checked by the cache."""
         ...
 
     @property
-    def cache_salt(self) -> str | None:
-        """A salt that isolates the request's cache entries."""
+    def cache_salt(self) -> object:
+        """A salt (a str) that isolates the request's cache entries; checked by the cache."""
         ...
 
     @property
-    def priority(self) -> int | None:
-        """Eviction hint for the radix tree's ``priority`` policy."""
+    def priority(self) -> object:
+        """Eviction hint (an int or ``None``) for the radix tree's ``priority`` policy."""
         ...
 
     @property

@@ -15,16 +15,20 @@ Driven through them, the cache gives SGLang's hits request for request (SPEC SG-
     cache.cache_finished_req(req)             # release
 
 A step that does not fit returns ``None`` / ``False`` and changes nothing, where
-SGLang would retract a request (``retract``).
+SGLang would retract a request (``retract``). They drive a simulated cache
+(``PrefixCache.create_simulated``: a ``BlockAllocator`` and ``PageRows``); inside SGLang,
+SGLang's scheduler allocates. Compiled: the decode step is the replay's inner loop.
 """
 
 from __future__ import annotations
 
-from prefixkv.indexes.errors import InvalidTokenError, RequestStateError
+from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError, RequestStateError
 from prefixkv.indexes.validation import ceil_div
+from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.block_table import slot_mapping
 
 from ..requests import ReqLike
+from ..sglang.page_rows import PageRows
 from ..sglang.prefix_cache import PrefixCache, PrefixNode
 
 __all__ = ["alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
@@ -55,21 +59,22 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     priority = req.priority
     if priority is not None and type(priority) is not int:
         raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    pool, rows = _simulated(cache)
     m = cache.match_prefix(prompt, req.extra_key, req.cache_salt, max_prefix_len=n - 1)
     ps = cache.page_size
     need = ceil_div(n, ps) - len(m.device_indices)
-    row = cache.rows.alloc() if _fits(cache, need, m.last_node) else None
+    row = rows.alloc() if _fits(cache, pool, need, m.last_node) else None
     if row is None:
         cache.totals.num_rejected += 1
         return None
     lock = cache.lock(m.last_node)
-    pages = _take_pages(cache, need, 1 if ps > 1 else 0)
+    pages = _take_pages(cache, pool, need, 1 if ps > 1 else 0)
     if pages is None:  # the index evicted fewer pages than it counted as evictable
         cache.unlock(lock)
-        cache.rows.free(row)
+        rows.free(row)
         cache.totals.num_rejected += 1
         return None
-    cache.rows.write(row, 0, m.device_indices + pages)
+    rows.write(row, 0, m.device_indices + pages)
     kv.req_pool_idx = row
     kv.cache_protected_len = m.prefix_len
     kv.kv_committed_len = kv.kv_allocated_len = n
@@ -100,14 +105,17 @@ def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
     if row is None or not 0 <= fed < len(req.output_ids):
         raise RequestStateError(f"request {req.rid!r:.80} has no sampled token to feed at {pos}")
     ps = cache.page_size
+    pool, rows = _simulated(cache)
     if pos % ps == 0:
-        if not _fits(cache, 1, cache.root_node):
-            return False
-        pages = _take_pages(cache, 1, 0)
+        pages = pool.allocate(1)  # a free page: the common step
         if pages is None:
-            return False
-        cache.rows.write(row, pos // ps, pages)
-    elif cache.pool.num_free_blocks == 0:
+            pages = (
+                _take_pages(cache, pool, 1, 0) if _fits(cache, pool, 1, cache.root_node) else None
+            )
+            if pages is None:
+                return False
+        rows.write(row, pos // ps, pages)
+    elif pool.num_free_blocks == 0:
         cache.evict(ps)  # best effort
     kv.kv_committed_len = kv.kv_allocated_len = pos + 1
     return True
@@ -124,7 +132,8 @@ def req_to_token(cache: PrefixCache, req: ReqLike) -> list[int]:
     if row is None:
         raise RequestStateError(f"request {req.rid!r:.80} holds no row")
     n = kv.kv_committed_len
-    return slot_mapping(cache.rows.read(row, ceil_div(n, cache.page_size)), 0, n, cache.page_size)
+    ps = cache.page_size
+    return slot_mapping(cache.rows.read(row, ceil_div(n, ps)), 0, n, ps)
 
 
 def retract(cache: PrefixCache, req: ReqLike) -> None:
@@ -136,10 +145,20 @@ def retract(cache: PrefixCache, req: ReqLike) -> None:
     cache.cache_finished_req(req, is_insert=False)
 
 
-def _fits(cache: PrefixCache, need: int, hit: PrefixNode) -> bool:
+def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:
+    # The simulated pools, typed: the compiled build calls them directly.
+    pool, rows = cache.pool, cache.rows
+    if not isinstance(pool, BlockAllocator) or not isinstance(rows, PageRows):
+        raise PrefixKVError(
+            "SGLang's scheduler steps drive a simulated cache (PrefixCache.create_simulated: "
+            f"a BlockAllocator and PageRows), not {type(pool).__name__}/{type(rows).__name__}"
+        )
+    return pool, rows
+
+
+def _fits(cache: PrefixCache, pool: BlockAllocator, need: int, hit: PrefixNode) -> bool:
     # Whether ``need`` pages can be had: free ones, then evictable ones, less those
     # locking the hit protects (counted now, at allocation time).
-    pool = cache.pool
     free = pool.num_free_blocks
     if need <= free:
         return True
@@ -148,10 +167,11 @@ def _fits(cache: PrefixCache, need: int, hit: PrefixNode) -> bool:
     return need <= free + index.stats().num_evictable_blocks - protected
 
 
-def _take_pages(cache: PrefixCache, need: int, reserve: int) -> list[int] | None:
+def _take_pages(
+    cache: PrefixCache, pool: BlockAllocator, need: int, reserve: int
+) -> list[int] | None:
     # Evict until need + reserve pages are free (the reserve best effort), then take
     # need; None (the evicted pages stay free) if eviction fell short.
-    pool = cache.pool
     free = pool.num_free_blocks
     if free < need + reserve:
         cache.evict((need + reserve - free) * cache.page_size)

@@ -18,7 +18,8 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..requests import ReqKvInfo, ReqKvLike, ReqLike, SimpleReq
-from .pools import PagePool, PageRows, ReqToPagePool
+from .page_rows import PageRows
+from .pools import PagePool, ReqToPagePool
 from .prefix_cache import MatchResult, PrefixCache, PrefixNode
 
 if TYPE_CHECKING:

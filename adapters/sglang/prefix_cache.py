@@ -57,7 +57,8 @@ from ..events.wire import KVEvent
 from ..observer import CacheObserver, ObserverGroup
 from ..requests import ReqLike
 from ._mypyc import mypyc_attr
-from .pools import PagePool, PageRows, ReqToPagePool
+from .page_rows import PageRows
+from .pools import PagePool, ReqToPagePool
 
 __all__ = ["MatchResult", "PrefixCache", "PrefixNode"]
 

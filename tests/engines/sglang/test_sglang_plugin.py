@@ -326,3 +326,18 @@ def test_more_features_refused_by_name(flags: Any, params: Any, feature: str) ->
     factory = get_radix_cache_factory("prefixkv-hash-chain")
     with pytest.raises(UnsupportedEngineFeatureError, match=feature):
         factory(_context(pools, **flags))
+
+
+def test_the_build_the_run_names_is_the_build_sglang_runs() -> None:
+    # PREFIXKV_EXPECT_BUILD=compiled with the compiled site first on PYTHONPATH runs
+    # this suite on the compiled PrefixCache: the class SGLang loads, compiled.
+    import os
+
+    from prefixkv.indexes.buildinfo import build_kind, compiled_modules
+
+    expected = os.environ.get("PREFIXKV_EXPECT_BUILD")
+    if expected is None:
+        pytest.skip("set PREFIXKV_EXPECT_BUILD to check which build runs")
+    assert build_kind() == expected
+    compiled = "prefixkv.adapters.sglang.prefix_cache" in compiled_modules()
+    assert compiled == (expected == "compiled")
