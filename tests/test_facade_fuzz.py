@@ -155,7 +155,8 @@ class SGLangCacheFuzz(CacheMachine):
             elif kind == "twice" and live is not None:
                 alloc_for_extend(self.cache, live)
             elif kind == "no_token" and live is not None:
-                fake = SimpleReq(live.rid, live.origin_input_ids)  # holds no row
+                fake = SimpleReq(live.rid, live.origin_input_ids)  # its row, no token to feed
+                fake.kv = dataclasses.replace(live.kv)
                 alloc_for_decode(self.cache, fake)
             elif kind == "checkpoint" and live is not None:
                 self.cache.checkpoint(live, up_to=live.kv.kv_allocated_len + 1)

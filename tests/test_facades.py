@@ -263,6 +263,20 @@ def test_sg_04_finish_inserts_prompt_and_fed_output_split_at_the_prompt() -> Non
     assert cache.match_prefix([1, 2, 3, 4, 9]).prefix_len == 4
 
 
+def test_sg_04_the_prompt_boundary_holds_without_a_checkpoint_after_prefill() -> None:
+    cache = sglang(64)
+    req = SimpleReq("a", [1, 2, 3, 4])
+    assert alloc_for_extend(cache, req) == 0
+    req.output_ids.append(5)
+    for t in (6, 7):  # decoded without cache_unfinished_req (a retracted re-run's way)
+        assert alloc_for_decode(cache, req)
+        req.output_ids.append(t)
+    cache.cache_finished_req(req)  # one insert of 6 tokens runs past the prompt's end
+    assert cache.index.stats().num_entries == 2  # split there: prompt node, output leaf
+    assert cache.evict(1) == 2
+    assert cache.match_prefix([1, 2, 3, 4, 9]).prefix_len == 4
+
+
 def test_sg_06_eviction_frees_whole_leaves_and_may_overshoot() -> None:
     cache = sglang(64)
     sg_run(cache, "a", list(range(1, 11)), [0])
@@ -281,9 +295,10 @@ def test_sglang_cache_sizes_and_reset() -> None:
     assert cache.total_size() == 0 and cache.available_size() == 64
 
 
-def test_a_running_request_keeps_the_cache_from_resetting() -> None:
-    cache = sglang(64)
-    req = SimpleReq("r", [1, 2, 3, 4])
+@pytest.mark.parametrize("prompt", [[1, 2, 3, 4], [1, 2, 3]], ids=["locks", "locks nothing"])
+def test_a_running_request_keeps_the_cache_from_resetting(prompt: list[int]) -> None:
+    cache = sglang(64, page_size=4)  # 3 tokens: no whole page, nothing cached or locked
+    req = SimpleReq("r", prompt)
     assert alloc_for_extend(cache, req) == 0
     req.output_ids.append(5)
     cache.cache_unfinished_req(req)

@@ -593,8 +593,8 @@ class PrefixCache:
         """The index's invariants; with every running request, pool conservation.
 
         Conservation: free + cached + the running requests' private pages == pages
-        (pages allocated by hand and not inserted break it). Each request's row
-        holds its private pages once, none free.
+        (pages allocated by hand and not inserted break it). No request's row names a
+        free page, and no private page is held twice.
 
         Raises:
             AssertionError: describing the broken state.
@@ -613,9 +613,10 @@ class PrefixCache:
             assert row is not None, f"request {req.rid!r} holds no row"
             assert kv.cache_protected_len % ps == 0, f"{req.rid!r}: unaligned protected part"
             pages = self.rows.read(row, ceil_div(kv.kv_allocated_len, ps))
+            for i, p in enumerate(pages):
+                assert not pool.is_free(p), f"{req.rid!r} reads page {p} at {i}, which is free"
             for p in pages[kv.cache_protected_len // ps :]:
                 assert p not in seen, f"page {p} held privately twice"
-                assert not pool.is_free(p), f"{req.rid!r} holds page {p}, which is free"
                 seen.add(p)
         cached = self.index.stats().num_cached_blocks
         free = pool.num_free_blocks
