@@ -95,7 +95,7 @@ def cache_state(cache: PrefixCache, running: Sequence[ReqLike] = ()) -> tuple[An
         pages = (
             ()
             if row is None
-            else tuple(cache.rows.read(row, -(-kv.kv_allocated_len // cache.page_size)))
+            else tuple(cache.rows.read(row, 0, -(-kv.kv_allocated_len // cache.page_size)))
         )
         rows.append((req.rid, pages, dataclasses.astuple(kv), id(req.last_node), id(req.lock)))  # type: ignore[call-overload]
     pool = cache.pool

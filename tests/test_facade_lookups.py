@@ -186,7 +186,7 @@ class SGLangLookups(CacheMachine):
     def table(self, req: SimpleReq) -> list[int]:
         kv = req.kv
         assert kv.req_pool_idx is not None
-        return self.cache.rows.read(kv.req_pool_idx, -(-kv.kv_allocated_len // self.content.bs))
+        return self.cache.rows.read(kv.req_pool_idx, 0, -(-kv.kv_allocated_len // self.content.bs))
 
     def writing(self) -> set[int]:
         ps = self.content.bs

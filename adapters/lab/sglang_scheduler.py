@@ -133,7 +133,7 @@ def req_to_token(cache: PrefixCache, req: ReqLike) -> list[int]:
         raise RequestStateError(f"request {req.rid!r:.80} holds no row")
     n = kv.kv_committed_len
     ps = cache.page_size
-    return slot_mapping(cache.rows.read(row, ceil_div(n, ps)), 0, n, ps)
+    return slot_mapping(cache.rows.read(row, 0, ceil_div(n, ps)), 0, n, ps)
 
 
 def retract(cache: PrefixCache, req: ReqLike) -> None:

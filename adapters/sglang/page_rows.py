@@ -48,12 +48,14 @@ class PageRows:
         self._rows[i] = None
         self._free.append(i)
 
-    def read(self, row: object, num_pages: object) -> list[int]:
-        """The first ``num_pages`` pages of ``row`` (a copy). O(num_pages)."""
+    def read(self, row: object, start: object, stop: object) -> list[int]:
+        """Pages ``start .. stop - 1`` of ``row`` (a copy). O(stop - start)."""
         pages = self._pages(row)
-        if type(num_pages) is not int or not 0 <= num_pages <= len(pages):
-            raise PrefixKVError(f"row {row} has {len(pages)} pages, asked for {num_pages!r:.40}")
-        return pages[:num_pages]
+        if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= len(pages):
+            raise PrefixKVError(
+                f"row {row} has {len(pages)} pages, asked for {start!r:.40}..{stop!r:.40}"
+            )
+        return pages[start:stop]
 
     def write(self, row: object, start: object, page_ids: object) -> None:
         """Set pages ``start ..`` of ``row`` (a row grows at its end only). O(len)."""

@@ -166,10 +166,10 @@ class _SlotRows:
         """Give a row back."""
         self.pool.free_rows([row])
 
-    def read(self, row: int, num_pages: int) -> list[int]:
-        """The row's first ``num_pages`` pages (each page's first slot // page size)."""
+    def read(self, row: int, start: int, stop: int) -> list[int]:
+        """The row's pages ``start .. stop - 1`` (each page's first slot // page size)."""
         ps = self.pages.page_size
-        slots = self.pool.req_to_token[row, : num_pages * ps : ps].to(torch.int64)
+        slots = self.pool.req_to_token[row, start * ps : stop * ps : ps].to(torch.int64)
         return (slots // ps).tolist()  # type: ignore[no-any-return]
 
     def write(self, row: int, start: int, page_ids: Sequence[int]) -> None:
@@ -267,7 +267,7 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
         """The KV slots of the prefix ``node`` covers (valid while it is locked)."""
         pages = self.pool
         assert isinstance(pages, _SlotPages)
-        return pages.slots(node.page_ids)
+        return pages.slots(node.page_ids[: node.num_tokens // self.page_size])
 
     def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
         """Longest cached prefix first (the index keeps no walkable tree for SGLang)."""

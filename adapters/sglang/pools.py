@@ -70,8 +70,8 @@ class ReqToPagePool(Protocol):
         """Give a row back (its pages are the caller's to free first)."""
         ...
 
-    def read(self, row: int, num_pages: int) -> list[int]:
-        """The first ``num_pages`` pages of ``row`` (a copy)."""
+    def read(self, row: int, start: int, stop: int) -> list[int]:
+        """Pages ``start .. stop - 1`` of ``row`` (a copy)."""
         ...
 
     def write(self, row: int, start: int, page_ids: Sequence[int]) -> None:

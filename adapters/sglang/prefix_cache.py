@@ -68,7 +68,9 @@ class PrefixNode:
 
     Attributes:
         handle: the index's handle for the prefix (``None`` for the root: nothing).
-        page_ids: the prefix's pages, in order (valid while the prefix is locked).
+        page_ids: the prefix's pages are its first ``num_tokens // page_size``
+            entries, in order (valid while the prefix is locked; a checkpoint's node
+            shares its request's list, which grows past them).
         num_tokens: the prefix's length in tokens.
     """
 
@@ -96,13 +98,16 @@ class MatchResult(NamedTuple):
 
 
 class _ReqState:
-    # A checkpointed request's key, kept across its checkpoints so each insert
-    # continues from the last one (O(new pages)) and the index keeps its memo.
-    __slots__ = ("key", "req")
+    # A checkpointed request's key and the cached part of its row (its first
+    # cache_protected_len tokens' pages), kept across its checkpoints so each one
+    # reads only the new pages and inserts from the last node: O(new pages), where
+    # re-reading the row would cost O(request) (the index keeps its memo in the key).
+    __slots__ = ("key", "req", "table")
 
-    def __init__(self, req: object, key: TokenKey) -> None:
+    def __init__(self, req: object, key: TokenKey, table: list[int]) -> None:
         self.req = req
         self.key = key
+        self.table = table
 
 
 def simulated_parts(
@@ -436,26 +441,29 @@ class PrefixCache:
             raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
         ps = self.page_size
         n = check_count("up_to", up_to, kv.kv_allocated_len)
-        key = self._request_key(req, n)
-        n -= n % ps
         protected = kv.cache_protected_len
         start = protected // ps
+        state = self._request_state(req, row, n, start)
+        key, pages = state.key, state.table
+        n -= n % ps
         if n == 0 or (n <= protected and not final):
             return
+        del pages[start:]  # the row's cached part; its new pages follow
+        pages += self.rows.read(row, start, n // ps)
         old = req.last_node
-        pages = self.rows.read(row, n // ps)
         prefix = None if final or type(old) is not PrefixNode else old.handle
         result = self.index.insert(key, pages, n, prefix)
         base, theirs = result.first_block, result.block_ids
         got = base + len(theirs)
-        if got > start:
+        if got > start and pages[start:got] != theirs[start - base :]:
             dups = [i for i in range(start, got) if pages[i] != theirs[i - base]]
             if dups:  # computed again while cached (a batch, SG-3): keep the tree's
                 self.pool.free([pages[i] for i in dups])
                 for i in dups:
                     pages[i] = theirs[i - base]
                 self.rows.write(row, start, pages[start:got])
-        new = self.root_node if got == 0 else PrefixNode(result.handle, pages[:got], got * ps)
+        del pages[got:]
+        new = self.root_node if got == 0 else PrefixNode(result.handle, pages, got * ps)
         lock = req.lock
         if lock is old and type(old) is PrefixNode and old.handle is not None and got:
             self._release(self.index.relock(old.handle, result.handle))
@@ -469,7 +477,7 @@ class PrefixCache:
         if got > start and self._observer is not None:
             self._observer.on_register(key, pages, start, got)
         prompt = len(req.origin_input_ids) // ps * ps
-        if protected < prompt < n:  # a node boundary at the prompt's end (SG-4)
+        if protected < prompt < got * ps:  # a node boundary at the prompt's end (SG-4)
             self.index.insert(key, pages, prompt)
 
     def cache_finished_req(self, req: ReqLike, is_insert: object = True) -> None:
@@ -494,8 +502,9 @@ class PrefixCache:
         self.unlock(lock)  # the step that can refuse: first
         req.lock = None
         ps = self.page_size
-        pages = self.rows.read(row, ceil_div(kv.kv_allocated_len, ps))
-        private = pages[kv.cache_protected_len // ps :]
+        private = self.rows.read(
+            row, kv.cache_protected_len // ps, ceil_div(kv.kv_allocated_len, ps)
+        )
         private.reverse()  # the tail is reused first
         self.pool.free(private)
         self.on_release(req)
@@ -517,7 +526,8 @@ class PrefixCache:
             row = kv.req_pool_idx
             n = kv.kv_committed_len
             ps = self.page_size
-            pages = [] if row is None else self.rows.read(row, ceil_div(kv.kv_allocated_len, ps))
+            n_pages = ceil_div(kv.kv_allocated_len, ps)
+            pages = [] if row is None else self.rows.read(row, 0, n_pages)
             if state is None:
                 key = self._key(_tokens(req, 0, n), req.extra_key, req.cache_salt, 0)
             else:
@@ -526,25 +536,27 @@ class PrefixCache:
                     key.append(_tokens(req, len(key), n))
             self._observer.on_finish(req.rid, key, pages, kv.cache_protected_len // ps, n)
 
-    def _request_key(self, req: ReqLike, num_tokens: int) -> TokenKey:
-        # The request's key, holding at least its first num_tokens tokens.
+    def _request_state(self, req: ReqLike, row: int, num_tokens: int, start: int) -> _ReqState:
+        # The request's state, its key holding at least its first num_tokens tokens
+        # (made at its first checkpoint, from its row's cached first start pages).
         rid = req.rid
         try:
             state = self._reqs.get(rid)
         except TypeError:
             raise RequestStateError(f"request id {rid!r:.80} is not hashable") from None
         if state is None:
-            key = self._key(_tokens(req, 0, num_tokens), req.extra_key, req.cache_salt,
-                            req.priority or 0)  # fmt: skip
-            self._reqs[rid] = _ReqState(req, key)
-            return key
+            tokens = _tokens(req, 0, num_tokens)
+            key = self._key(tokens, req.extra_key, req.cache_salt, req.priority or 0)
+            state = _ReqState(req, key, self.rows.read(row, 0, start))
+            self._reqs[rid] = state
+            return state
         if state.req is not req:
             raise RequestStateError(f"request id {rid!r:.80} is another running request's")
         key = state.key
         have = len(key)
         if have < num_tokens:
             key.append(_tokens(req, have, num_tokens))
-        return key
+        return state
 
     # ---------------------------------------------------------------- sizes
 
@@ -612,7 +624,7 @@ class PrefixCache:
             row = kv.req_pool_idx
             assert row is not None, f"request {req.rid!r} holds no row"
             assert kv.cache_protected_len % ps == 0, f"{req.rid!r}: unaligned protected part"
-            pages = self.rows.read(row, ceil_div(kv.kv_allocated_len, ps))
+            pages = self.rows.read(row, 0, ceil_div(kv.kv_allocated_len, ps))
             for i, p in enumerate(pages):
                 assert not pool.is_free(p), f"{req.rid!r} reads page {p} at {i}, which is free"
             for p in pages[kv.cache_protected_len // ps :]:
