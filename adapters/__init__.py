@@ -1,22 +1,17 @@
 """Engine-facing layer: the request manager, facades shaped like vLLM's and SGLang's
-caches, and the reference engine. The measuring bench lives in :mod:`.lab`, which
-nothing here imports."""
-
-from typing import TYPE_CHECKING
+caches, the KV-event codec and transport, and the router a KV-aware frontend embeds.
+The reference engine lives in :mod:`.engine` and the measuring bench in :mod:`.lab`;
+importing this package loads neither.
+"""
 
 from .accounting import CacheTotals, RequestRecord
+from .deprecated import moved_names
 from .manager import Admission, CacheManager
 
-if TYPE_CHECKING:
-    from .engine import Engine, EngineConfig
+__all__ = ["Admission", "CacheManager", "CacheTotals", "RequestRecord"]
 
-__all__ = ["Admission", "CacheManager", "CacheTotals", "Engine", "EngineConfig", "RequestRecord"]
-
-
-def __getattr__(name: str) -> object:
-    # The engine imports torch; the manager and facades do not need it.
-    if name in ("Engine", "EngineConfig"):
-        from . import engine
-
-        return getattr(engine, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(
+    __name__,
+    {"Engine": f"{__name__}.engine:Engine", "EngineConfig": f"{__name__}.engine:EngineConfig"},
+    "the reference engine imports torch and is not the product's API",
+)

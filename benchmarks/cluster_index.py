@@ -29,10 +29,10 @@ import msgspec
 
 from prefixkv.adapters.events.codec import EventDecoder
 from prefixkv.adapters.events.wire import BlockRemoved, BlockStored, KVEventBatch
-from prefixkv.adapters.lab.cluster.approx import ApproxIndex
-from prefixkv.adapters.lab.cluster.index import ChainedHashIndex, ClusterIndex
-from prefixkv.adapters.lab.cluster.keys import HashScheme, RouteKeys, Worker
-from prefixkv.adapters.lab.cluster.radix import RadixBlockIndex
+from prefixkv.adapters.router.approx import ApproxIndex
+from prefixkv.adapters.router.block_tree import RadixBlockIndex
+from prefixkv.adapters.router.cluster_index import ChainedHashIndex, ClusterIndex
+from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
 
 Event = BlockStored | BlockRemoved
 

@@ -39,13 +39,13 @@ from typing import Any
 from prefixkv.adapters.lab.cluster.experiment import run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.policies import POLICIES
-from prefixkv.adapters.lab.cluster.policy import BOUNDS, parse_policies
 from prefixkv.adapters.lab.cluster.report import write_report
-from prefixkv.adapters.lab.cluster.requests import timed_requests
 from prefixkv.adapters.lab.cluster.run import ClusterConfig
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadOptions, open_trace
+from prefixkv.adapters.router.policies import POLICIES
+from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
 CACHE_AWARE = ("ray_pca", "sglang", "dynamo", "llmd", "mooncake")
 FRONTIER = (
@@ -75,10 +75,10 @@ FAULTS = (
 
 def requests(
     path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterConfig
-) -> Iterator[TimedRequest]:
+) -> Iterator[SimRequest]:
     """The trace's requests, prefill-only, at the load per replica of ``n0`` replicas."""
     source = open_trace(path, "mooncake", max_requests=limit, options=ReadOptions(output=False))
-    return timed_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
+    return sim_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
 
 
 def headline(results: list[ClusterResult]) -> dict[str, Any]:

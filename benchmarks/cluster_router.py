@@ -22,13 +22,12 @@ import time
 from array import array
 
 from prefixkv.adapters.events.wire import BlockStored, KVEventBatch
-from prefixkv.adapters.lab.cluster.keys import HashScheme, Worker
-from prefixkv.adapters.lab.cluster.policies import POLICIES, make_policy
-from prefixkv.adapters.lab.cluster.policy import parse_policy
-from prefixkv.adapters.lab.cluster.router import Router
-from prefixkv.adapters.lab.cluster.run import make_index_for
 from prefixkv.adapters.lab.sim.profile import load_profile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.keys import HashScheme, Worker
+from prefixkv.adapters.router.policies import POLICIES, make_cluster_index, make_policy
+from prefixkv.adapters.router.router import Router
+from prefixkv.adapters.router.routing import parse_policy
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,11 +63,11 @@ def main() -> None:
         d = rng.randrange(len(docs))
         depth = rng.randrange(1, args.blocks + 1)
         tail = array("I", (rng.randrange(1, 32000) for _ in range((args.blocks - depth) * bs)))
-        requests.append(TimedRequest(f"q{i}", docs[d][: depth * bs] + tail, 64, float(i)))
+        requests.append(SimRequest(f"q{i}", docs[d][: depth * bs] + tail, 64, float(i)))
 
     for name in args.policies.split(","):
         spec = parse_policy(name, tuple(POLICIES))
-        index = make_index_for(spec, scheme)
+        index = make_cluster_index(spec, scheme)
         router = Router(make_policy(spec), index, scheme, profile, seed=args.seed)
         for w in range(args.workers):
             router.add_replica(w, replay=lambda start, until: None, dump=lambda: None)
@@ -81,9 +80,9 @@ def main() -> None:
                     index.apply(w, KVEventBatch(0.0, [event], 0), 0.0)
         for d, workers in enumerate(placement):  # bookings (and the approximate index)
             for w in workers:
-                req = TimedRequest(f"warm-{d}-{w}", docs[d], 64, 0.0)
+                req = SimRequest(f"warm-{d}-{w}", docs[d], 64, 0.0)
                 if index is not None and not index.event_fed:
-                    from prefixkv.adapters.lab.cluster.keys import RouteKeys
+                    from prefixkv.adapters.router.keys import RouteKeys
 
                     index.on_routed(Worker(w), RouteKeys(req.prompt, scheme), 0.0)
                 router.loads.reserve(

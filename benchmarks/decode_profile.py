@@ -7,12 +7,13 @@ other, each round's finished request freed) under valgrind's callgrind twice, at
 ``--rounds`` and at three times as many, and prints each function's inclusive
 instructions per step from the difference (start-up, imports and the first round
 cancel out). A driver row, the same loop around a call that does nothing, is the
-share of the loop itself. Works on either build: put the compiled one first on
-``PYTHONPATH`` to profile it (its functions are named ``CPyDef_<module>___<Class>___<method>``).
+share of the loop itself. Works on either build: run it with the Python of an
+environment where the compiled wheel is installed to profile that one (its functions
+are named ``CPyDef_<module>___<Class>___<method>``).
 
     python benchmarks/decode_profile.py --facade vllm --index hash_chain [--top 25]
-    site=$(python .ci/build_compiled.py --site build/mypyc/site)
-    PYTHONPATH=$site python benchmarks/decode_profile.py --facade sglang --index radix
+    make wheel-venv                        # the wheel of this tree, in build/wheel-venv
+    build/wheel-venv/bin/python benchmarks/decode_profile.py --facade sglang --index radix
 
 Needs ``valgrind`` (Debian: ``apt install valgrind``); a run takes about a minute.
 """

@@ -8,8 +8,8 @@ as the engines do), so the mean step includes its share of block additions. The
 ``driver`` rows run the same loop around a call that does nothing: subtract them to
 get the facade's own time per step (issue 17's goal: <= 0.5 µs).
 
-    make bench                                     # the pure-Python package
-    PREFIXKV_BUILD=compiled make bench             # the compiled build
+    make bench                                     # the compiled build (the wheel)
+    PREFIXKV_BUILD=pure make bench                 # the pure-Python package
     python -m pytest benchmarks/test_decode_step.py --benchmark-only
 """
 

@@ -7,6 +7,7 @@ with the smallest key first. New policies plug in without touching the tree code
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -199,7 +200,7 @@ class EvictionQueue:
         """Forget every candidate (the nodes' keys are left as they are)."""
         self._items.clear()
 
-    def check(self) -> None:
+    def check_invariants(self) -> None:
         """Every entry is filed under its node's current key (monotone policy: under
         a key no greater than its current one).
 
@@ -213,3 +214,12 @@ class EvictionQueue:
                 assert key <= now, "a monotone policy's key decreased"
             else:
                 assert key == now, "stale eviction key"
+
+    def check(self) -> None:
+        """Deprecated name of :meth:`check_invariants` (goes in the next release)."""
+        warnings.warn(
+            "EvictionQueue.check is now check_invariants, as on every other structure",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.check_invariants()

@@ -761,4 +761,4 @@ class RadixIndex:
         assert protected == self._protected, f"protected {self._protected} but {protected}"
         got = {id(node) for _, node in self._queue}
         assert got == expect_candidates, "eviction candidates differ from unlocked leaves"
-        self._queue.check()
+        self._queue.check_invariants()

@@ -18,8 +18,21 @@ import pytest
 import torch
 from helpers import cache_state, manager_state
 
-from prefixkv.adapters import Engine, EngineConfig
+from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
+from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
+from prefixkv.adapters.lab.cluster.config import ClusterConfig
+from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
 from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
+from prefixkv.adapters.lab.sim import (
+    COEFFICIENTS,
+    CostProfile,
+    SimConfig,
+    fixed_rate_arrivals,
+    poisson_arrivals,
+    scaled_arrivals,
+    with_arrivals,
+)
+from prefixkv.adapters.lab.sim.calibration import measure_engine
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
@@ -394,6 +407,130 @@ def _entries() -> list[Entry]:
         engine("add_request(max_new_tokens)", lambda e, b: e.add_request([1, 2, 3], b)),
         engine("add_request(token)", lambda e, b: e.add_request([1, b], 2)),
     ]
+    return out + _lab_entries(bare) + _transport_entries(bare)
+
+
+def _profile(**coefficients: Any) -> CostProfile:
+    return CostProfile("p", "m", "d", **{**dict.fromkeys(COEFFICIENTS, 1e-3), **coefficients})
+
+
+def _calibration(**sizes: Any) -> object:
+    """A calibration of one tiny shape on a model of ``sizes``: refused before it allocates."""
+    config = EngineConfig(model=ModelConfig(**sizes))
+    return measure_engine(config, prefill=((8, 0),), decode=(), mixed=(), repeats=1)
+
+
+def _lab_entries(bare: Callable[..., Entry]) -> list[Entry]:
+    """The numbers the lab's library layers take: profiles, faults, fleets, schedulers,
+    arrival processes, calibration sizes. NaN, infinity and huge values included."""
+    out = [
+        bare(f"CostProfile({n})", lambda _, b, n=n: _profile(**{n: b}), valid=(1.5,))
+        for n in COEFFICIENTS
+    ]
+    for n in ("drop", "drop_removals", "lose_completions"):
+        out.append(bare(f"parse_faults({n}=)", lambda _, b, n=n: parse_faults(f"{n}={b}")))
+        out.append(bare(f"FaultPlan({n})", lambda _, b, n=n: FaultPlan(**{n: b})))
+    for n in ("delay", "jitter"):
+        out.append(
+            bare(
+                f"parse_faults({n}=)", lambda _, b, n=n: parse_faults(f"{n}={b}"), valid=("3", 1.5)
+            )
+        )
+        out.append(bare(f"FaultPlan({n})", lambda _, b, n=n: FaultPlan(**{n: b}), valid=(1.5,)))
+    out += [
+        bare("parse_faults(kill=0@T)", lambda _, b: parse_faults(f"kill=0@{b}"), valid=("3", 1.5)),
+        bare("parse_faults(kill=R@1)", lambda _, b: parse_faults(f"kill={b}@1"), valid=("3",)),
+        bare(
+            "FaultPlan(timed at)",
+            lambda _, b: FaultPlan(scheduled=(ScheduledFault("kill", b, 0),)),
+            valid=(1.5,),
+        ),
+        bare(
+            "FaultPlan(timed replica)",
+            lambda _, b: FaultPlan(scheduled=(ScheduledFault("kill", 1.0, b),)),
+            accepts_none=True,
+        ),
+    ]
+    for n in ("num_replicas", "capacity_tokens", "block_size", "buffer_steps"):
+        out.append(bare(f"ClusterConfig({n})", lambda _, b, n=n: ClusterConfig(**{n: b})))
+    out += [
+        bare(
+            "ClusterConfig(reservation_ttl)",
+            lambda _, b: ClusterConfig(reservation_ttl=b),
+            valid=(1.5,),
+        ),
+        bare("ClusterConfig(seed)", lambda _, b: ClusterConfig(seed=b), valid=(-1, 2**70)),
+        bare("SimConfig(max_num_seqs)", lambda _, b: SimConfig(max_num_seqs=b)),
+        bare("SimConfig(max_num_batched_tokens)", lambda _, b: SimConfig(max_num_batched_tokens=b)),
+        bare("poisson_arrivals(rate)", lambda _, b: poisson_arrivals(b), valid=(1.5,)),
+        bare("fixed_rate_arrivals(rate)", lambda _, b: fixed_rate_arrivals(b), valid=(1.5,)),
+        bare("scaled_arrivals(time_scale)", lambda _, b: scaled_arrivals([0.0], b), valid=(1.5,)),
+        bare(
+            "with_arrivals(request_rate)",
+            lambda _, b: with_arrivals([], request_rate=b),
+            accepts_none=True,
+            valid=(1.5,),
+        ),
+        bare(
+            "with_arrivals(time_scale)",
+            lambda _, b: with_arrivals([], time_scale=b),
+            accepts_none=True,
+            valid=(1.5,),
+        ),
+        bare("measure_engine(head_dim)", lambda _, b: _calibration(head_dim=b)),
+        bare("measure_engine(vocab_size)", lambda _, b: _calibration(vocab_size=b)),
+        bare("measure_engine(num_layers)", lambda _, b: _calibration(num_layers=b)),
+        bare(
+            "measure_engine(repeats)",
+            lambda _, b: measure_engine(prefill=((8, 0),), decode=(), mixed=(), repeats=b),
+        ),
+        bare(
+            "measure_engine(shape)",
+            lambda _, b: measure_engine(prefill=((b, 0),), decode=(), mixed=(), repeats=1),
+        ),
+    ]
+    return out
+
+
+def _publisher(**options: Any) -> object:
+    """A publisher of bad options: refused before any socket opens (closed if not)."""
+    pub = ZmqEventPublisher("inproc://sweep", **options)
+    pub.shutdown()
+    return pub
+
+
+def _subscriber(**options: Any) -> object:
+    sub = ZmqEventSubscriber("inproc://sweep", lambda s, b: None, **options)
+    sub.close()
+    return sub
+
+
+def _transport_entries(bare: Callable[..., Entry]) -> list[Entry]:
+    """The ZeroMQ publisher's and subscriber's options."""
+    out = [
+        bare(f"ZmqEventPublisher({n})", lambda _, b, n=n: _publisher(**{n: b}))
+        for n in ("buffer_steps", "hwm", "max_queue_size", "data_parallel_rank")
+    ]
+    out += [
+        bare(f"ZmqEventPublisher({n})", lambda _, b, n=n: _publisher(**{n: b}), valid=(1.5,))
+        for n in ("publish_timeout", "replay_grace", "heartbeat")
+    ]
+    out += [
+        bare(f"ZmqEventSubscriber({n})", lambda _, b, n=n: _subscriber(**{n: b}))
+        for n in ("remember", "hwm", "max_payload_bytes")
+    ]
+    out += [
+        bare(f"ZmqEventSubscriber({n})", lambda _, b, n=n: _subscriber(**{n: b}), valid=(1.5,))
+        for n in ("replay_timeout", "heartbeat")
+    ]
+    out.append(
+        bare(
+            "ZmqEventSubscriber(probe_interval)",
+            lambda _, b: _subscriber(probe_interval=b),
+            accepts_none=True,
+            valid=(1.5,),
+        )
+    )
     return out
 
 
@@ -411,7 +548,12 @@ def _allocator_with(n: int) -> BlockAllocator:
 
 
 ENTRIES = _entries()
-CASES = [pytest.param(e, bad, id=f"{e.name}={bad!r}"[:90]) for e in ENTRIES for bad in wrong_for(e)]
+# Ids without addresses: pytest-xdist's workers must collect the same names.
+CASES = [
+    pytest.param(e, bad, id=f"{e.name}={'object()' if type(bad) is object else repr(bad)}"[:90])
+    for e in ENTRIES
+    for bad in wrong_for(e)
+]
 
 
 @pytest.mark.parametrize(("entry", "bad"), CASES)

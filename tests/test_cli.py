@@ -21,16 +21,11 @@ import pytest
 from helpers import interrupt_after
 
 from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
-from prefixkv.adapters.lab.compare import (
-    BackendRun,
-    RequestHits,
-    parse_backends,
-    percentile,
-    select_strip_requests,
-    sweep_capacities,
-)
-from prefixkv.adapters.lab.sources import seed_example
+from prefixkv.adapters.lab.compare import BackendRun, parse_backends
+from prefixkv.adapters.lab.compare.k_live import RequestHits, percentile, select_strip_requests
+from prefixkv.adapters.lab.compare.plan import sweep_capacities
 from prefixkv.adapters.lab.traces import write_trace
+from prefixkv.adapters.lab.workload_sources import seed_example
 from prefixkv.adapters.lab.workloads import make_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -451,7 +446,7 @@ def test_token_count_lists() -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "--version")
     assert code == 0
-    assert re.fullmatch(r"prefixkv \d+\.\d+\.\S+\n", out)
+    assert re.match(r"prefixkv \d+\.\d+\.\S+ \((compiled|pure Python)\)\nPython 3\.", out)
 
 
 def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ import pytest
 from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
 import prefixkv.adapters.lab.cli as cli
-from prefixkv.adapters.events import read_event_file
+from prefixkv.adapters.events import read_event_file, transport
 from prefixkv.adapters.events.wire import EventBatch
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.vllm import VLLMKVCacheManager
@@ -160,7 +160,7 @@ def test_replay_publishes_to_an_endpoint(
         made.append(FakePublisher(**kwargs))
         return made[-1]
 
-    monkeypatch.setattr(cli, "ZmqEventPublisher", make)
+    monkeypatch.setattr(transport, "ZmqEventPublisher", make)  # the CLI imports it when used
     flags = ["--index", "hash_chain", "--block-size", "4", "--capacity-blocks", "23"]
     summary = replay(
         capsys,

@@ -20,11 +20,11 @@ from prefixkv.adapters.events.wire import (
     BlockStored,
     KVEventBatch,
 )
-from prefixkv.adapters.lab.cluster.approx import ApproxIndex
-from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
-from prefixkv.adapters.lab.cluster.index import ChainedHashIndex, ClusterIndex
-from prefixkv.adapters.lab.cluster.keys import HashScheme, RouteKeys, Worker
-from prefixkv.adapters.lab.cluster.radix import RadixBlockIndex
+from prefixkv.adapters.router.approx import ApproxIndex
+from prefixkv.adapters.router.block_tree import RadixBlockIndex
+from prefixkv.adapters.router.cluster_index import ChainedHashIndex, ClusterIndex
+from prefixkv.adapters.router.errors import ClusterConfigError
+from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
 
 BS = 4
 SCHEME = HashScheme.prefixkv(BS, seed=1)

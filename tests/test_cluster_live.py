@@ -5,11 +5,11 @@ from __future__ import annotations
 from array import array
 
 from prefixkv.adapters.events import BlockStored, KVEventBatch, ZmqEventPublisher
-from prefixkv.adapters.lab.cluster import HashScheme, Router, Worker, make_policy, parse_policy
-from prefixkv.adapters.lab.cluster.live import subscribe
-from prefixkv.adapters.lab.cluster.policies import POLICIES
-from prefixkv.adapters.lab.cluster.radix import RadixBlockIndex
-from prefixkv.adapters.lab.sim import load_profile, timed_request
+from prefixkv.adapters.lab.sim import load_profile, sim_request
+from prefixkv.adapters.router import HashScheme, Router, Worker, make_policy, parse_policy
+from prefixkv.adapters.router.block_tree import RadixBlockIndex
+from prefixkv.adapters.router.event_feed import subscribe
+from prefixkv.adapters.router.policies import POLICIES
 
 
 def test_a_zmq_stream_steers_the_router() -> None:
@@ -37,7 +37,7 @@ def test_a_zmq_stream_steers_the_router() -> None:
             subs[2].sync()
             if router.index is not None and router.index.held(Worker(2)):
                 break
-        decision = router.route(timed_request("q", prompt.tolist() + [7] * 16, 4, 0.0), 0.0)
+        decision = router.route(sim_request("q", prompt.tolist() + [7] * 16, 4, 0.0), 0.0)
         assert decision.worker == Worker(2) and decision.predicted_blocks == 10
     finally:
         for s in subs:

@@ -12,16 +12,17 @@ from array import array
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.approx import ApproxIndex
 from prefixkv.adapters.lab.cluster.errors import (
     ClusterConfigError,
     FaultSpecError,
     UnknownPolicyError,
 )
 from prefixkv.adapters.lab.cluster.faults import parse_faults
-from prefixkv.adapters.lab.cluster.keys import HashScheme, RouteKeys, Worker
-from prefixkv.adapters.lab.cluster.load import LoadTracker
-from prefixkv.adapters.lab.cluster.policies import (
+from prefixkv.adapters.lab.sim.profile import load_profile
+from prefixkv.adapters.router.approx import ApproxIndex
+from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
+from prefixkv.adapters.router.load import LoadTracker
+from prefixkv.adapters.router.policies import (
     POLICIES,
     DynamoCost,
     LeastOutstanding,
@@ -36,8 +37,7 @@ from prefixkv.adapters.lab.cluster.policies import (
     make_policy,
     policy_index,
 )
-from prefixkv.adapters.lab.cluster.policy import RouteContext, RoutingPolicy, parse_policy
-from prefixkv.adapters.lab.sim.profile import load_profile
+from prefixkv.adapters.router.routing import RouteContext, RoutingPolicy, parse_policy
 
 BS = 16
 W = [Worker(i) for i in range(4)]
@@ -255,10 +255,10 @@ def test_fault_specs() -> None:
     assert (plan.drop, plan.drop_removals, plan.delay, plan.jitter) == (0.1, 1.0, 0.5, 1.0)
     assert plan.mismatch == {3: "hash"} and plan.needs_relative
     resolved = plan.resolve(200.0)
-    kinds = [(f.kind, f.at, f.replica, f.mode) for f in resolved.timed]
+    kinds = [(f.kind, f.at, f.replica, f.mode) for f in resolved.scheduled]
     assert ("restart", 100.0, 1, "replay") in kinds
     assert ("router_restart", 20.0, None, "dump") in kinds
-    assert [f.at for f in resolved.timed] == sorted(f.at for f in resolved.timed)
+    assert [f.at for f in resolved.scheduled] == sorted(f.at for f in resolved.scheduled)
     for bad in (
         "explode=1",
         "drop=2",

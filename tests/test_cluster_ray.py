@@ -11,12 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.requests import timed_requests
 from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a local Ray cluster starts in seconds
 
 from prefixkv.adapters.lab.cluster.ray_fleet import RayFleet  # noqa: E402
 
@@ -34,9 +35,9 @@ def local_ray() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def requests() -> list[TimedRequest]:
+def requests() -> list[SimRequest]:
     w = make_workload("multi_turn", num_sessions=16, turns=(2, 5), system_len=32, seed=3)
-    return list(timed_requests(w, request_rate=2.0, seed=0))
+    return list(sim_requests(w, request_rate=2.0, seed=0))
 
 
 @pytest.mark.parametrize(
@@ -44,11 +45,11 @@ def requests() -> list[TimedRequest]:
     [("dynamo", ""), ("llmd", "restart=0@6,kill=1@10")],
 )
 def test_ray_fleet_matches_the_deterministic_mode(
-    policy: str, faults: str, requests: list[TimedRequest], local_ray: None
+    policy: str, faults: str, requests: list[SimRequest], local_ray: None
 ) -> None:
     local = run_cluster(requests, policy, CFG, faults)
     on_ray = run_cluster(requests, policy, CFG, faults, fleet=RayFleet(num_cpus=0.5, init=False))
-    on_ray.check()
+    on_ray.check_invariants()
     assert on_ray.run.hit_ratio == local.run.hit_ratio
     assert [(r.metrics.request_id, r.replica) for r in on_ray.requests] == [
         (r.metrics.request_id, r.replica) for r in local.requests

@@ -18,11 +18,11 @@ from prefixkv.adapters.lab.cluster import driver
 from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.policies import POLICIES
-from prefixkv.adapters.lab.cluster.requests import timed_requests
 from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
+from prefixkv.adapters.router.policies import POLICIES
 
 CFG = ClusterConfig(
     num_replicas=4,
@@ -36,9 +36,9 @@ T = 25.0  # seconds into the ~60 s workload
 
 
 @pytest.fixture(scope="module")
-def requests() -> list[TimedRequest]:
+def requests() -> list[SimRequest]:
     w = make_workload("multi_turn", num_sessions=40, turns=(2, 6), system_len=64, seed=1)
-    return list(timed_requests(w, request_rate=3.0, seed=0))
+    return list(sim_requests(w, request_rate=3.0, seed=0))
 
 
 def rows(res: ClusterResult) -> list[tuple[object, ...]]:
@@ -83,10 +83,10 @@ EVERY = [
 
 @pytest.mark.parametrize("policy", EVERY)
 def test_every_policy_routes_every_request_and_holds_its_invariants(
-    policy: str, requests: list[TimedRequest]
+    policy: str, requests: list[SimRequest]
 ) -> None:
     res = run_cluster(requests, policy, CFG)
-    res.check()
+    res.check_invariants()
     assert res.run.num_requests == len(requests)
     assert 0 < res.run.hit_ratio < 1
     assert res.labels["policy"] == policy
@@ -94,7 +94,7 @@ def test_every_policy_routes_every_request_and_holds_its_invariants(
         assert res.run.overlap_predictions == len(requests)
 
 
-def test_bounds_and_cache_aware_routing_order(requests: list[TimedRequest]) -> None:
+def test_bounds_and_cache_aware_routing_order(requests: list[SimRequest]) -> None:
     hit = {
         p: run_cluster(requests, p, CFG).run.hit_ratio
         for p in ("round_robin", "dynamo", "pooled", "infinite")
@@ -113,7 +113,7 @@ def test_bounds_and_cache_aware_routing_order(requests: list[TimedRequest]) -> N
     ],
 )
 def test_deterministic_mode_gives_identical_results(
-    policy: str, faults: str, requests: list[TimedRequest]
+    policy: str, faults: str, requests: list[SimRequest]
 ) -> None:
     a = run_cluster(requests, policy, CFG, faults)
     b = run_cluster(requests, policy, CFG, faults)
@@ -225,7 +225,7 @@ FAULTS: list[tuple[str, Check]] = [
 
 
 @pytest.fixture(scope="module")
-def fault_free(requests: list[TimedRequest]) -> dict[str, ClusterResult]:
+def fault_free(requests: list[SimRequest]) -> dict[str, ClusterResult]:
     return {p: run_cluster(requests, p, CFG) for p in ("dynamo", "llmd", "sglang")}
 
 
@@ -235,30 +235,30 @@ def test_fault_invariants(
     policy: str,
     faults: str,
     check: Check,
-    requests: list[TimedRequest],
+    requests: list[SimRequest],
     fault_free: dict[str, ClusterResult],
 ) -> None:
     base = fault_free[policy]
     res = run_cluster(requests, policy, CFG, faults)
-    res.check()  # stale information may cost hits, never correctness
+    res.check_invariants()  # stale information may cost hits, never correctness
     assert res.run.num_requests == len(requests)
     check(res, base)
 
 
-def test_relative_fault_times_must_be_resolved(requests: list[TimedRequest]) -> None:
+def test_relative_fault_times_must_be_resolved(requests: list[SimRequest]) -> None:
     with pytest.raises(ClusterConfigError):
         run_cluster(requests, "dynamo", CFG, "kill=1@50%")
     plan = parse_faults("kill=1@50%").resolve(50.0)
-    assert plan.timed[0].at == 25.0
-    run_cluster(requests, "dynamo", CFG, plan).check()
+    assert plan.scheduled[0].at == 25.0
+    run_cluster(requests, "dynamo", CFG, plan).check_invariants()
 
 
 def test_a_broken_invariant_is_reported(
-    requests: list[TimedRequest], monkeypatch: pytest.MonkeyPatch
+    requests: list[SimRequest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A driver that forgets a dead replica's requests loses them; check() says so.
     monkeypatch.setattr(driver.ClusterDriver, "_void_after", lambda self, replica, t: [])
     res = run_cluster(requests, "dynamo", CFG, "kill=1@25")
     assert res.invariants.lost_requests
     with pytest.raises(AssertionError, match="lost requests"):
-        res.check()
+        res.check_invariants()

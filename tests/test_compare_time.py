@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from helpers import interrupt_after
 
-from prefixkv.adapters.lab import timed
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.comparison import compare_backends
+from prefixkv.adapters.lab.compare import CompareError, CompareOptions, compare_backends
+from prefixkv.adapters.lab.compare import arrival as arrival_module
 from prefixkv.adapters.lab.sim import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,6 +207,8 @@ def test_time_scale_keeps_a_mooncake_traces_timestamps(
         (["-w", "seed", "--request-rate", "1", "--time-scale", "1"], "not allowed with"),
         (["-w", "seed", "--request-rate", "0"], "--request-rate"),
         (["-w", "seed", "--request-rate", "nan"], "finite number > 0"),
+        (["-w", "seed", "--request-rate", "1e-300"], "in [1e-09, 1e+09], got 1e-300"),
+        (["--trace", str(MOONCAKE_HEAD), "--time-scale", "1e300"], "time scale must be"),
         (["-w", "seed", "--time-scale", "2", "--arrival", "fixed"], "--arrival goes with"),
         (["-w", "seed", "--request-rate", "1", "--profile", "nope"], "no profile 'nope'"),
         (["-w", "seed", "--request-rate", "1", "--policy", "sjf"], "invalid choice"),
@@ -223,11 +225,27 @@ def test_bad_time_flags_are_one_line(
     assert not (tmp_path / "o").exists()
 
 
+def test_unsorted_timestamps_under_a_time_scale_name_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "late.jsonl"
+    trace.write_text(
+        '{"id": "a", "tokens": [1, 2], "arrival": 3}\n'
+        '{"id": "b", "tokens": [1, 2], "arrival": 5}\n'
+        '{"id": "c", "tokens": [1, 2], "arrival": 4}\n'
+    )
+    code, _, err = _run(
+        capsys, "compare", "--trace", str(trace), "--time-scale", "1", "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and not (tmp_path / "o").exists()
+    assert f"{trace}:3: request 'c' arrives at 4 s, before the request at {trace}:2" in err
+
+
 def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the radix tree's run, halfway through the backends
-    interrupt_after(monkeypatch, timed, "simulate", 2)
+    interrupt_after(monkeypatch, arrival_module, "simulate", 2)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--request-rate", "2", *SMALL[:4], "--out", str(tmp_path))  # fmt: skip
     assert code == 130 and "partial results" in stdout
@@ -267,8 +285,9 @@ def test_time_plots_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_compare_backends_returns_dataframes() -> None:
     pandas = pytest.importorskip("pandas")
-    t = compare_backends(["few_shot"], indexes="hash_chain,radix", request_rate=3.0,
-                         max_requests=25, timing_repeats=0)  # fmt: skip
+    options = CompareOptions(["few_shot"], indexes="hash_chain,radix", request_rate=3.0,
+                             max_requests=25, timing_repeats=0)  # fmt: skip
+    t = compare_backends(options)
     assert isinstance(t.requests, pandas.DataFrame) and isinstance(t.runs, pandas.DataFrame)
     assert len(t.requests) == 2 * 2 * 25 and len(t.runs) == 2 * 2
     arrival = t.runs[t.runs["schedule"] == "arrival"].set_index("backend")
@@ -276,15 +295,41 @@ def test_compare_backends_returns_dataframes() -> None:
     medians = t.requests[t.requests["schedule"] == "arrival"].groupby("backend")["ttft_s"].median()
     assert medians["radix"] == pytest.approx(arrival.loc["radix", "ttft_p50_s"])
     (w,) = t.comparison.workloads
-    assert [r.backend for r in w.timed] == ["hash_chain", "radix"]
+    assert [r.backend for r in w.arrival_runs] == ["hash_chain", "radix"]
     assert len(t.comparison.request_rows()) == len(t.requests)
 
 
 def test_compare_backends_without_pandas_gives_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails
-    t = compare_backends(["seed"], indexes="radix", time_scale=None, timing_repeats=0)
+    t = compare_backends(CompareOptions(["seed"], indexes="radix"), timing_repeats=0)
     assert isinstance(t.requests, list) and len(t.requests) == 3
     assert t.requests[1]["request_id"] == "B" and t.requests[1]["hit_tokens"] == 30
+
+
+def test_compare_backends_old_calling_convention_still_works_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.warns(DeprecationWarning, match="CompareOptions"):
+        t = compare_backends(["seed"], indexes="radix", timing_repeats=0)
+    assert [r["hit_tokens"] for r in t.requests] == [0, 30, 79]
+    with pytest.warns(DeprecationWarning, match="queue_order"):
+        t = compare_backends(workloads=["seed"], indexes="radix", timing_repeats=0,
+                             request_rate=5.0, policy="lpm")  # fmt: skip
+    (run,) = t.comparison.workloads[0].arrival_runs
+    assert run.config.policy == "lpm"
+    with pytest.warns(
+        DeprecationWarning, match=r"is now prefixkv\.adapters\.lab\.compare\.compare_backends"
+    ):
+        from prefixkv.adapters.lab.comparison import compare_backends as old
+    assert old is compare_backends
+    with pytest.warns(DeprecationWarning, match="arrival_runs"):
+        assert t.comparison.workloads[0].timed == [run]
+
+
+def test_compare_options_refuse_a_field_they_do_not_have() -> None:
+    with pytest.raises(CompareError, match=r"no capacity_blocks; it has: .*capacity_tokens"):
+        compare_backends(CompareOptions(["seed"]), capacity_blocks=4)
 
 
 def test_calibrate_writes_a_profile_compare_reads(
@@ -315,6 +360,7 @@ def test_calibrate_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_make_report_still_works(tmp_path: Path) -> None:
     # The README's command: make and the installed script are part of the set-up.
     make = shutil.which("make")

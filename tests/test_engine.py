@@ -13,9 +13,10 @@ import pytest
 import torch
 from helpers import BACKENDS, DEVICES
 
-from prefixkv.adapters import Engine, EngineConfig
 from prefixkv.adapters.accounting import BoundaryTracker
 from prefixkv.adapters.engine import (
+    Engine,
+    EngineConfig,
     EngineConfigError,
     ModelConfig,
     RequestResult,

@@ -23,8 +23,7 @@ from helpers import BACKENDS, DEVICES
 from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters import Engine, EngineConfig
-from prefixkv.adapters.engine import RequestResult
+from prefixkv.adapters.engine import Engine, EngineConfig, RequestResult
 from prefixkv.adapters.engine.testing import (
     FaultKind,
     FaultyIndex,

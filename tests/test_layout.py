@@ -1,8 +1,9 @@
-"""The layers' import rules: dependencies point down, and what an engine embeds never
-loads the measuring bench or an engine it does not run in.
+"""The layers' import rules: dependencies point down, and what an engine or a router
+embeds never loads the measuring bench, ZeroMQ, torch, or an engine it does not run in.
 
-``indexes`` <- ``storage`` <- ``adapters`` <- ``adapters/lab``; the plug-ins import
-vLLM or SGLang only when an engine loads them.
+``indexes`` <- ``storage`` <- ``adapters`` (``router`` among them) <- ``adapters/lab``;
+the plug-ins import vLLM or SGLang only when an engine loads them; the events
+transport (ZeroMQ) loads only when something publishes or subscribes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ def _modules_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return set(out.stdout.split())
+
+
+HEAVY = ("zmq", "torch", "vllm", "sglang", "matplotlib")
+"""What an engine-facing module must not load: a socket library, the tensor library,
+an engine it may not run in, the plotting library."""
+
+
+def _heavy(mods: set[str]) -> set[str]:
+    return {m for m in mods if m.split(".")[0] in HEAVY or m.startswith("prefixkv.adapters.lab")}
 
 
 def test_the_indexes_import_nothing_above_them_and_no_torch() -> None:
@@ -52,16 +62,38 @@ def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None
 
 
 @pytest.mark.parametrize(
+    "statement",
+    [
+        "import prefixkv.adapters",
+        "import prefixkv.adapters.manager",
+        "import prefixkv.adapters.events",
+        "import prefixkv.adapters.events.codec, prefixkv.adapters.events.wire",
+        "import prefixkv.adapters.router",
+    ],
+)
+def test_the_manager_event_codec_and_router_load_no_zmq_torch_lab_or_engine(statement: str) -> None:
+    assert not _heavy(_modules_after(statement))
+
+
+def test_the_event_transport_loads_on_first_use() -> None:
+    mods = _modules_after("import prefixkv.adapters.events as e; e.ZmqEventSubscriber; e.END_SEQ")
+    assert {"zmq", "prefixkv.adapters.events.transport"} <= mods
+
+
+@pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
         ("indexes", r"prefixkv\.(storage|adapters)|^\s*import torch|^\s*from torch"),
         ("storage", r"prefixkv\.adapters"),
         ("adapters", r"prefixkv\.adapters\.lab|from \.+lab\b|from \.lab\b"),
+        ("adapters/router", r"prefixkv\.adapters\.(lab|engine)|from \.\.(lab|engine)\b|import zmq"),
     ],
 )
 def test_no_module_imports_upward(folder: str, forbidden: str) -> None:
     pattern = re.compile(forbidden, re.M)
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    paths = sorted((ROOT / folder).rglob("*.py"))
+    assert paths, f"{folder} has no modules"
+    for path in paths:
         if folder == "adapters" and "lab" in path.relative_to(ROOT / folder).parts:
             continue
         imports = "\n".join(

@@ -280,8 +280,8 @@ def test_rx_07_lazy_refiling_evicts_in_the_order_of_current_keys(seed: int) -> N
             assert got[0] == got[1]
             for name in nodes:
                 nodes[name] = [n for n in nodes[name] if n.created != got[0]]
-        lazy.check()
-        eager.check()
+        lazy.check_invariants()
+        eager.check_invariants()
     assert [lazy.pop().created for _ in range(len(lazy))] == [
         eager.pop().created for _ in range(len(eager))
     ]
@@ -294,7 +294,7 @@ def test_rx_07_a_policy_whose_key_can_decrease_is_refiled_at_every_touch() -> No
     q.add(b)
     a.last_access = 3
     q.rekey(a)  # a is now the most recent: first out
-    q.check()
+    q.check_invariants()
     assert q.pop() is a and q.pop() is b
 
 
@@ -304,4 +304,4 @@ def test_rx_07_a_monotone_policy_whose_key_decreased_fails_the_check() -> None:
     q.add(a)
     a.last_access = 1  # a key moving back breaks the monotone promise
     with pytest.raises(AssertionError, match="decreased"):
-        q.check()
+        q.check_invariants()

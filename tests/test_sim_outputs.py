@@ -16,8 +16,8 @@ from prefixkv.adapters.lab.sim import (
     TableFormatError,
     request_rows,
     run_rows,
+    sim_request,
     simulate,
-    timed_request,
     to_dataframes,
     with_arrivals,
     write_rows,
@@ -35,7 +35,7 @@ def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
     out = []
     for capacity in capacities:
         for name, bs in BACKENDS:
-            timed = (timed_request(r.id, r.tokens, r.output) for r in reqs)
+            timed = (sim_request(r.id, r.tokens, r.output) for r in reqs)
             out.append(
                 simulate(
                     with_arrivals(timed, request_rate=2.0, seed=0),

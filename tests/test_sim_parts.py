@@ -23,7 +23,7 @@ from prefixkv.adapters.lab.sim import (
     ProfileError,
     SimConfigError,
     SimInputError,
-    TimedRequest,
+    SimRequest,
     attention_pairs,
     available_profiles,
     fixed_rate_arrivals,
@@ -32,35 +32,35 @@ from prefixkv.adapters.lab.sim import (
     poisson_arrivals,
     save_profile,
     scaled_arrivals,
-    timed_request,
+    sim_request,
     with_arrivals,
 )
-from prefixkv.adapters.lab.sim.calibrate import StepSample, calibrate, fit_profile
+from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
 from prefixkv.indexes import InvalidTokenError
 
 # --------------------------------------------------------------------- requests
 
 
 def test_timed_request_validates_and_converts() -> None:
-    r = timed_request("a", [3, 4, 5], [7, 8], arrival=1.5)
+    r = sim_request("a", [3, 4, 5], [7, 8], arrival=1.5)
     assert r.prompt == array("I", [3, 4, 5]) and r.output_len == 2 and r.output_token(1) == 8
-    assert timed_request("b", [1], 5).output is None
-    assert timed_request("c", [1], 5).output_token(4) == 0
-    assert timed_request("d", [1], []).output_len == 1  # an engine always samples one
-    assert timed_request("e", [1], 0).output_len == 1
+    assert sim_request("b", [1], 5).output is None
+    assert sim_request("c", [1], 5).output_token(4) == 0
+    assert sim_request("d", [1], []).output_len == 1  # an engine always samples one
+    assert sim_request("e", [1], 0).output_len == 1
     with pytest.raises(SimInputError, match="prompt"):
-        timed_request("f", [], 3)
+        sim_request("f", [], 3)
     with pytest.raises(InvalidTokenError):
-        timed_request("g", [1, -2], 3)
+        sim_request("g", [1, -2], 3)
     with pytest.raises(SimInputError, match="output length"):
-        timed_request("h", [1], -1)
+        sim_request("h", [1], -1)
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
-            TimedRequest("i", array("I", [1]), 1, arrival)
+            SimRequest("i", array("I", [1]), 1, arrival)
     with pytest.raises(SimInputError, match="output_len"):
-        TimedRequest("j", array("I", [1]), 2, None, array("I", [1]))
+        SimRequest("j", array("I", [1]), 2, None, array("I", [1]))
     with pytest.raises(SimInputError, match="array"):
-        TimedRequest("k", [1], 1)  # type: ignore[arg-type]
+        SimRequest("k", [1], 1)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------- arrivals
@@ -81,8 +81,8 @@ def test_fixed_and_scaled_arrivals() -> None:
     assert list(scaled_arrivals([10.0, 11.0, 13.0], 0.5)) == [0.0, 0.5, 1.5]
 
 
-def _reqs(arrivals: list[float | None]) -> list[TimedRequest]:
-    return [TimedRequest(str(i), array("I", [1]), 1, t) for i, t in enumerate(arrivals)]
+def _reqs(arrivals: list[float | None]) -> list[SimRequest]:
+    return [SimRequest(str(i), array("I", [1]), 1, t) for i, t in enumerate(arrivals)]
 
 
 def test_with_arrivals_rate_scale_or_as_they_are() -> None:
@@ -197,6 +197,33 @@ def test_calibrate_measures_the_reference_engine(tmp_path: Path) -> None:
     assert profile.step_time(64, attention_pairs(64, 0), 0, 0) > 0
     save_profile(profile, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == profile
+
+
+def test_calibrate_refuses_a_model_it_cannot_hold_before_allocating_it() -> None:
+    from prefixkv.adapters.engine import EngineConfig, ModelConfig
+    from prefixkv.adapters.lab.sim.calibration import measure_engine
+
+    huge = EngineConfig(model=ModelConfig(head_dim=10**9))
+    with pytest.raises(SimConfigError, match=r"head.*1000000000.*GiB, over the limit of 8\.0 GiB"):
+        measure_engine(huge, prefill=[(8, 0)], decode=[], mixed=[], repeats=1)
+    with pytest.raises(SimConfigError, match="over the limit"):
+        measure_engine(prefill=[(8, 0)], decode=[], mixed=[], repeats=1, max_bytes=1000)
+    with pytest.raises(SimConfigError, match="prefill shape"):
+        measure_engine(prefill=[(0, 0)], decode=[], mixed=[], repeats=1)
+
+
+def test_a_profile_with_coefficients_no_step_could_take_is_refused(tmp_path: Path) -> None:
+    p = CostProfile("mine", "m", "d", 0.01, 1e-4, 1e-8, 1e-3, 1e-7)
+    for k in COEFFICIENTS:
+        data = p.to_dict()
+        data["coefficients"][k] = 1e308  # every step time would overflow to infinity
+        path = tmp_path / f"{k}.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ProfileError, match=rf"{k} must be a number of seconds in \[0, 1000\]"):
+            load_profile(path)
+        for bad in (math.nan, math.inf, 1001.0):
+            with pytest.raises(ProfileError, match=k):
+                dataclasses.replace(p, **{k: bad})
 
 
 def test_the_simulator_needs_none_of_its_optional_dependencies_to_import() -> None:

@@ -11,12 +11,12 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimResult, TimedRequest, simulate
+from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest, SimResult, simulate
 from prefixkv.indexes import make_index
 
 
 @st.composite
-def traces(draw: st.DrawFn) -> list[TimedRequest]:
+def traces(draw: st.DrawFn) -> list[SimRequest]:
     """Requests branching off a few shared prefixes, cut at unaligned lengths."""
     roots = draw(st.lists(st.integers(1, 48), min_size=1, max_size=3))
     n = draw(st.integers(1, 14))
@@ -29,7 +29,7 @@ def traces(draw: st.DrawFn) -> list[TimedRequest]:
         prompt = array("I", [1000 * root + k + 1 for k in range(shared)])
         prompt.extend(500_000 + 100 * i + k for k in range(own))
         t += draw(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.5]))
-        out.append(TimedRequest(f"r{i}", prompt, draw(st.integers(1, 6)), t))
+        out.append(SimRequest(f"r{i}", prompt, draw(st.integers(1, 6)), t))
     return out
 
 
@@ -54,7 +54,7 @@ configs = st.builds(
 )
 
 
-def run(trace: list[TimedRequest], name: str, bs: int, cfg: SimConfig, p: CostProfile) -> SimResult:
+def run(trace: list[SimRequest], name: str, bs: int, cfg: SimConfig, p: CostProfile) -> SimResult:
     # A pool that holds every token of the trace: no eviction, no preemption.
     roomy = sum(len(r.prompt) + r.output_len for r in trace) + 64 * bs
     res = simulate(trace, lambda: make_index(name, bs), roomy, cfg, p)
@@ -64,7 +64,7 @@ def run(trace: list[TimedRequest], name: str, bs: int, cfg: SimConfig, p: CostPr
 
 @given(traces(), configs, profiles, st.sampled_from([1, 2, 4, 16]))
 def test_more_hits_for_every_request_never_cost_more_prefill(
-    trace: list[TimedRequest], cfg: SimConfig, profile: CostProfile, bs: int
+    trace: list[SimRequest], cfg: SimConfig, profile: CostProfile, bs: int
 ) -> None:
     backends = [("none", bs), ("hash_chain", bs), ("radix", 1), ("radix", bs)]
     runs = [run(trace, name, size, cfg, profile) for name, size in backends]

@@ -16,20 +16,20 @@ from prefixkv.adapters.lab.sim import (
     Batching,
     CostProfile,
     IndexFactory,
-    Policy,
+    QueueOrder,
     SimConfig,
     SimConfigError,
     SimInputError,
+    SimRequest,
     SimUnservableError,
-    TimedRequest,
     load_profile,
+    sim_request,
     simulate,
-    timed_request,
     with_arrivals,
 )
-from prefixkv.adapters.lab.sim import scheduler as scheduler_module
+from prefixkv.adapters.lab.sim import replica_scheduler as scheduler_module
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
-from prefixkv.adapters.lab.sim.scheduler import ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import ReplicaScheduler, SimSeq
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 from prefixkv.storage import BlockAllocator
@@ -50,8 +50,8 @@ def tokens(start: int, n: int) -> array[int]:
     return array("I", range(start, start + n))
 
 
-def req(rid: str, prompt: array[int], out: int, at: float) -> TimedRequest:
-    return TimedRequest(rid, prompt, out, at)
+def req(rid: str, prompt: array[int], out: int, at: float) -> SimRequest:
+    return SimRequest(rid, prompt, out, at)
 
 
 def factory(name: str, block_size: int) -> IndexFactory:
@@ -75,7 +75,7 @@ def test_md1_mean_wait_matches_pollaczek_khinchine() -> None:
     rho = 0.5
     prompt = array("I", [7] * 8)
     n = 20_000
-    requests = (TimedRequest(str(i), prompt, 1) for i in range(n))
+    requests = (SimRequest(str(i), prompt, 1) for i in range(n))
     result = simulate(
         with_arrivals(requests, request_rate=rho / service, seed=0),
         factory("none", 16),
@@ -137,7 +137,7 @@ def _workload_run(
     seed: int, name: str = "radix", batching: Batching = "mixed"
 ) -> list[dict[str, object]]:
     reqs = [
-        timed_request(r.id, r.tokens, r.output) for r in make_workload("multi_turn", num_sessions=6)
+        sim_request(r.id, r.tokens, r.output) for r in make_workload("multi_turn", num_sessions=6)
     ]
     cfg = SimConfig(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)
     res = simulate(
@@ -167,7 +167,7 @@ def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: Si
     reqs = make_workload(workload)
     p50 = {}
     for name, block_size in (("hash_chain", 16), ("radix", 1)):
-        timed = (timed_request(r.id, r.tokens, r.output) for r in reqs)
+        timed = (sim_request(r.id, r.tokens, r.output) for r in reqs)
         res = simulate(
             with_arrivals(timed, request_rate=1.0, seed=0),
             factory(name, block_size),
@@ -185,7 +185,7 @@ def _scheduler(
     batching: Batching,
     *,
     num_blocks: int = 256,
-    policy: Policy = "fcfs",
+    policy: QueueOrder = "fcfs",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
@@ -196,7 +196,7 @@ def _scheduler(
 
 
 def _seq(rid: str, prompt: array[int], out: int = 8) -> SimSeq:
-    r = TimedRequest(rid, prompt, out, 0.0)
+    r = SimRequest(rid, prompt, out, 0.0)
     return SimSeq(r, RequestMetrics(rid, 0.0, len(prompt), out))
 
 
@@ -326,7 +326,7 @@ def _warm(sched: ReplicaScheduler, prompt: array[int]) -> None:
 
 
 @pytest.mark.parametrize(("policy", "first"), [("fcfs", "fresh"), ("lpm", "cached")])
-def test_lpm_admits_the_longest_cached_prefix_first(policy: Policy, first: str) -> None:
+def test_lpm_admits_the_longest_cached_prefix_first(policy: QueueOrder, first: str) -> None:
     shared = tokens(1, 64)
     sched = _scheduler("mixed", policy=policy, max_num_seqs=1)
     _warm(sched, shared)
@@ -387,7 +387,7 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
     with pytest.raises(SimInputError, match="twice"):
         simulate([a, req("a", tokens(1, 4), 1, 3.0)], factory("none", 16), 4096, None, PROFILE)
     with pytest.raises(SimInputError, match="no arrival"):
-        simulate([TimedRequest("x", tokens(1, 4), 1)], factory("none", 16), 4096, None, PROFILE)
+        simulate([SimRequest("x", tokens(1, 4), 1)], factory("none", 16), 4096, None, PROFILE)
     bad: dict[str, Any]
     for bad in (
         {"max_num_seqs": 0},
@@ -406,8 +406,8 @@ def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
     # a decodes 20 known tokens; b, arriving while a still runs, quotes a's prompt and
     # first 9 outputs. vLLM registers a's decoded blocks as they fill (b hits 16);
     # SGLang inserts them when a finishes (b hits a's 8-token prompt only).
-    a = timed_request("a", range(1, 9), list(range(100, 120)), 0.0)
-    b = timed_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
+    a = sim_request("a", range(1, 9), list(range(100, 120)), 0.0)
+    b = sim_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
     cfg = SimConfig(batching=batching)
     recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
     assert recs["a"].finish_s > 0.15 + PROFILE.step_s

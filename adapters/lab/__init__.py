@@ -1,6 +1,11 @@
-"""The measuring bench: workloads, traces, replay, comparison, report, plots and the CLI.
+"""The measuring bench: workloads, traces, replay, comparison, simulation, report, plots
+and the CLI.
 
-It imports the engine-facing layers above it (indexes, storage, the manager and the
-facades); nothing outside ``lab`` imports it, so an engine that embeds prefixkv never
-loads it.
+``cli/`` (one module per ``prefixkv`` subcommand), ``compare/`` (backends head to
+head), ``replay`` (the K-live schedule), ``sim/`` (one replica at arrival time),
+``cluster/`` (many simulated replicas behind :mod:`prefixkv.adapters.router`),
+``traces/``, ``workloads``, ``report`` and ``plots``. It imports the engine-facing
+layers below it (indexes, storage, the manager, the facades, the router); nothing
+outside ``lab`` imports it, so an engine or a router that embeds prefixkv never loads
+it.
 """

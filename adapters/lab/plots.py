@@ -15,7 +15,8 @@ from typing import Any
 
 from prefixkv.indexes.registry import describe_index
 
-from .compare import BackendRun, WorkloadResult
+from .compare.k_live import BackendRun
+from .compare.run import WorkloadResult
 from .sim.plots import plot_capacity_sweep, plot_ttft_cdf
 
 Tick = Callable[[int], object]
@@ -257,7 +258,7 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
         files written (none without arrival-time runs).
     """
     written: dict[str, str] = {}
-    table = w.timed_at_table()
+    table = w.arrival_at_table()
     if not table:
         return written
     part = _file_part(w.name)
@@ -271,10 +272,10 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
         f"{w.capacity_tokens:,} tokens of KV, profile {t.settings.profile.name}",
     )
     written[f"ttft_cdf_{w.name}"] = name
-    if len({r.capacity_tokens for r in w.timed}) > 1:
+    if len({r.capacity_tokens for r in w.arrival_runs}) > 1:
         name = f"time_vs_capacity_{part}.png"
         plot_capacity_sweep(
-            [r.row() for r in w.timed],
+            [r.row() for r in w.arrival_runs],
             out / name,
             title=f"{w.name}: what KV capacity buys ({t.settings.describe_arrivals()})",
         )

@@ -23,9 +23,11 @@ from typing import Any, TypeVar
 
 from prefixkv.indexes.registry import describe_index
 
-from .compare import BackendRun, WorkloadResult
+from .compare.arrival import ArrivalRun
+from .compare.k_live import BackendRun
+from .compare.run import WorkloadResult
+from .compare.spec import Scalar
 from .sim import write_rows
-from .timed import Scalar, TimedRun
 from .traces import atomic_writer
 
 __all__ = [
@@ -168,7 +170,7 @@ def _gpu_s(value: float) -> str:
     return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
 
 
-def time_rows(runs: Sequence[TimedRun]) -> list[list[str]]:
+def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
     """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
     rows = []
     for t in runs:
@@ -228,7 +230,7 @@ def workload_title(w: WorkloadResult) -> str:
 
 def time_title(w: WorkloadResult) -> str | None:
     """``"arrival time: Poisson, 4 req/s (seed 0); profile ...; capacity ..."``."""
-    runs = w.timed_at_table()
+    runs = w.arrival_at_table()
     if not runs:
         return None
     t = runs[0]
@@ -259,11 +261,11 @@ def sweep_table(w: WorkloadResult) -> str | None:
 def time_sweep_table(w: WorkloadResult) -> str | None:
     """Hit ratio and TTFT p90 per backend at each capacity of the arrival-time runs,
     as Markdown (``None`` unless there are several capacities)."""
-    caps = sorted({t.capacity_tokens for t in w.timed})
+    caps = sorted({t.capacity_tokens for t in w.arrival_runs})
     if len(caps) < 2:
         return None
-    labels = list(dict.fromkeys(t.backend for t in w.timed))
-    by = {(t.backend, t.capacity_tokens): t.result.run for t in w.timed}
+    labels = list(dict.fromkeys(t.backend for t in w.arrival_runs))
+    by = {(t.backend, t.capacity_tokens): t.result.run for t in w.arrival_runs}
     rows = []
     for cap in caps:
         cells = []
@@ -408,8 +410,8 @@ def _delta_line(w: WorkloadResult) -> str | None:
 
 
 def _time_delta_line(w: WorkloadResult) -> str | None:
-    timed = _by_engine(w.timed_at_table(), lambda t: t.index)
-    hc_t, rx_t = timed.get("vllm"), timed.get("sglang")
+    arrival = _by_engine(w.arrival_at_table(), lambda t: t.index)
+    hc_t, rx_t = arrival.get("vllm"), arrival.get("sglang")
     if hc_t is None or rx_t is None:
         return None
     hc, rx = hc_t.result.run, rx_t.result.run
@@ -467,7 +469,7 @@ def _seed_paragraph(w: WorkloadResult) -> list[str]:
 
 
 def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
-    runs = w.timed_at_table()
+    runs = w.arrival_at_table()
     if not runs:
         return []
     out = [
@@ -510,7 +512,7 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             ``plots``, ``partial``, ``elapsed_seconds``).
     """
     cfg, plots = doc["config"], doc.get("plots", {})
-    timed = any(w.timed for w in workloads)
+    has_arrival = any(w.arrival_runs for w in workloads)
     out = [
         "# prefixkv: prefix-cache backends head to head",
         "",
@@ -527,7 +529,7 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         "share a block with different ones; a token-granular radix tree does not.",
         "",
     ]
-    if timed:
+    if has_arrival:
         out += [
             "Each backend also runs at arrival time on its natural engine: requests queue, "
             "are batched and prefilled in chunks, and every step costs what the cost profile "
@@ -568,7 +570,7 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         *(f"- **{name}**: {meaning}" for name, _, meaning in COLUMNS),
         "",
     ]
-    if timed:
+    if has_arrival:
         out += [
             "Arrival-time columns:",
             "",

@@ -1,16 +1,22 @@
-"""Many replicas behind one KV-aware router: cluster indexes, load, policies, faults.
+"""The cluster simulation: many replicas behind one KV-aware router, with faults.
 
 N simulated engine replicas (each the arrival-time replica of :mod:`..sim` with its own
-index and capacity) publish KV events with sequence numbers; a router keeps a cluster
-index of which worker holds which block, tracks load with reservations, and routes
-each request with a policy. Runs in-process in virtual time (deterministic) or with
-one Ray actor per replica (:class:`RayFleet`).
+index and capacity) publish KV events with sequence numbers; the router of
+:mod:`prefixkv.adapters.router` keeps a cluster index of which worker holds which
+block, tracks load with reservations, and routes each request with a policy. Runs
+in-process in virtual time (deterministic) or with one Ray actor per replica
+(:class:`RayFleet`).
 
 ``run_cluster(requests, "dynamo", ClusterConfig(...), faults="kill=1@60")`` is the
-entry point; ``prefixkv cluster`` runs many policies and writes a report.
+entry point; ``prefixkv cluster`` runs many policies and writes a report. The router's
+names that this package exported before they moved (``Router``, ``HashScheme``,
+``make_policy``, ...) still import from here for one release, with a
+``DeprecationWarning``.
 """
 
-from .approx import DYNAMO_APPROX_TTL_S, ApproxIndex
+from prefixkv.adapters.deprecated import moved_names
+
+from .config import ClusterConfig
 from .errors import (
     ClusterConfigError,
     ClusterError,
@@ -20,80 +26,72 @@ from .errors import (
     UnknownPolicyError,
 )
 from .experiment import arrival_span, run_experiment
-from .faults import EventChannel, FaultPlan, TimedFault, parse_faults
+from .faults import EventChannel, FaultPlan, ScheduledFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
-from .index import ChainedHashIndex, ClusterIndex
-from .keys import HashScheme, RouteKeys, Worker
-from .load import LoadTracker, Reservation, WorkerLoad
 from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
-from .policies import POLICIES, make_policy, policy_index
-from .policy import BOUNDS, PolicySpec, RouteContext, RoutingPolicy, parse_policies, parse_policy
-from .radix import RadixBlockIndex
+from .publisher import EventPublisher
 from .ray_fleet import RayFleet, ray_available
-from .replica import ReplicaReport, SimReplica
 from .report import write_report
-from .requests import timed_requests
-from .router import Decision, Router
-from .run import ClusterConfig, make_index_for, run_cluster
-from .stream import Dump, EventPublisher, SeqBatch, StreamTracker
+from .run import run_cluster
+from .sim_replica import ReplicaReport, SimReplica
+from .trace_requests import sim_requests
 
 __all__ = [
-    "BOUNDS",
-    "DYNAMO_APPROX_TTL_S",
-    "POLICIES",
-    "ApproxIndex",
-    "ChainedHashIndex",
     "ClusterConfig",
     "ClusterConfigError",
     "ClusterError",
-    "ClusterIndex",
     "ClusterResult",
     "ClusterRun",
-    "Decision",
-    "Dump",
     "EventChannel",
     "EventPublisher",
     "FaultPlan",
     "FaultSpecError",
     "Fleet",
-    "HashScheme",
     "Invariants",
-    "LoadTracker",
     "LocalFleet",
     "LocalIndexer",
     "NoReplicaError",
-    "PolicySpec",
     "PooledFleet",
-    "RadixBlockIndex",
     "RayFleet",
     "ReplicaDeadError",
     "ReplicaReport",
     "ReplicaSpec",
     "ReplicaSummary",
-    "Reservation",
-    "RouteContext",
-    "RouteKeys",
     "RoutedRequest",
-    "Router",
-    "RoutingPolicy",
-    "SeqBatch",
+    "ScheduledFault",
     "SimReplica",
-    "StreamTracker",
-    "TimedFault",
     "UnknownPolicyError",
-    "Worker",
-    "WorkerLoad",
     "arrival_span",
-    "make_index_for",
-    "make_policy",
     "parse_faults",
-    "parse_policies",
-    "parse_policy",
-    "policy_index",
     "ray_available",
     "run_cluster",
     "run_experiment",
-    "timed_requests",
+    "sim_requests",
     "write_report",
 ]
+
+_ROUTER = "prefixkv.adapters.router"
+_MOVED = {
+    **{
+        name: f"{_ROUTER}:{name}"
+        for name in (
+            "POLICIES", "ApproxIndex", "ChainedHashIndex", "ClusterIndex", "Decision", "Dump",
+            "HashScheme", "LoadTracker", "PolicySpec", "RadixBlockIndex", "RouteContext",
+            "RouteKeys", "Router", "RoutingPolicy", "SeqBatch", "StreamTracker", "Worker",
+            "WorkerLoad", "make_policy", "parse_policies", "parse_policy",
+        )
+    },
+    "make_index_for": f"{_ROUTER}:make_cluster_index",
+    "BOUNDS": f"{_ROUTER}.routing:BOUNDS",
+    "DYNAMO_APPROX_TTL_S": f"{_ROUTER}.approx:DYNAMO_APPROX_TTL_S",
+    "Reservation": f"{_ROUTER}.load:Reservation",
+    "policy_index": f"{_ROUTER}.policies:policy_index",
+    # renamed in place: "timed" means measured by the wall clock
+    "TimedFault": f"{__name__}:ScheduledFault",
+    "timed_requests": f"{__name__}:sim_requests",
+}  # fmt: skip
+"""Names this package exported before the router moved out (or before they were
+renamed) -> where they are now."""
+
+__getattr__ = moved_names(__name__, _MOVED)

@@ -24,18 +24,23 @@ import time
 from typing import Any
 
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.keys import Worker
+from prefixkv.adapters.router.policies import (
+    LeastOutstanding,
+    RoundRobin,
+    make_cluster_index,
+    make_policy,
+)
+from prefixkv.adapters.router.router import Decision, Router
+from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
-from .config import ClusterConfig, make_index_for
+from .config import ClusterConfig
 from .errors import ReplicaDeadError
-from .faults import EventChannel, FaultPlan, TimedFault
+from .faults import EventChannel, FaultPlan, ScheduledFault
 from .fleet import Fleet, ReplicaSpec
-from .keys import Worker
 from .metrics import Invariants, RoutedRequest
-from .policies import LeastOutstanding, RoundRobin, make_policy
-from .policy import PolicySpec, RoutingPolicy
-from .replica import ReplicaReport
-from .router import Decision, Router
+from .sim_replica import ReplicaReport
 
 __all__ = ["ClusterDriver"]
 
@@ -64,7 +69,7 @@ class ClusterDriver:
         self.channel = EventChannel(plan, config.seed + 1)
         self.rng = random.Random(config.seed + 2)
         self.bound = spec.is_bound
-        late = any(f.kind == "late_join" for f in plan.timed)
+        late = any(f.kind == "late_join" for f in plan.scheduled)
         self.router: Router | None = None if late else self._new_router()
         # Before a late router joins, a plain round-robin balancer sends requests.
         self.bootstrap = Router(RoundRobin(), None, self.scheme, self.profile, seed=config.seed)
@@ -74,7 +79,7 @@ class ClusterDriver:
         self.busy: set[int] = set()
         self.draining: set[int] = set()
         self.gone: set[int] = set()
-        self.in_flight: dict[str, tuple[int, TimedRequest]] = {}
+        self.in_flight: dict[str, tuple[int, SimRequest]] = {}
         self.routes: dict[str, int] = {}
         self.decisions: dict[str, Decision] = {}
         self.done: dict[str, RoutedRequest] = {}
@@ -97,7 +102,7 @@ class ClusterDriver:
             index = None
         else:
             policy = make_policy(self.spec)
-            index = make_index_for(self.spec, self.scheme)
+            index = make_cluster_index(self.spec, self.scheme)
         return Router(
             policy,
             index,
@@ -225,7 +230,7 @@ class ClusterDriver:
 
     # ------------------------------------------------------------ routing
 
-    def route(self, request: TimedRequest, t: float) -> None:
+    def route(self, request: SimRequest, t: float) -> None:
         """Route (and dispatch) one request at ``t``, retrying past dead replicas."""
         if request.id not in self.routes:
             self.arrival_order.append(request.id)
@@ -248,7 +253,7 @@ class ClusterDriver:
             self.busy.add(r)
             return
 
-    def _void_after(self, replica: int, t: float) -> list[TimedRequest]:
+    def _void_after(self, replica: int, t: float) -> list[SimRequest]:
         """Discard what ``replica`` did after ``t``; return its unfinished requests."""
         self.channel.discard(replica, t)
         self.outputs = [o for o in self.outputs if not (o[3] == replica and o[0] > t)]
@@ -286,7 +291,7 @@ class ClusterDriver:
 
     # ------------------------------------------------------------ faults
 
-    def apply(self, fault: TimedFault) -> None:
+    def apply(self, fault: ScheduledFault) -> None:
         """Apply a timed fault at its time (the fleet is advanced there first)."""
         t = fault.at
         self.advance_to(t)
@@ -347,7 +352,7 @@ class ClusterDriver:
 
     # ------------------------------------------------------------ the end
 
-    def drain(self, faults: list[TimedFault]) -> None:
+    def drain(self, faults: list[ScheduledFault]) -> None:
         """Apply the remaining faults, then run every replica dry and sync the streams."""
         for fault in faults:
             self.apply(fault)

@@ -11,18 +11,18 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.routing import PolicySpec
 
 from .faults import FaultPlan
 from .fleet import Fleet
 from .metrics import ClusterResult
-from .policy import PolicySpec
 from .run import ClusterConfig, run_cluster
 
 __all__ = ["arrival_span", "run_experiment"]
 
 
-def arrival_span(requests: Iterable[TimedRequest]) -> float:
+def arrival_span(requests: Iterable[SimRequest]) -> float:
     """Seconds from the first arrival to the last (for faults at a percentage)."""
     first = last = None
     for r in requests:
@@ -34,7 +34,7 @@ def arrival_span(requests: Iterable[TimedRequest]) -> float:
 
 
 def run_experiment(
-    requests: Callable[[ClusterConfig], Iterable[TimedRequest]],
+    requests: Callable[[ClusterConfig], Iterable[SimRequest]],
     policies: Sequence[PolicySpec],
     config: ClusterConfig,
     *,

@@ -7,33 +7,41 @@ replica R's next ``buffer_steps + 1`` batches from T (more than replay can bridg
 ``drop_removals=P`` makes replicas lose each ``BlockRemoved`` before it is published
 (replay cannot bring it back: only a dump can); ``lose_completions=P`` loses a
 request's completion on its way back to the router (the reservation stays open
-until swept). Timed faults act on replicas and the router: ``kill=R@T``,
+until swept). Scheduled faults act on replicas and the router: ``kill=R@T``,
 ``restart=R@T`` (same replica, sequence back at 0, cache empty), ``clear=R@T``
 (``AllBlocksCleared``), ``scale_up@T``, ``scale_down=R@T``, ``router_restart@T`` and
 ``late_join@T`` (warm-up ``:replay`` from sequence 0, the default, or ``:dump``), and
 ``mismatch=R:block_size`` or ``mismatch=R:hash`` configures replica R unlike the rest.
 Times are seconds, or ``P%`` of the run's arrival span.
+
+Every number is checked where it enters, by :func:`parse_faults` and by
+:class:`FaultPlan` itself: rates are in ``[0, 1]``, seconds finite and at most
+:data:`MAX_FAULT_SECONDS`, percentages in ``[0, 100]`` (NaN and infinity nowhere).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from prefixkv.adapters.router.stream_tracker import SeqBatch
+
+from .config import MAX_REPLICAS
 from .errors import FaultSpecError
-from .stream import SeqBatch
 
 __all__ = [
-    "TIMED_FAULTS",
+    "MAX_FAULT_SECONDS",
+    "SCHEDULED_FAULTS",
     "EventChannel",
     "FaultPlan",
-    "TimedFault",
+    "ScheduledFault",
     "parse_faults",
 ]
 
-TIMED_FAULTS = (
+SCHEDULED_FAULTS = (
     "kill",
     "restart",
     "clear",
@@ -43,16 +51,20 @@ TIMED_FAULTS = (
     "router_restart",
     "late_join",
 )
+MAX_FAULT_SECONDS = 1e9
+"""The latest fault time and the longest delay or jitter, in seconds (about 32 years):
+beyond any run, and finite, so no fault is accepted that could never happen."""
+
 _RATES = ("drop", "drop_removals", "lose_completions")
 _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
 
 
-class TimedFault(NamedTuple):
+class ScheduledFault(NamedTuple):
     """A fault at a time.
 
     Attributes:
-        kind: one of :data:`TIMED_FAULTS`.
+        kind: one of :data:`SCHEDULED_FAULTS`.
         at: seconds (after :meth:`FaultPlan.resolve`), or a fraction of the span.
         replica: the replica it hits (``None`` for router faults and scale up).
         mode: ``"replay"`` or ``"dump"`` for router warm-ups.
@@ -76,7 +88,7 @@ class FaultPlan:
         delay: seconds every batch takes.
         jitter: up to this many more seconds, uniformly (reorders).
         lose_completions: probability a completion never reaches the router.
-        timed: faults at given times.
+        scheduled: faults at given times.
         mismatch: replica -> ``"block_size"`` or ``"hash"``.
         text: the spec as given.
     """
@@ -86,9 +98,33 @@ class FaultPlan:
     delay: float = 0.0
     jitter: float = 0.0
     lose_completions: float = 0.0
-    timed: tuple[TimedFault, ...] = ()
+    scheduled: tuple[ScheduledFault, ...] = ()
     mismatch: dict[int, str] = field(default_factory=dict)
     text: str = ""
+
+    def __post_init__(self) -> None:
+        for name in _RATES:
+            _check_number(getattr(self, name), name, rate=True)
+        for name in _SECONDS:
+            _check_number(getattr(self, name), name, rate=False)
+        if not isinstance(self.scheduled, tuple):
+            raise FaultSpecError(
+                f"scheduled must be a tuple of ScheduledFault, got {self.scheduled!r:.80}"
+            )
+        for f in self.scheduled:
+            _check_scheduled(f)
+        if not isinstance(self.mismatch, dict):
+            raise FaultSpecError(f"mismatch must be a dict, got {self.mismatch!r:.80}")
+        for r, kind in self.mismatch.items():
+            if (
+                type(r) is not int
+                or not 0 <= r < MAX_REPLICAS
+                or kind not in ("block_size", "hash")
+            ):
+                raise FaultSpecError(
+                    f"mismatch maps a replica (an int in [0, {MAX_REPLICAS - 1}]) to block_size "
+                    f"or hash, got {r!r:.40}: {kind!r:.40}"
+                )
 
     @property
     def any(self) -> bool:
@@ -99,21 +135,32 @@ class FaultPlan:
             or self.delay
             or self.jitter
             or self.lose_completions
-            or self.timed
+            or self.scheduled
             or self.mismatch
         )
 
     @property
+    def timed(self) -> tuple[ScheduledFault, ...]:
+        """Deprecated name of :attr:`scheduled` (goes in the next release)."""
+        warnings.warn(
+            "FaultPlan.timed is now FaultPlan.scheduled ('timed' means measured by the wall clock)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.scheduled
+
+    @property
     def needs_relative(self) -> bool:
         """Whether some time is a fraction of the arrival span."""
-        return any(f.relative for f in self.timed)
+        return any(f.relative for f in self.scheduled)
 
     def resolve(self, span_s: float) -> FaultPlan:
         """The plan with fractional times turned into seconds of a ``span_s`` run."""
-        timed = tuple(
-            f._replace(at=f.at * span_s, relative=False) if f.relative else f for f in self.timed
+        scheduled = tuple(
+            f._replace(at=f.at * span_s, relative=False) if f.relative else f
+            for f in self.scheduled
         )
-        return replace(self, timed=tuple(sorted(timed, key=lambda f: f.at)))
+        return replace(self, scheduled=tuple(sorted(scheduled, key=lambda f: f.at)))
 
     def check(self, num_replicas: int) -> None:
         """Reject faults naming replicas that do not exist.
@@ -121,7 +168,7 @@ class FaultPlan:
         Raises:
             FaultSpecError: a replica id out of ``0 .. num_replicas - 1``.
         """
-        for f in self.timed:
+        for f in self.scheduled:
             if f.replica is not None and not 0 <= f.replica < num_replicas:
                 raise FaultSpecError(
                     f"fault {f.kind} names replica {f.replica}; replicas are 0..{num_replicas - 1}"
@@ -133,20 +180,53 @@ class FaultPlan:
                 )
 
 
+def _check_number(value: object, where: str, *, rate: bool) -> float:
+    """``value`` if it is a number in ``[0, 1]`` (a rate) or ``[0, MAX_FAULT_SECONDS]``."""
+    top = 1.0 if rate else MAX_FAULT_SECONDS
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+        what = "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
+        raise FaultSpecError(f"{where}: must be {what}, got {value!r:.60}")  # NaN: refused too
+    return float(value)
+
+
+def _check_scheduled(f: object) -> None:
+    if not isinstance(f, ScheduledFault):
+        raise FaultSpecError(f"a scheduled fault must be a ScheduledFault, got {f!r:.80}")
+    where = f"{f.kind}@{f.at!r:.40}"
+    if f.kind not in SCHEDULED_FAULTS:
+        raise FaultSpecError(
+            f"unknown scheduled fault {f.kind!r}; known: {', '.join(SCHEDULED_FAULTS)}"
+        )
+    if type(f.relative) is not bool:
+        raise FaultSpecError(f"{where}: relative must be a bool, got {f.relative!r}")
+    _check_number(f.at, where, rate=f.relative)  # a fraction of the span, or seconds
+    if f.replica is not None and (type(f.replica) is not int or not 0 <= f.replica < MAX_REPLICAS):
+        raise FaultSpecError(
+            f"{where}: replica must be None or an int in [0, {MAX_REPLICAS - 1}], "
+            f"got {f.replica!r:.40}"
+        )
+    if f.mode not in _WARMUPS:
+        raise FaultSpecError(f"{where}: warm-up {f.mode!r} is not replay or dump")
+
+
 def _time(text: str, where: str) -> tuple[float, bool]:
     relative = text.endswith("%")
     try:
         value = float(text[:-1] if relative else text)
     except ValueError:
         raise FaultSpecError(f"{where}: time {text!r} is not seconds or a percentage") from None
-    if value < 0 or (relative and value > 100):
-        raise FaultSpecError(f"{where}: time {text!r} out of range")
+    top = 100.0 if relative else MAX_FAULT_SECONDS
+    if not 0 <= value <= top:  # NaN and infinity too
+        unit = "a percentage in [0, 100]" if relative else f"seconds in [0, {top:g}]"
+        raise FaultSpecError(f"{where}: time {text!r} is not {unit}")
     return (value / 100, True) if relative else (value, False)
 
 
 def _replica(text: str, where: str) -> int:
-    if not text.isdigit():
-        raise FaultSpecError(f"{where}: replica {text!r} is not a non-negative int")
+    if not text.isdigit() or len(text) > 6 or int(text) >= MAX_REPLICAS:
+        raise FaultSpecError(
+            f"{where}: replica {text!r:.40} is not an int in [0, {MAX_REPLICAS - 1}]"
+        )
     return int(text)
 
 
@@ -155,9 +235,7 @@ def _number(text: str, where: str, *, rate: bool) -> float:
         value = float(text)
     except ValueError:
         raise FaultSpecError(f"{where}: {text!r} is not a number") from None
-    if value < 0 or (rate and value > 1):
-        raise FaultSpecError(f"{where}: {text!r} out of range ({'0..1' if rate else '>= 0'})")
-    return value
+    return _check_number(value, where, rate=rate)
 
 
 def parse_faults(text: str) -> FaultPlan:
@@ -167,7 +245,7 @@ def parse_faults(text: str) -> FaultPlan:
         FaultSpecError: an unknown fault or a malformed entry.
     """
     values: dict[str, float] = {}
-    timed: list[TimedFault] = []
+    scheduled: list[ScheduledFault] = []
     mismatch: dict[int, str] = {}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
@@ -187,7 +265,7 @@ def parse_faults(text: str) -> FaultPlan:
             if kind not in ("block_size", "hash"):
                 raise FaultSpecError(f"{entry}: mismatch is R:block_size or R:hash")
             mismatch[_replica(who, entry)] = kind
-        elif name in TIMED_FAULTS:
+        elif name in SCHEDULED_FAULTS:
             who, _, when = arg.partition("@")
             when, _, mode = when.partition(":")
             if mode and mode not in _WARMUPS:
@@ -201,9 +279,9 @@ def parse_faults(text: str) -> FaultPlan:
                     f"{entry}: {name} {'needs' if needs_replica else 'takes no'} replica"
                 )
             replica = _replica(who, entry) if who else None
-            timed.append(TimedFault(name, at, replica, mode or "replay", relative))
+            scheduled.append(ScheduledFault(name, at, replica, mode or "replay", relative))
         else:
-            known = ", ".join((*_RATES, *_SECONDS, "mismatch", *TIMED_FAULTS))
+            known = ", ".join((*_RATES, *_SECONDS, "mismatch", *SCHEDULED_FAULTS))
             raise FaultSpecError(f"unknown fault {name!r} in {entry!r}; known: {known}")
     return FaultPlan(
         drop=values.get("drop", 0.0),
@@ -211,7 +289,7 @@ def parse_faults(text: str) -> FaultPlan:
         delay=values.get("delay", 0.0),
         jitter=values.get("jitter", 0.0),
         lose_completions=values.get("lose_completions", 0.0),
-        timed=tuple(sorted(timed, key=lambda f: f.at)),
+        scheduled=tuple(sorted(scheduled, key=lambda f: f.at)),
         mismatch=mismatch,
         text=text,
     )

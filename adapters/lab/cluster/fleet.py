@@ -17,14 +17,14 @@ from typing import Protocol
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.keys import HashScheme
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .errors import ReplicaDeadError
-from .keys import HashScheme
-from .replica import ReplicaReport, SharedPool, SimReplica
-from .stream import Dump, SeqBatch
+from .sim_replica import ReplicaReport, SharedPool, SimReplica
 
 __all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaSpec"]
 
@@ -99,7 +99,7 @@ class Fleet(Protocol):
         """Start (or restart, empty) ``replica`` from ``spec``."""
         ...
 
-    def add(self, replica: int, request: TimedRequest) -> None:
+    def add(self, replica: int, request: SimRequest) -> None:
         """Send a request. Raises :class:`ReplicaDeadError` if the replica is gone."""
         ...
 
@@ -148,7 +148,7 @@ class LocalFleet:
         """Build (or rebuild, empty) the replica."""
         self.replicas[replica] = spec.build(replica)
 
-    def add(self, replica: int, request: TimedRequest) -> None:
+    def add(self, replica: int, request: SimRequest) -> None:
         """Queue the request on the replica."""
         self._get(replica).add(request)
 

@@ -17,9 +17,8 @@ from prefixkv.adapters.events.wire import (
     BlockRemoved,
     BlockStored,
 )
+from prefixkv.adapters.router.cluster_index import wire_int
 from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE
-
-from .index import wire_int
 
 __all__ = ["KVEvent", "LocalIndexer"]
 

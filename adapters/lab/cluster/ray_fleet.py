@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
 from .errors import ClusterConfigError, ReplicaDeadError
 from .fleet import ReplicaSpec
-from .replica import ReplicaReport, SimReplica
-from .stream import Dump, SeqBatch
+from .sim_replica import ReplicaReport, SimReplica
 
 __all__ = ["RayFleet", "ray_available"]
 
@@ -42,7 +42,7 @@ class _ReplicaActor:
     def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
         self.replica: SimReplica = spec.build(replica_id)
 
-    def add(self, request: TimedRequest) -> None:
+    def add(self, request: SimRequest) -> None:
         self.replica.add(request)
 
     def advance(self, until: float) -> ReplicaReport:
@@ -108,7 +108,7 @@ class RayFleet:
             self._ray.kill(old)
         self.actors[replica] = self._cls.remote(spec, replica)
 
-    def add(self, replica: int, request: TimedRequest) -> None:
+    def add(self, replica: int, request: SimRequest) -> None:
         """Send the request (waits for the actor to take it, so a dead one is known)."""
         self._call(replica, "add", request)
 

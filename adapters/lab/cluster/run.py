@@ -15,22 +15,22 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prefixkv.adapters.lab.sim.profile import load_profile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.policies import POLICIES, policy_index
+from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
-from .config import ClusterConfig, make_index_for
+from .config import ClusterConfig
 from .driver import ClusterDriver
 from .errors import ClusterConfigError
 from .faults import FaultPlan, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
-from .policies import POLICIES, policy_index
-from .policy import PolicySpec, parse_policy
 
-__all__ = ["ClusterConfig", "make_index_for", "run_cluster"]
+__all__ = ["ClusterConfig", "run_cluster"]
 
 
 def run_cluster(
-    requests: Iterable[TimedRequest],
+    requests: Iterable[SimRequest],
     policy: str | PolicySpec,
     config: ClusterConfig | None = None,
     faults: FaultPlan | str | None = None,
@@ -88,7 +88,7 @@ def run_cluster(
     try:
         for r in range(cfg.num_replicas):
             run.start_replica(r, 0.0)
-        pending = list(plan.timed)
+        pending = list(plan.scheduled)
         for req in requests:
             t = req.arrival
             if t is None:

@@ -7,6 +7,8 @@ giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """
 
+from prefixkv.adapters.deprecated import moved_names
+
 from .arrivals import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
@@ -15,8 +17,8 @@ from .arrivals import (
     scaled_arrivals,
     with_arrivals,
 )
-from .calibrate import StepSample, calibrate, fit_profile, measure_engine
-from .config import BATCHING_MODES, POLICIES, Batching, Policy, SimConfig
+from .calibration import StepSample, calibrate, fit_profile, measure_engine
+from .config import BATCHING_MODES, Batching, SimConfig
 from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
 from .plots import plot_capacity_sweep, plot_ttft_cdf
@@ -29,8 +31,9 @@ from .profile import (
     load_profile,
     save_profile,
 )
+from .queue_order import QUEUE_ORDERS, QueueOrder
 from .replica import IndexFactory, simulate
-from .requests import FILLER_TOKEN, TimedRequest, timed_request
+from .requests import FILLER_TOKEN, SimRequest, sim_request
 from .tables import (
     TABLE_FORMATS,
     TableFormatError,
@@ -47,25 +50,25 @@ __all__ = [
     "COEFFICIENTS",
     "DEFAULT_PROFILE",
     "FILLER_TOKEN",
-    "POLICIES",
+    "QUEUE_ORDERS",
     "TABLE_FORMATS",
     "ArrivalProcess",
     "Batching",
     "CostProfile",
     "IndexFactory",
-    "Policy",
     "ProfileError",
+    "QueueOrder",
     "RequestMetrics",
     "RunMetrics",
     "SimConfig",
     "SimConfigError",
     "SimError",
     "SimInputError",
+    "SimRequest",
     "SimResult",
     "SimUnservableError",
     "StepSample",
     "TableFormatError",
-    "TimedRequest",
     "attention_pairs",
     "available_profiles",
     "calibrate",
@@ -81,11 +84,22 @@ __all__ = [
     "run_rows",
     "save_profile",
     "scaled_arrivals",
+    "sim_request",
     "simulate",
     "summarize",
-    "timed_request",
     "to_dataframes",
     "with_arrivals",
     "write_rows",
     "write_tables",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "Policy": f"{__name__}:QueueOrder",
+        "POLICIES": f"{__name__}:QUEUE_ORDERS",
+        "TimedRequest": f"{__name__}:SimRequest",
+        "timed_request": f"{__name__}:sim_request",
+    },
+    "'policy' alone means a router's routing policy; 'timed', measured by the wall clock",
+)

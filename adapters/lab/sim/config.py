@@ -2,7 +2,8 @@
 
 The knobs are vLLM's (``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``) plus the two that tell vLLM's and SGLang's schedulers
-apart: the waiting queue's order (``policy``) and whether a step mixes prefill
+apart: the waiting queue's order (``policy``, a :data:`~.queue_order.QueueOrder`; the
+field keeps the engines' flag name) and whether a step mixes prefill
 chunks with decode rows (``batching``).
 """
 
@@ -11,14 +12,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from prefixkv.adapters.deprecated import moved_names
+
 from .errors import SimConfigError
+from .queue_order import QUEUE_ORDERS, QueueOrder
 
-__all__ = ["BATCHING_MODES", "POLICIES", "Batching", "Policy", "SimConfig"]
+__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimConfig"]
 
-Policy = Literal["fcfs", "lpm"]
+_QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
+
+MAX_NUM_SEQS = 2**20
+"""The most running requests a replica may be given (vLLM's default: 256)."""
+
+MAX_NUM_BATCHED_TOKENS = 2**31 - 1
+"""The largest step token budget (vLLM's default: 8192; an int32 in the engines)."""
+
 Batching = Literal["mixed", "prefill_first"]
-POLICIES: tuple[Policy, ...] = ("fcfs", "lpm")
-"""Waiting-queue orders: first come first served, SGLang's longest prefix match."""
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
 """vLLM v1 mixes prefill chunks and decode rows in a step; SGLang (without
 ``--enable-mixed-chunk``) runs a prefill-only step whenever it can admit, else a
@@ -38,29 +47,37 @@ class SimConfig:
             serving on H100/H200 (vLLM uses 2048 on an A100).
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
-        policy: ``"fcfs"`` or ``"lpm"`` (SGLang's cache-aware order).
+        policy: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
+            cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
         check_invariants: run the manager's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
-        SimConfigError: a non-positive size, an unknown policy or batching mode.
+        SimConfigError: a size out of range (``max_num_seqs`` up to
+            :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
+            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown policy or batching mode.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
-    policy: Policy = "fcfs"
+    policy: QueueOrder = "fcfs"
     batching: Batching = "mixed"
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name, top in (
+            ("max_num_seqs", MAX_NUM_SEQS),
+            ("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
+        ):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
-        if self.policy not in POLICIES:
-            raise SimConfigError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+            if type(value) is not int or not 1 <= value <= top:
+                raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
+        if self.policy not in QUEUE_ORDERS:
+            raise SimConfigError(
+                f"unknown policy {self.policy!r}; known: {', '.join(QUEUE_ORDERS)}"
+            )
         if self.batching not in BATCHING_MODES:
             raise SimConfigError(
                 f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
@@ -74,3 +91,10 @@ class SimConfig:
         d = asdict(self)
         del d["check_invariants"]
         return d
+
+
+__getattr__ = moved_names(
+    __name__,
+    {"Policy": f"{_QUEUE_ORDER}:QueueOrder", "POLICIES": f"{_QUEUE_ORDER}:QUEUE_ORDERS"},
+    "'policy' alone means a router's routing policy",
+)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from .errors import ProfileError
 __all__ = [
     "COEFFICIENTS",
     "DEFAULT_PROFILE",
+    "MAX_COEFFICIENT_S",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -47,6 +47,12 @@ COEFFICIENTS = (
     "decode_context_s",
 )
 """The coefficient names every profile has, in seconds per unit."""
+
+MAX_COEFFICIENT_S = 1e3
+"""The largest coefficient a profile may have, in seconds per unit: a thousand seconds
+a step, a token or a (query, key) pair is far beyond any hardware, and bounding it
+keeps every step time of a run finite (a 1e308 coefficient would overflow to
+infinity mid-run and fail only when the results are written)."""
 
 DEFAULT_PROFILE = "llama2-70b-tp2-a100"
 """The shipped profile used when none is named (derived from Vidur's profiling data)."""
@@ -79,7 +85,8 @@ class CostProfile:
         fit: optional numbers about the fit (residuals, ranges), kept as given.
 
     Raises:
-        ProfileError: a coefficient that is not a finite number >= 0, or all zero.
+        ProfileError: a coefficient that is not a number in ``[0, MAX_COEFFICIENT_S]``,
+            or all zero.
     """
 
     name: str
@@ -100,11 +107,11 @@ class CostProfile:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
+                or not 0 <= value <= MAX_COEFFICIENT_S  # NaN compares False: refused
             ):
                 raise ProfileError(
-                    f"profile {self.name!r}: {name} must be a finite number >= 0, got {value!r}"
+                    f"profile {self.name!r}: {name} must be a number of seconds in "
+                    f"[0, {MAX_COEFFICIENT_S:g}], got {value!r:.60}"
                 )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")

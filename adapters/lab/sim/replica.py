@@ -22,8 +22,8 @@ from .config import SimConfig
 from .errors import SimConfigError, SimError, SimInputError, SimUnservableError
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import CostProfile, load_profile
-from .requests import TimedRequest
-from .scheduler import ReplicaScheduler, SimSeq
+from .replica_scheduler import ReplicaScheduler, SimSeq
+from .requests import SimRequest
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -32,7 +32,7 @@ IndexFactory = Callable[[], PrefixIndex]
 
 
 def _check_servable(
-    request: TimedRequest, num_blocks: int, block_size: int, config: SimConfig
+    request: SimRequest, num_blocks: int, block_size: int, config: SimConfig
 ) -> None:
     reason = unservable(
         len(request.prompt),
@@ -47,7 +47,7 @@ def _check_servable(
 
 
 def simulate(
-    requests: Iterable[TimedRequest],
+    requests: Iterable[SimRequest],
     index_factory: IndexFactory,
     capacity_tokens: int,
     config: SimConfig | None = None,
@@ -151,7 +151,7 @@ def simulate(
     return SimResult(all_labels, records, run)
 
 
-def _arrival(request: TimedRequest, last: float) -> float:
+def _arrival(request: SimRequest, last: float) -> float:
     t = request.arrival
     if t is None:
         raise SimInputError(

@@ -1,6 +1,6 @@
 """The simulator's unit of work: a prompt, how much it decodes, and when it arrives.
 
-A :class:`TimedRequest` is what an arrival-time replay consumes, in arrival order.
+A :class:`SimRequest` is what an arrival-time replay consumes, in arrival order.
 Its prompt is an ``array('I')`` (the storage ``TokenKey`` uses); its output is either
 the tokens a trace recorded (so multi-turn prompts that quote them hit the cache, as
 they would in the engine) or just a length.
@@ -13,18 +13,19 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from prefixkv.adapters.deprecated import moved_names
 from prefixkv.indexes.tokens import as_token_array
 
 from .errors import SimInputError
 
-__all__ = ["FILLER_TOKEN", "TimedRequest", "timed_request"]
+__all__ = ["FILLER_TOKEN", "SimRequest", "sim_request"]
 
 FILLER_TOKEN = 0
 """The id decoded when a request's output tokens are not known (its length is)."""
 
 
 @dataclass(frozen=True, slots=True)
-class TimedRequest:
+class SimRequest:
     """One request of an arrival-time replay.
 
     Attributes:
@@ -75,13 +76,13 @@ class TimedRequest:
         return FILLER_TOKEN if self.output is None else self.output[i]
 
 
-def timed_request(
+def sim_request(
     id: str,
     prompt: Iterable[int],
     output: Sequence[int] | int,
     arrival: float | None = None,
-) -> TimedRequest:
-    """Build a :class:`TimedRequest` from plain Python values (validated).
+) -> SimRequest:
+    """Build a :class:`SimRequest` from plain Python values (validated).
 
     Args:
         id: the request id.
@@ -98,8 +99,15 @@ def timed_request(
     if isinstance(output, int):
         if isinstance(output, bool) or output < 0:
             raise SimInputError(f"request {id!r}: output length must be >= 0, got {output!r}")
-        return TimedRequest(id, tokens, max(1, output), arrival)
+        return SimRequest(id, tokens, max(1, output), arrival)
     out = as_token_array(output)
     if not out:
-        return TimedRequest(id, tokens, 1, arrival)
-    return TimedRequest(id, tokens, len(out), arrival, out)
+        return SimRequest(id, tokens, 1, arrival)
+    return SimRequest(id, tokens, len(out), arrival, out)
+
+
+__getattr__ = moved_names(
+    __name__,
+    {"TimedRequest": f"{__name__}:SimRequest", "timed_request": f"{__name__}:sim_request"},
+    "'timed' means measured by the wall clock",
+)

@@ -1,7 +1,7 @@
-"""Trace requests as timed cluster requests: arrivals, and Mooncake's prefill-only mode.
+"""Trace requests as the simulator's cluster requests: arrivals, and Mooncake's prefill-only mode.
 
 Each :class:`~prefixkv.adapters.lab.traces.TraceRequest` becomes a
-:class:`~prefixkv.adapters.lab.sim.TimedRequest` (the prompt, the output's length;
+:class:`~prefixkv.adapters.lab.sim.SimRequest` (the prompt, the output's length;
 decoded tokens are the filler token, since no later prompt quotes them in a hash-id
 trace), stamped by the sim's arrival processes. ``prefill_only`` keeps one output
 token, as Mooncake's cache experiments do ("restrict all request outputs to 1", FAST'25
@@ -15,29 +15,29 @@ from array import array
 from collections.abc import Iterable, Iterator
 
 from prefixkv.adapters.lab.sim.arrivals import with_arrivals
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
-__all__ = ["timed_requests"]
+__all__ = ["sim_requests"]
 
 
-def _timed(requests: Iterable[TraceRequest], prefill_only: bool) -> Iterator[TimedRequest]:
+def _sim_requests(requests: Iterable[TraceRequest], prefill_only: bool) -> Iterator[SimRequest]:
     for r in requests:
         prompt = r.tokens if isinstance(r.tokens, array) else array(TOKEN_TYPECODE, r.tokens)
         output = 1 if prefill_only else max(1, len(r.output))
-        yield TimedRequest(r.id, prompt, output, r.arrival)
+        yield SimRequest(r.id, prompt, output, r.arrival)
 
 
-def timed_requests(
+def sim_requests(
     requests: Iterable[TraceRequest],
     *,
     prefill_only: bool = False,
     request_rate: float | None = None,
     time_scale: float | None = None,
     seed: int = 0,
-) -> Iterator[TimedRequest]:
-    """Timed requests, lazily, in arrival order.
+) -> Iterator[SimRequest]:
+    """The simulator's requests, stamped with arrival times, lazily, in arrival order.
 
     Args:
         requests: trace requests in arrival order.
@@ -51,7 +51,7 @@ def timed_requests(
         SimInputError: a request without an arrival where the trace's are used.
     """
     return with_arrivals(
-        _timed(requests, prefill_only),
+        _sim_requests(requests, prefill_only),
         request_rate=request_rate,
         time_scale=time_scale,
         seed=seed,

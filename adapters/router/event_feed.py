@@ -8,16 +8,19 @@ replayed, restarts detected). :func:`subscribe` connects one such stream to a
 unbridgeable gap makes the index forget the replica (a real engine offers no dump:
 what it still holds is learned again as it publishes). The caller polls the
 subscriber and calls :meth:`Router.route` with the requests' token ids.
+ZeroMQ is imported when :func:`subscribe` is first called.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefixkv.adapters.events.transport import ZmqEventSubscriber
 from prefixkv.adapters.events.wire import KVEventBatch
 
 from .router import Router
+
+if TYPE_CHECKING:
+    from prefixkv.adapters.events.transport import ZmqEventSubscriber
 
 __all__ = ["subscribe"]
 
@@ -43,6 +46,9 @@ def subscribe(
         The subscriber: call ``poll()`` (and ``sync()`` after connecting) to apply
         what arrived; ``close()`` when done.
     """
+    # ZeroMQ loads here, not with the router: only a router that subscribes needs it.
+    from prefixkv.adapters.events.transport import ZmqEventSubscriber
+
     router.add_replica(replica)
     index = router.index
 

@@ -1,6 +1,6 @@
 """Arrival-time runs of a comparison: each backend on its natural engine, with a clock.
 
-The K-live replay of :mod:`.compare` counts the prompt tokens each index serves
+The K-live replay of :mod:`.k_live` counts the prompt tokens each index serves
 from cache; this runs the same requests through :func:`.sim.simulate` (a queue,
 continuous batching, a cost profile) to tell what that is worth to the engine's
 users: TTFT, queueing, throughput, GPU-seconds of prefill. Requests arrive at a
@@ -15,47 +15,42 @@ engines' default queue order. Every knob can be forced for all backends.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from prefixkv.indexes.tokens import as_token_array
 
-from .progress import Progress
-from .sim import (
+from ..sim import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
     Batching,
     CostProfile,
-    Policy,
+    QueueOrder,
     SimConfig,
     SimConfigError,
+    SimRequest,
     SimResult,
-    TimedRequest,
     load_profile,
     simulate,
     with_arrivals,
 )
-from .sources import Workload
-from .traces import TraceRequest, TraceSource
-
-if TYPE_CHECKING:
-    from .compare import BackendSpec
+from ..sim.arrivals import check_request_rate, check_time_scale
+from ..traces import TraceRequest, TraceSource
+from ..workload_sources import Workload
+from .spec import BackendSpec, Bars, Scalar
 
 __all__ = [
     "ENGINE_MODES",
+    "ArrivalRun",
     "EngineMode",
-    "Scalar",
     "TimeSettings",
-    "TimedRun",
     "check_arrivals",
-    "run_timed",
-    "timed_requests",
+    "run_arrival",
 ]
 
 EngineMode = Literal["vllm", "sglang"]
-ENGINE_MODES: Mapping[EngineMode, tuple[Batching, Policy]] = {
+ENGINE_MODES: Mapping[EngineMode, tuple[Batching, QueueOrder]] = {
     "vllm": ("mixed", "fcfs"),
     "sglang": ("prefill_first", "fcfs"),
 }
@@ -63,24 +58,6 @@ ENGINE_MODES: Mapping[EngineMode, tuple[Batching, Policy]] = {
 SGLang's ``--schedule-policy fcfs``)."""
 
 _ENGINE_NAMES: Mapping[EngineMode, str] = {"vllm": "vLLM", "sglang": "SGLang"}
-
-Scalar = str | int | float | bool | None
-"""A table cell: rows hold only these, so every format has one column per field."""
-
-Bars = Callable[[str, int], Progress]
-
-
-def _finite(name: str, value: float | None, *, positive: bool = True) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or (value <= 0 if positive else value < 0)
-    ):
-        raise SimConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +91,17 @@ class TimeSettings:
     seed: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    policy: Policy | None = None
+    policy: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)
 
     def __post_init__(self) -> None:
         if (self.request_rate is None) == (self.time_scale is None):
             raise SimConfigError("give a request rate or a time scale (one of the two)")
-        _finite("request rate", self.request_rate)
-        _finite("time scale", self.time_scale)
+        if self.request_rate is not None:
+            check_request_rate(self.request_rate)
+        if self.time_scale is not None:
+            check_time_scale(self.time_scale)
         if self.arrival not in ARRIVAL_PROCESSES:
             raise SimConfigError(
                 f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
@@ -183,14 +162,14 @@ class TimeSettings:
         }
 
 
-def timed_requests(requests: Iterable[TraceRequest]) -> Iterator[TimedRequest]:
+def _sim_requests(requests: Iterable[TraceRequest]) -> Iterator[SimRequest]:
     """Trace requests as the simulator's requests, lazily (the arrival is kept).
 
     A request with an empty output still decodes one token, as an engine does.
     """
     for r in requests:
         out = r.output
-        yield TimedRequest(
+        yield SimRequest(
             r.id,
             as_token_array(r.tokens),
             max(1, len(out)),
@@ -226,7 +205,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class TimedRun:
+class ArrivalRun:
     """One backend's arrival-time run of one workload at one capacity.
 
     Attributes:
@@ -289,7 +268,7 @@ class TimedRun:
         return [{**labels, "position": k, **r.as_row()} for k, r in enumerate(self.result.requests)]
 
 
-def run_timed(
+def run_arrival(
     workload: Workload,
     spec: BackendSpec,
     capacity_tokens: int,
@@ -297,7 +276,7 @@ def run_timed(
     *,
     role: str = "table",
     bars: Bars | None = None,
-) -> TimedRun:
+) -> ArrivalRun:
     """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens``.
 
     The requests are read again from the workload (a trace streams), stamped with
@@ -310,7 +289,7 @@ def run_timed(
     """
     config = settings.config(spec)
     stamped = with_arrivals(
-        timed_requests(workload.requests),
+        _sim_requests(workload.requests),
         request_rate=settings.request_rate,
         time_scale=settings.time_scale,
         process=settings.arrival,
@@ -336,7 +315,7 @@ def run_timed(
     finally:
         if bar is not None:
             bar.close()
-    return TimedRun(
+    return ArrivalRun(
         workload=workload.name,
         backend=spec.label,
         index=spec.index,

@@ -23,9 +23,12 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from .approx import ApproxIndex
+from .block_tree import RadixBlockIndex
+from .cluster_index import ChainedHashIndex, ClusterIndex
 from .errors import ClusterConfigError, UnknownPolicyError
-from .keys import Worker
-from .policy import PolicySpec, RouteContext, RoutingPolicy
+from .keys import HashScheme, Worker
+from .routing import PolicySpec, RouteContext, RoutingPolicy
 
 __all__ = [
     "POLICIES",
@@ -39,6 +42,7 @@ __all__ = [
     "RayPrefixAffinity",
     "RoundRobin",
     "SGLangCacheAware",
+    "make_cluster_index",
     "make_policy",
     "policy_index",
 ]
@@ -435,3 +439,19 @@ def policy_index(spec: PolicySpec) -> tuple[str | None, dict[str, Any]]:
     params = dict(entry.index_params) if entry is not None and kind == default_kind else {}
     params.update(spec.index_params)
     return kind, params
+
+
+def make_cluster_index(spec: PolicySpec, scheme: HashScheme) -> ClusterIndex | None:
+    """The cluster index a policy spec reads (``None`` for load-only policies).
+
+    Raises:
+        UnknownPolicyError: index parameters the index does not take.
+    """
+    kind, params = policy_index(spec)
+    if kind is None:
+        return None
+    if kind == "approx":
+        return ApproxIndex(**params)
+    if params:
+        raise UnknownPolicyError(f"{spec.text!r}: {kind} index takes no {', '.join(params)}")
+    return ChainedHashIndex(scheme) if kind == "chained" else RadixBlockIndex(scheme)

@@ -1,7 +1,7 @@
 """The router: one policy over a cluster index, a load tracker and the replicas' streams.
 
 What Ray 2.60 moved into its ingress and Dynamo runs in its frontend, in one object:
-per replica a :class:`~.stream.StreamTracker` (event-fed indexes only) applying the
+per replica a :class:`~.stream_tracker.StreamTracker` (event-fed indexes only) applying the
 replica's batches to the index in order; the :class:`~.load.LoadTracker`; the worker
 set (serving, draining); and :meth:`Router.route`, which computes the request's block
 keys, asks the index, lets the policy choose among the serving workers, then reserves
@@ -16,25 +16,44 @@ from __future__ import annotations
 
 import random
 import time
+from array import array
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from prefixkv.adapters.events.wire import EventBatch
-from prefixkv.adapters.lab.sim.profile import CostProfile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
 
+from .cluster_index import ClusterIndex
 from .errors import NoReplicaError
-from .index import ClusterIndex
 from .keys import HashScheme, RouteKeys, Worker
 from .load import REQUEST_TRACKING_TTL_S, LoadTracker
-from .policy import RouteContext, RoutingPolicy
-from .stream import Dump, SeqBatch, StreamTracker
+from .routing import CostModel, RouteContext, RoutingPolicy
+from .stream_tracker import Dump, SeqBatch, StreamTracker
 
-__all__ = ["Decision", "Router"]
+__all__ = ["Decision", "RouteRequest", "Router"]
 
 SWEEP_INTERVAL_S = 60.0
 """How often (virtual seconds) open reservations are swept, at most (and at least as
 often as their TTL)."""
+
+
+class RouteRequest(Protocol):
+    """What :meth:`Router.route` reads of a request: any object with these three
+    (the simulator's request is one)."""
+
+    @property
+    def id(self) -> str:
+        """Unique among the requests in flight (the load booking's key)."""
+        ...
+
+    @property
+    def prompt(self) -> array[int]:
+        """The prompt's token ids, ``array('I')``."""
+        ...
+
+    @property
+    def output_len(self) -> int:
+        """Tokens it may generate (``max_tokens``): its decode load."""
+        ...
 
 
 class Decision(NamedTuple):
@@ -64,7 +83,8 @@ class Router:
         policy: the routing policy.
         index: the cluster index it reads (``None`` for load-only policies).
         scheme: the fleet's hash scheme.
-        profile: the cost model (prefill seconds booked per request).
+        profile: the cost model (prefill seconds booked per request), e.g. the
+            lab's ``CostProfile``.
         seed: seeds ties and sampling.
         reservation_ttl: seconds before an open booking is swept.
     """
@@ -74,7 +94,7 @@ class Router:
         policy: RoutingPolicy,
         index: ClusterIndex | None,
         scheme: HashScheme,
-        profile: CostProfile,
+        profile: CostModel,
         *,
         seed: int = 0,
         reservation_ttl: float = REQUEST_TRACKING_TTL_S,
@@ -107,7 +127,7 @@ class Router:
 
         For an event-fed index, its stream is followed through ``replay`` and ``dump``
         (a simulated replica); without them the caller feeds the index itself, e.g.
-        with :func:`~.live.subscribe` on a real engine's ZeroMQ stream.
+        with :func:`~.event_feed.subscribe` on a real engine's ZeroMQ stream.
         """
         self.dead.discard(replica)
         self.serving[Worker(replica)] = None
@@ -195,7 +215,7 @@ class Router:
             self._candidates = sorted(self.serving)
         return self._candidates
 
-    def route(self, request: TimedRequest, now: float) -> Decision:
+    def route(self, request: RouteRequest, now: float) -> Decision:
         """Choose a worker for ``request`` and book it there.
 
         Raises:

@@ -23,7 +23,7 @@ and leaves timing to the cost profile:
   decoded tokens when the request finishes (``cache_finished_req``). Short of a
   block while decoding, requests are retracted in SGLang's order (fewest output
   tokens, then longest prompt, first) to the back of the waiting queue.
-- the waiting queue is FCFS or ``lpm`` (:mod:`.policy`).
+- the waiting queue is FCFS or ``lpm`` (:mod:`.queue_order`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from prefixkv.storage.allocator import BlockAllocator
 from .config import SimConfig
 from .errors import SimError
 from .metrics import RequestMetrics
-from .policy import sort_by_longest_prefix
 from .profile import CostProfile, attention_pairs
-from .requests import TimedRequest
+from .queue_order import sort_by_longest_prefix
+from .requests import SimRequest
 
 __all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan"]
 
@@ -65,7 +65,7 @@ class SimSeq:
         key: while waiting, the key to admit it with (prompt + output so far).
     """
 
-    request: TimedRequest
+    request: SimRequest
     metrics: RequestMetrics
     num_output: int = 0
     num_computed: int = 0

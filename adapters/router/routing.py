@@ -19,10 +19,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from prefixkv.adapters.lab.sim.profile import CostProfile
-
+from .cluster_index import ClusterIndex
 from .errors import UnknownPolicyError
-from .index import ClusterIndex
 from .keys import RouteKeys, Worker
 from .load import LoadTracker
 
@@ -30,6 +28,7 @@ __all__ = [
     "BOUNDS",
     "INDEX_KINDS",
     "INDEX_OPTIONS",
+    "CostModel",
     "PolicySpec",
     "RouteContext",
     "RoutingPolicy",
@@ -46,6 +45,23 @@ INDEX_KINDS = ("chained", "radix", "approx")
 
 INDEX_OPTIONS = ("ttl", "max_blocks")
 """Spec parameters that configure the index (the approximate one), not the policy."""
+
+
+class CostModel(Protocol):
+    """What the router prices prefill with: the lab's ``CostProfile`` is one.
+
+    The router books each request's uncached prefill in these seconds (Mooncake's
+    queue time); Mooncake's policy adds one step's fixed cost to estimate TTFT.
+    """
+
+    @property
+    def step_s(self) -> float:
+        """Fixed seconds per engine step."""
+        ...
+
+    def prefill_s(self, num_tokens: int, num_cached: int = 0) -> float:
+        """Seconds to prefill ``num_tokens`` tokens after ``num_cached`` cached ones."""
+        ...
 
 
 @dataclass(slots=True)
@@ -78,7 +94,7 @@ class RouteContext:
     loads: LoadTracker
     index: ClusterIndex | None
     block_size: int
-    profile: CostProfile
+    profile: CostModel
     rng: random.Random
 
     def cached_tokens(self, worker: Worker) -> int:

@@ -36,7 +36,7 @@ from prefixkv.adapters.events.wire import (
 from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
 from .bitmask import WorkerBitmasks
-from .index import StreamCheck, wire_int
+from .cluster_index import StreamCheck, wire_int
 from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
 
 __all__ = ["RadixBlockIndex"]

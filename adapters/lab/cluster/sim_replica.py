@@ -30,16 +30,17 @@ from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
-from prefixkv.adapters.lab.sim.requests import TimedRequest
-from prefixkv.adapters.lab.sim.scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.router.keys import HashScheme
+from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
 from prefixkv.storage.allocator import BlockAllocator
 
 from .errors import ClusterConfigError
-from .keys import HashScheme
 from .local_indexer import KVEvent, LocalIndexer
-from .stream import Dump, EventPublisher, SeqBatch
+from .publisher import EventPublisher
 
 __all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
 
@@ -180,7 +181,7 @@ class SimReplica:
 
     # ------------------------------------------------------------ requests
 
-    def add(self, request: TimedRequest) -> None:
+    def add(self, request: SimRequest) -> None:
         """Queue a request the router sent; it waits for the next step.
 
         Raises:

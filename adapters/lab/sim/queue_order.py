@@ -1,6 +1,8 @@
-"""Waiting-queue order for SGLang's cache-aware ``lpm`` policy (longest prefix match).
+"""The waiting queue's order: first come first served, or SGLang's cache-aware ``lpm``.
 
-Mirrors SGLang 0.5.23's ``SchedulePolicy.calc_priority`` with ``lpm``: every waiting
+``fcfs`` keeps arrival order (vLLM's ``--scheduling-policy fcfs`` and SGLang's
+``--schedule-policy fcfs``, both engines' default). ``lpm`` (longest prefix match)
+mirrors SGLang 0.5.23's ``SchedulePolicy.calc_priority`` with ``lpm``: every waiting
 request is matched against the cache (capped at ``len - 1``, as admission would
 be); the queue is sorted, stably, longest hit first. Requests whose hit is short
 (at most 32 tokens) are also matched against the other short-hit requests ahead of
@@ -15,17 +17,24 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from prefixkv.indexes.tokens import ExtraKey, TokenKey
 
 __all__ = [
     "IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD",
     "IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD",
+    "QUEUE_ORDERS",
     "WAITING_QUEUE_PREFIX_MATCH_MAX",
+    "QueueOrder",
     "Waiting",
     "sort_by_longest_prefix",
 ]
+
+QueueOrder = Literal["fcfs", "lpm"]
+"""A waiting-queue order (what the engines' flags call a scheduling policy)."""
+QUEUE_ORDERS: tuple[QueueOrder, ...] = ("fcfs", "lpm")
+"""Waiting-queue orders: first come first served, SGLang's longest prefix match."""
 
 WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 """SGLang: above this many waiting requests, ``lpm`` falls back to FCFS."""

@@ -2,7 +2,7 @@
 
 A cluster index answers the router's one question, "how many leading blocks of this
 request does each worker cache?", from what it has been told: the replicas' KV events
-(event-fed: the chained-hash map here, the radix tree in :mod:`.radix`) or the router's
+(event-fed: the chained-hash map here, the radix tree in :mod:`.block_tree`) or the router's
 own decisions (:mod:`.approx`). Every implementation keys workers by (replica,
 data-parallel rank, KV group) and checks each replica's stream before trusting it:
 

@@ -1,45 +1,42 @@
 """``prefixkv cluster``: route a trace over N replicas with each policy; write a report.
 
-The subcommand's flags and its run live here; the ``prefixkv`` entry point only adds
-the subparser (:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`).
+The subcommand's flags and its run over the cluster simulation
+(:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
+(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
-from prefixkv.adapters.lab.sim.requests import TimedRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.router.policies import POLICIES
+from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
-from .errors import ClusterConfigError
-from .experiment import arrival_span, run_experiment
-from .faults import parse_faults
-from .fleet import Fleet
-from .metrics import ClusterResult
-from .policies import POLICIES
-from .policy import BOUNDS, parse_policies
-from .report import write_report
-from .requests import timed_requests
-from .run import ClusterConfig
+from ..cluster.errors import ClusterConfigError
+from ..cluster.experiment import arrival_span, run_experiment
+from ..cluster.faults import parse_faults
+from ..cluster.fleet import Fleet
+from ..cluster.metrics import ClusterResult
+from ..cluster.report import write_report
+from ..cluster.run import ClusterConfig
+from ..cluster.trace_requests import sim_requests
+from .common import parse_token_counts
 
 __all__ = ["add_cluster_parser", "run_cluster_command"]
 
 DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
-
-
-def _token_counts(text: str) -> list[int]:
-    from prefixkv.adapters.lab.cli import parse_token_counts
-
-    return parse_token_counts(text)
 
 
 def _ints(text: str) -> list[int]:
@@ -83,6 +80,14 @@ def add_cluster_parser(sub: Any) -> None:
         default="multi_turn",
         help="a built-in workload when no trace is given (default multi_turn)",
     )
+    _add_input_flags(p)
+    _add_fleet_flags(p)
+    _add_router_flags(p)
+    _add_runner_flags(p)
+
+
+def _add_input_flags(p: argparse.ArgumentParser) -> None:
+    """The trace's format and size."""
     p.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
     p.add_argument("--max-requests", type=_positive(int), metavar="N", help="the first N requests")
     p.add_argument(
@@ -91,12 +96,16 @@ def add_cluster_parser(sub: Any) -> None:
         metavar="S",
         help="hash-id traces: tokens per hash id (default: the format's, Mooncake 512)",
     )
+
+
+def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The replicas: how many, their capacity, index, scheduler and costs."""
     f = p.add_argument_group("fleet")
     f.add_argument("--replicas", type=_ints, default=[8], metavar="N[,N...]",
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
     f.add_argument(
         "--capacity-tokens",
-        type=_token_counts,
+        type=parse_token_counts,
         metavar="T[,T...]",
         help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it "
         "(default 3m, Mooncake's per-node local cache)",
@@ -119,6 +128,10 @@ def add_cluster_parser(sub: Any) -> None:
                    help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
+
+
+def _add_router_flags(p: argparse.ArgumentParser) -> None:
+    """Arrivals, the routing policies and the faults."""
     a = p.add_argument_group("arrivals").add_mutually_exclusive_group()
     a.add_argument(
         "--request-rate", type=_positive(float), metavar="R", help="Poisson, R requests/s"
@@ -144,6 +157,10 @@ def add_cluster_parser(sub: Any) -> None:
         help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
         "router_restart@60%%:dump (see the README)",
     )
+
+
+def _add_runner_flags(p: argparse.ArgumentParser) -> None:
+    """Where the replicas run (in-process or Ray), the seed and the outputs."""
     x = p.add_argument_group("runner")
     x.add_argument(
         "--ray",
@@ -167,7 +184,10 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
         w = make_workload(args.workload, seed=args.seed)
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
     opts = ReadOptions(
-        tokens_per_id=args.tokens_per_id, seed=args.seed, output=not args.prefill_only
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        output=not args.prefill_only,
+        sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
     source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
     name = os.path.basename(args.trace)
@@ -179,35 +199,19 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     requests, description, per_id = _source(args)
     if args.trace is None and args.request_rate is None:
         args.request_rate = 2.0  # built-in workloads have no timestamps
-    block_size = args.block_size or per_id or 16
     capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
     plan = parse_faults(args.faults) if args.faults else None
-
-    first = args.replicas[0]
-
-    def stream(cfg: ClusterConfig | None = None) -> Iterator[TimedRequest]:
-        # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
-        k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
-        rate = None if args.request_rate is None else args.request_rate / k
-        scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
-        return timed_requests(
-            requests,
-            prefill_only=args.prefill_only,
-            request_rate=rate,
-            time_scale=scale,
-            seed=args.seed,
-        )
-
+    stream = _arrivals(args, requests)
     if plan is not None:
         if plan.needs_relative:
-            plan = plan.resolve(arrival_span(stream()))
+            plan = plan.resolve(arrival_span(stream(None)))
         plan.check(args.replicas[0])
     config = ClusterConfig(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
         backend=args.backend,
-        block_size=block_size,
+        block_size=args.block_size or per_id or 16,
         sim=SimConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),
@@ -216,44 +220,8 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
         keep_tokens=plan is not None,
     )
-    timing = (
-        f"Poisson {args.request_rate}/s (seed {args.seed})"
-        if args.request_rate is not None
-        else f"trace timestamps x {args.time_scale or 1.0}"
-    )
-    quiet = args.quiet
-
-    def progress(res: ClusterResult) -> None:
-        if quiet:
-            return
-        r, lab = res.run, res.labels
-        ok = "ok" if not res.invariants.broken() else "INVARIANTS BROKEN"
-        print(
-            f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
-            f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
-            f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
-            f"[{lab['wall_s']:.1f} s wall] {ok}",
-            flush=True,
-        )
-
-    fleet_factory = None
-    ray_module: Any = None
-    if args.ray:
-        from .ray_fleet import RayFleet
-
-        try:
-            import ray as ray_module
-        except ImportError:
-            raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
-        if not ray_module.is_initialized():
-            ray_module.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
-        cpus = args.ray_cpus
-
-        def fleet_factory() -> Fleet:
-            return RayFleet(num_cpus=cpus, init=False)
-
     t0 = time.perf_counter()
-    try:
+    with _fleet(args) as fleet_factory:
         results = run_experiment(
             stream,
             specs,
@@ -262,11 +230,13 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             capacities=capacities,
             faults=plan,
             fleet=fleet_factory,
-            on_run=progress,
+            on_run=None if args.quiet else _print_run,
         )
-    finally:
-        if ray_module is not None:
-            ray_module.shutdown()
+    timing = (
+        f"Poisson {args.request_rate}/s (seed {args.seed})"
+        if args.request_rate is not None
+        else f"trace timestamps x {args.time_scale or 1.0}"
+    )
     files = write_report(
         results,
         args.out,
@@ -276,10 +246,71 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         requests_table=not args.no_requests_table,
     )
     broken = [r for r in results if r.invariants.broken()]
-    if not quiet:
+    if not args.quiet:
         wall = time.perf_counter() - t0
         print(f"{len(results)} runs in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     if broken:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1
     return 0
+
+
+def _arrivals(
+    args: argparse.Namespace, requests: Iterable[TraceRequest]
+) -> Callable[[ClusterConfig | None], Iterator[SimRequest]]:
+    """The requests with arrival times, for a fleet configuration (re-iterable)."""
+    first = args.replicas[0]
+
+    def stream(cfg: ClusterConfig | None = None) -> Iterator[SimRequest]:
+        # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
+        k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
+        rate = None if args.request_rate is None else args.request_rate / k
+        scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
+        return sim_requests(
+            requests,
+            prefill_only=args.prefill_only,
+            request_rate=rate,
+            time_scale=scale,
+            seed=args.seed,
+        )
+
+    return stream
+
+
+def _print_run(res: ClusterResult) -> None:
+    """One progress line per finished run."""
+    r, lab = res.run, res.labels
+    ok = "ok" if not res.invariants.broken() else "INVARIANTS BROKEN"
+    print(
+        f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
+        f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
+        f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
+        f"[{lab['wall_s']:.1f} s wall] {ok}",
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def _fleet(args: argparse.Namespace) -> Iterator[Callable[[], Fleet] | None]:
+    """With ``--ray``, a factory of Ray fleets (Ray is started, then shut down);
+    otherwise ``None``, the in-process fleet."""
+    if not args.ray:
+        yield None
+        return
+    from ..cluster.ray_fleet import RayFleet
+
+    try:
+        import ray as ray_module
+    except ImportError:
+        raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
+    if not ray_module.is_initialized():
+        ray_module.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+    cpus = args.ray_cpus
+
+    def fleet_factory() -> Fleet:
+        return RayFleet(num_cpus=cpus, init=False)
+
+    try:
+        yield fleet_factory
+    finally:
+        ray_module.shutdown()

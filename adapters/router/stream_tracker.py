@@ -1,34 +1,32 @@
-"""Sequenced KV-event streams without sockets: a replica's publisher, a router's tracker.
+"""A router's view of one replica's sequenced KV-event stream, without sockets.
 
 The same protocol as vLLM's ``ZmqEventPublisher`` and the subscriber in
 :mod:`prefixkv.adapters.events.transport`, carried by function calls (in-process) or
 Ray actor calls instead of ZeroMQ frames, so a virtual-time run can drop, delay and
-reorder batches and still recover exactly as a real router does:
+reorder batches and still recover exactly as a real router does. The replica numbers
+each batch from 0 per process (a restart starts again at 0) and keeps the last ones
+for event replay (vLLM's ``replay_endpoint``); the lab's simulated replicas do it with
+``EventPublisher``.
 
-* :class:`EventPublisher` numbers each batch from 0 per replica process (a restart
-  starts again at 0), encodes it with msgspec (vLLM's payload bytes), and keeps the
-  last ``buffer_steps`` for replay;
-* :class:`StreamTracker` delivers one replica's batches in sequence order, once:
-  a gap -> replay from the first missing ``seq``; the sequence going backwards with
+:class:`StreamTracker` delivers one replica's batches in sequence order, once: a
+gap -> replay from the first missing ``seq``; the sequence going backwards with
   other content -> a restart (drop what was learned, take the new run from 0); a
   router joining mid-stream -> replay from 0; a replay that no longer holds the
-  missing batches (the replay window was exceeded) -> a resync from the replica's
-  dump of its cache (Dynamo's tree dump), never a guess.
+  missing batches (the replay window was exceeded), or a batch that does not decode
+  -> a resync from the replica's dump of its cache (Dynamo's tree dump), never a
+  guess.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-import msgspec
-
 from prefixkv.adapters.events.codec import EventDecodeError
 from prefixkv.adapters.events.sequence import SequencedStream
-from prefixkv.adapters.events.wire import EventBatch, KVEventBatch
+from prefixkv.adapters.events.wire import KVEventBatch
 
-__all__ = ["Dump", "EventPublisher", "SeqBatch", "StreamTracker"]
+__all__ = ["Dump", "SeqBatch", "StreamTracker"]
 
 
 class SeqBatch(NamedTuple):
@@ -45,37 +43,6 @@ class Dump(NamedTuple):
 
     next_seq: int
     payloads: list[bytes]
-
-
-class EventPublisher:
-    """Numbers, encodes and buffers one replica's batches (``ZmqEventPublisher`` minus the
-    sockets).
-
-    Args:
-        buffer_steps: batches kept for replay (vLLM's default 10,000).
-    """
-
-    __slots__ = ("_buffer", "_encoder", "next_seq")
-
-    def __init__(self, buffer_steps: int = 10_000) -> None:
-        self._buffer: deque[SeqBatch] = deque(maxlen=buffer_steps)
-        self._encoder = msgspec.msgpack.Encoder()
-        self.next_seq = 0
-
-    def encode(self, batch: EventBatch) -> bytes:
-        """A batch's msgpack payload (vLLM's bytes), unnumbered (dumps)."""
-        return self._encoder.encode(batch)
-
-    def publish(self, batch: EventBatch) -> SeqBatch:
-        """Number, encode and buffer a batch."""
-        out = SeqBatch(self.next_seq, batch.ts, self._encoder.encode(batch))
-        self.next_seq += 1
-        self._buffer.append(out)
-        return out
-
-    def replay(self, start: int, until: float) -> list[SeqBatch]:
-        """Buffered batches from ``seq >= start`` published at or before ``until``."""
-        return [b for b in self._buffer if b.seq >= start and b.ts <= until]
 
 
 Replay = Callable[[int], "list[SeqBatch] | None"]
@@ -183,7 +150,8 @@ class StreamTracker(SequencedStream):
             if b.seq > start:  # no longer buffered: lost for good
                 self.resync()
                 return
-            self._deliver(b.seq, b.payload)
+            if not self._deliver(b.seq, b.payload):
+                return  # resynced from a dump, which covers the rest
             start = b.seq + 1
 
     def _is_stale(self) -> bool:
@@ -202,10 +170,15 @@ class StreamTracker(SequencedStream):
         self.resync()
         return True
 
-    def _deliver(self, seq: int, payload: bytes) -> None:
+    def _deliver(self, seq: int, payload: bytes) -> bool:
+        """Deliver one batch; False when it did not decode and the stream was rebuilt
+        from a dump instead (its events are lost otherwise)."""
         self._passed(seq, payload)
         if self._apply(seq, payload):
             self.stats["delivered"] += 1
+            return True
+        self.resync()
+        return False
 
     def _apply(self, seq: int, payload: bytes) -> bool:
         try:

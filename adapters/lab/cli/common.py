@@ -1,0 +1,364 @@
+"""What the ``prefixkv`` subcommands share: argument types, common flags, exit codes.
+
+Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000, ``1K`` = 1,024). A bad
+argument raises :class:`CLIUsageError`, which :func:`~.main.main` prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from importlib import metadata
+from typing import Any, NoReturn
+
+from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.registry import available_indexes, index_options
+
+from ..compare.spec import MAX_POOL_BLOCKS
+from ..progress import Progress, progress
+from ..traces import FORMATS, ReadOptions, TraceLimits
+from ..workload_sources import Workload, load_workloads
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "CLIUsageError",
+    "Parser",
+    "add_cache_flags",
+    "add_common",
+    "add_trace_flags",
+    "backend_options",
+    "capacities",
+    "capacity_rule",
+    "index_option",
+    "int_arg",
+    "load_workloads_for",
+    "parse_token_count",
+    "parse_token_counts",
+    "positive_float",
+    "positive_int",
+    "read_options",
+    "token_bars",
+    "version",
+]
+
+EXIT_ERROR = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
+MAX_TOKEN_COUNT = 2**48
+"""No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
+"""vLLM's --prefix-caching-hash-algo names (computed exactly as vLLM 0.33 does), plus
+prefixkv's own encodings (xxh3_128, the default, and sha256_raw)."""
+_EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
+
+
+class CLIUsageError(PrefixKVError):
+    """A command-line argument is missing, malformed or out of range."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting: errors stay one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CLIUsageError(f"{message} (see {self.prog} --help)")
+
+
+def parse_token_count(text: str) -> int:
+    """A token count as vLLM's size flags read it: ``1000``, ``1k`` (1,000), ``25.6k``,
+    ``1K`` (1,024), ``1M`` (1,048,576), ``2m`` (2,000,000); ``_`` separators allowed.
+
+    Raises:
+        argparse.ArgumentTypeError: not such a number, not positive, or over 2**48.
+    """
+    value = text.strip().replace("_", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"want a positive token count like 65536, 512K or 1m, got {text!r}"
+        )
+    number, suffix = m.groups()
+    if suffix in _BINARY:
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"decimals are not allowed with binary suffixes like {suffix} "
+                f"(did you mean {number}{suffix.lower()}?), got {text!r}"
+            )
+        count = int(number) * _BINARY[suffix]
+    elif suffix:
+        count = int(float(number) * _DECIMAL[suffix])
+    elif "." in number:
+        raise argparse.ArgumentTypeError(f"a token count is whole, got {text!r}")
+    else:
+        count = int(number)
+    if not 1 <= count <= MAX_TOKEN_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
+        )
+    return count
+
+
+def parse_token_counts(text: str) -> list[int]:
+    """A comma-separated list of token counts (``1M,3M,10M``), each as
+    :func:`parse_token_count` reads it, duplicates refused."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"want one or more token counts, got {text!r}")
+    counts = [parse_token_count(p) for p in parts]
+    if len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"a capacity is listed twice in {text!r}")
+    return counts
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
+    if not 1 <= value <= MAX_TOKEN_COUNT:
+        raise argparse.ArgumentTypeError(f"must be a positive int up to 2**48, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
+    if abs(value) > 2**63:
+        raise argparse.ArgumentTypeError(f"must be an int within 2**63, got {text!r}")
+    return value
+
+
+def index_option(text: str) -> tuple[str, str, Any]:
+    """``BACKEND.KEY=VALUE`` -> ``(backend, key, value)``; true/false/ints are typed."""
+    m = re.fullmatch(r"([A-Za-z0-9_]+)\.([A-Za-z_][A-Za-z0-9_]*)=(.*)", text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"want BACKEND.KEY=VALUE (e.g. hash_chain.verify=true), got {text!r}"
+        )
+    backend, key, raw = m.groups()
+    value: Any = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    elif re.fullmatch(r"-?\d{1,18}", raw):
+        value = int(raw)
+    return backend, key, value
+
+
+def version() -> str:
+    try:
+        return metadata.version("prefixkv")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """The flags ``compare`` and ``replay`` share: the cache, K, the trace input, seed, quiet."""
+    add_cache_flags(p)
+    p.add_argument(
+        "--concurrency",
+        "-k",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="at most K live requests; the oldest finishes first (default 1)",
+    )
+    add_trace_flags(p)
+    p.add_argument(
+        "--seed", type=int_arg, default=0, help="workload seed and hash-id token seed (default 0)"
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+
+
+def add_cache_flags(p: argparse.ArgumentParser) -> None:
+    """Block and page size, capacity, hash algorithm, eviction, backend options."""
+    g = p.add_argument_group("cache (named like the engines' flags)")
+    g.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="tokens per block for the hash chain and none, as vLLM's --block-size (default 16)",
+    )
+    g.add_argument(
+        "--page-size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="the radix tree's page size in tokens, as SGLang's --page-size (default 1)",
+    )
+    cap = g.add_mutually_exclusive_group()
+    cap.add_argument(
+        "--capacity-tokens",
+        type=parse_token_counts,
+        metavar="T[,T...]",
+        help="KV capacity in tokens, the same for every backend (blocks = T // size); "
+        "suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several "
+        "(1m,3m,10m): compare's table uses the first and its sweep all of them",
+    )
+    cap.add_argument(
+        "--capacity-blocks",
+        type=positive_int,
+        metavar="N",
+        help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
+    )
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=_HASH_ALGOS,
+        metavar="ALGO",
+        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
+        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's "
+        "own xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
+    )
+    g.add_argument(
+        "--radix-eviction-policy",
+        choices=_EVICTION_POLICIES,
+        metavar="POLICY",
+        help=f"the radix tree's eviction, as SGLang's flag: {', '.join(_EVICTION_POLICIES)} "
+        "(default lru)",
+    )
+    g.add_argument(
+        "--index-option",
+        type=index_option,
+        action="append",
+        default=[],
+        metavar="BACKEND.KEY=VALUE",
+        help="any backend option of make_index, e.g. hash_chain.verify=true, "
+        "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
+    )
+
+
+def add_trace_flags(p: argparse.ArgumentParser) -> None:
+    """The trace's format, size limits and hash-id expansion."""
+    t = p.add_argument_group("trace input")
+    t.add_argument(
+        "--trace-format",
+        choices=FORMATS,
+        help="the trace's format (default: detected from its shape and first record)",
+    )
+    t.add_argument(
+        "--max-requests", type=positive_int, metavar="N", help="use only the first N requests"
+    )
+    t.add_argument(
+        "--tokens-per-id",
+        type=positive_int,
+        metavar="S",
+        help="hash-id traces: tokens each hash id expands to, keeping the sharing pattern "
+        "(default: the format's own: Mooncake 512, Qwen-Bailian 16, kv-cache-tester 64)",
+    )
+    t.add_argument("--scale-block", dest="tokens_per_id", type=positive_int, help=argparse.SUPPRESS)
+    t.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        default=32000,
+        metavar="V",
+        help="hash-id traces: token ids are drawn from [1, V) (default 32000)",
+    )
+    t.add_argument(
+        "--max-prompt-tokens",
+        type=parse_token_count,
+        default=TraceLimits().max_prompt_tokens,
+        metavar="T",
+        help="refuse a trace with a longer prompt (default 2M = 2,097,152)",
+    )
+    t.add_argument(
+        "--max-output-tokens",
+        type=parse_token_count,
+        default=TraceLimits().max_output_tokens,
+        metavar="T",
+        help="refuse a trace with a longer output (default 128K = 131,072)",
+    )
+    t.add_argument(
+        "--max-pool-blocks",
+        type=parse_token_count,
+        default=MAX_POOL_BLOCKS,
+        metavar="N",
+        help="refuse a capacity of more blocks than this, the pool being built up front "
+        "(default 16M = 16,777,216)",
+    )
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    # An engine-named flag reaches every backend that takes its option.
+    options: dict[str, dict[str, Any]] = {}
+    flags = {
+        "hash_algorithm": args.prefix_caching_hash_algo,
+        "eviction": args.radix_eviction_policy,
+    }
+    for name in available_indexes():
+        for option in index_options(name):
+            if flags.get(option) is not None:
+                options.setdefault(name, {})[option] = flags[option]
+    for backend, key, value in args.index_option:
+        options.setdefault(backend, {})[key] = value
+    return options
+
+
+def read_options(args: argparse.Namespace) -> ReadOptions:
+    limits = TraceLimits(
+        max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
+    )
+    timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
+    return ReadOptions(
+        vocab_size=args.vocab_size, seed=args.seed, limits=limits, sorted_arrivals=timed
+    )
+
+
+def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> list[Workload]:
+    """The named built-in workloads, or the trace, as the trace-input flags shape them."""
+    return load_workloads(
+        names,
+        args.trace,
+        max_requests=args.max_requests,
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        trace_format=args.trace_format,
+        options=read_options(args),
+        quiet=args.quiet,
+    )
+
+
+def capacities(args: argparse.Namespace) -> list[int] | None:
+    """The capacities asked for, in tokens; ``None`` for the roomy default."""
+    if args.capacity_tokens is not None:
+        return list(args.capacity_tokens)
+    if args.capacity_blocks is not None:
+        return [int(args.capacity_blocks) * int(args.block_size)]
+    return None
+
+
+def capacity_rule(args: argparse.Namespace) -> str:
+    if args.capacity_tokens is not None:
+        caps = args.capacity_tokens
+        text = f"{caps[0]:,} tokens for every backend"
+        if len(caps) > 1:
+            text += f"; sweep at {', '.join(f'{c:,}' for c in caps)} tokens"
+        return text
+    if args.capacity_blocks is not None:
+        return (
+            f"{args.capacity_blocks:,} blocks of {args.block_size} tokens = "
+            f"{args.capacity_blocks * args.block_size:,} tokens for every backend"
+        )
+    return "roomy: every request's prompt and output plus two blocks, so nothing is evicted"
+
+
+def token_bars(quiet: bool) -> Any:
+    def make(desc: str, total: int) -> Progress:
+        return progress(total, desc, quiet=quiet, unit="tok")
+
+    return make

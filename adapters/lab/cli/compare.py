@@ -1,0 +1,406 @@
+"""``prefixkv compare``: backends head to head on workloads or a trace; a report.
+
+Replays workloads (or a trace) through each backend at equal capacity, prints a table
+per workload and writes ``report.md``, ``results.json``, the tidy tables and plots.
+With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time on
+its natural engine (TTFT, queueing, GPU time). Ctrl-C writes what is finished, marked
+partial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefixkv.indexes.registry import available_indexes
+
+from .. import report
+from ..compare.arrival import TimeSettings
+from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
+from ..compare.run import Comparison, WorkloadResult, run_comparison
+from ..compare.spec import BackendSpec, parse_backends
+from ..progress import progress
+from ..sim import (
+    ARRIVAL_PROCESSES,
+    BATCHING_MODES,
+    DEFAULT_PROFILE,
+    QUEUE_ORDERS,
+    available_profiles,
+    load_profile,
+)
+from ..traces import refuse_overwrite
+from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
+from .common import (
+    EXIT_INTERRUPTED,
+    CLIUsageError,
+    add_common,
+    backend_options,
+    capacities,
+    capacity_rule,
+    load_workloads_for,
+    parse_token_count,
+    positive_float,
+    positive_int,
+    token_bars,
+)
+
+__all__ = ["add_compare_parser", "run_compare"]
+
+
+def add_compare_parser(sub: Any) -> None:
+    """Add the ``compare`` subcommand to the ``prefixkv`` subparsers."""
+    cmp = sub.add_parser(
+        "compare",
+        help="run backends head to head; write tables, report.md, results.json and plots",
+        description="Replay workloads (or a trace) through each backend at equal capacity, "
+        "print a table per workload and write a report. Default: the built-in set "
+        f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep.",
+    )
+    src = cmp.add_mutually_exclusive_group()
+    src.add_argument(
+        "--workload",
+        "-w",
+        action="extend",
+        nargs="+",
+        metavar="NAME",
+        help=f"built-in workloads (several allowed): {', '.join(workload_names())}",
+    )
+    src.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
+        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
+    )
+    cmp.add_argument(
+        "--indexes",
+        default="hash_chain,radix,none",
+        metavar="LIST",
+        help="comma-separated backends, NAME or NAME:SIZE "
+        f"(default hash_chain,radix,none; known: {', '.join(available_indexes())})",
+    )
+    add_common(cmp)
+    _add_k_live_flags(cmp)
+    _add_time_flags(cmp)
+    cmp.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib)")
+    cmp.add_argument(
+        "--out",
+        "-o",
+        default="prefixkv-report",
+        metavar="DIR",
+        help="output folder (default ./prefixkv-report)",
+    )
+
+
+def _add_k_live_flags(cmp: argparse.ArgumentParser) -> None:
+    """The K-live replay's flags beyond the common ones: the sweep, timing, accounting."""
+    cmp.add_argument(
+        "--capacity-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also replay at 7 capacities from tight to roomy and plot hit ratio "
+        "vs capacity (default: on for the built-in set, off otherwise)",
+    )
+    cmp.add_argument(
+        "--timing-repeats",
+        type=lambda t: positive_int(t) if t != "0" else 0,
+        default=None,
+        metavar="R",
+        help="timed replays per backend; each request's index time is its minimum over "
+        "them; 0 times the accounting replay itself (default 3, 1 for a trace)",
+    )
+    cmp.add_argument(
+        "--boundary-accounting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay once more with the token-level mirror that counts matched-but-"
+        "recomputed tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose "
+        "sharing stops at block boundaries by construction)",
+    )
+
+
+def _add_time_flags(p: argparse.ArgumentParser) -> None:
+    """The arrival-time run's flags (they need --request-rate or --time-scale)."""
+    g = p.add_argument_group(
+        "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
+    )
+    when = g.add_mutually_exclusive_group()
+    when.add_argument(
+        "--request-rate",
+        type=positive_float,
+        metavar="R",
+        help="also run each backend at arrival time, requests arriving at R per second "
+        "(as vllm bench serve --request-rate)",
+    )
+    when.add_argument(
+        "--time-scale",
+        type=positive_float,
+        metavar="S",
+        help="also run each backend at arrival time, at the trace's own timestamps times S "
+        "(S < 1: faster, more load)",
+    )
+    g.add_argument(
+        "--arrival",
+        choices=ARRIVAL_PROCESSES,
+        help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        metavar="N",
+        help="most running requests, as vLLM's flag (SGLang --max-running-requests; default 256)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=parse_token_count,
+        metavar="T",
+        help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
+        "default 8192)",
+    )
+    g.add_argument(
+        "--policy",
+        choices=QUEUE_ORDERS,
+        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware lpm "
+        "(default: fcfs, both engines' default)",
+    )
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        help="force one engine for every backend: mixed (vLLM: prefill chunks and decodes "
+        "in one step) or prefill_first (SGLang). Default: each backend's natural engine, "
+        "hash chain and none as vLLM, radix as SGLang",
+    )
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the step cost profile: a shipped one ({', '.join(available_profiles())}) or a "
+        f"file from prefixkv calibrate (default {DEFAULT_PROFILE})",
+    )
+
+
+def run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``prefixkv compare``; returns the exit status (130: interrupted, partial)."""
+    t0 = time.perf_counter()
+    backends = parse_backends(
+        args.indexes,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        options=backend_options(args),
+    )
+    time_settings = _time_settings(args)
+    out = _output_folder(args)
+    names = [n for part in args.workload or [] for n in part.split(",") if n]
+    workloads = load_workloads_for(args, names or None)
+    settings = _settings(args, backends, workloads, time_settings)
+    plans = plan_comparison(workloads, settings)
+    comparison = run_comparison(plans, settings, bars=token_bars(args.quiet))
+    for r in comparison.workloads:
+        _print_workload(r)
+    config = _compare_config(args, argv, settings)
+    return _write_outputs(args, out, comparison, config, t0)
+
+
+def _output_folder(args: argparse.Namespace) -> Path:
+    """The ``--out`` folder, refused when it is a file or would overwrite the trace."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIUsageError(f"--out {out} is a file; compare writes a folder")
+    if args.trace is not None:
+        outputs = ["results.json", "report.md"]
+        outputs += [f"{t}.{f}" for t in ("requests", "runs") for f in ("csv", "parquet")]
+        refuse_overwrite([out / name for name in outputs], [args.trace])
+    return out
+
+
+def _settings(
+    args: argparse.Namespace,
+    backends: Sequence[BackendSpec],
+    workloads: Sequence[Workload],
+    time_settings: TimeSettings | None,
+) -> CompareSettings:
+    """The flags as resolved settings: the sweep, repeats and accounting defaults filled."""
+    caps = capacities(args)
+    sweep = args.capacity_sweep
+    if sweep is None:
+        listed = caps is not None and len(caps) > 1
+        sweep = listed or (not args.workload and args.trace is None)
+    repeats = args.timing_repeats
+    if repeats is None:
+        repeats = 1 if args.trace is not None else 3
+    accounting = args.boundary_accounting
+    if accounting is None:
+        accounting = default_boundary_accounting(workloads)
+    return CompareSettings(
+        backends=tuple(backends),
+        capacities=None if caps is None else tuple(caps),
+        capacity_sweep=bool(sweep),
+        concurrency=args.concurrency,
+        timing_repeats=repeats,
+        boundary_accounting=accounting,
+        time=time_settings,
+        max_pool_blocks=args.max_pool_blocks,
+    )
+
+
+def _print_workload(r: WorkloadResult) -> None:
+    """One workload's K-live table, its notes and its arrival-time table."""
+    print(report.workload_title(r))
+    if r.backends:
+        print(report.text_table(report.table_rows(r.backends)))
+    for note in r.notes:
+        print(f"note: {note}")
+    arrival = r.arrival_at_table()
+    if arrival:
+        print()
+        print(report.time_title(r))
+        print(report.text_table(report.time_rows(arrival), report.TIME_COLUMNS))
+    print()
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    out: Path,
+    comparison: Comparison,
+    config: dict[str, Any],
+    t0: float,
+) -> int:
+    """Tables, plots, ``results.json`` and ``report.md``; Ctrl-C keeps what is whole."""
+    interrupted = comparison.partial
+    results = comparison.workloads
+    meta: dict[str, Any] = {
+        "config": config,
+        "machine": report.machine_info(),
+        "versions": report.package_versions(),
+        "partial": interrupted,
+        "plots": {},
+        "tables": {},
+    }
+    if results:
+        try:
+            report.write_tables(results, out, meta["tables"])
+        except KeyboardInterrupt:  # each table is whole or absent; the finished are listed
+            interrupted = meta["partial"] = True
+    if not interrupted and not args.no_plots and results:
+        try:
+            meta["plots"] = _plots(results, out, args.quiet)
+        except KeyboardInterrupt:
+            interrupted = meta["partial"] = True
+    meta["elapsed_seconds"] = time.perf_counter() - t0
+    report.write_results(out / "results.json", report.results_document(results, meta))
+    report.write_report(out / "report.md", results, meta)
+    what = "partial results (interrupted)" if interrupted else "the results"
+    files = [out / "report.md", out / "results.json", *(out / f for f in meta["tables"].values())]
+    print(
+        f"wrote {what} to {', '.join(str(f) for f in files)}"
+        + (" and the plots" if meta["plots"] else "")
+    )
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+_TIME_KNOBS = (
+    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "profile",
+)  # fmt: skip
+
+
+def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
+    if args.request_rate is None and args.time_scale is None:
+        given = [k for k in _TIME_KNOBS if getattr(args, k) is not None]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise CLIUsageError(f"{flags} need --request-rate or --time-scale")
+        return None
+    if args.arrival is not None and args.request_rate is None:
+        raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
+    return TimeSettings(
+        request_rate=args.request_rate,
+        time_scale=args.time_scale,
+        arrival=args.arrival or "poisson",
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs or 256,
+        max_num_batched_tokens=args.max_num_batched_tokens or 8192,
+        policy=args.policy,
+        batching=args.batching,
+        profile=load_profile(args.profile or DEFAULT_PROFILE),
+    )
+
+
+def _compare_config(
+    args: argparse.Namespace, argv: Sequence[str], compare: CompareSettings
+) -> dict[str, Any]:
+    """The run's configuration as ``results.json`` and ``report.md`` record it."""
+    backends, repeats, settings = compare.backends, compare.timing_repeats, compare.time
+    config: dict[str, Any] = {
+        "command": shlex.join(["prefixkv", *argv]),
+        "backends": ",".join(b.label for b in backends),
+        "backends_described": [b.describe() for b in backends],
+        "workloads": ",".join(args.workload) if args.workload else None,
+        "trace": args.trace,
+        "trace_format": args.trace_format,
+        "capacity_tokens": None
+        if args.capacity_tokens is None
+        else ",".join(str(c) for c in args.capacity_tokens),
+        "capacity_blocks": args.capacity_blocks,
+        "capacity_rule": capacity_rule(args),
+        "capacity_sweep": compare.capacity_sweep,
+        "concurrency": args.concurrency,
+        "max_requests": args.max_requests,
+        "tokens_per_id": args.tokens_per_id,
+        "seed": args.seed,
+        "timing_repeats": repeats,
+        "boundary_accounting": compare.boundary_accounting,
+        "timing": (
+            f"hits and accounting from a replay with boundary accounting; index times from "
+            f"{repeats} more without it (garbage collected between requests only), each "
+            "request's time the minimum over those"
+            if repeats
+            else "hits, accounting and index times from one replay (times include the "
+            "accounting's own cost)"
+        ),
+    }
+    if settings is not None:
+        prof = settings.profile
+        config.update(
+            {
+                **settings.row(),
+                "engines": [settings.describe_engine(b) for b in backends],
+                "max_num_seqs": settings.max_num_seqs,
+                "max_num_batched_tokens": settings.max_num_batched_tokens,
+                "policy": settings.policy,
+                "batching": settings.batching,
+                "profile_model": prof.model,
+                "profile_device": prof.device,
+                "profile_source": prof.source,
+            }
+        )
+    return config
+
+
+def _plots(results: list[WorkloadResult], out: Path, quiet: bool) -> dict[str, str]:
+    try:
+        from .. import plots  # matplotlib only now, and only if plots are wanted
+    except ImportError:  # pragma: no cover - plots itself imports nothing optional
+        return {}
+    bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
+    try:
+        written = plots.write_plots(results, staging, tick=bar.update)
+        for f in staging.iterdir():  # each plot appears whole or not at all
+            os.replace(f, out / f.name)
+        return written
+    except ImportError:
+        print(
+            "prefixkv: plots skipped: matplotlib is not installed (pip install 'prefixkv[report]')",
+            file=sys.stderr,
+        )
+        return {}
+    finally:
+        bar.close()
+        shutil.rmtree(staging, ignore_errors=True)

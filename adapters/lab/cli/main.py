@@ -1,0 +1,111 @@
+"""The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace,
+``calibrate`` a cost profile.
+
+``compare`` with ``--request-rate`` or ``--time-scale`` also runs each backend at arrival
+time on its natural engine and reports TTFT, queueing and GPU time. ``replay`` writes
+the per-request hit file the vLLM and SGLang reference oracles write, so the two diff
+request by request. ``calibrate`` times the reference engine and writes a cost profile
+``compare --profile`` reads. Traces stream: memory is the cache and the live
+requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
+``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C writes what
+is finished, marked partial, and exits 130; every file is written atomically.
+``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's KV events,
+one batch per scheduler step, in vLLM 0.33's wire format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from prefixkv.indexes.buildinfo import VersionAction
+from prefixkv.indexes.errors import PrefixKVError
+
+from .calibrate import add_calibrate_parser, run_calibrate
+from .cluster import add_cluster_parser, run_cluster_command
+from .common import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser
+from .compare import add_compare_parser, run_compare
+from .replay import add_replay_parser, run_replay
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate,
+    cluster)."""
+    parser = Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--version", action=VersionAction)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
+    add_compare_parser(sub)
+    add_replay_parser(sub)
+    add_calibrate_parser(sub)
+    add_cluster_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``prefixkv`` command line; returns the exit status.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success; 2 on any error in the input or the flags (one line on
+        stderr); 130 when interrupted (what was finished is written, marked
+        partial); 1 on an internal error (one line too; set ``PREFIXKV_TRACEBACK=1``
+        to see the traceback).
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+        if args.command == "compare":
+            return run_compare(args, args_list)
+        if args.command == "calibrate":
+            return run_calibrate(args)
+        if args.command == "cluster":
+            return run_cluster_command(args, args_list)
+        return run_replay(args, args_list)
+    except SystemExit as exc:  # --help and --version exit through argparse
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print(
+            "prefixkv: interrupted before anything was finished; nothing written", file=sys.stderr
+        )
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except MemoryError:
+        print(
+            "prefixkv: error: out of memory; lower --capacity-tokens, --max-prompt-tokens "
+            "or --max-output-tokens",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    except (PrefixKVError, OSError, ValueError, RecursionError) as exc:
+        print(f"prefixkv: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:
+        if os.environ.get("PREFIXKV_TRACEBACK"):
+            raise
+        print(
+            f"prefixkv: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            "(set PREFIXKV_TRACEBACK=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.strerror or exc}: {exc.filename}"
+    else:
+        text = str(exc) or type(exc).__name__
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 500 else flat[:497] + "..."

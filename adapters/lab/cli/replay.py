@@ -1,0 +1,291 @@
+"""``prefixkv replay``: one trace through one backend; per-request hits, oracle format.
+
+Writes one ``{id, prompt_len, hit_tokens}`` line per request and a final ``{summary}``
+line, as the vLLM and SGLang reference oracles do, so the two diff request by request.
+``--kv-events`` also writes (or publishes over ZeroMQ) the index's KV events, one
+batch per scheduler step, in vLLM 0.33's wire format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
+
+from prefixkv.indexes.registry import available_indexes
+
+from ...events.files import EventFileWriter
+from ...events.wire import EventBatch, KVEvent, KVEventBatch
+from ..compare.plan import check_pool, roomy_capacity
+from ..compare.spec import BackendSpec, CompareError, parse_backends
+from ..progress import progress
+from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
+from ..traces import atomic_writer, refuse_overwrite
+from ..workload_sources import Workload
+from .common import (
+    EXIT_INTERRUPTED,
+    CLIUsageError,
+    add_common,
+    backend_options,
+    capacities,
+    load_workloads_for,
+    version,
+)
+
+if TYPE_CHECKING:
+    from ...events.transport import ZmqEventPublisher
+
+__all__ = ["add_replay_parser", "run_replay"]
+
+
+def add_replay_parser(sub: Any) -> None:
+    """Add the ``replay`` subcommand to the ``prefixkv`` subparsers."""
+    rep = sub.add_parser(
+        "replay",
+        help="replay one trace through one backend; write per-request hits (oracle format)",
+        description="Replay TRACE through one backend and write one {id, prompt_len, "
+        "hit_tokens} line per request and a final {summary} line, as the vLLM and SGLang "
+        "reference oracles do. Default capacity: roomy (no eviction). vLLM's oracle "
+        "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block).",
+    )
+    rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
+    rep.add_argument(
+        "--index",
+        required=True,
+        metavar="NAME",
+        help=f"the backend: {', '.join(available_indexes())}",
+    )
+    rep.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        help="call order: vllm, sglang or manager (default: the backend's own)",
+    )
+    add_common(rep)
+    rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
+    ev.add_argument(
+        "--kv-events",
+        metavar="FILE|ENDPOINT",
+        help="write the index's KV events to FILE, one batch per scheduler step as one "
+        "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket "
+        "at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 "
+        "binds; a host name connects)",
+    )
+    ev.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
+        "requests (vLLM's replay_endpoint), so late subscribers catch up",
+    )
+    ev.add_argument(
+        "--kv-events-topic",
+        default="",
+        metavar="TOPIC",
+        help="with an ENDPOINT: the topic frame of every message (default empty)",
+    )
+
+
+ZMQ_SCHEMES = ("tcp://", "ipc://")
+
+
+class _EventPublisher:
+    """What the replay hands each step's batch to: a file writer or a ZeroMQ publisher."""
+
+    def __init__(self, target: EventFileWriter | ZmqEventPublisher) -> None:
+        self.target = target
+        self.num_batches = 0
+
+    def publish(self, batch: EventBatch) -> None:
+        self.target.publish(batch)
+        self.num_batches += 1
+
+
+@contextlib.contextmanager
+def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | None]:
+    """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere."""
+    target: str | None = args.kv_events
+    if target is None:
+        if args.kv_events_replay is not None:
+            raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
+        yield None
+        return
+    if target.startswith(ZMQ_SCHEMES):
+        from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
+
+        pub = ZmqEventPublisher(
+            endpoint=target, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic
+        )
+        try:
+            yield _EventPublisher(pub)
+        finally:
+            pub.shutdown()
+        return
+    if args.kv_events_replay is not None:
+        raise CLIUsageError(
+            "--kv-events-replay needs --kv-events to be a tcp:// or ipc:// endpoint"
+        )
+    with atomic_writer(target) as f:
+        writer = EventFileWriter(f)
+        yield _EventPublisher(writer)
+        writer.shutdown()
+
+
+def run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``prefixkv replay``; returns the exit status (130: interrupted, partial)."""
+    spec, caps = _one_backend(args)
+    out = _outputs(args)
+    t_load = time.perf_counter()
+    (workload,) = load_workloads_for(args, None)
+    load_seconds = time.perf_counter() - t_load
+    capacity = roomy_capacity(workload.stats, [spec]) if caps is None else caps[0]
+    check_pool(capacity, [spec], args.max_pool_blocks)
+    num_blocks = spec.num_blocks(capacity)
+    encoder = msgspec.json.Encoder()
+    with atomic_writer(out) as f, _kv_event_stream(args) as events:
+        result, interrupted = _replay(f, args, workload, spec, capacity, events)
+        summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
+        summary["scan_seconds"] = load_seconds
+        if events is not None:
+            summary["kv_events"] = {"target": args.kv_events, "batches": events.num_batches}
+        f.write(encoder.encode({"summary": summary}))
+        f.write(b"\n")
+    if not args.quiet or interrupted:
+        state = " (interrupted: partial)" if interrupted else ""
+        print(
+            f"{summary['trace']} {spec.describe()} K={args.concurrency} "
+            f"capacity={num_blocks * spec.block_size:,} tokens: hit {summary['total_hit_tokens']:,}"
+            f"/{summary['total_prompt_tokens']:,} = {summary['hit_ratio']:.4f}, evicted "
+            f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
+        )
+        if events is not None:
+            print(f"KV events: {events.num_batches:,} batches -> {args.kv_events}")
+        for note in workload.notes:
+            print(f"note: {note}")
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _one_backend(args: argparse.Namespace) -> tuple[BackendSpec, list[int] | None]:
+    """The backend and the capacity asked for (one of each)."""
+    specs = parse_backends(
+        args.index,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        driver=args.driver,
+        options=backend_options(args),
+    )
+    if len(specs) != 1:
+        raise CompareError(f"replay takes one backend, got {args.index!r}")
+    caps = capacities(args)
+    if caps is not None and len(caps) > 1:
+        raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
+    return specs[0], caps
+
+
+def _outputs(args: argparse.Namespace) -> Path:
+    """The ``--out`` file, checked with the events file against each other and the trace."""
+    out = Path(args.out)
+    outputs = [out]
+    events_file = args.kv_events is not None and not args.kv_events.startswith(ZMQ_SCHEMES)
+    if events_file:
+        if Path(args.kv_events).resolve() == out.resolve():
+            raise CLIUsageError("--kv-events and --out name the same file; give two")
+        outputs.append(Path(args.kv_events))
+    refuse_overwrite(outputs, [args.trace])
+    return out
+
+
+def _replay(
+    f: IO[bytes],
+    args: argparse.Namespace,
+    workload: Workload,
+    spec: BackendSpec,
+    capacity: int,
+    events: _EventPublisher | None,
+) -> tuple[ReplayResult, bool]:
+    """Replay, writing a line per request to ``f``; returns the result and whether
+    Ctrl-C cut it short."""
+    encoder = msgspec.json.Encoder()
+    num_blocks = spec.num_blocks(capacity)
+    on_events = None
+    if events is not None:
+        stream = events
+
+        def on_events(batch: list[KVEvent]) -> None:
+            stream.publish(KVEventBatch(time.time(), batch, None))
+
+    def write_row(row: HitRow) -> None:
+        f.write(
+            encoder.encode(
+                {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
+            )
+        )
+        f.write(b"\n")
+
+    bar = progress(
+        workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet, unit="tok"
+    )
+    try:
+        result = replay(
+            workload.requests,
+            spec.make(),
+            num_blocks,
+            driver=spec.driver,
+            concurrency=args.concurrency,
+            keep_per_request=False,
+            on_admit=write_row,
+            progress=bar.update,
+            on_events=on_events,
+        )
+    except ReplayInterrupted as exc:
+        return exc.result, True
+    except ReplayError as exc:
+        raise ReplayError(
+            f"capacity {capacity:,} tokens ({num_blocks:,} × {spec.block_size}-token blocks) "
+            f"is too small at concurrency {args.concurrency}: {exc}"
+        ) from None
+    finally:
+        bar.close()
+    return result, False
+
+
+def _replay_summary(
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    workload: Workload,
+    spec: BackendSpec,
+    num_blocks: int,
+    result: ReplayResult,
+) -> dict[str, Any]:
+    """The final ``{summary}`` line: the totals and the run's configuration."""
+    summary = result.summary()
+    summary.update(
+        {
+            "trace": os.path.basename(os.path.normpath(args.trace)),
+            "trace_source": workload.source,
+            "notes": list(workload.notes),
+            "config": {
+                "command": shlex.join(["prefixkv", *argv]),
+                "index": spec.index,
+                "driver": spec.driver,
+                "block_size": spec.block_size,
+                "options": dict(spec.options),
+                "num_blocks": num_blocks,
+                "capacity_tokens": num_blocks * spec.block_size,
+                "concurrency": args.concurrency,
+                "max_requests": args.max_requests,
+                "tokens_per_id": args.tokens_per_id,
+                "seed": args.seed,
+                "prefixkv": version(),
+                "python": sys.version.split()[0],
+            },
+        }
+    )
+    return summary

@@ -1,0 +1,234 @@
+"""A comparison from Python: :class:`CompareOptions` says what to compare, and
+:func:`compare_backends` runs it and returns the tidy tables.
+
+What ``prefixkv compare`` runs, without files::
+
+    from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
+
+    t = compare_backends(CompareOptions(["multi_turn"], request_rate=2.0, max_requests=60))
+    t.runs  # one row per run (a DataFrame when pandas is installed)
+
+Options are plain values (names, numbers, a path) as a notebook writes them; they are
+resolved (backends parsed, the profile and the workloads loaded) when the comparison
+runs. ``compare_backends(options, request_rate=4.0)`` runs a copy with those fields
+changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..progress import progress
+from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
+from ..traces import ReadOptions
+from ..workload_sources import Workload, load_workloads
+from .arrival import TimeSettings
+from .plan import CompareSettings, default_boundary_accounting, plan_comparison
+from .run import ComparisonTables, run_comparison
+from .spec import CompareError, parse_backends
+
+__all__ = ["CompareOptions", "compare_backends"]
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What to compare, as plain values.
+
+    Attributes:
+        workloads: built-in workload names (default: the CLI's default set when no
+            trace is given).
+        trace: a trace file or folder instead (any format ``prefixkv`` reads).
+        indexes: comma-separated backends, ``NAME`` or ``NAME:SIZE``.
+        block_size: the hash chain's (and ``none``'s) block size.
+        page_size: the radix tree's page size.
+        index_options: per registry name, options for ``make_index``.
+        capacity_tokens: the KV capacity in tokens, or several (a sweep, the first
+            being the table's); default roomy.
+        capacity_sweep: also sweep capacities (default: when several are given).
+        concurrency: the K of the K-live schedule.
+        timing_repeats: timed K-live replays per backend.
+        boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
+        request_rate: arrival-time runs at this many requests per second.
+        time_scale: arrival-time runs at the trace's timestamps times this.
+        arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens a step computes.
+        queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's, fcfs).
+        batching: force ``"mixed"`` or ``"prefill_first"`` (default: each
+            backend's natural engine's).
+        profile: a cost profile, a shipped profile's name or a profile file
+            (default: the shipped default).
+        max_requests: use the first this many requests of each workload.
+        tokens_per_id: hash-id traces: tokens each id expands to.
+        seed: workload, token and arrival seed.
+        progress_bars: show progress bars on stderr (tqdm).
+    """
+
+    workloads: Sequence[str] | None = None
+    trace: str | os.PathLike[str] | None = None
+    indexes: str = "hash_chain,radix,none"
+    block_size: int = 16
+    page_size: int = 1
+    index_options: Mapping[str, Mapping[str, Any]] | None = None
+    capacity_tokens: int | Sequence[int] | None = None
+    capacity_sweep: bool | None = None
+    concurrency: int = 1
+    timing_repeats: int = 1
+    boundary_accounting: bool | None = None
+    request_rate: float | None = None
+    time_scale: float | None = None
+    arrival: ArrivalProcess = "poisson"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    queue_order: QueueOrder | None = None
+    batching: Batching | None = None
+    profile: str | os.PathLike[str] | CostProfile | None = None
+    max_requests: int | None = None
+    tokens_per_id: int | None = None
+    seed: int = 0
+    progress_bars: bool = False
+
+    def time_settings(self) -> TimeSettings | None:
+        """The arrival-time settings, or ``None`` without a rate or a scale.
+
+        Raises:
+            SimConfigError: a value out of range.
+            ProfileError: a profile that cannot be read.
+        """
+        if self.request_rate is None and self.time_scale is None:
+            return None
+        profile = self.profile
+        if not isinstance(profile, CostProfile):
+            profile = load_profile() if profile is None else load_profile(profile)
+        return TimeSettings(
+            request_rate=self.request_rate,
+            time_scale=self.time_scale,
+            arrival=self.arrival,
+            seed=self.seed,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            policy=self.queue_order,
+            batching=self.batching,
+            profile=profile,
+        )
+
+    def load_workloads(self) -> list[Workload]:
+        """The workloads (or the trace), scanned for their sizes.
+
+        Raises:
+            PrefixKVError: an unknown workload, an unreadable trace (a named subclass).
+        """
+        return load_workloads(
+            list(self.workloads) if self.workloads else None,
+            None if self.trace is None else os.fspath(self.trace),
+            max_requests=self.max_requests,
+            tokens_per_id=self.tokens_per_id,
+            seed=self.seed,
+            options=ReadOptions(seed=self.seed),
+            quiet=not self.progress_bars,
+        )
+
+    def settings(self, workloads: Sequence[Workload]) -> CompareSettings:
+        """The resolved settings for ``workloads`` (backends parsed and checked).
+
+        Raises:
+            CompareError: a bad backend, option, capacity or count.
+        """
+        caps = self.capacity_tokens
+        if caps is not None:
+            caps = (caps,) if isinstance(caps, int) else tuple(caps)
+        sweep = self.capacity_sweep
+        accounting = self.boundary_accounting
+        return CompareSettings(
+            backends=tuple(
+                parse_backends(
+                    self.indexes,
+                    block_size=self.block_size,
+                    page_size=self.page_size,
+                    options=self.index_options,
+                )
+            ),
+            capacities=caps,
+            capacity_sweep=(caps is not None and len(caps) > 1) if sweep is None else sweep,
+            concurrency=self.concurrency,
+            timing_repeats=self.timing_repeats,
+            boundary_accounting=default_boundary_accounting(workloads)
+            if accounting is None
+            else accounting,
+            time=self.time_settings(),
+        )
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
+
+
+def compare_backends(
+    options: CompareOptions | Sequence[str] | None = None, /, **changes: Any
+) -> ComparisonTables:
+    """Compare backends on built-in workloads or a trace; return the tidy tables.
+
+    Each backend's K-live replay at equal capacity and, with ``request_rate`` or
+    ``time_scale``, its arrival-time run on its natural engine (hash chain as vLLM,
+    radix as SGLang).
+
+    Args:
+        options: what to compare (default: ``CompareOptions()``). A list of workload
+            names here is the old calling convention: it still works for one
+            release, with a ``DeprecationWarning``.
+        **changes: fields of :class:`CompareOptions` to change for this run
+            (``policy`` is the deprecated name of ``queue_order``).
+
+    Returns:
+        The tables (DataFrames when pandas is installed) and the typed records.
+
+    Raises:
+        CompareError: a field :class:`CompareOptions` does not have.
+        PrefixKVError: a bad option, workload, trace or capacity (a named subclass).
+        KeyboardInterrupt: Ctrl-C.
+    """
+    options = _options(options, changes)
+    loaded = options.load_workloads()
+    settings = options.settings(loaded)
+    plans = plan_comparison(loaded, settings)
+    quiet = not options.progress_bars
+
+    def bars(desc: str, total: int) -> Any:
+        return progress(total, desc, quiet=quiet, unit="tok")
+
+    comparison = run_comparison(plans, settings, bars=bars)
+    if comparison.partial:
+        raise KeyboardInterrupt("comparison interrupted")
+    return comparison.tables()
+
+
+def _options(
+    options: CompareOptions | Sequence[str] | None, changes: dict[str, Any]
+) -> CompareOptions:
+    if options is not None and not isinstance(options, CompareOptions):
+        warnings.warn(
+            "compare_backends(workloads, **options) is deprecated; pass "
+            "compare_backends(CompareOptions(workloads, ...))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        changes = {"workloads": options, **changes}
+        options = None
+    if "policy" in changes:
+        warnings.warn(
+            "compare_backends(policy=...) is now queue_order=... ('policy' alone means a "
+            "router's routing policy)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        changes["queue_order"] = changes.pop("policy")
+    unknown = sorted(set(changes) - _FIELDS)
+    if unknown:
+        raise CompareError(
+            f"CompareOptions has no {', '.join(unknown)}; it has: {', '.join(sorted(_FIELDS))}"
+        )
+    return dataclasses.replace(options or CompareOptions(), **changes)

@@ -1,0 +1,293 @@
+"""A comparison's run: every planned workload, each backend K-live and at arrival time.
+
+:func:`run_comparison` runs the plans of :mod:`.plan`; per workload,
+:func:`compare_workload` gives each backend's K-live replay (:mod:`.k_live`), the
+capacity sweep, and (with :class:`~.arrival.TimeSettings`) each backend's arrival-time
+run (:mod:`.arrival`). Ctrl-C keeps what finished, marked partial. The typed records
+give tidy tables: one row per request x backend x configuration, one per run, as
+pandas DataFrames when pandas is installed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..replay import ReplayInterrupted
+from ..sim import SimUnservableError
+from ..workload_sources import Workload
+from .arrival import ArrivalRun, TimeSettings, run_arrival
+from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
+from .plan import CompareSettings, WorkloadPlan
+from .spec import BackendSpec, Bars, CapacityError, Scalar
+
+__all__ = [
+    "CompareInterrupted",
+    "Comparison",
+    "ComparisonTables",
+    "WorkloadResult",
+    "compare_workload",
+    "run_comparison",
+]
+
+
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a comparison; ``workload`` holds what finished so far."""
+
+    def __init__(self, workload: WorkloadResult) -> None:
+        super().__init__("comparison interrupted")
+        self.workload = workload
+
+
+@dataclass(slots=True)
+class WorkloadResult:
+    """Everything a comparison measured on one workload.
+
+    Attributes:
+        name, source, notes: the workload, where it came from, what the report
+            must say about it.
+        num_requests, prompt_tokens, output_tokens: its sizes.
+        capacity_tokens: the capacity of the table (asked for; each backend uses
+            the whole blocks that fit).
+        concurrency: the K of the K-live schedule.
+        backends: each backend's K-live replay at ``capacity_tokens``.
+        sweep: K-live hit ratios at the sweep's capacities (empty: no sweep).
+        strip_requests: positions of the requests the strip plot shows.
+        arrival_runs: arrival-time runs, the table's capacity first, then the
+            sweep's (empty without :class:`~.arrival.TimeSettings`).
+        partial: Ctrl-C stopped it; what is here finished.
+    """
+
+    name: str
+    source: str
+    notes: tuple[str, ...]
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    capacity_tokens: int
+    concurrency: int
+    backends: list[BackendRun] = field(default_factory=list)
+    sweep: list[SweepPoint] = field(default_factory=list)
+    strip_requests: list[int] = field(default_factory=list)
+    arrival_runs: list[ArrivalRun] = field(default_factory=list)
+    partial: bool = False
+
+    @property
+    def sweep_capacities(self) -> list[int]:
+        """The sweep's capacities, ascending."""
+        return sorted({p.capacity_tokens for p in self.sweep})
+
+    def arrival_at_table(self) -> list[ArrivalRun]:
+        """The arrival-time runs at the table's capacity, one per backend."""
+        return [t for t in self.arrival_runs if t.role == "table"]
+
+    @property
+    def timed(self) -> list[ArrivalRun]:
+        """Deprecated name of :attr:`arrival_runs` (goes in the next release)."""
+        warnings.warn(
+            "WorkloadResult.timed is now arrival_runs ('timed' means measured by the wall clock)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.arrival_runs
+
+    def row(self) -> dict[str, Scalar]:
+        """The workload as one flat record."""
+        return {
+            "workload": self.name,
+            "source": self.source,
+            "notes": " ".join(self.notes),
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "capacity_tokens": self.capacity_tokens,
+            "concurrency": self.concurrency,
+            "partial": self.partial,
+        }
+
+    def run_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per run: K-live table, K-live sweep, arrival-time runs."""
+        return [
+            *(b.row() for b in self.backends),
+            *(p.row() for p in self.sweep),
+            *(t.row() for t in self.arrival_runs),
+        ]
+
+    def request_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per request x backend x configuration."""
+        rows: list[dict[str, Scalar]] = []
+        for b in self.backends:
+            rows += b.request_rows()
+        for t in self.arrival_runs:
+            rows += t.request_rows()
+        return rows
+
+
+def compare_workload(
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    capacity_tokens: int,
+    sweep: Sequence[int] = (),
+    *,
+    concurrency: int = 1,
+    timing_repeats: int = 3,
+    boundary_accounting: bool = True,
+    time: TimeSettings | None = None,
+    bars: Bars | None = None,
+) -> WorkloadResult:
+    """Every backend on one workload: :func:`run_backend` each, the sweep, then (with
+    ``time``) each backend's arrival-time run at the table's capacity and at each
+    capacity of the sweep.
+
+    Raises:
+        CapacityError: ``capacity_tokens`` cannot hold the requests (the sweep's
+            capacities never raise; a failed point is ``None``, a failed
+            arrival-time point is left out).
+        CompareInterrupted: Ctrl-C; it carries what finished so far.
+    """
+    result = WorkloadResult(
+        name=workload.name,
+        source=workload.source,
+        notes=tuple(workload.notes),
+        num_requests=workload.stats.num_requests,
+        prompt_tokens=workload.stats.prompt_tokens,
+        output_tokens=workload.stats.output_tokens,
+        capacity_tokens=capacity_tokens,
+        concurrency=concurrency,
+    )
+    try:
+        for b in backends:
+            result.backends.append(
+                run_backend(
+                    workload,
+                    b,
+                    capacity_tokens,
+                    concurrency=concurrency,
+                    timing_repeats=timing_repeats,
+                    boundary_accounting=boundary_accounting,
+                    bars=bars,
+                )
+            )
+        result.strip_requests = select_strip_requests(result.backends)
+        if sweep:
+            result.sweep = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
+        if time is not None:
+            _run_arrival_all(result, workload, backends, capacity_tokens, sweep, time, bars)
+    except (ReplayInterrupted, KeyboardInterrupt):
+        result.partial = True
+        if result.backends:
+            result.strip_requests = select_strip_requests(result.backends)
+        raise CompareInterrupted(result) from None
+    return result
+
+
+def _run_arrival_all(
+    result: WorkloadResult,
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    capacity_tokens: int,
+    sweep: Sequence[int],
+    time: TimeSettings,
+    bars: Bars | None,
+) -> None:
+    for b in backends:
+        try:
+            run = run_arrival(workload, b, capacity_tokens, time, bars=bars)
+        except SimUnservableError as exc:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
+                f"with {b.label} in the arrival-time run: {exc}"
+            ) from None
+        result.arrival_runs.append(run)
+    for cap in sweep:
+        if cap == capacity_tokens:
+            continue  # the table's run is that point
+        for b in backends:
+            try:
+                result.arrival_runs.append(
+                    run_arrival(workload, b, cap, time, role="sweep", bars=bars)
+                )
+            except SimUnservableError:
+                continue  # a point that does not fit is left out (plotted as a gap)
+
+
+class ComparisonTables(NamedTuple):
+    """A comparison's tidy tables.
+
+    Attributes:
+        requests: one row per request x backend x configuration (``schedule`` is
+            ``k_live`` or ``arrival``; ``role`` is ``table`` or ``sweep``).
+        runs: one row per run.
+        comparison: the typed records behind them.
+
+    ``requests`` and ``runs`` are pandas DataFrames when pandas is installed, lists
+    of flat dicts otherwise.
+    """
+
+    requests: Any
+    runs: Any
+    comparison: Comparison
+
+
+@dataclass
+class Comparison:
+    """What a comparison measured.
+
+    Attributes:
+        workloads: per workload, every run's records.
+        partial: Ctrl-C stopped it; what is here finished.
+    """
+
+    workloads: list[WorkloadResult] = field(default_factory=list)
+    partial: bool = False
+
+    def run_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per run."""
+        return [row for w in self.workloads for row in w.run_rows()]
+
+    def request_rows(self) -> list[dict[str, Scalar]]:
+        """One flat record per request x backend x configuration."""
+        return [row for w in self.workloads for row in w.request_rows()]
+
+    def tables(self) -> ComparisonTables:
+        """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
+        requests: Any = self.request_rows()
+        runs: Any = self.run_rows()
+        try:
+            import pandas
+        except ImportError:
+            return ComparisonTables(requests, runs, self)
+        return ComparisonTables(pandas.DataFrame(requests), pandas.DataFrame(runs), self)
+
+
+def run_comparison(
+    plans: Sequence[WorkloadPlan], settings: CompareSettings, *, bars: Bars | None = None
+) -> Comparison:
+    """Run every planned workload; Ctrl-C ends it early with what finished, marked partial.
+
+    Raises:
+        CapacityError: a table capacity too small for a workload's requests.
+    """
+    comparison = Comparison()
+    try:
+        for plan in plans:
+            comparison.workloads.append(
+                compare_workload(
+                    plan.workload,
+                    settings.backends,
+                    plan.capacity_tokens,
+                    plan.sweep,
+                    concurrency=settings.concurrency,
+                    timing_repeats=settings.timing_repeats,
+                    boundary_accounting=settings.boundary_accounting,
+                    time=settings.time,
+                    bars=bars,
+                )
+            )
+    except CompareInterrupted as exc:
+        comparison.partial = True
+        if exc.workload.backends:
+            comparison.workloads.append(exc.workload)
+    return comparison

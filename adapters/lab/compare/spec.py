@@ -1,0 +1,167 @@
+"""The backends of a comparison: their specs, how a list of them is parsed, its errors.
+
+A spec names a registry backend, its hit granularity (vLLM's block size or SGLang's
+page size), the driver whose call order replays it and its ``make_index`` options;
+:func:`parse_backends` reads ``"hash_chain,radix:16,none"``. Everything else in
+:mod:`prefixkv.adapters.lab.compare` builds on these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from prefixkv.indexes.base import IndexDescription, PrefixIndex
+from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
+
+from ..progress import Progress
+from ..replay import DRIVERS, Driver
+
+__all__ = [
+    "MAX_POOL_BLOCKS",
+    "NATURAL_DRIVERS",
+    "BackendSpec",
+    "Bars",
+    "CapacityError",
+    "CompareError",
+    "Scalar",
+    "parse_backends",
+]
+
+Scalar = str | int | float | bool | None
+"""A table cell: rows hold only these, so every format has one column per field."""
+
+NATURAL_DRIVERS: Mapping[str | None, Driver] = MappingProxyType(
+    {"vllm": "vllm", "sglang": "sglang", None: "manager"}
+)
+"""The scheduler order that drives a backend, by the engine it models (its
+``IndexDescription.models``): a backend modelled on no engine runs through the manager."""
+
+MAX_POOL_BLOCKS = 2**24
+"""Default bound on one replay's pool (16,777,216 blocks); larger is refused up front."""
+
+Bars = Callable[[str, int], Progress]
+"""Makes one progress bar: ``bars(description, total prompt tokens)``."""
+
+
+class CompareError(PrefixKVError):
+    """A comparison option is invalid (backend spec, workload name, capacity)."""
+
+
+class CapacityError(CompareError):
+    """The KV capacity asked for cannot hold the requests even after evicting."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """One backend of a comparison.
+
+    Attributes:
+        label: the name shown in tables and plots (``radix``, ``radix:16``).
+        index: the registry name.
+        block_size: hit granularity in tokens (the radix tree's page size).
+        driver: the replay driver.
+        options: backend options passed to ``make_index`` (``hash_algorithm``,
+            ``eviction``, ...).
+    """
+
+    label: str
+    index: str
+    block_size: int
+    driver: Driver
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def make(self) -> PrefixIndex:
+        """A fresh index for one replay."""
+        opts = {**pool_owned_options(self.index), **dict(self.options)}
+        return make_index(self.index, self.block_size, **opts)
+
+    def num_blocks(self, capacity_tokens: int) -> int:
+        """Blocks of ``block_size`` that fit in ``capacity_tokens``."""
+        return capacity_tokens // self.block_size
+
+    @property
+    def description(self) -> IndexDescription:
+        """What the backend says about itself."""
+        return describe_index(self.index)
+
+    def describe(self) -> str:
+        """``"hash_chain (vllm driver, 16-token blocks)"``."""
+        unit = self.description.unit
+        plural = "" if self.block_size == 1 else "s"
+        opts = "".join(f", {k}={v}" for k, v in self.options)
+        return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural}{opts})"
+
+
+def _positive(name: str, value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise CompareError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def parse_backends(
+    text: str,
+    *,
+    block_size: int = 16,
+    page_size: int = 1,
+    driver: Driver | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[BackendSpec]:
+    """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity.
+
+    Args:
+        text: comma-separated registry names, each optionally ``:SIZE``.
+        block_size: granularity of the backends whose unit is a block (vLLM's).
+        page_size: granularity of the backends whose unit is a page (SGLang's).
+        driver: force one driver for all (default: each backend's natural one).
+        options: per registry name, options for ``make_index`` (checked here by
+            building each backend once).
+
+    Raises:
+        CompareError: an empty list, a bad size, a repeated backend or driver, an
+            option a backend does not take or a bad option value.
+        UnknownIndexError: a name nobody registered (the message lists the names).
+    """
+    _positive("block size", block_size)
+    _positive("page size", page_size)
+    if driver is not None and driver not in DRIVERS:
+        raise CompareError(f"unknown driver {driver!r}; known: {', '.join(DRIVERS)}")
+    opts = options or {}
+    specs: list[BackendSpec] = []
+    for part in text.split(","):
+        label = part.strip()
+        if not label:
+            continue
+        name, _, size_text = label.partition(":")
+        if size_text:
+            if not size_text.isdigit() or int(size_text) < 1:
+                raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
+            size = int(size_text)
+        else:
+            size = page_size if describe_index(name).unit == "page" else block_size
+        if any(s.label == label for s in specs):
+            raise CompareError(f"backend {label!r} is listed twice")
+        chosen = tuple(sorted(opts.get(name, {}).items()))
+        spec = BackendSpec(
+            label,
+            name,
+            size,
+            driver or NATURAL_DRIVERS.get(describe_index(name).models, "manager"),
+            chosen,
+        )
+        try:
+            spec.make()  # an unknown name or option fails here, before anything runs
+        except PrefixKVError:
+            raise
+        except ValueError as exc:
+            raise CompareError(f"backend {label!r}: bad option in {dict(chosen)}: {exc}") from None
+        specs.append(spec)
+    if not specs:
+        raise CompareError(f"no backend named in {text!r}")
+    unused = set(opts) - {s.index for s in specs}
+    if unused:
+        raise CompareError(f"options given for backends not compared: {sorted(unused)}")
+    return specs
