@@ -186,9 +186,10 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
         params: SGLang's ``CacheInitParams`` (allocator, req-to-token pool, page size).
         index: the prefix index; its ``block_size`` must be the page size.
 
-    The methods SGLang calls with its own types (``match_prefix``, ``inc_lock_ref``,
-    ``dec_lock_ref``, ``checkpoint``, ``evict``, ``take_events``) convert and call
-    :class:`PrefixCache`'s; everything else is :class:`PrefixCache`'s own.
+    The methods SGLang calls with its own types (``match_prefix``, ``touch_prefix``,
+    ``inc_lock_ref``, ``dec_lock_ref``, ``checkpoint``, ``evict``, ``take_events``)
+    convert and call :class:`PrefixCache`'s; everything else is :class:`PrefixCache`'s
+    own.
     """
 
     def __init__(self, params: CacheInitParams, index: PrefixIndex) -> None:
@@ -221,6 +222,13 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
         )
         node = m.last_node
         return MatchResult(m.prefix_len, node, node, node)
+
+    def touch_prefix(self, key: Any) -> None:
+        """SGLang's ``touch_prefix``: a match that only refreshes the path's recency (its
+        scheduler touches waiting requests' prefixes so LRU evicts them last)."""
+        PrefixCache.match_prefix(
+            self, key.token_ids, key.extra_key, key.cache_salt, max_prefix_len=key.limit
+        )
 
     def inc_lock_ref(self, node: object) -> IncLockRefResult:
         """SGLang's ``inc_lock_ref``: the delta in its result."""

@@ -250,8 +250,9 @@ def test_the_cache_sglang_builds_is_the_class_make_test_replays() -> None:
     # Only SGLang's typed entry points are the subclass's own: everything else
     # (checkpoint logic, locks, sizes, reset) runs PrefixCache's code.
     own = {n for n in vars(PrefixKVPrefixCache) if not n.startswith("_")}
-    assert own == {"match_prefix", "inc_lock_ref", "dec_lock_ref", "checkpoint", "evict",
-                   "take_events", "path_device_indices", "dfs_weight_order"}  # fmt: skip
+    assert own == {"match_prefix", "touch_prefix", "inc_lock_ref", "dec_lock_ref",
+                   "checkpoint", "evict", "take_events", "path_device_indices",
+                   "dfs_weight_order"}  # fmt: skip
     for name in ("lock", "unlock", "reset", "evictable_size", "on_release", "total_size"):
         assert getattr(PrefixKVPrefixCache, name) is getattr(PrefixCache, name), name
 
@@ -341,3 +342,29 @@ def test_the_build_the_run_names_is_the_build_sglang_runs() -> None:
     assert build_kind() == expected
     compiled = "prefixkv.adapters.sglang.prefix_cache" in compiled_modules()
     assert compiled == (expected == "compiled")
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("index", [None, "radix"])
+def test_touching_a_waiting_prefix_makes_lru_evict_it_last(ps: int, index: str | None) -> None:
+    # SGLang's scheduler touches waiting requests' prefixes (touch_waiting_prefix, on by
+    # default with LRU): the touched prefix outlives a newer untouched one.
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    a, b = list(range(10, 30)), list(range(40, 60))
+    reqs = [{"id": "a", "tokens": a, "output": [1]}, {"id": "b", "tokens": b, "output": [1]}]
+    params = sglang_oracle.build_pools(ps, 1024, 2, 64)
+    cache = (sglang_oracle.make_cache("radix", params) if index is None
+             else PrefixKVPrefixCache(params, make_index(index, block_size=ps)))  # fmt: skip
+    sglang_oracle.SGLangReplay(cache, params).run(reqs, 1)  # a, then b: b is newer
+    cache.touch_prefix(RadixKey(array("q", a)))
+    cache.evict(EvictParams(num_tokens=1))  # one leaf: the least recently used
+
+    def hit(tokens: list[int]) -> int:
+        key = RadixKey(array("q", tokens + [99]))
+        return int(cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
+
+    assert (hit(a), hit(b)) == (20, 0)
