@@ -9,7 +9,7 @@ step writes one page here.
 from __future__ import annotations
 
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
-from prefixkv.indexes.validation import check_block_ids, check_count
+from prefixkv.indexes.validation import MAX_BLOCKS, check_block_ids, check_count
 
 __all__ = ["PageRows"]
 
@@ -60,13 +60,15 @@ class PageRows:
     def write(self, row: object, start: object, page_ids: object) -> None:
         """Set pages ``start ..`` of ``row`` (a row grows at its end only). O(len)."""
         pages = self._pages(row)
+        if start == len(pages) and type(page_ids) is list and len(page_ids) == 1:
+            page = page_ids[0]  # a decode step's new page: the row grows by one
+            if type(page) is int and 0 <= page < MAX_BLOCKS:
+                pages.append(page)
+                return
         if type(start) is not int or not 0 <= start <= len(pages):
             raise PrefixKVError(f"row {row} has {len(pages)} pages; cannot write at {start!r:.40}")
         ids = check_block_ids(page_ids, "write", unique=False)
-        if start == len(pages):  # a decode step's new page: the row grows
-            pages.extend(ids)
-        else:
-            pages[start : start + len(ids)] = ids
+        pages[start : start + len(ids)] = ids
 
     def pages(self, row: object) -> list[int]:
         """Every page of ``row`` (a copy)."""
@@ -77,11 +79,13 @@ class PageRows:
         return len(self._rows) - len(self._free)
 
     def _index(self, row: object) -> int:
-        if type(row) is not int or not 0 <= row < len(self._rows) or self._rows[row] is None:
-            raise RequestStateError(f"row {row!r:.40} is not in use")
+        self._pages(row)
+        assert type(row) is int
         return row
 
     def _pages(self, row: object) -> list[int]:
-        pages = self._rows[self._index(row)]
-        assert pages is not None
-        return pages
+        if type(row) is int and 0 <= row < len(self._rows):
+            pages = self._rows[row]
+            if pages is not None:
+                return pages
+        raise RequestStateError(f"row {row!r:.40} is not in use")
