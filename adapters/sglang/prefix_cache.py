@@ -204,7 +204,8 @@ class PrefixCache:
         """A cache on its own pools, without an engine (SGLang's ``create_simulated``).
 
         Args:
-            index: an index, or a registry name (``"radix"`` default).
+            index: an index, or a registry name (``"radix"`` default; built with the
+                index's own block-ownership checks, which guard :meth:`insert`).
             capacity_tokens: the page pool in tokens (whole pages are used).
             page_size: tokens per page when ``index`` is a name (default 1).
             max_running_requests: rows for running requests (default: unbounded).
