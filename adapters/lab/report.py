@@ -17,10 +17,10 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prefixkv.indexes.buildinfo import installed_version
 from prefixkv.indexes.registry import describe_index
 
 from .compare.arrival import ArrivalRun
@@ -302,14 +302,8 @@ def machine_info() -> dict[str, Any]:
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions of prefixkv and what the report uses."""
-    out: dict[str, str | None] = {}
     names = ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers", "pandas", "pyarrow")
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: installed_version(name) for name in names}
 
 
 def write_hits(path: Path, hits: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:

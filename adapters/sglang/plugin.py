@@ -25,32 +25,46 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-from sglang.srt.mem_cache.base_prefix_cache import (
-    BasePrefixCache,
-    DecLockRefResult,
-    EvictParams,
-    EvictResult,
-    IncLockRefResult,
-    MatchPrefixParams,
-    MatchResult,
-)
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.registry import (
-    TreeCacheBuildContext,
-    get_radix_cache_factory,
-    register_radix_cache_backend,
-)
-
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import index_options, make_index, pool_owned_options
 
-from ..errors import UnsupportedEngineFeatureError
+from ..errors import UnsupportedEngineFeatureError, engine_imports
 from ..events.codec import as_engine_events
 from ..events.sglang_recorder import SGLangEventRecorder
 from .prefix_cache import PrefixCache, PrefixNode
 
-__all__ = ["BACKENDS", "PrefixKVPrefixCache", "make_prefix_cache", "register"]
+SUPPORTED_VERSIONS = ("0.5.23",)
+"""The SGLang releases whose scheduler and tree-cache API this was checked in."""
+
+# SGLang (and the torch it runs on) last, once its installed version is known to be one
+# of these: otherwise one EngineNotInstalledError (an ImportError) naming them.
+with engine_imports(
+    __name__, "sglang", SUPPORTED_VERSIONS, "prefixkv.adapters.sglang.PrefixCache (engine-free)"
+):
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        BasePrefixCache,
+        DecLockRefResult,
+        EvictParams,
+        EvictResult,
+        IncLockRefResult,
+        MatchPrefixParams,
+        MatchResult,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.registry import (
+        TreeCacheBuildContext,
+        get_radix_cache_factory,
+        register_radix_cache_backend,
+    )
+
+__all__ = [
+    "BACKENDS",
+    "SUPPORTED_VERSIONS",
+    "PrefixKVPrefixCache",
+    "make_prefix_cache",
+    "register",
+]
 
 BACKENDS = {"prefixkv-radix": "radix", "prefixkv-hash-chain": "hash_chain"}
 """``--radix-cache-backend`` name -> prefixkv index."""

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
+from prefixkv.indexes.buildinfo import prefixkv_version
 from prefixkv.indexes.registry import available_indexes
 
 from ...events.files import EventFileWriter
@@ -38,7 +39,6 @@ from .common import (
     backend_options,
     capacities,
     load_workloads_for,
-    version,
 )
 from .signals import Interrupts
 
@@ -359,7 +359,7 @@ def _replay_summary(
                 "max_requests": args.max_requests,
                 "tokens_per_id": args.tokens_per_id,
                 "seed": args.seed,
-                "prefixkv": version(),
+                "prefixkv": prefixkv_version(),
                 "python": sys.version.split()[0],
             },
         }
