@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import save_figure
 from prefixkv.indexes.registry import describe_index
 
 from .compare.k_live import BackendRun
@@ -120,7 +121,7 @@ def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)))
     fig.suptitle("Prefix-cache hit ratio vs cache capacity (dotted: the table's capacity)")
-    fig.savefig(path)
+    save_figure(fig, path)
     return True
 
 
@@ -178,7 +179,7 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)))
     fig.suptitle("Index time per request vs prompt length (dots: requests; lines: binned medians)")
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
@@ -245,7 +246,7 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
     if block > 1:
         title += f" (dotted: {block}-token block boundaries)"
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path)
+    save_figure(fig, path)
     return True
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.indexes.buildinfo import installed_version
 from prefixkv.indexes.registry import describe_index
 
@@ -28,7 +29,6 @@ from .compare.k_live import BackendRun
 from .compare.run import WorkloadResult
 from .compare.spec import Scalar
 from .sim import write_rows
-from .traces import atomic_writer
 
 __all__ = [
     "COLUMNS",

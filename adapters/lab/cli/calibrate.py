@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from prefixkv.adapters.outputs import check_output
+
 from ..progress import progress
 from ..sim import save_profile
-from ..traces.files import check_output
 from .common import positive_int
 from .signals import Interrupts
 

@@ -24,6 +24,7 @@ from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
@@ -35,7 +36,6 @@ from ..cluster.metrics import ClusterResult
 from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
-from ..traces.files import check_output_folder
 from .common import CLIUsageError, parse_token_counts
 from .signals import Interrupts
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from .. import report
@@ -36,7 +37,6 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
-from ..traces.files import check_output_folder, install_file
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
     CLIUsageError,

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
+from prefixkv.adapters.outputs import atomic_writer, check_output, refuse_overwrite
 from prefixkv.indexes.buildinfo import prefixkv_version
 from prefixkv.indexes.registry import available_indexes
 
@@ -31,7 +32,6 @@ from ..compare.plan import check_pool, roomy_capacity
 from ..compare.spec import BackendSpec, CompareError, parse_backends
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
-from ..traces.files import atomic_writer, check_output, refuse_overwrite
 from ..workload_sources import Workload
 from .common import (
     CLIUsageError,

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from prefixkv.adapters.lab.sim.tables import write_rows
+from prefixkv.adapters.outputs import atomic_writer
 
-from ..traces.files import atomic_writer
 from . import plots
 from .metrics import ClusterResult
 

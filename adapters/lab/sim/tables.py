@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefixkv.adapters.outputs import atomic_writer
+
 from .errors import SimError
 from .metrics import SimResult
 
@@ -84,8 +86,6 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
             f"cannot write {out.name!r}: the suffix must be one of "
             f"{', '.join('.' + f for f in TABLE_FORMATS)}"
         )
-    from ..traces.files import atomic_writer  # the readers (numpy) only when writing
-
     columns = _columns(rows)
     if fmt == "parquet":
         _write_parquet(out, rows, columns)
@@ -115,8 +115,6 @@ def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[s
         raise TableFormatError(
             f"writing {out.name!r} needs pyarrow (pip install pyarrow); CSV and JSON do not"
         ) from None
-    from ..traces.files import atomic_writer
-
     table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
     with atomic_writer(out) as f:
         pq.write_table(table, f)
