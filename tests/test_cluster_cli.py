@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -66,7 +67,13 @@ def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
         ["--faults", "explode=1"],
         ["--faults", "kill=9@10"],
         ["--replicas", "0"],
+        ["--replicas", "8,1000000"],
         ["--capacity-tokens", "lots"],
+        ["--capacity-tokens", "4k,200T"],  # past the pool's 2**31 - 1 blocks
+        ["--faults", "kill=0@inf"],
+        ["--faults", "kill=0@nan"],
+        ["--faults", "drop=nan"],
+        ["--faults", "drop=1e400"],
         # accepted but ignored until now: refused by name
         ["--time-scale", "2"],
         ["--tokens-per-id", "16"],
@@ -81,6 +88,26 @@ def test_cluster_command_rejects_bad_flags(
     assert main(["cluster", "--quiet", "--out", str(tmp_path / "x"), *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prefixkv: error:") and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_every_value_of_a_sweep_is_checked_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The last capacity is out of range: refused before the trace is read for the
+    # faults' percentages, before Ray starts and before the first run.
+    from prefixkv.adapters.lab.cli import cluster
+
+    def never(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("work started before the flags were checked")
+
+    for name in ("arrival_span", "_fleet", "run_experiment"):
+        monkeypatch.setattr(cluster, name, never)
+    argv = ["cluster", "--trace", str(MOONCAKE), "--replicas", "2,4",
+            "--capacity-tokens", "4k,16k,200T", "--faults", "kill=0@50%", "--ray",
+            "--quiet", "--out", str(tmp_path / "x")]  # fmt: skip
+    assert main(argv) == 2
+    assert "capacity_tokens must be an int in [1, " in capsys.readouterr().err
 
 
 def test_cluster_on_a_workload_takes_max_requests(tmp_path: Path) -> None:

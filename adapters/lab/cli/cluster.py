@@ -28,8 +28,14 @@ from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
+from ..cluster.config import MAX_REPLICAS
 from ..cluster.errors import ClusterConfigError
-from ..cluster.experiment import ClusterInterrupted, arrival_span, run_experiment
+from ..cluster.experiment import (
+    ClusterInterrupted,
+    arrival_span,
+    plan_experiment,
+    run_experiment,
+)
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
@@ -44,13 +50,18 @@ __all__ = ["add_cluster_parser", "run_cluster_command"]
 DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
 
 
-def _ints(text: str) -> list[int]:
+def _replica_counts(text: str) -> list[int]:
+    """``--replicas``: every value checked here, before anything runs."""
     try:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"want positive ints like 1,2,4,8, got {text!r}") from None
     if not values or min(values) < 1 or len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"want distinct positive ints like 1,2,4,8, got {text!r}")
+    if max(values) > MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
+        )
     return values
 
 
@@ -106,7 +117,7 @@ def _add_input_flags(p: argparse.ArgumentParser) -> None:
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     """The replicas: how many, their capacity, index, scheduler and costs."""
     f = p.add_argument_group("fleet")
-    f.add_argument("--replicas", type=_ints, default=[8], metavar="N[,N...]",
+    f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
     f.add_argument(
         "--capacity-tokens",
@@ -232,11 +243,6 @@ def run_cluster_command(
     capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
     plan = parse_faults(args.faults) if args.faults else None
-    stream = _arrivals(args, requests)
-    if plan is not None:
-        if plan.needs_relative:
-            plan = plan.resolve(arrival_span(stream(None)))
-        plan.check(args.replicas[0])
     config = ClusterConfig(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
@@ -250,6 +256,14 @@ def run_cluster_command(
         seed=args.seed,
         keep_tokens=plan is not None,
     )
+    # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
+    # --capacity-tokens) is refused before the trace is read or the first run starts.
+    plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
+    stream = _arrivals(args, requests)
+    if plan is not None:
+        if plan.needs_relative:
+            plan = plan.resolve(arrival_span(stream(None)))
+        plan.check(args.replicas[0])
     t0 = time.perf_counter()
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
