@@ -61,6 +61,8 @@ class ServeConfig:
         max_model_len: ``--max-model-len``.
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the CPU pool in GiB.
         num_gpu_blocks: ``--num-gpu-blocks-override`` (a small pool: eviction).
+        tokenizer: a tokenizer directory (``--tokenizer``); ``None`` serves token ids
+            only (``--skip-tokenizer-init``).
         hash_algo: ``--prefix-caching-hash-algo``.
         kv_events_port: publish KV events on ``tcp://127.0.0.1:PORT`` (ZeroMQ; vLLM's
             PUB socket connects there, so the subscriber binds it).
@@ -78,6 +80,7 @@ class ServeConfig:
     max_model_len: int = 2048
     kv_cache_gib: int = 1
     num_gpu_blocks: int | None = None
+    tokenizer: str | None = None
     hash_algo: str | None = None
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
@@ -93,12 +96,16 @@ class ServeConfig:
         """The ``vllm serve`` command line."""
         cmd = [
             self.vllm, "serve", self.model,
-            "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+            "--load-format", "dummy", "--enforce-eager",
             "--block-size", str(self.block_size),
             "--max-model-len", str(self.max_model_len),
             "--host", "127.0.0.1", "--port", str(port),
             "--enable-prompt-tokens-details",
         ]  # fmt: skip
+        if self.tokenizer is None:
+            cmd += ["--skip-tokenizer-init"]
+        else:
+            cmd += ["--tokenizer", self.tokenizer]
         if self.index is not None:
             settings = {"index": self.index, **self.index_options}
             cmd += ["--scheduler-cls", PLUGIN]
@@ -329,17 +336,18 @@ class VLLMServer:
 
 
 def stream_completion(
-    url: str, model: str, prompt: Sequence[int], max_tokens: int, *, timeout: float = 300.0
+    url: str, model: str, prompt: Sequence[int] | str, max_tokens: int, *, timeout: float = 300.0
 ) -> Streamed:
-    """One streamed greedy ``/v1/completions`` of token ids to ``url`` (a vLLM server,
-    or a router in front of some), timed from sending to the first token and the end.
+    """One streamed greedy ``/v1/completions`` to ``url`` (a vLLM server, or a router in
+    front of some), timed from sending to the first token and the end. The prompt is
+    token ids, or text for a server started with a tokenizer.
 
     Raises:
         ServerError: an HTTP error, or a stream without usage.
     """
     body = {
         "model": model,
-        "prompt": list(prompt),
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
