@@ -102,6 +102,8 @@ def make_trace(shape: TraceShape) -> list[LiveRequest]:
             src = LiveRequest("sys0", array("I", systems[0]), shape.max_tokens, -1, 0)
         else:
             first = rng.randrange(len(out) // 2)
+            while out[first].id.endswith("r") or f"{out[first].id}r" in {q.id for q in out}:
+                first = rng.randrange(len(out) // 2)  # each request repeated once at most
             r = out[first]
             src = LiveRequest(f"{r.id}r", r.prompt, r.output_len, r.session, r.turn)
         at = rng.randrange(first + 1, len(out) + 1)

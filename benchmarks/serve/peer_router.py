@@ -18,6 +18,7 @@ The router is always stopped.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -34,7 +35,7 @@ from word_tokenizer import as_text
 from prefixkv.adapters.lab.compare.k_live import percentile
 
 if TYPE_CHECKING:
-    from live_fleet import LiveFleet
+    from live_servers import LiveFleet
     from live_trace import LiveRequest
 
 __all__ = ["run_peer"]
@@ -75,7 +76,7 @@ def run_peer(
     url = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {"command": " ".join(cmd), "policy": policy}
     try:
-        up = _wait_up(url, proc, start_timeout)
+        up = _wait_up(url, proc, len(urls), start_timeout)
         result["start_s"] = up
         rows = []
         before_all = fleet.counters()
@@ -118,20 +119,26 @@ def run_peer(
     return result
 
 
-def _wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> float:
+def _wait_up(url: str, proc: subprocess.Popen[bytes], num_workers: int, timeout: float) -> float:
+    """Seconds until the router lists every worker healthy. Its ``/health`` answers
+    before then: workers register in the background (connection mode by ``/health``,
+    metadata by ``/server_info`` and ``/model_info``, which vLLM lacks: 404, tolerated,
+    model "unknown"), and a request sent meanwhile gets HTTP 503
+    ``no_available_workers``."""
     t0 = time.monotonic()
     while True:
         if proc.poll() is not None:
             raise ServerError(f"sglang-router exited ({proc.returncode})")
-        with (
-            contextlib.suppress(OSError, urllib.error.URLError),
-            urllib.request.urlopen(url + "/health", timeout=5) as r,
-        ):
-            if r.status == 200:
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError, KeyError):
+            with urllib.request.urlopen(url + "/workers", timeout=5) as r:
+                workers = json.loads(r.read())["workers"]
+            if len(workers) == num_workers and all(w.get("is_healthy") for w in workers):
                 return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
-            raise ServerError(f"sglang-router not up after {timeout:.0f} s")
-        time.sleep(1.0)
+            raise ServerError(
+                f"sglang-router: {num_workers} healthy workers not listed after {timeout:.0f} s"
+            )
+        time.sleep(0.5)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
