@@ -55,7 +55,7 @@ VLLM_CPU_SCHEDULER = SimConfig(max_num_seqs=128, max_num_batched_tokens=2048)
 def fit_profile(
     rows: Sequence[RequestRow], trace: Sequence[LiveRequest], *, name: str, model: str
 ) -> CostProfile:
-    """A cost profile fitted (least squares, coefficients kept >= 0) on a live run."""
+    """A cost profile fitted (least absolute deviations, coefficients >= 0) on a live run."""
     u = np.array([r.prompt_tokens - r.cached_tokens for r in rows], dtype=float)
     c = np.array([r.cached_tokens for r in rows], dtype=float)
     pairs = np.array([attention_pairs(int(a), int(b)) for a, b in zip(u, c, strict=True)], float)
@@ -90,11 +90,17 @@ def fit_profile(
 
 
 def _nonnegative_fit(columns: list[Any], y: Any) -> Any:
-    """Least squares, dropping (zeroing) any column whose coefficient comes out < 0."""
+    """Least absolute deviations (reweighted least squares), dropping (zeroing) any
+    column whose coefficient comes out < 0. Absolute, not squared: on a shared machine
+    a few requests wait hundreds of milliseconds for a core, and squares would let
+    them set every coefficient."""
     keep = list(range(len(columns)))
     while True:
         a = np.column_stack([columns[k] for k in keep])
-        sol, *_ = np.linalg.lstsq(a, y, rcond=None)
+        weights = np.ones_like(y)
+        for _ in range(50):
+            sol, *_ = np.linalg.lstsq(a * weights[:, None], y * weights, rcond=None)
+            weights = 1.0 / np.sqrt(np.maximum(np.abs(y - a @ sol), 1e-4))
         coef = np.zeros(len(columns))
         coef[keep] = sol
         negative = [k for k, v in zip(keep, sol, strict=True) if v < 0]
