@@ -55,7 +55,7 @@ from live_trace import TraceShape, as_trace_requests, make_trace
 
 from prefixkv.adapters.lab.traces.prefixkv import write_trace
 
-DEFAULT_POLICIES = "llmd,dynamo,mooncake,sglang,round_robin,prefix_hash"
+DEFAULT_POLICIES = "round_robin@chained,llmd,dynamo,mooncake,sglang,round_robin,prefix_hash"
 
 
 def build_parser() -> argparse.ArgumentParser:

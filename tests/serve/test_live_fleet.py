@@ -48,11 +48,13 @@ def test_the_router_predicts_what_two_vllm_servers_serve(tmp_path: Path) -> None
     profile = load_profile()
     try:
         fleet.start(420.0)
-        clean = run_policy(fleet, trace, "llmd", profile, sync_timeout=10.0)
-        # a window of lost batches on server 1's stream, then the stream as before
-        drop = Fault.parse("drop:1@3+3")
+        # round robin over a chained index: every server's stream feeds predictions
+        policy = "round_robin@chained"
+        clean = run_policy(fleet, trace, policy, profile, sync_timeout=10.0)
+        # a window of lost batches on both streams, then the streams as before
+        drop = Fault.parse("drop:*@3+3")
         faulty = run_policy(
-            fleet, trace, "llmd", profile, faults=[drop], sync_timeout=0.25, name="drop"
+            fleet, trace, policy, profile, faults=[drop], sync_timeout=0.25, name="drop"
         )
     finally:
         fleet.stop()
