@@ -160,6 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_trace(
             out / "trace.jsonl", as_trace_requests(trace, sent, [r.output for r in first.rows])
         )
+        policies_run = ",".join(r.policy for r in runs if not r.faults)
+        results["cluster_command"] = (
+            f"prefixkv cluster --trace {out / 'trace.jsonl'} --replicas {args.servers} "
+            "--block-size 32 --capacity-tokens 1048576 --max-num-seqs 128 "
+            f"--max-num-batched-tokens 2048 --profile {args.profile or out / 'profile.json'} "
+            f"--seed {args.seed} --policies {policies_run} --out {out / 'cluster'}"
+        )
     if not args.no_sim:
         results["sim"] = [
             simulate(run, trace, profile, num_servers=args.servers, seed=args.seed)

@@ -137,9 +137,8 @@ def report(results: dict[str, Any]) -> str:
     if results.get("sim"):
         parts += [
             "\n## Simulator (prefixkv cluster's library) vs the live fleet\n",
-            markdown(
-                results["sim"],
-                SIM_COLUMNS,
-            ),
+            "The same requests, in the same order, one at a time; the same with the CLI: "
+            f"`{results.get('cluster_command', '')}`\n",
+            markdown(results["sim"], SIM_COLUMNS),
         ]
     return "\n".join(parts)
