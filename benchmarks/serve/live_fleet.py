@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -153,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["load_average_after"] = os.getloadavg()
     for run in runs:
         results["runs"].append(run_row(run) | {"faults": run.faults})
-        write_rows(out / f"requests-{run.name.replace(' ', '_').replace(':', '-')}.csv", run.rows)
+        slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", run.name)  # no *, @, : or space
+        write_rows(out / f"requests-{slug}.csv", run.rows)
     if runs:
         first = runs[0]
         sent = [i * GAP_S for i in range(len(first.rows))]  # one at a time, as simulated
