@@ -121,6 +121,8 @@ def test_room_examples_print_what_their_comments_say() -> None:
     adapters = [line for r in run_examples(ROOT / "adapters" / "README.md") for line in r.lines]
     assert "a 0 ([1, 2, 3, 4, 5],)" in adapters and "b 64 ([1, 2, 3, 4, 6],)" in adapters
     assert "r1 0" in adapters and "r2 99" in adapters
+    indexes = [line for r in run_examples(ROOT / "indexes" / "README.md") for line in r.lines]
+    assert indexes == ["[10, 11, 12, 13]"]
     (storage,) = [r.lines for r in run_examples(ROOT / "storage" / "README.md")]
     assert storage == ["True True"]
 
