@@ -18,6 +18,7 @@ from prefixkv.indexes.registry import describe_index
 
 from .compare.k_live import BackendRun
 from .compare.run import WorkloadResult
+from .extras import require_extra
 from .sim.plots import plot_capacity_sweep, plot_ttft_cdf
 
 Tick = Callable[[int], object]
@@ -304,9 +305,9 @@ def write_plots(
         arrival-time runs ``ttft_cdf_<workload>`` and ``time_capacity_<workload>``.
 
     Raises:
-        ImportError: matplotlib is not installed.
+        ExtraNotInstalledError: matplotlib is not installed (nothing written).
     """
-    import matplotlib  # noqa: F401  (fail before writing anything)
+    require_extra("report", "write_plots", ("matplotlib",))
 
     def step() -> None:
         if tick is not None:

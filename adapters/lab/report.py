@@ -10,7 +10,6 @@ records (``pandas.json_normalize`` gives one column per field).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from .compare.arrival import ArrivalRun
 from .compare.k_live import BackendRun
 from .compare.run import WorkloadResult
 from .compare.spec import Scalar
+from .extras import has_extra
 from .sim import write_rows
 
 __all__ = [
@@ -345,7 +345,7 @@ def write_tables(
     """
     tables = {"requests": request_rows(workloads), "runs": run_rows(workloads)}
     formats = ["csv"]
-    if importlib.util.find_spec("pyarrow") is not None:
+    if has_extra("parquet", ("pyarrow",)):
         formats.append("parquet")
     written = {} if written is None else written
     for fmt in formats:

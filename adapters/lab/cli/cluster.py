@@ -29,7 +29,6 @@ from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
 from ..cluster.config import MAX_REPLICAS
-from ..cluster.errors import ClusterConfigError
 from ..cluster.experiment import (
     ClusterInterrupted,
     arrival_span,
@@ -42,6 +41,7 @@ from ..cluster.metrics import ClusterResult
 from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
+from ..extras import require_extra
 from .common import CLIUsageError, parse_token_counts
 from .signals import Interrupts
 
@@ -191,6 +191,8 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
+    x.add_argument("--no-plots", action="store_true",
+                   help="skip the PNG plots (needed without matplotlib)")  # fmt: skip
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
     x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
@@ -212,7 +214,12 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse flags that would be silently ignored."""
+    """Refuse flags that would be silently ignored, and parts whose extra is missing."""
+    if not args.no_plots:
+        require_extra("report", "the cluster report's plots", ("matplotlib",),
+                      instead="(or give --no-plots)")  # fmt: skip
+    if args.ray:
+        require_extra("cluster", "--ray", ("ray",))
     if args.trace is None:
         if args.time_scale is not None:
             raise CLIUsageError(
@@ -299,6 +306,7 @@ def run_cluster_command(
         source=f"{description}; arrivals: {timing}; "
         f"{'prefill only' if args.prefill_only else 'full outputs'}",
         requests_table=not args.no_requests_table,
+        plots=not args.no_plots,
         partial=partial,
     )
     broken = [r for r in results if r.invariants.broken()]
@@ -362,17 +370,17 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
     otherwise ``None``, the in-process fleet.
 
     Raises:
-        ClusterConfigError: Ray missing or unreachable, or ``--ray-cpus`` too large.
+        ClusterConfigError: Ray unreachable, or ``--ray-cpus`` too large.
+        ExtraNotInstalledError: Ray is not installed.
     """
     if not args.ray:
         yield None
         return
+    require_extra("cluster", "--ray", ("ray",))
+    import ray as ray_module
+
     from ..cluster.ray_fleet import RayFleet, actor_cpus, check_ray_address
 
-    try:
-        import ray as ray_module
-    except ImportError:
-        raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
         check_ray_address(address)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefixkv.adapters.outputs import atomic_writer
 
+from ..extras import require_extra
 from .errors import SimError
 from .metrics import SimResult
 
@@ -108,13 +109,10 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
 
 
 def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise TableFormatError(
-            f"writing {out.name!r} needs pyarrow (pip install pyarrow); CSV and JSON do not"
-        ) from None
+    require_extra("parquet", f"writing {out.name!r}", ("pyarrow",), instead="(CSV and JSON do not)")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
     with atomic_writer(out) as f:
         pq.write_table(table, f)
@@ -131,8 +129,11 @@ def write_tables(
         The files written.
 
     Raises:
-        TableFormatError: an unknown format, or Parquet without pyarrow.
+        TableFormatError: an unknown format.
+        ExtraNotInstalledError: Parquet without pyarrow (nothing written).
     """
+    if "parquet" in formats:
+        require_extra("parquet", "Parquet tables", ("pyarrow",), instead="(CSV and JSON do not)")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     tables = {"requests": request_rows(results), "runs": run_rows(results)}
@@ -149,13 +150,10 @@ def to_dataframes(
     """The request table and the run table as pandas DataFrames.
 
     Raises:
-        ModuleNotFoundError: pandas is not installed (``pip install prefixkv[pandas]``).
+        ExtraNotInstalledError: pandas is not installed (an ``ImportError`` too).
     """
-    try:
-        import pandas
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            "to_dataframes needs pandas: pip install 'prefixkv[pandas]'", name="pandas"
-        ) from e
+    require_extra("pandas", "to_dataframes")
+    import pandas
+
     res = list(results)
     return pandas.DataFrame(request_rows(res)), pandas.DataFrame(run_rows(res))
