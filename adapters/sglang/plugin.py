@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import index_options, make_index, pool_owned_options
@@ -246,13 +246,13 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
 
     def inc_lock_ref(self, node: object) -> IncLockRefResult:
         """SGLang's ``inc_lock_ref``: the delta in its result."""
-        return IncLockRefResult(delta=PrefixCache.inc_lock_ref(self, node))
+        return IncLockRefResult(delta=PrefixCache.inc_lock_ref(self, cast(Any, node)))
 
     def dec_lock_ref(self, node: object, params: Any = None) -> DecLockRefResult:
         """SGLang's ``dec_lock_ref``: the delta in its result."""
-        return DecLockRefResult(delta=PrefixCache.dec_lock_ref(self, node))
+        return DecLockRefResult(delta=PrefixCache.dec_lock_ref(self, cast(Any, node)))
 
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:  # type: ignore[override]
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's ``checkpoint``; the one at release (``req.finished()``) is final."""
         PrefixCache.checkpoint(self, req, up_to=up_to, final=req.finished())
 
