@@ -10,6 +10,7 @@ from typing import NoReturn
 import pytest
 
 from prefixkv.adapters.lab.cli import main
+from prefixkv.adapters.lab.cluster.faults import FaultSpecError, parse_faults
 
 MOONCAKE = Path(__file__).parent / "data" / "fidelity" / "mooncake_conversation_head.jsonl"
 
@@ -118,3 +119,38 @@ def test_cluster_on_a_workload_takes_max_requests(tmp_path: Path) -> None:
     with (out / "runs.csv").open() as f:
         (run,) = csv.DictReader(f)
     assert run["num_requests"] == "12"
+
+
+BAD_FAULTS = [
+    "kill=0@inf", "kill=0@nan", "kill=0@-1", "kill=0@1e10", "kill=0@-0%", "kill=0@101%",
+    "kill=0@ 5", "kill=0@1_000", "kill=\u0663@5", "restart=0@nan", "router_restart@inf",
+    "scale_up@-3", "gap=0@inf", "drop=nan", "drop=inf", "drop=-0.1", "drop=1e400", "drop=1_0",
+    "delay=-1", "delay=+inf", "jitter=nan", "lose_completions=2", "drop_removals=-0",
+    "drop=0.1,drop=0.2", "mismatch=0:hash,mismatch=0:block_size",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", BAD_FAULTS)
+def test_bad_fault_values_are_refused_before_the_trace_is_opened(
+    spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(FaultSpecError):
+        parse_faults(spec)
+    out = tmp_path / "x"
+    argv = ["cluster", "--trace", str(tmp_path / "absent.jsonl"), "--faults", spec,
+            "--no-plots", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"prefixkv: error: {spec.split(',')[-1]}: "), err
+    assert not out.exists()
+
+
+def test_a_good_fault_spec_reaches_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the premise of the test above: with good faults the missing trace is the error
+    argv = ["cluster", "--trace", str(tmp_path / "absent.jsonl"), "--faults",
+            "kill=0@50%,drop=0.1,delay=.5,jitter=1.,scale_up@2e1", "--no-plots", "--quiet",
+            "--out", str(tmp_path / "x")]  # fmt: skip
+    assert main(argv) == 2
+    assert "absent.jsonl" in capsys.readouterr().err

@@ -242,6 +242,9 @@ def run_cluster_command(
     interrupted, the finished runs written and marked partial)."""
     interrupts = interrupts or Interrupts()
     _check_flags(args)
+    plan = parse_faults(args.faults) if args.faults else None  # before the trace is opened
+    if plan is not None:
+        plan.check(args.replicas[0])
     profile_file = args.profile if os.path.exists(args.profile) else None
     check_output_folder(args.out, OUTPUT_NAMES, [args.trace, profile_file])
     requests, description, per_id = _source(args)
@@ -249,7 +252,6 @@ def run_cluster_command(
         args.request_rate = 2.0  # built-in workloads have no timestamps
     capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
-    plan = parse_faults(args.faults) if args.faults else None
     config = ClusterConfig(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
@@ -267,10 +269,8 @@ def run_cluster_command(
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
     stream = _arrivals(args, requests)
-    if plan is not None:
-        if plan.needs_relative:
-            plan = plan.resolve(arrival_span(stream(None)))
-        plan.check(args.replicas[0])
+    if plan is not None and plan.needs_relative:
+        plan = plan.resolve(arrival_span(stream(None)))
     t0 = time.perf_counter()
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
