@@ -331,8 +331,12 @@ class PrefixCache:
         allocated from the pool, or, for a cached prefix, the tree's own pages for
         exactly those tokens. Pages past the returned length become the cache's; as
         in SGLang, the caller frees its own copies of the part that was cached.
-        Pages a running request holds are its scheduler's to insert (a checkpoint):
-        giving them here is not detected.
+
+        Precondition, as in SGLang's ``RadixCache.insert`` (which checks none of it):
+        no other running request holds a page of ``value`` privately. That cannot be
+        seen here (``insert`` names no request; the rows are the scheduler's); such a
+        page would end up shared by the cache and that request. A running request's
+        own pages go in through ``cache_unfinished_req`` / ``cache_finished_req``.
 
         Raises:
             BlockOwnershipError: too few pages, a malformed, out-of-range, repeated
