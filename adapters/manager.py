@@ -113,23 +113,15 @@ class CacheManager:
             for the radix tree).
 
     Arguments are checked on entry: counts are ints, flags bools, a namespace what
-    ``make_extra_key`` builds, a lookup what ``match`` returned. Callers see those
-    types (each method's one ``@overload``); the implementations declare ``object``, as
-    the compiled build would refuse a wrong type before the check could name it.
+    ``make_extra_key`` builds, a lookup what ``match`` returned. Callers of the methods
+    see those types (each one's ``@overload``; the constructor has none, which mypyc
+    cannot compile); the implementations declare ``object``, as the compiled build
+    would refuse a wrong type before the check could name it.
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
     """
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(
-        self,
-        index: PrefixIndex,
-        allocator: BlockAllocator,
-        *,
-        observers: Sequence[CacheObserver] = ...,
-        enable_kv_cache_events: bool = ...,
-    ) -> None: ...
     def __init__(
         self,
         index: object,

@@ -128,15 +128,6 @@ class HashChainIndex:
         unit="block", models="vllm", default_block_size=16
     )
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(
-        self,
-        block_size: int = ...,
-        *,
-        hash_algorithm: str | Digest = ...,
-        seed: int | str | bytes | None = ...,
-        verify: bool = ...,
-    ) -> None: ...
     def __init__(
         self,
         block_size: object = 16,

@@ -138,14 +138,6 @@ class RadixIndex:
         pool_owned_options=MappingProxyType({"check_block_ids": False}),
     )
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(
-        self,
-        block_size: int = ...,
-        *,
-        eviction: str | EvictionPolicy = ...,
-        check_block_ids: bool = ...,
-    ) -> None: ...
     def __init__(
         self,
         block_size: object = 1,

@@ -57,8 +57,6 @@ class BlockAllocator:
 
     __slots__ = ("_freed", "_ledger", "num_blocks")
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(self, num_blocks: int) -> None: ...
     def __init__(self, num_blocks: object) -> None:
         if type(num_blocks) is not int or not 0 < num_blocks <= MAX_NUM_BLOCKS:
             raise PrefixKVError(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
 
 from prefixkv.indexes.base import PrefixIndex
 
@@ -37,8 +36,7 @@ class SGLangRadixCache(PrefixCache):
         enable_kv_cache_events: object = False,
     ) -> None:
         parts = simulated_parts(index, capacity_tokens, page_size)
-        events = cast(Any, enable_kv_cache_events)  # checked there
-        super().__init__(*parts, observers=observers, enable_kv_cache_events=events)
+        super().__init__(*parts, observers=observers, enable_kv_cache_events=enable_kv_cache_events)
 
     def __getattr__(self, name: str) -> object:
         if name in _MOVED:

@@ -155,16 +155,6 @@ class PrefixCache:
     scheduler thread). Errors: a named ``PrefixKVError``, and nothing changed.
     """
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(
-        self,
-        index: PrefixIndex,
-        pool: PagePool,
-        rows: ReqToPagePool,
-        *,
-        observers: Sequence[CacheObserver] = ...,
-        enable_kv_cache_events: bool = ...,
-    ) -> None: ...
     def __init__(
         self,
         index: object,
@@ -238,9 +228,7 @@ class PrefixCache:
             PrefixKVError: a bad index, page size or capacity.
         """
         parts = simulated_parts(index, capacity_tokens, page_size, max_running_requests)
-        return cls(
-            *parts, observers=observers, enable_kv_cache_events=cast(Any, enable_kv_cache_events)
-        )
+        return cls(*parts, observers=observers, enable_kv_cache_events=enable_kv_cache_events)
 
     # ------------------------------------------------------------ the tree API
 
@@ -422,7 +410,7 @@ class PrefixCache:
         return n
 
     @overload  # type: ignore[misc]  # precise types for callers
-    def unlock(self, lock: PrefixNode) -> None: ...
+    def unlock(self, lock: PrefixNode | None) -> None: ...
     def unlock(self, lock: object) -> None:
         """Release a lock ``lock`` returned (``None``: nothing)."""
         if lock is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..observer import CacheObserver
 from ..requests import RequestLike, SimpleRequest
@@ -89,14 +89,13 @@ class _DeprecatedVLLMKVCacheManager:
         enable_kv_cache_events: object = False,
     ) -> None:
         gpu_blocks = num_blocks + 1 if type(num_blocks) is int else num_blocks
-        checked = cast(Any, (gpu_blocks, block_size, enable_caching, enable_kv_cache_events))
         self.kv_cache_manager = KVCacheManager(
             index,
-            checked[0],
-            checked[1],
-            enable_caching=checked[2],
+            gpu_blocks,
+            block_size,
+            enable_caching=enable_caching,
             observers=observers,
-            enable_kv_cache_events=checked[3],
+            enable_kv_cache_events=enable_kv_cache_events,
         )
 
     def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:

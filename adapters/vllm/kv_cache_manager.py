@@ -78,23 +78,6 @@ class KVCacheManager:
     Thread safety: none; vLLM calls it from its scheduler thread only.
     """
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def __init__(
-        self,
-        index: PrefixIndex | str = ...,
-        num_blocks: int = ...,
-        block_size: int | None = ...,
-        *,
-        max_model_len: int | None = ...,
-        enable_caching: bool = ...,
-        log_stats: bool = ...,
-        watermark: float = ...,
-        enable_kv_cache_events: bool = ...,
-        observers: Sequence[CacheObserver] = ...,
-        engine_types: EngineTypes = ...,
-        kv_cache_spec: object = ...,
-        kv_cache_config: object = ...,
-    ) -> None: ...
     def __init__(
         self,
         index: PrefixIndex | str = "hash_chain",
@@ -128,7 +111,7 @@ class KVCacheManager:
             index,
             BlockAllocator(gpu_blocks),
             observers=observers,
-            enable_kv_cache_events=cast(Any, enable_kv_cache_events),
+            enable_kv_cache_events=enable_kv_cache_events,
         )
         null = self.manager.allocator.allocate(1)
         assert null == [0], null  # a fresh pool hands out block 0 first
@@ -283,7 +266,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = ...,
         reserved_blocks: int = ...,
         has_scheduled_reqs: bool = ...,
-        skip_zeroing_group_ids: Iterable[int] = ...,
+        skip_zeroing_group_ids: tuple[int, ...] = ...,
     ) -> Any: ...
     def allocate_slots(
         self,
