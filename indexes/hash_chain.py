@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import ClassVar, Final, cast
+from typing import Any, ClassVar, Final, cast, overload
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .block_map import BlockHashToBlockMap, CachedBlock, Entry
@@ -136,7 +136,8 @@ class HashChainIndex:
         seed: object = None,
         verify: object = False,
     ) -> None:
-        self._hasher = make_block_hasher(block_size, hash_algorithm, seed)
+        # the callee checks what the caller gave (Any: no check, no boxing on the way)
+        self._hasher = make_block_hasher(cast(Any, block_size), hash_algorithm, cast(Any, seed))
         self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
         self._table = BlockHashToBlockMap()
@@ -159,6 +160,8 @@ class HashChainIndex:
 
     # ------------------------------------------------------------------ lookup
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = ...) -> PrefixMatch: ...
     def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest run of cached blocks from block 0 (SPEC HC-4).
 
@@ -195,9 +198,11 @@ class HashChainIndex:
             del probed[probed.index(None) :]
         return cast("list[Entry]", probed)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
     def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
-        return self.match_prefix(key, max_num_tokens).block_ids
+        return self.match_prefix(key, cast(Any, max_num_tokens)).block_ids
 
     def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
         # verify, in bulk: the run's stored tokens equal the key's, block 0 is in the
@@ -250,6 +255,14 @@ class HashChainIndex:
 
     # ---------------------------------------------------------------- register
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = ...,
+        prefix: CacheHandle | None = ...,
+    ) -> InsertResult: ...
     def insert(
         self,
         key: TokenKey,
@@ -474,6 +487,8 @@ class HashChainIndex:
 
     # ---------------------------------------------------------------- eviction
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def evict(self, num_blocks: int) -> list[int]: ...
     def evict(self, num_blocks: object) -> list[int]:
         """Free up to ``num_blocks`` evictable blocks from the queue head (LRU, tails first).
 

@@ -15,6 +15,7 @@ import os
 import struct
 from array import array
 from collections.abc import Callable
+from typing import overload
 
 import xxhash
 
@@ -155,6 +156,10 @@ class BlockHasher:
             pos += step
 
 
+@overload  # type: ignore[misc]  # precise types for callers
+def make_block_hasher(
+    block_size: int, algorithm: str | Digest = ..., seed: int | str | bytes | None = ...
+) -> ChainHasher: ...
 def make_block_hasher(
     block_size: object,
     algorithm: str | Digest = "xxh3_128",

@@ -16,7 +16,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import ClassVar, Final, NamedTuple
+from typing import ClassVar, Final, NamedTuple, overload
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
@@ -282,6 +282,8 @@ class RadixIndex:
             limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
         return limit - limit % self.block_size
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = ...) -> PrefixMatch: ...
     def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest cached prefix, page-aligned; splits the last node if the match ends
         inside it (RX-3). Stamps the path with a fresh tick (SG-5).
@@ -300,6 +302,8 @@ class RadixIndex:
             blocks += n.value
         return PrefixMatch(pos, blocks, node)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
     def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
 
@@ -326,6 +330,14 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- register
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def insert(
+        self,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        num_tokens: int | None = ...,
+        prefix: CacheHandle | None = ...,
+    ) -> InsertResult: ...
     def insert(
         self,
         key: TokenKey,
@@ -604,6 +616,8 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- eviction
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def evict(self, num_blocks: int) -> list[int]: ...
     def evict(self, num_blocks: object) -> list[int]:
         """Free unlocked leaves in policy order until ``num_blocks`` blocks are free (RX-6).
 

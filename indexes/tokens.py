@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Final, Protocol, cast
+from typing import Final, Protocol, cast, overload
 
 from .errors import InvalidTokenError
 
@@ -54,6 +54,16 @@ class ChainHasher(Protocol):
         ...
 
 
+@overload  # type: ignore[misc]  # precise types for callers
+def make_extra_key(
+    *,
+    lora: str | int | None = ...,
+    cache_salt: str | int | None = ...,
+    tenant: str | int | None = ...,
+    extra: str | int | None = ...,
+    lora_path: str | None = ...,
+    lora_id: int | None = ...,
+) -> ExtraKey | None: ...
 def make_extra_key(
     *,
     lora: object = None,

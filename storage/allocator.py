@@ -17,7 +17,7 @@ import enum
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
-from typing import Final
+from typing import Any, Final, cast, overload
 
 from prefixkv.indexes.validation import MAX_BLOCKS
 
@@ -74,6 +74,8 @@ class BlockAllocator:
         """Blocks available now. O(1)."""
         return len(self._freed) + self.num_blocks - len(self._ledger)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def allocate(self, num_blocks: int, *, owner: Owner = ...) -> list[int] | None: ...
     def allocate(self, num_blocks: object, *, owner: Owner = Owner.CALLER) -> list[int] | None:
         """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
@@ -211,6 +213,8 @@ class BlockAllocator:
         """
         return self._checked(block_ids, owner, what)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def owner_of(self, block_id: int) -> Owner: ...
     def owner_of(self, block_id: object) -> Owner:
         """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
 
@@ -230,9 +234,11 @@ class BlockAllocator:
             return self.num_free_blocks
         return self._ledger.count(owner)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def is_free(self, block_id: int) -> bool: ...
     def is_free(self, block_id: object) -> bool:
         """Whether ``block_id`` is free. O(1)."""
-        return self.owner_of(block_id) is Owner.FREE
+        return self.owner_of(cast(Any, block_id)) is Owner.FREE
 
     def free_block_ids(self) -> list[int]:
         """Free blocks in the order they will be handed out. O(free blocks); for tests."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,7 @@ def test_replay_publishes_to_an_endpoint(
         "endpoint": "tcp://*:5557",
         "replay_endpoint": "tcp://*:5558",
         "topic": "kv",
+        "replay_grace": 0.0,
     }
     assert pub.closed and len(pub.batches) == summary["kv_events"]["batches"] > 0
     # the same stream a file gets
@@ -195,6 +197,11 @@ def test_replay_publishes_to_an_endpoint(
         (["--kv-events", "{out}"], "name the same file"),
         (["--kv-events-replay", "tcp://*:5558"], "needs --kv-events ENDPOINT"),
         (["--kv-events", "{tmp}/e.jsonl", "--kv-events-replay", "tcp://*:1"], "tcp:// or ipc://"),
+        (["--kv-events", "{tmp}/e.jsonl", "--kv-events-wait-subscribers", "1"], "tcp:// or ipc://"),
+        (["--kv-events", "tcp://*:1", "--kv-events-wait-timeout", "5"], "needs --kv-events-wait-s"),
+        (["--kv-events", "tcp://*:1", "--kv-events-grace", "5"], "needs --kv-events-replay"),
+        (["--kv-events", "tcp://*:1", "--kv-events-grace", "inf"], "must be seconds in (0, "),
+        (["--kv-events", "tcp://*:1", "--kv-events-wait-subscribers", "0"], "positive int"),
     ],
 )
 def test_replay_kv_event_flag_errors(
@@ -206,6 +213,65 @@ def test_replay_kv_event_flag_errors(
     _, err = capsys.readouterr()
     assert code == 2 and message in err, err
     assert not out.exists()
+
+
+def test_replay_refuses_to_publish_when_no_subscriber_comes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "hits.jsonl"
+    endpoint = f"ipc://{tmp_path}/pub"
+    argv = ["replay", str(TRACE), "--index", "hash_chain", "--out", str(out),
+            "--kv-events", endpoint,
+            "--kv-events-wait-subscribers", "2", "--kv-events-wait-timeout", "0.3"]  # fmt: skip
+    assert cli.main(argv) == 2
+    _, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"prefixkv: error: --kv-events-wait-subscribers 2: 0 subscribed to {endpoint} within "
+        "0.3 s; nothing was replayed (raise --kv-events-wait-timeout)"
+    ]
+    assert not out.exists()
+
+
+def test_replay_waits_for_subscribers_and_answers_late_ones(tmp_path: Path) -> None:
+    # A real subscriber that connects before the replay starts gets every batch live,
+    # from seq 0 (no replay socket to repair a loss with); one that comes after the last
+    # batch catches up by event replay during --kv-events-grace. Bounded: 60 s in all.
+    import time
+
+    pub, rep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/rep"
+    argv = [sys.executable, "-m", "prefixkv.adapters.lab", "replay", str(TRACE), "--index",
+            "hash_chain", "--block-size", "4", "--capacity-blocks", "23", "--quiet",
+            "--out", str(tmp_path / "hits.jsonl"), "--kv-events", pub, "--kv-events-replay",
+            rep, "--kv-events-wait-subscribers", "1", "--kv-events-wait-timeout", "30",
+            "--kv-events-grace", "8"]  # fmt: skip
+    live: list[int] = []
+    late: list[int] = []
+    deadline = time.monotonic() + 60
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            with transport.ZmqEventSubscriber(pub, lambda seq, b: live.append(seq)) as sub:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    sub.poll(0.05)
+                    if late or not proc.stderr:
+                        continue
+                    # the grace line: every batch is sent; only event replays are answered now
+                    line = proc.stderr.readline()
+                    assert "answering event replays on" in line and "for 8 s" in line, line
+                    with transport.ZmqEventSubscriber(
+                        pub, lambda seq, b: late.append(seq), replay_endpoint=rep
+                    ) as newcomer:
+                        newcomer.sync()
+                    assert late, "no event replay during the grace"
+                sub.poll(0.2)
+        finally:
+            proc.kill()
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "hits.jsonl").read_text().splitlines()[-1])["summary"]
+    batches = summary["kv_events"]["batches"]
+    assert batches > 0
+    assert live == list(range(batches))
+    assert late == list(range(batches))
 
 
 _VLLM_READS = """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 from pathlib import Path
@@ -17,14 +18,14 @@ import pytest
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.traces import write_trace
-from prefixkv.adapters.lab.traces.files import (
+from prefixkv.adapters.lab.workload_sources import seed_example
+from prefixkv.adapters.outputs import (
     OutputError,
     atomic_writer,
     check_output,
     check_output_folder,
     install_file,
 )
-from prefixkv.adapters.lab.workload_sources import seed_example
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX special files")
 
@@ -290,3 +291,56 @@ def test_replay_refuses_event_flags_it_would_ignore(
         assert main(argv) == 2
         assert message in _one_error(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed.jsonl"]
+
+
+def test_event_files_follow_the_rule(tmp_path: Path) -> None:
+    from prefixkv.adapters.events import EventFileWriter
+    from prefixkv.adapters.events.wire import KVEventBatch
+
+    specials = _specials(tmp_path)
+    before = _kinds(specials)
+    for name, path in specials.items():
+        with pytest.raises(OutputError, match=_MESSAGE[name]):
+            EventFileWriter(path)
+    assert _kinds(specials) == before
+    target = tmp_path / "events.jsonl"
+    target.write_bytes(b"old\n")
+    with EventFileWriter(target) as sink:
+        sink.publish(KVEventBatch(ts=1.0, events=[]))
+        assert target.read_bytes() == b"old\n"  # whole at shutdown, not line by line
+    assert target.read_bytes() == b"[1.0,[],0]\n"
+    with pytest.raises(KeyError), EventFileWriter(target) as sink:
+        sink.publish(KVEventBatch(ts=2.0, events=[]))
+        raise KeyError("a failed run")
+    assert target.read_bytes() == b"[1.0,[],0]\n"  # the failed run left it as it was
+    sink.shutdown()  # again: nothing more happens
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_the_old_module_path_warns_and_gives_the_same_rule() -> None:
+    from prefixkv.adapters import outputs
+
+    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.outputs\.atomic_writer"):
+        from prefixkv.adapters.lab.traces.files import atomic_writer as old
+    assert old is outputs.atomic_writer
+
+
+WRITES = re.compile(
+    r"open\([^)]*['\"][wax]b?\+?['\"]|\.write_(text|bytes)\(|\.savefig\(|os\.(replace|rename)\("
+    r"|shutil\.(copy\w*|move)\(|\.to_(csv|parquet)\("
+)
+
+
+def test_every_writer_goes_through_the_one_rule() -> None:
+    # Files are created only in prefixkv.adapters.outputs: everything else hands it bytes
+    # (atomic_writer), a figure (save_figure) or a finished file (install_file).
+    root = Path(__file__).resolve().parents[1]
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for folder in ("indexes", "storage", "adapters")
+        for path in sorted((root / folder).rglob("*.py"))
+        if path != root / "adapters" / "outputs.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if WRITES.search(line)
+    ]
+    assert not found, "\n".join(found)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from prefixkv.adapters.lab.extras import ExtraNotInstalledError
 from prefixkv.adapters.lab.sim import (
     SimConfig,
     SimResult,
@@ -113,7 +114,7 @@ def test_parquet_when_pyarrow_is_installed(runs: list[SimResult], tmp_path: Path
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        with pytest.raises(TableFormatError, match="pyarrow"):
+        with pytest.raises(ExtraNotInstalledError, match="pyarrow"):
             write_rows(tmp_path / "r.parquet", request_rows(runs))
         assert not (tmp_path / "r.parquet").exists()
         return

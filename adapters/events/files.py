@@ -9,12 +9,14 @@ appear as base64 strings, as msgspec writes bytes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import IO
 
 import msgspec
 
+from ..outputs import atomic_writer
 from .codec import EventDecodeError
 from .wire import EventBatch, KVEventBatch
 
@@ -24,19 +26,30 @@ __all__ = ["EventFileWriter", "read_event_file"]
 class EventFileWriter:
     """Writes batches to a JSON-lines file; has the publisher interface (``publish``).
 
+    A path is written under prefixkv's output rule (:mod:`prefixkv.adapters.outputs`):
+    it must be a regular file or an absent name (never a link, a device or a FIFO:
+    refused at construction), and the batches go to a temporary file beside it that
+    replaces it at :meth:`shutdown`, whole. Leaving a ``with`` block by an exception
+    discards them and leaves the path as it was.
+
     Args:
-        target: a path (opened for writing, truncated; ``"-"`` is not special) or an
-            open binary file (left open by :meth:`shutdown`).
+        target: a path, or an open binary file (written as it comes, and left open by
+            :meth:`shutdown`; ``"-"`` is not special).
         data_parallel_rank: stamped on batches without one, as a publisher does.
+
+    Raises:
+        OutputError: the path is not a regular file or an absent name, or its folder
+            cannot be written.
     """
 
     def __init__(self, target: str | os.PathLike[str] | IO[bytes], *, data_parallel_rank: int = 0):
+        self._output: contextlib.AbstractContextManager[IO[bytes]] | None = None
+        self._closed = False
         if isinstance(target, (str, os.PathLike)):
-            self._file: IO[bytes] = open(target, "wb")  # noqa: SIM115 - closed by shutdown
-            self._owned = True
+            self._output = atomic_writer(target)
+            self._file: IO[bytes] = self._output.__enter__()
         else:
             self._file = target
-            self._owned = False
         self.data_parallel_rank = data_parallel_rank
         self._encoder = msgspec.json.Encoder()
         self.num_batches = 0
@@ -50,16 +63,27 @@ class EventFileWriter:
         self.num_batches += 1
 
     def shutdown(self) -> None:
-        """Flush, and close the file if this writer opened it."""
-        self._file.flush()
-        if self._owned:
-            self._file.close()
+        """Flush; a path this writer opened is then replaced by what was written."""
+        self._close(None)
+
+    def _close(self, exc: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        output, self._output = self._output, None
+        if output is None:
+            self._file.flush()
+        elif exc is None:
+            output.__exit__(None, None, None)
+        else:
+            with contextlib.suppress(BaseException):  # the caller's exception goes on
+                output.__exit__(type(exc), exc, exc.__traceback__)
 
     def __enter__(self) -> EventFileWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        self._close(exc)
 
 
 def read_event_file(path: str | os.PathLike[str]) -> Iterator[KVEventBatch]:

@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import save_figure
 from prefixkv.indexes.registry import describe_index
 
 from .compare.k_live import BackendRun
 from .compare.run import WorkloadResult
+from .extras import require_extra
 from .sim.plots import plot_capacity_sweep, plot_ttft_cdf
 
 Tick = Callable[[int], object]
@@ -120,7 +122,7 @@ def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)))
     fig.suptitle("Prefix-cache hit ratio vs cache capacity (dotted: the table's capacity)")
-    fig.savefig(path)
+    save_figure(fig, path)
     return True
 
 
@@ -178,7 +180,7 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)))
     fig.suptitle("Index time per request vs prompt length (dots: requests; lines: binned medians)")
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
@@ -245,7 +247,7 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
     if block > 1:
         title += f" (dotted: {block}-token block boundaries)"
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path)
+    save_figure(fig, path)
     return True
 
 
@@ -303,9 +305,9 @@ def write_plots(
         arrival-time runs ``ttft_cdf_<workload>`` and ``time_capacity_<workload>``.
 
     Raises:
-        ImportError: matplotlib is not installed.
+        ExtraNotInstalledError: matplotlib is not installed (nothing written).
     """
-    import matplotlib  # noqa: F401  (fail before writing anything)
+    require_extra("report", "write_plots", ("matplotlib",))
 
     def step() -> None:
         if tick is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
+from .extras import has_extra
+
 __all__ = ["Progress", "progress"]
 
 
@@ -38,12 +40,10 @@ class _NoProgress:
 def progress(total: int | None, desc: str, *, quiet: bool = False, unit: str = "req") -> Progress:
     """A bar of ``total`` steps (``None``: unknown, no ETA); silent when ``quiet`` or
     without tqdm. Units other than requests and plots are shown scaled (``1.2M tok``)."""
-    if quiet:
+    if quiet or not has_extra("report", ("tqdm",)):
         return _NoProgress()
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is an optional dependency
-        return _NoProgress()
+    from tqdm import tqdm
+
     bar: Progress = tqdm(
         total=total,
         desc=desc,

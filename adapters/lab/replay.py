@@ -202,12 +202,12 @@ class _VLLMRequest:
 
 
 class _Live:
-    """A live request: its position, the driver's request object, its output."""
+    """A live request: its position in the trace, the driver's request object, its output."""
 
-    __slots__ = ("index", "output", "request", "seconds")
+    __slots__ = ("output", "position", "request", "seconds")
 
-    def __init__(self, index: int, request: Any, output: Sequence[int], seconds: float) -> None:
-        self.index = index
+    def __init__(self, position: int, request: Any, output: Sequence[int], seconds: float) -> None:
+        self.position = position
         self.request = request
         self.output = output
         self.seconds = seconds
@@ -305,7 +305,7 @@ class _Replayer(ABC):
         _, spent = self.timed(kind, fn, req)
         live.seconds += spent
         if self.keep:
-            self.result.request_seconds[live.index] = live.seconds
+            self.result.request_seconds[live.position] = live.seconds
         if self.on_step is not None:
             self.on_step()
 

@@ -10,25 +10,25 @@ records (``pandas.json_normalize`` gives one column per field).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prefixkv.adapters.outputs import atomic_writer
+from prefixkv.indexes.buildinfo import installed_version
 from prefixkv.indexes.registry import describe_index
 
 from .compare.arrival import ArrivalRun
 from .compare.k_live import BackendRun
 from .compare.run import WorkloadResult
 from .compare.spec import Scalar
+from .extras import has_extra
 from .sim import write_rows
-from .traces import atomic_writer
 
 __all__ = [
     "COLUMNS",
@@ -302,14 +302,8 @@ def machine_info() -> dict[str, Any]:
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions of prefixkv and what the report uses."""
-    out: dict[str, str | None] = {}
     names = ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers", "pandas", "pyarrow")
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: installed_version(name) for name in names}
 
 
 def write_hits(path: Path, hits: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
@@ -351,7 +345,7 @@ def write_tables(
     """
     tables = {"requests": request_rows(workloads), "runs": run_rows(workloads)}
     formats = ["csv"]
-    if importlib.util.find_spec("pyarrow") is not None:
+    if has_extra("parquet", ("pyarrow",)):
         formats.append("parquet")
     written = {} if written is None else written
     for fmt in formats:

@@ -23,34 +23,48 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any
-
-import torch
-from sglang.srt.mem_cache.base_prefix_cache import (
-    BasePrefixCache,
-    DecLockRefResult,
-    EvictParams,
-    EvictResult,
-    IncLockRefResult,
-    MatchPrefixParams,
-    MatchResult,
-)
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.registry import (
-    TreeCacheBuildContext,
-    get_radix_cache_factory,
-    register_radix_cache_backend,
-)
+from typing import Any, cast
 
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import index_options, make_index, pool_owned_options
 
-from ..errors import UnsupportedEngineFeatureError
+from ..errors import UnsupportedEngineFeatureError, engine_imports
 from ..events.codec import as_engine_events
 from ..events.sglang_recorder import SGLangEventRecorder
 from .prefix_cache import PrefixCache, PrefixNode
 
-__all__ = ["BACKENDS", "PrefixKVPrefixCache", "make_prefix_cache", "register"]
+SUPPORTED_VERSIONS = ("0.5.23",)
+"""The SGLang releases whose scheduler and tree-cache API this was checked in."""
+
+# SGLang (and the torch it runs on) last, once its installed version is known to be one
+# of these: otherwise one EngineNotInstalledError (an ImportError) naming them.
+with engine_imports(
+    __name__, "sglang", SUPPORTED_VERSIONS, "prefixkv.adapters.sglang.PrefixCache (engine-free)"
+):
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        BasePrefixCache,
+        DecLockRefResult,
+        EvictParams,
+        EvictResult,
+        IncLockRefResult,
+        MatchPrefixParams,
+        MatchResult,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.registry import (
+        TreeCacheBuildContext,
+        get_radix_cache_factory,
+        register_radix_cache_backend,
+    )
+
+__all__ = [
+    "BACKENDS",
+    "SUPPORTED_VERSIONS",
+    "PrefixKVPrefixCache",
+    "make_prefix_cache",
+    "register",
+]
 
 BACKENDS = {"prefixkv-radix": "radix", "prefixkv-hash-chain": "hash_chain"}
 """``--radix-cache-backend`` name -> prefixkv index."""
@@ -232,13 +246,13 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
 
     def inc_lock_ref(self, node: object) -> IncLockRefResult:
         """SGLang's ``inc_lock_ref``: the delta in its result."""
-        return IncLockRefResult(delta=PrefixCache.inc_lock_ref(self, node))
+        return IncLockRefResult(delta=PrefixCache.inc_lock_ref(self, cast(Any, node)))
 
     def dec_lock_ref(self, node: object, params: Any = None) -> DecLockRefResult:
         """SGLang's ``dec_lock_ref``: the delta in its result."""
-        return DecLockRefResult(delta=PrefixCache.dec_lock_ref(self, node))
+        return DecLockRefResult(delta=PrefixCache.dec_lock_ref(self, cast(Any, node)))
 
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:  # type: ignore[override]
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's ``checkpoint``; the one at release (``req.finished()``) is final."""
         PrefixCache.checkpoint(self, req, up_to=up_to, final=req.finished())
 

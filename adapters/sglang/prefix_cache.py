@@ -30,7 +30,7 @@ One namespace rule (:meth:`PrefixCache.namespace`): SGLang's ``RadixKey`` fields
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast, overload
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex, describe
 from prefixkv.indexes.errors import (
@@ -190,6 +190,18 @@ class PrefixCache:
         self._caches = describe(index).caches
         self._reqs: dict[Hashable, _ReqState] = {}
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    @classmethod
+    def create_simulated(
+        cls,
+        index: PrefixIndex | str = ...,
+        capacity_tokens: int = ...,
+        page_size: int | None = ...,
+        *,
+        max_running_requests: int | None = ...,
+        observers: Sequence[CacheObserver] = ...,
+        enable_kv_cache_events: bool = ...,
+    ) -> PrefixCache: ...
     @classmethod
     def create_simulated(
         cls,
@@ -220,6 +232,8 @@ class PrefixCache:
 
     # ------------------------------------------------------------ the tree API
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def namespace(self, extra_key: str | None, cache_salt: str | None) -> ExtraKey | None: ...
     def namespace(self, extra_key: object, cache_salt: object) -> ExtraKey | None:
         """The namespace of SGLang's ``RadixKey(extra_key, cache_salt)`` (the one rule).
 
@@ -232,13 +246,24 @@ class PrefixCache:
         salt = None if cache_salt is None or cache_salt == "" else cache_salt
         if extra_key is None and salt is None:
             return None
-        return make_extra_key(extra=extra_key, cache_salt=salt)
+        return make_extra_key(extra=cast(Any, extra_key), cache_salt=cast(Any, salt))
 
     def _key(
         self, tokens: Iterable[int], extra_key: object, cache_salt: object, priority: object
     ) -> TokenKey:
-        return TokenKey(tokens, self.namespace(extra_key, cache_salt), priority)
+        return TokenKey(
+            tokens, self.namespace(cast(Any, extra_key), cast(Any, cache_salt)), priority
+        )
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def match_prefix(
+        self,
+        token_ids: Sequence[int],
+        extra_key: str | None = ...,
+        cache_salt: str | None = ...,
+        *,
+        max_prefix_len: int | None = ...,
+    ) -> MatchResult: ...
     def match_prefix(
         self,
         token_ids: Sequence[int],
@@ -273,6 +298,14 @@ class PrefixCache:
         node = PrefixNode(m.handle, m.block_ids, m.num_tokens)
         return MatchResult(m.block_ids, node, m.num_tokens)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        value: Iterable[int],
+        extra_key: str | None = ...,
+        cache_salt: str | None = ...,
+    ) -> int: ...
     def insert(
         self,
         token_ids: Sequence[int],
@@ -286,8 +319,12 @@ class PrefixCache:
         allocated from the pool, or, for a cached prefix, the tree's own pages for
         exactly those tokens. Pages past the returned length become the cache's; as
         in SGLang, the caller frees its own copies of the part that was cached.
-        Pages a running request holds are its scheduler's to insert (a checkpoint):
-        giving them here is not detected.
+
+        Precondition, as in SGLang's ``RadixCache.insert`` (which checks none of it):
+        no other running request holds a page of ``value`` privately. That cannot be
+        seen here (``insert`` names no request; the rows are the scheduler's); such a
+        page would end up shared by the cache and that request. A running request's
+        own pages go in through ``cache_unfinished_req`` / ``cache_finished_req``.
 
         Raises:
             BlockOwnershipError: too few pages, a malformed, out-of-range, repeated
@@ -306,6 +343,8 @@ class PrefixCache:
                 raise BlockOwnershipError(f"insert: page {p} is free; insert pages you allocated")
         return self.index.insert(key, ids).num_cached_tokens
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def evict(self, num_tokens: int) -> int: ...
     def evict(self, num_tokens: object) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free (SG-6).
 
@@ -329,6 +368,8 @@ class PrefixCache:
             self.pool.free(evicted)
         return len(evicted) * self.page_size
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def inc_lock_ref(self, node: PrefixNode) -> int: ...
     def inc_lock_ref(self, node: object) -> int:
         """Lock ``node`` and its ancestors (RX-5).
 
@@ -344,6 +385,8 @@ class PrefixCache:
         self._lock(n)
         return (self.index.stats().num_evictable_blocks - before) * self.page_size
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def dec_lock_ref(self, node: PrefixNode) -> int: ...
     def dec_lock_ref(self, node: object) -> int:
         """Release one lock on ``node`` and its ancestors; unlocking never deletes.
 
@@ -358,12 +401,16 @@ class PrefixCache:
         self._unlock(n)
         return (self.index.stats().num_evictable_blocks - before) * self.page_size
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def lock(self, node: PrefixNode) -> PrefixNode: ...
     def lock(self, node: object) -> PrefixNode:
         """Take one lock on ``node`` for one holder; returns what ``unlock`` takes."""
         n = self._node(node)
         self._lock(n)
         return n
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def unlock(self, lock: PrefixNode | None) -> None: ...
     def unlock(self, lock: object) -> None:
         """Release a lock ``lock`` returned (``None``: nothing)."""
         if lock is not None:
@@ -418,6 +465,8 @@ class PrefixCache:
         """
         self._checkpoint(req, req.kv.kv_committed_len, False)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def checkpoint(self, req: ReqLike, *, up_to: int, final: bool = ...) -> None: ...
     def checkpoint(self, req: ReqLike, *, up_to: object, final: object = False) -> None:
         """Insert the request's first ``up_to`` tokens (page-aligned) and re-anchor it.
 
@@ -470,7 +519,7 @@ class PrefixCache:
             self._release(self.index.relock(old.handle, result.handle))
         else:
             self._lock(new)
-            self.unlock(lock)
+            self.unlock(cast(Any, lock))
         req.lock = new
         req.last_node = new
         kv.cache_protected_len = max(protected, got * ps)
@@ -481,6 +530,8 @@ class PrefixCache:
         if protected < prompt < got * ps:  # a node boundary at the prompt's end (SG-4)
             self.index.insert(key, pages, prompt)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def cache_finished_req(self, req: ReqLike, is_insert: bool = ...) -> None: ...
     def cache_finished_req(self, req: ReqLike, is_insert: object = True) -> None:
         """Release a request (SG-4; SGLang's ``release_kv_cache``).
 
@@ -500,7 +551,7 @@ class PrefixCache:
         if check_bool("is_insert", is_insert):
             self._checkpoint(req, kv.kv_committed_len, True)
         lock = req.lock
-        self.unlock(lock)  # the step that can refuse: first
+        self.unlock(cast(Any, lock))  # the step that can refuse: first
         req.lock = None
         ps = self.page_size
         private = self.rows.read(

@@ -14,7 +14,7 @@ out, so ``num_blocks`` is vLLM's ``num_gpu_blocks`` and ``num_blocks - 1`` block
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast, overload
 
 from prefixkv.indexes.base import PrefixIndex, describe
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
@@ -189,6 +189,10 @@ class KVCacheManager:
         """Whether a lookup may run (off for prompt-logprob and pooling requests)."""
         return self.enable_caching and not getattr(request, "skip_reading_prefix_cache", False)
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def get_computed_blocks(
+        self, request: RequestLike, max_cache_hit_length: int | None = ...
+    ) -> tuple[Any, int, int]: ...
     def get_computed_blocks(
         self, request: RequestLike, max_cache_hit_length: object = None
     ) -> tuple[Any, int, int]:
@@ -219,11 +223,15 @@ class KVCacheManager:
         self._lookups[rid] = lookup
         return self._wrap(lookup.block_ids), lookup.num_tokens, 0
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def get_computed_blocks_for_connector(
+        self, request: RequestLike, max_cache_hit_length: int | None = ...
+    ) -> tuple[Any, int, int, bool]: ...
     def get_computed_blocks_for_connector(
         self, request: RequestLike, max_cache_hit_length: object = None
     ) -> tuple[Any, int, int, bool]:
         """``get_computed_blocks`` plus ``hit_diverged=False`` (one group never diverges)."""
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        return (*self.get_computed_blocks(request, cast(Any, max_cache_hit_length)), False)
 
     def record_prefix_cache_stats(self, request: RequestLike, num_hits: int) -> None:
         """Count an admitted lookup, as vLLM does (preempted requests apart)."""
@@ -244,6 +252,22 @@ class KVCacheManager:
 
     # -------------------------------------------------------------- allocation
 
+    @overload  # type: ignore[misc]  # precise types for callers
+    def allocate_slots(
+        self,
+        request: RequestLike,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = ...,
+        new_computed_blocks: object = ...,
+        num_lookahead_tokens: int = ...,
+        num_external_computed_tokens: int = ...,
+        delay_cache_blocks: bool = ...,
+        num_encoder_tokens: int = ...,
+        full_sequence_must_fit: bool = ...,
+        reserved_blocks: int = ...,
+        has_scheduled_reqs: bool = ...,
+        skip_zeroing_group_ids: tuple[int, ...] = ...,
+    ) -> Any: ...
     def allocate_slots(
         self,
         request: RequestLike,
@@ -309,7 +333,7 @@ class KVCacheManager:
             mgr = self.manager
             total = request.num_computed_tokens + num_new_tokens
             if rid in mgr and total <= self._slot_cap:
-                boxed: object = total  # boxed once, passed twice
+                boxed: Any = total  # boxed once, passed twice
                 grown = mgr.advance(
                     rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
                 )

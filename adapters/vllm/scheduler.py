@@ -18,25 +18,40 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import vllm
-from vllm.config import VllmConfig
-from vllm.logger import init_logger
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpecKind, get_kv_cache_spec_kind
-from vllm.v1.metrics.stats import PrefixCacheStats
-
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
-from ..errors import UnsupportedEngineFeatureError
+from ..errors import UnsupportedEngineFeatureError, engine_imports
 from ..events.codec import as_engine_events
 from ..events.wire import KVEvent
 from .engine_types import EngineTypes
 from .kv_cache_manager import KVCacheManager
+
+SUPPORTED_VERSIONS = ((0, 32), (0, 33))
+"""The vLLM releases (major, minor) whose scheduler and engine core this was checked in."""
+
+# vLLM last, once its installed version is known to be one of these: otherwise one
+# EngineNotInstalledError (an ImportError) naming them, before any vLLM module loads.
+with engine_imports(
+    __name__,
+    "vllm",
+    [f"{major}.{minor}" for major, minor in SUPPORTED_VERSIONS],
+    "prefixkv.adapters.vllm.KVCacheManager (engine-free)",
+):
+    import vllm
+    from vllm.config import VllmConfig
+    from vllm.logger import init_logger
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        KVCacheConfig,
+        KVCacheSpecKind,
+        get_kv_cache_spec_kind,
+    )
+    from vllm.v1.metrics.stats import PrefixCacheStats
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -53,8 +68,6 @@ __all__ = [
 logger = init_logger("vllm.prefixkv")
 
 SETTINGS_KEY = "prefixkv"
-SUPPORTED_VERSIONS = ((0, 32), (0, 33))
-"""The vLLM releases (major, minor) whose scheduler and engine core this was checked in."""
 _FULL_ATTENTION = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
 _PLUGIN = "--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from prefixkv.adapters.outputs import check_output
+
+from ..extras import require_extra
 from ..progress import progress
 from ..sim import save_profile
-from ..traces.files import check_output
 from .common import positive_int
 from .signals import Interrupts
 
@@ -71,9 +73,11 @@ def add_calibrate_parser(sub: Any) -> None:
 def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv calibrate``; returns the exit status.
 
-    ``--out`` is checked before torch loads; Ctrl-C before the fit writes nothing.
+    The ``calibrate`` extra (scipy) and ``--out`` are checked before torch loads;
+    Ctrl-C before the fit writes nothing.
     """
     interrupts = interrupts or Interrupts()
+    require_extra("calibrate", "prefixkv calibrate")
     out = check_output(args.out)
     import torch  # only calibrate needs torch here
 

@@ -24,18 +24,24 @@ from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
-from ..cluster.errors import ClusterConfigError
-from ..cluster.experiment import ClusterInterrupted, arrival_span, run_experiment
+from ..cluster.config import MAX_REPLICAS
+from ..cluster.experiment import (
+    ClusterInterrupted,
+    arrival_span,
+    plan_experiment,
+    run_experiment,
+)
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
 from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
-from ..traces.files import check_output_folder
+from ..extras import require_extra
 from .common import CLIUsageError, parse_token_counts
 from .signals import Interrupts
 
@@ -44,13 +50,18 @@ __all__ = ["add_cluster_parser", "run_cluster_command"]
 DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
 
 
-def _ints(text: str) -> list[int]:
+def _replica_counts(text: str) -> list[int]:
+    """``--replicas``: every value checked here, before anything runs."""
     try:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"want positive ints like 1,2,4,8, got {text!r}") from None
     if not values or min(values) < 1 or len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"want distinct positive ints like 1,2,4,8, got {text!r}")
+    if max(values) > MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
+        )
     return values
 
 
@@ -106,7 +117,7 @@ def _add_input_flags(p: argparse.ArgumentParser) -> None:
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     """The replicas: how many, their capacity, index, scheduler and costs."""
     f = p.add_argument_group("fleet")
-    f.add_argument("--replicas", type=_ints, default=[8], metavar="N[,N...]",
+    f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
     f.add_argument(
         "--capacity-tokens",
@@ -180,6 +191,8 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
+    x.add_argument("--no-plots", action="store_true",
+                   help="skip the PNG plots (needed without matplotlib)")  # fmt: skip
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
     x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
@@ -201,7 +214,12 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse flags that would be silently ignored."""
+    """Refuse flags that would be silently ignored, and parts whose extra is missing."""
+    if not args.no_plots:
+        require_extra("report", "the cluster report's plots", ("matplotlib",),
+                      instead="(or give --no-plots)")  # fmt: skip
+    if args.ray:
+        require_extra("cluster", "--ray", ("ray",))
     if args.trace is None:
         if args.time_scale is not None:
             raise CLIUsageError(
@@ -224,6 +242,9 @@ def run_cluster_command(
     interrupted, the finished runs written and marked partial)."""
     interrupts = interrupts or Interrupts()
     _check_flags(args)
+    plan = parse_faults(args.faults) if args.faults else None  # before the trace is opened
+    if plan is not None:
+        plan.check(args.replicas[0])
     profile_file = args.profile if os.path.exists(args.profile) else None
     check_output_folder(args.out, OUTPUT_NAMES, [args.trace, profile_file])
     requests, description, per_id = _source(args)
@@ -231,12 +252,6 @@ def run_cluster_command(
         args.request_rate = 2.0  # built-in workloads have no timestamps
     capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
-    plan = parse_faults(args.faults) if args.faults else None
-    stream = _arrivals(args, requests)
-    if plan is not None:
-        if plan.needs_relative:
-            plan = plan.resolve(arrival_span(stream(None)))
-        plan.check(args.replicas[0])
     config = ClusterConfig(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
@@ -250,6 +265,12 @@ def run_cluster_command(
         seed=args.seed,
         keep_tokens=plan is not None,
     )
+    # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
+    # --capacity-tokens) is refused before the trace is read or the first run starts.
+    plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
+    stream = _arrivals(args, requests)
+    if plan is not None and plan.needs_relative:
+        plan = plan.resolve(arrival_span(stream(None)))
     t0 = time.perf_counter()
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
@@ -285,6 +306,7 @@ def run_cluster_command(
         source=f"{description}; arrivals: {timing}; "
         f"{'prefill only' if args.prefill_only else 'full outputs'}",
         requests_table=not args.no_requests_table,
+        plots=not args.no_plots,
         partial=partial,
     )
     broken = [r for r in results if r.invariants.broken()]
@@ -348,17 +370,17 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
     otherwise ``None``, the in-process fleet.
 
     Raises:
-        ClusterConfigError: Ray missing or unreachable, or ``--ray-cpus`` too large.
+        ClusterConfigError: Ray unreachable, or ``--ray-cpus`` too large.
+        ExtraNotInstalledError: Ray is not installed.
     """
     if not args.ray:
         yield None
         return
+    require_extra("cluster", "--ray", ("ray",))
+    import ray as ray_module
+
     from ..cluster.ray_fleet import RayFleet, actor_cpus, check_ray_address
 
-    try:
-        import ray as ray_module
-    except ImportError:
-        raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
         check_ray_address(address)

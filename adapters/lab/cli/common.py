@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from importlib import metadata
 from typing import Any, NoReturn
 
 from prefixkv.indexes.errors import PrefixKVError
@@ -41,7 +40,6 @@ __all__ = [
     "positive_int",
     "read_options",
     "token_bars",
-    "version",
 ]
 
 EXIT_ERROR = 2
@@ -158,13 +156,6 @@ def index_option(text: str) -> tuple[str, str, Any]:
     elif re.fullmatch(r"-?\d{1,18}", raw):
         value = int(raw)
     return backend, key, value
-
-
-def version() -> str:
-    try:
-        return metadata.version("prefixkv")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-        return "unknown"
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -13,13 +13,13 @@ import argparse
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from .. import report
@@ -27,6 +27,7 @@ from ..compare.arrival import TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..compare.spec import BackendSpec, parse_backends
+from ..extras import require_extra
 from ..progress import progress
 from ..sim import (
     ARRIVAL_PROCESSES,
@@ -36,7 +37,6 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
-from ..traces.files import check_output_folder, install_file
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
     CLIUsageError,
@@ -89,7 +89,9 @@ def add_compare_parser(sub: Any) -> None:
     add_common(cmp)
     _add_k_live_flags(cmp)
     _add_time_flags(cmp)
-    cmp.add_argument("--no-plots", action="store_true", help="skip the PNG plots (no matplotlib)")
+    cmp.add_argument(
+        "--no-plots", action="store_true", help="skip the PNG plots (needed without matplotlib)"
+    )
     cmp.add_argument(
         "--out",
         "-o",
@@ -190,12 +192,15 @@ def run_compare(
 ) -> int:
     """Run ``prefixkv compare``; returns the exit status (130 or 143: interrupted, partial).
 
-    ``--out`` is checked before anything runs; once the runs end (or Ctrl-C stops
+    The plots' extra (unless ``--no-plots``) and ``--out`` are checked before anything
+    runs; once the runs end (or Ctrl-C stops
     them) signals are only recorded (``interrupts.hold()``) while the report is
     written.
     """
     interrupts = interrupts or Interrupts()
     t0 = time.perf_counter()
+    if not args.no_plots:
+        require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
     backends = parse_backends(
         args.indexes,
         block_size=args.block_size,
@@ -398,10 +403,8 @@ def _compare_config(
 def _plots(
     results: list[WorkloadResult], out: Path, quiet: bool, interrupts: Interrupts
 ) -> dict[str, str]:
-    try:
-        from .. import plots  # matplotlib only now, and only if plots are wanted
-    except ImportError:  # pragma: no cover - plots itself imports nothing optional
-        return {}
+    from .. import plots  # matplotlib only now, and only if plots are wanted
+
     bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
 
     def tick(n: int) -> None:
@@ -416,12 +419,6 @@ def _plots(
         for f in staging.iterdir():  # each plot appears whole or not at all
             install_file(f, out / f.name)
         return written
-    except ImportError:
-        print(
-            "prefixkv: plots skipped: matplotlib is not installed (pip install 'prefixkv[report]')",
-            file=sys.stderr,
-        )
-        return {}
     finally:
         bar.close()
         shutil.rmtree(staging, ignore_errors=True)

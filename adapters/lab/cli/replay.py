@@ -22,6 +22,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
+from prefixkv.adapters.outputs import atomic_writer, check_output, refuse_overwrite
+from prefixkv.indexes.buildinfo import prefixkv_version
 from prefixkv.indexes.registry import available_indexes
 
 from ...events.files import EventFileWriter
@@ -30,7 +32,6 @@ from ..compare.plan import check_pool, roomy_capacity
 from ..compare.spec import BackendSpec, CompareError, parse_backends
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
-from ..traces.files import atomic_writer, check_output, refuse_overwrite
 from ..workload_sources import Workload
 from .common import (
     CLIUsageError,
@@ -38,7 +39,7 @@ from .common import (
     backend_options,
     capacities,
     load_workloads_for,
-    version,
+    positive_int,
 )
 from .signals import Interrupts
 
@@ -94,6 +95,43 @@ def add_replay_parser(sub: Any) -> None:
         metavar="TOPIC",
         help="with an ENDPOINT: the topic frame of every message (default empty)",
     )
+    ev.add_argument(
+        "--kv-events-wait-subscribers",
+        type=positive_int,
+        metavar="N",
+        help="with an ENDPOINT: wait until N subscribers have subscribed before the first "
+        "batch, so none is lost to ZeroMQ's slow joiners (refused after "
+        "--kv-events-wait-timeout)",
+    )
+    ev.add_argument(
+        "--kv-events-wait-timeout",
+        type=_seconds,
+        metavar="S",
+        help="with --kv-events-wait-subscribers: give up after S seconds, exit status 2 "
+        "(default 30)",
+    )
+    ev.add_argument(
+        "--kv-events-grace",
+        type=_seconds,
+        metavar="S",
+        help="with --kv-events-replay: keep answering event replays for S seconds after "
+        "the last batch, so a late subscriber catches up (default 0)",
+    )
+
+
+MAX_WAIT_S = 86_400.0
+"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace``: a day (the
+publisher's bound on every wait)."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be seconds, got {text!r}") from None
+    if not 0 < value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be seconds in (0, {MAX_WAIT_S:g}], got {text!r}")
+    return value
 
 
 ZMQ_SCHEMES = ("tcp", "ipc")
@@ -177,20 +215,52 @@ def _kv_event_stream(
         replay_at = args.kv_events_replay and parse_endpoint(
             args.kv_events_replay, "--kv-events-replay"
         )
+        grace = args.kv_events_grace or 0.0
         pub = ZmqEventPublisher(
-            endpoint=endpoint, replay_endpoint=replay_at, topic=args.kv_events_topic
+            endpoint=endpoint,
+            replay_endpoint=replay_at,
+            topic=args.kv_events_topic,
+            replay_grace=grace,
         )
         where = f" (event replay on {pub.replay_endpoint})" if pub.replay_endpoint else ""
         print(f"KV events: publishing on {pub.endpoint}{where}", flush=True)
         try:
+            if args.kv_events_wait_subscribers is not None:
+                _wait_for_subscribers(pub, args.kv_events_wait_subscribers,
+                                      args.kv_events_wait_timeout or 30.0)  # fmt: skip
             yield _EventPublisher(pub, pub.endpoint)
         finally:
+            if grace:
+                print(
+                    f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
+                    f"for {grace:g} s after the last batch",
+                    file=sys.stderr,
+                    flush=True,
+                )
             pub.shutdown()
         return
     with atomic_writer(target) as f:
         writer = EventFileWriter(f)
         yield _EventPublisher(writer, target)
         writer.shutdown()
+
+
+def _wait_for_subscribers(pub: ZmqEventPublisher, n: int, timeout: float) -> None:
+    """Block until ``n`` subscribers receive the topic (the first batch then reaches them).
+
+    Raises:
+        TransportError: fewer than ``n`` after ``timeout`` seconds.
+    """
+    from ...events.sockets import TransportError
+
+    print(f"KV events: waiting for {n} subscriber{'s' * (n > 1)} (at most {timeout:g} s)",
+          flush=True)  # fmt: skip
+    got = pub.wait_for_subscribers(n, timeout)
+    if got < n:
+        raise TransportError(
+            f"--kv-events-wait-subscribers {n}: {got} subscribed to {pub.endpoint} within "
+            f"{timeout:g} s; nothing was replayed (raise --kv-events-wait-timeout)"
+        )
 
 
 def run_replay(
@@ -266,9 +336,15 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
             raise CLIUsageError("--kv-events-replay needs --kv-events to be a tcp:// or ipc:// "
                                 "endpoint")  # fmt: skip
         parse_endpoint(args.kv_events_replay, "--kv-events-replay")
-    if args.kv_events_topic and endpoint is None:
-        raise CLIUsageError("--kv-events-topic needs --kv-events to be a tcp:// or ipc:// "
-                            "endpoint")  # fmt: skip
+    for flag in ("kv_events_topic", "kv_events_wait_subscribers"):
+        if getattr(args, flag) and endpoint is None:
+            raise CLIUsageError(f"--{flag.replace('_', '-')} needs --kv-events to be a tcp:// "
+                                "or ipc:// endpoint")  # fmt: skip
+    if args.kv_events_wait_timeout is not None and args.kv_events_wait_subscribers is None:
+        raise CLIUsageError("--kv-events-wait-timeout needs --kv-events-wait-subscribers N")
+    if args.kv_events_grace is not None and args.kv_events_replay is None:
+        raise CLIUsageError("--kv-events-grace needs --kv-events-replay ENDPOINT (the grace "
+                            "is how long event replays are answered)")  # fmt: skip
     if args.kv_events is not None and endpoint is None:
         events = check_output(args.kv_events)
         if os.path.realpath(events) == os.path.realpath(out):
@@ -359,7 +435,7 @@ def _replay_summary(
                 "max_requests": args.max_requests,
                 "tokens_per_id": args.tokens_per_id,
                 "seed": args.seed,
-                "prefixkv": version(),
+                "prefixkv": prefixkv_version(),
                 "python": sys.version.split()[0],
             },
         }

@@ -17,12 +17,16 @@ Times are seconds, or ``P%`` of the run's arrival span.
 Every number is checked where it enters, by :func:`parse_faults` and by
 :class:`FaultPlan` itself: rates are in ``[0, 1]``, seconds finite and at most
 :data:`MAX_FAULT_SECONDS`, percentages in ``[0, 100]`` (NaN and infinity nowhere).
+On the command line a number is ASCII digits with an optional point and exponent
+(no sign, ``_``, ``nan`` or ``inf``), and a fault given twice is refused rather than
+the last one silently kept.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -209,12 +213,17 @@ def _check_scheduled(f: object) -> None:
         raise FaultSpecError(f"{where}: warm-up {f.mode!r} is not replay or dump")
 
 
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""A number as ``--faults`` spells it. ``float`` alone would also take ``nan``,
+``-inf``, ``1_000``, surrounding blanks and non-ASCII digits."""
+
+
 def _time(text: str, where: str) -> tuple[float, bool]:
     relative = text.endswith("%")
-    try:
-        value = float(text[:-1] if relative else text)
-    except ValueError:
-        raise FaultSpecError(f"{where}: time {text!r} is not seconds or a percentage") from None
+    number = text[:-1] if relative else text
+    if not _DECIMAL.fullmatch(number):
+        raise FaultSpecError(f"{where}: time {text!r:.40} is not seconds or a percentage")
+    value = float(number)  # 1e400 is inf: refused below
     top = 100.0 if relative else MAX_FAULT_SECONDS
     if not 0 <= value <= top:  # NaN and infinity too
         unit = "a percentage in [0, 100]" if relative else f"seconds in [0, {top:g}]"
@@ -223,7 +232,7 @@ def _time(text: str, where: str) -> tuple[float, bool]:
 
 
 def _replica(text: str, where: str) -> int:
-    if not text.isdigit() or len(text) > 6 or int(text) >= MAX_REPLICAS:
+    if not (text.isascii() and text.isdigit()) or len(text) > 6 or int(text) >= MAX_REPLICAS:
         raise FaultSpecError(
             f"{where}: replica {text!r:.40} is not an int in [0, {MAX_REPLICAS - 1}]"
         )
@@ -231,18 +240,18 @@ def _replica(text: str, where: str) -> int:
 
 
 def _number(text: str, where: str, *, rate: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise FaultSpecError(f"{where}: {text!r} is not a number") from None
-    return _check_number(value, where, rate=rate)
+    if not _DECIMAL.fullmatch(text):
+        what = "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
+        raise FaultSpecError(f"{where}: {text!r:.40} is not a number; give {what}")
+    return _check_number(float(text), where, rate=rate)
 
 
 def parse_faults(text: str) -> FaultPlan:
     """Parse ``--faults``: comma-separated entries (see the module docstring).
 
     Raises:
-        FaultSpecError: an unknown fault or a malformed entry.
+        FaultSpecError: an unknown fault, a malformed entry or number, a number out of
+            range, or a stream fault or mismatch given twice.
     """
     values: dict[str, float] = {}
     scheduled: list[ScheduledFault] = []
@@ -254,6 +263,8 @@ def parse_faults(text: str) -> FaultPlan:
         if "@" in name:  # scale_up@T, router_restart@T[:mode]
             name, _, at_text = name.partition("@")
             arg, sep = f"@{at_text}", "="
+        if name in values or (name == "mismatch" and arg.partition(":")[0] in _names(mismatch)):
+            raise FaultSpecError(f"{entry}: given twice in --faults {text!r:.80}")
         if name in _RATES or name in _SECONDS:
             values[name] = (
                 1.0
@@ -293,6 +304,10 @@ def parse_faults(text: str) -> FaultPlan:
         mismatch=mismatch,
         text=text,
     )
+
+
+def _names(mismatch: dict[int, str]) -> set[str]:
+    return {str(r) for r in mismatch}
 
 
 class EventChannel:

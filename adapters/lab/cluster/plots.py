@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..traces.files import atomic_writer
+from prefixkv.adapters.outputs import save_figure
+
 from .metrics import ClusterResult
 
 __all__ = [
@@ -48,10 +49,7 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
 def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
     if title:
         fig.suptitle(textwrap.fill(title, 100), fontsize="small")
-    out = Path(path)
-    with atomic_writer(out) as f:
-        fig.savefig(f, format="png")
-    return out
+    return save_figure(fig, path)
 
 
 def _name(res: ClusterResult) -> str:

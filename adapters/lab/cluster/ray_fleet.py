@@ -7,7 +7,7 @@ Advancing fans out to every busy replica at once and gathers the reports; event
 batches cross as vLLM's msgpack bytes with their sequence numbers. A killed actor
 (``ray.kill``) raises ``RayActorError`` on its next call: the driver treats the
 replica as dead and routes its requests elsewhere. Ray is imported only here, and
-only when a Ray run is asked for (``pip install prefixkv[cluster]``).
+only when a Ray run is asked for (``pip install 'prefixkv[cluster]'``).
 
 On a multi-node cluster, call ``ray.init(address="auto")`` (or set ``RAY_ADDRESS``)
 before the run; the actors are scheduled across the nodes unchanged.
@@ -26,6 +26,7 @@ from typing import Any
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
+from ..extras import has_extra, require_extra
 from .errors import ClusterConfigError, ReplicaDeadError
 from .fleet import ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
@@ -37,12 +38,8 @@ RAY_CPU_STEP = 1e-4
 
 
 def ray_available() -> bool:
-    """Whether Ray can be imported."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether Ray can be imported (nothing is imported to find out)."""
+    return has_extra("cluster", ("ray",))
 
 
 def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[float, str]:
@@ -154,18 +151,15 @@ class RayFleet:
         ray_init: options for ``ray.init`` (e.g. ``num_cpus``, ``address``).
 
     Raises:
-        ClusterConfigError: Ray is not installed.
+        ExtraNotInstalledError: Ray is not installed.
     """
 
     def __init__(
         self, *, num_cpus: float = 1, init: bool = True, ray_init: dict[str, Any] | None = None
     ) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise ClusterConfigError(
-                "--ray needs Ray: pip install 'prefixkv[cluster]' (or pip install ray)"
-            ) from None
+        require_extra("cluster", "RayFleet", ("ray",))
+        import ray
+
         self._ray = ray
         self._started_ray = False
         if init and not ray.is_initialized():

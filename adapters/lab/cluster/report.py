@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from prefixkv.adapters.lab.sim.tables import write_rows
+from prefixkv.adapters.outputs import atomic_writer
 
-from ..traces.files import atomic_writer
+from ..extras import require_extra
 from . import plots
 from .metrics import ClusterResult
 
@@ -251,6 +252,7 @@ def write_report(
     source: str = "",
     requests_table: bool = True,
     partial: str = "",
+    plots: bool = True,
 ) -> list[Path]:
     """Write ``runs.csv``, ``requests.csv``, ``results.json``, the plots and ``report.md``.
 
@@ -263,10 +265,18 @@ def write_report(
         partial: when the experiment was cut short, what happened (e.g.
             ``"interrupted (Ctrl-C) after 2 of 9 runs"``); the report and
             results.json say the results are partial.
+        plots: draw the PNG plots (they need matplotlib); without them the report
+            has its tables only.
 
     Returns:
         The files written.
+
+    Raises:
+        ExtraNotInstalledError: ``plots`` without matplotlib (checked before anything
+            is written).
     """
+    if plots:
+        require_extra("report", "the cluster report's plots", ("matplotlib",))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = [write_rows(out / "runs.csv", [r.run_row() for r in results])]
@@ -292,7 +302,8 @@ def write_report(
         ],
     }  # fmt: skip
     files.append(_write_text(out / "results.json", json.dumps(doc, indent=1, default=str)))
-    md, plotted = _markdown(results, out, command=command, source=source, partial=partial)
+    md, plotted = _markdown(results, out, command=command, source=source, partial=partial,
+                            draw=plots)  # fmt: skip
     files += plotted
     files.append(_write_text(out / "report.md", "\n".join(md) + "\n"))
     return files
@@ -305,9 +316,15 @@ def _write_text(path: Path, text: str) -> Path:
 
 
 def _markdown(
-    results: Sequence[ClusterResult], out: Path, *, command: str, source: str, partial: str
+    results: Sequence[ClusterResult],
+    out: Path,
+    *,
+    command: str,
+    source: str,
+    partial: str,
+    draw: bool = True,
 ) -> tuple[list[str], list[Path]]:
-    """The report's lines, drawing the plots it shows; returns both."""
+    """The report's lines, drawing the plots it shows (when ``draw``); returns both."""
     files: list[Path] = []
     clean = [r for r in results if not r.labels["faults"]]
     faulty = [r for r in results if r.labels["faults"]]
@@ -333,15 +350,15 @@ def _markdown(
         md += [note, ""]
     md += ["Columns:", "", *_definitions(POLICY_COLUMNS), ""]
     context = _context(source, first)
-    if main:
-        for name, draw, what in (
+    if main and draw:
+        for name, plot, what in (
             ("hit_ratio", plots.plot_hit_ratio, "Prefix hit ratio per policy"),
             ("frontier", plots.plot_frontier, "Hit ratio against load imbalance"),
             ("ttft_cdf", plots.plot_ttft_cdf, "TTFT distribution per policy"),
             ("overlap", plots.plot_overlap, "Predicted against realized hit tokens"),
             ("decision_latency", plots.plot_decision_latency, "Router decision time"),
         ):
-            files.append(draw(main, out / f"{name}.png", title=f"{what}: {context}"))
+            files.append(plot(main, out / f"{name}.png", title=f"{what}: {context}"))
             md.append(f"![{what}]({name}.png)")
         md.append("")
     for key, label, name in (
@@ -352,19 +369,22 @@ def _markdown(
         sweep = [r for r in clean if r.labels[other] == first.labels[other]]
         if len({r.labels[key] for r in sweep}) > 1:
             title = f"Hit ratio against {key.replace('_', ' ')}: {source or 'requests'}"
-            files.append(plots.plot_sweep(sweep, key, out / f"{name}.png", xlabel=label,
-                                          title=title))  # fmt: skip
             md += [f"## Hit ratio against {key}", "", *_policy_table(sweep, clean), ""]
-            md += [f"![{title}]({name}.png)", ""]
+            if draw:
+                files.append(plots.plot_sweep(sweep, key, out / f"{name}.png", xlabel=label,
+                                              title=title))  # fmt: skip
+                md += [f"![{title}]({name}.png)", ""]
     if faulty:
         base = {(r.labels["policy"], *_key(r)): r for r in clean}
         title = f"Hit ratio with faults against without: {context}"
-        files.append(
-            plots.plot_faults(
-                faulty, lambda r: base.get((r.labels["policy"], *_key(r))), out / "faults.png",
-                title=title,
-            )
-        )  # fmt: skip
+        if draw:
+            files.append(
+                plots.plot_faults(
+                    faulty, lambda r: base.get((r.labels["policy"], *_key(r))),
+                    out / "faults.png", title=title,
+                )
+            )  # fmt: skip
         md += ["## Fault runs", "", *_fault_table(faulty, base), ""]
-        md += ["Columns:", "", *_definitions(FAULT_COLUMNS), "", f"![{title}](faults.png)", ""]
+        md += ["Columns:", "", *_definitions(FAULT_COLUMNS), ""]
+        md += [f"![{title}](faults.png)", ""] if draw else []
     return md, files

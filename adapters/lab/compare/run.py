@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..extras import has_extra
 from ..replay import ReplayInterrupted
 from ..sim import SimUnservableError
 from ..workload_sources import Workload
@@ -255,10 +256,10 @@ class Comparison:
         """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
         requests: Any = self.request_rows()
         runs: Any = self.run_rows()
-        try:
-            import pandas
-        except ImportError:
+        if not has_extra("pandas"):
             return ComparisonTables(requests, runs, self)
+        import pandas
+
         return ComparisonTables(pandas.DataFrame(requests), pandas.DataFrame(runs), self)
 
 

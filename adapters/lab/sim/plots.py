@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import save_figure
+
 from .metrics import SimResult
 
 __all__ = ["plot_capacity_sweep", "plot_ttft_cdf", "run_label"]
@@ -75,7 +77,7 @@ def plot_ttft_cdf(
     ax.legend(loc="lower right", fontsize="small")
     ax.set_title(title, fontsize=10)
     out = Path(path)
-    fig.savefig(out)
+    save_figure(fig, out)
     return out
 
 
@@ -141,5 +143,5 @@ def plot_capacity_sweep(
     ttft_ax.set_ylim(bottom=0)
     fig.suptitle(title, fontsize=11)
     out = Path(path)
-    fig.savefig(out)
+    save_figure(fig, out)
     return out

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefixkv.adapters.outputs import atomic_writer
+
 from .errors import ProfileError
 
 __all__ = [
@@ -235,7 +237,5 @@ def save_profile(profile: CostProfile, path: str | os.PathLike[str]) -> None:
 
     Missing folders are created; an interrupted write leaves the old file.
     """
-    from ..traces.files import atomic_writer  # the readers (numpy) only when writing
-
     with atomic_writer(path) as f:
         f.write((json.dumps(profile.to_dict(), indent=2) + "\n").encode())

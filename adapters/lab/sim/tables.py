@@ -18,6 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefixkv.adapters.outputs import atomic_writer
+
+from ..extras import require_extra
 from .errors import SimError
 from .metrics import SimResult
 
@@ -84,8 +87,6 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
             f"cannot write {out.name!r}: the suffix must be one of "
             f"{', '.join('.' + f for f in TABLE_FORMATS)}"
         )
-    from ..traces.files import atomic_writer  # the readers (numpy) only when writing
-
     columns = _columns(rows)
     if fmt == "parquet":
         _write_parquet(out, rows, columns)
@@ -108,14 +109,9 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
 
 
 def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise TableFormatError(
-            f"writing {out.name!r} needs pyarrow (pip install pyarrow); CSV and JSON do not"
-        ) from None
-    from ..traces.files import atomic_writer
+    require_extra("parquet", f"writing {out.name!r}", ("pyarrow",), instead="(CSV and JSON do not)")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
     with atomic_writer(out) as f:
@@ -133,8 +129,11 @@ def write_tables(
         The files written.
 
     Raises:
-        TableFormatError: an unknown format, or Parquet without pyarrow.
+        TableFormatError: an unknown format.
+        ExtraNotInstalledError: Parquet without pyarrow (nothing written).
     """
+    if "parquet" in formats:
+        require_extra("parquet", "Parquet tables", ("pyarrow",), instead="(CSV and JSON do not)")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     tables = {"requests": request_rows(results), "runs": run_rows(results)}
@@ -151,13 +150,10 @@ def to_dataframes(
     """The request table and the run table as pandas DataFrames.
 
     Raises:
-        ModuleNotFoundError: pandas is not installed (``pip install prefixkv[pandas]``).
+        ExtraNotInstalledError: pandas is not installed (an ``ImportError`` too).
     """
-    try:
-        import pandas
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            "to_dataframes needs pandas: pip install 'prefixkv[pandas]'", name="pandas"
-        ) from e
+    require_extra("pandas", "to_dataframes")
+    import pandas
+
     res = list(results)
     return pandas.DataFrame(request_rows(res)), pandas.DataFrame(run_rows(res))

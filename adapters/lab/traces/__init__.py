@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TypedDict
 
+from prefixkv.adapters.outputs import OutputError, atomic_writer, refuse_overwrite
+
 from .base import (
     DEFAULT_LIMITS,
     ReadOptions,
@@ -23,7 +25,6 @@ from .base import (
     make_request,
     tokens_of,
 )
-from .files import OutputError, atomic_writer, refuse_overwrite
 from .hashid import BAILIAN_BLOCK_SIZE, MOONCAKE_BLOCK_SIZE, scaled_lengths
 from .kvcache_tester import KVCT_BLOCK_SIZE
 from .prefixkv import write_trace

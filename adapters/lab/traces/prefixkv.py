@@ -19,6 +19,7 @@ from typing import Annotated
 
 import msgspec
 
+from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.indexes.errors import InvalidTokenError
 
 from .base import (
@@ -29,7 +30,6 @@ from .base import (
     check_request_id,
     tokens_of,
 )
-from .files import atomic_writer
 from .reading import Progress, StrPath, count_items, decode, iter_lines
 
 __all__ = ["RequestSize", "iter_prefixkv", "sizes_prefixkv", "write_trace"]
