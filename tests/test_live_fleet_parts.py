@@ -125,7 +125,8 @@ def test_the_relay_drops_and_delays_and_the_subscriber_replays_the_gap() -> None
             sub.poll(0.02)
 
     try:
-        time.sleep(0.5)  # the relay's and the subscriber's connections
+        # both hops connected before the first batch (no slow-joiner loss, at any load)
+        assert pub.wait_for_subscribers(1, 30.0) == 1 and relay.wait_for_subscriber(30.0)
         sub.sync()
         publish(0)
         until(lambda: len(index.held(Worker(0))) == 1)

@@ -37,8 +37,11 @@ class FaultRelay:
         self._in = self._ctx.socket(zmq.SUB)
         self._in.setsockopt(zmq.SUBSCRIBE, b"")
         self._in.bind(in_endpoint)
-        self._out = self._ctx.socket(zmq.PUB)
+        # XPUB: a PUB that also reads its subscribers' subscriptions (counted, so a
+        # caller can wait for the router's connection before the first frame)
+        self._out = self._ctx.socket(zmq.XPUB)
         self._out.bind(out_endpoint)
+        self._subscribed = threading.Event()
         self._lock = threading.Lock()
         self._mode = "pass"
         self._delay_s = 0.0
@@ -57,8 +60,16 @@ class FaultRelay:
         with self._lock:
             self._mode, self._delay_s = mode, delay_s
 
+    def wait_for_subscriber(self, timeout: float = 10.0) -> bool:
+        """Wait until a router's SUB has subscribed to the relay's output (ZeroMQ drops
+        what a PUB sends before that: the slow joiner). Returns whether one did."""
+        return self._subscribed.wait(timeout)
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            while self._out.poll(0):
+                if self._out.recv()[:1] == b"\x01":  # a subscribe, not an unsubscribe
+                    self._subscribed.set()
             if self._in.poll(5):
                 while True:
                     try:
