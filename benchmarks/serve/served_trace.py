@@ -165,10 +165,13 @@ class Replayer:
             ``env`` has ``VLLM_SERVER_DEV_MODE=1``) and logging added requests
             (``--enable-log-requests``).
         request_timeout: seconds per request.
+        id_prefix: put before each request id sent (``X-Request-Id``), so that a
+            trace replayed again on the same server has ids its log has not seen.
     """
 
     server: VLLMServer
     request_timeout: float = 300.0
+    id_prefix: str = ""
     history: dict[str, list[int]] = field(default_factory=dict)
     _client: Any = None
 
@@ -203,7 +206,7 @@ class Replayer:
                 max_tokens=step.max_tokens,
                 temperature=0,
                 extra_body={"return_token_ids": True, "ignore_eos": True},
-                extra_headers={"X-Request-Id": step.id},
+                extra_headers={"X-Request-Id": self.id_prefix + step.id},
             )
         except Exception as e:  # the client's errors: connection, status, timeout
             raise ServerError(f"{step.id}: {type(e).__name__}: {e}") from None
@@ -235,7 +238,7 @@ class Replayer:
             try:
                 for step in steps:
                     futures.append(pool.submit(self.send, step, "wave", wave))
-                    self._wait_added(step.id, futures[-1], add_timeout)
+                    self._wait_added(self.id_prefix + step.id, futures[-1], add_timeout)
             finally:
                 self.server.resume()
             return [f.result() for f in futures]

@@ -277,7 +277,13 @@ class VLLMServer:
                 raise ServerError(f"{request_id} not added after {timeout:.0f} s")
             time.sleep(0.05)
 
-    def _admin(self, path: str) -> bytes:
+    def control(self, path: str) -> bytes:
+        """POST to one of vLLM's control endpoints (``/pause``, ``/resume``,
+        ``/reset_prefix_cache``...; served with ``VLLM_SERVER_DEV_MODE=1``); the body.
+
+        Raises:
+            ServerError: an HTTP error (404 without dev mode).
+        """
         req = urllib.request.Request(self.url + path, data=b"", method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
@@ -293,7 +299,7 @@ class VLLMServer:
         Raises:
             ServerError: the server refused (no dev mode: HTTP 404).
         """
-        self._admin("/pause?mode=keep&clear_cache=false")
+        self.control("/pause?mode=keep&clear_cache=false")
 
     def resume(self) -> None:
         """Schedule again what :meth:`pause` held, in arrival order (``POST /resume``).
@@ -301,7 +307,7 @@ class VLLMServer:
         Raises:
             ServerError: the server refused.
         """
-        self._admin("/resume")
+        self.control("/resume")
 
     def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
         """Every ``/metrics`` sample of one metric, with its labels."""
