@@ -12,7 +12,8 @@ against one server at a time, the others idle, the order reversed every other ro
 each run from an empty prefix cache (``/reset_prefix_cache``). Reported per
 configuration: the median over rounds of each run's median, mean and 90th percentile
 of ``schedule()`` + ``update_from_output()`` per step, by the wall clock and by the
-scheduler thread's CPU clock, the steps, and the load average around the run.
+scheduler thread's CPU clock, the steps, and the load average around the run; with
+``--cache`` (a run of its own: the timing costs) also the KV-cache manager's calls' share.
 
     python benchmarks/serve/step_time.py --vllm VENV/bin/vllm [--rounds 5] [--out step-time.json]
 
@@ -49,7 +50,7 @@ CLASSES = {
 SERVE_ARGS = ("--max-num-batched-tokens", "128", "--max-num-seqs", "4", "--enable-log-requests")
 
 
-def start(vllm: str, model: Path, label: str, times: Path, logs: Path) -> VLLMServer:
+def start(vllm: str, model: Path, label: str, times: Path, logs: Path, cache: bool) -> VLLMServer:
     """Launch one timed server (not yet waited for)."""
     cls, index = CLASSES[label]
     extra = [*SERVE_ARGS, "--scheduler-cls", cls]
@@ -60,7 +61,7 @@ def start(vllm: str, model: Path, label: str, times: Path, logs: Path) -> VLLMSe
         vllm=vllm, model=str(model), load_format="auto", num_gpu_blocks=65,
         extra_args=extra,
         env={"PYTHONPATH": pythonpath, "PREFIXKV_STEP_TIMES": str(times),
-             "VLLM_SERVER_DEV_MODE": "1"},
+             "PREFIXKV_STEP_TIMES_CACHE": "1" if cache else "0", "VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
     server = VLLMServer(config, logs / label, start_timeout=900, lifetime=7200)
     server.launch()
@@ -93,6 +94,7 @@ def one_run(
         raise ServerError(f"no step times in {times}")
     step_us = [(s["schedule_ns"] + s["update_ns"]) / 1e3 for s in steps]
     cpu_us = [(s["schedule_cpu_ns"] + s["update_cpu_ns"]) / 1e3 for s in steps]
+    cache_us = [s["cache_ns"] / 1e3 for s in steps]
     return {
         "steps": len(steps),
         "schedule": [(s["tokens"], s["requests"]) for s in steps],
@@ -101,6 +103,8 @@ def one_run(
         "p90_us": sorted(step_us)[int(0.9 * (len(step_us) - 1))],
         "cpu_median_us": statistics.median(cpu_us),
         "cpu_mean_us": statistics.fmean(cpu_us),
+        "cache_median_us": statistics.median(cache_us),
+        "cache_mean_us": statistics.fmean(cache_us),
         "replay_s": wall,
         "load": (load0, os.getloadavg()[0]),
     }, count
@@ -117,7 +121,8 @@ def describe(run: dict[str, Any]) -> str:
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """Per configuration: the median over rounds of each figure."""
-    keys = ("median_us", "mean_us", "p90_us", "cpu_median_us", "cpu_mean_us", "steps")
+    keys = ("median_us", "mean_us", "p90_us", "cpu_median_us", "cpu_mean_us",
+            "cache_median_us", "cache_mean_us", "steps")  # fmt: skip
     return {
         label: {k: statistics.median(r[k] for r in rs) for k in keys} for label, rs in runs.items()
     }
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="native,hash_chain,radix")
     ap.add_argument("--out", default="step-time.json")
     ap.add_argument("--logs", default="step-time-logs")
+    ap.add_argument("--cache", action="store_true", help="also time the KV-cache manager's calls")
     args = ap.parse_args(argv)
     labels = args.configs.split(",")
     if not 1 <= len(labels) <= 3 or not set(labels) <= set(CLASSES):
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for label in labels:
             times[label] = logs / f"{label}-steps.jsonl"
             times[label].unlink(missing_ok=True)
-            servers[label] = start(args.vllm, model, label, times[label], logs)
+            servers[label] = start(args.vllm, model, label, times[label], logs, args.cache)
             stack.callback(servers[label].stop)
         for server in servers.values():
             server.wait_ready()
@@ -171,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
               "hash_chain_same_steps_as_native": same, "same_steps_every_run": repeat}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\n{'':12s}{'median us':>10s}{'mean us':>9s}{'p90 us':>8s}{'CPU med':>9s}"
-          f"{'CPU mean':>9s}{'steps':>7s}  build")  # fmt: skip
+          f"{'CPU mean':>9s}{'cache med':>10s}{'cache mean':>11s}{'steps':>7s}  build")  # fmt: skip
     for label, s in summary.items():
         print(f"{label:12s}{s['median_us']:10.0f}{s['mean_us']:9.0f}{s['p90_us']:8.0f}"
-              f"{s['cpu_median_us']:9.0f}{s['cpu_mean_us']:9.0f}{s['steps']:7.0f}  "
+              f"{s['cpu_median_us']:9.0f}{s['cpu_mean_us']:9.0f}{s['cache_median_us']:10.1f}"
+              f"{s['cache_mean_us']:11.1f}{s['steps']:7.0f}  "
               f"{info[label].get('prefixkv', 'vLLM')}")  # fmt: skip
     if not same:
         print("step_time: the hash chain's steps differ from native's", file=sys.stderr)

@@ -16,6 +16,19 @@ one property of what they served:
 * KV events (ZeroMQ, ``sha256_cbor``): hash chain == native, byte for byte;
 * the offline ``prefixkv replay`` of the sequential phase, with the server's block size
   and pool, predicts every request's cached tokens as native and the hash chain served.
+
+Why the three engines see the same thing although requests run concurrently: the
+trace's sequential phase sends one request at a time, and each of its concurrent waves
+is handed to the engine whole -- the server paused (``/pause?mode=keep``: requests
+queue unscheduled, the cache stays), the wave's requests sent one by one, each after
+the server's log shows the previous one reached the engine core (``Added request``,
+logged after the send on the one socket that carries every input to the engine core),
+then ``/resume`` on that same socket. So every engine starts each wave with the same
+waiting queue in the same order and nothing else arrives until its last answer;
+vLLM's CPU scheduler (no async scheduling) then takes the same steps on any server
+whose cache answers the same, however loaded the machine -- the three servers even
+replay at once. ``test_engine_saw_the_plan_order`` checks the order from each server's
+log.
 """
 
 from __future__ import annotations
@@ -98,7 +111,13 @@ def test_radix_caches_at_least_native_until_the_pool_evicts(runs: dict[str, Run]
     vLLM evicts the block freed longest ago (a finished request's tail first), the tree
     its least recently used leaf, a whole node at a time -- and either can cache more
     for a given request (in this trace the tree less for some session turns, more
-    for others); after that the check is only that it served everything."""
+    for others); after that the check is only that it served everything.
+
+    Not checked: the offline replay of the tree. It allocates a whole prompt at once;
+    served with chunked prefill the tree evicts a chunk's worth at a time, a whole node
+    each time, and keeps different blocks (in this trace one request: 256 cached
+    tokens served, 0 predicted; served without chunked prefill, 0 -- as predicted). The
+    hash chain evicts block by block in the same order either way."""
     native, radix = runs["native"], runs["radix"]
     seq = [s for s in native.served if s.phase == "sequential"]
     cut = first_eviction(seq, BLOCK_SIZE, USABLE_BLOCKS)
