@@ -131,6 +131,7 @@ engine-envs:
 	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
 	done
 	$(VLLM_PYTHON) benchmarks/peers/check_env.py vllm --prefixkv
+	$(SGLANG_PYTHON) benchmarks/peers/check_env.py sglang --prefixkv
 
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm

@@ -37,7 +37,8 @@ LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 
 def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
     """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
-    from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+    from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+    from prefixkv.adapters.sglang import PrefixCache, SimpleReq
     from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
     rng = random.Random(17)
@@ -64,19 +65,19 @@ def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
             done = req
         return
     page = 1 if backend == "radix" else 16
-    cache = SGLangRadixCache(backend, (rounds + 2) * (PROMPT + steps + 16), page)
+    cache = PrefixCache.create_simulated(backend, (rounds + 2) * (PROMPT + steps + 16), page)
     prev: SimpleReq | None = None
     for r in range(rounds):
         if prev is not None:
             cache.cache_finished_req(prev)
         sreq = SimpleReq(f"r{r}", prompt)
-        cache.alloc_for_extend(sreq)
+        alloc_for_extend(cache, sreq)
         sreq.output_ids.append(out[0])
         cache.cache_unfinished_req(sreq)
-        alloc = cache.alloc_for_decode if index != "driver" else (lambda r: True)
+        alloc = alloc_for_decode if index != "driver" else (lambda c, r: True)
         outs = sreq.output_ids
         for k in range(1, steps + 1):
-            alloc(sreq)
+            alloc(cache, sreq)
             outs.append(out[k])
         prev = sreq
 

@@ -1,7 +1,8 @@
 """One decode step through each facade, called the way the engines' schedulers call it.
 
 vLLM's scheduler calls ``allocate_slots(request, 1)`` for every running request on
-every step and SGLang's calls ``alloc_for_decode(req)``. A round decodes ``STEPS``
+every step and SGLang's allocates a slot (here ``alloc_for_decode(cache, req)``, the
+scheduler-side step in ``prefixkv.adapters.lab.sglang_scheduler``). A round decodes ``STEPS``
 tokens of one admitted request (a new block every ``block_size`` steps, registered
 as the engines do), so the mean step includes its share of block additions. The
 ``driver`` rows run the same loop around a call that does nothing: subtract them to
@@ -21,7 +22,8 @@ import pytest
 from conftest import SCALE, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 STEPS = 16 if SCALE == "smoke" else 1024
@@ -52,19 +54,19 @@ def vllm_rounds(facade: KVCacheManager | None, done: list[SimpleRequest]) -> Set
     return setup
 
 
-def sglang_rounds(facade: SGLangRadixCache | None, done: list[SimpleReq]) -> Setup:
+def sglang_rounds(cache: PrefixCache | None, done: list[SimpleReq]) -> Setup:
     """Setup of each round: the last round's request finished, a new one admitted."""
     counter = iter(range(10**9))
 
     def setup() -> tuple[tuple[Any], dict[str, Any]]:
         req = SimpleReq(f"r{next(counter)}", PROMPT)
-        if facade is not None:
+        if cache is not None:
             while done:
-                facade.cache_finished_req(done.pop())
-            facade.alloc_for_extend(req)
+                cache.cache_finished_req(done.pop())
+            alloc_for_extend(cache, req)
         req.output_ids.append(OUTPUT[0])
-        if facade is not None:
-            facade.cache_unfinished_req(req)
+        if cache is not None:
+            cache.cache_unfinished_req(req)
         done.append(req)
         return (req,), {}
 
@@ -102,20 +104,20 @@ def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str
 
 @pytest.mark.parametrize(("index", "page"), [("radix", 1), ("hash_chain", 16), ("driver", 1)])
 def test_sglang_alloc_for_decode_step(benchmark: BenchmarkFixture, index: str, page: int) -> None:
-    """``alloc_for_decode(req)`` before the step's token is sampled."""
+    """``alloc_for_decode(cache, req)`` before the step's token is sampled."""
     capacity = (ROUNDS + 2) * (len(PROMPT) + STEPS + 16)
-    facade = None if index == "driver" else SGLangRadixCache(index, capacity, page)
-    alloc = facade.alloc_for_decode if facade is not None else lambda r: True
+    cache = None if index == "driver" else PrefixCache.create_simulated(index, capacity, page)
+    alloc = alloc_for_decode if cache is not None else lambda c, r: True
 
     def decode(req: SimpleReq) -> None:
         out = req.output_ids
         for k in range(1, STEPS + 1):
-            alloc(req)
+            alloc(cache, req)
             out.append(OUTPUT[k])
 
     done: list[SimpleReq] = []
-    benchmark.pedantic(decode, setup=sglang_rounds(facade, done), rounds=ROUNDS)
+    benchmark.pedantic(decode, setup=sglang_rounds(cache, done), rounds=ROUNDS)
     per_step(benchmark)
-    if facade is not None:
-        facade.cache_finished_req(done.pop())
-        facade.manager.check_invariants()
+    if cache is not None:
+        cache.cache_finished_req(done.pop())
+        cache.check_invariants(running=[])

@@ -26,7 +26,7 @@ from typing import Any
 from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.adapters.sglang import SGLangRadixCache
+from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_extra_key, make_index
 from prefixkv.indexes.buildinfo import build_kind
@@ -154,12 +154,34 @@ class Run:
         return f"{op}{args!r} -> {result} | {state(m)}"
 
 
-def step_printer(facade: KVCacheManager | SGLangRadixCache, out: list[str]) -> Callable[[], None]:
+def cache_state(cache: PrefixCache, live: list[Any]) -> str:
+    """What every step of SGLang's prefix cache may change (live: the live requests)."""
+    pool = cache.pool
+    assert isinstance(pool, BlockAllocator)
+    ps = cache.page_size
+    rows = [
+        (
+            req.rid,
+            dataclasses.astuple(req.kv),
+            cache.rows.read(req.kv.req_pool_idx, 0, -(-req.kv.kv_allocated_len // ps)),
+        )
+        for req in live
+    ]
+    return shown((pool.free_block_ids(), shown(cache.index.stats()), rows, shown(cache.totals)))
+
+
+def step_printer(
+    facade: KVCacheManager | PrefixCache, driver: list[Any], out: list[str]
+) -> Callable[[], None]:
     """Where the engine takes its events: the step's events and the state, as a line."""
     name, events = type(facade).__name__, attach_recorder(facade)
 
     def end_step() -> None:
-        out.append(f"{name} {events.take_events()!r} | {state(facade.manager)}")
+        if isinstance(facade, PrefixCache):
+            now = cache_state(facade, [req for req, _ in driver[0].live])
+        else:
+            now = state(facade.manager)
+        out.append(f"{name} {events.take_events()!r} | {now}")
 
     return end_step
 
@@ -178,9 +200,12 @@ def facades(r: random.Random) -> list[str]:
     out: list[str] = []
     chain = make_index("hash_chain", 4, seed=0, **pool_owned_options("hash_chain"))
     vllm = KVCacheManager(chain, 25, enable_kv_cache_events=True)  # 24 and vLLM's null block
-    sglang = SGLangRadixCache("radix", 48, 2, enable_kv_cache_events=True)
-    for facade, driver in ((vllm, VllmDriver), (sglang, SGLangDriver)):
-        run_k_live(driver(facade, step_printer(facade, out)), trace, 3)
+    sglang = PrefixCache.create_simulated("radix", 48, 2, enable_kv_cache_events=True)
+    for facade, kind in ((vllm, VllmDriver), (sglang, SGLangDriver)):
+        holder: list[Any] = []  # the driver, for the printer to see its live requests
+        driver = kind(facade, step_printer(facade, holder, out))  # type: ignore[arg-type]
+        holder.append(driver)
+        run_k_live(driver, trace, 3)
     return out
 
 

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import manager_state
+from helpers import cache_state, manager_state
 
 from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
 from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
 from prefixkv.adapters.lab.cluster.config import ClusterConfig
 from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     CostProfile,
@@ -33,7 +34,7 @@ from prefixkv.adapters.lab.sim import (
 )
 from prefixkv.adapters.lab.sim.calibration import measure_engine
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex, TokenKey, make_index
 from prefixkv.storage import (
@@ -106,10 +107,10 @@ def vllm_facade(name: str) -> KVCacheManager:
     return f
 
 
-def sglang_facade(name: str) -> SGLangRadixCache:
-    c = SGLangRadixCache(make_index(name, block_size=1), capacity_tokens=64)
+def sglang_cache(name: str) -> PrefixCache:
+    c = PrefixCache.create_simulated(make_index(name, block_size=1), capacity_tokens=64)
     req = SimpleReq("live", [1, 2, 3, 4])
-    c.alloc_for_extend(req)
+    alloc_for_extend(c, req)
     req.output_ids.append(5)
     c.cache_unfinished_req(req)
     LIVE[id(c)] = req
@@ -259,14 +260,14 @@ def _entries() -> list[Entry]:
         def vf(n: str = name) -> KVCacheManager:
             return vllm_facade(n)
 
-        def sf(n: str = name) -> SGLangRadixCache:
-            return sglang_facade(n)
+        def sf(n: str = name) -> PrefixCache:
+            return sglang_cache(n)
 
         def vstate(f: KVCacheManager) -> Any:
             return manager_state(f.manager)
 
-        def sstate(c: SGLangRadixCache) -> Any:
-            return manager_state(c.manager)
+        def sstate(c: PrefixCache) -> Any:
+            return cache_state(c, [LIVE[id(c)]])
 
         vllm = on(f"vllm[{name}]", vf, vstate)
         sglang = on(f"sglang[{name}]", sf, sstate)
@@ -307,17 +308,70 @@ def _entries() -> list[Entry]:
             ),
             vllm("evict_blocks(ids)", lambda f, b: f.evict_blocks([b])),
             sglang("match_prefix(tokens)", lambda c, b: c.match_prefix([1, b])),
+            sglang(
+                "match_prefix(extra_key)",
+                lambda c, b: c.match_prefix([1, 2], b),
+                accepts_none=True,
+                valid=("3", -1, 2**70),  # a str (or an int) names a namespace
+            ),
+            sglang(
+                "match_prefix(cache_salt)",
+                lambda c, b: c.match_prefix([1, 2], None, b),
+                accepts_none=True,
+                valid=("3", -1, 2**70),
+            ),
+            sglang(
+                "match_prefix(max_prefix_len)",
+                lambda c, b: c.match_prefix([1, 2], max_prefix_len=b),
+                accepts_none=True,
+                valid=(2**70,),
+            ),
             sglang("insert(value)", lambda c, b: c.insert([8, 9], [b, 60])),
+            sglang("insert(tokens)", lambda c, b: c.insert([8, b], [59, 60])),
             sglang("evict(num_tokens)", lambda c, b: c.evict(b)),
             sglang("inc_lock_ref(node)", lambda c, b: c.inc_lock_ref(b)),
+            sglang("dec_lock_ref(node)", lambda c, b: c.dec_lock_ref(b)),
+            sglang("lock(node)", lambda c, b: c.lock(b)),
+            sglang("unlock(lock)", lambda c, b: c.unlock(b), accepts_none=True),
+            sglang("checkpoint(up_to)", lambda c, b: c.checkpoint(LIVE[id(c)], up_to=b)),
+            sglang(
+                "checkpoint(final)",
+                lambda c, b: c.checkpoint(LIVE[id(c)], up_to=5, final=b),
+                valid=(True,),
+            ),
+            sglang(
+                "cache_finished_req(is_insert)",
+                lambda c, b: c.cache_finished_req(LIVE[id(c)], b),
+                valid=(True,),
+            ),
             sglang(
                 "alloc_for_extend(priority)",
-                lambda c, b: c.alloc_for_extend(SimpleReq("n", [1, 2], priority=b)),
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, 2], priority=b)),
                 accepts_none=True,
                 valid=(-1, 2**70),
             ),
+            sglang(
+                "alloc_for_extend(token)",
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, b])),
+            ),
+            sglang(
+                "alloc_for_extend(extra_key)",
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, 2], extra_key=b)),
+                accepts_none=True,
+                valid=("3", -1, 2**70),
+            ),
+            bare(
+                f"PrefixCache.create_simulated({name}, capacity_tokens)",
+                lambda _, b, n=name: PrefixCache.create_simulated(n, b),
+            ),
+            bare(
+                f"PrefixCache.create_simulated({name}, page_size)",
+                lambda _, b, n=name: PrefixCache.create_simulated(n, 64, b),
+                accepts_none=True,
+            ),
         ]
     allocator = on("BlockAllocator", lambda: BlockAllocator(8), _free_ids)
+    rows = on("", _rows_with_one, lambda r: (r.num_rows_in_use(), tuple(r.pages(0))))
     allocated = on("BlockAllocator", lambda: _allocator_with(3), _free_ids)
     engine = on(
         "Engine", lambda: Engine(EngineConfig(num_blocks=16)), lambda e: e.stats.num_requests
@@ -340,6 +394,18 @@ def _entries() -> list[Entry]:
             valid=(2**70,),
         ),
         bare("vllm.KVCacheManager(watermark)", lambda _, b: KVCacheManager(watermark=b)),
+        bare(
+            "PrefixCache.create_simulated(max_running_requests)",
+            lambda _, b: PrefixCache.create_simulated("radix", 64, max_running_requests=b),
+            accepts_none=True,
+            valid=(2**70,),
+        ),
+        rows("PageRows.write(start)", lambda r, b: r.write(0, b, [1])),
+        rows("PageRows.write(page_ids)", lambda r, b: r.write(0, 0, [b])),
+        rows("PageRows.read(row)", lambda r, b: r.read(b, 0, 1)),
+        rows("PageRows.read(start)", lambda r, b: r.read(0, b, 2)),
+        rows("PageRows.read(stop)", lambda r, b: r.read(0, 0, b)),
+        rows("PageRows.free(row)", lambda r, b: r.free(b)),
         allocator("allocate(num_blocks)", lambda a, b: a.allocate(b), valid=(2**70,)),
         allocated("free(ids)", lambda a, b: a.free(b), valid=([1],)),
         allocated("free(id)", lambda a, b: a.free([0, b])),
@@ -490,6 +556,13 @@ def _transport_entries(bare: Callable[..., Entry]) -> list[Entry]:
         )
     )
     return out
+
+
+def _rows_with_one() -> PageRows:
+    r = PageRows()
+    assert r.alloc() == 0
+    r.write(0, 0, [3, 4])
+    return r
 
 
 def _allocator_with(n: int) -> BlockAllocator:

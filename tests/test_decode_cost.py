@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import make_index
 
@@ -61,16 +62,20 @@ def vllm_decode(name: str, bs: int, steps: int) -> int:
 
 
 def sglang_decode(name: str, bs: int, steps: int) -> int:
-    cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=8192)
+    cache = PrefixCache.create_simulated(make_index(name, block_size=bs), capacity_tokens=8192)
     req = SimpleReq("r", list(range(1, 65)))
-    cache.alloc_for_extend(req)
+    alloc_for_extend(cache, req)
     req.output_ids.append(1)
     cache.cache_unfinished_req(req)
 
     def run() -> None:
+        # SGLang's decode step touches the pools only; a checkpoint every 16 tokens
+        # (as a chunked request's) is where the tree could walk the whole history.
         for i in range(steps):
-            assert cache.alloc_for_decode(req)
+            assert alloc_for_decode(cache, req)
             req.output_ids.append(2 + i % 1000)
+            if i % 16 == 15:
+                cache.cache_unfinished_req(req)
 
     return count_lines(run)
 

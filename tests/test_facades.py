@@ -1,5 +1,6 @@
-"""The vLLM- and SGLang-shaped facades: SPEC VL-1..VL-4 and SG-1..SG-6 with exact
-block ids, and every backend behind both facades.
+"""The vLLM-shaped facade and SGLang's prefix cache: SPEC VL-1..VL-4 and SG-1..SG-6 with
+exact block ids, and every backend behind both (SGLang's driven through its
+scheduler-side steps, ``prefixkv.adapters.lab.sglang_scheduler``).
 
 Block ids are vLLM's: block 0 is its null block, never handed out.
 """
@@ -10,9 +11,23 @@ import random
 
 import pytest
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
+from prefixkv.adapters.lab.sglang_scheduler import (
+    alloc_for_decode,
+    alloc_for_extend,
+    req_to_token,
+    retract,
+)
+from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheBlock, KVCacheBlocks, KVCacheManager, SimpleRequest
-from prefixkv.indexes import HashChainIndex, RadixIndex, make_index
+from prefixkv.indexes import (
+    CacheInUseError,
+    HashChainIndex,
+    PrefixKVError,
+    RadixIndex,
+    RequestStateError,
+    make_index,
+)
+from prefixkv.storage import BlockAllocator
 
 
 def toks(n: int, seed: int = 0) -> list[int]:
@@ -172,9 +187,9 @@ def test_vllm_facade_reset_and_usage_and_common_prefix() -> None:
 # ------------------------------------------------------------------ SGLang side
 
 
-def sg_run(cache: SGLangRadixCache, rid: str, prompt: list[int], output: list[int]) -> int:
+def sg_run(cache: PrefixCache, rid: str, prompt: list[int], output: list[int]) -> int:
     req = SimpleReq(rid, prompt)
-    hit = cache.alloc_for_extend(req)
+    hit = alloc_for_extend(cache, req)
     assert hit is not None
     req.output_ids.append(output[0])
     if len(output) == 1:
@@ -182,22 +197,26 @@ def sg_run(cache: SGLangRadixCache, rid: str, prompt: list[int], output: list[in
         return hit
     cache.cache_unfinished_req(req)
     for t in output[1:]:
-        assert cache.alloc_for_decode(req)
+        assert alloc_for_decode(cache, req)
         req.output_ids.append(t)
     cache.cache_finished_req(req)
-    cache.manager.check_invariants()
+    cache.check_invariants(running=[])
     return hit
 
 
+def sglang(capacity_tokens: int, page_size: int = 1) -> PrefixCache:
+    return PrefixCache.create_simulated("radix", capacity_tokens, page_size)
+
+
 def test_sg_01_admission_caps_and_aligns_the_hit() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=256, page_size=4)
+    cache = sglang(256, page_size=4)
     sg_run(cache, "a", list(range(1, 11)), [0])  # 10 tokens: pages of 1..8 cached
     assert sg_run(cache, "b", list(range(1, 11)), [0]) == 8  # cap 9, aligned to 8
     assert sg_run(cache, "c", list(range(1, 9)), [0]) == 4  # cap 7, aligned to 4
 
 
 def test_sg_01_paged_prefill_evicts_one_page_more_than_it_needs() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=16, page_size=4)  # 4 pages
+    cache = sglang(16, page_size=4)  # 4 pages
     sg_run(cache, "a", [1, 2, 3, 4], [0])
     sg_run(cache, "b", [5, 6, 7, 8], [0])
     assert cache.total_size() == 8 and cache.available_size() == 8
@@ -210,7 +229,7 @@ def test_sg_01_paged_prefill_evicts_one_page_more_than_it_needs() -> None:
 
 
 def test_sg_02_partial_last_page_is_private_and_freed() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=4)
+    cache = sglang(64, page_size=4)
     sg_run(cache, "a", list(range(1, 8)), [100, 101])  # 7 + 1 fed token = 8: 2 pages
     assert cache.total_size() == 8 and cache.available_size() == 56
     sg_run(cache, "b", list(range(1, 7)), [0])  # 6 tokens: only 1 page goes in
@@ -218,11 +237,11 @@ def test_sg_02_partial_last_page_is_private_and_freed() -> None:
 
 
 def test_sg_03_cache_unfinished_req_swaps_duplicates_for_cached_slots() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=1)
+    cache = sglang(64)
     prompt = [1, 2, 3, 4, 5]
     first, second = SimpleReq("a", prompt), SimpleReq("b", prompt)
-    assert cache.alloc_for_extend(first) == 0
-    assert cache.alloc_for_extend(second) == 0  # admitted before a registered anything
+    assert alloc_for_extend(cache, first) == 0
+    assert alloc_for_extend(cache, second) == 0  # admitted before a registered anything
     first.output_ids.append(9)
     cache.cache_unfinished_req(first)
     free_before = cache.available_size()
@@ -230,42 +249,145 @@ def test_sg_03_cache_unfinished_req_swaps_duplicates_for_cached_slots() -> None:
     cache.cache_unfinished_req(second)
     # b's 5 slots were duplicates: freed, and b now reads a's cached slots.
     assert cache.available_size() == free_before + 5
-    assert cache.req_to_token(second) == cache.req_to_token(first)
+    assert req_to_token(cache, second) == req_to_token(cache, first)
     assert cache.protected_size() == 5
+    cache.check_invariants(running=[first, second])
     cache.cache_finished_req(first)
     cache.cache_finished_req(second)
-    cache.manager.check_invariants()
+    cache.check_invariants(running=[])
     assert cache.protected_size() == 0
 
 
 def test_sg_04_finish_inserts_prompt_and_fed_output_split_at_the_prompt() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=1)
+    cache = sglang(64)
     sg_run(cache, "a", [1, 2, 3, 4], [5, 6, 7])  # fed: 5, 6 (7 is never fed)
     assert cache.total_size() == 6
     assert cache.match_prefix([1, 2, 3, 4, 5, 6, 7]).prefix_len == 6
-    index = cache.manager.index
+    index = cache.index
     assert isinstance(index, RadixIndex)
     assert index.stats().num_entries == 2  # the prompt node and the output leaf
     assert cache.evict(1) == 2  # the output leaf goes first, whole
     assert cache.match_prefix([1, 2, 3, 4, 9]).prefix_len == 4
 
 
+def test_sg_04_the_prompt_boundary_holds_without_a_checkpoint_after_prefill() -> None:
+    cache = sglang(64)
+    req = SimpleReq("a", [1, 2, 3, 4])
+    assert alloc_for_extend(cache, req) == 0
+    req.output_ids.append(5)
+    for t in (6, 7):  # decoded without cache_unfinished_req (a retracted re-run's way)
+        assert alloc_for_decode(cache, req)
+        req.output_ids.append(t)
+    cache.cache_finished_req(req)  # one insert of 6 tokens runs past the prompt's end
+    assert cache.index.stats().num_entries == 2  # split there: prompt node, output leaf
+    assert cache.evict(1) == 2
+    assert cache.match_prefix([1, 2, 3, 4, 9]).prefix_len == 4
+
+
 def test_sg_06_eviction_frees_whole_leaves_and_may_overshoot() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=1)
+    cache = sglang(64)
     sg_run(cache, "a", list(range(1, 11)), [0])
     assert cache.evict(1) == 10
 
 
-def test_sglang_facade_sizes_and_reset() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=1)
+def test_sglang_cache_sizes_and_reset() -> None:
+    cache = sglang(64)
     sg_run(cache, "a", [1, 2, 3], [0])
     assert cache.evictable_size() == 3 and cache.protected_size() == 0
     m = cache.match_prefix([1, 2, 3])
-    cache.inc_lock_ref(m.last_node)
+    assert cache.inc_lock_ref(m.last_node) == -3  # SGLang's delta: 3 tokens protected
     assert cache.protected_size() == 3
-    cache.dec_lock_ref(m.last_node)
+    assert cache.dec_lock_ref(m.last_node) == 3
     cache.reset()
     assert cache.total_size() == 0 and cache.available_size() == 64
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3, 4], [1, 2, 3]], ids=["locks", "locks nothing"])
+def test_a_running_request_keeps_the_cache_from_resetting(prompt: list[int]) -> None:
+    cache = sglang(64, page_size=4)  # 3 tokens: no whole page, nothing cached or locked
+    req = SimpleReq("r", prompt)
+    assert alloc_for_extend(cache, req) == 0
+    req.output_ids.append(5)
+    cache.cache_unfinished_req(req)
+    with pytest.raises(CacheInUseError):
+        cache.reset()
+    cache.cache_finished_req(req)
+    cache.reset()
+    cache.check_invariants(running=[])
+
+
+def test_check_invariants_finds_a_leaked_page() -> None:
+    cache = sglang(16)
+    req = SimpleReq("r", [1, 2, 3])
+    assert alloc_for_extend(cache, req) == 0
+    cache.check_invariants(running=[req])
+    with pytest.raises(AssertionError, match="leak"):
+        cache.check_invariants(running=[])  # the request's pages are unaccounted for
+    assert cache.pool.allocate(1) is not None  # a page nobody holds
+    with pytest.raises(AssertionError, match="leak"):
+        cache.check_invariants(running=[req])
+
+
+def test_the_cache_state_lives_on_the_request_as_in_sglang() -> None:
+    cache = sglang(64, page_size=2)
+    sg_run(cache, "a", [1, 2, 3, 4, 5, 6], [0])
+    req = SimpleReq("b", [1, 2, 3, 4, 9])
+    assert alloc_for_extend(cache, req) == 4
+    assert (req.prefix_len, req.last_node.num_tokens, req.lock is req.last_node) == (4, 4, True)
+    kv = req.kv
+    assert (kv.cache_protected_len, kv.kv_committed_len, kv.kv_allocated_len) == (4, 5, 5)
+    req.output_ids.append(7)
+    assert alloc_for_decode(cache, req)
+    req.output_ids.append(8)
+    cache.cache_unfinished_req(req)  # 6 committed tokens: 3 pages, the last new
+    assert (kv.cache_protected_len, req.last_node.num_tokens) == (6, 6)
+    assert cache.match_prefix([1, 2, 3, 4, 9, 7, 1]).prefix_len == 6
+    cache.cache_finished_req(req)
+    assert kv.req_pool_idx is None and req.lock is None
+    cache.check_invariants(running=[])
+
+
+def test_retract_caches_nothing_more() -> None:
+    cache = sglang(64)
+    req = SimpleReq("r", [1, 2, 3])
+    assert alloc_for_extend(cache, req) == 0
+    req.output_ids.append(4)
+    retract(cache, req)
+    assert cache.total_size() == 0 and cache.available_size() == 64
+    with pytest.raises(RequestStateError):
+        retract(cache, req)
+
+
+def test_create_simulated_refuses_bad_sizes_by_name() -> None:
+    with pytest.raises(PrefixKVError, match="capacity_tokens"):
+        PrefixCache.create_simulated("radix", 3, 4)
+    with pytest.raises(PrefixKVError, match="page_size"):
+        PrefixCache.create_simulated(RadixIndex(4), 64, 2)
+    with pytest.raises(PrefixKVError, match="PagePool"):
+        PrefixCache(RadixIndex(1), object(), PageRows())
+    with pytest.raises(PrefixKVError, match="ReqToPagePool"):
+        PrefixCache(RadixIndex(1), BlockAllocator(4), object())
+    with pytest.raises(PrefixKVError, match="max_running_requests"):
+        PrefixCache.create_simulated("radix", 64, max_running_requests=0)
+
+
+def test_running_out_of_rows_is_a_refused_admission() -> None:
+    cache = PrefixCache.create_simulated("radix", 64, max_running_requests=1)
+    first, second = SimpleReq("a", [1, 2]), SimpleReq("b", [3, 4])
+    assert alloc_for_extend(cache, first) == 0
+    free = cache.available_size()
+    assert alloc_for_extend(cache, second) is None
+    assert cache.available_size() == free and cache.totals.num_rejected == 1
+
+
+def test_the_old_facade_name_warns_and_builds_the_simulated_cache() -> None:
+    with pytest.warns(DeprecationWarning, match="create_simulated"):
+        from prefixkv.adapters.sglang import SGLangRadixCache
+    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=4)
+    assert isinstance(cache, PrefixCache) and cache.page_size == 4
+    assert sg_run(cache, "a", list(range(1, 11)), [0]) == 0
+    with pytest.raises(AttributeError, match="sglang_scheduler"):
+        cache.alloc_for_extend  # noqa: B018  # moved to the lab
 
 
 # ------------------------------------------------- every backend, both facades
@@ -299,6 +421,6 @@ def test_bb_02_03_every_backend_behind_the_vllm_facade(name: str, bs: int, want:
 def test_bb_02_03_every_backend_behind_the_sglang_facade(
     name: str, bs: int, want: list[int]
 ) -> None:
-    cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=2048)
+    cache = PrefixCache.create_simulated(make_index(name, block_size=bs), capacity_tokens=2048)
     hits = [sg_run(cache, rid, p, [0]) for rid, p in (("a", SEED_A), ("b", SEED_B), ("a2", SEED_A))]
     assert hits == want

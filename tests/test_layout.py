@@ -50,6 +50,16 @@ def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
     assert not {m for m in mods if m.split(".")[0] in ("vllm", "sglang", "matplotlib")}
     assert "prefixkv.adapters.plugins.vllm" not in mods
     assert "prefixkv.adapters.plugins.sglang" not in mods
+    assert "prefixkv.adapters.sglang.plugin" not in mods
+
+
+def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None:
+    # The class SGLang loads is importable (and tested) without SGLang; only its
+    # registration, plugin.py, imports the engine, when SGLang loads it.
+    mods = _modules_after("import prefixkv.adapters.sglang; prefixkv.adapters.sglang.PrefixCache")
+    assert not {m for m in mods if m.split(".")[0] in ("sglang", "torch")}
+    assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
+    assert "prefixkv.adapters.sglang.plugin" not in mods
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ the modules the oracles and engine tests drive import, and the seed example (a: 
 tokens; b: a[:30] + 50 new; a again) gives the engine's hits through its oracle.
 ``--prefixkv`` (after ``make engine-envs`` installed this checkout) also imports
 prefixkv -- from this checkout, not another one -- and its plug-in as the engine
-loads it; for vLLM the seed example then runs again inside vLLM's own scheduler
-with ``--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler``.
+loads it: for vLLM the seed example then runs again inside vLLM's own scheduler
+with ``--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler``; for
+SGLang, SGLang's own plug-in loader must register prefixkv's backends.
 """
 
 from __future__ import annotations
@@ -55,9 +56,27 @@ def check_prefixkv(engine: str) -> str | None:
         eps = importlib.metadata.entry_points(group="sglang.srt.plugins", name="prefixkv")
         if not eps:
             return "prefixkv's sglang.srt.plugins entry point is not installed"
-        for ep in eps:
-            ep.load()
+        return sglang_plugin_missing() or None
     return None
+
+
+def sglang_plugin_missing() -> str:
+    """Why prefixkv cannot run inside this SGLang ("" when it can): the engine tests
+    import prefixkv and its dependencies, and SGLang must find its entry point."""
+    try:
+        from sglang.srt.mem_cache.registry import get_radix_cache_factory
+        from sglang.srt.plugins import load_plugins
+
+        import prefixkv.adapters.lab.traces  # noqa: F401  # the engine tests' traces
+
+        load_plugins()  # SGLang's own loader: the sglang.srt.plugins entry point
+    except ImportError as e:
+        return f"prefixkv does not import here ({e}); rerun setup_env.sh"
+    names = ("prefixkv-radix", "prefixkv-hash-chain")
+    missing = [n for n in names if get_radix_cache_factory(n) is None]
+    if missing:
+        return f"SGLang's plug-in loader did not register {missing}: install prefixkv here"
+    return ""
 
 
 def main() -> int:

@@ -7,7 +7,10 @@ The pieces a serving check needs, with nothing but the standard library and pyzm
   its own process group, waited for (``/health``), and stopped (the whole group, on
   exit, error or Ctrl-C). Its output goes to a log file whose tail is shown on failure.
 * :meth:`VLLMServer.complete`: one ``/v1/completions`` request with token ids, greedy,
-  returning the generated ids and ``usage.prompt_tokens_details.cached_tokens``.
+  returning the generated ids and ``usage.prompt_tokens_details.cached_tokens``;
+  :meth:`VLLMServer.stream` the same streamed, with the time to the first token as the
+  client sees it; :meth:`VLLMServer.reset_prefix_cache` (``env`` needs
+  ``VLLM_SERVER_DEV_MODE=1``).
 * :meth:`VLLMServer.metrics`: the ``/metrics`` counters (Prometheus text format).
 * :class:`KVEventTap`: the raw ZeroMQ frames vLLM's ``--kv-events-config`` publisher sends.
 
@@ -62,8 +65,13 @@ class ServeConfig:
         max_model_len: ``--max-model-len``.
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, the CPU pool in GiB.
         num_gpu_blocks: ``--num-gpu-blocks-override`` (a small pool: eviction).
+        tokenizer: a tokenizer directory (``--tokenizer``); ``None`` serves token ids
+            only (``--skip-tokenizer-init``).
         hash_algo: ``--prefix-caching-hash-algo``.
-        kv_events_port: publish KV events on ``tcp://127.0.0.1:PORT`` (ZeroMQ).
+        kv_events_port: publish KV events on ``tcp://127.0.0.1:PORT`` (ZeroMQ; vLLM's
+            PUB socket connects there, so the subscriber binds it).
+        kv_events_replay_port: vLLM's replay socket (ROUTER) binds
+            ``tcp://127.0.0.1:PORT``; ``None``: no replay.
         extra_args: more ``vllm serve`` arguments.
         env: more environment variables.
         load_format: ``--load-format``: ``dummy`` (random weights vLLM makes; no
@@ -78,8 +86,10 @@ class ServeConfig:
     max_model_len: int = 2048
     kv_cache_gib: int = 1
     num_gpu_blocks: int | None = None
+    tokenizer: str | None = None
     hash_algo: str | None = None
     kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     load_format: str = "dummy"
@@ -93,12 +103,16 @@ class ServeConfig:
         """The ``vllm serve`` command line."""
         cmd = [
             self.vllm, "serve", self.model,
-            "--load-format", self.load_format, "--skip-tokenizer-init", "--enforce-eager",
+            "--load-format", self.load_format, "--enforce-eager",
             "--block-size", str(self.block_size),
             "--max-model-len", str(self.max_model_len),
             "--host", "127.0.0.1", "--port", str(port),
             "--enable-prompt-tokens-details",
         ]  # fmt: skip
+        if self.tokenizer is None:
+            cmd += ["--skip-tokenizer-init"]
+        else:
+            cmd += ["--tokenizer", self.tokenizer]
         if self.index is not None:
             settings = {"index": self.index, **self.index_options}
             cmd += ["--scheduler-cls", PLUGIN]
@@ -113,6 +127,8 @@ class ServeConfig:
                 "publisher": "zmq",
                 "endpoint": f"tcp://127.0.0.1:{self.kv_events_port}",
             }
+            if self.kv_events_replay_port is not None:
+                events["replay_endpoint"] = f"tcp://127.0.0.1:{self.kv_events_replay_port}"
             cmd += ["--kv-events-config", json.dumps(events)]
         return [*cmd, *self.extra_args]
 
@@ -123,6 +139,24 @@ class Completion(NamedTuple):
     token_ids: list[int]
     prompt_tokens: int
     cached_tokens: int
+
+
+class Streamed(NamedTuple):
+    """What one streamed completion returned, timed by the client.
+
+    Attributes:
+        token_ids: the generated ids.
+        prompt_tokens: ``usage.prompt_tokens``.
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens``.
+        ttft_s: seconds from sending the request to the first generated token.
+        e2e_s: seconds from sending it to the end of the stream.
+    """
+
+    token_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    e2e_s: float
 
 
 class ServerError(RuntimeError):
@@ -377,6 +411,32 @@ class VLLMServer:
             int(details.get("cached_tokens") or 0),
         )
 
+    def stream(self, prompt: Sequence[int], max_tokens: int) -> Streamed:
+        """One greedy completion of token ids, streamed (usage in the last chunk).
+
+        Raises:
+            ServerError: an HTTP error, or a stream without usage.
+        """
+        return stream_completion(
+            self.url, self.config.model, prompt, max_tokens, timeout=self.request_timeout
+        )
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefix cache (vLLM publishes ``AllBlocksCleared``).
+
+        Raises:
+            ServerError: refused (vLLM serves the endpoint with ``VLLM_SERVER_DEV_MODE=1``
+                only), or blocks still in use.
+        """
+        req = urllib.request.Request(self.url + "/reset_prefix_cache", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = r.read().strip()
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"/reset_prefix_cache: HTTP {e.code}") from None
+        if body in (b"false", b'"false"'):
+            raise ServerError("/reset_prefix_cache: refused (requests still running?)")
+
     def metrics(self) -> dict[str, float]:
         """Every ``/metrics`` sample without labels beyond the model's, by name."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
@@ -390,6 +450,62 @@ class VLLMServer:
             with contextlib.suppress(ValueError):
                 out[name] = out.get(name, 0.0) + float(value)
         return out
+
+
+def stream_completion(
+    url: str, model: str, prompt: Sequence[int] | str, max_tokens: int, *, timeout: float = 300.0
+) -> Streamed:
+    """One streamed greedy ``/v1/completions`` to ``url`` (a vLLM server, or a router in
+    front of some), timed from sending to the first token and the end. The prompt is
+    token ids, or text for a server started with a tokenizer.
+
+    Raises:
+        ServerError: an HTTP error, or a stream without usage.
+    """
+    body = {
+        "model": model,
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    req = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    tokens: list[int] = []
+    usage: dict[str, Any] | None = None
+    ttft = None
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for line in r:
+                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or ():
+                    new = choice.get("token_ids") or ()
+                    if new and ttft is None:
+                        ttft = time.perf_counter() - t0
+                    tokens.extend(new)
+                usage = chunk.get("usage") or usage
+    except urllib.error.HTTPError as e:
+        raise ServerError(f"/v1/completions: HTTP {e.code}: {e.read()[:500]!r}") from None
+    e2e = time.perf_counter() - t0
+    if usage is None:
+        raise ServerError("/v1/completions: the stream carried no usage")
+    details = usage.get("prompt_tokens_details") or {}
+    return Streamed(
+        tokens,
+        int(usage["prompt_tokens"]),
+        int(details.get("cached_tokens") or 0),
+        e2e if ttft is None else ttft,
+        e2e,
+    )
 
 
 class KVEventTap:

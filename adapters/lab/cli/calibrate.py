@@ -9,12 +9,13 @@ subcommand imports torch.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from ..progress import progress
 from ..sim import save_profile
-from .common import CLIUsageError, positive_int
+from ..traces.files import check_output
+from .common import positive_int
+from .signals import Interrupts
 
 __all__ = ["add_calibrate_parser", "run_calibrate"]
 
@@ -67,8 +68,13 @@ def add_calibrate_parser(sub: Any) -> None:
     cal.add_argument("--out", "-o", required=True, metavar="FILE", help="the profile (JSON)")
 
 
-def run_calibrate(args: argparse.Namespace) -> int:
-    """Run ``prefixkv calibrate``; returns the exit status."""
+def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
+    """Run ``prefixkv calibrate``; returns the exit status.
+
+    ``--out`` is checked before torch loads; Ctrl-C before the fit writes nothing.
+    """
+    interrupts = interrupts or Interrupts()
+    out = check_output(args.out)
     import torch  # only calibrate needs torch here
 
     from prefixkv.adapters.engine import EngineConfig, ModelConfig
@@ -81,9 +87,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
         calibrate,
     )
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise CLIUsageError(f"--out {out} is a folder; calibrate writes a file")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = ModelConfig(
         num_layers=args.num_layers,
@@ -109,6 +112,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
+    interrupts.hold()  # the profile is measured: write it whole
     save_profile(profile, out)
     fit = profile.fit
     print(
@@ -116,4 +120,4 @@ def run_calibrate(args: argparse.Namespace) -> int:
         f"relative error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
         f" -> {out}"
     )
-    return 0
+    return interrupts.status() if interrupts.received else 0

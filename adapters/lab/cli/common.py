@@ -18,6 +18,7 @@ from ..compare.spec import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
 from ..traces import FORMATS, ReadOptions, TraceLimits
 from ..workload_sources import Workload, load_workloads
+from .signals import EXIT_INTERRUPTED
 
 __all__ = [
     "EXIT_ERROR",
@@ -45,7 +46,6 @@ __all__ = [
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 1
-EXIT_INTERRUPTED = 130
 MAX_TOKEN_COUNT = 2**48
 """No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
 
