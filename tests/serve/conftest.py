@@ -21,16 +21,19 @@ request has a timeout and the trace a fixed size.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+import msgspec
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,6 +160,37 @@ def serve_all(vllm: str, model: Path, plan: Plan, logs: Path, labels: list[str])
             return {k: f.result() for k, f in futures.items()}
 
 
+def summary(runs: dict[str, Run]) -> dict[str, dict[str, object]]:
+    """What each server served, in figures (``summary.json`` beside the servers' logs)."""
+    out: dict[str, dict[str, object]] = {}
+    for label, run in runs.items():
+        events = [e for _, p in run.frames for e in msgspec.msgpack.decode(p)[1]]
+        blocks: Counter[str] = Counter()
+        for e in events:
+            blocks[e["type"]] += len(e.get("block_hashes", ()))
+        phases: dict[str, object] = {}
+        for phase in ("sequential", "wave"):
+            rows = [s for s in run.served if s.phase == phase]
+            phases[phase] = {
+                "requests": len(rows),
+                "prompt_tokens": sum(s.prompt_tokens for s in rows),
+                "cached_tokens": sum(s.cached_tokens for s in rows),
+                "output_tokens": sum(len(s.output) for s in rows),
+            }
+        out[label] = {
+            **phases,
+            "metrics": run.metrics,
+            "kv_event_batches": len(run.frames),
+            "blocks_stored": blocks["BlockStored"],
+            "blocks_removed": blocks["BlockRemoved"],
+            "num_gpu_blocks": run.num_gpu_blocks,
+            "start_s": round(run.start_s, 1),
+            "replay_s": round(run.replay_s, 1),
+            "prefixkv_log": run.prefixkv_log,
+        }
+    return out
+
+
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -185,6 +219,8 @@ def runs(
     model = write_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        yield serve_all(vllm_executable, model, plan, logs, list(INDEXES))
+        runs = serve_all(vllm_executable, model, plan, logs, list(INDEXES))
+        (logs / "summary.json").write_text(json.dumps(summary(runs), indent=1))
+        yield runs
     finally:
         signal.signal(signal.SIGTERM, previous)
