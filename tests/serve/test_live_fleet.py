@@ -44,7 +44,7 @@ def test_the_router_predicts_what_two_vllm_servers_serve(tmp_path: Path) -> None
     from prefixkv.adapters.lab.sim.profile import load_profile
 
     trace = make_trace(TraceShape(sessions=3, turns=3, repeats=2))
-    fleet = LiveFleet(VLLM_BIN, VLLM_MODEL, 2, tmp_path)
+    fleet = LiveFleet(VLLM_BIN, VLLM_MODEL, 2, tmp_path, lifetime=1800.0)
     profile = load_profile()
     try:
         fleet.start(420.0)
