@@ -51,6 +51,16 @@ HIDDEN = 8192
 TP = 2
 MS = 1e-3  # Vidur's timings are in milliseconds
 
+# The hardware facts that bound capacity, from the model's config.json (80 layers,
+# 8 KV heads of 128, hidden 8192, MLP 28672, vocabulary 32000, fp16) and the device.
+KV_BYTES_PER_TOKEN = 2 * NUM_LAYERS * 8 * 128 * 2  # K and V, 2 bytes each: 327,680
+NUM_PARAMS = NUM_LAYERS * (
+    2 * HIDDEN * HIDDEN + 2 * HIDDEN * 1024 + 3 * HIDDEN * 28672 + 2 * HIDDEN
+)
+NUM_PARAMS += 2 * 32000 * HIDDEN + HIDDEN  # embeddings, LM head, final norm: 68,976,648,192
+WEIGHT_BYTES = 2 * NUM_PARAMS
+DEVICE_MEMORY_BYTES = TP * 80 * 2**30  # two A100 80GB (80 GiB each)
+
 # (commit, path): the last commit holding each file in this form.
 SOURCES = {
     "mlp": (
@@ -181,6 +191,12 @@ def derive(vidur: str) -> CostProfile:
     cpu0, cpu_seq = lstsq([np.ones_like(cb), cb], ct)
     fit["cpu_overhead"] = rel_errors(cpu0 + cpu_seq * cb, ct)
     fit["cpu_overhead_rows"] = f"Llama-2-70b at tensor parallel {cpu[0]['tensor_parallel_degree']}"
+    # What the data covers: a run past it extrapolates (prefixkv warns once).
+    covers = {
+        "prefill_tokens": [int(tokens.min()), int(tokens.max())],
+        "context_tokens": [int((q + s).min()), int(max((q + s).max(), kv.max()))],
+        "batch_size": [int(b.min()), int(b.max())],
+    }
 
     return CostProfile(
         name="llama2-70b-tp2-a100",
@@ -203,6 +219,11 @@ def derive(vidur: str) -> CostProfile:
             "4). Kernel-level timings: no CUDA graphs, no overlap of CPU and GPU work."
         ),
         fit=fit,
+        measured_on={"engine": "Vidur's operator profiling (Kineto)", "machine": "A100 80GB"},
+        covers=covers,
+        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        device_memory_bytes=DEVICE_MEMORY_BYTES,
+        weight_bytes=WEIGHT_BYTES,
     )
 
 

@@ -16,7 +16,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
 
@@ -59,13 +59,19 @@ seconds, for trying the command out and for tests."""
 
 
 class StepSample(NamedTuple):
-    """One measured step: its work (the profile's units) and its least seconds."""
+    """One measurement: its work (the profile's units) and its seconds.
+
+    A step of the engine by default; a served request's time to first token is
+    ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``).
+    """
 
     prefill_tokens: int
     prefill_pairs: int
     num_decode: int
     decode_context: int
     seconds: float
+    num_steps: int = 1
+    num_requests: int = 0
 
 
 def measure_engine(
@@ -157,8 +163,13 @@ def fit_profile(
     device: str,
     source: str,
     notes: str = "",
+    **metadata: Any,
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
+
+    ``request_s`` is fitted too when a sample counts a request (a served TTFT).
+    ``metadata`` goes to :class:`CostProfile` as is (``measured_on``, ``covers``,
+    ``kv_bytes_per_token``, ...).
 
     Raises:
         ValueError: fewer samples than coefficients.
@@ -166,10 +177,17 @@ def fit_profile(
     import numpy as np
     from scipy.optimize import nnls
 
-    if len(samples) < len(COEFFICIENTS):
-        raise ValueError(f"need at least {len(COEFFICIENTS)} samples, got {len(samples)}")
+    served = any(s.num_requests for s in samples)
+    names = (*COEFFICIENTS, "request_s") if served else COEFFICIENTS
+    if len(samples) < len(names):
+        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
     work = np.array(
-        [[1.0, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context] for s in samples]
+        [
+            [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
+            + ([s.num_requests] if served else [])
+            for s in samples
+        ],
+        dtype=float,
     )
     seconds = np.array([s.seconds for s in samples])
     # Columns are scaled to unit norm first: their units differ by orders of magnitude.
@@ -179,6 +197,7 @@ def fit_profile(
     coef, _ = nnls(weighted / scale, np.ones_like(seconds))
     coef = coef / scale
     error = np.abs(work @ coef - seconds) / seconds
+    fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     return CostProfile(
         name=name,
         model=model,
@@ -191,7 +210,8 @@ def fit_profile(
             "relative_error_max": round(float(error.max()), 4),
             "seconds_range": [float(seconds.min()), float(seconds.max())],
         },
-        **{k: float(v) for k, v in zip(COEFFICIENTS, coef, strict=True)},
+        **fitted,
+        **metadata,
     )
 
 

@@ -12,8 +12,14 @@ the decomposition Vidur (MLSys 2024) and roofline models of LLM inference use:
 A prefill chunk of ``q`` tokens after ``s`` cached ones attends to
 ``q * s + q * (q + 1) / 2`` (query, key) pairs, so splitting a prefill into chunks
 does not change its attention term, and a prefix hit of ``h`` tokens saves exactly
-``prefill_s(h, 0)``. A profile is a small JSON file: model, device, coefficients and
-where they come from.
+``prefill_s(h, 0)``. A profile is a small JSON file: model, device, coefficients,
+where they come from, what they were measured on and the range the measurements
+cover (a run beyond it extrapolates, and says so once), and, where known, the KV
+bytes a token takes and the device memory, which bound the capacity the hardware holds.
+
+``request_s`` is the one cost outside the engine's steps: the seconds a served
+request spends in the HTTP server, input processing and streaming, added to its
+time to first token (it delays the request's arrival at the scheduler).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import importlib.resources
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,9 @@ from .errors import ProfileError
 
 __all__ = [
     "COEFFICIENTS",
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
     "DEFAULT_PROFILE",
+    "RANGE_KEYS",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -47,6 +55,13 @@ COEFFICIENTS = (
     "decode_context_s",
 )
 """The coefficient names every profile has, in seconds per unit."""
+
+RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
+"""What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
+attends to (cached + chunk, or a decode row's context), decode rows in one step."""
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's ``--gpu-memory-utilization`` default: the share of device memory it uses."""
 
 DEFAULT_PROFILE = "llama2-70b-tp2-a100"
 """The shipped profile used when none is named (derived from Vidur's profiling data)."""
@@ -77,9 +92,23 @@ class CostProfile:
         source: where the coefficients come from (a citation, a command).
         notes: method and fit quality, free text.
         fit: optional numbers about the fit (residuals, ranges), kept as given.
+        request_s: seconds a request spends outside the engine's steps (HTTP,
+            input processing, streaming), added to its TTFT; 0 for kernel-level data.
+        measured_on: what was measured: ``server``, ``model``, ``engine``,
+            ``engine_version``, ``date``, ``machine`` (strings, those known).
+        covers: the measured range, ``{key: [low, high]}`` for the keys of
+            :data:`RANGE_KEYS`; empty when unknown.
+        kv_bytes_per_token: the model's KV cache bytes per token (all layers, K
+            and V, the whole replica), or ``None``.
+        device_memory_bytes: the replica's device memory (all its GPUs), or ``None``.
+        weight_bytes: the model's weights in device memory, or ``None`` (0 assumed).
+        kv_cache_tokens: the KV pool of the measured server, in tokens, when it
+            said (``None``: not measured on a server).
 
     Raises:
-        ProfileError: a coefficient that is not a finite number >= 0, or all zero.
+        ProfileError: a coefficient that is not a finite number >= 0, or all zero;
+            a range that is not ``[low, high]`` ints; a byte count that is not a
+            positive int.
     """
 
     name: str
@@ -93,9 +122,16 @@ class CostProfile:
     source: str = ""
     notes: str = ""
     fit: Mapping[str, Any] = field(default_factory=dict)
+    request_s: float = 0.0
+    measured_on: Mapping[str, str] = field(default_factory=dict)
+    covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    kv_bytes_per_token: int | None = None
+    device_memory_bytes: int | None = None
+    weight_bytes: int | None = None
+    kv_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in COEFFICIENTS:
+        for name in (*COEFFICIENTS, "request_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -108,6 +144,78 @@ class CostProfile:
                 )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")
+        for key, span in self.covers.items():
+            if (
+                key not in RANGE_KEYS
+                or not isinstance(span, Sequence)
+                or len(span) != 2
+                or any(type(v) is not int or v < 0 for v in span)
+                or span[0] > span[1]
+            ):
+                raise ProfileError(
+                    f"profile {self.name!r}: covers[{key!r}] must be [low, high] ints >= 0 "
+                    f"of one of {RANGE_KEYS}, got {span!r:.80}"
+                )
+        for name in (
+            "kv_bytes_per_token",
+            "device_memory_bytes",
+            "weight_bytes",
+            "kv_cache_tokens",
+        ):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ProfileError(
+                    f"profile {self.name!r}: {name} must be an int >= 0 or null, got {value!r}"
+                )
+
+    # ----------------------------------------------------------- the hardware
+
+    def kv_capacity_tokens(
+        self, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    ) -> int | None:
+        """Tokens of KV the profile's hardware holds, as vLLM sizes its pool:
+        ``(utilization x device memory - weights) // KV bytes per token``.
+
+        Activations and the runtime's own memory are not subtracted, so this is an
+        upper bound (vLLM profiles a forward pass to find them). A profile measured
+        on a server without its device memory gives that server's pool
+        (``kv_cache_tokens``), whatever the utilization. ``None`` when the profile
+        says neither.
+
+        Raises:
+            ProfileError: a utilization outside (0, 1].
+        """
+        if not (
+            isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1
+        ):
+            raise ProfileError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
+            )
+        if not self.kv_bytes_per_token or self.device_memory_bytes is None:
+            return self.kv_cache_tokens
+        free = gpu_memory_utilization * self.device_memory_bytes - (self.weight_bytes or 0)
+        return max(0, int(free // self.kv_bytes_per_token))
+
+    def tokens_in(self, num_bytes: float) -> int | None:
+        """Tokens of KV that ``num_bytes`` hold (``None`` without KV bytes per token)."""
+        if not self.kv_bytes_per_token:
+            return None
+        return int(num_bytes // self.kv_bytes_per_token)
+
+    def extrapolation(self, reached: Mapping[str, int]) -> list[str]:
+        """What of ``reached`` (``{key: highest value a run reached}``) lies beyond the
+        measured range, one phrase per key (empty: within it, or no range known)."""
+        out = []
+        for key in RANGE_KEYS:
+            span = self.covers.get(key)
+            value = reached.get(key, 0)
+            if span is not None and value > span[1]:
+                what = key.replace("_", " ")
+                out.append(
+                    f"{what} up to {value:,}, measured up to {span[1]:,} "
+                    f"({value / max(1, span[1]):.1f}x)"
+                )
+        return out
 
     def prefill_s(self, num_tokens: int, num_cached: int = 0) -> float:
         """Marginal seconds to prefill ``num_tokens`` tokens after ``num_cached`` cached ones.
@@ -146,8 +254,15 @@ class CostProfile:
             "model": d["model"],
             "device": d["device"],
             "coefficients": {k: d[k] for k in COEFFICIENTS},
+            "request_s": self.request_s,
             "source": d["source"],
             "notes": d["notes"],
+            "measured_on": dict(self.measured_on),
+            "covers": {k: list(v) for k, v in self.covers.items()},
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "device_memory_bytes": self.device_memory_bytes,
+            "weight_bytes": self.weight_bytes,
+            "kv_cache_tokens": self.kv_cache_tokens,
             "fit": dict(self.fit),
         }
 
@@ -173,16 +288,31 @@ class CostProfile:
             if not isinstance(value, str):
                 raise ProfileError(f'{where}: "{k}" must be a string, got {value!r:.80}')
             meta[k] = value
-        fit = data.get("fit", {})
-        if not isinstance(fit, Mapping):
-            raise ProfileError(f'{where}: "fit" must be an object, got {fit!r:.80}')
+        objects = {}
+        for k in ("fit", "measured_on", "covers"):
+            value = data.get(k, {})
+            if not isinstance(value, Mapping):
+                raise ProfileError(f'{where}: "{k}" must be an object, got {value!r:.80}')
+            objects[k] = dict(value)
+        measured_on = objects["measured_on"]
+        if any(not isinstance(v, str) for v in measured_on.values()):
+            raise ProfileError(f'{where}: "measured_on" must map names to strings')
         return cls(
             name=meta["name"] or Path(where).stem,
             model=meta["model"],
             device=meta["device"],
             source=meta["source"],
             notes=meta["notes"],
-            fit=dict(fit),
+            fit=objects["fit"],
+            request_s=data.get("request_s", 0.0),
+            measured_on=measured_on,
+            covers={
+                k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()
+            },
+            kv_bytes_per_token=data.get("kv_bytes_per_token"),
+            device_memory_bytes=data.get("device_memory_bytes"),
+            weight_bytes=data.get("weight_bytes"),
+            kv_cache_tokens=data.get("kv_cache_tokens"),
             **{k: coefficients[k] for k in COEFFICIENTS},
         )
 

@@ -44,7 +44,7 @@ from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
 
-__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan"]
+__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan", "StepWork"]
 
 CLIP_MAX_NEW_TOKENS = 4096
 """SGLang: admission counts at most this many of a request's tokens still to decode."""
@@ -112,17 +112,34 @@ class StepPlan(NamedTuple):
     chunks: list[Chunk]
     preempted: list[SimSeq]
 
-    def seconds(self, profile: CostProfile) -> float:
-        """The step's duration under ``profile``."""
-        prefill_tokens = prefill_pairs = num_decode = decode_context = 0
+    def work(self) -> StepWork:
+        """What the step computes, in the cost profile's units."""
+        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = 0
         for seq, start, n in self.chunks:
             if start < seq.prefill_end:
                 prefill_tokens += n
                 prefill_pairs += attention_pairs(n, start)
+                max_context = max(max_context, start + n)
             else:
                 num_decode += 1
                 decode_context += start + 1
-        return profile.step_time(prefill_tokens, prefill_pairs, num_decode, decode_context)
+                max_context = max(max_context, start + 1)
+        return StepWork(prefill_tokens, prefill_pairs, num_decode, decode_context, max_context)
+
+    def seconds(self, profile: CostProfile) -> float:
+        """The step's duration under ``profile``."""
+        w = self.work()
+        return profile.step_time(w.prefill_tokens, w.prefill_pairs, w.num_decode, w.decode_context)
+
+
+class StepWork(NamedTuple):
+    """One step's work: the cost model's four variables and the longest context."""
+
+    prefill_tokens: int
+    prefill_pairs: int
+    num_decode: int
+    decode_context: int
+    max_context: int
 
 
 class ReplicaScheduler:

@@ -1,0 +1,252 @@
+"""Fit a cost profile to a running OpenAI-compatible server (vLLM, SGLang, ...).
+
+The sweep sends, over HTTP (:mod:`.served`):
+
+- prefill: one request at a time of each prompt length with each cached fraction
+  (a warm-up request first puts the cached prefix in the server's prefix cache; the
+  hit counted is the one the server reports), decoding one token: its TTFT is the
+  request's overhead outside the engine plus the steps of its prefill;
+- decode: ``b`` requests at once over ``c`` prompt tokens each, decoding a few tokens:
+  the gaps between tokens in the middle of the run, when all ``b`` decode together,
+  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens.
+
+Every prompt is fresh random token ids (seeded), so nothing but the planned prefix
+hits. The six coefficients (the five of the step model and ``request_s``) are fitted
+by :func:`~.calibration.fit_profile`; the profile records the server, model, engine
+version, date and client machine, and the range of prompt lengths, contexts and batch
+sizes measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import platform
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .calibration import StepSample, fit_profile
+from .errors import ProfileError
+from .profile import CostProfile, attention_pairs
+from .served import ServedEngine, ServerError, ServerInfo
+
+__all__ = [
+    "QUICK_SWEEP",
+    "ServerSweep",
+    "calibrate_server",
+    "client_machine",
+    "measure_server",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSweep:
+    """What :func:`measure_server` sends.
+
+    Attributes:
+        prompt_lengths: prompt tokens of the prefill requests.
+        cached_fractions: shares of each prompt put in the prefix cache first.
+        batch_sizes: concurrent requests of the decode runs.
+        decode_contexts: prompt tokens of each decode run's requests.
+        decode_tokens: tokens each decode request generates.
+        repeats: runs of each shape; the median is kept.
+        max_num_batched_tokens: the server's step budget (its
+            ``--max-num-batched-tokens``): a longer uncached prompt takes several steps.
+        vocab_size: token ids are drawn from ``[3, vocab_size)``.
+        seed: seeds the token ids.
+    """
+
+    prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
+    cached_fractions: tuple[float, ...] = (0.0, 0.5, 0.9)
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
+    decode_contexts: tuple[int, ...] = (64, 512, 1024)
+    decode_tokens: int = 24
+    repeats: int = 3
+    max_num_batched_tokens: int = 2048
+    vocab_size: int = 32000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_lengths", "batch_sizes", "decode_contexts"):
+            values = getattr(self, name)
+            if not values or any(type(v) is not int or v < 1 for v in values):
+                raise ProfileError(f"{name} must be positive ints, got {values!r}")
+        if not self.cached_fractions or any(not 0 <= f < 1 for f in self.cached_fractions):
+            raise ProfileError(f"cached_fractions must be in [0, 1), got {self.cached_fractions!r}")
+        for name in ("decode_tokens", "repeats", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ProfileError(f"{name} must be a positive int, got {value!r}")
+        if self.decode_tokens < 8:
+            raise ProfileError(f"decode_tokens must be >= 8, got {self.decode_tokens}")
+
+
+QUICK_SWEEP = ServerSweep(
+    prompt_lengths=(32, 256, 1024),
+    cached_fractions=(0.0, 0.5),
+    batch_sizes=(1, 8),
+    decode_contexts=(64, 512),
+    decode_tokens=12,
+    repeats=2,
+)
+"""A small sweep (a few dozen requests): a rough profile in seconds."""
+
+
+def client_machine() -> str:
+    """``"Linux-... x86_64, <cpu model>, 2 CPUs"``: where the client ran."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return f"{platform.platform()}, {cpu}, {os.cpu_count()} CPUs"
+
+
+async def measure_server(
+    engine: ServedEngine,
+    sweep: ServerSweep = ServerSweep(),
+    *,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[ServerInfo, list[StepSample]]:
+    """Run the sweep against ``engine``; one sample per shape (the median of repeats).
+
+    Raises:
+        ServerError: the server fails a request, or reports no cached tokens.
+    """
+    rng = random.Random(sweep.seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(3, sweep.vocab_size) for _ in range(n)]
+
+    def tick() -> None:
+        if progress is not None:
+            progress(1)
+
+    async with engine.client() as client:
+        info = await engine.info(client)
+        bs = info.block_size or 16
+        longest = max(*sweep.prompt_lengths, *sweep.decode_contexts) + sweep.decode_tokens
+        if info.max_model_len and longest > info.max_model_len:
+            raise ServerError(
+                f"{info.url} serves at most {info.max_model_len:,} tokens; the sweep needs "
+                f"{longest:,}"
+            )
+        samples = []
+        for length in sweep.prompt_lengths:
+            for fraction in sweep.cached_fractions:
+                prefix_len = int(length * fraction) // bs * bs
+                runs: list[tuple[float, int]] = []
+                for _ in range(sweep.repeats):
+                    prefix = fresh(prefix_len)
+                    if prefix:
+                        await engine.complete(client, [*prefix, *fresh(1)], 1)
+                    c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
+                    if c.cached_tokens is None:
+                        raise ServerError(
+                            f"{info.url} reports no cached tokens; start vLLM with "
+                            "--enable-prompt-tokens-details"
+                        )
+                    runs.append((c.ttft_s, c.cached_tokens))
+                    tick()
+                hit = statistics.median_low(h for _, h in runs)
+                q = length - hit
+                samples.append(
+                    StepSample(
+                        prefill_tokens=q,
+                        prefill_pairs=attention_pairs(q, hit),
+                        num_decode=0,
+                        decode_context=0,
+                        seconds=statistics.median(t for t, _ in runs),
+                        num_steps=-(-q // sweep.max_num_batched_tokens),
+                        num_requests=1,
+                    )
+                )
+        for b in sweep.batch_sizes:
+            for ctx in sweep.decode_contexts:
+                gaps: list[float] = []
+                for _ in range(sweep.repeats):
+                    batch = [fresh(ctx) for _ in range(b)]
+                    done = await asyncio.gather(
+                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
+                    )
+                    # The middle of the run: every request past its prefill, none finished.
+                    for c in done:
+                        gaps += c.itl_s[2 : len(c.itl_s) - 2]
+                    tick()
+                k = sweep.decode_tokens // 2
+                samples.append(StepSample(0, 0, b, b * (ctx + k), statistics.median(gaps)))
+    return info, samples
+
+
+def calibrate_server(
+    url: str,
+    *,
+    model: str | None = None,
+    sweep: ServerSweep = ServerSweep(),
+    name: str | None = None,
+    progress: Callable[[int], object] | None = None,
+    engine: ServedEngine | None = None,
+) -> CostProfile:
+    """Measure a running server with the sweep and fit a profile to it.
+
+    Args:
+        url: the server's base URL.
+        model: the model to ask for (default: the first it serves).
+        sweep: what to send.
+        name: the profile's name (default ``served-<model>``).
+        progress: called with 1 after each measured shape and repeat.
+        engine: a :class:`ServedEngine` to use instead of one made from ``url``
+            (tests pass one over a mock transport).
+
+    Returns:
+        The fitted profile, its ``measured_on`` and ``covers`` filled in.
+
+    Raises:
+        ServerError: the server fails or does not report cached tokens.
+    """
+    served = engine or ServedEngine(url, model)
+    info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
+    pre = [s for s in samples if s.num_requests]
+    dec = [s for s in samples if not s.num_requests]
+    per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
+    contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
+    covers = {
+        "prefill_tokens": [min(per_step), max(per_step)],
+        "context_tokens": [min(contexts), max(contexts)],
+        "batch_size": [min(s.num_decode for s in dec), max(s.num_decode for s in dec)],
+    }
+    engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
+    return fit_profile(
+        samples,
+        name=name or f"served-{os.path.basename(info.model.rstrip('/')) or 'model'}",
+        model=info.model,
+        device=f"served at {info.url} ({engine_name})",
+        source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
+        notes=(
+            f"{len(pre)} prefill shapes (one request at a time, TTFT) and {len(dec)} decode "
+            f"shapes (concurrent requests, inter-token gaps), median of {sweep.repeats} runs "
+            f"each; step budget {sweep.max_num_batched_tokens:,} tokens; request_s is the "
+            "time a request spends outside the engine's steps (HTTP, input processing, "
+            "streaming), as the client sees it."
+        ),
+        measured_on={
+            "server": info.url,
+            "model": info.model,
+            "engine": info.engine,
+            "engine_version": info.engine_version,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": client_machine(),
+            "block_size": str(info.block_size or ""),
+            "num_gpu_blocks": str(info.num_gpu_blocks or ""),
+            "gpu_memory_utilization": info.gpu_memory_utilization,
+        },
+        covers=covers,
+        kv_bytes_per_token=info.kv_bytes_per_token,
+        kv_cache_tokens=info.kv_cache_tokens or None,
+    )
