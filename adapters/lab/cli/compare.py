@@ -2,9 +2,11 @@
 
 Replays workloads (or a trace) through each backend at equal capacity, prints a table
 per workload and writes ``report.md``, ``results.json``, the tidy tables and plots.
-With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time on
-its natural engine (TTFT, queueing, GPU time). Ctrl-C writes what is finished, marked
-partial.
+With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time
+(TTFT, queueing, GPU time) under one scheduler, vLLM's, so only the index varies;
+``--scheduler vllm,sglang`` makes the scheduler an axis of its own. Sessions replay
+closed loop (``--open-loop`` to send every request at its own arrival). Ctrl-C writes
+what is finished, marked partial.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from prefixkv.indexes.registry import available_indexes
 
 from .. import report
-from ..compare.arrival import TimeSettings
+from ..compare.arrival import SCHEDULERS, TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..compare.spec import BackendSpec, parse_backends
@@ -171,11 +173,27 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "(default: fcfs, both engines' default)",
     )
     g.add_argument(
+        "--scheduler",
+        type=_schedulers,
+        metavar="LIST",
+        help="the scheduler every backend runs under: vllm (prefill chunks and decodes mixed "
+        "in one step; the default, so only the index varies), sglang (a prefill step "
+        "whenever one fits, else a decode step), both as vllm,sglang (the scheduler becomes "
+        "an axis), or natural (each backend on the engine it models: hash chain and none "
+        "as vLLM, radix as SGLang; index and scheduler then move together)",
+    )
+    g.add_argument(
         "--batching",
         choices=BATCHING_MODES,
-        help="force one engine for every backend: mixed (vLLM: prefill chunks and decodes "
-        "in one step) or prefill_first (SGLang). Default: each backend's natural engine, "
-        "hash chain and none as vLLM, radix as SGLang",
+        help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
+    )
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next turn "
+        "before the previous one finished (default: sessions replay closed loop, each turn "
+        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
     )
     g.add_argument(
         "--profile",
@@ -305,8 +323,19 @@ def _write_outputs(
 
 
 _TIME_KNOBS = (
-    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "profile",
+    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "scheduler",
+    "open_loop",
 )  # fmt: skip
+
+
+def _schedulers(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in SCHEDULERS]
+    if not names or bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"want distinct names of {', '.join(SCHEDULERS)} (comma-separated), got {text!r}"
+        )
+    return names
 
 
 def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
@@ -318,6 +347,8 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         return None
     if args.arrival is not None and args.request_rate is None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
+    if args.batching is not None and args.scheduler is not None:
+        raise CLIUsageError("give --scheduler or --batching, not both")
     return TimeSettings(
         request_rate=args.request_rate,
         time_scale=args.time_scale,
@@ -328,6 +359,8 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         policy=args.policy,
         batching=args.batching,
         profile=load_profile(args.profile or DEFAULT_PROFILE),
+        schedulers=args.scheduler or ("vllm",),
+        closed_loop=not args.open_loop,
     )
 
 
@@ -369,7 +402,12 @@ def _compare_config(
         config.update(
             {
                 **settings.row(),
-                "engines": [settings.describe_engine(b) for b in backends],
+                "engines": [
+                    settings.describe_engine(b, sched)
+                    for sched in settings.schedulers
+                    for b in backends
+                ],
+                "schedulers": ",".join(settings.schedulers),
                 "max_num_seqs": settings.max_num_seqs,
                 "max_num_batched_tokens": settings.max_num_batched_tokens,
                 "policy": settings.policy,

@@ -80,7 +80,7 @@ class WorkloadResult:
         return sorted({p.capacity_tokens for p in self.sweep})
 
     def arrival_at_table(self) -> list[ArrivalRun]:
-        """The arrival-time runs at the table's capacity, one per backend."""
+        """The arrival-time runs at the table's capacity, one per backend and scheduler."""
         return [t for t in self.arrival_runs if t.role == "table"]
 
     @property
@@ -192,25 +192,31 @@ def _run_arrival_all(
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
-    for b in backends:
-        try:
-            run = run_arrival(workload, b, capacity_tokens, time, bars=bars)
-        except SimUnservableError as exc:
-            raise CapacityError(
-                f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
-                f"with {b.label} in the arrival-time run: {exc}"
-            ) from None
-        result.arrival_runs.append(run)
+    for scheduler in time.schedulers:
+        for b in backends:
+            try:
+                run = run_arrival(
+                    workload, b, capacity_tokens, time, bars=bars, scheduler=scheduler
+                )
+            except SimUnservableError as exc:
+                raise CapacityError(
+                    f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
+                    f"with {b.label} in the arrival-time run: {exc}"
+                ) from None
+            result.arrival_runs.append(run)
     for cap in sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        for b in backends:
-            try:
-                result.arrival_runs.append(
-                    run_arrival(workload, b, cap, time, role="sweep", bars=bars)
-                )
-            except SimUnservableError:
-                continue  # a point that does not fit is left out (plotted as a gap)
+        for scheduler in time.schedulers:
+            for b in backends:
+                try:
+                    result.arrival_runs.append(
+                        run_arrival(
+                            workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler
+                        )
+                    )
+                except SimUnservableError:
+                    continue  # a point that does not fit is left out (plotted as a gap)
 
 
 class ComparisonTables(NamedTuple):

@@ -56,7 +56,8 @@ class ServerSweep:
         max_num_batched_tokens: the server's step budget (its
             ``--max-num-batched-tokens``): a longer uncached prompt takes several steps.
         vocab_size: token ids are drawn from ``[3, vocab_size)``.
-        seed: seeds the token ids.
+        seed: seeds the token ids; ``None`` (the default) draws a fresh seed, so
+            nothing a server cached from an earlier sweep hits.
     """
 
     prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
@@ -67,7 +68,7 @@ class ServerSweep:
     repeats: int = 3
     max_num_batched_tokens: int = 2048
     vocab_size: int = 32000
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt_lengths", "batch_sizes", "decode_contexts"):
@@ -119,7 +120,7 @@ async def measure_server(
     Raises:
         ServerError: the server fails a request, or reports no cached tokens.
     """
-    rng = random.Random(sweep.seed)
+    rng = random.Random(sweep.seed if sweep.seed is not None else os.urandom(16))
 
     def fresh(n: int) -> list[int]:
         return [rng.randrange(3, sweep.vocab_size) for _ in range(n)]

@@ -2,8 +2,9 @@
 
 One request a line: ``{"id": str | int, "tokens": [int, ...], "output": [int, ...]}``
 with optional ``"arrival"`` (seconds from the trace's start), ``"session"``,
-``"parent"`` and ``"turn"``; other keys are ignored. Lines are decoded and validated
-by msgspec in C, and the ids go straight into ``array('I')``.
+``"parent"``, ``"turn"`` and ``"think_s"`` (seconds after the previous turn's answer);
+other keys are ignored. Lines are decoded and validated by msgspec in C, and the ids
+go straight into ``array('I')``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class _Line(msgspec.Struct):
     session: str | None = None
     parent: str | None = None
     turn: int | None = None
+    think_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class RequestSize(msgspec.Struct, frozen=True):
@@ -78,7 +80,9 @@ def iter_prefixkv(
     for _, r in _records(path, limits):
         tokens = array("I", r.tokens)
         out = array("I", r.output) if output else array("I")
-        yield TraceRequest(str(r.id), tokens, out, r.arrival, r.session, r.parent, r.turn)
+        yield TraceRequest(
+            str(r.id), tokens, out, r.arrival, r.session, r.parent, r.turn, r.think_s
+        )
 
 
 def sizes_prefixkv(
@@ -119,7 +123,7 @@ def write_trace(path: StrPath, requests: Iterable[TraceRequest]) -> int:
                 "tokens": _token_list(request.tokens, where, "tokens", allow_empty=False),
                 "output": _token_list(request.output, where, "output", allow_empty=True),
             }
-            for key in ("arrival", "session", "parent", "turn"):
+            for key in ("arrival", "session", "parent", "turn", "think_s"):
                 value = getattr(request, key, None)
                 if value is not None:
                     record[key] = value
