@@ -33,7 +33,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -239,7 +238,7 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
         save_profile(profile, out / "profile.json")
     cal = {"load_before": load0, "load_after": load_average(), "fit": dict(profile.fit)}
     print(f"profile {profile.name}: request_s {profile.request_s * 1e3:.2f} ms, step_s "
-          f"{profile.step_s * 1e3:.2f} ms; load {cal['load_before']:.2f} -> {cal['load_after']:.2f}",
+          f"{profile.step_s * 1e3:.2f} ms; load {load0:.2f} -> {cal['load_after']:.2f}",
           flush=True)  # fmt: skip
     rows = []
     salt = int.from_bytes(os.urandom(4), "little")
