@@ -31,9 +31,11 @@ from .sim import write_rows
 from .traces import atomic_writer
 
 __all__ = [
+    "ANCHOR_COLUMNS",
     "COLUMNS",
     "RESULTS_FORMAT",
     "TIME_COLUMNS",
+    "anchor_rows",
     "human_bytes",
     "machine_info",
     "markdown_table",
@@ -191,6 +193,35 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+ANCHOR_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity gives"),
+    ("at", ">", "the capacity that holds every request's KV (tokens = blocks = GiB)"),
+    (
+        "knee",
+        ">",
+        "the sweep's point farthest above the line from its tightest to its roomiest point "
+        "(log capacity): past it each doubling buys less",
+    ),
+    ("hit at knee", ">", "hit ratio at the knee"),
+)
+"""Columns of the capacity anchors table, as :data:`COLUMNS`."""
+
+
+def anchor_rows(w: WorkloadResult) -> list[list[str]]:
+    """One row of :data:`ANCHOR_COLUMNS` cells per backend."""
+    return [
+        [
+            a.backend,
+            f"{a.infinite_hit_ratio:.1%}",
+            a.describe(a.infinite_capacity_tokens),
+            a.knee_text,
+            "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+        ]
+        for a in w.anchors
+    ]
 
 
 def text_table(
@@ -377,6 +408,7 @@ def results_document(
         **meta,
         "workloads": [w.row() for w in workloads],
         "runs": [{k: _json_safe(v) for k, v in row.items()} for row in run_rows(workloads)],
+        "anchors": [a.row() for w in workloads for a in w.anchors],
     }
 
 
@@ -557,6 +589,8 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             "below finished; sweeps and plots may be missing.",
             "",
         ]
+    if doc.get("warnings"):
+        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
     out += [
         "Every backend replays the same requests with its natural scheduler's call order, at "
         "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
@@ -645,6 +679,20 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         swept = sweep_table(w)
         if swept:
             out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
+        if w.anchors:
+            model = w.anchors[0].model
+            out += [
+                "Capacity anchors"
+                + (f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else "")
+                + ":",
+                "",
+                markdown_table(
+                    [c[0] for c in ANCHOR_COLUMNS],
+                    anchor_rows(w),
+                    "".join(c[1] for c in ANCHOR_COLUMNS),
+                ),
+                "",
+            ]
         strip = plots.get(f"strips_{w.name}")
         if w.strip_requests:
             out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]

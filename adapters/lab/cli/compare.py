@@ -35,6 +35,7 @@ from ..sim import (
     BATCHING_MODES,
     DEFAULT_PROFILE,
     QUEUE_ORDERS,
+    CostProfile,
     available_profiles,
     load_profile,
 )
@@ -47,6 +48,7 @@ from .common import (
     backend_options,
     capacities,
     capacity_rule,
+    capacity_warnings,
     load_workloads_for,
     parse_token_count,
     positive_float,
@@ -198,8 +200,10 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--profile",
         metavar="NAME|FILE",
-        help=f"the step cost profile: a shipped one ({', '.join(available_profiles())}) or a "
-        f"file from prefixkv calibrate (default {DEFAULT_PROFILE})",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
+        "calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
     )
 
 
@@ -213,15 +217,28 @@ def run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         options=backend_options(args),
     )
     time_settings = _time_settings(args)
+    profile = (
+        time_settings.profile if time_settings else load_profile(args.profile or DEFAULT_PROFILE)
+    )
     out = _output_folder(args)
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
-    settings = _settings(args, backends, workloads, time_settings)
+    caps = capacities(args, profile)
+    settings = _settings(args, backends, workloads, time_settings, caps, profile)
     plans = plan_comparison(workloads, settings)
+    physical = time_settings is not None or args.profile is not None or caps is not None
+    if physical:
+        listed = caps or [p.capacity_tokens for p in plans]
+        comparison_warnings = capacity_warnings(sorted(set(listed)), profile, args)
+    else:
+        comparison_warnings = []
     comparison = run_comparison(plans, settings, bars=token_bars(args.quiet))
+    comparison.warnings[:0] = comparison_warnings
     for r in comparison.workloads:
         _print_workload(r)
-    config = _compare_config(args, argv, settings)
+    for line in comparison.warnings:
+        print(f"prefixkv: warning: {line}", file=sys.stderr)
+    config = _compare_config(args, argv, settings, caps)
     return _write_outputs(args, out, comparison, config, t0)
 
 
@@ -242,9 +259,10 @@ def _settings(
     backends: Sequence[BackendSpec],
     workloads: Sequence[Workload],
     time_settings: TimeSettings | None,
+    caps: list[int] | None,
+    profile: CostProfile,
 ) -> CompareSettings:
     """The flags as resolved settings: the sweep, repeats and accounting defaults filled."""
-    caps = capacities(args)
     sweep = args.capacity_sweep
     if sweep is None:
         listed = caps is not None and len(caps) > 1
@@ -264,6 +282,7 @@ def _settings(
         boundary_accounting=accounting,
         time=time_settings,
         max_pool_blocks=args.max_pool_blocks,
+        profile=profile,
     )
 
 
@@ -274,6 +293,9 @@ def _print_workload(r: WorkloadResult) -> None:
         print(report.text_table(report.table_rows(r.backends)))
     for note in r.notes:
         print(f"note: {note}")
+    if r.anchors:
+        print()
+        print(report.text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
     arrival = r.arrival_at_table()
     if arrival:
         print()
@@ -297,6 +319,7 @@ def _write_outputs(
         "machine": report.machine_info(),
         "versions": report.package_versions(),
         "partial": interrupted,
+        "warnings": list(comparison.warnings),
         "plots": {},
         "tables": {},
     }
@@ -365,7 +388,10 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
 
 
 def _compare_config(
-    args: argparse.Namespace, argv: Sequence[str], compare: CompareSettings
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    compare: CompareSettings,
+    caps: Sequence[int] | None,
 ) -> dict[str, Any]:
     """The run's configuration as ``results.json`` and ``report.md`` record it."""
     backends, repeats, settings = compare.backends, compare.timing_repeats, compare.time
@@ -376,11 +402,9 @@ def _compare_config(
         "workloads": ",".join(args.workload) if args.workload else None,
         "trace": args.trace,
         "trace_format": args.trace_format,
-        "capacity_tokens": None
-        if args.capacity_tokens is None
-        else ",".join(str(c) for c in args.capacity_tokens),
+        "capacity_tokens": None if caps is None else ",".join(str(c) for c in caps),
         "capacity_blocks": args.capacity_blocks,
-        "capacity_rule": capacity_rule(args),
+        "capacity_rule": capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
         "concurrency": args.concurrency,
         "max_requests": args.max_requests,
