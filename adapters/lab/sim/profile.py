@@ -144,6 +144,11 @@ class CostProfile:
                 )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")
+        object.__setattr__(
+            self,
+            "covers",
+            {k: tuple(v) if isinstance(v, list) else v for k, v in self.covers.items()},
+        )
         for key, span in self.covers.items():
             if (
                 key not in RANGE_KEYS
