@@ -682,12 +682,13 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
         "context_tokens": (32, 1024),
         "batch_size": (1, 8),
     }
-    assert p.fit["num_samples"] == 3 * 2 + 2 * 2
+    assert p.fit["num_samples"] == 3 * 2 + 2 * 2 + 2  # prefill, decode, under 0 and 8 streams
     # Prompts are token ids; a warm-up put each planned prefix in the cache first.
     assert all(isinstance(t, int) for prompt in fake.prompts for t in prompt)
     # 3 lengths x 2 fractions x 2 repeats, warm-ups where the prefix holds a block
     # (256 and 1024 at 0.5), and the decode batches.
-    assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2
+    # Then a short request timed twice under 0 and under 8 background streams.
+    assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2)
 
 
 @pytest.mark.parametrize(
@@ -724,3 +725,20 @@ def test_a_served_ttft_sample_fits_request_s_apart_from_the_step() -> None:
     fitted = fit_profile(samples, name="f", model="m", device="d", source="s")
     assert fitted.request_s == pytest.approx(0.006, rel=1e-6)
     assert fitted.step_s == pytest.approx(0.002, rel=1e-6)
+
+
+def test_a_front_end_streaming_cost_delays_what_clients_see() -> None:
+    base = CostProfile("t", "m", "d", 0.002, 1e-5, 0.0, 3e-4, 1e-7, request_s=0.005)
+    slow = dataclasses.replace(base, stream_token_s=0.001)
+    reqs = [
+        SimRequest(f"r{i}", array("I", range(1 + 50 * i, 51 + 50 * i)), 4, 0.0) for i in range(3)
+    ]
+    a = simulate(reqs, lambda: make_index("hash_chain", 16), 4096, profile=base)
+    b = simulate(reqs, lambda: make_index("hash_chain", 16), 4096, profile=slow)
+    # The three prefill in one step and sample three tokens: each first token reaches
+    # its client 3 ms later; the engine's steps are the same.
+    for x, y in zip(a.requests, b.requests, strict=True):
+        assert y.first_token_s == pytest.approx(x.first_token_s + 0.003)
+        assert y.finish_s == pytest.approx(x.finish_s + 0.003)
+    assert a.run.busy_s == b.run.busy_s
+    assert a.requests[0].ttft_s == pytest.approx(0.005 + base.step_time(150, 3 * 1275, 0, 0))

@@ -62,7 +62,9 @@ class StepSample(NamedTuple):
     """One measurement: its work (the profile's units) and its seconds.
 
     A step of the engine by default; a served request's time to first token is
-    ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``).
+    ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``)
+    plus the front end streaming the ``num_streamed`` tokens of its step
+    (``stream_token_s``).
     """
 
     prefill_tokens: int
@@ -72,6 +74,7 @@ class StepSample(NamedTuple):
     seconds: float
     num_steps: int = 1
     num_requests: int = 0
+    num_streamed: int = 0
 
 
 def measure_engine(
@@ -167,7 +170,8 @@ def fit_profile(
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
 
-    ``request_s`` is fitted too when a sample counts a request (a served TTFT).
+    ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
+    ``stream_token_s`` when one counts streamed tokens.
     ``metadata`` goes to :class:`CostProfile` as is (``measured_on``, ``covers``,
     ``kv_bytes_per_token``, ...).
 
@@ -178,13 +182,19 @@ def fit_profile(
     from scipy.optimize import nnls
 
     served = any(s.num_requests for s in samples)
-    names = (*COEFFICIENTS, "request_s") if served else COEFFICIENTS
+    streamed = any(s.num_streamed for s in samples)
+    names = (
+        *COEFFICIENTS,
+        *(["request_s"] if served else []),
+        *(["stream_token_s"] if streamed else []),
+    )
     if len(samples) < len(names):
         raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
     work = np.array(
         [
             [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
             + ([s.num_requests] if served else [])
+            + ([s.num_streamed] if streamed else [])
             for s in samples
         ],
         dtype=float,

@@ -17,9 +17,12 @@ where they come from, what they were measured on and the range the measurements
 cover (a run beyond it extrapolates, and says so once), and, where known, the KV
 bytes a token takes and the device memory, which bound the capacity the hardware holds.
 
-``request_s`` is the one cost outside the engine's steps: the seconds a served
-request spends in the HTTP server, input processing and streaming, added to its
-time to first token (it delays the request's arrival at the scheduler).
+Two costs lie outside the engine's steps, in a serving front end (vLLM's API
+server): ``request_s``, the seconds a served request spends in HTTP, input processing
+and its first chunk (it delays the request's arrival at the scheduler), and
+``stream_token_s``, the front end's seconds per token it streams: a step's tokens
+reach their clients ``stream_token_s x (tokens the step sampled)`` after it ends. Both
+are 0 for kernel-level data.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class CostProfile:
         fit: optional numbers about the fit (residuals, ranges), kept as given.
         request_s: seconds a request spends outside the engine's steps (HTTP,
             input processing, streaming), added to its TTFT; 0 for kernel-level data.
+        stream_token_s: a serving front end's seconds per streamed token: a step's
+            tokens reach their clients this times the step's sampled tokens after it.
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -123,6 +128,7 @@ class CostProfile:
     notes: str = ""
     fit: Mapping[str, Any] = field(default_factory=dict)
     request_s: float = 0.0
+    stream_token_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None
@@ -131,7 +137,7 @@ class CostProfile:
     kv_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (*COEFFICIENTS, "request_s"):
+        for name in (*COEFFICIENTS, "request_s", "stream_token_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -260,6 +266,7 @@ class CostProfile:
             "device": d["device"],
             "coefficients": {k: d[k] for k in COEFFICIENTS},
             "request_s": self.request_s,
+            "stream_token_s": self.stream_token_s,
             "source": d["source"],
             "notes": d["notes"],
             "measured_on": dict(self.measured_on),
@@ -310,6 +317,7 @@ class CostProfile:
             notes=meta["notes"],
             fit=objects["fit"],
             request_s=data.get("request_s", 0.0),
+            stream_token_s=data.get("stream_token_s", 0.0),
             measured_on=measured_on,
             covers={
                 k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()

@@ -145,9 +145,10 @@ def simulate(
         now += seconds
         busy += seconds
         num_steps += 1
-        finished = sched.complete(plan, now)
+        delivered = now + prof.stream_token_s * work.num_sampled
+        finished = sched.complete(plan, now, delivered)
         for seq in finished:
-            gate.finished(seq.request.id, now)
+            gate.finished(seq.request.id, delivered)
         if progress is not None and finished:
             progress(sum(len(s.request.prompt) for s in finished))
         if cfg.check_invariants:

@@ -8,13 +8,17 @@ The sweep sends, over HTTP (:mod:`.served`):
   request's overhead outside the engine plus the steps of its prefill;
 - decode: ``b`` requests at once over ``c`` prompt tokens each, decoding a few tokens:
   the gaps between tokens in the middle of the run, when all ``b`` decode together,
-  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens.
+  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens;
+- streams: a short request's TTFT while ``n`` others stream tokens: its step also
+  decodes ``n`` rows, and the front end streams ``n + 1`` tokens before its first
+  reaches the client (``stream_token_s``; on a machine whose cores the front end
+  shares with the engine this is what grows TTFT faster than the steps do).
 
 Every prompt is fresh random token ids (seeded), so nothing but the planned prefix
-hits. The six coefficients (the five of the step model and ``request_s``) are fitted
-by :func:`~.calibration.fit_profile`; the profile records the server, model, engine
-version, date and client machine, and the range of prompt lengths, contexts and batch
-sizes measured.
+hits. The seven coefficients (the five of the step model, ``request_s`` and
+``stream_token_s``) are fitted by :func:`~.calibration.fit_profile`; the profile
+records the server, model, engine version, date and client machine, and the range of
+prompt lengths, contexts and batch sizes measured.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
@@ -52,6 +57,7 @@ class ServerSweep:
         batch_sizes: concurrent requests of the decode runs.
         decode_contexts: prompt tokens of each decode run's requests.
         decode_tokens: tokens each decode request generates.
+        background_streams: streams running while a short request's TTFT is timed.
         repeats: runs of each shape; the median is kept.
         max_num_batched_tokens: the server's step budget (its
             ``--max-num-batched-tokens``): a longer uncached prompt takes several steps.
@@ -65,6 +71,7 @@ class ServerSweep:
     batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
     decode_contexts: tuple[int, ...] = (64, 512, 1024)
     decode_tokens: int = 24
+    background_streams: tuple[int, ...] = (0, 8, 24)
     repeats: int = 3
     max_num_batched_tokens: int = 2048
     vocab_size: int = 32000
@@ -91,6 +98,7 @@ QUICK_SWEEP = ServerSweep(
     batch_sizes=(1, 8),
     decode_contexts=(64, 512),
     decode_tokens=12,
+    background_streams=(0, 8),
     repeats=2,
 )
 """A small sweep (a few dozen requests): a rough profile in seconds."""
@@ -166,6 +174,7 @@ async def measure_server(
                         seconds=statistics.median(t for t, _ in runs),
                         num_steps=-(-q // sweep.max_num_batched_tokens),
                         num_requests=1,
+                        num_streamed=1,
                     )
                 )
         for b in sweep.batch_sizes:
@@ -182,7 +191,42 @@ async def measure_server(
                     tick()
                 k = sweep.decode_tokens // 2
                 samples.append(StepSample(0, 0, b, b * (ctx + k), statistics.median(gaps)))
+        for n in sweep.background_streams:
+            samples.append(await _under_streams(engine, client, n, sweep, fresh))
+            tick()
     return info, samples
+
+
+_PROBE, _BACKGROUND = 128, 64
+"""Prompt tokens of the timed request and of each background stream."""
+
+
+async def _under_streams(
+    engine: ServedEngine,
+    client: Any,
+    n: int,
+    sweep: ServerSweep,
+    fresh: Callable[[int], list[int]],
+) -> StepSample:
+    """The median TTFT of a short request while ``n`` others stream."""
+    background = [
+        asyncio.ensure_future(engine.complete(client, fresh(_BACKGROUND), 1024)) for _ in range(n)
+    ]
+    try:
+        await asyncio.sleep(0.05 + 0.01 * n)  # every stream past its prefill
+        ttfts = []
+        for _ in range(sweep.repeats):
+            ttfts.append((await engine.complete(client, fresh(_PROBE), 1)).ttft_s)
+            await asyncio.sleep(0.01)
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    q = _PROBE
+    return StepSample(
+        q, attention_pairs(q, 0), n, n * (_BACKGROUND + 64), statistics.median(ttfts),
+        num_steps=1, num_requests=1, num_streamed=n + 1,
+    )  # fmt: skip
 
 
 def calibrate_server(
@@ -213,14 +257,17 @@ def calibrate_server(
     """
     served = engine or ServedEngine(url, model)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
-    pre = [s for s in samples if s.num_requests]
+    pre = [s for s in samples if s.num_requests and not s.num_decode]
     dec = [s for s in samples if not s.num_requests]
     per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
     contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
     covers = {
         "prefill_tokens": [min(per_step), max(per_step)],
         "context_tokens": [min(contexts), max(contexts)],
-        "batch_size": [min(s.num_decode for s in dec), max(s.num_decode for s in dec)],
+        "batch_size": [
+            min(s.num_decode for s in dec),
+            max(max(s.num_decode for s in dec), *sweep.background_streams),
+        ],
     }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
     return fit_profile(
@@ -230,11 +277,12 @@ def calibrate_server(
         device=f"served at {info.url} ({engine_name})",
         source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
         notes=(
-            f"{len(pre)} prefill shapes (one request at a time, TTFT) and {len(dec)} decode "
-            f"shapes (concurrent requests, inter-token gaps), median of {sweep.repeats} runs "
-            f"each; step budget {sweep.max_num_batched_tokens:,} tokens; request_s is the "
-            "time a request spends outside the engine's steps (HTTP, input processing, "
-            "streaming), as the client sees it."
+            f"{len(pre)} prefill shapes (one request at a time, TTFT), {len(dec)} decode "
+            f"shapes (concurrent requests, inter-token gaps) and TTFT under "
+            f"{', '.join(map(str, sweep.background_streams))} streams, median of "
+            f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
+            "tokens; request_s and stream_token_s are the serving front end's time outside "
+            "the engine's steps (HTTP, input processing, streaming), as the client sees it."
         ),
         measured_on={
             "server": info.url,
