@@ -5,7 +5,8 @@
 2. Calibrate a profile from it with ``prefixkv calibrate --server``'s sweep (prompt
    lengths x cached fractions one at a time, concurrent decode batches): one trace.
 3. Replay a different trace (a built-in workload, token ids as prompts) at Poisson
-   arrival times against the server, timing each request's TTFT from the client.
+   arrival times against the server, timing each request's TTFT from the client
+   (after a warm-up burst, as ``vllm bench serve`` sends a test request first).
 4. Simulate the same requests, sent at the same times, through a vLLM-style replica
    with the server's block size, pool, step budget and running-request limit, priced
    by the calibrated profile.
@@ -134,6 +135,10 @@ async def replay(
     engine = ServedEngine(url, model)
     async with engine.client() as client:
         await engine.info(client)
+        # Warm up as vllm bench serve does with its test request, and open the
+        # connections the replay will use, so neither is timed.
+        warm = [[3 + (k * 7919 + i) % 31000 for i in range(16)] for k in range(32)]
+        await asyncio.gather(*(engine.complete(client, p, 2) for p in warm))
         loop = asyncio.get_running_loop()
         start = loop.time()
         sent: list[float] = [0.0] * len(requests)

@@ -742,3 +742,43 @@ def test_a_front_end_streaming_cost_delays_what_clients_see() -> None:
         assert y.finish_s == pytest.approx(x.finish_s + 0.003)
     assert a.run.busy_s == b.run.busy_s
     assert a.requests[0].ttft_s == pytest.approx(0.005 + base.step_time(150, 3 * 1275, 0, 0))
+
+
+# ------------------------------------------------------------------- the cluster's sessions
+
+
+def test_a_cluster_replays_sessions_closed_loop_and_flags_a_policy_above_pooled() -> None:
+    from prefixkv.adapters.lab.cluster.report import POOLED_MEANING, bound_notes
+    from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+    from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+    from prefixkv.adapters.lab.workloads import make_workload
+
+    w = make_workload("multi_turn", num_sessions=12, turns=(2, 5), system_len=64, seed=3)
+    cfg = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
+    links = {r.id: r for r in sim_requests(w, request_rate=40.0)}
+    assert any(r.after for r in links.values())
+    closed = run_cluster(sim_requests(w, request_rate=40.0), "round_robin", cfg)
+    opened = run_cluster(sim_requests(w, request_rate=40.0, closed_loop=False), "round_robin", cfg)
+    for res, is_closed in ((closed, True), (opened, False)):
+        done = {r.metrics.request_id: r.metrics for r in res.requests}
+        assert len(done) == len(links)
+        late = []
+        for rid, req in links.items():
+            if req.after is None:
+                continue
+            sent, before = done[rid].arrival_s, done[req.after].finish_s
+            late.append(sent >= before + req.think_s)
+            if is_closed:
+                assert (
+                    sent <= max(req.arrival or 0.0, before + req.think_s) + cfg.closed_loop_tick_s
+                )
+        assert all(late) if is_closed else not all(late)
+    # A policy above the pooled figure is named, and what pooled is, said.
+    fake = dataclasses.replace(closed, labels={**closed.labels, "policy": "pooled"})
+    worse = dataclasses.replace(
+        fake, run=dataclasses.replace(closed.run, hit_ratio=closed.run.hit_ratio - 0.1)
+    )
+    (note,) = bound_notes([closed], [closed, worse])
+    assert note.startswith("**round_robin is above the pooled figure**") and "not a bound" in note
+    assert "bounds a policy's hits only when admissions happen" in POOLED_MEANING
+    assert bound_notes([closed], [closed, fake]) == []

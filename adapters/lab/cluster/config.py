@@ -29,6 +29,9 @@ class ClusterConfig:
         reservation_ttl: seconds before an open reservation is swept.
         check: check every admission against announced blocks (tests; slower).
         keep_tokens: replicas keep block tokens for dumps (off: hash-only dumps).
+        closed_loop_tick_s: while a session's turn waits for its predecessor, the
+            fleet advances in steps of at most this: a turn is routed at most this
+            late (never early).
 
     Raises:
         ClusterConfigError: a size out of range.
@@ -46,8 +49,12 @@ class ClusterConfig:
     reservation_ttl: float = 3600.0
     check: bool = False
     keep_tokens: bool = True
+    closed_loop_tick_s: float = 0.05
 
     def __post_init__(self) -> None:
+        tick = self.closed_loop_tick_s
+        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick < 1e9:
+            raise ClusterConfigError(f"closed_loop_tick_s must be a number > 0, got {tick!r}")
         for name in ("num_replicas", "capacity_tokens", "block_size", "buffer_steps"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
