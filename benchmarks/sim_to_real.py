@@ -214,6 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="replays (fresh token ids each)")
     ap.add_argument("--profile", help="use this profile instead of calibrating")
     ap.add_argument("--sweep-repeats", type=int, default=3)
+    ap.add_argument(
+        "--calibrate-each",
+        action="store_true",
+        help="calibrate again right before each replay (the machine's load drifts between "
+        "runs on a shared machine; each run is then predicted from a profile measured under "
+        "the load of its own minute)",
+    )
     ap.add_argument("--out", default="sim-to-real", help="output folder")
     ap.add_argument("--start-timeout", type=float, default=300.0)
     args = ap.parse_args(argv)
@@ -248,6 +255,9 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
     rows = []
     salt = int.from_bytes(os.urandom(4), "little")
     for k in range(args.repeats):
+        if args.calibrate_each and k and not args.profile:
+            profile = calibrate_server(url, sweep=sweep, name="vllm-cpu-tiny-llama")
+            save_profile(profile, out / f"profile-{k + 1}.json")
         requests = trace(args.workload, args.max_requests, k, salt + k, 32000)
         gen = poisson_arrivals(args.request_rate, seed=k)
         times = [next(gen) for _ in requests]
