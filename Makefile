@@ -1,11 +1,17 @@
-# The two commands of the README:
+# The commands of the README:
 #   make report   the head-to-head comparison on the built-in default workload
-#   make test     lint, type check and the whole test suite, on the pure-Python package
-#                 and on the compiled build (skipped, said once, without a C compiler)
-# Both create (or reuse) the virtual environment in .venv and install the project.
-#   make build-compiled   the wheel with the hot modules compiled by mypyc -> dist/
-#   PREFIXKV_BUILD=compiled make report|bench   run those on the compiled build
-#   make test-engines   prefixkv inside the real vLLM 0.33 and SGLang 0.5.23 (CPU), in
+#   make test     lint, type check and the whole suite on the pure-Python package, then the
+#                 suites of the compiled modules and the differential test on the wheel
+#                 built from this tree (compiled by mypyc where the machine can), installed
+#                 in a clean virtual environment; what CI runs (.ci/run)
+#   make check    lint, type check and the fast tests (not `slow`) on the pure-Python
+#                 package: the edit-test loop (at most 2 minutes on 2 cores)
+#   make wheel    the sdist and the manylinux wheel, compiled -> dist/
+#   make bench    the benchmark suites
+# Each creates (or reuses) the virtual environment in .venv and installs the project in
+# it, editable (pure Python). report, bench and test's second half run the wheel.
+#   make wheel-venv     that wheel in build/wheel-venv: build/wheel-venv/bin/python runs it
+#   make test-engines   prefixkv inside the real vLLM 0.32/0.33 and SGLang 0.5.23 (CPU), in
 #                       side environments built once under $(PEERS) (see the README)
 
 PYTHON ?= python3
@@ -14,16 +20,22 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.prefixkv-installed
 REPORT_DIR ?= prefixkv-report
+# pytest-xdist workers (2 cores: the soak test on one, the rest on the other).
+TEST_JOBS ?= 2
+PYTEST := -m pytest -p no:cacheprovider -n $(TEST_JOBS)
 
-# The compiled build: cached under build/mypyc/ by a hash of what it compiles, laid out
-# with the working tree's Python as an import tree that goes first on PYTHONPATH.
-COMPILED_SITE := build/mypyc/site
-PREFIXKV_BUILD ?= pure
-# Prefix of a recipe line: puts the compiled site on PYTHONPATH when PREFIXKV_BUILD is
-# "compiled" and the machine can build it (else the script says why, once).
-with_build = site=; if [ "$(PREFIXKV_BUILD)" = compiled ]; then \
-	site=$$($(BIN)/python .ci/build_compiled.py --site $(COMPILED_SITE)) || exit 1; fi; \
-	if [ -n "$$site" ]; then export PYTHONPATH="$$site$${PYTHONPATH:+:$$PYTHONPATH}"; fi;
+# The wheel built from this tree by the project's build backend (.ci/build_backend.py:
+# compiled where the machine can, or as PREFIXKV_BUILD says: auto, compiled, pure),
+# installed --no-deps in a clean virtual environment; its dependencies are $(VENV)'s,
+# through a .pth file (the path alone: $(VENV)'s own .pth files, the editable install's
+# among them, are not read). The repository is not on its path. Rebuilt when a file the
+# wheel is made of changes; the mypyc build is cached apart (build/mypyc/).
+PREFIXKV_BUILD ?= auto
+WHEEL_VENV := build/wheel-venv
+WPY := $(WHEEL_VENV)/bin/python
+WHEEL_SOURCES := pyproject.toml README.md .ci/build_backend.py \
+	$(shell find indexes storage adapters -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+purelib = $(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))'
 
 PEERS ?= .peers
 # Any Python with the engine installed will do (it gets prefixkv, --no-deps, editable).
@@ -32,13 +44,24 @@ SGLANG_PYTHON ?= $(PEERS)/sglang/bin/python
 # The engine tests run apart from the default suite: own conftest, no project addopts.
 ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/engines -p no:cacheprovider
 
-.PHONY: test test-compiled report bench lint typecheck clean test-engines engine-envs build-compiled
+.PHONY: test check test-compiled wheel wheel-venv report bench lint typecheck clean test-engines engine-envs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	PREFIXKV_BUILD=pure $(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
+
+wheel-venv: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
+
+$(WHEEL_VENV)/.built-%: $(STAMP) $(WHEEL_SOURCES)
+	rm -rf $(WHEEL_VENV) build/wheel
+	PREFIXKV_BUILD=$* $(BIN)/python -m build --wheel --no-isolation --outdir build/wheel .
+	$(BIN)/python -m venv --without-pip $(WHEEL_VENV)
+	$(BIN)/python -m pip --python $(WPY) install --quiet --disable-pip-version-check \
+	  --no-deps build/wheel/prefixkv-*.whl
+	$(call purelib,$(BIN)/python) > "$$($(call purelib,$(WPY)))/prefixkv-dev-deps.pth"
+	touch $@
 
 # mypy cannot follow setuptools' editable-install finder, so it reads the three
 # source folders through a prefixkv/ tree of symbolic links.
@@ -53,43 +76,58 @@ lint: $(STAMP)
 typecheck: $(STAMP) .mypy-path/prefixkv
 	MYPYPATH=.mypy-path $(BIN)/mypy -p prefixkv.indexes -p prefixkv.storage -p prefixkv.adapters
 
-# The suite on the pure-Python package, then on the compiled build (a test checks that
+# The whole suite on the pure-Python package, then the compiled half (a test checks that
 # each run loaded the build it names).
 test: lint typecheck
-	PREFIXKV_EXPECT_BUILD="pure Python" $(BIN)/python -m pytest
+	PREFIXKV_EXPECT_BUILD="pure Python" $(BIN)/python $(PYTEST)
 	@$(MAKE) --no-print-directory test-compiled
 
-test-compiled: $(STAMP)
-	@site=$$($(BIN)/python .ci/build_compiled.py --site $(COMPILED_SITE)) || exit 1; \
-	if [ -n "$$site" ]; then \
-	  echo "PYTHONPATH=$$site: the suite on the compiled build"; \
-	  PYTHONPATH="$$site$${PYTHONPATH:+:$$PYTHONPATH}" PREFIXKV_EXPECT_BUILD=compiled \
-	    $(BIN)/python -m pytest -p no:cacheprovider; \
-	fi
+check: lint typecheck
+	$(BIN)/python $(PYTEST) -m "not slow"
 
-build-compiled: $(STAMP)
-	$(BIN)/python .ci/build_compiled.py --require --wheel-dir dist
+# The suites marked both_builds (tests/conftest.py) on the installed wheel, and the
+# differential test against this checkout's pure-Python package. PYTHONSAFEPATH keeps
+# the working directory (the repository) off sys.path (Python >= 3.11).
+test-compiled: $(WHEEL_VENV)/.built-auto
+	@case "$$(ls build/wheel)" in *-none-any.whl) \
+	  echo "prefixkv: the wheel is pure Python (no C compiler, Python headers or mypyc): the compiled half is skipped"; \
+	  exit 0;; esac; \
+	echo "$(WPY): the compiled wheel's suites"; \
+	PYTHONSAFEPATH=1 PREFIXKV_EXPECT_BUILD=compiled PREFIXKV_PURE_PYTHON="$(abspath $(BIN)/python)" \
+	  $(WPY) $(PYTEST) -m both_builds
 
-report: $(STAMP)
-	@$(with_build) set -x; $(BIN)/prefixkv compare --out $(REPORT_DIR)
+wheel: $(STAMP)
+	rm -rf dist
+	PREFIXKV_BUILD=compiled $(BIN)/python -m build --outdir dist .
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/auditwheel repair --wheel-dir dist dist/prefixkv-*-linux_*.whl
+	rm dist/prefixkv-*-linux_*.whl
+	ls dist
 
-bench: $(STAMP)
-	@$(with_build) set -x; $(BIN)/python -m pytest benchmarks --benchmark-only -p no:cacheprovider
+report: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
+	$(WHEEL_VENV)/bin/prefixkv compare --out $(REPORT_DIR)
+
+bench: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
+	$(WPY) -m pytest benchmarks --benchmark-only -p no:cacheprovider
 
 # Builds (or reuses: the script checks first) the side environments, then puts this
-# checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point.
+# checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point (unless
+# prefixkv there is this checkout already), then checks prefixkv runs inside vLLM.
+THIS_CHECKOUT := import pathlib, sys, prefixkv.adapters as a; \
+	sys.exit(pathlib.Path(a.__file__).resolve().parent != pathlib.Path('adapters').resolve())
 engine-envs:
 	test "$(VLLM_PYTHON)" != "$(PEERS)/vllm/bin/python" || bash benchmarks/peers/setup_env.sh vllm $(PEERS)/vllm
 	test "$(SGLANG_PYTHON)" != "$(PEERS)/sglang/bin/python" || bash benchmarks/peers/setup_env.sh sglang $(PEERS)/sglang
 	for py in $(VLLM_PYTHON) $(SGLANG_PYTHON); do \
-	  $$py -c "import prefixkv.adapters.plugins" 2>/dev/null && \
+	  $$py -c "$(THIS_CHECKOUT)" 2>/dev/null && \
 	  $$py -c "import importlib.metadata as m, sys; sys.exit(not m.entry_points(group='sglang.srt.plugins', name='prefixkv'))" || \
 	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
 	done
+	$(VLLM_PYTHON) benchmarks/peers/check_env.py vllm --prefixkv
+	$(SGLANG_PYTHON) benchmarks/peers/check_env.py sglang --prefixkv
 
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm
 	$(SGLANG_PYTHON) $(ENGINE_PYTEST) tests/engines/sglang
 
 clean:
-	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache $(REPORT_DIR) build/mypyc
+	rm -rf $(VENV) .mypy-path .mypy_cache .pytest_cache .ruff_cache $(REPORT_DIR) build dist

@@ -2,16 +2,41 @@
 caches, the KV-event codec and transport, and the router a KV-aware frontend embeds.
 The reference engine lives in :mod:`.engine` and the measuring bench in :mod:`.lab`;
 importing this package loads neither.
+
+The four names below load their modules on first use, so that ``import
+prefixkv.adapters.<sub>`` (the ``prefixkv`` command, a router) costs only what it uses.
 """
 
-from .accounting import CacheTotals, RequestRecord
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .deprecated import moved_names
-from .manager import Admission, CacheManager
+
+if TYPE_CHECKING:
+    from .accounting import CacheTotals, RequestRecord
+    from .manager import Admission, CacheManager
 
 __all__ = ["Admission", "CacheManager", "CacheTotals", "RequestRecord"]
 
-__getattr__ = moved_names(
+_HOMES = {
+    "Admission": "manager",
+    "CacheManager": "manager",
+    "CacheTotals": "accounting",
+    "RequestRecord": "accounting",
+}
+_moved = moved_names(
     __name__,
     {"Engine": f"{__name__}.engine:Engine", "EngineConfig": f"{__name__}.engine:EngineConfig"},
     "the reference engine imports torch and is not the product's API",
 )
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        return _moved(name)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

@@ -513,7 +513,7 @@ class CacheManager:
             if computed is not None:
                 computed = min(computed, len(tokens))
                 if computed // bs > seq.num_registered_blocks and len(tokens) > have:
-                    learn = checked_tokens(tokens[have:])
+                    learn = checked_tokens(tokens[have:], have)  # positions in tokens
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
             if learn:

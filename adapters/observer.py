@@ -2,8 +2,9 @@
 
 The manager calls an observer at the few places where blocks change owner: a request
 is admitted, its blocks become cached, cached blocks leave the index, a request ends,
-the cache is reset. Observers only watch: they never call back into the manager, and
-with none attached the manager pays one ``is None`` test per hook.
+the cache is reset. SGLang's prefix cache (``adapters/sglang``), which has a lifecycle of
+its own, calls the same hooks at the same moments. Observers only watch: they never call
+back into the cache, and with none attached a hook costs one ``is None`` test.
 """
 
 from __future__ import annotations

@@ -21,8 +21,14 @@ busy, round robin near saturation, not swamped). Groups:
 Each group writes a ``prefixkv cluster`` report (tables, plots, report.md) under
 ``--out/<trace>/<group>``; ``summary.json`` collects the headline figures.
 
+``--time-budget SECONDS`` bounds the whole benchmark: no run starts once the budget is
+spent (the run under way finishes), and what was skipped is printed, listed in
+``summary.json`` (``skipped``) and noted in each report it cut short. Ctrl-C writes
+the runs that finished the same way. The full ``policies`` group on the conversation
+trace takes about 15 minutes on 2 cores.
+
     python benchmarks/cluster_mooncake.py --conversation conversation_trace.jsonl \\
-        --synthetic synthetic_trace.jsonl --out cluster-bench
+        --synthetic synthetic_trace.jsonl --out cluster-bench --time-budget 1800
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prefixkv.adapters.lab.cluster.experiment import run_experiment
+from prefixkv.adapters.lab.cluster.experiment import (
+    ClusterInterrupted,
+    plan_experiment,
+    run_experiment,
+)
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.report import write_report
@@ -44,6 +54,7 @@ from prefixkv.adapters.lab.cluster.run import ClusterConfig
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadOptions, open_trace
+from prefixkv.adapters.lab.traces.files import atomic_writer
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
@@ -81,9 +92,13 @@ def requests(
     return sim_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
 
 
-def headline(results: list[ClusterResult]) -> dict[str, Any]:
-    """The targets: the best load-aware policy against pooled, round robin's gap, TTFT order."""
+def headline(results: list[ClusterResult]) -> dict[str, Any] | None:
+    """The targets: the best load-aware policy against pooled, round robin's gap, TTFT
+    order (``None`` when round robin, pooled or every cache-aware policy was skipped)."""
     by = {r.labels["policy"]: r for r in results}
+    needed = ("pooled", "round_robin", "random", "least_outstanding")
+    if any(p not in by for p in needed) or not any(p in by for p in CACHE_AWARE):
+        return None
     pooled, rr = by["pooled"].run, by["round_robin"].run
     balanced = [by[p] for p in CACHE_AWARE if p in by and by[p].run.load_cv <= 0.1]
     best = max(balanced, key=lambda r: r.run.hit_ratio, default=None)
@@ -123,6 +138,39 @@ def progress(trace: str, group: str) -> Callable[[ClusterResult], None]:
     return line
 
 
+def write_json(path: Path, doc: Any) -> None:
+    """``doc`` as indented JSON, replacing ``path`` whole (the bench's one output rule)."""
+    with atomic_writer(path) as f:
+        f.write(json.dumps(doc, indent=1).encode("utf-8"))
+
+
+class Budget:
+    """The time budget: the deadline :func:`run_experiment` gets, and what it skipped."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.skipped: dict[str, list[str]] = {}
+
+    def spent(self) -> bool:
+        """Whether no run may start any more."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def skip(self, where: str, what: str) -> None:
+        """Record that ``what`` (a run, or a fault plan's runs) of ``where`` was skipped."""
+        self.skipped.setdefault(where, []).append(what)
+
+    def note(self, where: str, finished: int, planned: int) -> str:
+        """What the report of ``where`` lacks (empty when nothing was skipped)."""
+        missed = self.skipped.get(where, [])
+        if not missed:
+            return ""
+        return (
+            f"the time budget of {self.seconds:g} s ran out after {finished} of {planned} "
+            f"runs; skipped: {'; '.join(missed)}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -138,7 +186,15 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int)
     ap.add_argument("--sweep-requests", type=int, default=4000)
     ap.add_argument("--fault-requests", type=int, default=3000)
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="SECONDS",
+        help="start no run after this many seconds; say what was skipped (default: no limit)",
+    )
     args = ap.parse_args()
+    if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
+        ap.error(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
 
     groups = args.groups.split(",")
     base = ClusterConfig(
@@ -148,14 +204,19 @@ def main() -> None:
         keep_tokens=False,
     )
     summary: dict[str, Any] = {}
+    budget = Budget(args.time_budget)
+    interrupted = False
     traces = {
         "conversation": (args.conversation, args.conversation_time_scale),
         "synthetic": (args.synthetic, args.synthetic_time_scale),
     }
     for name, (path, scale) in traces.items():
-        if path is None:
+        if path is None or interrupted:
             continue
         for group in groups:
+            if interrupted:
+                break
+            where = f"{name}/{group}"
             t0 = time.perf_counter()
             limit = args.max_requests
             policies = ",".join((*POLICIES, *BOUNDS))
@@ -178,39 +239,61 @@ def main() -> None:
                 cfg = dataclasses.replace(base, keep_tokens=True, buffer_steps=1000)
             specs = parse_policies(policies, tuple(POLICIES))
             results: list[ClusterResult] = []
+            planned, stopped = 0, False
             fault_list = (None, *FAULTS) if group == "faults" else (None,)
             for spec_text in fault_list:
                 plan = None
                 if spec_text is not None:
+                    if budget.spent():  # resolving the plan reads the trace: skip that too
+                        runs = sum(not s.is_bound for s in specs)
+                        planned += runs
+                        budget.skip(where, f"{runs} runs with faults {spec_text}")
+                        continue
                     span_reqs = list(requests(path, limit, scale, args.replicas, cfg))
                     span = (span_reqs[-1].arrival or 0.0) - (span_reqs[0].arrival or 0.0)
                     plan = parse_faults(spec_text).resolve(span)
-                results += run_experiment(
-                    lambda c, path=path, limit=limit, scale=scale: requests(
-                        path, limit, scale, args.replicas, c
-                    ),
-                    specs,
-                    cfg,
-                    replicas=replicas,
-                    capacities=capacities,
-                    faults=plan,
-                    fault_free=spec_text is None,
-                    on_run=progress(name, group),
+                shape = {"replicas": replicas, "capacities": capacities, "faults": plan,
+                         "fault_free": spec_text is None}  # fmt: skip
+                planned += len(plan_experiment(specs, cfg, **shape))
+                try:
+                    results += run_experiment(
+                        lambda c, path=path, limit=limit, scale=scale: requests(
+                            path, limit, scale, args.replicas, c
+                        ),
+                        specs,
+                        cfg,
+                        **shape,
+                        on_run=progress(name, group),
+                        deadline=budget.deadline,
+                        on_skip=lambda run, where=where: budget.skip(where, run.describe()),
+                    )
+                except ClusterInterrupted as stop:  # Ctrl-C: write what finished, then stop
+                    results += stop.results
+                    stopped = interrupted = True
+                    break
+            summary.setdefault("wall_s", {})[where] = round(time.perf_counter() - t0)
+            note = budget.note(where, len(results), planned)
+            if stopped:
+                note = f"interrupted (Ctrl-C) after {len(results)} of {planned} runs"
+            if note:
+                summary.setdefault("skipped", {})[where] = note
+                print(f"{where}: {note}", flush=True)
+            if results:
+                write_report(
+                    results,
+                    args.out / name / group,
+                    command=f"python benchmarks/cluster_mooncake.py --groups {group} ...",
+                    source=f"Mooncake {name} trace, prefill-only, timestamps x {scale} "
+                    f"(x {args.replicas}/N when sweeping N)",
+                    requests_table=False,
+                    partial=note,
                 )
-            out = args.out / name / group
-            write_report(
-                results,
-                out,
-                command=f"python benchmarks/cluster_mooncake.py --groups {group} ...",
-                source=f"Mooncake {name} trace, prefill-only, timestamps x {scale} "
-                f"(x {args.replicas}/N when sweeping N)",
-                requests_table=False,
-            )
-            if group == "policies":
+            if group == "policies" and results:
                 summary[name] = headline(results)
-            summary.setdefault("wall_s", {})[f"{name}/{group}"] = round(time.perf_counter() - t0)
-            (args.out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            write_json(args.out / "summary.json", summary)
     print(json.dumps(summary, indent=1))
+    if interrupted:
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

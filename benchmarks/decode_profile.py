@@ -7,12 +7,13 @@ other, each round's finished request freed) under valgrind's callgrind twice, at
 ``--rounds`` and at three times as many, and prints each function's inclusive
 instructions per step from the difference (start-up, imports and the first round
 cancel out). A driver row, the same loop around a call that does nothing, is the
-share of the loop itself. Works on either build: put the compiled one first on
-``PYTHONPATH`` to profile it (its functions are named ``CPyDef_<module>___<Class>___<method>``).
+share of the loop itself. Works on either build: run it with the Python of an
+environment where the compiled wheel is installed to profile that one (its functions
+are named ``CPyDef_<module>___<Class>___<method>``).
 
     python benchmarks/decode_profile.py --facade vllm --index hash_chain [--top 25]
-    site=$(python .ci/build_compiled.py --site build/mypyc/site)
-    PYTHONPATH=$site python benchmarks/decode_profile.py --facade sglang --index radix
+    make wheel-venv                        # the wheel of this tree, in build/wheel-venv
+    build/wheel-venv/bin/python benchmarks/decode_profile.py --facade sglang --index radix
 
 Needs ``valgrind`` (Debian: ``apt install valgrind``); a run takes about a minute.
 """
@@ -36,21 +37,22 @@ LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 
 def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
     """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
-    from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-    from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+    from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+    from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+    from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
     rng = random.Random(17)
     prompt = [rng.randrange(32000) for _ in range(PROMPT)]
     out = [rng.randrange(32000) for _ in range(steps + 1)]
     backend = "hash_chain" if index == "driver" else index
     if facade == "vllm":
-        kv = VLLMKVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16, 16)
+        kv = KVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16 + 1, 16)
         done: SimpleRequest | None = None
         for r in range(rounds):
             if done is not None:
                 kv.free(done)
             req = SimpleRequest(f"r{r}", list(prompt))
-            blocks, hit = kv.get_computed_blocks(req)
+            blocks, hit, _ = kv.get_computed_blocks(req)
             kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
             req.num_computed_tokens = req.num_tokens
             req.append_output_token_ids(out[0])
@@ -63,19 +65,19 @@ def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
             done = req
         return
     page = 1 if backend == "radix" else 16
-    cache = SGLangRadixCache(backend, (rounds + 2) * (PROMPT + steps + 16), page)
+    cache = PrefixCache.create_simulated(backend, (rounds + 2) * (PROMPT + steps + 16), page)
     prev: SimpleReq | None = None
     for r in range(rounds):
         if prev is not None:
             cache.cache_finished_req(prev)
         sreq = SimpleReq(f"r{r}", prompt)
-        cache.alloc_for_extend(sreq)
+        alloc_for_extend(cache, sreq)
         sreq.output_ids.append(out[0])
         cache.cache_unfinished_req(sreq)
-        alloc = cache.alloc_for_decode if index != "driver" else (lambda r: True)
+        alloc = alloc_for_decode if index != "driver" else (lambda c, r: True)
         outs = sreq.output_ids
         for k in range(1, steps + 1):
-            alloc(sreq)
+            alloc(cache, sreq)
             outs.append(out[k])
         prev = sreq
 

@@ -1,14 +1,15 @@
 """One decode step through each facade, called the way the engines' schedulers call it.
 
 vLLM's scheduler calls ``allocate_slots(request, 1)`` for every running request on
-every step and SGLang's calls ``alloc_for_decode(req)``. A round decodes ``STEPS``
+every step and SGLang's allocates a slot (here ``alloc_for_decode(cache, req)``, the
+scheduler-side step in ``prefixkv.adapters.lab.sglang_scheduler``). A round decodes ``STEPS``
 tokens of one admitted request (a new block every ``block_size`` steps, registered
 as the engines do), so the mean step includes its share of block additions. The
 ``driver`` rows run the same loop around a call that does nothing: subtract them to
 get the facade's own time per step (issue 17's goal: <= 0.5 µs).
 
-    make bench                                     # the pure-Python package
-    PREFIXKV_BUILD=compiled make bench             # the compiled build
+    make bench                                     # the compiled build (the wheel)
+    PREFIXKV_BUILD=pure make bench                 # the pure-Python package
     python -m pytest benchmarks/test_decode_step.py --benchmark-only
 """
 
@@ -21,8 +22,9 @@ import pytest
 from conftest import SCALE, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 STEPS = 16 if SCALE == "smoke" else 1024
 ROUNDS = 2 if SCALE == "smoke" else 50
@@ -33,7 +35,7 @@ OUTPUT = tokens(STEPS + 1, seed=18)
 Setup = Callable[[], tuple[tuple[Any], dict[str, Any]]]
 
 
-def vllm_rounds(facade: VLLMKVCacheManager | None, done: list[SimpleRequest]) -> Setup:
+def vllm_rounds(facade: KVCacheManager | None, done: list[SimpleRequest]) -> Setup:
     """Setup of each round: the last round's request freed, a new one admitted."""
     counter = iter(range(10**9))
 
@@ -42,7 +44,7 @@ def vllm_rounds(facade: VLLMKVCacheManager | None, done: list[SimpleRequest]) ->
         if facade is not None:
             while done:
                 facade.free(done.pop())
-            blocks, hit = facade.get_computed_blocks(req)
+            blocks, hit, _ = facade.get_computed_blocks(req)
             facade.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_ids(OUTPUT[0])
@@ -52,19 +54,19 @@ def vllm_rounds(facade: VLLMKVCacheManager | None, done: list[SimpleRequest]) ->
     return setup
 
 
-def sglang_rounds(facade: SGLangRadixCache | None, done: list[SimpleReq]) -> Setup:
+def sglang_rounds(cache: PrefixCache | None, done: list[SimpleReq]) -> Setup:
     """Setup of each round: the last round's request finished, a new one admitted."""
     counter = iter(range(10**9))
 
     def setup() -> tuple[tuple[Any], dict[str, Any]]:
         req = SimpleReq(f"r{next(counter)}", PROMPT)
-        if facade is not None:
+        if cache is not None:
             while done:
-                facade.cache_finished_req(done.pop())
-            facade.alloc_for_extend(req)
+                cache.cache_finished_req(done.pop())
+            alloc_for_extend(cache, req)
         req.output_ids.append(OUTPUT[0])
-        if facade is not None:
-            facade.cache_unfinished_req(req)
+        if cache is not None:
+            cache.cache_unfinished_req(req)
         done.append(req)
         return (req,), {}
 
@@ -81,8 +83,8 @@ def per_step(benchmark: BenchmarkFixture) -> None:
 @pytest.mark.parametrize(("index", "bs"), [("hash_chain", 16), ("radix", 16), ("driver", 16)])
 def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str, bs: int) -> None:
     """``allocate_slots(request, 1)`` after the request's sampled token is appended."""
-    num_blocks = (ROUNDS + 2) * (len(PROMPT) + STEPS + 1) // bs + 8
-    facade = None if index == "driver" else VLLMKVCacheManager(index, num_blocks, bs)
+    num_blocks = (ROUNDS + 2) * (len(PROMPT) + STEPS + 1) // bs + 9  # the null block too
+    facade = None if index == "driver" else KVCacheManager(index, num_blocks, bs)
     allocate = facade.allocate_slots if facade is not None else lambda r, n: None
 
     def decode(req: SimpleRequest) -> None:
@@ -102,20 +104,20 @@ def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str
 
 @pytest.mark.parametrize(("index", "page"), [("radix", 1), ("hash_chain", 16), ("driver", 1)])
 def test_sglang_alloc_for_decode_step(benchmark: BenchmarkFixture, index: str, page: int) -> None:
-    """``alloc_for_decode(req)`` before the step's token is sampled."""
+    """``alloc_for_decode(cache, req)`` before the step's token is sampled."""
     capacity = (ROUNDS + 2) * (len(PROMPT) + STEPS + 16)
-    facade = None if index == "driver" else SGLangRadixCache(index, capacity, page)
-    alloc = facade.alloc_for_decode if facade is not None else lambda r: True
+    cache = None if index == "driver" else PrefixCache.create_simulated(index, capacity, page)
+    alloc = alloc_for_decode if cache is not None else lambda c, r: True
 
     def decode(req: SimpleReq) -> None:
         out = req.output_ids
         for k in range(1, STEPS + 1):
-            alloc(req)
+            alloc(cache, req)
             out.append(OUTPUT[k])
 
     done: list[SimpleReq] = []
-    benchmark.pedantic(decode, setup=sglang_rounds(facade, done), rounds=ROUNDS)
+    benchmark.pedantic(decode, setup=sglang_rounds(cache, done), rounds=ROUNDS)
     per_step(benchmark)
-    if facade is not None:
-        facade.cache_finished_req(done.pop())
-        facade.manager.check_invariants()
+    if cache is not None:
+        cache.cache_finished_req(done.pop())
+        cache.check_invariants(running=[])

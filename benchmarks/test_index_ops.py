@@ -1,7 +1,7 @@
 """Index operations head to head: match_prefix, insert, evict, a whole request, hashing.
 
-Per backend x prompt length x cache size. What the tables show (README,
-"Performance"): the hash chain's lookup stays flat as the cache grows (one dict
+Per backend x prompt length x cache size. What the tables show (benchmarks/README.md,
+"Index operations"): the hash chain's lookup stays flat as the cache grows (one dict
 probe per block) and grows with the matched length for both backends; eviction
 costs O(log n) per leaf in the radix tree and O(1) per block in the hash chain.
 

@@ -2,7 +2,7 @@
 
 16-token blocks, a Llama-8B-like layer (8 KV heads x 128 dims), bf16 on CUDA and
 fp32 on CPU. Reports bytes moved per second in ``extra_info``; on a GPU compare it
-with the device's memory bandwidth (README, "Performance": the GPU figures come
+with the device's memory bandwidth (benchmarks/README.md, "Storage": the GPU figures come
 from ``benchmarks/gpu_storage.py``, which prints the fraction of peak).
 """
 

@@ -147,9 +147,10 @@ def normalize_extra_key(extra_key: object) -> ExtraKey | None:
     return tuple(sorted(extra_key, key=lambda kv: (kv[0], type(kv[1]).__name__, str(kv[1]))))
 
 
-def _find_bad_token(tokens: Iterable[object]) -> tuple[int, object] | None:
-    """Slow path: position and value of the first token that is not a valid id."""
-    for i, t in enumerate(tokens):
+def _find_bad_token(tokens: Iterable[object], offset: int) -> tuple[int, object] | None:
+    """Slow path: position (``offset`` for the first) and value of the first token that
+    is not a valid id."""
+    for i, t in enumerate(tokens, offset):
         if type(t) is bool or not isinstance(t, int) or not 0 <= t < 2**32:
             if type(t) is not bool and hasattr(t, "__index__"):
                 v = t.__index__()  # numpy / torch integer scalars
@@ -192,7 +193,7 @@ def _small_valid(tokens: object) -> bool:
     return True
 
 
-def checked_tokens(tokens: Iterable[int]) -> Sequence[int]:
+def checked_tokens(tokens: Iterable[int], offset: int = 0) -> Sequence[int]:
     """Validated token ids: a short list of valid ids as it is, anything else copied.
 
     For a decode step's one token, the check without the copy; the caller must not
@@ -203,14 +204,20 @@ def checked_tokens(tokens: Iterable[int]) -> Sequence[int]:
     """
     if _small_valid(tokens):
         return cast("list[int]", tokens)
-    return as_token_array(tokens)
+    return as_token_array(tokens, offset)
 
 
-def as_token_array(tokens: Iterable[int]) -> array[int]:
+def as_token_array(tokens: Iterable[int], offset: int = 0) -> array[int]:
     """Validate token ids and copy them into a fresh ``array('I')``.
 
     Accepts lists, tuples, ``array`` objects and other iterables of ints (numpy and
     torch integer scalars too). Runs at C speed for lists, tuples and arrays.
+
+    Args:
+        tokens: the ids.
+        offset: where ``tokens`` starts in the sequence the caller was given (a
+            tail past what a key already holds), so a message counts positions in
+            that sequence, as its caller does, from its start.
 
     Raises:
         InvalidTokenError: an id is a bool, not an int, negative or >= 2**32; the
@@ -235,7 +242,7 @@ def as_token_array(tokens: Iterable[int]) -> array[int]:
             raise TypeError("bool token")
         return out
     except (TypeError, OverflowError, ValueError):
-        bad = _find_bad_token(seq)
+        bad = _find_bad_token(seq, offset)
         if bad is None:  # pragma: no cover - array rejected something we accept
             raise
         pos, value = bad
@@ -332,8 +339,13 @@ class TokenKey:
         more = ", ..." if len(self.tokens) > 8 else ""
         return f"TokenKey([{head}{more}] ({len(self)} tokens), extra_key={self._extra_key!r})"
 
-    def append(self, tokens: Iterable[int]) -> None:
+    def append(self, tokens: Iterable[int], offset: int = 0) -> None:
         """Append decoded tokens (validated). Memoized hashes stay valid.
+
+        Args:
+            tokens: the new ids.
+            offset: where ``tokens`` starts in the caller's sequence (e.g. the key's
+                length, for a request's token list past it), for error positions.
 
         Raises:
             InvalidTokenError: a bad token id; the key is unchanged.
@@ -343,7 +355,7 @@ class TokenKey:
         elif type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # only ids
             self.tokens.extend(tokens)
         else:
-            self.tokens.extend(as_token_array(tokens))
+            self.tokens.extend(as_token_array(tokens, offset))
 
     def index_memo(self, owner: object) -> object:
         """What an index keeps about this key (the radix tree: the tokens it inserted

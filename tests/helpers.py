@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.requests import ReqLike
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.storage import BlockAllocator
 
 BACKENDS = ("none", "hash_chain", "radix")
 """The built-in index backends."""
@@ -82,9 +85,69 @@ class FacadeMachine(RuleBasedStateMachine):
             assert m.num_held_only_blocks() == 0 and m.index.stats().num_locked_blocks == 0
 
 
+def cache_state(cache: PrefixCache, running: Sequence[ReqLike] = ()) -> tuple[Any, ...]:
+    """Everything a refused call on SGLang's prefix cache must leave as it was: the
+    pool, the index, each running request's row and cache state, and the totals."""
+    rows = []
+    for req in running:
+        kv = req.kv
+        row = kv.req_pool_idx
+        pages = (
+            ()
+            if row is None
+            else tuple(cache.rows.read(row, 0, -(-kv.kv_allocated_len // cache.page_size)))
+        )
+        rows.append((req.rid, pages, dataclasses.astuple(kv), id(req.last_node), id(req.lock)))  # type: ignore[call-overload]
+    pool = cache.pool
+    assert isinstance(pool, BlockAllocator)
+    return (
+        tuple(pool.free_block_ids()),
+        cache.index.stats(),
+        tuple(rows),
+        dataclasses.astuple(cache.totals),
+    )
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """What the machines over SGLang's prefix cache share. ``setup`` sets ``cache`` and
+    ``live`` (running requests by id); ``release`` ends a request as SGLang does
+    (``cache_finished_req``).
+
+    Conservation (with every running request) is checked after every step; at the
+    end every live request is released and no page may stay held or locked.
+    """
+
+    cache: PrefixCache
+    live: dict[str, Any]
+
+    def release(self, req: Any) -> None:
+        self.cache.cache_finished_req(req)
+
+    def running(self) -> list[Any]:
+        """The requests that hold rows."""
+        return list(self.live.values())
+
+    def draw_live(self, data: st.DataObject) -> Any:
+        """One of the live requests, drawn."""
+        return self.live[data.draw(st.sampled_from(sorted(self.live)))]
+
+    @invariant()
+    def conserved(self) -> None:
+        if hasattr(self, "cache"):
+            self.cache.check_invariants(self.running())
+
+    def teardown(self) -> None:
+        if hasattr(self, "cache"):
+            for req in list(self.live.values()):
+                self.release(req)
+            self.live.clear()
+            self.cache.check_invariants(self.running())
+            assert self.cache.protected_size() == 0
+
+
 @precondition(lambda self: self.live)
 @rule(data=st.data())
-def release_a_live_request(self: FacadeMachine, data: st.DataObject) -> None:
+def release_a_live_request(self: FacadeMachine | CacheMachine, data: st.DataObject) -> None:
     """A rule for a :class:`FacadeMachine` (under the engine's name for it): a drawn
     live request finishes."""
     rid = data.draw(st.sampled_from(sorted(self.live)))

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "pee
 from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend, retract
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager
 
 Record = dict[str, Any]
 F = TypeVar("F")
@@ -40,7 +41,7 @@ class FacadeEvents:
     """A facade's events, taken as vLLM's engine core takes them once per step
     (the facade must be built with ``enable_kv_cache_events=True``)."""
 
-    def __init__(self, facade: VLLMKVCacheManager | SGLangRadixCache) -> None:
+    def __init__(self, facade: KVCacheManager | PrefixCache) -> None:
         self.facade = facade
 
     def take_events(self) -> list[Any]:
@@ -51,7 +52,7 @@ class FacadeEvents:
         return KVEventBatch(ts, events, data_parallel_rank) if events else None
 
 
-def attach_recorder(facade: VLLMKVCacheManager | SGLangRadixCache) -> FacadeEvents:
+def attach_recorder(facade: KVCacheManager | PrefixCache) -> FacadeEvents:
     """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
     return FacadeEvents(facade)
 
@@ -93,13 +94,13 @@ class _Driver(Generic[F, R]):
         self.live: deque[tuple[R, list[int]]] = deque()
 
 
-class VllmDriver(_Driver[VLLMKVCacheManager, VllmRequest]):
-    """vLLM's scheduler order through :class:`VLLMKVCacheManager`."""
+class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
+    """vLLM's scheduler order through :class:`KVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
         f, req = self.facade, VllmRequest(rec)
         output = list(rec.get("output", []))
-        blocks, hit = f.get_computed_blocks(req)
+        blocks, hit, _ = f.get_computed_blocks(req)
         n = req.num_tokens
         if f.allocate_slots(req, n - hit, hit, blocks) is None:
             f.free(req)
@@ -129,8 +130,9 @@ class VllmDriver(_Driver[VLLMKVCacheManager, VllmRequest]):
         return ok
 
 
-class SGLangDriver(_Driver[SGLangRadixCache, SimpleReq]):
-    """SGLang's scheduler order through :class:`SGLangRadixCache`."""
+class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
+    """SGLang's scheduler order through :class:`PrefixCache` and SGLang's scheduler-side
+    steps (``prefixkv.adapters.lab.sglang_scheduler``)."""
 
     def admit(self, rec: Record) -> bool:
         f = self.facade
@@ -141,7 +143,7 @@ class SGLangDriver(_Driver[SGLangRadixCache, SimpleReq]):
             cache_salt=rec.get("cache_salt"),
         )
         sampled = list(rec.get("output") or [0])  # SGLang always samples one token
-        if f.alloc_for_extend(req) is None:
+        if alloc_for_extend(f, req) is None:
             self.end_step()
             return False
         req.output_ids.append(sampled[0])
@@ -157,8 +159,8 @@ class SGLangDriver(_Driver[SGLangRadixCache, SimpleReq]):
         f = self.facade
         req, sampled = self.live.popleft()
         while len(req.output_ids) < len(sampled):
-            if not f.alloc_for_decode(req):
-                f.manager.abort(req.rid)  # retracted for good
+            if not alloc_for_decode(f, req):
+                retract(f, req)  # for good
                 self.end_step()
                 return
             req.output_ids.append(sampled[len(req.output_ids)])

@@ -15,9 +15,10 @@ from typing import Any
 import helpers
 import pytest
 
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     BlockOwnershipError,
     HashChainIndex,
@@ -72,15 +73,15 @@ def test_a_lookup_made_stale_by_evict_blocks_is_rejected_not_trusted() -> None:
     # get_computed_blocks(S) -> evict_blocks(S's hit, held by R) -> free(R) hands the
     # orphans back -> T allocates them -> allocate_slots(S, ..., S's hit) must not give
     # S the blocks T is writing.
-    f = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=4)
+    f = KVCacheManager("hash_chain", num_blocks=17, block_size=4)
     shared = toks(16, 1)
     r = SimpleRequest("R", list(shared))
     f.get_computed_blocks(r)
     assert f.allocate_slots(r, 16) is not None
     s = SimpleRequest("S", shared + toks(3, 2))
-    blocks, hit = f.get_computed_blocks(s)
+    blocks, hit, _ = f.get_computed_blocks(s)
     assert hit == 16
-    f.evict_blocks(blocks.block_ids)
+    f.evict_blocks(blocks.get_block_ids()[0])
     f.free(r)
     t = SimpleRequest("T", toks(32, 3))
     f.get_computed_blocks(t)
@@ -175,23 +176,28 @@ def test_admit_never_drops_a_namespace_given_with_a_prepared_key(name: str) -> N
 
 
 def test_the_sglang_request_flow_and_tree_api_share_one_namespace_rule() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=256)
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=256)
     prompt = toks(20, 9)
-    req = SimpleReq("r", prompt, extra_key="x")
-    assert cache.alloc_for_extend(req) == 0
+    req = SimpleReq("r", prompt, extra_key="x", cache_salt="s")
+    assert alloc_for_extend(cache, req) == 0
     req.output_ids.append(5)
     cache.cache_finished_req(req)
-    assert cache.match_prefix(prompt, extra_key="x").prefix_len == 20
+    assert cache.match_prefix(prompt, extra_key="x", cache_salt="s").prefix_len == 20
+    assert cache.match_prefix(prompt, extra_key="x").prefix_len == 0
     assert cache.match_prefix(prompt).prefix_len == 0
+    with pytest.raises(InvalidTokenError):
+        cache.match_prefix(prompt, extra_key=(("extra", "x"),))  # SGLang's key is a str
 
 
 # ----------------------------------------------------------- block ownership
 
 
-def sglang_with_a_running_request() -> tuple[SGLangRadixCache, SimpleReq]:
-    cache = SGLangRadixCache("radix", capacity_tokens=32)
+def sglang_with_a_running_request() -> tuple[PrefixCache, SimpleReq]:
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=32)
     req = SimpleReq("r", toks(6, 10))
-    assert cache.alloc_for_extend(req) == 0
+    assert alloc_for_extend(cache, req) == 0
+    req.output_ids.append(3)
+    cache.cache_unfinished_req(req)  # its 6 pages are cached now, and locked
     return cache, req
 
 
@@ -199,45 +205,48 @@ def sglang_with_a_running_request() -> tuple[SGLangRadixCache, SimpleReq]:
     "ids",
     [
         "free",  # ids the pool never handed out
-        "held",  # ids a running request holds
+        "cached",  # ids the tree caches for other tokens
         [40],  # out of range
         [-1],
         [1.5],
         [None],
+        [3, 3],
     ],
     ids=repr,
 )
-def test_sglang_insert_takes_only_blocks_the_caller_holds(ids: Any) -> None:
-    cache, _ = sglang_with_a_running_request()
+def test_sglang_insert_takes_only_pages_the_caller_holds(ids: Any) -> None:
+    cache, req = sglang_with_a_running_request()
+    pool = cache.pool
+    assert isinstance(pool, BlockAllocator)
     if ids == "free":
-        ids = cache.allocator.free_block_ids()[:2]
-    elif ids == "held":
-        ids = cache.manager.block_table("r")[:2]
-    before = manager_state(cache.manager)
+        ids = pool.free_block_ids()[:2]
+    elif ids == "cached":
+        ids = cache.match_prefix(req.origin_input_ids).device_indices[:2]
+    before = helpers.cache_state(cache, [req])
     with pytest.raises(BlockOwnershipError):
         cache.insert([1, 2][: len(ids)] or [1], ids)
-    assert manager_state(cache.manager) == before
-    cache.manager.check_invariants()
+    assert helpers.cache_state(cache, [req]) == before
+    cache.check_invariants([req])
 
 
-def test_sglang_insert_of_caller_blocks_then_evict_keeps_every_block() -> None:
-    cache, _ = sglang_with_a_running_request()
-    mine = cache.allocator.allocate(3)
+def test_sglang_insert_of_caller_pages_then_evict_keeps_every_page() -> None:
+    cache, req = sglang_with_a_running_request()
+    mine = cache.pool.allocate(3)
     assert mine is not None
     assert cache.insert([7, 8, 9], mine) == 0
-    cache.manager.check_invariants()
-    # Re-inserting the tree's own blocks for the same tokens is allowed.
+    cache.check_invariants([req])
+    # Re-inserting the tree's own pages for the same tokens is allowed.
     own = cache.match_prefix([7, 8, 9]).device_indices
     assert cache.insert([7, 8, 9], own) == 3
     assert cache.evict(3) == 3
-    cache.manager.check_invariants()
+    cache.check_invariants([req])
 
 
 @pytest.mark.parametrize("name", CACHING)
 def test_evict_blocks_rejects_ids_outside_the_pool(name: str) -> None:
-    f = VLLMKVCacheManager(name, num_blocks=8, block_size=4)
+    f = KVCacheManager(name, num_blocks=9, block_size=4)
     before = manager_state(f.manager)
-    for bad in ([8], [-1], [1.5], ["3"]):
+    for bad in ([9], [-1], [1.5], ["3"]):
         with pytest.raises(BlockOwnershipError):
             f.evict_blocks(bad)
     assert manager_state(f.manager) == before
@@ -328,11 +337,29 @@ def test_two_running_requests_cannot_share_one_key_object(name: str) -> None:
 
 
 def test_sglang_request_ids_keep_their_type() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64)
-    one, one_str = SimpleReq(1, toks(4, 15)), SimpleReq("1", toks(4, 16))  # type: ignore[arg-type]
-    assert cache.alloc_for_extend(one) == 0
-    assert cache.alloc_for_extend(one_str) == 0
-    assert len(cache.manager.running()) == 2
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=64)
+    one, one_str = SimpleReq(1, toks(4, 15)), SimpleReq("1", toks(4, 16))
+    for req in (one, one_str):
+        assert alloc_for_extend(cache, req) == 0
+        req.output_ids.append(1)
+        cache.cache_unfinished_req(req)  # 1 and "1" are two requests, not one
+    cache.check_invariants([one, one_str])
+    assert cache.protected_size() == 8
+
+
+def test_sglang_a_second_request_under_a_running_ones_id_is_refused() -> None:
+    cache, req = sglang_with_a_running_request()
+    twin = SimpleReq("r", toks(6, 11))
+    assert alloc_for_extend(cache, twin) == 0  # SGLang's ids are unique: not checked here
+    twin.output_ids.append(1)
+    before = helpers.cache_state(cache, [req, twin])
+    with pytest.raises(RequestStateError, match="another running request"):
+        cache.cache_unfinished_req(twin)
+    assert helpers.cache_state(cache, [req, twin]) == before
+    cache.cache_finished_req(req)
+    cache.cache_unfinished_req(twin)  # the id is free again
+    cache.cache_finished_req(twin)
+    cache.check_invariants([])
 
 
 # ------------------------------------------------- capabilities through wrappers

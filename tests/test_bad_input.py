@@ -30,6 +30,7 @@ from prefixkv.indexes import (
     available_indexes,
     make_index,
 )
+from prefixkv.indexes.tokens import as_token_array
 from prefixkv.storage import BlockAllocator, pad_block_tables, slot_mapping, token_slot
 
 BACKENDS = available_indexes()
@@ -408,6 +409,27 @@ def test_commit_beyond_the_allocated_slots_of_a_chunked_prefill(name: str) -> No
 def test_append_rejects_bad_tokens(name: str, bad: Any) -> None:
     m = busy_manager(name)
     refuses(m, InvalidTokenError, lambda: m.append("run", [8, bad]), bad)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_bad_tokens_position_counts_from_the_start_of_what_was_given(name: str) -> None:
+    # advance() takes the request's whole token list and checks only the part the key
+    # lacks: the position must still be the one in the list given, not in that tail.
+    m = busy_manager(name)
+    m.append("run", [8, 8])  # the key holds 8 tokens
+    tokens = [1, 2, 3, 4, 7, 7, 8, 8, 5, -7]
+    message = raises(InvalidTokenError, lambda: m.advance("run", 10, 10, tokens=tokens), -7)
+    assert "position 9 holds -7" in message
+    key = TokenKey([1, 2, 3])
+    assert "position 4 holds -1" in raises(
+        InvalidTokenError, lambda: key.append([4, -1], offset=3), -1
+    )
+    assert "position 5 holds 1.5" in raises(
+        InvalidTokenError,
+        lambda: as_token_array([0, 1.5], offset=4),
+        1.5,  # type: ignore[list-item]
+    )
+    assert list(key.tokens) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("bad", [-1, 99, 1.5], ids=repr)

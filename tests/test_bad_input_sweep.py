@@ -16,12 +16,26 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import manager_state
+from helpers import cache_state, manager_state
 
-from prefixkv.adapters.engine import Engine, EngineConfig
+from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
+from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
+from prefixkv.adapters.lab.cluster.config import ClusterConfig
+from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
+from prefixkv.adapters.lab.sim import (
+    COEFFICIENTS,
+    CostProfile,
+    SimConfig,
+    fixed_rate_arrivals,
+    poisson_arrivals,
+    scaled_arrivals,
+    with_arrivals,
+)
+from prefixkv.adapters.lab.sim.calibration import measure_engine
 from prefixkv.adapters.manager import CacheManager
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex, TokenKey, make_index
 from prefixkv.storage import (
     BlockAllocator,
@@ -82,8 +96,8 @@ def index_state(index: Any) -> Any:
 LIVE: dict[int, Any] = {}
 
 
-def vllm_facade(name: str) -> VLLMKVCacheManager:
-    f = VLLMKVCacheManager(make_index(name, block_size=2), num_blocks=32)
+def vllm_facade(name: str) -> KVCacheManager:
+    f = KVCacheManager(make_index(name, block_size=2), num_blocks=33)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
     f.get_computed_blocks(req)
     f.allocate_slots(req, 5)
@@ -93,10 +107,10 @@ def vllm_facade(name: str) -> VLLMKVCacheManager:
     return f
 
 
-def sglang_facade(name: str) -> SGLangRadixCache:
-    c = SGLangRadixCache(make_index(name, block_size=1), capacity_tokens=64)
+def sglang_cache(name: str) -> PrefixCache:
+    c = PrefixCache.create_simulated(make_index(name, block_size=1), capacity_tokens=64)
     req = SimpleReq("live", [1, 2, 3, 4])
-    c.alloc_for_extend(req)
+    alloc_for_extend(c, req)
     req.output_ids.append(5)
     c.cache_unfinished_req(req)
     LIVE[id(c)] = req
@@ -243,17 +257,17 @@ def _entries() -> list[Entry]:
             ),
         ]
 
-        def vf(n: str = name) -> VLLMKVCacheManager:
+        def vf(n: str = name) -> KVCacheManager:
             return vllm_facade(n)
 
-        def sf(n: str = name) -> SGLangRadixCache:
-            return sglang_facade(n)
+        def sf(n: str = name) -> PrefixCache:
+            return sglang_cache(n)
 
-        def vstate(f: VLLMKVCacheManager) -> Any:
+        def vstate(f: KVCacheManager) -> Any:
             return manager_state(f.manager)
 
-        def sstate(c: SGLangRadixCache) -> Any:
-            return manager_state(c.manager)
+        def sstate(c: PrefixCache) -> Any:
+            return cache_state(c, [LIVE[id(c)]])
 
         vllm = on(f"vllm[{name}]", vf, vstate)
         sglang = on(f"sglang[{name}]", sf, sstate)
@@ -271,6 +285,22 @@ def _entries() -> list[Entry]:
             vllm(
                 "allocate_slots(num_lookahead_tokens)",
                 lambda f, b: f.allocate_slots(LIVE[id(f)], 1, num_lookahead_tokens=b),
+                valid=(2**70,),
+            ),
+            vllm(
+                "allocate_slots(reserved_blocks)",
+                lambda f, b: f.allocate_slots(LIVE[id(f)], 1, reserved_blocks=b),
+                valid=(2**70,),
+            ),
+            vllm(
+                "allocate_slots(num_external_computed_tokens)",
+                lambda f, b: f.allocate_slots(LIVE[id(f)], 1, num_external_computed_tokens=b),
+            ),
+            vllm(
+                "get_computed_blocks(max_cache_hit_length)",
+                lambda f, b: f.get_computed_blocks(SimpleRequest("n", [1, 2, 3]), b),
+                accepts_none=True,
+                valid=(2**70,),
             ),
             vllm(
                 "get_computed_blocks(tokens)",
@@ -278,17 +308,70 @@ def _entries() -> list[Entry]:
             ),
             vllm("evict_blocks(ids)", lambda f, b: f.evict_blocks([b])),
             sglang("match_prefix(tokens)", lambda c, b: c.match_prefix([1, b])),
+            sglang(
+                "match_prefix(extra_key)",
+                lambda c, b: c.match_prefix([1, 2], b),
+                accepts_none=True,
+                valid=("3", -1, 2**70),  # a str (or an int) names a namespace
+            ),
+            sglang(
+                "match_prefix(cache_salt)",
+                lambda c, b: c.match_prefix([1, 2], None, b),
+                accepts_none=True,
+                valid=("3", -1, 2**70),
+            ),
+            sglang(
+                "match_prefix(max_prefix_len)",
+                lambda c, b: c.match_prefix([1, 2], max_prefix_len=b),
+                accepts_none=True,
+                valid=(2**70,),
+            ),
             sglang("insert(value)", lambda c, b: c.insert([8, 9], [b, 60])),
+            sglang("insert(tokens)", lambda c, b: c.insert([8, b], [59, 60])),
             sglang("evict(num_tokens)", lambda c, b: c.evict(b)),
             sglang("inc_lock_ref(node)", lambda c, b: c.inc_lock_ref(b)),
+            sglang("dec_lock_ref(node)", lambda c, b: c.dec_lock_ref(b)),
+            sglang("lock(node)", lambda c, b: c.lock(b)),
+            sglang("unlock(lock)", lambda c, b: c.unlock(b), accepts_none=True),
+            sglang("checkpoint(up_to)", lambda c, b: c.checkpoint(LIVE[id(c)], up_to=b)),
+            sglang(
+                "checkpoint(final)",
+                lambda c, b: c.checkpoint(LIVE[id(c)], up_to=5, final=b),
+                valid=(True,),
+            ),
+            sglang(
+                "cache_finished_req(is_insert)",
+                lambda c, b: c.cache_finished_req(LIVE[id(c)], b),
+                valid=(True,),
+            ),
             sglang(
                 "alloc_for_extend(priority)",
-                lambda c, b: c.alloc_for_extend(SimpleReq("n", [1, 2], priority=b)),
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, 2], priority=b)),
                 accepts_none=True,
                 valid=(-1, 2**70),
             ),
+            sglang(
+                "alloc_for_extend(token)",
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, b])),
+            ),
+            sglang(
+                "alloc_for_extend(extra_key)",
+                lambda c, b: alloc_for_extend(c, SimpleReq("n", [1, 2], extra_key=b)),
+                accepts_none=True,
+                valid=("3", -1, 2**70),
+            ),
+            bare(
+                f"PrefixCache.create_simulated({name}, capacity_tokens)",
+                lambda _, b, n=name: PrefixCache.create_simulated(n, b),
+            ),
+            bare(
+                f"PrefixCache.create_simulated({name}, page_size)",
+                lambda _, b, n=name: PrefixCache.create_simulated(n, 64, b),
+                accepts_none=True,
+            ),
         ]
     allocator = on("BlockAllocator", lambda: BlockAllocator(8), _free_ids)
+    rows = on("", _rows_with_one, lambda r: (r.num_rows_in_use(), tuple(r.pages(0))))
     allocated = on("BlockAllocator", lambda: _allocator_with(3), _free_ids)
     engine = on(
         "Engine", lambda: Engine(EngineConfig(num_blocks=16)), lambda e: e.stats.num_requests
@@ -303,6 +386,26 @@ def _entries() -> list[Entry]:
         ),
         bare("RadixIndex(eviction)", lambda _, b: RadixIndex(1, eviction=b)),
         bare("BlockAllocator(num_blocks)", lambda _, b: BlockAllocator(b)),
+        bare("vllm.KVCacheManager(num_blocks)", lambda _, b: KVCacheManager(num_blocks=b)),
+        bare(
+            "vllm.KVCacheManager(max_model_len)",
+            lambda _, b: KVCacheManager(num_blocks=8, max_model_len=b),
+            accepts_none=True,
+            valid=(2**70,),
+        ),
+        bare("vllm.KVCacheManager(watermark)", lambda _, b: KVCacheManager(watermark=b)),
+        bare(
+            "PrefixCache.create_simulated(max_running_requests)",
+            lambda _, b: PrefixCache.create_simulated("radix", 64, max_running_requests=b),
+            accepts_none=True,
+            valid=(2**70,),
+        ),
+        rows("PageRows.write(start)", lambda r, b: r.write(0, b, [1])),
+        rows("PageRows.write(page_ids)", lambda r, b: r.write(0, 0, [b])),
+        rows("PageRows.read(row)", lambda r, b: r.read(b, 0, 1)),
+        rows("PageRows.read(start)", lambda r, b: r.read(0, b, 2)),
+        rows("PageRows.read(stop)", lambda r, b: r.read(0, 0, b)),
+        rows("PageRows.free(row)", lambda r, b: r.free(b)),
         allocator("allocate(num_blocks)", lambda a, b: a.allocate(b), valid=(2**70,)),
         allocated("free(ids)", lambda a, b: a.free(b), valid=([1],)),
         allocated("free(id)", lambda a, b: a.free([0, b])),
@@ -328,7 +431,138 @@ def _entries() -> list[Entry]:
         engine("add_request(max_new_tokens)", lambda e, b: e.add_request([1, 2, 3], b)),
         engine("add_request(token)", lambda e, b: e.add_request([1, b], 2)),
     ]
+    return out + _lab_entries(bare) + _transport_entries(bare)
+
+
+def _profile(**coefficients: Any) -> CostProfile:
+    return CostProfile("p", "m", "d", **{**dict.fromkeys(COEFFICIENTS, 1e-3), **coefficients})
+
+
+def _calibration(**sizes: Any) -> object:
+    """A calibration of one tiny shape on a model of ``sizes``: refused before it allocates."""
+    config = EngineConfig(model=ModelConfig(**sizes))
+    return measure_engine(config, prefill=((8, 0),), decode=(), mixed=(), repeats=1)
+
+
+def _lab_entries(bare: Callable[..., Entry]) -> list[Entry]:
+    """The numbers the lab's library layers take: profiles, faults, fleets, schedulers,
+    arrival processes, calibration sizes. NaN, infinity and huge values included."""
+    out = [
+        bare(f"CostProfile({n})", lambda _, b, n=n: _profile(**{n: b}), valid=(1.5,))
+        for n in COEFFICIENTS
+    ]
+    for n in ("drop", "drop_removals", "lose_completions"):
+        out.append(bare(f"parse_faults({n}=)", lambda _, b, n=n: parse_faults(f"{n}={b}")))
+        out.append(bare(f"FaultPlan({n})", lambda _, b, n=n: FaultPlan(**{n: b})))
+    for n in ("delay", "jitter"):
+        out.append(
+            bare(
+                f"parse_faults({n}=)", lambda _, b, n=n: parse_faults(f"{n}={b}"), valid=("3", 1.5)
+            )
+        )
+        out.append(bare(f"FaultPlan({n})", lambda _, b, n=n: FaultPlan(**{n: b}), valid=(1.5,)))
+    out += [
+        bare("parse_faults(kill=0@T)", lambda _, b: parse_faults(f"kill=0@{b}"), valid=("3", 1.5)),
+        bare("parse_faults(kill=R@1)", lambda _, b: parse_faults(f"kill={b}@1"), valid=("3",)),
+        bare(
+            "FaultPlan(timed at)",
+            lambda _, b: FaultPlan(scheduled=(ScheduledFault("kill", b, 0),)),
+            valid=(1.5,),
+        ),
+        bare(
+            "FaultPlan(timed replica)",
+            lambda _, b: FaultPlan(scheduled=(ScheduledFault("kill", 1.0, b),)),
+            accepts_none=True,
+        ),
+    ]
+    for n in ("num_replicas", "capacity_tokens", "block_size", "buffer_steps"):
+        out.append(bare(f"ClusterConfig({n})", lambda _, b, n=n: ClusterConfig(**{n: b})))
+    out += [
+        bare(
+            "ClusterConfig(reservation_ttl)",
+            lambda _, b: ClusterConfig(reservation_ttl=b),
+            valid=(1.5,),
+        ),
+        bare("ClusterConfig(seed)", lambda _, b: ClusterConfig(seed=b), valid=(-1, 2**70)),
+        bare("SimConfig(max_num_seqs)", lambda _, b: SimConfig(max_num_seqs=b)),
+        bare("SimConfig(max_num_batched_tokens)", lambda _, b: SimConfig(max_num_batched_tokens=b)),
+        bare("poisson_arrivals(rate)", lambda _, b: poisson_arrivals(b), valid=(1.5,)),
+        bare("fixed_rate_arrivals(rate)", lambda _, b: fixed_rate_arrivals(b), valid=(1.5,)),
+        bare("scaled_arrivals(time_scale)", lambda _, b: scaled_arrivals([0.0], b), valid=(1.5,)),
+        bare(
+            "with_arrivals(request_rate)",
+            lambda _, b: with_arrivals([], request_rate=b),
+            accepts_none=True,
+            valid=(1.5,),
+        ),
+        bare(
+            "with_arrivals(time_scale)",
+            lambda _, b: with_arrivals([], time_scale=b),
+            accepts_none=True,
+            valid=(1.5,),
+        ),
+        bare("measure_engine(head_dim)", lambda _, b: _calibration(head_dim=b)),
+        bare("measure_engine(vocab_size)", lambda _, b: _calibration(vocab_size=b)),
+        bare("measure_engine(num_layers)", lambda _, b: _calibration(num_layers=b)),
+        bare(
+            "measure_engine(repeats)",
+            lambda _, b: measure_engine(prefill=((8, 0),), decode=(), mixed=(), repeats=b),
+        ),
+        bare(
+            "measure_engine(shape)",
+            lambda _, b: measure_engine(prefill=((b, 0),), decode=(), mixed=(), repeats=1),
+        ),
+    ]
     return out
+
+
+def _publisher(**options: Any) -> object:
+    """A publisher of bad options: refused before any socket opens (closed if not)."""
+    pub = ZmqEventPublisher("inproc://sweep", **options)
+    pub.shutdown()
+    return pub
+
+
+def _subscriber(**options: Any) -> object:
+    sub = ZmqEventSubscriber("inproc://sweep", lambda s, b: None, **options)
+    sub.close()
+    return sub
+
+
+def _transport_entries(bare: Callable[..., Entry]) -> list[Entry]:
+    """The ZeroMQ publisher's and subscriber's options."""
+    out = [
+        bare(f"ZmqEventPublisher({n})", lambda _, b, n=n: _publisher(**{n: b}))
+        for n in ("buffer_steps", "hwm", "max_queue_size", "data_parallel_rank")
+    ]
+    out += [
+        bare(f"ZmqEventPublisher({n})", lambda _, b, n=n: _publisher(**{n: b}), valid=(1.5,))
+        for n in ("publish_timeout", "replay_grace", "heartbeat")
+    ]
+    out += [
+        bare(f"ZmqEventSubscriber({n})", lambda _, b, n=n: _subscriber(**{n: b}))
+        for n in ("remember", "hwm", "max_payload_bytes")
+    ]
+    out += [
+        bare(f"ZmqEventSubscriber({n})", lambda _, b, n=n: _subscriber(**{n: b}), valid=(1.5,))
+        for n in ("replay_timeout", "heartbeat")
+    ]
+    out.append(
+        bare(
+            "ZmqEventSubscriber(probe_interval)",
+            lambda _, b: _subscriber(probe_interval=b),
+            accepts_none=True,
+            valid=(1.5,),
+        )
+    )
+    return out
+
+
+def _rows_with_one() -> PageRows:
+    r = PageRows()
+    assert r.alloc() == 0
+    r.write(0, 0, [3, 4])
+    return r
 
 
 def _allocator_with(n: int) -> BlockAllocator:
@@ -338,7 +572,12 @@ def _allocator_with(n: int) -> BlockAllocator:
 
 
 ENTRIES = _entries()
-CASES = [pytest.param(e, bad, id=f"{e.name}={bad!r}"[:90]) for e in ENTRIES for bad in wrong_for(e)]
+# Ids without addresses: pytest-xdist's workers must collect the same names.
+CASES = [
+    pytest.param(e, bad, id=f"{e.name}={'object()' if type(bad) is object else repr(bad)}"[:90])
+    for e in ENTRIES
+    for bad in wrong_for(e)
+]
 
 
 @pytest.mark.parametrize(("entry", "bad"), CASES)

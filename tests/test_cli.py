@@ -446,7 +446,7 @@ def test_token_count_lists() -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "--version")
     assert code == 0
-    assert re.fullmatch(r"prefixkv \d+\.\d+\.\S+\n", out)
+    assert re.match(r"prefixkv \d+\.\d+\.\S+ \((compiled|pure Python)\)\nPython 3\.", out)
 
 
 def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -530,7 +530,7 @@ def test_replay_interrupted_writes_partial_hits(
     write_trace(trace, make_workload("shared_system_prompt", num_requests=20, system_len=64))
     out = tmp_path / "hits.jsonl"
     # Ctrl-C in the 8th lookup: 7 requests were admitted.
-    interrupt_after(monkeypatch, vllm.VLLMKVCacheManager, "get_computed_blocks", 8)
+    interrupt_after(monkeypatch, vllm.KVCacheManager, "get_computed_blocks", 8)
     code, stdout, _ = _run(capsys, "replay", str(trace), "--index", "hash_chain", "-k", "2",
                            "--out", str(out))  # fmt: skip
     assert code == 130
@@ -544,11 +544,11 @@ def test_replay_interrupted_writes_partial_hits(
 def test_compare_interrupted_keeps_finished_backends(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefixkv.adapters import sglang
+    from prefixkv.adapters.lab import replay
 
     out = tmp_path / "o"
     # The radix tree runs second: interrupt its first replay midway.
-    interrupt_after(monkeypatch, sglang.SGLangRadixCache, "alloc_for_extend", 5)
+    interrupt_after(monkeypatch, replay, "alloc_for_extend", 5)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--timing-repeats", "1", "--out", str(out))  # fmt: skip
     assert code == 130
@@ -599,9 +599,11 @@ def test_out_equal_to_the_input_is_refused(
     before = trace.read_bytes()
     link = tmp_path / "alias.jsonl"
     link.symlink_to(trace)
-    for out in (trace, link, tmp_path / "." / "seed.jsonl"):
+    for out in (trace, tmp_path / "." / "seed.jsonl"):
         code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(out))
         assert code == 2 and "refusing to overwrite" in _error_line(err)
+    code, _, err = _run(capsys, "replay", str(trace), "--index", "radix", "--out", str(link))
+    assert code == 2 and "is a symbolic link" in _error_line(err)  # never written through
     code, _, err = _run(capsys, "compare", "--trace", str(tmp_path / "results.json"),
                         "--out", str(tmp_path))  # fmt: skip
     assert code == 2

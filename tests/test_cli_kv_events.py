@@ -21,8 +21,8 @@ from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_li
 import prefixkv.adapters.lab.cli as cli
 from prefixkv.adapters.events import read_event_file, transport
 from prefixkv.adapters.events.wire import EventBatch
-from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 
@@ -59,11 +59,13 @@ def steps_of(driver_kind: str, index: Any, num_blocks: int) -> list[list[Any]]:
     """Each step's events (non-empty ones) when the facade drives ``PLAIN``."""
     out: list[list[Any]] = []
     if driver_kind == "vllm":
-        vllm = VLLMKVCacheManager(index, num_blocks, enable_kv_cache_events=True)
+        vllm = KVCacheManager(index, num_blocks + 1, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver: VllmDriver | SGLangDriver = VllmDriver(vllm, lambda: None)
     else:
-        sglang = SGLangRadixCache(index, num_blocks * index.block_size, enable_kv_cache_events=True)
+        sglang = PrefixCache.create_simulated(
+            index, num_blocks * index.block_size, enable_kv_cache_events=True
+        )
         recorder = attach_recorder(sglang)
         driver = SGLangDriver(sglang, lambda: None)
 
@@ -139,6 +141,8 @@ class FakePublisher:
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
+        self.endpoint = kwargs["endpoint"]  # as bound: the real one resolves a wildcard port
+        self.replay_endpoint = kwargs.get("replay_endpoint")
         self.batches: list[EventBatch] = []
         self.closed = False
 

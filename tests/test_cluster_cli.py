@@ -40,7 +40,9 @@ def test_cluster_command_writes_the_report(tmp_path: Path) -> None:
     assert "## Fault runs" in report and "kill=1@50%" in report
     assert "| dynamo | radix |" in report
     payload = json.loads((out / "results.json").read_text())
-    assert {p["labels"]["policy"] for p in payload} == {"round_robin", "dynamo", "sglang", "pooled"}
+    assert payload["format"] == "prefixkv-cluster/2" and payload["partial"] is False
+    policies = {p["labels"]["policy"] for p in payload["runs"]}
+    assert policies == {"round_robin", "dynamo", "sglang", "pooled"}
 
 
 def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
@@ -65,6 +67,12 @@ def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
         ["--faults", "kill=9@10"],
         ["--replicas", "0"],
         ["--capacity-tokens", "lots"],
+        # accepted but ignored until now: refused by name
+        ["--time-scale", "2"],
+        ["--tokens-per-id", "16"],
+        ["--trace-format", "mooncake"],
+        ["--ray-address", "127.0.0.1:6379"],
+        ["--ray-cpus", "0.5"],
     ],
 )
 def test_cluster_command_rejects_bad_flags(
@@ -73,3 +81,13 @@ def test_cluster_command_rejects_bad_flags(
     assert main(["cluster", "--quiet", "--out", str(tmp_path / "x"), *bad]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prefixkv: error:") and len(err.splitlines()) == 1
+
+
+def test_cluster_on_a_workload_takes_max_requests(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    argv = ["cluster", "--workload", "multi_turn", "--max-requests", "12", "--replicas", "2",
+            "--policies", "round_robin", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    with (out / "runs.csv").open() as f:
+        (run,) = csv.DictReader(f)
+    assert run["num_requests"] == "12"

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from array import array
 
 from prefixkv.adapters.events import BlockStored, KVEventBatch, ZmqEventPublisher
 from prefixkv.adapters.lab.sim import load_profile, sim_request
-from prefixkv.adapters.router import HashScheme, Router, Worker, make_policy, parse_policy
+from prefixkv.adapters.router import (
+    ChainedHashIndex,
+    HashScheme,
+    Router,
+    Worker,
+    make_policy,
+    parse_policy,
+)
 from prefixkv.adapters.router.block_tree import RadixBlockIndex
 from prefixkv.adapters.router.event_feed import subscribe
 from prefixkv.adapters.router.policies import POLICIES
@@ -44,3 +53,34 @@ def test_a_zmq_stream_steers_the_router() -> None:
             s.close()
         for p in pubs:
             p.shutdown()
+
+
+def test_a_publisher_that_connects_feeds_a_router_that_binds() -> None:
+    """vLLM given ``tcp://127.0.0.1:PORT`` connects its PUB socket: the router binds."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scheme = HashScheme.vllm(32)
+    router = Router(
+        make_policy(parse_policy("llmd", tuple(POLICIES))),
+        ChainedHashIndex(scheme),
+        scheme,
+        load_profile(),
+    )
+    sub = subscribe(router, 0, f"tcp://127.0.0.1:{port}", bind=True)
+    pub = ZmqEventPublisher(f"tcp://127.0.0.1:{port}")  # no wildcard: connects
+    prompt = array("I", range(3, 131))
+    try:
+        stored = BlockStored(
+            scheme.block_hashes(prompt), None, prompt.tolist(), 32, None, "GPU", None
+        )
+        deadline = time.monotonic() + 10
+        while router.index is not None and not router.index.held(Worker(0)):
+            assert time.monotonic() < deadline, "the bound subscriber got nothing"
+            pub.publish(KVEventBatch(0.0, [stored], 0))  # the first may precede the connection
+            sub.poll(0.05)
+        decision = router.route(sim_request("q", prompt.tolist() + [7], 4, 0.0), 0.0)
+        assert decision.predicted_blocks == 4
+    finally:
+        sub.close()
+        pub.shutdown()

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from prefixkv.adapters.lab.cluster import driver
+from prefixkv.adapters.lab.cluster import driver, experiment
 from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
+from prefixkv.adapters.lab.cluster.experiment import run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
@@ -23,6 +24,7 @@ from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.adapters.router.policies import POLICIES
+from prefixkv.adapters.router.routing import parse_policies
 
 CFG = ClusterConfig(
     num_replicas=4,
@@ -262,3 +264,47 @@ def test_a_broken_invariant_is_reported(
     assert res.invariants.lost_requests
     with pytest.raises(AssertionError, match="lost requests"):
         res.check_invariants()
+
+
+def _experiment(
+    requests: list[SimRequest], **kwargs: object
+) -> tuple[list[ClusterResult], list[str]]:
+    skipped: list[str] = []
+    specs = parse_policies("round_robin,llmd,pooled", tuple(POLICIES))
+    results = run_experiment(lambda cfg: requests, specs, CFG, replicas=[2, 4],
+                             on_skip=lambda run: skipped.append(run.describe()),
+                             **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    return results, skipped
+
+
+def test_an_experiment_starts_no_run_after_its_deadline(
+    requests: list[SimRequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter(range(100))  # each check of the deadline is one second later
+    monkeypatch.setattr(experiment.time, "monotonic", lambda: float(next(clock)))
+    results, skipped = _experiment(requests, deadline=2.5)
+    assert [r.labels["policy"] for r in results] == ["round_robin", "llmd", "pooled"]
+    assert skipped == [
+        "round_robin N=4 capacity=4,096",
+        "llmd N=4 capacity=4,096",
+        "pooled N=4 capacity=4,096",
+    ]
+
+
+def test_ctrl_c_keeps_an_experiments_finished_runs(
+    requests: list[SimRequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = experiment.run_cluster
+    calls = [0]
+
+    def run(*args: object, **kwargs: object) -> ClusterResult:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(experiment, "run_cluster", run)
+    with pytest.raises(experiment.ClusterInterrupted) as stop:
+        _experiment(requests)
+    assert [r.labels["policy"] for r in stop.value.results] == ["round_robin", "llmd"]
+    assert stop.value.planned == 6

@@ -106,6 +106,27 @@ def test_gap_is_replayed_and_window_exceeded_resyncs() -> None:
     assert set(view.blocks(SRC)) == rep.held
 
 
+def test_an_undecodable_batch_is_counted_and_resynced_from_a_dump() -> None:
+    # Live and in a replay: the batch's events are lost, so the view is rebuilt from
+    # the replica's dump, and nothing after it is applied twice.
+    rep = FakeReplica(100)
+    now = [0.0]
+    tracker, view = make_tracker(rep, now)
+    rng = random.Random(2)
+    batches = [rep.step(rng, float(i)) for i in range(6)]
+    now[0] = 10.0
+    tracker.receive(batches[0].seq, batches[0].payload)
+    tracker.receive(batches[1].seq, b"\xc1")  # corrupted on the way
+    assert tracker.stats["bad"] == 1 and tracker.stats["resyncs"] == 1
+    assert set(view.blocks(SRC)) == rep.held and tracker.next_seq == 6
+    more = [rep.step(rng, 20.0 + i) for i in range(4)]
+    rep.pub._buffer[-3] = more[1]._replace(payload=b"\xc1")  # a replay holding a bad batch
+    now[0] = 30.0
+    tracker.receive(more[-1].seq, more[-1].payload)  # a gap: replayed, hits the bad one
+    assert tracker.stats["bad"] == 2 and tracker.stats["resyncs"] == 2
+    assert view.blocks(SRC) == dict.fromkeys(rep.held, 1) and tracker.next_seq == 10
+
+
 def test_restart_is_detected_from_the_sequence() -> None:
     rep = FakeReplica(100)
     now = [0.0]

@@ -206,6 +206,8 @@ def test_time_scale_keeps_a_mooncake_traces_timestamps(
         (["-w", "seed", "--request-rate", "1", "--time-scale", "1"], "not allowed with"),
         (["-w", "seed", "--request-rate", "0"], "--request-rate"),
         (["-w", "seed", "--request-rate", "nan"], "finite number > 0"),
+        (["-w", "seed", "--request-rate", "1e-300"], "in [1e-09, 1e+09], got 1e-300"),
+        (["--trace", str(MOONCAKE_HEAD), "--time-scale", "1e300"], "time scale must be"),
         (["-w", "seed", "--time-scale", "2", "--arrival", "fixed"], "--arrival goes with"),
         (["-w", "seed", "--request-rate", "1", "--profile", "nope"], "no profile 'nope'"),
         (["-w", "seed", "--request-rate", "1", "--policy", "sjf"], "invalid choice"),
@@ -220,6 +222,22 @@ def test_bad_time_flags_are_one_line(
     assert code == 2
     assert needle in _error_line(err)
     assert not (tmp_path / "o").exists()
+
+
+def test_unsorted_timestamps_under_a_time_scale_name_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "late.jsonl"
+    trace.write_text(
+        '{"id": "a", "tokens": [1, 2], "arrival": 3}\n'
+        '{"id": "b", "tokens": [1, 2], "arrival": 5}\n'
+        '{"id": "c", "tokens": [1, 2], "arrival": 4}\n'
+    )
+    code, _, err = _run(
+        capsys, "compare", "--trace", str(trace), "--time-scale", "1", "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and not (tmp_path / "o").exists()
+    assert f"{trace}:3: request 'c' arrives at 4 s, before the request at {trace}:2" in err
 
 
 def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
@@ -341,6 +359,7 @@ def test_calibrate_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_make_report_still_works(tmp_path: Path) -> None:
     # The README's command: make and the installed script are part of the set-up.
     make = shutil.which("make")

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import make_index
 
 PACKAGE_DIRS = ("/indexes/", "/storage/", "/adapters/")
@@ -44,9 +45,9 @@ def count_lines(fn: Callable[[], object]) -> int:
 
 
 def vllm_decode(name: str, bs: int, steps: int) -> int:
-    f = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=8192)
+    f = KVCacheManager(make_index(name, block_size=bs), num_blocks=8193)
     req = SimpleRequest("r", list(range(1, 65)))
-    blocks, hit = f.get_computed_blocks(req)
+    blocks, hit, _ = f.get_computed_blocks(req)
     f.allocate_slots(req, req.num_tokens - hit, hit, blocks)
     req.num_computed_tokens = req.num_tokens
     req.append_output_token_ids(1)
@@ -61,16 +62,20 @@ def vllm_decode(name: str, bs: int, steps: int) -> int:
 
 
 def sglang_decode(name: str, bs: int, steps: int) -> int:
-    cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=8192)
+    cache = PrefixCache.create_simulated(make_index(name, block_size=bs), capacity_tokens=8192)
     req = SimpleReq("r", list(range(1, 65)))
-    cache.alloc_for_extend(req)
+    alloc_for_extend(cache, req)
     req.output_ids.append(1)
     cache.cache_unfinished_req(req)
 
     def run() -> None:
+        # SGLang's decode step touches the pools only; a checkpoint every 16 tokens
+        # (as a chunked request's) is where the tree could walk the whole history.
         for i in range(steps):
-            assert cache.alloc_for_decode(req)
+            assert alloc_for_decode(cache, req)
             req.output_ids.append(2 + i % 1000)
+            if i % 16 == 15:
+                cache.cache_unfinished_req(req)
 
     return count_lines(run)
 

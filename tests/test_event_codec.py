@@ -30,6 +30,7 @@ from prefixkv.adapters.events.wire import (
     BlockStored,
     KVEventBatch,
 )
+from prefixkv.indexes.errors import PrefixKVError
 
 DATA = Path(__file__).parent / "data" / "events"
 VLLM_FILES = ["vllm_sha256_cbor.jsonl", "vllm_sha256.jsonl"]
@@ -216,6 +217,70 @@ def test_unknown_fields_and_event_types() -> None:
 def test_bad_payloads_raise_a_named_error(payload: bytes) -> None:
     with pytest.raises(EventDecodeError):
         EventDecoder().decode(payload)
+
+
+def _deep(depth: int) -> bytes:
+    """msgpack ``[[[...nil...]]]`` nested ``depth`` arrays deep."""
+    return b"\x91" * depth + b"\xc0"
+
+
+def _batch_with(event: bytes) -> bytes:
+    """``[1.0, [event]]`` with ``event``'s msgpack bytes spliced in as they are."""
+    return msgspec.msgpack.encode([1.0, []])[:-1] + b"\x91" + event
+
+
+def _map_event(**fields: Any) -> bytes:
+    return msgspec.msgpack.encode(fields)
+
+
+_STORED = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None}
+
+
+# What a hostile or broken peer may send: every one a named error, never a raw
+# TypeError or RecursionError out of decode() (and so out of a subscriber's poll()).
+HOSTILE = {
+    "type is a list": msgspec.msgpack.encode([1.0, [{"type": [1], "block_hashes": [1]}]]),
+    "type is a map": msgspec.msgpack.encode([1.0, [{"type": {"a": 1}, "block_hashes": [1]}]]),
+    "type missing": msgspec.msgpack.encode([1.0, [{"block_hashes": [1]}]]),
+    "array tag is a list": msgspec.msgpack.encode([1.0, [[[1], [1], "GPU"]]]),
+    "nested 3000 deep": _deep(3000),
+    "event nested 3000 deep": _batch_with(_deep(3000)),
+    "known event, deep unknown field": _batch_with(
+        _map_event(**_STORED)[:-1].replace(b"\x83", b"\x84", 1) + b"\xc0\xa1x" + _deep(3000)
+    ),
+    "ts is NaN": msgspec.msgpack.encode([float("nan"), []]),
+    "ts is infinite": msgspec.msgpack.encode([float("inf"), []]),
+    "ts is a bool": msgspec.msgpack.encode([True, []]),
+    "rank is a bool": msgspec.msgpack.encode([1.0, [], True]),
+    "rank is negative": msgspec.msgpack.encode([1.0, [], -1]),
+    "hash is a map": msgspec.msgpack.encode([1.0, [{**_STORED, "block_hashes": [{}]}]]),
+}
+
+
+@pytest.mark.parametrize("payload", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_payloads_raise_a_named_error(payload: bytes) -> None:
+    dec = EventDecoder()
+    with pytest.raises(EventDecodeError):
+        dec.decode(payload)
+    with pytest.raises(EventDecodeError):
+        dec.decode_vllm(payload)
+    # the decoder still works after each
+    assert dec.decode(encode(KVEventBatch(1.0, [AllBlocksCleared()]))).ts == 1.0
+
+
+def test_oversized_and_non_bytes_payloads_are_refused_before_decoding() -> None:
+    small = EventDecoder(max_payload_bytes=64)
+    ok = encode(KVEventBatch(1.0, [AllBlocksCleared()]))
+    assert small.decode(ok).ts == 1.0
+    big = encode(KVEventBatch(1.0, [BlockRemoved(list(range(100)), "GPU")]))
+    for decode in (small.decode, small.decode_vllm, small.decode_sglang):
+        with pytest.raises(EventDecodeError, match="64"):
+            decode(big)
+    with pytest.raises(EventDecodeError, match="str"):
+        small.decode("not bytes")  # type: ignore[arg-type]
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(PrefixKVError, match="max_payload_bytes"):
+            EventDecoder(max_payload_bytes=bad)  # type: ignore[arg-type]
 
 
 def test_strict_decoders_reject_the_other_engine() -> None:

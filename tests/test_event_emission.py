@@ -3,8 +3,8 @@
 ``tests/data/events`` holds what vLLM 0.33's ``KVCacheManager`` (sha256_cbor and sha256,
 ``PYTHONHASHSEED=0``) and SGLang 0.5.23's ``RadixCache`` (page sizes 1 and 4) published
 for one trace in the K-live schedule (``benchmarks/peers/record_kv_event_fixtures.py``).
-Here prefixkv's hash chain behind the vLLM facade, and its radix tree behind the
-SGLang facade, replay the same trace in the same schedule with a recorder attached to
+Here prefixkv's hash chain behind its vLLM KVCacheManager, and its radix tree behind the
+SGLang prefix cache, replay the same trace in the same schedule with a recorder attached to
 the index; every batch must encode to the engine's payload. The steps line up too, so
 even the timestamps (a virtual clock, 1 ms per step) agree.
 """
@@ -34,8 +34,8 @@ from prefixkv.adapters.events import (
     make_event_recorder,
 )
 from prefixkv.adapters.events.sglang_recorder import SGLangEventRecorder as _Recorder
-from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import (
     HashChainIndex,
     IndexWrapper,
@@ -96,8 +96,8 @@ def test_hash_chain_publishes_vllms_batches(algo: str) -> None:
     bs = SETTINGS["block_size"]
     seed = header["none_hash_seed"]  # PYTHONHASHSEED
     index = make_index("hash_chain", block_size=bs, hash_algorithm=algo, seed=seed)
-    facade = VLLMKVCacheManager(  # block 0 is vLLM's null block
-        index, SETTINGS["vllm_num_blocks"] - 1, enable_kv_cache_events=True
+    facade = KVCacheManager(  # vLLM's num_gpu_blocks, the null block 0 included
+        index, SETTINGS["vllm_num_blocks"], enable_kv_cache_events=True
     )
     recorder = attach_recorder(facade)
     ours = [encode(b) for b in published(VllmDriver, facade, recorder.take_batch)]
@@ -111,7 +111,7 @@ def test_radix_tree_publishes_sglangs_batches(page_size: int) -> None:
     recorder = make_event_recorder(index)
     assert isinstance(recorder, SGLangEventRecorder)
     index.set_event_sink(recorder)  # type: ignore[attr-defined]
-    facade = SGLangRadixCache(index, SETTINGS["capacity_tokens"])
+    facade = PrefixCache.create_simulated(index, SETTINGS["capacity_tokens"])
     batches = published(SGLangDriver, facade, recorder.take_sglang_batch)
     ours = [encode(b) for b in batches]
     assert ours == theirs, first_difference(ours, theirs)

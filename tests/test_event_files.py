@@ -55,3 +55,15 @@ def test_a_bad_line_names_its_number(tmp_path: Path) -> None:
     path.write_bytes(b'[1.0,[],0]\n\n{"not": "a batch"}\n')
     with pytest.raises(EventDecodeError, match=r"e\.jsonl:3"):
         list(read_event_file(path))
+
+
+def test_a_line_nested_past_msgspecs_bound_is_a_named_error(tmp_path: Path) -> None:
+    deep = "[" * 5000 + "]" * 5000  # in a field nobody declared, which is skipped
+    path = tmp_path / "deep.jsonl"
+    path.write_text(
+        '[1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": null, "x": '
+        + deep
+        + "}]]\n"
+    )
+    with pytest.raises(EventDecodeError, match=r"deep\.jsonl:1: not a KV-event batch: nested"):
+        list(read_event_file(path))

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from kv_event_drivers import Driver, SGLangDriver, VllmDriver, attach_recorder
 
 from prefixkv.adapters.events import EventIndex
-from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 from prefixkv.indexes.sglang_hashing import to_event_hash
@@ -94,11 +94,11 @@ def replay_checked(backend: str, facade_kind: str, run: Run) -> int:
     consumer = EventIndex()
     driver: Driver
     if facade_kind == "vllm":
-        vllm = VLLMKVCacheManager(index, pool, enable_kv_cache_events=True)
+        vllm = KVCacheManager(index, pool + 1, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver = VllmDriver(vllm, lambda: check(index, recorder, consumer))
     else:
-        sglang = SGLangRadixCache(index, pool * block_size, enable_kv_cache_events=True)
+        sglang = PrefixCache.create_simulated(index, pool * block_size, enable_kv_cache_events=True)
         recorder = attach_recorder(sglang)
         driver = SGLangDriver(sglang, lambda: check(index, recorder, consumer))
     check(index, recorder, consumer)

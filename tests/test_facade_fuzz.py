@@ -1,4 +1,5 @@
-"""Fuzz both facades, over every backend: long random runs of valid and invalid calls.
+"""Fuzz the vLLM facade and SGLang's prefix cache, over every backend: long random runs
+of valid and invalid calls.
 
 Each step is a valid call in the engines' order (admit, decode, finish) or a misuse
 (an unknown or finished request, a bad token, a wrong count, a double free); a misuse
@@ -9,15 +10,17 @@ the pool is conserved and the index is consistent. Run longer with
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-from helpers import FacadeMachine, release_a_live_request
+from helpers import CacheMachine, FacadeMachine, cache_state, release_a_live_request
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import PrefixKVError, make_index
 
 BACKENDS = st.sampled_from([("hash_chain", 1), ("hash_chain", 4), ("radix", 1), ("radix", 4)])
@@ -44,7 +47,7 @@ class VLLMFacadeFuzz(FacadeMachine):
     @initialize(backend=BACKENDS, blocks=st.integers(6, 40))
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
-        self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=blocks + 1)
         self.manager = self.kv.manager
         self.live = {}
         self.done: list[SimpleRequest] = []
@@ -59,7 +62,7 @@ class VLLMFacadeFuzz(FacadeMachine):
     def admit(self, prompt: list[int]) -> None:
         self.n += 1
         req = SimpleRequest(f"r{self.n}", prompt)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         before = snapshot(self.kv.manager, exact=False)
         new = self.kv.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         if new is None:
@@ -77,7 +80,7 @@ class VLLMFacadeFuzz(FacadeMachine):
             req.num_computed_tokens += 1
             req.append_output_token_ids(data.draw(st.integers(1, 4)))
 
-    @rule(kind=st.sampled_from(["unknown", "negative", "lookahead", "computed"]),
+    @rule(kind=st.sampled_from(["unknown", "negative", "connector", "computed"]),
           bad=BAD_TOKENS)  # fmt: skip
     def misuse(self, kind: str, bad: list[object]) -> None:
         before = snapshot(self.kv.manager)
@@ -87,8 +90,8 @@ class VLLMFacadeFuzz(FacadeMachine):
                 self.kv.allocate_slots(req, 1, 5)  # 5 computed tokens it never looked up
             elif kind == "negative":
                 self.kv.allocate_slots(req, -1)
-            elif kind == "lookahead":
-                self.kv.allocate_slots(req, 1, num_lookahead_tokens=2)
+            elif kind == "connector":  # KV-connector tokens: refused, not modelled
+                self.kv.allocate_slots(req, 1, num_external_computed_tokens=2)
             else:
                 self.kv.get_computed_blocks(SimpleRequest("bad", bad))  # type: ignore[arg-type]
         except PrefixKVError:
@@ -98,29 +101,31 @@ class VLLMFacadeFuzz(FacadeMachine):
         assert snapshot(self.kv.manager) == before
 
 
-class SGLangFacadeFuzz(FacadeMachine):
-    """SGLang's call order: alloc_for_extend, cache_unfinished_req, decode, finish."""
+class SGLangCacheFuzz(CacheMachine):
+    """SGLang's call order on its prefix cache: admission, checkpoint, decode, release."""
 
     @initialize(backend=BACKENDS, tokens=st.integers(8, 80))
     def setup(self, backend: tuple[str, int], tokens: int) -> None:
         name, bs = backend
-        self.cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=tokens)
-        self.manager = self.cache.manager
+        self.cache = PrefixCache.create_simulated(make_index(name, block_size=bs), tokens)
         self.live = {}
         self.n = 0
 
-    def release(self, req: SimpleReq) -> None:
-        self.cache.cache_finished_req(req)
-
     finish = release_a_live_request
+
+    def state(self, *, exact: bool = True) -> tuple[object, ...]:
+        """``exact=False`` leaves out the tree's node count: a lookup that does not fit
+        still splits a node where its match ends, as SGLang's does."""
+        free, stats, rows, totals = cache_state(self.cache, self.running())
+        return (free, stats if exact else stats._replace(num_entries=0), rows, totals)
 
     @rule(prompt=TOKENS)
     def admit(self, prompt: list[int]) -> None:
         self.n += 1
         req = SimpleReq(f"r{self.n}", prompt)
-        before = snapshot(self.cache.manager, exact=False)
-        if self.cache.alloc_for_extend(req) is None:
-            assert snapshot(self.cache.manager, exact=False) == before
+        before = self.state(exact=False)[:3]  # a refusal counts in the totals
+        if alloc_for_extend(self.cache, req) is None:
+            assert self.state(exact=False)[:3] == before
             return
         req.output_ids.append(1)
         self.cache.cache_unfinished_req(req)
@@ -130,33 +135,47 @@ class SGLangFacadeFuzz(FacadeMachine):
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
         req = self.draw_live(data)
-        if self.cache.alloc_for_decode(req):
+        before = self.state()
+        if alloc_for_decode(self.cache, req):
             req.output_ids.append(data.draw(st.integers(1, 4)))
+            if data.draw(st.booleans()):
+                self.cache.cache_unfinished_req(req)
+        else:
+            assert self.state() == before
 
-    @rule(kind=st.sampled_from(["unknown", "twice", "no_token", "bad_tokens", "evict"]),
+    @rule(kind=st.sampled_from(["unknown", "twice", "no_token", "bad_tokens", "evict",
+                                "checkpoint", "same_id"]),
           bad=BAD_TOKENS)  # fmt: skip
     def misuse(self, kind: str, bad: list[object]) -> None:
-        before = snapshot(self.cache.manager)
+        before = self.state()
+        live = next(iter(self.live.values()), None)
         try:
             if kind == "unknown":
                 self.cache.cache_finished_req(SimpleReq("ghost", [1, 2]))
-            elif kind == "twice" and self.live:
-                self.cache.alloc_for_extend(next(iter(self.live.values())))
-            elif kind == "no_token" and self.live:
-                req = next(iter(self.live.values()))
-                fake = SimpleReq(req.rid, req.origin_input_ids)  # no sampled token to feed
-                self.cache.alloc_for_decode(fake)
+            elif kind == "twice" and live is not None:
+                alloc_for_extend(self.cache, live)
+            elif kind == "no_token" and live is not None:
+                fake = SimpleReq(live.rid, live.origin_input_ids)  # its row, no token to feed
+                fake.kv = dataclasses.replace(live.kv)
+                alloc_for_decode(self.cache, fake)
+            elif kind == "checkpoint" and live is not None:
+                self.cache.checkpoint(live, up_to=live.kv.kv_allocated_len + 1)
+            elif kind == "same_id" and live is not None:
+                other = SimpleReq(live.rid, live.origin_input_ids)  # another request, same id
+                other.kv = dataclasses.replace(live.kv)
+                other.output_ids = list(live.output_ids)
+                self.cache.cache_unfinished_req(other)
             elif kind == "evict":
                 self.cache.evict(-1)
             else:
-                self.cache.alloc_for_extend(SimpleReq("bad", bad))  # type: ignore[arg-type]
+                alloc_for_extend(self.cache, SimpleReq("bad", bad))  # type: ignore[arg-type]
         except PrefixKVError:
             pass
         else:
-            if kind in ("twice", "no_token") and not self.live:
+            if kind in ("twice", "no_token", "checkpoint", "same_id") and live is None:
                 return
             raise AssertionError(f"misuse {kind} was accepted")
-        assert snapshot(self.cache.manager) == before
+        assert self.state() == before
 
 
 # Bounded in the ci profile; the dev profile's own example count applies otherwise.
@@ -167,5 +186,5 @@ RUN = (
 )
 TestVLLMFacadeFuzz = VLLMFacadeFuzz.TestCase
 TestVLLMFacadeFuzz.settings = RUN
-TestSGLangFacadeFuzz = SGLangFacadeFuzz.TestCase
-TestSGLangFacadeFuzz.settings = RUN
+TestSGLangCacheFuzz = SGLangCacheFuzz.TestCase
+TestSGLangCacheFuzz.settings = RUN

@@ -1,4 +1,5 @@
-"""Lookups separated from their use by arbitrary other calls, through both facades.
+"""Lookups separated from their use by arbitrary other calls: the vLLM facade and SGLang's
+prefix cache.
 
 vLLM's scheduler calls ``get_computed_blocks`` and then ``allocate_slots``; SGLang's tree
 API hands out ``match_prefix``'s node, which the caller locks later with
@@ -14,17 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import FacadeMachine, release_a_live_request
+from helpers import CacheMachine, FacadeMachine, cache_state, release_a_live_request
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from prefixkv.adapters.sglang import MatchResult, SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import KVCacheBlocks, SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
+from prefixkv.adapters.sglang import MatchResult, PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import StaleHandleError, make_index
 
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=14)
 PICKS = st.lists(st.integers(0, 10**6), max_size=3)
+
+
+def ids(blocks: KVCacheBlocks) -> list[int]:
+    """The block ids of a one-group block list."""
+    (group,) = blocks.get_block_ids()
+    return group
 
 
 def state(manager: Any) -> tuple[Any, ...]:
@@ -61,7 +69,7 @@ class Content:
 
 
 class VLLMLookups(FacadeMachine):
-    """get_computed_blocks ... anything ... allocate_slots, through the vLLM facade."""
+    """get_computed_blocks ... anything ... allocate_slots, through the vLLM KVCacheManager."""
 
     @initialize(
         backend=st.sampled_from([("hash_chain", 1), ("hash_chain", 2), ("radix", 2)]),
@@ -69,7 +77,7 @@ class VLLMLookups(FacadeMachine):
     )
     def setup(self, backend: tuple[str, int], blocks: int) -> None:
         name, bs = backend
-        self.kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=blocks)
+        self.kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=blocks + 1)
         self.manager = self.kv.manager
         self.content = Content(bs)
         self.live = {}
@@ -109,9 +117,9 @@ class VLLMLookups(FacadeMachine):
             return
         event("vllm: admitted with a hit" if hit else "vllm: admitted")
         table = self.kv.get_block_ids(req.request_id)[0]
-        assert table[: len(blocks.block_ids)] == list(blocks.block_ids)
-        self.content.check_hit(blocks.block_ids, req.all_token_ids, self.writing(req.request_id))
-        self.content.overwrite(new.block_ids)
+        assert table[: len(ids(blocks))] == ids(blocks)
+        self.content.check_hit(ids(blocks), req.all_token_ids, self.writing(req.request_id))
+        self.content.overwrite(ids(new))
         req.num_computed_tokens = req.num_tokens
         self.content.write(table, req.all_token_ids, req.num_computed_tokens)
         req.append_output_token_ids(1)
@@ -125,13 +133,13 @@ class VLLMLookups(FacadeMachine):
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
     def admit_now(self, base: int, suffix: list[int]) -> None:
         req = self.new_request(base, suffix)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         self.admit(req, blocks, hit)
 
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
     def lookup(self, base: int, suffix: list[int]) -> None:
         req = self.new_request(base, suffix)
-        blocks, hit = self.kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         self.pending = [*self.pending[-3:], (req, blocks, hit)]
 
     @precondition(lambda self: self.pending)
@@ -143,7 +151,7 @@ class VLLMLookups(FacadeMachine):
     @rule(i=st.integers(0, 100))
     def evict_blocks_of_a_lookup(self, i: int) -> None:
         if isinstance(self.kv.manager.index, type(make_index("hash_chain"))):
-            self.kv.evict_blocks(self.pending[i % len(self.pending)][1].block_ids)
+            self.kv.evict_blocks(ids(self.pending[i % len(self.pending)][1]))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -151,7 +159,7 @@ class VLLMLookups(FacadeMachine):
         req = self.draw_live(data)
         new = self.kv.allocate_slots(req, 1)
         if new is not None:
-            self.content.overwrite(new.block_ids)
+            self.content.overwrite(ids(new))
             req.num_computed_tokens += 1
             table = self.kv.get_block_ids(req.request_id)[0]
             self.content.write(table, req.all_token_ids, req.num_computed_tokens)
@@ -162,8 +170,8 @@ class VLLMLookups(FacadeMachine):
         self.kv.reset_prefix_cache()  # refused (False) while requests run
 
 
-class SGLangLookups(FacadeMachine):
-    """match_prefix ... anything ... inc_lock_ref, through the SGLang facade."""
+class SGLangLookups(CacheMachine):
+    """match_prefix ... anything ... inc_lock_ref, on SGLang's prefix cache."""
 
     @initialize(
         backend=st.sampled_from([("radix", 1), ("radix", 2), ("hash_chain", 2)]),
@@ -171,8 +179,7 @@ class SGLangLookups(FacadeMachine):
     )
     def setup(self, backend: tuple[str, int], tokens: int) -> None:
         name, ps = backend
-        self.cache = SGLangRadixCache(make_index(name, block_size=ps), capacity_tokens=tokens)
-        self.manager = self.cache.manager
+        self.cache = PrefixCache.create_simulated(make_index(name, block_size=ps), tokens)
         self.content = Content(ps)
         self.live = {}
         self.pending: list[tuple[list[int], MatchResult]] = []
@@ -180,20 +187,18 @@ class SGLangLookups(FacadeMachine):
         self.history: list[list[int]] = [[1, 2, 3, 1, 2, 3, 1, 2]]
         self.n = 0
 
-    def release(self, req: SimpleReq) -> None:
-        self.cache.cache_finished_req(req)
-
     finish = release_a_live_request
 
     def table(self, req: SimpleReq) -> list[int]:
-        return self.cache.manager.block_table(req.rid)
+        kv = req.kv
+        assert kv.req_pool_idx is not None
+        return self.cache.rows.read(kv.req_pool_idx, 0, -(-kv.kv_allocated_len // self.content.bs))
 
     def writing(self) -> set[int]:
         ps = self.content.bs
         out: set[int] = set()
         for req in self.live.values():
-            done = len(self.cache.manager.key(req.rid)) // ps
-            out.update(self.table(req)[done:])
+            out.update(self.table(req)[req.kv.kv_committed_len // ps :])
         return out
 
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
@@ -201,18 +206,19 @@ class SGLangLookups(FacadeMachine):
         old = self.history[base % len(self.history)]
         self.n += 1
         req = SimpleReq(f"r{self.n}", (old[: base % (len(old) + 1)] + suffix)[:14])
-        hit = self.cache.alloc_for_extend(req)
+        hit = alloc_for_extend(self.cache, req)
         if hit is None:
             return
         table = self.table(req)
         ps = self.content.bs
-        self.content.check_hit(table[: hit // ps], req.origin_input_ids, self.writing())
+        prompt = list(req.origin_input_ids)
+        self.content.check_hit(table[: hit // ps], prompt, self.writing())
         self.content.overwrite(table[hit // ps :])
         req.output_ids.append(1)
         self.cache.cache_unfinished_req(req)
-        self.content.write(self.table(req), list(req.origin_input_ids), len(req.origin_input_ids))
+        self.content.write(self.table(req), prompt, len(prompt))
         self.live[req.rid] = req
-        self.history.append(list(req.origin_input_ids))
+        self.history.append(prompt)
 
     @rule(base=st.integers(0, 10**6), suffix=TOKENS)
     def lookup(self, base: int, suffix: list[int]) -> None:
@@ -224,13 +230,12 @@ class SGLangLookups(FacadeMachine):
     @rule(i=st.integers(0, 100))
     def lock_looked_up(self, i: int) -> None:
         tokens, match = self.pending.pop(i % len(self.pending))
-        m = self.cache.manager
-        before = state(m)
+        before = cache_state(self.cache, self.running())
         try:
             self.cache.inc_lock_ref(match.last_node)
         except StaleHandleError:
             event("sglang: stale node refused")
-            assert state(m) == before, "a stale node changed the state"
+            assert cache_state(self.cache, self.running()) == before, "a stale node changed it"
             return
         event("sglang: locked a looked-up node")
         self.content.check_hit(match.device_indices, tokens, self.writing())
@@ -246,10 +251,10 @@ class SGLangLookups(FacadeMachine):
     def decode(self, data: st.DataObject) -> None:
         req = self.draw_live(data)
         before = len(self.table(req))
-        if self.cache.alloc_for_decode(req):
+        if alloc_for_decode(self.cache, req):
             self.content.overwrite(self.table(req)[before:])
             fed = list(req.origin_input_ids) + req.output_ids
-            self.content.write(self.table(req), fed, len(self.cache.manager.key(req.rid)))
+            self.content.write(self.table(req), fed, req.kv.kv_committed_len)
             req.output_ids.append(data.draw(st.integers(1, 3)))
 
     @rule(n=st.integers(0, 8))

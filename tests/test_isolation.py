@@ -12,8 +12,9 @@ import time
 import pytest
 
 from prefixkv.adapters import CacheManager
-from prefixkv.adapters.sglang import SGLangRadixCache, SimpleReq
-from prefixkv.adapters.vllm import SimpleRequest, VLLMKVCacheManager
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
+from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     HashChainIndex,
     RadixIndex,
@@ -49,11 +50,11 @@ def test_tenant_b_never_hits_tenant_a_through_the_manager(name: str, bs: int) ->
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
 def test_cache_salt_isolates_through_the_vllm_facade(name: str, bs: int) -> None:
-    kv = VLLMKVCacheManager(make_index(name, block_size=bs), num_blocks=4096 // bs)
+    kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=4096 // bs + 1)
 
     def run(rid: str, salt: str | None) -> int:
         req = SimpleRequest(rid, list(PROMPT), cache_salt=salt)
-        blocks, hit = kv.get_computed_blocks(req)
+        blocks, hit, _ = kv.get_computed_blocks(req)
         assert kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
         kv.free(req)
         return hit
@@ -65,12 +66,12 @@ def test_cache_salt_isolates_through_the_vllm_facade(name: str, bs: int) -> None
 
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
-def test_extra_key_isolates_through_the_sglang_facade(name: str, bs: int) -> None:
-    cache = SGLangRadixCache(make_index(name, block_size=bs), capacity_tokens=4096)
+def test_extra_key_isolates_through_the_sglang_cache(name: str, bs: int) -> None:
+    cache = PrefixCache.create_simulated(make_index(name, block_size=bs), capacity_tokens=4096)
 
     def run(rid: str, **ns: str) -> int:
         req = SimpleReq(rid, PROMPT, **ns)  # type: ignore[arg-type]
-        hit = cache.alloc_for_extend(req)
+        hit = alloc_for_extend(cache, req)
         assert hit is not None
         req.output_ids.append(1)
         cache.cache_finished_req(req)
@@ -80,6 +81,8 @@ def test_extra_key_isolates_through_the_sglang_facade(name: str, bs: int) -> Non
     assert run("b1", cache_salt="lora-x") == 0  # same string, other kind: no hit
     assert run("c1", extra_key="lora-y") == 0
     assert run("a2", extra_key="lora-x") > 0
+    assert run("e1", extra_key="") == 0  # "" is a namespace of its own, as in SGLang
+    assert run("s1", extra_key="lora-x", cache_salt="") > 0  # an empty salt is no salt
 
 
 def test_a_lora_and_a_salt_with_the_same_string_are_different_namespaces() -> None:

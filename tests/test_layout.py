@@ -2,8 +2,9 @@
 embeds never loads the measuring bench, ZeroMQ, torch, or an engine it does not run in.
 
 ``indexes`` <- ``storage`` <- ``adapters`` (``router`` among them) <- ``adapters/lab``;
-the plug-ins import vLLM or SGLang only when an engine loads them; the events
-transport (ZeroMQ) loads only when something publishes or subscribes.
+the modules that import vLLM or SGLang (``adapters/vllm/scheduler.py``, the SGLang
+plug-in) load only when an engine loads them; the events transport (ZeroMQ) loads only
+when something publishes or subscribes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
     assert not {m for m in mods if m.split(".")[0] in ("vllm", "sglang", "matplotlib")}
     assert "prefixkv.adapters.plugins.vllm" not in mods
     assert "prefixkv.adapters.plugins.sglang" not in mods
+    assert "prefixkv.adapters.sglang.plugin" not in mods
+
+
+def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None:
+    # The class SGLang loads is importable (and tested) without SGLang; only its
+    # registration, plugin.py, imports the engine, when SGLang loads it.
+    mods = _modules_after("import prefixkv.adapters.sglang; prefixkv.adapters.sglang.PrefixCache")
+    assert not {m for m in mods if m.split(".")[0] in ("sglang", "torch")}
+    assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
+    assert "prefixkv.adapters.sglang.plugin" not in mods
 
 
 @pytest.mark.parametrize(
@@ -92,8 +103,20 @@ def test_no_module_imports_upward(folder: str, forbidden: str) -> None:
         assert not pattern.search(imports), f"{path.relative_to(ROOT)} imports upward"
 
 
+@pytest.mark.parametrize(
+    "module", ["prefixkv.adapters.vllm", "prefixkv.adapters.vllm.kv_cache_manager"]
+)
+def test_the_vllm_kv_cache_manager_imports_neither_vllm_nor_the_lab(module: str) -> None:
+    # The class vLLM runs is engine-free: its scheduler module alone imports vLLM.
+    mods = _modules_after(f"import {module}; {module}.KVCacheManager")
+    assert not _heavy(mods)  # no vLLM, lab, ZeroMQ or torch
+    assert "prefixkv.adapters.vllm.scheduler" not in mods
+
+
 def test_plugin_errors_are_prefixkv_errors() -> None:
-    from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError
+    from prefixkv.adapters.errors import UnsupportedEngineFeatureError
+    from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError as Old
     from prefixkv.indexes.errors import PrefixKVError
 
     assert issubclass(UnsupportedEngineFeatureError, PrefixKVError)
+    assert Old is UnsupportedEngineFeatureError

@@ -1,6 +1,6 @@
-"""The request shapes the facades read stay Python on both builds: the protocols are
-runtime-checkable, and a driver may give a request attributes of its own (vLLM's
-``lora_request``), which the facade honours.
+"""The request shapes the vLLM facade and SGLang's prefix cache read stay Python on both
+builds: the protocols are runtime-checkable, and a driver may give a request attributes
+of its own (vLLM's ``lora_request``), which the facade honours.
 """
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from prefixkv.adapters import requests, sglang, vllm
+from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.requests import ReqLike, RequestLike, SimpleReq, SimpleRequest
-from prefixkv.adapters.sglang import SGLangRadixCache
-from prefixkv.adapters.vllm import VLLMKVCacheManager
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.vllm import KVCacheManager
 
 
 def test_the_facades_export_the_request_shapes_of_their_engine() -> None:
@@ -26,8 +27,21 @@ def test_the_protocols_check_at_runtime() -> None:
     assert not isinstance(SimpleNamespace(rid="a"), ReqLike)
 
 
+def test_a_lora_id_joins_the_extra_key_as_in_sglang() -> None:
+    # SGLang's Req appends lora_id to extra_key; the cache's namespace is RadixKey's.
+    assert SimpleReq("a", [1], lora_id="sql").extra_key == "sql"
+    assert SimpleReq("a", [1], extra_key="t-", lora_id="sql").extra_key == "t-sql"
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=64)
+    done = SimpleReq("a", [1, 2, 3, 4], lora_id="sql")
+    assert alloc_for_extend(cache, done) == 0
+    done.output_ids.append(5)
+    cache.cache_finished_req(done)
+    assert cache.match_prefix([1, 2, 3, 4], extra_key="sql").prefix_len == 4
+    assert cache.match_prefix([1, 2, 3, 4]).prefix_len == 0
+
+
 def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=16, block_size=2)
+    kv = KVCacheManager("hash_chain", num_blocks=17, block_size=2)
     prompt = [1, 2, 3, 4, 5]
     hits = []
     for rid, lora in (("a", None), ("b", "sql"), ("c", None), ("d", "sql"), ("e", "chat")):
@@ -36,7 +50,7 @@ def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
             req.lora_request = SimpleNamespace(  # type: ignore[attr-defined]
                 lora_name=lora, lora_int_id=1, lora_path=f"/loras/{lora}"
             )
-        blocks, hit = kv.get_computed_blocks(req)
+        blocks, hit, _ = kv.get_computed_blocks(req)
         assert kv.allocate_slots(req, req.num_tokens - hit, hit, blocks) is not None
         req.num_computed_tokens = req.num_tokens
         kv.free(req)
@@ -45,9 +59,9 @@ def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:
 
 
 def test_a_driver_may_tag_a_simple_req() -> None:
-    cache = SGLangRadixCache("radix", capacity_tokens=64)
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=64)
     req = SimpleReq("a", [1, 2, 3])
     req.arrival = 0.5  # type: ignore[attr-defined]
-    assert cache.alloc_for_extend(req) == 0
+    assert alloc_for_extend(cache, req) == 0
     cache.cache_finished_req(req)
     assert req.arrival == 0.5  # type: ignore[attr-defined]

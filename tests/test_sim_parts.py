@@ -199,6 +199,33 @@ def test_calibrate_measures_the_reference_engine(tmp_path: Path) -> None:
     assert load_profile(tmp_path / "p.json") == profile
 
 
+def test_calibrate_refuses_a_model_it_cannot_hold_before_allocating_it() -> None:
+    from prefixkv.adapters.engine import EngineConfig, ModelConfig
+    from prefixkv.adapters.lab.sim.calibration import measure_engine
+
+    huge = EngineConfig(model=ModelConfig(head_dim=10**9))
+    with pytest.raises(SimConfigError, match=r"head.*1000000000.*GiB, over the limit of 8\.0 GiB"):
+        measure_engine(huge, prefill=[(8, 0)], decode=[], mixed=[], repeats=1)
+    with pytest.raises(SimConfigError, match="over the limit"):
+        measure_engine(prefill=[(8, 0)], decode=[], mixed=[], repeats=1, max_bytes=1000)
+    with pytest.raises(SimConfigError, match="prefill shape"):
+        measure_engine(prefill=[(0, 0)], decode=[], mixed=[], repeats=1)
+
+
+def test_a_profile_with_coefficients_no_step_could_take_is_refused(tmp_path: Path) -> None:
+    p = CostProfile("mine", "m", "d", 0.01, 1e-4, 1e-8, 1e-3, 1e-7)
+    for k in COEFFICIENTS:
+        data = p.to_dict()
+        data["coefficients"][k] = 1e308  # every step time would overflow to infinity
+        path = tmp_path / f"{k}.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ProfileError, match=rf"{k} must be a number of seconds in \[0, 1000\]"):
+            load_profile(path)
+        for bad in (math.nan, math.inf, 1001.0):
+            with pytest.raises(ProfileError, match=k):
+                dataclasses.replace(p, **{k: bad})
+
+
 def test_the_simulator_needs_none_of_its_optional_dependencies_to_import() -> None:
     heavy = ("torch", "numpy", "scipy", "matplotlib", "pandas", "pyarrow")
     code = (

@@ -38,6 +38,7 @@ def _requests(n: int) -> Iterator[TraceRequest]:
         yield TraceRequest(f"req-{i}", array("I", [i % 64 + 1] * 32 + [i % 1000 + 1]), out)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
 def test_a_million_requests_replay_in_constant_memory() -> None:
     n = 10**6

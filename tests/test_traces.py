@@ -551,3 +551,116 @@ def test_atomic_writer_and_refuse_overwrite(tmp_path: Path) -> None:
         refuse_overwrite([link], [target])
     with pytest.raises(OutputError, match="input folder"):
         refuse_overwrite([KVCT / "results.json"], [KVCT])
+
+
+# --- sizes refused while streaming, compressions, arrival order -----------------------
+
+
+def _peak_of(read: object) -> tuple[str, int]:
+    """The one-line error ``read()`` fails with, and the peak Python allocation meanwhile."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceFormatError) as info:
+            read()  # type: ignore[operator]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return str(info.value), peak
+
+
+def test_a_giant_compressed_request_is_refused_within_the_limits_memory(tmp_path: Path) -> None:
+    # 290 KB of gzip could hold 1.5e8 tokens; here 5e6 (10 MB of text in 10 KB) against
+    # limits that a 1.1 MB line can reach: the reader stops there, nothing is built.
+    path = tmp_path / "giant.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"id": "a", "tokens": [' + b"1," * 5_000_000 + b"1]}\n")
+    assert path.stat().st_size < 50_000
+    limits = TraceLimits(max_prompt_tokens=1000, max_output_tokens=100)
+    source = open_trace(path, "prefixkv", options=ReadOptions(limits=limits))
+    message, peak = _peak_of(source.scan)
+    assert peak < 3 * 2**20
+    assert "giant.jsonl.gz:1: line longer than 1,061,776 bytes (more than a request" in message
+
+
+def test_too_many_tokens_within_the_line_budget_are_counted_not_built(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "many.jsonl", ['{"id": "a", "tokens": [' + "1," * 400_000 + "1]}"]
+    )
+    limits = TraceLimits(max_prompt_tokens=10_000, max_output_tokens=10)
+    source = open_trace(path, options=ReadOptions(limits=limits))
+    message, peak = _peak_of(source.scan)
+    assert peak < 2.5 * 2**20  # the 800 KB line and one copy; a list would be 3.2 MB more
+    assert "many.jsonl:1: prompt of 400,001 tokens exceeds the limit of 10,000" in message
+
+
+def test_hash_ids_are_counted_before_they_are_built(tmp_path: Path) -> None:
+    many = ",".join(str(i) for i in range(200_000))  # 1.3 MB of ids
+    path = write_lines(
+        tmp_path / "mc.jsonl",
+        [f'{{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [{many}]}}'],
+    )
+    opts = ReadOptions(limits=TraceLimits(max_prompt_tokens=2**21 * 64))
+    message, peak = _peak_of(lambda: open_trace(path, "mooncake", options=opts).scan())
+    assert peak < 4 * 2**20  # the line and one copy; the ids would be 7 MB more
+    assert 'mc.jsonl:1: 200000 "hash_ids" but input_length 10 needs' in message
+
+
+def test_a_giant_kvct_request_is_refused_before_its_ids_are_built(tmp_path: Path) -> None:
+    n = 15_000_000  # 234,375 ids of 64 tokens
+    ids = ",".join(str(i) for i in range(n // 64))
+    doc = f'{{"id": "c", "requests": [{{"in": {n}, "out": 1, "hash_ids": [{ids}]}}]}}'.encode()
+    path = tmp_path / "giant.tar.gz"  # gzip: no 8 MiB xz dictionary in the peak
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("c.json")
+        info.size = len(doc)
+        tar.addfile(info, io.BytesIO(doc))
+    message, peak = _peak_of(lambda: open_trace(path).scan())
+    assert peak < 3 * len(doc)  # the document; its ids would be 9 MB more
+    assert "c.json: $.requests[0]: request 'c/1': prompt of 15,000,000 tokens exceeds" in message
+
+
+def test_xz_traces_are_read_and_other_compressions_refused_by_name(tmp_path: Path) -> None:
+    import bz2
+    import lzma
+
+    text = PREFIXKV.read_bytes()
+    xz = tmp_path / "t.jsonl.xz"
+    xz.write_bytes(lzma.compress(text))
+    assert detect_format(xz) == "prefixkv"
+    assert load_any(xz) == load_any(PREFIXKV)
+    mc = tmp_path / "mc.jsonl.xz"
+    mc.write_bytes(lzma.compress(MOONCAKE.read_bytes()))
+    assert load_any(mc, trace_format="mooncake") == load_any(MOONCAKE)
+    cut = tmp_path / "cut.jsonl.xz"
+    cut.write_bytes(lzma.compress(text * 50)[:-40])
+    assert "cut.jsonl.xz:" in error_of(cut) and "truncated xz stream" in error_of(cut)
+    bz = tmp_path / "t.jsonl.bz2"
+    bz.write_bytes(bz2.compress(text))
+    assert "a bzip2-compressed file; prefixkv reads plain, gzip and xz" in error_of(bz)
+
+
+def test_arrivals_out_of_order_name_both_lines_when_order_is_needed(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "late.jsonl",
+        [
+            '{"id": "a", "tokens": [1], "arrival": 3}',
+            '{"id": "b", "tokens": [1], "arrival": 5}',
+            '{"id": "c", "tokens": [1], "arrival": 4}',
+        ],
+    )
+    assert len(load_any(path)) == 3  # order does not matter without a clock
+    ordered = ReadOptions(sorted_arrivals=True)
+    with pytest.raises(TraceFormatError) as info:
+        open_trace(path, options=ordered).scan()
+    assert str(info.value) == (
+        f"{path}:3: request 'c' arrives at 4 s, before the request at {path}:2 (5 s); a "
+        "replay at the trace's own times needs it sorted by arrival (sort the file, or "
+        "give a request rate instead)"
+    )
+    lines = MOONCAKE.read_text().splitlines()
+    mc = write_lines(tmp_path / "mc.jsonl", [lines[1], lines[0]])
+    with pytest.raises(TraceFormatError, match=r"mc\.jsonl:2: request 'mc-2' arrives at 0 s"):
+        list(open_trace(mc, "mooncake", options=ordered))
+    assert len(list(open_trace(KVCT, options=ordered))) > 0  # per-conversation clocks
+    with pytest.raises(TraceOptionError, match="sorted_arrivals"):
+        ReadOptions(sorted_arrivals=1)  # type: ignore[arg-type]

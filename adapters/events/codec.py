@@ -11,10 +11,19 @@ whatever a router may meet and returns vLLM structs:
   ``data_parallel_rank``), signed hashes, ``cache_salt`` dropped (its hashes are
   already namespaced by it), ``medium``/``lora_name`` possibly absent;
 * fields nobody declared are ignored and unknown event types skipped (counted).
+
+The decoder is the boundary for bytes from the network: whatever a payload holds, it
+either returns a batch or raises :class:`EventDecodeError`. It refuses payloads over
+``max_payload_bytes`` before reading them, nesting deeper than the interpreter's
+recursion limit (msgspec's own bound, 1000 by default), an event whose ``"type"`` is
+missing or not a string, a ``ts`` that is not a finite number and a rank that is not
+a non-negative int.
 """
 
 from __future__ import annotations
 
+import math
+import reprlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -27,6 +36,7 @@ from .sglang_wire import SGLangBlockRemoved, SGLangBlockStored, SGLangEventBatch
 from .wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventBatch
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "EventDecodeError",
     "EventDecoder",
     "as_engine_events",
@@ -40,8 +50,15 @@ T = TypeVar("T")
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+DEFAULT_MAX_PAYLOAD_BYTES = 64 << 20
+"""The largest payload :class:`EventDecoder` reads by default (64 MiB): far above one
+engine step's events (a few MB for a million stored tokens), far below what would
+hurt a router."""
+
+
 class EventDecodeError(PrefixKVError):
-    """A payload is not a KV-event batch in any known layout."""
+    """A payload is not a KV-event batch in any known layout, or is beyond the
+    decoder's bounds (size, nesting depth)."""
 
 
 def encode(batch: EventBatch | SGLangEventBatch) -> bytes:
@@ -160,21 +177,72 @@ def _strict(decoder: msgspec.msgpack.Decoder[T], payload: bytes, what: str) -> T
         return decoder.decode(payload)
     except msgspec.DecodeError as e:
         raise EventDecodeError(f"{what}: {e}") from None
+    except RecursionError:
+        # msgspec bounds nesting by the interpreter's recursion limit, and says so this way
+        raise EventDecodeError(f"{what}: nested deeper than msgspec decodes") from None
+
+
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()  # keyword arguments only from Python 3.12
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 3, 6, 6, 40, 40
+    return r
+
+
+_SHOW = _short_repr()
+
+
+def _show(value: object) -> str:
+    """A short repr of a peer's value for a message: bounded in depth and length, so a
+    hostile payload can neither recurse nor bloat it."""
+    return _SHOW.repr(value)
+
+
+def _checked(batch: KVEventBatch) -> KVEventBatch:
+    """``batch`` if its ``ts`` is a finite number and its rank a non-negative int or None.
+    O(1)."""
+    ts, rank = batch.ts, batch.data_parallel_rank
+    if type(ts) not in (float, int) or not math.isfinite(ts):
+        raise EventDecodeError(f"a batch's ts must be a finite number, got {_show(ts)}")
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise EventDecodeError(
+            f"data-parallel rank must be a non-negative int or nil, got {_show(rank)}"
+        )
+    return batch
 
 
 class EventDecoder:
     """Decodes KV-event payloads of any known layout into vLLM 0.33 structs.
 
     Keep one per subscriber: it holds msgspec's compiled decoders and counts the
-    unknown events it skipped.
+    unknown events it skipped. Every payload it cannot read, whatever its bytes, raises
+    :class:`EventDecodeError` (see the module docstring for the bounds).
+
+    Args:
+        max_payload_bytes: larger payloads are refused before they are read.
 
     Attributes:
         num_skipped_events: events of unknown types dropped so far.
+
+    Raises:
+        PrefixKVError: ``max_payload_bytes`` is not a positive int.
     """
 
-    __slots__ = ("_array", "_generic", "_map", "_sglang", "_vllm", "num_skipped_events")
+    __slots__ = (
+        "_array",
+        "_generic",
+        "_map",
+        "_sglang",
+        "_vllm",
+        "max_payload_bytes",
+        "num_skipped_events",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        if type(max_payload_bytes) is not int or max_payload_bytes < 1:
+            raise PrefixKVError(
+                f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}"
+            )
+        self.max_payload_bytes = max_payload_bytes
         self._vllm = msgspec.msgpack.Decoder(KVEventBatch)
         self._map = msgspec.msgpack.Decoder(_MapBatch)
         self._array = msgspec.msgpack.Decoder(_ArrayBatch)
@@ -186,24 +254,27 @@ class EventDecoder:
         """Decode one batch payload (vLLM 0.33, older vLLM or SGLang 0.5.23).
 
         Raises:
-            EventDecodeError: the payload is not a batch in any known layout.
+            EventDecodeError: the payload is not a batch in any known layout, or is
+                beyond the decoder's bounds.
 
         Complexity: one typed msgspec pass for vLLM 0.33 and for every-event-known
         payloads of the other layouts; a generic pass plus one conversion per event
         otherwise.
         """
+        self._check_size(payload)
         try:
-            return self._vllm.decode(payload)
-        except msgspec.DecodeError:
+            return _checked(self._vllm.decode(payload))
+        except (msgspec.DecodeError, RecursionError):
             pass
         for decoder in (self._map, self._array):
             try:
                 lenient = decoder.decode(payload)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 continue
             events = [to_vllm_event(e) for e in lenient.events]
-            return KVEventBatch(ts=lenient.ts, events=events, data_parallel_rank=lenient.rank)
-        return self._decode_generic(payload)
+            batch = KVEventBatch(ts=lenient.ts, events=events, data_parallel_rank=lenient.rank)
+            return _checked(batch)
+        return _checked(self._decode_generic(payload))
 
     def decode_vllm(self, payload: bytes) -> KVEventBatch:
         """Decode a vLLM 0.33 batch strictly, into vLLM's own structs.
@@ -211,7 +282,8 @@ class EventDecoder:
         Raises:
             EventDecodeError: the payload is not a vLLM 0.33 batch.
         """
-        return _strict(self._vllm, payload, "not a vLLM 0.33 KV-event batch")
+        self._check_size(payload)
+        return _checked(_strict(self._vllm, payload, "not a vLLM 0.33 KV-event batch"))
 
     def decode_sglang(self, payload: bytes) -> SGLangEventBatch:
         """Decode an SGLang 0.5.23 batch strictly, into SGLang's structs (re-encodes exactly).
@@ -219,18 +291,32 @@ class EventDecoder:
         Raises:
             EventDecodeError: the payload is not an SGLang 0.5.23 batch.
         """
-        return _strict(self._sglang, payload, "not an SGLang 0.5.23 KV-event batch")
+        self._check_size(payload)
+        batch = _strict(self._sglang, payload, "not an SGLang 0.5.23 KV-event batch")
+        _checked(KVEventBatch(batch.ts, [], batch.attn_dp_rank))
+        return batch
+
+    def _check_size(self, payload: object) -> None:
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise EventDecodeError(
+                f"a KV-event payload must be bytes, got {type(payload).__name__}"
+            )
+        if len(payload) > self.max_payload_bytes:
+            raise EventDecodeError(
+                f"KV-event payload of {len(payload)} bytes is over the decoder's "
+                f"max_payload_bytes={self.max_payload_bytes}"
+            )
 
     def _decode_generic(self, payload: bytes) -> KVEventBatch:
         raw = _strict(self._generic, payload, "KV-event payload is not msgpack")
         ok = (
             isinstance(raw, list)
             and 2 <= len(raw) <= 3
-            and isinstance(raw[0], (int, float))
+            and type(raw[0]) in (int, float)
             and isinstance(raw[1], list)
         )
         if not ok:
-            raise EventDecodeError(f"not a KV-event batch [ts, events, rank]: {raw!r:.200}")
+            raise EventDecodeError(f"not a KV-event batch [ts, events, rank]: {_show(raw)}")
         events = []
         for item in raw[1]:
             event = self._convert(item)
@@ -239,24 +325,29 @@ class EventDecoder:
             else:
                 events.append(event)
         rank = raw[2] if len(raw) == 3 else None
-        if rank is not None and not isinstance(rank, int):
-            raise EventDecodeError(f"data-parallel rank must be an int or nil, got {rank!r}")
         return KVEventBatch(ts=float(raw[0]), events=events, data_parallel_rank=rank)
 
     @staticmethod
     def _convert(item: object) -> KVEvent | None:
-        """One generic event; ``None`` for an unknown type."""
+        """One generic event; ``None`` for an unknown type (a string no layout knows)."""
         try:
             if isinstance(item, dict):
-                if item.get("type") not in _ARRAY_FIELDS:
+                tag = item.get("type")
+                if type(tag) is not str:
+                    raise EventDecodeError(f"a KV event's type must be a string, got {_show(tag)}")
+                if tag not in _ARRAY_FIELDS:
                     return None
                 return to_vllm_event(msgspec.convert(item, _MapEvent))
             if isinstance(item, list) and item:
-                known = _ARRAY_FIELDS.get(item[0]) if isinstance(item[0], str) else None
+                if type(item[0]) is not str:
+                    raise EventDecodeError(
+                        f"a KV event's tag must be a string, got {_show(item[0])}"
+                    )
+                known = _ARRAY_FIELDS.get(item[0])
                 if known is None:
                     return None
                 # fields a newer layout appended are dropped
                 return to_vllm_event(msgspec.convert(item[: known + 1], _ArrayEvent))
         except msgspec.ValidationError as e:
-            raise EventDecodeError(f"malformed KV event {item!r:.200}: {e}") from None
-        raise EventDecodeError(f"a KV event must be a tagged map or array, got {item!r:.200}")
+            raise EventDecodeError(f"malformed KV event {_show(item)}: {e}") from None
+        raise EventDecodeError(f"a KV event must be a tagged map or array, got {_show(item)}")

@@ -79,3 +79,7 @@ def read_event_file(path: str | os.PathLike[str]) -> Iterator[KVEventBatch]:
                 raise EventDecodeError(
                     f"{os.fspath(path)}:{number}: not a KV-event batch: {e}"
                 ) from None
+            except RecursionError:  # msgspec's bound on nesting, even in ignored fields
+                raise EventDecodeError(
+                    f"{os.fspath(path)}:{number}: not a KV-event batch: nested too deeply"
+                ) from None

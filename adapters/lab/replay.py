@@ -4,8 +4,10 @@ Requests are admitted in order and at most K are live; when a request arrives wh
 K are live, the oldest live one decodes its remaining output one token per step and
 finishes. The whole prompt is prefilled in one step and its first output token is
 sampled there (SPEC, "Replay used to check fidelity"). A backend is driven through
-the vLLM-shaped facade (as vLLM's scheduler drives ``KVCacheManager``), the
-SGLang-shaped one (as SGLang's scheduler drives ``RadixCache``), or the manager.
+prefixkv's vLLM ``KVCacheManager`` (the class that runs inside vLLM, as its scheduler
+drives it), SGLang's prefix cache (``PrefixCache``, through SGLang's scheduler-side
+steps in ``sglang_scheduler``, as SGLang's scheduler drives ``RadixCache``), or the
+manager: the classes that run inside the engines.
 
 The replay consumes its requests as a stream: it holds the K live requests and the
 cache, never the trace. Per-request results are kept in compact arrays (or not at
@@ -31,8 +33,10 @@ from prefixkv.storage.allocator import BlockAllocator
 from ..accounting import BoundaryTracker, RequestRecord
 from ..events.wire import KVEvent
 from ..manager import CacheManager
-from ..sglang import SGLangRadixCache
-from ..vllm import VLLMKVCacheManager
+from ..requests import SimpleReq
+from ..sglang import PrefixCache
+from ..vllm.kv_cache_manager import KVCacheManager
+from .sglang_scheduler import alloc_for_decode, alloc_for_extend
 
 __all__ = [
     "DRIVERS",
@@ -197,17 +201,6 @@ class _VLLMRequest:
         self.num_tokens += 1
 
 
-class _SGLangReq:
-    """What the SGLang facade reads of a request (SGLang ``Req`` fields)."""
-
-    __slots__ = ("origin_input_ids", "output_ids", "rid")
-
-    def __init__(self, rid: str, prompt: Sequence[int]) -> None:
-        self.rid = rid
-        self.origin_input_ids = prompt
-        self.output_ids: list[int] = []
-
-
 class _Live:
     """A live request: its position, the driver's request object, its output."""
 
@@ -223,8 +216,8 @@ class _Live:
 class _Replayer(ABC):
     """Shared K-live state; subclasses play one scheduler."""
 
-    def __init__(self, manager: CacheManager, result: ReplayResult, keep: bool) -> None:
-        self.manager = manager
+    def __init__(self, index: PrefixIndex, result: ReplayResult, keep: bool) -> None:
+        self.index = index
         self.result = result
         self.keep = keep
         self.measure_memory = False
@@ -237,24 +230,36 @@ class _Replayer(ABC):
         self.tracker: BoundaryTracker | None = None
 
     def note_size(self) -> None:
-        cached = self.manager.index.stats().num_cached_blocks
+        cached = self.index.stats().num_cached_blocks
         if cached > self.peak_cached:
             self.peak_cached = cached
             # memory_bytes walks the index: sample it at geometric steps of the peak
             # (O(log capacity) walks), not at every new peak.
             if self.measure_memory and cached >= self._next_measure:
-                measure = getattr(self.manager.index, "memory_bytes", None)
+                measure = getattr(self.index, "memory_bytes", None)
                 if measure is not None:
                     self.peak_memory = max(self.peak_memory, int(measure()))
                 self._next_measure = cached + cached // 4 + 1
 
     def fail(self, what: str) -> ReplayError:
-        m = self.manager
+        free, total = self.pool_size()
         return ReplayError(
             f"{what} does not fit even after evicting everything evictable: "
-            f"{m.allocator.num_free_blocks} free of {m.allocator.num_blocks} blocks, "
-            f"{len(m.running())} requests running; raise the capacity or lower the concurrency"
+            f"{free} free of {total} blocks, {len(self.live)} requests live; "
+            "raise the capacity or lower the concurrency"
         )
+
+    @abstractmethod
+    def pool_size(self) -> tuple[int, int]:
+        """Free and total blocks of the pool."""
+
+    @abstractmethod
+    def take_events(self) -> list[KVEvent]:
+        """The KV events of the step that just ended."""
+
+    @abstractmethod
+    def num_evicted_blocks(self) -> int:
+        """Blocks evicted so far."""
 
     def timed(self, kind: str, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -313,8 +318,26 @@ class _Replayer(ABC):
         """Decode the oldest live request to its end and release it."""
 
 
-class _VLLMReplayer(_Replayer):
-    def __init__(self, facade: VLLMKVCacheManager, result: ReplayResult, keep: bool) -> None:
+class _ManagerBacked(_Replayer):
+    """A replayer over a ``CacheManager`` (the vLLM ``KVCacheManager``'s, or the manager itself)."""
+
+    def __init__(self, manager: CacheManager, result: ReplayResult, keep: bool) -> None:
+        super().__init__(manager.index, result, keep)
+        self.manager = manager
+
+    def pool_size(self) -> tuple[int, int]:
+        a = self.manager.allocator
+        return a.num_free_blocks, a.num_blocks
+
+    def take_events(self) -> list[KVEvent]:
+        return self.manager.take_events()
+
+    def num_evicted_blocks(self) -> int:
+        return self.manager.totals.num_evicted_blocks
+
+
+class _VLLMReplayer(_ManagerBacked):
+    def __init__(self, facade: KVCacheManager, result: ReplayResult, keep: bool) -> None:
         super().__init__(facade.manager, result, keep)
         self.facade = facade
 
@@ -322,7 +345,7 @@ class _VLLMReplayer(_Replayer):
         f = self.facade
         rid = str(rec.id)
         req = _VLLMRequest(rid, rec.tokens)
-        (blocks, hit), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
+        (blocks, hit, _), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
         n = req.num_tokens
         new, t_alloc = self.timed("allocate_prefill", f.allocate_slots, req, n - hit, hit, blocks)
         if new is None:
@@ -362,16 +385,26 @@ class _SGLangReplayer(_Replayer):
     # A request whose only output token is sampled at prefill finishes in that
     # step and is never live (SGLang); vLLM counts every admitted request as live.
 
-    def __init__(self, facade: SGLangRadixCache, result: ReplayResult, keep: bool) -> None:
-        super().__init__(facade.manager, result, keep)
-        self.facade = facade
+    def __init__(self, cache: PrefixCache, result: ReplayResult, keep: bool) -> None:
+        super().__init__(cache.index, result, keep)
+        self.cache = cache
+
+    def pool_size(self) -> tuple[int, int]:
+        pool = self.cache.pool
+        return pool.num_free_blocks, pool.num_blocks
+
+    def take_events(self) -> list[KVEvent]:
+        return self.cache.take_events()
+
+    def num_evicted_blocks(self) -> int:
+        return self.cache.totals.num_evicted_blocks
 
     def admit(self, i: int, rec: ReplayRequest) -> HitRow:
-        f = self.facade
+        f = self.cache
         rid = str(rec.id)
-        req = _SGLangReq(rid, rec.tokens)
+        req = SimpleReq(rid, rec.tokens)
         sampled: Sequence[int] = rec.output if len(rec.output) else (0,)  # SGLang samples one
-        hit, spent = self.timed("alloc_for_extend", f.alloc_for_extend, req)
+        hit, spent = self.timed("alloc_for_extend", alloc_for_extend, f, req)
         if hit is None:
             raise self.fail(f"prefill of request {rid!r} ({len(rec.tokens)} tokens)")
         req.output_ids.append(sampled[0])
@@ -390,13 +423,13 @@ class _SGLangReplayer(_Replayer):
     def finish_oldest(self) -> None:
         live = self.live.popleft()
         req, sampled = live.request, live.output
-        alloc = self.facade.alloc_for_decode
+        cache = self.cache
         out_ids = req.output_ids
         perf, spent = time.perf_counter, 0.0
         step = self.on_step
         while len(out_ids) < len(sampled):
             t0 = perf()
-            ok = alloc(req)
+            ok = alloc_for_decode(cache, req)
             spent += perf() - t0
             if not ok:
                 raise self.fail(f"decode step of request {req.rid!r}")
@@ -405,10 +438,10 @@ class _SGLangReplayer(_Replayer):
             if step is not None and len(out_ids) < len(sampled):
                 step()
         self.book("alloc_for_decode", live, spent)
-        self.release(live, "cache_finished_req", self.facade.cache_finished_req, req)
+        self.release(live, "cache_finished_req", self.cache.cache_finished_req, req)
 
 
-class _ManagerReplayer(_Replayer):
+class _ManagerReplayer(_ManagerBacked):
     def admit(self, i: int, rec: ReplayRequest) -> HitRow:
         m = self.manager
         rid = str(rec.id)
@@ -449,12 +482,12 @@ def _replayer(
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
     if driver == "vllm":
-        facade = VLLMKVCacheManager(
-            index, num_blocks, observers=observers, enable_kv_cache_events=events
+        facade = KVCacheManager(  # num_gpu_blocks: vLLM's null block 0 comes on top
+            index, num_blocks + 1, observers=observers, enable_kv_cache_events=events
         )
         rp = _VLLMReplayer(facade, result, keep)
     elif driver == "sglang":
-        sg = SGLangRadixCache(
+        sg = PrefixCache.create_simulated(
             index,
             num_blocks * index.block_size,
             observers=observers,
@@ -530,7 +563,7 @@ def replay(
     rp.measure_memory = measure_memory
     rp.on_step = on_step
     if on_events is not None:
-        take, step = rp.manager.take_events, on_step
+        take, step = rp.take_events, on_step
 
         def publish_step() -> None:
             events = take()
@@ -596,6 +629,6 @@ class _Collector:
 
 def _close(rp: _Replayer, result: ReplayResult, t0: float) -> None:
     result.wall_seconds = time.perf_counter() - t0
-    result.evicted_blocks = rp.manager.totals.num_evicted_blocks
+    result.evicted_blocks = rp.num_evicted_blocks()
     result.peak_cached_blocks = rp.peak_cached
     result.index_memory_bytes = rp.peak_memory

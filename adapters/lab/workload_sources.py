@@ -6,6 +6,7 @@ names are the generators of :mod:`prefixkv.adapters.lab.workloads` at their defa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Iterable, Sequence
@@ -142,13 +143,7 @@ def load_workloads(
         if names:
             raise WorkloadError(f"give workloads or a trace, not both: {list(names)} and {trace}")
         base = ReadOptions() if options is None else options
-        opts = ReadOptions(
-            tokens_per_id=tokens_per_id,
-            vocab_size=base.vocab_size,
-            seed=seed,
-            output=base.output,
-            limits=base.limits,
-        )
+        opts = dataclasses.replace(base, tokens_per_id=tokens_per_id, seed=seed)
         source = open_trace(trace, trace_format, max_requests=max_requests, options=opts)
         bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
         try:

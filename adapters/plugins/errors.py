@@ -1,15 +1,7 @@
-"""Errors the engine plug-ins raise (no engine imported here)."""
+"""Errors the engine plug-ins raise; kept for one release, now in ``prefixkv.adapters.errors``."""
 
 from __future__ import annotations
 
-from prefixkv.indexes.errors import PrefixKVError
+from ..errors import UnsupportedEngineFeatureError
 
 __all__ = ["UnsupportedEngineFeatureError"]
-
-
-class UnsupportedEngineFeatureError(PrefixKVError):
-    """The engine is configured with a feature the plug-in does not support.
-
-    Raised at start-up, before any request runs; the message names the feature and
-    the flag that turned it on.
-    """

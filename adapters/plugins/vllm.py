@@ -1,156 +1,27 @@
-"""vLLM 0.33's scheduler with a prefixkv index as its prefix cache.
+"""Deprecated: the vLLM plug-in moved to :mod:`prefixkv.adapters.vllm.scheduler`.
 
-    vllm serve MODEL --scheduler-cls prefixkv.adapters.plugins.vllm.PrefixKVScheduler \\
-        --additional-config '{"prefixkv": {"index": "radix"}}'
-
-``PrefixKVScheduler`` is vLLM's own ``Scheduler`` (or ``AsyncScheduler`` when async
-scheduling is on: the class picks it, as vLLM's default does) whose
-``kv_cache_manager`` is a :class:`~.vllm_kv.PrefixKVCacheManager` over the index the
-``prefixkv`` settings name: ``index`` (a registry name, default ``"hash_chain"``) and
-any other keys as the index's options (``eviction``, ``hash_algorithm``, ``seed``...).
-The index's block size is vLLM's ``--block-size``. One full-attention KV-cache group
-is supported; hybrid models, sliding windows, Mamba, encoder-decoder models, KV
-connectors, KV events and speculative decoding are refused at start-up.
+``--scheduler-cls prefixkv.adapters.plugins.vllm.PrefixKVScheduler`` keeps working for
+one release (same classes); use
+``--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import warnings
 
-from vllm.config import VllmConfig
-from vllm.logger import init_logger
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpecKind, get_kv_cache_spec_kind
+from ..vllm.scheduler import (
+    PrefixKVAsyncScheduler,
+    PrefixKVScheduler,
+    check_supported,
+    index_from_config,
+)
 
-from prefixkv.indexes.base import PrefixIndex
-from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
+__all__ = ["PrefixKVAsyncScheduler", "PrefixKVScheduler", "check_supported", "index_from_config"]
 
-from .errors import UnsupportedEngineFeatureError
-from .vllm_kv import PrefixKVCacheManager
-
-__all__ = ["PrefixKVAsyncScheduler", "PrefixKVScheduler", "index_from_config"]
-
-logger = init_logger(__name__)
-
-SETTINGS_KEY = "prefixkv"
-_FULL_ATTENTION = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
-
-
-def index_from_config(vllm_config: VllmConfig, block_size: int) -> PrefixIndex:
-    """The index ``additional_config["prefixkv"]`` names, at vLLM's block size.
-
-    Prefix caching off (``--no-enable-prefix-caching``) gives the ``"none"`` index.
-
-    Raises:
-        PrefixKVError: the settings are not a mapping, or the index or an option is unknown.
-    """
-    extra = vllm_config.additional_config
-    settings = extra.get(SETTINGS_KEY, {}) if isinstance(extra, dict) else {}
-    if not isinstance(settings, dict):
-        raise PrefixKVError(
-            f"additional_config[{SETTINGS_KEY!r}] must be a JSON object, got {settings!r}"
-        )
-    options = dict(settings)
-    name = options.pop("index", "hash_chain")
-    if not vllm_config.cache_config.enable_prefix_caching:
-        name, options = "none", {}
-    if not isinstance(name, str):
-        raise PrefixKVError(f"{SETTINGS_KEY}.index must be a registry name, got {name!r}")
-    options = {**pool_owned_options(name), **options}
-    if describe_index(name).models == "vllm":
-        # vLLM's own block hashes (and so KV events a router can match with vLLM
-        # replicas): its --prefix-caching-hash-algo; PYTHONHASHSEED seeds it as in vLLM.
-        options.setdefault("hash_algorithm", vllm_config.cache_config.prefix_caching_hash_algo)
-    return make_index(name, block_size=block_size, **options)
-
-
-def check_supported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
-    """Refuse what the plug-in does not model, naming the feature and its flag.
-
-    Raises:
-        UnsupportedEngineFeatureError: the first unsupported feature found.
-    """
-
-    def refuse(feature: str) -> None:
-        raise UnsupportedEngineFeatureError(
-            f"prefixkv's vLLM scheduler does not support {feature}; run without it or "
-            "without --scheduler-cls prefixkv.adapters.plugins.vllm.PrefixKVScheduler"
-        )
-
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        kinds = sorted({get_kv_cache_spec_kind(g.kv_cache_spec).value for g in groups})
-        refuse(f"hybrid KV-cache layouts ({len(groups)} KV-cache groups: {', '.join(kinds)})")
-    spec = groups[0].kv_cache_spec
-    kind = get_kv_cache_spec_kind(spec)
-    if kind not in _FULL_ATTENTION:
-        refuse(f"{kind.value.replace('_', ' ')} layers (only full attention is supported)")
-    if getattr(spec, "sliding_window", None) is not None:
-        refuse("sliding-window attention")
-    if getattr(spec, "attention_chunk_size", None) is not None:
-        refuse("chunked local attention")
-    if spec.prefix_replay_tokens:
-        refuse("sliding-window bounded prefix replay")
-    if kv_cache_config.needs_kv_cache_zeroing:
-        refuse("KV caches that need zeroing (Mamba or mixed precision)")
-    if vllm_config.model_config.is_encoder_decoder:
-        refuse("encoder-decoder models (cross-attention)")
-    if vllm_config.kv_transfer_config is not None:
-        refuse("KV connectors (--kv-transfer-config)")
-    if vllm_config.speculative_config is not None:
-        refuse("speculative decoding (lookahead slots; --speculative-config)")
-    if vllm_config.parallel_config.decode_context_parallel_size > 1:
-        refuse("decode context parallelism (--decode-context-parallel-size)")
-    if vllm_config.aux_output_config.enabled:
-        refuse("auxiliary-output connectors")
-
-
-class PrefixKVScheduler(Scheduler):  # type: ignore[misc]
-    """vLLM's scheduler, its prefix cache a prefixkv index.
-
-    Constructed by vLLM's engine core with the ``Scheduler`` arguments. With async
-    scheduling on, constructing it gives a :class:`PrefixKVAsyncScheduler`.
-
-    Raises:
-        UnsupportedEngineFeatureError: at construction, for an unsupported feature.
-        PrefixKVError: bad ``prefixkv`` settings.
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> PrefixKVScheduler:
-        config = kwargs.get("vllm_config", args[0] if args else None)
-        if (
-            cls is PrefixKVScheduler
-            and config is not None
-            and config.scheduler_config.async_scheduling
-        ):
-            cls = PrefixKVAsyncScheduler
-        return super().__new__(cls)  # type: ignore[no-any-return]
-
-    def __init__(
-        self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, *args: Any, **kwargs: Any
-    ) -> None:
-        check_supported(vllm_config, kv_cache_config)
-        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
-        index = index_from_config(vllm_config, self.block_size)
-        # The native manager Scheduler.__init__ built is replaced before any request.
-        self.kv_cache_manager = PrefixKVCacheManager(
-            index,
-            kv_cache_config.num_blocks,
-            self.max_model_len,
-            enable_caching=self.cache_config.enable_prefix_caching,
-            log_stats=self.log_stats,
-            watermark=self.scheduler_config.watermark,
-            enable_kv_cache_events=self.enable_kv_cache_events,
-        )
-        logger.info(
-            "prefixkv: %s index (block size %d) over %d KV blocks",
-            type(index).__name__,
-            self.block_size,
-            kv_cache_config.num_blocks,
-        )
-
-
-class PrefixKVAsyncScheduler(PrefixKVScheduler, AsyncScheduler):  # type: ignore[misc]
-    """vLLM's ``AsyncScheduler`` with a prefixkv index (picked when async scheduling is on)."""
+_MOVED = (
+    "prefixkv.adapters.plugins.vllm is deprecated; use --scheduler-cls "
+    "prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
+)
+warnings.warn(_MOVED, DeprecationWarning, stacklevel=2)
+logging.getLogger(__name__).warning(_MOVED)  # vllm serve shows no DeprecationWarning

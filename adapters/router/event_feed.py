@@ -9,6 +9,10 @@ unbridgeable gap makes the index forget the replica (a real engine offers no dum
 what it still holds is learned again as it publishes). The caller polls the
 subscriber and calls :meth:`Router.route` with the requests' token ids.
 ZeroMQ is imported when :func:`subscribe` is first called.
+
+vLLM binds its PUB socket only for a wildcard address (``tcp://*:5557``); given
+``tcp://127.0.0.1:5557`` it connects, and the router binds that address
+(``bind=True``). Its replay socket always binds.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def subscribe(
     endpoint: str,
     *,
     replay_endpoint: str | None = None,
+    bind: bool = False,
+    probe_interval: float | None = 1.0,
     context: Any = None,
 ) -> ZmqEventSubscriber:
     """Route to ``replica`` and feed its ZeroMQ event stream into ``router``'s index.
@@ -40,6 +46,10 @@ def subscribe(
         replica: the id the router knows the engine by.
         endpoint: the engine's PUB address (``tcp://host:5557``).
         replay_endpoint: its ROUTER replay address, if it has one.
+        bind: bind ``endpoint`` (the engine's PUB connects to the router: vLLM given
+            a non-wildcard address) instead of connecting to it.
+        probe_interval: seconds of quiet after which the replay socket is asked
+            whether the engine moved on or restarted (``None``: never).
         context: a ZeroMQ context (default: the process-wide one).
 
     Returns:
@@ -66,5 +76,7 @@ def subscribe(
         replay_endpoint=replay_endpoint,
         on_restart=forget,
         on_resync=forget,
+        bind=bind,
+        probe_interval=probe_interval,
         context=context,
     )

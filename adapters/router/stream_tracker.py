@@ -12,8 +12,9 @@ for event replay (vLLM's ``replay_endpoint``); the lab's simulated replicas do i
 gap -> replay from the first missing ``seq``; the sequence going backwards with
   other content -> a restart (drop what was learned, take the new run from 0); a
   router joining mid-stream -> replay from 0; a replay that no longer holds the
-  missing batches (the replay window was exceeded) -> a resync from the replica's
-  dump of its cache (Dynamo's tree dump), never a guess.
+  missing batches (the replay window was exceeded), or a batch that does not decode
+  -> a resync from the replica's dump of its cache (Dynamo's tree dump), never a
+  guess.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ class StreamTracker(SequencedStream):
             if b.seq > start:  # no longer buffered: lost for good
                 self.resync()
                 return
-            self._deliver(b.seq, b.payload)
+            if not self._deliver(b.seq, b.payload):
+                return  # resynced from a dump, which covers the rest
             start = b.seq + 1
 
     def _is_stale(self) -> bool:
@@ -168,10 +170,15 @@ class StreamTracker(SequencedStream):
         self.resync()
         return True
 
-    def _deliver(self, seq: int, payload: bytes) -> None:
+    def _deliver(self, seq: int, payload: bytes) -> bool:
+        """Deliver one batch; False when it did not decode and the stream was rebuilt
+        from a dump instead (its events are lost otherwise)."""
         self._passed(seq, payload)
         if self._apply(seq, payload):
             self.stats["delivered"] += 1
+            return True
+        self.resync()
+        return False
 
     def _apply(self, seq: int, payload: bytes) -> bool:
         try:

@@ -11,8 +11,8 @@ agree request for request, and prints the ratios of the performance goals:
   its Rust core (``UnifiedRadixCache``), insert time (``cache_(un)finished_req``),
   and the whole replay's time in the tree.
 
-Not part of the test suite. Needs the side environments (README, "Comparing with
-vLLM and SGLang"):
+Not part of the test suite. Needs the side environments (benchmarks/README.md,
+"The engines' own code: the peers"):
 
     python benchmarks/peers/head_to_head.py \\
         --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python
@@ -134,7 +134,7 @@ def row(workload: str, what: str, ref_name: str, ref: float, ours: float, ratio:
 
 def hash_chain_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest],
                     trace: Path, tmp: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """vLLM's KVCacheManager against the hash chain behind the vLLM-shaped facade."""
+    """vLLM's KVCacheManager against the hash chain behind prefixkv's vLLM KVCacheManager."""
     n = len(reqs)
     blocks = sum(len(r.tokens) + len(r.output) for r in reqs) // 16 + 4 * n  # no eviction
     cmd = [args.vllm_python, str(HERE / "vllm_oracle.py"), str(trace), "--num-blocks",

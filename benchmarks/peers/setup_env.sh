@@ -5,7 +5,8 @@
 #   bash benchmarks/peers/setup_env.sh vllm   .peers/vllm     # vLLM 0.33.0   (~3.1 GB)
 #   bash benchmarks/peers/setup_env.sh sglang .peers/sglang   # SGLang 0.5.23 (~2.5 GB)
 #
-# Idempotent: an environment that passes check_env.py is left as it is. FORCE=1 rebuilds
+# Idempotent: an environment that passes check_env.py (which imports this checkout's
+# prefixkv, as the engine tests do) is left as it is. FORCE=1 rebuilds
 # it from scratch; PYTHON= picks the interpreter (3.11 by default, as the pins were made
 # there); TORCH_PIP_ARGS= adds pip arguments for finding a CPU build of torch 2.13.0
 # (e.g. "--index-url <a CPU wheel index>"): `pip install torch==2.13.0` must resolve to a
@@ -61,6 +62,8 @@ echo "torch==2.13.0" > "$CONSTRAINT"
 "${PIP[@]}" --no-deps "$SPEC"
 # 3. What its modules import, pinned; torch stays put.
 "${PIP[@]}" -c "$CONSTRAINT" -r "$HERE/$ENGINE-requirements.txt"
+# 4. This checkout, so the engine finds prefixkv's plug-in (and the check imports it).
+"${PIP[@]}" --no-deps -e "$HERE/../.."
 
 if check; then
   echo "setup_env: $VENV is ready ($SPEC, CPU torch 2.13.0)"

@@ -68,7 +68,7 @@ def record_hashes(out: str) -> None:
                 os.environ["PYTHONHASHSEED"] = seed
             fn = get_hash_fn_by_name(algo)
             kcu.init_none_hash(fn)
-            hasher = kcu.get_request_block_hasher(block_size, fn, 0)
+            hasher = kcu.get_request_block_hasher(block_size, fn)
             make_request = RequestMaker(hasher)
             reqs = []
             for i, rec in enumerate(HASH_REQUESTS):

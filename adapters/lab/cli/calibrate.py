@@ -23,7 +23,9 @@ from typing import Any
 
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
+from ..traces.files import check_output
 from .common import CLIUsageError, positive_int
+from .signals import Interrupts
 
 __all__ = ["add_calibrate_parser", "run_calibrate"]
 
@@ -109,18 +111,21 @@ def add_calibrate_parser(sub: Any) -> None:
     )
 
 
-def run_calibrate(args: argparse.Namespace) -> int:
-    """Run ``prefixkv calibrate``; returns the exit status."""
+def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
+    """Run ``prefixkv calibrate``; returns the exit status.
+
+    ``--out`` is checked before any measurement (and before torch loads); Ctrl-C
+    before the fit writes nothing.
+    """
+    interrupts = interrupts or Interrupts()
     if args.list:
         print(list_profiles())
         return 0
     if args.out is None:
         raise CLIUsageError("--out FILE is required (the profile to write)")
-    out = Path(args.out)
-    if out.is_dir():
-        raise CLIUsageError(f"--out {out} is a folder; calibrate writes a file")
+    out = check_output(args.out)
     if args.server is None and args.from_vllm_bench is None:
-        return _reference_engine(args, out)
+        return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or 8192
     if args.server is not None:
         from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
@@ -141,9 +146,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         profile = calibrate_from_vllm_bench(
             args.from_vllm_bench, name=args.name, max_num_batched_tokens=budget
         )
+    interrupts.hold()  # the profile is measured: write it whole
     save_profile(profile, out)
     _print_fit(profile, out)
-    return 0
+    return interrupts.status() if interrupts.received else 0
 
 
 def _num_runs(sweep: Any) -> int:
@@ -185,7 +191,7 @@ def list_profiles() -> str:
     return "\n\n".join(blocks)
 
 
-def _reference_engine(args: argparse.Namespace, out: Path) -> int:
+def _reference_engine(args: argparse.Namespace, out: Path, interrupts: Interrupts) -> int:
     import torch  # only the reference engine's calibration needs torch here
 
     from prefixkv.adapters.engine import EngineConfig, ModelConfig
@@ -222,6 +228,7 @@ def _reference_engine(args: argparse.Namespace, out: Path) -> int:
         profile = calibrate(config, name=args.name, repeats=repeats, progress=bar.update, **shapes)
     finally:
         bar.close()
+    interrupts.hold()  # the profile is measured: write it whole
     save_profile(profile, out)
     _print_fit(profile, out)
-    return 0
+    return interrupts.status() if interrupts.received else 0

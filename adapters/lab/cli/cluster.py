@@ -2,7 +2,10 @@
 
 The subcommand's flags and its run over the cluster simulation
 (:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
-(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`).
+(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). Flags that
+would be ignored are refused, ``--out`` is checked before the first run, ``--ray``
+checks that the replica actors fit the Ray cluster's CPUs before starting them, and
+Ctrl-C (or SIGTERM) writes the runs that finished, marked partial.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 
 from ..cluster.errors import ClusterConfigError
-from ..cluster.experiment import arrival_span, run_experiment
-from ..cluster.faults import parse_faults
+from ..cluster.experiment import ClusterInterrupted, arrival_span, run_experiment
+from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
-from ..cluster.report import write_report
+from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
-from .common import parse_token_counts
+from ..traces.files import check_output_folder
+from .common import CLIUsageError, parse_token_counts
+from .signals import Interrupts
 
 __all__ = ["add_cluster_parser", "run_cluster_command"]
 
@@ -174,8 +179,9 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
     )
-    x.add_argument("--ray-cpus", type=_positive(float), default=1.0, metavar="C",
-                   help="CPUs each replica actor asks for (default 1)")  # fmt: skip
+    x.add_argument("--ray-cpus", type=_positive(float), metavar="C",
+                   help="CPUs each replica actor asks for; refused when the actors do not "
+                   "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
@@ -185,18 +191,45 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
 def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int | None]:
     """Trace requests (re-iterable), a description, and tokens per hash id."""
     if args.trace is None:
-        w = make_workload(args.workload, seed=args.seed)
+        w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
     opts = ReadOptions(
-        tokens_per_id=args.tokens_per_id, seed=args.seed, output=not args.prefill_only
+        tokens_per_id=args.tokens_per_id,
+        seed=args.seed,
+        output=not args.prefill_only,
+        sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
     source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
     name = os.path.basename(args.trace)
     return source, f"{name} ({source.format})", source.tokens_per_id
 
 
-def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``prefixkv cluster``; returns the exit status (errors raise)."""
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that would be silently ignored."""
+    if args.trace is None:
+        if args.time_scale is not None:
+            raise CLIUsageError(
+                "--time-scale stretches a trace's timestamps, and built-in workloads have "
+                "none: give --request-rate R (default 2 requests/s) or a --trace"
+            )
+        for flag in ("trace_format", "tokens_per_id"):
+            if getattr(args, flag) is not None:
+                raise CLIUsageError(f"--{flag.replace('_', '-')} needs --trace")
+    if not args.ray:
+        for flag in ("ray_address", "ray_cpus"):
+            if getattr(args, flag) is not None:
+                raise CLIUsageError(f"--{flag.replace('_', '-')} needs --ray")
+
+
+def run_cluster_command(
+    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
+) -> int:
+    """Run ``prefixkv cluster``; returns the exit status (errors raise; 130 or 143:
+    interrupted, the finished runs written and marked partial)."""
+    interrupts = interrupts or Interrupts()
+    _check_flags(args)
+    profile_file = args.profile if os.path.exists(args.profile) else None
+    check_output_folder(args.out, OUTPUT_NAMES, [args.trace, profile_file])
     requests, description, per_id = _source(args)
     if args.trace is None and args.request_rate is None:
         args.request_rate = 2.0  # built-in workloads have no timestamps
@@ -222,17 +255,28 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         keep_tokens=plan is not None,
     )
     t0 = time.perf_counter()
-    with _fleet(args) as fleet_factory:
-        results = run_experiment(
-            stream,
-            specs,
-            config,
-            replicas=args.replicas,
-            capacities=capacities,
-            faults=plan,
-            fleet=fleet_factory,
-            on_run=None if args.quiet else _print_run,
-        )
+    partial = ""
+    actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
+    try:
+        with _fleet(args, actors) as fleet_factory:
+            results = run_experiment(
+                stream,
+                specs,
+                config,
+                replicas=args.replicas,
+                capacities=capacities,
+                faults=plan,
+                fleet=fleet_factory,
+                on_run=None if args.quiet else _print_run,
+            )
+    except ClusterInterrupted as stop:
+        results = stop.results
+        partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
+    interrupts.hold()  # what finished is written whole, whatever arrives now
+    if not results:
+        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
+              file=sys.stderr)  # fmt: skip
+        return interrupts.status()
     timing = (
         f"Poisson {args.request_rate}/s (seed {args.seed})"
         if args.request_rate is not None
@@ -245,15 +289,25 @@ def run_cluster_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         source=f"{description}; arrivals: {timing}; "
         f"{'prefill only' if args.prefill_only else 'full outputs'}",
         requests_table=not args.no_requests_table,
+        partial=partial,
     )
     broken = [r for r in results if r.invariants.broken()]
-    if not args.quiet:
+    if not args.quiet or partial:
         wall = time.perf_counter() - t0
-        print(f"{len(results)} runs in {wall:.1f} s; wrote {len(files)} files to {args.out}")
+        what = f"partial results ({partial})" if partial else f"{len(results)} runs"
+        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     if broken:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1
-    return 0
+    return interrupts.status() if partial or interrupts.received else 0
+
+
+def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:
+    """The most replica actors alive at once: the largest fleet, plus the replicas
+    ``scale_up`` faults add (fault runs use the first fleet size)."""
+    ups = 0 if plan is None else sum(f.kind == "scale_up" for f in plan.scheduled)
+    sizes: list[int] = args.replicas
+    return max(max(sizes), sizes[0] + ups)
 
 
 def _arrivals(
@@ -293,26 +347,40 @@ def _print_run(res: ClusterResult) -> None:
 
 
 @contextlib.contextmanager
-def _fleet(args: argparse.Namespace) -> Iterator[Callable[[], Fleet] | None]:
-    """With ``--ray``, a factory of Ray fleets (Ray is started, then shut down);
-    otherwise ``None``, the in-process fleet."""
+def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet] | None]:
+    """With ``--ray``, a factory of Ray fleets whose ``actors`` replica actors fit the
+    cluster's free CPUs (Ray is started, then shut down if this started it);
+    otherwise ``None``, the in-process fleet.
+
+    Raises:
+        ClusterConfigError: Ray missing or unreachable, or ``--ray-cpus`` too large.
+    """
     if not args.ray:
         yield None
         return
-    from ..cluster.ray_fleet import RayFleet
+    from ..cluster.ray_fleet import RayFleet, actor_cpus, check_ray_address
 
     try:
         import ray as ray_module
     except ImportError:
         raise ClusterConfigError("--ray needs Ray: pip install 'prefixkv[cluster]'") from None
-    if not ray_module.is_initialized():
-        ray_module.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
-    cpus = args.ray_cpus
-
-    def fleet_factory() -> Fleet:
-        return RayFleet(num_cpus=cpus, init=False)
-
+    address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        check_ray_address(address)
+    started = not ray_module.is_initialized()
+    if started:
+        ray_module.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
+        resources = ray_module.available_resources()  # type: ignore[no-untyped-call]
+        free = float(resources.get("CPU", 0.0))
+        cpus, note = actor_cpus(actors, free, args.ray_cpus)
+        if note:
+            print(f"prefixkv: --ray: {note}", file=sys.stderr, flush=True)
+
+        def fleet_factory() -> Fleet:
+            return RayFleet(num_cpus=cpus, init=False)
+
         yield fleet_factory
     finally:
-        ray_module.shutdown()
+        if started:
+            ray_module.shutdown()

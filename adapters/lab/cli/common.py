@@ -20,6 +20,7 @@ from ..progress import Progress, progress
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
 from ..traces import FORMATS, ReadOptions, TraceLimits
 from ..workload_sources import Workload, load_workloads
+from .signals import EXIT_INTERRUPTED
 
 __all__ = [
     "EXIT_ERROR",
@@ -49,7 +50,6 @@ __all__ = [
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 1
-EXIT_INTERRUPTED = 130
 MAX_TOKEN_COUNT = 2**48
 """No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
 
@@ -351,7 +351,10 @@ def read_options(args: argparse.Namespace) -> ReadOptions:
     limits = TraceLimits(
         max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
     )
-    return ReadOptions(vocab_size=args.vocab_size, seed=args.seed, limits=limits)
+    timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
+    return ReadOptions(
+        vocab_size=args.vocab_size, seed=args.seed, limits=limits, sorted_arrivals=timed
+    )
 
 
 def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> list[Workload]:

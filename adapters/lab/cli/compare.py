@@ -39,10 +39,9 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
-from ..traces import refuse_overwrite
+from ..traces.files import check_output_folder, install_file
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
-    EXIT_INTERRUPTED,
     CLIUsageError,
     add_common,
     backend_options,
@@ -55,6 +54,7 @@ from .common import (
     positive_int,
     token_bars,
 )
+from .signals import Interrupts
 
 __all__ = ["add_compare_parser", "run_compare"]
 
@@ -207,8 +207,16 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``prefixkv compare``; returns the exit status (130: interrupted, partial)."""
+def run_compare(
+    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
+) -> int:
+    """Run ``prefixkv compare``; returns the exit status (130 or 143: interrupted, partial).
+
+    ``--out`` is checked before anything runs; once the runs end (or Ctrl-C stops
+    them) signals are only recorded (``interrupts.hold()``) while the report is
+    written.
+    """
+    interrupts = interrupts or Interrupts()
     t0 = time.perf_counter()
     backends = parse_backends(
         args.indexes,
@@ -216,11 +224,11 @@ def run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
         page_size=args.page_size,
         options=backend_options(args),
     )
+    out = _output_folder(args)
     time_settings = _time_settings(args)
     profile = (
         time_settings.profile if time_settings else load_profile(args.profile or DEFAULT_PROFILE)
     )
-    out = _output_folder(args)
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
     caps = capacities(args, profile)
@@ -233,25 +241,28 @@ def run_compare(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         comparison_warnings = []
     comparison = run_comparison(plans, settings, bars=token_bars(args.quiet))
+    interrupts.hold()
     comparison.warnings[:0] = comparison_warnings
     for r in comparison.workloads:
         _print_workload(r)
     for line in comparison.warnings:
         print(f"prefixkv: warning: {line}", file=sys.stderr)
     config = _compare_config(args, argv, settings, caps)
-    return _write_outputs(args, out, comparison, config, t0)
+    return _write_outputs(args, out, comparison, config, t0, interrupts)
+
+
+_OUTPUTS = (
+    "results.json", "report.md", "requests.csv", "runs.csv", "requests.parquet",
+    "runs.parquet", "hit_ratio_vs_capacity.png", "index_time_vs_prompt_length.png",
+)  # fmt: skip
+"""The files compare writes under these names (the per-workload plots add theirs)."""
 
 
 def _output_folder(args: argparse.Namespace) -> Path:
-    """The ``--out`` folder, refused when it is a file or would overwrite the trace."""
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIUsageError(f"--out {out} is a file; compare writes a folder")
-    if args.trace is not None:
-        outputs = ["results.json", "report.md"]
-        outputs += [f"{t}.{f}" for t in ("requests", "runs") for f in ("csv", "parquet")]
-        refuse_overwrite([out / name for name in outputs], [args.trace])
-    return out
+    """The ``--out`` folder, checked before anything runs: a folder (or absent), not an
+    input, and none of its report files a link, a device or an input."""
+    profile = args.profile if args.profile and os.path.exists(args.profile) else None
+    return check_output_folder(args.out, _OUTPUTS, [args.trace, profile])
 
 
 def _settings(
@@ -310,9 +321,11 @@ def _write_outputs(
     comparison: Comparison,
     config: dict[str, Any],
     t0: float,
+    interrupts: Interrupts,
 ) -> int:
-    """Tables, plots, ``results.json`` and ``report.md``; Ctrl-C keeps what is whole."""
-    interrupted = comparison.partial
+    """Tables, plots, ``results.json`` and ``report.md``, every file whole; a signal
+    while the plots are drawn stops the plots, never the rest."""
+    interrupted = comparison.partial or interrupts.received
     results = comparison.workloads
     meta: dict[str, Any] = {
         "config": config,
@@ -326,12 +339,12 @@ def _write_outputs(
     if results:
         try:
             report.write_tables(results, out, meta["tables"])
-        except KeyboardInterrupt:  # each table is whole or absent; the finished are listed
+        except KeyboardInterrupt:  # called without main()'s handler: each table whole or absent
             interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
         try:
-            meta["plots"] = _plots(results, out, args.quiet)
-        except KeyboardInterrupt:
+            meta["plots"] = _plots(results, out, args.quiet, interrupts)
+        except KeyboardInterrupt:  # each plot is whole or absent; the rest is written
             interrupted = meta["partial"] = True
     meta["elapsed_seconds"] = time.perf_counter() - t0
     report.write_results(out / "results.json", report.results_document(results, meta))
@@ -342,7 +355,7 @@ def _write_outputs(
         f"wrote {what} to {', '.join(str(f) for f in files)}"
         + (" and the plots" if meta["plots"] else "")
     )
-    return EXIT_INTERRUPTED if interrupted else 0
+    return interrupts.status() if interrupted else 0
 
 
 _TIME_KNOBS = (
@@ -444,18 +457,26 @@ def _compare_config(
     return config
 
 
-def _plots(results: list[WorkloadResult], out: Path, quiet: bool) -> dict[str, str]:
+def _plots(
+    results: list[WorkloadResult], out: Path, quiet: bool, interrupts: Interrupts
+) -> dict[str, str]:
     try:
         from .. import plots  # matplotlib only now, and only if plots are wanted
     except ImportError:  # pragma: no cover - plots itself imports nothing optional
         return {}
     bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
+
+    def tick(n: int) -> None:
+        bar.update(n)
+        if interrupts.received:  # held signals stop the plots between two of them
+            raise KeyboardInterrupt
+
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
     try:
-        written = plots.write_plots(results, staging, tick=bar.update)
+        written = plots.write_plots(results, staging, tick=tick)
         for f in staging.iterdir():  # each plot appears whole or not at all
-            os.replace(f, out / f.name)
+            install_file(f, out / f.name)
         return written
     except ImportError:
         print(

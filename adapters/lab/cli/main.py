@@ -7,10 +7,13 @@ the per-request hit file the vLLM and SGLang reference oracles write, so the two
 request by request. ``calibrate`` times the reference engine and writes a cost profile
 ``compare --profile`` reads. Traces stream: memory is the cache and the live
 requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
-``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C writes what
-is finished, marked partial, and exits 130; every file is written atomically.
-``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's KV events,
-one batch per scheduler step, in vLLM 0.33's wire format.
+``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C (or SIGTERM)
+writes what is finished, marked partial, and exits 130 (143); every file is written
+atomically. ``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's
+KV events, one batch per scheduler step, in vLLM 0.33's wire format.
+
+This module imports only the standard library and :mod:`.signals` at the top: the
+signal handler is in place before the subcommands (and numpy, msgspec...) load.
 """
 
 from __future__ import annotations
@@ -21,13 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from prefixkv.indexes.errors import PrefixKVError
-
-from .calibrate import add_calibrate_parser, run_calibrate
-from .cluster import add_cluster_parser, run_cluster_command
-from .common import EXIT_ERROR, EXIT_INTERNAL, EXIT_INTERRUPTED, Parser, version
-from .compare import add_compare_parser, run_compare
-from .replay import add_replay_parser, run_replay
+from .signals import Interrupts
 
 __all__ = ["build_parser", "main"]
 
@@ -35,8 +32,16 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate,
     cluster)."""
+    from prefixkv.indexes.buildinfo import VersionAction
+
+    from .calibrate import add_calibrate_parser
+    from .cluster import add_cluster_parser
+    from .common import Parser
+    from .compare import add_compare_parser
+    from .replay import add_replay_parser
+
     parser = Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"prefixkv {version()}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )
@@ -50,32 +55,48 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``prefixkv`` command line; returns the exit status.
 
+    The SIGINT/SIGTERM handler is installed first (:class:`~.signals.Interrupts`),
+    then the subcommands are imported and run. Called with ``argv``, the caller's
+    handlers are put back at the end; called as the program (no ``argv``), later
+    signals are ignored instead while the process exits, so a last Ctrl-C can neither
+    print a traceback nor kill it with its files half closed.
+
     Args:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
         0 on success; 2 on any error in the input or the flags (one line on
-        stderr); 130 when interrupted (what was finished is written, marked
-        partial); 1 on an internal error (one line too; set ``PREFIXKV_TRACEBACK=1``
-        to see the traceback).
+        stderr); 130 when interrupted by Ctrl-C, 143 by SIGTERM (what was finished
+        is written, marked partial); 1 on an internal error (one line too; set
+        ``PREFIXKV_TRACEBACK=1`` to see the traceback).
     """
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    interrupts = Interrupts.install()
     try:
-        args = build_parser().parse_args(args_list)
-        if args.command == "compare":
-            return run_compare(args, args_list)
-        if args.command == "calibrate":
-            return run_calibrate(args)
-        if args.command == "cluster":
-            return run_cluster_command(args, args_list)
-        return run_replay(args, args_list)
-    except SystemExit as exc:  # --help and --version exit through argparse
-        return exc.code if isinstance(exc.code, int) else 0
+        return _run(list(sys.argv[1:] if argv is None else argv), interrupts)
     except KeyboardInterrupt:
         print(
-            "prefixkv: interrupted before anything was finished; nothing written", file=sys.stderr
+            f"prefixkv: {interrupts.name()} before anything was finished; nothing written",
+            file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return interrupts.status()
+    finally:
+        if argv is None:
+            interrupts.ignore()  # the process is exiting: nothing may cut that short
+        else:
+            interrupts.restore()
+
+
+def _run(args_list: list[str], interrupts: Interrupts) -> int:
+    """Parse, dispatch and turn every error into one line and an exit status."""
+    from prefixkv.indexes.errors import PrefixKVError
+
+    from .common import EXIT_ERROR, EXIT_INTERNAL
+
+    try:
+        args = build_parser().parse_args(args_list)
+        return _dispatch(args, args_list, interrupts)
+    except SystemExit as exc:  # --help and --version exit through argparse
+        return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -99,6 +120,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+
+
+def _dispatch(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts) -> int:
+    if args.command == "compare":
+        from .compare import run_compare
+
+        return run_compare(args, argv, interrupts)
+    if args.command == "calibrate":
+        from .calibrate import run_calibrate
+
+        return run_calibrate(args, interrupts)
+    if args.command == "cluster":
+        from .cluster import run_cluster_command
+
+        return run_cluster_command(args, argv, interrupts)
+    from .replay import run_replay
+
+    return run_replay(args, argv, interrupts)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -28,10 +30,9 @@ from ..compare.plan import check_pool, roomy_capacity
 from ..compare.spec import BackendSpec, CompareError, parse_backends
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
-from ..traces import atomic_writer, refuse_overwrite
+from ..traces.files import atomic_writer, check_output, refuse_overwrite
 from ..workload_sources import Workload
 from .common import (
-    EXIT_INTERRUPTED,
     CLIUsageError,
     add_common,
     backend_options,
@@ -39,6 +40,7 @@ from .common import (
     load_workloads_for,
     version,
 )
+from .signals import Interrupts
 
 if TYPE_CHECKING:
     from ...events.transport import ZmqEventPublisher
@@ -77,7 +79,8 @@ def add_replay_parser(sub: Any) -> None:
         help="write the index's KV events to FILE, one batch per scheduler step as one "
         "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket "
         "at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 "
-        "binds; a host name connects)",
+        "binds, tcp://127.0.0.1:* binds a free port and prints it; a host name connects). "
+        "Any other SCHEME:// is refused, never taken for a file name",
     )
     ev.add_argument(
         "--kv-events-replay",
@@ -93,14 +96,65 @@ def add_replay_parser(sub: Any) -> None:
     )
 
 
-ZMQ_SCHEMES = ("tcp://", "ipc://")
+ZMQ_SCHEMES = ("tcp", "ipc")
+"""The ZeroMQ transports ``--kv-events`` publishes on (any case: ``TCP://`` too)."""
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
+
+
+def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
+    """The ZeroMQ endpoint ``value`` names, its scheme lower-cased, or ``None`` for a file.
+
+    A value that looks like a URL (``scheme://...``) is never a file name: ``tcp`` and
+    ``ipc`` (in any case) are endpoints, and any other scheme is refused by name
+    (``inproc://`` reaches only this process, so no subscriber could ever connect).
+
+    Raises:
+        CLIUsageError: another scheme, or an empty address.
+    """
+    m = _URL.fullmatch(value)
+    if m is None:
+        return None
+    scheme, address = m.group(1).lower(), m.group(2)
+    if scheme == "inproc":
+        raise CLIUsageError(
+            f"{flag} {value}: inproc:// reaches only this process, so no subscriber can "
+            "connect; use tcp:// (e.g. tcp://127.0.0.1:*) or ipc://"
+        )
+    if scheme not in ZMQ_SCHEMES:
+        raise CLIUsageError(
+            f"{flag} {value}: unknown scheme {m.group(1)!r}; give a file name or a "
+            "tcp:// or ipc:// endpoint"
+        )
+    if not address:
+        raise CLIUsageError(f"{flag} {value}: the endpoint has no address")
+    if scheme == "ipc":
+        _check_ipc_path(address, flag)
+    return f"{scheme}://{address}"
+
+
+def _check_ipc_path(path: str, flag: str) -> None:
+    # ZeroMQ unlinks whatever sits at an ipc:// path before binding there: only an
+    # absent name or a leftover socket may be used (never a file, a link or a device).
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CLIUsageError(f"{flag} ipc://{path}: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(mode):
+        raise CLIUsageError(
+            f"{flag} ipc://{path}: {path} exists and is not a socket; binding there would "
+            "delete it (give a new name)"
+        )
 
 
 class _EventPublisher:
     """What the replay hands each step's batch to: a file writer or a ZeroMQ publisher."""
 
-    def __init__(self, target: EventFileWriter | ZmqEventPublisher) -> None:
+    def __init__(self, target: EventFileWriter | ZmqEventPublisher, where: str) -> None:
         self.target = target
+        self.where = where
+        """The file, or the endpoint as bound (a wildcard port resolved)."""
         self.num_batches = 0
 
     def publish(self, batch: EventBatch) -> None:
@@ -109,39 +163,47 @@ class _EventPublisher:
 
 
 @contextlib.contextmanager
-def _kv_event_stream(args: argparse.Namespace) -> Iterator[_EventPublisher | None]:
+def _kv_event_stream(
+    args: argparse.Namespace, endpoint: str | None
+) -> Iterator[_EventPublisher | None]:
     """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere."""
     target: str | None = args.kv_events
     if target is None:
-        if args.kv_events_replay is not None:
-            raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
         yield None
         return
-    if target.startswith(ZMQ_SCHEMES):
+    if endpoint is not None:
         from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
 
-        pub = ZmqEventPublisher(
-            endpoint=target, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic
+        replay_at = args.kv_events_replay and parse_endpoint(
+            args.kv_events_replay, "--kv-events-replay"
         )
+        pub = ZmqEventPublisher(
+            endpoint=endpoint, replay_endpoint=replay_at, topic=args.kv_events_topic
+        )
+        where = f" (event replay on {pub.replay_endpoint})" if pub.replay_endpoint else ""
+        print(f"KV events: publishing on {pub.endpoint}{where}", flush=True)
         try:
-            yield _EventPublisher(pub)
+            yield _EventPublisher(pub, pub.endpoint)
         finally:
             pub.shutdown()
         return
-    if args.kv_events_replay is not None:
-        raise CLIUsageError(
-            "--kv-events-replay needs --kv-events to be a tcp:// or ipc:// endpoint"
-        )
     with atomic_writer(target) as f:
         writer = EventFileWriter(f)
-        yield _EventPublisher(writer)
+        yield _EventPublisher(writer, target)
         writer.shutdown()
 
 
-def run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``prefixkv replay``; returns the exit status (130: interrupted, partial)."""
+def run_replay(
+    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
+) -> int:
+    """Run ``prefixkv replay``; returns the exit status (130 or 143: interrupted, partial).
+
+    The outputs are checked before the trace is read; once the replay ends (or Ctrl-C
+    stops it) signals are only recorded while the rows are completed and committed.
+    """
+    interrupts = interrupts or Interrupts()
     spec, caps = _one_backend(args)
-    out = _outputs(args)
+    out, endpoint = _outputs(args)
     t_load = time.perf_counter()
     (workload,) = load_workloads_for(args, None)
     load_seconds = time.perf_counter() - t_load
@@ -149,12 +211,13 @@ def run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_pool(capacity, [spec], args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
     encoder = msgspec.json.Encoder()
-    with atomic_writer(out) as f, _kv_event_stream(args) as events:
+    with atomic_writer(out) as f, _kv_event_stream(args, endpoint) as events:
         result, interrupted = _replay(f, args, workload, spec, capacity, events)
+        interrupts.hold()  # the finished rows are in f: nothing may discard them now
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
         if events is not None:
-            summary["kv_events"] = {"target": args.kv_events, "batches": events.num_batches}
+            summary["kv_events"] = {"target": events.where, "batches": events.num_batches}
         f.write(encoder.encode({"summary": summary}))
         f.write(b"\n")
     if not args.quiet or interrupted:
@@ -166,10 +229,10 @@ def run_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
         )
         if events is not None:
-            print(f"KV events: {events.num_batches:,} batches -> {args.kv_events}")
+            print(f"KV events: {events.num_batches:,} batches -> {events.where}")
         for note in workload.notes:
             print(f"note: {note}")
-    return EXIT_INTERRUPTED if interrupted else 0
+    return interrupts.status() if interrupted or interrupts.received else 0
 
 
 def _one_backend(args: argparse.Namespace) -> tuple[BackendSpec, list[int] | None]:
@@ -189,17 +252,33 @@ def _one_backend(args: argparse.Namespace) -> tuple[BackendSpec, list[int] | Non
     return specs[0], caps
 
 
-def _outputs(args: argparse.Namespace) -> Path:
-    """The ``--out`` file, checked with the events file against each other and the trace."""
-    out = Path(args.out)
+def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
+    """The ``--out`` file and the ``--kv-events`` endpoint (``None``: a file or no
+    events), checked before the trace is read: regular files, not each other, not the
+    trace."""
+    out = check_output(args.out)
     outputs = [out]
-    events_file = args.kv_events is not None and not args.kv_events.startswith(ZMQ_SCHEMES)
-    if events_file:
-        if Path(args.kv_events).resolve() == out.resolve():
+    endpoint = None if args.kv_events is None else parse_endpoint(args.kv_events)
+    if args.kv_events_replay is not None:
+        if args.kv_events is None:
+            raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
+        if endpoint is None:
+            raise CLIUsageError("--kv-events-replay needs --kv-events to be a tcp:// or ipc:// "
+                                "endpoint")  # fmt: skip
+        parse_endpoint(args.kv_events_replay, "--kv-events-replay")
+    if args.kv_events_topic and endpoint is None:
+        raise CLIUsageError("--kv-events-topic needs --kv-events to be a tcp:// or ipc:// "
+                            "endpoint")  # fmt: skip
+    if args.kv_events is not None and endpoint is None:
+        events = check_output(args.kv_events)
+        if os.path.realpath(events) == os.path.realpath(out):
             raise CLIUsageError("--kv-events and --out name the same file; give two")
-        outputs.append(Path(args.kv_events))
+        outputs.append(events)
+    for ipc in (endpoint, args.kv_events_replay):
+        if ipc is not None and ipc.lower().startswith("ipc://"):
+            outputs.append(Path(ipc[len("ipc://") :]))
     refuse_overwrite(outputs, [args.trace])
-    return out
+    return out, endpoint
 
 
 def _replay(
@@ -222,12 +301,9 @@ def _replay(
             stream.publish(KVEventBatch(time.time(), batch, None))
 
     def write_row(row: HitRow) -> None:
-        f.write(
-            encoder.encode(
-                {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
-            )
-        )
-        f.write(b"\n")
+        # One write per row: a signal between two writes would tear the line.
+        record = {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
+        f.write(encoder.encode(record) + b"\n")
 
     bar = progress(
         workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet, unit="tok"

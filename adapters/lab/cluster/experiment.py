@@ -2,14 +2,18 @@
 
 The fault-free runs cover every (replicas, capacity) pair for every policy; the fault
 runs (when faults are given) repeat every policy, bounds excepted, at the first pair.
-Requests are re-read for each run (a trace is streamed, never held).
+Requests are re-read for each run (a trace is streamed, never held). Ctrl-C keeps the
+runs that finished (:class:`ClusterInterrupted`); a deadline skips the runs it leaves
+no time for, and says which.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.routing import PolicySpec
@@ -19,7 +23,34 @@ from .fleet import Fleet
 from .metrics import ClusterResult
 from .run import ClusterConfig, run_cluster
 
-__all__ = ["arrival_span", "run_experiment"]
+__all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment", "run_experiment"]
+
+
+class PlannedRun(NamedTuple):
+    """One run of an experiment: the fleet settings, the policy and the faults."""
+
+    config: ClusterConfig
+    spec: PolicySpec
+    faults: FaultPlan | None
+
+    def describe(self) -> str:
+        """``policy N=.. capacity=.. [faults]``, as the progress lines name a run."""
+        cfg = self.config
+        faults = f" faults={self.faults.text}" if self.faults is not None else ""
+        return f"{self.spec.text} N={cfg.num_replicas} capacity={cfg.capacity_tokens:,}{faults}"
+
+
+class ClusterInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during an experiment; ``results`` holds the runs that
+    finished, ``planned`` how many there were to run.
+
+    A ``KeyboardInterrupt``, so code that does not look for it still stops.
+    """
+
+    def __init__(self, results: list[ClusterResult], planned: int) -> None:
+        super().__init__("cluster experiment interrupted")
+        self.results = results
+        self.planned = planned
 
 
 def arrival_span(requests: Iterable[SimRequest]) -> float:
@@ -33,6 +64,31 @@ def arrival_span(requests: Iterable[SimRequest]) -> float:
     return 0.0 if first is None or last is None else last - first
 
 
+def plan_experiment(
+    policies: Sequence[PolicySpec],
+    config: ClusterConfig,
+    *,
+    replicas: Sequence[int] = (),
+    capacities: Sequence[int] = (),
+    faults: FaultPlan | None = None,
+    fault_free: bool = True,
+) -> list[PlannedRun]:
+    """The runs :func:`run_experiment` makes, in its order (arguments as there)."""
+    sizes = list(replicas) or [config.num_replicas]
+    caps = list(capacities) or [config.capacity_tokens]
+    plan: list[PlannedRun] = []
+    if fault_free:
+        plan += [
+            PlannedRun(dataclasses.replace(config, num_replicas=n, capacity_tokens=c), spec, None)
+            for n, c in itertools.product(sizes, caps)
+            for spec in policies
+        ]
+    if faults is not None and faults.any:
+        first = dataclasses.replace(config, num_replicas=sizes[0], capacity_tokens=caps[0])
+        plan += [PlannedRun(first, spec, faults) for spec in policies if not spec.is_bound]
+    return plan
+
+
 def run_experiment(
     requests: Callable[[ClusterConfig], Iterable[SimRequest]],
     policies: Sequence[PolicySpec],
@@ -44,6 +100,8 @@ def run_experiment(
     fleet: Callable[[], Fleet] | None = None,
     on_run: Callable[[ClusterResult], None] | None = None,
     fault_free: bool = True,
+    deadline: float | None = None,
+    on_skip: Callable[[PlannedRun], None] | None = None,
 ) -> list[ClusterResult]:
     """Run every policy at every fleet size and capacity, then the fault runs.
 
@@ -58,32 +116,42 @@ def run_experiment(
         fleet: makes the fleet of each run (Ray); default in-process.
         on_run: called with each result as it finishes (progress).
         fault_free: run the fault-free runs (off: the fault runs only).
+        deadline: a ``time.monotonic()`` instant after which no run starts (a run
+            under way finishes); ``None``: no limit.
+        on_skip: called with each run the deadline skipped.
 
     Returns:
-        Every result, fault-free first.
+        Every result, fault-free first (without the skipped runs).
+
+    Raises:
+        ClusterInterrupted: Ctrl-C; it holds the runs that finished.
     """
-    sizes = list(replicas) or [config.num_replicas]
-    caps = list(capacities) or [config.capacity_tokens]
+    plan = plan_experiment(
+        policies,
+        config,
+        replicas=replicas,
+        capacities=capacities,
+        faults=faults,
+        fault_free=fault_free,
+    )
     out: list[ClusterResult] = []
-    plan: list[tuple[ClusterConfig, PolicySpec, FaultPlan | None]] = []
-    if fault_free:
-        plan += [
-            (dataclasses.replace(config, num_replicas=n, capacity_tokens=c), spec, None)
-            for n, c in itertools.product(sizes, caps)
-            for spec in policies
-        ]
-    if faults is not None and faults.any:
-        first = dataclasses.replace(config, num_replicas=sizes[0], capacity_tokens=caps[0])
-        plan += [(first, spec, faults) for spec in policies if not spec.is_bound]
-    for cfg, spec, fault_plan in plan:
-        res = run_cluster(
-            requests(cfg),
-            spec,
-            cfg,
-            fault_plan,
-            fleet=fleet() if fleet is not None and not spec.is_bound else None,
-        )
-        out.append(res)
-        if on_run is not None:
-            on_run(res)
+    try:
+        for planned in plan:
+            if deadline is not None and time.monotonic() >= deadline:
+                if on_skip is not None:
+                    on_skip(planned)
+                continue
+            cfg, spec, fault_plan = planned
+            res = run_cluster(
+                requests(cfg),
+                spec,
+                cfg,
+                fault_plan,
+                fleet=fleet() if fleet is not None and not spec.is_bound else None,
+            )
+            out.append(res)
+            if on_run is not None:
+                on_run(res)
+    except KeyboardInterrupt:
+        raise ClusterInterrupted(out, len(plan)) from None
     return out

@@ -13,6 +13,10 @@ until swept). Scheduled faults act on replicas and the router: ``kill=R@T``,
 ``late_join@T`` (warm-up ``:replay`` from sequence 0, the default, or ``:dump``), and
 ``mismatch=R:block_size`` or ``mismatch=R:hash`` configures replica R unlike the rest.
 Times are seconds, or ``P%`` of the run's arrival span.
+
+Every number is checked where it enters, by :func:`parse_faults` and by
+:class:`FaultPlan` itself: rates are in ``[0, 1]``, seconds finite and at most
+:data:`MAX_FAULT_SECONDS`, percentages in ``[0, 100]`` (NaN and infinity nowhere).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from typing import NamedTuple
 
 from prefixkv.adapters.router.stream_tracker import SeqBatch
 
+from .config import MAX_REPLICAS
 from .errors import FaultSpecError
 
 __all__ = [
+    "MAX_FAULT_SECONDS",
     "SCHEDULED_FAULTS",
     "EventChannel",
     "FaultPlan",
@@ -45,6 +51,10 @@ SCHEDULED_FAULTS = (
     "router_restart",
     "late_join",
 )
+MAX_FAULT_SECONDS = 1e9
+"""The latest fault time and the longest delay or jitter, in seconds (about 32 years):
+beyond any run, and finite, so no fault is accepted that could never happen."""
+
 _RATES = ("drop", "drop_removals", "lose_completions")
 _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
@@ -91,6 +101,30 @@ class FaultPlan:
     scheduled: tuple[ScheduledFault, ...] = ()
     mismatch: dict[int, str] = field(default_factory=dict)
     text: str = ""
+
+    def __post_init__(self) -> None:
+        for name in _RATES:
+            _check_number(getattr(self, name), name, rate=True)
+        for name in _SECONDS:
+            _check_number(getattr(self, name), name, rate=False)
+        if not isinstance(self.scheduled, tuple):
+            raise FaultSpecError(
+                f"scheduled must be a tuple of ScheduledFault, got {self.scheduled!r:.80}"
+            )
+        for f in self.scheduled:
+            _check_scheduled(f)
+        if not isinstance(self.mismatch, dict):
+            raise FaultSpecError(f"mismatch must be a dict, got {self.mismatch!r:.80}")
+        for r, kind in self.mismatch.items():
+            if (
+                type(r) is not int
+                or not 0 <= r < MAX_REPLICAS
+                or kind not in ("block_size", "hash")
+            ):
+                raise FaultSpecError(
+                    f"mismatch maps a replica (an int in [0, {MAX_REPLICAS - 1}]) to block_size "
+                    f"or hash, got {r!r:.40}: {kind!r:.40}"
+                )
 
     @property
     def any(self) -> bool:
@@ -146,20 +180,53 @@ class FaultPlan:
                 )
 
 
+def _check_number(value: object, where: str, *, rate: bool) -> float:
+    """``value`` if it is a number in ``[0, 1]`` (a rate) or ``[0, MAX_FAULT_SECONDS]``."""
+    top = 1.0 if rate else MAX_FAULT_SECONDS
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+        what = "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
+        raise FaultSpecError(f"{where}: must be {what}, got {value!r:.60}")  # NaN: refused too
+    return float(value)
+
+
+def _check_scheduled(f: object) -> None:
+    if not isinstance(f, ScheduledFault):
+        raise FaultSpecError(f"a scheduled fault must be a ScheduledFault, got {f!r:.80}")
+    where = f"{f.kind}@{f.at!r:.40}"
+    if f.kind not in SCHEDULED_FAULTS:
+        raise FaultSpecError(
+            f"unknown scheduled fault {f.kind!r}; known: {', '.join(SCHEDULED_FAULTS)}"
+        )
+    if type(f.relative) is not bool:
+        raise FaultSpecError(f"{where}: relative must be a bool, got {f.relative!r}")
+    _check_number(f.at, where, rate=f.relative)  # a fraction of the span, or seconds
+    if f.replica is not None and (type(f.replica) is not int or not 0 <= f.replica < MAX_REPLICAS):
+        raise FaultSpecError(
+            f"{where}: replica must be None or an int in [0, {MAX_REPLICAS - 1}], "
+            f"got {f.replica!r:.40}"
+        )
+    if f.mode not in _WARMUPS:
+        raise FaultSpecError(f"{where}: warm-up {f.mode!r} is not replay or dump")
+
+
 def _time(text: str, where: str) -> tuple[float, bool]:
     relative = text.endswith("%")
     try:
         value = float(text[:-1] if relative else text)
     except ValueError:
         raise FaultSpecError(f"{where}: time {text!r} is not seconds or a percentage") from None
-    if value < 0 or (relative and value > 100):
-        raise FaultSpecError(f"{where}: time {text!r} out of range")
+    top = 100.0 if relative else MAX_FAULT_SECONDS
+    if not 0 <= value <= top:  # NaN and infinity too
+        unit = "a percentage in [0, 100]" if relative else f"seconds in [0, {top:g}]"
+        raise FaultSpecError(f"{where}: time {text!r} is not {unit}")
     return (value / 100, True) if relative else (value, False)
 
 
 def _replica(text: str, where: str) -> int:
-    if not text.isdigit():
-        raise FaultSpecError(f"{where}: replica {text!r} is not a non-negative int")
+    if not text.isdigit() or len(text) > 6 or int(text) >= MAX_REPLICAS:
+        raise FaultSpecError(
+            f"{where}: replica {text!r:.40} is not an int in [0, {MAX_REPLICAS - 1}]"
+        )
     return int(text)
 
 
@@ -168,9 +235,7 @@ def _number(text: str, where: str, *, rate: bool) -> float:
         value = float(text)
     except ValueError:
         raise FaultSpecError(f"{where}: {text!r} is not a number") from None
-    if value < 0 or (rate and value > 1):
-        raise FaultSpecError(f"{where}: {text!r} out of range ({'0..1' if rate else '>= 0'})")
-    return value
+    return _check_number(value, where, rate=rate)
 
 
 def parse_faults(text: str) -> FaultPlan:

@@ -6,6 +6,9 @@ coefficient of variation (population standard deviation over mean) of the second
 each replica spent computing: what herding costs shows up there, whatever the
 policy's own load measure. Predicted overlap is what the router's index promised for
 the chosen worker (capped as admission caps), realized is what the replica then hit.
+Overload shows in two figures: the offered load (compute seconds the replicas needed
+per second of arrivals, per replica: above 1 the queues must grow) and the TTFT growth
+(the last quarter of arrivals' mean TTFT over the first quarter's).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "RoutedRequest",
     "coefficient_of_variation",
     "summarize_run",
+    "ttft_growth",
 ]
 
 
@@ -170,6 +174,21 @@ class ClusterRun:
     swept_reservations: int
     prefill_gpu_s: float
     makespan_s: float
+    offered_load: float
+    ttft_growth: float
+
+
+def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
+    """Mean TTFT of the last quarter of arrivals over the first quarter's (NaN for
+    fewer than 8 requests or a zero first quarter): near 1 in a steady state, large
+    when queues grow through the run."""
+    recs = sorted(metrics, key=lambda m: m.arrival_s)
+    quarter = len(recs) // 4
+    if quarter < 2:
+        return math.nan
+    first = math.fsum(m.ttft_s for m in recs[:quarter]) / quarter
+    last = math.fsum(m.ttft_s for m in recs[-quarter:]) / quarter
+    return last / first if first > 0 else math.nan
 
 
 def summarize_run(
@@ -197,6 +216,7 @@ def summarize_run(
     n = len(pairs)
     start = min((m.arrival_s for m in recs), default=0.0)
     end = max((m.finish_s for m in recs), default=0.0)
+    span = max((m.arrival_s for m in recs), default=0.0) - start
     return ClusterRun(
         num_requests=len(recs),
         num_replicas=len(replicas),
@@ -226,6 +246,8 @@ def summarize_run(
         swept_reservations=swept,
         prefill_gpu_s=math.fsum(m.prefill_gpu_s for m in recs),
         makespan_s=end - start,
+        offered_load=math.fsum(busy) / (len(busy) * span) if busy and span > 0 else math.nan,
+        ttft_growth=ttft_growth(recs),
     )
 
 

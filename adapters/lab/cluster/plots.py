@@ -3,17 +3,21 @@ hit-ratio / load-imbalance frontier, TTFT CDFs, predicted against realized overl
 router decision latency, and the fault runs.
 
 matplotlib is imported inside each function (``Figure`` rendered by Agg, no pyplot
-state), so runs need it only when a plot is asked for.
+state), so runs need it only when a plot is asked for. Every plot takes a ``title``
+(the report's: what it shows, the trace, the fleet and the arrivals), so a plot
+pasted on its own keeps its context; each file is written whole or not at all.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..traces.files import atomic_writer
 from .metrics import ClusterResult
 
 __all__ = [
@@ -41,9 +45,12 @@ def _figure(width: float, height: float, ncols: int = 1) -> tuple[Any, Any]:
     return fig, fig.subplots(1, ncols)
 
 
-def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
+def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
+    if title:
+        fig.suptitle(textwrap.fill(title, 100), fontsize="small")
     out = Path(path)
-    fig.savefig(out)
+    with atomic_writer(out) as f:
+        fig.savefig(f, format="png")
     return out
 
 
@@ -55,7 +62,9 @@ def _bound(results: Sequence[ClusterResult], name: str) -> ClusterResult | None:
     return next((r for r in results if r.labels["policy"] == name), None)
 
 
-def plot_hit_ratio(results: Sequence[ClusterResult], path: str | os.PathLike[str]) -> Path:
+def plot_hit_ratio(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
     """Hit ratio per policy (bars), with round robin's and the bounds' as lines."""
     fig, ax = _figure(max(6.0, 0.6 * len(results) + 2), 4.0)
     policies = [r for r in results if r.labels["policy"] not in ("pooled", "infinite")]
@@ -75,7 +84,7 @@ def plot_hit_ratio(results: Sequence[ClusterResult], path: str | os.PathLike[str
     ax.legend(fontsize="small")
     labels = results[0].labels
     ax.set_title(f"{labels['num_replicas']} replicas x {_tokens(labels['capacity_tokens'])} tokens")
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def _tokens(value: float) -> str:
@@ -86,7 +95,12 @@ def _tokens(value: float) -> str:
 
 
 def plot_sweep(
-    results: Sequence[ClusterResult], key: str, path: str | os.PathLike[str], *, xlabel: str
+    results: Sequence[ClusterResult],
+    key: str,
+    path: str | os.PathLike[str],
+    *,
+    xlabel: str,
+    title: str = "",
 ) -> Path:
     """Hit ratio against a swept label (``num_replicas`` or ``capacity_tokens``), one
     line per policy, log x axis."""
@@ -113,10 +127,12 @@ def plot_sweep(
     ax.set_ylim(0, 1)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
-def plot_frontier(results: Sequence[ClusterResult], path: str | os.PathLike[str]) -> Path:
+def plot_frontier(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
     """Hit ratio against load imbalance (CV of busy time), one point per run: good
     policies sit top left; the pooled bound marks the best balanced hit ratio."""
     fig, ax = _figure(6.8, 4.6)
@@ -128,16 +144,19 @@ def plot_frontier(results: Sequence[ClusterResult], path: str | os.PathLike[str]
         ax.axhline(pooled.run.hit_ratio * 0.9, color="grey", linestyle=":", linewidth=1,
                    label="0.9 x pooled")  # fmt: skip
     ax.axvline(0.1, color="grey", linestyle="--", linewidth=1, label="CV 0.1")
-    ax.set_xscale("symlog", linthresh=0.1)
-    ax.set_xlabel("load imbalance: CV of replica busy time (symlog)")
+    top = max((r.run.load_cv for r in results if not math.isnan(r.run.load_cv)), default=0.0)
+    ax.set_xlim(0, max(0.2, 1.1 * top))
+    ax.set_xlabel("load imbalance: CV of replica busy time")
     ax.set_ylabel("prefix hit ratio")
     ax.set_ylim(0, 1)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small", ncol=2)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
-def plot_ttft_cdf(results: Sequence[ClusterResult], path: str | os.PathLike[str]) -> Path:
+def plot_ttft_cdf(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
     """Empirical CDF of TTFT per run, log time axis."""
     fig, ax = _figure(6.8, 4.2)
     for i, res in enumerate(results):
@@ -154,10 +173,12 @@ def plot_ttft_cdf(results: Sequence[ClusterResult], path: str | os.PathLike[str]
     ax.set_ylim(0, 1)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize="x-small")
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
-def plot_overlap(results: Sequence[ClusterResult], path: str | os.PathLike[str]) -> Path:
+def plot_overlap(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
     """Predicted against realized hit tokens, one panel per policy that predicts."""
     runs = [r for r in results if r.run.overlap_predictions]
     cols = max(1, min(4, len(runs)))
@@ -176,6 +197,8 @@ def plot_overlap(results: Sequence[ClusterResult], path: str | os.PathLike[str])
         top = max((max(p) for p in pts), default=1) or 1
         ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
         ax.plot([0, top], [0, top], color="grey", linewidth=1)
+        for axis in ("x", "y"):  # most requests hit little: spread the corner
+            getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
         ax.set_title(
             f"{_name(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
             f"phantom {res.run.phantom_rate:.1%}",
@@ -185,10 +208,12 @@ def plot_overlap(results: Sequence[ClusterResult], path: str | os.PathLike[str])
         ax.set_ylabel("realized (tokens)", fontsize="small")
     for ax in list(axes.flat)[len(runs) :]:
         ax.set_visible(False)
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
-def plot_decision_latency(results: Sequence[ClusterResult], path: str | os.PathLike[str]) -> Path:
+def plot_decision_latency(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
     """Router decision time per policy, CPU (box: p25-p75, whiskers p1-p99) and wall
     clock (p99 marked), hashing apart."""
     runs = [r for r in results if r.requests]
@@ -201,15 +226,17 @@ def plot_decision_latency(results: Sequence[ClusterResult], path: str | os.PathL
                   fontsize="small")  # fmt: skip
     ax.axhline(1000, color="red", linestyle="--", linewidth=1, label="1 ms")
     ax.set_yscale("log")
-    ax.set_ylabel("decision CPU time (us, log; hashing excluded)")
+    ax.set_ylabel("decision CPU time (µs, log; hashing excluded)")
     ax.legend(fontsize="small")
-    return _save(fig, path)
+    return _save(fig, path, title)
 
 
 def plot_faults(
     results: Sequence[ClusterResult],
     baseline: Callable[[ClusterResult], ClusterResult | None],
     path: str | os.PathLike[str],
+    *,
+    title: str = "",
 ) -> Path:
     """Hit ratio of each fault run beside its fault-free run; broken invariants in red."""
     fig, ax = _figure(max(6.0, 0.7 * len(results) + 2), 4.2)
@@ -227,5 +254,5 @@ def plot_faults(
     ax.set_ylabel("prefix hit ratio")
     ax.set_ylim(0, 1)
     ax.legend(fontsize="small")
-    ax.set_title("Faults: stale information may cost hits, never correctness")
-    return _save(fig, path)
+    ax.set_title("stale information may cost hits, never correctness", fontsize="small")
+    return _save(fig, path, title)

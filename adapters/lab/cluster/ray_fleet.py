@@ -11,10 +11,16 @@ only when a Ray run is asked for (``pip install prefixkv[cluster]``).
 
 On a multi-node cluster, call ``ray.init(address="auto")`` (or set ``RAY_ADDRESS``)
 before the run; the actors are scheduled across the nodes unchanged.
+
+Ray waits forever for resources it cannot place and for a head node that is not
+there; :func:`actor_cpus` and :func:`check_ray_address` turn both into an error (or a
+smaller CPU share) before anything starts.
 """
 
 from __future__ import annotations
 
+import math
+import socket
 from typing import Any
 
 from prefixkv.adapters.lab.sim.requests import SimRequest
@@ -24,7 +30,10 @@ from .errors import ClusterConfigError, ReplicaDeadError
 from .fleet import ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
 
-__all__ = ["RayFleet", "ray_available"]
+__all__ = ["RAY_CPU_STEP", "RayFleet", "actor_cpus", "check_ray_address", "ray_available"]
+
+RAY_CPU_STEP = 1e-4
+"""The finest fractional CPU share Ray accepts."""
 
 
 def ray_available() -> bool:
@@ -34,6 +43,81 @@ def ray_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[float, str]:
+    """The CPUs each of ``actors`` replica actors may ask for so that all fit at once.
+
+    Ray places an actor only when its CPUs are free and otherwise waits, silently and
+    forever: 4 actors of 1 CPU on 2 cores never all start. A share the caller chose
+    (``requested``) is kept or refused; the default (1 CPU) is lowered to fit.
+
+    Args:
+        actors: the most replica actors alive at once.
+        free_cpus: the Ray cluster's free CPUs (``ray.available_resources()``).
+        requested: ``--ray-cpus``, or ``None`` for the default.
+
+    Returns:
+        The share, and a one-line note when the default was lowered (else ``""``).
+
+    Raises:
+        ClusterConfigError: the requested share does not fit, or no CPU is free.
+    """
+    if actors < 1:
+        return requested or 1.0, ""
+    fit = round(math.floor(free_cpus / actors / RAY_CPU_STEP) * RAY_CPU_STEP, 4)
+    if requested is not None:
+        if requested * actors > free_cpus + 1e-9:
+            hint = f"--ray-cpus {fit:.4g} or fewer replicas" if fit > 0 else "fewer replicas"
+            raise ClusterConfigError(
+                f"--ray: {actors} replica actors x --ray-cpus {requested:g} = "
+                f"{requested * actors:g} CPUs, but the Ray cluster has {free_cpus:g} free "
+                f"(Ray would wait forever to place them); give {hint}"
+            )
+        return requested, ""
+    if fit <= 0:
+        raise ClusterConfigError(
+            f"--ray: the Ray cluster has {free_cpus:g} free CPUs, too few for {actors} "
+            "replica actors"
+        )
+    if fit >= 1:
+        return 1.0, ""
+    return fit, (
+        f"{actors} replica actors x 1 CPU exceed the Ray cluster's {free_cpus:g} free CPUs; "
+        f"each asks for {fit:.4g} CPU instead (--ray-cpus to choose)"
+    )
+
+
+def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse a Ray address nothing answers at, within ``timeout_s``.
+
+    ``ray.init`` retries an unreachable head node for minutes without a word; a TCP
+    connection to its port answers in milliseconds. ``auto`` and ``local`` are Ray's
+    to resolve (they fail fast by themselves).
+
+    Args:
+        address: ``HOST:PORT``, ``ray://HOST:PORT``, ``auto`` or ``local``.
+        timeout_s: how long to wait for the connection.
+
+    Raises:
+        ClusterConfigError: a malformed address, or no answer in time.
+    """
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterConfigError(
+            f"--ray-address {address!r}: want HOST:PORT, ray://HOST:PORT or auto"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterConfigError(
+            f"--ray-address {address}: nothing answers there within {timeout_s:g} s "
+            f"({exc.strerror or exc}); start Ray there (ray start --head) or leave out "
+            "--ray-address (and RAY_ADDRESS) for a local Ray"
+        ) from None
 
 
 class _ReplicaActor:

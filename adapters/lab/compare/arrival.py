@@ -21,7 +21,6 @@ Both engines' default queue order is first come, first served.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,6 +41,7 @@ from ..sim import (
     simulate,
     with_arrivals,
 )
+from ..sim.arrivals import check_request_rate, check_time_scale
 from ..traces import TraceRequest, TraceSource
 from ..workload_sources import Workload
 from .spec import BackendSpec, Bars, Scalar
@@ -71,19 +71,6 @@ ENGINE_MODES: Mapping[EngineMode, tuple[Batching, QueueOrder]] = {
 SGLang's ``--schedule-policy fcfs``)."""
 
 _ENGINE_NAMES: Mapping[EngineMode, str] = {"vllm": "vLLM", "sglang": "SGLang"}
-
-
-def _finite(name: str, value: float | None, *, positive: bool = True) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or (value <= 0 if positive else value < 0)
-    ):
-        raise SimConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +134,10 @@ class TimeSettings:
             raise SimConfigError(f"closed_loop must be a bool, got {self.closed_loop!r}")
         if (self.request_rate is None) == (self.time_scale is None):
             raise SimConfigError("give a request rate or a time scale (one of the two)")
-        _finite("request rate", self.request_rate)
-        _finite("time scale", self.time_scale)
+        if self.request_rate is not None:
+            check_request_rate(self.request_rate)
+        if self.time_scale is not None:
+            check_time_scale(self.time_scale)
         if self.arrival not in ARRIVAL_PROCESSES:
             raise SimConfigError(
                 f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 from collections.abc import Iterable, Iterator
 from typing import Literal
@@ -20,7 +19,13 @@ from .requests import SimRequest
 
 __all__ = [
     "ARRIVAL_PROCESSES",
+    "MAX_REQUEST_RATE",
+    "MAX_TIME_SCALE",
+    "MIN_REQUEST_RATE",
+    "MIN_TIME_SCALE",
     "ArrivalProcess",
+    "check_request_rate",
+    "check_time_scale",
     "fixed_rate_arrivals",
     "poisson_arrivals",
     "scaled_arrivals",
@@ -32,15 +37,38 @@ ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
 """The request-rate processes :func:`with_arrivals` knows."""
 
 
-def _positive(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise SimConfigError(f"{name} must be a finite number > 0, got {value!r}")
+MIN_REQUEST_RATE, MAX_REQUEST_RATE = 1e-9, 1e9
+"""Requests per second: one in 30 years to a billion a second. Outside, arrival times
+overflow to infinity or collapse onto one instant."""
+
+MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-9, 1e9
+"""The factor on a trace's timestamps, for the same reason."""
+
+
+def _bounded(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise SimConfigError(  # NaN and infinity compare out of range too
+            f"{name} must be a finite number > 0, in [{low:g}, {high:g}], got {value!r:.60}"
+        )
     return float(value)
+
+
+def check_request_rate(value: object) -> float:
+    """``value`` as a request rate (requests per second).
+
+    Raises:
+        SimConfigError: not a number in ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
+    """
+    return _bounded("request rate", value, MIN_REQUEST_RATE, MAX_REQUEST_RATE)
+
+
+def check_time_scale(value: object) -> float:
+    """``value`` as a time scale (a factor on a trace's timestamps).
+
+    Raises:
+        SimConfigError: not a number in ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
+    """
+    return _bounded("time scale", value, MIN_TIME_SCALE, MAX_TIME_SCALE)
 
 
 def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
@@ -51,9 +79,9 @@ def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
         seed: seeds the gaps (``random.Random(seed)``); equal seeds, equal times.
 
     Raises:
-        SimConfigError: a rate that is not a finite number > 0.
+        SimConfigError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
     """
-    lam = _positive("request rate", rate)
+    lam = check_request_rate(rate)
     return _poisson(lam, random.Random(seed))
 
 
@@ -68,9 +96,9 @@ def fixed_rate_arrivals(rate: float) -> Iterator[float]:
     """Endless evenly spaced arrival times ``0, 1/rate, 2/rate, ...``.
 
     Raises:
-        SimConfigError: a rate that is not a finite number > 0.
+        SimConfigError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
     """
-    step = 1.0 / _positive("request rate", rate)
+    step = 1.0 / check_request_rate(rate)
     return (i * step for i in itertools.count())
 
 
@@ -80,9 +108,9 @@ def scaled_arrivals(timestamps: Iterable[float], time_scale: float) -> Iterator[
     ``time_scale < 1`` squeezes the trace (more load), ``> 1`` stretches it.
 
     Raises:
-        SimConfigError: a time scale that is not a finite number > 0.
+        SimConfigError: a time scale out of ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
     """
-    scale = _positive("time scale", time_scale)
+    scale = check_time_scale(time_scale)
     return _scaled(timestamps, scale)
 
 
@@ -134,7 +162,7 @@ def with_arrivals(
             else fixed_rate_arrivals(request_rate)
         )
         return (dataclasses.replace(r, arrival=t) for r, t in zip(requests, times, strict=False))
-    scale = None if time_scale is None else _positive("time scale", time_scale)
+    scale = None if time_scale is None else check_time_scale(time_scale)
     return _rescaled(requests, scale)
 
 

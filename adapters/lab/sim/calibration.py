@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .errors import SimConfigError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
 
 if TYPE_CHECKING:
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DECODE_SHAPES",
+    "DEFAULT_MAX_BYTES",
     "DEFAULT_MIXED_SHAPES",
     "DEFAULT_PREFILL_SHAPES",
     "QUICK_SHAPES",
     "StepSample",
     "calibrate",
+    "estimate_bytes",
     "fit_profile",
     "measure_engine",
 ]
@@ -58,6 +61,12 @@ QUICK_SHAPES: dict[str, tuple[tuple[int, ...], ...]] = {
 seconds, for trying the command out and for tests."""
 
 
+DEFAULT_MAX_BYTES = 8 * 2**30
+"""The most memory a calibration may need (weights, KV cache, one step's activations)
+before it is refused: the reference engine is a small model, and a size typed wrong
+(``--head-dim 1000000000``) must fail in one line, not in the allocator."""
+
+
 class StepSample(NamedTuple):
     """One measurement: its work (the profile's units) and its seconds.
 
@@ -77,6 +86,65 @@ class StepSample(NamedTuple):
     num_streamed: int = 0
 
 
+def _steps(
+    prefill: Sequence[tuple[int, int]],
+    decode: Sequence[tuple[int, int]],
+    mixed: Sequence[tuple[int, int, int, int]],
+) -> list[tuple[list[tuple[int, int]], list[int]]]:
+    """Each step as ``([(q, s)] prefill chunks, [c] decode rows)``, the shapes checked.
+
+    Raises:
+        SimConfigError: a shape that is not a tuple of ints of its length, ``q`` or
+            ``b`` below 1, ``s`` or ``c`` below 0.
+    """
+    kinds = (
+        ("prefill", prefill, (1, 0)),
+        ("decode", decode, (1, 0)),
+        ("mixed", mixed, (1, 0, 1, 0)),
+    )
+    for kind, shapes, lows in kinds:
+        for shape in shapes:
+            ok = isinstance(shape, tuple) and len(shape) == len(lows)
+            if not ok or any(
+                type(v) is not int or v < lo for v, lo in zip(shape, lows, strict=True)
+            ):
+                raise SimConfigError(
+                    f"{kind} shape {shape!r:.60}: want {len(lows)} ints, each >= {lows}"
+                )
+    steps: list[tuple[list[tuple[int, int]], list[int]]] = [([(q, s)], []) for q, s in prefill]
+    steps += [([], [c] * b) for b, c in decode]
+    steps += [([(q, s)], [c] * b) for q, s, b, c in mixed]
+    return steps
+
+
+def estimate_bytes(
+    config: EngineConfig, steps: Sequence[tuple[Sequence[tuple[int, int]], Sequence[int]]]
+) -> int:
+    """An upper estimate of what measuring ``steps`` on ``config``'s model allocates.
+
+    The weights (drawn in float64, then cast), a KV cache for the largest step, and
+    that step's activations and attention scores, with room for temporaries. Pure
+    arithmetic on Python ints: any size can be asked about without allocating.
+    """
+    m = config.model
+    elem = 8 if "64" in str(config.torch_dtype) else 4
+    hidden, mlp, vocab = m.hidden_size, m.mlp_size, m.vocab_size
+    q_width, kv_width = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    per_layer = 2 * hidden + 2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * mlp
+    weights = 2 * vocab * hidden + m.num_layers * per_layer + hidden
+    largest = max(vocab * hidden, hidden * mlp, hidden * q_width)
+    bs = config.block_size or 16
+    kv_blocks = tokens = scores = 0
+    for pre, dec in steps:
+        rows = [*pre, *((1, c) for c in dec)]
+        kv_blocks = max(kv_blocks, sum(-(-(s + q) // bs) for q, s in rows))
+        tokens = max(tokens, sum(q for q, _ in rows))
+        scores = max(scores, sum(q * (s + q) for q, s in rows) * m.num_heads)
+    kv = 2 * m.num_layers * kv_blocks * bs * kv_width
+    activations = 4 * tokens * (hidden + q_width + 2 * kv_width + 2 * mlp + vocab) + 2 * scores
+    return elem * (weights + kv + activations) + 8 * largest
+
+
 def measure_engine(
     config: EngineConfig | None = None,
     *,
@@ -87,6 +155,7 @@ def measure_engine(
     warmup: int = 1,
     clock: Callable[[], float] = time.perf_counter,
     progress: Callable[[int], object] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[StepSample]:
     """Time the reference engine's forward pass on each step shape.
 
@@ -102,20 +171,39 @@ def measure_engine(
         clock: seconds, monotonic (``time.perf_counter``).
         progress: called with 1 after each forward pass (a progress bar's
             ``update``); there are ``(warmup + repeats) * shapes`` of them.
+        max_bytes: refuse, before allocating anything, a model and shapes that
+            :func:`estimate_bytes` says need more.
 
     Returns:
         One sample per shape, in the order prefill, decode, mixed.
+
+    Raises:
+        SimConfigError: a bad shape, ``repeats`` or ``warmup``, or a model and
+            shapes needing more than ``max_bytes``.
     """
     import torch
 
     from prefixkv.adapters.engine import EngineConfig, SeqChunk, TinyTransformer
 
     cfg = EngineConfig() if config is None else config
+    for name, value, low, high in (
+        ("repeats", repeats, 1, 1000),
+        ("warmup", warmup, 0, 1000),
+        ("max_bytes", max_bytes, 1, 2**63),
+    ):
+        if type(value) is not int or not low <= value <= high:
+            raise SimConfigError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
     bs = cfg.block_size or 16
     # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
-    steps: list[tuple[list[tuple[int, int]], list[int]]] = [([(q, s)], []) for q, s in prefill]
-    steps += [([], [c] * b) for b, c in decode]
-    steps += [([(q, s)], [c] * b) for q, s, b, c in mixed]
+    steps = _steps(prefill, decode, mixed)
+    need = estimate_bytes(cfg, steps)
+    if need > max_bytes:
+        m = cfg.model
+        raise SimConfigError(
+            f"calibrating a model of {m.num_layers} layers, {m.num_heads} heads x {m.head_dim}, "
+            f"vocab {m.vocab_size} needs about {need / 2**30:,.1f} GiB, over the limit of "
+            f"{max_bytes / 2**30:,.1f} GiB (max_bytes); choose smaller sizes"
+        )
     rows = [[*pre, *((1, c) for c in dec)] for pre, dec in steps]
     model = TinyTransformer(cfg.model, dtype=cfg.torch_dtype, device=cfg.torch_device)
     kv = model.make_kv_cache(max(sum(-(-(s + q) // bs) for q, s in r) for r in rows), bs)
@@ -231,6 +319,7 @@ def calibrate(
     name: str | None = None,
     repeats: int = 5,
     progress: Callable[[int], object] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
     **shapes: Sequence[tuple[int, ...]],
 ) -> CostProfile:
     """Measure the reference engine on ``config``'s device and fit a profile.
@@ -241,10 +330,14 @@ def calibrate(
         name: the profile's name (default ``reference-engine-<device>``).
         repeats: timed runs per step shape.
         progress: see :func:`measure_engine`.
+        max_bytes: see :func:`measure_engine`.
         **shapes: ``prefill=``, ``decode=``, ``mixed=`` as in :func:`measure_engine`.
 
     Returns:
         The fitted profile (save it with :func:`~.profile.save_profile`).
+
+    Raises:
+        SimConfigError: see :func:`measure_engine`.
     """
     import torch
 
@@ -256,6 +349,7 @@ def calibrate(
         config,
         repeats=repeats,
         progress=progress,
+        max_bytes=max_bytes,
         **shapes,  # type: ignore[arg-type]
     )
     dev = config.torch_device

@@ -17,9 +17,15 @@ from prefixkv.adapters.deprecated import moved_names
 from .errors import SimConfigError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
-__all__ = ["BATCHING_MODES", "Batching", "SimConfig"]
+__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimConfig"]
 
 _QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
+
+MAX_NUM_SEQS = 2**20
+"""The most running requests a replica may be given (vLLM's default: 256)."""
+
+MAX_NUM_BATCHED_TOKENS = 2**31 - 1
+"""The largest step token budget (vLLM's default: 8192; an int32 in the engines)."""
 
 Batching = Literal["mixed", "prefill_first"]
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
@@ -48,7 +54,9 @@ class SimConfig:
             (tests; O(cached blocks) a step).
 
     Raises:
-        SimConfigError: a non-positive size, an unknown policy or batching mode.
+        SimConfigError: a size out of range (``max_num_seqs`` up to
+            :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
+            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown policy or batching mode.
     """
 
     max_num_seqs: int = 256
@@ -59,10 +67,13 @@ class SimConfig:
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name, top in (
+            ("max_num_seqs", MAX_NUM_SEQS),
+            ("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
+        ):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
+            if type(value) is not int or not 1 <= value <= top:
+                raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
         if self.policy not in QUEUE_ORDERS:
             raise SimConfigError(
                 f"unknown policy {self.policy!r}; known: {', '.join(QUEUE_ORDERS)}"

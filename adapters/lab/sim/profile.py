@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,6 +41,7 @@ __all__ = [
     "COEFFICIENTS",
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "DEFAULT_PROFILE",
+    "MAX_COEFFICIENT_S",
     "RANGE_KEYS",
     "CostProfile",
     "attention_pairs",
@@ -65,6 +65,12 @@ attends to (cached + chunk, or a decode row's context), decode rows in one step.
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """vLLM's ``--gpu-memory-utilization`` default: the share of device memory it uses."""
+
+MAX_COEFFICIENT_S = 1e3
+"""The largest coefficient a profile may have, in seconds per unit: a thousand seconds
+a step, a token or a (query, key) pair is far beyond any hardware, and bounding it
+keeps every step time of a run finite (a 1e308 coefficient would overflow to
+infinity mid-run and fail only when the results are written)."""
 
 DEFAULT_PROFILE = "llama2-70b-tp2-a100"
 """The shipped profile used when none is named (derived from Vidur's profiling data)."""
@@ -111,9 +117,10 @@ class CostProfile:
             said (``None``: not measured on a server).
 
     Raises:
-        ProfileError: a coefficient that is not a finite number >= 0, or all zero;
-            a range that is not ``[low, high]`` ints; a byte count that is not a
-            positive int.
+        ProfileError: a coefficient (or ``request_s``, ``stream_token_s``) that is
+            not a number in ``[0, MAX_COEFFICIENT_S]``, or every coefficient zero; a
+            range that is not ``[low, high]`` ints; a byte count that is not an int
+            >= 0.
     """
 
     name: str
@@ -142,11 +149,11 @@ class CostProfile:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
+                or not 0 <= value <= MAX_COEFFICIENT_S  # NaN compares False: refused
             ):
                 raise ProfileError(
-                    f"profile {self.name!r}: {name} must be a finite number >= 0, got {value!r}"
+                    f"profile {self.name!r}: {name} must be a number of seconds in "
+                    f"[0, {MAX_COEFFICIENT_S:g}], got {value!r:.60}"
                 )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")

@@ -18,6 +18,8 @@ from prefixkv.indexes.tokens import as_token_array
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "LINE_SLACK_BYTES",
+    "ArrivalOrder",
     "ReadOptions",
     "TraceFormatError",
     "TraceLimits",
@@ -151,12 +153,30 @@ class TraceLimits:
         """The fault of an output of ``length`` tokens, or ``None`` when it is within bounds."""
         return _over_limit("output", length, self.max_output_tokens)
 
+    def line_bytes(self, numbers: int, number_bytes: int) -> tuple[int, str]:
+        """The longest line a request within these limits can need, and what bounds it.
+
+        A line listing ``numbers`` numbers of at most ``number_bytes`` bytes each
+        (digits and a ``", "``), plus 1 MiB for its other fields; at most
+        ``max_document_bytes``. Reading stops there, so a line claiming a huge
+        request costs this much, not its size.
+        """
+        need = numbers * number_bytes + LINE_SLACK_BYTES
+        if need >= self.max_document_bytes:
+            return self.max_document_bytes, "the document size limit"
+        return need, (
+            "more than a request within --max-prompt-tokens and --max-output-tokens needs"
+        )
+
 
 def _over_limit(what: str, length: int, limit: int) -> str | None:
     if length <= limit:
         return None
     return f"{what} of {length:,} tokens exceeds the limit of {limit:,} (--max-{what}-tokens)"
 
+
+LINE_SLACK_BYTES = 2**20
+"""What :meth:`TraceLimits.line_bytes` allows a line beyond its numbers (ids, other keys)."""
 
 DEFAULT_LIMITS = TraceLimits()
 """The limits a reader applies when none are given."""
@@ -172,6 +192,10 @@ class ReadOptions:
         seed: selects the token content.
         output: ``False`` empties every output (prompt-only replay).
         limits: size bounds checked before anything is built.
+        sorted_arrivals: refuse, at its ``file:line``, a request that arrives before
+            the one read before it (what a replay at the trace's own timestamps, e.g.
+            under a time scale, needs); formats whose times restart per conversation
+            (kv-cache-tester) are not checked.
         block_cache_bytes: token bytes of recently expanded hash-id blocks kept for
             reuse (default 4 MiB); the reader's only memory that outlives a request.
     """
@@ -182,6 +206,7 @@ class ReadOptions:
     output: bool = True
     limits: TraceLimits = TraceLimits()
     block_cache_bytes: int = 4 * 2**20
+    sorted_arrivals: bool = False
 
     def __post_init__(self) -> None:
         per_id = self.tokens_per_id
@@ -197,3 +222,36 @@ class ReadOptions:
             )
         if not isinstance(self.limits, TraceLimits):
             raise TraceOptionError(f"limits must be a TraceLimits, got {self.limits!r}")
+        if type(self.sorted_arrivals) is not bool:
+            raise TraceOptionError(f"sorted_arrivals must be a bool, got {self.sorted_arrivals!r}")
+
+
+class ArrivalOrder:
+    """Checks that requests come in arrival order, naming both places when not.
+
+    Args:
+        enabled: ``False`` makes :meth:`check` do nothing.
+    """
+
+    __slots__ = ("_enabled", "_last", "_where")
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._last: float | None = None
+        self._where = ""
+
+    def check(self, arrival: float | None, where: str, request_id: str) -> None:
+        """Accept ``arrival`` (``None``: none said) if no earlier than the last one.
+
+        Raises:
+            TraceFormatError: ``where``, the request, both times and the earlier place.
+        """
+        if not self._enabled or arrival is None:
+            return
+        if self._last is not None and arrival < self._last:
+            raise TraceFormatError(
+                f"{where}: request {request_id!r} arrives at {arrival:g} s, before the request "
+                f"at {self._where} ({self._last:g} s); a replay at the trace's own times needs "
+                "it sorted by arrival (sort the file, or give a request rate instead)"
+            )
+        self._last, self._where = arrival, where

@@ -14,6 +14,10 @@ partial, and an output length:
 Each block id expands to tokens (:mod:`.blocks`) at the format's real block size, or
 at ``tokens_per_id`` tokens to keep the sharing pattern at another granularity (the
 last block and the output are scaled alike, rounding up).
+
+Memory stays bounded by the size limits: a line is read at most as far as a request
+within them can reach, and the size limits are checked from ``input_length`` and
+``output_length`` before ``hash_ids`` are built.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .base import ReadOptions, TraceFormatError, TraceRequest
+from .base import ArrivalOrder, ReadOptions, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
-from .reading import Progress, StrPath, decode, iter_lines
+from .reading import Progress, StrPath, count_items, decode, iter_lines
 
 __all__ = [
     "BAILIAN",
@@ -50,10 +54,11 @@ _Count = Annotated[int, msgspec.Meta(ge=0)]
 _Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
+# hash_ids stay text until the sizes they imply are checked (_IDS builds them)
 class _MooncakeLine(msgspec.Struct):
     input_length: _Positive
     output_length: _Count
-    hash_ids: list[int]
+    hash_ids: msgspec.Raw
     timestamp: float = 0.0
 
 
@@ -61,11 +66,21 @@ class _BailianLine(msgspec.Struct):
     chat_id: int
     input_length: _Positive
     output_length: _Count
-    hash_ids: list[int]
+    hash_ids: msgspec.Raw
     parent_chat_id: int = -1
     timestamp: float = 0.0
     turn: int | None = None
     type: str | None = None
+
+
+class _Ids(msgspec.Struct):
+    hash_ids: list[int]
+
+
+_IDS = msgspec.json.Decoder(_Ids)
+
+_ID_BYTES = 23
+"""Text of one hash id at most: 20 digits (a 64-bit int), a sign and ``", "``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,25 +144,23 @@ def scaled_lengths(
 
 def _plans(
     fmt: HashIdFormat, path: StrPath, opts: ReadOptions, progress: Progress | None = None
-) -> Iterator[tuple[int, str, str, Any, int, int]]:
-    """Per line: ``(lineno, where, id, record, prompt tokens, output tokens)``, checked."""
+) -> Iterator[tuple[int, str, str, Any, list[int], int, int]]:
+    """Per line: ``(lineno, where, id, record, hash ids, prompt tokens, output tokens)``,
+    checked: the sizes before the ids are built."""
     decoder = msgspec.json.Decoder(fmt.line_type)
     block = fmt.block_size
     limits = opts.limits
-    for lineno, line in iter_lines(path, limits.max_document_bytes, progress):
+    per_id = block if opts.tokens_per_id is None else opts.tokens_per_id
+    max_line, limit_name = limits.line_bytes(limits.max_prompt_tokens // per_id + 1, _ID_BYTES)
+    order = ArrivalOrder(opts.sorted_arrivals)
+    for lineno, line in iter_lines(path, max_line, progress, limit_name=limit_name):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         record = decode(decoder, line, where)
-        n = len(record.hash_ids)
         expected = -(-record.input_length // block)
-        if n != expected:
-            raise TraceFormatError(
-                f'{where}: {n} "hash_ids" but input_length {record.input_length} needs '
-                f"ceil({record.input_length} / {block}) = {expected}"
-            )
         prompt, output = scaled_lengths(
-            record.input_length, record.output_length, n, block, opts.tokens_per_id
+            record.input_length, record.output_length, expected, block, opts.tokens_per_id
         )
         if not opts.output:
             output = 0
@@ -155,7 +168,20 @@ def _plans(
         rid = fmt.request_id(lineno, record)
         if fault:
             raise TraceFormatError(f"{where}: request {rid!r}: {fault}")
-        yield lineno, where, rid, record, prompt, output
+        # counted first: an array far longer than input_length says is never built
+        n = count_items(record.hash_ids)
+        hash_ids: list[int] = []
+        if n <= expected:  # decoded inside their key, so a fault names $.hash_ids[i]
+            text = b'{"hash_ids":' + bytes(record.hash_ids) + b"}"
+            hash_ids = decode(_IDS, text, where).hash_ids
+            n = len(hash_ids)
+        if n != expected:
+            raise TraceFormatError(
+                f'{where}: {n} "hash_ids" but input_length {record.input_length} needs '
+                f"ceil({record.input_length} / {block}) = {expected}"
+            )
+        order.check(record.timestamp * fmt.seconds_per_unit, where, rid)
+        yield lineno, where, rid, record, hash_ids, prompt, output
 
 
 def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
@@ -178,8 +204,8 @@ def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadOptions) -> Iterator
     deriver = TokenDeriver(opts.vocab_size)
     blocks = BlockTokens(deriver, f"{fmt.tag}-block:{opts.seed}:", per_id, opts.block_cache_bytes)
     output_tag = f"{fmt.tag}-output:{opts.seed}:"
-    for lineno, _, rid, record, prompt_len, output_len in _plans(fmt, path, opts):
-        tokens = blocks.prompt("", record.hash_ids, prompt_len)
+    for lineno, _, rid, record, hash_ids, prompt_len, output_len in _plans(fmt, path, opts):
+        tokens = blocks.prompt("", hash_ids, prompt_len)
         out = deriver.named(f"{output_tag}{fmt.output_name(lineno, rid)}", output_len)
         parent, turn = fmt.links(record)
         arrival = record.timestamp * fmt.seconds_per_unit
@@ -190,5 +216,5 @@ def sizes_hashid(
     fmt: HashIdFormat, path: StrPath, opts: ReadOptions, progress: Progress | None = None
 ) -> Iterator[RequestSize]:
     """Every request's id and sizes, validated as :func:`iter_hashid` does, nothing expanded."""
-    for _, where, rid, _, prompt_len, output_len in _plans(fmt, path, opts, progress):
+    for _, where, rid, _, _, prompt_len, output_len in _plans(fmt, path, opts, progress):
         yield RequestSize(rid, prompt_len, output_len, where)

@@ -31,7 +31,7 @@ import msgspec
 from .base import ReadOptions, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
-from .reading import Progress, StrPath, decode, one_line
+from .reading import Progress, StrPath, count_items, decode, one_line
 
 __all__ = [
     "KVCT_BLOCK_SIZE",
@@ -194,23 +194,29 @@ def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -
             r = item.request
             if r.in_ is None or r.out is None or not r.hash_ids:
                 raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
-            hash_ids = decode(_IDS, bytes(r.hash_ids), f"{item.where}.hash_ids")
-            if len(hash_ids) != r.in_ // block:
-                raise TraceFormatError(
-                    f'{item.where}: {len(hash_ids)} "hash_ids" but "in" {r.in_} needs '
-                    f"{r.in_} // {block} = {r.in_ // block}"
-                )
             if r.in_ == 0:
                 raise TraceFormatError(f'{item.where}: "in" must be >= 1')
-            tail = -(-(r.in_ - block * len(hash_ids)) * s // block)
-            prompt = s * len(hash_ids) + tail
+            full = r.in_ // block
+            tail = -(-(r.in_ - block * full) * s // block)
+            prompt = s * full + tail
             output = -(-r.out * s // block) if opts.output else 0
             prev = last.get(item.session)
             turn = 1 if prev is None else prev[1] + 1
             rid = f"{item.session}/{turn}"
+            # the sizes first, then the ids, counted before they are built
             fault = limits.check_prompt(prompt) or limits.check_output(output)
             if fault:
                 raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
+            n = count_items(r.hash_ids)
+            hash_ids: list[int] = []
+            if n <= full:
+                hash_ids = decode(_IDS, bytes(r.hash_ids), f"{item.where}.hash_ids")
+                n = len(hash_ids)
+            if n != full:
+                raise TraceFormatError(
+                    f'{item.where}: {n} "hash_ids" but "in" {r.in_} needs '
+                    f"{r.in_} // {block} = {full}"
+                )
             last[item.session] = (rid, turn)
             parent = None if prev is None else prev[0]
             think = _think_time(r, previous.get(item.session), item.arrival)

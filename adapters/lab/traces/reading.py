@@ -1,14 +1,18 @@
-"""Reading trace files safely: numbered byte lines from plain or gzip files, JSON by msgspec.
+"""Reading trace files safely: numbered byte lines from plain, gzip or xz files, JSON by msgspec.
 
-Every fault a file can have — a truncated or corrupt gzip stream, bad UTF-8, a line
-that is not JSON, a 5000-digit integer, a line longer than the limit — becomes a
+Every fault a file can have — a truncated or corrupt gzip or xz stream, a compression
+prefixkv does not read (bzip2, zstd, zip: refused by name), bad UTF-8, a line that is
+not JSON, a 5000-digit integer, a line longer than the limit — becomes a
 :class:`TraceFormatError` naming ``file:line``; nothing raw (``EOFError``,
-``zlib.error``, ``UnicodeDecodeError``, ``MemoryError``) escapes a reader.
+``zlib.error``, ``lzma.LZMAError``, ``UnicodeDecodeError``, ``MemoryError``) escapes
+a reader. A line is read at most up to its limit, decompressed or not, so an
+oversized line costs its limit, never its size.
 """
 
 from __future__ import annotations
 
 import gzip
+import lzma
 import zlib
 from collections.abc import Callable, Iterator
 from os import PathLike
@@ -18,7 +22,17 @@ import msgspec
 
 from .base import TraceFormatError
 
-__all__ = ["GZIP_MAGIC", "Progress", "StrPath", "decode", "is_gzip", "iter_lines", "one_line"]
+__all__ = [
+    "GZIP_MAGIC",
+    "XZ_MAGIC",
+    "Progress",
+    "StrPath",
+    "count_items",
+    "decode",
+    "is_gzip",
+    "iter_lines",
+    "one_line",
+]
 
 StrPath = Union[str, "PathLike[str]"]
 Progress = Callable[[int], object]
@@ -28,7 +42,16 @@ T = TypeVar("T")
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of every gzip member."""
 
-_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+XZ_MAGIC = b"\xfd7zXZ\x00"
+"""The first six bytes of every xz stream."""
+
+_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError)
+
+_UNREAD = {  # magic -> the compression prefixkv does not decompress
+    b"BZh": "bzip2",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
 
 
 def is_gzip(path: StrPath) -> bool:
@@ -43,25 +66,51 @@ def one_line(text: str, limit: int = 120) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def _open_stream(raw: IO[bytes], path: StrPath) -> tuple[IO[bytes], str]:
+    """``raw`` decompressed by its magic bytes (the name's suffix is not trusted), and
+    the name of its compression for messages."""
+    head = raw.read(6)
+    raw.seek(0)
+    if head.startswith(GZIP_MAGIC):
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw)), "gzip"
+    if head.startswith(XZ_MAGIC):
+        return cast(IO[bytes], lzma.LZMAFile(raw)), "xz"
+    for magic, name in _UNREAD.items():
+        if head.startswith(magic):
+            raise TraceFormatError(
+                f"{path}: a {name}-compressed file; prefixkv reads plain, gzip and xz "
+                "traces: decompress it first"
+            )
+    return raw, "plain"
+
+
 def iter_lines(
-    path: StrPath, max_line_bytes: int, progress: Progress | None = None
+    path: StrPath,
+    max_line_bytes: int,
+    progress: Progress | None = None,
+    *,
+    limit_name: str = "the document size limit",
 ) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line number, line bytes)`` for every line of a plain or gzip file.
+    """Yield ``(line number, line bytes)`` for every line of a plain, gzip or xz file.
 
     Blank lines are yielded too (callers skip them, keeping the numbering).
-    ``progress`` is told how many bytes of the file (compressed, for gzip) each line
-    consumed, so a bar over the file size has a stable ETA.
+    ``progress`` is told how many bytes of the file (compressed, for gzip and xz) each
+    line consumed, so a bar over the file size has a stable ETA.
+
+    Args:
+        path: the file.
+        max_line_bytes: the longest line accepted; reading stops one byte past it.
+        progress: told the bytes each line consumed.
+        limit_name: what ``max_line_bytes`` is, for the message.
 
     Raises:
-        TraceFormatError: a corrupt or truncated gzip stream, or a line longer than
-            ``max_line_bytes`` (it names the line and stops before buffering more).
+        TraceFormatError: a corrupt or truncated gzip or xz stream, a compression
+            prefixkv does not read, or a line longer than ``max_line_bytes`` (it names
+            the line and stops before buffering more).
         OSError: the file cannot be opened or read.
     """
     with open(path, "rb") as raw:
-        f: IO[bytes] = (
-            cast(IO[bytes], gzip.GzipFile(fileobj=raw)) if raw.read(2) == GZIP_MAGIC else raw
-        )
-        raw.seek(0)
+        f, kind = _open_stream(raw, path)
         lineno = 0
         done = 0
         while True:
@@ -69,7 +118,7 @@ def iter_lines(
                 line = f.readline(max_line_bytes + 1)
             except _STREAM_ERRORS as exc:
                 raise TraceFormatError(
-                    f"{path}:{lineno + 1}: corrupt or truncated gzip stream "
+                    f"{path}:{lineno + 1}: corrupt or truncated {kind} stream "
                     f"({type(exc).__name__}: {one_line(str(exc))})"
                 ) from None
             if not line:
@@ -81,10 +130,24 @@ def iter_lines(
                 done = now
             if len(line) > max_line_bytes:
                 raise TraceFormatError(
-                    f"{path}:{lineno}: line longer than {max_line_bytes:,} bytes "
-                    "(the document size limit)"
+                    f"{path}:{lineno}: line longer than {max_line_bytes:,} bytes ({limit_name})"
                 )
             yield lineno, line
+
+
+def count_items(raw: bytes | msgspec.Raw) -> int:
+    """How many elements a JSON array of numbers holds, from its text alone (no list is
+    built): its commas plus one, 0 for ``[]``. Anything but an array counts 0 (the
+    typed decoding that follows reports it). For an array that holds strings or
+    arrays the count is an upper bound. O(len(raw)), in C.
+    """
+    text = bytes(raw)  # the one copy: no slice of it is taken unless it is tiny
+    if text.lstrip()[:1] != b"[":
+        return 0
+    commas = text.count(b",")
+    if commas:
+        return commas + 1
+    return 1 if text.strip()[1:-1].strip() else 0
 
 
 def decode(decoder: msgspec.json.Decoder[T], data: bytes, where: str) -> T:

@@ -210,7 +210,12 @@ class TraceSource:
         opts = self.options
         it: Iterator[TraceRequest]
         if self.format == "prefixkv":
-            it = iter_prefixkv(self.path, limits=opts.limits, output=opts.output)
+            it = iter_prefixkv(
+                self.path,
+                limits=opts.limits,
+                output=opts.output,
+                sorted_arrivals=opts.sorted_arrivals,
+            )
         elif self.format == "mooncake":
             it = iter_hashid(MOONCAKE, self.path, opts)
         elif self.format == "bailian":
@@ -225,7 +230,11 @@ class TraceSource:
         it: Iterator[RequestSize]
         if self.format == "prefixkv":
             it = sizes_prefixkv(
-                self.path, limits=opts.limits, output=opts.output, progress=progress
+                self.path,
+                limits=opts.limits,
+                output=opts.output,
+                progress=progress,
+                sorted_arrivals=opts.sorted_arrivals,
             )
         elif self.format == "mooncake":
             it = sizes_hashid(MOONCAKE, self.path, opts, progress)

@@ -20,7 +20,8 @@ from sglang.srt.mem_cache.registry import (
 )
 
 from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError
-from prefixkv.adapters.plugins.sglang import BACKENDS, PrefixKVPrefixCache, register
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.sglang.plugin import BACKENDS, PrefixKVPrefixCache, register
 from prefixkv.indexes import make_index
 
 # (page size, K live requests, pool tokens per longest request: roomy or tight)
@@ -225,3 +226,145 @@ def test_batched_prefills_free_duplicate_slots(ps, index) -> None:
     while rp.live:
         rp.finish_oldest()
     assert cache.protected_size() == 0
+
+
+def _built(name: str, params: Any, **flags: bool) -> Any:
+    """The cache SGLang builds for ``--radix-cache-backend name``."""
+    from sglang.srt.runtime_context import get_memory
+
+    register()
+    memory = get_memory()
+    saved = memory.radix_cache_backend
+    object.__setattr__(memory, "radix_cache_backend", name)
+    try:
+        return create_tree_cache(_context(params, **flags))
+    finally:
+        object.__setattr__(memory, "radix_cache_backend", saved)
+
+
+def test_the_cache_sglang_builds_is_the_class_make_test_replays() -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+
+    cache = _built("prefixkv-radix", sglang_oracle.build_pools(1, 1024, 2, 256))
+    assert isinstance(cache, PrefixCache) and isinstance(cache, BasePrefixCache)
+    # Only SGLang's typed entry points are the subclass's own: everything else
+    # (checkpoint logic, locks, sizes, reset) runs PrefixCache's code.
+    own = {n for n in vars(PrefixKVPrefixCache) if not n.startswith("_")}
+    assert own == {"match_prefix", "touch_prefix", "inc_lock_ref", "dec_lock_ref",
+                   "checkpoint", "evict", "take_events", "path_device_indices",
+                   "dfs_weight_order"}  # fmt: skip
+    for name in ("lock", "unlock", "reset", "evictable_size", "on_release", "total_size"):
+        assert getattr(PrefixKVPrefixCache, name) is getattr(PrefixCache, name), name
+
+
+def test_the_old_entry_point_target_still_registers_with_a_warning() -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("prefixkv.adapters.plugins.sglang", None)
+    with pytest.warns(DeprecationWarning, match="prefixkv.adapters.sglang.plugin"):
+        old = importlib.import_module("prefixkv.adapters.plugins.sglang")
+    assert old.PrefixKVPrefixCache is PrefixKVPrefixCache
+    old.register()
+    for name in BACKENDS:
+        assert get_radix_cache_factory(name) is not None, name
+
+
+def test_disable_radix_cache_gives_a_cache_that_shares_nothing() -> None:
+    reqs = [{"id": f"r{i}", "tokens": [5, 6, 7, 8, 9, 10] + [i], "output": [1, 2]}
+            for i in range(4)]  # fmt: skip
+    params = sglang_oracle.build_pools(1, 256, 3, 64)
+    cache = _built("prefixkv-radix", params, disable_radix_cache=True)
+    assert isinstance(cache, PrefixKVPrefixCache)
+    assert cache.disable and not cache.supports_prefix_sharing()
+    rp = sglang_oracle.SGLangReplay(cache, params, after_step=Conserved(every=1))
+    rp.run(reqs, 2)
+    assert [h["hit_tokens"] for h in rp.hits] == [0, 0, 0, 0]
+    assert cache.total_size() == 0 and rp.allocator.available_size() == 256
+
+
+class _Metrics:
+    """SGLang's ``RadixCacheMetricsCollector`` calls the cache makes on eviction."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.durations: list[float] = []
+
+    def observe_eviction_duration(self, seconds: float) -> None:
+        self.durations.append(seconds)
+
+    def increment_eviction_num_tokens(self, n: int) -> None:
+        self.tokens += n
+
+
+@pytest.mark.parametrize("ps", [1, 16])
+def test_evictions_reach_sglangs_eviction_metrics(ps: int) -> None:
+    reqs = [{"id": f"r{i}", "tokens": [100 * i + t for t in range(40)], "output": [1, 2, 3]}
+            for i in range(8)]  # fmt: skip
+    params = sglang_oracle.build_pools(ps, 160, 2, 64)
+    cache = PrefixKVPrefixCache(params, make_index("radix", block_size=ps))
+    metrics = _Metrics()
+    cache.metrics_collector = metrics
+    sglang_oracle.SGLangReplay(cache, params, after_step=Conserved(every=1)).run(reqs, 1)
+    evicted = cache.index.stats().num_evicted_blocks * ps
+    assert evicted > 0 and metrics.tokens == evicted
+    assert metrics.durations and all(d >= 0 for d in metrics.durations)
+
+
+@pytest.mark.parametrize(
+    ("flags", "params", "feature"),
+    [
+        ({"is_dsa": True}, {}, "sparse attention"),
+        ({}, {"is_eagle": True}, "EAGLE"),
+        ({}, {"eviction_policy": "lfu"}, "--radix-eviction-policy lfu"),
+    ],
+)
+def test_more_features_refused_by_name(flags: Any, params: Any, feature: str) -> None:
+    register()
+    pools = sglang_oracle.build_pools(1, 1024, 2, 512)
+    for k, v in params.items():
+        setattr(pools, k, v)
+    factory = get_radix_cache_factory("prefixkv-hash-chain")
+    with pytest.raises(UnsupportedEngineFeatureError, match=feature):
+        factory(_context(pools, **flags))
+
+
+def test_the_build_the_run_names_is_the_build_sglang_runs() -> None:
+    # PREFIXKV_EXPECT_BUILD=compiled with the compiled site first on PYTHONPATH runs
+    # this suite on the compiled PrefixCache: the class SGLang loads, compiled.
+    import os
+
+    from prefixkv.indexes.buildinfo import build_kind, compiled_modules
+
+    expected = os.environ.get("PREFIXKV_EXPECT_BUILD")
+    if expected is None:
+        pytest.skip("set PREFIXKV_EXPECT_BUILD to check which build runs")
+    assert build_kind() == expected
+    compiled = "prefixkv.adapters.sglang.prefix_cache" in compiled_modules()
+    assert compiled == (expected == "compiled")
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("index", [None, "radix"])
+def test_touching_a_waiting_prefix_makes_lru_evict_it_last(ps: int, index: str | None) -> None:
+    # SGLang's scheduler touches waiting requests' prefixes (touch_waiting_prefix, on by
+    # default with LRU): the touched prefix outlives a newer untouched one.
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    a, b = list(range(10, 30)), list(range(40, 60))
+    reqs = [{"id": "a", "tokens": a, "output": [1]}, {"id": "b", "tokens": b, "output": [1]}]
+    params = sglang_oracle.build_pools(ps, 1024, 2, 64)
+    cache = (sglang_oracle.make_cache("radix", params) if index is None
+             else PrefixKVPrefixCache(params, make_index(index, block_size=ps)))  # fmt: skip
+    sglang_oracle.SGLangReplay(cache, params).run(reqs, 1)  # a, then b: b is newer
+    cache.touch_prefix(RadixKey(array("q", a)))
+    cache.evict(EvictParams(num_tokens=1))  # one leaf: the least recently used
+
+    def hit(tokens: list[int]) -> int:
+        key = RadixKey(array("q", tokens + [99]))
+        return int(cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
+
+    assert (hit(a), hit(b)) == (20, 0)

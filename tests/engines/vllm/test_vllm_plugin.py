@@ -1,4 +1,4 @@
-"""prefixkv inside vLLM 0.33: ``--scheduler-cls prefixkv.adapters.plugins.vllm.PrefixKVScheduler``.
+"""prefixkv inside vLLM: ``--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler``.
 
 vLLM's real ``Scheduler`` and ``AsyncScheduler``, built from a real ``VllmConfig`` and
 stepped like ``EngineCore`` with a stand-in model runner (``vllm_oracle.SchedulerReplay``),
@@ -28,15 +28,16 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError
-from prefixkv.adapters.plugins.vllm import (
+from prefixkv.adapters.errors import UnsupportedEngineFeatureError
+from prefixkv.adapters.vllm.scheduler import (
     PrefixKVAsyncScheduler,
     PrefixKVScheduler,
     check_supported,
+    check_version,
 )
 from prefixkv.indexes.errors import PrefixKVError
 
-PLUGIN = "prefixkv.adapters.plugins.vllm.PrefixKVScheduler"
+PLUGIN = "prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
 MAX_MODEL_LEN = 8192
 
 # (block size, async scheduling, token budget per step, pool)
@@ -275,6 +276,69 @@ def test_unsupported_features_refused_by_name(model_dir, field, feature) -> None
     object.__setattr__(config, field, types.SimpleNamespace())
     with pytest.raises(UnsupportedEngineFeatureError, match=feature):
         check_supported(config, _kv_config(FULL))
+
+
+@pytest.mark.parametrize(
+    ("part", "field", "feature"),
+    [
+        ("model_config", "enable_prompt_embeds", "prompt embeddings"),
+        ("observability_config", "kv_cache_metrics", "KV-cache residency metrics"),
+    ],
+)
+def test_features_vllm_hashes_or_measures_per_block_refused(model_dir, part, field, feature):
+    config = _config(model_dir)
+    object.__setattr__(getattr(config, part), field, True)
+    with pytest.raises(UnsupportedEngineFeatureError, match=feature):
+        check_supported(config, _kv_config(FULL))
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "dev"])
+def test_other_vllm_versions_refused_at_start_up_in_one_line(
+    model_dir, traces, version, monkeypatch
+) -> None:
+    with pytest.raises(UnsupportedEngineFeatureError, match=r"supports vLLM 0\.32 to 0\.33") as e:
+        check_version(version)
+    assert "\n" not in str(e.value) and version in str(e.value)
+    check_version("0.32.0+cpu")
+    check_version("0.33.0")
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    with pytest.raises(UnsupportedEngineFeatureError, match="supports vLLM"):
+        run(model_dir, traces["synthetic"][:1], 16, False, 512, "roomy", PLUGIN, "hash_chain")
+
+
+def test_engine_core_start_up_reads_the_managers_groups(model_dir, traces) -> None:
+    # What EngineCore.__init__ runs after building the scheduler (the crash of the
+    # first `vllm serve --scheduler-cls ...`), and the metadata Dynamo asks for.
+    from vllm.v1.engine.core import EngineCore
+
+    sched = run(model_dir, traces["synthetic"][:3], 16, False, 512, "roomy", PLUGIN, "radix")
+    sched = sched["scheduler"]
+    core = types.SimpleNamespace(vllm_config=sched.vllm_config, scheduler=sched)
+    EngineCore._initialize_effective_attention_block_size(core)
+    assert sched.vllm_config.cache_config.effective_attention_block_size == 16
+    (meta,) = EngineCore.get_kv_cache_group_metadata(core)
+    assert meta == {
+        "group_idx": 0,
+        "kind": "full_attention",
+        "block_size": 16,
+        "sliding_window": None,
+    }
+    assert sched.make_stats().kv_cache_usage == sched.kv_cache_manager.usage
+
+
+def test_the_old_scheduler_path_still_loads(model_dir, traces) -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("prefixkv.adapters.plugins.vllm", None)
+    with pytest.warns(DeprecationWarning, match="prefixkv.adapters.vllm.scheduler"):
+        old = importlib.import_module("prefixkv.adapters.plugins.vllm")
+    assert old.PrefixKVScheduler is PrefixKVScheduler
+    out = run(model_dir, traces["synthetic"][:4], 16, False, 512, "roomy",
+              "prefixkv.adapters.plugins.vllm.PrefixKVScheduler", "hash_chain")  # fmt: skip
+    assert type(out["scheduler"]) is PrefixKVScheduler
 
 
 def test_async_scheduling_picks_the_async_variant(model_dir, traces) -> None:

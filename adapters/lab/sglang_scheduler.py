@@ -1,0 +1,178 @@
+"""SGLang 0.5.23's scheduler-side cache steps, over prefixkv's engine-free ``PrefixCache``.
+
+In SGLang these live in the scheduler, not in the tree cache (``common.match_kv_cache``,
+the prefill adder's lock, ``allocation.alloc_for_extend`` / ``alloc_token_slots`` /
+``alloc_paged_token_slots_extend`` and the decode allocation, ``req_to_token_pool``),
+and so they live here, for the K-live replay driver, the tests and the benchmarks.
+Driven through them, the cache gives SGLang's hits request for request (SPEC SG-1..SG-6):
+
+    req = SimpleReq("r1", prompt)
+    hit = alloc_for_extend(cache, req)        # admission: None when it does not fit
+    req.output_ids.append(first)              # the prefill samples a token
+    cache.cache_unfinished_req(req)           # checkpoint after the prefill
+    alloc_for_decode(cache, req)              # a slot for the token fed next step
+    req.output_ids.append(token)
+    cache.cache_finished_req(req)             # release
+
+A step that does not fit returns ``None`` / ``False`` and changes nothing, where
+SGLang would retract a request (``retract``). They drive a simulated cache
+(``PrefixCache.create_simulated``: a ``BlockAllocator`` and ``PageRows``); inside SGLang,
+SGLang's scheduler allocates. Compiled: the decode step is the replay's inner loop.
+"""
+
+from __future__ import annotations
+
+from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError, RequestStateError
+from prefixkv.indexes.validation import ceil_div
+from prefixkv.storage.allocator import BlockAllocator
+from prefixkv.storage.block_table import slot_mapping
+
+from ..requests import ReqLike
+from ..sglang.page_rows import PageRows
+from ..sglang.prefix_cache import PrefixCache, PrefixNode
+
+__all__ = ["alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
+
+
+def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
+    """Admit ``req``: match, lock, allocate the extend, write its row (SG-1).
+
+    The match is capped at ``len - 1`` (the last token is computed for its logits)
+    and page-aligned. At page size > 1 it evicts for one page more than the extend
+    needs, as SGLang's ``alloc_paged_token_slots_extend`` does.
+
+    Returns:
+        The prefix (hit) length, or ``None`` when the pool (or the rows) cannot hold
+        the extend even after evicting; then nothing is locked, allocated or evicted.
+
+    Raises:
+        RequestStateError: ``req`` holds a row already (it is running).
+        InvalidTokenError: an empty prompt, a bad token id, namespace or priority.
+    """
+    kv = req.kv
+    if kv.req_pool_idx is not None:
+        raise RequestStateError(f"request {req.rid!r:.80} is running already")
+    prompt = req.origin_input_ids
+    n = len(prompt)
+    if n == 0:
+        raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
+    priority = req.priority
+    if priority is not None and type(priority) is not int:
+        raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    pool, rows = _simulated(cache)
+    m = cache.match_prefix(prompt, req.extra_key, req.cache_salt, max_prefix_len=n - 1)
+    ps = cache.page_size
+    need = ceil_div(n, ps) - len(m.device_indices)
+    row = rows.alloc() if _fits(cache, pool, need, m.last_node) else None
+    if row is None:
+        cache.totals.num_rejected += 1
+        return None
+    lock = cache.lock(m.last_node)
+    pages = _take_pages(cache, pool, need, 1 if ps > 1 else 0)
+    if pages is None:  # the index evicted fewer pages than it counted as evictable
+        cache.unlock(lock)
+        rows.free(row)
+        cache.totals.num_rejected += 1
+        return None
+    rows.write(row, 0, m.device_indices + pages)
+    kv.req_pool_idx = row
+    kv.cache_protected_len = m.prefix_len
+    kv.kv_committed_len = kv.kv_allocated_len = n
+    req.prefix_len = m.prefix_len
+    req.last_node = m.last_node
+    req.lock = lock
+    cache.on_admit(req, m)
+    return m.prefix_len
+
+
+def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
+    """One decode step: a slot for the last sampled token, the one fed now.
+
+    Keeps one page free at page size > 1 (evicting when none is), as SGLang's
+    decode allocation does.
+
+    Returns:
+        ``False`` when no page can be had (SGLang would retract the request);
+        nothing changes then.
+
+    Raises:
+        RequestStateError: ``req`` is not running or has no sampled token to feed.
+    """
+    kv = req.kv
+    row = kv.req_pool_idx
+    pos = kv.kv_committed_len
+    fed = pos - len(req.origin_input_ids)
+    if row is None or not 0 <= fed < len(req.output_ids):
+        raise RequestStateError(f"request {req.rid!r:.80} has no sampled token to feed at {pos}")
+    ps = cache.page_size
+    pool, rows = _simulated(cache)
+    if pos % ps == 0:
+        pages = pool.allocate(1)  # a free page: the common step
+        if pages is None:
+            pages = (
+                _take_pages(cache, pool, 1, 0) if _fits(cache, pool, 1, cache.root_node) else None
+            )
+            if pages is None:
+                return False
+        rows.write(row, pos // ps, pages)
+    elif pool.num_free_blocks == 0:
+        cache.evict(ps)  # best effort
+    kv.kv_committed_len = kv.kv_allocated_len = pos + 1
+    return True
+
+
+def req_to_token(cache: PrefixCache, req: ReqLike) -> list[int]:
+    """The request's token slots (its ``req_to_token_pool`` row), one per committed token.
+
+    Raises:
+        RequestStateError: ``req`` holds no row.
+    """
+    kv = req.kv
+    row = kv.req_pool_idx
+    if row is None:
+        raise RequestStateError(f"request {req.rid!r:.80} holds no row")
+    n = kv.kv_committed_len
+    ps = cache.page_size
+    return slot_mapping(cache.rows.read(row, 0, ceil_div(n, ps)), 0, n, ps)
+
+
+def retract(cache: PrefixCache, req: ReqLike) -> None:
+    """Give a running request's pages back without caching more (SGLang's retraction).
+
+    Raises:
+        RequestStateError: ``req`` holds no row.
+    """
+    cache.cache_finished_req(req, is_insert=False)
+
+
+def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:
+    # The simulated pools, typed: the compiled build calls them directly.
+    pool, rows = cache.pool, cache.rows
+    if not isinstance(pool, BlockAllocator) or not isinstance(rows, PageRows):
+        raise PrefixKVError(
+            "SGLang's scheduler steps drive a simulated cache (PrefixCache.create_simulated: "
+            f"a BlockAllocator and PageRows), not {type(pool).__name__}/{type(rows).__name__}"
+        )
+    return pool, rows
+
+
+def _fits(cache: PrefixCache, pool: BlockAllocator, need: int, hit: PrefixNode) -> bool:
+    # Whether ``need`` pages can be had: free ones, then evictable ones, less those
+    # locking the hit protects (counted now, at allocation time).
+    free = pool.num_free_blocks
+    if need <= free:
+        return True
+    index = cache.index
+    protected = 0 if hit.handle is None else index.count_evictable(hit.handle)
+    return need <= free + index.stats().num_evictable_blocks - protected
+
+
+def _take_pages(
+    cache: PrefixCache, pool: BlockAllocator, need: int, reserve: int
+) -> list[int] | None:
+    # Evict until need + reserve pages are free (the reserve best effort), then take
+    # need; None (the evicted pages stay free) if eviction fell short.
+    free = pool.num_free_blocks
+    if free < need + reserve:
+        cache.evict((need + reserve - free) * cache.page_size)
+    return pool.allocate(need)

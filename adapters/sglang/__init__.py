@@ -1,0 +1,49 @@
+"""SGLang 0.5.23's prefix cache, backed by any prefixkv index: one class, two homes.
+
+:class:`PrefixCache` (``prefix_cache.py``) is SGLang's ``RadixCache`` API on a prefixkv
+index, a page pool and request rows, engine-free and compiled; ``make test`` replays it
+hit for hit against SGLang's recorded hits and events. ``plugin.py`` is what SGLang
+loads by ``--radix-cache-backend prefixkv-radix|prefixkv-hash-chain``: the same class
+on SGLang's own pools (imported only when SGLang loads it; it imports SGLang and
+torch). SGLang's scheduler-side helpers (admission, decode allocation) live in
+``prefixkv.adapters.lab.sglang_scheduler``, as they live in SGLang's scheduler.
+
+    from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+    cache = PrefixCache.create_simulated("radix", capacity_tokens=4096, page_size=1)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+from ..requests import ReqKvInfo, ReqKvLike, ReqLike, SimpleReq
+from .page_rows import PageRows
+from .pools import PagePool, ReqToPagePool
+from .prefix_cache import MatchResult, PrefixCache, PrefixNode
+
+if TYPE_CHECKING:
+    from ._deprecated import SGLangRadixCache as SGLangRadixCache
+
+__all__ = [
+    "MatchResult",
+    "PagePool",
+    "PageRows",
+    "PrefixCache",
+    "PrefixNode",
+    "ReqKvInfo",
+    "ReqKvLike",
+    "ReqLike",
+    "ReqToPagePool",
+    "SimpleReq",
+]
+
+
+def __getattr__(name: str) -> object:
+    # Kept for one release: the facade before the SGLang API was one class.
+    if name == "SGLangRadixCache":
+        from . import _deprecated
+
+        warnings.warn(_deprecated.MESSAGE, DeprecationWarning, stacklevel=2)
+        return _deprecated.SGLangRadixCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
