@@ -691,6 +691,26 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2)
 
 
+def test_a_decode_step_is_each_requests_mean_gap_so_bursts_count() -> None:
+    from prefixkv.adapters.lab.sim.errors import ProfileError
+    from prefixkv.adapters.lab.sim.served import Completion
+    from prefixkv.adapters.lab.sim.server_calibration import decode_gap
+
+    def run(gaps: list[float]) -> Completion:
+        return Completion(0.0, 0.01, gaps, 64, len(gaps) + 1, 0)
+
+    steady = run([0.004] * 20)
+    # The same 20 steps of 4 ms, their tokens delivered four at a time: most gaps
+    # are near zero (a median of gaps would say a step costs 10 us).
+    burst = run([0.016 if k % 4 == 3 else 1e-5 for k in range(20)])
+    assert decode_gap([steady]) == pytest.approx(0.004)
+    assert decode_gap([burst]) == pytest.approx(0.004, rel=0.05)
+    # The median over requests: one slow request does not set it.
+    assert decode_gap([steady, burst, run([0.5] * 20)]) == pytest.approx(0.004, rel=0.05)
+    with pytest.raises(ProfileError, match="middle of its run"):
+        decode_gap([run([0.004] * 4)])
+
+
 @pytest.mark.parametrize(
     ("server", "fault"),
     [

@@ -8,7 +8,8 @@ The sweep sends, over HTTP (:mod:`.served`):
   request's overhead outside the engine plus the steps of its prefill;
 - decode: ``b`` requests at once over ``c`` prompt tokens each, decoding a few tokens:
   the gaps between tokens in the middle of the run, when all ``b`` decode together,
-  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens;
+  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens (each request's
+  mean gap, as tokens may arrive in bursts: :func:`decode_gap`);
 - streams: a short request's TTFT while ``n`` others stream tokens: its step also
   decodes ``n`` rows, and the front end streams ``n + 1`` tokens before its first
   reaches the client (``stream_token_s``; on a machine whose cores the front end
@@ -25,24 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import os
 import platform
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
-from .served import ServedEngine, ServerError, ServerInfo
+from .served import Completion, ServedEngine, ServerError, ServerInfo
 
 __all__ = [
     "QUICK_SWEEP",
     "ServerSweep",
     "calibrate_server",
     "client_machine",
+    "decode_gap",
     "measure_server",
 ]
 
@@ -102,6 +105,29 @@ QUICK_SWEEP = ServerSweep(
     repeats=2,
 )
 """A small sweep (a few dozen requests): a rough profile in seconds."""
+
+
+def decode_gap(completions: Sequence[Completion]) -> float:
+    """Seconds a decode step takes, from streamed requests that decoded together: each
+    request's mean gap over the middle of its run (every request past its prefill,
+    none finished), the median over requests.
+
+    A mean per request, not a median over all gaps: a server (or the client's event
+    loop) may deliver several tokens at once, and most gaps of a burst are then near
+    zero while the time between bursts holds the steps; the mean over a run counts
+    both.
+
+    Raises:
+        ProfileError: no request streamed five or more gaps.
+    """
+    means = []
+    for c in completions:
+        middle = c.itl_s[2 : len(c.itl_s) - 2]
+        if middle:
+            means.append(math.fsum(middle) / len(middle))
+    if not means:
+        raise ProfileError("no streamed request had tokens in the middle of its run")
+    return statistics.median(means)
 
 
 def client_machine() -> str:
@@ -179,18 +205,15 @@ async def measure_server(
                 )
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                gaps: list[float] = []
+                runs: list[Completion] = []
                 for _ in range(sweep.repeats):
                     batch = [fresh(ctx) for _ in range(b)]
-                    done = await asyncio.gather(
+                    runs += await asyncio.gather(
                         *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
                     )
-                    # The middle of the run: every request past its prefill, none finished.
-                    for c in done:
-                        gaps += c.itl_s[2 : len(c.itl_s) - 2]
                     tick()
                 k = sweep.decode_tokens // 2
-                samples.append(StepSample(0, 0, b, b * (ctx + k), statistics.median(gaps)))
+                samples.append(StepSample(0, 0, b, b * (ctx + k), decode_gap(runs)))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
