@@ -205,15 +205,15 @@ async def measure_server(
                 )
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                runs: list[Completion] = []
+                streamed: list[Completion] = []
                 for _ in range(sweep.repeats):
                     batch = [fresh(ctx) for _ in range(b)]
-                    runs += await asyncio.gather(
+                    streamed += await asyncio.gather(
                         *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
                     )
                     tick()
                 k = sweep.decode_tokens // 2
-                samples.append(StepSample(0, 0, b, b * (ctx + k), decode_gap(runs)))
+                samples.append(StepSample(0, 0, b, b * (ctx + k), decode_gap(streamed)))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
