@@ -2,10 +2,28 @@
 
 Vidur (Agrawal et al., "Vidur: A Large-Scale Simulation Framework for LLM
 Inference", MLSys 2024, https://github.com/microsoft/vidur) ships per-operator
-timings measured with Kineto on A100s. Its only attention measurements for one
-model on one device are Llama-2-70B at tensor parallel 2 (64 query heads, 8 KV
-heads, hidden 8192) on A100 80 GB with FlashAttention, so the profile is that
-configuration, composed the way Vidur's ``ExecutionTime`` composes a step:
+timings measured with Kineto. This script reads the single-file layout of its
+earlier commits (``data/profiling/a100/attention.csv`` @ e2d00e9), whose attention
+rows are one configuration only: Llama-2-70B at tensor parallel 2 (64 query heads,
+8 KV heads, hidden 8192) on A100 80 GB with FlashAttention. So one profile is
+derived, ``llama2-70b-tp2-a100``.
+
+Skipped, and why. Vidur's later layout (``data/profiling/compute/<device>/<model>/``
+with ``mlp.csv`` and ``attention.csv`` each, at 7d47513 of November 2024) covers, at
+the tensor-parallel degrees its ``mlp.csv`` rows list:
+
+    A100  Llama-2-7B, Llama-2-70B, Meta-Llama-3-8B, Meta-Llama-3-70B,
+          CodeLlama-34B-Instruct, InternLM-20B, Qwen-72B, phi-2
+    A40   the same without the two Llama-3 models
+    H100  the same without the two Llama-3 models
+
+Those ``attention.csv`` files (the large ones) were not retrieved when this profile
+was derived: only their ``mlp.csv`` were at hand, and a profile needs both the
+linear and the attention measurements of its (model, device, TP), so none of those
+combinations has a shipped profile yet. Nothing is made up in their place: no
+attention time is scaled from another model or device.
+
+A profile is composed the way Vidur's ``ExecutionTime`` composes a step:
 
     per layer: input/post-attention norms, QKV and output projections, rotary,
                MLP up/act/down, residual add, two all-reduces of the step's
