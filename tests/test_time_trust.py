@@ -691,24 +691,28 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2)
 
 
-def test_a_decode_step_is_each_requests_mean_gap_so_bursts_count() -> None:
-    from prefixkv.adapters.lab.sim.errors import ProfileError
-    from prefixkv.adapters.lab.sim.served import Completion
-    from prefixkv.adapters.lab.sim.server_calibration import decode_gap
+def test_a_decode_run_is_timed_to_its_last_token_as_prefill_and_decode_steps() -> None:
+    from prefixkv.adapters.lab.sim.server_calibration import ServerSweep, batch_sample
 
-    def run(gaps: list[float]) -> Completion:
-        return Completion(0.0, 0.01, gaps, 64, len(gaps) + 1, 0)
-
-    steady = run([0.004] * 20)
-    # The same 20 steps of 4 ms, their tokens delivered four at a time: most gaps
-    # are near zero (a median of gaps would say a step costs 10 us).
-    burst = run([0.016 if k % 4 == 3 else 1e-5 for k in range(20)])
-    assert decode_gap([steady]) == pytest.approx(0.004)
-    assert decode_gap([burst]) == pytest.approx(0.004, rel=0.05)
-    # The median over requests: one slow request does not set it.
-    assert decode_gap([steady, burst, run([0.5] * 20)]) == pytest.approx(0.004, rel=0.05)
-    with pytest.raises(ProfileError, match="middle of its run"):
-        decode_gap([run([0.004] * 4)])
+    p = CostProfile("p", "m", "d", 1e-3, 2e-5, 3e-8, 4e-4, 5e-7, request_s=6e-3)
+    for b, ctx, budget in ((4, 64, 2048), (32, 1024, 2048), (1, 512, 256)):
+        sweep = ServerSweep(max_num_batched_tokens=budget)
+        s = batch_sample(b, ctx, 24, 0.5, sweep)
+        # By hand: the batch's prefill in ceil(b x ctx / budget) steps, then 23 decode
+        # steps of b rows, the j-th reading ctx + j tokens a row.
+        chunks = -(-b * ctx // budget)
+        expected = p.request_s + chunks * p.step_s + p.prefill_s(ctx, 0) * b
+        expected += sum(p.step_time(0, 0, b, b * (ctx + j)) for j in range(1, 24))
+        got = (
+            p.request_s * s.num_requests
+            + p.step_s * s.num_steps
+            + p.prefill_token_s * s.prefill_tokens
+            + p.prefill_attention_s * s.prefill_pairs
+            + p.decode_seq_s * s.num_decode
+            + p.decode_context_s * s.decode_context
+        )
+        assert got == pytest.approx(expected, rel=1e-12)
+        assert s.seconds == 0.5 and s.num_streamed == b
 
 
 @pytest.mark.parametrize(

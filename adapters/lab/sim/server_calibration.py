@@ -6,10 +6,11 @@ The sweep sends, over HTTP (:mod:`.served`):
   (a warm-up request first puts the cached prefix in the server's prefix cache; the
   hit counted is the one the server reports), decoding one token: its TTFT is the
   request's overhead outside the engine plus the steps of its prefill;
-- decode: ``b`` requests at once over ``c`` prompt tokens each, decoding a few tokens:
-  the gaps between tokens in the middle of the run, when all ``b`` decode together,
-  are decode steps of ``b`` rows over ``b x (c + k)`` context tokens (each request's
-  mean gap, as tokens may arrive in bursts: :func:`decode_gap`);
+- decode: ``b`` requests at once over ``c`` prompt tokens each, decoding ``k`` tokens:
+  the time to the slowest one's last token is its request overhead, the batch's
+  prefill steps and ``k - 1`` decode steps of ``b`` rows (:func:`batch_sample`; the
+  gaps between streamed tokens are not used, as a front end under load may deliver
+  a stream in bursts or all at once);
 - streams: a short request's TTFT while ``n`` others stream tokens: its step also
   decodes ``n`` rows, and the front end streams ``n + 1`` tokens before its first
   reaches the client (``stream_token_s``; on a machine whose cores the front end
@@ -26,26 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import math
 import os
 import platform
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
-from .served import Completion, ServedEngine, ServerError, ServerInfo
+from .served import ServedEngine, ServerError, ServerInfo
 
 __all__ = [
     "QUICK_SWEEP",
     "ServerSweep",
+    "batch_sample",
     "calibrate_server",
     "client_machine",
-    "decode_gap",
     "measure_server",
 ]
 
@@ -107,27 +107,30 @@ QUICK_SWEEP = ServerSweep(
 """A small sweep (a few dozen requests): a rough profile in seconds."""
 
 
-def decode_gap(completions: Sequence[Completion]) -> float:
-    """Seconds a decode step takes, from streamed requests that decoded together: each
-    request's mean gap over the middle of its run (every request past its prefill,
-    none finished), the median over requests.
+def batch_sample(
+    b: int, ctx: int, num_tokens: int, seconds: float, sweep: ServerSweep
+) -> StepSample:
+    """A decode run as one sample: ``b`` requests of ``ctx`` prompt tokens sent at
+    once, each generating ``num_tokens``, timed to the last token of the slowest.
 
-    A mean per request, not a median over all gaps: a server (or the client's event
-    loop) may deliver several tokens at once, and most gaps of a burst are then near
-    zero while the time between bursts holds the steps; the mean over a run counts
-    both.
-
-    Raises:
-        ProfileError: no request streamed five or more gaps.
+    Their prefills take ``ceil(b x ctx / budget)`` steps, then ``num_tokens - 1``
+    decode steps of ``b`` rows, the ``j``-th reading ``ctx + j`` tokens a row (the
+    decode rows of requests that finish their prefill early, in the same steps as
+    later prefills, are left out). The last token's arrival does not depend on how
+    the tokens before it were delivered: a front end that streams in bursts, or holds
+    a whole stream under load, moves the gaps between tokens but not this time.
     """
-    means = []
-    for c in completions:
-        middle = c.itl_s[2 : len(c.itl_s) - 2]
-        if middle:
-            means.append(math.fsum(middle) / len(middle))
-    if not means:
-        raise ProfileError("no streamed request had tokens in the middle of its run")
-    return statistics.median(means)
+    n = num_tokens - 1
+    return StepSample(
+        prefill_tokens=b * ctx,
+        prefill_pairs=b * attention_pairs(ctx, 0),
+        num_decode=n * b,
+        decode_context=b * (n * ctx + n * (n + 1) // 2),
+        seconds=seconds,
+        num_steps=-(-b * ctx // sweep.max_num_batched_tokens) + n,
+        num_requests=1,
+        num_streamed=b,
+    )
 
 
 def client_machine() -> str:
@@ -205,15 +208,17 @@ async def measure_server(
                 )
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                streamed: list[Completion] = []
+                slowest: list[float] = []
                 for _ in range(sweep.repeats):
                     batch = [fresh(ctx) for _ in range(b)]
-                    streamed += await asyncio.gather(
+                    done = await asyncio.gather(
                         *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
                     )
+                    slowest.append(max(c.latency_s for c in done))
                     tick()
-                k = sweep.decode_tokens // 2
-                samples.append(StepSample(0, 0, b, b * (ctx + k), decode_gap(streamed)))
+                samples.append(
+                    batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
+                )
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
@@ -281,15 +286,15 @@ def calibrate_server(
     served = engine or ServedEngine(url, model)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
     pre = [s for s in samples if s.num_requests and not s.num_decode]
-    dec = [s for s in samples if not s.num_requests]
+    num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)
     per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
     contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
     covers = {
         "prefill_tokens": [min(per_step), max(per_step)],
         "context_tokens": [min(contexts), max(contexts)],
         "batch_size": [
-            min(s.num_decode for s in dec),
-            max(max(s.num_decode for s in dec), *sweep.background_streams),
+            min(sweep.batch_sizes),
+            max(*sweep.batch_sizes, *sweep.background_streams),
         ],
     }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
@@ -300,8 +305,8 @@ def calibrate_server(
         device=f"served at {info.url} ({engine_name})",
         source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
         notes=(
-            f"{len(pre)} prefill shapes (one request at a time, TTFT), {len(dec)} decode "
-            f"shapes (concurrent requests, inter-token gaps) and TTFT under "
+            f"{len(pre)} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
+            f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
             f"{', '.join(map(str, sweep.background_streams))} streams, median of "
             f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
             "tokens; request_s and stream_token_s are the serving front end's time outside "
