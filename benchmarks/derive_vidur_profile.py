@@ -2,10 +2,28 @@
 
 Vidur (Agrawal et al., "Vidur: A Large-Scale Simulation Framework for LLM
 Inference", MLSys 2024, https://github.com/microsoft/vidur) ships per-operator
-timings measured with Kineto on A100s. Its only attention measurements for one
-model on one device are Llama-2-70B at tensor parallel 2 (64 query heads, 8 KV
-heads, hidden 8192) on A100 80 GB with FlashAttention, so the profile is that
-configuration, composed the way Vidur's ``ExecutionTime`` composes a step:
+timings measured with Kineto. This script reads the single-file layout of its
+earlier commits (``data/profiling/a100/attention.csv`` @ e2d00e9), whose attention
+rows are one configuration only: Llama-2-70B at tensor parallel 2 (64 query heads,
+8 KV heads, hidden 8192) on A100 80 GB with FlashAttention. So one profile is
+derived, ``llama2-70b-tp2-a100``.
+
+Skipped, and why. Vidur's later layout (``data/profiling/compute/<device>/<model>/``
+with ``mlp.csv`` and ``attention.csv`` each, at 7d47513 of November 2024) covers, at
+the tensor-parallel degrees its ``mlp.csv`` rows list:
+
+    A100  Llama-2-7B, Llama-2-70B, Meta-Llama-3-8B, Meta-Llama-3-70B,
+          CodeLlama-34B-Instruct, InternLM-20B, Qwen-72B, phi-2
+    A40   the same without the two Llama-3 models
+    H100  the same without the two Llama-3 models
+
+Those ``attention.csv`` files (the large ones) were not retrieved when this profile
+was derived: only their ``mlp.csv`` were at hand, and a profile needs both the
+linear and the attention measurements of its (model, device, TP), so none of those
+combinations has a shipped profile yet. Nothing is made up in their place: no
+attention time is scaled from another model or device.
+
+A profile is composed the way Vidur's ``ExecutionTime`` composes a step:
 
     per layer: input/post-attention norms, QKV and output projections, rotary,
                MLP up/act/down, residual add, two all-reduces of the step's
@@ -50,6 +68,16 @@ NUM_LAYERS = 80
 HIDDEN = 8192
 TP = 2
 MS = 1e-3  # Vidur's timings are in milliseconds
+
+# The hardware facts that bound capacity, from the model's config.json (80 layers,
+# 8 KV heads of 128, hidden 8192, MLP 28672, vocabulary 32000, fp16) and the device.
+KV_BYTES_PER_TOKEN = 2 * NUM_LAYERS * 8 * 128 * 2  # K and V, 2 bytes each: 327,680
+NUM_PARAMS = NUM_LAYERS * (
+    2 * HIDDEN * HIDDEN + 2 * HIDDEN * 1024 + 3 * HIDDEN * 28672 + 2 * HIDDEN
+)
+NUM_PARAMS += 2 * 32000 * HIDDEN + HIDDEN  # embeddings, LM head, final norm: 68,976,648,192
+WEIGHT_BYTES = 2 * NUM_PARAMS
+DEVICE_MEMORY_BYTES = TP * 80 * 2**30  # two A100 80GB (80 GiB each)
 
 # (commit, path): the last commit holding each file in this form.
 SOURCES = {
@@ -181,6 +209,12 @@ def derive(vidur: str) -> CostProfile:
     cpu0, cpu_seq = lstsq([np.ones_like(cb), cb], ct)
     fit["cpu_overhead"] = rel_errors(cpu0 + cpu_seq * cb, ct)
     fit["cpu_overhead_rows"] = f"Llama-2-70b at tensor parallel {cpu[0]['tensor_parallel_degree']}"
+    # What the data covers: a run past it extrapolates (prefixkv warns once).
+    covers = {
+        "prefill_tokens": [int(tokens.min()), int(tokens.max())],
+        "context_tokens": [int((q + s).min()), int(max((q + s).max(), kv.max()))],
+        "batch_size": [int(b.min()), int(b.max())],
+    }
 
     return CostProfile(
         name="llama2-70b-tp2-a100",
@@ -203,6 +237,11 @@ def derive(vidur: str) -> CostProfile:
             "4). Kernel-level timings: no CUDA graphs, no overlap of CPU and GPU work."
         ),
         fit=fit,
+        measured_on={"engine": "Vidur's operator profiling (Kineto)", "machine": "A100 80GB"},
+        covers=covers,
+        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        device_memory_bytes=DEVICE_MEMORY_BYTES,
+        weight_bytes=WEIGHT_BYTES,
     )
 
 

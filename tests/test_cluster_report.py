@@ -20,9 +20,14 @@ from prefixkv.adapters.lab.workloads import make_workload
 CFG = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
 
 
-def _runs(rate: float, policies: tuple[str, ...]) -> list[ClusterResult]:
+def _runs(rate: float, policies: tuple[str, ...], closed_loop: bool = True) -> list[ClusterResult]:
     w = make_workload("multi_turn", num_sessions=12, turns=(2, 4), system_len=32, seed=1)
-    return [run_cluster(list(sim_requests(w, request_rate=rate, seed=0)), p, CFG) for p in policies]
+    return [
+        run_cluster(
+            list(sim_requests(w, request_rate=rate, seed=0, closed_loop=closed_loop)), p, CFG
+        )
+        for p in policies
+    ]
 
 
 def _with_hit(res: ClusterResult, hit: float) -> ClusterResult:
@@ -30,7 +35,8 @@ def _with_hit(res: ClusterResult, hit: float) -> ClusterResult:
 
 
 def test_overload_is_noted_and_a_steady_fleet_is_not() -> None:
-    hot = _runs(400.0, ("round_robin", "llmd", "pooled"))
+    # Open loop: a closed-loop session waits for its answers and cannot overload a fleet.
+    hot = _runs(400.0, ("round_robin", "llmd", "pooled"), closed_loop=False)
     assert all(r.run.offered_load > 1 for r in hot)
     (note,) = report.report_notes(hot, hot)
     assert note.startswith("**Overload.** 2 of 2 policies") and "load " in note

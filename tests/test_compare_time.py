@@ -78,12 +78,10 @@ def test_request_rate_reports_ttft_next_to_the_k_live_table(
     assert set(runs) == {
         (w, b) for w in ("multi_turn", "few_shot") for b in ("hash_chain", "radix", "none")
     }
+    # One scheduler for every backend by default: only the index varies.
     engines = {b: (r["engine"], r["batching"], r["policy"]) for (_, b), r in runs.items()}
-    assert engines == {
-        "hash_chain": ("vllm", "mixed", "fcfs"),
-        "radix": ("sglang", "prefill_first", "fcfs"),
-        "none": ("vllm", "mixed", "fcfs"),
-    }
+    assert engines == dict.fromkeys(("hash_chain", "radix", "none"), ("vllm", "mixed", "fcfs"))
+    assert {r["varied"] for r in runs.values()} == {"index"}
     for (_, b), r in runs.items():
         assert r["num_requests"] == 30 and r["arrivals"] == "Poisson, 4 req/s (seed 0)"
         assert 0 < r["ttft_p50_s"] <= r["ttft_p90_s"] <= r["ttft_p99_s"]
@@ -95,11 +93,12 @@ def test_request_rate_reports_ttft_next_to_the_k_live_table(
             assert r["hit_ratio"] > 0.3 and r["saved_gpu_s"] > 0
     assert doc["config"]["engines"] == [
         "hash_chain: vLLM-style (mixed batching, fcfs queue)",
-        "radix: SGLang-style (prefill_first batching, fcfs queue)",
+        "radix: vLLM-style (mixed batching, fcfs queue)",
         "none: vLLM-style (mixed batching, fcfs queue)",
     ]
     assert "### multi_turn at arrival time" in md and "TTFT p50/p90/p99" in md
-    assert "radix as sglang (prefill_first batching, fcfs)" in md
+    assert "radix as vllm (mixed batching, fcfs)" in md
+    assert "Index axis, scheduler held at vLLM-style (mixed batching, fcfs queue)" in md
 
 
 def test_tidy_csv_loads_one_row_per_request_and_json_normalizes_flat(
@@ -291,7 +290,7 @@ def test_compare_backends_returns_dataframes() -> None:
     assert isinstance(t.requests, pandas.DataFrame) and isinstance(t.runs, pandas.DataFrame)
     assert len(t.requests) == 2 * 2 * 25 and len(t.runs) == 2 * 2
     arrival = t.runs[t.runs["schedule"] == "arrival"].set_index("backend")
-    assert arrival.loc["radix", "engine"] == "sglang"
+    assert arrival.loc["radix", "engine"] == "vllm"  # one scheduler: only the index varies
     medians = t.requests[t.requests["schedule"] == "arrival"].groupby("backend")["ttft_s"].median()
     assert medians["radix"] == pytest.approx(arrival.loc["radix", "ttft_p50_s"])
     (w,) = t.comparison.workloads

@@ -78,6 +78,22 @@ def test_calibrate_without_scipy(
     assert not out.exists()
 
 
+def test_calibrate_server_without_httpx(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _without(monkeypatch, "httpx")
+    out = tmp_path / "p.json"
+    argv = ["calibrate", "--server", "http://127.0.0.1:9", "--model", "m", "--out", str(out)]
+    assert main(argv) == 2
+    assert _error_line(capsys) == (
+        "prefixkv: error: prefixkv calibrate: httpx is not installed; "
+        "pip install 'prefixkv[calibrate]'"
+    )
+    assert not out.exists()
+    # the reference engine's calibration needs no HTTP client
+    assert main(["calibrate", "--device", "cpu", "--quick", "--out", str(out)]) == 0
+
+
 def test_compare_plots_without_matplotlib(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

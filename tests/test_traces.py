@@ -78,7 +78,7 @@ def test_round_trip_keeps_arrays_and_links(tmp_path: Path) -> None:
     back = read_trace(path)
     assert back == REQUESTS
     assert all(isinstance(r.tokens, array) and r.tokens.typecode == "I" for r in back)
-    assert back[2][3:] == (1.5, "s", "a", 2)
+    assert back[2][3:] == (1.5, "s", "a", 2, None)
     assert list(iter_trace(str(path))) == REQUESTS
 
 

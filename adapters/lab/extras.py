@@ -21,7 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "report": ("matplotlib", "tqdm"),
     "pandas": ("pandas",),
     "parquet": ("pandas", "pyarrow"),
-    "calibrate": ("numpy", "scipy"),
+    "calibrate": ("numpy", "scipy", "httpx"),
     "cluster": ("ray", "matplotlib"),
 }
 """Each extra's top-level modules, as ``pyproject.toml`` installs them."""

@@ -31,9 +31,11 @@ from .extras import has_extra
 from .sim import write_rows
 
 __all__ = [
+    "ANCHOR_COLUMNS",
     "COLUMNS",
     "RESULTS_FORMAT",
     "TIME_COLUMNS",
+    "anchor_rows",
     "human_bytes",
     "machine_info",
     "markdown_table",
@@ -44,6 +46,7 @@ __all__ = [
     "sweep_table",
     "table_rows",
     "text_table",
+    "time_headline",
     "time_rows",
     "time_sweep_table",
     "workload_title",
@@ -190,6 +193,35 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+ANCHOR_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity gives"),
+    ("at", ">", "the capacity that holds every request's KV (tokens = blocks = GiB)"),
+    (
+        "knee",
+        ">",
+        "the sweep's point farthest above the line from its tightest to its roomiest point "
+        "(log capacity): past it each doubling buys less",
+    ),
+    ("hit at knee", ">", "hit ratio at the knee"),
+)
+"""Columns of the capacity anchors table, as :data:`COLUMNS`."""
+
+
+def anchor_rows(w: WorkloadResult) -> list[list[str]]:
+    """One row of :data:`ANCHOR_COLUMNS` cells per backend."""
+    return [
+        [
+            a.backend,
+            f"{a.infinite_hit_ratio:.1%}",
+            a.describe(a.infinite_capacity_tokens),
+            a.knee_text,
+            "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+        ]
+        for a in w.anchors
+    ]
 
 
 def text_table(
@@ -370,6 +402,7 @@ def results_document(
         **meta,
         "workloads": [w.row() for w in workloads],
         "runs": [{k: _json_safe(v) for k, v in row.items()} for row in run_rows(workloads)],
+        "anchors": [a.row() for w in workloads for a in w.anchors],
     }
 
 
@@ -403,18 +436,52 @@ def _delta_line(w: WorkloadResult) -> str | None:
     )
 
 
-def _time_delta_line(w: WorkloadResult) -> str | None:
-    arrival = _by_engine(w.arrival_at_table(), lambda t: t.index)
-    hc_t, rx_t = arrival.get("vllm"), arrival.get("sglang")
-    if hc_t is None or rx_t is None:
-        return None
-    hc, rx = hc_t.result.run, rx_t.result.run
-    return (
-        f"At arrival time, {rx_t.backend}'s TTFT p50 is {seconds(rx.ttft_p50_s)} against "
-        f"{hc_t.backend}'s {seconds(hc.ttft_p50_s)} (p90 {seconds(rx.ttft_p90_s)} against "
-        f"{seconds(hc.ttft_p90_s)}); its prefix hits saved {seconds(rx.saved_gpu_s)} of "
-        f"prefill GPU time against {seconds(hc.saved_gpu_s)}."
-    )
+def time_headline(w: WorkloadResult) -> list[str]:
+    """The arrival-time headline: one sentence per axis that moved.
+
+    Under one scheduler the backends differ only by their index; with several,
+    each backend's runs differ only by the scheduler; ``natural`` moves both and
+    says so.
+    """
+    runs = w.arrival_at_table()
+    if not runs:
+        return []
+    out = []
+    by_sched: dict[str, list[ArrivalRun]] = {}
+    for t in runs:
+        by_sched.setdefault(t.scheduler, []).append(t)
+    for sched, group in by_sched.items():
+        if len(group) < 2:
+            continue
+        cells = ", ".join(
+            f"{t.backend} {seconds(t.result.run.ttft_p50_s)} (hit {t.result.run.hit_ratio:.1%})"
+            for t in group
+        )
+        if sched == "natural":
+            engines = ", ".join(f"{t.backend} as {t.engine}" for t in group)
+            out.append(
+                f"Index and scheduler moved together (each backend on its natural engine: "
+                f"{engines}), so a TTFT difference is not the index's alone. TTFT p50: {cells}."
+            )
+        else:
+            cfg = group[0].config
+            out.append(
+                f"Index axis, scheduler held at {_ENGINE_LABEL[sched]} ({cfg.batching} "
+                f"batching, {cfg.policy} queue): TTFT p50 {cells}."
+            )
+    scheds = [x for x in by_sched if x != "natural"]
+    if len(scheds) > 1:
+        for label in dict.fromkeys(t.backend for t in runs):
+            cells = ", ".join(
+                f"{_ENGINE_LABEL[t.scheduler]} {seconds(t.result.run.ttft_p50_s)}"
+                for t in runs
+                if t.backend == label and t.scheduler in scheds
+            )
+            out.append(f"Scheduler axis, index held at {label}: TTFT p50 {cells}.")
+    return out
+
+
+_ENGINE_LABEL = {"vllm": "vLLM-style", "sglang": "SGLang-style", "natural": "natural"}
 
 
 def _strip_table(w: WorkloadResult) -> str:
@@ -469,7 +536,7 @@ def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     out = [
         f"### {w.name} at arrival time",
         "",
-        f"{time_title(w)}. Engines: "
+        f"{time_title(w)}. Varied: {runs[0].settings.axis}. Engines: "
         + "; ".join(
             f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})"
             for t in runs
@@ -481,9 +548,8 @@ def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
         ),
         "",
     ]
-    delta = _time_delta_line(w)
-    if delta:
-        out += [delta, ""]
+    for line in time_headline(w):
+        out += [line, ""]
     cdf = plots.get(f"ttft_cdf_{w.name}")
     if cdf:
         out += [f"![TTFT CDF for {w.name}]({cdf})", ""]
@@ -517,6 +583,8 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             "below finished; sweeps and plots may be missing.",
             "",
         ]
+    if doc.get("warnings"):
+        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
     out += [
         "Every backend replays the same requests with its natural scheduler's call order, at "
         "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
@@ -525,9 +593,11 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
     ]
     if has_arrival:
         out += [
-            "Each backend also runs at arrival time on its natural engine: requests queue, "
-            "are batched and prefilled in chunks, and every step costs what the cost profile "
-            "says, giving TTFT, queueing and the GPU time prefix hits save.",
+            "Each backend also runs at arrival time: requests queue, are batched and "
+            "prefilled in chunks, and every step costs what the cost profile says, giving "
+            "TTFT, queueing and the GPU time prefix hits save. One thing varies at a time: "
+            "all backends under the same scheduler unless the scheduler is swept, and the "
+            "headline of each table says which axis moved.",
             "",
         ]
     out += [
@@ -603,6 +673,20 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         swept = sweep_table(w)
         if swept:
             out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
+        if w.anchors:
+            model = w.anchors[0].model
+            out += [
+                "Capacity anchors"
+                + (f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else "")
+                + ":",
+                "",
+                markdown_table(
+                    [c[0] for c in ANCHOR_COLUMNS],
+                    anchor_rows(w),
+                    "".join(c[1] for c in ANCHOR_COLUMNS),
+                ),
+                "",
+            ]
         strip = plots.get(f"strips_{w.name}")
         if w.strip_requests:
             out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]

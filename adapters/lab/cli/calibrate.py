@@ -1,22 +1,32 @@
-"""``prefixkv calibrate``: time the reference engine here and write a cost profile.
+"""``prefixkv calibrate``: fit a cost profile to a served engine, to ``vllm bench
+serve`` results, or to the reference engine here; list the shipped profiles.
 
-Runs the reference engine's forward pass on prefill, decode and mixed step shapes,
-times each (the least of ``--repeats`` runs), fits the cost model's five
-coefficients and writes them as a profile ``compare --profile FILE`` reads. Only this
-subcommand imports torch.
+- ``--server URL``: a sweep of prompt lengths, cached fractions and batch sizes sent to
+  a running OpenAI-compatible server (prompts as token ids; TTFT and inter-token
+  gaps timed from streamed completions);
+- ``--from-vllm-bench FILE...``: the per-request times ``vllm bench serve
+  --save-result --save-detailed`` wrote;
+- neither: the reference engine's forward pass on prefill, decode and mixed step
+  shapes, timed here (only this path imports torch);
+- ``--list``: the shipped profiles, what each was measured on, the range it covers
+  and the KV its hardware holds.
+
+The profile is written where ``--out`` says; ``compare --profile FILE`` reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from prefixkv.adapters.outputs import check_output
 
 from ..extras import require_extra
 from ..progress import progress
-from ..sim import save_profile
-from .common import positive_int
+from ..sim import CostProfile, available_profiles, load_profile, save_profile
+from .common import CLIUsageError, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_calibrate_parser", "run_calibrate"]
@@ -26,10 +36,12 @@ def add_calibrate_parser(sub: Any) -> None:
     """Add the ``calibrate`` subcommand to the ``prefixkv`` subparsers."""
     cal = sub.add_parser(
         "calibrate",
-        help="time the reference engine on this machine and write a cost profile",
-        description="Run the reference engine's forward pass on prefill, decode and mixed "
-        "step shapes, time each (the least of --repeats runs), fit the cost model's five "
-        "coefficients and write them as a profile that compare --profile FILE reads.",
+        help="fit a cost profile to a served engine, vllm bench serve results or the "
+        "reference engine; --list the shipped profiles",
+        description="Fit the cost model's coefficients to a running OpenAI-compatible server "
+        "(--server), to vllm bench serve results (--from-vllm-bench), or to the reference "
+        "engine's forward pass timed here (the default), and write them as a profile that "
+        "compare --profile FILE reads. --list shows the shipped profiles.",
     )
     cal.add_argument(
         "--device",
@@ -56,9 +68,9 @@ def add_calibrate_parser(sub: Any) -> None:
     cal.add_argument(
         "--repeats",
         type=positive_int,
-        default=5,
         metavar="R",
-        help="timed runs per shape (the least is kept; default 5)",
+        help="runs per shape: the reference engine keeps the least (default 5), a server "
+        "the median (default 3)",
     )
     cal.add_argument(
         "--quick",
@@ -67,19 +79,125 @@ def add_calibrate_parser(sub: Any) -> None:
     )
     cal.add_argument("--name", metavar="NAME", help="the profile's name (default from the device)")
     cal.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    cal.add_argument("--out", "-o", required=True, metavar="FILE", help="the profile (JSON)")
+    cal.add_argument(
+        "--out", "-o", metavar="FILE", help="the profile (JSON); required but with --list"
+    )
+    src = cal.add_argument_group("a served engine instead of the reference engine")
+    what = src.add_mutually_exclusive_group()
+    what.add_argument(
+        "--server",
+        metavar="URL",
+        help="a running OpenAI-compatible server (vLLM: start it with "
+        "--enable-prompt-tokens-details): sweep prompt lengths, cached fractions and batch "
+        "sizes over HTTP and fit the profile to what the client measured",
+    )
+    what.add_argument(
+        "--from-vllm-bench",
+        nargs="+",
+        metavar="FILE",
+        help="results files of vllm bench serve --save-result --save-detailed (several runs "
+        "allowed): fit the profile to the requests that ran alone and the pure decode steps",
+    )
+    what.add_argument(
+        "--list", action="store_true", help="list the shipped profiles (use with --profile NAME)"
+    )
+    src.add_argument(
+        "--model", metavar="NAME", help="with --server: the model (default: its first)"
+    )
+    src.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        metavar="T",
+        help="the server's step budget, its --max-num-batched-tokens (default 8192; vLLM "
+        "serve on a CPU: 2048)",
+    )
 
 
 def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv calibrate``; returns the exit status.
 
-    The ``calibrate`` extra (scipy) and ``--out`` are checked before torch loads;
-    Ctrl-C before the fit writes nothing.
+    The ``calibrate`` extra (numpy and scipy; httpx with ``--server``) and ``--out`` are
+    checked before any measurement (and before torch loads); Ctrl-C before the fit
+    writes nothing.
     """
     interrupts = interrupts or Interrupts()
-    require_extra("calibrate", "prefixkv calibrate")
+    if args.list:
+        print(list_profiles())
+        return 0
+    if args.out is None:
+        raise CLIUsageError("--out FILE is required (the profile to write)")
+    needs = ("numpy", "scipy", "httpx") if args.server is not None else ("numpy", "scipy")
+    require_extra("calibrate", "prefixkv calibrate", needs)
     out = check_output(args.out)
-    import torch  # only calibrate needs torch here
+    if args.server is None and args.from_vllm_bench is None:
+        return _reference_engine(args, out, interrupts)
+    budget = args.max_num_batched_tokens or 8192
+    if args.server is not None:
+        from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
+
+        base = QUICK_SWEEP if args.quick else ServerSweep()
+        repeats = args.repeats or base.repeats
+        sweep = dataclasses.replace(base, repeats=repeats, max_num_batched_tokens=budget)
+        bar = progress(_num_runs(sweep), f"calibrate {args.server}", quiet=args.quiet, unit="run")
+        try:
+            profile = calibrate_server(
+                args.server, model=args.model, sweep=sweep, name=args.name, progress=bar.update
+            )
+        finally:
+            bar.close()
+    else:
+        from ..sim.bench_results import calibrate_from_vllm_bench
+
+        profile = calibrate_from_vllm_bench(
+            args.from_vllm_bench, name=args.name, max_num_batched_tokens=budget
+        )
+    interrupts.hold()  # the profile is measured: write it whole
+    save_profile(profile, out)
+    _print_fit(profile, out)
+    return interrupts.status() if interrupts.received else 0
+
+
+def _num_runs(sweep: Any) -> int:
+    prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
+    return int((prefill + len(sweep.batch_sizes) * len(sweep.decode_contexts)) * sweep.repeats)
+
+
+def _print_fit(profile: CostProfile, out: Path) -> None:
+    fit = profile.fit
+    print(
+        f"{profile.name}: {profile.device}; fit over {fit['num_samples']} samples, relative "
+        f"error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
+        f" -> {out}"
+    )
+
+
+def list_profiles() -> str:
+    """The shipped profiles, one paragraph each."""
+    blocks = []
+    for name in available_profiles():
+        p = load_profile(name)
+        lines = [f"{name}: {p.model}", f"  device: {p.device}"]
+        measured = ", ".join(f"{k} {v}" for k, v in p.measured_on.items() if v)
+        if measured:
+            lines.append(f"  measured on: {measured}")
+        if p.covers:
+            lines.append(
+                "  covers: "
+                + ", ".join(
+                    f"{k.replace('_', ' ')} {lo:,}-{hi:,}" for k, (lo, hi) in p.covers.items()
+                )
+            )
+        cap = p.kv_capacity_tokens()
+        if cap is not None:
+            per = f"{p.kv_bytes_per_token:,} bytes a token" if p.kv_bytes_per_token else ""
+            lines.append(f"  KV capacity: {cap:,} tokens at gpu-memory-utilization 0.9 ({per})")
+        lines.append(f"  source: {p.source}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _reference_engine(args: argparse.Namespace, out: Path, interrupts: Interrupts) -> int:
+    import torch  # only the reference engine's calibration needs torch here
 
     from prefixkv.adapters.engine import EngineConfig, ModelConfig
 
@@ -108,20 +226,14 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
             ("mixed", DEFAULT_MIXED_SHAPES),
         )
     )
-    bar = progress((1 + args.repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
+    repeats = args.repeats or 5
+    bar = progress((1 + repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
                    unit="run")  # fmt: skip
     try:
-        profile = calibrate(
-            config, name=args.name, repeats=args.repeats, progress=bar.update, **shapes
-        )
+        profile = calibrate(config, name=args.name, repeats=repeats, progress=bar.update, **shapes)
     finally:
         bar.close()
     interrupts.hold()  # the profile is measured: write it whole
     save_profile(profile, out)
-    fit = profile.fit
-    print(
-        f"{profile.name}: {profile.device}; fit over {fit['num_samples']} step shapes, "
-        f"relative error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
-        f" -> {out}"
-    )
+    _print_fit(profile, out)
     return interrupts.status() if interrupts.received else 0

@@ -144,6 +144,10 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
                    help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
+    f.add_argument("--open-loop", action="store_true",
+                   help="send every request at its own arrival, even a session's next turn "
+                   "before the previous one finished (default: sessions replay closed loop, "
+                   "each turn after the previous answer plus its think time)")  # fmt: skip
 
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
@@ -345,6 +349,7 @@ def _arrivals(
             request_rate=rate,
             time_scale=scale,
             seed=args.seed,
+            closed_loop=not args.open_loop,
         )
 
     return stream

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from prefixkv.indexes.errors import PrefixKVError
@@ -15,6 +16,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..compare.spec import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
+from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
 from ..traces import FORMATS, ReadOptions, TraceLimits
 from ..workload_sources import Workload, load_workloads
 from .signals import EXIT_INTERRUPTED
@@ -31,9 +33,11 @@ __all__ = [
     "backend_options",
     "capacities",
     "capacity_rule",
+    "capacity_warnings",
     "index_option",
     "int_arg",
     "load_workloads_for",
+    "parse_capacity_tokens",
     "parse_token_count",
     "parse_token_counts",
     "positive_float",
@@ -110,6 +114,25 @@ def parse_token_counts(text: str) -> list[int]:
     if len(set(counts)) != len(counts):
         raise argparse.ArgumentTypeError(f"a capacity is listed twice in {text!r}")
     return counts
+
+
+def parse_capacity_tokens(text: str) -> list[int] | str:
+    """``auto``, or token counts as :func:`parse_token_counts` reads them."""
+    return "auto" if text.strip().lower() == "auto" else parse_token_counts(text)
+
+
+def _gib_list(text: str) -> list[float]:
+    values = [positive_float(p) for p in text.split(",") if p.strip()]
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"want distinct sizes in GiB like 12.5,40, got {text!r}")
+    return values
+
+
+def _utilization(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -196,17 +219,32 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
     cap = g.add_mutually_exclusive_group()
     cap.add_argument(
         "--capacity-tokens",
-        type=parse_token_counts,
-        metavar="T[,T...]",
+        type=parse_capacity_tokens,
+        metavar="T[,T...]|auto",
         help="KV capacity in tokens, the same for every backend (blocks = T // size); "
         "suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several "
-        "(1m,3m,10m): compare's table uses the first and its sweep all of them",
+        "(1m,3m,10m): compare's table uses the first and its sweep all of them. auto: what "
+        "the cost profile's hardware holds at --gpu-memory-utilization (compare)",
+    )
+    cap.add_argument(
+        "--capacity-gib",
+        type=_gib_list,
+        metavar="G[,G...]",
+        help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV "
+        "bytes per token (compare; --profile names the model)",
     )
     cap.add_argument(
         "--capacity-blocks",
         type=positive_int,
         metavar="N",
         help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=_utilization,
+        metavar="U",
+        help="with --capacity-tokens auto: the share of device memory the engine uses, as "
+        "vLLM's flag (default 0.9)",
     )
     g.add_argument(
         "--prefix-caching-hash-algo",
@@ -324,8 +362,34 @@ def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> lis
     )
 
 
-def capacities(args: argparse.Namespace) -> list[int] | None:
-    """The capacities asked for, in tokens; ``None`` for the roomy default."""
+def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> list[int] | None:
+    """The capacities asked for, in tokens; ``None`` for the roomy default.
+
+    ``--capacity-tokens auto`` and ``--capacity-gib`` need ``profile``'s hardware.
+
+    Raises:
+        CLIUsageError: ``auto`` or GiB without a profile, or with one that does not
+            say its KV bytes per token (and, for ``auto``, its memory).
+    """
+    if args.capacity_tokens == "auto":
+        if profile is None:
+            raise CLIUsageError("--capacity-tokens auto needs a cost profile: use compare")
+        tokens = profile.kv_capacity_tokens(_util(args))
+        if not tokens:
+            raise CLIUsageError(
+                f"--capacity-tokens auto: profile {profile.name!r} does not say its KV bytes "
+                "per token and device memory (or holds no KV); give --capacity-tokens T"
+            )
+        return [tokens]
+    if getattr(args, "capacity_gib", None) is not None:
+        per = None if profile is None else profile.kv_bytes_per_token
+        if not per:
+            what = "a cost profile" if profile is None else f"profile {profile.name!r}"
+            raise CLIUsageError(
+                f"--capacity-gib needs {what} that says its KV bytes per token; give "
+                "--capacity-tokens T"
+            )
+        return [int(g * 2**30) // per for g in args.capacity_gib]
     if args.capacity_tokens is not None:
         return list(args.capacity_tokens)
     if args.capacity_blocks is not None:
@@ -333,7 +397,37 @@ def capacities(args: argparse.Namespace) -> list[int] | None:
     return None
 
 
-def capacity_rule(args: argparse.Namespace) -> str:
+def _util(args: argparse.Namespace) -> float:
+    value = getattr(args, "gpu_memory_utilization", None)
+    return DEFAULT_GPU_MEMORY_UTILIZATION if value is None else float(value)
+
+
+def capacity_warnings(
+    caps: Sequence[int], profile: CostProfile, args: argparse.Namespace
+) -> list[str]:
+    """A line naming the capacities beyond what ``profile``'s hardware holds (none
+    when it does not say, or when all fit)."""
+    held = profile.kv_capacity_tokens(_util(args))
+    over = sorted(c for c in caps if held and c > held)
+    if not held or not over:
+        return []
+    listed = ", ".join(f"{c:,}" for c in over)
+    return [
+        f"capacity {listed} tokens: up to {over[-1] / held:.1f}x what {profile.name}'s "
+        f"hardware holds ({held:,} tokens of KV at --gpu-memory-utilization {_util(args):g}; "
+        "--capacity-tokens auto gives that)"
+    ]
+
+
+def capacity_rule(args: argparse.Namespace, caps: Sequence[int] | None = None) -> str:
+    if args.capacity_tokens == "auto" and caps:
+        return (
+            f"auto: {caps[0]:,} tokens, what the profile's hardware holds at "
+            f"--gpu-memory-utilization {_util(args):g}"
+        )
+    if getattr(args, "capacity_gib", None) is not None and caps:
+        gib = ", ".join(f"{g:g}" for g in args.capacity_gib)
+        return f"{gib} GiB of KV = {', '.join(f'{c:,}' for c in caps)} tokens"
     if args.capacity_tokens is not None:
         caps = args.capacity_tokens
         text = f"{caps[0]:,} tokens for every backend"

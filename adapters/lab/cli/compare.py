@@ -2,9 +2,11 @@
 
 Replays workloads (or a trace) through each backend at equal capacity, prints a table
 per workload and writes ``report.md``, ``results.json``, the tidy tables and plots.
-With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time on
-its natural engine (TTFT, queueing, GPU time). Ctrl-C writes what is finished, marked
-partial.
+With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time
+(TTFT, queueing, GPU time) under one scheduler, vLLM's, so only the index varies;
+``--scheduler vllm,sglang`` makes the scheduler an axis of its own. Sessions replay
+closed loop (``--open-loop`` to send every request at its own arrival). Ctrl-C writes
+what is finished, marked partial.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,7 +26,7 @@ from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from .. import report
-from ..compare.arrival import TimeSettings
+from ..compare.arrival import SCHEDULERS, TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..compare.spec import BackendSpec, parse_backends
@@ -34,6 +37,7 @@ from ..sim import (
     BATCHING_MODES,
     DEFAULT_PROFILE,
     QUEUE_ORDERS,
+    CostProfile,
     available_profiles,
     load_profile,
 )
@@ -44,6 +48,7 @@ from .common import (
     backend_options,
     capacities,
     capacity_rule,
+    capacity_warnings,
     load_workloads_for,
     parse_token_count,
     positive_float,
@@ -173,17 +178,35 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "(default: fcfs, both engines' default)",
     )
     g.add_argument(
+        "--scheduler",
+        type=_schedulers,
+        metavar="LIST",
+        help="the scheduler every backend runs under: vllm (prefill chunks and decodes mixed "
+        "in one step; the default, so only the index varies), sglang (a prefill step "
+        "whenever one fits, else a decode step), both as vllm,sglang (the scheduler becomes "
+        "an axis), or natural (each backend on the engine it models: hash chain and none "
+        "as vLLM, radix as SGLang; index and scheduler then move together)",
+    )
+    g.add_argument(
         "--batching",
         choices=BATCHING_MODES,
-        help="force one engine for every backend: mixed (vLLM: prefill chunks and decodes "
-        "in one step) or prefill_first (SGLang). Default: each backend's natural engine, "
-        "hash chain and none as vLLM, radix as SGLang",
+        help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
+    )
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next turn "
+        "before the previous one finished (default: sessions replay closed loop, each turn "
+        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
     )
     g.add_argument(
         "--profile",
         metavar="NAME|FILE",
-        help=f"the step cost profile: a shipped one ({', '.join(available_profiles())}) or a "
-        f"file from prefixkv calibrate (default {DEFAULT_PROFILE})",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
+        "calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
     )
 
 
@@ -209,15 +232,28 @@ def run_compare(
     )
     out = _output_folder(args)
     time_settings = _time_settings(args)
+    profile = (
+        time_settings.profile if time_settings else load_profile(args.profile or DEFAULT_PROFILE)
+    )
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
-    settings = _settings(args, backends, workloads, time_settings)
+    caps = capacities(args, profile)
+    settings = _settings(args, backends, workloads, time_settings, caps, profile)
     plans = plan_comparison(workloads, settings)
+    physical = time_settings is not None or args.profile is not None or caps is not None
+    if physical:
+        listed = caps or [p.capacity_tokens for p in plans]
+        comparison_warnings = capacity_warnings(sorted(set(listed)), profile, args)
+    else:
+        comparison_warnings = []
     comparison = run_comparison(plans, settings, bars=token_bars(args.quiet))
     interrupts.hold()
+    comparison.warnings[:0] = comparison_warnings
     for r in comparison.workloads:
         _print_workload(r)
-    config = _compare_config(args, argv, settings)
+    for line in comparison.warnings:
+        print(f"prefixkv: warning: {line}", file=sys.stderr)
+    config = _compare_config(args, argv, settings, caps)
     return _write_outputs(args, out, comparison, config, t0, interrupts)
 
 
@@ -240,9 +276,10 @@ def _settings(
     backends: Sequence[BackendSpec],
     workloads: Sequence[Workload],
     time_settings: TimeSettings | None,
+    caps: list[int] | None,
+    profile: CostProfile,
 ) -> CompareSettings:
     """The flags as resolved settings: the sweep, repeats and accounting defaults filled."""
-    caps = capacities(args)
     sweep = args.capacity_sweep
     if sweep is None:
         listed = caps is not None and len(caps) > 1
@@ -262,6 +299,7 @@ def _settings(
         boundary_accounting=accounting,
         time=time_settings,
         max_pool_blocks=args.max_pool_blocks,
+        profile=profile,
     )
 
 
@@ -272,6 +310,9 @@ def _print_workload(r: WorkloadResult) -> None:
         print(report.text_table(report.table_rows(r.backends)))
     for note in r.notes:
         print(f"note: {note}")
+    if r.anchors:
+        print()
+        print(report.text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
     arrival = r.arrival_at_table()
     if arrival:
         print()
@@ -297,6 +338,7 @@ def _write_outputs(
         "machine": report.machine_info(),
         "versions": report.package_versions(),
         "partial": interrupted,
+        "warnings": list(comparison.warnings),
         "plots": {},
         "tables": {},
     }
@@ -323,8 +365,19 @@ def _write_outputs(
 
 
 _TIME_KNOBS = (
-    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "profile",
+    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "scheduler",
+    "open_loop",
 )  # fmt: skip
+
+
+def _schedulers(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in SCHEDULERS]
+    if not names or bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"want distinct names of {', '.join(SCHEDULERS)} (comma-separated), got {text!r}"
+        )
+    return names
 
 
 def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
@@ -336,6 +389,8 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         return None
     if args.arrival is not None and args.request_rate is None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
+    if args.batching is not None and args.scheduler is not None:
+        raise CLIUsageError("give --scheduler or --batching, not both")
     return TimeSettings(
         request_rate=args.request_rate,
         time_scale=args.time_scale,
@@ -346,11 +401,16 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         policy=args.policy,
         batching=args.batching,
         profile=load_profile(args.profile or DEFAULT_PROFILE),
+        schedulers=args.scheduler or ("vllm",),
+        closed_loop=not args.open_loop,
     )
 
 
 def _compare_config(
-    args: argparse.Namespace, argv: Sequence[str], compare: CompareSettings
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    compare: CompareSettings,
+    caps: Sequence[int] | None,
 ) -> dict[str, Any]:
     """The run's configuration as ``results.json`` and ``report.md`` record it."""
     backends, repeats, settings = compare.backends, compare.timing_repeats, compare.time
@@ -361,11 +421,9 @@ def _compare_config(
         "workloads": ",".join(args.workload) if args.workload else None,
         "trace": args.trace,
         "trace_format": args.trace_format,
-        "capacity_tokens": None
-        if args.capacity_tokens is None
-        else ",".join(str(c) for c in args.capacity_tokens),
+        "capacity_tokens": None if caps is None else ",".join(str(c) for c in caps),
         "capacity_blocks": args.capacity_blocks,
-        "capacity_rule": capacity_rule(args),
+        "capacity_rule": capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
         "concurrency": args.concurrency,
         "max_requests": args.max_requests,
@@ -387,7 +445,12 @@ def _compare_config(
         config.update(
             {
                 **settings.row(),
-                "engines": [settings.describe_engine(b) for b in backends],
+                "engines": [
+                    settings.describe_engine(b, sched)
+                    for sched in settings.schedulers
+                    for b in backends
+                ],
+                "schedulers": ",".join(settings.schedulers),
                 "max_num_seqs": settings.max_num_seqs,
                 "max_num_batched_tokens": settings.max_num_batched_tokens,
                 "policy": settings.policy,

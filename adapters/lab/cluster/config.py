@@ -38,12 +38,16 @@ class ClusterConfig:
         reservation_ttl: seconds before an open reservation is swept.
         check: check every admission against announced blocks (tests; slower).
         keep_tokens: replicas keep block tokens for dumps (off: hash-only dumps).
+        closed_loop_tick_s: while a session's turn waits for its predecessor, the
+            fleet advances in steps of at most this: a turn is routed at most this
+            late (never early).
 
     Raises:
         ClusterConfigError: a value of the wrong type or out of range: at most
             :data:`MAX_REPLICAS` replicas and :data:`MAX_BUFFER_STEPS` buffered
             batches, a pool of at most ``MAX_BLOCKS`` blocks of at most
-            ``MAX_BLOCK_SIZE`` tokens, a ``reservation_ttl`` in (0, 1e9] seconds.
+            ``MAX_BLOCK_SIZE`` tokens, a ``reservation_ttl`` in (0, 1e9] seconds, a
+            ``closed_loop_tick_s`` in (0, 1e9).
     """
 
     num_replicas: int = 8
@@ -58,8 +62,12 @@ class ClusterConfig:
     reservation_ttl: float = 3600.0
     check: bool = False
     keep_tokens: bool = True
+    closed_loop_tick_s: float = 0.05
 
     def __post_init__(self) -> None:
+        tick = self.closed_loop_tick_s
+        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick < 1e9:
+            raise ClusterConfigError(f"closed_loop_tick_s must be a number > 0, got {tick!r:.60}")
         for name, top in (
             ("num_replicas", MAX_REPLICAS),
             ("block_size", MAX_BLOCK_SIZE),

@@ -3,11 +3,12 @@
 Runs fall in three groups, told apart by their labels: fault-free runs at the main
 fleet size and capacity (the policy comparison), the sweeps over fleet size and
 capacity, and fault runs. Ratios are reported against round robin and the pooled
-bound of the same fleet, as the issue asks ("efficiency" = hit / pooled hit, the
-honest global-vs-local number). As compare's report does, it defines every column,
-titles every plot with the trace, the fleet and the arrivals, and says in notes when
-the fleet is overloaded or a policy beats a bound; an interrupted experiment's report
-says it is partial. Every file is written whole or not at all.
+figure of the same fleet ("efficiency" = hit / pooled hit, the honest global-vs-local
+number). As compare's report does, it defines every column, titles every plot with the
+trace, the fleet and the arrivals, says what the pooled figure is, and says in notes
+when the fleet is overloaded or a policy is above the pooled or infinite figure (a
+bound only when admissions happen at the same times); an interrupted experiment's
+report says it is partial. Every file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "GROWTH_LIMIT",
     "OUTPUT_NAMES",
     "POLICY_COLUMNS",
+    "POOLED_MEANING",
     "RESULTS_FORMAT",
     "report_notes",
     "write_report",
@@ -142,6 +144,16 @@ def _policy_table(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResul
     return lines
 
 
+POOLED_MEANING = (
+    "pooled: one cache of N x capacity that every replica reaches (Mooncake's global "
+    "cache). It bounds a policy's hits only when admissions happen in the same order at "
+    "the same times: a policy whose replicas queue requests admits them later, after more "
+    "of what they share is cached, and can beat it. infinite: the same with no capacity "
+    "limit."
+)
+"""What the pooled and infinite rows are (the report prints it under the table)."""
+
+
 def _definitions(columns: Sequence[tuple[str, str]]) -> list[str]:
     return ["| column | meaning |", "|---|---|", *(f"| {c} | {d} |" for c, d in columns)]
 
@@ -220,8 +232,9 @@ def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult
             "capacity fed in arrival order: a reference, not an optimum. Routing that "
             "keeps each session on its own replica shields it from other sessions' "
             "evictions and can beat one shared LRU, most with interleaved long sessions "
-            "(agentic traces replayed open-loop). Infinite (no eviction) is the true "
-            "upper bound."
+            "(agentic traces replayed open-loop), and replicas that queue requests admit "
+            "them later, after more of what they share is cached. Infinite (no eviction) "
+            "is the upper bound for admissions at the same times."
         )
     above_infinite = [
         r
@@ -233,7 +246,10 @@ def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult
         names = ", ".join(r.labels["policy"] for r in above_infinite)
         notes.append(
             f"**Above the infinite bound: {names}.** No policy can hit more than a cache "
-            "that never evicts; this is a bug, please report it with this report."
+            "that never evicts when its requests are admitted at the same times; above "
+            "it, the policy's replicas admitted requests later (queueing), after more of "
+            "their prefixes were cached. On a fleet that is not overloaded this is a bug: "
+            "please report it with this report."
         )
     return notes
 
@@ -344,6 +360,8 @@ def _markdown(
         f"## Policies at {main_key[0]} replicas x {main_key[1]:,} tokens each",
         "",
         *_policy_table(main, clean),
+        "",
+        POOLED_MEANING,
         "",
     ]
     for note in report_notes(main, clean):

@@ -10,6 +10,8 @@ Ray fleet the same decisions too.
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -89,20 +91,102 @@ def run_cluster(
         for r in range(cfg.num_replicas):
             run.start_replica(r, 0.0)
         pending = list(plan.scheduled)
+        sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
         for req in requests:
             t = req.arrival
             if t is None:
                 raise ClusterConfigError(f"request {req.id!r} has no arrival time")
-            while pending and pending[0].at <= t:
-                run.apply(pending.pop(0))
-            run.advance_to(t)
-            run.route(req, t)
+            sessions.advance(t)
+            sessions.offer(req, t)
+        sessions.finish()
         run.drain(pending)
         run.check_views()
     finally:
         fleet.close()
     wall = time.perf_counter() - t_start
     return _result(run, spec, cfg, plan, wall, labels)
+
+
+class _Sessions:
+    """Closed-loop turns of a cluster run: a request that names the one it follows
+    (``after``) is routed once that one finished, plus its think time, never before
+    its own arrival.
+
+    The driver learns a finish only by advancing the fleet, so while a turn waits
+    the fleet advances in steps of at most ``tick_s``: a turn is routed at most that
+    late, never early. Scheduled faults are applied on the way.
+    """
+
+    def __init__(self, run: ClusterDriver, faults: list[Any], tick_s: float) -> None:
+        self.run = run
+        self.faults = faults
+        self.tick_s = tick_s
+        self.now = 0.0
+        self.seen: set[str] = set()
+        self.held: dict[str, list[SimRequest]] = {}
+        self.ready: list[tuple[float, int, SimRequest]] = []
+        self.order = 0
+
+    def _to(self, t: float) -> None:
+        while self.faults and self.faults[0].at <= t:
+            self.run.apply(self.faults.pop(0))
+        self.run.advance_to(t)
+        self.now = max(self.now, t)
+
+    def _release(self) -> None:
+        for parent in [p for p in self.held if p in self.run.done]:
+            finish = self.run.done[parent].metrics.finish_s
+            for r in self.held.pop(parent):
+                send = max(r.arrival or 0.0, finish + r.think_s)
+                heapq.heappush(self.ready, (send, self.order, r))
+                self.order += 1
+
+    def _route_due(self, t: float) -> None:
+        while self.ready and self.ready[0][0] <= t:
+            send, _, r = heapq.heappop(self.ready)
+            at = max(send, self.now)
+            self._to(at)
+            self.run.route(dataclasses.replace(r, arrival=at), at)
+
+    def advance(self, t: float) -> None:
+        """Move to ``t``, routing every released turn due by then, in time order."""
+        while True:
+            self._release()
+            self._route_due(t)
+            if not self.held or self.now >= t:
+                break
+            self._to(min(t, self.now + self.tick_s))
+        self._to(t)
+
+    def offer(self, req: SimRequest, t: float) -> None:
+        """A request of the stream at its arrival ``t``: routed, or held for its turn."""
+        self.seen.add(req.id)
+        after = req.after
+        if after is None or after not in self.seen:
+            self.run.route(req, t)
+        elif after not in self.run.done:
+            self.held.setdefault(after, []).append(req)
+        else:
+            send = max(t, self.run.done[after].metrics.finish_s + req.think_s)
+            heapq.heappush(self.ready, (send, self.order, req))
+            self.order += 1
+            self._route_due(t)
+
+    def finish(self) -> None:
+        """Route every turn still waiting (the stream has ended)."""
+        while self.held or self.ready:
+            self._release()
+            if self.ready:
+                self._route_due(self.ready[0][0])
+                continue
+            if not self.run.in_flight or not self.run.busy & self.run.live:
+                # Nothing runs, so a predecessor still waited on will never finish
+                # (a lost request): its turns go now.
+                for r in (r for rs in self.held.values() for r in rs):
+                    self.run.route(dataclasses.replace(r, arrival=self.now), self.now)
+                self.held.clear()
+                break
+            self._to(self.now + self.tick_s)
 
 
 def _result(

@@ -7,7 +7,7 @@ report. The modules, in the order a comparison uses them:
 - :mod:`.spec`: backend specs and their parsing, the errors;
 - :mod:`.plan`: resolved settings and the capacities each workload runs at;
 - :mod:`.k_live`: each backend's K-live replay, the capacity sweep;
-- :mod:`.arrival`: each backend's arrival-time run on its natural engine;
+- :mod:`.arrival`: each backend's arrival-time run under each scheduler asked for;
 - :mod:`.run`: a whole comparison, its records and tidy tables;
 - :mod:`.options`: the options a caller writes, and :func:`compare_backends`.
 """

@@ -1,20 +1,26 @@
-"""Arrival-time runs of a comparison: each backend on its natural engine, with a clock.
+"""Arrival-time runs of a comparison: every backend under the same scheduler, with a clock.
 
 The K-live replay of :mod:`.k_live` counts the prompt tokens each index serves
 from cache; this runs the same requests through :func:`.sim.simulate` (a queue,
 continuous batching, a cost profile) to tell what that is worth to the engine's
 users: TTFT, queueing, throughput, GPU-seconds of prefill. Requests arrive at a
-Poisson or fixed request rate, or at the trace's own timestamps times a scale.
+Poisson or fixed request rate, or at the trace's own timestamps times a scale;
+sessions (a trace whose requests name their session or previous turn) replay
+closed loop unless asked otherwise: a turn is sent once the previous one finished,
+plus its think time.
 
-By default each backend runs the way its engine schedules: the hash chain (and
-``none``, and the generic manager driver) as vLLM does (prefill chunks and decode
-rows mixed in one step), the radix tree as SGLang does (a prefill step whenever
-one can be admitted, else a decode step); both first come, first served, the two
-engines' default queue order. Every knob can be forced for all backends.
+A comparison varies one thing. By default every backend runs under one scheduler,
+vLLM's (prefill chunks and decode rows mixed in one step), so the index is the only
+difference. The scheduler is its own axis: ``schedulers=("vllm", "sglang")`` runs
+every backend under each (SGLang's: a prefill step whenever one can be admitted,
+else a decode step), and ``"natural"`` runs each backend on the engine it models
+(hash chain as vLLM, radix as SGLang), which moves both at once and is labelled so.
+Both engines' default queue order is first come, first served.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,14 +48,21 @@ from .spec import BackendSpec, Bars, Scalar
 
 __all__ = [
     "ENGINE_MODES",
+    "SCHEDULERS",
     "ArrivalRun",
     "EngineMode",
+    "Scheduler",
     "TimeSettings",
     "check_arrivals",
+    "has_sessions",
     "run_arrival",
 ]
 
 EngineMode = Literal["vllm", "sglang"]
+Scheduler = Literal["vllm", "sglang", "natural"]
+SCHEDULERS: tuple[Scheduler, ...] = ("vllm", "sglang", "natural")
+"""The scheduler axis: vLLM-style or SGLang-style for every backend, or ``natural``
+(each backend on the engine it models: index and scheduler move together)."""
 ENGINE_MODES: Mapping[EngineMode, tuple[Batching, QueueOrder]] = {
     "vllm": ("mixed", "fcfs"),
     "sglang": ("prefill_first", "fcfs"),
@@ -76,13 +89,19 @@ class TimeSettings:
         max_num_batched_tokens: most tokens a step computes (vLLM
             ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``).
         policy: force a queue order on every backend (``None``: each engine's own).
-        batching: force a batching mode on every backend (``None``: each
-            backend's natural engine's).
+        batching: force a batching mode on every backend (``"mixed"`` is the
+            ``vllm`` scheduler, ``"prefill_first"`` the ``sglang`` one); replaces
+            ``schedulers``.
         profile: the step costs.
+        schedulers: the scheduler axis (:data:`SCHEDULERS`): every backend runs
+            under each; default vLLM's alone, so only the index varies.
+        closed_loop: sessions replay closed loop (a turn waits for the previous one
+            plus its think time); ``False``: every request at its own arrival.
 
     Raises:
         SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
-            value out of range, an unknown process, policy or batching mode.
+            value out of range, an unknown process, policy, batching mode or
+            scheduler, a repeated or empty scheduler list.
     """
 
     request_rate: float | None = None
@@ -94,8 +113,25 @@ class TimeSettings:
     policy: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)
+    schedulers: tuple[Scheduler, ...] = ("vllm",)
+    closed_loop: bool = True
 
     def __post_init__(self) -> None:
+        if self.batching is not None:
+            forced: Scheduler = "vllm" if self.batching == "mixed" else "sglang"
+            object.__setattr__(self, "schedulers", (forced,))
+        scheds = self.schedulers
+        if (
+            not isinstance(scheds, tuple)
+            or not scheds
+            or any(x not in SCHEDULERS for x in scheds)
+            or len(set(scheds)) != len(scheds)
+        ):
+            raise SimConfigError(
+                f"schedulers must be distinct names of {', '.join(SCHEDULERS)}, got {scheds!r}"
+            )
+        if type(self.closed_loop) is not bool:
+            raise SimConfigError(f"closed_loop must be a bool, got {self.closed_loop!r}")
         if (self.request_rate is None) == (self.time_scale is None):
             raise SimConfigError("give a request rate or a time scale (one of the two)")
         if self.request_rate is not None:
@@ -118,27 +154,37 @@ class TimeSettings:
             batching=self.batching or "mixed",
         )
 
-    def engine(self, spec: BackendSpec) -> EngineMode:
-        """The engine ``spec`` runs as: SGLang's for the radix tree's driver, vLLM's
-        for the others, unless ``batching`` forces one."""
-        if self.batching is not None:
-            return "vllm" if self.batching == "mixed" else "sglang"
-        return "sglang" if spec.driver == "sglang" else "vllm"
+    @property
+    def axis(self) -> str:
+        """What the comparison varies: ``"index"`` (one scheduler), ``"index and
+        scheduler"`` (several), or ``"index and scheduler together"`` (natural)."""
+        if "natural" in self.schedulers:
+            return "index and scheduler together"
+        return "index" if len(self.schedulers) == 1 else "index and scheduler"
 
-    def config(self, spec: BackendSpec) -> SimConfig:
-        """The scheduler settings of ``spec``'s runs."""
-        batching, policy = ENGINE_MODES[self.engine(spec)]
+    def engine(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> EngineMode:
+        """The engine ``spec`` runs as under ``scheduler`` (default: the first of
+        :attr:`schedulers`); ``natural`` is SGLang's for the radix tree's driver,
+        vLLM's for the others."""
+        chosen = self.schedulers[0] if scheduler is None else scheduler
+        if chosen == "natural":
+            return "sglang" if spec.driver == "sglang" else "vllm"
+        return chosen
+
+    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimConfig:
+        """The scheduler settings of ``spec``'s runs under ``scheduler``."""
+        batching, policy = ENGINE_MODES[self.engine(spec, scheduler)]
         return SimConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             policy=self.policy or policy,
-            batching=self.batching or batching,
+            batching=batching,
         )
 
-    def describe_engine(self, spec: BackendSpec) -> str:
+    def describe_engine(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> str:
         """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
-        cfg = self.config(spec)
-        name = _ENGINE_NAMES[self.engine(spec)]
+        cfg = self.config(spec, scheduler)
+        name = _ENGINE_NAMES[self.engine(spec, scheduler)]
         return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.policy} queue)"
 
     def describe_arrivals(self) -> str:
@@ -159,22 +205,42 @@ class TimeSettings:
             "time_scale": self.time_scale,
             "arrival_seed": self.seed,
             "profile": self.profile.name,
+            "varied": self.axis,
+            "closed_loop": self.closed_loop,
         }
 
 
-def _sim_requests(requests: Iterable[TraceRequest]) -> Iterator[SimRequest]:
+def has_sessions(workload: Workload) -> bool:
+    """Whether the workload's first requests name a session or a previous turn."""
+    first = itertools.islice(workload.requests, 64)
+    return any(r.session is not None or r.parent is not None for r in first)
+
+
+def _sim_requests(
+    requests: Iterable[TraceRequest], closed_loop: bool = False
+) -> Iterator[SimRequest]:
     """Trace requests as the simulator's requests, lazily (the arrival is kept).
 
     A request with an empty output still decodes one token, as an engine does.
+    Closed loop, a turn follows its ``parent``, or else the previous request of its
+    ``session``, after its think time (the trace's, else none).
     """
+    last: dict[str, str] = {}
     for r in requests:
         out = r.output
+        after = None
+        if closed_loop:
+            after = r.parent or (last.get(r.session) if r.session is not None else None)
+            if r.session is not None:
+                last[r.session] = r.id
         yield SimRequest(
             r.id,
             as_token_array(r.tokens),
             max(1, len(out)),
             r.arrival,
             as_token_array(out) if len(out) else None,
+            after=after,
+            think_s=(r.think_s or 0.0) if after is not None else 0.0,
         )
 
 
@@ -215,6 +281,8 @@ class ArrivalRun:
         block_size: its hit granularity.
         options: its ``make_index`` options, ``k=v`` joined by ``,``.
         engine: the engine it ran as (``vllm`` or ``sglang``).
+        scheduler: the scheduler asked for (``vllm``, ``sglang`` or ``natural``).
+        closed_loop: whether its sessions ran closed loop.
         capacity_tokens: the capacity asked for (the same for every backend; the
             pool is the whole blocks that fit, :attr:`pool_tokens`).
         role: ``"table"`` (the comparison's capacity) or ``"sweep"``.
@@ -229,6 +297,8 @@ class ArrivalRun:
     block_size: int
     options: str
     engine: EngineMode
+    scheduler: Scheduler
+    closed_loop: bool
     capacity_tokens: int
     role: str
     config: SimConfig
@@ -256,6 +326,9 @@ class ArrivalRun:
             "engine": self.engine,
             **self.config.as_dict(),
             **self.settings.row(),
+            "scheduler": self.scheduler,
+            "closed_loop": self.closed_loop,
+            "profile_range": self.result.labels.get("profile_range", ""),
         }
 
     def row(self) -> dict[str, Scalar]:
@@ -276,27 +349,33 @@ def run_arrival(
     *,
     role: str = "table",
     bars: Bars | None = None,
+    scheduler: Scheduler | None = None,
 ) -> ArrivalRun:
-    """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens``.
+    """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens``
+    under ``scheduler`` (default: the first of ``settings.schedulers``).
 
     The requests are read again from the workload (a trace streams), stamped with
-    arrival times, and replayed by :func:`~.sim.simulate`.
+    arrival times, and replayed by :func:`~.sim.simulate`; a workload with sessions
+    runs closed loop when ``settings.closed_loop``.
 
     Raises:
         SimInputError: requests out of arrival order (a trace's timestamps).
         SimUnservableError: a request that cannot fit the pool even alone.
         KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
     """
-    config = settings.config(spec)
+    sched: Scheduler = settings.schedulers[0] if scheduler is None else scheduler
+    config = settings.config(spec, sched)
+    engine = settings.engine(spec, sched)
+    closed = settings.closed_loop and has_sessions(workload)
     stamped = with_arrivals(
-        _sim_requests(workload.requests),
+        _sim_requests(workload.requests, closed),
         request_rate=settings.request_rate,
         time_scale=settings.time_scale,
         process=settings.arrival,
         seed=settings.seed,
     )
     where = "" if role == "table" else f" @ {capacity_tokens:,} tok"
-    desc = f"{workload.name} {spec.label} time{where}"
+    desc = f"{workload.name} {spec.label} as {engine}{where}"
     bar = bars(desc, workload.stats.prompt_tokens) if bars else None
     try:
         result = simulate(
@@ -308,7 +387,7 @@ def run_arrival(
             labels={
                 "workload": workload.name,
                 "backend": spec.label,
-                "legend": f"{spec.label} as {settings.engine(spec)}",
+                "legend": f"{spec.label} as {engine}",
             },
             progress=None if bar is None else bar.update,
         )
@@ -321,7 +400,9 @@ def run_arrival(
         index=spec.index,
         block_size=spec.block_size,
         options=",".join(f"{k}={v}" for k, v in spec.options),
-        engine=settings.engine(spec),
+        engine=engine,
+        scheduler=sched,
+        closed_loop=closed,
         capacity_tokens=capacity_tokens,
         role=role,
         config=config,

@@ -27,7 +27,7 @@ from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
 from ..traces import ReadOptions
 from ..workload_sources import Workload, load_workloads
-from .arrival import TimeSettings
+from .arrival import Scheduler, TimeSettings
 from .plan import CompareSettings, default_boundary_accounting, plan_comparison
 from .run import ComparisonTables, run_comparison
 from .spec import CompareError, parse_backends
@@ -59,8 +59,12 @@ class CompareOptions:
         max_num_seqs: most running requests.
         max_num_batched_tokens: most tokens a step computes.
         queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's, fcfs).
-        batching: force ``"mixed"`` or ``"prefill_first"`` (default: each
-            backend's natural engine's).
+        batching: force ``"mixed"`` or ``"prefill_first"`` (the ``vllm`` or
+            ``sglang`` scheduler; replaces ``schedulers``).
+        schedulers: the scheduler axis: ``("vllm",)`` (the default: only the index
+            varies), ``("vllm", "sglang")`` (each backend under each), or
+            ``("natural",)`` (each backend on the engine it models).
+        closed_loop: sessions replay closed loop (default); ``False``: open loop.
         profile: a cost profile, a shipped profile's name or a profile file
             (default: the shipped default).
         max_requests: use the first this many requests of each workload.
@@ -87,6 +91,8 @@ class CompareOptions:
     max_num_batched_tokens: int = 8192
     queue_order: QueueOrder | None = None
     batching: Batching | None = None
+    schedulers: Sequence[Scheduler] = ("vllm",)
+    closed_loop: bool = True
     profile: str | os.PathLike[str] | CostProfile | None = None
     max_requests: int | None = None
     tokens_per_id: int | None = None
@@ -115,6 +121,8 @@ class CompareOptions:
             policy=self.queue_order,
             batching=self.batching,
             profile=profile,
+            schedulers=tuple(self.schedulers),
+            closed_loop=self.closed_loop,
         )
 
     def load_workloads(self) -> list[Workload]:
@@ -173,8 +181,8 @@ def compare_backends(
     """Compare backends on built-in workloads or a trace; return the tidy tables.
 
     Each backend's K-live replay at equal capacity and, with ``request_rate`` or
-    ``time_scale``, its arrival-time run on its natural engine (hash chain as vLLM,
-    radix as SGLang).
+    ``time_scale``, its arrival-time run under each scheduler of ``schedulers``
+    (default vLLM's alone: only the index varies).
 
     Args:
         options: what to compare (default: ``CompareOptions()``). A list of workload

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..sim import CostProfile
 from ..traces import TraceStats
 from ..workload_sources import Workload
 from .arrival import TimeSettings, check_arrivals
@@ -51,6 +52,8 @@ class CompareSettings:
         boundary_accounting: count matched-but-recomputed tokens (SPEC BB-8).
         time: arrival-time runs (``None``: none).
         max_pool_blocks: refuse a capacity of more blocks than this.
+        profile: the cost profile whose KV bytes per token give capacities in GiB
+            (default: the arrival-time runs' profile, if any).
 
     Raises:
         CompareError: no backend, a non-positive capacity, concurrency or limit.
@@ -64,6 +67,7 @@ class CompareSettings:
     boundary_accounting: bool = True
     time: TimeSettings | None = None
     max_pool_blocks: int = MAX_POOL_BLOCKS
+    profile: CostProfile | None = None
 
     def __post_init__(self) -> None:
         if not self.backends:

@@ -17,11 +17,12 @@ from typing import Any, NamedTuple
 
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
-from ..sim import SimUnservableError
+from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
 from ..workload_sources import Workload
+from .anchors import CapacityAnchor, knee
 from .arrival import ArrivalRun, TimeSettings, run_arrival
 from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
-from .plan import CompareSettings, WorkloadPlan
+from .plan import CompareSettings, WorkloadPlan, roomy_capacity
 from .spec import BackendSpec, Bars, CapacityError, Scalar
 
 __all__ = [
@@ -58,6 +59,7 @@ class WorkloadResult:
         strip_requests: positions of the requests the strip plot shows.
         arrival_runs: arrival-time runs, the table's capacity first, then the
             sweep's (empty without :class:`~.arrival.TimeSettings`).
+        anchors: per backend, the infinite-cache hit ratio and the sweep's knee.
         partial: Ctrl-C stopped it; what is here finished.
     """
 
@@ -73,6 +75,7 @@ class WorkloadResult:
     sweep: list[SweepPoint] = field(default_factory=list)
     strip_requests: list[int] = field(default_factory=list)
     arrival_runs: list[ArrivalRun] = field(default_factory=list)
+    anchors: list[CapacityAnchor] = field(default_factory=list)
     partial: bool = False
 
     @property
@@ -81,7 +84,7 @@ class WorkloadResult:
         return sorted({p.capacity_tokens for p in self.sweep})
 
     def arrival_at_table(self) -> list[ArrivalRun]:
-        """The arrival-time runs at the table's capacity, one per backend."""
+        """The arrival-time runs at the table's capacity, one per backend and scheduler."""
         return [t for t in self.arrival_runs if t.role == "table"]
 
     @property
@@ -137,10 +140,12 @@ def compare_workload(
     boundary_accounting: bool = True,
     time: TimeSettings | None = None,
     bars: Bars | None = None,
+    profile: CostProfile | None = None,
 ) -> WorkloadResult:
-    """Every backend on one workload: :func:`run_backend` each, the sweep, then (with
-    ``time``) each backend's arrival-time run at the table's capacity and at each
-    capacity of the sweep.
+    """Every backend on one workload: :func:`run_backend` each, the sweep, the
+    capacity anchors (GiB by ``profile``'s KV bytes per token), then (with ``time``)
+    each backend's arrival-time run at the table's capacity and at each capacity of
+    the sweep.
 
     Raises:
         CapacityError: ``capacity_tokens`` cannot hold the requests (the sweep's
@@ -174,6 +179,7 @@ def compare_workload(
         result.strip_requests = select_strip_requests(result.backends)
         if sweep:
             result.sweep = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
+        result.anchors = _anchors(result, workload, backends, concurrency, profile, bars)
         if time is not None:
             _run_arrival_all(result, workload, backends, capacity_tokens, sweep, time, bars)
     except (ReplayInterrupted, KeyboardInterrupt):
@@ -182,6 +188,50 @@ def compare_workload(
             result.strip_requests = select_strip_requests(result.backends)
         raise CompareInterrupted(result) from None
     return result
+
+
+def _anchors(
+    result: WorkloadResult,
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    concurrency: int,
+    profile: CostProfile | None,
+    bars: Bars | None,
+) -> list[CapacityAnchor]:
+    roomy = roomy_capacity(workload.stats, backends)
+    out = []
+    for b, run in zip(backends, result.backends, strict=True):
+        points = [
+            (p.capacity_tokens, p.hit_ratio)
+            for p in result.sweep
+            if p.backend == b.label and p.hit_ratio is not None
+        ]
+        at_roomy = [h for c, h in points if c >= roomy]
+        if result.capacity_tokens >= roomy:
+            infinite = run.hit_ratio
+        elif at_roomy:
+            infinite = at_roomy[-1]
+        else:  # one more replay, with nothing evicted
+            infinite = run_backend(
+                workload, b, roomy, concurrency=concurrency, timing_repeats=0,
+                boundary_accounting=False, bars=bars,
+            ).hit_ratio  # fmt: skip
+        bend = knee(points)
+        out.append(
+            CapacityAnchor(
+                workload=workload.name,
+                backend=b.label,
+                block_size=b.block_size,
+                infinite_capacity_tokens=roomy,
+                infinite_hit_ratio=infinite,
+                knee_tokens=None if bend is None else bend[0],
+                knee_hit_ratio=None if bend is None else bend[1],
+                kv_bytes_per_token=None if profile is None else profile.kv_bytes_per_token,
+                model="" if profile is None else profile.model,
+                num_points=len(points),
+            )
+        )
+    return out
 
 
 def _run_arrival_all(
@@ -193,25 +243,31 @@ def _run_arrival_all(
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
-    for b in backends:
-        try:
-            run = run_arrival(workload, b, capacity_tokens, time, bars=bars)
-        except SimUnservableError as exc:
-            raise CapacityError(
-                f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
-                f"with {b.label} in the arrival-time run: {exc}"
-            ) from None
-        result.arrival_runs.append(run)
+    for scheduler in time.schedulers:
+        for b in backends:
+            try:
+                run = run_arrival(
+                    workload, b, capacity_tokens, time, bars=bars, scheduler=scheduler
+                )
+            except SimUnservableError as exc:
+                raise CapacityError(
+                    f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
+                    f"with {b.label} in the arrival-time run: {exc}"
+                ) from None
+            result.arrival_runs.append(run)
     for cap in sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        for b in backends:
-            try:
-                result.arrival_runs.append(
-                    run_arrival(workload, b, cap, time, role="sweep", bars=bars)
-                )
-            except SimUnservableError:
-                continue  # a point that does not fit is left out (plotted as a gap)
+        for scheduler in time.schedulers:
+            for b in backends:
+                try:
+                    result.arrival_runs.append(
+                        run_arrival(
+                            workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler
+                        )
+                    )
+                except SimUnservableError:
+                    continue  # a point that does not fit is left out (plotted as a gap)
 
 
 class ComparisonTables(NamedTuple):
@@ -239,10 +295,13 @@ class Comparison:
     Attributes:
         workloads: per workload, every run's records.
         partial: Ctrl-C stopped it; what is here finished.
+        warnings: what the reader must know, once each (a profile extrapolated past
+            its measured range, a capacity no hardware of the profile holds).
     """
 
     workloads: list[WorkloadResult] = field(default_factory=list)
     partial: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def run_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per run."""
@@ -272,23 +331,58 @@ def run_comparison(
         CapacityError: a table capacity too small for a workload's requests.
     """
     comparison = Comparison()
-    try:
-        for plan in plans:
-            comparison.workloads.append(
-                compare_workload(
-                    plan.workload,
-                    settings.backends,
-                    plan.capacity_tokens,
-                    plan.sweep,
-                    concurrency=settings.concurrency,
-                    timing_repeats=settings.timing_repeats,
-                    boundary_accounting=settings.boundary_accounting,
-                    time=settings.time,
-                    bars=bars,
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProfileRangeWarning)
+        try:
+            for plan in plans:
+                comparison.workloads.append(
+                    compare_workload(
+                        plan.workload,
+                        settings.backends,
+                        plan.capacity_tokens,
+                        plan.sweep,
+                        concurrency=settings.concurrency,
+                        timing_repeats=settings.timing_repeats,
+                        boundary_accounting=settings.boundary_accounting,
+                        time=settings.time,
+                        bars=bars,
+                        profile=settings.profile
+                        or (settings.time.profile if settings.time else None),
+                    )
                 )
-            )
-    except CompareInterrupted as exc:
-        comparison.partial = True
-        if exc.workload.backends:
-            comparison.workloads.append(exc.workload)
+        except CompareInterrupted as exc:
+            comparison.partial = True
+            if exc.workload.backends:
+                comparison.workloads.append(exc.workload)
+    for w in caught:  # a profile's range once for the whole comparison; others as they were
+        if not issubclass(w.category, ProfileRangeWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    comparison.warnings += _range_notes(comparison)
     return comparison
+
+
+def _range_notes(comparison: Comparison) -> list[str]:
+    """One line per profile that a run took past its measured range, with the
+    farthest each quantity went (a run's note: ``"<what> up to N, measured up to M
+    (Fx)"`` per quantity, ``; ``-joined)."""
+    runs: dict[str, int] = {}
+    farthest: dict[str, dict[str, tuple[int, str]]] = {}
+    for w in comparison.workloads:
+        for t in w.arrival_runs:
+            note = str(t.result.labels.get("profile_range", ""))
+            if not note:
+                continue
+            name = t.settings.profile.name
+            runs[name] = runs.get(name, 0) + 1
+            for phrase in note.split("; "):
+                what, _, rest = phrase.partition(" up to ")
+                value = int("".join(ch for ch in rest.split(", measured")[0] if ch.isdigit()))
+                best = farthest.setdefault(name, {}).get(what)
+                if best is None or value > best[0]:
+                    farthest[name][what] = (value, phrase)
+    return [
+        f"profile {name!r} extrapolated beyond its measured range in {runs[name]} "
+        f"arrival-time run(s): {'; '.join(p for _, p in farthest[name].values())}; "
+        "its times there extrapolate the fit"
+        for name in runs
+    ]

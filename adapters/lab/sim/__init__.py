@@ -19,7 +19,14 @@ from .arrivals import (
 )
 from .calibration import StepSample, calibrate, fit_profile, measure_engine
 from .config import BATCHING_MODES, Batching, SimConfig
-from .errors import ProfileError, SimConfigError, SimError, SimInputError, SimUnservableError
+from .errors import (
+    ProfileError,
+    ProfileRangeWarning,
+    SimConfigError,
+    SimError,
+    SimInputError,
+    SimUnservableError,
+)
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
 from .plots import plot_capacity_sweep, plot_ttft_cdf
 from .profile import (
@@ -57,6 +64,7 @@ __all__ = [
     "CostProfile",
     "IndexFactory",
     "ProfileError",
+    "ProfileRangeWarning",
     "QueueOrder",
     "RequestMetrics",
     "RunMetrics",

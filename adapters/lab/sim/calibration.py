@@ -16,7 +16,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import SimConfigError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
@@ -68,13 +68,22 @@ before it is refused: the reference engine is a small model, and a size typed wr
 
 
 class StepSample(NamedTuple):
-    """One measured step: its work (the profile's units) and its least seconds."""
+    """One measurement: its work (the profile's units) and its seconds.
+
+    A step of the engine by default; a served request's time to first token is
+    ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``)
+    plus the front end streaming the ``num_streamed`` tokens of its step
+    (``stream_token_s``).
+    """
 
     prefill_tokens: int
     prefill_pairs: int
     num_decode: int
     decode_context: int
     seconds: float
+    num_steps: int = 1
+    num_requests: int = 0
+    num_streamed: int = 0
 
 
 def _steps(
@@ -245,8 +254,14 @@ def fit_profile(
     device: str,
     source: str,
     notes: str = "",
+    **metadata: Any,
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
+
+    ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
+    ``stream_token_s`` when one counts streamed tokens.
+    ``metadata`` goes to :class:`CostProfile` as is (``measured_on``, ``covers``,
+    ``kv_bytes_per_token``, ...).
 
     Raises:
         ValueError: fewer samples than coefficients.
@@ -254,10 +269,23 @@ def fit_profile(
     import numpy as np
     from scipy.optimize import nnls
 
-    if len(samples) < len(COEFFICIENTS):
-        raise ValueError(f"need at least {len(COEFFICIENTS)} samples, got {len(samples)}")
+    served = any(s.num_requests for s in samples)
+    streamed = any(s.num_streamed for s in samples)
+    names = (
+        *COEFFICIENTS,
+        *(["request_s"] if served else []),
+        *(["stream_token_s"] if streamed else []),
+    )
+    if len(samples) < len(names):
+        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
     work = np.array(
-        [[1.0, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context] for s in samples]
+        [
+            [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
+            + ([s.num_requests] if served else [])
+            + ([s.num_streamed] if streamed else [])
+            for s in samples
+        ],
+        dtype=float,
     )
     seconds = np.array([s.seconds for s in samples])
     # Columns are scaled to unit norm first: their units differ by orders of magnitude.
@@ -267,6 +295,7 @@ def fit_profile(
     coef, _ = nnls(weighted / scale, np.ones_like(seconds))
     coef = coef / scale
     error = np.abs(work @ coef - seconds) / seconds
+    fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     return CostProfile(
         name=name,
         model=model,
@@ -279,7 +308,8 @@ def fit_profile(
             "relative_error_max": round(float(error.max()), 4),
             "seconds_range": [float(seconds.min()), float(seconds.max())],
         },
-        **{k: float(v) for k, v in zip(COEFFICIENTS, coef, strict=True)},
+        **fitted,
+        **metadata,
     )
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from prefixkv.indexes.errors import PrefixKVError
 
-__all__ = ["ProfileError", "SimConfigError", "SimError", "SimInputError", "SimUnservableError"]
+__all__ = [
+    "ProfileError",
+    "ProfileRangeWarning",
+    "SimConfigError",
+    "SimError",
+    "SimInputError",
+    "SimUnservableError",
+]
 
 
 class SimError(PrefixKVError):
@@ -30,3 +37,8 @@ class SimUnservableError(SimError):
 
 class ProfileError(SimError):
     """A cost profile is missing a coefficient, has a negative one, or cannot be read."""
+
+
+class ProfileRangeWarning(UserWarning):
+    """A run went past the range its cost profile was measured on (longer prompts or
+    contexts, bigger batches): its times extrapolate the fit."""

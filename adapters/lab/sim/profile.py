@@ -12,8 +12,17 @@ the decomposition Vidur (MLSys 2024) and roofline models of LLM inference use:
 A prefill chunk of ``q`` tokens after ``s`` cached ones attends to
 ``q * s + q * (q + 1) / 2`` (query, key) pairs, so splitting a prefill into chunks
 does not change its attention term, and a prefix hit of ``h`` tokens saves exactly
-``prefill_s(h, 0)``. A profile is a small JSON file: model, device, coefficients and
-where they come from.
+``prefill_s(h, 0)``. A profile is a small JSON file: model, device, coefficients,
+where they come from, what they were measured on and the range the measurements
+cover (a run beyond it extrapolates, and says so once), and, where known, the KV
+bytes a token takes and the device memory, which bound the capacity the hardware holds.
+
+Two costs lie outside the engine's steps, in a serving front end (vLLM's API
+server): ``request_s``, the seconds a served request spends in HTTP, input processing
+and its first chunk (it delays the request's arrival at the scheduler), and
+``stream_token_s``, the front end's seconds per token it streams: a step's tokens
+reach their clients ``stream_token_s x (tokens the step sampled)`` after it ends. Both
+are 0 for kernel-level data.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +41,10 @@ from .errors import ProfileError
 
 __all__ = [
     "COEFFICIENTS",
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
     "DEFAULT_PROFILE",
     "MAX_COEFFICIENT_S",
+    "RANGE_KEYS",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -49,6 +60,13 @@ COEFFICIENTS = (
     "decode_context_s",
 )
 """The coefficient names every profile has, in seconds per unit."""
+
+RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
+"""What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
+attends to (cached + chunk, or a decode row's context), decode rows in one step."""
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's ``--gpu-memory-utilization`` default: the share of device memory it uses."""
 
 MAX_COEFFICIENT_S = 1e3
 """The largest coefficient a profile may have, in seconds per unit: a thousand seconds
@@ -85,10 +103,26 @@ class CostProfile:
         source: where the coefficients come from (a citation, a command).
         notes: method and fit quality, free text.
         fit: optional numbers about the fit (residuals, ranges), kept as given.
+        request_s: seconds a request spends outside the engine's steps (HTTP,
+            input processing, streaming), added to its TTFT; 0 for kernel-level data.
+        stream_token_s: a serving front end's seconds per streamed token: a step's
+            tokens reach their clients this times the step's sampled tokens after it.
+        measured_on: what was measured: ``server``, ``model``, ``engine``,
+            ``engine_version``, ``date``, ``machine`` (strings, those known).
+        covers: the measured range, ``{key: [low, high]}`` for the keys of
+            :data:`RANGE_KEYS`; empty when unknown.
+        kv_bytes_per_token: the model's KV cache bytes per token (all layers, K
+            and V, the whole replica), or ``None``.
+        device_memory_bytes: the replica's device memory (all its GPUs), or ``None``.
+        weight_bytes: the model's weights in device memory, or ``None`` (0 assumed).
+        kv_cache_tokens: the KV pool of the measured server, in tokens, when it
+            said (``None``: not measured on a server).
 
     Raises:
-        ProfileError: a coefficient that is not a number in ``[0, MAX_COEFFICIENT_S]``,
-            or all zero.
+        ProfileError: a coefficient (or ``request_s``, ``stream_token_s``) that is
+            not a number in ``[0, MAX_COEFFICIENT_S]``, or every coefficient zero; a
+            range that is not ``[low, high]`` ints; a byte count that is not an int
+            >= 0.
     """
 
     name: str
@@ -102,9 +136,17 @@ class CostProfile:
     source: str = ""
     notes: str = ""
     fit: Mapping[str, Any] = field(default_factory=dict)
+    request_s: float = 0.0
+    stream_token_s: float = 0.0
+    measured_on: Mapping[str, str] = field(default_factory=dict)
+    covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    kv_bytes_per_token: int | None = None
+    device_memory_bytes: int | None = None
+    weight_bytes: int | None = None
+    kv_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in COEFFICIENTS:
+        for name in (*COEFFICIENTS, "request_s", "stream_token_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -117,6 +159,83 @@ class CostProfile:
                 )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")
+        object.__setattr__(
+            self,
+            "covers",
+            {k: tuple(v) if isinstance(v, list) else v for k, v in self.covers.items()},
+        )
+        for key, span in self.covers.items():
+            if (
+                key not in RANGE_KEYS
+                or not isinstance(span, Sequence)
+                or len(span) != 2
+                or any(type(v) is not int or v < 0 for v in span)
+                or span[0] > span[1]
+            ):
+                raise ProfileError(
+                    f"profile {self.name!r}: covers[{key!r}] must be [low, high] ints >= 0 "
+                    f"of one of {RANGE_KEYS}, got {span!r:.80}"
+                )
+        for name in (
+            "kv_bytes_per_token",
+            "device_memory_bytes",
+            "weight_bytes",
+            "kv_cache_tokens",
+        ):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ProfileError(
+                    f"profile {self.name!r}: {name} must be an int >= 0 or null, got {value!r}"
+                )
+
+    # ----------------------------------------------------------- the hardware
+
+    def kv_capacity_tokens(
+        self, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    ) -> int | None:
+        """Tokens of KV the profile's hardware holds, as vLLM sizes its pool:
+        ``(utilization x device memory - weights) // KV bytes per token``.
+
+        Activations and the runtime's own memory are not subtracted, so this is an
+        upper bound (vLLM profiles a forward pass to find them). A profile measured
+        on a server without its device memory gives that server's pool
+        (``kv_cache_tokens``), whatever the utilization. ``None`` when the profile
+        says neither.
+
+        Raises:
+            ProfileError: a utilization outside (0, 1].
+        """
+        if not (
+            isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1
+        ):
+            raise ProfileError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
+            )
+        if not self.kv_bytes_per_token or self.device_memory_bytes is None:
+            return self.kv_cache_tokens
+        free = gpu_memory_utilization * self.device_memory_bytes - (self.weight_bytes or 0)
+        return max(0, int(free // self.kv_bytes_per_token))
+
+    def tokens_in(self, num_bytes: float) -> int | None:
+        """Tokens of KV that ``num_bytes`` hold (``None`` without KV bytes per token)."""
+        if not self.kv_bytes_per_token:
+            return None
+        return int(num_bytes // self.kv_bytes_per_token)
+
+    def extrapolation(self, reached: Mapping[str, int]) -> list[str]:
+        """What of ``reached`` (``{key: highest value a run reached}``) lies beyond the
+        measured range, one phrase per key (empty: within it, or no range known)."""
+        out = []
+        for key in RANGE_KEYS:
+            span = self.covers.get(key)
+            value = reached.get(key, 0)
+            if span is not None and value > span[1]:
+                what = key.replace("_", " ")
+                out.append(
+                    f"{what} up to {value:,}, measured up to {span[1]:,} "
+                    f"({value / max(1, span[1]):.1f}x)"
+                )
+        return out
 
     def prefill_s(self, num_tokens: int, num_cached: int = 0) -> float:
         """Marginal seconds to prefill ``num_tokens`` tokens after ``num_cached`` cached ones.
@@ -155,8 +274,16 @@ class CostProfile:
             "model": d["model"],
             "device": d["device"],
             "coefficients": {k: d[k] for k in COEFFICIENTS},
+            "request_s": self.request_s,
+            "stream_token_s": self.stream_token_s,
             "source": d["source"],
             "notes": d["notes"],
+            "measured_on": dict(self.measured_on),
+            "covers": {k: list(v) for k, v in self.covers.items()},
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "device_memory_bytes": self.device_memory_bytes,
+            "weight_bytes": self.weight_bytes,
+            "kv_cache_tokens": self.kv_cache_tokens,
             "fit": dict(self.fit),
         }
 
@@ -182,16 +309,32 @@ class CostProfile:
             if not isinstance(value, str):
                 raise ProfileError(f'{where}: "{k}" must be a string, got {value!r:.80}')
             meta[k] = value
-        fit = data.get("fit", {})
-        if not isinstance(fit, Mapping):
-            raise ProfileError(f'{where}: "fit" must be an object, got {fit!r:.80}')
+        objects = {}
+        for k in ("fit", "measured_on", "covers"):
+            value = data.get(k, {})
+            if not isinstance(value, Mapping):
+                raise ProfileError(f'{where}: "{k}" must be an object, got {value!r:.80}')
+            objects[k] = dict(value)
+        measured_on = objects["measured_on"]
+        if any(not isinstance(v, str) for v in measured_on.values()):
+            raise ProfileError(f'{where}: "measured_on" must map names to strings')
         return cls(
             name=meta["name"] or Path(where).stem,
             model=meta["model"],
             device=meta["device"],
             source=meta["source"],
             notes=meta["notes"],
-            fit=dict(fit),
+            fit=objects["fit"],
+            request_s=data.get("request_s", 0.0),
+            stream_token_s=data.get("stream_token_s", 0.0),
+            measured_on=measured_on,
+            covers={
+                k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()
+            },
+            kv_bytes_per_token=data.get("kv_bytes_per_token"),
+            device_memory_bytes=data.get("device_memory_bytes"),
+            weight_bytes=data.get("weight_bytes"),
+            kv_cache_tokens=data.get("kv_cache_tokens"),
             **{k: coefficients[k] for k in COEFFICIENTS},
         )
 

@@ -6,11 +6,18 @@ join the waiting queue when it ends (where the next ``schedule`` sees them); whe
 it is idle, the clock jumps to the next arrival. A step lasts what the cost
 profile says its work costs. Nothing reads the wall clock, so a run is a pure
 function of its requests, arrivals, settings and profile.
+
+Sessions replay closed loop: a request that names the one it follows (``after``)
+is sent once that one finished plus its think time, never before its own arrival.
+A run that goes past the profile's measured range warns once
+(:class:`~.errors.ProfileRangeWarning`) and says so in its labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import heapq
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prefixkv.adapters.manager import CacheManager
@@ -19,10 +26,16 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.storage.allocator import BlockAllocator
 
 from .config import SimConfig
-from .errors import SimConfigError, SimError, SimInputError, SimUnservableError
+from .errors import (
+    ProfileRangeWarning,
+    SimConfigError,
+    SimError,
+    SimInputError,
+    SimUnservableError,
+)
 from .metrics import RequestMetrics, SimResult, summarize
-from .profile import CostProfile, load_profile
-from .replica_scheduler import ReplicaScheduler, SimSeq
+from .profile import RANGE_KEYS, CostProfile, load_profile
+from .replica_scheduler import ReplicaScheduler, SimSeq, StepWork
 from .requests import SimRequest
 
 __all__ = ["IndexFactory", "simulate"]
@@ -71,8 +84,13 @@ def simulate(
             progress bar's ``update``).
 
     Returns:
-        Per-request records and the run's summary; ``labels`` holds the index,
-        block size, capacity, scheduler settings, profile name and ``labels``.
+        Per-request records (in the order they were sent) and the run's summary;
+        ``labels`` holds the index, block size, capacity, scheduler settings,
+        profile name, ``profile_range`` (what went past the profile's measured
+        range, empty when nothing did) and ``labels``.
+
+    Warns:
+        ProfileRangeWarning: once, when the run went past the profile's range.
 
     Raises:
         SimConfigError: a non-positive capacity.
@@ -96,28 +114,22 @@ def simulate(
     allocator = BlockAllocator(num_blocks)
     manager = CacheManager(index, allocator)
     sched = ReplicaScheduler(manager, allocator, index, cfg, prof)
+    gate = _SessionGate(iter(requests), prof.request_s)
     records: list[RequestMetrics] = []
-    seen: set[str] = set()
-    arrivals = iter(requests)
-    pending = next(arrivals, None)
-    last_arrival = 0.0
+    reached = dict.fromkeys(RANGE_KEYS, 0)
     now = busy = 0.0
     num_steps = 0
     while True:
-        while pending is not None and _arrival(pending, last_arrival) <= now:
-            _check_servable(pending, num_blocks, block_size, cfg)
-            if pending.id in seen:
-                raise SimInputError(f"request id {pending.id!r} appears twice")
-            seen.add(pending.id)
-            last_arrival = _arrival(pending, last_arrival)
-            m = RequestMetrics(pending.id, last_arrival, len(pending.prompt), pending.output_len)
+        for request, sent in gate.ready(now):
+            _check_servable(request, num_blocks, block_size, cfg)
+            m = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
             records.append(m)
-            sched.add(SimSeq(pending, m))
-            pending = next(arrivals, None)
+            sched.add(SimSeq(request, m))
         if not sched.has_unfinished():
-            if pending is None:
+            wake = gate.next_time()
+            if wake is None:
                 break
-            now = _arrival(pending, last_arrival)
+            now = max(now, wake)
             continue
         plan = sched.schedule(now)
         if not plan.chunks:
@@ -125,21 +137,36 @@ def simulate(
                 f"no request could be scheduled at t={now:.6f} s with "
                 f"{len(sched.waiting)} waiting and {len(sched.running)} running"
             )
-        seconds = plan.seconds(prof)
+        work = plan.work()
+        _reach(reached, work)
+        seconds = prof.step_time(
+            work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
+        )
         now += seconds
         busy += seconds
         num_steps += 1
-        finished = sched.complete(plan, now)
+        delivered = now + prof.stream_token_s * work.num_sampled
+        finished = sched.complete(plan, now, delivered)
+        for seq in finished:
+            gate.finished(seq.request.id, delivered)
         if progress is not None and finished:
             progress(sum(len(s.request.prompt) for s in finished))
         if cfg.check_invariants:
             manager.check_invariants()
+    beyond = prof.extrapolation(reached)
+    if beyond:
+        warnings.warn(
+            f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
+            ProfileRangeWarning,
+            stacklevel=2,
+        )
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": block_size,
         "capacity_tokens": capacity_tokens,
         **cfg.as_dict(),
         "profile": prof.name,
+        "profile_range": "; ".join(beyond),
         **(labels or {}),
     }
     run = summarize(
@@ -149,6 +176,76 @@ def simulate(
         evicted_blocks=manager.totals.num_evicted_blocks,
     )
     return SimResult(all_labels, records, run)
+
+
+def _reach(reached: dict[str, int], work: StepWork) -> None:
+    if work.prefill_tokens > reached["prefill_tokens"]:
+        reached["prefill_tokens"] = work.prefill_tokens
+    if work.max_context > reached["context_tokens"]:
+        reached["context_tokens"] = work.max_context
+    if work.num_decode > reached["batch_size"]:
+        reached["batch_size"] = work.num_decode
+
+
+class _SessionGate:
+    """When each request reaches the engine: open loop at its arrival; closed loop
+    (a request with ``after``) once its predecessor finished plus its think time.
+
+    Requests are read lazily in arrival order. A turn whose predecessor is still
+    unfinished waits here; one whose predecessor never appeared is sent at its
+    arrival. Each request reaches the scheduler ``request_s`` after it is sent.
+    """
+
+    def __init__(self, requests: Iterator[SimRequest], request_s: float) -> None:
+        self.requests = requests
+        self.request_s = request_s
+        self.pending = next(requests, None)
+        self.last_arrival = 0.0
+        self.seen: set[str] = set()
+        self.finish: dict[str, float] = {}
+        self.blocked: dict[str, list[SimRequest]] = {}
+        self.heap: list[tuple[float, int, float, SimRequest]] = []
+        self.order = 0
+
+    def _push(self, request: SimRequest, sent: float) -> None:
+        heapq.heappush(self.heap, (sent + self.request_s, self.order, sent, request))
+        self.order += 1
+
+    def _read(self, now: float) -> None:
+        while self.pending is not None and _arrival(self.pending, self.last_arrival) <= now:
+            r = self.pending
+            if r.id in self.seen:
+                raise SimInputError(f"request id {r.id!r} appears twice")
+            self.seen.add(r.id)
+            self.last_arrival = t = _arrival(r, self.last_arrival)
+            after = r.after
+            if after is None or after not in self.seen:
+                self._push(r, t)
+            elif after in self.finish:
+                self._push(r, max(t, self.finish[after] + r.think_s))
+            else:
+                self.blocked.setdefault(after, []).append(r)
+            self.pending = next(self.requests, None)
+
+    def ready(self, now: float) -> Iterator[tuple[SimRequest, float]]:
+        """The requests that reach the engine by ``now``, with the time each was sent."""
+        self._read(now)
+        while self.heap and self.heap[0][0] <= now:
+            _, _, sent, request = heapq.heappop(self.heap)
+            yield request, sent
+
+    def finished(self, request_id: str, now: float) -> None:
+        """Record a finish; the turns waiting on it are sent after their think time."""
+        self.finish[request_id] = now
+        for r in self.blocked.pop(request_id, ()):
+            self._push(r, max(_arrival(r, 0.0), now + r.think_s))
+
+    def next_time(self) -> float | None:
+        """When the engine next receives a request (``None``: never)."""
+        times = [self.heap[0][0]] if self.heap else []
+        if self.pending is not None:
+            times.append(_arrival(self.pending, self.last_arrival))
+        return min(times, default=None)
 
 
 def _arrival(request: SimRequest, last: float) -> float:

@@ -44,7 +44,7 @@ from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
 
-__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan"]
+__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan", "StepWork"]
 
 CLIP_MAX_NEW_TOKENS = 4096
 """SGLang: admission counts at most this many of a request's tokens still to decode."""
@@ -112,17 +112,40 @@ class StepPlan(NamedTuple):
     chunks: list[Chunk]
     preempted: list[SimSeq]
 
-    def seconds(self, profile: CostProfile) -> float:
-        """The step's duration under ``profile``."""
-        prefill_tokens = prefill_pairs = num_decode = decode_context = 0
+    def work(self) -> StepWork:
+        """What the step computes, in the cost profile's units."""
+        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = 0
+        sampled = 0
         for seq, start, n in self.chunks:
+            sampled += start + n == seq.num_tokens
             if start < seq.prefill_end:
                 prefill_tokens += n
                 prefill_pairs += attention_pairs(n, start)
+                max_context = max(max_context, start + n)
             else:
                 num_decode += 1
                 decode_context += start + 1
-        return profile.step_time(prefill_tokens, prefill_pairs, num_decode, decode_context)
+                max_context = max(max_context, start + 1)
+        return StepWork(
+            prefill_tokens, prefill_pairs, num_decode, decode_context, max_context, sampled
+        )
+
+    def seconds(self, profile: CostProfile) -> float:
+        """The step's duration under ``profile``."""
+        w = self.work()
+        return profile.step_time(w.prefill_tokens, w.prefill_pairs, w.num_decode, w.decode_context)
+
+
+class StepWork(NamedTuple):
+    """One step's work: the cost model's four variables, the longest context and the
+    tokens it samples (every decode row, and each prefill that reaches its end)."""
+
+    prefill_tokens: int
+    prefill_pairs: int
+    num_decode: int
+    decode_context: int
+    max_context: int
+    num_sampled: int
 
 
 class ReplicaScheduler:
@@ -333,8 +356,12 @@ class ReplicaScheduler:
 
     # ------------------------------------------------------------------- results
 
-    def complete(self, plan: StepPlan, now: float) -> list[SimSeq]:
+    def complete(self, plan: StepPlan, now: float, delivered: float | None = None) -> list[SimSeq]:
         """Record a computed step that ended at ``now``: register K/V, sample, finish.
+
+        The step's tokens reach their clients at ``delivered`` (default ``now``; a
+        serving front end streams them after the step): first-token and finish times
+        are those.
 
         Returns:
             The requests that finished in this step.
@@ -344,6 +371,7 @@ class ReplicaScheduler:
         # vLLM registers decode blocks as they fill; SGLang inserts a request's
         # decoded tokens when it finishes (cache_finished_req).
         register_decode = self.vllm
+        seen = now if delivered is None else delivered
         finished: list[SimSeq] = []
         for seq, start, n in plan.chunks:
             end = start + n
@@ -359,14 +387,14 @@ class ReplicaScheduler:
             if end == seq.num_tokens:
                 seq.num_output += 1
                 if seq.num_output == 1:
-                    m.first_token_s = now
+                    m.first_token_s = seen
                 if seq.num_output == seq.request.output_len:
                     finished.append(seq)
         for seq in finished:
             if not register_decode:
                 manager.commit(seq.request.id, seq.num_computed)
             manager.finish(seq.request.id)
-            seq.metrics.finish_s = now
+            seq.metrics.finish_s = seen
         if finished:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]

@@ -3,7 +3,9 @@
 A :class:`SimRequest` is what an arrival-time replay consumes, in arrival order.
 Its prompt is an ``array('I')`` (the storage ``TokenKey`` uses); its output is either
 the tokens a trace recorded (so multi-turn prompts that quote them hit the cache, as
-they would in the engine) or just a length.
+they would in the engine) or just a length. A turn of a session may name the request
+it follows (``after``): replayed closed loop, it is sent only once that one finished,
+plus its think time, as kv-cache-tester and AIPerf replay sessions.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class SimRequest:
             (:mod:`.arrivals`) stamps it.
         output: the generated tokens when the trace knows them (their K/V is cached
             like any other), else ``None`` and :data:`FILLER_TOKEN` is decoded.
+        after: closed loop: the id of the request this one follows (its session's
+            previous turn); it is sent no earlier than that request's finish plus
+            ``think_s``, and no earlier than ``arrival``. ``None``: open loop.
+        think_s: seconds between the previous turn's answer and this turn.
     """
 
     id: str
@@ -44,6 +50,8 @@ class SimRequest:
     output_len: int
     arrival: float | None = None
     output: array[int] | None = None
+    after: str | None = None
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, array) or self.prompt.typecode != "I" or not self.prompt:
@@ -69,6 +77,19 @@ class SimRequest:
             raise SimInputError(
                 f"request {self.id!r}: arrival must be a finite number >= 0 seconds, "
                 f"got {self.arrival!r}"
+            )
+        if self.after is not None and (not isinstance(self.after, str) or self.after == self.id):
+            raise SimInputError(
+                f"request {self.id!r}: after must be another request's id, got {self.after!r}"
+            )
+        if (
+            isinstance(self.think_s, bool)
+            or not isinstance(self.think_s, (int, float))
+            or not math.isfinite(self.think_s)
+            or self.think_s < 0
+        ):
+            raise SimInputError(
+                f"request {self.id!r}: think_s must be a finite number >= 0, got {self.think_s!r}"
             )
 
     def output_token(self, i: int) -> int:

@@ -51,6 +51,9 @@ class TraceRequest(NamedTuple):
         session: the conversation the request belongs to, where the format says.
         parent: the id of the request this one continues (the previous turn).
         turn: the turn number within its session (1 for the first).
+        think_s: seconds between the previous turn's answer and this request, where
+            the trace says (kv-cache-tester's ``think_time``); closed-loop replay
+            waits that long after the previous turn finished.
     """
 
     id: str
@@ -60,6 +63,7 @@ class TraceRequest(NamedTuple):
     session: str | None = None
     parent: str | None = None
     turn: int | None = None
+    think_s: float | None = None
 
 
 def tokens_of(values: Iterable[int]) -> array[int]:

@@ -55,6 +55,8 @@ class _Request(msgspec.Struct):
     hash_ids: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     requests: list[_Request] | None = None
     agent_id: str | None = None
+    think_time: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    api_time: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class _Conversation(msgspec.Struct):
@@ -169,6 +171,7 @@ class _Plan:
     tail: int
     prompt: int
     output: int
+    think_s: float | None
 
 
 def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -> Iterator[_Plan]:
@@ -186,6 +189,7 @@ def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -
         block = conv.block_size
         s = block if opts.tokens_per_id is None else opts.tokens_per_id
         last: dict[str, tuple[str, int]] = {}
+        previous: dict[str, _Item] = {}
         for item in _flatten(conv, conv_id, where):
             r = item.request
             if r.in_ is None or r.out is None or not r.hash_ids:
@@ -215,17 +219,31 @@ def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -
                 )
             last[item.session] = (rid, turn)
             parent = None if prev is None else prev[0]
+            think = _think_time(r, previous.get(item.session), item.arrival)
+            previous[item.session] = item
             yield _Plan(
-                item.where, rid, item, scope, s, parent, turn, hash_ids, tail, prompt, output
-            )
+                item.where, rid, item, scope, s, parent, turn, hash_ids, tail, prompt, output,
+                think,
+            )  # fmt: skip
+
+
+def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | None:
+    """The request's ``think_time``; else, after a request with an ``api_time``, the
+    gap between the two less that answer's time; else unknown."""
+    if r.think_time is not None:
+        return r.think_time
+    if before is None or before.request.api_time is None:
+        return None
+    return max(0.0, arrival - before.arrival - before.request.api_time)
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
     """Yield the requests of kv-cache-tester traces, conversation by conversation.
 
     Ids are ``<conversation>/<turn>`` and ``<conversation>/<agent>/<turn>``; the session
-    is the conversation (or sub-agent), the parent the session's previous request, and
-    the arrival the seconds from the conversation's start.
+    is the conversation (or sub-agent), the parent the session's previous request, the
+    arrival the seconds from the conversation's start, and the think time the
+    request's ``think_time`` (else the gap after the previous request's ``api_time``).
 
     Memory: one conversation document and one request's tokens at a time.
 
@@ -249,7 +267,9 @@ def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceReque
         if p.tail:
             tokens += deriver.named(f"kvct-tail:{seed}:{p.id}", p.tail)
         out = deriver.named(f"kvct-output:{seed}:{p.id}", p.output)
-        yield TraceRequest(p.id, tokens, out, p.item.arrival, p.item.session, p.parent, p.turn)
+        yield TraceRequest(
+            p.id, tokens, out, p.item.arrival, p.item.session, p.parent, p.turn, p.think_s
+        )
 
 
 def sizes_kvcache_tester(

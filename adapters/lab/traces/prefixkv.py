@@ -2,8 +2,9 @@
 
 One request a line: ``{"id": str | int, "tokens": [int, ...], "output": [int, ...]}``
 with optional ``"arrival"`` (seconds from the trace's start), ``"session"``,
-``"parent"`` and ``"turn"``; other keys are ignored. Lines are decoded and validated
-by msgspec in C, and the ids go straight into ``array('I')``.
+``"parent"``, ``"turn"`` and ``"think_s"`` (seconds after the previous turn's answer);
+other keys are ignored. Lines are decoded and validated by msgspec in C, and the ids
+go straight into ``array('I')``.
 
 Memory stays bounded by the size limits: a line is read at most as far as a request
 within them can reach (12 bytes a token), and a line with more numbers than the
@@ -45,6 +46,7 @@ class _Line(msgspec.Struct):
     session: str | None = None
     parent: str | None = None
     turn: int | None = None
+    think_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class _Counts(msgspec.Struct):
@@ -127,7 +129,9 @@ def iter_prefixkv(
     for _, r in _records(path, limits, sorted_arrivals=sorted_arrivals):
         tokens = array("I", r.tokens)
         out = array("I", r.output) if output else array("I")
-        yield TraceRequest(str(r.id), tokens, out, r.arrival, r.session, r.parent, r.turn)
+        yield TraceRequest(
+            str(r.id), tokens, out, r.arrival, r.session, r.parent, r.turn, r.think_s
+        )
 
 
 def sizes_prefixkv(
@@ -173,7 +177,7 @@ def write_trace(path: StrPath, requests: Iterable[TraceRequest]) -> int:
                 "tokens": _token_list(request.tokens, where, "tokens", allow_empty=False),
                 "output": _token_list(request.output, where, "output", allow_empty=True),
             }
-            for key in ("arrival", "session", "parent", "turn"):
+            for key in ("arrival", "session", "parent", "turn", "think_s"):
                 value = getattr(request, key, None)
                 if value is not None:
                     record[key] = value

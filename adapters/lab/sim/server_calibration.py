@@ -1,0 +1,329 @@
+"""Fit a cost profile to a running OpenAI-compatible server (vLLM, SGLang, ...).
+
+The sweep sends, over HTTP (:mod:`.served`):
+
+- prefill: one request at a time of each prompt length with each cached fraction
+  (a warm-up request first puts the cached prefix in the server's prefix cache; the
+  hit counted is the one the server reports), decoding one token: its TTFT is the
+  request's overhead outside the engine plus the steps of its prefill;
+- decode: ``b`` requests at once over ``c`` prompt tokens each, decoding ``k`` tokens:
+  the time to the slowest one's last token is its request overhead, the batch's
+  prefill steps and ``k - 1`` decode steps of ``b`` rows (:func:`batch_sample`; the
+  gaps between streamed tokens are not used, as a front end under load may deliver
+  a stream in bursts or all at once);
+- streams: a short request's TTFT while ``n`` others stream tokens: its step also
+  decodes ``n`` rows, and the front end streams ``n + 1`` tokens before its first
+  reaches the client (``stream_token_s``; on a machine whose cores the front end
+  shares with the engine this is what grows TTFT faster than the steps do).
+
+Every prompt is fresh random token ids (seeded), so nothing but the planned prefix
+hits. The seven coefficients (the five of the step model, ``request_s`` and
+``stream_token_s``) are fitted by :func:`~.calibration.fit_profile`; the profile
+records the server, model, engine version, date and client machine, and the range of
+prompt lengths, contexts and batch sizes measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import platform
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .calibration import StepSample, fit_profile
+from .errors import ProfileError
+from .profile import CostProfile, attention_pairs
+from .served import ServedEngine, ServerError, ServerInfo
+
+__all__ = [
+    "QUICK_SWEEP",
+    "ServerSweep",
+    "batch_sample",
+    "calibrate_server",
+    "client_machine",
+    "measure_server",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSweep:
+    """What :func:`measure_server` sends.
+
+    Attributes:
+        prompt_lengths: prompt tokens of the prefill requests.
+        cached_fractions: shares of each prompt put in the prefix cache first.
+        batch_sizes: concurrent requests of the decode runs.
+        decode_contexts: prompt tokens of each decode run's requests.
+        decode_tokens: tokens each decode request generates.
+        background_streams: streams running while a short request's TTFT is timed.
+        repeats: runs of each shape; the median is kept.
+        max_num_batched_tokens: the server's step budget (its
+            ``--max-num-batched-tokens``): a longer uncached prompt takes several steps.
+        vocab_size: token ids are drawn from ``[3, vocab_size)``.
+        seed: seeds the token ids; ``None`` (the default) draws a fresh seed, so
+            nothing a server cached from an earlier sweep hits.
+    """
+
+    prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
+    cached_fractions: tuple[float, ...] = (0.0, 0.5, 0.9)
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
+    decode_contexts: tuple[int, ...] = (64, 512, 1024)
+    decode_tokens: int = 24
+    background_streams: tuple[int, ...] = (0, 8, 24)
+    repeats: int = 3
+    max_num_batched_tokens: int = 2048
+    vocab_size: int = 32000
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_lengths", "batch_sizes", "decode_contexts"):
+            values = getattr(self, name)
+            if not values or any(type(v) is not int or v < 1 for v in values):
+                raise ProfileError(f"{name} must be positive ints, got {values!r}")
+        if not self.cached_fractions or any(not 0 <= f < 1 for f in self.cached_fractions):
+            raise ProfileError(f"cached_fractions must be in [0, 1), got {self.cached_fractions!r}")
+        for name in ("decode_tokens", "repeats", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ProfileError(f"{name} must be a positive int, got {value!r}")
+        if self.decode_tokens < 8:
+            raise ProfileError(f"decode_tokens must be >= 8, got {self.decode_tokens}")
+
+
+QUICK_SWEEP = ServerSweep(
+    prompt_lengths=(32, 256, 1024),
+    cached_fractions=(0.0, 0.5),
+    batch_sizes=(1, 8),
+    decode_contexts=(64, 512),
+    decode_tokens=12,
+    background_streams=(0, 8),
+    repeats=2,
+)
+"""A small sweep (a few dozen requests): a rough profile in seconds."""
+
+
+def batch_sample(
+    b: int, ctx: int, num_tokens: int, seconds: float, sweep: ServerSweep
+) -> StepSample:
+    """A decode run as one sample: ``b`` requests of ``ctx`` prompt tokens sent at
+    once, each generating ``num_tokens``, timed to the last token of the slowest.
+
+    Their prefills take ``ceil(b x ctx / budget)`` steps, then ``num_tokens - 1``
+    decode steps of ``b`` rows, the ``j``-th reading ``ctx + j`` tokens a row (the
+    decode rows of requests that finish their prefill early, in the same steps as
+    later prefills, are left out). The last token's arrival does not depend on how
+    the tokens before it were delivered: a front end that streams in bursts, or holds
+    a whole stream under load, moves the gaps between tokens but not this time.
+    """
+    n = num_tokens - 1
+    return StepSample(
+        prefill_tokens=b * ctx,
+        prefill_pairs=b * attention_pairs(ctx, 0),
+        num_decode=n * b,
+        decode_context=b * (n * ctx + n * (n + 1) // 2),
+        seconds=seconds,
+        num_steps=-(-b * ctx // sweep.max_num_batched_tokens) + n,
+        num_requests=1,
+        num_streamed=b,
+    )
+
+
+def client_machine() -> str:
+    """``"Linux-... x86_64, <cpu model>, 2 CPUs"``: where the client ran."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return f"{platform.platform()}, {cpu}, {os.cpu_count()} CPUs"
+
+
+async def measure_server(
+    engine: ServedEngine,
+    sweep: ServerSweep = ServerSweep(),
+    *,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[ServerInfo, list[StepSample]]:
+    """Run the sweep against ``engine``; one sample per shape (the median of repeats).
+
+    Raises:
+        ServerError: the server fails a request, or reports no cached tokens.
+    """
+    rng = random.Random(sweep.seed if sweep.seed is not None else os.urandom(16))
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(3, sweep.vocab_size) for _ in range(n)]
+
+    def tick() -> None:
+        if progress is not None:
+            progress(1)
+
+    async with engine.client() as client:
+        info = await engine.info(client)
+        bs = info.block_size or 16
+        longest = max(*sweep.prompt_lengths, *sweep.decode_contexts) + sweep.decode_tokens
+        if info.max_model_len and longest > info.max_model_len:
+            raise ServerError(
+                f"{info.url} serves at most {info.max_model_len:,} tokens; the sweep needs "
+                f"{longest:,}"
+            )
+        samples = []
+        for length in sweep.prompt_lengths:
+            for fraction in sweep.cached_fractions:
+                prefix_len = int(length * fraction) // bs * bs
+                runs: list[tuple[float, int]] = []
+                for _ in range(sweep.repeats):
+                    prefix = fresh(prefix_len)
+                    if prefix:
+                        await engine.complete(client, [*prefix, *fresh(1)], 1)
+                    c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
+                    if c.cached_tokens is None:
+                        raise ServerError(
+                            f"{info.url} reports no cached tokens; start vLLM with "
+                            "--enable-prompt-tokens-details"
+                        )
+                    runs.append((c.ttft_s, c.cached_tokens))
+                    tick()
+                hit = statistics.median_low(h for _, h in runs)
+                q = length - hit
+                samples.append(
+                    StepSample(
+                        prefill_tokens=q,
+                        prefill_pairs=attention_pairs(q, hit),
+                        num_decode=0,
+                        decode_context=0,
+                        seconds=statistics.median(t for t, _ in runs),
+                        num_steps=-(-q // sweep.max_num_batched_tokens),
+                        num_requests=1,
+                        num_streamed=1,
+                    )
+                )
+        for b in sweep.batch_sizes:
+            for ctx in sweep.decode_contexts:
+                slowest: list[float] = []
+                for _ in range(sweep.repeats):
+                    batch = [fresh(ctx) for _ in range(b)]
+                    done = await asyncio.gather(
+                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
+                    )
+                    slowest.append(max(c.latency_s for c in done))
+                    tick()
+                samples.append(
+                    batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
+                )
+        for n in sweep.background_streams:
+            samples.append(await _under_streams(engine, client, n, sweep, fresh))
+            tick()
+    return info, samples
+
+
+_PROBE, _BACKGROUND = 128, 64
+"""Prompt tokens of the timed request and of each background stream."""
+
+
+async def _under_streams(
+    engine: ServedEngine,
+    client: Any,
+    n: int,
+    sweep: ServerSweep,
+    fresh: Callable[[int], list[int]],
+) -> StepSample:
+    """The median TTFT of a short request while ``n`` others stream."""
+    background = [
+        asyncio.ensure_future(engine.complete(client, fresh(_BACKGROUND), 1024)) for _ in range(n)
+    ]
+    try:
+        await asyncio.sleep(0.05 + 0.01 * n)  # every stream past its prefill
+        ttfts = []
+        for _ in range(sweep.repeats):
+            ttfts.append((await engine.complete(client, fresh(_PROBE), 1)).ttft_s)
+            await asyncio.sleep(0.01)
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    q = _PROBE
+    return StepSample(
+        q, attention_pairs(q, 0), n, n * (_BACKGROUND + 64), statistics.median(ttfts),
+        num_steps=1, num_requests=1, num_streamed=n + 1,
+    )  # fmt: skip
+
+
+def calibrate_server(
+    url: str,
+    *,
+    model: str | None = None,
+    sweep: ServerSweep = ServerSweep(),
+    name: str | None = None,
+    progress: Callable[[int], object] | None = None,
+    engine: ServedEngine | None = None,
+) -> CostProfile:
+    """Measure a running server with the sweep and fit a profile to it.
+
+    Args:
+        url: the server's base URL.
+        model: the model to ask for (default: the first it serves).
+        sweep: what to send.
+        name: the profile's name (default ``served-<model>``).
+        progress: called with 1 after each measured shape and repeat.
+        engine: a :class:`ServedEngine` to use instead of one made from ``url``
+            (tests pass one over a mock transport).
+
+    Returns:
+        The fitted profile, its ``measured_on`` and ``covers`` filled in.
+
+    Raises:
+        ServerError: the server fails or does not report cached tokens.
+    """
+    served = engine or ServedEngine(url, model)
+    info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
+    pre = [s for s in samples if s.num_requests and not s.num_decode]
+    num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)
+    per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
+    contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
+    covers = {
+        "prefill_tokens": [min(per_step), max(per_step)],
+        "context_tokens": [min(contexts), max(contexts)],
+        "batch_size": [
+            min(sweep.batch_sizes),
+            max(*sweep.batch_sizes, *sweep.background_streams),
+        ],
+    }
+    engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
+    return fit_profile(
+        samples,
+        name=name or f"served-{os.path.basename(info.model.rstrip('/')) or 'model'}",
+        model=info.model,
+        device=f"served at {info.url} ({engine_name})",
+        source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
+        notes=(
+            f"{len(pre)} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
+            f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
+            f"{', '.join(map(str, sweep.background_streams))} streams, median of "
+            f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
+            "tokens; request_s and stream_token_s are the serving front end's time outside "
+            "the engine's steps (HTTP, input processing, streaming), as the client sees it."
+        ),
+        measured_on={
+            "server": info.url,
+            "model": info.model,
+            "engine": info.engine,
+            "engine_version": info.engine_version,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": client_machine(),
+            "block_size": str(info.block_size or ""),
+            "num_gpu_blocks": str(info.num_gpu_blocks or ""),
+            "gpu_memory_utilization": info.gpu_memory_utilization,
+        },
+        covers=covers,
+        kv_bytes_per_token=info.kv_bytes_per_token,
+        kv_cache_tokens=info.kv_cache_tokens or None,
+    )
