@@ -18,7 +18,7 @@ The server generates its own tokens (dummy weights), so the simulated requests d
 filler tokens of the trace's output lengths, not the trace's outputs: a later turn
 that quotes an earlier answer misses those blocks on both sides.
 
-    flock /tmp/prefixkv-serve.lock python benchmarks/sim_to_real.py \\
+    python benchmarks/sim_to_real.py \\
         --vllm VLLM_VENV/bin/vllm --model TINY_LLAMA_DIR \\
         --workload multi_turn --request-rate 4 --repeats 3 --calibrate-each --out sim-to-real
 
