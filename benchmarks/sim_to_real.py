@@ -1,29 +1,33 @@
-"""Sim-to-real: the arrival-time simulator against a running vLLM, request by request.
+"""Sim-to-real: the arrival-time simulator against a running vLLM, over a rate sweep.
 
 1. Start ``vllm serve`` (or use ``--url``): a native server, prefix caching on,
    ``--enable-prompt-tokens-details`` so each response says its cached tokens.
 2. Calibrate a profile from it with ``prefixkv calibrate --server``'s sweep (prompt
-   lengths x cached fractions one at a time, concurrent decode batches): one trace.
-3. Replay a different trace (a built-in workload, token ids as prompts) at Poisson
-   arrival times against the server, timing each request's TTFT from the client
-   (after a warm-up burst, as ``vllm bench serve`` sends a test request first).
+   lengths x cached fractions one at a time, concurrent decode batches, and the
+   serving path timed apart from both ends: client and the server's ``/metrics``).
+3. For each offered rate, light to past saturation, replay a different trace (a
+   built-in workload, token ids as prompts) ``--repeats`` times at Poisson arrival
+   times against the server, timing each request from the client (after a warm-up
+   burst, as ``vllm bench serve`` sends a test request first).
 4. Simulate the same requests, sent at the same times, through a vLLM-style replica
    with the server's block size, pool, step budget and running-request limit, priced
    by the calibrated profile.
-5. Per request: cached tokens (server's ``usage.prompt_tokens_details.cached_tokens``
-   against the simulator's hit) and TTFT; the table gives p50 and p90 of both and
-   the relative error, with the machine's load average before and after each run.
+5. One table line a rate: offered and served rate, the simulated utilization, the
+   machine's 1-minute load over its runs, cached tokens (server against simulator),
+   TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
+   measured and simulated side by side, and a verdict: within 10%, off (which), or
+   saturated (where queues grow and no steady-state figure exists).
 
 The server generates its own tokens (dummy weights), so the simulated requests decode
 filler tokens of the trace's output lengths, not the trace's outputs: a later turn
 that quotes an earlier answer misses those blocks on both sides.
 
     python benchmarks/sim_to_real.py \\
-        --vllm VLLM_VENV/bin/vllm --model TINY_LLAMA_DIR \\
-        --workload multi_turn --request-rate 4 --repeats 3 --calibrate-each --out sim-to-real
+        --vllm VLLM_VENV/bin/vllm --model benchmarks/serve/tiny-llama \\
+        --workload multi_turn --request-rates 0.5,1,2,4,8,16 --repeats 3 --out sim-to-real
 
-(``TINY_LLAMA_DIR``: a folder with a Llama ``config.json``; the weights are dummy.
-The table, the command and the load are in benchmarks/README.md.)
+(The weights are dummy. Measure on a quiet machine: the table records the load. The
+table, the command and the load are in benchmarks/README.md.)
 
 Everything runs on 127.0.0.1; the server is stopped at the end (and on Ctrl-C).
 """
@@ -32,10 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import math
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -56,6 +63,7 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim.arrivals import poisson_arrivals
 from prefixkv.adapters.lab.sim.served import Completion, ServedEngine
 from prefixkv.adapters.lab.sim.server_calibration import (
+    QUICK_SWEEP,
     ServerSweep,
     calibrate_server,
     client_machine,
@@ -165,8 +173,9 @@ def predict(
     profile: CostProfile,
     pool_tokens: int,
     block_size: int,
-) -> list[tuple[int, float]]:
-    """The simulator's ``(hit tokens, TTFT)`` per request, sent at the same times."""
+) -> tuple[list[tuple[int, float, float]], float, float]:
+    """The simulator's ``(hit tokens, TTFT, TPOT)`` per request, sent at the same times,
+    and its run's utilization (step seconds over the run) and output tokens a second."""
     order = sorted(range(len(requests)), key=lambda k: sent[k])
     sims = [
         SimRequest(requests[k][0], as_token_array(requests[k][1]), requests[k][2], sent[k])
@@ -176,34 +185,156 @@ def predict(
         max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=CPU_MAX_NUM_BATCHED_TOKENS
     )
     res = simulate(sims, lambda: make_index("hash_chain", block_size), pool_tokens, cfg, profile)
-    by_id = {m.request_id: (m.hit_tokens, m.ttft_s) for m in res.requests}
-    return [by_id[r[0]] for r in requests]
+    by_id = {m.request_id: (m.hit_tokens, m.ttft_s, m.tpot_s) for m in res.requests}
+    run = res.run
+    utilization = run.busy_s / run.duration_s if run.duration_s > 0 else math.nan
+    return [by_id[r[0]] for r in requests], utilization, run.output_throughput
+
+
+def measured_tpot(c: Completion) -> float:
+    """Mean seconds per output token after the first, at the client (NaN for one)."""
+    n = c.completion_tokens
+    return (c.latency_s - c.ttft_s) / (n - 1) if n > 1 else math.nan
 
 
 def compare_run(
     requests: Sequence[tuple[str, list[int], int]],
     sent: Sequence[float],
     done: Sequence[Completion],
-    predicted: Sequence[tuple[int, float]],
+    predicted: Sequence[tuple[int, float, float]],
 ) -> dict[str, Any]:
-    measured = [c.ttft_s for c in done]
-    sim = [t for _, t in predicted]
-    exact = sum(c.cached_tokens == h for c, (h, _) in zip(done, predicted, strict=True))
-    row: dict[str, Any] = {
+    """One replay against its prediction: the cached tokens, and per request the
+    measured and simulated TTFT and TPOT (the rate's table pools them over runs)."""
+    first = min(sent)
+    last = max(s + c.latency_s for s, c in zip(sent, done, strict=True))
+    duration = last - first
+    return {
         "requests": len(requests),
-        "cached_exact": exact,
+        "cached_exact": sum(
+            c.cached_tokens == h for c, (h, _, _) in zip(done, predicted, strict=True)
+        ),
         "cached_server": sum(c.cached_tokens or 0 for c in done),
-        "cached_sim": sum(h for h, _ in predicted),
+        "cached_sim": sum(h for h, _, _ in predicted),
         "prompt_tokens": sum(len(r[1]) for r in requests),
+        "achieved_rps": len(done) / duration if duration > 0 else math.nan,
+        "throughput_measured": sum(c.completion_tokens for c in done) / duration
+        if duration > 0 else math.nan,
+        "ttft_measured": [c.ttft_s for c in done],
+        "ttft_sim": [t for _, t, _ in predicted],
+        "tpot_measured": [measured_tpot(c) for c in done],
+        "tpot_sim": [t for _, _, t in predicted],
+    }  # fmt: skip
+
+
+WITHIN = 0.10
+"""The error the simulator is held to at p50 and p90 below saturation."""
+
+SATURATED_UTILIZATION = 0.9
+"""A run whose simulated engine is busy this share of the time (or whose server
+served under 90% of the offered rate) is at or past saturation: queues grow."""
+
+
+def _pct(values: Sequence[float], q: int) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return percentile(finite, q) if finite else math.nan
+
+
+def _error(measured: float, sim: float) -> float:
+    return (sim - measured) / measured if measured > 0 else math.nan
+
+
+def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One offered rate over its runs: per-request values pooled for the percentiles,
+    the runs' medians for rates and utilization, their loads' range, and a verdict.
+
+    The verdict is ``saturated`` when the simulated utilization reaches
+    :data:`SATURATED_UTILIZATION` or the server served under 90% of the offered rate,
+    else ``within 10%`` when every p50 and p90 error is, else ``off`` and which were.
+    """
+    pooled = {
+        key: [v for r in runs for v in r[key]]
+        for key in ("ttft_measured", "ttft_sim", "tpot_measured", "tpot_sim")
     }
-    for q in (50, 90):
-        m, p = percentile(measured, q), percentile(sim, q)
-        row[f"ttft_p{q}_measured_s"] = m
-        row[f"ttft_p{q}_sim_s"] = p
-        row[f"ttft_p{q}_error"] = (p - m) / m
-    errors = sorted(abs(p - m) / m for m, p in zip(measured, sim, strict=True))
-    row["per_request_abs_error_p50"] = percentile(errors, 50)
+    row: dict[str, Any] = {
+        "rate": rate,
+        "runs": len(runs),
+        "requests": sum(r["requests"] for r in runs),
+        "cached_exact": sum(r["cached_exact"] for r in runs),
+        "load_min": min(min(r["load_before"], r["load_after"]) for r in runs),
+        "load_max": max(max(r["load_before"], r["load_after"]) for r in runs),
+        "achieved_rps": statistics.median(r["achieved_rps"] for r in runs),
+        "utilization_sim": statistics.median(r["utilization_sim"] for r in runs),
+        "throughput_measured": statistics.median(r["throughput_measured"] for r in runs),
+        "throughput_sim": statistics.median(r["throughput_sim"] for r in runs),
+    }
+    off = []
+    for metric in ("ttft", "tpot"):
+        for q in (50, 90):
+            m = _pct(pooled[f"{metric}_measured"], q)
+            p = _pct(pooled[f"{metric}_sim"], q)
+            row[f"{metric}_p{q}_measured_s"], row[f"{metric}_p{q}_sim_s"] = m, p
+            row[f"{metric}_p{q}_error"] = e = _error(m, p)
+            if not math.isnan(e) and abs(e) > WITHIN:
+                off.append(f"{metric.upper()} p{q} {e:+.0%}")
+    served = row["achieved_rps"] / rate if rate > 0 else math.nan
+    if row["utilization_sim"] >= SATURATED_UTILIZATION or served < 0.9:
+        row["verdict"] = (
+            f"saturated (sim busy {row['utilization_sim']:.0%}, served {served:.0%} of offered)"
+        )
+    elif off:
+        row["verdict"] = "off: " + ", ".join(off)
+    else:
+        row["verdict"] = f"within {WITHIN:.0%}"
     return row
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value * 1e3:.1f}"
+
+
+def _err(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:+.0%}"
+
+
+def sweep_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The sweep as a Markdown table, one line per offered rate (see :func:`summarize_rate`):
+    measured / simulated side by side, in ms and tokens a second."""
+    head = (
+        "| offered req/s | served req/s | sim busy | load (1 min) | runs x requests "
+        "| cached exact | TTFT p50 meas / sim ms | err | TTFT p90 meas / sim ms | err "
+        "| TPOT p50 meas / sim ms | err | TPOT p90 meas / sim ms | err "
+        "| output tok/s meas / sim | verdict |"
+    )
+    lines = [head, "|" + "---:|" * 15 + "---|"]
+    for r in rows:
+        cells = [
+            f"{r['rate']:g}",
+            f"{r['achieved_rps']:.2f}",
+            f"{r['utilization_sim']:.0%}",
+            f"{r['load_min']:.2f}-{r['load_max']:.2f}",
+            f"{r['runs']} x {r['requests'] // max(1, r['runs'])}",
+            f"{r['cached_exact']}/{r['requests']}",
+        ]
+        for metric in ("ttft", "tpot"):
+            for q in (50, 90):
+                m, p = r[f"{metric}_p{q}_measured_s"], r[f"{metric}_p{q}_sim_s"]
+                cells += [f"{_ms(m)} / {_ms(p)}", _err(r[f"{metric}_p{q}_error"])]
+        cells += [f"{r['throughput_measured']:.0f} / {r['throughput_sim']:.0f}", r["verdict"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"0.5,1,2"`` -> ``[0.5, 1.0, 2.0]``: positive, finite, increasing."""
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"rates are numbers separated by commas, got {text!r}"
+        ) from None
+    if not rates or any(not (0 < r < math.inf) for r in rates) or rates != sorted(set(rates)):
+        raise argparse.ArgumentTypeError(f"rates must be positive and increasing, got {text!r}")
+    return rates
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,17 +344,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     src.add_argument("--url", help="use this running server instead")
     ap.add_argument("--model", default="tiny-llama", help="the model folder (with --vllm)")
     ap.add_argument("--workload", default="multi_turn", help="the built-in workload to predict")
-    ap.add_argument("--max-requests", type=int, default=165)
-    ap.add_argument("--request-rate", type=float, default=4.0)
-    ap.add_argument("--repeats", type=int, default=3, help="replays (fresh token ids each)")
+    ap.add_argument("--max-requests", type=int, default=165, help="requests a run")
+    ap.add_argument(
+        "--request-rates",
+        type=parse_rates,
+        default=parse_rates("0.5,1,2,4,8,16"),
+        help="offered rates, requests a second, light to past saturation (default 0.5,1,2,4,8,16)",
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="runs a rate (fresh token ids each)")
     ap.add_argument("--profile", help="use this profile instead of calibrating")
     ap.add_argument("--sweep-repeats", type=int, default=3)
     ap.add_argument(
+        "--serving-repeats",
+        type=int,
+        default=5,
+        help="requests of each kind timing the serving path (0: not timed)",
+    )
+    ap.add_argument("--quick", action="store_true", help="calibrate with the quick sweep")
+    ap.add_argument(
         "--calibrate-each",
         action="store_true",
-        help="calibrate again right before each replay (the machine's load drifts between "
-        "runs on a shared machine; each run is then predicted from a profile measured under "
-        "the load of its own minute)",
+        help="calibrate again before each rate (the machine's load drifts on a shared "
+        "machine; each rate is then predicted from a profile measured under its own load)",
     )
     ap.add_argument("--out", default="sim-to-real", help="output folder")
     ap.add_argument("--start-timeout", type=float, default=300.0)
@@ -237,6 +379,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args, url, out)
 
 
+def _calibrate(args: argparse.Namespace, url: str, out: Path, tag: str) -> CostProfile:
+    base = QUICK_SWEEP if args.quick else ServerSweep(repeats=args.sweep_repeats)
+    sweep = dataclasses.replace(
+        base, max_num_batched_tokens=CPU_MAX_NUM_BATCHED_TOKENS,
+        serving_repeats=args.serving_repeats,
+    )  # fmt: skip
+    profile = calibrate_server(url, sweep=sweep, name="vllm-cpu-tiny-llama")
+    save_profile(profile, out / f"profile{tag}.json")
+    path = profile.fit.get("serving_path", {})
+    hops = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in path.get("hops", {}).items())
+    print(f"profile{tag}: request_s {profile.request_s * 1e3:.2f} ms, stream_token_s "
+          f"{profile.stream_token_s * 1e3:.3f} ms, step_s {profile.step_s * 1e3:.2f} ms, "
+          f"front-end share {profile.frontend_cpu_share:.2f}; serving path: {hops or '-'}",
+          flush=True)  # fmt: skip
+    return profile
+
+
 def run(args: argparse.Namespace, url: str, out: Path) -> int:
     import httpx
 
@@ -244,45 +403,47 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
     print(f"server {url}: {info.model}, vLLM {info.engine_version}, block size "
           f"{info.block_size}, {info.num_gpu_blocks:,} blocks", flush=True)  # fmt: skip
     load0 = load_average()
-    if args.profile:
-        profile = load_profile(args.profile)
-    else:
-        sweep = ServerSweep(
-            repeats=args.sweep_repeats, max_num_batched_tokens=CPU_MAX_NUM_BATCHED_TOKENS
-        )
-        profile = calibrate_server(url, sweep=sweep, name="vllm-cpu-tiny-llama")
-        save_profile(profile, out / "profile.json")
+    profile = load_profile(args.profile) if args.profile else _calibrate(args, url, out, "")
     cal = {"load_before": load0, "load_after": load_average(), "fit": dict(profile.fit)}
-    print(f"profile {profile.name}: request_s {profile.request_s * 1e3:.2f} ms, step_s "
-          f"{profile.step_s * 1e3:.2f} ms; load {load0:.2f} -> {cal['load_after']:.2f}",
-          flush=True)  # fmt: skip
-    rows = []
+    runs: list[dict[str, Any]] = []
+    summaries = []
     salt = int.from_bytes(os.urandom(4), "little")
-    for k in range(args.repeats):
-        if args.calibrate_each and k and not args.profile:
-            profile = calibrate_server(url, sweep=sweep, name="vllm-cpu-tiny-llama")
-            save_profile(profile, out / f"profile-{k + 1}.json")
-        requests = trace(args.workload, args.max_requests, k, salt + k, 32000)
-        gen = poisson_arrivals(args.request_rate, seed=k)
-        times = [next(gen) for _ in requests]
-        before = load_average()
-        sent, done = asyncio.run(replay(url, info.model, requests, times))
-        after = load_average()
-        predicted = predict(requests, sent, profile, info.kv_cache_tokens, info.block_size)
-        row = {"run": k + 1, "salt": salt + k, "load_before": before, "load_after": after,
-               **compare_run(requests, sent, done, predicted)}  # fmt: skip
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with (out / f"requests-{k + 1}.jsonl").open("w") as f:
-            for r, s, c, (h, t) in zip(requests, sent, done, predicted, strict=True):
-                f.write(json.dumps({"id": r[0], "prompt": len(r[1]), "output": r[2], "sent_s": s,
-                                    "ttft_s": c.ttft_s, "cached": c.cached_tokens,
-                                    "sim_hit": h, "sim_ttft_s": t}) + "\n")  # fmt: skip
-    table = markdown(rows)
+    for i, rate in enumerate(args.request_rates):
+        if args.calibrate_each and i and not args.profile:
+            profile = _calibrate(args, url, out, f"-{rate:g}")
+        at_rate = []
+        for k in range(args.repeats):
+            seed = i * 1000 + k
+            requests = trace(args.workload, args.max_requests, seed, salt + seed, 32000)
+            gen = poisson_arrivals(rate, seed=seed)
+            times = [next(gen) for _ in requests]
+            before = load_average()
+            sent, done = asyncio.run(replay(url, info.model, requests, times))
+            after = load_average()
+            predicted, utilization, throughput = predict(
+                requests, sent, profile, info.kv_cache_tokens, info.block_size
+            )
+            row = {"rate": rate, "run": k + 1, "salt": salt + seed, "load_before": before,
+                   "load_after": after, "utilization_sim": utilization,
+                   "throughput_sim": throughput, "profile": profile.name,
+                   **compare_run(requests, sent, done, predicted)}  # fmt: skip
+            at_rate.append(row)
+            with (out / f"requests-{rate:g}-{k + 1}.jsonl").open("w") as f:
+                for r, s, c, (h, t, tp) in zip(requests, sent, done, predicted, strict=True):
+                    f.write(json.dumps({"id": r[0], "prompt": len(r[1]), "output": r[2],
+                                        "sent_s": s, "ttft_s": c.ttft_s, "tpot_s": measured_tpot(c),
+                                        "cached": c.cached_tokens, "sim_hit": h,
+                                        "sim_ttft_s": t, "sim_tpot_s": tp}) + "\n")  # fmt: skip
+        summary = summarize_rate(rate, at_rate)
+        summaries.append(summary)
+        runs += at_rate
+        print(sweep_table([summary]).splitlines()[-1], flush=True)
+    table = sweep_table(summaries)
     print(table)
     doc = {"server": url, "model": info.model, "engine_version": info.engine_version,
-           "machine": client_machine(), "command": " ".join(sys.argv), "calibration": cal,
-           "profile": profile.to_dict(), "runs": rows, "httpx": httpx.__version__}  # fmt: skip
+           "machine": client_machine(), "cpus": os.cpu_count(), "command": " ".join(sys.argv),
+           "calibration": cal, "profile": profile.to_dict(), "rates": summaries,
+           "runs": runs, "httpx": httpx.__version__}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "table.md").write_text(table + "\n")
     return 0
@@ -292,22 +453,6 @@ async def _info(url: str) -> Any:
     engine = ServedEngine(url)
     async with engine.client() as client:
         return await engine.info(client)
-
-
-def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    head = ("| run | load (1 min) | requests | cached tokens exact | TTFT p50 measured / sim "
-            "| error | TTFT p90 measured / sim | error |")  # fmt: skip
-    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['run']} | {r['load_before']:.2f} -> {r['load_after']:.2f} | {r['requests']} "
-            f"| {r['cached_exact']}/{r['requests']} "
-            f"| {r['ttft_p50_measured_s'] * 1e3:.1f} / {r['ttft_p50_sim_s'] * 1e3:.1f} ms "
-            f"| {r['ttft_p50_error']:+.1%} "
-            f"| {r['ttft_p90_measured_s'] * 1e3:.1f} / {r['ttft_p90_sim_s'] * 1e3:.1f} ms "
-            f"| {r['ttft_p90_error']:+.1%} |"
-        )
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from prefixkv.indexes.validation import (
     MAX_BLOCK_SIZE,
     MAX_BLOCKS,
@@ -21,6 +19,10 @@ from prefixkv.indexes.validation import (
 
 from .block_table import PAD_SLOT
 from .errors import PrefixKVError, StorageShapeError
+from .extras import TORCH_EXTRA, extra_imports
+
+with extra_imports(*TORCH_EXTRA, "prefixkv.storage.PagedKVCache"):
+    import torch
 
 __all__ = ["PagedKVCache"]
 

@@ -1,11 +1,12 @@
 """Optional extras: which modules each optional part needs, checked before any work.
 
 Every optional part of the lab (plots, progress bars, pandas tables, Parquet, the cost
-fit, Ray) calls :func:`require_extra` first, so a missing extra is one line and exit
-status 2 at start-up, naming the ``pip install 'prefixkv[EXTRA]'`` that fixes it,
-never a crash after the runs. The check reads the import system's finders
-(:func:`importlib.util.find_spec`) and imports nothing. The extras mirror
-``[project.optional-dependencies]`` in ``pyproject.toml``.
+fit, Ray, the reference engine's torch) calls :func:`require_extra` first, so a missing
+extra is one line and exit status 2 at start-up, naming the ``pip install
+'prefixkv[EXTRA]'`` that fixes it, never a crash after the runs. The check reads the
+import system's finders (:func:`importlib.util.find_spec`) and imports nothing. The extras mirror
+``[project.optional-dependencies]`` in ``pyproject.toml``; the error and its one line
+are :mod:`prefixkv.storage.extras`' (the storage tensor needs torch, below this layer).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 
-from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.storage.extras import TORCH_EXTRA, ExtraNotInstalledError, missing_extra_message
 
 __all__ = ["EXTRAS", "ExtraNotInstalledError", "has_extra", "missing_modules", "require_extra"]
 
@@ -23,17 +24,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "parquet": ("pandas", "pyarrow"),
     "calibrate": ("numpy", "scipy", "httpx"),
     "cluster": ("ray", "matplotlib"),
+    TORCH_EXTRA[0]: TORCH_EXTRA[1],
 }
 """Each extra's top-level modules, as ``pyproject.toml`` installs them."""
-
-
-class ExtraNotInstalledError(PrefixKVError, ImportError):
-    """An optional part was asked for without its extra installed.
-
-    An ``ImportError`` too, so code that probes with ``except ImportError`` keeps
-    working. The message is one line: what needed which modules, and the
-    ``pip install`` that adds them.
-    """
 
 
 def missing_modules(modules: Sequence[str]) -> list[str]:
@@ -81,8 +74,4 @@ def require_extra(
         raise KeyError(f"the {extra!r} extra does not install {sorted(set(needed))}")
     missing = missing_modules(needed)
     if missing:
-        names = " and ".join(missing)
-        raise ExtraNotInstalledError(
-            f"{what}: {names} {'is' if len(missing) == 1 else 'are'} not installed; "
-            f"pip install 'prefixkv[{extra}]'" + (f" {instead}" if instead else "")
-        )
+        raise ExtraNotInstalledError(missing_extra_message(extra, what, missing, instead))

@@ -116,8 +116,9 @@ def add_calibrate_parser(sub: Any) -> None:
 def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv calibrate``; returns the exit status.
 
-    The ``calibrate`` extra (numpy and scipy; httpx with ``--server``) and ``--out`` are
-    checked before any measurement (and before torch loads); Ctrl-C before the fit
+    The ``calibrate`` extra (numpy and scipy; httpx with ``--server``), the ``torch``
+    extra for the reference engine, and ``--out`` are checked before any measurement
+    (and before torch loads); Ctrl-C before the fit
     writes nothing.
     """
     interrupts = interrupts or Interrupts()
@@ -128,8 +129,15 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         raise CLIUsageError("--out FILE is required (the profile to write)")
     needs = ("numpy", "scipy", "httpx") if args.server is not None else ("numpy", "scipy")
     require_extra("calibrate", "prefixkv calibrate", needs)
+    reference = args.server is None and args.from_vllm_bench is None
+    if reference:
+        require_extra(
+            "torch",
+            "prefixkv calibrate (the reference engine)",
+            instead="or calibrate from a served engine: --server URL or --from-vllm-bench FILE",
+        )
     out = check_output(args.out)
-    if args.server is None and args.from_vllm_bench is None:
+    if reference:
         return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or 8192
     if args.server is not None:
@@ -159,7 +167,9 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
-    return int((prefill + len(sweep.batch_sizes) * len(sweep.decode_contexts)) * sweep.repeats)
+    decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
+    serving = 3 * sweep.serving_repeats  # short, long and loaded requests
+    return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 
 def _print_fit(profile: CostProfile, out: Path) -> None:

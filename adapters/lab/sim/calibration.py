@@ -7,7 +7,7 @@ paged KV cache on whatever device is present, timed (the least of several runs,
 after a warm-up, CUDA synchronized), and the five coefficients are fitted by non-negative
 least squares on relative error (``scipy.optimize.nnls``), so short and long
 steps count alike. This is the only module of the simulator that reads a clock or
-imports torch, numpy and scipy (the ``calibrate`` extra).
+imports torch (the ``torch`` extra), numpy and scipy (the ``calibrate`` extra).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from prefixkv.storage.extras import TORCH_EXTRA, extra_imports
 
 from .errors import SimConfigError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
@@ -36,6 +38,8 @@ __all__ = [
     "fit_profile",
     "measure_engine",
 ]
+
+_WHAT = "the reference engine's calibration"
 
 DEFAULT_PREFILL_SHAPES: tuple[tuple[int, int], ...] = (
     (16, 0), (64, 0), (256, 0), (512, 0), (1024, 0),
@@ -181,7 +185,8 @@ def measure_engine(
         SimConfigError: a bad shape, ``repeats`` or ``warmup``, or a model and
             shapes needing more than ``max_bytes``.
     """
-    import torch
+    with extra_imports(*TORCH_EXTRA, _WHAT):
+        import torch
 
     from prefixkv.adapters.engine import EngineConfig, SeqChunk, TinyTransformer
 
@@ -254,23 +259,30 @@ def fit_profile(
     device: str,
     source: str,
     notes: str = "",
+    known: Mapping[str, float] | None = None,
     **metadata: Any,
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
 
     ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
-    ``stream_token_s`` when one counts streamed tokens.
-    ``metadata`` goes to :class:`CostProfile` as is (``measured_on``, ``covers``,
-    ``kv_bytes_per_token``, ...).
+    ``stream_token_s`` when one counts streamed tokens, unless ``known`` gives it
+    (measured apart, :mod:`.serving_path`): its part of each sample is then taken off
+    first, so a fixed cost per request is not traded against ``step_s`` (a single
+    request's TTFT counts one of each). ``metadata`` goes to :class:`CostProfile` as
+    is (``measured_on``, ``covers``, ``kv_bytes_per_token``, the other serving terms).
 
     Raises:
-        ValueError: fewer samples than coefficients.
+        ValueError: fewer samples than coefficients; a ``known`` name other than
+            ``request_s`` or ``stream_token_s``.
     """
     import numpy as np
     from scipy.optimize import nnls
 
-    served = any(s.num_requests for s in samples)
-    streamed = any(s.num_streamed for s in samples)
+    fixed = dict(known or {})
+    if not set(fixed) <= {"request_s", "stream_token_s"}:
+        raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
+    served = "request_s" not in fixed and any(s.num_requests for s in samples)
+    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
     names = (
         *COEFFICIENTS,
         *(["request_s"] if served else []),
@@ -287,15 +299,26 @@ def fit_profile(
         ],
         dtype=float,
     )
-    seconds = np.array([s.seconds for s in samples])
+    measured = np.array([s.seconds for s in samples])
+    outside = np.array(
+        [
+            fixed.get("request_s", 0.0) * s.num_requests
+            + fixed.get("stream_token_s", 0.0) * s.num_streamed
+            for s in samples
+        ]
+    )
+    # What the steps took (a sample the known terms explain whole, within noise, keeps
+    # 1% of its time, so that its weight in the relative fit stays bounded).
+    seconds = np.maximum(measured - outside, 0.01 * measured)
     # Columns are scaled to unit norm first: their units differ by orders of magnitude.
     weighted = work / seconds[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     scale[scale == 0] = 1.0
     coef, _ = nnls(weighted / scale, np.ones_like(seconds))
     coef = coef / scale
-    error = np.abs(work @ coef - seconds) / seconds
+    error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
+    fitted.update(fixed)
     return CostProfile(
         name=name,
         model=model,
@@ -306,7 +329,7 @@ def fit_profile(
             "num_samples": len(samples),
             "relative_error_p50": round(float(np.percentile(error, 50)), 4),
             "relative_error_max": round(float(error.max()), 4),
-            "seconds_range": [float(seconds.min()), float(seconds.max())],
+            "seconds_range": [float(measured.min()), float(measured.max())],
         },
         **fitted,
         **metadata,
@@ -339,7 +362,8 @@ def calibrate(
     Raises:
         SimConfigError: see :func:`measure_engine`.
     """
-    import torch
+    with extra_imports(*TORCH_EXTRA, _WHAT):
+        import torch
 
     from prefixkv.adapters.engine import EngineConfig
 

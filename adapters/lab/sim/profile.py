@@ -22,7 +22,11 @@ server): ``request_s``, the seconds a served request spends in HTTP, input proce
 and its first chunk (it delays the request's arrival at the scheduler), and
 ``stream_token_s``, the front end's seconds per token it streams: a step's tokens
 reach their clients ``stream_token_s x (tokens the step sampled)`` after it ends. Both
-are 0 for kernel-level data.
+are 0 for kernel-level data. Where the front end shares the engine's cores (a CPU
+server), its CPU time slows the steps too: ``frontend_cpu_share`` of the front end's
+CPU seconds (``frontend_request_cpu_s`` per request it admits, ``stream_token_s`` per
+token it streams) is added to the next step. Both are 0 unless measured
+(:mod:`.serving_path`), so a profile without them prices steps as before.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "DEFAULT_PROFILE",
     "MAX_COEFFICIENT_S",
     "RANGE_KEYS",
+    "SERVING_TERMS",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -60,6 +65,9 @@ COEFFICIENTS = (
     "decode_context_s",
 )
 """The coefficient names every profile has, in seconds per unit."""
+
+SERVING_TERMS = ("request_s", "stream_token_s", "frontend_request_cpu_s", "frontend_cpu_share")
+"""The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
 """What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
@@ -107,6 +115,11 @@ class CostProfile:
             input processing, streaming), added to its TTFT; 0 for kernel-level data.
         stream_token_s: a serving front end's seconds per streamed token: a step's
             tokens reach their clients this times the step's sampled tokens after it.
+        frontend_request_cpu_s: the front end's CPU seconds per request (HTTP, input
+            and output processing), 0 unless measured.
+        frontend_cpu_share: the seconds an engine step loses per CPU second the front
+            end spends meanwhile, in ``[0, 1]``: about 1 where they share cores (a CPU
+            server), 0 where the front end has a core of its own (the default).
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -119,8 +132,9 @@ class CostProfile:
             said (``None``: not measured on a server).
 
     Raises:
-        ProfileError: a coefficient (or ``request_s``, ``stream_token_s``) that is
-            not a number in ``[0, MAX_COEFFICIENT_S]``, or every coefficient zero; a
+        ProfileError: a coefficient (or a term of :data:`SERVING_TERMS`) that is
+            not a number in ``[0, MAX_COEFFICIENT_S]`` (a share above 1), or every
+            coefficient zero; a
             range that is not ``[low, high]`` ints; a byte count that is not an int
             >= 0.
     """
@@ -138,6 +152,8 @@ class CostProfile:
     fit: Mapping[str, Any] = field(default_factory=dict)
     request_s: float = 0.0
     stream_token_s: float = 0.0
+    frontend_request_cpu_s: float = 0.0
+    frontend_cpu_share: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None
@@ -146,7 +162,7 @@ class CostProfile:
     kv_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (*COEFFICIENTS, "request_s", "stream_token_s"):
+        for name in (*COEFFICIENTS, *SERVING_TERMS):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -157,6 +173,11 @@ class CostProfile:
                     f"profile {self.name!r}: {name} must be a number of seconds in "
                     f"[0, {MAX_COEFFICIENT_S:g}], got {value!r:.60}"
                 )
+        if self.frontend_cpu_share > 1:
+            raise ProfileError(
+                f"profile {self.name!r}: frontend_cpu_share must be in [0, 1], got "
+                f"{self.frontend_cpu_share!r}"
+            )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")
         object.__setattr__(
@@ -274,8 +295,7 @@ class CostProfile:
             "model": d["model"],
             "device": d["device"],
             "coefficients": {k: d[k] for k in COEFFICIENTS},
-            "request_s": self.request_s,
-            "stream_token_s": self.stream_token_s,
+            **{k: getattr(self, k) for k in SERVING_TERMS},
             "source": d["source"],
             "notes": d["notes"],
             "measured_on": dict(self.measured_on),
@@ -325,8 +345,7 @@ class CostProfile:
             source=meta["source"],
             notes=meta["notes"],
             fit=objects["fit"],
-            request_s=data.get("request_s", 0.0),
-            stream_token_s=data.get("stream_token_s", 0.0),
+            **{k: data.get(k, 0.0) for k in SERVING_TERMS},
             measured_on=measured_on,
             covers={
                 k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()

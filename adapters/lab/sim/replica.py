@@ -4,8 +4,11 @@ Two kinds of event move the clock: a request arrives, or a step ends. While the
 replica is busy, steps run back to back and requests that arrived during a step
 join the waiting queue when it ends (where the next ``schedule`` sees them); when
 it is idle, the clock jumps to the next arrival. A step lasts what the cost
-profile says its work costs. Nothing reads the wall clock, so a run is a pure
-function of its requests, arrivals, settings and profile.
+profile says its work costs, plus, where the serving front end shares the engine's
+cores, its share of the front end's CPU time since the last step (the requests it
+admitted, the tokens it streamed; ``frontend_cpu_share``, 0 by default). Nothing
+reads the wall clock, so a run is a pure function of its requests, arrivals, settings
+and profile.
 
 Sessions replay closed loop: a request that names the one it follows (``after``)
 is sent once that one finished plus its think time, never before its own arrival.
@@ -119,9 +122,11 @@ def simulate(
     reached = dict.fromkeys(RANGE_KEYS, 0)
     now = busy = 0.0
     num_steps = 0
+    frontend_cpu_s = 0.0  # the front end's CPU seconds since the last step began
     while True:
         for request, sent in gate.ready(now):
             _check_servable(request, num_blocks, block_size, cfg)
+            frontend_cpu_s += prof.frontend_request_cpu_s
             m = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
             records.append(m)
             sched.add(SimSeq(request, m))
@@ -130,6 +135,7 @@ def simulate(
             if wake is None:
                 break
             now = max(now, wake)
+            frontend_cpu_s = 0.0  # spent while the engine was idle
             continue
         plan = sched.schedule(now)
         if not plan.chunks:
@@ -142,6 +148,9 @@ def simulate(
         seconds = prof.step_time(
             work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
         )
+        # A front end sharing the engine's cores slows the step by its share of them.
+        seconds += prof.frontend_cpu_share * frontend_cpu_s
+        frontend_cpu_s = prof.stream_token_s * work.num_sampled
         now += seconds
         busy += seconds
         num_steps += 1

@@ -17,8 +17,11 @@ The sweep sends, over HTTP (:mod:`.served`):
   shares with the engine this is what grows TTFT faster than the steps do).
 
 Every prompt is fresh random token ids (seeded), so nothing but the planned prefix
-hits. The seven coefficients (the five of the step model, ``request_s`` and
-``stream_token_s``) are fitted by :func:`~.calibration.fit_profile`; the profile
+hits. Then the serving path is timed apart, one request at a time, from both ends
+(:mod:`.serving_path`: ``request_s``, and where the server exports vLLM's metrics
+``stream_token_s``, the front end's CPU per request and its share of the cores), and
+the five coefficients of the step model (with ``stream_token_s`` where it was not
+measured) are fitted by :func:`~.calibration.fit_profile` to what is left; the profile
 records the server, model, engine version, date and client machine, and the range of
 prompt lengths, contexts and batch sizes measured.
 """
@@ -26,7 +29,9 @@ prompt lengths, contexts and batch sizes measured.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
+import functools
 import os
 import platform
 import random
@@ -39,6 +44,7 @@ from .calibration import StepSample, fit_profile
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
+from .serving_path import measure_and_fit
 
 __all__ = [
     "QUICK_SWEEP",
@@ -67,6 +73,8 @@ class ServerSweep:
         vocab_size: token ids are drawn from ``[3, vocab_size)``.
         seed: seeds the token ids; ``None`` (the default) draws a fresh seed, so
             nothing a server cached from an earlier sweep hits.
+        serving_repeats: requests of each kind timing the serving path
+            (:mod:`.serving_path`); 0 leaves it to the fit.
     """
 
     prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
@@ -79,8 +87,13 @@ class ServerSweep:
     max_num_batched_tokens: int = 2048
     vocab_size: int = 32000
     seed: int | None = None
+    serving_repeats: int = 5
 
     def __post_init__(self) -> None:
+        if type(self.serving_repeats) is not int or not 0 <= self.serving_repeats <= 1000:
+            raise ProfileError(
+                f"serving_repeats must be an int in [0, 1000], got {self.serving_repeats!r}"
+            )
         for name in ("prompt_lengths", "batch_sizes", "decode_contexts"):
             values = getattr(self, name)
             if not values or any(type(v) is not int or v < 1 for v in values):
@@ -103,6 +116,7 @@ QUICK_SWEEP = ServerSweep(
     decode_tokens=12,
     background_streams=(0, 8),
     repeats=2,
+    serving_repeats=2,
 )
 """A small sweep (a few dozen requests): a rough profile in seconds."""
 
@@ -298,7 +312,8 @@ def calibrate_server(
         ],
     }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
-    return fit_profile(
+    fit = functools.partial(
+        fit_profile,
         samples,
         name=name or f"served-{os.path.basename(info.model.rstrip('/')) or 'model'}",
         model=info.model,
@@ -326,4 +341,23 @@ def calibrate_server(
         covers=covers,
         kv_bytes_per_token=info.kv_bytes_per_token,
         kv_cache_tokens=info.kv_cache_tokens or None,
+    )
+    profile = fit()
+    if not sweep.serving_repeats:
+        return profile
+    path = measure_and_fit(
+        served,
+        profile,
+        repeats=sweep.serving_repeats,
+        seed=sweep.seed,
+        vocab_size=sweep.vocab_size,
+        progress=progress,
+    )
+    profile = fit(known=path.known())
+    fitted = {**profile.fit, "serving_path": path.as_dict()}
+    return dataclasses.replace(
+        profile,
+        fit=fitted,
+        frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
+        frontend_cpu_share=path.frontend_cpu_share or 0.0,
     )

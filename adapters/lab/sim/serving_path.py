@@ -1,0 +1,434 @@
+"""The serving path: what a served request costs outside the engine's steps.
+
+A request to an OpenAI-compatible server crosses HTTP and the API-server process
+(input processing, then the hop to the engine core) before the scheduler sees it,
+and the same way back with each token (the hop back, detokenizing, the streamed
+chunk). On a CPU server that front end shares the cores with the engine core. The
+step model prices none of it, so a light-load TTFT can be several times the steps'.
+
+:func:`measure_serving_path` times it on the server the profile is calibrated on,
+one request at a time (light load), from both ends:
+
+- **short**: tiny prompts decoding one token. The client's TTFT minus the engine
+  core's queue and prefill time (vLLM's ``/metrics`` histograms
+  ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds``,
+  read before and after each request) is the fixed cost per request (``request_s``);
+  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) splits it into
+  the HTTP side (client to API server and back) and the front end's side (API
+  server to engine core and back). A server without those histograms is priced by
+  the step model instead (``engine_ttft`` below).
+- **long**: the same, decoding ``k`` tokens. With the short ones, the API server's
+  CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
+  its API-server process) gives its CPU seconds per request and per streamed token
+  (``frontend_request_cpu_s``, ``stream_token_s``).
+- **share**: one long request alone, then again while the client keeps the API
+  server busy with ``/metrics`` reads: the engine core's decode time grows by
+  ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
+  processes (the API server's and the client's), about 1 where they share its
+  cores, 0 where they do not.
+
+:func:`fit_serving_path` turns the samples into a :class:`ServingPath` (pure, so
+tests give it timings with a known answer); what a server does not export is left
+unmeasured (``None``) and the profile's fit (or 0) stands for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .profile import CostProfile, attention_pairs
+from .served import ServedEngine, ServerError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "METRICS",
+    "HopSample",
+    "ServingPath",
+    "SharePair",
+    "engine_model",
+    "fit_serving_path",
+    "measure_and_fit",
+    "measure_serving_path",
+    "metric_totals",
+]
+
+METRICS = {
+    "queue": "vllm:request_queue_time_seconds_sum",
+    "prefill": "vllm:request_prefill_time_seconds_sum",
+    "decode": "vllm:request_decode_time_seconds_sum",
+    "server_ttft": "vllm:time_to_first_token_seconds_sum",
+    "done": "vllm:request_prefill_time_seconds_count",
+    "cpu": "process_cpu_seconds_total",
+}
+"""What is read from ``/metrics``: vLLM's per-request histograms (their sums, in
+seconds, and the count that says a request's figures are in) and the API-server
+process's CPU seconds (the Prometheus client's process collector)."""
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
+    re.MULTILINE,
+)
+
+
+def metric_totals(text: str, names: Sequence[str] = tuple(METRICS.values())) -> dict[str, float]:
+    """The value of each metric of ``names`` in Prometheus ``text``, summed over its label
+    sets (a server with several engines or models); a metric absent is left out."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for m in _SAMPLE.finditer(text):
+        name = m.group("name")
+        if name in wanted:
+            try:
+                value = float(m.group("value"))
+            except ValueError:
+                continue
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+class HopSample(NamedTuple):
+    """One request, timed at both ends (engine-side figures ``None`` when unknown).
+
+    Attributes:
+        prompt_tokens: its prompt's length.
+        num_tokens: tokens it decoded.
+        client_ttft_s: sending to the first streamed token, at the client.
+        client_decode_s: first to last streamed token, at the client.
+        server_ttft_s: the API server's TTFT (``vllm:time_to_first_token_seconds``).
+        engine_ttft_s: the engine core's queue + prefill time.
+        engine_decode_s: the engine core's first to last token.
+        frontend_cpu_s: the API server's CPU seconds over the request, less what one
+            ``/metrics`` read costs.
+        client_cpu_s: the client's CPU seconds over the request.
+    """
+
+    prompt_tokens: int
+    num_tokens: int
+    client_ttft_s: float
+    client_decode_s: float
+    server_ttft_s: float | None = None
+    engine_ttft_s: float | None = None
+    engine_decode_s: float | None = None
+    frontend_cpu_s: float | None = None
+    client_cpu_s: float = 0.0
+
+
+class SharePair(NamedTuple):
+    """The same long request alone and under extra CPU load (see the module docstring)."""
+
+    alone: HopSample
+    loaded: HopSample
+
+
+@dataclass(frozen=True, slots=True)
+class ServingPath:
+    """The serving path's terms, as a profile carries them, and how each hop splits.
+
+    Attributes:
+        request_s: the fixed seconds per request outside the engine's steps.
+        stream_token_s: the front end's seconds per streamed token (``None``:
+            not measured).
+        frontend_request_cpu_s: its CPU seconds per request (``None``: not measured).
+        frontend_cpu_share: step seconds lost per CPU second of the front end
+            (``None``: not measured).
+        hops: medians in seconds of ``client_ttft``, ``http`` (client to API server
+            and back), ``frontend`` (API server to engine core and back) and
+            ``engine`` (queue + prefill), those known.
+        engine_side: ``"metrics"`` (vLLM's histograms) or ``"step model"``.
+    """
+
+    request_s: float
+    stream_token_s: float | None = None
+    frontend_request_cpu_s: float | None = None
+    frontend_cpu_share: float | None = None
+    hops: Mapping[str, float] = field(default_factory=dict)
+    engine_side: str = "metrics"
+
+    def known(self) -> dict[str, float]:
+        """The terms a profile fit takes as given (``fit_profile(known=...)``)."""
+        out = {"request_s": self.request_s}
+        if self.stream_token_s is not None:
+            out["stream_token_s"] = self.stream_token_s
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON object for the profile's ``fit`` (``fit["serving_path"]``)."""
+        return {
+            "request_s": self.request_s,
+            "stream_token_s": self.stream_token_s,
+            "frontend_request_cpu_s": self.frontend_request_cpu_s,
+            "frontend_cpu_share": self.frontend_cpu_share,
+            "hops": dict(self.hops),
+            "engine_side": self.engine_side,
+        }
+
+
+EngineModel = Callable[[int, int], tuple[float, float]]
+"""``(prompt tokens, tokens decoded) -> (engine TTFT, engine decode seconds)`` for one
+request alone: what the step model says, used where the server does not say."""
+
+
+def engine_model(profile: CostProfile) -> EngineModel:
+    """A lone request's engine time by ``profile``'s steps: one prefill step, then one
+    decode step of one row per further token."""
+
+    def model(prompt_tokens: int, num_tokens: int) -> tuple[float, float]:
+        ttft = profile.step_time(prompt_tokens, attention_pairs(prompt_tokens, 0), 0, 0)
+        decode = sum(
+            profile.step_time(0, 0, 1, prompt_tokens + j + 1) for j in range(num_tokens - 1)
+        )
+        return ttft, decode
+
+    return model
+
+
+def fit_serving_path(
+    short: Sequence[HopSample],
+    long: Sequence[HopSample],
+    share: Sequence[SharePair] = (),
+    engine_model: EngineModel | None = None,
+) -> ServingPath:
+    """The serving path from one-at-a-time requests (see the module docstring).
+
+    Args:
+        short: requests decoding one token.
+        long: requests decoding ``k > 1`` tokens (the same ``k``), the same prompts'
+            length.
+        share: long requests alone and under load.
+        engine_model: the engine's own time where a sample lacks it.
+
+    Returns:
+        The medians of what each sample says; a term no sample says is ``None``.
+
+    Raises:
+        ValueError: no short sample, or one without its engine side and no
+            ``engine_model``.
+    """
+    if not short:
+        raise ValueError("need at least one short request")
+
+    def engine_ttft(s: HopSample) -> float:
+        if s.engine_ttft_s is not None:
+            return s.engine_ttft_s
+        if engine_model is None:
+            raise ValueError("a sample has no engine-side TTFT and there is no engine model")
+        return engine_model(s.prompt_tokens, s.num_tokens)[0]
+
+    def median(values: Sequence[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    request_s = max(0.0, statistics.median(s.client_ttft_s - engine_ttft(s) for s in short))
+    hops = {
+        "client_ttft": statistics.median(s.client_ttft_s for s in short),
+        "engine": statistics.median(engine_ttft(s) for s in short),
+    }
+    http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
+    front = median(
+        [
+            s.server_ttft_s - s.engine_ttft_s
+            for s in short
+            if s.server_ttft_s is not None and s.engine_ttft_s is not None
+        ]
+    )
+    hops.update({k: v for k, v in (("http", http), ("frontend", front)) if v is not None})
+    cpu_request = cpu_token = None
+    cpu_short = median([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
+    cpu_long = median([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
+    k = statistics.median(s.num_tokens for s in long) if long else 1
+    if cpu_short is not None and cpu_long is not None and k > 1:
+        # short: one request and one token; long: one request and k tokens
+        cpu_token = max(0.0, (cpu_long - cpu_short) / (k - 1))
+        cpu_request = max(0.0, cpu_short - cpu_token)
+    return ServingPath(
+        request_s=request_s,
+        stream_token_s=cpu_token,
+        frontend_request_cpu_s=cpu_request,
+        frontend_cpu_share=_share(share),
+        hops=hops,
+        engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
+    )
+
+
+def _share(pairs: Sequence[SharePair]) -> float | None:
+    """Median step seconds lost per CPU second of other work, in ``[0, 1]``."""
+    shares = []
+    for alone, loaded in pairs:
+        if alone.engine_decode_s is None or loaded.engine_decode_s is None:
+            continue
+        if alone.frontend_cpu_s is None or loaded.frontend_cpu_s is None:
+            continue
+        extra_cpu = (loaded.frontend_cpu_s - alone.frontend_cpu_s) + (
+            loaded.client_cpu_s - alone.client_cpu_s
+        )
+        if extra_cpu <= 0:
+            continue
+        lost = loaded.engine_decode_s - alone.engine_decode_s
+        shares.append(min(1.0, max(0.0, lost / extra_cpu)))
+    return statistics.median(shares) if shares else None
+
+
+# ------------------------------------------------------------------ measuring
+
+
+async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
+    import httpx
+
+    try:
+        r = await client.get("/metrics")
+    except httpx.HTTPError:
+        return {}
+    return metric_totals(r.text) if r.status_code == 200 else {}
+
+
+def _delta(after: Mapping[str, float], before: Mapping[str, float], *keys: str) -> float | None:
+    names = [METRICS[k] for k in keys]
+    if any(n not in after or n not in before for n in names):
+        return None
+    return sum(after[n] - before[n] for n in names)
+
+
+async def _timed(
+    engine: ServedEngine,
+    client: httpx.AsyncClient,
+    prompt: Sequence[int],
+    num_tokens: int,
+    scrape_cpu_s: float,
+    *,
+    load: bool = False,
+) -> HopSample:
+    """One request with ``/metrics`` read before and after (until its figures are in,
+    a few reads at most). ``load``: keep the API server busy meanwhile."""
+    before = await _metrics(client)
+    cpu0 = time.process_time()
+    stop = asyncio.Event()
+
+    async def busy() -> None:
+        while not stop.is_set():
+            await _metrics(client)
+            await asyncio.sleep(0)  # a transport that answers at once still lets go
+
+    loader = asyncio.ensure_future(busy()) if load else None
+    try:
+        c = await engine.complete(client, prompt, num_tokens)
+    finally:
+        stop.set()
+        if loader is not None:
+            await loader
+    client_cpu = time.process_time() - cpu0
+    after = await _metrics(client)
+    for _ in range(20):  # the API server records a request's figures as it finishes it
+        counted = _delta(after, before, "done")
+        if counted is None or counted >= 1:
+            break
+        await asyncio.sleep(0.01)
+        after = await _metrics(client)
+    whole = _delta(after, before, "done") == 1  # exactly this request's figures
+    cpu = _delta(after, before, "cpu")
+    return HopSample(
+        prompt_tokens=len(prompt),
+        num_tokens=num_tokens,
+        client_ttft_s=c.ttft_s,
+        client_decode_s=c.latency_s - c.ttft_s,
+        server_ttft_s=_delta(after, before, "server_ttft") if whole else None,
+        engine_ttft_s=_delta(after, before, "queue", "prefill") if whole else None,
+        engine_decode_s=_delta(after, before, "decode") if whole else None,
+        frontend_cpu_s=None if cpu is None else cpu - scrape_cpu_s,
+        client_cpu_s=client_cpu,
+    )
+
+
+async def measure_serving_path(
+    engine: ServedEngine,
+    client: httpx.AsyncClient,
+    fresh: Callable[[int], list[int]],
+    *,
+    repeats: int = 5,
+    prompt_tokens: int = 8,
+    long_tokens: int = 32,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
+    """Send the short, long and share requests one at a time (see the module docstring).
+
+    Args:
+        engine: the server.
+        client: its client (``engine.client()``).
+        fresh: fresh prompt token ids of a length (nothing cached hits them).
+        repeats: requests of each kind.
+        prompt_tokens: each prompt's length.
+        long_tokens: tokens each long request decodes.
+        progress: called with 1 after each request.
+
+    Raises:
+        ServerError: the server fails a request.
+    """
+    if repeats < 1 or prompt_tokens < 1 or long_tokens < 2:
+        raise ServerError(
+            f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
+            f"{repeats}, {prompt_tokens}, {long_tokens}"
+        )
+    # What one /metrics read costs the API server: taken off each request's CPU.
+    reads = [await _metrics(client) for _ in range(4)]
+    cpu = METRICS["cpu"]
+    gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
+    scrape_cpu_s = statistics.median(gaps) if gaps else 0.0
+
+    def tick() -> None:
+        if progress is not None:
+            progress(1)
+
+    short, long, share = [], [], []
+    for _ in range(repeats):
+        short.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
+        tick()
+        long.append(await _timed(engine, client, fresh(prompt_tokens), long_tokens, scrape_cpu_s))
+        tick()
+        loaded = await _timed(
+            engine, client, fresh(prompt_tokens), long_tokens, scrape_cpu_s, load=True
+        )
+        share.append(SharePair(long[-1], loaded))
+        tick()
+    return short, long, share
+
+
+async def _measure(
+    engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
+    progress: Callable[[int], object] | None,
+) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:  # fmt: skip
+    rng = random.Random(seed if seed is not None else os.urandom(16))
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(3, vocab_size) for _ in range(n)]
+
+    async with engine.client() as client:
+        await engine.info(client)
+        return await measure_serving_path(engine, client, fresh, repeats=repeats, progress=progress)
+
+
+def measure_and_fit(
+    engine: ServedEngine,
+    profile: CostProfile,
+    *,
+    repeats: int = 5,
+    seed: int | None = None,
+    vocab_size: int = 32000,
+    progress: Callable[[int], object] | None = None,
+) -> ServingPath:
+    """Measure the serving path of ``engine`` and fit it; where the server does not
+    export vLLM's histograms, ``profile``'s steps stand for the engine's time.
+
+    Raises:
+        ServerError: the server fails a request.
+    """
+    short, long, share = asyncio.run(_measure(engine, repeats, seed, vocab_size, progress))
+    return fit_serving_path(short, long, share, engine_model(profile))

@@ -1,0 +1,291 @@
+"""The serving path: the fit on timings with a known answer, the simulator's use of
+it, and ``calibrate --server`` measuring it from a (mock) server's ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from array import array
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, StepSample, simulate
+from prefixkv.adapters.lab.sim.calibration import fit_profile
+from prefixkv.adapters.lab.sim.serving_path import (
+    METRICS,
+    HopSample,
+    SharePair,
+    engine_model,
+    fit_serving_path,
+    metric_totals,
+)
+from prefixkv.indexes import make_index
+
+BASE = CostProfile("t", "m", "d", 0.002, 1e-5, 0.0, 3e-4, 1e-7)
+
+
+def hop(
+    *,
+    http: float,
+    front: float,
+    engine: float,
+    k: int = 1,
+    decode: float = 0.0,
+    cpu: float | None = None,
+    client_cpu: float = 0.0,
+    prompt: int = 8,
+) -> HopSample:
+    """A request whose hops took ``http`` (client <-> API server), ``front`` (API
+    server <-> engine core) and ``engine`` (queue + prefill) seconds."""
+    return HopSample(
+        prompt_tokens=prompt,
+        num_tokens=k,
+        client_ttft_s=http + front + engine,
+        client_decode_s=decode,
+        server_ttft_s=front + engine,
+        engine_ttft_s=engine,
+        engine_decode_s=decode if k > 1 else 0.0,
+        frontend_cpu_s=cpu,
+        client_cpu_s=client_cpu,
+    )
+
+
+# ------------------------------------------------------------------ the fit
+
+
+@given(
+    http=st.floats(1e-4, 0.05),
+    front=st.floats(1e-4, 0.05),
+    engines=st.lists(st.floats(1e-3, 0.2), min_size=1, max_size=7),
+    cpu_request=st.floats(0.0, 0.02),
+    cpu_token=st.floats(0.0, 0.002),
+    k=st.integers(2, 64),
+)
+def test_the_fit_recovers_known_hops_and_front_end_cpu(
+    http: float,
+    front: float,
+    engines: list[float],
+    cpu_request: float,
+    cpu_token: float,
+    k: int,
+) -> None:
+    # Whatever the engine's own time, the fixed cost is what lies outside it.
+    short = [hop(http=http, front=front, engine=e, cpu=cpu_request + cpu_token) for e in engines]
+    long = [
+        hop(http=http, front=front, engine=e, k=k, decode=0.01 * k, cpu=cpu_request + k * cpu_token)
+        for e in engines
+    ]
+    path = fit_serving_path(short, long)
+    assert path.request_s == pytest.approx(http + front, rel=1e-6, abs=1e-12)
+    assert path.hops["http"] == pytest.approx(http, rel=1e-6, abs=1e-12)
+    assert path.hops["frontend"] == pytest.approx(front, rel=1e-6, abs=1e-12)
+    assert path.stream_token_s == pytest.approx(cpu_token, rel=1e-6, abs=1e-12)
+    assert path.frontend_request_cpu_s == pytest.approx(cpu_request, rel=1e-6, abs=1e-12)
+    assert path.engine_side == "metrics" and path.frontend_cpu_share is None
+    assert path.known() == {"request_s": path.request_s, "stream_token_s": path.stream_token_s}
+
+
+def test_without_the_servers_histograms_the_step_model_stands_for_the_engine() -> None:
+    model = engine_model(BASE)
+    engine_ttft, _ = model(8, 1)
+    assert engine_ttft == pytest.approx(BASE.step_time(8, 36, 0, 0))
+    bare = HopSample(8, 1, client_ttft_s=engine_ttft + 0.03, client_decode_s=0.0)
+    path = fit_serving_path([bare, bare], [], engine_model=model)
+    assert path.request_s == pytest.approx(0.03)
+    assert path.engine_side == "step model" and set(path.hops) == {"client_ttft", "engine"}
+    assert path.stream_token_s is None and path.known() == {"request_s": path.request_s}
+    with pytest.raises(ValueError, match="engine model"):
+        fit_serving_path([bare], [])
+    with pytest.raises(ValueError, match="short"):
+        fit_serving_path([], [])
+
+
+@pytest.mark.parametrize(("lost", "share"), [(0.004, 0.4), (0.0, 0.0), (0.05, 1.0), (-1.0, 0.0)])
+def test_the_share_is_step_time_lost_per_cpu_second_of_other_work(
+    lost: float, share: float
+) -> None:
+    alone = hop(http=0.01, front=0.01, engine=0.02, k=32, decode=0.3, cpu=0.01, client_cpu=0.002)
+    # the API server spent 6 ms more, the client 4 ms more: 10 ms of other work
+    loaded = alone._replace(engine_decode_s=0.3 + lost, frontend_cpu_s=0.016, client_cpu_s=0.006)
+    path = fit_serving_path([alone], [alone], [SharePair(alone, loaded)])
+    assert path.frontend_cpu_share == pytest.approx(share)  # clamped to [0, 1]
+    nothing_more = alone._replace(engine_decode_s=0.4)
+    unloaded = fit_serving_path([alone], [alone], [SharePair(alone, nothing_more)])
+    assert unloaded.frontend_cpu_share is None
+
+
+def test_metric_totals_sums_label_sets_and_skips_what_is_absent() -> None:
+    text = (
+        "# HELP vllm:request_queue_time_seconds ...\n"
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25\n'
+        'vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.5\n'
+        'vllm:request_queue_time_seconds_bucket{le="0.3"} 7\n'
+        "process_cpu_seconds_total 12.5\n"
+        "vllm:request_prefill_time_seconds_count 3.0\n"
+    )
+    got = metric_totals(text)
+    assert got == {
+        METRICS["queue"]: 0.75,
+        METRICS["cpu"]: 12.5,
+        METRICS["done"]: 3.0,
+    }
+
+
+# ------------------------------------------------------------------ the profile fit
+
+
+def test_a_measured_request_cost_is_taken_off_before_the_step_fit() -> None:
+    truth = dataclasses.replace(BASE, request_s=0.03, stream_token_s=0.0005)
+    outside = truth.request_s + truth.stream_token_s
+    samples = [
+        StepSample(q, 0, 0, 0, outside + truth.step_time(q, 0, 0, 0), 1, 1, 1)
+        for q in (16, 256, 1024, 2048)
+    ]
+    for b in (1, 8):
+        samples += [StepSample(0, 0, b, b * c, truth.step_time(0, 0, b, b * c)) for c in (64, 900)]
+    known = {"request_s": 0.03, "stream_token_s": 0.0005}
+    fitted = fit_profile(samples, name="f", model="m", device="d", source="s", known=known)
+    assert fitted.request_s == 0.03 and fitted.stream_token_s == 0.0005
+    assert fitted.step_s == pytest.approx(truth.step_s, rel=1e-6)
+    assert fitted.prefill_token_s == pytest.approx(truth.prefill_token_s, rel=1e-6)
+    assert fitted.fit["relative_error_max"] < 1e-6
+    with pytest.raises(ValueError, match="known"):
+        fit_profile(samples, name="f", model="m", device="d", source="s", known={"step_s": 1.0})
+
+
+def test_profiles_without_the_terms_read_as_zero_and_bad_terms_are_refused() -> None:
+    doc = BASE.to_dict()
+    for key in ("frontend_request_cpu_s", "frontend_cpu_share", "request_s", "stream_token_s"):
+        doc.pop(key)
+    old = CostProfile.from_dict(doc)
+    assert old.frontend_cpu_share == 0.0 and old.frontend_request_cpu_s == 0.0
+    both = dataclasses.replace(BASE, frontend_request_cpu_s=0.01, frontend_cpu_share=0.5)
+    assert CostProfile.from_dict(both.to_dict()) == both
+    for bad in (1.5, -0.1, float("nan"), True):
+        with pytest.raises(ProfileError, match="frontend_cpu_share"):
+            dataclasses.replace(BASE, frontend_cpu_share=bad)
+
+
+# ------------------------------------------------------------------ the simulator
+
+
+def _reqs(n: int, gap: float, out: int = 4) -> list[SimRequest]:
+    return [
+        SimRequest(f"r{i}", array("I", range(1 + 50 * i, 51 + 50 * i)), out, gap * i)
+        for i in range(n)
+    ]
+
+
+def _run(profile: CostProfile, reqs: list[SimRequest]) -> Any:
+    return simulate(reqs, lambda: make_index("hash_chain", 16), 4096, profile=profile)
+
+
+def test_a_front_end_sharing_the_cores_slows_the_steps_by_its_share() -> None:
+    shared = dataclasses.replace(
+        BASE, stream_token_s=0.001, frontend_request_cpu_s=0.004, frontend_cpu_share=0.5
+    )
+    apart = dataclasses.replace(shared, frontend_cpu_share=0.0)
+    reqs = _reqs(3, 0.0)
+    a, b = _run(apart, reqs), _run(shared, reqs)
+    # Step 1 prefills the three (their admission: 3 x 4 ms of front-end CPU, half lost);
+    # each later step loses half of the 3 tokens the step before streamed (3 x 1 ms).
+    steps = a.run.num_steps
+    assert b.run.num_steps == steps == 4
+    assert b.run.busy_s == pytest.approx(a.run.busy_s + 0.5 * 0.012 + (steps - 1) * 0.5 * 0.003)
+    assert b.requests[0].ttft_s == pytest.approx(a.requests[0].ttft_s + 0.006)
+    # Without the terms (the default) a profile prices steps as before.
+    assert _run(BASE, reqs).run.busy_s == _run(apart, reqs).run.busy_s
+
+
+def test_front_end_time_spent_while_the_engine_idles_costs_no_step() -> None:
+    shared = dataclasses.replace(BASE, stream_token_s=0.001, frontend_cpu_share=1.0)
+    apart = dataclasses.replace(shared, frontend_cpu_share=0.0)
+    reqs = _reqs(2, 10.0, out=1)  # each alone: one step, then idle for seconds
+    a, b = _run(apart, reqs), _run(shared, reqs)
+    assert b.run.busy_s == pytest.approx(a.run.busy_s)
+
+
+# ------------------------------------------------------------------ calibrate --server
+
+
+class MetricsServer:
+    """A completions server over httpx.MockTransport whose ``/metrics`` says what each
+    request cost the engine core (fixed figures) and the API server's CPU."""
+
+    ENGINE_TTFT = 0.004
+    DECODE = 0.001
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.cpu = 1.0
+        self.tokens = 0
+
+    async def __call__(self, request: Any) -> Any:
+        import httpx
+
+        path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 4096}]})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "0.32.0"})
+        if path == "/metrics":
+            self.cpu += 0.0005
+            n = self.done
+            text = (
+                'vllm:cache_config_info{block_size="32",num_gpu_blocks="4096"} 1.0\n'
+                f"vllm:request_queue_time_seconds_sum {n * 0.001}\n"
+                f"vllm:request_prefill_time_seconds_sum {n * (self.ENGINE_TTFT - 0.001)}\n"
+                f"vllm:request_prefill_time_seconds_count {n}\n"
+                f"vllm:request_decode_time_seconds_sum {self.tokens * self.DECODE}\n"
+                f"vllm:time_to_first_token_seconds_sum {n * self.ENGINE_TTFT}\n"
+                f"process_cpu_seconds_total {self.cpu}\n"
+            )
+            return httpx.Response(200, text=text)
+        body = json.loads(request.content)
+        n = body["max_tokens"]
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n,
+                 "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+
+        async def stream() -> Any:
+            for _ in range(n):
+                await asyncio.sleep(0)
+                yield b'data: {"choices": [{"text": ""}]}\n\n'
+            self.done += 1
+            self.tokens += n - 1
+            self.cpu += 0.002 + 0.0001 * n
+            yield ("data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n").encode()
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, content=stream())
+
+
+def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.server_calibration import QUICK_SWEEP, calibrate_server
+
+    server = MetricsServer()
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
+    sweep = dataclasses.replace(QUICK_SWEEP, seed=3, serving_repeats=3)
+    p = calibrate_server("http://fake", sweep=sweep, engine=engine)
+    path = p.fit["serving_path"]
+    assert path["engine_side"] == "metrics"
+    assert path["hops"]["engine"] == pytest.approx(MetricsServer.ENGINE_TTFT)
+    assert path["hops"]["frontend"] == pytest.approx(0.0, abs=1e-12)
+    # the API server's CPU: 2 ms a request and 0.1 ms a token (one read's 0.5 ms taken off)
+    assert path["frontend_request_cpu_s"] == pytest.approx(0.002, rel=1e-6)
+    assert path["stream_token_s"] == pytest.approx(0.0001, rel=1e-6)
+    assert p.stream_token_s == path["stream_token_s"] and p.request_s == path["request_s"]
+    assert p.frontend_request_cpu_s == pytest.approx(0.002, rel=1e-6)
+    # the engine's decode time does not grow under load here: nothing is lost
+    assert p.frontend_cpu_share == pytest.approx(0.0, abs=1e-9)
+    off = calibrate_server(
+        "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
+    )
+    assert "serving_path" not in off.fit
