@@ -27,6 +27,11 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
+HANG_S = 300.0
+"""A bound against hangs only: each wait is for an event (a handler installed, rows
+written, lines printed, the process gone), which takes seconds even at load 25."""
+
+
 class Command:
     """A ``prefixkv`` subprocess whose stdout lines are collected as they come."""
 
@@ -65,14 +70,14 @@ class Command:
 
         self.wait_for(enough, timeout, f"{n} lines of output")
 
-    def flood(self, signum: int, timeout: float = 60.0, every: float = 0.01) -> tuple[str, str]:
+    def flood(self, signum: int, timeout: float = HANG_S, every: float = 0.01) -> tuple[str, str]:
         """Send ``signum`` every ``every`` seconds until the process exits; returns its
         whole stdout and stderr."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             self.proc.send_signal(signum)
             time.sleep(every)
-        return self.finish(timeout=5)
+        return self.finish(timeout=HANG_S)
 
     def finish(self, timeout: float) -> tuple[str, str]:
         _, err = self.proc.communicate(timeout=timeout)
@@ -111,9 +116,9 @@ def test_a_signal_in_the_first_instant_is_one_line(
     # The signal lands while the subcommands are still being imported (~0.4 s).
     cmd = Command(tmp_path, "compare", "-w", "seed", "--out", "o")
     commands.append(cmd)
-    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid), 30, "signal handler")
+    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid), HANG_S, "signal handler")
     cmd.proc.send_signal(signum)
-    out, err = cmd.finish(timeout=60)
+    out, err = cmd.finish(timeout=HANG_S)
     assert cmd.proc.returncode == STATUS[signum], err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
@@ -147,7 +152,7 @@ def test_replay_keeps_its_rows_through_a_flood_of_signals(
     def rows_written() -> bool:  # the temporary file beside hits.jsonl has rows in it
         return any(p.stat().st_size > 0 for p in tmp_path.glob(".hits.jsonl.*.tmp"))
 
-    cmd.wait_for(rows_written, 60, "rows")
+    cmd.wait_for(rows_written, HANG_S, "rows")
     stdout, err = cmd.flood(signum)
     assert cmd.proc.returncode == STATUS[signum], err
     assert "Traceback" not in err, err
@@ -168,7 +173,7 @@ def test_cluster_writes_the_finished_runs_when_interrupted(
     argv = ["--prefill-only", "--replicas", "4", "--no-requests-table", "--out", "report"]
     cmd = Command(tmp_path, "cluster", "--trace", str(trace), "--policies", policies, *argv)
     commands.append(cmd)
-    cmd.wait_for_lines(2, 120)  # two runs finished
+    cmd.wait_for_lines(2, HANG_S)  # two runs finished
     stdout, err = cmd.flood(signal.SIGINT)
     assert cmd.proc.returncode == 130, err
     assert "Traceback" not in err and not err, err

@@ -64,6 +64,12 @@ def make_batches(rng: random.Random, n: int, ts0: float) -> list[KVEventBatch]:
     return out
 
 
+HANG_S = 120.0
+"""A bound against hangs only: far above any wait here (milliseconds on an idle
+machine, a few seconds at load 25), it never decides what a test checks."""
+HANG_MS = int(HANG_S * 1000)
+
+
 def snapshot(index: EventIndex) -> dict[Source, dict[int | bytes, int]]:
     return {s: index.blocks(s) for s in index.sources()}
 
@@ -72,31 +78,44 @@ class Proxy:
     """Forwards PUB frames, applying a fault to each: pass, drop, or hold for k frames."""
 
     def __init__(self, ctx: zmq.Context[Any], upstream: str, downstream: str) -> None:
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(upstream)
+        self.ctx, self.upstream = ctx, upstream
+        self.sub = self._subscribe()
         self.pub = ctx.socket(zmq.PUB)
         self.pub.bind(downstream)
         self.held: list[tuple[int, list[bytes]]] = []
         self.faults: Counter[str] = Counter()
 
-    def pump(self, fault: Callable[[], int], sub: ZmqEventSubscriber, idle: float = 0.3) -> None:
-        """Forward until nothing arrives for ``idle`` s; ``fault()``: -1 drop, 0 pass, k hold."""
-        last = time.monotonic()
-        while time.monotonic() - last < idle:
-            if self.sub.poll(10):
-                frames = self.sub.recv_multipart()
-                last = time.monotonic()
-                k = fault()
-                self.faults["drop" if k < 0 else "pass" if k == 0 else "delay"] += 1
-                if k == 0:
-                    self.pub.send_multipart(frames)
-                elif k > 0:
-                    self.held.append((k, frames))
-                self._release(1)
+    def _subscribe(self) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(self.upstream)
+        return sock
+
+    def reconnect(self) -> None:
+        """A fresh upstream link (libzmq's SUB does not come back to a restarted
+        publisher's ipc path by itself)."""
+        self.sub.close(linger=0)
+        self.sub = self._subscribe()
+
+    def pump(self, fault: Callable[[], int], sub: ZmqEventSubscriber, count: int) -> None:
+        """Forward ``count`` frames (the publisher waited for this proxy's subscription,
+        so none is lost before it); ``fault()``: -1 drop, 0 pass, k hold for k frames."""
+        end = time.monotonic() + HANG_S
+        for _ in range(count):
+            while not self.sub.poll(10):
+                assert time.monotonic() < end, "hung"
+                sub.poll(0)
+            frames = self.sub.recv_multipart()
+            k = fault()
+            self.faults["drop" if k < 0 else "pass" if k == 0 else "delay"] += 1
+            if k == 0:
+                self.pub.send_multipart(frames)
+            elif k > 0:
+                self.held.append((k, frames))
+            self._release(1)
             sub.poll(0)
         self._release(10**9)
-        while sub.poll(0.05):
+        while sub.poll(0.05):  # what is in flight now; a test syncs for the rest
             pass
 
     def _release(self, step: int) -> None:
@@ -133,7 +152,7 @@ def test_frames_and_replay_answer_are_vllms(ctx: zmq.Context[Any]) -> None:
             dealer.send_multipart([b"", (1).to_bytes(8, "big")])
             answer = []
             while True:
-                assert dealer.poll(2000)
+                assert dealer.poll(HANG_MS)
                 answer.append(dealer.recv_multipart())
                 if answer[-1][2] == END_SEQ:
                     break
@@ -178,17 +197,18 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
     try:
         for run, n in ((1, 60), (2, 30)):
             pub = ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=1000, context=ctx)
-            time.sleep(0.3)  # let the proxy's SUB (re)connect (lost frames are replayed anyway)
+            assert pub.wait_for_subscribers(1, HANG_S) == 1  # the proxy's SUB (re)connected
             if run == 2:
                 truth.clear("r")  # the engine restarted with an empty cache
             for b in make_batches(rng, n, ts0=1000.0 * run):
                 pub.publish(b)
                 truth.apply(b, "r")
-            proxy.pump(fault, sub)
+            proxy.pump(fault, sub, n)
             sub.sync()  # the tail a live stream cannot reveal
             assert snapshot(mine) == snapshot(truth), (run, sub.stats, restarts, resyncs)
             assert sub.next_seq == n
             pub.shutdown()
+            proxy.reconnect()
         assert proxy.faults["drop"] > 0 and proxy.faults["delay"] > 0
         assert sub.stats["gaps"] > 0 and sub.stats["replays"] > 0
         assert restarts == [1] and sub.stats["restarts"] == 1
@@ -240,13 +260,13 @@ def test_replay_window_exceeded_asks_for_a_resync(ctx: zmq.Context[Any], tmp_pat
     proxy = Proxy(ctx, pub_ep, proxy_ep)
     try:
         with ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=5, context=ctx) as pub:
-            time.sleep(0.1)
+            assert pub.wait_for_subscribers(1, HANG_S) == 1  # the proxy's SUB
             batches = make_batches(random.Random(3), 20, ts0=0.0)
             for b in batches:
                 pub.publish(b)
             # deliver 0..2, lose 3..18, deliver 19: only 15..19 are still buffered
             seen = iter(range(100))
-            proxy.pump(lambda: -1 if 3 <= next(seen) <= 18 else 0, sub)
+            proxy.pump(lambda: -1 if 3 <= next(seen) <= 18 else 0, sub, 20)
             if sub.next_seq != 20:  # the proxy's SUB joined late: catch up explicitly
                 sub.sync()
         assert resyncs and resyncs[-1] == 15
@@ -307,19 +327,20 @@ def test_a_stale_frame_after_a_resync_is_not_a_restart(
         context=ctx,
     )
     try:
-        assert downstream.poll(5000)
+        assert downstream.poll(HANG_MS)
         downstream.recv()  # the subscription: the link is up
         with ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=2, context=ctx) as pub:
             batches = make_batches(random.Random(6), 6, ts0=0.0)
             for b in batches:
                 pub.publish(b)
             live = [[b"", k.to_bytes(8, "big"), encode(b)] for k, b in enumerate(batches)]
-            end = time.monotonic() + 5
+            end = time.monotonic() + HANG_S
             while _buffered(ctx, replay_ep) != [4, 5]:  # the publisher thread is done
                 assert time.monotonic() < end
                 time.sleep(0.01)
             downstream.send_multipart(live[2])
-            assert sub.poll(2.0) == 2 and got == [4, 5] and resyncs == [4]
+            _wait(lambda: len(got) == 2, sub)
+            assert got == [4, 5] and resyncs == [4]
             downstream.send_multipart(live[3])
             assert sub.poll(2.0) == 0 and restarts == [] and sub.next_seq == 6
     finally:
@@ -352,7 +373,7 @@ def test_replay_answers_without_a_topic_frame(ctx: zmq.Context[Any], tmp_path: P
     )
     try:
         assert sub.sync() == 3
-        server.join(5)
+        server.join(HANG_S)
         assert [b.ts for b in got] == [0.0, 1.0, 2.0] and sub.next_seq == 3
     finally:
         sub.close()
@@ -381,11 +402,11 @@ def test_bad_options(ctx: zmq.Context[Any]) -> None:
         ZmqEventSubscriber("bogus://x", lambda s, b: None, context=ctx)
 
 
-def _wait(done: Callable[[], bool], sub: ZmqEventSubscriber, limit: float = 5.0) -> None:
+def _wait(done: Callable[[], bool], sub: ZmqEventSubscriber, limit: float = HANG_S) -> None:
     """Poll until ``done()`` (the publisher thread sends asynchronously)."""
     end = time.monotonic() + limit
     while not done():
-        assert time.monotonic() < end, "timed out"
+        assert time.monotonic() < end, "hung"
         sub.poll(0.01)
         time.sleep(0.01)
 
@@ -396,7 +417,7 @@ def _buffered(ctx: zmq.Context[Any], replay_endpoint: str) -> list[int]:
     dealer.connect(replay_endpoint)
     dealer.send_multipart([b"", (0).to_bytes(8, "big")])
     seqs = []
-    while dealer.poll(2000):
+    while dealer.poll(HANG_MS):  # until the end marker
         parts = dealer.recv_multipart()
         if parts[2] == END_SEQ:
             break

@@ -47,6 +47,11 @@ from vllm_server import KVEventTap, ServeConfig, VLLMServer, free_port  # noqa: 
 BLOCK_SIZE = 32
 NUM_GPU_BLOCKS = 65  # vLLM's block 0 is the null block: 64 usable, 2,048 tokens
 SERVE_ARGS = (
+    # float32, the model's own dtype: vLLM's CPU build would run bfloat16 on a CPU with
+    # bfloat16 arithmetic (AMX, avx512_bf16), where attending over reused blocks rounds
+    # differently from recomputing them, so greedy outputs could differ with the cache
+    # (not a prefixkv effect); in float32 they are equal on AMD and Intel CPUs alike.
+    "--dtype", "float32",
     "--max-num-batched-tokens", "128",  # chunked prefill: prompts span steps
     "--max-num-seqs", "4",
     "--enable-log-requests",  # "Added request <id>": the order the engine core sees

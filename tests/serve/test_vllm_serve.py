@@ -11,7 +11,9 @@ one property of what they served:
 * prefixkv's radix tree cached at least native's tokens up to the first eviction; past
   it the two evict differently (below);
 * greedy outputs are identical across the three servers: a cache hit gives the KV a
-  recomputation would;
+  recomputation would (in float32, which the servers run: in bfloat16 a reused block's
+  rounding differs from a recomputed one's, so only cached tokens, counters and events
+  would be the engine's guarantee there);
 * ``/metrics`` prefix-cache and preemption counters: hash chain == native;
 * KV events (ZeroMQ, ``sha256_cbor``): hash chain == native, byte for byte;
 * the offline ``prefixkv replay`` of the sequential phase, with the server's block size
