@@ -347,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=165, help="requests a run")
     ap.add_argument(
         "--request-rates",
+        "--request-rate",
         type=parse_rates,
         default=parse_rates("0.5,1,2,4,8,16"),
         help="offered rates, requests a second, light to past saturation (default 0.5,1,2,4,8,16)",
