@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 from array import array
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,7 +264,9 @@ class MetricsServer:
         return httpx.Response(200, content=stream())
 
 
-def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics() -> None:
+def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     pytest.importorskip("httpx")
     import httpx
 
@@ -285,6 +288,12 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics() -
     assert p.frontend_request_cpu_s == pytest.approx(0.002, rel=1e-6)
     # the engine's decode time does not grow under load here: nothing is lost
     assert p.frontend_cpu_share == pytest.approx(0.0, abs=1e-9)
+    from prefixkv.adapters.lab.cli.calibrate import _print_fit
+
+    _print_fit(p, Path("p.json"))
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("serving path (engine side from metrics): request_s ")
+    assert "stream_token_s 0.100 ms" in said[-1] and "engine 4.0 ms" in said[-1]
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
     )

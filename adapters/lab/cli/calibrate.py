@@ -179,6 +179,14 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
         f"error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
         f" -> {out}"
     )
+    path = fit.get("serving_path")
+    if isinstance(path, dict):
+        hops = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in path.get("hops", {}).items())
+        print(
+            f"serving path (engine side from {path.get('engine_side')}): request_s "
+            f"{profile.request_s * 1e3:.1f} ms, stream_token_s {profile.stream_token_s * 1e3:.3f}"
+            f" ms, front-end CPU share {profile.frontend_cpu_share:.2f}; medians: {hops}"
+        )
 
 
 def list_profiles() -> str:
