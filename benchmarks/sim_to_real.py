@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--serving-repeats",
         type=int,
-        default=5,
+        default=10,
         help="requests of each kind timing the serving path (0: not timed)",
     )
     ap.add_argument("--quick", action="store_true", help="calibrate with the quick sweep")

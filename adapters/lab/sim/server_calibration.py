@@ -87,7 +87,7 @@ class ServerSweep:
     max_num_batched_tokens: int = 2048
     vocab_size: int = 32000
     seed: int | None = None
-    serving_repeats: int = 5
+    serving_repeats: int = 10
 
     def __post_init__(self) -> None:
         if type(self.serving_repeats) is not int or not 0 <= self.serving_repeats <= 1000:

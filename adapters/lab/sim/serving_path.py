@@ -20,7 +20,8 @@ one request at a time (light load), from both ends:
 - **long**: the same, decoding ``k`` tokens. With the short ones, the API server's
   CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
   its API-server process) gives its CPU seconds per request and per streamed token
-  (``frontend_request_cpu_s``, ``stream_token_s``).
+  (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
+  counter ticks in 10 ms steps).
 - **share**: one long request alone, then again while the client keeps the API
   server busy with ``/metrics`` reads: the engine core's decode time grows by
   ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
@@ -242,9 +243,11 @@ def fit_serving_path(
         ]
     )
     hops.update({k: v for k, v in (("http", http), ("frontend", front)) if v is not None})
+    # The CPU counter ticks in 10 ms steps (Linux clock ticks): means, not medians,
+    # so that the ticks average out over the repeats.
     cpu_request = cpu_token = None
-    cpu_short = median([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
-    cpu_long = median([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
+    cpu_short = _mean([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
+    cpu_long = _mean([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
     k = statistics.median(s.num_tokens for s in long) if long else 1
     if cpu_short is not None and cpu_long is not None and k > 1:
         # short: one request and one token; long: one request and k tokens
@@ -258,6 +261,10 @@ def fit_serving_path(
         hops=hops,
         engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
     )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def _share(pairs: Sequence[SharePair]) -> float | None:
@@ -377,11 +384,12 @@ async def measure_serving_path(
             f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
             f"{repeats}, {prompt_tokens}, {long_tokens}"
         )
-    # What one /metrics read costs the API server: taken off each request's CPU.
-    reads = [await _metrics(client) for _ in range(4)]
+    # What one /metrics read costs the API server: taken off each request's CPU (a
+    # mean over reads: the counter ticks in 10 ms steps).
+    reads = [await _metrics(client) for _ in range(16)]
     cpu = METRICS["cpu"]
     gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
-    scrape_cpu_s = statistics.median(gaps) if gaps else 0.0
+    scrape_cpu_s = statistics.fmean(gaps) if gaps else 0.0
 
     def tick() -> None:
         if progress is not None:
