@@ -118,8 +118,7 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 
     The ``calibrate`` extra (numpy and scipy; httpx with ``--server``), the ``torch``
     extra for the reference engine, and ``--out`` are checked before any measurement
-    (and before torch loads); Ctrl-C before the fit
-    writes nothing.
+    (and before torch loads); Ctrl-C before the fit writes nothing.
     """
     interrupts = interrupts or Interrupts()
     if args.list:
