@@ -380,16 +380,6 @@ def test_running_out_of_rows_is_a_refused_admission() -> None:
     assert cache.available_size() == free and cache.totals.num_rejected == 1
 
 
-def test_the_old_facade_name_warns_and_builds_the_simulated_cache() -> None:
-    with pytest.warns(DeprecationWarning, match="create_simulated"):
-        from prefixkv.adapters.sglang import SGLangRadixCache
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=4)
-    assert isinstance(cache, PrefixCache) and cache.page_size == 4
-    assert sg_run(cache, "a", list(range(1, 11)), [0]) == 0
-    with pytest.raises(AttributeError, match="sglang_scheduler"):
-        cache.alloc_for_extend  # noqa: B018  # moved to the lab
-
-
 # ------------------------------------------------- every backend, both facades
 
 

@@ -43,13 +43,11 @@ def test_the_indexes_import_nothing_above_them_and_no_torch() -> None:
 def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
     mods = _modules_after(
         "import prefixkv.adapters, prefixkv.adapters.manager, prefixkv.adapters.vllm, "
-        "prefixkv.adapters.sglang, prefixkv.adapters.accounting, prefixkv.adapters.events, "
-        "prefixkv.adapters.plugins"
+        "prefixkv.adapters.sglang, prefixkv.adapters.accounting, prefixkv.adapters.events"
     )
     assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
     assert not {m for m in mods if m.split(".")[0] in ("vllm", "sglang", "matplotlib")}
-    assert "prefixkv.adapters.plugins.vllm" not in mods
-    assert "prefixkv.adapters.plugins.sglang" not in mods
+    assert "prefixkv.adapters.vllm.scheduler" not in mods
     assert "prefixkv.adapters.sglang.plugin" not in mods
 
 
@@ -115,8 +113,6 @@ def test_the_vllm_kv_cache_manager_imports_neither_vllm_nor_the_lab(module: str)
 
 def test_plugin_errors_are_prefixkv_errors() -> None:
     from prefixkv.adapters.errors import UnsupportedEngineFeatureError
-    from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError as Old
     from prefixkv.indexes.errors import PrefixKVError
 
     assert issubclass(UnsupportedEngineFeatureError, PrefixKVError)
-    assert Old is UnsupportedEngineFeatureError

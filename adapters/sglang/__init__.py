@@ -14,16 +14,10 @@ torch). SGLang's scheduler-side helpers (admission, decode allocation) live in
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING
-
 from ..requests import ReqKvInfo, ReqKvLike, ReqLike, SimpleReq
 from .page_rows import PageRows
 from .pools import PagePool, ReqToPagePool
 from .prefix_cache import MatchResult, PrefixCache, PrefixNode
-
-if TYPE_CHECKING:
-    from ._deprecated import SGLangRadixCache as SGLangRadixCache
 
 __all__ = [
     "MatchResult",
@@ -37,13 +31,3 @@ __all__ = [
     "ReqToPagePool",
     "SimpleReq",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Kept for one release: the facade before the SGLang API was one class.
-    if name == "SGLangRadixCache":
-        from . import _deprecated
-
-        warnings.warn(_deprecated.MESSAGE, DeprecationWarning, stacklevel=2)
-        return _deprecated.SGLangRadixCache
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

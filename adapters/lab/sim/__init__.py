@@ -7,8 +7,6 @@ giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """
 
-from prefixkv.adapters.deprecated import moved_names
-
 from .arrivals import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
@@ -100,14 +98,3 @@ __all__ = [
     "write_rows",
     "write_tables",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "Policy": f"{__name__}:QueueOrder",
-        "POLICIES": f"{__name__}:QUEUE_ORDERS",
-        "TimedRequest": f"{__name__}:SimRequest",
-        "timed_request": f"{__name__}:sim_request",
-    },
-    "'policy' alone means a router's routing policy; 'timed', measured by the wall clock",
-)
