@@ -22,7 +22,7 @@ from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
 from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
 from prefixkv.adapters.lab.cluster.config import ClusterConfig
 from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
+from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     CostProfile,

@@ -1,6 +1,6 @@
 """The vLLM-shaped facade and SGLang's prefix cache: SPEC VL-1..VL-4 and SG-1..SG-6 with
 exact block ids, and every backend behind both (SGLang's driven through its
-scheduler-side steps, ``prefixkv.adapters.lab.sglang_scheduler``).
+scheduler-side steps, ``prefixkv.adapters.sglang.simulated``).
 
 Block ids are vLLM's: block 0 is its null block, never handed out.
 """
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from prefixkv.adapters.lab.sglang_scheduler import (
+from prefixkv.adapters.sglang.simulated import (
     alloc_for_decode,
     alloc_for_extend,
     req_to_token,

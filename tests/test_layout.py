@@ -53,8 +53,12 @@ def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
 
 def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None:
     # The class SGLang loads is importable (and tested) without SGLang; only its
-    # registration, plugin.py, imports the engine, when SGLang loads it.
-    mods = _modules_after("import prefixkv.adapters.sglang; prefixkv.adapters.sglang.PrefixCache")
+    # registration, plugin.py, imports the engine, when SGLang loads it. Its
+    # scheduler-side steps (simulated.py) drive it engine-free without the lab.
+    mods = _modules_after(
+        "import prefixkv.adapters.sglang, prefixkv.adapters.sglang.simulated; "
+        "prefixkv.adapters.sglang.PrefixCache"
+    )
     assert not {m for m in mods if m.split(".")[0] in ("sglang", "torch")}
     assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
     assert "prefixkv.adapters.sglang.plugin" not in mods
@@ -116,3 +120,17 @@ def test_plugin_errors_are_prefixkv_errors() -> None:
     from prefixkv.indexes.errors import PrefixKVError
 
     assert issubclass(UnsupportedEngineFeatureError, PrefixKVError)
+
+
+PRODUCT_TESTS = (
+    "test_facades.py", "test_facade_fuzz.py", "test_facade_lookups.py", "test_isolation.py",
+    "test_request_shapes.py", "test_decode_cost.py", "test_adversarial.py",
+    "test_vllm_kv_cache_manager.py", "kv_event_drivers.py",
+)  # fmt: skip
+"""Tests of the engine classes: they drive the product, never the measuring bench."""
+
+
+@pytest.mark.parametrize("name", PRODUCT_TESTS)
+def test_the_engine_classes_tests_do_not_import_the_lab(name: str) -> None:
+    text = (ROOT / "tests" / name).read_text(encoding="utf-8")
+    assert not re.search(r"prefixkv\.adapters\.lab\b", text), name

@@ -6,7 +6,7 @@ finishes. The whole prompt is prefilled in one step and its first output token i
 sampled there (SPEC, "Replay used to check fidelity"). A backend is driven through
 prefixkv's vLLM ``KVCacheManager`` (the class that runs inside vLLM, as its scheduler
 drives it), SGLang's prefix cache (``PrefixCache``, through SGLang's scheduler-side
-steps in ``sglang_scheduler``, as SGLang's scheduler drives ``RadixCache``), or the
+steps in ``adapters/sglang/simulated``, as SGLang's scheduler drives ``RadixCache``), or the
 manager: the classes that run inside the engines.
 
 The replay consumes its requests as a stream: it holds the K live requests and the
@@ -36,7 +36,7 @@ from ..manager import CacheManager
 from ..requests import SimpleReq
 from ..sglang import PrefixCache
 from ..vllm.kv_cache_manager import KVCacheManager
-from .sglang_scheduler import alloc_for_decode, alloc_for_extend
+from ..sglang.simulated import alloc_for_decode, alloc_for_extend
 
 __all__ = [
     "DRIVERS",

@@ -5,8 +5,9 @@ index, a page pool and request rows, engine-free and compiled; ``make test`` rep
 hit for hit against SGLang's recorded hits and events. ``plugin.py`` is what SGLang
 loads by ``--radix-cache-backend prefixkv-radix|prefixkv-hash-chain``: the same class
 on SGLang's own pools (imported only when SGLang loads it; it imports SGLang and
-torch). SGLang's scheduler-side helpers (admission, decode allocation) live in
-``prefixkv.adapters.lab.sglang_scheduler``, as they live in SGLang's scheduler.
+torch). ``simulated.py`` holds SGLang's scheduler-side steps (admission, decode
+allocation, retraction) that drive the cache without an engine, beside it as SGLang
+keeps ``create_simulated`` beside ``RadixCache``.
 
     from prefixkv.adapters.sglang import PrefixCache, SimpleReq
     cache = PrefixCache.create_simulated("radix", capacity_tokens=4096, page_size=1)

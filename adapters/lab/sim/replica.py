@@ -1,5 +1,9 @@
 """Arrival-time replay of one engine replica: a discrete-event loop in virtual time.
 
+The replica's requests run through its seat, the engine class that runs inside the
+engine (:mod:`.seats`): vLLM's ``KVCacheManager`` under ``mixed`` batching, SGLang's
+``PrefixCache`` under ``prefill_first``.
+
 Two kinds of event move the clock: a request arrives, or a step ends. While the
 replica is busy, steps run back to back and requests that arrived during a step
 join the waiting queue when it ends (where the next ``schedule`` sees them); when
@@ -20,10 +24,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
-from prefixkv.storage.allocator import BlockAllocator
 
 from .config import SimConfig
 from .errors import (
@@ -37,6 +39,7 @@ from .metrics import RequestMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepWork
 from .requests import SimRequest
+from .seats import make_seat
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -111,9 +114,8 @@ def simulate(
         raise SimConfigError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
-    allocator = BlockAllocator(num_blocks)
-    manager = CacheManager(index, allocator)
-    sched = ReplicaScheduler(manager, allocator, index, cfg, prof)
+    seat = make_seat(cfg.batching, index, num_blocks)
+    sched = ReplicaScheduler(seat, cfg, prof)
     gate = _SessionGate(iter(requests), prof.request_s)
     records: list[RequestMetrics] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
@@ -152,7 +154,7 @@ def simulate(
         if progress is not None and finished:
             progress(sum(len(s.request.prompt) for s in finished))
         if cfg.check_invariants:
-            manager.check_invariants()
+            seat.check_invariants()
     beyond = prof.extrapolation(reached)
     if beyond:
         warnings.warn(
@@ -173,7 +175,7 @@ def simulate(
         records,
         busy_s=busy,
         num_steps=num_steps,
-        evicted_blocks=manager.totals.num_evicted_blocks,
+        evicted_blocks=seat.totals.num_evicted_blocks,
     )
     return SimResult(all_labels, records, run)
 
