@@ -22,8 +22,8 @@ import pytest
 from conftest import SCALE, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 STEPS = 16 if SCALE == "smoke" else 1024

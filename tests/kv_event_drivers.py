@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "pee
 from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
-from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.vllm import KVCacheManager
 
 Record = dict[str, Any]

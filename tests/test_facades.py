@@ -11,13 +11,13 @@ import random
 
 import pytest
 
+from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.sglang.simulated import (
     alloc_for_decode,
     alloc_for_extend,
     req_to_token,
     retract,
 )
-from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheBlock, KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     CacheInUseError,

@@ -134,3 +134,13 @@ PRODUCT_TESTS = (
 def test_the_engine_classes_tests_do_not_import_the_lab(name: str) -> None:
     text = (ROOT / "tests" / name).read_text(encoding="utf-8")
     assert not re.search(r"prefixkv\.adapters\.lab\b", text), name
+
+
+def test_the_lab_keeps_no_copy_of_an_engine_admission_rule() -> None:
+    # "Room = free + evictable - the hit's own evictable" is the engine classes' to
+    # answer (KVCacheManager.allocate_slots, PrefixCache's sizes under a lock): the
+    # lab and the SGLang scheduler-side steps never count a hit's evictable blocks.
+    places = [*sorted((ROOT / "adapters" / "lab").rglob("*.py")),
+              ROOT / "adapters" / "sglang" / "simulated.py"]  # fmt: skip
+    copies = [p.name for p in places if "count_evictable" in p.read_text(encoding="utf-8")]
+    assert not copies

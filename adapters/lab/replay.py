@@ -35,8 +35,9 @@ from ..events.wire import KVEvent
 from ..manager import CacheManager
 from ..requests import SimpleReq
 from ..sglang import PrefixCache
-from ..vllm.kv_cache_manager import KVCacheManager
 from ..sglang.simulated import alloc_for_decode, alloc_for_extend
+from ..vllm.kv_cache_manager import KVCacheManager
+from .sim.seats import VllmRequest
 
 __all__ = [
     "DRIVERS",
@@ -178,27 +179,6 @@ class ReplayInterrupted(KeyboardInterrupt):
     def __init__(self, result: ReplayResult) -> None:
         super().__init__("replay interrupted")
         self.result = result
-
-
-class _VLLMRequest:
-    """What the vLLM facade reads of a request (vLLM ``Request`` fields), over an array.
-
-    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
-    :meth:`append`: the facade reads it every decode step.
-    """
-
-    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
-
-    def __init__(self, request_id: str, prompt: Sequence[int]) -> None:
-        self.request_id = request_id
-        self.all_token_ids: array[int] = array("I", prompt)
-        self.num_tokens = len(self.all_token_ids)
-        self.num_computed_tokens = 0
-
-    def append(self, token: int) -> None:
-        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
-        self.all_token_ids.append(token)
-        self.num_tokens += 1
 
 
 class _Live:
@@ -344,7 +324,7 @@ class _VLLMReplayer(_ManagerBacked):
     def admit(self, i: int, rec: ReplayRequest) -> HitRow:
         f = self.facade
         rid = str(rec.id)
-        req = _VLLMRequest(rid, rec.tokens)
+        req = VllmRequest(rid, rec.tokens)
         (blocks, hit, _), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
         n = req.num_tokens
         new, t_alloc = self.timed("allocate_prefill", f.allocate_slots, req, n - hit, hit, blocks)
