@@ -1,4 +1,5 @@
-"""The simulator's seats: the shipped engine classes answer every admission.
+"""The simulator's seats and its replica runner: the shipped engine classes answer
+every admission, and a replica prices each step on its clock.
 
 A seat keeps no rule of its own: vLLM's ``KVCacheManager`` applies its whole-sequence
 gate, SGLang's ``PrefixCache`` its free-plus-evictable room, and a refusal changes
@@ -7,6 +8,12 @@ nothing.
 
 from __future__ import annotations
 
+from array import array
+
+from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.replica_scheduler import SimSeq
+from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
 from prefixkv.indexes import make_index
 
@@ -45,3 +52,20 @@ def test_sglang_seat_room_is_free_plus_evictable_less_the_locked_hit() -> None:
 def test_make_seat_picks_the_class_of_the_batching() -> None:
     assert isinstance(make_seat("mixed", make_index("radix", 4), 4), VllmSeat)
     assert isinstance(make_seat("prefill_first", make_index("radix", 4), 4), SglangSeat)
+
+
+def test_a_replica_prices_each_step_and_streams_its_tokens_after_it() -> None:
+    profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0, stream_token_s=0.125)
+    for stream, lag in ((True, 0.125), (False, 0.0)):
+        cfg = SimConfig(batching="mixed")
+        replica = Replica(
+            make_seat("mixed", make_index("radix", 4), 8), cfg, profile, stream=stream
+        )
+        prompt = array("I", [1, 2, 3, 4])
+        replica.add(SimSeq(SimRequest("a", prompt, 2, 0.0), RequestMetrics("a", 0.0, 4, 2)))
+        step = replica.run(replica.plan())  # the prefill: 0.5 + 4 x 0.25 seconds
+        assert (step.start, step.end, step.delivered) == (0.0, 1.5, 1.5 + lag)
+        step = replica.run(replica.plan())  # the decode step finishes it
+        assert step.end == 2.0 and [s.request.id for s in step.finished] == ["a"]
+        assert (replica.busy_s, replica.num_steps, replica.has_unfinished()) == (2.0, 2, False)
+        replica.seat.check_invariants()

@@ -1,7 +1,7 @@
 """One engine replica of a cluster, stepped in virtual time, publishing its KV events.
 
-The arrival-time replica of :mod:`prefixkv.adapters.lab.sim` (its scheduler, cost
-profile and request records over its seat, the engine class), driven from outside: the
+A :class:`~prefixkv.adapters.lab.sim.runner.Replica` (its seat, the engine class, the
+schedule over it and the cost profile) plus an event publisher, driven from outside: the
 cluster adds requests as the router sends them and advances every replica to the next
 routing decision. Each scheduler step publishes one event batch, stamped with the
 step's start and numbered from 0 (vLLM collects ``take_events`` in ``schedule`` and
@@ -30,8 +30,9 @@ from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
-from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, SimSeq
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import make_seat
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
@@ -162,14 +163,13 @@ class SimReplica:
         self.replica_id = replica_id
         self.config = config
         self.profile = profile
-        self.sched = ReplicaScheduler(self.seat, config, profile)
+        # Tokens reach the router at the step's end: no streaming front end.
+        self.replica = Replica(self.seat, config, profile, start_time=start_time, stream=False)
+        self.sched = self.replica.schedule
         self.publisher = EventPublisher(buffer_steps)
         self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
         self.data_parallel_rank = data_parallel_rank
         self.check_scheme = check_scheme
-        self.now = start_time
-        self.busy_s = 0.0
-        self.num_steps = 0
         self._batches: list[SeqBatch] = []
         self._first: list[tuple[str, float]] = []
         self._finished: list[RequestMetrics] = []
@@ -177,6 +177,20 @@ class SimReplica:
         self._hashes: dict[str, list[int]] = {}
         self._drop_removals = drop_removals
         self._rng = random.Random(seed)
+
+    @property
+    def now(self) -> float:
+        """Its clock: the end of its last step, or of its idle wait."""
+        return self.replica.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.replica.now = value
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent in steps since it started."""
+        return self.replica.busy_s
 
     # ------------------------------------------------------------ requests
 
@@ -220,9 +234,8 @@ class SimReplica:
         return self._step()
 
     def _step(self) -> bool:
-        sched = self.sched
         start = self.now
-        plan = sched.schedule(start)
+        plan = self.replica.plan()
         if not plan.chunks:
             if self.pool.shared:
                 return False
@@ -232,20 +245,16 @@ class SimReplica:
         self._publish(start)
         if self.check_scheme is not None:
             self._check_admissions(plan.chunks, start)
-        seconds = plan.seconds(self.profile)
-        self.now = start + seconds
-        self.busy_s += seconds
-        self.num_steps += 1
-        finished = sched.complete(plan, self.now)
+        step = self.replica.run(plan)
         for seq, _, _ in plan.chunks:
             m = seq.metrics
-            if m.first_token_s == self.now:
-                self._first.append((m.request_id, self.now))
-        for seq in finished:
+            if m.first_token_s == step.end:
+                self._first.append((m.request_id, step.end))
+        for seq in step.finished:
             self._finished.append(seq.metrics)
             self._hashes.pop(seq.metrics.request_id, None)
-        if not sched.has_unfinished():
-            self._publish(self.now)
+        if not self.sched.has_unfinished():
+            self._publish(step.end)
         return True
 
     def _check_admissions(self, chunks: Sequence[Chunk], now: float) -> None:

@@ -37,8 +37,9 @@ from .errors import (
 )
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
-from .replica_scheduler import ReplicaScheduler, SimSeq, StepWork
+from .replica_scheduler import SimSeq, StepWork
 from .requests import SimRequest
+from .runner import Replica
 from .seats import make_seat
 
 __all__ = ["IndexFactory", "simulate"]
@@ -115,44 +116,35 @@ def simulate(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
     seat = make_seat(cfg.batching, index, num_blocks)
-    sched = ReplicaScheduler(seat, cfg, prof)
+    replica = Replica(seat, cfg, prof)
     gate = _SessionGate(iter(requests), prof.request_s)
     records: list[RequestMetrics] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
-    now = busy = 0.0
-    num_steps = 0
     while True:
-        for request, sent in gate.ready(now):
+        for request, sent in gate.ready(replica.now):
             _check_servable(request, num_blocks, block_size, cfg)
             m = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
             records.append(m)
-            sched.add(SimSeq(request, m))
-        if not sched.has_unfinished():
+            replica.add(SimSeq(request, m))
+        if not replica.has_unfinished():
             wake = gate.next_time()
             if wake is None:
                 break
-            now = max(now, wake)
+            replica.now = max(replica.now, wake)
             continue
-        plan = sched.schedule(now)
+        plan = replica.plan()
         if not plan.chunks:
+            sched = replica.schedule
             raise SimError(  # pragma: no cover - the servability check rules this out
-                f"no request could be scheduled at t={now:.6f} s with "
+                f"no request could be scheduled at t={replica.now:.6f} s with "
                 f"{len(sched.waiting)} waiting and {len(sched.running)} running"
             )
-        work = plan.work()
-        _reach(reached, work)
-        seconds = prof.step_time(
-            work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
-        )
-        now += seconds
-        busy += seconds
-        num_steps += 1
-        delivered = now + prof.stream_token_s * work.num_sampled
-        finished = sched.complete(plan, now, delivered)
-        for seq in finished:
-            gate.finished(seq.request.id, delivered)
-        if progress is not None and finished:
-            progress(sum(len(s.request.prompt) for s in finished))
+        step = replica.run(plan)
+        _reach(reached, step.work)
+        for seq in step.finished:
+            gate.finished(seq.request.id, step.delivered)
+        if progress is not None and step.finished:
+            progress(sum(len(s.request.prompt) for s in step.finished))
         if cfg.check_invariants:
             seat.check_invariants()
     beyond = prof.extrapolation(reached)
@@ -173,8 +165,8 @@ def simulate(
     }
     run = summarize(
         records,
-        busy_s=busy,
-        num_steps=num_steps,
+        busy_s=replica.busy_s,
+        num_steps=replica.num_steps,
         evicted_blocks=seat.totals.num_evicted_blocks,
     )
     return SimResult(all_labels, records, run)

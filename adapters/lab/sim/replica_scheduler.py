@@ -135,11 +135,6 @@ class StepPlan(NamedTuple):
             prefill_tokens, prefill_pairs, num_decode, decode_context, max_context, sampled
         )
 
-    def seconds(self, profile: CostProfile) -> float:
-        """The step's duration under ``profile``."""
-        w = self.work()
-        return profile.step_time(w.prefill_tokens, w.prefill_pairs, w.num_decode, w.decode_context)
-
 
 class StepWork(NamedTuple):
     """One step's work: the cost model's four variables, the longest context and the
