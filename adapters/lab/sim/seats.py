@@ -21,10 +21,12 @@ changed); the seat keeps no copy of an engine's admission rule.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from prefixkv.adapters.accounting import CacheTotals
 from prefixkv.adapters.events.wire import KVEvent
+from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
@@ -107,10 +109,20 @@ class VllmSeat:
         index: the (empty) prefix index.
         num_blocks: usable blocks; vLLM's null block 0 comes on top.
         events: record KV events for :meth:`take_events`.
+        observers: the class's observers (accounting, boundary tracking).
     """
 
-    def __init__(self, index: PrefixIndex, num_blocks: int, *, events: bool = False) -> None:
-        self.kv = KVCacheManager(index, num_blocks + 1, enable_kv_cache_events=events)
+    def __init__(
+        self,
+        index: PrefixIndex,
+        num_blocks: int,
+        *,
+        events: bool = False,
+        observers: Sequence[CacheObserver] = (),
+    ) -> None:
+        self.kv = KVCacheManager(
+            index, num_blocks + 1, enable_kv_cache_events=events, observers=observers
+        )
         self.index = index
         self.block_size = index.block_size
         self.num_blocks = num_blocks
@@ -200,11 +212,19 @@ class SglangSeat:
         index: the (empty) prefix index (its block size is the page size).
         num_blocks: pages in the pool.
         events: record KV events for :meth:`take_events`.
+        observers: the class's observers (accounting, boundary tracking).
     """
 
-    def __init__(self, index: PrefixIndex, num_blocks: int, *, events: bool = False) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        num_blocks: int,
+        *,
+        events: bool = False,
+        observers: Sequence[CacheObserver] = (),
+    ) -> None:
         self.cache = PrefixCache.create_simulated(
-            index, num_blocks * index.block_size, enable_kv_cache_events=events
+            index, num_blocks * index.block_size, enable_kv_cache_events=events, observers=observers
         )
         self.index = index
         self.block_size = index.block_size
