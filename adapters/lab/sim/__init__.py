@@ -1,8 +1,9 @@
 """Arrival-time simulation of one engine replica: queueing, scheduling and a cost model.
 
 ``simulate(requests, index_factory, capacity_tokens, config, profile)`` replays
-timed requests through vLLM- or SGLang-style scheduling over a
-:class:`~prefixkv.adapters.CacheManager` and prices every step with a cost profile,
+timed requests through vLLM- or SGLang-style scheduling over a seat of
+:mod:`.seats` (the shipped engine classes: vLLM's ``KVCacheManager``, SGLang's
+``PrefixCache``) on a :class:`~.runner.Replica` and prices every step with a cost profile,
 giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """

@@ -48,7 +48,7 @@ class SimConfig:
         policy: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
             cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
-        check_invariants: run the manager's ``check_invariants()`` after every step
+        check_invariants: run the seat's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
