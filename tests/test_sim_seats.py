@@ -19,7 +19,8 @@ from prefixkv.indexes import make_index
 
 
 def test_vllm_seat_admits_only_what_the_whole_sequence_fits() -> None:
-    seat = VllmSeat(make_index("hash_chain", 4), 4)  # 4 usable blocks, the null block apart
+    seat = make_seat("mixed", make_index("hash_chain", 4), 4)  # 4 usable, the null block apart
+    assert isinstance(seat, VllmSeat)
     free = seat.kv.manager.allocator.num_free_blocks
     # 20 tokens need 5 blocks: the first 8-token chunk would fit, the sequence does not.
     assert seat.admit("a", list(range(1, 21)), 8, chunked=True, scheduled=False) is None
@@ -30,13 +31,15 @@ def test_vllm_seat_admits_only_what_the_whole_sequence_fits() -> None:
 
 
 def test_vllm_seat_leaves_a_prompt_past_the_budget_waiting_without_chunking() -> None:
-    seat = VllmSeat(make_index("hash_chain", 4), 8)
+    seat = make_seat("mixed", make_index("hash_chain", 4), 8)
+    assert isinstance(seat, VllmSeat)
     assert seat.admit("a", list(range(1, 13)), 8, chunked=False, scheduled=False) is None
     assert not seat.kv.manager.running()
 
 
 def test_sglang_seat_room_is_free_plus_evictable_less_the_locked_hit() -> None:
-    seat = SglangSeat(make_index("radix", 4), 4)  # 16 tokens of pages
+    seat = make_seat("prefill_first", make_index("radix", 4), 4)  # 16 tokens of pages
+    assert isinstance(seat, SglangSeat)
     prompt = list(range(1, 13))
     assert seat.admit("a", prompt) == 0
     seat.sampled("a", 99)

@@ -37,7 +37,7 @@ from ..requests import SimpleReq
 from ..sglang import PrefixCache
 from ..sglang.simulated import alloc_for_decode, alloc_for_extend
 from ..vllm.kv_cache_manager import KVCacheManager
-from .sim.seats import SglangSeat, VllmRequest, VllmSeat
+from .sim.seats import SglangSeat, VllmRequest, VllmSeat, make_seat
 
 __all__ = [
     "DRIVERS",
@@ -473,12 +473,14 @@ def _replayer(
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
     # The engine classes through the seats every lab run steps through.
-    if driver == "vllm":
-        vllm = VllmSeat(index, num_blocks, events=events, observers=observers)
-        rp = _VLLMReplayer(vllm.kv, result, keep)
-    elif driver == "sglang":
-        sglang = SglangSeat(index, num_blocks, events=events, observers=observers)
-        rp = _SGLangReplayer(sglang.cache, result, keep)
+    if driver in ("vllm", "sglang"):
+        batching = "mixed" if driver == "vllm" else "prefill_first"
+        seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
+        if isinstance(seat, VllmSeat):
+            rp = _VLLMReplayer(seat.kv, result, keep)
+        else:
+            assert isinstance(seat, SglangSeat), seat
+            rp = _SGLangReplayer(seat.cache, result, keep)
     elif driver == "manager":
         mgr = CacheManager(
             index, BlockAllocator(num_blocks), observers=observers, enable_kv_cache_events=events

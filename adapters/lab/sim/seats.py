@@ -103,29 +103,17 @@ class VllmRequest:
 
 
 class VllmSeat:
-    """prefixkv's vLLM ``KVCacheManager`` over ``num_blocks`` usable blocks.
+    """prefixkv's vLLM ``KVCacheManager`` as a seat (:func:`make_seat` builds one).
 
     Args:
-        index: the (empty) prefix index.
-        num_blocks: usable blocks; vLLM's null block 0 comes on top.
-        events: record KV events for :meth:`take_events`.
-        observers: the class's observers (accounting, boundary tracking).
+        kv: the manager; its pool's block 0 is vLLM's null block.
     """
 
-    def __init__(
-        self,
-        index: PrefixIndex,
-        num_blocks: int,
-        *,
-        events: bool = False,
-        observers: Sequence[CacheObserver] = (),
-    ) -> None:
-        self.kv = KVCacheManager(
-            index, num_blocks + 1, enable_kv_cache_events=events, observers=observers
-        )
-        self.index = index
-        self.block_size = index.block_size
-        self.num_blocks = num_blocks
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.index = kv.manager.index
+        self.block_size = self.index.block_size
+        self.num_blocks = kv.manager.allocator.num_blocks - 1
         self.requests: dict[str, VllmRequest] = {}
 
     @property
@@ -206,29 +194,19 @@ class VllmSeat:
 
 
 class SglangSeat:
-    """prefixkv's SGLang ``PrefixCache`` on simulated pools of ``num_blocks`` pages.
+    """prefixkv's SGLang ``PrefixCache`` on its simulated pools as a seat
+    (:func:`make_seat` builds one).
 
     Args:
-        index: the (empty) prefix index (its block size is the page size).
-        num_blocks: pages in the pool.
-        events: record KV events for :meth:`take_events`.
-        observers: the class's observers (accounting, boundary tracking).
+        cache: the cache (``PrefixCache.create_simulated``); its page size is its
+            index's block size.
     """
 
-    def __init__(
-        self,
-        index: PrefixIndex,
-        num_blocks: int,
-        *,
-        events: bool = False,
-        observers: Sequence[CacheObserver] = (),
-    ) -> None:
-        self.cache = PrefixCache.create_simulated(
-            index, num_blocks * index.block_size, enable_kv_cache_events=events, observers=observers
-        )
-        self.index = index
-        self.block_size = index.block_size
-        self.num_blocks = num_blocks
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        self.index = cache.index
+        self.block_size = self.index.block_size
+        self.num_blocks = cache.pool.num_blocks
         self.requests: dict[str, SimpleReq] = {}
 
     @property
@@ -287,8 +265,31 @@ class SglangSeat:
         self.cache.check_invariants(self.requests.values())
 
 
-def make_seat(batching: str, index: PrefixIndex, num_blocks: int, *, events: bool = False) -> Seat:
-    """The seat of a batching: vLLM's class for ``mixed``, SGLang's for ``prefill_first``."""
+def make_seat(
+    batching: str,
+    index: PrefixIndex,
+    num_blocks: int,
+    *,
+    events: bool = False,
+    observers: Sequence[CacheObserver] = (),
+) -> Seat:
+    """The seat of a batching, over ``num_blocks`` usable blocks of ``index``.
+
+    Args:
+        batching: ``"mixed"`` gives vLLM's ``KVCacheManager`` (its null block 0 on
+            top of the usable blocks), ``"prefill_first"`` SGLang's ``PrefixCache``.
+        index: the (empty) prefix index.
+        num_blocks: usable blocks (pages).
+        events: record KV events for ``take_events``.
+        observers: the class's observers (accounting, boundary tracking).
+    """
     if batching == "mixed":
-        return VllmSeat(index, num_blocks, events=events)
-    return SglangSeat(index, num_blocks, events=events)
+        kv = KVCacheManager(
+            index, num_blocks + 1, enable_kv_cache_events=events, observers=observers
+        )
+        return VllmSeat(kv)
+    capacity = num_blocks * index.block_size
+    cache = PrefixCache.create_simulated(
+        index, capacity, enable_kv_cache_events=events, observers=observers
+    )
+    return SglangSeat(cache)
