@@ -1,4 +1,4 @@
-"""Engine-facing layer: the request manager, facades shaped like vLLM's and SGLang's
+"""Engine-facing layer: the request manager, engine classes shaped like vLLM's and SGLang's
 caches, the KV-event codec and transport, and the router a KV-aware frontend embeds.
 The reference engine lives in :mod:`.engine` and the measuring bench in :mod:`.lab`;
 importing this package loads neither.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .deprecated import moved_names
-
 if TYPE_CHECKING:
     from .accounting import CacheTotals, RequestRecord
     from .manager import Admission, CacheManager
@@ -26,17 +24,12 @@ _HOMES = {
     "CacheTotals": "accounting",
     "RequestRecord": "accounting",
 }
-_moved = moved_names(
-    __name__,
-    {"Engine": f"{__name__}.engine:Engine", "EngineConfig": f"{__name__}.engine:EngineConfig"},
-    "the reference engine imports torch and is not the product's API",
-)
 
 
 def __getattr__(name: str) -> object:
     home = _HOMES.get(name)
     if home is None:
-        return _moved(name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -54,7 +54,7 @@ from prefixkv.adapters.lab.cluster.run import ClusterConfig
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadOptions, open_trace
-from prefixkv.adapters.lab.traces.files import atomic_writer
+from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
 

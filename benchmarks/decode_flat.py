@@ -20,8 +20,8 @@ import random
 import time
 from collections.abc import Callable
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 WINDOW = 1024

@@ -37,8 +37,8 @@ LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 
 def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
     """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
-    from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
     from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+    from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
     from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
     rng = random.Random(17)

@@ -2,7 +2,7 @@
 
 vLLM's scheduler calls ``allocate_slots(request, 1)`` for every running request on
 every step and SGLang's allocates a slot (here ``alloc_for_decode(cache, req)``, the
-scheduler-side step in ``prefixkv.adapters.lab.sglang_scheduler``). A round decodes ``STEPS``
+scheduler-side step in ``prefixkv.adapters.sglang.simulated``). A round decodes ``STEPS``
 tokens of one admitted request (a new block every ``block_size`` steps, registered
 as the engines do), so the mean step includes its share of block additions. The
 ``driver`` rows run the same loop around a call that does nothing: subtract them to
@@ -22,8 +22,8 @@ import pytest
 from conftest import SCALE, tokens
 from pytest_benchmark.fixture import BenchmarkFixture
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 
 STEPS = 16 if SCALE == "smoke" else 1024

@@ -7,7 +7,6 @@ with the smallest key first. New policies plug in without touching the tree code
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -214,12 +213,3 @@ class EvictionQueue:
                 assert key <= now, "a monotone policy's key decreased"
             else:
                 assert key == now, "stale eviction key"
-
-    def check(self) -> None:
-        """Deprecated name of :meth:`check_invariants` (goes in the next release)."""
-        warnings.warn(
-            "EvictionQueue.check is now check_invariants, as on every other structure",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.check_invariants()

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "pee
 from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.vllm import KVCacheManager
 
 Record = dict[str, Any]
@@ -132,7 +132,7 @@ class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
 
 class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
     """SGLang's scheduler order through :class:`PrefixCache` and SGLang's scheduler-side
-    steps (``prefixkv.adapters.lab.sglang_scheduler``)."""
+    steps (``prefixkv.adapters.sglang.simulated``)."""
 
     def admit(self, rec: Record) -> bool:
         f = self.facade

@@ -15,9 +15,9 @@ from typing import Any
 import helpers
 import pytest
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     BlockOwnershipError,

@@ -22,7 +22,6 @@ from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
 from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
 from prefixkv.adapters.lab.cluster.config import ClusterConfig
 from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     CostProfile,
@@ -35,6 +34,7 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim.calibration import measure_engine
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex, TokenKey, make_index
 from prefixkv.storage import (

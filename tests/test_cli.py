@@ -270,7 +270,7 @@ def test_compare_reads_a_mooncake_trace(tmp_path: Path, capsys: pytest.CaptureFi
         str(trace),
         "--max-requests",
         "50",
-        "--scale-block",
+        "--tokens-per-id",
         "16",
         "--indexes",
         "hash_chain,radix",

@@ -202,7 +202,6 @@ def test_the_command_line_imports_light_before_its_handler() -> None:
     assert out == [
         "prefixkv",
         "prefixkv.adapters",
-        "prefixkv.adapters.deprecated",
         "prefixkv.adapters.lab",
         "prefixkv.adapters.lab.cli",
         "prefixkv.adapters.lab.cli.main",

@@ -305,27 +305,6 @@ def test_compare_backends_without_pandas_gives_rows(monkeypatch: pytest.MonkeyPa
     assert t.requests[1]["request_id"] == "B" and t.requests[1]["hit_tokens"] == 30
 
 
-def test_compare_backends_old_calling_convention_still_works_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sys.modules, "pandas", None)
-    with pytest.warns(DeprecationWarning, match="CompareOptions"):
-        t = compare_backends(["seed"], indexes="radix", timing_repeats=0)
-    assert [r["hit_tokens"] for r in t.requests] == [0, 30, 79]
-    with pytest.warns(DeprecationWarning, match="queue_order"):
-        t = compare_backends(workloads=["seed"], indexes="radix", timing_repeats=0,
-                             request_rate=5.0, policy="lpm")  # fmt: skip
-    (run,) = t.comparison.workloads[0].arrival_runs
-    assert run.config.policy == "lpm"
-    with pytest.warns(
-        DeprecationWarning, match=r"is now prefixkv\.adapters\.lab\.compare\.compare_backends"
-    ):
-        from prefixkv.adapters.lab.comparison import compare_backends as old
-    assert old is compare_backends
-    with pytest.warns(DeprecationWarning, match="arrival_runs"):
-        assert t.comparison.workloads[0].timed == [run]
-
-
 def test_compare_options_refuse_a_field_they_do_not_have() -> None:
     with pytest.raises(CompareError, match=r"no capacity_blocks; it has: .*capacity_tokens"):
         compare_backends(CompareOptions(["seed"]), capacity_blocks=4)

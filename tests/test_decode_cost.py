@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import make_index
 

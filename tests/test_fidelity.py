@@ -23,7 +23,7 @@ from prefixkv.indexes import make_index
 DATA = Path(__file__).parent / "data" / "fidelity"
 TRACES = {
     "mixed": ("mixed.jsonl.gz", {}),
-    "mooncake_conversation_head": ("mooncake_conversation_head.jsonl", {"scale_block": 16}),
+    "mooncake_conversation_head": ("mooncake_conversation_head.jsonl", {"tokens_per_id": 16}),
 }
 EXPECTED: dict[str, dict[str, list[int]]] = json.loads((DATA / "expected.json").read_text())
 _cache: dict[str, list[TraceRequest]] = {}

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from prefixkv.adapters import CacheManager
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.sglang import PrefixCache, SimpleReq
+from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import (
     HashChainIndex,

@@ -43,20 +43,22 @@ def test_the_indexes_import_nothing_above_them_and_no_torch() -> None:
 def test_the_engine_facing_adapters_do_not_import_the_lab() -> None:
     mods = _modules_after(
         "import prefixkv.adapters, prefixkv.adapters.manager, prefixkv.adapters.vllm, "
-        "prefixkv.adapters.sglang, prefixkv.adapters.accounting, prefixkv.adapters.events, "
-        "prefixkv.adapters.plugins"
+        "prefixkv.adapters.sglang, prefixkv.adapters.accounting, prefixkv.adapters.events"
     )
     assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
     assert not {m for m in mods if m.split(".")[0] in ("vllm", "sglang", "matplotlib")}
-    assert "prefixkv.adapters.plugins.vllm" not in mods
-    assert "prefixkv.adapters.plugins.sglang" not in mods
+    assert "prefixkv.adapters.vllm.scheduler" not in mods
     assert "prefixkv.adapters.sglang.plugin" not in mods
 
 
 def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None:
     # The class SGLang loads is importable (and tested) without SGLang; only its
-    # registration, plugin.py, imports the engine, when SGLang loads it.
-    mods = _modules_after("import prefixkv.adapters.sglang; prefixkv.adapters.sglang.PrefixCache")
+    # registration, plugin.py, imports the engine, when SGLang loads it. Its
+    # scheduler-side steps (simulated.py) drive it engine-free without the lab.
+    mods = _modules_after(
+        "import prefixkv.adapters.sglang, prefixkv.adapters.sglang.simulated; "
+        "prefixkv.adapters.sglang.PrefixCache"
+    )
     assert not {m for m in mods if m.split(".")[0] in ("sglang", "torch")}
     assert not {m for m in mods if m.startswith("prefixkv.adapters.lab")}
     assert "prefixkv.adapters.sglang.plugin" not in mods
@@ -115,8 +117,30 @@ def test_the_vllm_kv_cache_manager_imports_neither_vllm_nor_the_lab(module: str)
 
 def test_plugin_errors_are_prefixkv_errors() -> None:
     from prefixkv.adapters.errors import UnsupportedEngineFeatureError
-    from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError as Old
     from prefixkv.indexes.errors import PrefixKVError
 
     assert issubclass(UnsupportedEngineFeatureError, PrefixKVError)
-    assert Old is UnsupportedEngineFeatureError
+
+
+PRODUCT_TESTS = (
+    "test_facades.py", "test_facade_fuzz.py", "test_facade_lookups.py", "test_isolation.py",
+    "test_request_shapes.py", "test_decode_cost.py", "test_adversarial.py",
+    "test_vllm_kv_cache_manager.py", "kv_event_drivers.py",
+)  # fmt: skip
+"""Tests of the engine classes: they drive the product, never the measuring bench."""
+
+
+@pytest.mark.parametrize("name", PRODUCT_TESTS)
+def test_the_engine_classes_tests_do_not_import_the_lab(name: str) -> None:
+    text = (ROOT / "tests" / name).read_text(encoding="utf-8")
+    assert not re.search(r"prefixkv\.adapters\.lab\b", text), name
+
+
+def test_the_lab_keeps_no_copy_of_an_engine_admission_rule() -> None:
+    # "Room = free + evictable - the hit's own evictable" is the engine classes' to
+    # answer (KVCacheManager.allocate_slots, PrefixCache's sizes under a lock): the
+    # lab and the SGLang scheduler-side steps never count a hit's evictable blocks.
+    places = [*sorted((ROOT / "adapters" / "lab").rglob("*.py")),
+              ROOT / "adapters" / "sglang" / "simulated.py"]  # fmt: skip
+    copies = [p.name for p in places if "count_evictable" in p.read_text(encoding="utf-8")]
+    assert not copies

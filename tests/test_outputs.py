@@ -317,14 +317,6 @@ def test_event_files_follow_the_rule(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_the_old_module_path_warns_and_gives_the_same_rule() -> None:
-    from prefixkv.adapters import outputs
-
-    with pytest.warns(DeprecationWarning, match=r"prefixkv\.adapters\.outputs\.atomic_writer"):
-        from prefixkv.adapters.lab.traces.files import atomic_writer as old
-    assert old is outputs.atomic_writer
-
-
 WRITES = re.compile(
     r"open\([^)]*['\"][wax]b?\+?['\"]|\.write_(text|bytes)\(|\.savefig\(|os\.(replace|rename)\("
     r"|shutil\.(copy\w*|move)\(|\.to_(csv|parquet)\("

@@ -8,9 +8,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from prefixkv.adapters import requests, sglang, vllm
-from prefixkv.adapters.lab.sglang_scheduler import alloc_for_extend
 from prefixkv.adapters.requests import ReqLike, RequestLike, SimpleReq, SimpleRequest
 from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager
 
 

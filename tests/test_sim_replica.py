@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters import CacheManager
 from prefixkv.adapters.lab.sim import (
     Batching,
     CostProfile,
@@ -30,9 +29,9 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim import replica_scheduler as scheduler_module
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.replica_scheduler import ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.seats import make_seat
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
-from prefixkv.storage import BlockAllocator
 
 PROFILE = CostProfile(
     "test",
@@ -190,9 +189,8 @@ def _scheduler(
     max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
     index = make_index("radix", 4)
-    allocator = BlockAllocator(num_blocks)
     cfg = SimConfig(max_num_seqs, max_num_batched_tokens, policy=policy, batching=batching)
-    return ReplicaScheduler(CacheManager(index, allocator), allocator, index, cfg, PROFILE)
+    return ReplicaScheduler(make_seat(batching, index, num_blocks), cfg, PROFILE)
 
 
 def _seq(rid: str, prompt: array[int], out: int = 8) -> SimSeq:

@@ -33,7 +33,6 @@ from prefixkv.adapters.lab.traces import (
     load_any,
     load_mooncake,
     make_request,
-    mooncake_lengths,
     open_trace,
     read_trace,
     refuse_overwrite,
@@ -310,13 +309,6 @@ def test_mooncake_tokens_per_id_keeps_pattern() -> None:
     assert c.tokens == a.tokens[:10]
     unscaled = load_mooncake(MOONCAKE)
     assert a.tokens[:16] == unscaled[0].tokens[:16]  # a scaled block is a prefix
-    assert load_any(MOONCAKE, scale_block=16) == [a, b, c, d]  # the old name
-
-
-def test_mooncake_lengths_rule() -> None:
-    assert mooncake_lengths(1200, 3, None) == [512, 512, 176]
-    assert mooncake_lengths(1200, 3, 16) == [16, 16, 6]
-    assert mooncake_lengths(513, 2, 16) == [16, 1]
 
 
 def test_mooncake_deterministic_and_seeded() -> None:
@@ -382,7 +374,6 @@ def test_mooncake_malformed_line(tmp_path: Path, record: str, fault: str) -> Non
         ({"tokens_per_id": 16.0}, "tokens_per_id"),
         ({"vocab_size": 1}, "vocab_size"),
         ({"max_requests": -1}, "max_requests"),
-        ({"scale_block": 16, "tokens_per_id": 16}, "not both"),
     ],
 )
 def test_bad_options(options: dict[str, object], fault: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -285,23 +284,6 @@ def test_queries_on_a_request() -> None:
     assert kv.get_blocks("nobody") is kv.empty_kv_cache_blocks
     assert kv.get_block_ids("nobody") == ([],)
     assert kv.take_new_block_ids() == [] and kv.take_kv_cache_block_copies() == ([], [])
-
-
-# ------------------------------------------------------------- the old names
-
-
-def test_the_old_facade_still_works_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="KVCacheManager"):
-        from prefixkv.adapters.vllm import VLLMKVCacheManager
-    kv = VLLMKVCacheManager("hash_chain", num_blocks=8, block_size=4)  # 8 usable, as before
-    assert kv.manager.allocator.num_blocks == 9
-    a = SimpleRequest("a", [1, 2, 3, 4, 5])
-    blocks, hit = kv.get_computed_blocks(a)
-    assert kv.allocate_slots(a, 5, hit, blocks).get_block_ids() == ([1, 2],)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from prefixkv.adapters.vllm import KVCacheManager as New  # no warning
-    assert New is KVCacheManager
 
 
 # ------------------------------------------------------------ with the real vLLM

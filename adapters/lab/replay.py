@@ -6,7 +6,7 @@ finishes. The whole prompt is prefilled in one step and its first output token i
 sampled there (SPEC, "Replay used to check fidelity"). A backend is driven through
 prefixkv's vLLM ``KVCacheManager`` (the class that runs inside vLLM, as its scheduler
 drives it), SGLang's prefix cache (``PrefixCache``, through SGLang's scheduler-side
-steps in ``sglang_scheduler``, as SGLang's scheduler drives ``RadixCache``), or the
+steps in ``adapters/sglang/simulated``, as SGLang's scheduler drives ``RadixCache``), or the
 manager: the classes that run inside the engines.
 
 The replay consumes its requests as a stream: it holds the K live requests and the
@@ -35,8 +35,9 @@ from ..events.wire import KVEvent
 from ..manager import CacheManager
 from ..requests import SimpleReq
 from ..sglang import PrefixCache
+from ..sglang.simulated import alloc_for_decode, alloc_for_extend
 from ..vllm.kv_cache_manager import KVCacheManager
-from .sglang_scheduler import alloc_for_decode, alloc_for_extend
+from .sim.seats import SglangSeat, VllmRequest, VllmSeat, make_seat
 
 __all__ = [
     "DRIVERS",
@@ -180,27 +181,6 @@ class ReplayInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-class _VLLMRequest:
-    """What the vLLM facade reads of a request (vLLM ``Request`` fields), over an array.
-
-    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
-    :meth:`append`: the facade reads it every decode step.
-    """
-
-    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
-
-    def __init__(self, request_id: str, prompt: Sequence[int]) -> None:
-        self.request_id = request_id
-        self.all_token_ids: array[int] = array("I", prompt)
-        self.num_tokens = len(self.all_token_ids)
-        self.num_computed_tokens = 0
-
-    def append(self, token: int) -> None:
-        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
-        self.all_token_ids.append(token)
-        self.num_tokens += 1
-
-
 class _Live:
     """A live request: its position in the trace, the driver's request object, its output."""
 
@@ -337,17 +317,28 @@ class _ManagerBacked(_Replayer):
 
 
 class _VLLMReplayer(_ManagerBacked):
-    def __init__(self, facade: KVCacheManager, result: ReplayResult, keep: bool) -> None:
-        super().__init__(facade.manager, result, keep)
-        self.facade = facade
+    def __init__(self, kv: KVCacheManager, result: ReplayResult, keep: bool) -> None:
+        super().__init__(kv.manager, result, keep)
+        self.kv = kv
+
+    def admit_slots(
+        self, req: VllmRequest, num_new: int, num_hit: int, blocks: Any, scheduled: bool
+    ) -> Any:
+        """``allocate_slots`` as vLLM's scheduler calls it for a waiting request."""
+        return self.kv.allocate_slots(
+            req, num_new, num_hit, blocks, full_sequence_must_fit=True, has_scheduled_reqs=scheduled
+        )
 
     def admit(self, i: int, rec: ReplayRequest) -> HitRow:
-        f = self.facade
+        f = self.kv
         rid = str(rec.id)
-        req = _VLLMRequest(rid, rec.tokens)
+        req = VllmRequest(rid, rec.tokens)
         (blocks, hit, _), t_lookup = self.timed("lookup", f.get_computed_blocks, req)
         n = req.num_tokens
-        new, t_alloc = self.timed("allocate_prefill", f.allocate_slots, req, n - hit, hit, blocks)
+        # As vLLM's scheduler admits a waiting request: the whole sequence must fit.
+        new, t_alloc = self.timed(
+            "allocate_prefill", self.admit_slots, req, n - hit, hit, blocks, bool(self.live)
+        )
         if new is None:
             raise self.fail(f"prefill of request {rid!r} ({n} tokens, hit {hit})")
         req.num_computed_tokens = n
@@ -362,7 +353,7 @@ class _VLLMReplayer(_ManagerBacked):
     def finish_oldest(self) -> None:
         live = self.live.popleft()
         req, output = live.request, live.output
-        allocate = self.facade.allocate_slots
+        allocate = self.kv.allocate_slots
         tokens = req.all_token_ids
         perf, spent = time.perf_counter, 0.0
         step = self.on_step
@@ -378,7 +369,7 @@ class _VLLMReplayer(_ManagerBacked):
             if step is not None:
                 step()
         self.book("allocate_decode", live, spent)
-        self.release(live, "free", self.facade.free, req)  # vLLM: a step of its own
+        self.release(live, "free", self.kv.free, req)  # vLLM: a step of its own
 
 
 class _SGLangReplayer(_Replayer):
@@ -481,19 +472,15 @@ def _replayer(
         tracker = BoundaryTracker(index.block_size, caches=caches, keep_records=False)
     observers = [] if tracker is None else [tracker]
     rp: _Replayer
-    if driver == "vllm":
-        facade = KVCacheManager(  # num_gpu_blocks: vLLM's null block 0 comes on top
-            index, num_blocks + 1, observers=observers, enable_kv_cache_events=events
-        )
-        rp = _VLLMReplayer(facade, result, keep)
-    elif driver == "sglang":
-        sg = PrefixCache.create_simulated(
-            index,
-            num_blocks * index.block_size,
-            observers=observers,
-            enable_kv_cache_events=events,
-        )
-        rp = _SGLangReplayer(sg, result, keep)
+    # The engine classes through the seats every lab run steps through.
+    if driver in ("vllm", "sglang"):
+        batching = "mixed" if driver == "vllm" else "prefill_first"
+        seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
+        if isinstance(seat, VllmSeat):
+            rp = _VLLMReplayer(seat.kv, result, keep)
+        else:
+            assert isinstance(seat, SglangSeat), seat
+            rp = _SGLangReplayer(seat.cache, result, keep)
     elif driver == "manager":
         mgr = CacheManager(
             index, BlockAllocator(num_blocks), observers=observers, enable_kv_cache_events=events
@@ -545,7 +532,7 @@ def replay(
             its KV events: an admission (prefill), each decode step, and (the vLLM
             driver) a finished request's release; the SGLang driver releases a
             request in the step that samples its last token, as SGLang does.
-        on_events: with KV events on (the facades' ``enable_kv_cache_events``), called
+        on_events: with KV events on (the engine classes' ``enable_kv_cache_events``), called
             at the end of each step that produced events, with the events
             ``take_events()`` returned (what an engine publishes as one batch).
 

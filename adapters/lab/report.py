@@ -50,7 +50,6 @@ __all__ = [
     "time_rows",
     "time_sweep_table",
     "workload_title",
-    "write_hits",
     "write_report",
     "write_results",
     "write_tables",
@@ -336,18 +335,6 @@ def package_versions() -> dict[str, str | None]:
     """Installed versions of prefixkv and what the report uses."""
     names = ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers", "pandas", "pyarrow")
     return {name: installed_version(name) for name in names}
-
-
-def write_hits(path: Path, hits: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> None:
-    """Write a replay's hit file, the reference oracles' format, atomically.
-
-    One ``{"id", "prompt_len", "hit_tokens"}`` line per request in admission order,
-    then one ``{"summary": {...}}`` line; missing folders are created.
-    """
-    with atomic_writer(path) as f:
-        for hit in hits:
-            f.write((json.dumps(hit, separators=(",", ":")) + "\n").encode())
-        f.write((json.dumps({"summary": summary}, separators=(",", ":")) + "\n").encode())
 
 
 def run_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:

@@ -5,8 +5,9 @@ index, a page pool and request rows, engine-free and compiled; ``make test`` rep
 hit for hit against SGLang's recorded hits and events. ``plugin.py`` is what SGLang
 loads by ``--radix-cache-backend prefixkv-radix|prefixkv-hash-chain``: the same class
 on SGLang's own pools (imported only when SGLang loads it; it imports SGLang and
-torch). SGLang's scheduler-side helpers (admission, decode allocation) live in
-``prefixkv.adapters.lab.sglang_scheduler``, as they live in SGLang's scheduler.
+torch). ``simulated.py`` holds SGLang's scheduler-side steps (admission, decode
+allocation, retraction) that drive the cache without an engine, beside it as SGLang
+keeps ``create_simulated`` beside ``RadixCache``.
 
     from prefixkv.adapters.sglang import PrefixCache, SimpleReq
     cache = PrefixCache.create_simulated("radix", capacity_tokens=4096, page_size=1)
@@ -14,16 +15,10 @@ torch). SGLang's scheduler-side helpers (admission, decode allocation) live in
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING
-
 from ..requests import ReqKvInfo, ReqKvLike, ReqLike, SimpleReq
 from .page_rows import PageRows
 from .pools import PagePool, ReqToPagePool
 from .prefix_cache import MatchResult, PrefixCache, PrefixNode
-
-if TYPE_CHECKING:
-    from ._deprecated import SGLangRadixCache as SGLangRadixCache
 
 __all__ = [
     "MatchResult",
@@ -37,13 +32,3 @@ __all__ = [
     "ReqToPagePool",
     "SimpleReq",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Kept for one release: the facade before the SGLang API was one class.
-    if name == "SGLangRadixCache":
-        from . import _deprecated
-
-        warnings.warn(_deprecated.MESSAGE, DeprecationWarning, stacklevel=2)
-        return _deprecated.SGLangRadixCache
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -209,7 +209,7 @@ def main() -> None:
     traces = {w: make_workload(WORKLOADS[w][0], **WORKLOADS[w][1])
               for w in args.workload or list(WORKLOADS)}  # fmt: skip
     for t in args.trace:
-        traces[Path(t).stem] = load_any(t, max_requests=400, scale_block=16)
+        traces[Path(t).stem] = load_any(t, max_requests=400, tokens_per_id=16)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

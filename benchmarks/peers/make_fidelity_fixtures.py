@@ -28,7 +28,7 @@ FIXTURES = HERE.parent.parent / "tests" / "data" / "fidelity"
 # name -> (file, loader options)
 TRACES = {
     "mixed": ("mixed.jsonl.gz", {}),
-    "mooncake_conversation_head": ("mooncake_conversation_head.jsonl", {"scale_block": 16}),
+    "mooncake_conversation_head": ("mooncake_conversation_head.jsonl", {"tokens_per_id": 16}),
 }
 
 

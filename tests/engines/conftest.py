@@ -54,7 +54,7 @@ def fixture_trace(name: str, limit: int) -> list[dict[str, Any]]:
 
     files = {
         "mixed": ("mixed.jsonl.gz", {}),
-        "mooncake": ("mooncake_conversation_head.jsonl", {"scale_block": 16}),
+        "mooncake": ("mooncake_conversation_head.jsonl", {"tokens_per_id": 16}),
     }
     fname, opts = files[name]
     reqs = load_any(FIDELITY / fname, max_requests=limit, **opts)  # type: ignore[arg-type]

@@ -290,7 +290,6 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         help="hash-id traces: tokens each hash id expands to, keeping the sharing pattern "
         "(default: the format's own: Mooncake 512, Qwen-Bailian 16, kv-cache-tester 64)",
     )
-    t.add_argument("--scale-block", dest="tokens_per_id", type=positive_int, help=argparse.SUPPRESS)
     t.add_argument(
         "--vocab-size",
         type=positive_int,

@@ -8,13 +8,8 @@ in-process in virtual time (deterministic) or with one Ray actor per replica
 (:class:`RayFleet`).
 
 ``run_cluster(requests, "dynamo", ClusterConfig(...), faults="kill=1@60")`` is the
-entry point; ``prefixkv cluster`` runs many policies and writes a report. The router's
-names that this package exported before they moved (``Router``, ``HashScheme``,
-``make_policy``, ...) still import from here for one release, with a
-``DeprecationWarning``.
+entry point; ``prefixkv cluster`` runs many policies and writes a report.
 """
-
-from prefixkv.adapters.deprecated import moved_names
 
 from .config import ClusterConfig
 from .errors import (
@@ -70,28 +65,3 @@ __all__ = [
     "sim_requests",
     "write_report",
 ]
-
-_ROUTER = "prefixkv.adapters.router"
-_MOVED = {
-    **{
-        name: f"{_ROUTER}:{name}"
-        for name in (
-            "POLICIES", "ApproxIndex", "ChainedHashIndex", "ClusterIndex", "Decision", "Dump",
-            "HashScheme", "LoadTracker", "PolicySpec", "RadixBlockIndex", "RouteContext",
-            "RouteKeys", "Router", "RoutingPolicy", "SeqBatch", "StreamTracker", "Worker",
-            "WorkerLoad", "make_policy", "parse_policies", "parse_policy",
-        )
-    },
-    "make_index_for": f"{_ROUTER}:make_cluster_index",
-    "BOUNDS": f"{_ROUTER}.routing:BOUNDS",
-    "DYNAMO_APPROX_TTL_S": f"{_ROUTER}.approx:DYNAMO_APPROX_TTL_S",
-    "Reservation": f"{_ROUTER}.load:Reservation",
-    "policy_index": f"{_ROUTER}.policies:policy_index",
-    # renamed in place: "timed" means measured by the wall clock
-    "TimedFault": f"{__name__}:ScheduledFault",
-    "timed_requests": f"{__name__}:sim_requests",
-}  # fmt: skip
-"""Names this package exported before the router moved out (or before they were
-renamed) -> where they are now."""
-
-__getattr__ = moved_names(__name__, _MOVED)

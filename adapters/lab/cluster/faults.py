@@ -27,7 +27,6 @@ from __future__ import annotations
 import heapq
 import random
 import re
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -142,16 +141,6 @@ class FaultPlan:
             or self.scheduled
             or self.mismatch
         )
-
-    @property
-    def timed(self) -> tuple[ScheduledFault, ...]:
-        """Deprecated name of :attr:`scheduled` (goes in the next release)."""
-        warnings.warn(
-            "FaultPlan.timed is now FaultPlan.scheduled ('timed' means measured by the wall clock)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.scheduled
 
     @property
     def needs_relative(self) -> bool:

@@ -203,7 +203,9 @@ class PooledFleet(LocalFleet):
     def __init__(self, spec: ReplicaSpec, num_replicas: int, *, infinite: bool = False) -> None:
         super().__init__()
         capacity = (1 << 24) * spec.block_size if infinite else spec.capacity_tokens * num_replicas
-        self.pool = SharedPool(spec.index_factory(), capacity, events=False, shared=True)
+        self.pool = SharedPool(
+            spec.index_factory(), capacity, spec.config.batching, events=False, shared=True
+        )
         self.spec = spec
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -276,15 +275,6 @@ class ClusterResult:
         broken = self.invariants.broken()
         if broken:
             raise AssertionError(f"{self.labels.get('policy')}: " + "; ".join(broken))
-
-    def check(self) -> None:
-        """Deprecated name of :meth:`check_invariants` (goes in the next release)."""
-        warnings.warn(
-            "ClusterResult.check is now check_invariants, as on every other structure",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.check_invariants()
 
     def run_row(self) -> dict[str, Any]:
         """Labels, summary and invariant counts as one flat row."""

@@ -1,7 +1,7 @@
 """One engine replica of a cluster, stepped in virtual time, publishing its KV events.
 
-The arrival-time replica of :mod:`prefixkv.adapters.lab.sim` (its scheduler, cost
-profile and request records over a :class:`CacheManager`), driven from outside: the
+A :class:`~prefixkv.adapters.lab.sim.runner.Replica` (its seat, the engine class, the
+schedule over it and the cost profile) plus an event publisher, driven from outside: the
 cluster adds requests as the router sends them and advances every replica to the next
 routing decision. Each scheduler step publishes one event batch, stamped with the
 step's start and numbered from 0 (vLLM collects ``take_events`` in ``schedule`` and
@@ -30,13 +30,13 @@ from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
-from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, ReplicaScheduler, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, SimSeq
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.manager import CacheManager
+from prefixkv.adapters.lab.sim.runner import Replica
+from prefixkv.adapters.lab.sim.seats import make_seat
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
-from prefixkv.storage.allocator import BlockAllocator
 
 from .errors import ClusterConfigError
 from .local_indexer import KVEvent, LocalIndexer
@@ -46,12 +46,14 @@ __all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
 
 
 class SharedPool:
-    """One replica's index, pool and manager, or one shared by several (the pooled bound).
+    """One replica's seat (its engine class over an index and a pool), or one shared
+    by several (the pooled bound).
 
     Args:
         index_factory: makes the (empty) index.
         capacity_tokens: the pool in tokens.
-        events: the manager queues KV events (a pooled cache publishes none).
+        batching: the replicas' batching (it picks the engine class).
+        events: the class queues KV events (a pooled cache publishes none).
         shared: several replicas schedule over it (one may have to wait for another).
 
     Raises:
@@ -62,6 +64,7 @@ class SharedPool:
         self,
         index_factory: IndexFactory,
         capacity_tokens: int,
+        batching: str,
         *,
         events: bool,
         shared: bool = False,
@@ -74,10 +77,9 @@ class SharedPool:
                 f"capacity_tokens {capacity_tokens} holds no block of {self.block_size} tokens"
             )
         self.index = index
-        self.allocator = BlockAllocator(self.num_blocks)
         # An index that reports nothing (the ``none`` backend) publishes no events.
         self.events = events and isinstance(index, SupportsEventSink)
-        self.manager = CacheManager(index, self.allocator, enable_kv_cache_events=self.events)
+        self.seat = make_seat(batching, index, self.num_blocks, events=self.events)
         self.shared = shared
 
 
@@ -126,7 +128,7 @@ class SimReplica:
         drop_removals: probability each ``BlockRemoved`` is lost before publishing
             (a fault; the local indexer still sees it).
         seed: seeds that loss.
-        pool: index, pool and manager shared with other replicas (the pooled
+        pool: the seat shared with other replicas (the pooled
             bound); by default the replica has its own.
         start_time: its clock when it starts (a replica started or restarted mid-run).
 
@@ -152,25 +154,22 @@ class SimReplica:
         start_time: float = 0.0,
     ) -> None:
         if pool is None:
-            pool = SharedPool(index_factory, capacity_tokens, events=True)
+            pool = SharedPool(index_factory, capacity_tokens, config.batching, events=True)
         self.pool = pool
         self.index = pool.index
-        self.allocator = pool.allocator
-        self.manager = pool.manager
+        self.seat = pool.seat
         self.block_size = pool.block_size
         self.num_blocks = pool.num_blocks
         self.replica_id = replica_id
-        index = self.index
         self.config = config
         self.profile = profile
-        self.sched = ReplicaScheduler(self.manager, self.allocator, index, config, profile)
+        # Tokens reach the router at the step's end: no streaming front end.
+        self.replica = Replica(self.seat, config, profile, start_time=start_time, stream=False)
+        self.sched = self.replica.schedule
         self.publisher = EventPublisher(buffer_steps)
         self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
         self.data_parallel_rank = data_parallel_rank
         self.check_scheme = check_scheme
-        self.now = start_time
-        self.busy_s = 0.0
-        self.num_steps = 0
         self._batches: list[SeqBatch] = []
         self._first: list[tuple[str, float]] = []
         self._finished: list[RequestMetrics] = []
@@ -178,6 +177,20 @@ class SimReplica:
         self._hashes: dict[str, list[int]] = {}
         self._drop_removals = drop_removals
         self._rng = random.Random(seed)
+
+    @property
+    def now(self) -> float:
+        """Its clock: the end of its last step, or of its idle wait."""
+        return self.replica.now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.replica.now = value
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent in steps since it started."""
+        return self.replica.busy_s
 
     # ------------------------------------------------------------ requests
 
@@ -221,9 +234,8 @@ class SimReplica:
         return self._step()
 
     def _step(self) -> bool:
-        sched = self.sched
         start = self.now
-        plan = sched.schedule(start)
+        plan = self.replica.plan()
         if not plan.chunks:
             if self.pool.shared:
                 return False
@@ -233,20 +245,16 @@ class SimReplica:
         self._publish(start)
         if self.check_scheme is not None:
             self._check_admissions(plan.chunks, start)
-        seconds = plan.seconds(self.profile)
-        self.now = start + seconds
-        self.busy_s += seconds
-        self.num_steps += 1
-        finished = sched.complete(plan, self.now)
+        step = self.replica.run(plan)
         for seq, _, _ in plan.chunks:
             m = seq.metrics
-            if m.first_token_s == self.now:
-                self._first.append((m.request_id, self.now))
-        for seq in finished:
+            if m.first_token_s == step.end:
+                self._first.append((m.request_id, step.end))
+        for seq in step.finished:
             self._finished.append(seq.metrics)
             self._hashes.pop(seq.metrics.request_id, None)
-        if not sched.has_unfinished():
-            self._publish(self.now)
+        if not self.sched.has_unfinished():
+            self._publish(step.end)
         return True
 
     def _check_admissions(self, chunks: Sequence[Chunk], now: float) -> None:
@@ -267,7 +275,7 @@ class SimReplica:
     def _publish(self, ts: float) -> None:
         if not self.pool.events:
             return
-        events: list[KVEvent] = self.manager.take_events()
+        events: list[KVEvent] = self.seat.take_events()
         if not events:
             return
         self.local.apply(events)
@@ -281,8 +289,7 @@ class SimReplica:
         self._batches.append(self.publisher.publish(batch))
 
     def _report(self) -> ReplicaReport:
-        stats = self.index.stats()
-        held = self.num_blocks - self.allocator.num_free_blocks - stats.num_evictable_blocks
+        held = self.seat.num_held_blocks()
         report = ReplicaReport(
             self.replica_id,
             self.now,
@@ -318,14 +325,8 @@ class SimReplica:
         """vLLM's ``reset_prefix_cache(reset_running_requests=True)``: preempt every
         running request (recompute: back to the waiting queue's front), then drop the
         whole cache; publishes ``AllBlocksCleared``."""
-        sched = self.sched
-        for seq in reversed(sched.running):
-            self.manager.abort(seq.request.id)
-            seq.num_computed = seq.num_in_key = 0
-            seq.metrics.num_preemptions += 1
-            sched.waiting.appendleft(seq)
-        sched.running.clear()
-        self.manager.reset()
+        self.sched.preempt_all()
+        self.seat.reset()
         self._publish(self.now)
 
     def held(self) -> dict[int, int]:

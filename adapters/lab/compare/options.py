@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,9 +174,7 @@ class CompareOptions:
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
 
 
-def compare_backends(
-    options: CompareOptions | Sequence[str] | None = None, /, **changes: Any
-) -> ComparisonTables:
+def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -> ComparisonTables:
     """Compare backends on built-in workloads or a trace; return the tidy tables.
 
     Each backend's K-live replay at equal capacity and, with ``request_rate`` or
@@ -185,11 +182,8 @@ def compare_backends(
     (default vLLM's alone: only the index varies).
 
     Args:
-        options: what to compare (default: ``CompareOptions()``). A list of workload
-            names here is the old calling convention: it still works for one
-            release, with a ``DeprecationWarning``.
-        **changes: fields of :class:`CompareOptions` to change for this run
-            (``policy`` is the deprecated name of ``queue_order``).
+        options: what to compare (default: ``CompareOptions()``).
+        **changes: fields of :class:`CompareOptions` to change for this run.
 
     Returns:
         The tables (DataFrames when pandas is installed) and the typed records.
@@ -214,26 +208,7 @@ def compare_backends(
     return comparison.tables()
 
 
-def _options(
-    options: CompareOptions | Sequence[str] | None, changes: dict[str, Any]
-) -> CompareOptions:
-    if options is not None and not isinstance(options, CompareOptions):
-        warnings.warn(
-            "compare_backends(workloads, **options) is deprecated; pass "
-            "compare_backends(CompareOptions(workloads, ...))",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        changes = {"workloads": options, **changes}
-        options = None
-    if "policy" in changes:
-        warnings.warn(
-            "compare_backends(policy=...) is now queue_order=... ('policy' alone means a "
-            "router's routing policy)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        changes["queue_order"] = changes.pop("policy")
+def _options(options: CompareOptions | None, changes: dict[str, Any]) -> CompareOptions:
     unknown = sorted(set(changes) - _FIELDS)
     if unknown:
         raise CompareError(

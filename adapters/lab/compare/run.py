@@ -87,16 +87,6 @@ class WorkloadResult:
         """The arrival-time runs at the table's capacity, one per backend and scheduler."""
         return [t for t in self.arrival_runs if t.role == "table"]
 
-    @property
-    def timed(self) -> list[ArrivalRun]:
-        """Deprecated name of :attr:`arrival_runs` (goes in the next release)."""
-        warnings.warn(
-            "WorkloadResult.timed is now arrival_runs ('timed' means measured by the wall clock)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.arrival_runs
-
     def row(self) -> dict[str, Scalar]:
         """The workload as one flat record."""
         return {

@@ -1,13 +1,12 @@
 """Arrival-time simulation of one engine replica: queueing, scheduling and a cost model.
 
 ``simulate(requests, index_factory, capacity_tokens, config, profile)`` replays
-timed requests through vLLM- or SGLang-style scheduling over a
-:class:`~prefixkv.adapters.CacheManager` and prices every step with a cost profile,
+timed requests through vLLM- or SGLang-style scheduling over a seat of
+:mod:`.seats` (the shipped engine classes: vLLM's ``KVCacheManager``, SGLang's
+``PrefixCache``) on a :class:`~.runner.Replica` and prices every step with a cost profile,
 giving per-request TTFT, queueing delay and end-to-end latency, and per-run
 percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
 """
-
-from prefixkv.adapters.deprecated import moved_names
 
 from .arrivals import (
     ARRIVAL_PROCESSES,
@@ -100,14 +99,3 @@ __all__ = [
     "write_rows",
     "write_tables",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "Policy": f"{__name__}:QueueOrder",
-        "POLICIES": f"{__name__}:QUEUE_ORDERS",
-        "TimedRequest": f"{__name__}:SimRequest",
-        "timed_request": f"{__name__}:sim_request",
-    },
-    "'policy' alone means a router's routing policy; 'timed', measured by the wall clock",
-)

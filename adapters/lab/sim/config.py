@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from prefixkv.adapters.deprecated import moved_names
-
 from .errors import SimConfigError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
@@ -50,7 +48,7 @@ class SimConfig:
         policy: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
             cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
-        check_invariants: run the manager's ``check_invariants()`` after every step
+        check_invariants: run the seat's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
@@ -91,10 +89,3 @@ class SimConfig:
         d = asdict(self)
         del d["check_invariants"]
         return d
-
-
-__getattr__ = moved_names(
-    __name__,
-    {"Policy": f"{_QUEUE_ORDER}:QueueOrder", "POLICIES": f"{_QUEUE_ORDER}:QUEUE_ORDERS"},
-    "'policy' alone means a router's routing policy",
-)

@@ -1,5 +1,9 @@
 """Arrival-time replay of one engine replica: a discrete-event loop in virtual time.
 
+The replica's requests run through its seat, the engine class that runs inside the
+engine (:mod:`.seats`): vLLM's ``KVCacheManager`` under ``mixed`` batching, SGLang's
+``PrefixCache`` under ``prefill_first``.
+
 Two kinds of event move the clock: a request arrives, or a step ends. While the
 replica is busy, steps run back to back and requests that arrived during a step
 join the waiting queue when it ends (where the next ``schedule`` sees them); when
@@ -23,10 +27,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
-from prefixkv.storage.allocator import BlockAllocator
 
 from .config import SimConfig
 from .errors import (
@@ -38,8 +40,10 @@ from .errors import (
 )
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
-from .replica_scheduler import ReplicaScheduler, SimSeq, StepWork
+from .replica_scheduler import SimSeq, StepWork
 from .requests import SimRequest
+from .runner import Replica
+from .seats import make_seat
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -114,54 +118,38 @@ def simulate(
         raise SimConfigError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
-    allocator = BlockAllocator(num_blocks)
-    manager = CacheManager(index, allocator)
-    sched = ReplicaScheduler(manager, allocator, index, cfg, prof)
+    seat = make_seat(cfg.batching, index, num_blocks)
+    replica = Replica(seat, cfg, prof)
     gate = _SessionGate(iter(requests), prof.request_s)
     records: list[RequestMetrics] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
-    now = busy = 0.0
-    num_steps = 0
-    frontend_cpu_s = 0.0  # the front end's CPU seconds since the last step began
     while True:
-        for request, sent in gate.ready(now):
+        for request, sent in gate.ready(replica.now):
             _check_servable(request, num_blocks, block_size, cfg)
-            frontend_cpu_s += prof.frontend_request_cpu_s
             m = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
             records.append(m)
-            sched.add(SimSeq(request, m))
-        if not sched.has_unfinished():
+            replica.add(SimSeq(request, m))
+        if not replica.has_unfinished():
             wake = gate.next_time()
             if wake is None:
                 break
-            now = max(now, wake)
-            frontend_cpu_s = 0.0  # spent while the engine was idle
+            replica.idle_until(wake)
             continue
-        plan = sched.schedule(now)
+        plan = replica.plan()
         if not plan.chunks:
+            sched = replica.schedule
             raise SimError(  # pragma: no cover - the servability check rules this out
-                f"no request could be scheduled at t={now:.6f} s with "
+                f"no request could be scheduled at t={replica.now:.6f} s with "
                 f"{len(sched.waiting)} waiting and {len(sched.running)} running"
             )
-        work = plan.work()
-        _reach(reached, work)
-        seconds = prof.step_time(
-            work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
-        )
-        # A front end sharing the engine's cores slows the step by its share of them.
-        seconds += prof.frontend_cpu_share * frontend_cpu_s
-        frontend_cpu_s = prof.stream_token_s * work.num_sampled
-        now += seconds
-        busy += seconds
-        num_steps += 1
-        delivered = now + prof.stream_token_s * work.num_sampled
-        finished = sched.complete(plan, now, delivered)
-        for seq in finished:
-            gate.finished(seq.request.id, delivered)
-        if progress is not None and finished:
-            progress(sum(len(s.request.prompt) for s in finished))
+        step = replica.run(plan)
+        _reach(reached, step.work)
+        for seq in step.finished:
+            gate.finished(seq.request.id, step.delivered)
+        if progress is not None and step.finished:
+            progress(sum(len(s.request.prompt) for s in step.finished))
         if cfg.check_invariants:
-            manager.check_invariants()
+            seat.check_invariants()
     beyond = prof.extrapolation(reached)
     if beyond:
         warnings.warn(
@@ -180,9 +168,9 @@ def simulate(
     }
     run = summarize(
         records,
-        busy_s=busy,
-        num_steps=num_steps,
-        evicted_blocks=manager.totals.num_evicted_blocks,
+        busy_s=replica.busy_s,
+        num_steps=replica.num_steps,
+        evicted_blocks=seat.totals.num_evicted_blocks,
     )
     return SimResult(all_labels, records, run)
 

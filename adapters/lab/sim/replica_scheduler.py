@@ -1,18 +1,19 @@
-"""One engine replica's scheduler over a :class:`CacheManager`, with no model behind it.
+"""One engine replica's scheduler over its seat (:mod:`.seats`), with no model behind it.
 
 It plans steps the way the engines do (vLLM 0.33, SGLang 0.5.23, their defaults)
-and leaves timing to the cost profile:
+and leaves timing to the cost profile. It calls only its seat, the engine class
+that runs inside the engine, and admits whatever the class admits:
 
 - ``mixed`` batching follows vLLM v1's ``Scheduler.schedule``: running requests
   first (a decode token each, or the next prefill chunk) within the step's token
   budget; when a block cannot be found, the last running request is preempted
   (recompute: its blocks are released, it goes back to the front of the waiting
   queue) until the block fits; then, only if nothing was preempted, waiting
-  requests are admitted while ``max_num_seqs`` and the budget allow, each only if
-  its whole sequence fits the free and evictable blocks
-  (``scheduler_reserve_full_isl``, on by default) though only the chunk's blocks
-  are allocated. Full prompt blocks are registered at admission, before the
-  forward pass, as ``allocate_slots`` does; decoded blocks as they fill.
+  requests are admitted while ``max_num_seqs`` and the budget allow, each as
+  ``allocate_slots(..., full_sequence_must_fit=True)`` answers (vLLM's
+  ``scheduler_reserve_full_isl``, on by default), though only the chunk's blocks
+  are allocated. ``allocate_slots`` registers each step's full blocks before the
+  forward pass.
 - ``prefill_first`` batching follows SGLang's ``get_next_batch_to_run``: a step
   prefills (the unfinished chunked request, then new admissions) whenever it can,
   and decodes every running request otherwise. A request is admitted only if its
@@ -20,8 +21,9 @@ and leaves timing to the cost profile:
   free and evictable pool keeps after the running requests' remaining decode
   (``PrefillAdder``; requests have fixed lengths, so the new-token ratio is 1).
   Prefill chunks are registered after their step (``cache_unfinished_req``),
-  decoded tokens when the request finishes (``cache_finished_req``). Short of a
-  block while decoding, requests are retracted in SGLang's order (fewest output
+  decoded tokens when the request finishes (``cache_finished_req``). The whole
+  prompt's pages are allocated at admission (``alloc_for_extend``). Short of a
+  page while decoding, requests are retracted in SGLang's order (fewest output
   tokens, then longest prompt, first) to the back of the waiting queue.
 - the waiting queue is FCFS or ``lpm`` (:mod:`.queue_order`).
 """
@@ -32,10 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from prefixkv.adapters.manager import CacheManager
-from prefixkv.indexes.base import PrefixIndex, PrefixMatch
 from prefixkv.indexes.tokens import TokenKey
-from prefixkv.storage.allocator import BlockAllocator
 
 from .config import SimConfig
 from .errors import SimError
@@ -43,8 +42,16 @@ from .metrics import RequestMetrics
 from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
+from .seats import Seat, SglangSeat, VllmSeat
 
-__all__ = ["CLIP_MAX_NEW_TOKENS", "Chunk", "ReplicaScheduler", "SimSeq", "StepPlan", "StepWork"]
+__all__ = [
+    "CLIP_MAX_NEW_TOKENS",
+    "Chunk",
+    "ReplicaScheduler",
+    "SimSeq",
+    "StepPlan",
+    "StepWork",
+]
 
 CLIP_MAX_NEW_TOKENS = 4096
 """SGLang: admission counts at most this many of a request's tokens still to decode."""
@@ -59,7 +66,6 @@ class SimSeq:
         metrics: its record, filled in as it runs.
         num_output: tokens generated so far (kept across preemptions).
         num_computed: while running, leading tokens whose K/V exist.
-        num_in_key: while running, tokens the manager's key holds.
         prefill_end: tokens known at the last admission; positions below are prefill.
         num_admissions: admissions so far (1 + preemptions once running).
         key: while waiting, the key to admit it with (prompt + output so far).
@@ -69,7 +75,6 @@ class SimSeq:
     metrics: RequestMetrics
     num_output: int = 0
     num_computed: int = 0
-    num_in_key: int = 0
     prefill_end: int = 0
     num_admissions: int = 0
     key: TokenKey | None = None
@@ -130,11 +135,6 @@ class StepPlan(NamedTuple):
             prefill_tokens, prefill_pairs, num_decode, decode_context, max_context, sampled
         )
 
-    def seconds(self, profile: CostProfile) -> float:
-        """The step's duration under ``profile``."""
-        w = self.work()
-        return profile.step_time(w.prefill_tokens, w.prefill_pairs, w.num_decode, w.decode_context)
-
 
 class StepWork(NamedTuple):
     """One step's work: the cost model's four variables, the longest context and the
@@ -149,31 +149,20 @@ class StepWork(NamedTuple):
 
 
 class ReplicaScheduler:
-    """Waiting and running queues of one replica, driven by one :class:`CacheManager`.
+    """Waiting and running queues of one replica, stepped through one seat.
 
     Args:
-        manager: admits, grows, registers and releases the requests' blocks.
-        allocator: the manager's pool (read for admission: free blocks).
-        index: the manager's index (looked up, never locked, to size admissions
-            and to order the queue for ``lpm``).
+        seat: the engine class the requests run through (:class:`VllmSeat` for
+            ``mixed`` batching, :class:`SglangSeat` for ``prefill_first``).
         config: the scheduler's settings.
         profile: prices prefill for the per-request GPU-seconds.
     """
 
-    def __init__(
-        self,
-        manager: CacheManager,
-        allocator: BlockAllocator,
-        index: PrefixIndex,
-        config: SimConfig,
-        profile: CostProfile,
-    ) -> None:
-        self.manager = manager
-        self.allocator = allocator
-        self.index = index
+    def __init__(self, seat: Seat, config: SimConfig, profile: CostProfile) -> None:
+        self.seat = seat
+        self.index = seat.index
         self.config = config
         self.profile = profile
-        self.vllm = config.batching == "mixed"
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
 
@@ -185,13 +174,24 @@ class ReplicaScheduler:
         """Whether any request is waiting or running."""
         return bool(self.waiting or self.running)
 
-    # ------------------------------------------------------------------ planning
-
     def schedule(self, now: float) -> StepPlan:
         """Plan the step that starts at virtual time ``now``."""
-        return self._schedule_mixed(now) if self.vllm else self._schedule_prefill_first(now)
+        seat = self.seat
+        if isinstance(seat, VllmSeat):
+            return self._schedule_mixed(seat, now)
+        assert isinstance(seat, SglangSeat), seat
+        return self._schedule_prefill_first(seat, now)
 
-    def _schedule_mixed(self, now: float) -> StepPlan:
+    def preempt_all(self) -> None:
+        """Preempt every running request (recompute: back to the waiting queue's
+        front, in order), as vLLM's ``reset_prefix_cache(reset_running_requests=True)``."""
+        for seq in reversed(self.running):
+            self._release(seq, front=True)
+        self.running.clear()
+
+    # ------------------------------------------------------------ vLLM's order
+
+    def _schedule_mixed(self, seat: VllmSeat, now: float) -> StepPlan:
         budget = self.config.max_num_batched_tokens
         chunks: list[Chunk] = []
         preempted: list[SimSeq] = []
@@ -199,43 +199,81 @@ class ReplicaScheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
-            if not self._grow_or_preempt(seq, n, preempted):
-                break  # seq preempted itself: it was the last running request
-            chunks.append(Chunk(seq, seq.num_computed, n))
-            budget -= n
-            i += 1
+            # vLLM: preempt the last running request until the slots fit, or until
+            # the request itself was the last one.
+            while not seat.grow(seq.request.id, seq.num_computed, n):
+                victim = self.running.pop()
+                self._release(victim, front=True)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                chunks.append(Chunk(seq, seq.num_computed, n))
+                budget -= n
+                i += 1
+                continue
+            break
         if not preempted:  # vLLM admits nothing in a step that preempted
-            self._admit(chunks, budget, now)
+            self._order_waiting()
+            cfg = self.config
+            while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
+                seq = self.waiting[0]
+                got = seat.admit(
+                    seq.request.id,
+                    seq.waiting_key().tokens,
+                    budget,
+                    chunked=cfg.enable_chunked_prefill,
+                    scheduled=bool(chunks),
+                )
+                if got is None:
+                    break
+                hit, n = got
+                chunks.append(self._start(seq, hit, n, now))
+                budget -= n
         return StepPlan(chunks, preempted)
 
-    def _grow_or_preempt(self, seq: SimSeq, n: int, preempted: list[SimSeq]) -> bool:
-        # vLLM: preempt the last running request until the block fits, or until the
-        # request itself was the last one.
-        while not self._grow(seq, n):
-            victim = self.running.pop()
-            self._release(victim, front=True)
-            preempted.append(victim)
-            if victim is seq:
-                return False
-        return True
+    # ----------------------------------------------------------- SGLang's order
 
-    def _schedule_prefill_first(self, now: float) -> StepPlan:
-        budget = self.config.max_num_batched_tokens
+    def _schedule_prefill_first(self, seat: SglangSeat, now: float) -> StepPlan:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
         chunks: list[Chunk] = []
-        for seq in self.running:
+        for seq in self.running:  # the unfinished chunked prefill goes on first
             if seq.num_computed < seq.prefill_end and budget > 0:
                 n = min(seq.prefill_end - seq.num_computed, budget)
-                if self._grow(seq, n):  # else it waits for decodes to free blocks
-                    chunks.append(Chunk(seq, seq.num_computed, n))
-                    budget -= n
-        self._admit(chunks, budget, now)
+                chunks.append(Chunk(seq, seq.num_computed, n))
+                budget -= n
+        self._order_waiting()
+        # SGLang's PrefillAdder: what the running requests will still decode is
+        # reserved; a new request's extend plus its own decode must fit the rest.
+        reserved = sum(_to_decode(s) for s in self.running)
+        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            tokens = seq.waiting_key().tokens
+            uncached, room = seat.room(tokens)
+            if not cfg.enable_chunked_prefill and uncached > budget:
+                break
+            # Alone, a servable request always fits: the reservation holds back company.
+            if (self.running or chunks) and uncached + _to_decode(seq) >= room - reserved:
+                break
+            hit = seat.admit(seq.request.id, tokens)
+            if hit is None:
+                break
+            n = min(len(tokens) - hit, budget)
+            chunks.append(self._start(seq, hit, n, now))
+            budget -= n
+            reserved += len(tokens) - hit + _to_decode(seq)
         if chunks:
             return StepPlan(chunks, [])
+        return self._decode_or_retract(seat)
+
+    def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
+        chunks: list[Chunk] = []
         retracted: list[SimSeq] = []
         for seq in list(self.running):
             if seq.num_tokens - seq.num_computed != 1 or seq in retracted:
                 continue
-            while not self._grow(seq, 1):
+            while not seat.grow(seq.request.id):
                 if len(self.running) == 1:
                     raise SimError(  # pragma: no cover - the servability check rules it out
                         f"request {seq.request.id!r} cannot decode alone in the pool"
@@ -255,109 +293,44 @@ class ReplicaScheduler:
                 chunks.append(Chunk(seq, seq.num_computed, 1))
         return StepPlan(chunks, retracted)
 
-    def _grow(self, seq: SimSeq, n: int) -> bool:
-        rid = seq.request.id
-        if seq.num_in_key < seq.num_tokens:
-            # A token was sampled last step: it joins the key and gets its slot
-            # (its K/V is computed now, so the slots needed are exactly the tokens).
-            ok = self.manager.append(rid, seq.tokens(seq.num_in_key, seq.num_tokens))
-        else:
-            ok = self.manager.advance(rid, seq.num_computed + n, seq.num_computed) is not None
-        if ok:
-            seq.num_in_key = seq.num_tokens
-        return ok
+    # ------------------------------------------------------------------ shared
+
+    def _order_waiting(self) -> None:
+        if self.config.policy == "lpm":
+            index = self.index
+            self.waiting = sort_by_longest_prefix(
+                self.waiting, lambda k: index.match_prefix(k, len(k) - 1).num_tokens
+            )
 
     def _release(self, seq: SimSeq, *, front: bool) -> None:
         # Recompute mode: drop the K/V, keep the output; the next admission
         # prefills prompt + output (hitting whatever of it is still cached).
-        self.manager.abort(seq.request.id)
-        seq.num_computed = seq.num_in_key = 0
+        self.seat.release(seq.request.id)
+        seq.num_computed = 0
         seq.metrics.num_preemptions += 1
         if front:
             self.waiting.appendleft(seq)
         else:
             self.waiting.append(seq)
 
-    def _match(self, key: TokenKey) -> PrefixMatch:
-        # What admission would hit: capped at len - 1 (SPEC BB-1); locks nothing.
-        return self.index.match_prefix(key, len(key) - 1)
-
-    def _admit(self, chunks: list[Chunk], budget: int, now: float) -> None:
-        cfg = self.config
-        if cfg.policy == "lpm":
-            self.waiting = sort_by_longest_prefix(self.waiting, lambda k: self._match(k).num_tokens)
-        reserved = 0 if self.vllm else sum(_to_decode(s) for s in self.running)
-        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            key = seq.waiting_key()
-            match = self._match(key)
-            n = len(key) - match.num_tokens
-            if cfg.enable_chunked_prefill:
-                n = min(n, budget)
-            elif n > budget:
-                break
-            # Alone, a servable request always fits: the gates only hold back company.
-            if (self.running or chunks) and not self._fits(seq, key, match, reserved):
-                break
-            chunk = self._admit_one(seq, key, match.num_tokens + n)
-            if chunk is None:
-                break
-            self.waiting.popleft()
-            chunks.append(chunk)
-            budget -= chunk.num_tokens
-            if self.vllm:
-                self._register_prompt(chunk)
-            else:
-                reserved += len(key) - chunk.start + _to_decode(seq)
-            self._note_admission(seq, chunk.start, now)
-
-    def _fits(self, seq: SimSeq, key: TokenKey, match: PrefixMatch, reserved: int) -> bool:
-        # Free blocks plus the cache's evictable ones, less the hit's own (locking
-        # the hit protects them from eviction).
-        room = (
-            self.allocator.num_free_blocks
-            + self.index.stats().num_evictable_blocks
-            - self.index.count_evictable(match.handle)
-        )
-        bs = self.index.block_size
-        if self.vllm:
-            return -(-len(key) // bs) - len(match.block_ids) <= room
-        return len(key) - match.num_tokens + _to_decode(seq) < room * bs - reserved
-
-    def _admit_one(self, seq: SimSeq, key: TokenKey, num_tokens: int) -> Chunk | None:
-        # Slots for the hit and this step's chunk only (both engines allocate per chunk).
-        admission = self.manager.admit(seq.request.id, key, num_tokens=num_tokens)
-        if admission is None:
-            return None
-        cached = admission.hit_tokens
-        seq.key = None  # the manager owns the key now and appends to it
-        seq.num_computed = cached
-        seq.num_in_key = seq.prefill_end = len(key)
+    def _start(self, seq: SimSeq, hit: int, n: int, now: float) -> Chunk:
+        self.waiting.popleft()
+        seq.key = None
+        seq.num_computed = hit
+        seq.prefill_end = seq.num_tokens
         self.running.append(seq)
-        return Chunk(seq, cached, max(1, num_tokens - cached))
-
-    def _register_prompt(self, chunk: Chunk) -> None:
-        # vLLM registers the chunk's full blocks before the forward pass. Not the
-        # block of the last prompt token: the len - 1 cap may have left it out of a
-        # hit although it is cached, and registering it now would only duplicate it.
-        seq, start, n = chunk
-        bs = self.index.block_size
-        promised = min(start + n, (seq.prefill_end - 1) // bs * bs)
-        if promised > start:
-            self.manager.commit(seq.request.id, promised, swap_duplicates=False)
-
-    def _note_admission(self, seq: SimSeq, cached: int, now: float) -> None:
         m = seq.metrics
         if seq.num_admissions == 0:
             m.first_scheduled_s = now
-            m.hit_tokens = cached
+            m.hit_tokens = hit
         seq.num_admissions += 1
-        m.saved_gpu_s += self.profile.prefill_s(cached, 0)
+        m.saved_gpu_s += self.profile.prefill_s(hit, 0)
+        return Chunk(seq, hit, max(1, n))
 
     # ------------------------------------------------------------------- results
 
     def complete(self, plan: StepPlan, now: float, delivered: float | None = None) -> list[SimSeq]:
-        """Record a computed step that ended at ``now``: register K/V, sample, finish.
+        """Record a computed step that ended at ``now``: checkpoint, sample, finish.
 
         The step's tokens reach their clients at ``delivered`` (default ``now``; a
         serving front end streams them after the step): first-token and finish times
@@ -366,20 +339,18 @@ class ReplicaScheduler:
         Returns:
             The requests that finished in this step.
         """
-        manager = self.manager
+        seat = self.seat
         profile = self.profile
-        # vLLM registers decode blocks as they fill; SGLang inserts a request's
-        # decoded tokens when it finishes (cache_finished_req).
-        register_decode = self.vllm
         seen = now if delivered is None else delivered
         finished: list[SimSeq] = []
         for seq, start, n in plan.chunks:
             end = start + n
             seq.num_computed = end
-            if register_decode or start < seq.prefill_end:
-                manager.commit(seq.request.id, end)
+            rid = seq.request.id
             m = seq.metrics
             if start < seq.prefill_end:
+                if end < seq.prefill_end:
+                    seat.prefilled(rid, end)
                 m.computed_prefill_tokens += n
                 m.prefill_gpu_s += profile.prefill_s(n, start)
                 if m.num_preemptions:
@@ -390,10 +361,13 @@ class ReplicaScheduler:
                     m.first_token_s = seen
                 if seq.num_output == seq.request.output_len:
                     finished.append(seq)
+                else:
+                    # SGLang checkpoints a finished prefill after sampling from it.
+                    seat.sampled(rid, seq.request.output_token(seq.num_output - 1))
+                    if end == seq.prefill_end:
+                        seat.prefilled(rid, end)
         for seq in finished:
-            if not register_decode:
-                manager.commit(seq.request.id, seq.num_computed)
-            manager.finish(seq.request.id)
+            seat.finish(seq.request.id, seq.num_computed)
             seq.metrics.finish_s = seen
         if finished:
             done = {id(s) for s in finished}

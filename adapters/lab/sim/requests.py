@@ -15,7 +15,6 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from prefixkv.adapters.deprecated import moved_names
 from prefixkv.indexes.tokens import as_token_array
 
 from .errors import SimInputError
@@ -125,10 +124,3 @@ def sim_request(
     if not out:
         return SimRequest(id, tokens, 1, arrival)
     return SimRequest(id, tokens, len(out), arrival, out)
-
-
-__getattr__ = moved_names(
-    __name__,
-    {"TimedRequest": f"{__name__}:SimRequest", "timed_request": f"{__name__}:sim_request"},
-    "'timed' means measured by the wall clock",
-)

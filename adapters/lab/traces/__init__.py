@@ -66,7 +66,6 @@ __all__ = [
     "load_any",
     "load_mooncake",
     "make_request",
-    "mooncake_lengths",
     "open_trace",
     "read_trace",
     "refuse_overwrite",
@@ -82,7 +81,6 @@ class LoadOptions(TypedDict, total=False):
 
     Attributes:
         max_requests: read at most this many requests (default: all).
-        scale_block: the old name of ``tokens_per_id`` (give one of the two).
         tokens_per_id: tokens each hash id stands for (default: the format's own).
         vocab_size: token ids are drawn from ``[1, vocab_size)`` (default 32000).
         seed: selects the token content (default 0).
@@ -90,7 +88,6 @@ class LoadOptions(TypedDict, total=False):
     """
 
     max_requests: int | None
-    scale_block: int | None
     tokens_per_id: int | None
     vocab_size: int
     seed: int
@@ -102,17 +99,14 @@ def _open(
     trace_format: TraceFormat | None,
     *,
     max_requests: int | None = None,
-    scale_block: int | None = None,
     tokens_per_id: int | None = None,
     vocab_size: int = 32000,
     seed: int = 0,
     output: bool = True,
 ) -> TraceSource:
     # The one place that reads LoadOptions, defaults included.
-    if scale_block is not None and tokens_per_id is not None:
-        raise TraceOptionError("give tokens_per_id or its old name scale_block, not both")
     options = ReadOptions(
-        tokens_per_id=tokens_per_id if scale_block is None else scale_block,
+        tokens_per_id=tokens_per_id,
         vocab_size=vocab_size,
         seed=seed,
         output=output,
@@ -161,17 +155,3 @@ def load_any(
         return []
     source.scan()
     return list(source)
-
-
-def mooncake_lengths(input_length: int, num_blocks: int, scale_block: int | None) -> list[int]:
-    """Token count of each block of a Mooncake request, after optional scaling.
-
-    Unscaled: ``num_blocks - 1`` blocks of 512 and a last one of
-    ``input_length - 512 * (num_blocks - 1)`` tokens; with ``scale_block = s`` every
-    full block is ``s`` tokens and the last ``ceil(partial * s / 512)``.
-    """
-    partial = input_length - MOONCAKE_BLOCK_SIZE * (num_blocks - 1)
-    if scale_block is None:
-        return [MOONCAKE_BLOCK_SIZE] * (num_blocks - 1) + [partial]
-    last = -(-partial * scale_block // MOONCAKE_BLOCK_SIZE)
-    return [scale_block] * (num_blocks - 1) + [last]

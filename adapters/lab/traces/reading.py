@@ -29,7 +29,6 @@ __all__ = [
     "StrPath",
     "count_items",
     "decode",
-    "is_gzip",
     "iter_lines",
     "one_line",
 ]
@@ -52,12 +51,6 @@ _UNREAD = {  # magic -> the compression prefixkv does not decompress
     b"\x28\xb5\x2f\xfd": "zstd",
     b"PK\x03\x04": "zip",
 }
-
-
-def is_gzip(path: StrPath) -> bool:
-    """Whether the file starts with the gzip magic (the name's suffix is not trusted)."""
-    with open(path, "rb") as f:
-        return f.read(2) == GZIP_MAGIC
 
 
 def one_line(text: str, limit: int = 120) -> str:

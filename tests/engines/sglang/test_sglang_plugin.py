@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.registry import (
     get_radix_cache_factory,
 )
 
-from prefixkv.adapters.plugins.errors import UnsupportedEngineFeatureError
+from prefixkv.adapters.errors import UnsupportedEngineFeatureError
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.sglang.plugin import BACKENDS, PrefixKVPrefixCache, register
 from prefixkv.indexes import make_index
@@ -255,19 +255,6 @@ def test_the_cache_sglang_builds_is_the_class_make_test_replays() -> None:
                    "dfs_weight_order"}  # fmt: skip
     for name in ("lock", "unlock", "reset", "evictable_size", "on_release", "total_size"):
         assert getattr(PrefixKVPrefixCache, name) is getattr(PrefixCache, name), name
-
-
-def test_the_old_entry_point_target_still_registers_with_a_warning() -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop("prefixkv.adapters.plugins.sglang", None)
-    with pytest.warns(DeprecationWarning, match="prefixkv.adapters.sglang.plugin"):
-        old = importlib.import_module("prefixkv.adapters.plugins.sglang")
-    assert old.PrefixKVPrefixCache is PrefixKVPrefixCache
-    old.register()
-    for name in BACKENDS:
-        assert get_radix_cache_factory(name) is not None, name
 
 
 def test_disable_radix_cache_gives_a_cache_that_shares_nothing() -> None:

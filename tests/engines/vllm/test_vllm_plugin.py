@@ -328,19 +328,6 @@ def test_engine_core_start_up_reads_the_managers_groups(model_dir, traces) -> No
     assert sched.make_stats().kv_cache_usage == sched.kv_cache_manager.usage
 
 
-def test_the_old_scheduler_path_still_loads(model_dir, traces) -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop("prefixkv.adapters.plugins.vllm", None)
-    with pytest.warns(DeprecationWarning, match="prefixkv.adapters.vllm.scheduler"):
-        old = importlib.import_module("prefixkv.adapters.plugins.vllm")
-    assert old.PrefixKVScheduler is PrefixKVScheduler
-    out = run(model_dir, traces["synthetic"][:4], 16, False, 512, "roomy",
-              "prefixkv.adapters.plugins.vllm.PrefixKVScheduler", "hash_chain")  # fmt: skip
-    assert type(out["scheduler"]) is PrefixKVScheduler
-
-
 def test_async_scheduling_picks_the_async_variant(model_dir, traces) -> None:
     out = run(model_dir, traces["synthetic"][:4], 16, True, 512, "roomy", PLUGIN, "hash_chain")
     assert isinstance(out["scheduler"], AsyncScheduler)

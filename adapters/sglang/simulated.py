@@ -1,9 +1,10 @@
-"""SGLang 0.5.23's scheduler-side cache steps, over prefixkv's engine-free ``PrefixCache``.
+"""SGLang 0.5.23's scheduler-side cache steps, over the engine-free ``PrefixCache``.
 
 In SGLang these live in the scheduler, not in the tree cache (``common.match_kv_cache``,
 the prefill adder's lock, ``allocation.alloc_for_extend`` / ``alloc_token_slots`` /
-``alloc_paged_token_slots_extend`` and the decode allocation, ``req_to_token_pool``),
-and so they live here, for the K-live replay driver, the tests and the benchmarks.
+``alloc_paged_token_slots_extend`` and the decode allocation, ``req_to_token_pool``);
+they live here, beside the cache, as SGLang keeps ``RadixCache.create_simulated`` beside
+``RadixCache``: what the lab, the tests and the benchmarks drive a simulated cache with.
 Driven through them, the cache gives SGLang's hits request for request (SPEC SG-1..SG-6):
 
     req = SimpleReq("r1", prompt)
@@ -15,7 +16,9 @@ Driven through them, the cache gives SGLang's hits request for request (SPEC SG-
     cache.cache_finished_req(req)             # release
 
 A step that does not fit returns ``None`` / ``False`` and changes nothing, where
-SGLang would retract a request (``retract``). They drive a simulated cache
+SGLang would retract a request (``retract``). Whether pages can be had is the cache's
+own answer: free pages plus what is evictable once the hit is locked (SGLang's
+``available_size() + evictable_size()``). They drive a simulated cache
 (``PrefixCache.create_simulated``: a ``BlockAllocator`` and ``PageRows``); inside SGLang,
 SGLang's scheduler allocates. Compiled: the decode step is the replay's inner loop.
 """
@@ -30,8 +33,8 @@ from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.block_table import slot_mapping
 
 from ..requests import ReqLike
-from ..sglang.page_rows import PageRows
-from ..sglang.prefix_cache import PrefixCache, PrefixNode
+from .page_rows import PageRows
+from .prefix_cache import PrefixCache
 
 __all__ = ["alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
 
@@ -66,15 +69,13 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     m = cache.match_prefix(prompt, extra_key, salt, max_prefix_len=n - 1)
     ps = cache.page_size
     need = ceil_div(n, ps) - len(m.device_indices)
-    row = rows.alloc() if _fits(cache, pool, need, m.last_node) else None
-    if row is None:
-        cache.totals.num_rejected += 1
-        return None
-    lock = cache.lock(m.last_node)
-    pages = _take_pages(cache, pool, need, 1 if ps > 1 else 0)
-    if pages is None:  # the index evicted fewer pages than it counted as evictable
+    lock = cache.lock(m.last_node)  # the prefill adder locks the hit first
+    row = rows.alloc() if _fits(cache, need) else None
+    pages = None if row is None else _take_pages(cache, pool, need, 1 if ps > 1 else 0)
+    if pages is None:  # no room, no row, or the index evicted fewer pages than it counted
         cache.unlock(lock)
-        rows.free(row)
+        if row is not None:
+            rows.free(row)
         cache.totals.num_rejected += 1
         return None
     rows.write(row, 0, m.device_indices + pages)
@@ -112,9 +113,7 @@ def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
     if pos % ps == 0:
         pages = pool.allocate(1)  # a free page: the common step
         if pages is None:
-            pages = (
-                _take_pages(cache, pool, 1, 0) if _fits(cache, pool, 1, cache.root_node) else None
-            )
+            pages = _take_pages(cache, pool, 1, 0) if _fits(cache, 1) else None
             if pages is None:
                 return False
         rows.write(row, pos // ps, pages)
@@ -159,15 +158,10 @@ def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:
     return pool, rows
 
 
-def _fits(cache: PrefixCache, pool: BlockAllocator, need: int, hit: PrefixNode) -> bool:
-    # Whether ``need`` pages can be had: free ones, then evictable ones, less those
-    # locking the hit protects (counted now, at allocation time).
-    free = pool.num_free_blocks
-    if need <= free:
-        return True
-    index = cache.index
-    protected = 0 if hit.handle is None else index.count_evictable(hit.handle)
-    return need <= free + index.stats().num_evictable_blocks - protected
+def _fits(cache: PrefixCache, need: int) -> bool:
+    # Whether ``need`` pages can be had, as the cache answers it: free pages plus the
+    # evictable ones (a locked hit is not evictable).
+    return need * cache.page_size <= cache.available_size() + cache.evictable_size()
 
 
 def _take_pages(

@@ -1,0 +1,295 @@
+"""A replica's seat: the shipped engine class a schedule steps its requests through.
+
+The lab measures the classes that run inside the engines, never a model of them:
+
+- :class:`VllmSeat` is prefixkv's vLLM ``KVCacheManager``, driven as vLLM 0.33's
+  ``Scheduler`` drives it: ``get_computed_blocks`` then ``allocate_slots(...,
+  full_sequence_must_fit=True, has_scheduled_reqs=...)`` to admit (vLLM's null
+  block, watermark and whole-sequence gate act because the class applies them),
+  ``allocate_slots(req, n)`` for each further chunk and decode step (full blocks are
+  registered there, before the forward pass), ``free`` to preempt or finish.
+- :class:`SglangSeat` is prefixkv's SGLang ``PrefixCache`` on its simulated pools,
+  driven as SGLang 0.5.23's scheduler drives ``RadixCache``: ``alloc_for_extend`` to
+  admit, ``checkpoint`` after a prefill chunk (``cache_unfinished_req``),
+  ``alloc_for_decode`` each decode step, ``cache_finished_req`` at the end and
+  ``retract`` when short of pages.
+
+Whether a request fits is the class's answer (``None`` or ``False``, nothing
+changed); the seat keeps no copy of an engine's admission rule.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from prefixkv.adapters.accounting import CacheTotals
+from prefixkv.adapters.events.wire import KVEvent
+from prefixkv.adapters.observer import CacheObserver
+from prefixkv.adapters.requests import SimpleReq
+from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
+from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
+from prefixkv.indexes.base import PrefixIndex
+
+__all__ = ["Seat", "SglangSeat", "VllmRequest", "VllmSeat", "make_seat"]
+
+
+class Seat(Protocol):
+    """What every seat answers besides its engine's own steps."""
+
+    index: PrefixIndex
+    block_size: int
+    num_blocks: int
+
+    @property
+    def totals(self) -> CacheTotals:
+        """The class's counters (hits, evictions, rejections)."""
+        ...
+
+    def prefilled(self, request_id: str, end: int) -> None:
+        """A prefill chunk ending at ``end`` was computed."""
+        ...
+
+    def sampled(self, request_id: str, token: int) -> None:
+        """A running request sampled ``token`` (its KV is computed next step)."""
+        ...
+
+    def finish(self, request_id: str, num_computed: int) -> None:
+        """Release a finished request that computed ``num_computed`` tokens."""
+        ...
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call (empty unless built with events)."""
+        ...
+
+    def num_held_blocks(self) -> int:
+        """Blocks running requests hold (neither free nor evictable)."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Give a running request's blocks back without caching more (preemption)."""
+        ...
+
+    def reset(self) -> None:
+        """Drop the whole cache (no request running)."""
+        ...
+
+    def check_invariants(self) -> None:
+        """The class's invariants."""
+        ...
+
+
+class VllmRequest:
+    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields).
+
+    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
+    :meth:`append`: the manager reads it every decode step.
+    """
+
+    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
+
+    def __init__(self, request_id: str, prompt: Any) -> None:
+        self.request_id = request_id
+        self.all_token_ids: array[int] = array("I", prompt)
+        self.num_tokens = len(self.all_token_ids)
+        self.num_computed_tokens = 0
+
+    def append(self, token: int) -> None:
+        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
+        self.all_token_ids.append(token)
+        self.num_tokens += 1
+
+
+class VllmSeat:
+    """prefixkv's vLLM ``KVCacheManager`` as a seat (:func:`make_seat` builds one).
+
+    Args:
+        kv: the manager; its pool's block 0 is vLLM's null block.
+    """
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.index = kv.manager.index
+        self.block_size = self.index.block_size
+        self.num_blocks = kv.manager.allocator.num_blocks - 1
+        self.requests: dict[str, VllmRequest] = {}
+
+    @property
+    def totals(self) -> CacheTotals:
+        return self.kv.manager.totals
+
+    def admit(
+        self, request_id: str, tokens: Any, budget: int, *, chunked: bool, scheduled: bool
+    ) -> tuple[int, int] | None:
+        """Admit a waiting request, as ``Scheduler.schedule`` admits one.
+
+        Args:
+            request_id: its id.
+            tokens: prompt plus the output so far (a resumed request recomputes it).
+            budget: the most tokens this step may compute.
+            chunked: a prompt may be cut at ``budget`` (else one past it waits).
+            scheduled: other requests are scheduled in this step (the watermark).
+
+        Returns:
+            The hit tokens and the tokens computed this step, or ``None`` (nothing
+            changed) when the class refuses or the prompt waits for a bigger budget.
+        """
+        req = self.requests.get(request_id)
+        if req is None or req.num_tokens != len(tokens):
+            req = self.requests[request_id] = VllmRequest(request_id, tokens)
+        kv = self.kv
+        blocks, hit, _ = kv.get_computed_blocks(req)
+        n = req.num_tokens - hit
+        if n > budget:
+            if not chunked:
+                return None
+            n = budget
+        new = kv.allocate_slots(
+            req, n, hit, blocks, full_sequence_must_fit=True, has_scheduled_reqs=scheduled
+        )
+        if new is None:
+            return None
+        req.num_computed_tokens = hit
+        return hit, n
+
+    def grow(self, request_id: str, num_computed: int, num_new: int) -> bool:
+        """Slots for the next ``num_new`` tokens of a running request (a chunk or a
+        decode step); ``False`` (nothing changed) when they do not fit."""
+        req = self.requests[request_id]
+        req.num_computed_tokens = num_computed
+        return self.kv.allocate_slots(req, num_new) is not None
+
+    def prefilled(self, request_id: str, end: int) -> None:
+        """Nothing to do: ``allocate_slots`` registered the chunk's full blocks."""
+
+    def sampled(self, request_id: str, token: int) -> None:
+        """A running request sampled ``token`` (its KV is computed next step)."""
+        self.requests[request_id].append(token)
+
+    def finish(self, request_id: str, num_computed: int) -> None:
+        """Release a finished request (vLLM registers nothing at ``free``)."""
+        req = self.requests.pop(request_id)
+        req.num_computed_tokens = num_computed
+        self.kv.free(req)
+
+    def release(self, request_id: str) -> None:
+        req = self.requests[request_id]
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+
+    def take_events(self) -> list[KVEvent]:
+        return self.kv.take_events()
+
+    def num_held_blocks(self) -> int:
+        free = self.kv.manager.allocator.num_free_blocks
+        return self.num_blocks - free - self.index.stats().num_evictable_blocks
+
+    def reset(self) -> None:
+        self.kv.reset_prefix_cache()
+
+    def check_invariants(self) -> None:
+        self.kv.check_invariants()
+
+
+class SglangSeat:
+    """prefixkv's SGLang ``PrefixCache`` on its simulated pools as a seat
+    (:func:`make_seat` builds one).
+
+    Args:
+        cache: the cache (``PrefixCache.create_simulated``); its page size is its
+            index's block size.
+    """
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        self.index = cache.index
+        self.block_size = self.index.block_size
+        self.num_blocks = cache.pool.num_blocks
+        self.requests: dict[str, SimpleReq] = {}
+
+    @property
+    def totals(self) -> CacheTotals:
+        return self.cache.totals
+
+    def room(self, tokens: Any) -> tuple[int, int]:
+        """The prefill adder's view of a waiting request: its uncached tokens and the
+        tokens the cache can give once its hit is locked (free plus evictable)."""
+        cache = self.cache
+        match = cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
+        lock = cache.lock(match.last_node)
+        room = cache.available_size() + cache.evictable_size()
+        cache.unlock(lock)
+        return len(tokens) - match.prefix_len, room
+
+    def admit(self, request_id: str, tokens: Any) -> int | None:
+        """``alloc_for_extend``: the hit tokens, or ``None`` (nothing changed)."""
+        req = SimpleReq(request_id, tokens)
+        hit = alloc_for_extend(self.cache, req)
+        if hit is not None:
+            self.requests[request_id] = req
+        return hit
+
+    def prefilled(self, request_id: str, end: int) -> None:
+        """A prefill chunk ending at ``end`` was computed: checkpoint it
+        (``cache_unfinished_req``)."""
+        self.cache.checkpoint(self.requests[request_id], up_to=end)
+
+    def grow(self, request_id: str) -> bool:
+        """``alloc_for_decode``: ``False`` (nothing changed) when no page can be had."""
+        return alloc_for_decode(self.cache, self.requests[request_id])
+
+    def sampled(self, request_id: str, token: int) -> None:
+        """A running request sampled ``token``."""
+        self.requests[request_id].output_ids.append(token)
+
+    def finish(self, request_id: str, num_computed: int) -> None:
+        """``cache_finished_req``: insert what it computed, release it."""
+        self.cache.cache_finished_req(self.requests.pop(request_id))
+
+    def release(self, request_id: str) -> None:
+        retract(self.cache, self.requests.pop(request_id))
+
+    def take_events(self) -> list[KVEvent]:
+        return self.cache.take_events()
+
+    def num_held_blocks(self) -> int:
+        free = self.cache.pool.num_free_blocks
+        return self.num_blocks - free - self.index.stats().num_evictable_blocks
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def check_invariants(self) -> None:
+        self.cache.check_invariants(self.requests.values())
+
+
+def make_seat(
+    batching: str,
+    index: PrefixIndex,
+    num_blocks: int,
+    *,
+    events: bool = False,
+    observers: Sequence[CacheObserver] = (),
+) -> Seat:
+    """The seat of a batching, over ``num_blocks`` usable blocks of ``index``.
+
+    Args:
+        batching: ``"mixed"`` gives vLLM's ``KVCacheManager`` (its null block 0 on
+            top of the usable blocks), ``"prefill_first"`` SGLang's ``PrefixCache``.
+        index: the (empty) prefix index.
+        num_blocks: usable blocks (pages).
+        events: record KV events for ``take_events``.
+        observers: the class's observers (accounting, boundary tracking).
+    """
+    if batching == "mixed":
+        kv = KVCacheManager(
+            index, num_blocks + 1, enable_kv_cache_events=events, observers=observers
+        )
+        return VllmSeat(kv)
+    capacity = num_blocks * index.block_size
+    cache = PrefixCache.create_simulated(
+        index, capacity, enable_kv_cache_events=events, observers=observers
+    )
+    return SglangSeat(cache)

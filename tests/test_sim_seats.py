@@ -1,0 +1,74 @@
+"""The simulator's seats and its replica runner: the shipped engine classes answer
+every admission, and a replica prices each step on its clock.
+
+A seat keeps no rule of its own: vLLM's ``KVCacheManager`` applies its whole-sequence
+gate, SGLang's ``PrefixCache`` its free-plus-evictable room, and a refusal changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.replica_scheduler import SimSeq
+from prefixkv.adapters.lab.sim.runner import Replica
+from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
+from prefixkv.indexes import make_index
+
+
+def test_vllm_seat_admits_only_what_the_whole_sequence_fits() -> None:
+    seat = make_seat("mixed", make_index("hash_chain", 4), 4)  # 4 usable, the null block apart
+    assert isinstance(seat, VllmSeat)
+    free = seat.kv.manager.allocator.num_free_blocks
+    # 20 tokens need 5 blocks: the first 8-token chunk would fit, the sequence does not.
+    assert seat.admit("a", list(range(1, 21)), 8, chunked=True, scheduled=False) is None
+    assert seat.kv.manager.allocator.num_free_blocks == free and not seat.kv.manager.running()
+    assert seat.totals.num_rejected == 1
+    assert seat.admit("b", list(range(1, 17)), 8, chunked=True, scheduled=False) == (0, 8)
+    assert seat.num_held_blocks() == 2  # the chunk's blocks only
+
+
+def test_vllm_seat_leaves_a_prompt_past_the_budget_waiting_without_chunking() -> None:
+    seat = make_seat("mixed", make_index("hash_chain", 4), 8)
+    assert isinstance(seat, VllmSeat)
+    assert seat.admit("a", list(range(1, 13)), 8, chunked=False, scheduled=False) is None
+    assert not seat.kv.manager.running()
+
+
+def test_sglang_seat_room_is_free_plus_evictable_less_the_locked_hit() -> None:
+    seat = make_seat("prefill_first", make_index("radix", 4), 4)  # 16 tokens of pages
+    assert isinstance(seat, SglangSeat)
+    prompt = list(range(1, 13))
+    assert seat.admit("a", prompt) == 0
+    seat.sampled("a", 99)
+    seat.prefilled("a", 12)
+    seat.finish("a", 12)  # 3 pages cached, evictable; 1 free
+    uncached, room = seat.room(prompt + [7, 7, 7, 7])
+    assert (uncached, room) == (16 - 12, 16 - 12)  # the hit's own pages are locked
+    uncached, room = seat.room([50, 51, 52, 53])
+    assert (uncached, room) == (4, 16)
+    seat.check_invariants()
+
+
+def test_make_seat_picks_the_class_of_the_batching() -> None:
+    assert isinstance(make_seat("mixed", make_index("radix", 4), 4), VllmSeat)
+    assert isinstance(make_seat("prefill_first", make_index("radix", 4), 4), SglangSeat)
+
+
+def test_a_replica_prices_each_step_and_streams_its_tokens_after_it() -> None:
+    profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0, stream_token_s=0.125)
+    for stream, lag in ((True, 0.125), (False, 0.0)):
+        cfg = SimConfig(batching="mixed")
+        replica = Replica(
+            make_seat("mixed", make_index("radix", 4), 8), cfg, profile, stream=stream
+        )
+        prompt = array("I", [1, 2, 3, 4])
+        replica.add(SimSeq(SimRequest("a", prompt, 2, 0.0), RequestMetrics("a", 0.0, 4, 2)))
+        step = replica.run(replica.plan())  # the prefill: 0.5 + 4 x 0.25 seconds
+        assert (step.start, step.end, step.delivered) == (0.0, 1.5, 1.5 + lag)
+        step = replica.run(replica.plan())  # the decode step finishes it
+        assert step.end == 2.0 and [s.request.id for s in step.finished] == ["a"]
+        assert (replica.busy_s, replica.num_steps, replica.has_unfinished()) == (2.0, 2, False)
+        replica.seat.check_invariants()
