@@ -45,7 +45,7 @@ from prefixkv.storage.allocator import BlockAllocator, Owner
 from .accounting import CacheTotals
 from .events.dialects import EventRecorder, attach_event_recorder
 from .events.wire import KVEvent
-from .observer import CacheObserver, ObserverGroup
+from .observer import CacheObserver, combine_observers
 
 __all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
 
@@ -134,20 +134,14 @@ class CacheManager:
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
         if not isinstance(allocator, BlockAllocator):
             raise PrefixKVError(f"allocator must be a BlockAllocator, got {allocator!r:.80}")
-        bad = [o for o in observers if not isinstance(o, CacheObserver)]
-        if bad:
-            raise PrefixKVError(f"{bad[0]!r:.80} does not implement CacheObserver")
+        observer = combine_observers(observers)
         self.index: PrefixIndex = index
         self.allocator: BlockAllocator = allocator
         self.block_size: int = index.block_size
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
-        self._observer: CacheObserver | None = None
-        if len(observers) == 1:
-            self._observer = observers[0]
-        elif observers:
-            self._observer = ObserverGroup(observers)
+        self._observer: CacheObserver | None = observer
         self._events: EventRecorder | None = None
         if check_bool("enable_kv_cache_events", enable_kv_cache_events):
             self._events = attach_event_recorder(index)

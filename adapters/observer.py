@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol, runtime_checkable
 
+from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import TokenKey
 
-__all__ = ["CacheObserver", "ObserverBase", "ObserverGroup"]
+__all__ = ["CacheObserver", "ObserverBase", "ObserverGroup", "combine_observers"]
 
 
 @runtime_checkable
@@ -105,3 +106,21 @@ class ObserverGroup(ObserverBase):
         """Tells each observer."""
         for o in self.observers:
             o.on_reset()
+
+
+def combine_observers(observers: object) -> CacheObserver | None:
+    """The one observer a cache calls: ``None`` for none, the one given, or a group.
+
+    Raises:
+        PrefixKVError: ``observers`` is not a list or tuple of ``CacheObserver``.
+    """
+    if not isinstance(observers, (list, tuple)):
+        raise PrefixKVError(
+            f"observers must be a list or tuple of CacheObserver, got {observers!r:.80}"
+        )
+    bad = [o for o in observers if not isinstance(o, CacheObserver)]
+    if bad:
+        raise PrefixKVError(f"{bad[0]!r:.80} does not implement CacheObserver")
+    if not observers:
+        return None
+    return observers[0] if len(observers) == 1 else ObserverGroup(observers)

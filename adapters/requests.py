@@ -93,9 +93,10 @@ class ReqKvLike(Protocol):
 class ReqLike(Protocol):
     """What the SGLang prefix cache reads and writes of an SGLang ``Req``.
 
-    ``extra_key`` and ``cache_salt`` are the namespace (SGLang's ``Req`` appends its
-    LoRA id to ``extra_key``); ``kv``, ``last_node`` and ``lock`` are the request's
-    cache state, kept on the request as SGLang keeps it.
+    ``extra_key``, ``cache_salt`` and ``lora_id`` are the namespace, each a field of
+    its own (SGLang's ``Req`` also appends its LoRA id to ``extra_key``); ``kv``,
+    ``last_node`` and ``lock`` are the request's cache state, kept on the request as
+    SGLang keeps it.
     """
 
     @property
@@ -121,6 +122,11 @@ class ReqLike(Protocol):
     @property
     def cache_salt(self) -> object:
         """A salt (a str) that isolates the request's cache entries; checked by the cache."""
+        ...
+
+    @property
+    def lora_id(self) -> object:
+        """The LoRA adapter's id (a str) or ``None``; checked by the cache."""
         ...
 
     @property
@@ -152,8 +158,9 @@ class ReqKvInfo:
 class SimpleReq:
     """A minimal ``ReqLike`` for drivers and tests (SGLang ``Req`` fields).
 
-    As SGLang's ``Req`` does, a ``lora_id`` is appended to ``extra_key``. The prompt
-    is kept as given (a list, tuple or array), not copied.
+    As SGLang's ``Req`` does, a ``lora_id`` is appended to ``extra_key`` (and kept as
+    ``lora_id``, which the cache keys apart). The prompt is kept as given (a list,
+    tuple or array), not copied.
     """
 
     def __init__(

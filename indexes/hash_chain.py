@@ -26,7 +26,7 @@ from .errors import (
     StaleHandleError,
 )
 from .free_queue import FreeBlockQueue
-from .hashing import Digest, make_block_hasher
+from .hashing import make_block_hasher
 from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
 
@@ -132,12 +132,14 @@ class HashChainIndex:
         self,
         block_size: object = 16,
         *,
-        hash_algorithm: str | Digest = "xxh3_128",
+        hash_algorithm: object = "xxh3_128",
         seed: object = None,
         verify: object = False,
     ) -> None:
         # the callee checks what the caller gave (Any: no check, no boxing on the way)
-        self._hasher = make_block_hasher(cast(Any, block_size), hash_algorithm, cast(Any, seed))
+        self._hasher = make_block_hasher(
+            cast(Any, block_size), cast(Any, hash_algorithm), cast(Any, seed)
+        )
         self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
         self._table = BlockHashToBlockMap()

@@ -15,7 +15,7 @@ import os
 import struct
 from array import array
 from collections.abc import Callable
-from typing import overload
+from typing import cast, overload
 
 import xxhash
 
@@ -82,6 +82,18 @@ def _seed_bytes(seed: object) -> bytes:
     raise PrefixKVError(f"hash seed must be None, an int, a str or bytes, got {seed!r:.80}")
 
 
+def _checked_digest(digest: Digest, data: bytes) -> bytes:
+    # A digest callable must map bytes to bytes: tried once, on the root, so a wrong
+    # one is named at construction rather than failing at some later lookup.
+    try:
+        out = digest(data)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise PrefixKVError(f"the digest callable {digest!r:.80} failed on bytes: {e}") from None
+    if type(out) is not bytes or not out:
+        raise PrefixKVError(f"the digest callable {digest!r:.80} returned {out!r:.40}, not bytes")
+    return out
+
+
 class BlockHasher:
     """Computes the chained hashes of full blocks for one index.
 
@@ -103,21 +115,24 @@ class BlockHasher:
     def __init__(
         self,
         block_size: object,
-        algorithm: str | Digest = "xxh3_128",
+        algorithm: object = "xxh3_128",
         seed: object = None,
     ) -> None:
         size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
-        if callable(algorithm):
-            self._digest: Digest = algorithm
-            self.algorithm = getattr(algorithm, "__name__", "custom")
-        elif algorithm in HASH_ALGORITHMS:
-            self._digest = HASH_ALGORITHMS[algorithm]
-            self.algorithm = algorithm
+        if isinstance(algorithm, str) and algorithm in HASH_ALGORITHMS:
+            self._digest: Digest = HASH_ALGORITHMS[algorithm]
+            self.algorithm: str = algorithm
+        elif callable(algorithm) and not isinstance(algorithm, type):
+            self._digest = cast(Digest, algorithm)
+            self.algorithm = str(getattr(algorithm, "__name__", "custom"))
         else:
             names = ", ".join(sorted(HASH_ALGORITHMS))
-            raise PrefixKVError(f"unknown hash algorithm {algorithm!r}; known: {names}")
+            raise PrefixKVError(
+                f"unknown hash algorithm {algorithm!r:.80}; known: {names}, or a digest "
+                "callable bytes -> bytes"
+            )
         self.block_size = size
-        self.root = self._digest(b"prefixkv-root\x00" + _seed_bytes(seed))
+        self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
@@ -162,7 +177,7 @@ def make_block_hasher(
 ) -> ChainHasher: ...
 def make_block_hasher(
     block_size: object,
-    algorithm: str | Digest = "xxh3_128",
+    algorithm: object = "xxh3_128",
     seed: object = None,
 ) -> ChainHasher:
     """The block hasher named ``algorithm``.
@@ -192,8 +207,9 @@ def make_block_hasher(
             random one for the xxhash variants).
 
     Raises:
-        PrefixKVError: an unknown name, a bad block size, or a seed vLLM cannot take
-            (bytes) for a vLLM algorithm.
+        PrefixKVError: an unknown name or an algorithm of another type, a bad block
+            size, or a seed vLLM cannot take (bytes, or a str that is not valid
+            Unicode) for a vLLM algorithm.
     """
     if isinstance(algorithm, str) and algorithm in VLLM_HASH_FUNCTIONS:
         if seed is not None and (type(seed) is bool or not isinstance(seed, (int, str))):
@@ -205,6 +221,7 @@ def make_block_hasher(
         return VllmBlockHasher(size, algorithm, None if seed is None else str(seed))
     if isinstance(algorithm, str) and algorithm not in HASH_ALGORITHMS:
         raise PrefixKVError(
-            f"unknown hash algorithm {algorithm!r}; known: {', '.join(BLOCK_HASH_ALGORITHMS)}"
+            f"unknown hash algorithm {algorithm!r:.80}; known: "
+            f"{', '.join(BLOCK_HASH_ALGORITHMS)}, or a digest callable bytes -> bytes"
         )
     return BlockHasher(block_size, algorithm, seed)

@@ -127,20 +127,28 @@ def make_extra_key(
 def normalize_extra_key(extra_key: object) -> ExtraKey | None:
     """Check and canonicalize a namespace given as ``None``, a str or pairs.
 
-    A plain string ``s`` means ``(("extra", s),)`` (SGLang's ``extra_key``).
+    A plain string ``s`` means ``(("extra", s),)`` (SGLang's ``extra_key``). The
+    pairs are sorted, and an empty ``cache_salt`` or ``lora_path`` is left out: both
+    engines treat an empty salt as none (vLLM's ``if request.cache_salt``, SGLang's
+    ``cache_salt or None``) and vLLM hashes a missing LoRA path as ``""``, so a
+    namespace equals another exactly when every block hasher keys them alike.
 
     Raises:
         InvalidTokenError: the value is not ``None``, a str or ``(kind, value)`` pairs
-            with str kinds and str/int values.
+            with str kinds and str/int values; a kind given twice; or a str that is
+            not valid Unicode (a lone surrogate, which no hash can encode).
     """
     if extra_key is None:
         return None
     if isinstance(extra_key, str):
+        _check_text(extra_key, extra_key)
         return (("extra", extra_key),)
     if not isinstance(extra_key, tuple):
         raise InvalidTokenError(
             f"extra_key must be None, a str or a tuple of (kind, value) pairs, got {extra_key!r}"
         )
+    kinds: set[str] = set()
+    pairs: list[tuple[str, ExtraValue]] = []
     for item in extra_key:
         ok = (
             isinstance(item, tuple)
@@ -154,7 +162,36 @@ def normalize_extra_key(extra_key: object) -> ExtraKey | None:
                 f"extra_key entries must be (str kind, str|int value), got {item!r} "
                 f"in {extra_key!r}"
             )
-    return tuple(sorted(extra_key, key=lambda kv: (kv[0], type(kv[1]).__name__, str(kv[1]))))
+        kind, value = item
+        if kind in kinds:
+            # One value per kind: hashers that read a field by its kind would see
+            # only one of two, and two namespaces would share blocks.
+            raise InvalidTokenError(f"extra_key gives the kind {kind!r} twice in {extra_key!r}")
+        kinds.add(kind)
+        _check_text(kind, extra_key)
+        if isinstance(value, str):
+            _check_text(value, extra_key)
+            if value == "" and kind in _EMPTY_MEANS_NONE:
+                continue
+        pairs.append((kind, value))
+    if not pairs:
+        return None
+    return tuple(sorted(pairs, key=lambda kv: kv[0]))  # kinds are unique
+
+
+_EMPTY_MEANS_NONE: Final = frozenset({"cache_salt", "lora_path"})
+
+
+def _check_text(text: str, extra_key: object) -> None:
+    # Hashers encode namespaces as UTF-8; a lone surrogate has no encoding.
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidTokenError(
+                f"extra_key strings must be valid Unicode (no lone surrogates), got "
+                f"{text!r:.80} in {extra_key!r:.120}"
+            ) from None
 
 
 def _find_bad_token(tokens: Iterable[object], offset: int) -> tuple[int, object] | None:

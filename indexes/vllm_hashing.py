@@ -219,6 +219,15 @@ def block_extra_keys(extra_key: ExtraKey | None, block_index: int) -> tuple[Any,
     return keys or None
 
 
+def _is_unicode(text: str) -> bool:
+    # CBOR and vLLM's hashes encode text as UTF-8; a lone surrogate has no encoding.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class VllmBlockHasher:
     """Chained block hashes identical to vLLM 0.33's, with ``BlockHasher``'s interface.
 
@@ -249,8 +258,10 @@ class VllmBlockHasher:
         self._hash = _check_algorithm(algorithm)
         if none_hash_seed is None:
             none_hash_seed = resolve_none_hash_seed(algorithm)
-        elif not isinstance(none_hash_seed, str):
-            raise PrefixKVError(f"none_hash_seed must be a str or None, got {none_hash_seed!r}")
+        elif not isinstance(none_hash_seed, str) or not _is_unicode(none_hash_seed):
+            raise PrefixKVError(
+                f"none_hash_seed must be a str of valid Unicode or None, got {none_hash_seed!r:.80}"
+            )
         self.algorithm = algorithm
         self.block_size = block_size
         self.none_hash_seed = none_hash_seed

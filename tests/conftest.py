@@ -59,6 +59,7 @@ BOTH_BUILDS = frozenset(
         "test_fidelity.py",
         "test_hash_chain.py",
         "test_isolation.py",
+        "test_namespaces.py",
         "test_radix.py",
         "test_request_shapes.py",
         "test_stateful.py",

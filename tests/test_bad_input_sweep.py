@@ -321,6 +321,12 @@ def _entries() -> list[Entry]:
                 valid=("3", -1, 2**70),
             ),
             sglang(
+                "match_prefix(lora_id)",
+                lambda c, b: c.match_prefix([1, 2], lora_id=b),
+                accepts_none=True,
+                valid=("3", -1, 2**70),
+            ),
+            sglang(
                 "match_prefix(max_prefix_len)",
                 lambda c, b: c.match_prefix([1, 2], max_prefix_len=b),
                 accepts_none=True,
@@ -385,6 +391,30 @@ def _entries() -> list[Entry]:
             accepts_none=True,
         ),
         bare("RadixIndex(eviction)", lambda _, b: RadixIndex(1, eviction=b)),
+        bare(
+            "HashChainIndex(hash_algorithm)",
+            lambda _, b: HashChainIndex(4, hash_algorithm=b),
+            accepts_none=True,
+        ),
+        bare(
+            "make_index(hash_chain, hash_algorithm)",
+            lambda _, b: make_index("hash_chain", block_size=4, hash_algorithm=b),
+        ),
+        bare(
+            "CacheManager(observers)",
+            lambda _, b: CacheManager(RadixIndex(1), BlockAllocator(4), observers=b),
+        ),
+        bare("vllm.KVCacheManager(observers)", lambda _, b: KVCacheManager(observers=b)),
+        bare("vllm.KVCacheManager(engine_types)", lambda _, b: KVCacheManager(engine_types=b)),
+        bare(
+            "PrefixCache.create_simulated(observers)",
+            lambda _, b: PrefixCache.create_simulated("radix", 64, observers=b),
+        ),
+        bare(
+            "PrefixCache.create_simulated(fold_lora)",
+            lambda _, b: PrefixCache.create_simulated("radix", 64, fold_lora=b),
+            valid=(True,),
+        ),
         bare("BlockAllocator(num_blocks)", lambda _, b: BlockAllocator(b)),
         bare("vllm.KVCacheManager(num_blocks)", lambda _, b: KVCacheManager(num_blocks=b)),
         bare(

@@ -27,17 +27,22 @@ def test_the_protocols_check_at_runtime() -> None:
     assert not isinstance(SimpleNamespace(rid="a"), ReqLike)
 
 
-def test_a_lora_id_joins_the_extra_key_as_in_sglang() -> None:
-    # SGLang's Req appends lora_id to extra_key; the cache's namespace is RadixKey's.
+def test_a_lora_id_joins_the_extra_key_as_in_sglang_and_is_keyed_apart() -> None:
+    # SGLang's Req appends lora_id to extra_key; the cache keys the LoRA id apart too,
+    # so a base-model request whose extra_key spells the same string misses.
     assert SimpleReq("a", [1], lora_id="sql").extra_key == "sql"
     assert SimpleReq("a", [1], extra_key="t-", lora_id="sql").extra_key == "t-sql"
-    cache = PrefixCache.create_simulated("radix", capacity_tokens=64)
-    done = SimpleReq("a", [1, 2, 3, 4], lora_id="sql")
-    assert alloc_for_extend(cache, done) == 0
-    done.output_ids.append(5)
-    cache.cache_finished_req(done)
-    assert cache.match_prefix([1, 2, 3, 4], extra_key="sql").prefix_len == 4
-    assert cache.match_prefix([1, 2, 3, 4]).prefix_len == 0
+    for fold in (False, True):
+        cache = PrefixCache.create_simulated("radix", capacity_tokens=64, fold_lora=fold)
+        done = SimpleReq("a", [1, 2, 3, 4], lora_id="sql")
+        assert alloc_for_extend(cache, done) == 0
+        done.output_ids.append(5)
+        cache.cache_finished_req(done)
+        assert cache.match_req(SimpleReq("b", [1, 2, 3, 4, 6], lora_id="sql")).prefix_len == 4
+        # SGLang's own rule (fold_lora, inside SGLang): the string alone is the namespace.
+        base = cache.match_prefix([1, 2, 3, 4], extra_key="sql").prefix_len
+        assert base == (4 if fold else 0)
+        assert cache.match_prefix([1, 2, 3, 4]).prefix_len == 0
 
 
 def test_a_lora_set_on_a_simple_request_is_its_namespace() -> None:

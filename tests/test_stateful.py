@@ -41,8 +41,29 @@ from prefixkv.indexes import (
 from prefixkv.storage import BlockAllocator
 
 ALPHABET = st.integers(0, 3)
-NAMESPACES = st.sampled_from([None, None, None, "tenant-a", (("lora", 1),)])
+NAMESPACES = st.sampled_from(
+    [
+        None,
+        None,
+        None,
+        "tenant-a",
+        (("lora", 1),),
+        # Each its own namespace, though their fields concatenate alike or nearly so.
+        "ab",
+        (("extra", "a"), ("lora", "b")),
+        (("lora", "ab"),),
+        (("cache_salt", "ab"),),
+        (("tenant", "ab"),),
+        (("lora", "1"),),
+        "",
+        # Equal to None: an empty salt is no salt in both engines.
+        (("cache_salt", ""),),
+    ]
+)
 MAX_RUNNING = 6
+HASH_ALGORITHMS = st.sampled_from(
+    ["xxh3_128", "xxh3_128", "sha256_raw", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+)
 
 # Bad prompts / appended tokens and a substring the error message must contain.
 BAD_TOKENS: list[tuple[list[Any], str]] = [
@@ -62,7 +83,17 @@ PROMPT: dict[str, st.SearchStrategy[Any]] = {
     "suffix": st.lists(ALPHABET, max_size=8),
     "extra_key": NAMESPACES,
 }
-BAD_EXTRA_KEYS: list[Any] = [5, 1.5, ["tenant"], (("lora", True),), (("lora",),), ((1, "x"),)]
+BAD_EXTRA_KEYS: list[Any] = [
+    5,
+    1.5,
+    ["tenant"],
+    (("lora", True),),
+    (("lora",),),
+    ((1, "x"),),
+    "\ud800",  # a lone surrogate: no hash can encode it
+    (("tenant", "\udfff"),),
+    (("cache_salt", "a"), ("cache_salt", "b")),  # a kind twice
+]
 
 Content = tuple[Any, tuple[int, ...]]  # (namespace, every token up to the block's end)
 
@@ -189,9 +220,14 @@ class ManagerMachine(RuleBasedStateMachine):
     @initialize(
         bs=st.sampled_from((1, 2, 4)),
         pool=st.sampled_from((4, 5, 6, 8, 12, 16, 24, 1024)),
+        hash_algorithm=HASH_ALGORITHMS,
     )
-    def setup(self, bs: int, pool: int) -> None:
-        self.m = CacheManager(make_index(self.backend, block_size=bs), BlockAllocator(pool))
+    def setup(self, bs: int, pool: int, hash_algorithm: str = "xxh3_128") -> None:
+        # The hash chain under each of its hashes (vLLM's too, which key a namespace
+        # by its fields): namespaces must stay apart in every one.
+        options = {"hash_algorithm": hash_algorithm} if self.backend == "hash_chain" else {}
+        index = make_index(self.backend, block_size=bs, **options)
+        self.m = CacheManager(index, BlockAllocator(pool))
         self.model = Model(bs)
 
     @precondition(lambda self: len(self.running) < MAX_RUNNING)

@@ -223,6 +223,7 @@ class PrefixKVPrefixCache(PrefixCache, BasePrefixCache):  # type: ignore[misc]
             pages,
             _SlotRows(params.req_to_token_pool, pages),
             enable_kv_cache_events=bool(params.enable_kv_cache_events),
+            fold_lora=True,  # SGLang's lookups carry the LoRA id inside extra_key only
         )
         self.disable = not self.supports_prefix_sharing()
         if params.enable_metrics:

@@ -24,7 +24,11 @@ pages, ``on_release``, ``reset``), so accounting works on either lifecycle. Page
 what vLLM calls blocks: the cache works in page ids, sizes are in tokens.
 
 One namespace rule (:meth:`PrefixCache.namespace`): SGLang's ``RadixKey`` fields,
-``extra_key`` (SGLang's ``Req`` appends its LoRA id to it) and ``cache_salt``.
+``extra_key`` and ``cache_salt``, and the request's LoRA id as a field of its own.
+SGLang's ``Req`` appends its LoRA id to ``extra_key``, so there a base-model
+``extra_key="ab"`` and a LoRA ``"b"`` request with ``extra_key="a"`` share pages; here
+they never do. Inside SGLang (``fold_lora``) lookups carry no LoRA id, so the plug-in
+keeps SGLang's rule (the adapters README says why that is safe there).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from prefixkv.storage.allocator import BlockAllocator
 from ..accounting import CacheTotals
 from ..events.dialects import EventRecorder, attach_event_recorder
 from ..events.wire import KVEvent
-from ..observer import CacheObserver, ObserverGroup
+from ..observer import CacheObserver, combine_observers
 from ..requests import ReqLike
 from ._mypyc import mypyc_attr
 from .page_rows import PageRows
@@ -147,6 +151,9 @@ class PrefixCache:
         observers: hooks told about admissions, new cached pages, evictions,
             releases and resets (accounting, metrics); see ``observer.py``.
         enable_kv_cache_events: record the index's KV events for ``take_events``.
+        fold_lora: key a request's LoRA only by its place in ``extra_key``, as
+            SGLang does (the plug-in: SGLang's lookups carry no LoRA id); by default
+            ``req.lora_id`` is a namespace field of its own.
 
     Requests are SGLang's ``Req`` or :class:`~prefixkv.adapters.requests.SimpleReq`
     (:class:`~prefixkv.adapters.requests.ReqLike`): the cache reads their tokens and
@@ -163,6 +170,7 @@ class PrefixCache:
         *,
         observers: Sequence[CacheObserver] = (),
         enable_kv_cache_events: object = False,
+        fold_lora: object = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -170,9 +178,7 @@ class PrefixCache:
             raise PrefixKVError(f"pool must be a PagePool (a BlockAllocator), got {pool!r:.80}")
         if not isinstance(rows, ReqToPagePool):
             raise PrefixKVError(f"rows must be a ReqToPagePool (PageRows), got {rows!r:.80}")
-        bad = [o for o in observers if not isinstance(o, CacheObserver)]
-        if bad:
-            raise PrefixKVError(f"{bad[0]!r:.80} does not implement CacheObserver")
+        observer = combine_observers(observers)
         self.index: PrefixIndex = index
         self.pool: PagePool = pool
         self.rows: ReqToPagePool = rows
@@ -182,11 +188,8 @@ class PrefixCache:
         self.event_recorder: EventRecorder | None = None
         if check_bool("enable_kv_cache_events", enable_kv_cache_events):
             self.event_recorder = attach_event_recorder(index)
-        self._observer: CacheObserver | None = None
-        if len(observers) == 1:
-            self._observer = observers[0]
-        elif observers:
-            self._observer = ObserverGroup(observers)
+        self._observer: CacheObserver | None = observer
+        self.fold_lora = check_bool("fold_lora", fold_lora)
         self._caches = describe(index).caches
         self._reqs: dict[Hashable, _ReqState] = {}
 
@@ -201,6 +204,7 @@ class PrefixCache:
         max_running_requests: int | None = ...,
         observers: Sequence[CacheObserver] = ...,
         enable_kv_cache_events: bool = ...,
+        fold_lora: bool = ...,
     ) -> PrefixCache: ...
     @classmethod
     def create_simulated(
@@ -212,6 +216,7 @@ class PrefixCache:
         max_running_requests: object = None,
         observers: Sequence[CacheObserver] = (),
         enable_kv_cache_events: object = False,
+        fold_lora: object = False,
     ) -> PrefixCache:
         """A cache on its own pools, without an engine (SGLang's ``create_simulated``).
 
@@ -222,38 +227,75 @@ class PrefixCache:
             page_size: tokens per page when ``index`` is a name (default 1).
             max_running_requests: rows for running requests (default: unbounded).
             observers: as in the constructor.
-            enable_kv_cache_events: as in the constructor.
+            enable_kv_cache_events, fold_lora: as in the constructor.
 
         Raises:
             PrefixKVError: a bad index, page size or capacity.
         """
         parts = simulated_parts(index, capacity_tokens, page_size, max_running_requests)
-        return cls(*parts, observers=observers, enable_kv_cache_events=enable_kv_cache_events)
+        return cls(
+            *parts,
+            observers=observers,
+            enable_kv_cache_events=enable_kv_cache_events,
+            fold_lora=fold_lora,
+        )
 
     # ------------------------------------------------------------ the tree API
 
     @overload  # type: ignore[misc]  # precise types for callers
-    def namespace(self, extra_key: str | None, cache_salt: str | None) -> ExtraKey | None: ...
-    def namespace(self, extra_key: object, cache_salt: object) -> ExtraKey | None:
-        """The namespace of SGLang's ``RadixKey(extra_key, cache_salt)`` (the one rule).
+    def namespace(
+        self, extra_key: str | None, cache_salt: str | None, lora_id: str | None = ...
+    ) -> ExtraKey | None: ...
+    def namespace(
+        self, extra_key: object, cache_salt: object, lora_id: object = None
+    ) -> ExtraKey | None:
+        """The namespace of SGLang's ``RadixKey(extra_key, cache_salt)`` and a LoRA id.
 
-        ``extra_key`` is SGLang's (its ``Req`` appends the LoRA id to it; ``""`` is a
-        namespace of its own, as in SGLang); an empty ``cache_salt`` is no salt.
+        Each is a field of its own (:func:`~prefixkv.indexes.tokens.make_extra_key`),
+        so no two different triples share a page. ``extra_key`` is SGLang's as the
+        request carries it (its ``Req`` appends the LoRA id; ``""`` is a namespace of
+        its own, as in SGLang); an empty ``cache_salt`` is no salt.
 
         Raises:
-            InvalidTokenError: a field that is not a str (or int).
+            InvalidTokenError: a field that is not a str (or int), or not valid
+                Unicode.
         """
         salt = None if cache_salt is None or cache_salt == "" else cache_salt
-        if extra_key is None and salt is None:
+        if extra_key is None and salt is None and lora_id is None:
             return None
-        return make_extra_key(extra=cast(Any, extra_key), cache_salt=cast(Any, salt))
+        return make_extra_key(
+            extra=cast(Any, extra_key), cache_salt=cast(Any, salt), lora=cast(Any, lora_id)
+        )
+
+    def request_namespace(self, req: ReqLike) -> ExtraKey | None:
+        """A request's namespace: its ``extra_key``, ``cache_salt`` and ``lora_id``
+        (the LoRA id left to ``extra_key`` alone with ``fold_lora``).
+
+        Raises:
+            InvalidTokenError: as :meth:`namespace`.
+        """
+        lora: Any = None if self.fold_lora else req.lora_id  # checked there
+        return self.namespace(cast(Any, req.extra_key), cast(Any, req.cache_salt), lora)
 
     def _key(
-        self, tokens: Iterable[int], extra_key: object, cache_salt: object, priority: object
+        self, tokens: Iterable[int], extra_key: object, cache_salt: object, lora_id: object
     ) -> TokenKey:
-        return TokenKey(
-            tokens, self.namespace(cast(Any, extra_key), cast(Any, cache_salt)), priority
-        )
+        ns = self.namespace(cast(Any, extra_key), cast(Any, cache_salt), cast(Any, lora_id))
+        return TokenKey(tokens, ns)
+
+    def _req_key(self, req: ReqLike, tokens: Iterable[int], priority: object) -> TokenKey:
+        return TokenKey(tokens, self.request_namespace(req), priority)
+
+    @overload  # type: ignore[misc]  # precise types for callers
+    def match_req(self, req: ReqLike, *, max_prefix_len: int | None = ...) -> MatchResult: ...
+    def match_req(self, req: ReqLike, *, max_prefix_len: object = None) -> MatchResult:
+        """Longest cached prefix of the request's prompt in its own namespace
+        (SGLang's ``match_prefix_for_req``); as :meth:`match_prefix` otherwise.
+
+        Raises:
+            InvalidTokenError, PrefixKVError: as :meth:`match_prefix`.
+        """
+        return self._match(self._req_key(req, req.origin_input_ids, 0), max_prefix_len)
 
     @overload  # type: ignore[misc]  # precise types for callers
     def match_prefix(
@@ -262,6 +304,7 @@ class PrefixCache:
         extra_key: str | None = ...,
         cache_salt: str | None = ...,
         *,
+        lora_id: str | None = ...,
         max_prefix_len: int | None = ...,
     ) -> MatchResult: ...
     def match_prefix(
@@ -270,6 +313,7 @@ class PrefixCache:
         extra_key: object = None,
         cache_salt: object = None,
         *,
+        lora_id: object = None,
         max_prefix_len: object = None,
     ) -> MatchResult:
         """Longest cached prefix of ``token_ids``, page-aligned; locks nothing.
@@ -281,6 +325,7 @@ class PrefixCache:
             token_ids: the sequence.
             extra_key: SGLang's ``RadixKey.extra_key``.
             cache_salt: SGLang's ``RadixKey.cache_salt``.
+            lora_id: the request's LoRA id (see :meth:`namespace`).
             max_prefix_len: cap on the hit (SGLang's ``limit``: the scheduler passes
                 ``len - 1``).
 
@@ -288,7 +333,9 @@ class PrefixCache:
             InvalidTokenError: a bad token id or namespace.
             PrefixKVError: a bad ``max_prefix_len``.
         """
-        key = self._key(token_ids, extra_key, cache_salt, 0)
+        return self._match(self._key(token_ids, extra_key, cache_salt, lora_id), max_prefix_len)
+
+    def _match(self, key: TokenKey, max_prefix_len: object) -> MatchResult:
         limit = None
         if max_prefix_len is not None:
             limit = check_count("max_prefix_len", max_prefix_len)
@@ -305,6 +352,8 @@ class PrefixCache:
         value: Iterable[int],
         extra_key: str | None = ...,
         cache_salt: str | None = ...,
+        *,
+        lora_id: str | None = ...,
     ) -> int: ...
     def insert(
         self,
@@ -312,6 +361,8 @@ class PrefixCache:
         value: object,
         extra_key: object = None,
         cache_salt: object = None,
+        *,
+        lora_id: object = None,
     ) -> int:
         """Insert ``token_ids`` held in pages ``value``; returns the already cached length.
 
@@ -332,7 +383,7 @@ class PrefixCache:
                 changes.
             InvalidTokenError: a bad token id or namespace.
         """
-        key = self._key(token_ids, extra_key, cache_salt, 0)
+        key = self._key(token_ids, extra_key, cache_salt, lora_id)
         pages = len(key) // self.page_size
         ids = check_block_ids(value, "insert", self.pool.num_blocks)
         if len(ids) < pages:
@@ -450,7 +501,7 @@ class PrefixCache:
         t.num_query_tokens += len(prompt)
         t.num_hit_tokens += match.prefix_len
         if self._observer is not None:
-            key = self._key(prompt, req.extra_key, req.cache_salt, req.priority or 0)
+            key = self._req_key(req, prompt, req.priority or 0)
             self._observer.on_admit(req.rid, key, match.device_indices, match.prefix_len)
 
     def cache_unfinished_req(self, req: ReqLike) -> None:
@@ -581,7 +632,7 @@ class PrefixCache:
             n_pages = ceil_div(kv.kv_allocated_len, ps)
             pages = [] if row is None else self.rows.read(row, 0, n_pages)
             if state is None:
-                key = self._key(_tokens(req, 0, n), req.extra_key, req.cache_salt, 0)
+                key = self._req_key(req, _tokens(req, 0, n), 0)
             else:
                 key = state.key
                 if len(key) < n:
@@ -598,7 +649,7 @@ class PrefixCache:
             raise RequestStateError(f"request id {rid!r:.80} is not hashable") from None
         if state is None:
             tokens = _tokens(req, 0, num_tokens)
-            key = self._key(tokens, req.extra_key, req.cache_salt, req.priority or 0)
+            key = self._req_key(req, tokens, req.priority or 0)
             state = _ReqState(req, key, self.rows.read(row, 0, start))
             self._reqs[rid] = state
             return state

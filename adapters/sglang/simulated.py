@@ -25,8 +25,6 @@ SGLang's scheduler allocates. Compiled: the decode step is the replay's inner lo
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError, RequestStateError
 from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
@@ -65,8 +63,7 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     if priority is not None and type(priority) is not int:
         raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
     pool, rows = _simulated(cache)
-    extra_key, salt = cast(Any, req.extra_key), cast(Any, req.cache_salt)  # checked there
-    m = cache.match_prefix(prompt, extra_key, salt, max_prefix_len=n - 1)
+    m = cache.match_req(req, max_prefix_len=n - 1)
     ps = cache.page_size
     need = ceil_div(n, ps) - len(m.device_indices)
     lock = cache.lock(m.last_node)  # the prefill adder locks the hit first

@@ -23,6 +23,7 @@ from prefixkv.indexes.tokens import ExtraKey, TokenKey, make_extra_key
 from prefixkv.indexes.validation import ceil_div, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
+from ..errors import UnsupportedEngineFeatureError
 from ..manager import CacheManager, Lookup
 from ..observer import CacheObserver
 from ..requests import RequestLike
@@ -39,9 +40,16 @@ _NO_CAP: Final = 1 << 60
 def _namespace(request: RequestLike) -> ExtraKey | None:
     # vLLM's block-hash extra keys: the LoRA (name and path hashed, int id published in
     # events) in every block, the cache salt in block 0 -- skipped when empty, as
-    # vLLM's `if request.cache_salt` skips it.
+    # vLLM's `if request.cache_salt` skips it. Multimodal inputs and prompt embeddings
+    # enter vLLM's hashes too; without them in the key, two requests with the same
+    # placeholder tokens would share blocks, so such a request is refused.
     lora = getattr(request, "lora_request", None)
     salt = getattr(request, "cache_salt", None)
+    if getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None:
+        raise UnsupportedEngineFeatureError(
+            f"request {request.request_id!r:.80} has multimodal inputs or prompt "
+            "embeddings, which prefixkv's vLLM KVCacheManager does not key"
+        )
     if lora is None and not salt:
         return None
     return make_extra_key(
@@ -90,7 +98,7 @@ class KVCacheManager:
         watermark: object = 0.0,
         enable_kv_cache_events: object = False,
         observers: Sequence[CacheObserver] = (),
-        engine_types: EngineTypes = PREFIXKV_TYPES,
+        engine_types: object = PREFIXKV_TYPES,
         kv_cache_spec: object = None,
         kv_cache_config: object = None,
     ) -> None:
@@ -104,6 +112,8 @@ class KVCacheManager:
                 f"enable_caching=False with a {type(index).__name__} that caches: "
                 "give the 'none' index or a registry name"
             )
+        if not isinstance(engine_types, EngineTypes):
+            raise PrefixKVError(f"engine_types must be an EngineTypes, got {engine_types!r:.80}")
         gpu_blocks = check_count("num_blocks", num_blocks, lo=2)
         if type(watermark) is not float or not 0.0 <= watermark < 1.0:
             raise PrefixKVError(f"watermark must be a float in [0, 1), got {watermark!r:.80}")
@@ -137,7 +147,9 @@ class KVCacheManager:
         self._block_objects: list[Any] = [engine_types.block(0, True)]
         self._make_block_objects(min(gpu_blocks, _EAGER_BLOCKS) - 1)
         self.empty_kv_cache_blocks: Any = engine_types.blocks(((),))  # immutable, as vLLM's
-        self._keys: dict[Hashable, TokenKey] = {}
+        # Each request's key, with the request it was made for: an id can come back
+        # as another request (after a refusal or an abort) with its own tokens.
+        self._keys: dict[Hashable, tuple[object, TokenKey]] = {}
         self._lookups: dict[Hashable, Lookup] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -167,13 +179,21 @@ class KVCacheManager:
 
     def _key(self, request: RequestLike) -> TokenKey:
         # One key per request, from its lookup on: its block-hash memo lives as long
-        # as the request, like vLLM's Request.block_hashes.
-        key = self._keys.get(request.request_id)
-        if key is None:
-            key = TokenKey(request.all_token_ids, _namespace(request))
-            self._keys[request.request_id] = key
-        else:
+        # as the request, like vLLM's Request.block_hashes. Kept for this request
+        # object only: another one under the same id gets a key of its own tokens
+        # and namespace, validated afresh, and no lookup made for the first.
+        rid = request.request_id
+        try:
+            held = self._keys.get(rid)
+        except TypeError:
+            raise RequestStateError(f"request id {rid!r:.80} is not hashable") from None
+        if held is not None and held[0] is request:
+            key = held[1]
             _learn(key, request, request.num_tokens)
+            return key
+        key = TokenKey(request.all_token_ids, _namespace(request))
+        self._keys[rid] = (request, key)
+        self._lookups.pop(rid, None)
         return key
 
     def _available(self, hit: Lookup | None) -> int:
@@ -446,7 +466,7 @@ class KVCacheManager:
         rid = request.request_id
         if not self.enable_caching or rid not in self.manager:
             return
-        key = self._keys[rid]
+        key = self._keys[rid][1]
         n = min(num_computed_tokens, request.num_tokens)
         _learn(key, request, n)
         self.manager.commit(rid, n, swap_duplicates=False)
@@ -454,16 +474,19 @@ class KVCacheManager:
     def free(self, request: RequestLike) -> None:
         """Release a finished or preempted request; its tail block is reused first (HC-7)."""
         rid = request.request_id
+        try:
+            held = self._keys.pop(rid, None)
+        except TypeError:  # unhashable: no request's id
+            return
         self._lookups.pop(rid, None)
-        key = self._keys.pop(rid, None)
         mgr = self.manager
         if rid in mgr:
             # The key learns tokens only when a block fills; tell the manager (and its
             # observers) what the request computed past it, registering nothing: vLLM
             # registers no block at free, and under async scheduling a preempted
             # request may have computed a block whose tokens were never confirmed.
-            if key is not None:
-                _learn(key, request, request.num_tokens)
+            if held is not None:
+                _learn(held[1], request, request.num_tokens)
             done = mgr.num_computed_tokens(rid)
             bs = self.block_size
             computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
