@@ -217,12 +217,13 @@ class ServedEngine:
         if max_len is not None:
             max_len = server_int(max_len, where, "max_model_len", 1, MAX_TOKENS)
         version, engine = "", ""
-        try:  # /version is optional: vLLM's
-            v = await self._get_json(client, "/version")
-        except ServerError:
-            v = None
-        if isinstance(v, dict) and isinstance(v.get("version"), str):
-            version, engine = v["version"][:_MAX_NAME], "vllm"
+        status, body = await self._get(client, "/version")  # optional: vLLM's
+        if status == 200 and body.lstrip()[:1] in (b"{", b"["):
+            v = json_object(
+                parse_json(body, f"{self.url}/version"), f"{self.url}/version", "the answer"
+            )
+            if isinstance(v.get("version"), str):
+                version, engine = v["version"][:_MAX_NAME], "vllm"
         cache = parse_cache_config(await self._get_text(client, "/metrics"))
         return ServerInfo(
             url=self.url,

@@ -118,13 +118,14 @@ def _read_file(path: Path, max_bytes: int) -> bytes:
 
 
 EXPANSION_FLOOR_BYTES = 32 * 2**20
-"""Bytes any compressed archive member may decompress to, whatever its ratio."""
-MAX_EXPANSION = 1000
+"""Bytes any member of a compressed archive may decompress to, whatever its ratio
+(kv-cache-tester's published conversations are a few KB to a few MB)."""
+MAX_EXPANSION = 100
 """Past :data:`EXPANSION_FLOOR_BYTES`, the most bytes a member may decompress to per
-compressed byte read for it. gzip cannot pass ~1,030; xz reaches ~7,000 on a run of
-one byte (a 77 KB archive holding a 500 MB member), kv-cache-tester conversations
-(each request repeating its conversation's ids) ~1,200 at most, and the published
-conversations are far below the floor."""
+compressed byte read for it: a bomb (gzip reaches ~1,000 to 1, xz ~7,000 on a run of
+one byte: a 77 KB archive holding a 500 MB member) stops within the floor and a
+hundred times its size, while a genuine larger conversation can be read from the
+extracted folder."""
 
 
 def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytearray]]:
@@ -186,9 +187,9 @@ def _read_member(
         read = compressed.tell() - start
         if len(data) > EXPANSION_FLOOR_BYTES + MAX_EXPANSION * read:
             raise TraceFormatError(
-                f"{where}: {len(data):,} bytes decompressed from {read:,}, past "
-                f"{MAX_EXPANSION:,} to 1 (a compression bomb?); if the trace is genuine, "
-                "extract the archive and read the folder"
+                f"{where}: decompresses past {EXPANSION_FLOOR_BYTES:,} bytes and "
+                f"{MAX_EXPANSION:,} times the compressed bytes read for it (a compression "
+                "bomb?); if the trace is genuine, extract the archive and read the folder"
             )
     return data
 
