@@ -227,3 +227,15 @@ def test_the_cli_exits_2_with_one_line_naming_the_trace(
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith(f"prefixkv: error: {path}")
     assert "Traceback" not in err and not out.parent.exists()
+
+
+def test_an_archive_of_many_members_keeps_no_index_of_them(tmp_path: Path) -> None:
+    path = tmp_path / "many.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for k in range(10_000):
+            info = tarfile.TarInfo(f"d{k}")
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+    message, peak = _peak(lambda: open_trace(path).scan())
+    assert message == f"{path}: no .json conversation file in the archive"
+    assert peak < 2**20  # the 10,000 headers kept would be 4.4 MB
