@@ -22,6 +22,7 @@ import os
 import stat
 from typing import IO, Union
 
+from prefixkv.adapters.outputs import _kind as special_kind
 from prefixkv.indexes.errors import PrefixKVError
 
 __all__ = ["InputError", "check_input", "open_input", "read_input"]
@@ -35,17 +36,8 @@ class InputError(PrefixKVError):
     than its limit."""
 
 
-_KINDS = (
-    (stat.S_ISDIR, "folder"),
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISFIFO, "FIFO"),
-    (stat.S_ISSOCK, "socket"),
-)
-
-
 def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "special file")
+    return "folder" if stat.S_ISDIR(mode) else special_kind(mode)
 
 
 def _refuse_special(path: StrPath, mode: int, what: str, error: type[Exception]) -> None:

@@ -12,14 +12,12 @@ definition (a direct, quadratic reading kept here as the reference).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import os
 import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -28,6 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from special_files import fifo_valve
 
 pytest.importorskip("scipy")
 
@@ -173,18 +172,8 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
     while and closes at once, so a blocked test fails on EOF instead of hanging."""
     path = tmp_path / "results.json"
     os.mkfifo(path)
-    done = threading.Event()
-
-    def unblock() -> None:
-        while not done.wait(5.0):
-            with contextlib.suppress(OSError):  # OSError: no reader waiting
-                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-
-    thread = threading.Thread(target=unblock, daemon=True)
-    thread.start()
-    yield path
-    done.set()
-    thread.join(timeout=10)
+    with fifo_valve(path):
+        yield path
 
 
 def test_a_fifo_is_refused_before_it_is_opened(fifo: Path) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from special_files import fifo_valve
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.traces import TraceFormatError, open_trace
@@ -109,31 +110,11 @@ def test_an_archive_in_a_compression_not_read_is_refused_by_name(
 # ---------------------------------------------------------------- special files
 
 
-@contextlib.contextmanager
-def _valve(path: Path) -> Iterator[None]:
-    """Should a reader block opening the FIFO ``path``, a writer comes after a while
-    and closes at once, so a blocked test fails on EOF instead of hanging."""
-    done = threading.Event()
-
-    def unblock() -> None:
-        while not done.wait(5.0):
-            with contextlib.suppress(OSError):  # OSError: no reader waiting
-                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-
-    thread = threading.Thread(target=unblock, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=10)
-
-
 @pytest.fixture
 def fifo(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "trace.jsonl"
     os.mkfifo(path)
-    with _valve(path):
+    with fifo_valve(path):
         yield path
 
 
@@ -158,7 +139,7 @@ def fifo_with_writer(tmp_path: Path) -> Iterator[Path]:
     thread = threading.Thread(target=feed, daemon=True)
     thread.start()
     try:
-        with _valve(path):
+        with fifo_valve(path):
             yield path
     finally:
         done.set()
@@ -179,7 +160,7 @@ def test_a_fifo_with_a_writer_is_refused_naming_it(fifo_with_writer: Path) -> No
 def test_a_fifo_named_as_an_archive_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "t.tar.xz"
     os.mkfifo(path)
-    with _valve(path), pytest.raises(TraceFormatError, match=f"{path}: a FIFO, not a regular"):
+    with fifo_valve(path), pytest.raises(TraceFormatError, match=f"{path}: a FIFO, not a regular"):
         open_trace(path).scan()
 
 
