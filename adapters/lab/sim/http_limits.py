@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -110,7 +110,7 @@ async def read_body(response: httpx.Response, limits: RequestLimits, where: str)
 
 async def sse_data(
     response: httpx.Response, limits: RequestLimits, where: str
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The ``data:`` fields of a server-sent event stream, in order.
 
     Comments (keep-alives) and other fields are skipped but count in the byte budget;

@@ -13,6 +13,7 @@ block size, KV pool and version come from ``/version``, ``/v1/models`` and vLLM'
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
@@ -306,28 +307,32 @@ class ServedEngine:
         usage: dict[str, Any] = {}
         most = max_tokens + _EXTRA_TOKEN_CHUNKS
 
-        async def stream() -> None:
+        def take(data: str) -> None:
             nonlocal usage
+            chunk = json_object(parse_json(data, where), where, "a streamed chunk")
+            choices = chunk.get("choices")
+            if choices is not None and not isinstance(choices, list):
+                raise ServerError(f"{where}: choices is not a JSON array: {data:.80}")
+            if choices:
+                times.append(time.perf_counter())
+                if len(times) > most:
+                    raise ServerError(
+                        f"{where}: more than {most:,} token chunks streamed for "
+                        f"max_tokens {max_tokens:,}"
+                    )
+            if chunk.get("usage") is not None:
+                usage = json_object(chunk["usage"], where, "usage")
+
+        async def stream() -> None:
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 if r.status_code != 200:
                     text = _text(await read_body(r, self.limits, where))
                     raise ServerError(f"{where}: HTTP {r.status_code}: {text}")
-                async for data in sse_data(r, self.limits, where):
-                    if data == "[DONE]":
-                        break
-                    chunk = json_object(parse_json(data, where), where, "a streamed chunk")
-                    choices = chunk.get("choices")
-                    if choices is not None and not isinstance(choices, list):
-                        raise ServerError(f"{where}: choices is not a JSON array: {data:.80}")
-                    if choices:
-                        times.append(time.perf_counter())
-                        if len(times) > most:
-                            raise ServerError(
-                                f"{where}: more than {most:,} token chunks streamed for "
-                                f"max_tokens {max_tokens:,}"
-                            )
-                    if chunk.get("usage") is not None:
-                        usage = json_object(chunk["usage"], where, "usage")
+                async with contextlib.aclosing(sse_data(r, self.limits, where)) as events:
+                    async for data in events:
+                        if data == "[DONE]":
+                            break
+                        take(data)
 
         sent = time.perf_counter()
         try:
