@@ -339,7 +339,7 @@ def test_a_models_answer_of_another_shape_is_a_named_error(
     ("labels", "fault"),
     [
         ('block_size="99999999999999999999"', "cache_config_info block_size"),
-        ('block_size="\u00b2"', "cache_config_info block_size"),
+        ('block_size="\u00b2"', "cache_config_info block_size '\u00b2' is not"),
         ('num_gpu_blocks="-3"', "cache_config_info num_gpu_blocks"),
         ('kv_cache_memory_bytes="0"', "cache_config_info kv_cache_memory_bytes"),
         ('gpu_memory_utilization="nan"', "cache_config_info gpu_memory_utilization"),

@@ -243,7 +243,7 @@ class ServedEngine:
         value = cache.get(name, "")
         if value in ("", "None"):
             return 0
-        number = int(value) if _DIGITS.fullmatch(value) else -1
+        number: object = int(value) if _DIGITS.fullmatch(value) else value
         return server_int(number, f"{self.url}/metrics", f"cache_config_info {name}", 1, high)
 
     def _fraction(self, cache: dict[str, str], name: str) -> str:
