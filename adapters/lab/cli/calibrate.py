@@ -26,7 +26,7 @@ from prefixkv.adapters.outputs import check_output
 from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
-from .common import CLIUsageError, positive_int
+from .common import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_calibrate_parser", "run_calibrate"]
@@ -105,6 +105,14 @@ def add_calibrate_parser(sub: Any) -> None:
         "--model", metavar="NAME", help="with --server: the model (default: its first)"
     )
     src.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=300.0,
+        metavar="S",
+        help="with --server: seconds one request may take, its whole answer included, "
+        "however slowly it streams (default 300); each answer is also capped at 64 MiB",
+    )
+    src.add_argument(
         "--max-num-batched-tokens",
         type=positive_int,
         metavar="T",
@@ -140,6 +148,7 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or 8192
     if args.server is not None:
+        from ..sim.http_limits import RequestLimits
         from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
 
         base = QUICK_SWEEP if args.quick else ServerSweep()
@@ -148,7 +157,12 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         bar = progress(_num_runs(sweep), f"calibrate {args.server}", quiet=args.quiet, unit="run")
         try:
             profile = calibrate_server(
-                args.server, model=args.model, sweep=sweep, name=args.name, progress=bar.update
+                args.server,
+                model=args.model,
+                sweep=sweep,
+                name=args.name,
+                progress=bar.update,
+                limits=RequestLimits(deadline_s=args.request_timeout),
             )
         finally:
             bar.close()

@@ -17,6 +17,13 @@ The file does not say how many prompt tokens the server had cached, so the promp
 count as uncached: run the benchmark with ``--no-enable-prefix-caching`` on the
 server, or a dataset without shared prefixes, for an exact fit. Streams that bundle
 several tokens in one chunk (``--stream-interval`` > 1) are left out.
+
+A results file is input like any other: it must be a regular file (a FIFO, a device or
+a folder is refused before it is opened, so nothing blocks or reads forever), at most
+``max_bytes`` long and holding at most ``max_values`` JSON values (about 100 bytes of
+memory each), and every per-request number must be a finite number in its range (a
+whole prompt length, a TTFT of at least a microsecond, gaps >= 0). Reading is linear in
+the file, and reading the steps back is linear in the tokens after one sort.
 """
 
 from __future__ import annotations
@@ -24,15 +31,19 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
+
+from prefixkv.adapters.inputs import read_input
 
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 
 __all__ = [
+    "MAX_RESULTS_BYTES",
+    "MAX_RESULTS_VALUES",
     "BenchRequest",
     "CalibrationInputError",
     "bench_samples",
@@ -41,6 +52,20 @@ __all__ = [
 ]
 
 _PER_REQUEST = ("input_lens", "output_lens", "start_times", "ttfts", "itls")
+
+MAX_RESULTS_BYTES = 256 * 2**20
+"""Most bytes of one results file (a run of 10,000 requests of 1,000 tokens is ~220 MB)."""
+MAX_RESULTS_VALUES = 2**24
+"""Most JSON values of one results file, counted before it is parsed."""
+
+# The range of each per-request number: past it a number is a fault in the file.
+_MAX_TOKENS = 2**24
+"""Most prompt or output tokens of one request (16.7M: past any served context)."""
+_MAX_CLOCK_S = 1e10
+"""Most seconds a start time may be from 0 (``perf_counter`` or the epoch)."""
+_MIN_TTFT_S, _MAX_SPAN_S = 1e-6, 1e6
+"""A TTFT of at least a microsecond; a TTFT or a gap of at most 11 days."""
+_SPACE = re.compile(r"\s*")
 
 
 class CalibrationInputError(ProfileError):
@@ -68,17 +93,18 @@ class BenchRequest(NamedTuple):
 
 
 def _documents(text: str, where: str) -> list[Mapping[str, Any]]:
+    """The JSON documents of ``text`` one after another (``--append-result`` writes one
+    a line), in one pass."""
     decoder = json.JSONDecoder()
     docs, pos = [], 0
     while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
+        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # \s* always matches
         if pos == len(text):
             break
         try:
             doc, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise CalibrationInputError(f"{where}: not JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # a 5,000-digit number, deep nesting
+            raise CalibrationInputError(f"{where}: not JSON ({_one_line(exc)})") from None
         if not isinstance(doc, Mapping):
             raise CalibrationInputError(f"{where}: a result must be a JSON object")
         docs.append(doc)
@@ -87,20 +113,90 @@ def _documents(text: str, where: str) -> list[Mapping[str, Any]]:
     return docs
 
 
-def read_vllm_bench(path: str | os.PathLike[str]) -> tuple[list[BenchRequest], dict[str, Any]]:
+def _read_text(path: str | os.PathLike[str], max_bytes: int, max_values: int) -> str:
+    where = os.fspath(path)
+    data = read_input(path, max_bytes, what="results file", error=CalibrationInputError)
+    # Every JSON value but a document follows a comma, a colon or an opening bracket.
+    values = sum(data.count(c) for c in (b",", b":", b"["))
+    if values > max_values:
+        raise CalibrationInputError(
+            f"{where}: about {values:,} JSON values, more than the {max_values:,} a results "
+            "file may hold"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CalibrationInputError(f"{where}: not UTF-8 (byte {exc.start:,})") from None
+
+
+def _count(value: Any, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{_show(value)} is not a whole number in [{low:,}, {high:,}]")
+    return value
+
+
+def _seconds(value: Any, low: float, high: float) -> float:
+    if type(value) not in (int, float) or not low <= value <= high:  # NaN fails both
+        raise ValueError(f"{_show(value)} is not a number of seconds in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def _request(p: Any, o: Any, s: Any, t: Any, itl: Any) -> BenchRequest:
+    """One request's numbers, each checked: whole token counts, finite times in range."""
+    if not isinstance(itl, list):
+        raise ValueError(f"itls {_show(itl)} is not a list")
+    return BenchRequest(
+        _count(p, 1, _MAX_TOKENS),
+        _count(o, 0, _MAX_TOKENS),
+        _seconds(s, -_MAX_CLOCK_S, _MAX_CLOCK_S),
+        _seconds(t, _MIN_TTFT_S, _MAX_SPAN_S),
+        tuple(_seconds(g, 0.0, _MAX_SPAN_S) for g in itl),
+    )
+
+
+def _show(value: Any) -> str:
+    if type(value) is int and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit number"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _name(value: Any) -> str:
+    """A text field of the run (``model_id``, ``date``) as the profile records it:
+    ``""`` unless it is text of at most 1,024 characters."""
+    return value if isinstance(value, str) and len(value) <= 1024 else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    flat = " ".join(str(exc).split())
+    return flat if len(flat) <= 160 else flat[:157] + "..."
+
+
+def read_vllm_bench(
+    path: str | os.PathLike[str],
+    *,
+    max_bytes: int = MAX_RESULTS_BYTES,
+    max_values: int = MAX_RESULTS_VALUES,
+) -> tuple[list[BenchRequest], dict[str, Any]]:
     """The successful requests of a results file, and its run's metadata
     (``model_id``, ``date``, ``backend``, ``request_rate``, ...).
 
+    Args:
+        path: a regular file.
+        max_bytes: the longest file read.
+        max_values: the most JSON values it may hold (counted before parsing).
+
     Raises:
-        CalibrationInputError: not JSON, a per-request list missing (the file was
-            saved without ``--save-detailed``), lists of different lengths or a bad
-            value.
-        OSError: the file cannot be read.
+        CalibrationInputError: not a regular file (a FIFO, a device, a folder), past
+            ``max_bytes`` or ``max_values``, unreadable, not UTF-8 or not JSON, a
+            per-request list missing (the file was saved without ``--save-detailed``),
+            lists of different lengths, or a value of the wrong type or out of range
+            (the message names the file, the result, the request and the value).
     """
-    where = str(path)
+    where = os.fspath(path)
     requests: list[BenchRequest] = []
     meta: dict[str, Any] = {}
-    for k, doc in enumerate(_documents(Path(path).read_text(encoding="utf-8"), where)):
+    for k, doc in enumerate(_documents(_read_text(path, max_bytes, max_values), where)):
         here = f"{where} (result {k + 1})"
         missing = [key for key in _PER_REQUEST if not isinstance(doc.get(key), list)]
         if missing:
@@ -109,22 +205,25 @@ def read_vllm_bench(path: str | os.PathLike[str]) -> tuple[list[BenchRequest], d
                 "vllm bench serve --save-result --save-detailed"
             )
         lists = [doc[key] for key in _PER_REQUEST]
-        errors = doc.get("errors") or [""] * len(lists[0])
+        errors = doc.get("errors")
+        if errors is None:
+            errors = [""] * len(lists[0])
+        if not isinstance(errors, list):
+            raise CalibrationInputError(f"{here}: errors is not a list")
         if len({len(x) for x in [*lists, errors]}) != 1:
             raise CalibrationInputError(f"{here}: per-request lists of different lengths")
         for i, (p, o, s, t, itl, err) in enumerate(zip(*lists, errors, strict=True)):
+            if err is not None and not isinstance(err, str):
+                raise CalibrationInputError(f"{here}: request {i}: errors {_show(err)} is not text")
             if err:
                 continue  # a failed request: vLLM records ttft 0 and no gaps
             try:
-                req = BenchRequest(int(p), int(o), float(s), float(t), tuple(map(float, itl)))
-            except (TypeError, ValueError):
-                raise CalibrationInputError(f"{here}: request {i}: a bad value") from None
-            if req.prompt_tokens < 1 or req.ttft_s <= 0 or any(g < 0 for g in req.itl_s):
+                requests.append(_request(p, o, s, t, itl))
+            except ValueError as exc:
                 raise CalibrationInputError(
-                    f"{here}: request {i}: prompt {p}, ttft {t}: want a prompt >= 1 token, "
-                    "a TTFT > 0 and gaps >= 0"
-                )
-            requests.append(req)
+                    f"{here}: request {i}: {exc}; want a prompt >= 1 token, a TTFT > 0 and "
+                    "gaps >= 0, all finite"
+                ) from None
         for key in ("model_id", "date", "backend", "request_rate", "max_concurrency"):
             if key in doc and key not in meta:
                 meta[key] = doc[key]
@@ -139,56 +238,111 @@ def bench_samples(
 ) -> tuple[list[StepSample], list[StepSample]]:
     """``(TTFT samples, decode-step samples)`` read back from the requests' times.
 
+    Linear in the requests and their tokens after one sort of the token times: each
+    "did another request overlap this one" and "which requests were in flight" is a
+    count of sorted start, first-token and last-token times (binary searches), never
+    a scan of every request.
+
     Args:
         requests: from :func:`read_vllm_bench` (one run: one clock).
         max_num_batched_tokens: the server's step budget (a longer prompt took
             several steps).
         same_step_s: tokens streamed within this many seconds of each other count
-            as one step's.
+            as one step's (>= 0).
     """
+    import numpy as np
+
+    if not same_step_s >= 0:
+        raise CalibrationInputError(f"same_step_s must be >= 0, got {same_step_s!r}")
     usable = [r for r in requests if len(r.itl_s) == r.output_tokens - 1]
     times = [r.token_times() for r in usable]
-    spans = [(r.start_s, t[0], t[-1]) for r, t in zip(usable, times, strict=True)]
+    spans = _Spans(
+        np.array([r.start_s for r in usable], dtype=np.float64),
+        np.array([t[0] for t in times], dtype=np.float64),
+        np.array([t[-1] for t in times], dtype=np.float64),
+    )
+    # A request ran alone when no other one was in flight between its sending and its
+    # first token: of those sent by its first token, all but itself ended before it.
+    in_flight = spans.sent_by(spans.first, "right") - spans.ended_before(spans.start)
     ttft: list[StepSample] = []
-    for i, r in enumerate(usable):
-        start, first, _ = spans[i]
-        alone = all(
-            j == i or end < start or other_start > first
-            for j, (other_start, _, end) in enumerate(spans)
-        )
-        if alone:
-            p = r.prompt_tokens
-            steps = -(-p // max_num_batched_tokens)
-            ttft.append(StepSample(p, attention_pairs(p, 0), 0, 0, r.ttft_s, steps, 1))
+    for i in np.flatnonzero(in_flight == 1).tolist():
+        r = usable[i]
+        p = r.prompt_tokens
+        steps = -(-p // max_num_batched_tokens)
+        ttft.append(StepSample(p, attention_pairs(p, 0), 0, 0, r.ttft_s, steps, 1))
     return ttft, _decode_steps(usable, times, spans, same_step_s)
+
+
+class _Spans:
+    """Each request's start, first-token and last-token times (numpy arrays), and
+    counts of them before a time, from copies sorted once."""
+
+    def __init__(self, start: Any, first: Any, last: Any) -> None:
+        import numpy as np
+
+        self.start, self.first, self.last = start, first, last
+        self._start, self._first, self._last = np.sort(start), np.sort(first), np.sort(last)
+
+    def sent_by(self, t: Any, side: Literal["left", "right"]) -> Any:
+        """How many requests were sent before ``t`` (``side="left"``) or by ``t``."""
+        import numpy as np
+
+        return np.searchsorted(self._start, t, side=side)
+
+    def ended_before(self, t: Any) -> Any:
+        """How many requests streamed their last token before ``t``."""
+        import numpy as np
+
+        return np.searchsorted(self._last, t, side="left")
+
+    def first_by(self, t: Any) -> Any:
+        """How many requests streamed their first token by ``t``."""
+        import numpy as np
+
+        return np.searchsorted(self._first, t, side="right")
 
 
 def _decode_steps(
     usable: Sequence[BenchRequest],
     times: Sequence[list[float]],
-    spans: Sequence[tuple[float, float, float]],
+    spans: _Spans,
     same_step_s: float,
 ) -> list[StepSample]:
-    events = sorted((t, i, k) for i, ts in enumerate(times) for k, t in enumerate(ts))
-    steps: list[list[tuple[float, int, int]]] = []
-    for e in events:
-        if steps and e[0] - steps[-1][-1][0] <= same_step_s:
-            steps[-1].append(e)
-        else:
-            steps.append([e])
+    """The pure decode steps: a gap between two consecutive moments at which every
+    request in flight streamed a token (one each, none a first token), while no
+    request waited for its first token."""
+    import numpy as np
+
+    if not times:
+        return []
+    when = np.fromiter(itertools.chain.from_iterable(times), np.float64)
+    who = np.repeat(np.arange(len(times)), [len(t) for t in times])
+    nth = np.concatenate([np.arange(len(t)) for t in times])
+    order = np.lexsort((nth, who, when))  # by time, then request, then token
+    when, who, nth = when[order], who[order], nth[order]
+    # A step is a run of tokens each within same_step_s of the one before.
+    cut = np.flatnonzero(np.diff(when) > same_step_s) + 1
+    bounds = np.concatenate(([0], cut, [len(when)]))
+    ends = when[bounds[1:] - 1]  # each step's last token
+    t0, t1 = ends[:-1], ends[1:]  # the gap from each step to the next
+    # With no first token in the later step (checked below): requests sent before t1
+    # that had no first token by t0 were waiting, and the requests in flight through
+    # the gap are those with a first token by t0 less those done before t1.
+    first_by = spans.first_by(t0)
+    waiting = spans.sent_by(t1, "left") - first_by
+    live = first_by - spans.ended_before(t1)
     out = []
-    for prev, step in itertools.pairwise(steps):
-        t0, t1 = prev[-1][0], step[-1][0]
-        emitters = {i: k for _, i, k in step}
-        if len(emitters) != len(step) or any(k == 0 for k in emitters.values()):
-            continue  # a first token: this step prefilled
-        if any(s < t1 and first > t0 for s, first, _ in spans):
-            continue  # a request waiting for its first token: a prefill may share it
-        live = {i for i, (_, first, last) in enumerate(spans) if first <= t0 and last >= t1}
-        if live != set(emitters):
-            continue
+    for g in np.flatnonzero(waiting == 0).tolist():
+        lo, hi = int(bounds[g + 1]), int(bounds[g + 2])
+        emitters = dict(zip(who[lo:hi].tolist(), nth[lo:hi].tolist(), strict=True))
+        if len(emitters) != hi - lo or 0 in emitters.values():
+            continue  # a first token (this step prefilled), or two tokens of one request
+        if live[g] != len(emitters) or not all(
+            spans.first[i] <= t0[g] and spans.last[i] >= t1[g] for i in emitters
+        ):
+            continue  # a request in flight that streamed nothing, or one that ended
         context = sum(usable[i].prompt_tokens + k for i, k in emitters.items())
-        out.append(StepSample(0, 0, len(emitters), context, t1 - t0))
+        out.append(StepSample(0, 0, len(emitters), context, float(t1[g] - t0[g])))
     return out
 
 
@@ -218,8 +372,8 @@ def calibrate_from_vllm_bench(
         t, d = bench_samples(requests, max_num_batched_tokens=max_num_batched_tokens)
         ttft += t
         decode += d
-        models.append(str(meta.get("model_id", "")))
-        dates.append(str(meta.get("date", "")))
+        models.append(_name(meta.get("model_id")))
+        dates.append(_name(meta.get("date")))
     lengths = len({s.prefill_tokens for s in ttft})
     if len(ttft) < 3 or len(decode) < 3 or lengths < 3:
         raise CalibrationInputError(

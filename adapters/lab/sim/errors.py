@@ -11,6 +11,7 @@ from prefixkv.indexes.errors import PrefixKVError
 __all__ = [
     "ProfileError",
     "ProfileRangeWarning",
+    "ServerError",
     "SimConfigError",
     "SimError",
     "SimInputError",
@@ -37,6 +38,12 @@ class SimUnservableError(SimError):
 
 class ProfileError(SimError):
     """A cost profile is missing a coefficient, has a negative one, or cannot be read."""
+
+
+class ServerError(SimError):
+    """A served engine cannot be reached, refused a request, answered past its deadline
+    or byte budget, or answered something else than an OpenAI-compatible completion
+    stream with numbers in range."""
 
 
 class ProfileRangeWarning(UserWarning):

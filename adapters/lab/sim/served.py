@@ -13,8 +13,8 @@ block size, KV pool and version come from ``/version``, ``/v1/models`` and vLLM'
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import json
 import math
 import re
 import time
@@ -22,17 +22,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import SimError
+from .errors import ServerError
+from .http_limits import (
+    RequestLimits,
+    json_object,
+    parse_json,
+    read_body,
+    server_fraction,
+    server_int,
+    sse_data,
+    within,
+)
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = ["Completion", "ServedEngine", "ServerError", "ServerInfo", "parse_cache_config"]
-
-
-class ServerError(SimError):
-    """The server cannot be reached, refused a request, or answered something else
-    than an OpenAI-compatible completion stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,21 +119,39 @@ def parse_cache_config(metrics_text: str) -> dict[str, str]:
     return dict(_LABEL.findall(m.group("labels"))) if m else {}
 
 
-def _int(value: str) -> int:
-    return int(value) if value.isdigit() else 0
+_DIGITS = re.compile(r"[0-9]{1,20}")
+
+# The ranges a server's numbers must fall in: beyond them a number is a fault, not a
+# measurement (a profile fitted to it would describe no machine).
+MAX_TOKENS = 2**31 - 1
+"""Most tokens of one sequence a server may report (prompt, cached, context length)."""
+_MAX_BLOCK_SIZE = 2**20
+_MAX_BLOCKS = 2**40
+_MAX_POOL_BYTES = 2**60
+_MAX_NAME = 1024
+"""Most characters of a model id or version."""
+_EXTRA_TOKEN_CHUNKS = 8
+"""Streamed chunks with choices beyond ``max_tokens`` that are still taken as tokens
+(a closing chunk that carries only a finish reason)."""
 
 
 class ServedEngine:
     """An OpenAI-compatible completions server, timed from the client.
 
+    Every request has one overall deadline and a byte budget (``limits``), and every
+    number the server sends is range-checked: a server that streams forever, drips a
+    byte at a time, answers the wrong JSON shape or reports a negative cached-token
+    count is a :class:`ServerError`, never a hang or a profile of nonsense.
+
     Args:
         url: the server's base URL (``http://127.0.0.1:8000``).
         model: the model to ask for (default: the first ``/v1/models`` lists).
-        timeout_s: seconds before one request is given up.
+        limits: each request's deadline and byte budgets (default
+            ``RequestLimits()``: 300 s, 64 MiB).
         transport: an httpx transport (tests pass ``httpx.MockTransport``).
 
     Raises:
-        ServerError: the server does not answer.
+        ServerError: ``url`` is not an ``http://`` or ``https://`` URL.
     """
 
     def __init__(
@@ -136,78 +159,125 @@ class ServedEngine:
         url: str,
         model: str | None = None,
         *,
-        timeout_s: float = 120.0,
+        limits: RequestLimits | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        import httpx
+
         self.url = url.rstrip("/")
+        try:
+            parsed = httpx.URL(self.url)
+        except (httpx.InvalidURL, TypeError, ValueError) as exc:
+            raise ServerError(f"{url!r} is not a URL: {exc}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ServerError(f"{url!r} is not an http:// or https:// URL with a host")
         self.model = model
-        self.timeout_s = timeout_s
+        self.limits = RequestLimits() if limits is None else limits
         self.transport = transport
 
     def client(self) -> httpx.AsyncClient:
-        """A client for this server (use as ``async with``)."""
+        """A client for this server (use as ``async with``); it asks for answers
+        uncompressed, so the byte budget counts what the answer holds."""
         import httpx
 
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        pool = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
         return httpx.AsyncClient(
-            base_url=self.url, timeout=self.timeout_s, transport=self.transport, limits=limits
+            base_url=self.url,
+            timeout=self.limits.deadline_s,
+            transport=self.transport,
+            limits=pool,
+            headers={"Accept-Encoding": "identity"},
         )
 
     async def info(self, client: httpx.AsyncClient) -> ServerInfo:
         """Model, engine version, block size and KV pool, as far as the server says.
 
         Raises:
-            ServerError: ``/v1/models`` does not answer or lists no model.
+            ServerError: ``/v1/models`` does not answer, lists no model or answers
+                another shape; a number out of range in ``/v1/models`` or in vLLM's
+                ``cache_config_info``; any answer past its deadline or byte budget.
         """
-        import httpx
-
-        models = await self._get_json(client, "/v1/models")
-        data = models.get("data") if isinstance(models, dict) else None
-        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-            raise ServerError(f"{self.url}/v1/models lists no model: {models!r:.200}")
+        where = f"{self.url}/v1/models"
+        models = json_object(await self._get_json(client, "/v1/models"), where, "the answer")
+        data = models.get("data")
+        if not isinstance(data, list) or not data:
+            raise ServerError(f"{where} lists no model: {models!r:.200}")
+        for k, d in enumerate(data):
+            entry = json_object(d, where, f"data[{k}]")
+            name = entry.get("id")
+            if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME:
+                raise ServerError(f"{where}: data[{k}].id is not a model name: {name!r:.80}")
         entry = data[0]
         if self.model is not None:
-            entry = next((d for d in data if d.get("id") == self.model), {})
+            entry = next((d for d in data if d["id"] == self.model), {})
             if not entry:
-                listed = ", ".join(str(d.get("id")) for d in data)
+                listed = ", ".join(d["id"] for d in data[:20])
                 raise ServerError(f"{self.url} serves no model {self.model!r} (it has {listed})")
-        self.model = str(entry.get("id"))
+        self.model = str(entry["id"])
         max_len = entry.get("max_model_len")
+        if max_len is not None:
+            max_len = server_int(max_len, where, "max_model_len", 1, MAX_TOKENS)
         version, engine = "", ""
-        try:
-            v = await self._get_json(client, "/version")
-            if isinstance(v, dict) and isinstance(v.get("version"), str):
-                version, engine = v["version"], "vllm"
-        except ServerError:
-            pass
-        cache: dict[str, str] = {}
-        try:  # /metrics is optional: without it the pool is unknown
-            r = await client.get("/metrics")
-            if r.status_code == 200:
-                cache = parse_cache_config(r.text)
-        except httpx.HTTPError:
-            cache = {}
+        status, body = await self._get(client, "/version")  # optional: vLLM's
+        if status == 200 and body.lstrip()[:1] in (b"{", b"["):
+            v = json_object(
+                parse_json(body, f"{self.url}/version"), f"{self.url}/version", "the answer"
+            )
+            if isinstance(v.get("version"), str):
+                version, engine = v["version"][:_MAX_NAME], "vllm"
+        cache = parse_cache_config(await self._get_text(client, "/metrics"))
         return ServerInfo(
             url=self.url,
             model=self.model,
             engine=engine,
             engine_version=version,
-            max_model_len=max_len if isinstance(max_len, int) else 0,
-            block_size=_int(cache.get("block_size", "")),
-            num_gpu_blocks=_int(cache.get("num_gpu_blocks", "")),
-            kv_cache_memory_bytes=_int(cache.get("kv_cache_memory_bytes", "")),
-            gpu_memory_utilization=cache.get("gpu_memory_utilization", ""),
+            max_model_len=max_len or 0,
+            block_size=self._label(cache, "block_size", _MAX_BLOCK_SIZE),
+            num_gpu_blocks=self._label(cache, "num_gpu_blocks", _MAX_BLOCKS),
+            kv_cache_memory_bytes=self._label(cache, "kv_cache_memory_bytes", _MAX_POOL_BYTES),
+            gpu_memory_utilization=self._fraction(cache, "gpu_memory_utilization"),
         )
 
-    async def _get_json(self, client: httpx.AsyncClient, path: str) -> Any:
+    def _label(self, cache: dict[str, str], name: str, high: int) -> int:
+        """A number of vLLM's ``cache_config_info`` (0: absent or ``None``)."""
+        value = cache.get(name, "")
+        if value in ("", "None"):
+            return 0
+        number: object = int(value) if _DIGITS.fullmatch(value) else value
+        return server_int(number, f"{self.url}/metrics", f"cache_config_info {name}", 1, high)
+
+    def _fraction(self, cache: dict[str, str], name: str) -> str:
+        value = cache.get(name, "")
+        if value in ("", "None"):
+            return ""
+        return server_fraction(value, f"{self.url}/metrics", f"cache_config_info {name}")
+
+    async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, bytes]:
+        """``(status, body)`` of ``GET path``, within the deadline and byte budget."""
         import httpx
 
+        where = f"{self.url}{path}"
+
+        async def get() -> tuple[int, bytes]:
+            async with client.stream("GET", path) as r:
+                return r.status_code, await read_body(r, self.limits, where)
+
         try:
-            r = await client.get(path)
-            r.raise_for_status()
-            return r.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise ServerError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from None
+            return await within(self.limits, where, get())
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{where}: {type(exc).__name__}: {exc}") from None
+
+    async def _get_json(self, client: httpx.AsyncClient, path: str) -> Any:
+        status, body = await self._get(client, path)
+        where = f"{self.url}{path}"
+        if status != 200:
+            raise ServerError(f"{where}: HTTP {status}: {_text(body)}")
+        return parse_json(body, where)
+
+    async def _get_text(self, client: httpx.AsyncClient, path: str) -> str:
+        """The text of an optional endpoint (``""`` when it answers no 200)."""
+        status, body = await self._get(client, path)
+        return body.decode("utf-8", "replace") if status == 200 else ""
 
     async def complete(
         self, client: httpx.AsyncClient, prompt: Sequence[int], max_tokens: int
@@ -216,10 +286,14 @@ class ServedEngine:
         ``max_tokens``, and time it.
 
         Raises:
-            ServerError: a refused request, a broken stream, no token streamed.
+            ServerError: a refused request, a broken stream, no token streamed, more
+                tokens than asked, the deadline or byte budget passed, a chunk that is
+                not a JSON object, a usage number out of range (``cached_tokens``
+                beyond the prompt, ``completion_tokens`` beyond ``max_tokens``).
         """
         import httpx
 
+        where = f"{self.url}/v1/completions"
         body = {
             "model": self.model,
             "prompt": list(prompt),
@@ -231,34 +305,70 @@ class ServedEngine:
         }
         times: list[float] = []
         usage: dict[str, Any] = {}
-        sent = time.perf_counter()
-        try:
+        most = max_tokens + _EXTRA_TOKEN_CHUNKS
+
+        def take(data: str) -> None:
+            nonlocal usage
+            chunk = json_object(parse_json(data, where), where, "a streamed chunk")
+            choices = chunk.get("choices")
+            if choices is not None and not isinstance(choices, list):
+                raise ServerError(f"{where}: choices is not a JSON array: {data:.80}")
+            if choices:
+                times.append(time.perf_counter())
+                if len(times) > most:
+                    raise ServerError(
+                        f"{where}: more than {most:,} token chunks streamed for "
+                        f"max_tokens {max_tokens:,}"
+                    )
+            if chunk.get("usage") is not None:
+                usage = json_object(chunk["usage"], where, "usage")
+
+        async def stream() -> None:
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 if r.status_code != 200:
-                    text = (await r.aread()).decode(errors="replace")
-                    raise ServerError(f"{self.url}: HTTP {r.status_code}: {text[:300]}")
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if chunk.get("choices"):
-                        times.append(time.perf_counter())
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-        except (httpx.HTTPError, ValueError) as exc:
-            raise ServerError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+                    text = _text(await read_body(r, self.limits, where))
+                    raise ServerError(f"{where}: HTTP {r.status_code}: {text}")
+                async with contextlib.aclosing(sse_data(r, self.limits, where)) as events:
+                    async for data in events:
+                        if data == "[DONE]":
+                            break
+                        take(data)
+
+        sent = time.perf_counter()
+        try:
+            await within(self.limits, where, stream())
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{where}: {type(exc).__name__}: {exc}") from None
         if not times:
-            raise ServerError(f"{self.url}: the stream held no token")
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            raise ServerError(f"{where}: the stream held no token")
         return Completion(
             sent_s=sent,
             ttft_s=times[0] - sent,
             itl_s=[b - a for a, b in itertools.pairwise(times)],
-            prompt_tokens=int(usage.get("prompt_tokens", len(prompt))),
-            completion_tokens=int(usage.get("completion_tokens", len(times))),
-            cached_tokens=cached if isinstance(cached, int) else None,
+            **_usage(usage, len(prompt), max_tokens, len(times), where),
         )
+
+
+def _usage(
+    usage: dict[str, Any], num_prompt: int, max_tokens: int, streamed: int, where: str
+) -> dict[str, Any]:
+    """The usage numbers of one completion, range-checked against what was sent."""
+    prompt = usage.get("prompt_tokens", num_prompt)
+    completion = usage.get("completion_tokens", streamed)
+    details = usage.get("prompt_tokens_details")
+    cached = None
+    if details is not None:
+        cached = json_object(details, where, "usage.prompt_tokens_details").get("cached_tokens")
+    return {
+        "prompt_tokens": server_int(prompt, where, "usage.prompt_tokens", 1, MAX_TOKENS),
+        "completion_tokens": server_int(
+            completion, where, "usage.completion_tokens", 0, max_tokens
+        ),
+        "cached_tokens": None
+        if cached is None
+        else server_int(cached, where, "usage.prompt_tokens_details.cached_tokens", 0, num_prompt),
+    }
+
+
+def _text(body: bytes, limit: int = 300) -> str:
+    return " ".join(body[: limit * 4].decode("utf-8", "replace").split())[:limit]

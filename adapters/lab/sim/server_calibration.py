@@ -42,6 +42,7 @@ from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
+from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import measure_and_fit
@@ -279,6 +280,7 @@ def calibrate_server(
     name: str | None = None,
     progress: Callable[[int], object] | None = None,
     engine: ServedEngine | None = None,
+    limits: RequestLimits | None = None,
 ) -> CostProfile:
     """Measure a running server with the sweep and fit a profile to it.
 
@@ -290,14 +292,18 @@ def calibrate_server(
         progress: called with 1 after each measured shape and repeat.
         engine: a :class:`ServedEngine` to use instead of one made from ``url``
             (tests pass one over a mock transport).
+        limits: each request's deadline and byte budgets (default
+            :class:`~.http_limits.RequestLimits`); with ``engine``, its own.
 
     Returns:
         The fitted profile, its ``measured_on`` and ``covers`` filled in.
 
     Raises:
-        ServerError: the server fails or does not report cached tokens.
+        ServerError: the server fails, answers past a request's deadline or byte
+            budget, answers another shape or a number out of range, or does not
+            report cached tokens.
     """
-    served = engine or ServedEngine(url, model)
+    served = engine or ServedEngine(url, model, limits=limits)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
     pre = [s for s in samples if s.num_requests and not s.num_decode]
     num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)

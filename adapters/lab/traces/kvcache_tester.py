@@ -24,14 +24,24 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated, Any, cast
 
 import msgspec
+
+from prefixkv.adapters.inputs import read_input
 
 from .base import ReadOptions, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
-from .reading import Progress, StrPath, count_items, decode, one_line
+from .reading import (
+    Progress,
+    StrPath,
+    count_items,
+    decode,
+    one_line,
+    open_stream,
+    open_trace_file,
+)
 
 __all__ = [
     "KVCT_BLOCK_SIZE",
@@ -90,7 +100,7 @@ def conversation_files(path: StrPath) -> list[Path]:
 
 def _documents(
     path: StrPath, max_bytes: int, progress: Progress | None = None
-) -> Iterator[tuple[str, str, bytes]]:
+) -> Iterator[tuple[str, str, bytes | bytearray]]:
     """``(where, default conversation id, bytes)`` per document, one at a time."""
     p = Path(path)
     if p.is_dir() or not is_archive(p):
@@ -104,36 +114,84 @@ def _documents(
 
 
 def _read_file(path: Path, max_bytes: int) -> bytes:
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise TraceFormatError(f"{path}: {size:,} bytes exceed the document limit of {max_bytes:,}")
-    return path.read_bytes()
+    return read_input(path, max_bytes, what="document", error=TraceFormatError)
 
 
-def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytes]]:
+EXPANSION_FLOOR_BYTES = 32 * 2**20
+"""Bytes any member of a compressed archive may decompress to, whatever its ratio
+(kv-cache-tester's published conversations are a few KB to a few MB)."""
+MAX_EXPANSION = 100
+"""Past :data:`EXPANSION_FLOOR_BYTES`, the most bytes a member may decompress to per
+compressed byte read for it: a bomb (gzip reaches ~1,000 to 1, xz ~7,000 on a run of
+one byte: a 77 KB archive holding a 500 MB member) stops within the floor and a
+hundred times its size, while a genuine larger conversation can be read from the
+extracted folder."""
+
+
+def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytearray]]:
+    """The ``.json`` members of a tar archive (plain, gzip or xz, known by its magic
+    bytes), one at a time, each read within the document limit and a decompression
+    budget counted while it streams (not taken from the member's header)."""
     found = False
-    try:
-        with tarfile.open(path, "r|*") as tar:
-            for member in tar:
-                name = member.name
-                if not member.isfile() or not name.endswith(".json"):
-                    continue
-                where = f"{path}:{name}"
-                if member.size > max_bytes:
-                    raise TraceFormatError(
-                        f"{where}: {member.size:,} bytes exceed the document limit of {max_bytes:,}"
-                    )
-                f = tar.extractfile(member)
-                if f is None:  # pragma: no cover - isfile() members always have data
-                    continue
-                found = True
-                yield where, Path(name).stem, f.read()
-    except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as exc:
-        raise TraceFormatError(
-            f"{path}: corrupt or truncated archive ({type(exc).__name__}: {one_line(str(exc))})"
-        ) from None
+    with open_trace_file(path) as raw:
+        stream, kind = open_stream(raw, path)
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in iter(tar.next, None):
+                    cast(Any, tar).members.clear()  # read once: keep no index of the stream
+                    name = member.name
+                    if not member.isfile() or not name.endswith(".json"):
+                        continue
+                    where = f"{path}:{name}"
+                    if member.size > max_bytes:
+                        raise TraceFormatError(
+                            f"{where}: {member.size:,} bytes exceed the document limit of "
+                            f"{max_bytes:,}"
+                        )
+                    f = tar.extractfile(member)
+                    if f is None:  # pragma: no cover - isfile() members always have data
+                        continue
+                    found = True
+                    compressed = raw if kind != "plain" else None
+                    yield where, Path(name).stem, _read_member(f, compressed, where, max_bytes)
+        except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as exc:
+            raise TraceFormatError(
+                f"{path}: corrupt or truncated archive ({type(exc).__name__}: {one_line(str(exc))})"
+            ) from None
+        except OSError as exc:  # gzip.BadGzipFile, or a read that fails
+            raise TraceFormatError(
+                f"{path}: cannot read the archive: {exc.strerror or one_line(str(exc))}"
+            ) from None
     if not found:
         raise TraceFormatError(f"{path}: no .json conversation file in the archive")
+
+
+_CHUNK = 2**20
+
+
+def _read_member(
+    f: IO[bytes], compressed: IO[bytes] | None, where: str, max_bytes: int
+) -> bytearray:
+    """A member's bytes, read a chunk at a time: at most ``max_bytes``, and, from a
+    compressed archive (``compressed`` is its file), at most
+    :data:`EXPANSION_FLOOR_BYTES` + :data:`MAX_EXPANSION` bytes per compressed byte
+    read meanwhile, so a small archive cannot cost much memory."""
+    start = compressed.tell() if compressed is not None else 0
+    data = bytearray()
+    while chunk := f.read(_CHUNK):
+        data += chunk
+        if len(data) > max_bytes:
+            raise TraceFormatError(f"{where}: more than the document limit of {max_bytes:,} bytes")
+        if compressed is None:
+            continue
+        read = compressed.tell() - start
+        if len(data) > EXPANSION_FLOOR_BYTES + MAX_EXPANSION * read:
+            raise TraceFormatError(
+                f"{where}: decompresses past {EXPANSION_FLOOR_BYTES:,} bytes and "
+                f"{MAX_EXPANSION:,} times the compressed bytes read for it (a compression "
+                "bomb?); if the trace is genuine, extract the archive and read the folder"
+            )
+    return data
 
 
 def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:

@@ -6,7 +6,10 @@ not JSON, a 5000-digit integer, a line longer than the limit — becomes a
 :class:`TraceFormatError` naming ``file:line``; nothing raw (``EOFError``,
 ``zlib.error``, ``lzma.LZMAError``, ``UnicodeDecodeError``, ``MemoryError``) escapes
 a reader. A line is read at most up to its limit, decompressed or not, so an
-oversized line costs its limit, never its size.
+oversized line costs its limit, never its size. A trace is a regular file (or, for
+kv-cache-tester, a folder): a FIFO, a device or a socket is refused by name before it
+is opened (:mod:`prefixkv.adapters.inputs`), so nothing blocks or reads forever, and
+every error names the file.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import IO, TypeVar, Union, cast
 
 import msgspec
 
+from prefixkv.adapters.inputs import open_input
+
 from .base import TraceFormatError
 
 __all__ = [
@@ -31,6 +36,8 @@ __all__ = [
     "decode",
     "iter_lines",
     "one_line",
+    "open_stream",
+    "open_trace_file",
 ]
 
 StrPath = Union[str, "PathLike[str]"]
@@ -53,15 +60,29 @@ _UNREAD = {  # magic -> the compression prefixkv does not decompress
 }
 
 
+def open_trace_file(path: StrPath) -> IO[bytes]:
+    """A trace file opened for binary reading, once it is known to be a regular file.
+
+    Raises:
+        TraceFormatError: missing, unreadable, or a FIFO, device, socket or folder
+            (refused before it is opened, so a FIFO without a writer cannot block).
+    """
+    return open_input(path, what="trace", error=TraceFormatError)
+
+
 def one_line(text: str, limit: int = 120) -> str:
     """``text`` on one line, cut to ``limit`` characters, for error messages."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def _open_stream(raw: IO[bytes], path: StrPath) -> tuple[IO[bytes], str]:
+def open_stream(raw: IO[bytes], path: StrPath) -> tuple[IO[bytes], str]:
     """``raw`` decompressed by its magic bytes (the name's suffix is not trusted), and
-    the name of its compression for messages."""
+    the name of its compression for messages (``"plain"``, ``"gzip"``, ``"xz"``).
+
+    Raises:
+        TraceFormatError: a bzip2, zstd or zip file (refused by name).
+    """
     head = raw.read(6)
     raw.seek(0)
     if head.startswith(GZIP_MAGIC):
@@ -97,13 +118,13 @@ def iter_lines(
         limit_name: what ``max_line_bytes`` is, for the message.
 
     Raises:
-        TraceFormatError: a corrupt or truncated gzip or xz stream, a compression
-            prefixkv does not read, or a line longer than ``max_line_bytes`` (it names
-            the line and stops before buffering more).
-        OSError: the file cannot be opened or read.
+        TraceFormatError: not a regular file, a corrupt or truncated gzip or xz
+            stream, a compression prefixkv does not read, or a line longer than
+            ``max_line_bytes`` (it names the line and stops before buffering more),
+            or a read that fails.
     """
-    with open(path, "rb") as raw:
-        f, kind = _open_stream(raw, path)
+    with open_trace_file(path) as raw:
+        f, kind = open_stream(raw, path)
         lineno = 0
         done = 0
         while True:
@@ -113,6 +134,10 @@ def iter_lines(
                 raise TraceFormatError(
                     f"{path}:{lineno + 1}: corrupt or truncated {kind} stream "
                     f"({type(exc).__name__}: {one_line(str(exc))})"
+                ) from None
+            except OSError as exc:
+                raise TraceFormatError(
+                    f"{path}:{lineno + 1}: cannot read the trace: {exc.strerror or exc}"
                 ) from None
             if not line:
                 return
@@ -143,7 +168,7 @@ def count_items(raw: bytes | msgspec.Raw) -> int:
     return 1 if text.strip()[1:-1].strip() else 0
 
 
-def decode(decoder: msgspec.json.Decoder[T], data: bytes, where: str) -> T:
+def decode(decoder: msgspec.json.Decoder[T], data: bytes | bytearray, where: str) -> T:
     """Decode one JSON document with a typed msgspec decoder.
 
     Raises:
@@ -161,5 +186,5 @@ def decode(decoder: msgspec.json.Decoder[T], data: bytes, where: str) -> T:
         raise TraceFormatError(f"{where}: JSON nested too deeply: {_head(data)}") from None
 
 
-def _head(data: bytes) -> str:
+def _head(data: bytes | bytearray) -> str:
     return repr(data[:60].decode("utf-8", "replace").strip()) + ("..." if len(data) > 60 else "")

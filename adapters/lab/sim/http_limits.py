@@ -1,0 +1,211 @@
+"""Every answer of a served engine bounded: an overall deadline and a byte budget per
+request, and every number it sends range-checked.
+
+A server is input like a file: it may stream forever, send keep-alive comments or one
+byte every few seconds (each within any per-read timeout), answer a JSON array where
+an object belongs, or report a negative or a 10**12 cached-token count. Here:
+
+- :func:`within` gives each request one overall deadline
+  (:attr:`RequestLimits.deadline_s`, ``calibrate --request-timeout``), however the
+  bytes trickle in;
+- :func:`read_body` and :func:`sse_data` read at most
+  :attr:`RequestLimits.max_response_bytes` of an answer (as sent: a compressed answer
+  is refused, the client asks for none) and at most
+  :attr:`RequestLimits.max_line_bytes` of one stream line;
+- :func:`json_object`, :func:`server_int` and :func:`server_fraction` turn what the
+  server sent into the values the sweep uses, or a :class:`ServerError` that names
+  the URL and the field.
+
+Each failure is one :class:`ServerError` line; nothing raw escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ServerError, SimConfigError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "RequestLimits",
+    "json_object",
+    "parse_json",
+    "read_body",
+    "server_fraction",
+    "server_int",
+    "sse_data",
+    "within",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request to a server may cost.
+
+    Attributes:
+        deadline_s: seconds from sending a request to the end of its answer, all
+            reads together (default 300).
+        max_response_bytes: bytes of one answer, a whole stream included (default
+            64 MiB: a streamed token is a few hundred bytes).
+        max_line_bytes: bytes of one line of a stream (default 1 MiB).
+    """
+
+    deadline_s: float = 300.0
+    max_response_bytes: int = 64 * 2**20
+    max_line_bytes: int = 2**20
+
+    def __post_init__(self) -> None:
+        d = self.deadline_s
+        if type(d) not in (int, float) or not math.isfinite(d) or d <= 0:
+            raise SimConfigError(f"deadline_s must be a finite number > 0, got {d!r}")
+        for name in ("max_response_bytes", "max_line_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+async def within(limits: RequestLimits, where: str, request: Awaitable[T]) -> T:
+    """``await request``, or a :class:`ServerError` once ``limits.deadline_s`` has
+    passed (the request is cancelled, its connection closed)."""
+    try:
+        return await asyncio.wait_for(request, limits.deadline_s)
+    except asyncio.TimeoutError:
+        raise ServerError(
+            f"{where}: no whole answer within {limits.deadline_s:g} s (calibrate --request-timeout)"
+        ) from None
+
+
+def _check_encoding(response: httpx.Response, where: str) -> None:
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ServerError(
+            f"{where}: answered with Content-Encoding {_show(encoding)}, though the client "
+            "asked for none"
+        )
+
+
+async def read_body(response: httpx.Response, limits: RequestLimits, where: str) -> bytes:
+    """The body of ``response`` as sent, at most ``limits.max_response_bytes``.
+
+    Raises:
+        ServerError: the body is longer, or compressed.
+    """
+    _check_encoding(response, where)
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limits.max_response_bytes:
+            raise ServerError(f"{where}: an answer longer than {limits.max_response_bytes:,} bytes")
+    return bytes(body)
+
+
+async def sse_data(
+    response: httpx.Response, limits: RequestLimits, where: str
+) -> AsyncGenerator[str, None]:
+    """The ``data:`` fields of a server-sent event stream, in order.
+
+    Comments (keep-alives) and other fields are skipped but count in the byte budget;
+    a line is buffered up to ``limits.max_line_bytes``; each chunk is searched once.
+
+    Raises:
+        ServerError: the stream is longer than ``limits.max_response_bytes``, a line
+            longer than ``limits.max_line_bytes``, not UTF-8, or compressed.
+    """
+    _check_encoding(response, where)
+    total = 0
+    pending = bytearray()
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > limits.max_response_bytes:
+            raise ServerError(f"{where}: a stream longer than {limits.max_response_bytes:,} bytes")
+        *lines, rest = chunk.split(b"\n")
+        for piece in lines:
+            pending += piece
+            line = _line(pending, limits, where)
+            pending.clear()
+            if line.startswith("data:"):
+                yield line[5:].strip()
+        pending += rest
+        _line_length(pending, limits, where)
+    if pending:
+        line = _line(pending, limits, where)
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+def _line_length(line: bytearray, limits: RequestLimits, where: str) -> None:
+    if len(line) > limits.max_line_bytes:
+        raise ServerError(f"{where}: a stream line longer than {limits.max_line_bytes:,} bytes")
+
+
+def _line(raw: bytearray, limits: RequestLimits, where: str) -> str:
+    _line_length(raw, limits, where)
+    try:
+        return raw.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        raise ServerError(f"{where}: a stream line that is not UTF-8") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """Strict JSON (no ``NaN``/``Infinity``), or a :class:`ServerError` naming ``where``."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise ServerError(f"{where}: not JSON ({_one_line(exc)}): {_show(text)}") from None
+
+
+def json_object(value: Any, where: str, what: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else a :class:`ServerError`."""
+    if not isinstance(value, dict):
+        raise ServerError(f"{where}: {what} is not a JSON object: {_show(value)}")
+    return value
+
+
+def server_int(value: Any, where: str, what: str, low: int, high: int) -> int:
+    """``value`` when it is a whole number in ``[low, high]`` (a JSON ``true`` is not
+    one), else a :class:`ServerError` naming ``what`` and the range."""
+    if type(value) is not int or not low <= value <= high:
+        raise ServerError(
+            f"{where}: {what} {_show(value)} is not a whole number in [{low:,}, {high:,}]"
+        )
+    return value
+
+
+def server_fraction(value: str, where: str, what: str) -> str:
+    """``value`` when it is a number in ``(0, 1]`` written as text, else a
+    :class:`ServerError` (vLLM's ``gpu_memory_utilization`` label)."""
+    try:
+        number = float(value) if len(value) <= 32 else math.nan
+    except ValueError:
+        number = math.nan
+    if not 0 < number <= 1:
+        raise ServerError(f"{where}: {what} {_show(value)} is not a number in (0, 1]")
+    return value
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``value`` for a message: short, on one line, never a 5,000-digit repr."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"({value.bit_length()}-bit number)"
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value[: limit * 4]).decode("utf-8", "replace")
+    text = repr(value if not isinstance(value, str) else value[: limit * 4])
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    return _show(str(exc), 120).strip("'\"")
