@@ -78,6 +78,84 @@ def test_the_manager_event_codec_and_router_load_no_zmq_torch_lab_or_engine(stat
     assert not _heavy(_modules_after(statement))
 
 
+_LOWER = (
+    "prefixkv",
+    *(f"prefixkv.indexes{m}" for m in ("", ".base", ".block_map", ".errors", ".eviction")),
+    *(f"prefixkv.indexes.{m}" for m in ("free_queue", "hash_chain", "hashing", "null", "radix")),
+    *(f"prefixkv.indexes.{m}" for m in ("records", "registry", "sglang_hashing", "sync")),
+    *(f"prefixkv.indexes.{m}" for m in ("tokens", "validation", "vllm_hashing", "wrapper")),
+    *(f"prefixkv.storage{m}" for m in ("", ".allocator", ".block_table", ".errors")),
+)
+_LIFECYCLE = (
+    *_LOWER,
+    "prefixkv.adapters",
+    "prefixkv.adapters.observer",
+    "prefixkv.adapters.totals",
+    *(f"prefixkv.adapters.events{m}" for m in ("", ".dialects", ".wire", ".recorder")),
+    *(f"prefixkv.adapters.events.{m}" for m in ("sglang_recorder", "sglang_wire", "codec")),
+)
+ENGINE_PATHS = {
+    "prefixkv.adapters.manager": {*_LIFECYCLE, "prefixkv.adapters.manager"},
+    "prefixkv.adapters.vllm": {
+        *_LIFECYCLE,
+        "prefixkv.adapters.manager",
+        "prefixkv.adapters.requests",
+        *(f"prefixkv.adapters.vllm{m}" for m in ("", ".engine_types", ".kv_cache_manager")),
+    },
+    "prefixkv.adapters.sglang": {
+        *_LIFECYCLE,
+        "prefixkv.adapters.requests",
+        *(f"prefixkv.adapters.sglang{m}" for m in ("", "._mypyc", ".page_rows", ".pools")),
+        "prefixkv.adapters.sglang.prefix_cache",
+    },
+}
+"""Every prefixkv module importing an engine-facing package may load: the request
+lifecycle (the manager or engine class, the index and storage beneath it, the observer
+hooks, the totals, the recorder its index speaks, the event structs). A module added
+to a path must be added here, on purpose."""
+
+OFF_THE_ENGINE_PATH = (
+    "prefixkv.adapters.events.files",
+    "prefixkv.adapters.events.index",
+    "prefixkv.adapters.events.transport",
+    "prefixkv.adapters.outputs",
+    "prefixkv.adapters.accounting",
+    "prefixkv.adapters.router",
+    "prefixkv.adapters.lab",
+    "zmq",
+)
+"""What an engine author's import never loads: event files, the consumer index, the
+report-file rule, the boundary tracker, the router, the lab, ZeroMQ."""
+
+
+@pytest.mark.parametrize("module", sorted(ENGINE_PATHS))
+def test_the_engine_path_loads_only_the_request_lifecycle(module: str) -> None:
+    mods = _modules_after(f"import {module}")
+    loaded = {m for m in mods if m == "prefixkv" or m.startswith("prefixkv.")}
+    assert module in loaded
+    beyond = loaded - ENGINE_PATHS[module]
+    assert not beyond
+    off = {m for m in mods for o in OFF_THE_ENGINE_PATH if m == o or m.startswith(f"{o}.")}
+    assert not off
+
+
+def test_the_events_face_names_each_name_from_its_home_module() -> None:
+    import importlib
+
+    import prefixkv.adapters.events as events
+
+    homes = events._HOMES
+    assert sorted(homes) == sorted(events.__all__)
+    for name, home in homes.items():
+        module = importlib.import_module(f"prefixkv.adapters.events.{home}")
+        assert getattr(events, name) is getattr(module, name), name
+    namespace: dict[str, object] = {}
+    exec("from prefixkv.adapters.events import *", namespace)
+    assert set(events.__all__) <= set(namespace)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        events.Nope  # noqa: B018
+
+
 def test_the_event_transport_loads_on_first_use() -> None:
     mods = _modules_after("import prefixkv.adapters.events as e; e.ZmqEventSubscriber; e.END_SEQ")
     assert {"zmq", "prefixkv.adapters.events.transport"} <= mods
