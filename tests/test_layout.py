@@ -9,6 +9,7 @@ when something publishes or subscribes.
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -78,35 +79,35 @@ def test_the_manager_event_codec_and_router_load_no_zmq_torch_lab_or_engine(stat
     assert not _heavy(_modules_after(statement))
 
 
-_LOWER = (
+def _package(name: str, *modules: str) -> set[str]:
+    return {name, *(f"{name}.{m}" for m in modules)}
+
+
+_INDEXES = _package(
+    "prefixkv.indexes", "base", "block_map", "errors", "eviction", "free_queue", "hash_chain",
+    "hashing", "null", "radix", "records", "registry", "sglang_hashing", "sync", "tokens",
+    "validation", "vllm_hashing", "wrapper",
+)  # fmt: skip
+_LIFECYCLE = {
     "prefixkv",
-    *(f"prefixkv.indexes{m}" for m in ("", ".base", ".block_map", ".errors", ".eviction")),
-    *(f"prefixkv.indexes.{m}" for m in ("free_queue", "hash_chain", "hashing", "null", "radix")),
-    *(f"prefixkv.indexes.{m}" for m in ("records", "registry", "sglang_hashing", "sync")),
-    *(f"prefixkv.indexes.{m}" for m in ("tokens", "validation", "vllm_hashing", "wrapper")),
-    *(f"prefixkv.storage{m}" for m in ("", ".allocator", ".block_table", ".errors")),
-)
-_LIFECYCLE = (
-    *_LOWER,
-    "prefixkv.adapters",
-    "prefixkv.adapters.observer",
-    "prefixkv.adapters.totals",
-    *(f"prefixkv.adapters.events{m}" for m in ("", ".dialects", ".wire", ".recorder")),
-    *(f"prefixkv.adapters.events.{m}" for m in ("sglang_recorder", "sglang_wire", "codec")),
-)
+    *_INDEXES,
+    *_package("prefixkv.storage", "allocator", "block_table", "errors"),
+    *_package("prefixkv.adapters", "observer", "totals"),
+    *_package("prefixkv.adapters.events", "dialects", "wire", "recorder", "sglang_recorder"),
+    *_package("prefixkv.adapters.events", "sglang_wire", "codec"),
+}
 ENGINE_PATHS = {
     "prefixkv.adapters.manager": {*_LIFECYCLE, "prefixkv.adapters.manager"},
     "prefixkv.adapters.vllm": {
         *_LIFECYCLE,
         "prefixkv.adapters.manager",
         "prefixkv.adapters.requests",
-        *(f"prefixkv.adapters.vllm{m}" for m in ("", ".engine_types", ".kv_cache_manager")),
+        *_package("prefixkv.adapters.vllm", "engine_types", "kv_cache_manager"),
     },
     "prefixkv.adapters.sglang": {
         *_LIFECYCLE,
         "prefixkv.adapters.requests",
-        *(f"prefixkv.adapters.sglang{m}" for m in ("", "._mypyc", ".page_rows", ".pools")),
-        "prefixkv.adapters.sglang.prefix_cache",
+        *_package("prefixkv.adapters.sglang", "_mypyc", "page_rows", "pools", "prefix_cache"),
     },
 }
 """Every prefixkv module importing an engine-facing package may load: the request
@@ -140,8 +141,6 @@ def test_the_engine_path_loads_only_the_request_lifecycle(module: str) -> None:
 
 
 def test_the_events_face_names_each_name_from_its_home_module() -> None:
-    import importlib
-
     import prefixkv.adapters.events as events
 
     homes = events._HOMES
