@@ -13,15 +13,16 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .accounting import CacheTotals, RequestRecord
+    from .accounting import RequestRecord
     from .manager import Admission, CacheManager
+    from .totals import CacheTotals
 
 __all__ = ["Admission", "CacheManager", "CacheTotals", "RequestRecord"]
 
 _HOMES = {
     "Admission": "manager",
     "CacheManager": "manager",
-    "CacheTotals": "accounting",
+    "CacheTotals": "totals",
     "RequestRecord": "accounting",
 }
 

@@ -1,4 +1,4 @@
-"""Cache accounting: per-request records and totals, and the boundary tracker (an observer).
+"""Cache accounting: per-request records and the boundary tracker (an observer).
 
 The tracker answers SPEC BB-8's question "how many tokens matched cached content but
 were recomputed because of block boundaries or the len-1 cap?". It mirrors, from the
@@ -20,7 +20,7 @@ from prefixkv.indexes.tokens import TOKEN_BYTES, ExtraKey, TokenKey
 
 from .observer import ObserverBase
 
-__all__ = ["BoundaryTracker", "CacheTotals", "RequestRecord"]
+__all__ = ["BoundaryTracker", "RequestRecord"]
 
 
 @dataclass(slots=True)
@@ -49,30 +49,6 @@ class RequestRecord:
     def computed_tokens(self) -> int:
         """Prefill tokens this request computed (``prompt_len - hit_tokens``)."""
         return self.prompt_len - self.hit_tokens
-
-
-@dataclass(slots=True)
-class CacheTotals:
-    """Running totals, like vLLM's ``PrefixCacheStats``.
-
-    Attributes:
-        num_requests: admitted requests.
-        num_query_tokens: prompt tokens looked up.
-        num_hit_tokens: prompt tokens served from the cache.
-        num_rejected: admissions that did not fit (returned ``None``).
-        num_evicted_blocks: blocks the manager evicted from the index.
-    """
-
-    num_requests: int = 0
-    num_query_tokens: int = 0
-    num_hit_tokens: int = 0
-    num_rejected: int = 0
-    num_evicted_blocks: int = 0
-
-    @property
-    def hit_ratio(self) -> float:
-        """Hit tokens over query tokens (0 when nothing was queried)."""
-        return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
 
 
 _Node = int | tuple[str, ExtraKey | None]  # a block id, or a namespace's root

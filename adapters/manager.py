@@ -42,10 +42,10 @@ from prefixkv.indexes.tokens import ExtraKey, TokenKey, checked_tokens, normaliz
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
-from .accounting import CacheTotals
 from .events.dialects import EventRecorder, attach_event_recorder
 from .events.wire import KVEvent
 from .observer import CacheObserver, combine_observers
+from .totals import CacheTotals
 
 __all__ = ["Admission", "CacheManager", "Lookup", "RequestId"]
 

@@ -9,6 +9,7 @@ when something publishes or subscribes.
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -76,6 +77,82 @@ def test_sglangs_prefix_cache_imports_neither_sglang_torch_nor_the_lab() -> None
 )
 def test_the_manager_event_codec_and_router_load_no_zmq_torch_lab_or_engine(statement: str) -> None:
     assert not _heavy(_modules_after(statement))
+
+
+def _package(name: str, *modules: str) -> set[str]:
+    return {name, *(f"{name}.{m}" for m in modules)}
+
+
+_INDEXES = _package(
+    "prefixkv.indexes", "base", "block_map", "errors", "eviction", "free_queue", "hash_chain",
+    "hashing", "null", "radix", "records", "registry", "sglang_hashing", "sync", "tokens",
+    "validation", "vllm_hashing", "wrapper",
+)  # fmt: skip
+_LIFECYCLE = {
+    "prefixkv",
+    *_INDEXES,
+    *_package("prefixkv.storage", "allocator", "block_table", "errors"),
+    *_package("prefixkv.adapters", "observer", "totals"),
+    *_package("prefixkv.adapters.events", "dialects", "wire", "recorder", "sglang_recorder"),
+    *_package("prefixkv.adapters.events", "sglang_wire", "codec"),
+}
+ENGINE_PATHS = {
+    "prefixkv.adapters.manager": {*_LIFECYCLE, "prefixkv.adapters.manager"},
+    "prefixkv.adapters.vllm": {
+        *_LIFECYCLE,
+        "prefixkv.adapters.manager",
+        "prefixkv.adapters.requests",
+        *_package("prefixkv.adapters.vllm", "engine_types", "kv_cache_manager"),
+    },
+    "prefixkv.adapters.sglang": {
+        *_LIFECYCLE,
+        "prefixkv.adapters.requests",
+        *_package("prefixkv.adapters.sglang", "_mypyc", "page_rows", "pools", "prefix_cache"),
+    },
+}
+"""Every prefixkv module importing an engine-facing package may load: the request
+lifecycle (the manager or engine class, the index and storage beneath it, the observer
+hooks, the totals, the recorder its index speaks, the event structs). A module added
+to a path must be added here, on purpose."""
+
+OFF_THE_ENGINE_PATH = (
+    "prefixkv.adapters.events.files",
+    "prefixkv.adapters.events.index",
+    "prefixkv.adapters.events.transport",
+    "prefixkv.adapters.outputs",
+    "prefixkv.adapters.accounting",
+    "prefixkv.adapters.router",
+    "prefixkv.adapters.lab",
+    "zmq",
+)
+"""What an engine author's import never loads: event files, the consumer index, the
+report-file rule, the boundary tracker, the router, the lab, ZeroMQ."""
+
+
+@pytest.mark.parametrize("module", sorted(ENGINE_PATHS))
+def test_the_engine_path_loads_only_the_request_lifecycle(module: str) -> None:
+    mods = _modules_after(f"import {module}")
+    loaded = {m for m in mods if m == "prefixkv" or m.startswith("prefixkv.")}
+    assert module in loaded
+    beyond = loaded - ENGINE_PATHS[module]
+    assert not beyond
+    off = {m for m in mods for o in OFF_THE_ENGINE_PATH if m == o or m.startswith(f"{o}.")}
+    assert not off
+
+
+def test_the_events_face_names_each_name_from_its_home_module() -> None:
+    import prefixkv.adapters.events as events
+
+    homes = events._HOMES
+    assert sorted(homes) == sorted(events.__all__)
+    for name, home in homes.items():
+        module = importlib.import_module(f"prefixkv.adapters.events.{home}")
+        assert getattr(events, name) is getattr(module, name), name
+    namespace: dict[str, object] = {}
+    exec("from prefixkv.adapters.events import *", namespace)
+    assert set(events.__all__) <= set(namespace)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        events.Nope  # noqa: B018
 
 
 def test_the_event_transport_loads_on_first_use() -> None:

@@ -2,38 +2,44 @@
 
 ``wire`` (vLLM's structs) and ``sglang_wire`` (SGLang 0.5.23's) encode byte for byte
 what the engines publish; ``codec`` decodes either, and older vLLM, into vLLM structs;
-``transport`` is a ZeroMQ publisher/subscriber pair like vLLM's ``ZmqEventPublisher``
-(loaded on first use of one of its names, so importing the package loads no ZeroMQ);
+``transport`` is a ZeroMQ publisher/subscriber pair like vLLM's ``ZmqEventPublisher``;
 ``files`` writes and reads one JSON line per batch; ``recorder`` and ``sglang_recorder``
 turn an index's sink calls into vLLM's or SGLang's events, and ``dialects`` picks the
 one an index speaks; ``index`` rebuilds, from events alone, which blocks each replica
 holds.
+
+Every name below loads its module on first use (``_HOMES`` says which), so that the
+request lifecycle, which imports ``dialects`` and ``wire`` directly, loads no event-file
+writer, no ``EventIndex`` and no ZeroMQ; ``from prefixkv.adapters.events import X``
+works for every name.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING
 
-from .codec import EventDecodeError, EventDecoder, encode, encode_json, from_sglang
-from .dialects import (
-    EventRecorder,
-    EventsUnsupportedError,
-    attach_event_recorder,
-    make_event_recorder,
-)
-from .files import EventFileWriter, read_event_file
-from .index import EventIndex, Source
-from .recorder import VllmEventRecorder
-from .sglang_recorder import SGLangEventRecorder
-from .wire import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVCacheEvent,
-    KVEventBatch,
-)
-
 if TYPE_CHECKING:
+    from .codec import EventDecodeError, EventDecoder, encode, encode_json, from_sglang
+    from .dialects import (
+        EventRecorder,
+        EventsUnsupportedError,
+        attach_event_recorder,
+        make_event_recorder,
+    )
+    from .files import EventFileWriter, read_event_file
+    from .index import EventIndex, Source
+    from .recorder import VllmEventRecorder
+    from .sglang_recorder import SGLangEventRecorder
     from .transport import END_SEQ, TransportError, ZmqEventPublisher, ZmqEventSubscriber
+    from .wire import (
+        AllBlocksCleared,
+        BlockRemoved,
+        BlockStored,
+        EventBatch,
+        KVCacheEvent,
+        KVEventBatch,
+    )
 
 __all__ = [
     "END_SEQ",
@@ -63,13 +69,44 @@ __all__ = [
     "read_event_file",
 ]
 
-_TRANSPORT = frozenset({"END_SEQ", "TransportError", "ZmqEventPublisher", "ZmqEventSubscriber"})
+_HOMES: dict[str, str] = {
+    "END_SEQ": "transport",
+    "AllBlocksCleared": "wire",
+    "BlockRemoved": "wire",
+    "BlockStored": "wire",
+    "EventBatch": "wire",
+    "EventDecodeError": "codec",
+    "EventDecoder": "codec",
+    "EventFileWriter": "files",
+    "EventIndex": "index",
+    "EventRecorder": "dialects",
+    "EventsUnsupportedError": "dialects",
+    "KVCacheEvent": "wire",
+    "KVEventBatch": "wire",
+    "SGLangEventRecorder": "sglang_recorder",
+    "Source": "index",
+    "TransportError": "transport",
+    "VllmEventRecorder": "recorder",
+    "ZmqEventPublisher": "transport",
+    "ZmqEventSubscriber": "transport",
+    "attach_event_recorder": "dialects",
+    "encode": "codec",
+    "encode_json": "codec",
+    "from_sglang": "codec",
+    "make_event_recorder": "dialects",
+    "read_event_file": "files",
+}
+"""Each name of the face and the module that defines it, loaded on first use."""
 
 
 def __getattr__(name: str) -> object:
-    # The transport imports ZeroMQ: only a process that publishes or subscribes pays it.
-    if name in _TRANSPORT:
-        from . import transport
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(transport, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

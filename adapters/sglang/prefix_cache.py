@@ -55,11 +55,11 @@ from prefixkv.indexes.validation import (
 )
 from prefixkv.storage.allocator import BlockAllocator
 
-from ..accounting import CacheTotals
 from ..events.dialects import EventRecorder, attach_event_recorder
 from ..events.wire import KVEvent
 from ..observer import CacheObserver, combine_observers
 from ..requests import ReqLike
+from ..totals import CacheTotals
 from ._mypyc import mypyc_attr
 from .page_rows import PageRows
 from .pools import PagePool, ReqToPagePool

@@ -24,12 +24,12 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from prefixkv.adapters.accounting import CacheTotals
 from prefixkv.adapters.events.wire import KVEvent
 from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
+from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
