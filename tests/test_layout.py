@@ -102,6 +102,7 @@ ENGINE_PATHS = {
         *_LIFECYCLE,
         "prefixkv.adapters.manager",
         "prefixkv.adapters.requests",
+        "prefixkv.adapters.errors",  # UnsupportedEngineFeatureError: inputs not modelled
         *_package("prefixkv.adapters.vllm", "engine_types", "kv_cache_manager"),
     },
     "prefixkv.adapters.sglang": {
