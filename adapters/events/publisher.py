@@ -157,7 +157,9 @@ class ZmqEventPublisher:
                 self.replay_endpoint = bind(self._replay, self.replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
-            raise TransportError(f"cannot open {endpoint!r} / {replay_endpoint!r}: {e}") from e
+            raise TransportError(
+                f"cannot open endpoint {endpoint!r} / replay_endpoint {replay_endpoint!r}: {e}"
+            ) from e
         self._running = True
         self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
         self._thread.start()

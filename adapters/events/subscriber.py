@@ -186,11 +186,13 @@ class ZmqEventSubscriber(SequencedStream):
         self._endpoint = None if bind else endpoint  # what to connect again after a drop
         self._verify = False
         self._unseen = UnseenSeqs(remember)  # passed without their live frame
+        self.num_live_frames = 0
+        """Messages read from the live socket (batches or not): what a caller waits on."""
         try:
             (self._sub.bind if bind else self._sub.connect)(endpoint)
         except zmq.ZMQError as e:
             self.close()
-            raise TransportError(f"cannot open {endpoint!r}: {e}") from e
+            raise TransportError(f"cannot open endpoint {endpoint!r}: {e}") from e
         if replay_endpoint is not None and self._dealer_socket() is None:
             # ZeroMQ refused the address: nothing of this subscriber stays open
             self.close()
@@ -271,6 +273,7 @@ class ZmqEventSubscriber(SequencedStream):
             except zmq.Again:
                 return
             self._heard = time.monotonic()
+            self.num_live_frames += 1
             seq = read_seq(frames[1]) if len(frames) == 3 else None
             if seq is None:
                 self.stats["bad"] += 1  # no batch's frame; a batch lost with it is a gap
@@ -302,8 +305,12 @@ class ZmqEventSubscriber(SequencedStream):
                 # whatever its bytes.
                 self._restarted()
             elif passed == SKIPPED or self._recent.get(seq) == hash(payload):
-                self.stats["duplicates"] += 1  # a late copy of a batch passed unseen
-                return
+                # A late copy of a batch passed unseen, or a new run whose first
+                # batches repeat the old run's bytes: the publisher's buffer tells.
+                if self._same_run():
+                    self.stats["duplicates"] += 1
+                    return
+                self._restarted()
             else:
                 # A replay answer delivered other bytes under this seq than the live
                 # stream carries: what it applied is not the engine's. Forget, and
@@ -319,6 +326,24 @@ class ZmqEventSubscriber(SequencedStream):
             self.stats["duplicates"] += 1
 
     # ------------------------------------------------------------ replay
+
+    def _same_run(self) -> bool:
+        """Whether the publisher still holds the last batch delivered, with its bytes
+        (True), or runs anew (False). Without an answer (or a digest to compare) it
+        cannot tell: the consumer forgets (``on_resync``) and True is returned."""
+        anchor = (self.next_seq or 0) - 1
+        digest = self._recent.get(anchor)
+        answer = None if digest is None else self._request_replay(anchor)
+        if answer is None:
+            self._resync(None)
+            return True
+        frames = answer.frames
+        if frames and frames[0][0] == anchor:
+            return hash(frames[0][1]) == digest
+        if not frames and (answer.next_seq is None or answer.next_seq <= anchor):
+            return False  # its run is shorter than ours
+        self._resync(None)  # moved past the window: cannot tell
+        return True
 
     def _replay_from(self) -> tuple[int, int | None]:
         """(first seq wanted, anchor): ask one batch early when its digest is known: a
