@@ -368,6 +368,9 @@ def test_the_index_never_holds_a_block_the_engine_does_not(
         ),
         # (c) a batch dropped at the tail of a burst: only the end marker tells
         ("tail drop", [Pub(1, False, False), Pub(1, True, True), Sync()], []),
+        # a new run that dropped its first batch: its next seq passes our last one,
+        # which it does not hold
+        ("new run past us", [Pub(1, False, False), Restart(0), Pub(2, False, True), Sync()], []),
     ],
 )
 def test_the_three_defects(

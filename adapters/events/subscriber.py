@@ -379,6 +379,10 @@ class ZmqEventSubscriber(SequencedStream):
             # (its run is shorter than ours), or has another one under its seq
             self._restarted()
             return self._catch_up(live)
+        if anchor is not None and (not frames or frames[0][0] != anchor):
+            # It moved past our last batch without holding it (out of its window, or
+            # another run that numbered past it): nothing vouches for what we hold.
+            self._resync(None)
         if live is not None:
             seq, payload = live
             if (seq, payload) not in frames:
