@@ -146,6 +146,22 @@ def test_restart_is_detected_from_the_sequence() -> None:
     assert set(view.blocks(SRC)) == rep.held
 
 
+def test_a_restart_repeating_the_old_runs_first_batches_is_a_restart() -> None:
+    # The new run's first batches are byte for byte the old run's (same seed, same
+    # timestamps): still a new run, whose cache holds only what it published.
+    rep = FakeReplica(100)
+    now = [0.0]
+    tracker, view = make_tracker(rep, now)
+    for run_length in (6, 2):
+        rng = random.Random(5)
+        rep.restart()
+        for i in range(run_length):
+            b = rep.step(rng, float(i))
+            tracker.receive(b.seq, b.payload)
+        assert set(view.blocks(SRC)) == rep.held
+    assert tracker.stats["restarts"] == 1
+
+
 def join_late(
     buffer_steps: int, missed: int, seed: int
 ) -> tuple[FakeReplica, StreamTracker, EventIndex]:

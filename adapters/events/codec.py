@@ -8,8 +8,9 @@ whatever a router may meet and returns vLLM structs:
 * older vLLM: events as tagged arrays ``[tag, field, ...]`` in declaration order
   (``KVCacheEvent(array_like=True)``), down to the first layout without ``medium``;
 * SGLang 0.5.23: ``[ts, events, attn_dp_rank]`` (the rank becomes
-  ``data_parallel_rank``), signed hashes, ``cache_salt`` dropped (its hashes are
-  already namespaced by it), ``medium``/``lora_name`` possibly absent;
+  ``data_parallel_rank``), signed hashes, ``cache_salt`` as block 0's extra key of a
+  chain from the root (where vLLM puts a salt; its hashes are already namespaced by
+  it), ``medium``/``lora_name`` possibly absent;
 * fields nobody declared are ignored and unknown event types skipped (counted).
 
 The decoder is the boundary for bytes from the network: whatever a payload holds, it
@@ -88,10 +89,15 @@ def as_engine_events(events: Sequence[Any], event_type: Any) -> list[Any]:
 # fields, tag first, down to the first layout without ``medium``.
 
 
-def _lenient(event: type[msgspec.Struct], array_like: bool, num_fields: int | None = None) -> Any:
+def _lenient(
+    event: type[msgspec.Struct],
+    array_like: bool,
+    num_fields: int | None = None,
+    extra: tuple[tuple[str, Any, Any], ...] = (),
+) -> Any:
     """``event``'s first ``num_fields`` fields, every one after ``block_hashes`` optional
-    (an empty ``token_ids``, a ``block_size`` of 0, else None), as a struct tagged like
-    ``event``: a map, or a positional array."""
+    (an empty ``token_ids``, a ``block_size`` of 0, else None), then the ``extra``
+    fields, as a struct tagged like ``event``: a map, or a positional array."""
     defaults = {"token_ids": msgspec.field(default_factory=list), "block_size": 0}
     fields: list[Any] = []
     for f in msgspec.structs.fields(event)[:num_fields]:
@@ -99,6 +105,7 @@ def _lenient(event: type[msgspec.Struct], array_like: bool, num_fields: int | No
             fields.append((f.name, f.type))
         else:
             fields.append((f.name, f.type, defaults.get(f.name)))
+    fields += extra
     name = ("_Array" if array_like else "_Map") + event.__name__
     return msgspec.defstruct(
         name, fields, tag=event.__name__, array_like=array_like, gc=False, module=__name__
@@ -115,7 +122,8 @@ def _lenient_batch(name: str, stored: Any, removed: Any, cleared: Any) -> Any:
     )
 
 
-_MapStored = _lenient(BlockStored, array_like=False)
+# SGLang's BlockStored is a map with a cache_salt: kept (see _salted)
+_MapStored = _lenient(BlockStored, array_like=False, extra=(("cache_salt", str | None, None),))
 _MapRemoved = _lenient(BlockRemoved, array_like=False)
 _MapCleared = _lenient(AllBlocksCleared, array_like=False)
 _MapBatch = _lenient_batch("_MapBatch", _MapStored, _MapRemoved, _MapCleared)
@@ -133,8 +141,18 @@ _ARRAY_FIELDS = {
 }
 
 
+def _salted(e: Any) -> list[tuple[Any, ...] | None] | None:
+    """SGLang's ``cache_salt`` as block 0's extra key, where vLLM publishes a salt, so a
+    consumer keyed by content (a radix index) tells salted chains apart; a chain after
+    a parent inherits the parent's namespace."""
+    if e.cache_salt and e.parent_block_hash is None and e.block_hashes:
+        return [(e.cache_salt,)] + [None] * (len(e.block_hashes) - 1)
+    return None
+
+
 def _sglang_stored(e: Any) -> BlockStored:
-    # SGLang's own field order; its cache_salt is dropped.
+    # SGLang's own field order; its cache_salt as block 0's extra key.
+    extra_keys = _salted(e)
     return BlockStored(
         e.block_hashes,
         e.parent_block_hash,
@@ -143,6 +161,7 @@ def _sglang_stored(e: Any) -> BlockStored:
         e.lora_id,
         e.medium,
         e.lora_name,
+        extra_keys=extra_keys,
         session_id=e.session_id,
     )
 
@@ -150,12 +169,18 @@ def _sglang_stored(e: Any) -> BlockStored:
 def to_vllm_event(e: object) -> KVEvent:
     """One decoded event of any known layout (vLLM, older vLLM, SGLang) as a vLLM struct.
 
-    Fields the layout lacks read as ``None``; SGLang's ``cache_salt`` is dropped.
+    Fields the layout lacks read as ``None``; SGLang's ``cache_salt`` becomes block 0's
+    extra key of a chain from the root.
     """
     if isinstance(e, SGLangBlockStored):
         return _sglang_stored(e)
     # A lenient shape's fields, and SGLang's BlockRemoved's, are a prefix of vLLM's.
-    if isinstance(e, (_MapStored, _ArrayStored)):
+    if isinstance(e, _MapStored):
+        stored = BlockStored(*astuple(e)[:-1])  # all but cache_salt
+        if stored.extra_keys is None:
+            stored.extra_keys = _salted(e)
+        return stored
+    if isinstance(e, _ArrayStored):
         return BlockStored(*astuple(e))
     if isinstance(e, (_MapRemoved, _ArrayRemoved, SGLangBlockRemoved)):
         return BlockRemoved(*astuple(e))
@@ -165,7 +190,8 @@ def to_vllm_event(e: object) -> KVEvent:
 def from_sglang(batch: SGLangEventBatch) -> KVEventBatch:
     """An SGLang batch as vLLM structs (``attn_dp_rank`` -> ``data_parallel_rank``).
 
-    ``cache_salt`` is dropped: SGLang's hashes are already namespaced by it.
+    ``cache_salt`` becomes block 0's extra key of a chain from the root (SGLang's
+    hashes are already namespaced by it; a content-keyed consumer needs it).
     """
     events = [to_vllm_event(e) for e in batch.events]
     return KVEventBatch(ts=batch.ts, events=events, data_parallel_rank=batch.attn_dp_rank)

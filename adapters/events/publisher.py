@@ -3,8 +3,13 @@
 It sends ``[topic, seq, payload]`` (``seq`` 8-byte big-endian, from 0 per publisher,
 so a restarted engine starts again at 0) and keeps the last ``buffer_steps``
 batches for an optional ROUTER replay socket, which answers a replay request (the
-8-byte start ``seq``) with every buffered batch from there, then
-``[b"", END_SEQ, b""]``.
+8-byte start ``seq``) with every buffered batch from there, then the end marker
+``[next_seq, END_SEQ, b""]``: vLLM's marker, whose topic frame (empty in vLLM) holds
+the next ``seq`` the publisher will use, 8-byte big-endian, every earlier one sent
+or dropped. A vLLM subscriber reads the marker by its ``seq`` frame or its empty
+payload and never looks at that frame; a prefixkv subscriber learns from it that a
+batch it never received was published (dropped at the tail of a burst) or that the
+publisher is a shorter, new run.
 
 Beyond vLLM's, for an offline producer (``prefixkv replay --kv-events``) and for
 peers that misbehave:
@@ -19,7 +24,8 @@ peers that misbehave:
 * :meth:`~ZmqEventPublisher.publish` encodes and checks the batch at the call (what
   a subscriber could not decode is refused there) and never blocks for more than
   ``publish_timeout``: a batch that finds the queue still full is dropped, counted in
-  ``num_dropped``, and its ``seq`` left unused, so subscribers see the gap;
+  ``num_dropped``, and its ``seq`` left unused, so subscribers see the gap (by the
+  next batch, or by the end marker's next ``seq`` when it was the last);
 * the sending thread never dies silently: its failure is raised, as
   :class:`TransportError`, by the next ``publish`` and by ``shutdown``.
 """
@@ -42,6 +48,7 @@ from .sockets import (
     bind,
     bound_connection,
     check_count,
+    check_endpoint,
     check_seconds,
     is_bind_endpoint,
     offset_endpoint_port,
@@ -103,11 +110,11 @@ class ZmqEventPublisher:
         self._publish_timeout = check_seconds("publish_timeout", publish_timeout)
         self._grace = check_seconds("replay_grace", replay_grace)
         heartbeat = check_seconds("heartbeat", heartbeat, positive=True)
-        for name, value in (("endpoint", endpoint), ("topic", topic)):
-            if not isinstance(value, str):
-                raise TransportError(f"{name} must be a str, got {value!r}")
-        if replay_endpoint is not None and not isinstance(replay_endpoint, str):
-            raise TransportError(f"replay_endpoint must be a str or None, got {replay_endpoint!r}")
+        check_endpoint("endpoint", endpoint)
+        if replay_endpoint is not None:
+            check_endpoint("replay_endpoint", replay_endpoint)
+        if not isinstance(topic, str):
+            raise TransportError(f"topic must be a str, got {topic!r}")
         self.data_parallel_rank = data_parallel_rank
         self.num_dropped = 0
         self._topic = topic.encode()
@@ -117,6 +124,10 @@ class ZmqEventPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self._checker = EventDecoder()
         self._next_seq = 0
+        # The sending thread's view: every seq below _settled was sent or dropped;
+        # _dropped holds the dropped seqs not yet passed, in order (appended by publish).
+        self._settled = 0
+        self._dropped: deque[int] = deque()
         self._stop = threading.Event()
         self._drained = threading.Event()  # the last batch was sent: the grace begins
         self._subscribed = threading.Condition()
@@ -146,7 +157,9 @@ class ZmqEventPublisher:
                 self.replay_endpoint = bind(self._replay, self.replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
-            raise TransportError(f"cannot open {endpoint!r} / {replay_endpoint!r}: {e}") from e
+            raise TransportError(
+                f"cannot open endpoint {endpoint!r} / replay_endpoint {replay_endpoint!r}: {e}"
+            ) from e
         self._running = True
         self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
         self._thread.start()
@@ -178,6 +191,7 @@ class ZmqEventPublisher:
                 self._queue.put((seq, payload), timeout=self._publish_timeout)
             except queue.Full:
                 self.num_dropped += 1
+                self._dropped.append(seq)
 
     def wait_for_subscribers(self, n: int = 1, timeout: float = 30.0) -> int:
         """Wait until at least ``n`` subscribers receive this publisher's topic.
@@ -285,6 +299,7 @@ class ZmqEventPublisher:
                 continue
             self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
+            self._settled = seq + 1
 
     def _serve(self, wait: float) -> None:
         """Answer waiting replay requests and count (un)subscriptions."""
@@ -312,4 +327,15 @@ class ZmqEventPublisher:
         for seq, payload in self._buffer:
             if seq >= start:
                 self._replay.send_multipart((client, b"", topic, seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+        marker = self._next_settled().to_bytes(8, "big")
+        self._replay.send_multipart((client, b"", marker, END_SEQ, b""))
+
+    def _next_settled(self) -> int:
+        """The next seq after every one sent or dropped (batches still queued excluded:
+        they are on their way). O(1) amortized: each dropped seq is passed once."""
+        settled, dropped = self._settled, self._dropped
+        while dropped and dropped[0] <= settled:
+            if dropped.popleft() == settled:
+                settled += 1
+        self._settled = settled
+        return settled

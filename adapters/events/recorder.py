@@ -45,8 +45,10 @@ def event_extra_keys(
     """The per-block ``extra_keys`` a vLLM ``BlockStored`` carries (``to_event_extra_keys``).
 
     Each block's hash extra keys (:func:`~prefixkv.indexes.vllm_hashing.block_extra_keys`)
-    with their tags dropped: ``("lora", name, path)`` -> ``name``, ``("cache_salt", s)``
-    -> ``s``.
+    with vLLM's tags dropped: ``("lora", name, path)`` -> ``name``, ``("cache_salt", s)``
+    -> ``s``. Kinds vLLM lacks (``tenant``, ``extra``, ...) keep their ``(kind, value)``
+    pair, so a consumer keyed by content never takes a tenant ``"a"`` for a salt ``"a"``
+    (no vLLM engine publishes them).
     """
     if num_blocks <= 0:
         return []
@@ -54,11 +56,18 @@ def event_extra_keys(
         return [None] * num_blocks
     # Block 0 differs from the rest (its salt); every later block is alike.
     later = block_extra_keys(extra_key, 1)
-    out = [None if later is None else tuple(k[1] for k in later)] * num_blocks
+    out = [None if later is None else _untagged(later)] * num_blocks
     if first_block == 0:
         keys = block_extra_keys(extra_key, 0)
-        out[0] = None if keys is None else tuple(k[1] for k in keys)
+        out[0] = None if keys is None else _untagged(keys)
     return out
+
+
+_VLLM_TAGS = frozenset({"lora", "cache_salt"})
+
+
+def _untagged(keys: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(k[1] if k[0] in _VLLM_TAGS else k for k in keys)
 
 
 class VllmEventRecorder:

@@ -19,6 +19,7 @@ __all__ = [
     "bind",
     "bound_connection",
     "check_count",
+    "check_endpoint",
     "check_seconds",
     "is_bind_endpoint",
     "offset_endpoint_port",
@@ -65,6 +66,27 @@ def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
     """Bind ``sock``; returns the address bound (a wildcard port resolved)."""
     sock.bind(endpoint)
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
+def check_endpoint(name: str, value: object) -> str:
+    """``value`` if it is a non-empty str whose tcp port, when it has one, is ``*`` or
+    a number ZeroMQ can use (0-65535: libzmq takes ``:99999`` without a word and
+    connects or binds another port). The rest of the address ZeroMQ checks itself,
+    where the socket is opened.
+
+    Raises:
+        TransportError: otherwise.
+    """
+    if not isinstance(value, str) or not value:
+        raise TransportError(f"{name} must be a non-empty str, got {value!r:.80}")
+    transport, sep, address = value.partition("://")
+    if not sep:
+        raise TransportError(f"{name} {value!r:.80} is no ZeroMQ address (transport://address)")
+    if transport == "tcp":
+        port = address.rpartition(":")[2]
+        if port != "*" and not (port.isdigit() and port.isascii() and int(port) <= 65535):
+            raise TransportError(f"{name} {value!r:.80} needs a tcp port in 0-65535 or *")
+    return value
 
 
 def check_count(name: str, value: object, minimum: int = 0, maximum: int = 2**31 - 1) -> int:

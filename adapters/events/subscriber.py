@@ -5,12 +5,24 @@ and asks its replay socket for what it missed, handling each case the llm-d and
 Dynamo subscribers handle, explicitly:
 
 * a gap (a batch lost: slow joiner, high-water mark, network) -> replay from the
-  first missing ``seq``;
-* the sequence going backwards with different content, or a replay that no longer
-  holds the last batch delivered or holds another one under its ``seq`` -> an engine
-  restart: ``on_restart`` (drop that replica's state), then replay the new run from 0;
-* the replay window exceeded, no replay socket or no answer -> ``on_resync(first
-  seq available)``: the consumer's state misses events and needs a full resync;
+  first missing ``seq``, checked against the live stream: the answer must hold the
+  live batch that revealed the gap, byte for byte, and only the batches before it
+  are taken from the answer (the live stream brings the rest);
+* the live sequence going backwards (one run's live frames only go forward), or a
+  replay that no longer holds the last batch delivered or holds another one under
+  its ``seq`` -> an engine restart: ``on_restart`` (drop that replica's state), then
+  replay the new run from 0. A restarted engine whose first batches are byte for
+  byte the old run's is still a new run;
+* a live batch behind :attr:`next_seq` (a replay answer delivered it first) is a
+  duplicate only if its bytes are the ones delivered under its ``seq``; otherwise
+  the replay answer was not the live stream's, and the consumer forgets
+  (``on_resync``) and follows the live stream from there;
+* the replay window exceeded, no replay socket, no answer, an answer that does not
+  hold the live batch, or an end marker whose next ``seq`` (prefixkv's publisher
+  carries it) is past what was received (a batch dropped at the tail of a burst) ->
+  ``on_resync(first seq available)``: the consumer's state misses events and needs a
+  full resync. At worst the consumer forgets the replica; it never keeps a block the
+  engine no longer holds;
 * a payload that does not decode (whatever its bytes: see
   :class:`~.codec.EventDecoder`) -> counted in ``stats["bad"]``, then
   ``on_resync``: that batch's events are lost;
@@ -23,6 +35,10 @@ Dynamo subscribers handle, explicitly:
   aborts the process in ``fq.cpp`` when the reader holds part of a multipart message);
 * a peer that breaks the ZMTP protocol -> libzmq drops the connection and, unlike
   after a network error, never reconnects: the subscriber connects again itself.
+
+Every wait is bounded: a replay answer by ``replay_timeout``, a poll by its timeout.
+Both endpoints are checked and connected in the constructor: one ZeroMQ cannot use is
+a :class:`~.sockets.TransportError` there, with nothing left open.
 
 A restart is noticed without waiting for traffic: every :meth:`~ZmqEventSubscriber.poll`
 checks for reconnections, and when the stream has been quiet for ``probe_interval``
@@ -48,14 +64,29 @@ from .sockets import (
     TransportError,
     bound_connection,
     check_count,
+    check_endpoint,
     check_seconds,
     read_seq,
 )
+from .unseen import SKIPPED, UnseenSeqs
 from .wire import KVEventBatch
 
 __all__ = ["BatchCallback", "ZmqEventSubscriber"]
 
 BatchCallback = Callable[[int, KVEventBatch], None]
+
+
+class _Answer:
+    """A replay answer as it arrives: the batches from the ``seq`` asked for, then the
+    end marker, with the publisher's next ``seq`` when it says it (prefixkv's does, in
+    the marker's topic frame; vLLM's leaves that frame empty)."""
+
+    __slots__ = ("asked", "frames", "next_seq")
+
+    def __init__(self, asked: int) -> None:
+        self.asked = asked
+        self.frames: list[tuple[int, bytes]] = []
+        self.next_seq: int | None = None
 
 
 class _Probe(NamedTuple):
@@ -65,7 +96,7 @@ class _Probe(NamedTuple):
     anchor: int | None  # the last seq delivered, asked again to check it
     expect: int | None  # next_seq when it was sent (a stale answer is dropped)
     deadline: float
-    frames: list[tuple[int, bytes]]
+    answer: _Answer
 
 
 class ZmqEventSubscriber(SequencedStream):
@@ -128,17 +159,18 @@ class ZmqEventSubscriber(SequencedStream):
             else check_seconds("probe_interval", probe_interval, positive=True)
         )
         self._heartbeat = check_seconds("heartbeat", heartbeat, positive=True)
-        for name, value in (("endpoint", endpoint), ("topic", topic)):
-            if not isinstance(value, str):
-                raise TransportError(f"{name} must be a str, got {value!r}")
-        if replay_endpoint is not None and not isinstance(replay_endpoint, str):
-            raise TransportError(f"replay_endpoint must be a str or None, got {replay_endpoint!r}")
+        check_endpoint("endpoint", endpoint)
+        if replay_endpoint is not None:
+            check_endpoint("replay_endpoint", replay_endpoint)
+        if not isinstance(topic, str):
+            raise TransportError(f"topic must be a str, got {topic!r}")
         self._ctx = context or zmq.Context.instance()
         self._on_batch = on_batch
         self._on_restart = on_restart
         self._on_resync = on_resync
         self._replay_endpoint = replay_endpoint
         self._dealer: zmq.Socket[Any] | None = None
+        self._dealer_error = ""  # why ZeroMQ refused the replay address
         self._probe: _Probe | None = None
         self._heard = time.monotonic()  # the last live frame or replay answer
         self._sub = self._ctx.socket(zmq.SUB)
@@ -153,12 +185,20 @@ class ZmqEventSubscriber(SequencedStream):
         )
         self._endpoint = None if bind else endpoint  # what to connect again after a drop
         self._verify = False
-        self._last_live = -1  # seq of the last live frame (restart detection)
+        self._unseen = UnseenSeqs(remember)  # passed without their live frame
+        self.num_live_frames = 0
+        """Messages read from the live socket (batches or not): what a caller waits on."""
         try:
             (self._sub.bind if bind else self._sub.connect)(endpoint)
         except zmq.ZMQError as e:
             self.close()
-            raise TransportError(f"cannot open {endpoint!r}: {e}") from e
+            raise TransportError(f"cannot open endpoint {endpoint!r}: {e}") from e
+        if replay_endpoint is not None and self._dealer_socket() is None:
+            # ZeroMQ refused the address: nothing of this subscriber stays open
+            self.close()
+            raise TransportError(
+                f"cannot connect to replay_endpoint {replay_endpoint!r}: {self._dealer_error}"
+            )
 
     def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> int:
         """Receive what has arrived, waiting up to ``timeout`` s for the first message;
@@ -206,7 +246,7 @@ class ZmqEventSubscriber(SequencedStream):
         before = self.stats["delivered"]
         if self.next_seq is None:
             self.next_seq = 0
-        if not self._catch_up():
+        if not self._catch_up(None):
             self._resync(None)
         return self.stats["delivered"] - before
 
@@ -233,6 +273,7 @@ class ZmqEventSubscriber(SequencedStream):
             except zmq.Again:
                 return
             self._heard = time.monotonic()
+            self.num_live_frames += 1
             seq = read_seq(frames[1]) if len(frames) == 3 else None
             if seq is None:
                 self.stats["bad"] += 1  # no batch's frame; a batch lost with it is a gap
@@ -253,29 +294,56 @@ class ZmqEventSubscriber(SequencedStream):
     def _on_live(self, seq: int, payload: bytes) -> None:
         if self._verify:
             self._verify = False
-            if not self._catch_up():
+            if not self._catch_up(None):
                 self._resync(None)
-        last_live, self._last_live = self._last_live, seq
         if self.next_seq is None:
             self.next_seq = 0
         elif seq < self.next_seq:
-            if self._recent.get(seq) == hash(payload) or seq > last_live:
-                # delivered by a replay already, or skipped by a resync: one run's live
-                # frames only go forward, so a frame after the last live one is stale
-                self.stats["duplicates"] += 1
-                return
-            self._restarted()  # the live sequence went backwards: a new publisher run
-            self._last_live = seq
+            passed = self._unseen.take(seq)
+            if passed is None:
+                # Seen live already (no carrier repeats a frame): a new publisher run,
+                # whatever its bytes.
+                self._restarted()
+            elif passed == SKIPPED or self._recent.get(seq) == hash(payload):
+                # A late copy of a batch passed unseen, or a new run whose first
+                # batches repeat the old run's bytes: the publisher's buffer tells.
+                if self._same_run():
+                    self.stats["duplicates"] += 1
+                    return
+                self._restarted()
+            else:
+                # A replay answer delivered other bytes under this seq than the live
+                # stream carries: what it applied is not the engine's. Forget, and
+                # follow the live stream from here.
+                self._resync(seq)
         if seq > self.next_seq:
             self.stats["gaps"] += 1
-            if not self._catch_up() or seq > self.next_seq:
+            if not self._catch_up((seq, payload)) or seq > self.next_seq:
                 self._resync(seq)  # the replay could not bridge the gap
         if seq == self.next_seq:
-            self._deliver(seq, payload)
+            self._deliver(seq, payload, live=True)
         else:
             self.stats["duplicates"] += 1
 
     # ------------------------------------------------------------ replay
+
+    def _same_run(self) -> bool:
+        """Whether the publisher still holds the last batch delivered, with its bytes
+        (True), or runs anew (False). Without an answer (or a digest to compare) it
+        cannot tell: the consumer forgets (``on_resync``) and True is returned."""
+        anchor = (self.next_seq or 0) - 1
+        digest = self._recent.get(anchor)
+        answer = None if digest is None else self._request_replay(anchor)
+        if answer is None:
+            self._resync(None)
+            return True
+        frames = answer.frames
+        if frames and frames[0][0] == anchor:
+            return hash(frames[0][1]) == digest
+        if not frames and (answer.next_seq is None or answer.next_seq <= anchor):
+            return False  # its run is shorter than ours
+        self._resync(None)  # moved past the window: cannot tell
+        return True
 
     def _replay_from(self) -> tuple[int, int | None]:
         """(first seq wanted, anchor): ask one batch early when its digest is known: a
@@ -285,34 +353,71 @@ class ZmqEventSubscriber(SequencedStream):
         anchor = start - 1 if start > 0 and (start - 1) in self._recent else None
         return start, anchor
 
-    def _catch_up(self) -> bool:
-        """Replay from :attr:`next_seq` and deliver in order; False without an answer."""
-        start, anchor = self._replay_from()
-        frames = self._request_replay(start if anchor is None else anchor)
-        return frames is not None and self._take_replay(start, anchor, frames)
+    def _catch_up(self, live: tuple[int, bytes] | None) -> bool:
+        """Replay from :attr:`next_seq` and deliver in order; False without an answer.
 
-    def _take_replay(self, start: int, anchor: int | None, frames: list[tuple[int, bytes]]) -> bool:
+        ``live``: the live batch that revealed a gap, which the answer must hold."""
+        start, anchor = self._replay_from()
+        answer = self._request_replay(start if anchor is None else anchor)
+        return answer is not None and self._take_replay(start, anchor, answer, live)
+
+    def _take_replay(
+        self,
+        start: int,
+        anchor: int | None,
+        answer: _Answer,
+        live: tuple[int, bytes] | None,
+    ) -> bool:
+        frames, publisher_next = answer.frames, answer.next_seq
         if anchor is not None and (
-            not frames
-            or (frames[0][0] == anchor and hash(frames[0][1]) != self._recent.get(anchor))
+            (not frames and (publisher_next is None or publisher_next <= anchor))
+            or (
+                frames and frames[0][0] == anchor and hash(frames[0][1]) != self._recent.get(anchor)
+            )
         ):
+            # the publisher no longer has our last batch, and has not moved past it
+            # (its run is shorter than ours), or has another one under its seq
             self._restarted()
-            return self._catch_up()
+            return self._catch_up(live)
+        if anchor is not None and (not frames or frames[0][0] != anchor):
+            # It moved past our last batch without holding it (out of its window, or
+            # another run that numbered past it): nothing vouches for what we hold.
+            self._resync(None)
+        if live is not None:
+            seq, payload = live
+            if (seq, payload) not in frames:
+                # The answer lacks the batch the live stream carries (another run's,
+                # or not this publisher's): none of it can be trusted.
+                self._resync(seq)
+                return True
+            frames = frames[: frames.index((seq, payload))]  # the live stream brings the rest
         for seq, payload in frames:
             if seq < start:
                 continue
             if seq > start:
                 self._resync(seq)  # no longer buffered: lost for good
-            self._deliver(seq, payload)
+            self._deliver(seq, payload, live=False)
             start = seq + 1
+        if live is None and publisher_next is not None and start < publisher_next:
+            # batches the publisher numbered but no longer holds (dropped at the tail
+            # of a burst, or out of its window): lost for good
+            self._resync(publisher_next)
         return True
 
-    def _dealer_socket(self) -> zmq.Socket[Any]:
+    def _dealer_socket(self) -> zmq.Socket[Any] | None:
+        """The replay socket, connected (None when ZeroMQ refuses the address: nothing
+        half-made is kept)."""
         if self._dealer is None:
             assert self._replay_endpoint is not None
-            self._dealer = self._ctx.socket(zmq.DEALER)
-            bound_connection(self._dealer, self._heartbeat)
-            self._dealer.connect(self._replay_endpoint)
+            dealer = self._ctx.socket(zmq.DEALER)
+            try:
+                bound_connection(dealer, self._heartbeat)
+                dealer.connect(self._replay_endpoint)
+            except zmq.ZMQError as e:
+                dealer.close(linger=0)
+                self._dealer_error = str(e)
+                return None
+            self._dealer = dealer
         return self._dealer
 
     def _drop_dealer(self) -> None:
@@ -322,42 +427,64 @@ class ZmqEventSubscriber(SequencedStream):
             self._dealer = None
         self._probe = None
 
-    def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
-        """``[(seq, payload)]`` buffered from ``start``; None without a (valid) answer."""
+    def _send_request(self, start: int) -> zmq.Socket[Any] | None:
+        """Ask the replay socket for the batches from ``start``; None when it cannot be
+        asked (no socket; a full send queue: the publisher is not reading)."""
+        dealer = self._dealer_socket()
+        if dealer is None:
+            return None
+        self.stats["replays"] += 1
+        try:
+            dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self._drop_dealer()
+            return None
+        return dealer
+
+    def _request_replay(self, start: int) -> _Answer | None:
+        """The batches buffered from ``start``; None without a (valid) answer."""
         if self._replay_endpoint is None:
             return None
         if self._probe is not None:
             self._drop_dealer()  # this request supersedes the probe in flight
-        self.stats["replays"] += 1
-        dealer = self._dealer_socket()
-        dealer.send_multipart((b"", start.to_bytes(8, "big")))
-        frames: list[tuple[int, bytes]] = []
+        dealer = self._send_request(start)
+        if dealer is None:
+            return None
+        answer = _Answer(start)
         deadline = time.monotonic() + self._replay_timeout
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0 or not dealer.poll(max(1, int(wait * 1000))):
                 self._drop_dealer()
                 return None
-            done = self._read_answer(dealer.recv_multipart(), frames)
+            done = self._read_answer(dealer.recv_multipart(), answer)
             if done is not None:
                 if not done:
                     self._drop_dealer()
                     return None
                 self._heard = time.monotonic()
-                return frames
+                return answer
 
-    def _read_answer(self, parts: list[bytes], frames: list[tuple[int, bytes]]) -> bool | None:
-        """Take one message of a replay answer into ``frames``: None while it goes on,
-        True at its end marker, False when it is malformed (counted as bad)."""
+    def _read_answer(self, parts: list[bytes], answer: _Answer) -> bool | None:
+        """Take one message of a replay answer: None while it goes on, True at its end
+        marker, False when it is malformed (counted as bad)."""
         if len(parts) < 3:
             return None  # not a replay answer
-        # [b"", topic, seq, payload]; older vLLM sent no topic frame
+        # [b"", topic, seq, payload]; older vLLM sent no topic frame. The end marker's
+        # topic frame holds the publisher's next seq (prefixkv) or nothing (vLLM).
         seq_bytes, payload = parts[-2], parts[-1]
+        frames = answer.frames
         if seq_bytes == END_SEQ:
+            publisher_next = read_seq(parts[-3]) if len(parts) >= 4 else None
+            if publisher_next is not None and frames and frames[-1][0] >= publisher_next:
+                self.stats["bad"] += 1  # it sent batches past its own next seq
+                return False
+            answer.next_seq = publisher_next
             return True
         seq = read_seq(seq_bytes)
-        if seq is None or (frames and seq <= frames[-1][0]):
-            self.stats["bad"] += 1  # not a count, or out of order: trust none of it
+        if seq is None or seq < answer.asked or (frames and seq <= frames[-1][0]):
+            # not a count, before what was asked, or out of order: trust none of it
+            self.stats["bad"] += 1
             return False
         frames.append((seq, payload))
         return None
@@ -373,11 +500,10 @@ class ZmqEventSubscriber(SequencedStream):
             return
         self._heard = now  # a dead publisher is probed once per interval, not in a loop
         start, anchor = self._replay_from()
-        self.stats["replays"] += 1
-        self._dealer_socket().send_multipart(
-            (b"", (start if anchor is None else anchor).to_bytes(8, "big"))
-        )
-        self._probe = _Probe(start, anchor, self.next_seq, now + self._replay_timeout, [])
+        asked = start if anchor is None else anchor
+        if self._send_request(asked) is not None:
+            deadline = now + self._replay_timeout
+            self._probe = _Probe(start, anchor, self.next_seq, deadline, _Answer(asked))
 
     def _read_probe(self) -> None:
         """Take what has arrived of the probe's answer; act on it once complete."""
@@ -386,7 +512,7 @@ class ZmqEventSubscriber(SequencedStream):
             return
         done: bool | None = None
         while done is None and dealer.poll(0):
-            done = self._read_answer(dealer.recv_multipart(), probe.frames)
+            done = self._read_answer(dealer.recv_multipart(), probe.answer)
         if done is None:
             if time.monotonic() >= probe.deadline:
                 self._drop_dealer()  # no answer: the publisher may be gone; ask again later
@@ -399,12 +525,14 @@ class ZmqEventSubscriber(SequencedStream):
         if probe.expect != self.next_seq:
             return  # the stream moved meanwhile: this answer is stale
         self._verify = False
-        self._take_replay(probe.start, probe.anchor, probe.frames)
+        self._take_replay(probe.start, probe.anchor, probe.answer, None)
 
     # ------------------------------------------------------------ outcomes
 
-    def _deliver(self, seq: int, payload: bytes) -> None:
+    def _deliver(self, seq: int, payload: bytes, *, live: bool) -> None:
         self._passed(seq, payload)
+        if not live:
+            self._unseen.replayed(seq)
         try:
             batch = self._decoder.decode(payload)
         except EventDecodeError:
@@ -416,13 +544,18 @@ class ZmqEventSubscriber(SequencedStream):
 
     def _restarted(self) -> None:
         self._new_run()
-        self._last_live = -1
+        self._unseen.clear()
         if self._on_restart is not None:
             self._on_restart()
 
     def _resync(self, first_available: int | None) -> None:
         self.stats["resyncs"] += 1
         if first_available is not None:
+            passed = self.next_seq or 0
+            if first_available > passed:
+                self._unseen.skipped(passed, first_available)
+            else:
+                self._unseen.drop_from(first_available)
             self.next_seq = first_available
         if self._on_resync is not None:
             self._on_resync(first_available)

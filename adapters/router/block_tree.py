@@ -8,6 +8,10 @@ replica may hash with any seed or algorithm: only the parent link of a
 content hashes from the root, intersecting worker sets and recording the depth at
 which each worker drops out.
 
+A block's content hash folds in what its ``BlockStored`` shows of the namespace (the
+LoRA name, the block's extra keys: cache salt, multimodal ids), and a request's the
+same from its own namespace, so equal tokens in two namespaces are two nodes.
+
 A ``BlockStored`` whose parent the worker is not known to hold (its events were lost)
 cannot be placed and is skipped, as Dynamo does; ``BlockRemoved`` of a hash the worker
 does not hold is counted and ignored. A node no worker holds and with no children is
@@ -37,7 +41,7 @@ from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
 from .bitmask import WorkerBitmasks
 from .cluster_index import StreamCheck, wire_int
-from .keys import HashScheme, RouteKeys, Worker, local_block_hashes
+from .keys import HashScheme, RouteKeys, Worker, local_block_hashes, namespace_keys
 
 __all__ = ["RadixBlockIndex"]
 
@@ -158,7 +162,8 @@ class RadixBlockIndex(WorkerBitmasks):
             node = found
         if len(event.token_ids) >= len(hashes) * self.block_size:
             data = array(TOKEN_TYPECODE, event.token_ids).tobytes()
-            locals_ = local_block_hashes(data, self.block_size)
+            keys = namespace_keys(event.lora_name, event.extra_keys, len(hashes))
+            locals_ = local_block_hashes(data, self.block_size, keys)
         else:  # hash-only event: the engine's hash is the only key there is
             locals_ = [wire_int(h) for h in hashes]
         workers_of = self._workers_of

@@ -37,6 +37,7 @@ def subscribe(
     replay_endpoint: str | None = None,
     bind: bool = False,
     probe_interval: float | None = 1.0,
+    replay_timeout: float = 1.0,
     context: Any = None,
 ) -> ZmqEventSubscriber:
     """Route to ``replica`` and feed its ZeroMQ event stream into ``router``'s index.
@@ -50,6 +51,8 @@ def subscribe(
             a non-wildcard address) instead of connecting to it.
         probe_interval: seconds of quiet after which the replay socket is asked
             whether the engine moved on or restarted (``None``: never).
+        replay_timeout: seconds to wait for a replay answer (without one, the
+            replica is forgotten rather than trusted).
         context: a ZeroMQ context (default: the process-wide one).
 
     Returns:
@@ -78,5 +81,6 @@ def subscribe(
         on_resync=forget,
         bind=bind,
         probe_interval=probe_interval,
+        replay_timeout=replay_timeout,
         context=context,
     )

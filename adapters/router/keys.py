@@ -10,26 +10,51 @@ of per-block keys, computed once when it is routed:
   Ray's ``KVAwareRouter`` and llm-d do;
 * ``local_hashes``: a hash of each block's tokens alone (Dynamo's ``LocalBlockHash``),
   what a radix tree keyed by content walks; no engine hash is needed for it.
+
+Both take the request's namespace (``extra_key``: LoRA, cache salt, tenant, SGLang's
+extra key) as the engines do: ``block_hashes`` chain it exactly as the fleet's
+engines hash it (vLLM: LoRA in every block's extra keys, the salt in block 0's), and
+``local_hashes`` fold in each block's extra keys as its ``BlockStored`` publishes
+them, so a request is never predicted to hit another namespace's blocks.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import msgspec
 import xxhash
 
+from prefixkv.adapters.events.recorder import event_extra_keys
 from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
 from prefixkv.indexes.hash_chain import HashChainIndex
 from prefixkv.indexes.hashing import make_block_hasher
 from prefixkv.indexes.sglang_hashing import namespace_prior, page_hashes, to_event_hashes
-from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE, ChainHasher, ExtraKey
+from prefixkv.indexes.tokens import (
+    TOKEN_BYTES,
+    TOKEN_TYPECODE,
+    ChainHasher,
+    ExtraKey,
+    normalize_extra_key,
+)
 from prefixkv.indexes.vllm_hashing import VllmBlockHasher, to_external_block_hash
 
 from .errors import ClusterConfigError
 
-__all__ = ["HashScheme", "RouteKeys", "Worker", "local_block_hashes"]
+__all__ = [
+    "HashScheme",
+    "RouteKeys",
+    "Worker",
+    "local_block_hashes",
+    "namespace_keys",
+    "request_extra_key",
+]
+
+NamespaceKeys = Callable[[ExtraKey | None, int], "list[Any] | None"]
+"""What the engines' ``BlockStored`` of a chain's first ``n`` blocks shows of a
+namespace, per block (:func:`namespace_keys`)."""
 
 LOCAL_HASH_SEED = 1337
 """Seed of the per-block content hash (the one Dynamo's ``LocalBlockHash`` uses)."""
@@ -46,15 +71,70 @@ class Worker(NamedTuple):
     """The KV-cache group (an event's ``group_idx``)."""
 
 
-def local_block_hashes(data: bytes, block_size: int) -> list[int]:
+def local_block_hashes(
+    data: bytes,
+    block_size: int,
+    extra_keys: Sequence[Sequence[Any] | None] | None = None,
+) -> list[int]:
     """xxh3-64 of each full block of ``data`` (token bytes), Dynamo's ``LocalBlockHash``.
+
+    A block with namespace keys (``extra_keys[i]``, :func:`namespace_keys`: the LoRA
+    name and the extra keys a ``BlockStored`` carries, cache salt and multimodal ids)
+    hashes its tokens followed by the msgpack of its keys, so two namespaces the events
+    tell apart never share a content hash; a block without hashes its tokens alone
+    (Dynamo's hash).
 
     Complexity: O(len(data)); one C hash call per block.
     """
     step = block_size * TOKEN_BYTES
     digest = xxhash.xxh3_64_intdigest
     end = len(data) - len(data) % step
-    return [digest(data[i : i + step], LOCAL_HASH_SEED) for i in range(0, end, step)]
+    out = [digest(data[i : i + step], LOCAL_HASH_SEED) for i in range(0, end, step)]
+    if extra_keys:
+        encode = msgspec.msgpack.encode
+        for b, keys in enumerate(extra_keys[: len(out)]):
+            if keys:
+                pos = b * step
+                out[b] = digest(data[pos : pos + step] + encode(keys), LOCAL_HASH_SEED)
+    return out
+
+
+def request_extra_key(request: object) -> ExtraKey | None:
+    """A routed request's namespace: its ``extra_key`` attribute (``None`` without one),
+    checked and canonicalized as the engines' indexes take it.
+
+    Raises:
+        InvalidTokenError: a namespace that is not ``None``, a str or (kind, value) pairs.
+    """
+    return normalize_extra_key(getattr(request, "extra_key", None))
+
+
+def namespace_keys(
+    lora_name: str | None, extra_keys: Sequence[Any] | None, num_blocks: int
+) -> list[Any] | None:
+    """Per block, what of a namespace a ``BlockStored`` shows: ``[lora_name,
+    extra_keys[i]]``, or ``None`` for a block with neither; ``None`` for a chain with
+    none at all. The radix index folds these into its content hashes, from the event
+    on one side and from the request's namespace on the other.
+    """
+    if not lora_name and not extra_keys:
+        return None
+    keys = list(extra_keys or ())[:num_blocks]
+    keys += [None] * (num_blocks - len(keys))
+    return [[lora_name, k] if lora_name or k else None for k in keys]
+
+
+def _vllm_namespace_keys(extra_key: ExtraKey | None, n: int) -> list[Any] | None:
+    # What VllmEventRecorder (vLLM's BlockPool) publishes for a chain from block 0.
+    lora = dict(extra_key or ()).get("lora")
+    return namespace_keys(None if lora is None else str(lora), event_extra_keys(extra_key, 0, n), n)
+
+
+def _sglang_namespace_keys(extra_key: ExtraKey | None, n: int) -> list[Any] | None:
+    # SGLang's events carry its only hashed namespace, the salt; the codec places it in
+    # block 0's extra keys, as vLLM does. No LoRA name (see SGLangEventRecorder).
+    salt = dict(extra_key or ()).get("cache_salt", "")
+    return namespace_keys(None, [(str(salt),)], n) if salt != "" and n else None
 
 
 class HashScheme:
@@ -64,22 +144,26 @@ class HashScheme:
         block_size: tokens per block (page).
         hashes: the wire hashes of the full blocks of a token array (and namespace).
         name: what it is (``"xxh3_128"``, ``"sha256_cbor"``, ``"sglang"``, ...).
+        namespace: what the engines' events show of a namespace per block (default:
+            vLLM's ``lora_name`` and ``extra_keys``; see :func:`namespace_keys`).
 
     Build one with :meth:`for_index` (the scheme a replica's index publishes),
     :meth:`prefixkv`, :meth:`vllm` or :meth:`sglang`.
     """
 
-    __slots__ = ("_hashes", "block_size", "name")
+    __slots__ = ("_hashes", "_namespace", "block_size", "name")
 
     def __init__(
         self,
         block_size: int,
         hashes: Callable[[array[int], ExtraKey | None], list[int]],
         name: str,
+        namespace: NamespaceKeys = _vllm_namespace_keys,
     ) -> None:
         self.block_size = block_size
         self._hashes = hashes
         self.name = name
+        self._namespace = namespace
 
     @classmethod
     def chained(cls, hasher: ChainHasher, name: str = "chain") -> HashScheme:
@@ -120,7 +204,7 @@ class HashScheme:
             digests = page_hashes(tokens[:full], namespace_prior(extra_key), page_size)
             return to_event_hashes(digests) if digests else []
 
-        return cls(page_size, hashes, "sglang")
+        return cls(page_size, hashes, "sglang", _sglang_namespace_keys)
 
     @classmethod
     def for_index(cls, index: PrefixIndex) -> HashScheme:
@@ -141,6 +225,16 @@ class HashScheme:
         """
         return self._hashes(tokens, extra_key)
 
+    def local_hashes(self, tokens: array[int], extra_key: ExtraKey | None = None) -> list[int]:
+        """The content hashes of the full blocks of ``tokens`` in namespace ``extra_key``
+        (:func:`local_block_hashes` with the extra keys the engines publish).
+
+        Complexity: O(len(tokens)); one C hash call per block.
+        """
+        n = len(tokens) // self.block_size
+        keys = self._namespace(extra_key, n) if extra_key else None
+        return local_block_hashes(tokens.tobytes(), self.block_size, keys)
+
     def first_block_hash(self, token_ids: Sequence[int]) -> int | None:
         """The wire hash of a chain's first block with these tokens (no namespace), or
         ``None`` when fewer than ``block_size`` tokens are given. For checking that a
@@ -157,13 +251,25 @@ class RouteKeys:
     Args:
         tokens: the prompt's token ids.
         scheme: the fleet's hash scheme.
+        extra_key: the request's namespace (see :func:`request_extra_key`), ``None``
+            for the shared one.
     """
 
-    __slots__ = ("_block_hashes", "_local_hashes", "num_tokens", "scheme", "tokens")
+    __slots__ = (
+        "_block_hashes",
+        "_local_hashes",
+        "extra_key",
+        "num_tokens",
+        "scheme",
+        "tokens",
+    )
 
-    def __init__(self, tokens: array[int], scheme: HashScheme) -> None:
+    def __init__(
+        self, tokens: array[int], scheme: HashScheme, extra_key: ExtraKey | None = None
+    ) -> None:
         self.tokens = tokens
         self.scheme = scheme
+        self.extra_key = extra_key
         self.num_tokens = len(tokens)
         self._block_hashes: list[int] | None = None
         self._local_hashes: list[int] | None = None
@@ -177,12 +283,12 @@ class RouteKeys:
     def block_hashes(self) -> list[int]:
         """Chained wire hashes of the full blocks (what engines publish)."""
         if self._block_hashes is None:
-            self._block_hashes = self.scheme.block_hashes(self.tokens)
+            self._block_hashes = self.scheme.block_hashes(self.tokens, self.extra_key)
         return self._block_hashes
 
     @property
     def local_hashes(self) -> list[int]:
         """Content hashes of the full blocks (what a Dynamo-style tree walks)."""
         if self._local_hashes is None:
-            self._local_hashes = local_block_hashes(self.tokens.tobytes(), self.scheme.block_size)
+            self._local_hashes = self.scheme.local_hashes(self.tokens, self.extra_key)
         return self._local_hashes

@@ -24,7 +24,7 @@ from prefixkv.adapters.events.wire import EventBatch
 
 from .cluster_index import ClusterIndex
 from .errors import NoReplicaError
-from .keys import HashScheme, RouteKeys, Worker
+from .keys import HashScheme, RouteKeys, Worker, request_extra_key
 from .load import REQUEST_TRACKING_TTL_S, LoadTracker
 from .routing import CostModel, RouteContext, RoutingPolicy
 from .stream_tracker import Dump, SeqBatch, StreamTracker
@@ -38,7 +38,12 @@ often as their TTL)."""
 
 class RouteRequest(Protocol):
     """What :meth:`Router.route` reads of a request: any object with these three
-    (the simulator's request is one)."""
+    (the simulator's request is one), and its namespace when it has one: an
+    ``extra_key`` attribute (``None``, a str, or ``(kind, value)`` pairs as
+    :func:`~prefixkv.indexes.tokens.make_extra_key` builds them from a LoRA name, a
+    cache salt, a tenant or SGLang's extra key). Its block keys are hashed in that
+    namespace, as the engines hash its blocks, so it is never predicted to hit
+    another namespace's blocks."""
 
     @property
     def id(self) -> str:
@@ -220,13 +225,14 @@ class Router:
 
         Raises:
             NoReplicaError: no worker is serving.
+            InvalidTokenError: the request's ``extra_key`` is not a namespace.
         """
         self.now = now
         if now >= self._next_sweep:
             self.loads.sweep(now)
             self._next_sweep = now + min(SWEEP_INTERVAL_S, self.loads.ttl)
         t0 = time.perf_counter()
-        keys = RouteKeys(request.prompt, self.scheme)
+        keys = RouteKeys(request.prompt, self.scheme, request_extra_key(request))
         index = self.index
         if index is not None:
             _ = keys.local_hashes if index.kind == "radix" else keys.block_hashes

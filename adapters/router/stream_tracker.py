@@ -9,12 +9,13 @@ for event replay (vLLM's ``replay_endpoint``); the lab's simulated replicas do i
 ``EventPublisher``.
 
 :class:`StreamTracker` delivers one replica's batches in sequence order, once: a
-gap -> replay from the first missing ``seq``; the sequence going backwards with
-  other content -> a restart (drop what was learned, take the new run from 0); a
-  router joining mid-stream -> replay from 0; a replay that no longer holds the
-  missing batches (the replay window was exceeded), or a batch that does not decode
-  -> a resync from the replica's dump of its cache (Dynamo's tree dump), never a
-  guess.
+gap -> replay from the first missing ``seq``; the sequence going backwards while the
+replica's buffer no longer holds the last batch delivered (whatever the late batch's
+bytes: a new run may repeat the old one's first batches) -> a restart (drop what was
+learned, take the new run from 0); a router joining mid-stream -> replay from 0; a
+replay that no longer holds the missing batches (the replay window was exceeded), or
+a batch that does not decode -> a resync from the replica's dump of its cache
+(Dynamo's tree dump), never a guess.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ class StreamTracker(SequencedStream):
         if self.next_seq is None:
             self.next_seq = 0
         elif seq < self.next_seq:
-            if self._recent.get(seq) == hash(payload) or self._is_stale():
-                self.stats["duplicates"] += 1  # late, or skipped over by a resync
+            # Late, twice, skipped over by a resync, or a new run (whose first batches
+            # may repeat the old run's bytes): the replica's buffer tells, not the bytes.
+            if self._is_stale():
+                self.stats["duplicates"] += 1
                 return
             self._restarted()
         if seq > self.next_seq:
