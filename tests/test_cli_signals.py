@@ -1,9 +1,11 @@
 """Real signals to a real ``prefixkv`` process: nothing finished is lost, no traceback.
 
-Each test starts ``python -m prefixkv.adapters.lab`` in a subprocess, sends SIGINT or
-SIGTERM (once, or a flood of them, as an impatient user pressing Ctrl-C again while
-partial results are written) and checks the exit status, the one-line message and the
-files. Every wait is bounded; a process still alive at the end is killed.
+Each test starts ``python -m prefixkv.adapters.lab`` in a subprocess, sends a signal
+(SIGINT, SIGTERM, SIGHUP as a closed terminal, SIGQUIT, SIGUSR1...: once, or a flood
+of them, as an impatient user pressing Ctrl-C again while partial results are written)
+once the command has reached an observable point, and checks the exit status
+(128 + the signal), the one-line message and the files. Every wait is bounded; a
+process still alive at the end is killed.
 """
 
 from __future__ import annotations
@@ -25,23 +27,38 @@ import pytest
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# Every signal a user, a terminal or a job scheduler sends to end a process.
+STOPPING = [
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+    signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGXCPU,
+]  # fmt: skip
 
 
 class Command:
     """A ``prefixkv`` subprocess whose stdout lines are collected as they come."""
 
-    def __init__(self, cwd: Path, *argv: str) -> None:
+    def __init__(self, cwd: Path, *argv: str, merge_stderr: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefixkv.adapters.lab", *argv],
             cwd=cwd,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stdout: list[str] = []
+        self.stderr: list[str] = []
         assert self.proc.stdout is not None
-        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+        # One reader per pipe, to its end: nothing else reads them (a communicate() beside
+        # a reader thread would split the output between the two).
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout,),
+                                         daemon=True)]  # fmt: skip
+        if self.proc.stderr is not None:
+            self.readers.append(threading.Thread(
+                target=lambda f: self.stderr.extend(f), args=(self.proc.stderr,), daemon=True
+            ))  # fmt: skip
+        for reader in self.readers:
+            reader.start()
 
     def _read(self, stream: object) -> None:
         for line in stream:  # type: ignore[attr-defined]
@@ -75,10 +92,12 @@ class Command:
         return self.finish(timeout=5)
 
     def finish(self, timeout: float) -> tuple[str, str]:
-        _, err = self.proc.communicate(timeout=timeout)
+        self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout)
         while not self.lines.empty():
             self.stdout.append(self.lines.get())
-        return "".join(self.stdout), err
+        return "".join(self.stdout), "".join(self.stderr)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -94,30 +113,39 @@ def commands() -> Iterator[list[Command]]:
         c.kill()
 
 
-def _handler_installed(pid: int) -> bool:
-    # Python catches SIGINT from the start; SIGTERM only once the command's handler is in.
+def _handler_installed(pid: int, signum: int = signal.SIGTERM) -> bool:
+    # Python catches SIGINT from the start; the others only once the command's handler is in.
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
 
 
+def _what(signum: int) -> str:
+    if signum == signal.SIGINT:
+        return "interrupted"
+    if signum == signal.SIGTERM:
+        return "terminated (SIGTERM)"
+    return f"stopped by {signal.Signals(signum).name}"
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", STOPPING, ids=lambda s: signal.Signals(s).name)
 def test_a_signal_in_the_first_instant_is_one_line(
     signum: int, tmp_path: Path, commands: list[Command]
 ) -> None:
     # The signal lands while the subcommands are still being imported (~0.4 s).
     cmd = Command(tmp_path, "compare", "-w", "seed", "--out", "o")
     commands.append(cmd)
-    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid), 30, "signal handler")
+    # Python catches SIGINT from its start: the command's own handler shows in SIGTERM's bit.
+    probe = signal.SIGTERM if signum == signal.SIGINT else signum
+    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid, probe), 30, "signal handler")
     cmd.proc.send_signal(signum)
     out, err = cmd.finish(timeout=60)
-    assert cmd.proc.returncode == STATUS[signum], err
+    assert cmd.proc.returncode == 128 + signum, err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
-    assert err == f"prefixkv: {what} before anything was finished; nothing written\n"
+    assert err == f"prefixkv: {_what(signum)} before anything was finished; nothing written\n"
     assert not out and not (tmp_path / "o").exists()
 
 
@@ -158,6 +186,69 @@ def test_replay_keeps_its_rows_through_a_flood_of_signals(
     assert 0 < summary["requests"] == len(lines) - 1 < 4000
     assert [r["id"] for r in lines[:-1]] == [f"mc-{i + 1}" for i in range(len(lines) - 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "signum",
+    [s for s in STOPPING if s not in STATUS],  # SIGINT and SIGTERM: the flood test above
+    ids=lambda s: signal.Signals(s).name,
+)
+def test_replay_keeps_its_rows_on_every_stopping_signal(
+    signum: int, tmp_path: Path, commands: list[Command]
+) -> None:
+    # A closed terminal (SIGHUP), Ctrl-\\ (SIGQUIT), a job scheduler's SIGUSR1...: each
+    # stops the replay as Ctrl-C does, keeping every finished row, leaving no temporary file.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 4000, 40)
+    out = tmp_path / "hits.jsonl"
+    cmd = Command(tmp_path, "replay", str(trace), "--index", "hash_chain", "--quiet",
+                  "--out", str(out))  # fmt: skip
+    commands.append(cmd)
+
+    def rows_written() -> bool:
+        return any(p.stat().st_size > 0 for p in tmp_path.glob(".hits.jsonl.*.tmp"))
+
+    cmd.wait_for(rows_written, 60, "rows")
+    cmd.proc.send_signal(signum)
+    stdout, err = cmd.finish(timeout=60)
+    assert cmd.proc.returncode == 128 + signum, err
+    assert "Traceback" not in err, err
+    assert "(interrupted: partial)" in stdout
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    summary = lines[-1]["summary"]
+    assert summary["partial"] is True
+    assert 0 < summary["requests"] == len(lines) - 1 < 4000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_ends_the_kv_events_grace_at_once(
+    signum: int, tmp_path: Path, commands: list[Command]
+) -> None:
+    # Every row is written and every batch sent; the replay socket would answer for an
+    # hour. The signal ends that wait: the hit file is whole, the exit 128 + signal.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 20, 4)
+    out = tmp_path / "hits.jsonl"
+    cmd = Command(tmp_path, "replay", str(trace), "--index", "hash_chain", "--quiet",
+                  "--out", str(out), "--kv-events", f"ipc://{tmp_path}/pub",
+                  "--kv-events-replay", f"ipc://{tmp_path}/rep", "--kv-events-grace", "3600",
+                  merge_stderr=True)  # fmt: skip
+    commands.append(cmd)
+
+    def in_grace() -> bool:
+        while not cmd.lines.empty():
+            cmd.stdout.append(cmd.lines.get())
+        return any("answering event replays" in line for line in cmd.stdout)
+
+    cmd.wait_for(in_grace, 60, "the grace line")
+    cmd.proc.send_signal(signum)
+    output, _ = cmd.finish(timeout=60)  # without the fix: an hour
+    assert cmd.proc.returncode == 128 + signum, output
+    assert "Traceback" not in output and "Ctrl-C ends it" in output, output
+    lines = out.read_text(encoding="utf-8").splitlines()
+    summary = json.loads(lines[-1])["summary"]
+    assert summary["partial"] is False and summary["requests"] == 20 == len(lines) - 1
+    assert summary["kv_events"]["delivered"] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_cluster_writes_the_finished_runs_when_interrupted(

@@ -15,7 +15,10 @@ peers that misbehave:
   every later frame;
 * ``replay_grace`` keeps the replay socket answering for that long after
   :meth:`~ZmqEventPublisher.shutdown` sent the last batch, so a late subscriber can
-  still catch up before the process exits;
+  still catch up before the process exits; :meth:`~ZmqEventPublisher.end_grace` cuts
+  it short (Ctrl-C);
+* ``num_delivered`` and ``max_subscribers`` say whether anyone received the batches
+  (``0``: no subscriber was there);
 * :meth:`~ZmqEventPublisher.publish` encodes and checks the batch at the call (what
   a subscriber could not decode is refused there) and never blocks for more than
   ``publish_timeout``: a batch that finds the queue still full is dropped, counted in
@@ -117,7 +120,12 @@ class ZmqEventPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self._checker = EventDecoder()
         self._next_seq = 0
+        self.num_delivered = 0
+        """Batches sent while at least one subscriber received this topic."""
+        self.max_subscribers = 0
+        """The most subscribers that received one batch."""
         self._stop = threading.Event()
+        self._end_grace = threading.Event()
         self._drained = threading.Event()  # the last batch was sent: the grace begins
         self._subscribed = threading.Condition()
         self._num_subscribers = 0
@@ -225,6 +233,12 @@ class ZmqEventPublisher:
 
     close = shutdown
 
+    def end_grace(self) -> None:
+        """Stop answering replays now, however much of ``replay_grace`` is left (safe
+        from a signal handler or another thread): a :meth:`shutdown` that waits for the
+        grace returns."""
+        self._end_grace.set()
+
     def __enter__(self) -> ZmqEventPublisher:
         return self
 
@@ -263,7 +277,7 @@ class ZmqEventPublisher:
             self._loop()
             self._drained.set()
             end = time.monotonic() + self._grace
-            while time.monotonic() < end:  # the grace period: replays only
+            while time.monotonic() < end and not self._end_grace.is_set():  # replays only
                 self._serve(0.01)
         except BaseException as e:  # recorded, raised by the next publish() / shutdown()
             self._failure = e
@@ -285,6 +299,9 @@ class ZmqEventPublisher:
                 continue
             self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
+            if self._num_subscribers > 0:
+                self.num_delivered += 1
+                self.max_subscribers = max(self.max_subscribers, self._num_subscribers)
 
     def _serve(self, wait: float) -> None:
         """Answer waiting replay requests and count (un)subscriptions."""
