@@ -369,3 +369,64 @@ def test_a_second_signal_while_stopping_loses_nothing(
     assert code == 130, capsys.readouterr().err
     lines = out.read_text(encoding="utf-8").splitlines()
     assert json.loads(lines[-1])["summary"]["partial"] is True and 4 <= len(lines) - 1 < 30
+
+
+def test_a_closed_terminal_keeps_the_rows_and_says_sighup(tmp_path: Path) -> None:
+    # SIGHUP from a terminal that is gone: stdout and stderr are closed by the time the
+    # command would print its partial line. The rows are written; the status is 129.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 4000, 40)
+    out = tmp_path / "hits.jsonl"
+    argv = [sys.executable, "-m", "prefixkv.adapters.lab", "replay", str(trace), "--index",
+            "hash_chain", "--quiet", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 0 for p in tmp_path.glob(".hits.jsonl.*.tmp")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no rows"
+            time.sleep(0.005)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the terminal is gone
+        proc.stderr.close()
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=60) == 129
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert lines[-1]["summary"]["partial"] is True and 0 < len(lines) - 1 < 4000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+def test_a_signal_between_a_row_counted_and_written_keeps_the_two_equal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 5th request is admitted (counted in the summary's totals); the signal lands
+    # before its row is written. The row is still written, then the replay stops.
+    from prefixkv.adapters.lab.cli import main
+    from prefixkv.adapters.lab.cli import replay as replay_cli
+
+    real = replay_cli.replay
+
+    def signal_before_the_5th_row(*args: object, **kwargs: object) -> object:
+        write = kwargs["on_admit"]
+        seen = [0]
+
+        def on_admit(row: object) -> None:
+            seen[0] += 1
+            if seen[0] == 5:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            write(row)  # type: ignore[operator]
+
+        kwargs["on_admit"] = on_admit
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_cli, "replay", signal_before_the_5th_row)
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 30, 4)
+    out = tmp_path / "hits.jsonl"
+    code = main(["replay", str(trace), "--index", "radix", "--quiet", "--out", str(out)])
+    assert code == 128 + signal.SIGUSR1, capsys.readouterr().err
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    summary = lines[-1]["summary"]
+    assert summary["partial"] is True and summary["requests"] == len(lines) - 1 == 5
+    assert summary["total_prompt_tokens"] == sum(r["prompt_len"] for r in lines[:-1])

@@ -329,7 +329,7 @@ def run_replay(
     encoder = msgspec.json.Encoder()
     with atomic_writer(out) as f:
         with _kv_event_stream(args, endpoint, interrupts) as events:
-            result, interrupted = _replay(f, args, workload, spec, capacity, events)
+            result, interrupted = _replay(f, args, workload, spec, capacity, events, interrupts)
             interrupts.hold()  # the finished rows are in f: nothing may discard them now
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
@@ -420,9 +420,11 @@ def _replay(
     spec: BackendSpec,
     capacity: int,
     events: _EventPublisher | None,
+    interrupts: Interrupts,
 ) -> tuple[ReplayResult, bool]:
     """Replay, writing a line per request to ``f``; returns the result and whether
-    Ctrl-C cut it short."""
+    Ctrl-C cut it short. A signal never falls between a request counted and its row
+    written (``interrupts.deferral``), so the summary counts exactly the rows."""
     encoder = msgspec.json.Encoder()
     num_blocks = spec.num_blocks(capacity)
     on_events = None
@@ -451,6 +453,7 @@ def _replay(
             on_admit=write_row,
             progress=bar.update,
             on_events=on_events,
+            guard=interrupts.deferral,
         )
     except ReplayInterrupted as exc:
         return exc.result, True

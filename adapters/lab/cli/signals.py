@@ -74,6 +74,12 @@ class Interrupts:
         self.held = False
         self._previous: dict[int, Any] = {}
         self._callbacks: list[Callable[[], None]] = []
+        self._deferring = False
+        self._owed = False
+        self.deferral = _Deferral(self)
+        """``with interrupts.deferral:`` a first signal inside the block only is recorded,
+        and raises ``KeyboardInterrupt`` as the block ends: for a step that must not be
+        cut in two (a replay's row counted, then written)."""
 
     @classmethod
     def install(cls) -> Interrupts:
@@ -149,5 +155,29 @@ class Interrupts:
         if self.signum is not None:
             return  # the command is already stopping: let it finish writing
         self.signum = signum
-        if not self.held:
-            raise KeyboardInterrupt
+        if self.held:
+            return
+        if self._deferring:
+            self._owed = True
+            return
+        raise KeyboardInterrupt
+
+
+class _Deferral:
+    """:attr:`Interrupts.deferral`: one reusable context, cheap enough for every request."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Interrupts) -> None:
+        self._owner = owner
+
+    def __enter__(self) -> None:
+        self._owner._deferring = True
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        owner = self._owner
+        owner._deferring = False
+        if owner._owed:
+            owner._owed = False
+            if exc_type is None and not owner.held:
+                raise KeyboardInterrupt
