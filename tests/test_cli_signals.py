@@ -29,8 +29,10 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # Every signal a user, a terminal or a job scheduler sends to end a process.
 STOPPING = [
-    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-    signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGXCPU,
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                 "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGIO", "SIGPWR")
+    if hasattr(signal, name)
 ]  # fmt: skip
 
 
