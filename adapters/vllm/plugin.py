@@ -5,9 +5,9 @@ vLLM calls :func:`register` in each of its processes before any work. In the pro
 that parses the command line (``vllm serve``, ``LLM(...)``), it wraps
 ``EngineArgs.create_engine_config`` so that the ``VllmConfig`` it returns goes through
 :func:`~.settings.check_vllm_config`, the rule the scheduler builds its index with. A
-wrong ``--additional-config`` then stops vLLM in about a second with one
-:class:`~prefixkv.adapters.errors.EngineSettingsError` line, where it used to fail after
-the model had loaded. Other processes (the engine core, the workers) are left as they
+wrong ``--additional-config`` then stops vLLM there, before any engine process or model,
+with one :class:`~prefixkv.adapters.errors.EngineSettingsError` line (where it used to
+fail after the model had loaded). Other processes (the engine core, the workers) are left as they
 are: the scheduler checks the same settings there.
 
 Without ``--scheduler-cls`` naming prefixkv's scheduler and without ``prefixkv``
