@@ -432,3 +432,28 @@ def test_a_signal_between_a_row_counted_and_written_keeps_the_two_equal(
     summary = lines[-1]["summary"]
     assert summary["partial"] is True and summary["requests"] == len(lines) - 1 == 5
     assert summary["total_prompt_tokens"] == sum(r["prompt_len"] for r in lines[:-1])
+
+
+def test_a_signal_while_the_handlers_go_in_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGHUP lands right after its handler is in, while the later ones are still being
+    # installed (outside the command's try): recorded, then the usual one line.
+    from prefixkv.adapters.lab.cli import main
+
+    real = signal.signal
+    sent: list[int] = []
+
+    def install_then_signal(signum: int, handler: object) -> object:
+        previous = real(signum, handler)  # type: ignore[arg-type]
+        if signum == signal.SIGHUP and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signal.SIGHUP)
+        return previous
+
+    monkeypatch.setattr(signal, "signal", install_then_signal)
+    code = main(["compare", "-w", "seed", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert sent and code == 129, err
+    assert err == "prefixkv: stopped by SIGHUP before anything was finished; nothing written\n"
+    assert not (tmp_path / "o").exists()

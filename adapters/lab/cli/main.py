@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     interrupts = Interrupts.install()
     try:
+        if interrupts.received:  # it came while the handlers were going in
+            raise KeyboardInterrupt
         return _run(list(sys.argv[1:] if argv is None else argv), interrupts)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):

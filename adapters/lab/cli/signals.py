@@ -85,13 +85,22 @@ class Interrupts:
     def install(cls) -> Interrupts:
         """Handle the signals in :data:`HANDLED` in this process until :meth:`restore`.
 
+        A signal received while the handlers are being installed does not raise: check
+        :attr:`received` first thing.
+
         Outside the main thread (where Python cannot set handlers) nothing is
         installed and the default behaviour stays.
         """
         self = cls()
         if threading.current_thread() is threading.main_thread():
-            for signum in HANDLED:
-                self._previous[signum] = signal.signal(signum, self._handle)
+            # A signal that lands while the later handlers are still going in is only
+            # recorded (:attr:`received`); the caller acts on it inside its own try.
+            self._deferring = True
+            try:
+                for signum in HANDLED:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+            finally:
+                self._deferring = self._owed = False
         return self
 
     def restore(self) -> None:
