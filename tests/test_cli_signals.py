@@ -457,3 +457,32 @@ def test_a_signal_while_the_handlers_go_in_is_one_line(
     assert sent and code == 129, err
     assert err == "prefixkv: stopped by SIGHUP before anything was finished; nothing written\n"
     assert not (tmp_path / "o").exists()
+
+
+_PROBE = """
+import ctypes, importlib, os, runpy, signal
+cli_main = importlib.import_module("prefixkv.adapters.lab.cli.main")
+
+# A KeyboardInterrupt that leaves code run through PyRun_String (as some C extensions'
+# imports run theirs), caught: CPython then reports an exit by SIGINT under python -m.
+run = ctypes.pythonapi.PyRun_String
+run.restype = ctypes.py_object
+run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+try:
+    run(b"raise KeyboardInterrupt", 257, {"__builtins__": __builtins__}, {})
+except KeyboardInterrupt:
+    pass
+cli_main._run = lambda args, interrupts: os.kill(os.getpid(), signal.SIGUSR1) or 0
+runpy.run_module("prefixkv.adapters.lab", run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's exit rule")
+def test_python_m_exits_with_the_signals_status(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(_PROBE, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "probe", "replay"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGUSR1, proc.stderr
+    assert proc.stderr == (
+        "prefixkv: stopped by SIGUSR1 before anything was finished; nothing written\n"
+    )

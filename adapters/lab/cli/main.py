@@ -72,10 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         when the terminal is gone); 1 on an internal error (one line too; set
         ``PREFIXKV_TRACEBACK=1`` to see the traceback).
     """
-    interrupts = Interrupts.install()
-    try:
-        if interrupts.received:  # it came while the handlers were going in
-            raise KeyboardInterrupt
+    interrupts = Interrupts()
+    try:  # from before the first handler goes in: no signal escapes as a traceback
+        interrupts.handle_signals()
         return _run(list(sys.argv[1:] if argv is None else argv), interrupts)
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):

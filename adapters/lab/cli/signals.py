@@ -1,6 +1,6 @@
 """Every signal that stops a ``prefixkv`` command: stop once, then finish writing.
 
-:meth:`Interrupts.install` runs first thing in :func:`~.main.main`, before any heavy
+:meth:`Interrupts.handle_signals` runs first thing in :func:`~.main.main`, before any heavy
 import, so even the first instant of a command ends in one line and exit 128 + the
 signal number, never a ``KeyboardInterrupt`` traceback. The signals handled are the ones
 a user (or a terminal, ssh, a job scheduler) sends to end a process: SIGINT (Ctrl-C),
@@ -83,25 +83,25 @@ class Interrupts:
 
     @classmethod
     def install(cls) -> Interrupts:
+        """A new instance that handles the signals in :data:`HANDLED` until
+        :meth:`restore` (see :meth:`handle_signals`)."""
+        self = cls()
+        self.handle_signals()
+        return self
+
+    def handle_signals(self) -> None:
         """Handle the signals in :data:`HANDLED` in this process until :meth:`restore`.
 
-        A signal received while the handlers are being installed does not raise: check
-        :attr:`received` first thing.
-
-        Outside the main thread (where Python cannot set handlers) nothing is
-        installed and the default behaviour stays.
+        A signal that lands while the handlers go in is recorded and raised as
+        ``KeyboardInterrupt`` once they all are: call this inside the ``try`` that
+        handles it. Outside the main thread (where Python cannot set handlers) nothing
+        is installed and the default behaviour stays.
         """
-        self = cls()
-        if threading.current_thread() is threading.main_thread():
-            # A signal that lands while the later handlers are still going in is only
-            # recorded (:attr:`received`); the caller acts on it inside its own try.
-            self._deferring = True
-            try:
-                for signum in HANDLED:
-                    self._previous[signum] = signal.signal(signum, self._handle)
-            finally:
-                self._deferring = self._owed = False
-        return self
+        if threading.current_thread() is not threading.main_thread():
+            return
+        with self.deferral:
+            for signum in HANDLED:
+                self._previous[signum] = signal.signal(signum, self._handle)
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced."""
