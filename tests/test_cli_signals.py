@@ -480,7 +480,9 @@ runpy.run_module("prefixkv.adapters.lab", run_name="__main__")
 @pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's exit rule")
 def test_python_m_exits_with_the_signals_status(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(_PROBE, encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "probe", "replay"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": path},  # PYTHONSAFEPATH too
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 128 + signal.SIGUSR1, proc.stderr
     assert proc.stderr == (
