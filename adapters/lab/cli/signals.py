@@ -16,7 +16,9 @@ files. Every later signal is only counted, so pressing Ctrl-C again while partia
 results are written cannot tear or delete them. Once a command has its results it
 calls :meth:`Interrupts.hold`: from then on even a first signal is only recorded, and
 the command exits 128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for
-SIGHUP) after writing.
+SIGHUP) after writing. :attr:`Interrupts.deferral` keeps a signal from splitting a step
+in two (a replay row counted but not written), and :meth:`Interrupts.calling` lets a
+held wait (``--kv-events-grace``) be cut short.
 
 This module imports nothing beyond the standard library.
 """
@@ -54,7 +56,7 @@ _NAMES = (
 HANDLED: tuple[signal.Signals, ...] = tuple(
     getattr(signal, name) for name in _NAMES if hasattr(signal, name)
 )
-"""The signals :meth:`Interrupts.install` handles: each one whose default action ends
+"""The signals :meth:`Interrupts.handle_signals` handles: each one whose default action ends
 the process and that a user can send, on this platform."""
 
 
@@ -81,14 +83,6 @@ class Interrupts:
         and raises ``KeyboardInterrupt`` as the block ends: for a step that must not be
         cut in two (a replay's row counted, then written)."""
 
-    @classmethod
-    def install(cls) -> Interrupts:
-        """A new instance that handles the signals in :data:`HANDLED` until
-        :meth:`restore` (see :meth:`handle_signals`)."""
-        self = cls()
-        self.handle_signals()
-        return self
-
     def handle_signals(self) -> None:
         """Handle the signals in :data:`HANDLED` in this process until :meth:`restore`.
 
@@ -104,7 +98,7 @@ class Interrupts:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     def restore(self) -> None:
-        """Put back the handlers :meth:`install` replaced."""
+        """Put back the handlers :meth:`handle_signals` replaced."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
