@@ -17,8 +17,8 @@ peers that misbehave:
   :meth:`~ZmqEventPublisher.shutdown` sent the last batch, so a late subscriber can
   still catch up before the process exits; :meth:`~ZmqEventPublisher.end_grace` cuts
   it short (Ctrl-C);
-* ``num_delivered`` and ``max_subscribers`` say whether anyone received the batches
-  (``0``: no subscriber was there);
+* ``num_delivered``, ``max_subscribers`` and ``num_replays`` say whether anyone
+  received the batches, live or by event replay;
 * :meth:`~ZmqEventPublisher.publish` encodes and checks the batch at the call (what
   a subscriber could not decode is refused there) and never blocks for more than
   ``publish_timeout``: a batch that finds the queue still full is dropped, counted in
@@ -124,6 +124,8 @@ class ZmqEventPublisher:
         """Batches sent while at least one subscriber received this topic."""
         self.max_subscribers = 0
         """The most subscribers that received one batch."""
+        self.num_replays = 0
+        """Replay requests answered (a late subscriber catching up)."""
         self._stop = threading.Event()
         self._end_grace = threading.Event()
         self._drained = threading.Event()  # the last batch was sent: the grace begins
@@ -330,3 +332,4 @@ class ZmqEventPublisher:
             if seq >= start:
                 self._replay.send_multipart((client, b"", topic, seq.to_bytes(8, "big"), payload))
         self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+        self.num_replays += 1

@@ -230,6 +230,7 @@ class _EventPublisher:
         if not isinstance(self.target, EventFileWriter):
             doc["delivered"] = self.target.num_delivered
             doc["max_subscribers"] = self.target.max_subscribers
+            doc["replays"] = self.target.num_replays
         return doc
 
     def describe(self) -> str:
@@ -238,9 +239,11 @@ class _EventPublisher:
         if isinstance(self.target, EventFileWriter):
             return line
         got, peak = self.target.num_delivered, self.target.max_subscribers
+        replays = self.target.num_replays
+        late = f", {replays:,} event replays answered" if replays else ""
         if got == 0:
-            return f"{line}; no subscriber was connected, none received them"
-        return f"{line}; {got:,} received by up to {peak} subscriber{'s' * (peak > 1)}"
+            return f"{line}; no subscriber was connected as they were sent{late}"
+        return f"{line}; {got:,} received by up to {peak} subscriber{'s' * (peak > 1)}{late}"
 
 
 @contextlib.contextmanager
