@@ -8,7 +8,12 @@ from collections.abc import Iterator, Sequence
 
 from prefixkv.indexes.errors import PrefixKVError
 
-__all__ = ["EngineNotInstalledError", "UnsupportedEngineFeatureError", "engine_imports"]
+__all__ = [
+    "EngineNotInstalledError",
+    "EngineSettingsError",
+    "UnsupportedEngineFeatureError",
+    "engine_imports",
+]
 
 
 class UnsupportedEngineFeatureError(PrefixKVError):
@@ -16,6 +21,15 @@ class UnsupportedEngineFeatureError(PrefixKVError):
 
     Raised at start-up, before any request runs; the message is one line naming the
     feature and the flag that turned it on.
+    """
+
+
+class EngineSettingsError(PrefixKVError):
+    """prefixkv's settings inside an engine's own configuration are wrong (a misspelt
+    key, an unknown index or option, a bad value).
+
+    Raised as soon as the engine's configuration is parsed, before any model loads; the
+    message is one line naming the key and what is allowed.
     """
 
 

@@ -12,7 +12,8 @@ never over an input.
 * **Never over an input.** :func:`refuse_overwrite` stops an output that names an
   input (a trace, a profile) or lands in an input folder;
   :func:`check_output_folder` checks a report folder and the names it will hold
-  before the first run, so a mistake costs nothing.
+  before the first run, so a mistake costs nothing: the folder and the inputs never
+  overlap (it is no input, is inside none, and holds none).
 
 Every writer (the lab's reports, tables, plots, ``results.json``, hit files and
 profiles; :class:`~prefixkv.adapters.events.EventFileWriter`) goes through
@@ -229,8 +230,10 @@ def check_output_folder(
     folder: StrPath, names: Iterable[str], inputs: Iterable[StrPath | None] = ()
 ) -> Path:
     """Check a report folder before the first run: it is a folder (or absent, and
-    creatable), it is not an input or inside an input folder, and each file it will
-    hold passes :func:`check_output` and is no input. Nothing is created.
+    creatable), it is not an input, not inside an input folder and holds no input (a
+    report beside a kv-cache-tester conversation would make its folder read as another
+    trace), and each file it will hold passes :func:`check_output` and is no input.
+    Nothing is created.
 
     Args:
         folder: the ``--out`` folder.
@@ -256,4 +259,11 @@ def check_output_folder(
     for path in outputs:
         check_output(path)
     refuse_overwrite(outputs, ins)
+    for src in ins:
+        if out.exists() and _inside(src, out):
+            raise OutputError(
+                f"--out {out} holds the input {src}; the report would be written among the "
+                "inputs (a trace folder would then read its files as conversations); "
+                "choose another folder"
+            )
     return out

@@ -66,6 +66,7 @@ BOTH_BUILDS = frozenset(
         "test_storage.py",
         "test_vllm_hashing.py",
         "test_vllm_kv_cache_manager.py",
+        "test_vllm_settings.py",
     }
 )
 

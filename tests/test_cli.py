@@ -11,6 +11,7 @@ import csv
 import gzip
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -716,3 +717,33 @@ def test_formats_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert summary["requests"] == requests
         hash_ids = trace.suffix != ".jsonl" or "prefixkv" not in trace.name
         assert ("cannot show any sub-block gain" in stdout) == hash_ids
+
+
+@pytest.mark.parametrize("command", ["compare", "cluster"])
+def test_a_report_never_lands_among_its_inputs(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A kv-cache-tester trace is a folder of .json conversations: a report written into
+    # it (results.json above all) would make the folder read as another trace. --out may
+    # not be an input, be inside one, or hold one, whichever input names the folder.
+    folder = tmp_path / "kvct"
+    shutil.copytree(Path(__file__).parent / "data" / "traces" / "kv_cache_tester", folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    one = folder / "conv_a.json"
+    extra = ["--replicas", "2"] if command == "cluster" else ["--no-plots"]
+    cases = [
+        (folder, folder, "is the input"),  # the folder itself
+        (folder, folder / "sub", "is the input"),  # inside it
+        (one, folder, "holds the input"),  # one conversation, the report beside it
+        (one, tmp_path, "holds the input"),  # a folder above the trace
+        (folder, tmp_path, "holds the input"),
+    ]
+    for trace, out, message in cases:
+        code, _, err = _run(capsys, command, "--trace", str(trace), "--out", str(out), *extra)
+        assert code == 2 and message in _error_line(err), (trace, out, err)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not (folder / "sub").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kvct"]
+    code, _, err = _run(capsys, command, "--trace", str(one), "--out", str(tmp_path / "r"),
+                        "--quiet", *extra)  # fmt: skip
+    assert code == 0, err  # beside the inputs, not among them

@@ -146,9 +146,16 @@ class FakePublisher:
         self.replay_endpoint = kwargs.get("replay_endpoint")
         self.batches: list[EventBatch] = []
         self.closed = False
+        self.num_delivered = 0  # as if one subscriber received every batch
+        self.max_subscribers = 1
+        self.num_replays = 0
 
     def publish(self, batch: EventBatch) -> None:
         self.batches.append(batch)
+        self.num_delivered += 1
+
+    def end_grace(self) -> None:
+        pass
 
     def shutdown(self) -> None:
         self.closed = True
@@ -184,6 +191,8 @@ def test_replay_publishes_to_an_endpoint(
         "replay_grace": 0.0,
     }
     assert pub.closed and len(pub.batches) == summary["kv_events"]["batches"] > 0
+    assert summary["kv_events"]["delivered"] == len(pub.batches)
+    assert summary["kv_events"]["max_subscribers"] == 1
     # the same stream a file gets
     (tmp_path / "hits.jsonl").unlink()
     replay(capsys, tmp_path, *flags, "--kv-events", str(tmp_path / "e.jsonl"))
@@ -202,6 +211,13 @@ def test_replay_publishes_to_an_endpoint(
         (["--kv-events", "tcp://*:1", "--kv-events-grace", "5"], "needs --kv-events-replay"),
         (["--kv-events", "tcp://*:1", "--kv-events-grace", "inf"], "must be seconds in (0, "),
         (["--kv-events", "tcp://*:1", "--kv-events-wait-subscribers", "0"], "positive int"),
+        (["--kv-events", "tcp://*:1", "--kv-events-replay", "{tmp}/r"], "give a tcp:// or ipc"),
+        (["--kv-events", "ipc://{tmp}/s", "--kv-events-replay", "ipc://{tmp}/s"], "both name"),
+        (["--kv-events", "ipc://{tmp}/s", "--kv-events-replay", "ipc://{tmp}/./s"], "both name"),
+        (
+            ["--kv-events", "tcp://127.0.0.1:5557", "--kv-events-replay", "tcp://127.0.0.1:5557"],
+            "both name",
+        ),
     ],
 )
 def test_replay_kv_event_flag_errors(
@@ -213,6 +229,69 @@ def test_replay_kv_event_flag_errors(
     _, err = capsys.readouterr()
     assert code == 2 and message in err, err
     assert not out.exists()
+
+
+BAD_PORTS = [
+    "99999",
+    "65536",
+    "0",
+    "-1",
+    "abc",
+    "",
+    "5557 ",
+    "\u0665\u0665\u0665\u0667",
+    "*5",
+    "1e3",
+    "[5000-6000]",
+    "!",
+]
+
+
+@pytest.mark.parametrize("flag", ["--kv-events", "--kv-events-replay"])
+@pytest.mark.parametrize("port", BAD_PORTS)
+def test_replay_refuses_a_port_that_is_not_one(
+    flag: str, port: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # ZeroMQ keeps a port's low 16 bits: 99999 would bind 34463 without a word.
+    out = tmp_path / "hits.jsonl"
+    bad = f"tcp://127.0.0.1:{port}"
+    flags = {"--kv-events": bad, "--kv-events-replay": bad}
+    if flag == "--kv-events-replay":
+        flags["--kv-events"] = f"ipc://{tmp_path}/pub"
+    argv = ["replay", str(TRACE), "--index", "hash_chain", "--out", str(out)]
+    for name, value in flags.items():
+        argv += [name, value]
+    code = cli.main(argv)
+    _, err = capsys.readouterr()
+    assert code == 2 and f"{flag} {bad}" in err and "1-65535" in err, err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1", "tcp://:5557", "tcp://5557"])
+def test_replay_refuses_a_tcp_endpoint_without_host_and_port(
+    endpoint: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "hits.jsonl"
+    code = cli.main(["replay", str(TRACE), "--index", "hash_chain", "--out", str(out),
+                     "--kv-events", endpoint])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and "HOST:PORT" in err, err
+
+
+def test_replay_says_when_no_subscriber_received_the_batches(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "hits.jsonl"
+    endpoint = f"ipc://{tmp_path}/pub"
+    argv = ["replay", str(TRACE), "--index", "hash_chain", "--block-size", "4",
+            "--capacity-blocks", "23", "--out", str(out), "--kv-events", endpoint]  # fmt: skip
+    assert cli.main(argv) == 0
+    stdout, _ = capsys.readouterr()
+    summary = json.loads(out.read_text().splitlines()[-1])["summary"]["kv_events"]
+    assert summary["batches"] > 0 and summary["delivered"] == summary["max_subscribers"] == 0
+    line = stdout.splitlines()[-1]
+    assert line == (f"KV events: {summary['batches']:,} batches -> {endpoint}; no subscriber "
+                    "was connected as they were sent")  # fmt: skip
 
 
 def test_replay_refuses_to_publish_when_no_subscriber_comes(
@@ -270,6 +349,9 @@ def test_replay_waits_for_subscribers_and_answers_late_ones(tmp_path: Path) -> N
     summary = json.loads((tmp_path / "hits.jsonl").read_text().splitlines()[-1])["summary"]
     batches = summary["kv_events"]["batches"]
     assert batches > 0
+    assert summary["kv_events"]["delivered"] == batches
+    assert summary["kv_events"]["max_subscribers"] == 1
+    assert summary["kv_events"]["replays"] >= 1  # the late subscriber caught up
     assert live == list(range(batches))
     assert late == list(range(batches))
 

@@ -1,9 +1,11 @@
 """Real signals to a real ``prefixkv`` process: nothing finished is lost, no traceback.
 
-Each test starts ``python -m prefixkv.adapters.lab`` in a subprocess, sends SIGINT or
-SIGTERM (once, or a flood of them, as an impatient user pressing Ctrl-C again while
-partial results are written) and checks the exit status, the one-line message and the
-files. Every wait is bounded; a process still alive at the end is killed.
+Each test starts ``python -m prefixkv.adapters.lab`` in a subprocess, sends a signal
+(SIGINT, SIGTERM, SIGHUP as a closed terminal, SIGQUIT, SIGUSR1...: once, or a flood
+of them, as an impatient user pressing Ctrl-C again while partial results are written)
+once the command has reached an observable point, and checks the exit status
+(128 + the signal), the one-line message and the files. Every wait is bounded; a
+process still alive at the end is killed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ import pytest
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# Every signal a user, a terminal or a job scheduler sends to end a process.
+STOPPING = [
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                 "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGIO", "SIGPWR")
+    if hasattr(signal, name)
+]  # fmt: skip
 
 
 HANG_S = 300.0
@@ -35,18 +44,28 @@ written, lines printed, the process gone), which takes seconds even at load 25."
 class Command:
     """A ``prefixkv`` subprocess whose stdout lines are collected as they come."""
 
-    def __init__(self, cwd: Path, *argv: str) -> None:
+    def __init__(self, cwd: Path, *argv: str, merge_stderr: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefixkv.adapters.lab", *argv],
             cwd=cwd,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stdout: list[str] = []
+        self.stderr: list[str] = []
         assert self.proc.stdout is not None
-        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+        # One reader per pipe, to its end: nothing else reads them (a communicate() beside
+        # a reader thread would split the output between the two).
+        self.readers = [threading.Thread(target=self._read, args=(self.proc.stdout,),
+                                         daemon=True)]  # fmt: skip
+        if self.proc.stderr is not None:
+            self.readers.append(threading.Thread(
+                target=lambda f: self.stderr.extend(f), args=(self.proc.stderr,), daemon=True
+            ))  # fmt: skip
+        for reader in self.readers:
+            reader.start()
 
     def _read(self, stream: object) -> None:
         for line in stream:  # type: ignore[attr-defined]
@@ -80,10 +99,12 @@ class Command:
         return self.finish(timeout=HANG_S)
 
     def finish(self, timeout: float) -> tuple[str, str]:
-        _, err = self.proc.communicate(timeout=timeout)
+        self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout)
         while not self.lines.empty():
             self.stdout.append(self.lines.get())
-        return "".join(self.stdout), err
+        return "".join(self.stdout), "".join(self.stderr)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -99,30 +120,39 @@ def commands() -> Iterator[list[Command]]:
         c.kill()
 
 
-def _handler_installed(pid: int) -> bool:
-    # Python catches SIGINT from the start; SIGTERM only once the command's handler is in.
+def _handler_installed(pid: int, signum: int = signal.SIGTERM) -> bool:
+    # Python catches SIGINT from the start; the others only once the command's handler is in.
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
 
 
+def _what(signum: int) -> str:
+    if signum == signal.SIGINT:
+        return "interrupted"
+    if signum == signal.SIGTERM:
+        return "terminated (SIGTERM)"
+    return f"stopped by {signal.Signals(signum).name}"
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", STOPPING, ids=lambda s: signal.Signals(s).name)
 def test_a_signal_in_the_first_instant_is_one_line(
     signum: int, tmp_path: Path, commands: list[Command]
 ) -> None:
     # The signal lands while the subcommands are still being imported (~0.4 s).
     cmd = Command(tmp_path, "compare", "-w", "seed", "--out", "o")
     commands.append(cmd)
-    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid), HANG_S, "signal handler")
+    # Python catches SIGINT from its start: the command's own handler shows in SIGTERM's bit.
+    probe = signal.SIGTERM if signum == signal.SIGINT else signum
+    cmd.wait_for(lambda: _handler_installed(cmd.proc.pid, probe), HANG_S, "signal handler")
     cmd.proc.send_signal(signum)
     out, err = cmd.finish(timeout=HANG_S)
-    assert cmd.proc.returncode == STATUS[signum], err
+    assert cmd.proc.returncode == 128 + signum, err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
-    assert err == f"prefixkv: {what} before anything was finished; nothing written\n"
+    assert err == f"prefixkv: {_what(signum)} before anything was finished; nothing written\n"
     assert not out and not (tmp_path / "o").exists()
 
 
@@ -163,6 +193,69 @@ def test_replay_keeps_its_rows_through_a_flood_of_signals(
     assert 0 < summary["requests"] == len(lines) - 1 < 4000
     assert [r["id"] for r in lines[:-1]] == [f"mc-{i + 1}" for i in range(len(lines) - 1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "signum",
+    [s for s in STOPPING if s not in STATUS],  # SIGINT and SIGTERM: the flood test above
+    ids=lambda s: signal.Signals(s).name,
+)
+def test_replay_keeps_its_rows_on_every_stopping_signal(
+    signum: int, tmp_path: Path, commands: list[Command]
+) -> None:
+    # A closed terminal (SIGHUP), Ctrl-\\ (SIGQUIT), a job scheduler's SIGUSR1...: each
+    # stops the replay as Ctrl-C does, keeping every finished row, leaving no temporary file.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 4000, 40)
+    out = tmp_path / "hits.jsonl"
+    cmd = Command(tmp_path, "replay", str(trace), "--index", "hash_chain", "--quiet",
+                  "--out", str(out))  # fmt: skip
+    commands.append(cmd)
+
+    def rows_written() -> bool:
+        return any(p.stat().st_size > 0 for p in tmp_path.glob(".hits.jsonl.*.tmp"))
+
+    cmd.wait_for(rows_written, 60, "rows")
+    cmd.proc.send_signal(signum)
+    stdout, err = cmd.finish(timeout=HANG_S)
+    assert cmd.proc.returncode == 128 + signum, err
+    assert "Traceback" not in err, err
+    assert "(interrupted: partial)" in stdout
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    summary = lines[-1]["summary"]
+    assert summary["partial"] is True
+    assert 0 < summary["requests"] == len(lines) - 1 < 4000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_ends_the_kv_events_grace_at_once(
+    signum: int, tmp_path: Path, commands: list[Command]
+) -> None:
+    # Every row is written and every batch sent; the replay socket would answer for an
+    # hour. The signal ends that wait: the hit file is whole, the exit 128 + signal.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 20, 4)
+    out = tmp_path / "hits.jsonl"
+    cmd = Command(tmp_path, "replay", str(trace), "--index", "hash_chain", "--quiet",
+                  "--out", str(out), "--kv-events", f"ipc://{tmp_path}/pub",
+                  "--kv-events-replay", f"ipc://{tmp_path}/rep", "--kv-events-grace", "3600",
+                  merge_stderr=True)  # fmt: skip
+    commands.append(cmd)
+
+    def in_grace() -> bool:
+        while not cmd.lines.empty():
+            cmd.stdout.append(cmd.lines.get())
+        return any("answering event replays" in line for line in cmd.stdout)
+
+    cmd.wait_for(in_grace, 60, "the grace line")
+    cmd.proc.send_signal(signum)
+    output, _ = cmd.finish(timeout=HANG_S)  # without the fix: an hour
+    assert cmd.proc.returncode == 128 + signum, output
+    assert "Traceback" not in output and "Ctrl-C ends it" in output, output
+    lines = out.read_text(encoding="utf-8").splitlines()
+    summary = json.loads(lines[-1])["summary"]
+    assert summary["partial"] is False and summary["requests"] == 20 == len(lines) - 1
+    assert summary["kv_events"]["delivered"] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_cluster_writes_the_finished_runs_when_interrupted(
@@ -282,3 +375,120 @@ def test_a_second_signal_while_stopping_loses_nothing(
     assert code == 130, capsys.readouterr().err
     lines = out.read_text(encoding="utf-8").splitlines()
     assert json.loads(lines[-1])["summary"]["partial"] is True and 4 <= len(lines) - 1 < 30
+
+
+def test_a_closed_terminal_keeps_the_rows_and_says_sighup(tmp_path: Path) -> None:
+    # SIGHUP from a terminal that is gone: stdout and stderr are closed by the time the
+    # command would print its partial line. The rows are written; the status is 129.
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 4000, 40)
+    out = tmp_path / "hits.jsonl"
+    argv = [sys.executable, "-m", "prefixkv.adapters.lab", "replay", str(trace), "--index",
+            "hash_chain", "--quiet", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 0 for p in tmp_path.glob(".hits.jsonl.*.tmp")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no rows"
+            time.sleep(0.005)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the terminal is gone
+        proc.stderr.close()
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=HANG_S) == 129
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert lines[-1]["summary"]["partial"] is True and 0 < len(lines) - 1 < 4000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hits.jsonl", "mc.jsonl"]
+
+
+def test_a_signal_between_a_row_counted_and_written_keeps_the_two_equal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 5th request is admitted (counted in the summary's totals); the signal lands
+    # before its row is written. The row is still written, then the replay stops.
+    from prefixkv.adapters.lab.cli import main
+    from prefixkv.adapters.lab.cli import replay as replay_cli
+
+    real = replay_cli.replay
+
+    def signal_before_the_5th_row(*args: object, **kwargs: object) -> object:
+        write = kwargs["on_admit"]
+        seen = [0]
+
+        def on_admit(row: object) -> None:
+            seen[0] += 1
+            if seen[0] == 5:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            write(row)  # type: ignore[operator]
+
+        kwargs["on_admit"] = on_admit
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_cli, "replay", signal_before_the_5th_row)
+    trace = _mooncake_trace(tmp_path / "mc.jsonl", 30, 4)
+    out = tmp_path / "hits.jsonl"
+    code = main(["replay", str(trace), "--index", "radix", "--quiet", "--out", str(out)])
+    assert code == 128 + signal.SIGUSR1, capsys.readouterr().err
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    summary = lines[-1]["summary"]
+    assert summary["partial"] is True and summary["requests"] == len(lines) - 1 == 5
+    assert summary["total_prompt_tokens"] == sum(r["prompt_len"] for r in lines[:-1])
+
+
+def test_a_signal_while_the_handlers_go_in_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGHUP lands right after its handler is in, while the later ones are still being
+    # installed (outside the command's try): recorded, then the usual one line.
+    from prefixkv.adapters.lab.cli import main
+
+    real = signal.signal
+    sent: list[int] = []
+
+    def install_then_signal(signum: int, handler: object) -> object:
+        previous = real(signum, handler)  # type: ignore[arg-type]
+        if signum == signal.SIGHUP and not sent:
+            sent.append(signum)
+            os.kill(os.getpid(), signal.SIGHUP)
+        return previous
+
+    monkeypatch.setattr(signal, "signal", install_then_signal)
+    code = main(["compare", "-w", "seed", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert sent and code == 129, err
+    assert err == "prefixkv: stopped by SIGHUP before anything was finished; nothing written\n"
+    assert not (tmp_path / "o").exists()
+
+
+_PROBE = """
+import ctypes, importlib, os, runpy, signal
+cli_main = importlib.import_module("prefixkv.adapters.lab.cli.main")
+
+# A KeyboardInterrupt that leaves code run through PyRun_String (as some C extensions'
+# imports run theirs), caught: CPython then reports an exit by SIGINT under python -m.
+run = ctypes.pythonapi.PyRun_String
+run.restype = ctypes.py_object
+run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+try:
+    run(b"raise KeyboardInterrupt", 257, {"__builtins__": __builtins__}, {})
+except KeyboardInterrupt:
+    pass
+cli_main._run = lambda args, interrupts: os.kill(os.getpid(), signal.SIGUSR1) or 0
+runpy.run_module("prefixkv.adapters.lab", run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's exit rule")
+def test_python_m_exits_with_the_signals_status(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(_PROBE, encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "probe", "replay"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": path},  # PYTHONSAFEPATH too
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGUSR1, proc.stderr
+    assert proc.stderr == (
+        "prefixkv: stopped by SIGUSR1 before anything was finished; nothing written\n"
+    )

@@ -20,7 +20,10 @@ peers that misbehave:
   every later frame;
 * ``replay_grace`` keeps the replay socket answering for that long after
   :meth:`~ZmqEventPublisher.shutdown` sent the last batch, so a late subscriber can
-  still catch up before the process exits;
+  still catch up before the process exits; :meth:`~ZmqEventPublisher.end_grace` cuts
+  it short (Ctrl-C);
+* ``num_delivered``, ``max_subscribers`` and ``num_replays`` say whether anyone
+  received the batches, live or by event replay;
 * :meth:`~ZmqEventPublisher.publish` encodes and checks the batch at the call (what
   a subscriber could not decode is refused there) and never blocks for more than
   ``publish_timeout``: a batch that finds the queue still full is dropped, counted in
@@ -128,7 +131,14 @@ class ZmqEventPublisher:
         # _dropped holds the dropped seqs not yet passed, in order (appended by publish).
         self._settled = 0
         self._dropped: deque[int] = deque()
+        self.num_delivered = 0
+        """Batches sent while at least one subscriber received this topic."""
+        self.max_subscribers = 0
+        """The most subscribers that received one batch."""
+        self.num_replays = 0
+        """Replay requests answered (a late subscriber catching up)."""
         self._stop = threading.Event()
+        self._end_grace = threading.Event()
         self._drained = threading.Event()  # the last batch was sent: the grace begins
         self._subscribed = threading.Condition()
         self._num_subscribers = 0
@@ -239,6 +249,12 @@ class ZmqEventPublisher:
 
     close = shutdown
 
+    def end_grace(self) -> None:
+        """Stop answering replays now, however much of ``replay_grace`` is left (safe
+        from a signal handler or another thread): a :meth:`shutdown` that waits for the
+        grace returns."""
+        self._end_grace.set()
+
     def __enter__(self) -> ZmqEventPublisher:
         return self
 
@@ -277,7 +293,7 @@ class ZmqEventPublisher:
             self._loop()
             self._drained.set()
             end = time.monotonic() + self._grace
-            while time.monotonic() < end:  # the grace period: replays only
+            while time.monotonic() < end and not self._end_grace.is_set():  # replays only
                 self._serve(0.01)
         except BaseException as e:  # recorded, raised by the next publish() / shutdown()
             self._failure = e
@@ -300,6 +316,9 @@ class ZmqEventPublisher:
             self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
             self._settled = seq + 1
+            if self._num_subscribers > 0:
+                self.num_delivered += 1
+                self.max_subscribers = max(self.max_subscribers, self._num_subscribers)
 
     def _serve(self, wait: float) -> None:
         """Answer waiting replay requests and count (un)subscriptions."""
@@ -329,6 +348,7 @@ class ZmqEventPublisher:
                 self._replay.send_multipart((client, b"", topic, seq.to_bytes(8, "big"), payload))
         marker = self._next_settled().to_bytes(8, "big")
         self._replay.send_multipart((client, b"", marker, END_SEQ, b""))
+        self.num_replays += 1
 
     def _next_settled(self) -> int:
         """The next seq after every one sent or dropped (batches still queued excluded:

@@ -17,6 +17,7 @@ of every scheduler step (where an engine takes its KV events).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from abc import ABC, abstractmethod
@@ -506,6 +507,7 @@ def replay(
     progress: Callable[[int], object] | None = None,
     on_step: Callable[[], object] | None = None,
     on_events: Callable[[list[KVEvent]], object] | None = None,
+    guard: contextlib.AbstractContextManager[object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` through ``index`` with at most ``concurrency`` live.
 
@@ -535,6 +537,9 @@ def replay(
         on_events: with KV events on (the engine classes' ``enable_kv_cache_events``), called
             at the end of each step that produced events, with the events
             ``take_events()`` returned (what an engine publishes as one batch).
+        guard: a reusable context that each admission and its ``on_admit`` call run
+            inside (the command line's signal deferral: a Ctrl-C then never falls
+            between a request counted and its row written).
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
@@ -561,6 +566,9 @@ def replay(
 
         rp.on_step = publish_step
     result = rp.result
+    step_guard: contextlib.AbstractContextManager[object] = (
+        contextlib.nullcontext() if guard is None else guard
+    )
     collector = _Collector()
     t0 = time.perf_counter()
     try:
@@ -568,9 +576,10 @@ def replay(
             while len(rp.live) >= concurrency:
                 rp.finish_oldest()
             collector.between_requests(i)
-            row = rp.admit(i, rec)
-            if on_admit is not None:
-                on_admit(row)
+            with step_guard:
+                row = rp.admit(i, rec)
+                if on_admit is not None:
+                    on_admit(row)
             if progress is not None:
                 progress(row.prompt_len)
         while rp.live:

@@ -7,6 +7,9 @@
   against vLLM is the class that runs inside it).
 * :mod:`.engine_types`: the block, block-list, stats and event types it answers with
   (:class:`EngineTypes`; prefixkv's look-alikes by default, vLLM's own inside vLLM).
+* :mod:`.settings`: the ``"prefixkv"`` settings of ``--additional-config``, one rule
+  (engine-free), and :mod:`.plugin`, vLLM's general plug-in that checks them as soon as
+  vLLM has parsed its configuration, before the model loads.
 * :mod:`.scheduler`: ``PrefixKVScheduler`` / ``PrefixKVAsyncScheduler``, vLLM's own
   schedulers with that manager. They import vLLM, so this package names them lazily:
   importing ``prefixkv.adapters.vllm`` never imports vLLM.

@@ -10,7 +10,9 @@ block, stats and event types, over the index the ``prefixkv`` settings name: ``i
 (a registry name, default ``"hash_chain"``) and any other keys as the index's options
 (``eviction``, ``hash_algorithm``, ``seed``...). The index's block size is vLLM's
 ``--block-size``. vLLM 0.32 and 0.33 are supported, one full-attention KV-cache group;
-anything else is refused at start-up with one line naming it.
+anything else is refused at start-up with one line naming it. The settings follow one
+rule (:mod:`.settings`), which vLLM's general plug-in (:mod:`.plugin`) already applied
+before the model loaded.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import re
 from typing import Any
 
 from prefixkv.indexes.base import PrefixIndex
-from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
 from ..errors import UnsupportedEngineFeatureError, engine_imports
 from ..events.codec import as_engine_events
 from ..events.wire import KVEvent
 from .engine_types import EngineTypes
 from .kv_cache_manager import KVCacheManager
+from .settings import index_from_settings
 
 SUPPORTED_VERSIONS = ((0, 32), (0, 33))
 """The vLLM releases (major, minor) whose scheduler and engine core this was checked in."""
@@ -67,7 +68,6 @@ __all__ = [
 # "vllm" would print nothing below WARNING in a server).
 logger = init_logger("vllm.prefixkv")
 
-SETTINGS_KEY = "prefixkv"
 _FULL_ATTENTION = (KVCacheSpecKind.FULL_ATTENTION, KVCacheSpecKind.MLA_ATTENTION)
 _PLUGIN = "--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
 
@@ -104,32 +104,23 @@ def vllm_types() -> EngineTypes:
     return EngineTypes(block, KVCacheBlocks, PrefixCacheStats, events)
 
 
-def index_from_config(vllm_config: VllmConfig, block_size: int) -> PrefixIndex:
+def index_from_config(vllm_config: VllmConfig, block_size: int | None) -> PrefixIndex:
     """The index ``additional_config["prefixkv"]`` names, at vLLM's block size.
 
-    Prefix caching off (``--no-enable-prefix-caching``) gives the ``"none"`` index.
+    The one rule of :func:`~.settings.index_from_settings`, which the start-up check
+    (:mod:`.plugin`) ran on the same configuration before the model loaded. Prefix
+    caching off (``--no-enable-prefix-caching``) gives the ``"none"`` index.
 
     Raises:
-        PrefixKVError: the settings are not a mapping, or the index or an option is unknown.
+        EngineSettingsError: the settings are wrong (one line naming the key).
     """
-    extra = vllm_config.additional_config
-    settings = extra.get(SETTINGS_KEY, {}) if isinstance(extra, dict) else {}
-    if not isinstance(settings, dict):
-        raise PrefixKVError(
-            f"additional_config[{SETTINGS_KEY!r}] must be a JSON object, got {settings!r}"
-        )
-    options = dict(settings)
-    name = options.pop("index", "hash_chain")
-    if not vllm_config.cache_config.enable_prefix_caching:
-        name, options = "none", {}
-    if not isinstance(name, str):
-        raise PrefixKVError(f"{SETTINGS_KEY}.index must be a registry name, got {name!r}")
-    options = {**pool_owned_options(name), **options}
-    if describe_index(name).models == "vllm":
-        # vLLM's own block hashes (and so KV events a router can match with vLLM
-        # replicas): its --prefix-caching-hash-algo; PYTHONHASHSEED seeds it as in vLLM.
-        options.setdefault("hash_algorithm", vllm_config.cache_config.prefix_caching_hash_algo)
-    return make_index(name, block_size=block_size, **options)
+    cache = vllm_config.cache_config
+    return index_from_settings(
+        vllm_config.additional_config,
+        block_size=block_size,
+        enable_prefix_caching=bool(cache.enable_prefix_caching),
+        hash_algorithm=cache.prefix_caching_hash_algo,
+    )
 
 
 def check_supported(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
@@ -192,7 +183,7 @@ class PrefixKVScheduler(Scheduler):  # type: ignore[misc]
     Raises:
         UnsupportedEngineFeatureError: at construction, for an unsupported vLLM
             version or feature.
-        PrefixKVError: bad ``prefixkv`` settings.
+        EngineSettingsError: bad ``prefixkv`` settings.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PrefixKVScheduler:

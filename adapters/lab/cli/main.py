@@ -7,10 +7,11 @@ the per-request hit file the vLLM and SGLang reference oracles write, so the two
 request by request. ``calibrate`` times the reference engine and writes a cost profile
 ``compare --profile`` reads. Traces stream: memory is the cache and the live
 requests, never the trace. Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000,
-``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C (or SIGTERM)
-writes what is finished, marked partial, and exits 130 (143); every file is written
-atomically. ``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's
-KV events, one batch per scheduler step, in vLLM 0.33's wire format.
+``1K`` = 1,024). Errors are one line on stderr and exit status 2; Ctrl-C (or SIGTERM,
+SIGHUP, any signal that stops a process) writes what is finished, marked partial, and
+exits 128 + the signal (130 for Ctrl-C); every file is written atomically.
+``replay --kv-events`` also writes (or publishes over ZeroMQ) the index's KV events, one
+batch per scheduler step, in vLLM 0.33's wire format.
 
 This module imports only the standard library and :mod:`.signals` at the top: the
 signal handler is in place before the subcommands (and numpy, msgspec...) load.
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``prefixkv`` command line; returns the exit status.
 
-    The SIGINT/SIGTERM handler is installed first (:class:`~.signals.Interrupts`),
+    The handler of every stopping signal is installed first (:class:`~.signals.Interrupts`),
     then the subcommands are imported and run. Called with ``argv``, the caller's
     handlers are put back at the end; called as the program (no ``argv``), later
     signals are ignored instead while the process exits, so a last Ctrl-C can neither
@@ -66,18 +67,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 on success; 2 on any error in the input or the flags (one line on
-        stderr); 130 when interrupted by Ctrl-C, 143 by SIGTERM (what was finished
-        is written, marked partial); 1 on an internal error (one line too; set
+        stderr); 128 + the signal when a signal stopped it (130 for Ctrl-C, 143 for
+        SIGTERM, 129 for SIGHUP: what was finished is written, marked partial, even
+        when the terminal is gone); 1 on an internal error (one line too; set
         ``PREFIXKV_TRACEBACK=1`` to see the traceback).
     """
-    interrupts = Interrupts.install()
-    try:
+    interrupts = Interrupts()
+    try:  # from before the first handler goes in: no signal escapes as a traceback
+        interrupts.handle_signals()
         return _run(list(sys.argv[1:] if argv is None else argv), interrupts)
     except KeyboardInterrupt:
-        print(
-            f"prefixkv: {interrupts.name()} before anything was finished; nothing written",
-            file=sys.stderr,
-        )
+        with contextlib.suppress(OSError):
+            print(
+                f"prefixkv: {interrupts.name()} before anything was finished; nothing written",
+                file=sys.stderr,
+            )
+        return interrupts.status()
+    except OSError:
+        # A closed terminal (SIGHUP, a dropped ssh) takes stdout and stderr with it: what
+        # finished is written, only the messages are lost; the status names the signal.
+        if not interrupts.received:
+            raise
+        _silence(sys.stdout, sys.stderr)
         return interrupts.status()
     finally:
         if argv is None:
@@ -98,9 +109,8 @@ def _run(args_list: list[str], interrupts: Interrupts) -> int:
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        _silence(sys.stdout)
+        return interrupts.status() if interrupts.received else 0
     except MemoryError:
         print(
             "prefixkv: error: out of memory; lower --capacity-tokens, --max-prompt-tokens "
@@ -138,6 +148,14 @@ def _dispatch(args: argparse.Namespace, argv: Sequence[str], interrupts: Interru
     from .replay import run_replay
 
     return run_replay(args, argv, interrupts)
+
+
+def _silence(*streams: object) -> None:
+    """Point these streams' file descriptors at the null device, so that flushing them
+    at exit cannot fail (Python would exit 120)."""
+    for stream in streams:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # type: ignore[attr-defined]
 
 
 def _one_line(exc: BaseException) -> str:

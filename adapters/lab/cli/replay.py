@@ -167,7 +167,31 @@ def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
         raise CLIUsageError(f"{flag} {value}: the endpoint has no address")
     if scheme == "ipc":
         _check_ipc_path(address, flag)
+    else:
+        _check_tcp_port(address, value, flag)
     return f"{scheme}://{address}"
+
+
+def _check_tcp_port(address: str, value: str, flag: str) -> None:
+    # ZeroMQ keeps a port's low 16 bits: tcp://127.0.0.1:99999 would bind port 34463.
+    host, colon, port = address.rpartition(":")
+    if not colon or not host:
+        raise CLIUsageError(
+            f"{flag} {value}: a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, "
+            "or tcp://127.0.0.1:* for a free port)"
+        )
+    if port != "*" and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise CLIUsageError(
+            f"{flag} {value}: port {port[:20]!r} is not a port; give 1-65535, or * for a free one"
+        )
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two endpoints :func:`parse_endpoint` returned name one address (an
+    ``ipc://`` path compared as a file, a tcp address as written, wildcard ports never)."""
+    if a.startswith("ipc://") and b.startswith("ipc://"):
+        return os.path.abspath(a[len("ipc://") :]) == os.path.abspath(b[len("ipc://") :])
+    return a == b and not a.endswith(":*")
 
 
 def _check_ipc_path(path: str, flag: str) -> None:
@@ -199,12 +223,36 @@ class _EventPublisher:
         self.target.publish(batch)
         self.num_batches += 1
 
+    def summary(self) -> dict[str, Any]:
+        """The summary row's ``kv_events``: where, how many batches and, published,
+        how many reached a subscriber (read once the publisher has shut down)."""
+        doc: dict[str, Any] = {"target": self.where, "batches": self.num_batches}
+        if not isinstance(self.target, EventFileWriter):
+            doc["delivered"] = self.target.num_delivered
+            doc["max_subscribers"] = self.target.max_subscribers
+            doc["replays"] = self.target.num_replays
+        return doc
+
+    def describe(self) -> str:
+        """One line: how many batches went where, and who received them."""
+        line = f"KV events: {self.num_batches:,} batches -> {self.where}"
+        if isinstance(self.target, EventFileWriter):
+            return line
+        got, peak = self.target.num_delivered, self.target.max_subscribers
+        replays = self.target.num_replays
+        late = f", {replays:,} event replays answered" if replays else ""
+        if got == 0:
+            return f"{line}; no subscriber was connected as they were sent{late}"
+        return f"{line}; {got:,} received by up to {peak} subscriber{'s' * (peak > 1)}{late}"
+
 
 @contextlib.contextmanager
 def _kv_event_stream(
-    args: argparse.Namespace, endpoint: str | None
+    args: argparse.Namespace, endpoint: str | None, interrupts: Interrupts
 ) -> Iterator[_EventPublisher | None]:
-    """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere."""
+    """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere.
+
+    A signal during ``--kv-events-grace`` ends the grace at once."""
     target: str | None = args.kv_events
     if target is None:
         yield None
@@ -233,11 +281,12 @@ def _kv_event_stream(
             if grace:
                 print(
                     f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
-                    f"for {grace:g} s after the last batch",
+                    f"for {grace:g} s after the last batch (Ctrl-C ends it)",
                     file=sys.stderr,
                     flush=True,
                 )
-            pub.shutdown()
+            with interrupts.calling(pub.end_grace):
+                pub.shutdown()
         return
     with atomic_writer(target) as f:
         writer = EventFileWriter(f)
@@ -281,13 +330,14 @@ def run_replay(
     check_pool(capacity, [spec], args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
     encoder = msgspec.json.Encoder()
-    with atomic_writer(out) as f, _kv_event_stream(args, endpoint) as events:
-        result, interrupted = _replay(f, args, workload, spec, capacity, events)
-        interrupts.hold()  # the finished rows are in f: nothing may discard them now
+    with atomic_writer(out) as f:
+        with _kv_event_stream(args, endpoint, interrupts) as events:
+            result, interrupted = _replay(f, args, workload, spec, capacity, events, interrupts)
+            interrupts.hold()  # the finished rows are in f: nothing may discard them now
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
-        if events is not None:
-            summary["kv_events"] = {"target": events.where, "batches": events.num_batches}
+        if events is not None:  # shut down: every batch is counted
+            summary["kv_events"] = events.summary()
         f.write(encoder.encode({"summary": summary}))
         f.write(b"\n")
     if not args.quiet or interrupted:
@@ -299,7 +349,7 @@ def run_replay(
             f"{summary['evicted_blocks']:,} blocks, {summary['wall_seconds']:.1f} s -> {out}{state}"
         )
         if events is not None:
-            print(f"KV events: {events.num_batches:,} batches -> {events.where}")
+            print(events.describe())
         for note in workload.notes:
             print(f"note: {note}")
     return interrupts.status() if interrupted or interrupts.received else 0
@@ -335,7 +385,16 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
         if endpoint is None:
             raise CLIUsageError("--kv-events-replay needs --kv-events to be a tcp:// or ipc:// "
                                 "endpoint")  # fmt: skip
-        parse_endpoint(args.kv_events_replay, "--kv-events-replay")
+        replay_at = parse_endpoint(args.kv_events_replay, "--kv-events-replay")
+        if replay_at is None:
+            raise CLIUsageError(
+                f"--kv-events-replay {args.kv_events_replay}: give a tcp:// or ipc:// endpoint"
+            )
+        if same_endpoint(endpoint, replay_at):
+            raise CLIUsageError(
+                f"--kv-events and --kv-events-replay both name {endpoint}; give the replay "
+                "socket its own address"
+            )
     for flag in ("kv_events_topic", "kv_events_wait_subscribers"):
         if getattr(args, flag) and endpoint is None:
             raise CLIUsageError(f"--{flag.replace('_', '-')} needs --kv-events to be a tcp:// "
@@ -364,9 +423,11 @@ def _replay(
     spec: BackendSpec,
     capacity: int,
     events: _EventPublisher | None,
+    interrupts: Interrupts,
 ) -> tuple[ReplayResult, bool]:
     """Replay, writing a line per request to ``f``; returns the result and whether
-    Ctrl-C cut it short."""
+    Ctrl-C cut it short. A signal never falls between a request counted and its row
+    written (``interrupts.deferral``), so the summary counts exactly the rows."""
     encoder = msgspec.json.Encoder()
     num_blocks = spec.num_blocks(capacity)
     on_events = None
@@ -395,6 +456,7 @@ def _replay(
             on_admit=write_row,
             progress=bar.update,
             on_events=on_events,
+            guard=interrupts.deferral,
         )
     except ReplayInterrupted as exc:
         return exc.result, True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 from typing import Any
 
 from prefixkv.adapters.lab.sim.requests import SimRequest
@@ -85,36 +86,84 @@ def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[
     )
 
 
-def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
-    """Refuse a Ray address nothing answers at, within ``timeout_s``.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HTTP2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
+_SETTINGS_TYPE = 4
 
-    ``ray.init`` retries an unreachable head node for minutes without a word; a TCP
-    connection to its port answers in milliseconds. ``auto`` and ``local`` are Ray's
-    to resolve (they fail fast by themselves).
+
+def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse a Ray address where no Ray answers, within ``timeout_s``.
+
+    ``ray.init`` retries an unreachable head node for minutes without a word, and waits
+    as long at a port that accepts connections but is not Ray. Ray's head (the GCS, or
+    the Ray client server behind ``ray://``) speaks gRPC, so the probe opens a TCP
+    connection, sends HTTP/2's client preface and expects the server's SETTINGS frame
+    back: milliseconds from a Ray head, and a named error from anything else. ``auto``
+    and ``local`` are Ray's to resolve (they fail fast by themselves).
 
     Args:
         address: ``HOST:PORT``, ``ray://HOST:PORT``, ``auto`` or ``local``.
-        timeout_s: how long to wait for the connection.
+        timeout_s: the longest the probe waits (connecting, then the answer).
 
     Raises:
-        ClusterConfigError: a malformed address, or no answer in time.
+        ClusterConfigError: a malformed address, no answer in time, or an answer that
+            is not a gRPC server's.
     """
     if address in ("auto", "local"):
         return
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise ClusterConfigError(
             f"--ray-address {address!r}: want HOST:PORT, ray://HOST:PORT or auto"
         )
+    hint = (
+        "start Ray there (ray start --head) or leave out --ray-address (and RAY_ADDRESS) "
+        "for a local Ray"
+    )
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as exc:
         raise ClusterConfigError(
             f"--ray-address {address}: nothing answers there within {timeout_s:g} s "
-            f"({exc.strerror or exc}); start Ray there (ray start --head) or leave out "
-            "--ray-address (and RAY_ADDRESS) for a local Ray"
+            f"({exc.strerror or exc}); {hint}"
         ) from None
+    with sock:
+        try:
+            answer = _grpc_answer(sock, time.monotonic() + timeout_s)
+        except TimeoutError:
+            raise ClusterConfigError(
+                f"--ray-address {address}: no Ray answered within {timeout_s:g} s (the port "
+                f"accepts connections but is silent, so it is not a Ray head); {hint}"
+            ) from None
+        except OSError:  # reset: whatever it is, it closed on a gRPC preface
+            answer = b""
+    if len(answer) < 9 or answer[3] != _SETTINGS_TYPE:
+        raise ClusterConfigError(
+            f"--ray-address {address}: what answers there is not Ray (not a gRPC server: "
+            f"{answer[:40]!r}); {hint}"
+        )
+
+
+def _grpc_answer(sock: socket.socket, deadline: float) -> bytes:
+    """The first 9 bytes (one frame header) a server sends after HTTP/2's preface;
+    fewer when it closes first.
+
+    Raises:
+        TimeoutError: not all of them by ``deadline`` (``time.monotonic()``).
+    """
+    sock.sendall(_HTTP2_PREFACE + _HTTP2_SETTINGS)
+    answer = b""
+    while len(answer) < 9:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        chunk = sock.recv(9 - len(answer))
+        if not chunk:
+            break
+        answer += chunk
+    return answer
 
 
 class _ReplicaActor:

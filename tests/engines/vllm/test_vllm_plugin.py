@@ -212,6 +212,48 @@ def test_unknown_index_refused_at_start_up(model_dir, traces) -> None:
         run(model_dir, traces["synthetic"][:2], 16, False, 512, "roomy", PLUGIN, "no_such_index")
 
 
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"prefixkv": {"block_size": 7}}, "block_size"),
+        ({"prefixkv": {"name": "radix"}}, "name"),
+        ({"PrefixKV": {"index": "radix"}}, "PrefixKV"),
+        ({"prefix_kv": {}}, "prefix_kv"),
+        ({"prefixkv": {"index": "radx"}}, "index"),
+        ({"prefixkv": {"index": "radix", "eviction": "sometimes"}}, "radix"),
+    ],
+)
+@pytest.mark.parametrize("caching", [True, False])
+def test_bad_settings_stop_vllm_where_it_builds_its_config(
+    model_dir, monkeypatch, extra, key, caching
+) -> None:
+    # vLLM loads prefixkv's general plug-in (the vllm.general_plugins entry point) when
+    # EngineArgs is made; the VllmConfig it builds is checked there, before any engine
+    # process or model. This machine has no GPU: vLLM's CPU platform stands in.
+    import vllm.engine.arg_utils as arg_utils
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    from prefixkv.adapters.errors import EngineSettingsError
+
+    cpu = CpuPlatform()
+    monkeypatch.setattr(platforms, "_current_platform", cpu)
+    monkeypatch.setattr(arg_utils, "current_platform", cpu)
+    args = arg_utils.EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=1024,
+        scheduler_cls=PLUGIN,
+        additional_config=extra,
+        enable_prefix_caching=caching,
+    )
+    with pytest.raises(EngineSettingsError, match=key):
+        args.create_engine_config()
+    args.additional_config = {"prefixkv": {"index": "radix"}}
+    assert args.create_engine_config().additional_config == args.additional_config
+
+
 def test_reset_prefix_cache_only_when_idle(model_dir, traces) -> None:
     out = run(model_dir, traces["synthetic"][:20], 16, False, 512, "roomy", PLUGIN, "hash_chain")
     sched = out["scheduler"]
