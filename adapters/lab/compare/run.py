@@ -10,6 +10,7 @@ pandas DataFrames when pandas is installed.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from .anchors import CapacityAnchor, knee
 from .arrival import ArrivalRun, TimeSettings, run_arrival
 from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
 from .plan import CompareSettings, WorkloadPlan, roomy_capacity
+from .rates import run_rate_sweep, start_rate
 from .spec import BackendSpec, Bars, CapacityError, Scalar
 
 __all__ = [
@@ -243,7 +245,11 @@ def _run_arrival_all(
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
+    if time.auto_rates and time.request_rate is None:
+        first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
+        time = dataclasses.replace(time, request_rate=first)
     for scheduler in time.schedulers:
+        table = []
         for b in backends:
             try:
                 run = run_arrival(
@@ -254,7 +260,13 @@ def _run_arrival_all(
                     f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
-            result.arrival_runs.append(run)
+            table.append(run)
+        result.arrival_runs += table
+        if time.rates or time.auto_rates:
+            result.arrival_runs += run_rate_sweep(
+                workload, backends, capacity_tokens, time, scheduler=scheduler, done=table,
+                bars=bars,
+            )  # fmt: skip
     for cap in sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
