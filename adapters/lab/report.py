@@ -299,14 +299,26 @@ def saturation_lines(w: WorkloadResult) -> list[str]:
 ANCHOR_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
     ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity gives"),
-    ("at", ">", "the capacity that holds every request's KV (tokens = blocks = GiB)"),
+    (
+        "working set (capacity needed)",
+        ">",
+        "the smallest capacity that reaches the infinite-cache hit ratio (within 5%, by "
+        "bisection over replays): the largest live plus reusable footprint, above which the "
+        "hit ratio stops improving",
+    ),
     (
         "knee",
         ">",
-        "the sweep's point farthest above the line from its tightest to its roomiest point "
-        "(log capacity): past it each doubling buys less",
+        "the smallest capacity reaching 98% of the infinite-cache hit ratio (by bisection); "
+        "without --capacity-search, the sweep's point farthest above the line from its "
+        "tightest to its roomiest point (log capacity)",
     ),
     ("hit at knee", ">", "hit ratio at the knee"),
+    (
+        "all requests' KV",
+        ">",
+        "every request's prompt and output at once (nothing evicted): the sum, not what is needed",
+    ),
 )
 """Columns of the capacity anchors table, as :data:`COLUMNS`."""
 
@@ -317,9 +329,10 @@ def anchor_rows(w: WorkloadResult) -> list[list[str]]:
         [
             a.backend,
             f"{a.infinite_hit_ratio:.1%}",
-            a.describe(a.infinite_capacity_tokens),
+            a.working_set_text,
             a.knee_text,
             "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+            a.describe(a.infinite_capacity_tokens),
         ]
         for a in w.anchors
     ]

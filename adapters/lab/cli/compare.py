@@ -121,6 +121,15 @@ def _add_k_live_flags(cmp: argparse.ArgumentParser) -> None:
         "vs capacity (default: on for the built-in set, off otherwise)",
     )
     cmp.add_argument(
+        "--capacity-search",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="find each backend's working set (the smallest capacity reaching the "
+        "infinite-cache hit ratio) and knee (98%% of it) by bisection over replays, to "
+        "within 5%%: about 8-16 more replays a backend (default: on for built-in "
+        "workloads, off for a trace)",
+    )
+    cmp.add_argument(
         "--timing-repeats",
         type=lambda t: positive_int(t) if t != "0" else 0,
         default=None,
@@ -335,6 +344,9 @@ def _settings(
         time=time_settings,
         max_pool_blocks=args.max_pool_blocks,
         profile=profile,
+        capacity_search=args.trace is None
+        if args.capacity_search is None
+        else args.capacity_search,
     )
 
 

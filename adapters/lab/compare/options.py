@@ -50,6 +50,8 @@ class CompareOptions:
         capacity_tokens: the KV capacity in tokens, or several (a sweep, the first
             being the table's); default roomy.
         capacity_sweep: also sweep capacities (default: when several are given).
+        capacity_search: find each backend's working set and knee by bisection over
+            replays (default: on for built-in workloads, off for a trace).
         concurrency: the K of the K-live schedule.
         timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
@@ -81,6 +83,7 @@ class CompareOptions:
     index_options: Mapping[str, Mapping[str, Any]] | None = None
     capacity_tokens: int | Sequence[int] | None = None
     capacity_sweep: bool | None = None
+    capacity_search: bool | None = None
     concurrency: int = 1
     timing_repeats: int = 1
     boundary_accounting: bool | None = None
@@ -169,6 +172,9 @@ class CompareOptions:
             if accounting is None
             else accounting,
             time=self.time_settings(),
+            capacity_search=self.trace is None
+            if self.capacity_search is None
+            else self.capacity_search,
         )
 
 
