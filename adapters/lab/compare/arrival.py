@@ -282,10 +282,15 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     if settings.time_scale is None:
         return
     source = workload.requests
-    if isinstance(source, TraceSource) and source.format == "kv-cache-tester":
+    if (
+        isinstance(source, TraceSource)
+        and source.format == "kv-cache-tester"
+        and source.options.session_order == "sequential"
+    ):
         raise SimConfigError(
             f"{workload.name}: kv-cache-tester traces time each conversation from its own "
-            "start, so their requests are not in arrival order; give --request-rate"
+            "start, so conversations replayed one after another are not in arrival order; "
+            "give --request-rate, or interleave them (--session-order interleaved)"
         )
     first = next(iter(source), None)
     if first is not None and first.arrival is None:
@@ -423,9 +428,12 @@ def run_arrival(
         ),
         asked,
     )
-    where = {"table": "", "rate": f" @ {settings.request_rate:g} req/s"}.get(
-        role, f" @ {capacity_tokens:,} tok"
-    )
+    if role == "table":
+        where = ""
+    elif role == "rate":
+        where = f" @ {settings.request_rate:g} req/s"
+    else:
+        where = f" @ {capacity_tokens:,} tok"
     desc = f"{workload.name} {spec.label} as {engine}{where}"
     bar = bars(desc, workload.stats.prompt_tokens) if bars else None
     try:

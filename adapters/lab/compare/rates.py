@@ -64,15 +64,17 @@ def run_rate_sweep(
     scheduler: Scheduler,
     done: Sequence[ArrivalRun] = (),
     bars: Bars | None = None,
+    into: list[ArrivalRun] | None = None,
 ) -> list[ArrivalRun]:
     """Each backend at each rate of the sweep (role ``rate``), under ``scheduler``.
 
     Listed rates all run; ``auto`` doubles from ``settings.request_rate`` and stops a
     backend at its first overloaded rate. ``done`` are runs already made (the
     table's): their backend and rate are not run again, but count for ``auto``. A
-    rate at which a request cannot fit is left out.
+    rate at which a request cannot fit is left out. Each run is appended to ``into``
+    (default a new list, returned) as it finishes, so Ctrl-C keeps the finished ones.
     """
-    out: list[ArrivalRun] = []
+    out: list[ArrivalRun] = [] if into is None else into
     ran = {(r.backend, r.settings.request_rate): r for r in done}
     if settings.auto_rates:
         first = settings.request_rate or 1.0

@@ -288,11 +288,11 @@ def _run_arrival_all(
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
             table.append(run)
-        result.arrival_runs += table
+            result.arrival_runs.append(run)
         if time.rates or time.auto_rates:
-            result.arrival_runs += run_rate_sweep(
+            run_rate_sweep(
                 workload, backends, capacity_tokens, time, scheduler=scheduler, done=table,
-                bars=bars,
+                bars=bars, into=result.arrival_runs,
             )  # fmt: skip
     for cap in sweep:
         if cap == capacity_tokens:
