@@ -11,6 +11,7 @@ pandas DataFrames when pandas is installed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -225,10 +226,11 @@ def _anchors(
                 boundary_accounting=False, bars=bars,
             ).hit_ratio  # fmt: skip
         bend = knee(points)
-        working_set, rule, replays = None, "kneedle", 0
+        working_set: int | None = None
+        rule, replays = "kneedle", 0
         if search:
             finder = CapacitySearch(
-                lambda c, b=b: _hit_ratio(workload, b, c, concurrency, bars),
+                functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
                 [*points, (result.capacity_tokens, run.hit_ratio), (roomy, infinite)],
             )
             tight = min_capacity(workload.stats, backends, concurrency)
@@ -257,7 +259,7 @@ def _anchors(
 
 
 def _hit_ratio(
-    workload: Workload, spec: BackendSpec, capacity: int, concurrency: int, bars: Bars | None
+    workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
 ) -> float | None:
     (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
     return point.hit_ratio
