@@ -233,3 +233,19 @@ def test_closed_loop_sessions_say_their_achieved_rate(
     (run,) = [r for r in _doc(tmp_path)["runs"] if r["schedule"] == "arrival"]
     assert run["closed_loop"] and run["sent_rate"] < run["offered_rate"] / 1.1
     assert "closed loop, sessions sent" in out
+
+
+def test_the_python_api_sweeps_rates_with_an_slo() -> None:
+    from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
+
+    t = compare_backends(
+        CompareOptions(
+            ["multi_turn"], indexes="hash_chain", max_requests=60, timing_repeats=0,
+            request_rate=1.0, rate_sweep=[4.0], slo=Slo(ttft_s=0.5), closed_loop=False,
+        )
+    )  # fmt: skip
+    runs = t.comparison.workloads[0].arrival_runs
+    assert [(r.role, r.settings.request_rate) for r in runs] == [("table", 1.0), ("rate", 4.0)]
+    assert all(r.load_summary.goodput is not None for r in runs)
+    with pytest.raises(SimConfigError, match="rate_sweep"):
+        compare_backends(CompareOptions(["seed"], request_rate=1.0, rate_sweep="fast"))

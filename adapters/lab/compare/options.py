@@ -25,6 +25,8 @@ from typing import Any
 
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
+from ..sim.errors import SimConfigError
+from ..sim.load import Slo
 from ..traces import ReadOptions
 from ..workload_sources import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
@@ -56,6 +58,10 @@ class CompareOptions:
         timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
         request_rate: arrival-time runs at this many requests per second.
+        rate_sweep: more request rates to run at the table's capacity, or ``"auto"``
+            (double from a rate the replica serves with room until each backend is
+            overloaded; ``request_rate`` may then be ``None``).
+        slo: goodput under this objective (:class:`~..sim.load.Slo`).
         time_scale: arrival-time runs at the trace's timestamps times this.
         arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
         max_num_seqs: most running requests.
@@ -88,6 +94,8 @@ class CompareOptions:
     timing_repeats: int = 1
     boundary_accounting: bool | None = None
     request_rate: float | None = None
+    rate_sweep: Sequence[float] | str | None = None
+    slo: Slo | None = None
     time_scale: float | None = None
     arrival: ArrivalProcess = "poisson"
     max_num_seqs: int = 256
@@ -109,7 +117,10 @@ class CompareOptions:
             SimConfigError: a value out of range.
             ProfileError: a profile that cannot be read.
         """
-        if self.request_rate is None and self.time_scale is None:
+        auto = self.rate_sweep == "auto"
+        if isinstance(self.rate_sweep, str) and not auto:
+            raise SimConfigError(f"rate_sweep is rates or 'auto', got {self.rate_sweep!r}")
+        if self.request_rate is None and self.time_scale is None and not auto:
             return None
         profile = self.profile
         if not isinstance(profile, CostProfile):
@@ -126,6 +137,9 @@ class CompareOptions:
             profile=profile,
             schedulers=tuple(self.schedulers),
             closed_loop=self.closed_loop,
+            slo=self.slo,
+            rates=() if auto or self.rate_sweep is None else tuple(self.rate_sweep),
+            auto_rates=auto,
         )
 
     def load_workloads(self) -> list[Workload]:
