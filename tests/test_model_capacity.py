@@ -237,7 +237,10 @@ def test_a_request_longer_than_the_pool_is_rejected_not_an_abort(
         str(cap), *SMALL, "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
-    assert "rejected before scheduling" in out and f"fits the KV pool of {cap:,} tokens" in out
+    assert (
+        "rejected before scheduling" in out
+        and f"alone in the KV pool (capacity {cap:,} tokens)" in out
+    )
     assert _doc(tmp_path)["workloads"][0]["num_requests"] < 40
 
 
@@ -246,8 +249,12 @@ def test_a_request_longer_than_the_pool_is_rejected_not_an_abort(
 def test_admission_keeps_exactly_what_fits_and_counts_the_rest(max_len: int, pool: int) -> None:
     (w,) = load_workloads(["multi_turn"], None, max_requests=40)
     rule = AdmissionRule(max_model_len=max_len, pool_tokens=pool, block_size=16)
-    kept, rejected = admit(w, rule)
     fits = [r for r in w.requests if rule.reason(len(r.tokens), len(r.output)) is None]
+    if not fits:
+        with pytest.raises(CapacityError, match="all 40 requests are too long"):
+            admit(w, rule)
+        return
+    kept, rejected = admit(w, rule)
     assert [r.id for r in kept.requests] == [r.id for r in fits]
     assert kept.stats.num_requests + rejected.count == w.stats.num_requests
     assert kept.stats.prompt_tokens + rejected.prompt_tokens == w.stats.prompt_tokens

@@ -71,13 +71,14 @@ class AdmissionRule:
         return None
 
     def describe(self) -> str:
-        """``"prompt + output <= max_model_len 8,192 and fits the pool of 467,291 tokens"``."""
+        """``"prompt + output <= max_model_len 8,192, and alone in the KV pool (capacity
+        467,291 tokens)"``."""
         parts = []
         if self.max_model_len is not None:
             parts.append(f"prompt + output <= max_model_len {self.max_model_len:,}")
         if self.pool_tokens is not None:
-            parts.append(f"fits the KV pool of {self.pool_tokens:,} tokens alone")
-        return " and ".join(parts) or "no limit"
+            parts.append(f"alone in the KV pool (capacity {self.pool_tokens:,} tokens)")
+        return ", and ".join(parts) or "no limit"
 
 
 @dataclass(slots=True)
@@ -104,7 +105,7 @@ class Rejections:
         )
         return (
             f"{self.count:,} of {total:,} requests rejected before scheduling, as vLLM "
-            f"refuses them (a 400, not an abort), for their length: each must have "
+            f"refuses them (a 400, not an abort), for their length: each must fit "
             f"{self.rule.describe()}. Their {self.prompt_tokens:,} prompt tokens are out of "
             f"every figure. Rejected: {first}{more} (--on-long-request abort stops instead)"
         )
@@ -131,7 +132,8 @@ def admit(
     workload comes back unchanged when nothing is refused.
 
     Raises:
-        CapacityError: ``abort`` and a request is refused (naming it and why).
+        CapacityError: ``abort`` and a request is refused (naming it and why), or every
+            request is refused.
     """
     rejected = Rejections(rule)
     stats = TraceStats()
@@ -151,6 +153,12 @@ def admit(
             rejected.named.append(f"{rid} ({why})")
     if not rejected.count:
         return workload, rejected
+    if not stats.num_requests:
+        raise CapacityError(
+            f"{workload.name}: all {rejected.count:,} requests are too long to fit "
+            f"{rule.describe()}; the first: {rejected.named[0]}. Raise the capacity or "
+            "--max-model-len"
+        )
     kept = Workload(
         name=workload.name,
         source=workload.source,
