@@ -117,9 +117,11 @@ class CompareOptions:
             SimConfigError: a value out of range.
             ProfileError: a profile that cannot be read.
         """
-        auto = self.rate_sweep == "auto"
-        if isinstance(self.rate_sweep, str) and not auto:
-            raise SimConfigError(f"rate_sweep is rates or 'auto', got {self.rate_sweep!r}")
+        sweep = self.rate_sweep
+        auto = sweep == "auto"
+        if isinstance(sweep, str) and not auto:
+            raise SimConfigError(f"rate_sweep is rates or 'auto', got {sweep!r}")
+        rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
         if self.request_rate is None and self.time_scale is None and not auto:
             return None
         profile = self.profile
@@ -138,7 +140,7 @@ class CompareOptions:
             schedulers=tuple(self.schedulers),
             closed_loop=self.closed_loop,
             slo=self.slo,
-            rates=() if auto or self.rate_sweep is None else tuple(self.rate_sweep),
+            rates=rates,
             auto_rates=auto,
         )
 
