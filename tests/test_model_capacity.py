@@ -164,6 +164,7 @@ def test_compare_sizes_the_pool_for_the_model_and_gpu(
     )  # fmt: skip
     assert code == 0, err
     assert _doc(tmp_path / "a")["workloads"][0]["capacity_tokens"] == 467_291
+    assert "capacity: hash_chain: 467,291 tokens give " in out  # against the working set
     assert out.startswith("capacity: meta-llama/Meta-Llama-3-8B: 32 layers x 8 KV heads")
     assert "pool 467,291 tokens" in out and "upper bound" in out
     report = (tmp_path / "a" / "report.md").read_text(encoding="utf-8")

@@ -360,6 +360,8 @@ def _print_workload(r: WorkloadResult) -> None:
     if r.anchors:
         print()
         print(report.text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
+        for line in report.capacity_lines(r):
+            print(f"capacity: {line}")
     arrival = r.arrival_at_table()
     if arrival:
         print()
