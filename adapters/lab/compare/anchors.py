@@ -89,8 +89,8 @@ class CapacityAnchor:
         if self.knee_tokens is not None:
             return self.describe(self.knee_tokens)
         if self.num_points < 3:
-            return "- (sweep capacities for it: --capacity-sweep)"
-        return "- (the hit ratio does not rise above the chord over the sweep)"
+            return "- (--capacity-search finds it)"
+        return "- (the sweep has no bend: --capacity-search finds it)"
 
     def gib(self, tokens: int | None) -> float | None:
         """``tokens`` of KV in GiB (``None`` without the bytes per token)."""
