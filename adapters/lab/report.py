@@ -30,7 +30,7 @@ from .compare.run import WorkloadResult
 from .compare.spec import Scalar
 from .extras import has_extra
 from .sim import write_rows
-from .sim.load import OVERLOAD_MARGIN, LoadSummary
+from .sim.load import LoadSummary
 
 __all__ = [
     "ANCHOR_COLUMNS",
@@ -233,7 +233,7 @@ def _rate(value: float) -> str:
 def _load_word(load: LoadSummary) -> str:
     if load.overloaded:
         return "OVERLOADED"
-    if load.closed_loop and load.sent_rate < load.offered_rate / (1 + OVERLOAD_MARGIN):
+    if load.held_back:
         return "closed loop"
     return "ok"
 
@@ -244,7 +244,7 @@ def load_lines(w: WorkloadResult) -> list[str]:
     out = []
     for t in w.arrival_at_table():
         load = t.load_summary
-        if load.overloaded or _load_word(load) == "closed loop":
+        if load.overloaded or load.held_back:
             out.append(f"{w.name}, {t.backend} as {t.engine}: {load.verdict()}")
     return out
 

@@ -160,6 +160,11 @@ class LoadSummary:
     good_requests: int | None = None
     goodput: float | None = None
 
+    @property
+    def held_back(self) -> bool:
+        """Closed-loop sessions sent requests more than the margin below the offered rate."""
+        return self.closed_loop and self.sent_rate < self.offered_rate / (1 + OVERLOAD_MARGIN)
+
     def as_row(self) -> dict[str, float | int | bool | str | None]:
         """The columns a run's row gains."""
         return {
@@ -182,7 +187,7 @@ class LoadSummary:
                 f"{text}: overloaded (queues grow without bound: waiting grows "
                 f"{self.waiting_growth:.3g} s per s of run)"
             )
-        if self.closed_loop and self.sent_rate < self.offered_rate / (1 + OVERLOAD_MARGIN):
+        if self.held_back:
             return (
                 f"{text}: closed loop, sessions sent {_rate(self.sent_rate)} (each turn waits "
                 "for its previous answer plus think time); not overloaded"
