@@ -45,6 +45,16 @@ def test_overload_is_noted_and_a_steady_fleet_is_not() -> None:
     assert report.report_notes(calm, calm) == []
 
 
+def test_each_run_says_its_offered_and_achieved_rate_and_the_shared_overload_verdict() -> None:
+    hot = _runs(400.0, ("round_robin",), closed_loop=False)
+    calm = _runs(0.5, ("round_robin",), closed_loop=False)
+    for r in (*hot, *calm):
+        assert 0 < r.run.achieved_rate <= r.run.offered_rate
+    assert hot[0].run.overloaded and hot[0].run.achieved_rate < hot[0].run.offered_rate / 10
+    assert not calm[0].run.overloaded
+    assert "req/s offered / achieved" in "\n".join(report._policy_table(hot, hot))
+
+
 def test_a_policy_above_a_bound_is_explained() -> None:
     rr, llmd, pooled, infinite = _runs(0.5, ("round_robin", "llmd", "pooled", "infinite"))
     runs = [rr, _with_hit(llmd, 0.9), _with_hit(pooled, 0.8), _with_hit(infinite, 0.85)]

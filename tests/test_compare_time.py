@@ -212,7 +212,12 @@ def test_time_scale_keeps_a_mooncake_traces_timestamps(
         (["-w", "seed", "--request-rate", "1", "--profile", "nope"], "no profile 'nope'"),
         (["-w", "seed", "--request-rate", "1", "--policy", "sjf"], "invalid choice"),
         (["-w", "seed", "--request-rate", "1", "--max-num-batched-tokens", "0"], "token count"),
-        (["--trace", str(KVCT), "--time-scale", "1"], "not in arrival order"),
+        (["--trace", str(KVCT), "--time-scale", "1", "--session-order", "sequential"],
+         "not in arrival order"),
+        (["-w", "seed", "--request-rate", "1,1"], "distinct request rates"),
+        (["-w", "seed", "--request-rate", "1", "--slo-ttft", "0"], "--slo-ttft"),
+        (["-w", "seed", "--slo-tpot", "50"], "--slo-tpot need --request-rate or --time-scale"),
+        (["-w", "seed", "--time-scale", "2", "--request-rate", "auto"], "not allowed with"),
     ],
 )  # fmt: skip
 def test_bad_time_flags_are_one_line(

@@ -470,6 +470,7 @@ def test_compare_reports_the_infinite_cache_hit_ratio_and_the_knee(
         "--capacity-tokens",
         "3000",
         "--capacity-sweep",
+        "--no-capacity-search",
         *SMALL,
         "--out",
         str(tmp_path),

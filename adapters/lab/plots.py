@@ -274,10 +274,11 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
         f"{w.capacity_tokens:,} tokens of KV, profile {t.settings.profile.name}",
     )
     written[f"ttft_cdf_{w.name}"] = name
-    if len({r.capacity_tokens for r in w.arrival_runs}) > 1:
+    by_capacity = [r for r in w.arrival_runs if r.role != "rate"]
+    if len({r.capacity_tokens for r in by_capacity}) > 1:
         name = f"time_vs_capacity_{part}.png"
         plot_capacity_sweep(
-            [r.row() for r in w.arrival_runs],
+            [r.row() for r in by_capacity],
             out / name,
             title=f"{w.name}: what KV capacity buys ({t.settings.describe_arrivals()})",
         )

@@ -25,24 +25,32 @@ from prefixkv.indexes.registry import describe_index
 
 from .compare.arrival import ArrivalRun
 from .compare.k_live import BackendRun
+from .compare.rates import saturation
 from .compare.run import WorkloadResult
 from .compare.spec import Scalar
 from .extras import has_extra
 from .sim import write_rows
+from .sim.load import LoadSummary
 
 __all__ = [
     "ANCHOR_COLUMNS",
     "COLUMNS",
+    "RATE_COLUMNS",
     "RESULTS_FORMAT",
     "TIME_COLUMNS",
     "anchor_rows",
+    "capacity_lines",
     "human_bytes",
+    "load_lines",
     "machine_info",
     "markdown_table",
     "package_versions",
+    "rate_rows",
+    "rate_runs",
     "request_rows",
     "results_document",
     "run_rows",
+    "saturation_lines",
     "sweep_table",
     "table_rows",
     "text_table",
@@ -108,6 +116,25 @@ TIME_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("queue mean/p90", ">", "arrival to the first step that computed any of the request"),
     ("E2E p50", ">", "arrival to the last output token"),
     ("req/s", ">", "finished requests per second, first arrival to last finish"),
+    (
+        "offered/achieved",
+        ">",
+        "requests per second offered (over the arrival window) and achieved (finished, "
+        "first arrival to last finish, as vllm bench serve's request throughput)",
+    ),
+    (
+        "goodput",
+        ">",
+        "requests per second that met every SLO bound (--slo-ttft, --slo-tpot, --slo-e2el), "
+        "as vllm bench serve --goodput; - without an SLO",
+    ),
+    (
+        "load",
+        "<",
+        "overloaded when the achieved rate falls over 10% short of the sent rate and the "
+        "queueing delay grows by over 0.1 s per second of run (a least-squares trend); "
+        "closed loop when sessions held the sent rate below the offered one",
+    ),
     (
         "prefill GPU-s",
         ">",
@@ -177,6 +204,7 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
     rows = []
     for t in runs:
         r = t.result.run
+        load = t.load_summary
         rows.append(
             [
                 t.backend,
@@ -186,6 +214,9 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
                 seconds(r.e2e_p50_s),
                 f"{r.request_throughput:.3g}",
+                f"{_rate(load.offered_rate)} / {_rate(load.achieved_rate)}",
+                "-" if load.goodput is None else _rate(load.goodput),
+                _load_word(load),
                 f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
                 f"{r.evicted_blocks:,}",
                 f"{r.num_preemptions:,}",
@@ -194,17 +225,100 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
     return rows
 
 
+def _rate(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}"
+
+
+def _load_word(load: LoadSummary) -> str:
+    if load.overloaded:
+        return "OVERLOADED"
+    if load.held_back:
+        return "closed loop"
+    return "ok"
+
+
+def load_lines(w: WorkloadResult) -> list[str]:
+    """One line per arrival-time run at the table's capacity and rate that is
+    overloaded or held back by closed-loop sessions (empty: all in a steady state)."""
+    out = []
+    for t in w.arrival_at_table():
+        load = t.load_summary
+        if load.overloaded or load.held_back:
+            out.append(f"{w.name}, {t.backend} as {t.engine}: {load.verdict()}")
+    return out
+
+
+RATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("rate", ">", "the request rate asked for (req/s)"),
+    ("backend", "<", "the index, and the engine it runs as"),
+    ("offered/achieved", ">", "requests per second offered and achieved"),
+    ("goodput", ">", "requests per second that met the SLO (- without one)"),
+    ("TTFT p50/p90", ">", "time to first token"),
+    ("TPOT p50", ">", "time per output token after the first"),
+    ("hit ratio", ">", "prompt tokens served from the cache"),
+    ("load", "<", "ok, closed loop, or OVERLOADED (queues grow without bound)"),
+)
+"""Columns of the request-rate sweep table."""
+
+
+def rate_runs(w: WorkloadResult) -> list[ArrivalRun]:
+    """The runs of a rate sweep at the table's capacity, by rate then backend
+    (empty without a sweep)."""
+    if not any(t.role == "rate" for t in w.arrival_runs):
+        return []
+    runs = [t for t in w.arrival_runs if t.role in ("table", "rate")]
+    return sorted(runs, key=lambda t: (t.settings.request_rate or 0.0, t.backend, t.engine))
+
+
+def rate_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
+    """One row of :data:`RATE_COLUMNS` cells per run."""
+    rows = []
+    for t in runs:
+        r, load = t.result.run, t.load_summary
+        rows.append(
+            [
+                f"{t.settings.request_rate or 0.0:g}",
+                f"{t.backend} as {t.engine}",
+                f"{_rate(load.offered_rate)} / {_rate(load.achieved_rate)}",
+                "-" if load.goodput is None else _rate(load.goodput),
+                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
+                seconds(r.tpot_p50_s),
+                f"{r.hit_ratio:.1%}",
+                _load_word(load),
+            ]
+        )
+    return rows
+
+
+def saturation_lines(w: WorkloadResult) -> list[str]:
+    """Per backend, where the rate sweep saturates it (empty without a sweep)."""
+    runs = rate_runs(w)
+    return [s.describe() for s in saturation(runs)] if runs else []
+
+
 ANCHOR_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
     ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity gives"),
-    ("at", ">", "the capacity that holds every request's KV (tokens = blocks = GiB)"),
+    (
+        "working set (capacity needed)",
+        ">",
+        "the smallest capacity that reaches the infinite-cache hit ratio (within 5%, by "
+        "bisection over replays): the largest live plus reusable footprint, above which the "
+        "hit ratio stops improving",
+    ),
     (
         "knee",
         ">",
-        "the sweep's point farthest above the line from its tightest to its roomiest point "
-        "(log capacity): past it each doubling buys less",
+        "the smallest capacity reaching 98% of the infinite-cache hit ratio (by bisection); "
+        "without --capacity-search, the sweep's point farthest above the line from its "
+        "tightest to its roomiest point (log capacity)",
     ),
     ("hit at knee", ">", "hit ratio at the knee"),
+    (
+        "all requests' KV",
+        ">",
+        "every request's prompt and output at once (nothing evicted): the sum, not what is needed",
+    ),
 )
 """Columns of the capacity anchors table, as :data:`COLUMNS`."""
 
@@ -215,12 +329,34 @@ def anchor_rows(w: WorkloadResult) -> list[list[str]]:
         [
             a.backend,
             f"{a.infinite_hit_ratio:.1%}",
-            a.describe(a.infinite_capacity_tokens),
+            a.working_set_text,
             a.knee_text,
             "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+            a.describe(a.infinite_capacity_tokens),
         ]
         for a in w.anchors
     ]
+
+
+def capacity_lines(w: WorkloadResult) -> list[str]:
+    """Per backend with a working set found: what the table's capacity gives against
+    what the reuse needs (``"hash_chain: 467,291 tokens give 25.0% of prompt tokens from
+    the cache; all the reuse (38.8%) needs 11,499,473 tokens = ...; 98% of it ..."``)."""
+    out = []
+    table = {b.backend: b for b in w.backends}
+    for a in w.anchors:
+        run = table.get(a.backend)
+        if a.working_set_tokens is None or run is None:
+            continue
+        text = (
+            f"{a.backend}: {w.capacity_tokens:,} tokens give {run.hit_ratio:.1%} of prompt "
+            f"tokens from the cache; all the reuse ({a.infinite_hit_ratio:.1%}) needs "
+            f"{a.describe(a.working_set_tokens)}"
+        )
+        if a.knee_tokens is not None and a.knee_hit_ratio is not None:
+            text += f", its knee ({a.knee_hit_ratio:.1%}) {a.describe(a.knee_tokens)}"
+        out.append(text)
+    return out
 
 
 def text_table(
@@ -292,11 +428,12 @@ def sweep_table(w: WorkloadResult) -> str | None:
 def time_sweep_table(w: WorkloadResult) -> str | None:
     """Hit ratio and TTFT p90 per backend at each capacity of the arrival-time runs,
     as Markdown (``None`` unless there are several capacities)."""
-    caps = sorted({t.capacity_tokens for t in w.arrival_runs})
+    runs = [t for t in w.arrival_runs if t.role != "rate"]
+    caps = sorted({t.capacity_tokens for t in runs})
     if len(caps) < 2:
         return None
-    labels = list(dict.fromkeys(t.backend for t in w.arrival_runs))
-    by = {(t.backend, t.capacity_tokens): t.result.run for t in w.arrival_runs}
+    labels = list(dict.fromkeys(t.backend for t in runs))
+    by = {(t.backend, t.capacity_tokens): t.result.run for t in runs}
     rows = []
     for cap in caps:
         cells = []
@@ -537,6 +674,22 @@ def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     ]
     for line in time_headline(w):
         out += [line, ""]
+    for line in load_lines(w):
+        out += [f"**Load.** {line}.", ""]
+    swept_rates = rate_runs(w)
+    if swept_rates:
+        out += [
+            "Request-rate sweep at the table's capacity:",
+            "",
+            markdown_table(
+                [c[0] for c in RATE_COLUMNS],
+                rate_rows(swept_rates),
+                "".join(c[1] for c in RATE_COLUMNS),
+            ),
+            "",
+            *(f"- {line}" for line in saturation_lines(w)),
+            "",
+        ]
     cdf = plots.get(f"ttft_cdf_{w.name}")
     if cdf:
         out += [f"![TTFT CDF for {w.name}]({cdf})", ""]
@@ -594,6 +747,8 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         f"- backends: {', '.join(cfg['backends_described'])}",
         f"- concurrency (most live requests): {cfg['concurrency']}",
         f"- capacity: {cfg['capacity_rule']}",
+        *([f"- model and GPU: {cfg['capacity_model']}"] if cfg.get("capacity_model") else []),
+        *([f"- admission: {cfg['admission']}"] if cfg.get("admission") else []),
         f"- capacity sweep: {'yes' if cfg['capacity_sweep'] else 'no'}",
         f"- seed: {cfg['seed']}",
         f"- run time: {doc['elapsed_seconds']:.1f} s",
@@ -672,6 +827,8 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
                     anchor_rows(w),
                     "".join(c[1] for c in ANCHOR_COLUMNS),
                 ),
+                "",
+                *(f"- **Capacity.** {line}." for line in capacity_lines(w)),
                 "",
             ]
         strip = plots.get(f"strips_{w.name}")

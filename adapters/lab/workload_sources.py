@@ -150,7 +150,7 @@ def load_workloads(
             stats = source.scan(bar.update)
         finally:
             bar.close()
-        note = source.granularity_note()
+        notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
         name = os.path.basename(os.path.normpath(trace))
         return [
             Workload(
@@ -158,7 +158,7 @@ def load_workloads(
                 f"{trace} ({source.describe()})",
                 source,
                 stats,
-                () if note is None else (note,),
+                notes,
                 str(trace),
                 source.tokens_per_id,
             )

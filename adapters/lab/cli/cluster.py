@@ -362,6 +362,8 @@ def _print_run(res: ClusterResult) -> None:
     print(
         f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
         f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
+        f"req/s {r.offered_rate:.3g} offered, {r.achieved_rate:.3g} achieved"
+        f"{' OVERLOADED' if r.overloaded else ''}  "
         f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
         f"[{lab['wall_s']:.1f} s wall] {ok}",
         flush=True,

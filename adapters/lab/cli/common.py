@@ -18,6 +18,7 @@ from ..compare.spec import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
 from ..traces import FORMATS, ReadOptions, TraceLimits
+from ..traces.base import SESSION_ORDERS
 from ..workload_sources import Workload, load_workloads
 from .signals import EXIT_INTERRUPTED
 
@@ -284,6 +285,14 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         "--max-requests", type=positive_int, metavar="N", help="use only the first N requests"
     )
     t.add_argument(
+        "--session-order",
+        choices=SESSION_ORDERS,
+        default="interleaved",
+        help="kv-cache-tester conversations: interleaved by their time from each one's start, "
+        "all starting together, as concurrent agents (default), or sequential, one after "
+        "another (each finds its own blocks cached: optimistic for sizing)",
+    )
+    t.add_argument(
         "--tokens-per-id",
         type=positive_int,
         metavar="S",
@@ -343,7 +352,11 @@ def read_options(args: argparse.Namespace) -> ReadOptions:
     )
     timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
     return ReadOptions(
-        vocab_size=args.vocab_size, seed=args.seed, limits=limits, sorted_arrivals=timed
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        limits=limits,
+        sorted_arrivals=timed,
+        session_order=getattr(args, "session_order", "interleaved"),
     )
 
 

@@ -12,6 +12,7 @@ what is finished, marked partial.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -26,6 +27,7 @@ from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from .. import report
+from ..admission import admit
 from ..compare.arrival import SCHEDULERS, TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
@@ -41,6 +43,7 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
+from ..sim.load import Slo
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
     CLIUsageError,
@@ -55,6 +58,7 @@ from .common import (
     positive_int,
     token_bars,
 )
+from .model_flags import add_model_flags, admission_rule, apply_model, model_line
 from .signals import Interrupts
 
 __all__ = ["add_compare_parser", "run_compare"]
@@ -94,6 +98,7 @@ def add_compare_parser(sub: Any) -> None:
     add_common(cmp)
     _add_k_live_flags(cmp)
     _add_time_flags(cmp)
+    add_model_flags(cmp)
     cmp.add_argument(
         "--no-plots", action="store_true", help="skip the PNG plots (needed without matplotlib)"
     )
@@ -114,6 +119,15 @@ def _add_k_live_flags(cmp: argparse.ArgumentParser) -> None:
         default=None,
         help="also replay at 7 capacities from tight to roomy and plot hit ratio "
         "vs capacity (default: on for the built-in set, off otherwise)",
+    )
+    cmp.add_argument(
+        "--capacity-search",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="find each backend's working set (the smallest capacity reaching the "
+        "infinite-cache hit ratio) and knee (98%% of it) by bisection over replays, to "
+        "within 5%%: about 8-16 more replays a backend (default: on for built-in "
+        "workloads, off for a trace)",
     )
     cmp.add_argument(
         "--timing-repeats",
@@ -141,10 +155,12 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     when = g.add_mutually_exclusive_group()
     when.add_argument(
         "--request-rate",
-        type=positive_float,
-        metavar="R",
+        type=_request_rates,
+        metavar="R[,R...]|auto",
         help="also run each backend at arrival time, requests arriving at R per second "
-        "(as vllm bench serve --request-rate)",
+        "(as vllm bench serve --request-rate); several (1,2,4,8) sweep the rate at the "
+        "table's capacity, the first being the table's; auto starts where the replica has "
+        "room and doubles until each backend is overloaded (at most 10 rates)",
     )
     when.add_argument(
         "--time-scale",
@@ -200,6 +216,19 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "before the previous one finished (default: sessions replay closed loop, each turn "
         "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
     )
+    for name, what in (
+        ("ttft", "time to first token"),
+        ("tpot", "time per output token after the first"),
+        ("e2el", "end-to-end latency"),
+    ):
+        g.add_argument(
+            f"--slo-{name}",
+            type=_milliseconds,
+            metavar="MS",
+            help=f"an SLO bound on {what}, in milliseconds (or 0.5s); the goodput column "
+            "counts requests per second that meet every bound given, as vllm bench serve "
+            f"--goodput {name}:MS",
+        )
     g.add_argument(
         "--profile",
         metavar="NAME|FILE",
@@ -235,12 +264,24 @@ def run_compare(
     profile = (
         time_settings.profile if time_settings else load_profile(args.profile or DEFAULT_PROFILE)
     )
+    profile, model = apply_model(args, profile)
+    if time_settings is not None:
+        time_settings = dataclasses.replace(time_settings, profile=profile)
+    if args.capacity_tokens == "auto" and model is not None and args.gpu_memory is None:
+        raise CLIUsageError("--capacity-tokens auto with --model-config needs --gpu-memory GIB")
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
     caps = capacities(args, profile)
+    sizing = model_line(args, profile, model)
+    if sizing:
+        print(f"capacity: {sizing}")
+    rule = admission_rule(args, model, backends, caps[0] if caps else None)
+    if rule is not None:
+        abort = args.on_long_request == "abort"
+        workloads = [admit(w, rule, abort=abort)[0] for w in workloads]
     settings = _settings(args, backends, workloads, time_settings, caps, profile)
     plans = plan_comparison(workloads, settings)
-    physical = time_settings is not None or args.profile is not None or caps is not None
+    physical = time_settings is not None or args.profile is not None or caps is not None or sizing
     if physical:
         listed = caps or [p.capacity_tokens for p in plans]
         comparison_warnings = capacity_warnings(sorted(set(listed)), profile, args)
@@ -254,6 +295,8 @@ def run_compare(
     for line in comparison.warnings:
         print(f"prefixkv: warning: {line}", file=sys.stderr)
     config = _compare_config(args, argv, settings, caps)
+    config["capacity_model"] = sizing
+    config["admission"] = None if rule is None else rule.describe()
     return _write_outputs(args, out, comparison, config, t0, interrupts)
 
 
@@ -268,7 +311,8 @@ def _output_folder(args: argparse.Namespace) -> Path:
     """The ``--out`` folder, checked before anything runs: a folder (or absent), not an
     input, and none of its report files a link, a device or an input."""
     profile = args.profile if args.profile and os.path.exists(args.profile) else None
-    return check_output_folder(args.out, _OUTPUTS, [args.trace, profile])
+    model = args.model_config if args.model_config and os.path.exists(args.model_config) else None
+    return check_output_folder(args.out, _OUTPUTS, [args.trace, profile, model])
 
 
 def _settings(
@@ -300,6 +344,9 @@ def _settings(
         time=time_settings,
         max_pool_blocks=args.max_pool_blocks,
         profile=profile,
+        capacity_search=args.trace is None
+        if args.capacity_search is None
+        else args.capacity_search,
     )
 
 
@@ -313,11 +360,22 @@ def _print_workload(r: WorkloadResult) -> None:
     if r.anchors:
         print()
         print(report.text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
+        for line in report.capacity_lines(r):
+            print(f"capacity: {line}")
     arrival = r.arrival_at_table()
     if arrival:
         print()
         print(report.time_title(r))
         print(report.text_table(report.time_rows(arrival), report.TIME_COLUMNS))
+        for line in report.load_lines(r):
+            print(f"load: {line}")
+    swept = report.rate_runs(r)
+    if swept:
+        print()
+        print(f"{r.name}: request-rate sweep at {r.capacity_tokens:,} tokens")
+        print(report.text_table(report.rate_rows(swept), report.RATE_COLUMNS))
+        for line in report.saturation_lines(r):
+            print(f"saturation: {line}")
     print()
 
 
@@ -366,8 +424,38 @@ def _write_outputs(
 
 _TIME_KNOBS = (
     "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "scheduler",
-    "open_loop",
+    "open_loop", "slo_ttft", "slo_tpot", "slo_e2el",
 )  # fmt: skip
+
+
+def _request_rates(text: str) -> list[float] | str:
+    """``auto``, or one or more distinct rates > 0, comma-separated."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    rates = [positive_float(p.strip()) for p in text.split(",") if p.strip()]
+    if not rates or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(
+            f"want distinct request rates > 0 like 1,2,4,8, or auto, got {text!r}"
+        )
+    return rates
+
+
+def _milliseconds(text: str) -> float:
+    """``500`` or ``500ms`` (milliseconds, as vllm bench serve --goodput) or ``0.5s``,
+    in seconds."""
+    value = text.strip().lower()
+    scale = 1e-3
+    if value.endswith("ms"):
+        value = value[:-2]
+    elif value.endswith("s"):
+        value, scale = value[:-1], 1.0
+    return positive_float(value) * scale
+
+
+def _slo(args: argparse.Namespace) -> Slo | None:
+    if args.slo_ttft is None and args.slo_tpot is None and args.slo_e2el is None:
+        return None
+    return Slo(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2el)
 
 
 def _schedulers(text: str) -> tuple[str, ...]:
@@ -391,8 +479,11 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
     if args.batching is not None and args.scheduler is not None:
         raise CLIUsageError("give --scheduler or --batching, not both")
+    rates = args.request_rate
+    auto = rates == "auto"
+    listed = [] if rates is None or auto else list(rates)
     return TimeSettings(
-        request_rate=args.request_rate,
+        request_rate=listed[0] if listed else None,
         time_scale=args.time_scale,
         arrival=args.arrival or "poisson",
         seed=args.seed,
@@ -403,6 +494,9 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         profile=load_profile(args.profile or DEFAULT_PROFILE),
         schedulers=args.scheduler or ("vllm",),
         closed_loop=not args.open_loop,
+        slo=_slo(args),
+        rates=tuple(listed[1:]),
+        auto_rates=auto,
     )
 
 

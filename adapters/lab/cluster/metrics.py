@@ -8,7 +8,9 @@ policy's own load measure. Predicted overlap is what the router's index promised
 the chosen worker (capped as admission caps), realized is what the replica then hit.
 Overload shows in two figures: the offered load (compute seconds the replicas needed
 per second of arrivals, per replica: above 1 the queues must grow) and the TTFT growth
-(the last quarter of arrivals' mean TTFT over the first quarter's).
+(the last quarter of arrivals' mean TTFT over the first quarter's); beside them the
+offered and achieved request rates and the overload verdict every timed run gives
+(:mod:`~prefixkv.adapters.lab.sim.load`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prefixkv.adapters.lab.sim.load import summarize_load
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics, percentile
 
 __all__ = [
@@ -175,6 +178,10 @@ class ClusterRun:
     makespan_s: float
     offered_load: float
     ttft_growth: float
+    offered_rate: float = math.nan
+    achieved_rate: float = math.nan
+    waiting_growth: float = math.nan
+    overloaded: bool = False
 
 
 def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
@@ -216,6 +223,7 @@ def summarize_run(
     start = min((m.arrival_s for m in recs), default=0.0)
     end = max((m.finish_s for m in recs), default=0.0)
     span = max((m.arrival_s for m in recs), default=0.0) - start
+    load = summarize_load(recs)
     return ClusterRun(
         num_requests=len(recs),
         num_replicas=len(replicas),
@@ -247,6 +255,10 @@ def summarize_run(
         makespan_s=end - start,
         offered_load=math.fsum(busy) / (len(busy) * span) if busy and span > 0 else math.nan,
         ttft_growth=ttft_growth(recs),
+        offered_rate=load.offered_rate,
+        achieved_rate=load.achieved_rate,
+        waiting_growth=load.waiting_growth,
+        overloaded=load.overloaded,
     )
 
 

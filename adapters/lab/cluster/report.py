@@ -70,6 +70,9 @@ POLICY_COLUMNS: tuple[tuple[str, str], ...] = (
      "replica; above 1 the queues grow without bound"),
     ("TTFT growth", "mean TTFT of the last quarter of arrivals over the first quarter's: "
      "near 1 in a steady state"),
+    ("req/s offered / achieved", "requests per second over the arrival window, and "
+     "finished per second from the first arrival to the last finish; overloaded also when "
+     "the achieved rate is over 10% short and queueing grows over 0.1 s per s of run"),
     ("load CV", "coefficient of variation (population std / mean) of the seconds each "
      "replica spent computing: 0 is perfectly even"),
     ("decision p99 (µs)", "the router's time per decision, 99th percentile: CPU time of "
@@ -126,9 +129,9 @@ def _policy_table(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResul
     ref = _refs(all_runs)
     lines = [
         "| policy | index | hit ratio | / round robin | / pooled | TTFT mean (s) | TTFT p90 (s) "
-        "| offered load | TTFT growth | load CV | decision p99 (µs, CPU / wall) "
-        "| overlap MAE (tok) | phantom |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| offered load | TTFT growth | req/s offered / achieved | load CV "
+        "| decision p99 (µs, CPU / wall) | overlap MAE (tok) | phantom |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         run = r.run
@@ -137,7 +140,8 @@ def _policy_table(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResul
             f"| {_fmt(_ratio(r, ref['round_robin'].get(_key(r))), 2)} "
             f"| {_fmt(_ratio(r, ref['pooled'].get(_key(r))), 2)} | {_fmt(run.ttft_mean_s, 2)} "
             f"| {_fmt(run.ttft_p90_s, 2)} | {_fmt(run.offered_load, 2)} "
-            f"| {_fmt(run.ttft_growth, 1)} | {_fmt(run.load_cv)} "
+            f"| {_fmt(run.ttft_growth, 1)} "
+            f"| {_fmt(run.offered_rate, 3)} / {_fmt(run.achieved_rate, 3)} | {_fmt(run.load_cv)} "
             f"| {_fmt(run.decision_cpu_p99_us, 0)} / {_fmt(run.decision_p99_us, 0)} "
             f"| {_fmt(run.overlap_mae_tokens, 0)} | {_fmt(run.phantom_rate, 3)} |"
         )
@@ -183,7 +187,7 @@ def _fault_table(
 
 def _overloaded(r: ClusterResult) -> bool:
     run = r.run
-    return run.offered_load > 1 or run.ttft_growth > GROWTH_LIMIT
+    return run.offered_load > 1 or run.ttft_growth > GROWTH_LIMIT or run.overloaded
 
 
 def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult]) -> list[str]:
@@ -210,8 +214,9 @@ def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult
         )
         notes.append(
             f"**Overload.** {len(hot)} of {len(policies)} policies ran an overloaded fleet: "
-            f"{names}. Their queues grow through the trace (offered load above 1, or the "
-            f"last quarter's TTFT above {GROWTH_LIMIT:g}x the first quarter's; "
+            f"{names}. Their queues grow through the trace (offered load above 1, the "
+            f"last quarter's TTFT above {GROWTH_LIMIT:g}x the first quarter's, or the "
+            f"achieved rate short of the offered one while queueing grows; "
             f"{worst.labels['policy']} reaches a TTFT mean of "
             f"{_fmt(worst.run.ttft_mean_s, 1)} s), so TTFT measures the backlog more than "
             "the routing. Lower `--request-rate`, raise `--time-scale`, or add replicas "

@@ -1,12 +1,15 @@
-"""Anchors for choosing a capacity: the infinite-cache hit ratio and the knee of the
-hit-vs-capacity curve, each in tokens, blocks and GiB.
+"""Anchors for choosing a capacity: the infinite-cache hit ratio, the working set that
+reaches it and the knee of the hit-vs-capacity curve, each in tokens, blocks and GiB.
 
 The infinite-cache hit ratio is a backend's K-live hit ratio at the roomy capacity
 (every request's KV at once: nothing is evicted), the most any capacity can give it.
-The knee is the sweep's point farthest above the straight line from its tightest to
-its roomiest point, with capacity on a log scale (Kneedle, Satopää et al. 2011): past
-it, each doubling of the cache buys less. GiB need the model's KV bytes per token,
-which the cost profile gives.
+The working set is the smallest capacity that reaches it, and the knee the smallest
+that reaches 98% of it, both found by bisection over replays
+(:mod:`.capacity_search`). Without that search, the knee is the sweep's point
+farthest above the straight line from its tightest to its roomiest point, with
+capacity on a log scale (Kneedle, Satopää et al. 2011): past it, each doubling of the
+cache buys less. GiB need the model's KV bytes per token, which the cost profile (or
+the model config) gives.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class CapacityAnchor:
         kv_bytes_per_token: the profile's, for GiB (``None``: unknown).
         model: the model the bytes are of.
         num_points: the sweep's points the knee was looked for in.
+        working_set_tokens: the smallest capacity reaching the infinite-cache hit
+            ratio (``None``: not searched).
+        knee_rule: how the knee was found (``"98% of infinite"`` by search, or
+            ``"kneedle"`` over the sweep).
+        search_replays: replays the search made.
     """
 
     workload: str
@@ -64,6 +72,16 @@ class CapacityAnchor:
     kv_bytes_per_token: int | None
     model: str
     num_points: int = 0
+    working_set_tokens: int | None = None
+    knee_rule: str = "kneedle"
+    search_replays: int = 0
+
+    @property
+    def working_set_text(self) -> str:
+        """The working set as :meth:`describe` gives it, or how to find it."""
+        if self.working_set_tokens is None:
+            return "- (--capacity-search finds it)"
+        return self.describe(self.working_set_tokens)
 
     @property
     def knee_text(self) -> str:
@@ -71,8 +89,8 @@ class CapacityAnchor:
         if self.knee_tokens is not None:
             return self.describe(self.knee_tokens)
         if self.num_points < 3:
-            return "- (sweep capacities for it: --capacity-sweep)"
-        return "- (the hit ratio does not rise above the chord over the sweep)"
+            return "- (--capacity-search finds it)"
+        return "- (the sweep has no bend: --capacity-search finds it)"
 
     def gib(self, tokens: int | None) -> float | None:
         """``tokens`` of KV in GiB (``None`` without the bytes per token)."""
@@ -106,4 +124,11 @@ class CapacityAnchor:
             "knee_hit_ratio": self.knee_hit_ratio,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_model": self.model,
+            "working_set_tokens": self.working_set_tokens,
+            "working_set_blocks": None
+            if self.working_set_tokens is None
+            else self.working_set_tokens // self.block_size,
+            "working_set_gib": self.gib(self.working_set_tokens),
+            "knee_rule": self.knee_rule,
+            "search_replays": self.search_replays,
         }

@@ -42,6 +42,7 @@ from ..sim import (
     with_arrivals,
 )
 from ..sim.arrivals import check_request_rate, check_time_scale
+from ..sim.load import LoadSummary, Slo, summarize_load
 from ..traces import TraceRequest, TraceSource
 from ..workload_sources import Workload
 from .spec import BackendSpec, Bars, Scalar
@@ -97,6 +98,11 @@ class TimeSettings:
             under each; default vLLM's alone, so only the index varies.
         closed_loop: sessions replay closed loop (a turn waits for the previous one
             plus its think time); ``False``: every request at its own arrival.
+        slo: count goodput under this objective (``None``: no goodput).
+        rates: more request rates to sweep at the table's capacity, beside
+            ``request_rate`` (:mod:`.rates`).
+        auto_rates: sweep rates from ``request_rate`` doubling until each backend is
+            overloaded (at most :data:`~.rates.MAX_AUTO_RATES` rates).
 
     Raises:
         SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
@@ -115,8 +121,17 @@ class TimeSettings:
     profile: CostProfile = field(default_factory=load_profile)
     schedulers: tuple[Scheduler, ...] = ("vllm",)
     closed_loop: bool = True
+    slo: Slo | None = None
+    rates: tuple[float, ...] = ()
+    auto_rates: bool = False
 
     def __post_init__(self) -> None:
+        if self.slo is not None and not isinstance(self.slo, Slo):
+            raise SimConfigError(f"slo must be an Slo, got {self.slo!r:.80}")
+        if (self.rates or self.auto_rates) and self.time_scale is not None:
+            raise SimConfigError("a rate sweep needs request rates (not a time scale)")
+        for rate in self.rates:
+            check_request_rate(rate)
         if self.batching is not None:
             forced: Scheduler = "vllm" if self.batching == "mixed" else "sglang"
             object.__setattr__(self, "schedulers", (forced,))
@@ -132,7 +147,9 @@ class TimeSettings:
             )
         if type(self.closed_loop) is not bool:
             raise SimConfigError(f"closed_loop must be a bool, got {self.closed_loop!r}")
-        if (self.request_rate is None) == (self.time_scale is None):
+        if self.auto_rates and self.time_scale is None and self.request_rate is None:
+            pass  # the start rate is found per workload (rates.start_rate)
+        elif (self.request_rate is None) == (self.time_scale is None):
             raise SimConfigError("give a request rate or a time scale (one of the two)")
         if self.request_rate is not None:
             check_request_rate(self.request_rate)
@@ -189,8 +206,16 @@ class TimeSettings:
 
     def describe_arrivals(self) -> str:
         """``"Poisson, 4 req/s (seed 0)"``, ``"fixed, 4 req/s"``, ``"trace timestamps × 10"``."""
+        if self.request_rate is None and self.auto_rates:
+            return f"{self.arrival}, rates doubling until overloaded (seed {self.seed})"
         if self.request_rate is not None:
             rate = f"{self.request_rate:g} req/s"
+            if self.rates:
+                rate += " (table), swept at " + ", ".join(
+                    f"{r:g}" for r in sorted({*self.rates, self.request_rate})
+                )
+            elif self.auto_rates:
+                rate += ", doubling until overloaded"
             if self.arrival == "poisson":
                 return f"Poisson, {rate} (seed {self.seed})"
             return f"fixed, {rate}"
@@ -201,12 +226,13 @@ class TimeSettings:
         return {
             "arrivals": self.describe_arrivals(),
             "request_rate": self.request_rate,
-            "arrival_process": self.arrival if self.request_rate is not None else "trace",
+            "arrival_process": self.arrival if self.time_scale is None else "trace",
             "time_scale": self.time_scale,
             "arrival_seed": self.seed,
             "profile": self.profile.name,
             "varied": self.axis,
             "closed_loop": self.closed_loop,
+            "slo": "" if self.slo is None else self.slo.describe(),
         }
 
 
@@ -256,10 +282,15 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     if settings.time_scale is None:
         return
     source = workload.requests
-    if isinstance(source, TraceSource) and source.format == "kv-cache-tester":
+    if (
+        isinstance(source, TraceSource)
+        and source.format == "kv-cache-tester"
+        and source.options.session_order == "sequential"
+    ):
         raise SimConfigError(
             f"{workload.name}: kv-cache-tester traces time each conversation from its own "
-            "start, so their requests are not in arrival order; give --request-rate"
+            "start, so conversations replayed one after another are not in arrival order; "
+            "give --request-rate, or interleave them (--session-order interleaved)"
         )
     first = next(iter(source), None)
     if first is not None and first.arrival is None:
@@ -289,6 +320,8 @@ class ArrivalRun:
         config: the scheduler settings.
         settings: the arrivals and cost profile.
         result: per-request records and the run's summary.
+        load: offered vs achieved rate, overload and goodput
+            (:mod:`~prefixkv.adapters.lab.sim.load`).
     """
 
     workload: str
@@ -304,6 +337,14 @@ class ArrivalRun:
     config: SimConfig
     settings: TimeSettings
     result: SimResult
+    load: LoadSummary | None = None
+
+    @property
+    def load_summary(self) -> LoadSummary:
+        """:attr:`load`, or (for a run built without it) the records' own."""
+        if self.load is not None:
+            return self.load
+        return summarize_load(self.result.requests, slo=self.settings.slo)
 
     @property
     def pool_tokens(self) -> int:
@@ -333,12 +374,21 @@ class ArrivalRun:
 
     def row(self) -> dict[str, Scalar]:
         """One flat run record: labels, then the summary (:class:`~.sim.RunMetrics`)."""
-        return {**self.labels(), **self.result.run.as_row()}
+        return {**self.labels(), **self.result.run.as_row(), **self.load_summary.as_row()}
 
     def request_rows(self) -> list[dict[str, Any]]:
         """One flat record per request, in arrival order."""
         labels = self.labels()
-        return [{**labels, "position": k, **r.as_row()} for k, r in enumerate(self.result.requests)]
+        slo = self.settings.slo
+        return [
+            {
+                **labels,
+                "position": k,
+                **r.as_row(),
+                **({} if slo is None else {"meets_slo": slo.met(r)}),
+            }
+            for k, r in enumerate(self.result.requests)
+        ]
 
 
 def run_arrival(
@@ -367,14 +417,23 @@ def run_arrival(
     config = settings.config(spec, sched)
     engine = settings.engine(spec, sched)
     closed = settings.closed_loop and has_sessions(workload)
-    stamped = with_arrivals(
-        _sim_requests(workload.requests, closed),
-        request_rate=settings.request_rate,
-        time_scale=settings.time_scale,
-        process=settings.arrival,
-        seed=settings.seed,
+    asked: list[float] = []
+    stamped = _tally(
+        with_arrivals(
+            _sim_requests(workload.requests, closed),
+            request_rate=settings.request_rate,
+            time_scale=settings.time_scale,
+            process=settings.arrival,
+            seed=settings.seed,
+        ),
+        asked,
     )
-    where = "" if role == "table" else f" @ {capacity_tokens:,} tok"
+    if role == "table":
+        where = ""
+    elif role == "rate":
+        where = f" @ {settings.request_rate:g} req/s"
+    else:
+        where = f" @ {capacity_tokens:,} tok"
     desc = f"{workload.name} {spec.label} as {engine}{where}"
     bar = bars(desc, workload.stats.prompt_tokens) if bars else None
     try:
@@ -408,4 +467,15 @@ def run_arrival(
         config=config,
         settings=settings,
         result=result,
+        load=summarize_load(
+            result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
+        ),
     )
+
+
+def _tally(requests: Iterable[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:
+    """Pass ``requests`` through, noting each one's asked-for arrival (the offered load)."""
+    for r in requests:
+        if r.arrival is not None:
+            arrivals.append(r.arrival)
+        yield r

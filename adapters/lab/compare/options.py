@@ -24,6 +24,8 @@ from typing import Any
 
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
+from ..sim.errors import SimConfigError
+from ..sim.load import Slo
 from ..traces import ReadOptions
 from ..workload_sources import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
@@ -49,10 +51,16 @@ class CompareOptions:
         capacity_tokens: the KV capacity in tokens, or several (a sweep, the first
             being the table's); default roomy.
         capacity_sweep: also sweep capacities (default: when several are given).
+        capacity_search: find each backend's working set and knee by bisection over
+            replays (default: on for built-in workloads, off for a trace).
         concurrency: the K of the K-live schedule.
         timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
         request_rate: arrival-time runs at this many requests per second.
+        rate_sweep: more request rates to run at the table's capacity, or ``"auto"``
+            (double from a rate the replica serves with room until each backend is
+            overloaded; ``request_rate`` may then be ``None``).
+        slo: goodput under this objective (:class:`~..sim.load.Slo`).
         time_scale: arrival-time runs at the trace's timestamps times this.
         arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
         max_num_seqs: most running requests.
@@ -80,10 +88,13 @@ class CompareOptions:
     index_options: Mapping[str, Mapping[str, Any]] | None = None
     capacity_tokens: int | Sequence[int] | None = None
     capacity_sweep: bool | None = None
+    capacity_search: bool | None = None
     concurrency: int = 1
     timing_repeats: int = 1
     boundary_accounting: bool | None = None
     request_rate: float | None = None
+    rate_sweep: Sequence[float] | str | None = None
+    slo: Slo | None = None
     time_scale: float | None = None
     arrival: ArrivalProcess = "poisson"
     max_num_seqs: int = 256
@@ -105,7 +116,12 @@ class CompareOptions:
             SimConfigError: a value out of range.
             ProfileError: a profile that cannot be read.
         """
-        if self.request_rate is None and self.time_scale is None:
+        sweep = self.rate_sweep
+        auto = sweep == "auto"
+        if isinstance(sweep, str) and not auto:
+            raise SimConfigError(f"rate_sweep is rates or 'auto', got {sweep!r}")
+        rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
+        if self.request_rate is None and self.time_scale is None and not auto:
             return None
         profile = self.profile
         if not isinstance(profile, CostProfile):
@@ -122,6 +138,9 @@ class CompareOptions:
             profile=profile,
             schedulers=tuple(self.schedulers),
             closed_loop=self.closed_loop,
+            slo=self.slo,
+            rates=rates,
+            auto_rates=auto,
         )
 
     def load_workloads(self) -> list[Workload]:
@@ -168,6 +187,9 @@ class CompareOptions:
             if accounting is None
             else accounting,
             time=self.time_settings(),
+            capacity_search=self.trace is None
+            if self.capacity_search is None
+            else self.capacity_search,
         )
 
 

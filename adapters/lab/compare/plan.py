@@ -54,6 +54,8 @@ class CompareSettings:
         max_pool_blocks: refuse a capacity of more blocks than this.
         profile: the cost profile whose KV bytes per token give capacities in GiB
             (default: the arrival-time runs' profile, if any).
+        capacity_search: find each backend's working set and knee by bisection
+            over K-live replays (:mod:`.capacity_search`).
 
     Raises:
         CompareError: no backend, a non-positive capacity, concurrency or limit.
@@ -68,6 +70,7 @@ class CompareSettings:
     time: TimeSettings | None = None
     max_pool_blocks: int = MAX_POOL_BLOCKS
     profile: CostProfile | None = None
+    capacity_search: bool = False
 
     def __post_init__(self) -> None:
         if not self.backends:

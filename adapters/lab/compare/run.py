@@ -10,6 +10,8 @@ pandas DataFrames when pandas is installed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,8 +23,10 @@ from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
 from ..workload_sources import Workload
 from .anchors import CapacityAnchor, knee
 from .arrival import ArrivalRun, TimeSettings, run_arrival
+from .capacity_search import KNEE_SHARE, CapacitySearch
 from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
-from .plan import CompareSettings, WorkloadPlan, roomy_capacity
+from .plan import CompareSettings, WorkloadPlan, min_capacity, roomy_capacity
+from .rates import run_rate_sweep, start_rate
 from .spec import BackendSpec, Bars, CapacityError, Scalar
 
 __all__ = [
@@ -131,9 +135,11 @@ def compare_workload(
     time: TimeSettings | None = None,
     bars: Bars | None = None,
     profile: CostProfile | None = None,
+    capacity_search: bool = False,
 ) -> WorkloadResult:
     """Every backend on one workload: :func:`run_backend` each, the sweep, the
-    capacity anchors (GiB by ``profile``'s KV bytes per token), then (with ``time``)
+    capacity anchors (GiB by ``profile``'s KV bytes per token; with
+    ``capacity_search`` the working set and knee by bisection), then (with ``time``)
     each backend's arrival-time run at the table's capacity and at each capacity of
     the sweep.
 
@@ -169,7 +175,9 @@ def compare_workload(
         result.strip_requests = select_strip_requests(result.backends)
         if sweep:
             result.sweep = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
-        result.anchors = _anchors(result, workload, backends, concurrency, profile, bars)
+        result.anchors = _anchors(
+            result, workload, backends, concurrency, profile, bars, capacity_search
+        )
         if time is not None:
             _run_arrival_all(result, workload, backends, capacity_tokens, sweep, time, bars)
     except (ReplayInterrupted, KeyboardInterrupt):
@@ -187,6 +195,7 @@ def _anchors(
     concurrency: int,
     profile: CostProfile | None,
     bars: Bars | None,
+    search: bool = False,
 ) -> list[CapacityAnchor]:
     roomy = roomy_capacity(workload.stats, backends)
     out = []
@@ -207,6 +216,18 @@ def _anchors(
                 boundary_accounting=False, bars=bars,
             ).hit_ratio  # fmt: skip
         bend = knee(points)
+        working_set: int | None = None
+        rule, replays = "kneedle", 0
+        if search:
+            finder = CapacitySearch(
+                functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
+                [*points, (result.capacity_tokens, run.hit_ratio), (roomy, infinite)],
+            )
+            tight = min_capacity(workload.stats, backends, concurrency)
+            working_set = finder.smallest(infinite, tight, roomy)
+            knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
+            bend = (knee_at, finder.hit_at(knee_at) or 0.0)
+            rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
         out.append(
             CapacityAnchor(
                 workload=workload.name,
@@ -219,9 +240,19 @@ def _anchors(
                 kv_bytes_per_token=None if profile is None else profile.kv_bytes_per_token,
                 model="" if profile is None else profile.model,
                 num_points=len(points),
+                working_set_tokens=working_set,
+                knee_rule=rule,
+                search_replays=replays,
             )
         )
     return out
+
+
+def _hit_ratio(
+    workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
+) -> float | None:
+    (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
+    return point.hit_ratio
 
 
 def _run_arrival_all(
@@ -233,7 +264,11 @@ def _run_arrival_all(
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
+    if time.auto_rates and time.request_rate is None:
+        first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
+        time = dataclasses.replace(time, request_rate=first)
     for scheduler in time.schedulers:
+        table = []
         for b in backends:
             try:
                 run = run_arrival(
@@ -244,7 +279,13 @@ def _run_arrival_all(
                     f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
+            table.append(run)
             result.arrival_runs.append(run)
+        if time.rates or time.auto_rates:
+            run_rate_sweep(
+                workload, backends, capacity_tokens, time, scheduler=scheduler, done=table,
+                bars=bars, into=result.arrival_runs,
+            )  # fmt: skip
     for cap in sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
@@ -338,6 +379,7 @@ def run_comparison(
                         bars=bars,
                         profile=settings.profile
                         or (settings.time.profile if settings.time else None),
+                        capacity_search=settings.capacity_search,
                     )
                 )
         except CompareInterrupted as exc:

@@ -85,6 +85,8 @@ class LoadOptions(TypedDict, total=False):
         vocab_size: token ids are drawn from ``[1, vocab_size)`` (default 32000).
         seed: selects the token content (default 0).
         output: ``False`` empties every output (default ``True``).
+        session_order: kv-cache-tester conversations ``"interleaved"`` by time (the
+            default) or ``"sequential"``.
     """
 
     max_requests: int | None
@@ -92,6 +94,7 @@ class LoadOptions(TypedDict, total=False):
     vocab_size: int
     seed: int
     output: bool
+    session_order: str
 
 
 def _open(
@@ -103,6 +106,7 @@ def _open(
     vocab_size: int = 32000,
     seed: int = 0,
     output: bool = True,
+    session_order: str = "interleaved",
 ) -> TraceSource:
     # The one place that reads LoadOptions, defaults included.
     options = ReadOptions(
@@ -110,6 +114,7 @@ def _open(
         vocab_size=vocab_size,
         seed=seed,
         output=output,
+        session_order=session_order,
     )
     return open_trace(path, trace_format, max_requests=max_requests, options=options)
 

@@ -182,6 +182,10 @@ DEFAULT_LIMITS = TraceLimits()
 """The limits a reader applies when none are given."""
 
 
+SESSION_ORDERS = ("interleaved", "sequential")
+"""How kv-cache-tester conversations are ordered: merged by time, or one after another."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """How a reader builds requests: token content of hash ids, outputs, size limits.
@@ -198,6 +202,9 @@ class ReadOptions:
             (kv-cache-tester) are not checked.
         block_cache_bytes: token bytes of recently expanded hash-id blocks kept for
             reuse (default 4 MiB); the reader's only memory that outlives a request.
+        session_order: kv-cache-tester conversations ``"interleaved"`` by their time
+            from their start, as concurrent agents (the default), or
+            ``"sequential"``, one after another.
     """
 
     tokens_per_id: int | None = None
@@ -207,8 +214,14 @@ class ReadOptions:
     limits: TraceLimits = TraceLimits()
     block_cache_bytes: int = 4 * 2**20
     sorted_arrivals: bool = False
+    session_order: str = "interleaved"
 
     def __post_init__(self) -> None:
+        if self.session_order not in SESSION_ORDERS:
+            raise TraceOptionError(
+                f"session_order must be one of {', '.join(SESSION_ORDERS)}, "
+                f"got {self.session_order!r}"
+            )
         per_id = self.tokens_per_id
         if per_id is not None and (type(per_id) is not int or per_id < 1):
             raise TraceOptionError(f"tokens_per_id must be None or a positive int, got {per_id!r}")

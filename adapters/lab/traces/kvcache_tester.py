@@ -8,8 +8,14 @@ input (``len(hash_ids) == in // block_size``); an entry with an ``agent_id`` and
 ``requests`` of its own (``{"t", "agent_id", "requests": [...]}``, its ``type`` naming
 the kind) holds a sub-agent's requests, timed from its start.
 
-A conversation's requests (its sub-agents' included) are replayed in time order,
-conversation after conversation (files in name order, or archive order). Local ids
+A conversation's requests (its sub-agents' included) are in time order. By default
+(``session_order="interleaved"``) the conversations run concurrently, as the agents
+of kv-cache-tester's replay do: all start together and their requests merge by
+their time from the conversation's start, so a cache sees the sessions interleaved
+(every document is then read before the first request comes out; memory holds the
+documents' JSON). ``"sequential"`` replays conversation after conversation (files in
+name order, or archive order), one document in memory at a time: the easy case for
+any cache, where each conversation finds its own blocks still cached. Local ids
 are namespaced by conversation, so conversations share content only under
 ``"global"`` scope; the input past the last full block is fresh content per request.
 Input: a folder of ``.json`` files, one ``.json`` file, or a ``.tar.xz`` (``.tar.gz``,
@@ -18,6 +24,7 @@ Input: a folder of ``.json`` files, one ``.json`` file, or a ``.tar.xz`` (``.tar
 
 from __future__ import annotations
 
+import heapq
 import lzma
 import tarfile
 import zlib
@@ -232,57 +239,99 @@ class _Plan:
     think_s: float | None
 
 
-def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -> Iterator[_Plan]:
-    """Every request in replay order, checked against the schema and the limits."""
-    limits = opts.limits
+@dataclass(slots=True)
+class _Context:
+    """One conversation's reading settings."""
+
+    where: str
+    scope: str
+    block: int
+    tokens_per_id: int
+
+
+def _conversations(
+    path: StrPath, opts: ReadOptions, progress: Progress | None = None
+) -> Iterator[tuple[_Context, list[_Item]]]:
+    """Each conversation's settings and requests in time order, one document at a time."""
     decoder = msgspec.json.Decoder(_Conversation)
-    for where, stem, data in _documents(path, limits.max_document_bytes, progress):
+    for where, stem, data in _documents(path, opts.limits.max_document_bytes, progress):
         conv = decode(decoder, data, where)
         conv_id = stem if conv.id is None else str(conv.id)
-        scope = "" if conv.hash_id_scope == "global" else conv_id
         if conv.hash_id_scope not in ("local", "global"):
             raise TraceFormatError(
                 f'{where}: "hash_id_scope" must be "local" or "global", got {conv.hash_id_scope!r}'
             )
+        scope = "" if conv.hash_id_scope == "global" else conv_id
         block = conv.block_size
-        s = block if opts.tokens_per_id is None else opts.tokens_per_id
-        last: dict[str, tuple[str, int]] = {}
-        previous: dict[str, _Item] = {}
-        for item in _flatten(conv, conv_id, where):
-            r = item.request
-            if r.in_ is None or r.out is None or not r.hash_ids:
-                raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
-            if r.in_ == 0:
-                raise TraceFormatError(f'{item.where}: "in" must be >= 1')
-            full = r.in_ // block
-            tail = -(-(r.in_ - block * full) * s // block)
-            prompt = s * full + tail
-            output = -(-r.out * s // block) if opts.output else 0
-            prev = last.get(item.session)
-            turn = 1 if prev is None else prev[1] + 1
-            rid = f"{item.session}/{turn}"
-            # the sizes first, then the ids, counted before they are built
-            fault = limits.check_prompt(prompt) or limits.check_output(output)
-            if fault:
-                raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
-            n = count_items(r.hash_ids)
-            hash_ids: list[int] = []
-            if n <= full:
-                hash_ids = decode(_IDS, bytes(r.hash_ids), f"{item.where}.hash_ids")
-                n = len(hash_ids)
-            if n != full:
-                raise TraceFormatError(
-                    f'{item.where}: {n} "hash_ids" but "in" {r.in_} needs '
-                    f"{r.in_} // {block} = {full}"
-                )
-            last[item.session] = (rid, turn)
-            parent = None if prev is None else prev[0]
-            think = _think_time(r, previous.get(item.session), item.arrival)
-            previous[item.session] = item
-            yield _Plan(
-                item.where, rid, item, scope, s, parent, turn, hash_ids, tail, prompt, output,
-                think,
-            )  # fmt: skip
+        per_id = block if opts.tokens_per_id is None else opts.tokens_per_id
+        yield _Context(where, scope, block, per_id), _flatten(conv, conv_id, where)
+
+
+def _interleaved(
+    conversations: Iterator[tuple[_Context, list[_Item]]],
+) -> Iterator[tuple[_Context, _Item]]:
+    """Every conversation's requests merged by their time from the conversation's start
+    (all conversations start together; ties keep the conversations' order). Every
+    document is read before the first request comes out."""
+    held = list(conversations)
+    streams = [
+        [((item.arrival, k, j), ctx, item) for j, item in enumerate(items)]
+        for k, (ctx, items) in enumerate(held)
+    ]
+    for _, ctx, item in heapq.merge(*streams, key=lambda entry: entry[0]):
+        yield ctx, item
+
+
+def _sequential(
+    conversations: Iterator[tuple[_Context, list[_Item]]],
+) -> Iterator[tuple[_Context, _Item]]:
+    for ctx, items in conversations:
+        for item in items:
+            yield ctx, item
+
+
+def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -> Iterator[_Plan]:
+    """Every request in replay order, checked against the schema and the limits."""
+    limits = opts.limits
+    conversations = _conversations(path, opts, progress)
+    order = _sequential if opts.session_order == "sequential" else _interleaved
+    last: dict[str, tuple[str, int]] = {}
+    previous: dict[str, _Item] = {}
+    for ctx, item in order(conversations):
+        block, s = ctx.block, ctx.tokens_per_id
+        r = item.request
+        if r.in_ is None or r.out is None or not r.hash_ids:
+            raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
+        if r.in_ == 0:
+            raise TraceFormatError(f'{item.where}: "in" must be >= 1')
+        full = r.in_ // block
+        tail = -(-(r.in_ - block * full) * s // block)
+        prompt = s * full + tail
+        output = -(-r.out * s // block) if opts.output else 0
+        prev = last.get(item.session)
+        turn = 1 if prev is None else prev[1] + 1
+        rid = f"{item.session}/{turn}"
+        # the sizes first, then the ids, counted before they are built
+        fault = limits.check_prompt(prompt) or limits.check_output(output)
+        if fault:
+            raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
+        n = count_items(r.hash_ids)
+        hash_ids: list[int] = []
+        if n <= full:
+            hash_ids = decode(_IDS, bytes(r.hash_ids), f"{item.where}.hash_ids")
+            n = len(hash_ids)
+        if n != full:
+            raise TraceFormatError(
+                f'{item.where}: {n} "hash_ids" but "in" {r.in_} needs {r.in_} // {block} = {full}'
+            )
+        last[item.session] = (rid, turn)
+        parent = None if prev is None else prev[0]
+        think = _think_time(r, previous.get(item.session), item.arrival)
+        previous[item.session] = item
+        yield _Plan(
+            item.where, rid, item, ctx.scope, s, parent, turn, hash_ids, tail, prompt, output,
+            think,
+        )  # fmt: skip
 
 
 def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | None:
@@ -296,7 +345,9 @@ def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | No
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
-    """Yield the requests of kv-cache-tester traces, conversation by conversation.
+    """Yield the requests of kv-cache-tester traces, interleaved by their time from
+    each conversation's start, or conversation by conversation
+    (``opts.session_order``).
 
     Ids are ``<conversation>/<turn>`` and ``<conversation>/<agent>/<turn>``; the session
     is the conversation (or sub-agent), the parent the session's previous request, the

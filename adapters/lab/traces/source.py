@@ -293,6 +293,8 @@ class TraceSource:
     def describe(self) -> str:
         """``"Mooncake hash-id trace, 512 tokens per id"``."""
         text = _DESCRIPTIONS[self.format]
+        if self.format == "kv-cache-tester":
+            text += f", conversations {self.options.session_order}"
         per_id = self.tokens_per_id
         if per_id is None:
             return text
@@ -300,6 +302,23 @@ class TraceSource:
         if per_id == native:
             return f"{text}, {per_id} tokens per id"
         return f"{text}, {per_id} tokens per id (published: {native})"
+
+    def order_note(self) -> str | None:
+        """For kv-cache-tester traces: in which order the conversations replay."""
+        if self.format != "kv-cache-tester":
+            return None
+        if self.options.session_order == "sequential":
+            return (
+                "kv-cache-tester conversations replay one after another (--session-order "
+                "sequential): each finds its own blocks still cached, the easy case for any "
+                "cache; concurrent agents interleave (the default)."
+            )
+        return (
+            "kv-cache-tester conversations are interleaved by their time from each "
+            "conversation's start, all starting together, as concurrent agents run "
+            "(--session-order sequential replays them one after another, the easy case for "
+            "any cache)."
+        )
 
     def granularity_note(self) -> str | None:
         """For hash-id traces: why a token-granular index cannot gain from sub-block sharing."""

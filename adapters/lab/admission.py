@@ -1,0 +1,181 @@
+"""Requests an engine would refuse for their length, rejected where they come in.
+
+vLLM refuses a request before it is scheduled when it is longer than the model
+takes: its OpenAI front end answers 400 when the prompt plus ``max_tokens`` exceed
+``max_model_len`` ("This model's maximum context length is ..."), and the input
+processor refuses a prompt over it. A request whose KV cannot fit the whole pool
+even alone can never run either (vLLM refuses at start-up to serve a
+``max_model_len`` larger than its pool). The server goes on with the other
+requests: a rejection is counted, not an abort.
+
+:func:`admit` does the same to a workload, before any replica sees it: the
+requests that fit are kept (re-iterable, streamed for a trace), the others are
+counted with the first few named, and their sizes leave the workload's stats. With
+``abort=True`` the first such request stops the run instead, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prefixkv.adapters.servable import unservable
+
+from .compare.spec import CapacityError
+from .traces import TraceRequest, TraceSource, TraceStats
+from .workload_sources import Workload
+
+__all__ = ["AdmissionRule", "Rejections", "admit"]
+
+_NAMED = 5
+"""Rejected requests named in the note."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRule:
+    """What a request must fit.
+
+    Attributes:
+        max_model_len: prompt plus output tokens at most this (``None``: no limit).
+        pool_tokens: the KV pool in tokens (``None``: no limit); a request must fit
+            it alone, in whole blocks of ``block_size``.
+        block_size: the coarsest block of the backends compared.
+        max_num_batched_tokens: the step's token budget (chunked prefill is on).
+    """
+
+    max_model_len: int | None = None
+    pool_tokens: int | None = None
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+
+    def reason(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        """Why a request of these sizes is refused, or ``None``."""
+        output = max(1, output_tokens)  # an engine decodes at least one token
+        total = prompt_tokens + output
+        if self.max_model_len is not None and total > self.max_model_len:
+            return (
+                f"{prompt_tokens:,} prompt + {output:,} output tokens exceed max_model_len "
+                f"{self.max_model_len:,}"
+            )
+        if self.pool_tokens is not None:
+            why = unservable(
+                prompt_tokens,
+                output,
+                block_size=self.block_size,
+                num_blocks=self.pool_tokens // self.block_size,
+                enable_chunked_prefill=True,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+            )
+            if why is not None:
+                return f"{prompt_tokens:,} prompt + {output:,} output tokens {why}"
+        return None
+
+    def describe(self) -> str:
+        """``"prompt + output <= max_model_len 8,192, and alone in the KV pool (capacity
+        467,291 tokens)"``."""
+        parts = []
+        if self.max_model_len is not None:
+            parts.append(f"prompt + output <= max_model_len {self.max_model_len:,}")
+        if self.pool_tokens is not None:
+            parts.append(f"alone in the KV pool (capacity {self.pool_tokens:,} tokens)")
+        return ", and ".join(parts) or "no limit"
+
+
+@dataclass(slots=True)
+class Rejections:
+    """The requests a workload lost to its :class:`AdmissionRule`.
+
+    Attributes:
+        rule: the rule.
+        count: requests rejected.
+        prompt_tokens: their prompt tokens.
+        named: the first few, as ``"id: why"``.
+    """
+
+    rule: AdmissionRule
+    count: int = 0
+    prompt_tokens: int = 0
+    named: list[str] = field(default_factory=list)
+
+    def note(self, total: int) -> str:
+        """The report's line: how many were rejected, why, and the first ones."""
+        first = "; ".join(self.named)
+        more = (
+            "" if self.count <= len(self.named) else f"; and {self.count - len(self.named):,} more"
+        )
+        return (
+            f"{self.count:,} of {total:,} requests rejected before scheduling, as vLLM "
+            f"refuses them (a 400, not an abort), for their length: each must fit "
+            f"{self.rule.describe()}. Their {self.prompt_tokens:,} prompt tokens are out of "
+            f"every figure. Rejected: {first}{more} (--on-long-request abort stops instead)"
+        )
+
+
+class _Admitted:
+    """The requests of ``source`` that ``rule`` admits, re-iterable (a trace streams)."""
+
+    def __init__(self, source: Iterable[TraceRequest], rule: AdmissionRule) -> None:
+        self.source = source
+        self.rule = rule
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        reason = self.rule.reason
+        return (r for r in self.source if reason(len(r.tokens), len(r.output)) is None)
+
+
+def admit(
+    workload: Workload, rule: AdmissionRule, *, abort: bool = False
+) -> tuple[Workload, Rejections]:
+    """The workload without the requests ``rule`` refuses, and what was refused.
+
+    Sizes are read without building tokens where the workload is a trace. The
+    workload comes back unchanged when nothing is refused.
+
+    Raises:
+        CapacityError: ``abort`` and a request is refused (naming it and why), or every
+            request is refused.
+    """
+    rejected = Rejections(rule)
+    stats = TraceStats()
+    for rid, prompt, output in _sizes(workload):
+        why = rule.reason(prompt, output)
+        if why is None:
+            stats.add(prompt, output)
+            continue
+        if abort:
+            raise CapacityError(
+                f"{workload.name}: request {rid!r} is too long: {why} (--on-long-request "
+                "reject, the default, counts such requests as vLLM rejects them)"
+            )
+        rejected.count += 1
+        rejected.prompt_tokens += prompt
+        if len(rejected.named) < _NAMED:
+            rejected.named.append(f"{rid} ({why})")
+    if not rejected.count:
+        return workload, rejected
+    if not stats.num_requests:
+        raise CapacityError(
+            f"{workload.name}: all {rejected.count:,} requests are too long to fit "
+            f"{rule.describe()}; the first: {rejected.named[0]}. Raise the capacity or "
+            "--max-model-len"
+        )
+    kept = Workload(
+        name=workload.name,
+        source=workload.source,
+        requests=_Admitted(workload.requests, rule),
+        stats=stats.finish(),
+        notes=(*workload.notes, rejected.note(workload.stats.num_requests)),
+        path=workload.path,
+        tokens_per_id=workload.tokens_per_id,
+    )
+    return kept, rejected
+
+
+def _sizes(workload: Workload) -> Iterator[tuple[str, int, int]]:
+    source = workload.requests
+    if isinstance(source, TraceSource):
+        for s in source.sizes():
+            yield s.id, s.prompt_tokens, s.output_tokens
+    else:
+        for r in source:
+            yield r.id, len(r.tokens), len(r.output)

@@ -1,0 +1,319 @@
+"""A model's KV cache size from its Hugging Face ``config.json``, and the pool a GPU holds.
+
+vLLM sizes its KV pool in two steps. The KV spec of a layer
+(``vllm/v1/kv_cache_interface.py``) gives its page: ``2 x block_size x num_kv_heads x
+head_size x dtype bytes`` for full attention (K and V), and ``block_size x
+(kv_lora_rank + qk_rope_head_dim) x dtype bytes`` for MLA (DeepSeek: one latent
+vector per token, no separate V). Over all layers that is the KV bytes per token.
+The worker (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``)
+then gives the cache ``gpu_memory_utilization x total device memory - weights -
+peak activations - non-torch memory``, and ``kv_cache_utils.py`` cuts it into
+blocks: tokens = that // KV bytes per token.
+
+Read from ``config.json`` (a file, a folder holding one, a model name in the local
+Hugging Face cache, or one of the configs shipped here; nothing is downloaded):
+
+- ``num_hidden_layers``, ``num_attention_heads``; ``num_key_value_heads`` (absent:
+  ``num_attention_heads``, no grouped-query attention); ``head_dim`` (absent:
+  ``hidden_size // num_attention_heads``).
+- the dtype: ``torch_dtype`` (or ``dtype``, newer transformers); float32 counts as 2
+  bytes, as vLLM's ``--dtype auto`` serves float32 checkpoints in 16 bits.
+- MLA when ``kv_lora_rank`` is set (DeepSeek-V2/V3).
+- ``sliding_window`` is noted, not applied: vLLM keeps only the window's KV per
+  request in those layers, so full attention here is an upper bound per request.
+- a multimodal config's ``text_config`` is the language model's.
+
+**Approximations.** The weights are ``parameters x dtype bytes`` with the parameter
+count taken from the config (``num_parameters`` when it says, else counted from the
+shapes of a decoder with gated MLPs: embeddings, untied head, attention, MLP or
+experts, norms; a few biases left out). vLLM also subtracts the activation peak of
+a profiled forward pass, the CUDA graphs and non-torch memory (about 5 GiB for an
+8B model on an H100 at 16K tokens, llm-d's measurements); that is
+``non_kv_bytes`` here, 0 unless given, so the pool is an upper bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import ProfileError
+
+__all__ = [
+    "ModelConfig",
+    "ModelConfigError",
+    "available_model_configs",
+    "load_model_config",
+    "pool_tokens",
+]
+
+_DTYPE_BYTES = {
+    "float32": 2,  # vLLM's --dtype auto serves float32 checkpoints in 16 bits
+    "float": 2,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float8": 1,
+    "float8_e4m3fn": 1,
+    "fp8": 1,
+}
+_KV_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
+"""vLLM's --kv-cache-dtype choices: auto keeps the model's dtype."""
+
+
+class ModelConfigError(ProfileError):
+    """A model config that cannot be found, read or sized."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What sizes a model's KV cache and weights.
+
+    Attributes:
+        name: the model (``_name_or_path``, else where it was read).
+        num_layers: decoder layers.
+        num_attention_heads: query heads.
+        num_kv_heads: key/value heads (grouped-query attention).
+        head_dim: dimension of a head.
+        dtype_bytes: bytes of a weight and (``kv_cache_dtype`` auto) a KV element.
+        num_parameters: parameters (counted from the shapes when not given).
+        max_position_embeddings: the context the model was trained for
+            (vLLM's default ``max_model_len``), ``None`` when unsaid.
+        mla: ``(kv_lora_rank, qk_rope_head_dim)`` for MLA models, else ``None``.
+        sliding_window: the attention window, when the config has one.
+        kv_dtype_bytes: bytes of a KV element (``--kv-cache-dtype``).
+        source: where the config came from.
+    """
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    num_parameters: int
+    max_position_embeddings: int | None
+    mla: tuple[int, int] | None
+    sliding_window: int | None
+    kv_dtype_bytes: int
+    source: str
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes a token takes over all layers (the whole model, before tensor
+        parallelism splits the heads)."""
+        if self.mla is not None:
+            return self.num_layers * (self.mla[0] + self.mla[1]) * self.kv_dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """The weights' bytes: parameters x dtype bytes."""
+        return self.num_parameters * self.dtype_bytes
+
+    def describe(self) -> str:
+        """``"meta-llama/Meta-Llama-3-8B: 32 layers x 8 KV heads x 128 x K,V x 2 bytes =
+        131,072 bytes a token; 8.03B parameters = 14.96 GiB"``."""
+        if self.mla is not None:
+            shape = (
+                f"{self.num_layers} layers x (kv_lora_rank {self.mla[0]} + qk_rope_head_dim "
+                f"{self.mla[1]}) x {self.kv_dtype_bytes} bytes (MLA)"
+            )
+        else:
+            shape = (
+                f"{self.num_layers} layers x {self.num_kv_heads} KV heads x {self.head_dim} x "
+                f"K,V x {self.kv_dtype_bytes} bytes"
+            )
+        text = (
+            f"{self.name}: {shape} = {self.kv_bytes_per_token:,} bytes a token; "
+            f"{self.num_parameters / 1e9:.2f}B parameters = {self.weight_bytes / 2**30:.2f} GiB"
+        )
+        if self.sliding_window:
+            text += (
+                f"; sliding window {self.sliding_window:,} not applied (full attention "
+                "counted: an upper bound per request)"
+            )
+        return text
+
+
+def _shipped() -> Any:
+    return resources.files("prefixkv.adapters.lab.sim").joinpath("models")
+
+
+def available_model_configs() -> list[str]:
+    """Names of the shipped model configs."""
+    return sorted(
+        p.name.removesuffix(".json") for p in _shipped().iterdir() if p.name.endswith(".json")
+    )
+
+
+def _hf_cache_dirs() -> list[Path]:
+    dirs = []
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            dirs.append(Path(os.environ[var]))
+    home = os.environ.get("HF_HOME")
+    dirs.append(Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub")
+    return dirs
+
+
+def _from_hf_cache(name: str) -> Path | None:
+    """``org/name``'s config.json in the local Hugging Face cache (newest snapshot)."""
+    folder = "models--" + name.replace("/", "--")
+    for cache in _hf_cache_dirs():
+        snapshots = cache / folder / "snapshots"
+        if snapshots.is_dir():
+            found = sorted(
+                (p for p in snapshots.glob("*/config.json") if p.is_file()),
+                key=lambda p: p.stat().st_mtime,
+            )
+            if found:
+                return found[-1]
+    return None
+
+
+def _locate(name_or_path: str) -> tuple[Mapping[str, Any], str]:
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _read(path), str(path)
+    if name_or_path in available_model_configs():
+        text = _shipped().joinpath(f"{name_or_path}.json").read_text()
+        return _parse(text, name_or_path), f"shipped config {name_or_path}"
+    cached = _from_hf_cache(name_or_path) if "/" in name_or_path else None
+    if cached is not None:
+        return _read(cached), str(cached)
+    raise ModelConfigError(
+        f"no model config {name_or_path!r}: not a config.json file or folder, not a shipped "
+        f"config ({', '.join(available_model_configs())}), not in the local Hugging Face "
+        "cache (nothing is downloaded; give the path of its config.json)"
+    )
+
+
+def _read(path: Path) -> Mapping[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > 4 * 2**20:
+            raise ModelConfigError(f"{path}: {size:,} bytes is no config.json")
+        return _parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot read ({exc})") from None
+
+
+def _parse(text: str, where: str) -> Mapping[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{where}: a config.json is an object, got {type(data).__name__}")
+    return data
+
+
+def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ModelConfigError(f"{where}: {key!r} is missing (needed for the KV size)")
+    if type(value) is not int or value < 1:
+        raise ModelConfigError(f"{where}: {key!r} must be a positive int, got {value!r}")
+    return value
+
+
+def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
+    value = cfg.get(key)
+    return value if type(value) is int and value > 0 else None
+
+
+def count_parameters(cfg: Mapping[str, Any], head_dim: int, num_kv_heads: int) -> int:
+    """Parameters of a decoder with gated MLPs (Llama, Mistral, Qwen2, and their MoE
+    kin) from its shapes: embeddings, an untied head, per layer the attention
+    projections, the MLP (or every expert and shared expert) and two norms, the final
+    norm. Biases and routers are left out (under 0.1% for these models)."""
+    hidden = int(cfg.get("hidden_size") or 0)
+    vocab = int(cfg.get("vocab_size") or 0)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    heads = int(cfg.get("num_attention_heads") or 0)
+    inter = int(cfg.get("intermediate_size") or 0)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    attention = hidden * heads * head_dim * 2 + hidden * num_kv_heads * head_dim * 2
+    experts = int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    if experts:
+        moe_inter = int(cfg.get("moe_intermediate_size") or inter)
+        shared = int(cfg.get("n_shared_experts") or 0)
+        mlp = 3 * hidden * moe_inter * (experts + shared)
+    else:
+        mlp = 3 * hidden * inter
+    per_layer = attention + mlp + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+
+
+def load_model_config(name_or_path: str, kv_cache_dtype: str = "auto") -> ModelConfig:
+    """The :class:`ModelConfig` of a config.json file or folder, a shipped config's
+    name, or a ``org/name`` in the local Hugging Face cache.
+
+    Raises:
+        ModelConfigError: not found, not JSON, a field missing or malformed, an
+            unknown dtype or ``kv_cache_dtype``.
+    """
+    raw, where = _locate(name_or_path)
+    cfg: Mapping[str, Any] = raw
+    if isinstance(raw.get("text_config"), dict):
+        cfg = {**raw, **raw["text_config"]}
+    layers = _int(cfg, "num_hidden_layers", where)
+    heads = _int(cfg, "num_attention_heads", where)
+    kv_heads = _int(cfg, "num_key_value_heads", where, default=heads)
+    head_dim = _opt_int(cfg, "head_dim")
+    if head_dim is None:
+        head_dim = _int(cfg, "hidden_size", where) // heads
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    if dtype.removeprefix("torch.") not in _DTYPE_BYTES:
+        raise ModelConfigError(
+            f"{where}: dtype {dtype!r} unknown; known: {', '.join(sorted(_DTYPE_BYTES))}"
+        )
+    dtype_bytes = _DTYPE_BYTES[dtype.removeprefix("torch.")]
+    if kv_cache_dtype not in _KV_DTYPES:
+        raise ModelConfigError(
+            f"kv cache dtype {kv_cache_dtype!r} unknown; known: {', '.join(_KV_DTYPES)}"
+        )
+    kv_bytes = _KV_DTYPES[kv_cache_dtype] or dtype_bytes
+    lora = _opt_int(cfg, "kv_lora_rank")
+    mla = None if lora is None else (lora, _int(cfg, "qk_rope_head_dim", where))
+    params = _opt_int(cfg, "num_parameters") or count_parameters(cfg, head_dim, kv_heads)
+    window = _opt_int(cfg, "sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None
+    name = str(cfg.get("_name_or_path") or raw.get("_name_or_path") or name_or_path)
+    return ModelConfig(
+        name=name,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype_bytes=dtype_bytes,
+        num_parameters=params,
+        max_position_embeddings=_opt_int(cfg, "max_position_embeddings"),
+        mla=mla,
+        sliding_window=window,
+        kv_dtype_bytes=kv_bytes,
+        source=where,
+    )
+
+
+def pool_tokens(
+    model: ModelConfig,
+    device_memory_bytes: int,
+    gpu_memory_utilization: float,
+    *,
+    non_kv_bytes: int = 0,
+) -> int:
+    """Tokens of KV the device memory holds, as vLLM sizes it:
+    ``(utilization x memory - weights - non_kv_bytes) // KV bytes per token`` (0 when
+    the weights do not fit)."""
+    free = gpu_memory_utilization * device_memory_bytes - model.weight_bytes - non_kv_bytes
+    return max(0, int(free // model.kv_bytes_per_token))
