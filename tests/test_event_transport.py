@@ -186,7 +186,7 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
         lambda seq, b: mine.apply(b, "r"),
         replay_endpoint=replay_ep,
         on_restart=lambda: (restarts.append(1), mine.clear("r")),
-        on_resync=resyncs.append,
+        on_resync=lambda start: (resyncs.append(start), mine.clear("r")),
         context=ctx,
     )
     proxy = Proxy(ctx, pub_ep, proxy_ep)
@@ -212,8 +212,11 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
             proxy.reconnect()
         assert proxy.faults["drop"] > 0 and proxy.faults["delay"] > 0
         assert sub.stats["gaps"] > 0 and sub.stats["replays"] > 0
-        assert restarts == [1] and sub.stats["restarts"] == 1
-        assert resyncs == []
+        # The new run is noticed once: as a restart, or (when the proxy's reconnection
+        # hides the first live batches) as a full resync from its seq 0. Either way the
+        # old run's blocks are forgotten (the snapshots above).
+        assert (restarts, resyncs) in (([1], []), ([], [0])), (sub.stats, restarts, resyncs)
+        assert sub.stats["restarts"] == len(restarts)
     finally:
         sub.close()
 
