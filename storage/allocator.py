@@ -4,19 +4,20 @@ vLLM's free queue minus the cached blocks: blocks come out in id order at first,
 freed blocks are reused first (LIFO, as vLLM prepends uncached blocks "for better
 GPU locality"). Cached blocks are not here: the index owns them until it evicts them.
 
-Every block that is handed out carries an owner tag in a ledger of one byte per block,
-so an entry point that takes block ids from a caller can check them in O(1) each
-(a block the pool never handed out, a block a running request holds) without a
-per-block Python object or set. The ledger grows only as far as blocks have ever been
-handed out, so a pool of billions of blocks costs nothing up front.
+Every block that is handed out carries an owner tag in a ledger, one list slot per
+block (a small int, shared, so no object per block), so an entry point that takes
+block ids from a caller can check them in O(1) each (a block the pool never handed
+out, a block a running request holds). A list, not a bytearray: compiled code reads
+and writes a list slot natively, while each bytearray access goes through the generic
+item protocol with a fresh int object per block id (at page size 1 a pool frees and
+hands out a block per token). The ledger grows only as far as blocks have ever been
+handed out, so a large pool costs nothing up front.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
 from typing import Any, Final, cast, overload
 
 from prefixkv.indexes.validation import MAX_BLOCKS
@@ -65,9 +66,9 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         # Blocks freed after use, the end of the list handed out first.
         self._freed: list[int] = []
-        # One owner byte per block ever handed out: ids >= len(_ledger) were never
+        # One owner tag per block ever handed out: ids >= len(_ledger) were never
         # used and are free, next in id order after the freed ones.
-        self._ledger = bytearray()
+        self._ledger: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -91,10 +92,10 @@ class BlockAllocator:
             # A decode step's one block (every step at page size 1): no slicing.
             if freed:
                 bid = freed.pop()
-                ledger[bid] = owner
+                ledger[bid] = int(owner)
                 return [bid]
             if len(ledger) < self.num_blocks:
-                ledger.append(owner)
+                ledger.append(int(owner))
                 return [len(ledger) - 1]
             return None
         if type(num_blocks) is not int or num_blocks < 0:
@@ -103,16 +104,17 @@ class BlockAllocator:
             raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
         if num_blocks > self.num_free_blocks:
             return None
+        tag = int(owner)
         take = min(num_blocks, len(freed))
         out = freed[len(freed) - take :]
         del freed[len(freed) - take :]
         out.reverse()
-        if take:
-            deque(map(ledger.__setitem__, out, repeat(owner)), 0)
+        for bid in out:
+            ledger[bid] = tag
         if take < num_blocks:
             first = len(ledger)
             rest = num_blocks - take
-            ledger.extend(bytes((owner,)) * rest)
+            ledger.extend([tag] * rest)
             out.extend(range(first, first + rest))
         return out
 
@@ -141,7 +143,7 @@ class BlockAllocator:
             )
         if hi >= len(ledger):
             raise BlockOwnershipError(f"{what}: double free of block {hi} (never handed out)")
-        tags = bytes(map(ledger.__getitem__, ids))
+        tags = [ledger[b] for b in ids]
         if tags.count(owner) != len(tags):
             pos = next(i for i, t in enumerate(tags) if t != owner)
             held = Owner(tags[pos])
@@ -192,7 +194,9 @@ class BlockAllocator:
             for i in range(done):
                 ledger[block_ids[i]] = was
         ids = self._checked(block_ids, owner, what)
-        deque(map(self._ledger.__setitem__, ids, repeat(new)), 0)
+        ledger, tag = self._ledger, int(new)
+        for bid in ids:
+            ledger[bid] = tag
         return ids
 
     def transfer(self, block_ids: Iterable[int], *, src: Owner, dst: Owner) -> list[int]:
@@ -258,4 +262,5 @@ class BlockAllocator:
         assert ledger.count(Owner.FREE) == len(self._freed), (
             f"{ledger.count(Owner.FREE)} free blocks in the ledger, {len(self._freed)} freed"
         )
+        assert all(type(t) is int for t in ledger), "an owner tag is not a plain int"
         assert max(ledger, default=0) <= max(Owner), "unknown owner tag in the ledger"
