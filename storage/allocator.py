@@ -183,9 +183,10 @@ class BlockAllocator:
         # The ledger holds the members themselves: a slot is compared by identity.
         ledger = self._ledger
         if type(block_ids) is list and type(owner) is Owner and new is not owner:
+            given: list[object] = block_ids  # typed: compiled, the loop indexes the list
             size = len(ledger)
             done = 0
-            for item in block_ids:
+            for item in given:
                 if type(item) is not int:
                     break
                 bid: int = item
@@ -194,9 +195,9 @@ class BlockAllocator:
                 ledger[bid] = new
                 done += 1
             else:
-                return block_ids
+                return cast(list[int], given)
             for i in range(done):
-                ledger[block_ids[i]] = owner
+                ledger[cast(int, given[i])] = owner
         ids = self._checked(block_ids, owner, what)
         for bid in ids:
             ledger[bid] = new
