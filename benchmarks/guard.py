@@ -8,10 +8,10 @@ side by side in one run moves far less. ``make bench`` measures, in one run:
   the same operation and sizes;
 * ``trace/...``: a replay of a trace (the generated conversations below, or
   ``--trace``: a real one, such as Mooncake's) through the hash chain (vLLM's call
-  order) and the radix tree (SGLang's), interleaved, the least of ``--repeat`` each:
-  radix over hash chain, for the whole replay (trace decode included) and for the
-  time inside the engine classes; and, with ``--pure-python``, the compiled build
-  over the pure-Python one, the same replay run by that interpreter;
+  order) and the radix tree (SGLang's), interleaved, the least CPU time of
+  ``--repeat`` each (trace decode included): radix over hash chain, and, with
+  ``--pure-python``, the compiled build over the pure-Python one, the same replay run
+  by that interpreter in the same rounds;
 * ``engines/...``: with ``--vllm-python`` and ``--sglang-python`` (the side
   environments of ``make engine-envs``), the ratios ``peers/head_to_head.py`` prints
   (prefixkv over vLLM's ``KVCacheManager`` and SGLang's ``RadixCache`` and Rust core).
@@ -54,8 +54,10 @@ REFERENCE = "hash_chain-16"  # the index-ops benchmarks' denominator
 
 def replay_times(trace: Path, capacity: int, k: int, repeat: int,
                  max_requests: int | None) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Per backend, the least replay and in-engine seconds over ``repeat`` interleaved
-    replays of ``trace`` (streamed: its decode is inside the replay's time)."""
+    """Per backend, the least CPU seconds of this process over ``repeat`` interleaved
+    replays of ``trace`` (streamed: its decode is inside the replay's time). CPU time,
+    not wall time: on a loaded machine a process waits for a core a varying share of
+    the wall time, which moved these ratios by half from one run to the next."""
     from prefixkv.adapters.lab.compare import parse_backends
     from prefixkv.adapters.lab.replay import replay
     from prefixkv.adapters.lab.traces import open_trace
@@ -65,14 +67,13 @@ def replay_times(trace: Path, capacity: int, k: int, repeat: int,
         for label in BACKENDS:
             (spec,) = parse_backends(label)
             source = open_trace(trace, max_requests=max_requests)
+            cpu = time.process_time()
             result = replay(source, spec.make(), spec.num_blocks(capacity), driver=spec.driver,
                             concurrency=k, keep_per_request=False)  # fmt: skip
-            got = {"replay_s": result.wall_seconds,
-                   "in_engine_s": sum(result.seconds_by_call.values()),
+            got = {"replay_cpu_s": time.process_time() - cpu,
                    "hit_ratio": result.summary()["hit_ratio"]}  # fmt: skip
             old = best.setdefault(label, got)
-            for key in ("replay_s", "in_engine_s"):
-                old[key] = min(old[key], got[key])
+            old["replay_cpu_s"] = min(old["replay_cpu_s"], got["replay_cpu_s"])
     return best
 
 
@@ -108,30 +109,41 @@ def conversations(path: Path, tokens: int, seed: int = 0) -> int:
 
 
 def trace_ratios(args: argparse.Namespace, trace: Path, name: str) -> dict[str, float]:
-    """The ``trace/...`` ratios of one trace."""
-    times = replay_times(trace, args.capacity_tokens, args.k, args.repeat, args.max_requests)
+    """The ``trace/...`` ratios of one trace; with ``--pure-python``, each round replays
+    in this process and then in that interpreter, so both see the same minutes."""
+    runs, pure = [], []
+    for _ in range(args.repeat):
+        runs.append(replay_times(trace, args.capacity_tokens, args.k, 1, args.max_requests))
+        if args.pure_python:
+            pure.append(pure_times(args, trace))
+    times = {b: {k: min(r[b][k] for r in runs) for k in runs[0][b]} for b in BACKENDS}
     hc, rx = (times[b] for b in BACKENDS)
     if abs(hc["hit_ratio"] - rx["hit_ratio"]) > 0.05:
         print(f"note: {name}: hit ratios {hc['hit_ratio']:.4f} (hash chain) and "
               f"{rx['hit_ratio']:.4f} (radix) differ", file=sys.stderr)  # fmt: skip
     out = {
-        f"trace/{name}/replay: radix:1 / hash_chain:16": rx["replay_s"] / hc["replay_s"],
-        f"trace/{name}/in engine: radix:1 / hash_chain:16": rx["in_engine_s"] / hc["in_engine_s"],
+        f"trace/{name}/replay CPU: radix:1 / hash_chain:16": rx["replay_cpu_s"] / hc["replay_cpu_s"]
     }
-    if args.pure_python:
-        cmd = [args.pure_python, str(Path(__file__).resolve()), "--times-only", "--trace",
-               str(trace), "--capacity-tokens", str(args.capacity_tokens), "-k", str(args.k),
-               "--repeat", str(args.repeat)]  # fmt: skip
-        if args.max_requests is not None:
-            cmd += ["--max-requests", str(args.max_requests)]
-        child = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-        if child["build"] == build_kind():
-            raise SystemExit(f"--pure-python {args.pure_python} runs the {child['build']} build "
-                             "too; give the pure-Python environment's interpreter")  # fmt: skip
+    if pure:
         for label in BACKENDS:
-            ratio = times[label]["replay_s"] / child["times"][label]["replay_s"]
-            out[f"trace/{name}/replay {label}: {build_kind()} / {child['build']}"] = ratio
+            ratio = times[label]["replay_cpu_s"] / min(p[label]["replay_cpu_s"] for p in pure)
+            out[f"trace/{name}/replay CPU {label}: {build_kind()} / pure Python"] = ratio
     return out
+
+
+def pure_times(args: argparse.Namespace, trace: Path) -> dict[str, dict[str, float]]:
+    """One round of :func:`replay_times` run by the ``--pure-python`` interpreter."""
+    cmd = [args.pure_python, str(Path(__file__).resolve()), "--times-only", "--trace",
+           str(trace), "--capacity-tokens", str(args.capacity_tokens), "-k", str(args.k),
+           "--repeat", "1"]  # fmt: skip
+    if args.max_requests is not None:
+        cmd += ["--max-requests", str(args.max_requests)]
+    child = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    if child["build"] == build_kind():
+        raise SystemExit(f"--pure-python {args.pure_python} runs the {child['build']} build "
+                         "too; give the pure-Python environment's interpreter")  # fmt: skip
+    times: dict[str, dict[str, float]] = child["times"]
+    return times
 
 
 def index_op_ratios(path: Path) -> dict[str, float]:
@@ -223,12 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, action="append", default=[],
                     help="a trace to replay (any format replay reads); default: generated "
                     "conversations")  # fmt: skip
-    ap.add_argument("--tokens", type=int, default=2_000_000,
+    ap.add_argument("--tokens", type=int, default=4_000_000,
                     help="prompt tokens of the generated trace")  # fmt: skip
     ap.add_argument("--max-requests", type=int, default=None)
     ap.add_argument("--capacity-tokens", type=int, default=400_000)
     ap.add_argument("-k", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--pure-python", help="the pure-Python build's interpreter (compiled / pure)")
     ap.add_argument("--vllm-python")
     ap.add_argument("--sglang-python")
