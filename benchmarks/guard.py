@@ -8,8 +8,8 @@ side by side in one run moves far less. ``make bench`` measures, in one run:
   the same operation and sizes;
 * ``trace/...``: a replay of a trace (the generated conversations below, or
   ``--trace``: a real one, such as Mooncake's) through the hash chain (vLLM's call
-  order) and the radix tree (SGLang's), interleaved, the least CPU time of
-  ``--repeat`` each (trace decode included): radix over hash chain, and, with
+  order) and the radix tree (SGLang's), by CPU time (trace decode included), the
+  median over ``--repeat`` rounds of each round's ratio: radix over hash chain, and, with
   ``--pure-python``, the compiled build over the pure-Python one, the same replay run
   by that interpreter in the same rounds;
 * ``engines/...``: with ``--vllm-python`` and ``--sglang-python`` (the side
@@ -34,6 +34,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,26 +110,26 @@ def conversations(path: Path, tokens: int, seed: int = 0) -> int:
 
 
 def trace_ratios(args: argparse.Namespace, trace: Path, name: str) -> dict[str, float]:
-    """The ``trace/...`` ratios of one trace; with ``--pure-python``, each round replays
-    in this process and then in that interpreter, so both see the same minutes."""
-    runs, pure = [], []
+    """The ``trace/...`` ratios of one trace, each the median over ``--repeat`` rounds of
+    the ratio within the round (the two sides a few seconds apart, so a change of load
+    between rounds cancels); with ``--pure-python`` each round also replays in that
+    interpreter."""
+    ratios: dict[str, list[float]] = {}
     for _ in range(args.repeat):
-        runs.append(replay_times(trace, args.capacity_tokens, args.k, 1, args.max_requests))
+        got = replay_times(trace, args.capacity_tokens, args.k, 1, args.max_requests)
+        hc, rx = (got[b] for b in BACKENDS)
+        if abs(hc["hit_ratio"] - rx["hit_ratio"]) > 0.05:
+            print(f"note: {name}: hit ratios {hc['hit_ratio']:.4f} (hash chain) and "
+                  f"{rx['hit_ratio']:.4f} (radix) differ", file=sys.stderr)  # fmt: skip
+        key = f"trace/{name}/replay CPU: radix:1 / hash_chain:16"
+        ratios.setdefault(key, []).append(rx["replay_cpu_s"] / hc["replay_cpu_s"])
         if args.pure_python:
-            pure.append(pure_times(args, trace))
-    times = {b: {k: min(r[b][k] for r in runs) for k in runs[0][b]} for b in BACKENDS}
-    hc, rx = (times[b] for b in BACKENDS)
-    if abs(hc["hit_ratio"] - rx["hit_ratio"]) > 0.05:
-        print(f"note: {name}: hit ratios {hc['hit_ratio']:.4f} (hash chain) and "
-              f"{rx['hit_ratio']:.4f} (radix) differ", file=sys.stderr)  # fmt: skip
-    out = {
-        f"trace/{name}/replay CPU: radix:1 / hash_chain:16": rx["replay_cpu_s"] / hc["replay_cpu_s"]
-    }
-    if pure:
-        for label in BACKENDS:
-            ratio = times[label]["replay_cpu_s"] / min(p[label]["replay_cpu_s"] for p in pure)
-            out[f"trace/{name}/replay CPU {label}: {build_kind()} / pure Python"] = ratio
-    return out
+            pure = pure_times(args, trace)
+            for label in BACKENDS:
+                key = f"trace/{name}/replay CPU {label}: {build_kind()} / pure Python"
+                ratio = got[label]["replay_cpu_s"] / pure[label]["replay_cpu_s"]
+                ratios.setdefault(key, []).append(ratio)
+    return {key: statistics.median(values) for key, values in ratios.items()}
 
 
 def pure_times(args: argparse.Namespace, trace: Path) -> dict[str, dict[str, float]]:
