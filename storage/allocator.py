@@ -11,8 +11,8 @@ each (a block the pool never handed out, a block a running request holds). A lis
 the members, not a bytearray of bytes: compiled code reads, compares and writes a list
 slot natively, while each bytearray access goes through the generic item protocol with
 an int object made per access (at page size 1 a pool frees and hands out a block per
-token). The ledger grows only as far as blocks have ever been
-handed out, so a large pool costs nothing up front.
+token). The ledger grows only as far as blocks have ever been handed out, so a large
+pool costs nothing up front.
 """
 
 from __future__ import annotations
@@ -90,8 +90,10 @@ class BlockAllocator:
         ledger = self._ledger
         # The type first: mypy narrows an object equal to 1 to int, and compiled code then
         # converts it, so a True or a 1.0 would pass for the int 1.
-        if type(num_blocks) is int and num_blocks == 1 and (
-            owner is Owner.CALLER or owner is Owner.MANAGER
+        if (
+            type(num_blocks) is int
+            and num_blocks == 1
+            and (owner is Owner.CALLER or owner is Owner.MANAGER)
         ):
             # A decode step's one block (every step at page size 1): no slicing.
             if freed:
