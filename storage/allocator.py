@@ -4,19 +4,21 @@ vLLM's free queue minus the cached blocks: blocks come out in id order at first,
 freed blocks are reused first (LIFO, as vLLM prepends uncached blocks "for better
 GPU locality"). Cached blocks are not here: the index owns them until it evicts them.
 
-Every block that is handed out carries an owner tag in a ledger of one byte per block,
-so an entry point that takes block ids from a caller can check them in O(1) each
-(a block the pool never handed out, a block a running request holds) without a
-per-block Python object or set. The ledger grows only as far as blocks have ever been
-handed out, so a pool of billions of blocks costs nothing up front.
+Every block that is handed out carries an owner tag in a ledger, one list slot per
+block holding an ``Owner`` member (shared, so no object per block, and compared by
+identity), so an entry point that takes block ids from a caller can check them in O(1)
+each (a block the pool never handed out, a block a running request holds). A list of
+the members, not a bytearray of bytes: compiled code reads, compares and writes a list
+slot natively, while each bytearray access goes through the generic item protocol with
+an int object made per access (at page size 1 a pool frees and hands out a block per
+token). The ledger grows only as far as blocks have ever been handed out, so a large
+pool costs nothing up front.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
 from typing import Any, Final, cast, overload
 
 from prefixkv.indexes.validation import MAX_BLOCKS
@@ -65,9 +67,10 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         # Blocks freed after use, the end of the list handed out first.
         self._freed: list[int] = []
-        # One owner byte per block ever handed out: ids >= len(_ledger) were never
-        # used and are free, next in id order after the freed ones.
-        self._ledger = bytearray()
+        # The owner (an Owner member, never an equal int) of each block ever handed
+        # out: ids >= len(_ledger) were never used and are free, next in id order
+        # after the freed ones.
+        self._ledger: list[Owner] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -87,7 +90,11 @@ class BlockAllocator:
         ledger = self._ledger
         # The type first: mypy narrows an object equal to 1 to int, and compiled code then
         # converts it, so a True or a 1.0 would pass for the int 1.
-        if type(num_blocks) is int and num_blocks == 1 and owner in _OWNERS:
+        if (
+            type(num_blocks) is int
+            and num_blocks == 1
+            and (owner is Owner.CALLER or owner is Owner.MANAGER)
+        ):
             # A decode step's one block (every step at page size 1): no slicing.
             if freed:
                 bid = freed.pop()
@@ -101,18 +108,19 @@ class BlockAllocator:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
         if owner not in _OWNERS:
             raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
+        tag = Owner(owner)  # the member, also for an equal int
         if num_blocks > self.num_free_blocks:
             return None
         take = min(num_blocks, len(freed))
         out = freed[len(freed) - take :]
         del freed[len(freed) - take :]
         out.reverse()
-        if take:
-            deque(map(ledger.__setitem__, out, repeat(owner)), 0)
+        for bid in out:
+            ledger[bid] = tag
         if take < num_blocks:
             first = len(ledger)
             rest = num_blocks - take
-            ledger.extend(bytes((owner,)) * rest)
+            ledger.extend([tag] * rest)
             out.extend(range(first, first + rest))
         return out
 
@@ -141,7 +149,7 @@ class BlockAllocator:
             )
         if hi >= len(ledger):
             raise BlockOwnershipError(f"{what}: double free of block {hi} (never handed out)")
-        tags = bytes(map(ledger.__getitem__, ids))
+        tags = [ledger[b] for b in ids]
         if tags.count(owner) != len(tags):
             pos = next(i for i, t in enumerate(tags) if t != owner)
             held = Owner(tags[pos])
@@ -174,25 +182,27 @@ class BlockAllocator:
         # Check and retag in one pass over a list (a leaf's slots at page size 1 are
         # freed by the thousand); an id that fails, a repeated one included (it finds
         # its own new tag), undoes the pass and the multi-pass check names it.
-        if type(block_ids) is list and new != owner:
-            ledger = self._ledger
+        # The ledger holds the members themselves: a slot is compared by identity.
+        ledger = self._ledger
+        if type(block_ids) is list and type(owner) is Owner and new is not owner:
+            given: list[object] = block_ids  # typed: compiled, the loop indexes the list
             size = len(ledger)
-            was, tag = int(owner), int(new)  # plain ints: no enum on the per-id path
             done = 0
-            for item in block_ids:
+            for item in given:
                 if type(item) is not int:
                     break
                 bid: int = item
-                if not 0 <= bid < size or ledger[bid] != was:
+                if not 0 <= bid < size or ledger[bid] is not owner:
                     break
-                ledger[bid] = tag
+                ledger[bid] = new
                 done += 1
             else:
-                return block_ids
+                return cast(list[int], given)
             for i in range(done):
-                ledger[block_ids[i]] = was
+                ledger[cast(int, given[i])] = owner
         ids = self._checked(block_ids, owner, what)
-        deque(map(self._ledger.__setitem__, ids, repeat(new)), 0)
+        for bid in ids:
+            ledger[bid] = new
         return ids
 
     def transfer(self, block_ids: Iterable[int], *, src: Owner, dst: Owner) -> list[int]:
@@ -203,7 +213,7 @@ class BlockAllocator:
         """
         if dst not in (Owner.CALLER, Owner.MANAGER):
             raise PrefixKVError(f"dst must be Owner.CALLER or Owner.MANAGER, got {dst!r}")
-        return self._retag(block_ids, src, dst, "transfer")
+        return self._retag(block_ids, src, Owner(dst), "transfer")
 
     def check_held(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
         """``block_ids`` as a list, each held by ``owner``, none repeated.
@@ -258,4 +268,5 @@ class BlockAllocator:
         assert ledger.count(Owner.FREE) == len(self._freed), (
             f"{ledger.count(Owner.FREE)} free blocks in the ledger, {len(self._freed)} freed"
         )
+        assert all(type(t) is Owner for t in ledger), "an owner tag is not an Owner member"
         assert max(ledger, default=0) <= max(Owner), "unknown owner tag in the ledger"

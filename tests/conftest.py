@@ -64,6 +64,7 @@ BOTH_BUILDS = frozenset(
         "test_request_shapes.py",
         "test_stateful.py",
         "test_storage.py",
+        "test_validation.py",
         "test_vllm_hashing.py",
         "test_vllm_kv_cache_manager.py",
         "test_vllm_settings.py",
