@@ -239,15 +239,20 @@ class ZmqEventPublisher:
         Raises:
             TransportError: the sending thread failed (the failure is the cause).
         """
-        timeout = check_seconds("timeout", timeout)
-        if self._running:
-            self._running = False
-            self._stop.set()
-            if self._drained.wait(timeout):
-                self._thread.join(self._grace + 1.0)
+        if self.finish_sending(timeout):
+            self._thread.join(self._grace + 1.0)
         self._raise_failure()
 
     close = shutdown
+
+    def finish_sending(self, timeout: float = 10.0) -> bool:
+        """Take no more batches and send what is queued (up to ``timeout`` s); the
+        replay grace begins once it is sent. Returns whether everything queued was
+        sent (False at once when the sending thread has failed)."""
+        timeout = check_seconds("timeout", timeout)
+        self._running = False
+        self._stop.set()
+        return self._failure is None and self._drained.wait(timeout)
 
     def end_grace(self) -> None:
         """Stop answering replays now, however much of ``replay_grace`` is left (safe

@@ -278,14 +278,17 @@ def _kv_event_stream(
                                       args.kv_events_wait_timeout or 30.0)  # fmt: skip
             yield _EventPublisher(pub, pub.endpoint)
         finally:
-            if grace:
-                print(
-                    f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
-                    f"for {grace:g} s after the last batch (Ctrl-C ends it)",
-                    file=sys.stderr,
-                    flush=True,
-                )
             with interrupts.calling(pub.end_grace):
+                # every batch sent before the grace is announced: a subscriber that
+                # comes after this line catches up by replay alone
+                if grace and pub.finish_sending():
+                    print(
+                        f"prefixkv: KV events: answering event replays on "
+                        f"{pub.replay_endpoint} for {grace:g} s after the last batch "
+                        "(Ctrl-C ends it)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 pub.shutdown()
         return
     with atomic_writer(target) as f:
