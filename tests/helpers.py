@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,3 +168,18 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, cal
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, wrapped)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``prefixkv ARGV`` in this process: its exit status, stdout and stderr."""
+    from prefixkv.adapters.lab.cli import main  # the lab, only for the tests that run it
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def results_doc(out: Path) -> dict[str, Any]:
+    """The ``results.json`` a ``compare`` wrote into ``out``."""
+    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return doc

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import interrupt_after
+from helpers import interrupt_after, results_doc, run_cli
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.compare import CompareError, CompareOptions, compare_backends
@@ -25,15 +25,8 @@ MOONCAKE_HEAD = ROOT / "tests" / "data" / "fidelity" / "mooncake_conversation_he
 KVCT = ROOT / "tests" / "data" / "traces" / "kv_cache_tester"
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _doc(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    return doc
+_run = run_cli
+_doc = results_doc
 
 
 def _rows(out: Path, name: str = "requests.csv") -> list[dict[str, str]]:

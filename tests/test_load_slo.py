@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers import results_doc, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.sim.errors import SimConfigError
 from prefixkv.adapters.lab.sim.load import (
     MIN_REQUESTS,
@@ -26,15 +24,8 @@ from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--indexes", "hash_chain")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _doc(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    return doc
+_run = run_cli
+_doc = results_doc
 
 
 def _queue(n: int, gap: float, service: float, outputs: int = 4) -> list[RequestMetrics]:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import results_doc, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.admission import AdmissionRule, admit
-from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
 from prefixkv.adapters.lab.compare.capacity_search import (
     KNEE_SHARE,
@@ -34,15 +34,8 @@ SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--indexes", "hash_chain")
 GiB = 2**30
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _doc(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    return doc
+_run = run_cli
+_doc = results_doc
 
 
 def _config(tmp_path: Path, **fields: Any) -> Path:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import results_doc, run_cli
 
-from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.compare.anchors import knee
 from prefixkv.adapters.lab.sim import (
     CostProfile,
@@ -41,15 +41,8 @@ BENCH = ROOT / "tests" / "data" / "vllm_bench" / "tiny-llama-cpu.json"
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _doc(out: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    return doc
+_run = run_cli
+_doc = results_doc
 
 
 def _arrival(doc: dict[str, Any]) -> list[dict[str, Any]]:
