@@ -377,6 +377,17 @@ def text_table(
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+def _table_section(
+    title: str,
+    columns: Sequence[tuple[str, str, str]],
+    rows: Sequence[Sequence[str]],
+    notes: Sequence[str],
+) -> list[str]:
+    """A titled markdown table of ``columns`` (header, alignment, ...) and its notes."""
+    table = markdown_table([c[0] for c in columns], rows, "".join(c[1] for c in columns))
+    return [title, "", table, "", *notes, ""]
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
     """A Markdown table; ``align`` holds one ``<`` or ``>`` per column (default: left)."""
     align = align or "<" * len(headers)
@@ -678,18 +689,12 @@ def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
         out += [f"**Load.** {line}.", ""]
     swept_rates = rate_runs(w)
     if swept_rates:
-        out += [
+        out += _table_section(
             "Request-rate sweep at the table's capacity:",
-            "",
-            markdown_table(
-                [c[0] for c in RATE_COLUMNS],
-                rate_rows(swept_rates),
-                "".join(c[1] for c in RATE_COLUMNS),
-            ),
-            "",
-            *(f"- {line}" for line in saturation_lines(w)),
-            "",
-        ]
+            RATE_COLUMNS,
+            rate_rows(swept_rates),
+            [f"- {line}" for line in saturation_lines(w)],
+        )
     cdf = plots.get(f"ttft_cdf_{w.name}")
     if cdf:
         out += [f"![TTFT CDF for {w.name}]({cdf})", ""]
@@ -817,20 +822,13 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
         if w.anchors:
             model = w.anchors[0].model
-            out += [
-                "Capacity anchors"
-                + (f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else "")
-                + ":",
-                "",
-                markdown_table(
-                    [c[0] for c in ANCHOR_COLUMNS],
-                    anchor_rows(w),
-                    "".join(c[1] for c in ANCHOR_COLUMNS),
-                ),
-                "",
-                *(f"- **Capacity.** {line}." for line in capacity_lines(w)),
-                "",
-            ]
+            gib = f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else ""
+            out += _table_section(
+                f"Capacity anchors{gib}:",
+                ANCHOR_COLUMNS,
+                anchor_rows(w),
+                [f"- **Capacity.** {line}." for line in capacity_lines(w)],
+            )
         strip = plots.get(f"strips_{w.name}")
         if w.strip_requests:
             out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
