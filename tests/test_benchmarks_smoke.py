@@ -51,11 +51,8 @@ def test_decode_profile_loop_runs_and_its_annotations_parse() -> None:
                    "--index", index, "--rounds", "2", "--steps", "40"]  # fmt: skip
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import decode_profile
-    finally:
-        sys.path.pop(0)
+    import decode_profile
+
     small = decode_profile.inclusive(
         "100 (50.00%)  ???:Py_RunMain [/lib/libpython3.11.so]\n"
         "40 (20.00%)  *  a.c:CPyDef_manager___CacheManager___advance [/x.so]\n"

@@ -22,8 +22,10 @@ STEPS = 1500  # per backend; with the facades' trace, about 11,000 lines a seed
 
 def run(python: str, seed: int) -> list[str]:
     # One hash seed for both (the facades' events carry hashes); the driver's helpers
-    # beside it on the path (PYTHONSAFEPATH keeps a script's folder off it).
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(DRIVER.parent)}
+    # and the recorders' K-live loop on the path (PYTHONSAFEPATH keeps a script's folder
+    # off it).
+    path = [DRIVER.parent, DRIVER.parent / "engines" / "recorders"]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(map(str, path))}
     cmd = [python, str(DRIVER), str(seed), str(STEPS)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The KV-event codec against batches recorded from vLLM 0.33 and SGLang 0.5.23.
 
-Fixtures (``tests/data/events``, from ``benchmarks/peers/record_kv_event_fixtures.py``):
+Fixtures (``tests/data/events``, from ``tests/engines/recorders/record_kv_event_fixtures.py``):
 each line is one batch as the engine's own ``ZmqEventPublisher`` sent it (topic,
 sequence number, msgpack payload) and as msgspec's JSON encoder writes the engine's
 own struct. Decoding and re-encoding must give the same bytes.

@@ -2,7 +2,7 @@
 
 ``tests/data/events`` holds what vLLM 0.33's ``KVCacheManager`` (sha256_cbor and sha256,
 ``PYTHONHASHSEED=0``) and SGLang 0.5.23's ``RadixCache`` (page sizes 1 and 4) published
-for one trace in the K-live schedule (``benchmarks/peers/record_kv_event_fixtures.py``).
+for one trace in the K-live schedule (``tests/engines/recorders/record_kv_event_fixtures.py``).
 Here prefixkv's hash chain behind its vLLM KVCacheManager, and its radix tree behind the
 SGLang prefix cache, replay the same trace in the same schedule with a recorder attached to
 the index; every batch must encode to the engine's payload. The steps line up too, so

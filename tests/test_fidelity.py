@@ -5,7 +5,7 @@ and the head of Mooncake's conversation trace, blocks scaled 512 -> 16), the
 per-request hit tokens that vLLM 0.33's ``KVCacheManager`` and SGLang 0.5.23's
 ``RadixCache`` gave when driven like their schedulers, for block sizes, K-live
 concurrencies and pool sizes with and without eviction. They were recorded by
-``benchmarks/peers/make_fidelity_fixtures.py``; CI replays them without the engines.
+``tests/engines/recorders/make_fidelity_fixtures.py``; CI replays them without the engines.
 """
 
 from __future__ import annotations

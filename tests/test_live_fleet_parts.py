@@ -1,20 +1,16 @@
 """The live-fleet benchmark's parts that need no vLLM: its trace, fault specs, relay,
-sync rule and word tokenizer (``benchmarks/serve``; the servers' test is
+sync rule and word tokenizer (``benchmarks/serve``, ``tests/serve/harness``; the servers' test is
 ``tests/serve/test_live_fleet.py``)."""
 
 from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 from array import array
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "serve"))
-
 from fault_relay import FaultRelay
 from live_run import Fault, computed_blocks, wait_for_blocks
 from live_trace import TraceShape, make_trace

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import sim_to_real  # noqa: E402
+import sim_to_real
 
 
 def run(

@@ -12,14 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import guard
 import pytest
 
+from prefixkv.adapters.lab.traces import open_trace
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import guard  # noqa: E402
-
-from prefixkv.adapters.lab.traces import open_trace  # noqa: E402
 
 
 def _bench(test: str, name: str, bs: int, seconds: float, **sizes: int) -> dict[str, object]:

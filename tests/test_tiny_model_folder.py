@@ -1,19 +1,17 @@
 """The repository's tiny model folder is one ``vllm serve`` takes as written in
 benchmarks/README.md: a Llama ``config.json`` and a tokenizer (the word-level one
-``benchmarks/serve/word_tokenizer.py`` writes, not a hand-edited copy); no weights,
+``tests/serve/harness/word_tokenizer.py`` writes, not a hand-edited copy); no weights,
 so the command says ``--load-format dummy``. ``make test-serve`` runs the command."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-FOLDER = ROOT / "benchmarks" / "serve" / "tiny-llama"
-sys.path.insert(0, str(ROOT / "benchmarks" / "serve"))
+from word_tokenizer import as_text, write_word_tokenizer
 
-from word_tokenizer import as_text, write_word_tokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "tests" / "serve" / "harness" / "tiny-llama"
 
 
 def test_the_tokenizer_files_are_the_generated_ones(tmp_path: Path) -> None:
@@ -26,7 +24,7 @@ def test_the_tokenizer_files_are_the_generated_ones(tmp_path: Path) -> None:
 
 def test_the_readme_command_serves_this_folder_with_dummy_weights() -> None:
     text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
-    serve = [ln for ln in text.splitlines() if "vllm serve benchmarks/serve/tiny-llama" in ln]
+    serve = [ln for ln in text.splitlines() if "vllm serve tests/serve/harness/tiny-llama" in ln]
     assert serve and all("--load-format dummy" in ln for ln in serve)
     assert all("--host 127.0.0.1" in ln for ln in serve)
     (curl,) = [ln for ln in text.splitlines() if ln.startswith("curl ") and "tiny-llama" in ln]

@@ -1,7 +1,7 @@
 """vLLM-identical block hashes: golden values recorded from vLLM 0.33 itself.
 
 ``tests/data/events/vllm_block_hashes.json`` comes from
-``benchmarks/peers/record_kv_event_fixtures.py`` (vLLM's own ``Request`` and
+``tests/engines/recorders/record_kv_event_fixtures.py`` (vLLM's own ``Request`` and
 ``get_request_block_hasher``); these tests recompute every hash with
 ``VllmBlockHasher`` and compare bytes and wire integers.
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = {"vllm": ("0.32.", "0.33."), "sglang": ("0.5.23",)}
-ROOT = HERE.parents[1]
+ROOT = HERE.parents[2]
 PLUGIN = "prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
 
 
@@ -109,8 +109,7 @@ def main() -> int:
                 got[-16] = hits(Path(d) / "p.jsonl")  # prefixkv inside vLLM: the same
                 want[-16] = want[16]
         else:
-            sys.path.insert(0, str(HERE))
-            import torchvision_standin
+            import torchvision_standin  # beside this script
 
             torchvision_standin.install()
             import sglang

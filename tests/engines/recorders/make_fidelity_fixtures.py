@@ -7,7 +7,7 @@ and writes ``expected.json``, which ``tests/test_fidelity.py`` compares prefixkv
 against. Needs the two side environments (``setup_env.sh vllm|sglang``;
 benchmarks/README.md, "The engines' own code: the peers"):
 
-    python benchmarks/peers/make_fidelity_fixtures.py \
+    python tests/engines/recorders/make_fidelity_fixtures.py \
         --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python \
         [--out PATH]   # default: overwrite tests/data/fidelity/expected.json
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from prefixkv.adapters.lab.traces import load_any, write_trace
 
 HERE = Path(__file__).resolve().parent
-FIXTURES = HERE.parent.parent / "tests" / "data" / "fidelity"
+FIXTURES = HERE.parents[1] / "data" / "fidelity"
 
 # name -> (file, loader options)
 TRACES = {

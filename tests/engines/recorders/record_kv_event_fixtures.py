@@ -16,7 +16,7 @@ batch: ``topic``, ``seq``, the msgpack payload (base64), the batch as msgspec's 
 encoder writes the engine's own struct, and ``cached``: the ``[hash, count]`` pairs the
 engine's cache held right after that batch. Standard library only::
 
-    python benchmarks/peers/record_kv_event_fixtures.py \\
+    python tests/engines/recorders/record_kv_event_fixtures.py \\
         --vllm-python VLLM_VENV/bin/python --sglang-python SGLANG_VENV/bin/python
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE.parent.parent / "tests" / "data" / "events"
+DEFAULT_OUT = HERE.parents[1] / "data" / "events"
 
 SETTINGS: dict[str, Any] = {
     "schedule": "K-live: at most `concurrency` requests live, the oldest finishes first "

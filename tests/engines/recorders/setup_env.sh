@@ -2,8 +2,8 @@
 # Builds (or reuses) a side environment with a real engine on a CPU-only torch, for the
 # oracles in this folder and for `make test-engines`.
 #
-#   bash benchmarks/peers/setup_env.sh vllm   .peers/vllm     # vLLM 0.33.0   (~3.1 GB)
-#   bash benchmarks/peers/setup_env.sh sglang .peers/sglang   # SGLang 0.5.23 (~2.5 GB)
+#   bash tests/engines/recorders/setup_env.sh vllm   .peers/vllm     # vLLM 0.33.0   (~3.1 GB)
+#   bash tests/engines/recorders/setup_env.sh sglang .peers/sglang   # SGLang 0.5.23 (~2.5 GB)
 #
 # Idempotent: an environment that passes check_env.py (which imports this checkout's
 # prefixkv, as the engine tests do) is left as it is. FORCE=1 rebuilds
@@ -63,7 +63,7 @@ echo "torch==2.13.0" > "$CONSTRAINT"
 # 3. What its modules import, pinned; torch stays put.
 "${PIP[@]}" -c "$CONSTRAINT" -r "$HERE/$ENGINE-requirements.txt"
 # 4. This checkout, so the engine finds prefixkv's plug-in (and the check imports it).
-"${PIP[@]}" --no-deps -e "$HERE/../.."
+"${PIP[@]}" --no-deps -e "$HERE/../../.."
 
 if check; then
   echo "setup_env: $VENV is ready ($SPEC, CPU torch 2.13.0)"

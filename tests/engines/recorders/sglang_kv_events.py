@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sglang_oracle  # installs the torchvision stand-in before SGLang is imported
 from event_recording import StepBatches, publish_and_replay, read_inputs, write_recording

@@ -40,7 +40,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchvision_standin
 from k_live import run_k_live
 

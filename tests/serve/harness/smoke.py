@@ -11,7 +11,7 @@ prefix caching, prefixkv's hash chain, prefixkv's radix tree -- each with a smal
    output ids, ``/metrics`` prefix-cache counters and the KV events' payloads;
 2. a concurrent burst larger than the pool (preemption): every request completes.
 
-    python benchmarks/serve/smoke.py --vllm VENV/bin/vllm [--model MODEL_DIR] --out smoke.json
+    python tests/serve/harness/smoke.py --vllm VENV/bin/vllm [--model MODEL_DIR] --out smoke.json
 
 A ``--model`` folder with only a ``config.json`` is served with ``--load-format dummy``
 (vLLM's weights, uniform in +-1e-3): it serves, but its greedy outputs hardly depend on

@@ -12,7 +12,7 @@ output outweighs the token's own embedding, so the context decides the next toke
 another). Weights are float32 (``config.json``'s dtype): two engines computing the
 same KV in different batches then agree to the last greedy token.
 
-    python benchmarks/serve/tiny_llama.py OUT_DIR [--seed 0]
+    python tests/serve/harness/tiny_llama.py OUT_DIR [--seed 0]
 """
 
 from __future__ import annotations

