@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from helpers import TEST_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from special_files import fifo_valve
@@ -40,7 +41,7 @@ from prefixkv.adapters.lab.sim.bench_results import (
 )
 from prefixkv.adapters.lab.sim.profile import attention_pairs
 
-BENCH = Path(__file__).parent / "data" / "vllm_bench" / "tiny-llama-cpu.json"
+BENCH = TEST_DATA / "vllm_bench" / "tiny-llama-cpu.json"
 
 
 def _doc(n: int = 6) -> dict[str, Any]:

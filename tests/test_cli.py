@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from helpers import interrupt_after
+from helpers import TEST_DATA, interrupt_after
 
 from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import BackendRun, parse_backends
@@ -701,7 +701,7 @@ def test_giant_mooncake_output_through_the_cli(
 
 
 def test_formats_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = Path(__file__).parent / "data" / "traces"
+    data = TEST_DATA / "traces"
     for trace, requests in (
         (data / "mooncake_small.jsonl", 4),
         (data / "bailian_small.jsonl", 3),
@@ -727,7 +727,7 @@ def test_a_report_never_lands_among_its_inputs(
     # it (results.json above all) would make the folder read as another trace. --out may
     # not be an input, be inside one, or hold one, whichever input names the folder.
     folder = tmp_path / "kvct"
-    shutil.copytree(Path(__file__).parent / "data" / "traces" / "kv_cache_tester", folder)
+    shutil.copytree(TEST_DATA / "traces" / "kv_cache_tester", folder)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     one = folder / "conv_a.json"
     extra = ["--replicas", "2"] if command == "cluster" else ["--no-plots"]

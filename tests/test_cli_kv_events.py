@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from helpers import TEST_DATA
 from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
 import prefixkv.adapters.lab.cli as cli
@@ -27,7 +28,7 @@ from prefixkv.adapters.vllm import KVCacheManager
 from prefixkv.indexes import make_index
 from prefixkv.indexes.registry import pool_owned_options
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 TRACE = DATA / "trace.jsonl"
 PLAIN = [
     {k: v for k, v in json.loads(line).items() if k in ("id", "tokens", "output")}

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-HEAD = ROOT / "tests" / "data" / "fidelity" / "mooncake_conversation_head.jsonl"
+from helpers import ROOT, TEST_DATA
+
+HEAD = TEST_DATA / "fidelity" / "mooncake_conversation_head.jsonl"
 
 
 def _run(*args: str) -> str:

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.cluster.faults import FaultSpecError, parse_faults
 
-MOONCAKE = Path(__file__).parent / "data" / "fidelity" / "mooncake_conversation_head.jsonl"
+MOONCAKE = TEST_DATA / "fidelity" / "mooncake_conversation_head.jsonl"
 
 
 def test_cluster_command_writes_the_report(tmp_path: Path) -> None:

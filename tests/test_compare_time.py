@@ -13,16 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import interrupt_after, results_doc, run_cli
+from helpers import ROOT, TEST_DATA, interrupt_after, results_doc, run_cli
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.compare import CompareError, CompareOptions, compare_backends
 from prefixkv.adapters.lab.compare import arrival as arrival_module
 from prefixkv.adapters.lab.sim import load_profile
 
-ROOT = Path(__file__).resolve().parent.parent
-MOONCAKE_HEAD = ROOT / "tests" / "data" / "fidelity" / "mooncake_conversation_head.jsonl"
-KVCT = ROOT / "tests" / "data" / "traces" / "kv_cache_tester"
+MOONCAKE_HEAD = TEST_DATA / "fidelity" / "mooncake_conversation_head.jsonl"
+KVCT = TEST_DATA / "traces" / "kv_cache_tester"
 
 
 _run = run_cli

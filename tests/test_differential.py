@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 PURE = os.environ.get("PREFIXKV_PURE_PYTHON")
 DRIVER = Path(__file__).with_name("differential.py")
@@ -24,7 +25,7 @@ def run(python: str, seed: int) -> list[str]:
     # One hash seed for both (the facades' events carry hashes); the driver's helpers
     # and the recorders' K-live loop on the path (PYTHONSAFEPATH keeps a script's folder
     # off it).
-    path = [DRIVER.parent, DRIVER.parent / "engines" / "recorders"]
+    path = [ROOT / "tests", ROOT / "tests" / "engines" / "recorders"]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(map(str, path))}
     cmd = [python, str(DRIVER), str(seed), str(STEPS)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

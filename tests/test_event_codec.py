@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.adapters.events.codec import EventDecodeError, EventDecoder, encode, encode_json
 from prefixkv.adapters.events.files import EventFileWriter
@@ -32,7 +33,7 @@ from prefixkv.adapters.events.wire import (
 )
 from prefixkv.indexes.errors import PrefixKVError
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 VLLM_FILES = ["vllm_sha256_cbor.jsonl", "vllm_sha256.jsonl"]
 SGLANG_FILES = ["sglang_page1.jsonl", "sglang_page4.jsonl"]
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import TEST_DATA
 from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
 from prefixkv.adapters.events import (
@@ -48,7 +48,7 @@ from prefixkv.indexes import (
 from prefixkv.indexes.registry import pool_owned_options
 from prefixkv.indexes.vllm_hashing import to_external_block_hash
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 SETTINGS: dict[str, Any] = json.loads((DATA / "settings.json").read_text())
 TRACE = [json.loads(line) for line in (DATA / "trace.jsonl").read_text().splitlines()]
 T0 = 1_700_000_000.0

@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.adapters.events.codec import EventDecodeError, EventDecoder
 from prefixkv.adapters.events.files import EventFileWriter, read_event_file
 from prefixkv.adapters.events.wire import BlockStored, KVEventBatch
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 
 
 @pytest.mark.parametrize("name", ["vllm_sha256_cbor.jsonl", "sglang_page4.jsonl"])

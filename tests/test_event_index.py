@@ -10,9 +10,9 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from helpers import ROOT, TEST_DATA
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,7 +25,7 @@ from prefixkv.adapters.events.wire import (
     KVEventBatch,
 )
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 
 
 def stored(hashes: list[int], parent: int | None = None, group: int = 0) -> BlockStored:
@@ -159,8 +159,7 @@ def test_benchmark_script_runs() -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "benchmarks/event_index.py", "--block-events", "3000", "--repeat", "1"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["block_events"] >= 3000

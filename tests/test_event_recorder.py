@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import json
 from array import array
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.adapters.events.codec import EventDecoder, encode
 from prefixkv.adapters.events.recorder import VllmEventRecorder, event_extra_keys
@@ -22,7 +22,7 @@ from prefixkv.adapters.events.wire import AllBlocksCleared, BlockRemoved, BlockS
 from prefixkv.indexes.tokens import ExtraKey, normalize_extra_key
 from prefixkv.indexes.vllm_hashing import VllmBlockHasher, to_external_block_hash
 
-DATA = Path(__file__).parent / "data" / "events"
+DATA = TEST_DATA / "events"
 
 
 def namespace(rec: dict[str, Any]) -> ExtraKey | None:

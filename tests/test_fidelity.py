@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.adapters.lab.replay import replay
 from prefixkv.adapters.lab.traces import TraceRequest, load_any
 from prefixkv.indexes import make_index
 
-DATA = Path(__file__).parent / "data" / "fidelity"
+DATA = TEST_DATA / "fidelity"
 TRACES = {
     "mixed": ("mixed.jsonl.gz", {}),
     "mooncake_conversation_head": ("mooncake_conversation_head.jsonl", {"tokens_per_id": 16}),

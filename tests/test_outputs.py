@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.traces import write_trace
@@ -326,12 +327,11 @@ WRITES = re.compile(
 def test_every_writer_goes_through_the_one_rule() -> None:
     # Files are created only in prefixkv.adapters.outputs: everything else hands it bytes
     # (atomic_writer), a figure (save_figure) or a finished file (install_file).
-    root = Path(__file__).resolve().parents[1]
     found = [
-        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for folder in ("indexes", "storage", "adapters")
-        for path in sorted((root / folder).rglob("*.py"))
-        if path != root / "adapters" / "outputs.py"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != ROOT / "adapters" / "outputs.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if WRITES.search(line)
     ]

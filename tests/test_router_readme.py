@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "adapters" / "router" / "README.md"
+from helpers import ROOT
+
+README = ROOT / "adapters" / "router" / "README.md"
 
 
 def test_the_router_readme_examples_run() -> None:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import guard
 import pytest
+from helpers import ROOT
 
 from prefixkv.adapters.lab.traces import open_trace
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench(test: str, name: str, bs: int, seconds: float, **sizes: int) -> dict[str, object]:

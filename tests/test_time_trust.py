@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import results_doc, run_cli
+from helpers import TEST_DATA, results_doc, run_cli
 
 from prefixkv.adapters.lab.compare.anchors import knee
 from prefixkv.adapters.lab.sim import (
@@ -35,9 +35,8 @@ from prefixkv.adapters.lab.sim.calibration import fit_profile
 from prefixkv.adapters.lab.traces import open_trace
 from prefixkv.indexes import make_index
 
-ROOT = Path(__file__).resolve().parent.parent
-KVCT = ROOT / "tests" / "data" / "traces" / "kv_cache_tester"
-BENCH = ROOT / "tests" / "data" / "vllm_bench" / "tiny-llama-cpu.json"
+KVCT = TEST_DATA / "traces" / "kv_cache_tester"
+BENCH = TEST_DATA / "vllm_bench" / "tiny-llama-cpu.json"
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots")
 
 

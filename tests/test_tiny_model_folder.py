@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from helpers import ROOT
 from word_tokenizer import as_text, write_word_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "tests" / "serve" / "harness" / "tiny-llama"
 
 

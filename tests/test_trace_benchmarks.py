@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import ROOT, TEST_DATA
 
-ROOT = Path(__file__).resolve().parent.parent
-MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake_small.jsonl"
+MOONCAKE = TEST_DATA / "traces" / "mooncake_small.jsonl"
 
 
 def _run(*args: str) -> list[str]:

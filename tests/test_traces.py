@@ -18,7 +18,7 @@ from array import array
 from pathlib import Path
 
 import pytest
-from helpers import common_prefix
+from helpers import TEST_DATA, common_prefix
 
 from prefixkv.adapters.lab.traces import (
     OutputError,
@@ -40,7 +40,7 @@ from prefixkv.adapters.lab.traces import (
 )
 from prefixkv.indexes.errors import PrefixKVError
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = TEST_DATA / "traces"
 MOONCAKE = DATA / "mooncake_small.jsonl"
 BAILIAN = DATA / "bailian_small.jsonl"
 KVCT = DATA / "kv_cache_tester"

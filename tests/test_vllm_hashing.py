@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from array import array
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import TEST_DATA
 
 from prefixkv.indexes import (
     BLOCK_HASH_ALGORITHMS,
@@ -37,9 +37,7 @@ from prefixkv.indexes.vllm_hashing import (
     to_external_block_hash,
 )
 
-GOLDEN = json.loads(
-    (Path(__file__).parent / "data" / "events" / "vllm_block_hashes.json").read_text()
-)
+GOLDEN = json.loads((TEST_DATA / "events" / "vllm_block_hashes.json").read_text())
 CASES = [
     pytest.param(case, req, id=f"{case['algorithm']}-seed{case['pythonhashseed']}-r{i}")
     for case in GOLDEN["cases"]

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import ROOT, TEST_DATA
 
 from prefixkv.adapters.events import BlockStored
 from prefixkv.adapters.vllm import (
@@ -29,8 +30,7 @@ from prefixkv.adapters.vllm import (
 )
 from prefixkv.indexes import HashChainIndex, PrefixKVError, make_index
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = json.loads((ROOT / "tests" / "data" / "events" / "vllm_block_hashes.json").read_text())
+GOLDEN = json.loads((TEST_DATA / "events" / "vllm_block_hashes.json").read_text())
 
 
 def lora(name: str, int_id: int, path: str) -> SimpleNamespace:

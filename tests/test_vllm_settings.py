@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,6 @@ from prefixkv.adapters.vllm.settings import (
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex
 from prefixkv.indexes.null import NoPrefixIndex
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEDULER = "prefixkv.adapters.vllm.scheduler.PrefixKVScheduler"
 
 # (additional_config, a word the one-line message must hold: the key at fault)
