@@ -21,7 +21,7 @@ READMES = [FRONT] + sorted(
     for folder in ("indexes", "storage", "adapters", "benchmarks")
     for p in (ROOT / folder).rglob("README.md")
 )
-# Its examples run in tests/test_router_readme.py.
+# Its examples run in tests/router/test_router_readme.py.
 OWN_TEST = {ROOT / "adapters" / "router" / "README.md"}
 FRONT_DOOR_MAX_LINES = 300
 

@@ -1,7 +1,7 @@
 """The differential test's driver: random operation sequences on one build of prefixkv,
-every result printed (``tests/test_differential.py`` runs it on both builds).
+every result printed (``tests/adapters/test_differential.py`` runs it on both builds).
 
-``python tests/differential.py SEED STEPS`` prints the build it runs, then one line per
+``python tests/adapters/differential.py SEED STEPS`` prints the build it runs, then one line per
 operation for each backend (the hash chain and the radix tree at block sizes 1 to 4,
 each hash and eviction policy, pools of 6 to 24 blocks): the operation with its
 arguments, its result or the error's class and message, and the manager's state after

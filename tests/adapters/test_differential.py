@@ -1,5 +1,5 @@
 """The same random operation sequences give the same result at every step on the
-pure-Python package and on the compiled build (``tests/differential.py`` runs them and
+pure-Python package and on the compiled build (``tests/adapters/differential.py`` runs them and
 prints every result, error and state; see there for what it covers).
 
 ``make test-compiled`` runs this on the installed wheel, with ``PREFIXKV_PURE_PYTHON``

@@ -8,7 +8,7 @@ Every step checks the manager's integrity; every finished request's K/V, gathere
 through its block table, must equal the request computed alone without a cache.
 
 The ``ci`` profile (default) runs a bounded, derandomized sample; for a longer
-search run ``HYPOTHESIS_PROFILE=dev pytest tests/test_engine_properties.py``.
+search run ``HYPOTHESIS_PROFILE=dev pytest tests/adapters/test_engine_properties.py``.
 """
 
 from __future__ import annotations

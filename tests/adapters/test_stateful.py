@@ -10,7 +10,7 @@ eviction the hit must be exactly the model's).
 
 The ``ci`` profile (default) keeps the whole file under a minute. Run longer with::
 
-    HYPOTHESIS_PROFILE=dev .venv/bin/pytest tests/test_stateful.py
+    HYPOTHESIS_PROFILE=dev .venv/bin/pytest tests/adapters/test_stateful.py
 
 (the ``dev`` profile is random and multiplies the examples; steps per example stay as
 set here). ``HYPOTHESIS_PROFILE=dev`` also honours ``--hypothesis-seed=N``.

@@ -3,7 +3,7 @@
 Replays each fixture trace through the vLLM 0.33 and SGLang 0.5.23 replay oracles
 beside this script (``vllm_oracle.py``, ``sglang_oracle.py``: they drive the engines'
 own prefix-cache code on CPU) for a grid of block sizes, concurrencies and capacities,
-and writes ``expected.json``, which ``tests/test_fidelity.py`` compares prefixkv
+and writes ``expected.json``, which ``tests/adapters/test_fidelity.py`` compares prefixkv
 against. Needs the two side environments (``setup_env.sh vllm|sglang``;
 benchmarks/README.md, "The engines' own code: the peers"):
 
