@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FRONT = ROOT / "README.md"
 READMES = [FRONT] + sorted(
     p
-    for folder in ("indexes", "storage", "adapters", "benchmarks")
+    for folder in ("indexes", "storage", "adapters", "tests", "benchmarks")
     for p in (ROOT / folder).rglob("README.md")
 )
 # Its examples run in tests/router/test_router_readme.py.
@@ -92,6 +92,7 @@ def test_readmes_are_found() -> None:
         "adapters/README.md",
         "adapters/router/README.md",
         "adapters/lab/README.md",
+        "tests/README.md",
         "benchmarks/README.md",
     ):
         assert expected in names

@@ -1,5 +1,5 @@
 """The repository's tiny model folder is one ``vllm serve`` takes as written in
-benchmarks/README.md: a Llama ``config.json`` and a tokenizer (the word-level one
+adapters/README.md: a Llama ``config.json`` and a tokenizer (the word-level one
 ``tests/serve/harness/word_tokenizer.py`` writes, not a hand-edited copy); no weights,
 so the command says ``--load-format dummy``. ``make test-serve`` runs the command."""
 
@@ -23,7 +23,7 @@ def test_the_tokenizer_files_are_the_generated_ones(tmp_path: Path) -> None:
 
 
 def test_the_readme_command_serves_this_folder_with_dummy_weights() -> None:
-    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    text = (ROOT / "adapters" / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
     serve = [ln for ln in text.splitlines() if "vllm serve tests/serve/harness/tiny-llama" in ln]
     assert serve and all("--load-format dummy" in ln for ln in serve)
     assert all("--host 127.0.0.1" in ln for ln in serve)

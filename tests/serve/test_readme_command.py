@@ -1,4 +1,4 @@
-"""The tiny-model ``vllm serve`` command of benchmarks/README.md runs as written.
+"""The tiny-model ``vllm serve`` command of adapters/README.md runs as written.
 
 The command block is read from the README: the ``vllm serve`` line (with its
 continuation lines) and the ``curl`` request. They run from the repository root with
@@ -23,7 +23,7 @@ from pathlib import Path
 from vllm_server import free_port  # tests/serve/harness, on pytest's path (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "benchmarks" / "README.md"
+README = ROOT / "adapters" / "README.md"
 MODEL = "tests/serve/harness/tiny-llama"
 START_S = 900.0
 """Bounds the server's start (a hang guard: it starts in seconds to a few minutes)."""
