@@ -11,8 +11,8 @@ agree request for request, and prints the ratios of the performance goals:
   its Rust core (``UnifiedRadixCache``), insert time (``cache_(un)finished_req``),
   and the whole replay's time in the tree.
 
-Not part of the test suite. Needs the side environments (benchmarks/README.md,
-"The engines' own code: the peers"):
+Not part of the test suite. Needs the side environments (tests/README.md,
+"The engine tests and the recorders"):
 
     python benchmarks/peers/head_to_head.py \\
         --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python

@@ -5,7 +5,7 @@ beside this script (``vllm_oracle.py``, ``sglang_oracle.py``: they drive the eng
 own prefix-cache code on CPU) for a grid of block sizes, concurrencies and capacities,
 and writes ``expected.json``, which ``tests/adapters/test_fidelity.py`` compares prefixkv
 against. Needs the two side environments (``setup_env.sh vllm|sglang``;
-benchmarks/README.md, "The engines' own code: the peers"):
+tests/README.md, "The engine tests and the recorders"):
 
     python tests/engines/recorders/make_fidelity_fixtures.py \
         --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python \
