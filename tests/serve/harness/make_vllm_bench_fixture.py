@@ -13,7 +13,7 @@ setup (``date`` ``%Y%m%d-%H%M%S``, ``backend``, ``model_id``, ``num_prompts``,
 ``generated_texts``, ``errors``). Two runs are appended, one a line: one request at a
 time (``--max-concurrency 1``) over varied prompt lengths, then four at a time.
 
-    python benchmarks/make_vllm_bench_fixture.py --url http://127.0.0.1:8000 \\
+    python tests/serve/harness/make_vllm_bench_fixture.py --url http://127.0.0.1:8000 \\
         --out tests/data/vllm_bench/tiny-llama-cpu.json
 """
 
