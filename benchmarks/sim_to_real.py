@@ -23,7 +23,7 @@ filler tokens of the trace's output lengths, not the trace's outputs: a later tu
 that quotes an earlier answer misses those blocks on both sides.
 
     python benchmarks/sim_to_real.py \\
-        --vllm VLLM_VENV/bin/vllm --model benchmarks/serve/tiny-llama \\
+        --vllm VLLM_VENV/bin/vllm --model tests/serve/harness/tiny-llama \\
         --workload multi_turn --request-rates 0.5,1,2,4,8,16 --repeats 3 --out sim-to-real
 
 (The weights are dummy. Measure on a quiet machine: the table records the load. The

@@ -17,6 +17,12 @@ from prefixkv.adapters.requests import ReqLike
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.storage import BlockAllocator
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository (the tests live one folder per room under ``tests/``)."""
+
+TEST_DATA = ROOT / "tests" / "data"
+"""The recorded fixtures and traces the tests read."""
+
 BACKENDS = ("none", "hash_chain", "radix")
 """The built-in index backends."""
 

@@ -1,7 +1,7 @@
 """K-live drivers of the two facades, stepping like the engines' schedulers.
 
 The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``;
-``run_k_live`` is the recorders' own, ``benchmarks/peers/k_live.py``):
+``run_k_live`` is the recorders' own, ``tests/engines/recorders/k_live.py``):
 at most K requests live, the oldest finishes first by decoding its remaining output
 one token per step; the whole prompt is prefilled in one step, which samples the first
 output token. ``end_step`` is called where the engine takes its events. vLLM: a
@@ -17,14 +17,11 @@ whose decode does not fit is aborted.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 # The recorders' own loop, so the facades run the very schedule the fixtures were made in.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "peers"))
 from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch

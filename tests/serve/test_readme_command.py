@@ -1,4 +1,4 @@
-"""The tiny-model ``vllm serve`` command of benchmarks/README.md runs as written.
+"""The tiny-model ``vllm serve`` command of adapters/README.md runs as written.
 
 The command block is read from the README: the ``vllm serve`` line (with its
 continuation lines) and the ``curl`` request. They run from the repository root with
@@ -20,10 +20,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vllm_server import free_port  # benchmarks/serve, on the path by conftest.py
+from vllm_server import free_port  # tests/serve/harness, on pytest's path (pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "benchmarks" / "README.md"
+README = ROOT / "adapters" / "README.md"
+MODEL = "tests/serve/harness/tiny-llama"
 START_S = 900.0
 """Bounds the server's start (a hang guard: it starts in seconds to a few minutes)."""
 
@@ -31,7 +32,7 @@ START_S = 900.0
 def _commands() -> tuple[str, str]:
     """The ``vllm serve`` and ``curl`` commands of the README's serving block."""
     text = README.read_text(encoding="utf-8").replace("\\\n", " ")
-    serve = next(ln for ln in text.splitlines() if "vllm serve benchmarks/serve/tiny-llama" in ln)
+    serve = next(ln for ln in text.splitlines() if f"vllm serve {MODEL}" in ln)
     curl = next(ln for ln in text.splitlines() if ln.startswith("curl ") and "tiny-llama" in ln)
     return serve, curl
 

@@ -11,20 +11,18 @@ must be equal. Runs in ``make test-engines``, and from ``make test`` when
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import vllm_oracle
+
+from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
+from prefixkv.adapters.vllm.scheduler import vllm_types
+from prefixkv.indexes import make_index
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
-import vllm_oracle  # noqa: E402
-
-from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager  # noqa: E402
-from prefixkv.adapters.vllm.scheduler import vllm_types  # noqa: E402
-from prefixkv.indexes import make_index  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "events"
 SETTINGS: dict[str, Any] = json.loads((DATA / "settings.json").read_text())

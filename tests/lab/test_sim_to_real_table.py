@@ -1,0 +1,84 @@
+"""benchmarks/sim_to_real.py's rate sweep: how runs become one table line a rate and
+the verdict each line gets (no server: the runs are made up with known answers)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import pytest
+import sim_to_real
+
+
+def run(
+    *,
+    ttft: list[float],
+    ttft_sim: list[float],
+    tpot: list[float] | None = None,
+    tpot_sim: list[float] | None = None,
+    achieved: float = 1.0,
+    busy: float = 0.3,
+    load: tuple[float, float] = (0.2, 0.4),
+) -> dict[str, Any]:
+    n = len(ttft)
+    return {
+        "requests": n,
+        "cached_exact": n,
+        "load_before": load[0],
+        "load_after": load[1],
+        "achieved_rps": achieved,
+        "utilization_sim": busy,
+        "throughput_measured": 100.0,
+        "throughput_sim": 95.0,
+        "ttft_measured": ttft,
+        "ttft_sim": ttft_sim,
+        "tpot_measured": tpot if tpot is not None else [0.01] * n,
+        "tpot_sim": tpot_sim if tpot_sim is not None else [0.01] * n,
+    }
+
+
+def test_runs_are_pooled_and_the_percentiles_compared_side_by_side() -> None:
+    a = run(ttft=[0.01, 0.02, 0.03], ttft_sim=[0.01, 0.02, 0.03], load=(0.1, 0.5))
+    b = run(ttft=[0.04, 0.05], ttft_sim=[0.04, 0.05], load=(0.3, 0.9), achieved=0.9)
+    row = sim_to_real.summarize_rate(1.0, [a, b])
+    # pooled: 10..50 ms, p50 30 ms; p90 by linear ranks: 46 ms
+    assert row["ttft_p50_measured_s"] == pytest.approx(0.03)
+    assert row["ttft_p90_measured_s"] == pytest.approx(0.046)
+    assert row["ttft_p50_error"] == pytest.approx(0.0, abs=1e-12)
+    assert (row["runs"], row["requests"], row["cached_exact"]) == (2, 5, 5)
+    assert (row["load_min"], row["load_max"]) == (0.1, 0.9)
+    assert row["achieved_rps"] == pytest.approx(0.95)
+    assert row["verdict"] == "within 10%"
+    table = sim_to_real.sweep_table([row])
+    head, rule, line = table.splitlines()
+    assert head.count("|") == rule.count("|") == line.count("|")
+    assert "| 1 | 0.95 | 30% | 0.10-0.90 | 2 x 2 | 5/5 | 30.0 / 30.0 | +0% |" in line
+
+
+def test_the_verdict_names_what_is_off_and_says_saturated_before_it() -> None:
+    low = run(ttft=[0.06] * 4, ttft_sim=[0.02] * 4, tpot_sim=[0.0115] * 4)
+    row = sim_to_real.summarize_rate(1.0, [low])
+    assert row["ttft_p50_error"] == pytest.approx(-2 / 3)
+    assert row["verdict"] == "off: TTFT p50 -67%, TTFT p90 -67%, TPOT p50 +15%, TPOT p90 +15%"
+    busy = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[0.1], busy=0.95, achieved=8)])
+    assert busy["verdict"].startswith("saturated (sim busy 95%, served 100% of offered)")
+    behind = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[1.0], achieved=6.0)])
+    assert behind["verdict"].startswith("saturated") and "served 75%" in behind["verdict"]
+
+
+def test_one_token_outputs_leave_tpot_empty_not_wrong() -> None:
+    nan = math.nan
+    row = sim_to_real.summarize_rate(
+        0.5, [run(ttft=[0.02, 0.02], ttft_sim=[0.02, 0.02], tpot=[nan, nan], tpot_sim=[nan, nan])]
+    )
+    assert math.isnan(row["tpot_p50_measured_s"]) and row["verdict"] == "within 10%"
+    line = sim_to_real.sweep_table([row]).splitlines()[-1]
+    assert "| - / - | - |" in line
+
+
+@pytest.mark.parametrize("text", ["1,x", "0,1", "2,1", "1,1", "-1", "inf", ""])
+def test_bad_rates_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        sim_to_real.parse_rates(text)
+    assert sim_to_real.parse_rates("0.5,1,16") == [0.5, 1.0, 16.0]
