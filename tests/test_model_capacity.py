@@ -277,9 +277,19 @@ def test_the_python_api_rejects_and_counts_long_requests_as_the_cli_does() -> No
     assert res.backends[0].num_requests == res.num_requests
     with pytest.raises(CapacityError, match="is too long"):
         compare_backends(opts, max_model_len=longest - 1, on_long_request="abort")
-    for bad in ({"max_model_len": 0}, {"max_model_len": 2.5}, {"on_long_request": "skip"}):
-        with pytest.raises(CompareError):
-            compare_backends(opts, **bad)
+    for field, bad in (("max_model_len", 0), ("max_model_len", 2.5), ("on_long_request", "x")):
+        with pytest.raises(CompareError, match=f"{field} must be"):
+            compare_backends(opts, **{field: bad})
+
+
+@given(st.integers(1, 10**6), st.integers(0, 10**5))
+def test_a_request_exactly_at_max_model_len_is_admitted_and_one_token_over_is_not(
+    prompt: int, output: int
+) -> None:
+    total = prompt + max(1, output)  # an engine decodes at least one token
+    assert AdmissionRule(max_model_len=total).reason(prompt, output) is None
+    why = AdmissionRule(max_model_len=total - 1).reason(prompt, output)
+    assert why is not None and f"exceed max_model_len {total - 1:,}" in why
 
 
 # ----------------------------------------------------------------- working set and knee
