@@ -2,7 +2,8 @@
 
 The subcommand's flags and its run over the cluster simulation
 (:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
-(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). Flags that
+(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). The model,
+length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`). Flags that
 would be ignored are refused, ``--out`` is checked before the first run, ``--ray``
 checks that the replica actors fit the Ray cluster's CPUs before starting them, and
 Ctrl-C (or SIGTERM) writes the runs that finished, marked partial.

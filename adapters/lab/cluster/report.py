@@ -1,8 +1,9 @@
 """The cluster report: tables (CSV, JSON), plots and ``report.md`` for a set of runs.
 
-Runs fall in three groups, told apart by their labels: fault-free runs at the main
+Runs fall in four groups, told apart by their labels: fault-free runs at the main
 fleet size and capacity (the policy comparison), the sweeps over fleet size and
-capacity, and fault runs. Ratios are reported against round robin and the pooled
+capacity, fault runs, and the request-rate sweep's runs (role ``rate``; their load
+table is :mod:`.load_report`'s). Ratios are reported against round robin and the pooled
 figure of the same fleet ("efficiency" = hit / pooled hit, the honest global-vs-local
 number). As compare's report does, it defines every column, titles every plot with the
 trace, the fleet and the arrivals, says what the pooled figure is, and says in notes
