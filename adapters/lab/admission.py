@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from prefixkv.adapters.servable import unservable
 
-from .compare.spec import CapacityError
+from .compare.spec import CapacityError, CompareError
 from .traces import TraceRequest, TraceSource, TraceStats
 from .workload_sources import Workload
 
-__all__ = ["AdmissionRule", "Rejections", "admit"]
+__all__ = ["AdmissionRule", "Rejections", "admit", "length_rule"]
 
 _NAMED = 5
 """Rejected requests named in the note."""
@@ -79,6 +79,32 @@ class AdmissionRule:
         if self.pool_tokens is not None:
             parts.append(f"alone in the KV pool (capacity {self.pool_tokens:,} tokens)")
         return ", and ".join(parts) or "no limit"
+
+
+def length_rule(
+    max_model_len: int | None,
+    pool_tokens: int | None,
+    *,
+    block_size: int = 16,
+    max_num_batched_tokens: int = 8192,
+) -> AdmissionRule | None:
+    """The rule of ``max_model_len`` and a pool of ``pool_tokens`` (the smallest any
+    run uses), or ``None`` when neither bounds anything.
+
+    Raises:
+        CompareError: a bound or size that is not a positive int.
+    """
+    for name, value in (
+        ("max_model_len", max_model_len),
+        ("pool_tokens", pool_tokens),
+        ("block_size", block_size),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+    ):
+        if value is not None and (type(value) is not int or value < 1):
+            raise CompareError(f"{name} must be a positive int, got {value!r:.60}")
+    if max_model_len is None and pool_tokens is None:
+        return None
+    return AdmissionRule(max_model_len, pool_tokens, block_size, max_num_batched_tokens)
 
 
 @dataclass(slots=True)
@@ -167,6 +193,7 @@ def admit(
         notes=(*workload.notes, rejected.note(workload.stats.num_requests)),
         path=workload.path,
         tokens_per_id=workload.tokens_per_id,
+        rejected_requests=workload.rejected_requests + rejected.count,
     )
     return kept, rejected
 

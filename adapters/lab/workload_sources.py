@@ -18,6 +18,7 @@ from .traces import (
     TraceFormat,
     TraceOptionError,
     TraceRequest,
+    TraceSource,
     TraceStats,
     make_request,
     open_trace,
@@ -31,6 +32,7 @@ __all__ = [
     "Workload",
     "load_workloads",
     "seed_example",
+    "trace_workload",
     "workload_names",
 ]
 
@@ -62,6 +64,8 @@ class Workload:
         path: the trace file, ``None`` for built-in workloads.
         tokens_per_id: a hash-id trace's tokens per id (its sharing granularity);
             ``None`` for token traces and built-in workloads.
+        rejected_requests: requests left out for their length
+            (:func:`~prefixkv.adapters.lab.admission.admit`), as vLLM refuses them.
     """
 
     name: str
@@ -71,6 +75,7 @@ class Workload:
     notes: tuple[str, ...] = ()
     path: str | None = None
     tokens_per_id: int | None = None
+    rejected_requests: int = 0
 
 
 def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest]:
@@ -100,6 +105,32 @@ def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest
 def workload_names() -> list[str]:
     """Every name ``--workload`` accepts."""
     return sorted([*WORKLOADS, SEED_WORKLOAD])
+
+
+def trace_workload(source: TraceSource, trace: str, *, quiet: bool = True) -> Workload:
+    """An opened trace as a workload: scanned once (sizes only, every request
+    validated) with a progress bar over its bytes.
+
+    Raises:
+        TraceFormatError: a malformed trace (the message names file and line).
+        OSError: the trace cannot be read.
+    """
+    bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
+    try:
+        stats = source.scan(bar.update)
+    finally:
+        bar.close()
+    notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
+    name = os.path.basename(os.path.normpath(trace))
+    return Workload(
+        name,
+        f"{trace} ({source.describe()})",
+        source,
+        stats,
+        notes,
+        str(trace),
+        source.tokens_per_id,
+    )
 
 
 def load_workloads(
@@ -145,24 +176,7 @@ def load_workloads(
         base = ReadOptions() if options is None else options
         opts = dataclasses.replace(base, tokens_per_id=tokens_per_id, seed=seed)
         source = open_trace(trace, trace_format, max_requests=max_requests, options=opts)
-        bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
-        try:
-            stats = source.scan(bar.update)
-        finally:
-            bar.close()
-        notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
-        name = os.path.basename(os.path.normpath(trace))
-        return [
-            Workload(
-                name,
-                f"{trace} ({source.describe()})",
-                source,
-                stats,
-                notes,
-                str(trace),
-                source.tokens_per_id,
-            )
-        ]
+        return [trace_workload(source, trace, quiet=quiet)]
     if tokens_per_id is not None:
         raise TraceOptionError(
             f"tokens_per_id={tokens_per_id} applies to hash-id traces (--trace) only"

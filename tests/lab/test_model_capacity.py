@@ -21,7 +21,7 @@ from prefixkv.adapters.lab.compare.capacity_search import (
     CapacitySearch,
     smallest_reaching,
 )
-from prefixkv.adapters.lab.compare.spec import CapacityError
+from prefixkv.adapters.lab.compare.spec import CapacityError, CompareError
 from prefixkv.adapters.lab.sim.model_config import (
     ModelConfigError,
     available_model_configs,
@@ -256,6 +256,40 @@ def test_admission_keeps_exactly_what_fits_and_counts_the_rest(max_len: int, poo
     if rejected.count:
         with pytest.raises(CapacityError, match="is too long"):
             admit(w, rule, abort=True)
+
+
+def test_the_python_api_rejects_and_counts_long_requests_as_the_cli_does() -> None:
+    (w,) = load_workloads(["multi_turn"], None, max_requests=60)
+    longest = max(len(r.tokens) + max(1, len(r.output)) for r in w.requests)
+    opts = CompareOptions(
+        ["multi_turn"], indexes="hash_chain", max_requests=60, timing_repeats=0,
+        capacity_search=False, request_rate=1.0,
+    )  # fmt: skip
+    at = compare_backends(opts, max_model_len=longest).comparison.workloads[0]
+    assert (at.num_requests, at.rejected_requests) == (60, 0)  # exactly at the limit: admitted
+    over = compare_backends(opts, max_model_len=longest - 1)  # one token over: rejected
+    res = over.comparison.workloads[0]
+    assert res.rejected_requests >= 1
+    assert res.num_requests + res.rejected_requests == 60  # served + rejected == sent
+    assert res.row()["rejected_requests"] == res.rejected_requests
+    assert any("rejected before scheduling" in n for n in res.notes)
+    assert all(t.result.run.num_requests == res.num_requests for t in res.arrival_runs)
+    assert res.backends[0].num_requests == res.num_requests
+    with pytest.raises(CapacityError, match="is too long"):
+        compare_backends(opts, max_model_len=longest - 1, on_long_request="abort")
+    for field, bad in (("max_model_len", 0), ("max_model_len", 2.5), ("on_long_request", "x")):
+        with pytest.raises(CompareError, match=f"{field} must be"):
+            compare_backends(opts, **{field: bad})
+
+
+@given(st.integers(1, 10**6), st.integers(0, 10**5))
+def test_a_request_exactly_at_max_model_len_is_admitted_and_one_token_over_is_not(
+    prompt: int, output: int
+) -> None:
+    total = prompt + max(1, output)  # an engine decodes at least one token
+    assert AdmissionRule(max_model_len=total).reason(prompt, output) is None
+    why = AdmissionRule(max_model_len=total - 1).reason(prompt, output)
+    assert why is not None and f"exceed max_model_len {total - 1:,}" in why
 
 
 # ----------------------------------------------------------------- working set and knee

@@ -2,7 +2,8 @@
 
 The subcommand's flags and its run over the cluster simulation
 (:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
-(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). Flags that
+(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). The model,
+length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`). Flags that
 would be ignored are refused, ``--out`` is checked before the first run, ``--ray``
 checks that the replica actors fit the Ray cluster's CPUs before starting them, and
 Ctrl-C (or SIGTERM) writes the runs that finished, marked partial.
@@ -22,7 +23,15 @@ from typing import Any
 from prefixkv.adapters.lab.sim.config import SimConfig
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
+from prefixkv.adapters.lab.traces import (
+    FORMATS,
+    ReadOptions,
+    TraceRequest,
+    TraceSource,
+    open_trace,
+    stats_of,
+)
+from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
@@ -38,11 +47,15 @@ from ..cluster.experiment import (
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
+from ..cluster.rate_sweep import run_rate_sweep
 from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
-from .common import CLIUsageError, parse_token_counts
+from .cluster_load import admitted, fleet_capacities, rates_of
+from .common import CLIUsageError, add_gpu_memory_utilization, parse_capacity_tokens
+from .load_flags import add_slo_flags, request_rates, slo_of
+from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
 
 __all__ = ["add_cluster_parser", "run_cluster_command"]
@@ -100,6 +113,7 @@ def add_cluster_parser(sub: Any) -> None:
     _add_fleet_flags(p)
     _add_router_flags(p)
     _add_runner_flags(p)
+    add_model_flags(p)
 
 
 def _add_input_flags(p: argparse.ArgumentParser) -> None:
@@ -121,11 +135,13 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
     f.add_argument(
         "--capacity-tokens",
-        type=parse_token_counts,
-        metavar="T[,T...]",
-        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it "
-        "(default 3m, Mooncake's per-node local cache)",
+        type=parse_capacity_tokens,
+        metavar="T[,T...]|auto",
+        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it; "
+        "auto: the pool vLLM sizes on the profile's hardware, or on --model-config and "
+        "--gpu-memory (default 3m, Mooncake's per-node local cache)",
     )
+    add_gpu_memory_utilization(f)
     f.add_argument(
         "--block-size",
         type=_positive(int),
@@ -152,12 +168,20 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     """Arrivals, the routing policies and the faults."""
-    a = p.add_argument_group("arrivals").add_mutually_exclusive_group()
+    arrivals = p.add_argument_group("arrivals")
+    a = arrivals.add_mutually_exclusive_group()
     a.add_argument(
-        "--request-rate", type=_positive(float), metavar="R", help="Poisson, R requests/s"
+        "--request-rate",
+        type=request_rates,
+        metavar="R[,R...]|auto",
+        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the first and "
+        "sweep every policy over the rest on the first fleet size and capacity; auto starts "
+        "where the fleet has room and doubles until each policy is overloaded (at most 10 "
+        "rates), as compare --request-rate",
     )
     a.add_argument("--time-scale", type=_positive(float), metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
+    add_slo_flags(arrivals)
     p.add_argument(
         "--load-per-replica",
         action="store_true",
@@ -202,7 +226,8 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int | None]:
-    """Trace requests (re-iterable), a description, and tokens per hash id."""
+    """Trace requests (re-iterable; a trace opened, not yet read), a description, and
+    tokens per hash id."""
     if args.trace is None:
         w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
@@ -215,6 +240,16 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
     source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
     name = os.path.basename(args.trace)
     return source, f"{name} ({source.format})", source.tokens_per_id
+
+
+def _workload(
+    args: argparse.Namespace, requests: Iterable[TraceRequest], description: str
+) -> Workload:
+    """The requests with their sizes: a trace is scanned once (every request checked)."""
+    if isinstance(requests, TraceSource):
+        return trace_workload(requests, args.trace, quiet=args.quiet)
+    listed = list(requests)
+    return Workload(args.workload, description, listed, stats_of(listed))
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -249,12 +284,11 @@ def run_cluster_command(
     plan = parse_faults(args.faults) if args.faults else None  # before the trace is opened
     if plan is not None:
         plan.check(args.replicas[0])
-    profile_file = args.profile if os.path.exists(args.profile) else None
-    check_output_folder(args.out, OUTPUT_NAMES, [args.trace, profile_file])
+    given = [f for f in (args.profile, args.model_config) if f and os.path.exists(f)]
+    check_output_folder(args.out, OUTPUT_NAMES, [args.trace, *given])
+    profile, model = apply_model(args, load_profile(args.profile))
+    capacities = fleet_capacities(args, profile, model)
     requests, description, per_id = _source(args)
-    if args.trace is None and args.request_rate is None:
-        args.request_rate = 2.0  # built-in workloads have no timestamps
-    capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = ClusterConfig(
         num_replicas=args.replicas[0],
@@ -264,45 +298,52 @@ def run_cluster_command(
         sim=SimConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),
-        profile=load_profile(args.profile),
+        profile=profile,
         buffer_steps=args.buffer_steps,
         seed=args.seed,
         keep_tokens=plan is not None,
+        slo=slo_of(args),
     )
     # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
-    stream = _arrivals(args, requests)
+    workload, settings = admitted(
+        args, _workload(args, requests, description), model, config.block_size,
+        min(capacities), profile,
+    )  # fmt: skip
+    rates = rates_of(args, workload, profile)
+    settings["slo"] = None if config.slo is None else config.slo.describe()
+    stream = _arrivals(args, workload.requests)
     if plan is not None and plan.needs_relative:
-        plan = plan.resolve(arrival_span(stream(None)))
+        plan = plan.resolve(arrival_span(stream(None, rates.first)))
     t0 = time.perf_counter()
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
+    results: list[ClusterResult] = []
+    on_run = None if args.quiet else _print_run
     try:
         with _fleet(args, actors) as fleet_factory:
-            results = run_experiment(
-                stream,
-                specs,
-                config,
-                replicas=args.replicas,
-                capacities=capacities,
-                faults=plan,
-                fleet=fleet_factory,
-                on_run=None if args.quiet else _print_run,
-            )
+            results += run_experiment(
+                lambda cfg: stream(cfg, rates.first), specs, config, replicas=args.replicas,
+                capacities=capacities, faults=plan, fleet=fleet_factory, on_run=on_run,
+                labels={"request_rate": rates.first, "role": "table"},
+            )  # fmt: skip
+            if rates.sweep:
+                run_rate_sweep(
+                    stream, specs, config, rates.sweep, auto=rates.auto, done=results,
+                    fleet=fleet_factory, on_run=on_run, into=results,
+                )  # fmt: skip
     except ClusterInterrupted as stop:
         results = stop.results
         partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
+    except KeyboardInterrupt:  # during the rate sweep: the runs that finished are kept
+        partial = f"{interrupts.name()} during the rate sweep, after {len(results)} runs"
     interrupts.hold()  # what finished is written whole, whatever arrives now
     if not results:
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    timing = (
-        f"Poisson {args.request_rate}/s (seed {args.seed})"
-        if args.request_rate is not None
-        else f"trace timestamps x {args.time_scale or 1.0}"
-    )
+    timing = rates.describe(args.seed, args.time_scale)
     files = write_report(
         results,
         args.out,
@@ -312,6 +353,8 @@ def run_cluster_command(
         requests_table=not args.no_requests_table,
         plots=not args.no_plots,
         partial=partial,
+        notes=workload.notes,
+        settings=settings,
     )
     broken = [r for r in results if r.invariants.broken()]
     if not args.quiet or partial:
@@ -334,15 +377,16 @@ def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:
 
 def _arrivals(
     args: argparse.Namespace, requests: Iterable[TraceRequest]
-) -> Callable[[ClusterConfig | None], Iterator[SimRequest]]:
-    """The requests with arrival times, for a fleet configuration (re-iterable)."""
+) -> Callable[[ClusterConfig | None, float | None], Iterator[SimRequest]]:
+    """The requests with arrival times, for a fleet configuration and a Poisson rate
+    (``None``: the trace's timestamps x ``--time-scale``), re-iterable."""
     first = args.replicas[0]
 
-    def stream(cfg: ClusterConfig | None = None) -> Iterator[SimRequest]:
+    def stream(cfg: ClusterConfig | None, request_rate: float | None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
         k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
-        rate = None if args.request_rate is None else args.request_rate / k
-        scale = None if args.request_rate is not None else (args.time_scale or 1.0) * k
+        rate = None if request_rate is None else request_rate / k
+        scale = None if request_rate is not None else (args.time_scale or 1.0) * k
         return sim_requests(
             requests,
             prefill_only=args.prefill_only,
@@ -356,16 +400,17 @@ def _arrivals(
 
 
 def _print_run(res: ClusterResult) -> None:
-    """One progress line per finished run."""
+    """One progress line per finished run: its hit ratio, TTFT, load verdict (offered
+    vs achieved rate, overloaded or not) and, under an SLO, goodput."""
     r, lab = res.run, res.labels
     ok = "ok" if not res.invariants.broken() else "INVARIANTS BROKEN"
+    load = r.load()
+    goodput = "" if load.goodput is None else f", goodput {load.goodput:.3g} req/s"
     print(
         f"{lab['policy']:<22} N={lab['num_replicas']:<3} cap={lab['capacity_tokens']:<10} "
         f"{lab['faults'] or '-':<20} hit {r.hit_ratio:.3f}  TTFT mean {r.ttft_mean_s:.3g} s  "
-        f"req/s {r.offered_rate:.3g} offered, {r.achieved_rate:.3g} achieved"
-        f"{' OVERLOADED' if r.overloaded else ''}  "
         f"load CV {r.load_cv:.3f}  decision p99 {r.decision_cpu_p99_us:.0f} us CPU  "
-        f"[{lab['wall_s']:.1f} s wall] {ok}",
+        f"[{lab['wall_s']:.1f} s wall] {ok}; {load.verdict()}{goodput}",
         flush=True,
     )
 

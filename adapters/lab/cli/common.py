@@ -30,6 +30,7 @@ __all__ = [
     "Parser",
     "add_cache_flags",
     "add_common",
+    "add_gpu_memory_utilization",
     "add_trace_flags",
     "backend_options",
     "capacities",
@@ -240,13 +241,7 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
     )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=_utilization,
-        metavar="U",
-        help="with --capacity-tokens auto: the share of device memory the engine uses, as "
-        "vLLM's flag (default 0.9)",
-    )
+    add_gpu_memory_utilization(g)
     g.add_argument(
         "--prefix-caching-hash-algo",
         choices=_HASH_ALGOS,
@@ -270,6 +265,17 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         metavar="BACKEND.KEY=VALUE",
         help="any backend option of make_index, e.g. hash_chain.verify=true, "
         "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
+    )
+
+
+def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
+    """``--gpu-memory-utilization``, which ``--capacity-tokens auto`` reads."""
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=_utilization,
+        metavar="U",
+        help="with --capacity-tokens auto: the share of device memory the engine uses, as "
+        "vLLM's flag (default 0.9)",
     )
 
 

@@ -43,7 +43,6 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
-from ..sim.load import Slo
 from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
     CLIUsageError,
@@ -58,6 +57,7 @@ from .common import (
     positive_int,
     token_bars,
 )
+from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, admission_rule, apply_model, model_line
 from .signals import Interrupts
 
@@ -155,7 +155,7 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     when = g.add_mutually_exclusive_group()
     when.add_argument(
         "--request-rate",
-        type=_request_rates,
+        type=request_rates,
         metavar="R[,R...]|auto",
         help="also run each backend at arrival time, requests arriving at R per second "
         "(as vllm bench serve --request-rate); several (1,2,4,8) sweep the rate at the "
@@ -216,19 +216,7 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "before the previous one finished (default: sessions replay closed loop, each turn "
         "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
     )
-    for name, what in (
-        ("ttft", "time to first token"),
-        ("tpot", "time per output token after the first"),
-        ("e2el", "end-to-end latency"),
-    ):
-        g.add_argument(
-            f"--slo-{name}",
-            type=_milliseconds,
-            metavar="MS",
-            help=f"an SLO bound on {what}, in milliseconds (or 0.5s); the goodput column "
-            "counts requests per second that meet every bound given, as vllm bench serve "
-            f"--goodput {name}:MS",
-        )
+    add_slo_flags(g)
     g.add_argument(
         "--profile",
         metavar="NAME|FILE",
@@ -267,15 +255,14 @@ def run_compare(
     profile, model = apply_model(args, profile)
     if time_settings is not None:
         time_settings = dataclasses.replace(time_settings, profile=profile)
-    if args.capacity_tokens == "auto" and model is not None and args.gpu_memory is None:
-        raise CLIUsageError("--capacity-tokens auto with --model-config needs --gpu-memory GIB")
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
     caps = capacities(args, profile)
     sizing = model_line(args, profile, model)
     if sizing:
         print(f"capacity: {sizing}")
-    rule = admission_rule(args, model, backends, caps[0] if caps else None)
+    block_size = max(b.block_size for b in backends)
+    rule = admission_rule(args, model, block_size, caps[0] if caps else None)
     if rule is not None:
         abort = args.on_long_request == "abort"
         workloads = [admit(w, rule, abort=abort)[0] for w in workloads]
@@ -428,36 +415,6 @@ _TIME_KNOBS = (
 )  # fmt: skip
 
 
-def _request_rates(text: str) -> list[float] | str:
-    """``auto``, or one or more distinct rates > 0, comma-separated."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    rates = [positive_float(p.strip()) for p in text.split(",") if p.strip()]
-    if not rates or len(set(rates)) != len(rates):
-        raise argparse.ArgumentTypeError(
-            f"want distinct request rates > 0 like 1,2,4,8, or auto, got {text!r}"
-        )
-    return rates
-
-
-def _milliseconds(text: str) -> float:
-    """``500`` or ``500ms`` (milliseconds, as vllm bench serve --goodput) or ``0.5s``,
-    in seconds."""
-    value = text.strip().lower()
-    scale = 1e-3
-    if value.endswith("ms"):
-        value = value[:-2]
-    elif value.endswith("s"):
-        value, scale = value[:-1], 1.0
-    return positive_float(value) * scale
-
-
-def _slo(args: argparse.Namespace) -> Slo | None:
-    if args.slo_ttft is None and args.slo_tpot is None and args.slo_e2el is None:
-        return None
-    return Slo(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, e2e_s=args.slo_e2el)
-
-
 def _schedulers(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in SCHEDULERS]
@@ -494,7 +451,7 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         profile=load_profile(args.profile or DEFAULT_PROFILE),
         schedulers=args.scheduler or ("vllm",),
         closed_loop=not args.open_loop,
-        slo=_slo(args),
+        slo=slo_of(args),
         rates=tuple(listed[1:]),
         auto_rates=auto,
     )

@@ -1,5 +1,5 @@
-"""``compare``'s model and GPU flags: KV bytes per token and the pool for your model, and
-the requests refused for their length.
+"""The model and GPU flags of ``compare`` and ``cluster``: KV bytes per token and the
+pool for your model, and the requests refused for their length.
 
 ``--model-config`` (a Hugging Face ``config.json``, a folder holding one, a shipped
 config's name or a model in the local Hugging Face cache) and ``--gpu-memory GiB``
@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..admission import AdmissionRule
-from ..compare.spec import BackendSpec
+from ..admission import AdmissionRule, length_rule
 from ..sim import CostProfile
 from ..sim.model_config import ModelConfig, available_model_configs, load_model_config
 from .common import CLIUsageError, parse_token_count, positive_float, positive_int
@@ -88,13 +87,16 @@ def apply_model(
 
     Raises:
         ModelConfigError: the config cannot be found or read.
-        CLIUsageError: a model flag without ``--model-config`` or ``--gpu-memory``.
+        CLIUsageError: a model flag without ``--model-config`` or ``--gpu-memory``;
+            ``--capacity-tokens auto`` for a model without ``--gpu-memory``.
     """
     model = None
     if args.model_config is not None:
         model = load_model_config(args.model_config, args.kv_cache_dtype)
     elif args.kv_cache_dtype != "auto":
         raise CLIUsageError("--kv-cache-dtype needs --model-config")
+    if args.capacity_tokens == "auto" and model is not None and args.gpu_memory is None:
+        raise CLIUsageError("--capacity-tokens auto with --model-config needs --gpu-memory GIB")
     if args.model_config is None and args.gpu_memory is None:
         if args.tensor_parallel_size != 1 or args.non_kv_memory is not None:
             raise CLIUsageError(
@@ -151,21 +153,16 @@ def model_line(
 
 
 def admission_rule(
-    args: argparse.Namespace,
-    model: ModelConfig | None,
-    backends: list[BackendSpec] | tuple[BackendSpec, ...],
-    table_capacity: int | None,
+    args: argparse.Namespace, model: ModelConfig | None, block_size: int, pool_tokens: int | None
 ) -> AdmissionRule | None:
-    """The length rule of ``--max-model-len`` (or the model's context) and the table's
-    capacity, or ``None`` when neither bounds anything."""
+    """The length rule of ``--max-model-len`` (or the model's context) and a pool of
+    ``pool_tokens`` in blocks of ``block_size``, or ``None`` when neither bounds anything."""
     max_len = args.max_model_len
     if max_len is None and model is not None:
         max_len = model.max_position_embeddings
-    if max_len is None and table_capacity is None:
-        return None
-    return AdmissionRule(
-        max_model_len=max_len,
-        pool_tokens=table_capacity,
-        block_size=max(b.block_size for b in backends),
+    return length_rule(
+        max_len,
+        pool_tokens,
+        block_size=block_size,
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None) or 8192,
     )

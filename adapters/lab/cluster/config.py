@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.load import Slo
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
 
@@ -41,6 +42,7 @@ class ClusterConfig:
         closed_loop_tick_s: while a session's turn waits for its predecessor, the
             fleet advances in steps of at most this: a turn is routed at most this
             late (never early).
+        slo: count goodput under this objective (``None``: no goodput).
 
     Raises:
         ClusterConfigError: a value of the wrong type or out of range: at most
@@ -63,6 +65,7 @@ class ClusterConfig:
     check: bool = False
     keep_tokens: bool = True
     closed_loop_tick_s: float = 0.05
+    slo: Slo | None = None
 
     def __post_init__(self) -> None:
         tick = self.closed_loop_tick_s
@@ -87,6 +90,8 @@ class ClusterConfig:
             raise ClusterConfigError(f"backend must be an index name, got {self.backend!r:.60}")
         if not isinstance(self.sim, SimConfig):
             raise ClusterConfigError(f"sim must be a SimConfig, got {self.sim!r:.60}")
+        if self.slo is not None and not isinstance(self.slo, Slo):
+            raise ClusterConfigError(f"slo must be an Slo, got {self.slo!r:.60}")
         if self.profile is not None and not isinstance(self.profile, CostProfile):
             raise ClusterConfigError(f"profile must be a CostProfile, got {self.profile!r:.60}")
         for name in ("check", "keep_tokens"):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.routing import PolicySpec
@@ -102,6 +102,7 @@ def run_experiment(
     fault_free: bool = True,
     deadline: float | None = None,
     on_skip: Callable[[PlannedRun], None] | None = None,
+    labels: Mapping[str, Any] | None = None,
 ) -> list[ClusterResult]:
     """Run every policy at every fleet size and capacity, then the fault runs.
 
@@ -119,6 +120,7 @@ def run_experiment(
         deadline: a ``time.monotonic()`` instant after which no run starts (a run
             under way finishes); ``None``: no limit.
         on_skip: called with each run the deadline skipped.
+        labels: extra columns for every result (e.g. the request rate).
 
     Returns:
         Every result, fault-free first (without the skipped runs).
@@ -148,6 +150,7 @@ def run_experiment(
                 cfg,
                 fault_plan,
                 fleet=fleet() if fleet is not None and not spec.is_bound else None,
+                labels=labels,
             )
             out.append(res)
             if on_run is not None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prefixkv.adapters.lab.sim.load import summarize_load
+from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics, percentile
 
 __all__ = [
@@ -182,6 +182,27 @@ class ClusterRun:
     achieved_rate: float = math.nan
     waiting_growth: float = math.nan
     overloaded: bool = False
+    sent_rate: float = math.nan
+    closed_loop: bool = False
+    slo: str = ""
+    good_requests: int | None = None
+    goodput: float | None = None
+
+    def load(self) -> LoadSummary:
+        """The run's offered vs achieved load, overload and goodput, as every timed
+        run states them (:meth:`~prefixkv.adapters.lab.sim.load.LoadSummary.verdict`)."""
+        return LoadSummary(
+            num_requests=self.num_requests,
+            offered_rate=self.offered_rate,
+            sent_rate=self.sent_rate,
+            achieved_rate=self.achieved_rate,
+            waiting_growth=self.waiting_growth,
+            overloaded=self.overloaded,
+            closed_loop=self.closed_loop,
+            slo=self.slo,
+            good_requests=self.good_requests,
+            goodput=self.goodput,
+        )
 
 
 def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
@@ -203,8 +224,13 @@ def summarize_run(
     *,
     block_size: int,
     swept: int,
+    offered_arrivals: Sequence[float] | None = None,
+    slo: Slo | None = None,
+    closed_loop: bool = False,
 ) -> ClusterRun:
-    """Fold a run's records into a :class:`ClusterRun`."""
+    """Fold a run's records into a :class:`ClusterRun`; ``offered_arrivals``,
+    ``slo`` and ``closed_loop`` as :func:`~prefixkv.adapters.lab.sim.load.summarize_load`
+    takes them."""
     recs = [r.metrics for r in requests]
     ttft = [m.ttft_s for m in recs]
     e2e = [m.e2e_s for m in recs]
@@ -223,7 +249,7 @@ def summarize_run(
     start = min((m.arrival_s for m in recs), default=0.0)
     end = max((m.finish_s for m in recs), default=0.0)
     span = max((m.arrival_s for m in recs), default=0.0) - start
-    load = summarize_load(recs)
+    load = summarize_load(recs, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop)
     return ClusterRun(
         num_requests=len(recs),
         num_replicas=len(replicas),
@@ -259,6 +285,11 @@ def summarize_run(
         achieved_rate=load.achieved_rate,
         waiting_growth=load.waiting_growth,
         overloaded=load.overloaded,
+        sent_rate=load.sent_rate,
+        closed_loop=load.closed_loop,
+        slo=load.slo,
+        good_requests=load.good_requests,
+        goodput=load.goodput,
     )
 
 

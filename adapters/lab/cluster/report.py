@@ -1,8 +1,9 @@
 """The cluster report: tables (CSV, JSON), plots and ``report.md`` for a set of runs.
 
-Runs fall in three groups, told apart by their labels: fault-free runs at the main
+Runs fall in four groups, told apart by their labels: fault-free runs at the main
 fleet size and capacity (the policy comparison), the sweeps over fleet size and
-capacity, and fault runs. Ratios are reported against round robin and the pooled
+capacity, fault runs, and the request-rate sweep's runs (role ``rate``; their load
+table is :mod:`.load_report`'s). Ratios are reported against round robin and the pooled
 figure of the same fleet ("efficiency" = hit / pooled hit, the honest global-vs-local
 number). As compare's report does, it defines every column, titles every plot with the
 trace, the fleet and the arrivals, says what the pooled figure is, and says in notes
@@ -18,7 +19,7 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from prefixkv.adapters.outputs import atomic_writer
 
 from ..extras import require_extra
 from . import plots
+from .load_report import header_lines, load_section
 from .metrics import ClusterResult
+from .rate_sweep import is_rate_run
 
 __all__ = [
     "FAULT_COLUMNS",
@@ -141,7 +144,8 @@ def _policy_table(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResul
             f"| {_fmt(_ratio(r, ref['pooled'].get(_key(r))), 2)} | {_fmt(run.ttft_mean_s, 2)} "
             f"| {_fmt(run.ttft_p90_s, 2)} | {_fmt(run.offered_load, 2)} "
             f"| {_fmt(run.ttft_growth, 1)} "
-            f"| {_fmt(run.offered_rate, 3)} / {_fmt(run.achieved_rate, 3)} | {_fmt(run.load_cv)} "
+            f"| {_fmt(run.offered_rate, 3)} / {_fmt(run.achieved_rate, 3)}"
+            f"{' overloaded' if run.overloaded else ''} | {_fmt(run.load_cv)} "
             f"| {_fmt(run.decision_cpu_p99_us, 0)} / {_fmt(run.decision_p99_us, 0)} "
             f"| {_fmt(run.overlap_mae_tokens, 0)} | {_fmt(run.phantom_rate, 3)} |"
         )
@@ -274,6 +278,8 @@ def write_report(
     requests_table: bool = True,
     partial: str = "",
     plots: bool = True,
+    notes: Sequence[str] = (),
+    settings: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write ``runs.csv``, ``requests.csv``, ``results.json``, the plots and ``report.md``.
 
@@ -288,6 +294,11 @@ def write_report(
             results.json say the results are partial.
         plots: draw the PNG plots (they need matplotlib); without them the report
             has its tables only.
+        notes: what the reader must know about the requests (those rejected for
+            their length), one paragraph each.
+        settings: what the runs were sized for (``capacity_model``, ``admission``,
+            ``rejected_requests``, ``slo``), listed in the report's header and kept
+            in results.json.
 
     Returns:
         The files written.
@@ -316,6 +327,8 @@ def write_report(
         "source": source,
         "partial": bool(partial),
         "partial_reason": partial or None,
+        "settings": dict(settings or {}),
+        "notes": list(notes),
         "runs": [
             {"labels": dict(r.labels), "run": r.run_row(), "stats": r.stats,
              "invariants_broken": r.invariants.broken()}
@@ -324,7 +337,7 @@ def write_report(
     }  # fmt: skip
     files.append(_write_text(out / "results.json", json.dumps(doc, indent=1, default=str)))
     md, plotted = _markdown(results, out, command=command, source=source, partial=partial,
-                            draw=plots)  # fmt: skip
+                            draw=plots, notes=notes, settings=settings or {})  # fmt: skip
     files += plotted
     files.append(_write_text(out / "report.md", "\n".join(md) + "\n"))
     return files
@@ -344,10 +357,12 @@ def _markdown(
     source: str,
     partial: str,
     draw: bool = True,
+    notes: Sequence[str] = (),
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], list[Path]]:
     """The report's lines, drawing the plots it shows (when ``draw``); returns both."""
     files: list[Path] = []
-    clean = [r for r in results if not r.labels["faults"]]
+    clean = [r for r in results if not r.labels["faults"] and not is_rate_run(r)]
     faulty = [r for r in results if r.labels["faults"]]
     first = results[0]
     main_key = _key(first)
@@ -361,7 +376,9 @@ def _markdown(
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{sys.version.split()[0]}, {platform.system()}",
         f"- fleet: {first.labels['backend']} replicas, block size {first.labels['block_size']}",
+        *header_lines(settings or {}),
         "",
+        *(line for note in notes for line in (note, "")),
         f"## Policies at {main_key[0]} replicas x {main_key[1]:,} tokens each",
         "",
         *_policy_table(main, clean),
@@ -372,6 +389,7 @@ def _markdown(
     for note in report_notes(main, clean):
         md += [note, ""]
     md += ["Columns:", "", *_definitions(POLICY_COLUMNS), ""]
+    md += load_section(results, main_key)
     context = _context(source, first)
     if main and draw:
         for name, plot, what in (

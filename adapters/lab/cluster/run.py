@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prefixkv.adapters.lab.sim.profile import load_profile
@@ -86,6 +87,7 @@ def run_cluster(
     elif fleet is None:
         fleet = LocalFleet()
     run = ClusterDriver(spec, cfg, plan, fleet, rspec)
+    asked = array("d")  # the arrivals asked for: the offered rate, closed loop or not
     t_start = time.perf_counter()
     try:
         for r in range(cfg.num_replicas):
@@ -96,6 +98,7 @@ def run_cluster(
             t = req.arrival
             if t is None:
                 raise ClusterConfigError(f"request {req.id!r} has no arrival time")
+            asked.append(t)
             sessions.advance(t)
             sessions.offer(req, t)
         sessions.finish()
@@ -104,7 +107,7 @@ def run_cluster(
     finally:
         fleet.close()
     wall = time.perf_counter() - t_start
-    return _result(run, spec, cfg, plan, wall, labels)
+    return _result(run, spec, cfg, plan, wall, labels, asked, sessions.closed)
 
 
 class _Sessions:
@@ -126,6 +129,7 @@ class _Sessions:
         self.held: dict[str, list[SimRequest]] = {}
         self.ready: list[tuple[float, int, SimRequest]] = []
         self.order = 0
+        self.closed = False  # some turn waited for the one it follows
 
     def _to(self, t: float) -> None:
         while self.faults and self.faults[0].at <= t:
@@ -162,6 +166,7 @@ class _Sessions:
         """A request of the stream at its arrival ``t``: routed, or held for its turn."""
         self.seen.add(req.id)
         after = req.after
+        self.closed = self.closed or after is not None
         if after is None or after not in self.seen:
             self.run.route(req, t)
         elif after not in self.run.done:
@@ -196,6 +201,8 @@ def _result(
     plan: FaultPlan,
     wall: float,
     labels: Mapping[str, Any] | None,
+    asked: Sequence[float],
+    closed_loop: bool,
 ) -> ClusterResult:
     inv = run.inv
     requests = [run.done[rid] for rid in run.arrival_order if rid in run.done]
@@ -233,5 +240,8 @@ def _result(
         "wall_s": wall,
         **(labels or {}),
     }
-    summary = summarize_run(requests, list(per.values()), block_size=cfg.block_size, swept=swept)
+    summary = summarize_run(
+        requests, list(per.values()), block_size=cfg.block_size, swept=swept,
+        offered_arrivals=asked, slo=cfg.slo, closed_loop=closed_loop,
+    )  # fmt: skip
     return ClusterResult(all_labels, requests, list(per.values()), summary, inv, stats)

@@ -20,7 +20,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
@@ -76,6 +76,13 @@ class CompareOptions:
             (default: the shipped default).
         max_requests: use the first this many requests of each workload.
         tokens_per_id: hash-id traces: tokens each id expands to.
+        max_model_len: refuse requests whose prompt plus output exceed this many
+            tokens, as vLLM's front end does; requests that cannot fit the table's
+            capacity alone (``capacity_tokens``' first) are refused too. Refused
+            requests are counted (``rejected_requests`` of the workload's record) and
+            left out of every figure.
+        on_long_request: ``"reject"`` (count such a request and go on, as vLLM answers
+            400) or ``"abort"`` (raise :class:`~.spec.CapacityError` naming it).
         seed: workload, token and arrival seed.
         progress_bars: show progress bars on stderr (tqdm).
     """
@@ -106,6 +113,8 @@ class CompareOptions:
     profile: str | os.PathLike[str] | CostProfile | None = None
     max_requests: int | None = None
     tokens_per_id: int | None = None
+    max_model_len: int | None = None
+    on_long_request: Literal["reject", "abort"] = "reject"
     seed: int = 0
     progress_bars: bool = False
 
@@ -192,6 +201,33 @@ class CompareOptions:
             else self.capacity_search,
         )
 
+    def admitted(self, workloads: Sequence[Workload], settings: CompareSettings) -> list[Workload]:
+        """``workloads`` without the requests too long for ``max_model_len`` or the
+        table's capacity alone, counted in each workload's ``rejected_requests``.
+
+        Raises:
+            CompareError: a bad ``max_model_len`` or ``on_long_request``.
+            CapacityError: ``on_long_request="abort"`` and a request is too long, or
+                every request is.
+        """
+        # admission imports compare.spec: imported here, so either may be imported first
+        from ..admission import admit, length_rule
+
+        if self.on_long_request not in ("reject", "abort"):
+            raise CompareError(
+                f"on_long_request must be 'reject' or 'abort', got {self.on_long_request!r:.60}"
+            )
+        rule = length_rule(
+            self.max_model_len,
+            settings.capacities[0] if settings.capacities else None,
+            block_size=max(b.block_size for b in settings.backends),
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+        if rule is None:
+            return list(workloads)
+        abort = self.on_long_request == "abort"
+        return [admit(w, rule, abort=abort)[0] for w in workloads]
+
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
 
@@ -201,7 +237,9 @@ def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -
 
     Each backend's K-live replay at equal capacity and, with ``request_rate`` or
     ``time_scale``, its arrival-time run under each scheduler of ``schedulers``
-    (default vLLM's alone: only the index varies).
+    (default vLLM's alone: only the index varies). Requests too long for
+    ``max_model_len`` or the table's capacity are first rejected and counted (or,
+    with ``on_long_request="abort"``, raise), as ``prefixkv compare`` does.
 
     Args:
         options: what to compare (default: ``CompareOptions()``).
@@ -218,6 +256,7 @@ def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -
     options = _options(options, changes)
     loaded = options.load_workloads()
     settings = options.settings(loaded)
+    loaded = options.admitted(loaded, settings)
     plans = plan_comparison(loaded, settings)
     quiet = not options.progress_bars
 

@@ -65,6 +65,8 @@ class WorkloadResult:
             sweep's (empty without :class:`~.arrival.TimeSettings`).
         anchors: per backend, the infinite-cache hit ratio and the sweep's knee.
         partial: Ctrl-C stopped it; what is here finished.
+        rejected_requests: requests left out for their length before any run, as
+            vLLM refuses them (``num_requests`` are the others).
     """
 
     name: str
@@ -81,6 +83,7 @@ class WorkloadResult:
     arrival_runs: list[ArrivalRun] = field(default_factory=list)
     anchors: list[CapacityAnchor] = field(default_factory=list)
     partial: bool = False
+    rejected_requests: int = 0
 
     @property
     def sweep_capacities(self) -> list[int]:
@@ -103,6 +106,7 @@ class WorkloadResult:
             "capacity_tokens": self.capacity_tokens,
             "concurrency": self.concurrency,
             "partial": self.partial,
+            "rejected_requests": self.rejected_requests,
         }
 
     def run_rows(self) -> list[dict[str, Scalar]]:
@@ -158,6 +162,7 @@ def compare_workload(
         output_tokens=workload.stats.output_tokens,
         capacity_tokens=capacity_tokens,
         concurrency=concurrency,
+        rejected_requests=workload.rejected_requests,
     )
     try:
         for b in backends:

@@ -1,0 +1,173 @@
+"""A request-rate sweep, whatever runs at each rate: one replica or a fleet.
+
+``1,2,4,8`` runs every listed rate; ``auto`` starts from a rate with room to spare
+(:func:`start_rate`) and doubles it, stopping each swept thing (a backend, a routing
+policy) at its first overloaded rate (:mod:`.load`), at most :data:`MAX_AUTO_RATES`
+rates. :func:`sweep_rates` walks the rates for any runner; :func:`saturation_of`
+reads, per swept thing, the highest rate served without overload and its best
+goodput. ``compare`` (:mod:`~..compare.rates`) and ``cluster``
+(:mod:`~..cluster.rate_sweep`) both sweep through here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from .load import LoadSummary
+from .profile import CostProfile
+
+__all__ = [
+    "MAX_AUTO_RATES",
+    "Saturation",
+    "Sizes",
+    "rate_schedule",
+    "saturation_of",
+    "start_rate",
+    "sweep_rates",
+]
+
+MAX_AUTO_RATES = 10
+"""The most rates ``auto`` tries (a factor of 512 above its start)."""
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
+
+
+class Sizes(Protocol):
+    """A workload's totals (:class:`~..traces.TraceStats` has them)."""
+
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+
+
+def start_rate(stats: Sizes, profile: CostProfile, max_num_batched_tokens: int) -> float:
+    """The power of two (requests per second) at or below ``1 / t``, where ``t`` is the
+    mean request's time alone on one replica: its prefill steps, then a decode step
+    per further output token, plus the profile's per-request time."""
+    n = max(1, stats.num_requests)
+    prompt = max(1, stats.prompt_tokens // n)
+    output = max(1, stats.output_tokens // n)
+    steps = -(-prompt // max(1, max_num_batched_tokens))
+    alone = (
+        profile.request_s
+        + steps * profile.step_s
+        + profile.prefill_s(prompt)
+        + (output - 1) * (profile.step_s + profile.decode_s(1, prompt + output // 2))
+    )
+    if alone <= 0:
+        return 1.0
+    return float(2.0 ** math.floor(math.log2(1.0 / alone)))
+
+
+def rate_schedule(first: float, listed: Iterable[float] = (), *, auto: bool = False) -> list[float]:
+    """The rates a sweep tries, ascending: ``first`` doubled :data:`MAX_AUTO_RATES` - 1
+    times (``auto``), or ``first`` and ``listed``, each once."""
+    if auto:
+        return [first * 2**k for k in range(MAX_AUTO_RATES)]
+    return sorted({first, *listed})
+
+
+def sweep_rates(
+    keys: Sequence[K],
+    rates: Sequence[float],
+    run: Callable[[K, float], R | None],
+    overloaded: Callable[[R], bool],
+    *,
+    auto: bool = False,
+    done: Mapping[tuple[K, float], R] | None = None,
+) -> Iterator[R]:
+    """Run every key at every rate, rate by rate, yielding each new run as it finishes.
+
+    ``run(key, rate)`` makes one run (``None``: it cannot run there, left out). With
+    ``auto`` a key stops after its first overloaded run. ``done`` holds runs already
+    made: they are not run again nor yielded, but count for ``auto``.
+    """
+    made = done or {}
+    busy = list(keys)
+    for rate in rates:
+        for key in list(busy):
+            result = made.get((key, rate))
+            if result is None:
+                result = run(key, rate)
+                if result is None:
+                    continue
+                yield result
+            if auto and overloaded(result):
+                busy.remove(key)
+        if not busy:
+            return
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """Where one swept thing saturates.
+
+    Attributes:
+        name: what was swept (``"hash_chain as vllm"``, a routing policy).
+        sustained_rate: the highest offered rate served without overload (``None``:
+            overloaded at every rate).
+        sustained_achieved: the achieved rate there.
+        overloaded_rate: the lowest offered rate that overloaded it (``None``: none).
+        best_goodput: the highest goodput over the sweep (``None``: no SLO).
+        best_goodput_rate: the offered rate that gave it.
+    """
+
+    name: str
+    sustained_rate: float | None
+    sustained_achieved: float | None
+    overloaded_rate: float | None
+    best_goodput: float | None
+    best_goodput_rate: float | None
+
+    def describe(self) -> str:
+        """``"hash_chain as vllm: served up to 4 req/s, overloaded from 8 req/s; best
+        goodput 3.1 req/s at 4 req/s"``."""
+        served = (
+            "overloaded at every rate swept"
+            if self.sustained_rate is None
+            else f"served up to {self.sustained_rate:g} req/s offered without overload "
+            f"(achieved {self.sustained_achieved or math.nan:.3g} req/s)"
+        )
+        if self.overloaded_rate is not None and self.sustained_rate is not None:
+            served += f", overloaded from {self.overloaded_rate:g} req/s"
+        elif self.overloaded_rate is None:
+            served += " (no rate swept overloaded it)"
+        text = f"{self.name}: {served}"
+        if self.best_goodput is not None and self.best_goodput_rate is not None:
+            text += (
+                f"; best goodput {self.best_goodput:.3g} req/s at {self.best_goodput_rate:g} req/s"
+            )
+        return text
+
+
+def saturation_of(points: Iterable[tuple[str, float, LoadSummary]]) -> list[Saturation]:
+    """Per name, in first-seen order, where its ``(name, offered rate, load)`` points
+    saturate."""
+    groups: dict[str, list[tuple[float, LoadSummary]]] = {}
+    for name, rate, load in points:
+        groups.setdefault(name, []).append((rate, load))
+    out = []
+    for name, group in groups.items():
+        group.sort(key=lambda p: p[0])
+        ok = [(r, s) for r, s in group if not s.overloaded]
+        hot = [r for r, s in group if s.overloaded]
+        scored = [(r, s) for r, s in group if s.goodput is not None]
+        best = max(scored, key=lambda p: p[1].goodput or 0.0, default=None)
+        out.append(
+            Saturation(
+                name=name,
+                sustained_rate=ok[-1][0] if ok else None,
+                sustained_achieved=ok[-1][1].achieved_rate if ok else None,
+                overloaded_rate=min(hot, default=None),
+                best_goodput=None if best is None else best[1].goodput,
+                best_goodput_rate=None if best is None else best[0],
+            )
+        )
+    return out
