@@ -19,14 +19,17 @@ bytes a token takes and the device memory, which bound the capacity the hardware
 
 Two costs lie outside the engine's steps, in a serving front end (vLLM's API
 server): ``request_s``, the seconds a served request spends in HTTP, input processing
-and its first chunk (it delays the request's arrival at the scheduler), and
-``stream_token_s``, the front end's seconds per token it streams: a step's tokens
-reach their clients ``stream_token_s x (tokens the step sampled)`` after it ends. Both
-are 0 for kernel-level data. Where the front end shares the engine's cores (a CPU
-server), its CPU time slows the steps too: ``frontend_cpu_share`` of the front end's
-CPU seconds (``frontend_request_cpu_s`` per request it admits, ``stream_token_s`` per
-token it streams) is added to the next step. Both are 0 unless measured
-(:mod:`.serving_path`), so a profile without them prices steps as before.
+and its first chunk, outside the modelled steps (it delays the request's arrival at
+the scheduler), and ``stream_token_s``, the front end's seconds per token it streams.
+The front end works in order, taking requests in (``frontend_request_cpu_s`` each) and
+streaming each step's tokens: a step's tokens reach their clients once it has streamed
+them, ``stream_token_s x (tokens the step sampled)`` after the step ends or after the
+work it queued before them, so a front end that cannot keep up delays the tokens.
+These are 0 for kernel-level data. Where the front end shares the engine's cores (a
+CPU server), it slows the steps only while it is busy: a step lasts
+``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
+length) longer. The share is 0 unless measured (:mod:`.serving_path`), so a profile
+without it prices steps as before.
 """
 
 from __future__ import annotations

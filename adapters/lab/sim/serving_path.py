@@ -9,15 +9,18 @@ step model prices none of it, so a light-load TTFT can be several times the step
 :func:`measure_serving_path` times it on the server the profile is calibrated on,
 one request at a time (light load), from both ends:
 
-- **short**: tiny prompts decoding one token. The client's TTFT minus the engine
-  core's queue and prefill time (vLLM's ``/metrics`` histograms
-  ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds``,
-  read before and after each request) is the fixed cost per request (``request_s``);
-  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) splits it into
-  the HTTP side (client to API server and back) and the front end's side (API
-  server to engine core and back). A server without those histograms is priced by
-  the step model instead (``engine_ttft`` below).
-- **long**: the same, decoding ``k`` tokens. With the short ones, the API server's
+- **short**: tiny prompts decoding one token. The engine core's queue and prefill
+  time (vLLM's ``/metrics`` histograms ``vllm:request_queue_time_seconds`` and
+  ``vllm:request_prefill_time_seconds``, read before and after each request) and
+  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) split the client's
+  TTFT into the HTTP side (client to API server and back), the front end's side (API
+  server to engine core and back) and the engine's (``hops``).
+  The client's TTFT less the step model's price of the request's first step is the
+  fixed cost per request (``request_s``): vLLM's queue + prefill time holds
+  engine-core work for a new request that no modelled step prices (without a step
+  model, the engine's time stands for it).
+- **long**: the same, decoding ``k`` tokens (their client TTFT is kept as
+  ``hops["client_ttft_decoding"]``). With the short ones, the API server's
   CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
   its API-server process) gives its CPU seconds per request and per streamed token
   (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import random
 import re
@@ -46,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError
 
@@ -54,12 +59,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METRICS",
+    "PROMPT_TOKENS",
     "HopSample",
+    "HopSamples",
     "ServingPath",
     "SharePair",
     "engine_model",
     "fit_serving_path",
-    "measure_and_fit",
+    "measure_hops",
     "measure_serving_path",
     "metric_totals",
 ]
@@ -75,6 +82,9 @@ METRICS = {
 """What is read from ``/metrics``: vLLM's per-request histograms (their sums, in
 seconds, and the count that says a request's figures are in) and the API-server
 process's CPU seconds (the Prometheus client's process collector)."""
+
+PROMPT_TOKENS = 8
+"""Prompt tokens of each request timing the serving path (its default)."""
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -147,6 +157,8 @@ class ServingPath:
             and back), ``frontend`` (API server to engine core and back) and
             ``engine`` (queue + prefill), those known.
         engine_side: ``"metrics"`` (vLLM's histograms) or ``"step model"``.
+        request_s_outside: what ``request_s`` lies outside: ``"step model"`` (the
+            model's price of each request's first step) or ``"engine metrics"``.
     """
 
     request_s: float
@@ -155,6 +167,7 @@ class ServingPath:
     frontend_cpu_share: float | None = None
     hops: Mapping[str, float] = field(default_factory=dict)
     engine_side: str = "metrics"
+    request_s_outside: str = "engine metrics"
 
     def known(self) -> dict[str, float]:
         """The terms a profile fit takes as given (``fit_profile(known=...)``)."""
@@ -172,6 +185,7 @@ class ServingPath:
             "frontend_cpu_share": self.frontend_cpu_share,
             "hops": dict(self.hops),
             "engine_side": self.engine_side,
+            "request_s_outside": self.request_s_outside,
         }
 
 
@@ -207,7 +221,8 @@ def fit_serving_path(
         long: requests decoding ``k > 1`` tokens (the same ``k``), the same prompts'
             length.
         share: long requests alone and under load.
-        engine_model: the engine's own time where a sample lacks it.
+        engine_model: the step model: ``request_s`` is what lies outside its first
+            step; without it, outside the engine's queue and prefill time.
 
     Returns:
         The medians of what each sample says; a term no sample says is ``None``.
@@ -229,11 +244,24 @@ def fit_serving_path(
     def median(values: Sequence[float]) -> float | None:
         return statistics.median(values) if values else None
 
-    request_s = max(0.0, statistics.median(s.client_ttft_s - engine_ttft(s) for s in short))
+    # What a request pays outside the modelled steps: its client TTFT less the model's
+    # price of its first step (with the model), or less the engine core's queue and
+    # prefill time (without). vLLM's queue + prefill also holds the engine core's own
+    # work for a new request (taking it in, scheduling it alone, its first output),
+    # which no modelled step prices, so the step model is the basis where there is
+    # one. The one-token requests are the basis, as the sweep's prefill samples are
+    # one-token requests too: the steps fitted to what lies outside request_s then
+    # take step_s from the steady decode steps, not from a request's first one.
+    def first_step(s: HopSample) -> float:
+        return engine_model(s.prompt_tokens, s.num_tokens)[0] if engine_model else engine_ttft(s)
+
+    request_s = max(0.0, statistics.median(s.client_ttft_s - first_step(s) for s in short))
     hops = {
         "client_ttft": statistics.median(s.client_ttft_s for s in short),
         "engine": statistics.median(engine_ttft(s) for s in short),
     }
+    if long:
+        hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
     http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
     front = median(
         [
@@ -260,6 +288,7 @@ def fit_serving_path(
         frontend_cpu_share=_share(share),
         hops=hops,
         engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
+        request_s_outside="step model" if engine_model else "engine metrics",
     )
 
 
@@ -361,7 +390,7 @@ async def measure_serving_path(
     fresh: Callable[[int], list[int]],
     *,
     repeats: int = 5,
-    prompt_tokens: int = 8,
+    prompt_tokens: int = PROMPT_TOKENS,
     long_tokens: int = 32,
     progress: Callable[[int], object] | None = None,
 ) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
@@ -423,20 +452,64 @@ async def _measure(
         return await measure_serving_path(engine, client, fresh, repeats=repeats, progress=progress)
 
 
-def measure_and_fit(
+class HopSamples(NamedTuple):
+    """What :func:`measure_hops` sent: the short, long and share requests."""
+
+    short: list[HopSample]
+    long: list[HopSample]
+    share: list[SharePair]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object (a profile keeps it, so that it can be fitted again)."""
+        return {
+            "short": [s._asdict() for s in self.short],
+            "long": [s._asdict() for s in self.long],
+            "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "serving path samples") -> HopSamples:
+        """Read what :meth:`to_json` wrote.
+
+        Raises:
+            ProfileError: another shape, or a field that is not a number.
+        """
+        try:
+            return cls(
+                [_hop(s) for s in data["short"]],
+                [_hop(s) for s in data["long"]],
+                [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(
+                f"{where}: not the samples calibrate --server saves ({exc})"
+            ) from None
+
+
+def _hop(data: Mapping[str, Any]) -> HopSample:
+    sample = HopSample(**data)
+    for name, value in sample._asdict().items():
+        optional = HopSample._field_defaults.get(name, 0.0) is None
+        if (value is None and optional) or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ):
+            continue
+        raise ValueError(f"{name} is {value!r:.40}")
+    return sample
+
+
+def measure_hops(
     engine: ServedEngine,
-    profile: CostProfile,
     *,
     repeats: int = 5,
     seed: int | None = None,
     vocab_size: int = 32000,
     progress: Callable[[int], object] | None = None,
-) -> ServingPath:
-    """Measure the serving path of ``engine`` and fit it; where the server does not
-    export vLLM's histograms, ``profile``'s steps stand for the engine's time.
+) -> HopSamples:
+    """Measure the serving path of ``engine`` (fresh random prompts, ``seed``-ed); fit
+    them with :func:`fit_serving_path`.
 
     Raises:
         ServerError: the server fails a request.
     """
-    short, long, share = asyncio.run(_measure(engine, repeats, seed, vocab_size, progress))
-    return fit_serving_path(short, long, share, engine_model(profile))
+    return HopSamples(*asyncio.run(_measure(engine, repeats, seed, vocab_size, progress)))
