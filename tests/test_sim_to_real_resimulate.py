@@ -124,3 +124,25 @@ def test_the_recording_is_never_written_over(
     # by default the re-prediction goes beside it
     assert sim_to_real.main(["--resimulate", str(copy)]) == 0
     assert (tmp_path / "rec-resimulated" / "table.md").is_file()
+
+
+def test_an_older_recording_is_read_from_its_command_and_the_rates_order(tmp_path: Path) -> None:
+    # recorded before the sweep kept its own fields: the seed is the rate's index and
+    # the run's, the workload and sizes are the command's
+    copy = _copy(tmp_path)
+    doc = json.loads((copy / "results.json").read_text())
+    for key in ("workload", "max_requests", "request_rates", "block_size", "kv_cache_tokens"):
+        doc.pop(key)
+    doc["runs"][0].pop("seed")
+    (copy / "results.json").write_text(json.dumps(doc))
+    lines = _lines(copy / "requests-1-1.jsonl")
+    for line in lines:  # nor the latency and tokens
+        line.pop("latency_s"), line.pop("tokens")
+    (copy / "requests-1-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    new, old = tmp_path / "new", tmp_path / "old"
+    assert sim_to_real.main(["--resimulate", str(RECORDING), "--out", str(new)]) == 0
+    assert sim_to_real.main(["--resimulate", str(copy), "--out", str(old)]) == 0
+    a, b = (json.loads((d / "results.json").read_text())["runs"][0] for d in (new, old))
+    for key in ("ttft_sim", "tpot_sim", "ttft_measured", "client_stalled", "cached_exact"):
+        assert a[key] == b[key]
+    assert a["throughput_measured"] == pytest.approx(b["throughput_measured"])
