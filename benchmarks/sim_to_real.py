@@ -211,6 +211,9 @@ class Measured(NamedTuple):
     latency_s: float
     tokens: int
     cached: int | None
+    chunks: int = 0
+    """Streamed chunks that held tokens (0: not recorded; a server that falls behind
+    may merge several tokens into one chunk)."""
 
     @classmethod
     def of(cls, c: Completion) -> Measured:
@@ -218,24 +221,26 @@ class Measured(NamedTuple):
         first (NaN for one token)."""
         n = c.completion_tokens
         tpot = (c.latency_s - c.ttft_s) / (n - 1) if n > 1 else math.nan
-        return cls(c.ttft_s, tpot, c.latency_s, n, c.cached_tokens)
+        return cls(c.ttft_s, tpot, c.latency_s, n, c.cached_tokens, len(c.itl_s) + 1)
 
 
 CLIENT_LATE_S = 0.02
 """A request sent this much after its arrival time was sent by a stalled client."""
 
 BURST_TPOT_S = 1e-4
-"""A stream whose tokens reached the client this close together was read from a
-backlog: the client did not read while the server streamed it (no engine decodes a
-stream at 10,000 tokens a second)."""
+"""A stream whose chunks reached the client this close together, on average, was read
+from a backlog: the client did not read while the server streamed it (no engine
+decodes a stream at 10,000 tokens a second)."""
 
 
 def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
     """Whether the client, not the server, timed this request late: it was sent over
     :data:`CLIENT_LATE_S` after its arrival time, or its tokens were read in one burst
     (:data:`BURST_TPOT_S`). The load generator shares the machine with the server; its
-    stalls are no server's time, and no server model predicts them."""
-    burst = measured.tokens > 1 and measured.tpot_s < BURST_TPOT_S
+    stalls are no server's time, and no server model predicts them. A server that
+    merged a stream's tokens into one chunk sent no burst: that is its own time."""
+    gaps = (measured.chunks or measured.tokens) - 1
+    burst = gaps > 0 and (measured.latency_s - measured.ttft_s) / gaps < BURST_TPOT_S
     return sent - scheduled > CLIENT_LATE_S or burst
 
 
@@ -562,7 +567,8 @@ def write_requests(
         for r, s, c, (h, t, tp) in zip(requests, sent, done, predicted, strict=True):
             f.write(json.dumps({"id": r[0], "prompt": len(r[1]), "output": r[2], "sent_s": s,
                                 "ttft_s": c.ttft_s, "tpot_s": c.tpot_s, "latency_s": c.latency_s,
-                                "tokens": c.tokens, "cached": c.cached, "sim_hit": h,
+                                "tokens": c.tokens, "chunks": c.chunks, "cached": c.cached,
+                                "sim_hit": h,
                                 "sim_ttft_s": t, "sim_tpot_s": tp}) + "\n")  # fmt: skip
 
 
@@ -604,7 +610,10 @@ def _measured(line: dict[str, Any]) -> Measured:
     if latency is None:  # recorded before the latency was kept: TTFT + the gaps
         latency = ttft + (tpot * (tokens - 1) if tokens > 1 else 0.0)
     cached = line["cached"]
-    return Measured(ttft, tpot, float(latency), tokens, None if cached is None else int(cached))
+    return Measured(
+        ttft, tpot, float(latency), tokens, None if cached is None else int(cached),
+        int(line.get("chunks", 0)),
+    )  # fmt: skip
 
 
 def _recorded_run(

@@ -105,6 +105,11 @@ def test_a_late_send_or_a_burst_read_is_the_clients_stall() -> None:
     stalled = sim_to_real.client_stalled
     assert not stalled(1.0, 1.001, m)
     assert stalled(1.0, 1.0 + sim_to_real.CLIENT_LATE_S + 1e-3, m)
-    assert stalled(1.0, 1.0, m._replace(tpot_s=2e-5))
+    assert stalled(1.0, 1.0, m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5))
     one = m._replace(tokens=1, tpot_s=math.nan)  # one token: no gaps to read in a burst
     assert not stalled(1.0, 1.0, one)
+    # ten tokens in ten chunks read at once: the client's; merged into one chunk by a
+    # server that fell behind: the server's own time
+    burst = m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5)
+    assert stalled(1.0, 1.0, burst._replace(chunks=10))
+    assert not stalled(1.0, 1.0, burst._replace(chunks=1, tpot_s=0.0, latency_s=0.02))
