@@ -19,6 +19,7 @@ from prefixkv.adapters.lab.sim.calibration import fit_profile
 from prefixkv.adapters.lab.sim.serving_path import (
     METRICS,
     HopSample,
+    HopSamples,
     SharePair,
     engine_model,
     fit_serving_path,
@@ -355,8 +356,10 @@ def test_request_s_lies_outside_the_modelled_first_step() -> None:
     short = [hop(http=0.003, front=0.002, engine=0.005)] * 3
     long = [hop(http=0.003, front=0.002, engine=0.005, k=32, decode=0.1)._replace(
         client_ttft_s=0.014)] * 3  # fmt: skip
-    path = fit_serving_path(short, long, engine_model=model)
+    idle = [hop(http=0.003, front=0.002, engine=0.005)._replace(client_ttft_s=0.013)] * 3
+    path = fit_serving_path(short, long, engine_model=model, idle=idle)
     assert path.request_s == pytest.approx(0.010 - first)
+    assert path.hops["client_ttft_after_idle"] == pytest.approx(0.013)
     assert path.request_s_outside == "step model"
     assert path.hops["client_ttft"] == pytest.approx(0.010)
     assert path.hops["client_ttft_decoding"] == pytest.approx(0.014)
@@ -382,7 +385,12 @@ def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
     sweep = dataclasses.replace(QUICK_SWEEP, seed=5, serving_repeats=2)
     p = calibrate_server("http://fake", sweep=sweep, engine=engine)
     assert len(p.fit["samples"]) == p.fit["num_samples"]
-    assert len(p.fit["serving_path"]["samples"]["short"]) == 2
+    kept = p.fit["serving_path"]["samples"]
+    assert len(kept["short"]) == len(kept["idle"]) == 2
+    assert "client_ttft_after_idle" in p.fit["serving_path"]["hops"]
+    # samples kept before the idle requests were sent read as none
+    older = HopSamples.from_json({k: v for k, v in kept.items() if k != "idle"})
+    assert older.idle == [] and len(older.short) == 2
     again = refit_server_profile(CostProfile.from_dict(json.loads(json.dumps(p.to_dict()))))
     for key in ("step_s", "decode_seq_s", "request_s", "stream_token_s", "frontend_cpu_share"):
         assert getattr(again, key) == pytest.approx(getattr(p, key), rel=1e-9, abs=1e-15)

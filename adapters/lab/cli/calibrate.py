@@ -181,7 +181,7 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    serving = 3 * sweep.serving_repeats  # short, long and loaded requests
+    serving = 4 * sweep.serving_repeats  # short, long, loaded and after-idle requests
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 

@@ -404,7 +404,9 @@ def fit_server(
     # request_s is what lies outside the first step as the sweep alone prices it (its
     # fit separates a request's cost from a step's: a decode run is one request and
     # many steps); the steps are then fitted to what lies outside request_s.
-    path = fit_serving_path(*hops, engine_model=engine_model(profile))
+    path = fit_serving_path(
+        hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
+    )
     profile = fit(known=path.known())
     fitted = {**profile.fit, **saved, "serving_path": {**path.as_dict(), "samples": hops.to_json()}}
     return dataclasses.replace(

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "IDLE_PAUSE_S",
     "METRICS",
     "PROMPT_TOKENS",
     "HopSample",
@@ -85,6 +86,11 @@ process's CPU seconds (the Prometheus client's process collector)."""
 
 PROMPT_TOKENS = 8
 """Prompt tokens of each request timing the serving path (its default)."""
+
+IDLE_PAUSE_S = 0.5
+"""Seconds the server idles before each idle request. In two recorded sweeps on a
+2-core CPU server, a request that came 0.15 s or more after the last one finished took
+3-5 ms longer to its first token than one that came within 0.05 s."""
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -213,6 +219,7 @@ def fit_serving_path(
     long: Sequence[HopSample],
     share: Sequence[SharePair] = (),
     engine_model: EngineModel | None = None,
+    idle: Sequence[HopSample] = (),
 ) -> ServingPath:
     """The serving path from one-at-a-time requests (see the module docstring).
 
@@ -223,6 +230,8 @@ def fit_serving_path(
         share: long requests alone and under load.
         engine_model: the step model: ``request_s`` is what lies outside its first
             step; without it, outside the engine's queue and prefill time.
+        idle: short requests sent after the server idled (their client TTFT is kept
+            as ``hops["client_ttft_after_idle"]``).
 
     Returns:
         The medians of what each sample says; a term no sample says is ``None``.
@@ -262,6 +271,8 @@ def fit_serving_path(
     }
     if long:
         hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
+    if idle:
+        hops["client_ttft_after_idle"] = statistics.median(s.client_ttft_s for s in idle)
     http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
     front = median(
         [
@@ -392,8 +403,9 @@ async def measure_serving_path(
     repeats: int = 5,
     prompt_tokens: int = PROMPT_TOKENS,
     long_tokens: int = 32,
+    idle_s: float = IDLE_PAUSE_S,
     progress: Callable[[int], object] | None = None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
+) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:
     """Send the short, long and share requests one at a time (see the module docstring).
 
     Args:
@@ -403,6 +415,7 @@ async def measure_serving_path(
         repeats: requests of each kind.
         prompt_tokens: each prompt's length.
         long_tokens: tokens each long request decodes.
+        idle_s: seconds the server idles before each idle request (0: none sent).
         progress: called with 1 after each request.
 
     Raises:
@@ -424,7 +437,7 @@ async def measure_serving_path(
         if progress is not None:
             progress(1)
 
-    short, long, share = [], [], []
+    short, long, share, idle = [], [], [], []
     for _ in range(repeats):
         short.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
         tick()
@@ -435,13 +448,17 @@ async def measure_serving_path(
         )
         share.append(SharePair(long[-1], loaded))
         tick()
-    return short, long, share
+    for _ in range(repeats if idle_s > 0 else 0):
+        await asyncio.sleep(idle_s)  # the server idles first, as between sparse arrivals
+        idle.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
+        tick()
+    return short, long, share, idle
 
 
 async def _measure(
     engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
     progress: Callable[[int], object] | None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:  # fmt: skip
+) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:  # fmt: skip
     rng = random.Random(seed if seed is not None else os.urandom(16))
 
     def fresh(n: int) -> list[int]:
@@ -453,11 +470,13 @@ async def _measure(
 
 
 class HopSamples(NamedTuple):
-    """What :func:`measure_hops` sent: the short, long and share requests."""
+    """What :func:`measure_hops` sent: the short, long and share requests, and short
+    ones after the server idled (none in profiles made before they were sent)."""
 
     short: list[HopSample]
     long: list[HopSample]
     share: list[SharePair]
+    idle: Sequence[HopSample] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object (a profile keeps it, so that it can be fitted again)."""
@@ -465,6 +484,7 @@ class HopSamples(NamedTuple):
             "short": [s._asdict() for s in self.short],
             "long": [s._asdict() for s in self.long],
             "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
+            "idle": [s._asdict() for s in self.idle],
         }
 
     @classmethod
@@ -479,6 +499,7 @@ class HopSamples(NamedTuple):
                 [_hop(s) for s in data["short"]],
                 [_hop(s) for s in data["long"]],
                 [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
+                [_hop(s) for s in data.get("idle", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(
