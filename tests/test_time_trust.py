@@ -682,8 +682,9 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     # 3 lengths x 2 fractions x 2 repeats, warm-ups where the prefix holds a block
     # (256 and 1024 at 0.5), and the decode batches.
     # Then a short request timed twice under 0 and under 8 background streams, and
-    # the serving path: a short, a long and a loaded request, twice.
-    assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 3 * 2
+    # the serving path: a short, a long and a loaded request, twice, then a short one
+    # after the server idled, twice.
+    assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 4 * 2
     assert p.fit["serving_path"]["engine_side"] == "step model"  # no vLLM histograms here
 
 
