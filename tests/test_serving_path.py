@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, StepSample, simulate
 from prefixkv.adapters.lab.sim.calibration import fit_profile
 from prefixkv.adapters.lab.sim.serving_path import (
+    IDLE_PAUSES_S,
     METRICS,
     HopSample,
     HopSamples,
@@ -386,13 +387,14 @@ def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
     p = calibrate_server("http://fake", sweep=sweep, engine=engine)
     assert len(p.fit["samples"]) == p.fit["num_samples"]
     kept = p.fit["serving_path"]["samples"]
-    assert len(kept["short"]) == len(kept["idle"]) == 2
+    assert len(kept["short"]) == 2 and len(kept["idle"]) == 2 * len(IDLE_PAUSES_S)
     assert "client_ttft_after_idle" in p.fit["serving_path"]["hops"]
     # samples kept before the idle requests were sent read as none
     older = HopSamples.from_json({k: v for k, v in kept.items() if k != "idle"})
     assert older.idle == [] and len(older.short) == 2
     again = refit_server_profile(CostProfile.from_dict(json.loads(json.dumps(p.to_dict()))))
-    for key in ("step_s", "decode_seq_s", "request_s", "stream_token_s", "frontend_cpu_share"):
+    for key in ("step_s", "decode_seq_s", "request_s", "stream_token_s", "frontend_cpu_share",
+                "wake_s", "wake_after_s"):  # fmt: skip
         assert getattr(again, key) == pytest.approx(getattr(p, key), rel=1e-9, abs=1e-15)
     assert again.name == p.name and again.measured_on == p.measured_on
 
@@ -412,3 +414,37 @@ def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_
     for bare in (BASE, dataclasses.replace(BASE, fit={"samples": [{"seconds": 1}]})):
         with pytest.raises(ProfileError, match=r"calibrate --server again|not a step sample"):
             refit_server_profile(bare)
+
+
+# ------------------------------------------------------------------ waking an idle server
+
+
+def test_the_wake_cost_is_what_requests_after_the_longest_pause_take_more() -> None:
+    short = [hop(http=0.003, front=0.002, engine=0.005)] * 3  # 10 ms back to back
+    idle = [
+        hop(http=0.003, front=0.002, engine=0.005)._replace(client_ttft_s=0.010 + e, idle_s=p)
+        for p, e in ((0.05, 0.0005), (0.1, 0.001), (0.2, 0.004), (0.5, 0.005))
+        for _ in range(3)
+    ]
+    path = fit_serving_path(short, [], idle=idle)
+    assert path.wake_s == pytest.approx(0.005)
+    assert path.wake_after_s == 0.2  # the first pause that costs over half of it
+    assert path.hops["client_ttft_after_idle"] == pytest.approx(0.015)
+    assert fit_serving_path(short, []).wake_s is None
+    quicker = [s._replace(client_ttft_s=0.009) for s in idle]  # no dearer after a pause
+    calm = fit_serving_path(short, [], idle=quicker)
+    assert calm.wake_s == 0.0 and calm.wake_after_s == 0.5
+
+
+def test_a_step_that_wakes_an_idle_engine_pays_the_wake_cost() -> None:
+    woken = dataclasses.replace(BASE, wake_s=0.004, wake_after_s=0.1)
+    sparse, dense = _reqs(3, 10.0, out=2), _reqs(3, 0.05, out=1)
+    # 10 s apart: the second and third requests each wake the engine; the first comes
+    # as the run starts (nothing idled)
+    a, b = _run(BASE, sparse), _run(woken, sparse)
+    assert [y.ttft_s - x.ttft_s for x, y in zip(a.requests, b.requests, strict=True)] == (
+        pytest.approx([0.0, 0.004, 0.004])
+    )
+    assert b.run.busy_s == pytest.approx(a.run.busy_s + 2 * 0.004)
+    # 50 ms apart, under wake_after_s: nothing to wake
+    assert _run(woken, dense).run.busy_s == pytest.approx(_run(BASE, dense).run.busy_s)

@@ -28,8 +28,10 @@ work it queued before them, so a front end that cannot keep up delays the tokens
 These are 0 for kernel-level data. Where the front end shares the engine's cores (a
 CPU server), it slows the steps only while it is busy: a step lasts
 ``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
-length) longer. The share is 0 unless measured (:mod:`.serving_path`), so a profile
-without it prices steps as before.
+length) longer. A step that starts an engine idle for ``wake_after_s`` or more takes
+``wake_s`` longer: the serving processes sleep when idle, and the first request after
+wakes them. These are 0 unless measured (:mod:`.serving_path`), so a profile without
+them prices steps as before.
 """
 
 from __future__ import annotations
@@ -69,7 +71,14 @@ COEFFICIENTS = (
 )
 """The coefficient names every profile has, in seconds per unit."""
 
-SERVING_TERMS = ("request_s", "stream_token_s", "frontend_request_cpu_s", "frontend_cpu_share")
+SERVING_TERMS = (
+    "request_s",
+    "stream_token_s",
+    "frontend_request_cpu_s",
+    "frontend_cpu_share",
+    "wake_s",
+    "wake_after_s",
+)
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
@@ -123,6 +132,9 @@ class CostProfile:
         frontend_cpu_share: the seconds an engine step loses per CPU second the front
             end spends meanwhile, in ``[0, 1]``: about 1 where they share cores (a CPU
             server), 0 where the front end has a core of its own (the default).
+        wake_s: the seconds more a step takes that starts an engine idle for at least
+            ``wake_after_s`` (its processes asleep), 0 unless measured.
+        wake_after_s: the idle seconds after which a step pays ``wake_s``.
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -157,6 +169,8 @@ class CostProfile:
     stream_token_s: float = 0.0
     frontend_request_cpu_s: float = 0.0
     frontend_cpu_share: float = 0.0
+    wake_s: float = 0.0
+    wake_after_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None

@@ -77,6 +77,8 @@ class Replica:
         # streaming steps' tokens, in order): a front end sharing the engine's cores
         # slows a step by its share of the time it is busy during it.
         self._frontend_free = start_time
+        # Since when the engine has had nothing to do (None: busy).
+        self._idle_since: float | None = start_time
 
     def add(self, seq: SimSeq) -> None:
         """Queue a request at the back of the waiting queue (its front-end work counts)."""
@@ -86,6 +88,8 @@ class Replica:
 
     def idle_until(self, t: float) -> None:
         """Move an idle replica's clock to ``t`` (front-end work while idle costs no step)."""
+        if self._idle_since is None:
+            self._idle_since = self.now
         self.now = max(self.now, t)
 
     def has_unfinished(self) -> bool:
@@ -104,6 +108,10 @@ class Replica:
             work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
         )
         start = self.now
+        # A step that wakes an engine idle for long enough pays for waking it.
+        if self._idle_since is not None and start - self._idle_since >= p.wake_after_s:
+            seconds += p.wake_s
+        self._idle_since = None
         # The front end slows the step only while it is busy, at most the step's length.
         busy = min(max(0.0, self._frontend_free - start), seconds)
         seconds += p.frontend_cpu_share * busy

@@ -414,6 +414,8 @@ def fit_server(
         fit=fitted,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
         frontend_cpu_share=path.frontend_cpu_share or 0.0,
+        wake_s=path.wake_s or 0.0,
+        wake_after_s=path.wake_after_s or 0.0,
     )
 
 

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
-    "IDLE_PAUSE_S",
+    "IDLE_PAUSES_S",
     "METRICS",
     "PROMPT_TOKENS",
     "HopSample",
@@ -87,10 +87,11 @@ process's CPU seconds (the Prometheus client's process collector)."""
 PROMPT_TOKENS = 8
 """Prompt tokens of each request timing the serving path (its default)."""
 
-IDLE_PAUSE_S = 0.5
-"""Seconds the server idles before each idle request. In two recorded sweeps on a
-2-core CPU server, a request that came 0.15 s or more after the last one finished took
-3-5 ms longer to its first token than one that came within 0.05 s."""
+IDLE_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
+"""Seconds the server idles before the idle requests, one pause each (``repeats`` of
+each). In two recorded sweeps on a 2-core CPU server, a lone request that came 0.4 s or
+more after the last one finished took 5-6 ms longer to its first token than one that
+came within 0.05 s."""
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -128,6 +129,7 @@ class HopSample(NamedTuple):
         frontend_cpu_s: the API server's CPU seconds over the request, less what one
             ``/metrics`` read costs.
         client_cpu_s: the client's CPU seconds over the request.
+        idle_s: seconds the server idled before it (0: sent right after another).
     """
 
     prompt_tokens: int
@@ -139,6 +141,7 @@ class HopSample(NamedTuple):
     engine_decode_s: float | None = None
     frontend_cpu_s: float | None = None
     client_cpu_s: float = 0.0
+    idle_s: float = 0.0
 
 
 class SharePair(NamedTuple):
@@ -165,6 +168,9 @@ class ServingPath:
         engine_side: ``"metrics"`` (vLLM's histograms) or ``"step model"``.
         request_s_outside: what ``request_s`` lies outside: ``"step model"`` (the
             model's price of each request's first step) or ``"engine metrics"``.
+        wake_s: how much longer a request takes after the server idled (``None``:
+            not measured).
+        wake_after_s: the idle seconds after which it does (``None``: not measured).
     """
 
     request_s: float
@@ -174,6 +180,8 @@ class ServingPath:
     hops: Mapping[str, float] = field(default_factory=dict)
     engine_side: str = "metrics"
     request_s_outside: str = "engine metrics"
+    wake_s: float | None = None
+    wake_after_s: float | None = None
 
     def known(self) -> dict[str, float]:
         """The terms a profile fit takes as given (``fit_profile(known=...)``)."""
@@ -192,6 +200,8 @@ class ServingPath:
             "hops": dict(self.hops),
             "engine_side": self.engine_side,
             "request_s_outside": self.request_s_outside,
+            "wake_s": self.wake_s,
+            "wake_after_s": self.wake_after_s,
         }
 
 
@@ -230,8 +240,9 @@ def fit_serving_path(
         share: long requests alone and under load.
         engine_model: the step model: ``request_s`` is what lies outside its first
             step; without it, outside the engine's queue and prefill time.
-        idle: short requests sent after the server idled (their client TTFT is kept
-            as ``hops["client_ttft_after_idle"]``).
+        idle: short requests sent after the server idled (``idle_s``): ``wake_s`` is
+            how much longer they took after the longest pause than ``short`` did, and
+            ``wake_after_s`` the shortest pause after which they took over half that.
 
     Returns:
         The medians of what each sample says; a term no sample says is ``None``.
@@ -271,8 +282,16 @@ def fit_serving_path(
     }
     if long:
         hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
+    wake_s = wake_after_s = None
     if idle:
-        hops["client_ttft_after_idle"] = statistics.median(s.client_ttft_s for s in idle)
+        by_pause: dict[float, list[float]] = {}
+        for s in idle:
+            by_pause.setdefault(s.idle_s, []).append(s.client_ttft_s)
+        excess = {p: statistics.median(v) - hops["client_ttft"] for p, v in by_pause.items()}
+        longest = max(excess)
+        hops["client_ttft_after_idle"] = statistics.median(by_pause[longest])
+        wake_s = max(0.0, excess[longest])
+        wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
     http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
     front = median(
         [
@@ -300,6 +319,8 @@ def fit_serving_path(
         hops=hops,
         engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
         request_s_outside="step model" if engine_model else "engine metrics",
+        wake_s=wake_s,
+        wake_after_s=wake_after_s,
     )
 
 
@@ -403,7 +424,7 @@ async def measure_serving_path(
     repeats: int = 5,
     prompt_tokens: int = PROMPT_TOKENS,
     long_tokens: int = 32,
-    idle_s: float = IDLE_PAUSE_S,
+    idle_pauses_s: Sequence[float] = IDLE_PAUSES_S,
     progress: Callable[[int], object] | None = None,
 ) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:
     """Send the short, long and share requests one at a time (see the module docstring).
@@ -415,7 +436,8 @@ async def measure_serving_path(
         repeats: requests of each kind.
         prompt_tokens: each prompt's length.
         long_tokens: tokens each long request decodes.
-        idle_s: seconds the server idles before each idle request (0: none sent).
+        idle_pauses_s: seconds the server idles before each idle request, ``repeats``
+            of each pause (empty: none sent).
         progress: called with 1 after each request.
 
     Raises:
@@ -448,10 +470,12 @@ async def measure_serving_path(
         )
         share.append(SharePair(long[-1], loaded))
         tick()
-    for _ in range(repeats if idle_s > 0 else 0):
-        await asyncio.sleep(idle_s)  # the server idles first, as between sparse arrivals
-        idle.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
-        tick()
+    for pause in idle_pauses_s:
+        for _ in range(repeats):
+            await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
+            s = await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s)
+            idle.append(s._replace(idle_s=pause))
+            tick()
     return short, long, share, idle
 
 
