@@ -16,7 +16,9 @@
    machine's 1-minute load over its runs, cached tokens (server against simulator),
    TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
    measured and simulated side by side, and a verdict: within 10%, off (which), or
-   saturated (where queues grow and no steady-state figure exists).
+   saturated (where queues grow and no steady-state figure exists). Requests the
+   client itself stalled on (sent late, or their tokens read in one burst: the load
+   generator shares the machine with the server) are counted and left out.
 
 The server generates its own tokens (dummy weights), so the simulated requests decode
 filler tokens of the trace's output lengths, not the trace's outputs: a later turn
@@ -29,6 +31,13 @@ that quotes an earlier answer misses those blocks on both sides.
 (The weights are dummy. Measure on a quiet machine: the table records the load. The
 table, the command and the load are in benchmarks/README.md.)
 
+A recorded sweep (an ``--out`` folder) is predicted again with no server, after the
+model or its profile changed: the same requests, rebuilt from their seeds, sent at the
+recorded times, against the recorded measurements (``--refit``: the profile fitted
+again from the calibration samples it keeps; ``--profile``: another one)::
+
+    python benchmarks/sim_to_real.py --resimulate sim-to-real --out sim-to-real-again
+
 Everything runs on 127.0.0.1; the server is stopped at the end (and on Ctrl-C).
 """
 
@@ -40,6 +49,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -49,10 +59,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefixkv.adapters.lab.sim import (
     CostProfile,
+    ProfileError,
     SimConfig,
     SimRequest,
     load_profile,
@@ -67,6 +78,7 @@ from prefixkv.adapters.lab.sim.server_calibration import (
     ServerSweep,
     calibrate_server,
     client_machine,
+    refit_server_profile,
 )
 from prefixkv.adapters.lab.workload_sources import load_workloads
 from prefixkv.indexes import make_index
@@ -191,38 +203,76 @@ def predict(
     return [by_id[r[0]] for r in requests], utilization, run.output_throughput
 
 
-def measured_tpot(c: Completion) -> float:
-    """Mean seconds per output token after the first, at the client (NaN for one)."""
-    n = c.completion_tokens
-    return (c.latency_s - c.ttft_s) / (n - 1) if n > 1 else math.nan
+class Measured(NamedTuple):
+    """One request as the client measured it (what a recording keeps of it)."""
+
+    ttft_s: float
+    tpot_s: float
+    latency_s: float
+    tokens: int
+    cached: int | None
+    chunks: int = 0
+    """Streamed chunks that held tokens (0: not recorded; a server that falls behind
+    may merge several tokens into one chunk)."""
+
+    @classmethod
+    def of(cls, c: Completion) -> Measured:
+        """A completion's figures; TPOT is the mean seconds per output token after the
+        first (NaN for one token)."""
+        n = c.completion_tokens
+        tpot = (c.latency_s - c.ttft_s) / (n - 1) if n > 1 else math.nan
+        return cls(c.ttft_s, tpot, c.latency_s, n, c.cached_tokens, len(c.itl_s) + 1)
+
+
+CLIENT_LATE_S = 0.02
+"""A request sent this much after its arrival time was sent by a stalled client."""
+
+BURST_TPOT_S = 1e-4
+"""A stream whose chunks reached the client this close together, on average, was read
+from a backlog: the client did not read while the server streamed it (no engine
+decodes a stream at 10,000 tokens a second)."""
+
+
+def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
+    """Whether the client, not the server, timed this request late: it was sent over
+    :data:`CLIENT_LATE_S` after its arrival time, or its tokens were read in one burst
+    (:data:`BURST_TPOT_S`). The load generator shares the machine with the server; its
+    stalls are no server's time, and no server model predicts them. A server that
+    merged a stream's tokens into one chunk sent no burst: that is its own time."""
+    gaps = (measured.chunks or measured.tokens) - 1
+    burst = gaps > 0 and (measured.latency_s - measured.ttft_s) / gaps < BURST_TPOT_S
+    return sent - scheduled > CLIENT_LATE_S or burst
 
 
 def compare_run(
     requests: Sequence[tuple[str, list[int], int]],
+    scheduled: Sequence[float],
     sent: Sequence[float],
-    done: Sequence[Completion],
+    done: Sequence[Measured],
     predicted: Sequence[tuple[int, float, float]],
 ) -> dict[str, Any]:
     """One replay against its prediction: the cached tokens, and per request the
-    measured and simulated TTFT and TPOT (the rate's table pools them over runs)."""
+    measured and simulated TTFT and TPOT and whether the client stalled on it (the
+    rate's table pools them over runs)."""
     first = min(sent)
     last = max(s + c.latency_s for s, c in zip(sent, done, strict=True))
     duration = last - first
     return {
         "requests": len(requests),
-        "cached_exact": sum(
-            c.cached_tokens == h for c, (h, _, _) in zip(done, predicted, strict=True)
-        ),
-        "cached_server": sum(c.cached_tokens or 0 for c in done),
+        "cached_exact": sum(c.cached == h for c, (h, _, _) in zip(done, predicted, strict=True)),
+        "cached_server": sum(c.cached or 0 for c in done),
         "cached_sim": sum(h for h, _, _ in predicted),
         "prompt_tokens": sum(len(r[1]) for r in requests),
         "achieved_rps": len(done) / duration if duration > 0 else math.nan,
-        "throughput_measured": sum(c.completion_tokens for c in done) / duration
+        "throughput_measured": sum(c.tokens for c in done) / duration
         if duration > 0 else math.nan,
         "ttft_measured": [c.ttft_s for c in done],
         "ttft_sim": [t for _, t, _ in predicted],
-        "tpot_measured": [measured_tpot(c) for c in done],
+        "tpot_measured": [c.tpot_s for c in done],
         "tpot_sim": [t for _, _, t in predicted],
+        "client_stalled": [
+            client_stalled(a, s, c) for a, s, c in zip(scheduled, sent, done, strict=True)
+        ],
     }  # fmt: skip
 
 
@@ -251,15 +301,22 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
     :data:`SATURATED_UTILIZATION` or the server served under 90% of the offered rate,
     else ``within 10%`` when every p50 and p90 error is, else ``off`` and which were.
     """
+
+    def kept(r: dict[str, Any], key: str) -> list[float]:
+        stalled = r.get("client_stalled") or [False] * len(r[key])
+        return [v for v, bad in zip(r[key], stalled, strict=True) if not bad]
+
     pooled = {
-        key: [v for r in runs for v in r[key]]
+        key: [v for r in runs for v in kept(r, key)]
         for key in ("ttft_measured", "ttft_sim", "tpot_measured", "tpot_sim")
     }
+    stalls = sum(sum(r.get("client_stalled", ())) for r in runs)
     row: dict[str, Any] = {
         "rate": rate,
         "runs": len(runs),
         "requests": sum(r["requests"] for r in runs),
         "cached_exact": sum(r["cached_exact"] for r in runs),
+        "client_stalls": stalls,
         "load_min": min(min(r["load_before"], r["load_after"]) for r in runs),
         "load_max": max(max(r["load_before"], r["load_after"]) for r in runs),
         "achieved_rps": statistics.median(r["achieved_rps"] for r in runs),
@@ -285,6 +342,8 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
         row["verdict"] = "off: " + ", ".join(off)
     else:
         row["verdict"] = f"within {WITHIN:.0%}"
+    if stalls:
+        row["verdict"] += f"; client stalled on {stalls} (left out)"
     return row
 
 
@@ -301,11 +360,12 @@ def sweep_table(rows: Sequence[dict[str, Any]]) -> str:
     measured / simulated side by side, in ms and tokens a second."""
     head = (
         "| offered req/s | served req/s | sim busy | load (1 min) | runs x requests "
-        "| cached exact | TTFT p50 meas / sim ms | err | TTFT p90 meas / sim ms | err "
+        "| cached exact | client stalls | TTFT p50 meas / sim ms | err "
+        "| TTFT p90 meas / sim ms | err "
         "| TPOT p50 meas / sim ms | err | TPOT p90 meas / sim ms | err "
         "| output tok/s meas / sim | verdict |"
     )
-    lines = [head, "|" + "---:|" * 15 + "---|"]
+    lines = [head, "|" + "---:|" * 16 + "---|"]
     for r in rows:
         cells = [
             f"{r['rate']:g}",
@@ -314,6 +374,7 @@ def sweep_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['load_min']:.2f}-{r['load_max']:.2f}",
             f"{r['runs']} x {r['requests'] // max(1, r['runs'])}",
             f"{r['cached_exact']}/{r['requests']}",
+            str(r.get("client_stalls", 0)),
         ]
         for metric in ("ttft", "tpot"):
             for q in (50, 90):
@@ -337,23 +398,28 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--vllm", help="the vllm executable to start a server with")
     src.add_argument("--url", help="use this running server instead")
-    ap.add_argument("--model", default="tiny-llama", help="the model folder (with --vllm)")
-    ap.add_argument("--workload", default="multi_turn", help="the built-in workload to predict")
-    ap.add_argument("--max-requests", type=int, default=165, help="requests a run")
-    ap.add_argument(
-        "--request-rates",
-        "--request-rate",
-        type=parse_rates,
-        default=parse_rates("0.5,1,2,4,8,16"),
-        help="offered rates, requests a second, light to past saturation (default 0.5,1,2,4,8,16)",
+    src.add_argument(
+        "--resimulate",
+        metavar="DIR",
+        help="predict a recorded sweep (an --out folder) again, with no server: the same "
+        "requests (rebuilt from their seeds) at the recorded send times, against the "
+        "recorded measurements, priced by the recorded profile (or --profile, or --refit)",
     )
+    _recorded_options(ap)
+    ap.add_argument("--model", default="tiny-llama", help="the model folder (with --vllm)")
     ap.add_argument("--repeats", type=int, default=3, help="runs a rate (fresh token ids each)")
     ap.add_argument("--profile", help="use this profile instead of calibrating")
+    ap.add_argument(
+        "--refit",
+        action="store_true",
+        help="with --resimulate: fit each recorded profile again from the calibration "
+        "samples it keeps (the model may have changed since it was recorded)",
+    )
     ap.add_argument("--sweep-repeats", type=int, default=3)
     ap.add_argument(
         "--serving-repeats",
@@ -368,10 +434,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="calibrate again before each rate (the machine's load drifts on a shared "
         "machine; each rate is then predicted from a profile measured under its own load)",
     )
-    ap.add_argument("--out", default="sim-to-real", help="output folder")
+    ap.add_argument(
+        "--out",
+        help="output folder (default sim-to-real; with --resimulate, DIR-resimulated)",
+    )
     ap.add_argument("--start-timeout", type=float, default=300.0)
+    return ap
+
+
+def _recorded_options(ap: argparse.ArgumentParser) -> None:
+    """The options that fix a sweep's requests (a recording's command is read with them)."""
+    ap.add_argument("--workload", default="multi_turn", help="the built-in workload to predict")
+    ap.add_argument("--max-requests", type=int, default=165, help="requests a run")
+    ap.add_argument(
+        "--request-rates",
+        "--request-rate",
+        type=parse_rates,
+        default=parse_rates("0.5,1,2,4,8,16"),
+        help="offered rates, requests a second, light to past saturation (default 0.5,1,2,4,8,16)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    if args.refit and not args.resimulate:
+        ap.error("--refit goes with --resimulate")
+    if args.resimulate:
+        try:
+            return resimulate(args)
+        except (RecordingError, ProfileError, OSError) as exc:
+            print(f"sim_to_real: {exc}", file=sys.stderr)
+            return 2
+    out = Path(args.out or "sim-to-real")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "server.log"
     if args.url:
@@ -414,27 +509,25 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
             profile = _calibrate(args, url, out, f"-{rate:g}")
         at_rate = []
         for k in range(args.repeats):
-            seed = i * 1000 + k
-            requests = trace(args.workload, args.max_requests, seed, salt + seed, 32000)
+            seed = run_seed(i, k)
+            requests = trace(args.workload, args.max_requests, seed, salt + seed, VOCAB)
             gen = poisson_arrivals(rate, seed=seed)
             times = [next(gen) for _ in requests]
             before = load_average()
-            sent, done = asyncio.run(replay(url, info.model, requests, times))
+            sent, completions = asyncio.run(replay(url, info.model, requests, times))
             after = load_average()
+            done = [Measured.of(c) for c in completions]
             predicted, utilization, throughput = predict(
                 requests, sent, profile, info.kv_cache_tokens, info.block_size
             )
-            row = {"rate": rate, "run": k + 1, "salt": salt + seed, "load_before": before,
+            row = {"rate": rate, "run": k + 1, "seed": seed, "salt": salt + seed,
+                   "load_before": before,
                    "load_after": after, "utilization_sim": utilization,
                    "throughput_sim": throughput, "profile": profile.name,
-                   **compare_run(requests, sent, done, predicted)}  # fmt: skip
+                   **compare_run(requests, times, sent, done, predicted)}  # fmt: skip
             at_rate.append(row)
-            with (out / f"requests-{rate:g}-{k + 1}.jsonl").open("w") as f:
-                for r, s, c, (h, t, tp) in zip(requests, sent, done, predicted, strict=True):
-                    f.write(json.dumps({"id": r[0], "prompt": len(r[1]), "output": r[2],
-                                        "sent_s": s, "ttft_s": c.ttft_s, "tpot_s": measured_tpot(c),
-                                        "cached": c.cached_tokens, "sim_hit": h,
-                                        "sim_ttft_s": t, "sim_tpot_s": tp}) + "\n")  # fmt: skip
+            write_requests(out / f"requests-{rate:g}-{k + 1}.jsonl", requests, sent, done,
+                           predicted)  # fmt: skip
         summary = summarize_rate(rate, at_rate)
         summaries.append(summary)
         runs += at_rate
@@ -443,9 +536,189 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
     print(table)
     doc = {"server": url, "model": info.model, "engine_version": info.engine_version,
            "machine": client_machine(), "cpus": os.cpu_count(), "command": " ".join(sys.argv),
+           "workload": args.workload, "max_requests": args.max_requests,
+           "request_rates": args.request_rates, "block_size": info.block_size,
+           "kv_cache_tokens": info.kv_cache_tokens,
            "calibration": cal, "profile": profile.to_dict(), "rates": summaries,
            "runs": runs, "httpx": httpx.__version__}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "table.md").write_text(table + "\n")
+    return 0
+
+
+VOCAB = 32000
+"""Token ids of the replayed prompts lie below this (the tiny Llama's vocabulary)."""
+
+
+def run_seed(rate_index: int, repeat: int) -> int:
+    """The seed of a rate's run: its trace and its arrival times."""
+    return rate_index * 1000 + repeat
+
+
+def write_requests(
+    path: Path,
+    requests: Sequence[tuple[str, list[int], int]],
+    sent: Sequence[float],
+    done: Sequence[Measured],
+    predicted: Sequence[tuple[int, float, float]],
+) -> None:
+    """One line a request: what was sent, measured and simulated."""
+    with path.open("w") as f:
+        for r, s, c, (h, t, tp) in zip(requests, sent, done, predicted, strict=True):
+            f.write(json.dumps({"id": r[0], "prompt": len(r[1]), "output": r[2], "sent_s": s,
+                                "ttft_s": c.ttft_s, "tpot_s": c.tpot_s, "latency_s": c.latency_s,
+                                "tokens": c.tokens, "chunks": c.chunks, "cached": c.cached,
+                                "sim_hit": h,
+                                "sim_ttft_s": t, "sim_tpot_s": tp}) + "\n")  # fmt: skip
+
+
+class RecordingError(Exception):
+    """A recorded sweep that cannot be predicted again: a file missing or malformed, or
+    requests that are not the ones its seeds rebuild."""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecordingError(f"{path}: no such file; is it a sim_to_real --out folder?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: not JSON ({exc})") from None
+
+
+def _recorded_sweep(doc: dict[str, Any]) -> argparse.Namespace:
+    """The workload, requests a run and rates a recording ran (from its command when it
+    predates their own fields)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    _recorded_options(ap)
+    try:
+        args, _ = ap.parse_known_args(shlex.split(doc.get("command", ""))[1:])
+    except SystemExit:
+        raise RecordingError(
+            f"results.json: its command does not parse: {doc.get('command')!r}"
+        ) from None
+    for key in ("workload", "max_requests", "request_rates"):
+        if key in doc:
+            setattr(args, key, doc[key])
+    return args
+
+
+def _measured(line: dict[str, Any]) -> Measured:
+    ttft, tpot = float(line["ttft_s"]), float(line["tpot_s"])
+    tokens = int(line.get("tokens", line["output"]))
+    latency = line.get("latency_s")
+    if latency is None:  # recorded before the latency was kept: TTFT + the gaps
+        latency = ttft + (tpot * (tokens - 1) if tokens > 1 else 0.0)
+    cached = line["cached"]
+    return Measured(
+        ttft, tpot, float(latency), tokens, None if cached is None else int(cached),
+        int(line.get("chunks", 0)),
+    )  # fmt: skip
+
+
+def _recorded_run(
+    folder: Path, run: dict[str, Any], requests: Sequence[tuple[str, list[int], int]]
+) -> tuple[list[float], list[Measured]]:
+    """A run's send times and measurements, checked against the rebuilt requests."""
+    path = folder / f"requests-{run['rate']:g}-{run['run']}.jsonl"
+    try:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except FileNotFoundError:
+        raise RecordingError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: not JSON lines ({exc})") from None
+    if len(lines) != len(requests):
+        raise RecordingError(f"{path}: {len(lines)} requests, its seed rebuilds {len(requests)}")
+    for n, (line, (rid, prompt, out)) in enumerate(zip(lines, requests, strict=True), 1):
+        if (line.get("id"), line.get("prompt"), line.get("output")) != (rid, len(prompt), out):
+            raise RecordingError(
+                f"{path}, line {n}: request {line.get('id')!r} is not the one its seed "
+                f"rebuilds ({rid!r}, {len(prompt)} prompt tokens, {out} out): another workload "
+                "or another version of it"
+            )
+    try:
+        return [float(x["sent_s"]) for x in lines], [_measured(x) for x in lines]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecordingError(f"{path}: a request without its measurements ({exc})") from None
+
+
+def _recorded_profiles(
+    args: argparse.Namespace, folder: Path, doc: dict[str, Any], rates: Sequence[float]
+) -> list[CostProfile]:
+    """The profile each rate is predicted with: ``--profile``, else the one the
+    recording predicted it with (``profile-RATE.json`` after ``--calibrate-each``,
+    else ``profile.json``), fitted again from its samples with ``--refit``."""
+    if args.profile:
+        profiles = [load_profile(args.profile)] * len(rates)
+    else:
+        first = folder / "profile.json"
+        base = load_profile(first) if first.is_file() else CostProfile.from_dict(doc["profile"])
+        profiles = []
+        for rate in rates:
+            own = folder / f"profile-{rate:g}.json"
+            profiles.append(load_profile(own) if own.is_file() else base)
+    if args.refit:
+        refitted = {id(p): refit_server_profile(p) for p in profiles}
+        profiles = [refitted[id(p)] for p in profiles]
+    return profiles
+
+
+def resimulate(args: argparse.Namespace) -> int:
+    """Predict a recorded sweep again (``--resimulate DIR``) and write its table.
+
+    Each run's requests are rebuilt from the workload, its seed and salt (the trace is
+    deterministic), checked against the recorded ones, sent at the recorded times
+    through the simulator and set against the recorded measurements; the recording is
+    only read.
+    """
+    folder = Path(args.resimulate)
+    out = Path(args.out or f"{folder.as_posix().rstrip('/')}-resimulated")
+    if out.resolve() == folder.resolve():
+        raise RecordingError(f"--out {out} is the recording itself; choose another folder")
+    doc = _read_json(folder / "results.json")
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:
+        raise RecordingError(f"{folder / 'results.json'}: no runs recorded")
+    sweep = _recorded_sweep(doc)
+    rates = [float(r) for r in sweep.request_rates]
+    profiles = _recorded_profiles(args, folder, doc, rates)
+    first = profiles[0]
+    pool = int(doc.get("kv_cache_tokens") or first.kv_cache_tokens or 0)
+    block_size = int(doc.get("block_size") or first.measured_on.get("block_size") or 0)
+    if pool < 1 or block_size < 1:
+        raise RecordingError(f"{folder}: neither the recording nor its profile says the KV pool")
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    for recorded in doc["runs"]:
+        try:
+            rate, k = float(recorded["rate"]), int(recorded["run"]) - 1
+            i = rates.index(rate)
+            seed = int(recorded.get("seed", run_seed(i, k)))
+            salt = int(recorded["salt"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordingError(
+                f"{folder / 'results.json'}: a run without its seed ({exc})"
+            ) from None
+        requests = trace(sweep.workload, sweep.max_requests, seed, salt, VOCAB)
+        sent, done = _recorded_run(folder, recorded, requests)
+        gen = poisson_arrivals(rate, seed=seed)
+        scheduled = [next(gen) for _ in requests]
+        profile = profiles[i]
+        predicted, utilization, throughput = predict(requests, sent, profile, pool, block_size)
+        row = {"rate": rate, "run": k + 1, "seed": seed, "salt": salt,
+               "load_before": recorded["load_before"], "load_after": recorded["load_after"],
+               "utilization_sim": utilization, "throughput_sim": throughput,
+               "profile": profile.name,
+               **compare_run(requests, scheduled, sent, done, predicted)}  # fmt: skip
+        by_rate.setdefault(rate, []).append(row)
+        out.mkdir(parents=True, exist_ok=True)
+        write_requests(out / f"requests-{rate:g}-{k + 1}.jsonl", requests, sent, done, predicted)
+    summaries = [summarize_rate(rate, by_rate[rate]) for rate in rates if rate in by_rate]
+    table = sweep_table(summaries)
+    print(f"re-predicted from the recording in {folder} ({sum(map(len, by_rate.values()))} runs)")
+    print(table)
+    result = {**doc, "resimulated_from": str(folder), "command": " ".join(sys.argv),
+              "profile": profiles[-1].to_dict(), "rates": summaries,
+              "runs": [r for rate in rates for r in by_rate.get(rate, [])]}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(table + "\n")
     return 0
 

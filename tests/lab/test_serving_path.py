@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, StepSample, simulate
 from prefixkv.adapters.lab.sim.calibration import fit_profile
 from prefixkv.adapters.lab.sim.serving_path import (
+    IDLE_PAUSES_S,
     METRICS,
     HopSample,
+    HopSamples,
     SharePair,
     engine_model,
     fit_serving_path,
@@ -187,19 +189,63 @@ def _run(profile: CostProfile, reqs: list[SimRequest]) -> Any:
 
 def test_a_front_end_sharing_the_cores_slows_the_steps_by_its_share() -> None:
     shared = dataclasses.replace(
-        BASE, stream_token_s=0.001, frontend_request_cpu_s=0.004, frontend_cpu_share=0.5
+        BASE, stream_token_s=0.0005, frontend_request_cpu_s=0.001, frontend_cpu_share=0.5
     )
     apart = dataclasses.replace(shared, frontend_cpu_share=0.0)
     reqs = _reqs(3, 0.0)
     a, b = _run(apart, reqs), _run(shared, reqs)
-    # Step 1 prefills the three (their admission: 3 x 4 ms of front-end CPU, half lost);
-    # each later step loses half of the 3 tokens the step before streamed (3 x 1 ms).
+    # The front end keeps up (its work fits in each step): step 1 prefills the three
+    # while it takes them in (3 x 1 ms, half lost); each later step loses half of the
+    # 3 tokens the step before streamed (3 x 0.5 ms).
     steps = a.run.num_steps
     assert b.run.num_steps == steps == 4
-    assert b.run.busy_s == pytest.approx(a.run.busy_s + 0.5 * 0.012 + (steps - 1) * 0.5 * 0.003)
-    assert b.requests[0].ttft_s == pytest.approx(a.requests[0].ttft_s + 0.006)
+    assert b.run.busy_s == pytest.approx(a.run.busy_s + 0.5 * 0.003 + (steps - 1) * 0.5 * 0.0015)
+    assert b.requests[0].ttft_s == pytest.approx(a.requests[0].ttft_s + 0.0015)
     # Without the terms (the default) a profile prices steps as before.
     assert _run(BASE, reqs).run.busy_s == _run(apart, reqs).run.busy_s
+
+
+@given(
+    share=st.floats(0.0, 1.0),
+    cpu_request=st.floats(0.0, 0.05),
+    cpu_token=st.floats(0.0, 0.01),
+    n=st.integers(1, 6),
+    gap=st.floats(0.0, 0.02),
+    out=st.integers(1, 6),
+)
+def test_the_front_end_slows_a_step_only_while_busy_and_at_most_by_its_share_of_it(
+    share: float, cpu_request: float, cpu_token: float, n: int, gap: float, out: int
+) -> None:
+    served = dataclasses.replace(
+        BASE, stream_token_s=cpu_token, frontend_request_cpu_s=cpu_request,
+        frontend_cpu_share=share,
+    )  # fmt: skip
+    apart = dataclasses.replace(served, frontend_cpu_share=0.0)
+    reqs = _reqs(n, gap, out)
+    a, b = _run(apart, reqs), _run(served, reqs)
+    plain = _run(BASE, reqs)
+    # a front end on cores of its own (share 0) never slows a step, however busy
+    assert a.run.busy_s == pytest.approx(plain.run.busy_s, rel=1e-12)
+    if a.run.num_steps == b.run.num_steps:
+        extra = b.run.busy_s - a.run.busy_s
+        front_end_work = n * cpu_request + n * out * cpu_token
+        # each step at most share x its own length longer, and never more than the
+        # front end's work in all
+        assert -1e-12 <= extra <= share * a.run.busy_s + 1e-12
+        assert extra <= share * front_end_work + 1e-12
+    for m in b.requests:  # a token reaches its client no sooner than it is streamed
+        assert m.ttft_s >= served.request_s + BASE.step_s - 1e-12
+
+
+def test_a_front_end_that_cannot_keep_up_delivers_tokens_at_its_own_pace() -> None:
+    # 4 requests decoding together: a step of ~3 ms, but 10 ms of streaming a token
+    slow = dataclasses.replace(BASE, stream_token_s=0.010)
+    res = _run(slow, _reqs(4, 0.0, out=20))
+    for m in res.requests:
+        # each step's 4 tokens take the front end 40 ms: the clients see its pace
+        assert m.tpot_s == pytest.approx(0.040, rel=0.05)
+    # the steps themselves are not slowed (share 0): the engine's clock is its own
+    assert res.run.busy_s == pytest.approx(_run(BASE, _reqs(4, 0.0, out=20)).run.busy_s)
 
 
 def test_front_end_time_spent_while_the_engine_idles_costs_no_step() -> None:
@@ -298,3 +344,107 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
     )
     assert "serving_path" not in off.fit
+
+
+# ------------------------------------------------------------------ request_s and refit
+
+
+def test_request_s_lies_outside_the_modelled_first_step() -> None:
+    model = engine_model(BASE)
+    first, _ = model(8, 1)
+    # vLLM's queue + prefill (5 ms) holds engine-core work the model's step (2.1 ms)
+    # does not price: request_s is what lies outside the modelled step
+    short = [hop(http=0.003, front=0.002, engine=0.005)] * 3
+    long = [hop(http=0.003, front=0.002, engine=0.005, k=32, decode=0.1)._replace(
+        client_ttft_s=0.014)] * 3  # fmt: skip
+    idle = [hop(http=0.003, front=0.002, engine=0.005)._replace(client_ttft_s=0.013)] * 3
+    path = fit_serving_path(short, long, engine_model=model, idle=idle)
+    assert path.request_s == pytest.approx(0.010 - first)
+    assert path.hops["client_ttft_after_idle"] == pytest.approx(0.013)
+    assert path.request_s_outside == "step model"
+    assert path.hops["client_ttft"] == pytest.approx(0.010)
+    assert path.hops["client_ttft_decoding"] == pytest.approx(0.014)
+    assert path.hops["engine"] == pytest.approx(0.005)  # the split stays the server's
+    # without a step model, the engine's own time is what request_s lies outside
+    plain = fit_serving_path(short, long)
+    assert plain.request_s == pytest.approx(0.010 - 0.005)
+    assert plain.request_s_outside == "engine metrics"
+
+
+def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.server_calibration import (
+        QUICK_SWEEP,
+        calibrate_server,
+        refit_server_profile,
+    )
+
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(MetricsServer()))
+    sweep = dataclasses.replace(QUICK_SWEEP, seed=5, serving_repeats=2)
+    p = calibrate_server("http://fake", sweep=sweep, engine=engine)
+    assert len(p.fit["samples"]) == p.fit["num_samples"]
+    kept = p.fit["serving_path"]["samples"]
+    assert len(kept["short"]) == 2 and len(kept["idle"]) == 2 * len(IDLE_PAUSES_S)
+    assert "client_ttft_after_idle" in p.fit["serving_path"]["hops"]
+    # samples kept before the idle requests were sent read as none
+    older = HopSamples.from_json({k: v for k, v in kept.items() if k != "idle"})
+    assert older.idle == [] and len(older.short) == 2
+    again = refit_server_profile(CostProfile.from_dict(json.loads(json.dumps(p.to_dict()))))
+    for key in ("step_s", "decode_seq_s", "request_s", "stream_token_s", "frontend_cpu_share",
+                "wake_s", "wake_after_s"):  # fmt: skip
+        assert getattr(again, key) == pytest.approx(getattr(p, key), rel=1e-9, abs=1e-15)
+    assert again.name == p.name and again.measured_on == p.measured_on
+
+
+def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_cannot() -> None:
+    from prefixkv.adapters.lab.sim.server_calibration import refit_server_profile
+    from prefixkv.adapters.lab.sim.serving_path import PROMPT_TOKENS
+
+    hops = {"client_ttft": 0.012, "engine": 0.006, "http": 0.003, "frontend": 0.002}
+    old = dataclasses.replace(
+        BASE, request_s=0.0057, fit={"serving_path": {"request_s": 0.0057, "hops": hops}}
+    )
+    again = refit_server_profile(old)
+    first, _ = engine_model(BASE)(PROMPT_TOKENS, 1)
+    assert again.request_s == pytest.approx(0.012 - first)
+    assert again.step_s == BASE.step_s and "no samples kept" in again.fit["refit"]
+    for bare in (BASE, dataclasses.replace(BASE, fit={"samples": [{"seconds": 1}]})):
+        with pytest.raises(ProfileError, match=r"calibrate --server again|not a step sample"):
+            refit_server_profile(bare)
+
+
+# ------------------------------------------------------------------ waking an idle server
+
+
+def test_the_wake_cost_is_what_requests_after_the_longest_pause_take_more() -> None:
+    short = [hop(http=0.003, front=0.002, engine=0.005)] * 3  # 10 ms back to back
+    idle = [
+        hop(http=0.003, front=0.002, engine=0.005)._replace(client_ttft_s=0.010 + e, idle_s=p)
+        for p, e in ((0.05, 0.0005), (0.1, 0.001), (0.2, 0.004), (0.5, 0.005))
+        for _ in range(3)
+    ]
+    path = fit_serving_path(short, [], idle=idle)
+    assert path.wake_s == pytest.approx(0.005)
+    assert path.wake_after_s == 0.2  # the first pause that costs over half of it
+    assert path.hops["client_ttft_after_idle"] == pytest.approx(0.015)
+    assert fit_serving_path(short, []).wake_s is None
+    quicker = [s._replace(client_ttft_s=0.009) for s in idle]  # no dearer after a pause
+    calm = fit_serving_path(short, [], idle=quicker)
+    assert calm.wake_s == 0.0 and calm.wake_after_s == 0.5
+
+
+def test_a_step_that_wakes_an_idle_engine_pays_the_wake_cost() -> None:
+    woken = dataclasses.replace(BASE, wake_s=0.004, wake_after_s=0.1)
+    sparse, dense = _reqs(3, 10.0, out=2), _reqs(3, 0.05, out=1)
+    # 10 s apart: the second and third requests each wake the engine; the first comes
+    # as the run starts (nothing idled)
+    a, b = _run(BASE, sparse), _run(woken, sparse)
+    assert [y.ttft_s - x.ttft_s for x, y in zip(a.requests, b.requests, strict=True)] == (
+        pytest.approx([0.0, 0.004, 0.004])
+    )
+    assert b.run.busy_s == pytest.approx(a.run.busy_s + 2 * 0.004)
+    # 50 ms apart, under wake_after_s: nothing to wake
+    assert _run(woken, dense).run.busy_s == pytest.approx(_run(BASE, dense).run.busy_s)

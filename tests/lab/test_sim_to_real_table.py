@@ -53,7 +53,7 @@ def test_runs_are_pooled_and_the_percentiles_compared_side_by_side() -> None:
     table = sim_to_real.sweep_table([row])
     head, rule, line = table.splitlines()
     assert head.count("|") == rule.count("|") == line.count("|")
-    assert "| 1 | 0.95 | 30% | 0.10-0.90 | 2 x 2 | 5/5 | 30.0 / 30.0 | +0% |" in line
+    assert "| 1 | 0.95 | 30% | 0.10-0.90 | 2 x 2 | 5/5 | 0 | 30.0 / 30.0 | +0% |" in line
 
 
 def test_the_verdict_names_what_is_off_and_says_saturated_before_it() -> None:
@@ -82,3 +82,28 @@ def test_bad_rates_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         sim_to_real.parse_rates(text)
     assert sim_to_real.parse_rates("0.5,1,16") == [0.5, 1.0, 16.0]
+
+
+def test_requests_the_client_stalled_on_are_counted_and_left_out() -> None:
+    # the third request's stream was read in one burst, 2 s late: the client's stall
+    r = run(ttft=[0.02, 0.02, 2.0, 0.02], ttft_sim=[0.02] * 4, tpot=[0.01, 0.01, 3e-5, 0.01])
+    r["client_stalled"] = [False, False, True, False]
+    row = sim_to_real.summarize_rate(1.0, [r])
+    assert row["client_stalls"] == 1 and row["ttft_p90_error"] == pytest.approx(0.0)
+    assert row["verdict"] == "within 10%; client stalled on 1 (left out)"
+    assert "| 4/4 | 1 |" in sim_to_real.sweep_table([row])
+
+
+def test_a_late_send_or_a_burst_read_is_the_clients_stall() -> None:
+    m = sim_to_real.Measured(0.02, 0.005, 0.02 + 9 * 0.005, 10, 0)
+    stalled = sim_to_real.client_stalled
+    assert not stalled(1.0, 1.001, m)
+    assert stalled(1.0, 1.0 + sim_to_real.CLIENT_LATE_S + 1e-3, m)
+    assert stalled(1.0, 1.0, m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5))
+    one = m._replace(tokens=1, tpot_s=math.nan)  # one token: no gaps to read in a burst
+    assert not stalled(1.0, 1.0, one)
+    # ten tokens in ten chunks read at once: the client's; merged into one chunk by a
+    # server that fell behind: the server's own time
+    burst = m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5)
+    assert stalled(1.0, 1.0, burst._replace(chunks=10))
+    assert not stalled(1.0, 1.0, burst._replace(chunks=1, tpot_s=0.0, latency_s=0.02))

@@ -26,6 +26,7 @@ from prefixkv.adapters.outputs import check_output
 from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
+from ..sim.serving_path import IDLE_PAUSES_S
 from .common import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
@@ -181,7 +182,8 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    serving = 3 * sweep.serving_repeats  # short, long and loaded requests
+    # short, long and loaded requests, and short ones after each idle pause
+    serving = (3 + len(IDLE_PAUSES_S)) * sweep.serving_repeats
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 
@@ -198,7 +200,8 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
         print(
             f"serving path (engine side from {path.get('engine_side')}): request_s "
             f"{profile.request_s * 1e3:.1f} ms, stream_token_s {profile.stream_token_s * 1e3:.3f}"
-            f" ms, front-end CPU share {profile.frontend_cpu_share:.2f}; medians: {hops}"
+            f" ms, front-end CPU share {profile.frontend_cpu_share:.2f}, wake "
+            f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle; medians: {hops}"
         )
 
 

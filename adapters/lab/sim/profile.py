@@ -19,14 +19,19 @@ bytes a token takes and the device memory, which bound the capacity the hardware
 
 Two costs lie outside the engine's steps, in a serving front end (vLLM's API
 server): ``request_s``, the seconds a served request spends in HTTP, input processing
-and its first chunk (it delays the request's arrival at the scheduler), and
-``stream_token_s``, the front end's seconds per token it streams: a step's tokens
-reach their clients ``stream_token_s x (tokens the step sampled)`` after it ends. Both
-are 0 for kernel-level data. Where the front end shares the engine's cores (a CPU
-server), its CPU time slows the steps too: ``frontend_cpu_share`` of the front end's
-CPU seconds (``frontend_request_cpu_s`` per request it admits, ``stream_token_s`` per
-token it streams) is added to the next step. Both are 0 unless measured
-(:mod:`.serving_path`), so a profile without them prices steps as before.
+and its first chunk, outside the modelled steps (it delays the request's arrival at
+the scheduler), and ``stream_token_s``, the front end's seconds per token it streams.
+The front end works in order, taking requests in (``frontend_request_cpu_s`` each) and
+streaming each step's tokens: a step's tokens reach their clients once it has streamed
+them, ``stream_token_s x (tokens the step sampled)`` after the step ends or after the
+work it queued before them, so a front end that cannot keep up delays the tokens.
+These are 0 for kernel-level data. Where the front end shares the engine's cores (a
+CPU server), it slows the steps only while it is busy: a step lasts
+``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
+length) longer. A step that starts an engine idle for ``wake_after_s`` or more takes
+``wake_s`` longer: the serving processes sleep when idle, and the first request after
+wakes them. These are 0 unless measured (:mod:`.serving_path`), so a profile without
+them prices steps as before.
 """
 
 from __future__ import annotations
@@ -66,7 +71,14 @@ COEFFICIENTS = (
 )
 """The coefficient names every profile has, in seconds per unit."""
 
-SERVING_TERMS = ("request_s", "stream_token_s", "frontend_request_cpu_s", "frontend_cpu_share")
+SERVING_TERMS = (
+    "request_s",
+    "stream_token_s",
+    "frontend_request_cpu_s",
+    "frontend_cpu_share",
+    "wake_s",
+    "wake_after_s",
+)
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
@@ -120,6 +132,9 @@ class CostProfile:
         frontend_cpu_share: the seconds an engine step loses per CPU second the front
             end spends meanwhile, in ``[0, 1]``: about 1 where they share cores (a CPU
             server), 0 where the front end has a core of its own (the default).
+        wake_s: the seconds more a step takes that starts an engine idle for at least
+            ``wake_after_s`` (its processes asleep), 0 unless measured.
+        wake_after_s: the idle seconds after which a step pays ``wake_s``.
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -154,6 +169,8 @@ class CostProfile:
     stream_token_s: float = 0.0
     frontend_request_cpu_s: float = 0.0
     frontend_cpu_share: float = 0.0
+    wake_s: float = 0.0
+    wake_after_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None

@@ -9,8 +9,8 @@ replica is busy, steps run back to back and requests that arrived during a step
 join the waiting queue when it ends (where the next ``schedule`` sees them); when
 it is idle, the clock jumps to the next arrival. A step lasts what the cost
 profile says its work costs, plus, where the serving front end shares the engine's
-cores, its share of the front end's CPU time since the last step (the requests it
-admitted, the tokens it streamed; ``frontend_cpu_share``, 0 by default). Nothing
+cores, its share of the time the front end is busy during the step (taking requests
+in, streaming tokens; ``frontend_cpu_share``, 0 by default). Nothing
 reads the wall clock, so a run is a pure function of its requests, arrivals, settings
 and profile.
 

@@ -52,8 +52,9 @@ class Replica:
         config: the schedule's settings (its batching must be the seat's).
         profile: step costs.
         start_time: the clock when it starts (a replica started mid-run).
-        stream: tokens reach their clients after the step, at the profile's
-            per-token streaming cost (a serving front end); else at the step's end.
+        stream: tokens reach their clients once the serving front end has streamed
+            them (the profile's per-token cost, after the work it queued before them);
+            else at the step's end.
     """
 
     def __init__(
@@ -72,19 +73,24 @@ class Replica:
         self.busy_s = 0.0
         self.num_steps = 0
         self.stream = stream
-        # The serving front end's CPU seconds since the last step began: a front end
-        # sharing the engine's cores slows the next step by its share of them.
-        self._frontend_cpu_s = 0.0
+        # When the serving front end is done with its queued work (taking requests in,
+        # streaming steps' tokens, in order): a front end sharing the engine's cores
+        # slows a step by its share of the time it is busy during it.
+        self._frontend_free = start_time
+        # Since when the engine has had nothing to do (None: busy).
+        self._idle_since: float | None = start_time
 
     def add(self, seq: SimSeq) -> None:
         """Queue a request at the back of the waiting queue (its front-end work counts)."""
         self.schedule.add(seq)
-        self._frontend_cpu_s += self.profile.frontend_request_cpu_s
+        self._frontend_free = max(self._frontend_free, self.now)
+        self._frontend_free += self.profile.frontend_request_cpu_s
 
     def idle_until(self, t: float) -> None:
-        """Move an idle replica's clock to ``t`` (front-end work while idle costs nothing)."""
+        """Move an idle replica's clock to ``t`` (front-end work while idle costs no step)."""
+        if self._idle_since is None:
+            self._idle_since = self.now
         self.now = max(self.now, t)
-        self._frontend_cpu_s = 0.0
 
     def has_unfinished(self) -> bool:
         """Whether any request is waiting or running."""
@@ -97,15 +103,23 @@ class Replica:
     def run(self, plan: StepPlan) -> Step:
         """Compute ``plan``: the clock moves by its cost, then the step completes."""
         work = plan.work()
-        seconds = self.profile.step_time(
+        p = self.profile
+        seconds = p.step_time(
             work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
         )
-        seconds += self.profile.frontend_cpu_share * self._frontend_cpu_s
-        self._frontend_cpu_s = self.profile.stream_token_s * work.num_sampled
         start = self.now
+        # A step that wakes an engine idle for long enough pays for waking it.
+        if self._idle_since is not None and start - self._idle_since >= p.wake_after_s:
+            seconds += p.wake_s
+        self._idle_since = None
+        # The front end slows the step only while it is busy, at most the step's length.
+        busy = min(max(0.0, self._frontend_free - start), seconds)
+        seconds += p.frontend_cpu_share * busy
         self.now = end = start + seconds
         self.busy_s += seconds
         self.num_steps += 1
-        delivered = end + self.profile.stream_token_s * work.num_sampled if self.stream else end
+        # It streams the step's tokens once done with what it had queued before them.
+        self._frontend_free = max(end, self._frontend_free) + p.stream_token_s * work.num_sampled
+        delivered = self._frontend_free if self.stream else end
         finished = self.schedule.complete(plan, end, delivered)
         return Step(start, end, delivered, work, finished)

@@ -32,11 +32,12 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import math
 import os
 import platform
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,13 @@ from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
-from .serving_path import measure_and_fit
+from .serving_path import (
+    PROMPT_TOKENS,
+    HopSamples,
+    engine_model,
+    fit_serving_path,
+    measure_hops,
+)
 
 __all__ = [
     "QUICK_SWEEP",
@@ -53,7 +60,9 @@ __all__ = [
     "batch_sample",
     "calibrate_server",
     "client_machine",
+    "fit_server",
     "measure_server",
+    "refit_server_profile",
 ]
 
 
@@ -305,6 +314,22 @@ def calibrate_server(
     """
     served = engine or ServedEngine(url, model, limits=limits)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
+    hops = None
+    if sweep.serving_repeats:
+        hops = measure_hops(
+            served,
+            repeats=sweep.serving_repeats,
+            seed=sweep.seed,
+            vocab_size=sweep.vocab_size,
+            progress=progress,
+        )
+    return fit_server(samples, hops, **_described(info, sweep, samples, name))
+
+
+def _described(
+    info: ServerInfo, sweep: ServerSweep, samples: Sequence[StepSample], name: str | None
+) -> dict[str, Any]:
+    """What a profile of ``info`` says besides its coefficients."""
     pre = [s for s in samples if s.num_requests and not s.num_decode]
     num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)
     per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
@@ -318,14 +343,12 @@ def calibrate_server(
         ],
     }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
-    fit = functools.partial(
-        fit_profile,
-        samples,
-        name=name or f"served-{os.path.basename(info.model.rstrip('/')) or 'model'}",
-        model=info.model,
-        device=f"served at {info.url} ({engine_name})",
-        source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
-        notes=(
+    return {
+        "name": name or f"served-{os.path.basename(info.model.rstrip('/')) or 'model'}",
+        "model": info.model,
+        "device": f"served at {info.url} ({engine_name})",
+        "source": f"measured over HTTP by prefixkv calibrate --server {info.url}",
+        "notes": (
             f"{len(pre)} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
             f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
             f"{', '.join(map(str, sweep.background_streams))} streams, median of "
@@ -333,7 +356,7 @@ def calibrate_server(
             "tokens; request_s and stream_token_s are the serving front end's time outside "
             "the engine's steps (HTTP, input processing, streaming), as the client sees it."
         ),
-        measured_on={
+        "measured_on": {
             "server": info.url,
             "model": info.model,
             "engine": info.engine,
@@ -344,26 +367,108 @@ def calibrate_server(
             "num_gpu_blocks": str(info.num_gpu_blocks or ""),
             "gpu_memory_utilization": info.gpu_memory_utilization,
         },
-        covers=covers,
-        kv_bytes_per_token=info.kv_bytes_per_token,
-        kv_cache_tokens=info.kv_cache_tokens or None,
-    )
+        "covers": covers,
+        "kv_bytes_per_token": info.kv_bytes_per_token,
+        "kv_cache_tokens": info.kv_cache_tokens or None,
+    }
+
+
+_KEPT = (
+    "name", "model", "device", "source", "notes", "measured_on", "covers",
+    "kv_bytes_per_token", "device_memory_bytes", "weight_bytes", "kv_cache_tokens",
+)  # fmt: skip
+"""What a profile fitted again keeps of the one it was fitted from."""
+
+
+def fit_server(
+    samples: Sequence[StepSample], hops: HopSamples | None, **described: Any
+) -> CostProfile:
+    """Fit a server's profile to its sweep's samples and its serving path's.
+
+    The serving path is fitted first (with a profile of the steps alone standing for
+    the engine where the server does not say), then the step coefficients to what
+    is left of each sample. The samples are kept in the profile's ``fit``
+    (``samples``, ``serving_path.samples``), so :func:`refit_server_profile` can fit
+    them again after the model changes.
+
+    Args:
+        samples: the sweep's (:func:`measure_server`).
+        hops: the serving path's (:func:`~.serving_path.measure_hops`), or ``None``.
+        described: the profile's other fields (name, model, device, source, ...).
+    """
+    fit = functools.partial(fit_profile, samples, **described)
+    saved = {"samples": [s._asdict() for s in samples]}
     profile = fit()
-    if not sweep.serving_repeats:
-        return profile
-    path = measure_and_fit(
-        served,
-        profile,
-        repeats=sweep.serving_repeats,
-        seed=sweep.seed,
-        vocab_size=sweep.vocab_size,
-        progress=progress,
+    if hops is None:
+        return dataclasses.replace(profile, fit={**profile.fit, **saved})
+    # request_s is what lies outside the first step as the sweep alone prices it (its
+    # fit separates a request's cost from a step's: a decode run is one request and
+    # many steps); the steps are then fitted to what lies outside request_s.
+    path = fit_serving_path(
+        hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
     profile = fit(known=path.known())
-    fitted = {**profile.fit, "serving_path": path.as_dict()}
+    fitted = {**profile.fit, **saved, "serving_path": {**path.as_dict(), "samples": hops.to_json()}}
     return dataclasses.replace(
         profile,
         fit=fitted,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
         frontend_cpu_share=path.frontend_cpu_share or 0.0,
+        wake_s=path.wake_s or 0.0,
+        wake_after_s=path.wake_after_s or 0.0,
     )
+
+
+def refit_server_profile(profile: CostProfile) -> CostProfile:
+    """Fit ``profile`` again from the samples ``calibrate --server`` kept in it (the
+    model may have changed since), keeping its name, provenance and range.
+
+    A profile made before the samples were kept has only the medians of its serving
+    path's one-token requests: its ``request_s`` is taken again from those (their
+    client TTFT less the step model's first step), its steps are kept as they are.
+
+    Raises:
+        ProfileError: the profile keeps neither samples nor serving-path medians
+            (not made by ``calibrate --server``), or they are not samples.
+    """
+    where = f"profile {profile.name!r}"
+    rows = profile.fit.get("samples")
+    if not isinstance(rows, list) or not rows:
+        return _refit_from_hops(profile, where)
+    try:
+        samples = [StepSample(**row) for row in rows]
+    except TypeError as exc:
+        raise ProfileError(f"{where}: a sample is not a step sample ({exc})") from None
+    for s in samples:
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in s) or not (
+            math.isfinite(s.seconds) and s.seconds > 0
+        ):
+            raise ProfileError(f"{where}: a sample with a bad value: {s!r:.120}")
+    path = profile.fit.get("serving_path")
+    hops = None
+    if isinstance(path, dict) and "samples" in path:
+        hops = HopSamples.from_json(path["samples"], f"{where}: serving path samples")
+    try:
+        return fit_server(samples, hops, **{k: getattr(profile, k) for k in _KEPT})
+    except ValueError as exc:
+        raise ProfileError(f"{where}: cannot fit its samples again ({exc})") from None
+
+
+def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
+    found = profile.fit.get("serving_path")
+    path: dict[str, Any] = dict(found) if isinstance(found, dict) else {}
+    hops = path.get("hops")
+    ttft = hops.get("client_ttft") if isinstance(hops, dict) else None
+    if isinstance(ttft, bool) or not isinstance(ttft, (int, float)) or not 0 < ttft < 1e3:
+        raise ProfileError(
+            f"{where} keeps no calibration samples or serving-path medians to fit again; "
+            "calibrate --server again"
+        )
+    first_step, _ = engine_model(profile)(PROMPT_TOKENS, 1)
+    request_s = max(0.0, ttft - first_step)
+    fitted = {
+        **profile.fit,
+        "serving_path": {**path, "request_s": request_s, "request_s_outside": "step model"},
+        "refit": "request_s from the serving path's medians (no samples kept); steps as fitted",
+    }
+    return dataclasses.replace(profile, request_s=request_s, fit=fitted)

@@ -9,15 +9,18 @@ step model prices none of it, so a light-load TTFT can be several times the step
 :func:`measure_serving_path` times it on the server the profile is calibrated on,
 one request at a time (light load), from both ends:
 
-- **short**: tiny prompts decoding one token. The client's TTFT minus the engine
-  core's queue and prefill time (vLLM's ``/metrics`` histograms
-  ``vllm:request_queue_time_seconds`` and ``vllm:request_prefill_time_seconds``,
-  read before and after each request) is the fixed cost per request (``request_s``);
-  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) splits it into
-  the HTTP side (client to API server and back) and the front end's side (API
-  server to engine core and back). A server without those histograms is priced by
-  the step model instead (``engine_ttft`` below).
-- **long**: the same, decoding ``k`` tokens. With the short ones, the API server's
+- **short**: tiny prompts decoding one token. The engine core's queue and prefill
+  time (vLLM's ``/metrics`` histograms ``vllm:request_queue_time_seconds`` and
+  ``vllm:request_prefill_time_seconds``, read before and after each request) and
+  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) split the client's
+  TTFT into the HTTP side (client to API server and back), the front end's side (API
+  server to engine core and back) and the engine's (``hops``).
+  The client's TTFT less the step model's price of the request's first step is the
+  fixed cost per request (``request_s``): vLLM's queue + prefill time holds
+  engine-core work for a new request that no modelled step prices (without a step
+  model, the engine's time stands for it).
+- **long**: the same, decoding ``k`` tokens (their client TTFT is kept as
+  ``hops["client_ttft_decoding"]``). With the short ones, the API server's
   CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
   its API-server process) gives its CPU seconds per request and per streamed token
   (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import random
 import re
@@ -46,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError
 
@@ -53,13 +58,16 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "IDLE_PAUSES_S",
     "METRICS",
+    "PROMPT_TOKENS",
     "HopSample",
+    "HopSamples",
     "ServingPath",
     "SharePair",
     "engine_model",
     "fit_serving_path",
-    "measure_and_fit",
+    "measure_hops",
     "measure_serving_path",
     "metric_totals",
 ]
@@ -75,6 +83,15 @@ METRICS = {
 """What is read from ``/metrics``: vLLM's per-request histograms (their sums, in
 seconds, and the count that says a request's figures are in) and the API-server
 process's CPU seconds (the Prometheus client's process collector)."""
+
+PROMPT_TOKENS = 8
+"""Prompt tokens of each request timing the serving path (its default)."""
+
+IDLE_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
+"""Seconds the server idles before the idle requests, one pause each (``repeats`` of
+each). In two recorded sweeps on a 2-core CPU server, a lone request that came 0.4 s or
+more after the last one finished took 5-6 ms longer to its first token than one that
+came within 0.05 s."""
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -112,6 +129,7 @@ class HopSample(NamedTuple):
         frontend_cpu_s: the API server's CPU seconds over the request, less what one
             ``/metrics`` read costs.
         client_cpu_s: the client's CPU seconds over the request.
+        idle_s: seconds the server idled before it (0: sent right after another).
     """
 
     prompt_tokens: int
@@ -123,6 +141,7 @@ class HopSample(NamedTuple):
     engine_decode_s: float | None = None
     frontend_cpu_s: float | None = None
     client_cpu_s: float = 0.0
+    idle_s: float = 0.0
 
 
 class SharePair(NamedTuple):
@@ -147,6 +166,11 @@ class ServingPath:
             and back), ``frontend`` (API server to engine core and back) and
             ``engine`` (queue + prefill), those known.
         engine_side: ``"metrics"`` (vLLM's histograms) or ``"step model"``.
+        request_s_outside: what ``request_s`` lies outside: ``"step model"`` (the
+            model's price of each request's first step) or ``"engine metrics"``.
+        wake_s: how much longer a request takes after the server idled (``None``:
+            not measured).
+        wake_after_s: the idle seconds after which it does (``None``: not measured).
     """
 
     request_s: float
@@ -155,6 +179,9 @@ class ServingPath:
     frontend_cpu_share: float | None = None
     hops: Mapping[str, float] = field(default_factory=dict)
     engine_side: str = "metrics"
+    request_s_outside: str = "engine metrics"
+    wake_s: float | None = None
+    wake_after_s: float | None = None
 
     def known(self) -> dict[str, float]:
         """The terms a profile fit takes as given (``fit_profile(known=...)``)."""
@@ -172,6 +199,9 @@ class ServingPath:
             "frontend_cpu_share": self.frontend_cpu_share,
             "hops": dict(self.hops),
             "engine_side": self.engine_side,
+            "request_s_outside": self.request_s_outside,
+            "wake_s": self.wake_s,
+            "wake_after_s": self.wake_after_s,
         }
 
 
@@ -199,6 +229,7 @@ def fit_serving_path(
     long: Sequence[HopSample],
     share: Sequence[SharePair] = (),
     engine_model: EngineModel | None = None,
+    idle: Sequence[HopSample] = (),
 ) -> ServingPath:
     """The serving path from one-at-a-time requests (see the module docstring).
 
@@ -207,7 +238,11 @@ def fit_serving_path(
         long: requests decoding ``k > 1`` tokens (the same ``k``), the same prompts'
             length.
         share: long requests alone and under load.
-        engine_model: the engine's own time where a sample lacks it.
+        engine_model: the step model: ``request_s`` is what lies outside its first
+            step; without it, outside the engine's queue and prefill time.
+        idle: short requests sent after the server idled (``idle_s``): ``wake_s`` is
+            how much longer they took after the longest pause than ``short`` did, and
+            ``wake_after_s`` the shortest pause after which they took over half that.
 
     Returns:
         The medians of what each sample says; a term no sample says is ``None``.
@@ -229,11 +264,34 @@ def fit_serving_path(
     def median(values: Sequence[float]) -> float | None:
         return statistics.median(values) if values else None
 
-    request_s = max(0.0, statistics.median(s.client_ttft_s - engine_ttft(s) for s in short))
+    # What a request pays outside the modelled steps: its client TTFT less the model's
+    # price of its first step (with the model), or less the engine core's queue and
+    # prefill time (without). vLLM's queue + prefill also holds the engine core's own
+    # work for a new request (taking it in, scheduling it alone, its first output),
+    # which no modelled step prices, so the step model is the basis where there is
+    # one. The one-token requests are the basis, as the sweep's prefill samples are
+    # one-token requests too: the steps fitted to what lies outside request_s then
+    # take step_s from the steady decode steps, not from a request's first one.
+    def first_step(s: HopSample) -> float:
+        return engine_model(s.prompt_tokens, s.num_tokens)[0] if engine_model else engine_ttft(s)
+
+    request_s = max(0.0, statistics.median(s.client_ttft_s - first_step(s) for s in short))
     hops = {
         "client_ttft": statistics.median(s.client_ttft_s for s in short),
         "engine": statistics.median(engine_ttft(s) for s in short),
     }
+    if long:
+        hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
+    wake_s = wake_after_s = None
+    if idle:
+        by_pause: dict[float, list[float]] = {}
+        for s in idle:
+            by_pause.setdefault(s.idle_s, []).append(s.client_ttft_s)
+        excess = {p: statistics.median(v) - hops["client_ttft"] for p, v in by_pause.items()}
+        longest = max(excess)
+        hops["client_ttft_after_idle"] = statistics.median(by_pause[longest])
+        wake_s = max(0.0, excess[longest])
+        wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
     http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
     front = median(
         [
@@ -260,6 +318,9 @@ def fit_serving_path(
         frontend_cpu_share=_share(share),
         hops=hops,
         engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
+        request_s_outside="step model" if engine_model else "engine metrics",
+        wake_s=wake_s,
+        wake_after_s=wake_after_s,
     )
 
 
@@ -361,10 +422,11 @@ async def measure_serving_path(
     fresh: Callable[[int], list[int]],
     *,
     repeats: int = 5,
-    prompt_tokens: int = 8,
+    prompt_tokens: int = PROMPT_TOKENS,
     long_tokens: int = 32,
+    idle_pauses_s: Sequence[float] = IDLE_PAUSES_S,
     progress: Callable[[int], object] | None = None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
+) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:
     """Send the short, long and share requests one at a time (see the module docstring).
 
     Args:
@@ -374,6 +436,8 @@ async def measure_serving_path(
         repeats: requests of each kind.
         prompt_tokens: each prompt's length.
         long_tokens: tokens each long request decodes.
+        idle_pauses_s: seconds the server idles before each idle request, ``repeats``
+            of each pause (empty: none sent).
         progress: called with 1 after each request.
 
     Raises:
@@ -395,7 +459,7 @@ async def measure_serving_path(
         if progress is not None:
             progress(1)
 
-    short, long, share = [], [], []
+    short, long, share, idle = [], [], [], []
     for _ in range(repeats):
         short.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
         tick()
@@ -406,13 +470,19 @@ async def measure_serving_path(
         )
         share.append(SharePair(long[-1], loaded))
         tick()
-    return short, long, share
+    for pause in idle_pauses_s:
+        for _ in range(repeats):
+            await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
+            s = await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s)
+            idle.append(s._replace(idle_s=pause))
+            tick()
+    return short, long, share, idle
 
 
 async def _measure(
     engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
     progress: Callable[[int], object] | None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:  # fmt: skip
+) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:  # fmt: skip
     rng = random.Random(seed if seed is not None else os.urandom(16))
 
     def fresh(n: int) -> list[int]:
@@ -423,20 +493,68 @@ async def _measure(
         return await measure_serving_path(engine, client, fresh, repeats=repeats, progress=progress)
 
 
-def measure_and_fit(
+class HopSamples(NamedTuple):
+    """What :func:`measure_hops` sent: the short, long and share requests, and short
+    ones after the server idled (none in profiles made before they were sent)."""
+
+    short: list[HopSample]
+    long: list[HopSample]
+    share: list[SharePair]
+    idle: Sequence[HopSample] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object (a profile keeps it, so that it can be fitted again)."""
+        return {
+            "short": [s._asdict() for s in self.short],
+            "long": [s._asdict() for s in self.long],
+            "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
+            "idle": [s._asdict() for s in self.idle],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "serving path samples") -> HopSamples:
+        """Read what :meth:`to_json` wrote.
+
+        Raises:
+            ProfileError: another shape, or a field that is not a number.
+        """
+        try:
+            return cls(
+                [_hop(s) for s in data["short"]],
+                [_hop(s) for s in data["long"]],
+                [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
+                [_hop(s) for s in data.get("idle", [])],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(
+                f"{where}: not the samples calibrate --server saves ({exc})"
+            ) from None
+
+
+def _hop(data: Mapping[str, Any]) -> HopSample:
+    sample = HopSample(**data)
+    for name, value in sample._asdict().items():
+        optional = HopSample._field_defaults.get(name, 0.0) is None
+        if (value is None and optional) or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ):
+            continue
+        raise ValueError(f"{name} is {value!r:.40}")
+    return sample
+
+
+def measure_hops(
     engine: ServedEngine,
-    profile: CostProfile,
     *,
     repeats: int = 5,
     seed: int | None = None,
     vocab_size: int = 32000,
     progress: Callable[[int], object] | None = None,
-) -> ServingPath:
-    """Measure the serving path of ``engine`` and fit it; where the server does not
-    export vLLM's histograms, ``profile``'s steps stand for the engine's time.
+) -> HopSamples:
+    """Measure the serving path of ``engine`` (fresh random prompts, ``seed``-ed); fit
+    them with :func:`fit_serving_path`.
 
     Raises:
         ServerError: the server fails a request.
     """
-    short, long, share = asyncio.run(_measure(engine, repeats, seed, vocab_size, progress))
-    return fit_serving_path(short, long, share, engine_model(profile))
+    return HopSamples(*asyncio.run(_measure(engine, repeats, seed, vocab_size, progress)))
