@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+import sim_to_real
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import sim_to_real  # noqa: E402
-
-from prefixkv.adapters.lab.sim import load_profile  # noqa: E402
-from prefixkv.adapters.lab.sim.arrivals import poisson_arrivals  # noqa: E402
+from prefixkv.adapters.lab.sim import load_profile
+from prefixkv.adapters.lab.sim.arrivals import poisson_arrivals
 
 RECORDING = ROOT / "tests" / "data" / "sim_to_real"
 
