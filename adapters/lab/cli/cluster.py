@@ -38,10 +38,10 @@ from ..cluster.experiment import (
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
-from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
+from ..outputs.cluster import OUTPUT_NAMES, write_report
 from .common import CLIUsageError, parse_token_counts
 from .signals import Interrupts
 
