@@ -20,6 +20,8 @@ from typing import Any
 from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.indexes.buildinfo import installed_version
 
+from ..sim.server_calibration import cpu_model
+
 __all__ = [
     "Column",
     "definitions",
@@ -137,18 +139,10 @@ def partial_notice(reason: str, what: str) -> list[str]:
 
 def machine_info() -> dict[str, Any]:
     """Platform, Python and CPU, for a report's reproducibility section."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu": cpu or "unknown",
+        "cpu": cpu_model() or "unknown",
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
