@@ -404,7 +404,7 @@ def _write_outputs(
     }
     if results:
         try:
-            report.write_compare_tables(results, out, meta["tables"])
+            report.write_compare_tables(comparison, out, meta["tables"])
         except KeyboardInterrupt:  # called without main()'s handler: each table whole or absent
             interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
@@ -413,7 +413,7 @@ def _write_outputs(
         except KeyboardInterrupt:  # each plot is whole or absent; the rest is written
             interrupted = meta["partial"] = True
     meta["elapsed_seconds"] = time.perf_counter() - t0
-    write_json(out / "results.json", report.results_document(results, meta))
+    write_json(out / "results.json", report.results_document(comparison, meta))
     report.write_report(out / "report.md", results, meta)
     what = "partial results (interrupted)" if interrupted else "the results"
     files = [out / "report.md", out / "results.json", *(out / f for f in meta["tables"].values())]

@@ -22,8 +22,7 @@ from prefixkv.indexes.registry import describe_index
 from ..compare.arrival import ArrivalRun
 from ..compare.k_live import BackendRun
 from ..compare.rates import saturation
-from ..compare.run import WorkloadResult
-from ..compare.spec import Scalar
+from ..compare.run import Comparison, WorkloadResult
 from ..extras import has_extra
 from ..sim.load import LoadSummary
 from .markdown import (
@@ -52,9 +51,7 @@ __all__ = [
     "load_lines",
     "rate_rows",
     "rate_runs",
-    "request_rows",
     "results_document",
-    "run_rows",
     "saturation_lines",
     "sweep_table",
     "table_rows",
@@ -351,24 +348,14 @@ def time_sweep_table(w: WorkloadResult) -> str | None:
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
 
 
-def run_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
-    """One flat record per run of every workload (see :meth:`WorkloadResult.run_rows`)."""
-    return [row for w in workloads for row in w.run_rows()]
-
-
-def request_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
-    """One flat record per request x backend x configuration of every workload."""
-    return [row for w in workloads for row in w.request_rows()]
-
-
 def write_compare_tables(
-    workloads: Sequence[WorkloadResult], out: Path, written: dict[str, str] | None = None
+    comparison: Comparison, out: Path, written: dict[str, str] | None = None
 ) -> dict[str, str]:
     """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and ``.parquet`` twins when
     pyarrow is installed), each atomically.
 
     Args:
-        workloads: what the comparison measured.
+        comparison: what the comparison measured.
         out: the folder.
         written: filled in as each file is complete (so an interrupted caller
             knows which are this run's).
@@ -376,23 +363,22 @@ def write_compare_tables(
     Returns:
         ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
     """
-    tables = {"requests": request_rows(workloads), "runs": run_rows(workloads)}
+    tables = {"requests": comparison.request_rows(), "runs": comparison.run_rows()}
     formats = ("csv", "parquet") if has_extra("parquet", ("pyarrow",)) else ("csv",)
     written = {} if written is None else written
     write_tables(tables, out, formats, written)
     return written
 
 
-def results_document(
-    workloads: Sequence[WorkloadResult], meta: Mapping[str, Any]
-) -> dict[str, Any]:
+def results_document(comparison: Comparison, meta: Mapping[str, Any]) -> dict[str, Any]:
     """results.json's content: ``meta`` (config, machine, versions, plots, ...), then
     ``workloads`` and ``runs`` as lists of flat records (no list or dict inside)."""
+    workloads = comparison.workloads
     return {
         "format": RESULTS_FORMAT,
         **meta,
         "workloads": [w.row() for w in workloads],
-        "runs": run_rows(workloads),
+        "runs": comparison.run_rows(),
         "anchors": [a.row() for w in workloads for a in w.anchors],
     }
 

@@ -463,6 +463,12 @@ def write_plots(
 # ------------------------------------------------------------------------------- cluster
 
 
+def _hit_axis(ax: Any, legend: str = "small") -> None:
+    ax.set_ylabel("prefix hit ratio")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=legend)
+
+
 def _policy(res: ClusterResult) -> str:
     return str(res.labels["policy"])
 
@@ -489,9 +495,7 @@ def plot_hit_ratio(
                        label=f"{ref} {res.run.hit_ratio:.3f}")  # fmt: skip
     ax.set_xticks(range(len(hits)), [_policy(r) for r in policies], rotation=30, ha="right",
                   fontsize="small")  # fmt: skip
-    ax.set_ylabel("prefix hit ratio")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize="small")
+    _hit_axis(ax)
     labels = results[0].labels
     ax.set_title(f"{labels['num_replicas']} replicas x {tokens(labels['capacity_tokens'])} tokens")
     return _save(fig, path, title)
@@ -516,10 +520,8 @@ def plot_frontier(
     top = max((r.run.load_cv for r in results if not math.isnan(r.run.load_cv)), default=0.0)
     ax.set_xlim(0, max(0.2, 1.1 * top))
     ax.set_xlabel("load imbalance: CV of replica busy time")
-    ax.set_ylabel("prefix hit ratio")
-    ax.set_ylim(0, 1)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", ncol=2)
+    _hit_axis(ax, "x-small")
     return _save(fig, path, title)
 
 
@@ -598,8 +600,6 @@ def plot_faults(
     ax.set_xticks(range(len(results)),
                   [f"{_policy(r)}\n{r.labels['faults']}" for r in results],
                   rotation=30, ha="right", fontsize="x-small")  # fmt: skip
-    ax.set_ylabel("prefix hit ratio")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize="small")
+    _hit_axis(ax)
     ax.set_title("stale information may cost hits, never correctness", fontsize="small")
     return _save(fig, path, title)
