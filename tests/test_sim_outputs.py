@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from prefixkv.adapters.lab.extras import ExtraNotInstalledError
-from prefixkv.adapters.lab.outputs import (
+from prefixkv.adapters.lab.outputs.plots import plot_capacity_sweep, plot_ttft_cdf, ttft_curves
+from prefixkv.adapters.lab.outputs.tables import (
     TableFormatError,
     request_rows,
     run_rows,
@@ -19,7 +20,6 @@ from prefixkv.adapters.lab.outputs import (
     write_rows,
     write_tables,
 )
-from prefixkv.adapters.lab.outputs.plots import plot_capacity_sweep, plot_ttft_cdf, ttft_curves
 from prefixkv.adapters.lab.sim import SimConfig, SimResult, sim_request, simulate, with_arrivals
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index

@@ -12,25 +12,3 @@
 Nothing below the command line imports this package; it reads the records the
 comparison, the simulator and the cluster return.
 """
-
-from .tables import (
-    TABLE_FORMATS,
-    TableFormatError,
-    request_rows,
-    run_rows,
-    to_dataframes,
-    write_json,
-    write_rows,
-    write_tables,
-)
-
-__all__ = [
-    "TABLE_FORMATS",
-    "TableFormatError",
-    "request_rows",
-    "run_rows",
-    "to_dataframes",
-    "write_json",
-    "write_rows",
-    "write_tables",
-]
