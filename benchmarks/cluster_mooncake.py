@@ -49,9 +49,9 @@ from prefixkv.adapters.lab.cluster.experiment import (
 )
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.report import write_report
 from prefixkv.adapters.lab.cluster.run import ClusterConfig
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.outputs.cluster import write_report
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadOptions, open_trace
 from prefixkv.adapters.outputs import atomic_writer

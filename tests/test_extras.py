@@ -151,14 +151,14 @@ def test_cluster_ray_without_ray(
 
 
 def test_tables_without_pandas_or_pyarrow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from prefixkv.adapters.lab.sim.tables import to_dataframes, write_tables
+    from prefixkv.adapters.lab.outputs.tables import to_dataframes, write_tables
 
     _without(monkeypatch, "pandas", "pyarrow")
     with pytest.raises(ExtraNotInstalledError, match=r"pip install 'prefixkv\[pandas\]'"):
         to_dataframes([])
     out = tmp_path / "tables"
     with pytest.raises(ExtraNotInstalledError, match=r"prefixkv\[parquet\]' \(CSV and JSON"):
-        write_tables([], out, formats=("csv", "parquet"))
+        write_tables({}, out, formats=("csv", "parquet"))
     assert not out.exists()
 
 

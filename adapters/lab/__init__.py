@@ -1,11 +1,11 @@
-"""The measuring bench: workloads, traces, replay, comparison, simulation, report, plots
-and the CLI.
+"""The measuring bench: workloads, traces, replay, comparison, simulation, outputs and
+the CLI.
 
 ``cli/`` (one module per ``prefixkv`` subcommand), ``compare/`` (backends head to
 head), ``replay`` (the K-live schedule), ``sim/`` (one replica at arrival time),
 ``cluster/`` (many simulated replicas behind :mod:`prefixkv.adapters.router`),
-``traces/``, ``workloads``, ``report`` and ``plots``. It imports the engine-facing
-layers below it (indexes, storage, the manager, the facades, the router); nothing
-outside ``lab`` imports it, so an engine or a router that embeds prefixkv never loads
-it.
+``traces/``, ``workloads`` and ``outputs/`` (every table, report and plot). It imports
+the engine-facing layers below it (indexes, storage, the manager, the facades, the
+router); nothing outside ``lab`` imports it, so an engine or a router that embeds
+prefixkv never loads it.
 """

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.cluster import plots, report
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.outputs import cluster as report
+from prefixkv.adapters.lab.outputs import plots
+from prefixkv.adapters.lab.outputs.markdown import table
 from prefixkv.adapters.lab.workloads import make_workload
 
 CFG = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
@@ -52,7 +54,7 @@ def test_each_run_says_its_offered_and_achieved_rate_and_the_shared_overload_ver
         assert 0 < r.run.achieved_rate <= r.run.offered_rate
     assert hot[0].run.overloaded and hot[0].run.achieved_rate < hot[0].run.offered_rate / 10
     assert not calm[0].run.overloaded
-    assert "req/s offered / achieved" in "\n".join(report._policy_table(hot, hot))
+    assert "req/s offered / achieved" in table(report.POLICY_COLUMNS, report.policy_rows(hot, hot))
 
 
 def test_a_policy_above_a_bound_is_explained() -> None:
@@ -89,15 +91,21 @@ def test_report_defines_columns_titles_plots_and_marks_partial(
     assert md.count("**Partial results**: interrupted after 3 of 5 runs") == 1
     assert "## Policies at 2 replicas x 4,096 tokens each" in md
     header = next(line for line in md.splitlines() if line.startswith("| policy | index |"))
-    defined = [c for c, _ in report.POLICY_COLUMNS]
-    for column in header.strip("|").split("|"):
-        name = column.strip().replace(" (s)", "").replace(" (µs, CPU / wall)", " (µs)")
-        assert name in defined or name in ("TTFT mean", "TTFT p90"), name
+    defined = [c[0] for c in report.POLICY_COLUMNS]
+    assert [column.strip() for column in header.strip("|").split("|")] == defined
+    assert all(f"| {c} | " in md for c in defined)  # each column defined
     assert "| column | meaning |" in md and " us" not in md
-    doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    header = (tmp_path / "requests.csv").read_text(encoding="utf-8").split("\n", 1)[0]
+    assert header.startswith("policy,num_replicas,capacity_tokens,faults,request_id,arrival_s,")
+    doc = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"),
+                     parse_constant=_no_nan)  # fmt: skip
     assert doc["partial"] is True and doc["partial_reason"] == "interrupted after 3 of 5 runs"
     assert [r["labels"]["policy"] for r in doc["runs"]] == ["round_robin", "llmd", "pooled"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _no_nan(name: str) -> None:
+    raise AssertionError(f"results.json holds {name}, which is not JSON")
 
 
 def test_cluster_command_reports_overload(tmp_path: Path) -> None:

@@ -360,9 +360,9 @@ def test_make_report_still_works(tmp_path: Path) -> None:
 def test_ctrl_c_while_writing_the_tables_lists_the_finished_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefixkv.adapters.lab import report
+    from prefixkv.adapters.lab.outputs import tables
 
-    interrupt_after(monkeypatch, report, "write_rows", 2)
+    interrupt_after(monkeypatch, tables, "write_rows", 2)
     code, _, _ = _run(capsys, "compare", "-w", "seed", "--request-rate", "1", *SMALL,
                       "--out", str(tmp_path))  # fmt: skip
     assert code == 130

@@ -11,20 +11,16 @@ from pathlib import Path
 import pytest
 
 from prefixkv.adapters.lab.extras import ExtraNotInstalledError
-from prefixkv.adapters.lab.sim import (
-    SimConfig,
-    SimResult,
+from prefixkv.adapters.lab.outputs.plots import plot_capacity_sweep, plot_ttft_cdf, ttft_curves
+from prefixkv.adapters.lab.outputs.tables import (
     TableFormatError,
     request_rows,
     run_rows,
-    sim_request,
-    simulate,
     to_dataframes,
-    with_arrivals,
     write_rows,
     write_tables,
 )
-from prefixkv.adapters.lab.sim.plots import plot_capacity_sweep, plot_ttft_cdf
+from prefixkv.adapters.lab.sim import SimConfig, SimResult, sim_request, simulate, with_arrivals
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 
@@ -70,7 +66,7 @@ def test_rows_are_flat_and_labelled(runs: list[SimResult]) -> None:
 
 def test_csv_loads_with_pandas_one_row_per_request(runs: list[SimResult], tmp_path: Path) -> None:
     pandas = pytest.importorskip("pandas")
-    files = write_tables(runs, tmp_path)
+    files = write_tables({"requests": request_rows(runs), "runs": run_rows(runs)}, tmp_path)
     assert [f.name for f in files] == ["requests.csv", "runs.csv"]
     df = pandas.read_csv(tmp_path / "requests.csv")
     assert len(df) == 60 and df.groupby("backend").size().to_dict() == {
@@ -130,7 +126,7 @@ def test_unknown_table_format(runs: list[SimResult], tmp_path: Path) -> None:
 def test_plots(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     runs = _runs((4096, 50_000))
-    cdf = plot_ttft_cdf(runs[:2], tmp_path / "ttft_cdf.png")
+    cdf = plot_ttft_cdf(ttft_curves(runs[:2]), tmp_path / "ttft_cdf.png")
     sweep = plot_capacity_sweep(run_rows(runs), tmp_path / "capacity.png")
     for path in (cdf, sweep):
         assert path.stat().st_size > 10_000

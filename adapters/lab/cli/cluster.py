@@ -48,10 +48,10 @@ from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
 from ..cluster.rate_sweep import run_rate_sweep
-from ..cluster.report import OUTPUT_NAMES, write_report
 from ..cluster.run import ClusterConfig
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
+from ..outputs.cluster import OUTPUT_NAMES, write_report
 from .cluster_load import admitted, fleet_capacities, rates_of
 from .common import CLIUsageError, add_gpu_memory_utilization, parse_capacity_tokens
 from .load_flags import add_slo_flags, request_rates, slo_of

@@ -26,13 +26,15 @@ from typing import Any
 from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
-from .. import report
 from ..admission import admit
 from ..compare.arrival import SCHEDULERS, TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..compare.spec import BackendSpec, parse_backends
 from ..extras import require_extra
+from ..outputs import compare as report
+from ..outputs.markdown import machine_info, package_versions, text_table
+from ..outputs.tables import write_json
 from ..progress import progress
 from ..sim import (
     ARRIVAL_PROCESSES,
@@ -341,26 +343,26 @@ def _print_workload(r: WorkloadResult) -> None:
     """One workload's K-live table, its notes and its arrival-time table."""
     print(report.workload_title(r))
     if r.backends:
-        print(report.text_table(report.table_rows(r.backends)))
+        print(text_table(report.table_rows(r.backends), report.COLUMNS))
     for note in r.notes:
         print(f"note: {note}")
     if r.anchors:
         print()
-        print(report.text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
+        print(text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
         for line in report.capacity_lines(r):
             print(f"capacity: {line}")
     arrival = r.arrival_at_table()
     if arrival:
         print()
         print(report.time_title(r))
-        print(report.text_table(report.time_rows(arrival), report.TIME_COLUMNS))
+        print(text_table(report.time_rows(arrival), report.TIME_COLUMNS))
         for line in report.load_lines(r):
             print(f"load: {line}")
     swept = report.rate_runs(r)
     if swept:
         print()
         print(f"{r.name}: request-rate sweep at {r.capacity_tokens:,} tokens")
-        print(report.text_table(report.rate_rows(swept), report.RATE_COLUMNS))
+        print(text_table(report.rate_rows(swept), report.RATE_COLUMNS))
         for line in report.saturation_lines(r):
             print(f"saturation: {line}")
     print()
@@ -380,8 +382,8 @@ def _write_outputs(
     results = comparison.workloads
     meta: dict[str, Any] = {
         "config": config,
-        "machine": report.machine_info(),
-        "versions": report.package_versions(),
+        "machine": machine_info(),
+        "versions": package_versions(),
         "partial": interrupted,
         "warnings": list(comparison.warnings),
         "plots": {},
@@ -389,7 +391,7 @@ def _write_outputs(
     }
     if results:
         try:
-            report.write_tables(results, out, meta["tables"])
+            report.write_compare_tables(comparison, out, meta["tables"])
         except KeyboardInterrupt:  # called without main()'s handler: each table whole or absent
             interrupted = meta["partial"] = True
     if not interrupted and not args.no_plots and results:
@@ -398,7 +400,7 @@ def _write_outputs(
         except KeyboardInterrupt:  # each plot is whole or absent; the rest is written
             interrupted = meta["partial"] = True
     meta["elapsed_seconds"] = time.perf_counter() - t0
-    report.write_results(out / "results.json", report.results_document(results, meta))
+    write_json(out / "results.json", report.results_document(comparison, meta))
     report.write_report(out / "report.md", results, meta)
     what = "partial results (interrupted)" if interrupted else "the results"
     files = [out / "report.md", out / "results.json", *(out / f for f in meta["tables"].values())]
@@ -517,7 +519,7 @@ def _compare_config(
 def _plots(
     results: list[WorkloadResult], out: Path, quiet: bool, interrupts: Interrupts
 ) -> dict[str, str]:
-    from .. import plots  # matplotlib only now, and only if plots are wanted
+    from ..outputs import plots  # matplotlib only now, and only if plots are wanted
 
     bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
 

@@ -8,7 +8,8 @@ in-process in virtual time (deterministic) or with one Ray actor per replica
 (:class:`RayFleet`).
 
 ``run_cluster(requests, "dynamo", ClusterConfig(...), faults="kill=1@60")`` is the
-entry point; ``prefixkv cluster`` runs many policies and writes a report.
+entry point; ``prefixkv cluster`` runs many policies and writes a report
+(:mod:`prefixkv.adapters.lab.outputs.cluster`).
 """
 
 from .config import ClusterConfig
@@ -27,7 +28,6 @@ from .local_indexer import LocalIndexer
 from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
 from .publisher import EventPublisher
 from .ray_fleet import RayFleet, ray_available
-from .report import write_report
 from .run import run_cluster
 from .sim_replica import ReplicaReport, SimReplica
 from .trace_requests import sim_requests
@@ -63,5 +63,4 @@ __all__ = [
     "run_cluster",
     "run_experiment",
     "sim_requests",
-    "write_report",
 ]

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics, percentile
+from prefixkv.adapters.lab.sim.metrics import RequestMetrics, mean, percentile, summarize
 
 __all__ = [
     "ClusterResult",
@@ -40,10 +40,8 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
     """Population standard deviation over the mean (0 for no spread, NaN for no values)."""
     if not values:
         return math.nan
-    mean = math.fsum(values) / len(values)
-    if mean == 0:
-        return 0.0
-    return statistics.pstdev(values) / mean
+    average = mean(values)
+    return statistics.pstdev(values) / average if average else 0.0
 
 
 @dataclass(slots=True)
@@ -213,9 +211,26 @@ def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
     quarter = len(recs) // 4
     if quarter < 2:
         return math.nan
-    first = math.fsum(m.ttft_s for m in recs[:quarter]) / quarter
-    last = math.fsum(m.ttft_s for m in recs[-quarter:]) / quarter
+    first = mean([m.ttft_s for m in recs[:quarter]])
+    last = mean([m.ttft_s for m in recs[-quarter:]])
     return last / first if first > 0 else math.nan
+
+
+def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, Any]:
+    """The index's promises against the hits they led to: how many, the mean absolute
+    error, and the shares above (phantom) and below (missed) the realized hit."""
+    pairs = [
+        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
+        for r in requests
+        if r.predicted_blocks is not None
+    ]
+    n = len(pairs)
+    return {
+        "overlap_predictions": n,
+        "overlap_mae_tokens": mean([abs(p - h) for p, h in pairs]),
+        "phantom_rate": sum(p > h for p, h in pairs) / n if n else math.nan,
+        "missed_rate": sum(p < h for p, h in pairs) / n if n else math.nan,
+    }
 
 
 def summarize_run(
@@ -228,40 +243,32 @@ def summarize_run(
     slo: Slo | None = None,
     closed_loop: bool = False,
 ) -> ClusterRun:
-    """Fold a run's records into a :class:`ClusterRun`; ``offered_arrivals``,
-    ``slo`` and ``closed_loop`` as :func:`~prefixkv.adapters.lab.sim.load.summarize_load`
-    takes them."""
+    """Fold a run's records into a :class:`ClusterRun` (the latencies and totals as one
+    replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
+    ``offered_arrivals``, ``slo`` and ``closed_loop`` as
+    :func:`~prefixkv.adapters.lab.sim.load.summarize_load` takes them."""
     recs = [r.metrics for r in requests]
-    ttft = [m.ttft_s for m in recs]
-    e2e = [m.e2e_s for m in recs]
-    prompt = sum(m.prompt_tokens for m in recs)
-    hit = sum(m.hit_tokens for m in recs)
     busy = [r.busy_s for r in replicas]
-    mean_busy = math.fsum(busy) / len(busy) if busy else math.nan
+    mean_busy = mean(busy)
+    base = summarize(recs, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
     decisions = [r.decision_us for r in requests]
     hashes = [r.hash_us for r in requests]
-    pairs = [
-        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
-        for r in requests
-        if r.predicted_blocks is not None
-    ]
-    n = len(pairs)
-    start = min((m.arrival_s for m in recs), default=0.0)
-    end = max((m.finish_s for m in recs), default=0.0)
-    span = max((m.arrival_s for m in recs), default=0.0) - start
+    span = max((m.arrival_s for m in recs), default=0.0) - min(
+        (m.arrival_s for m in recs), default=0.0
+    )
     load = summarize_load(recs, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop)
     return ClusterRun(
-        num_requests=len(recs),
+        num_requests=base.num_requests,
         num_replicas=len(replicas),
-        hit_ratio=hit / prompt if prompt else 0.0,
-        prompt_tokens=prompt,
-        hit_tokens=hit,
-        ttft_mean_s=math.fsum(ttft) / len(ttft) if ttft else math.nan,
-        ttft_p50_s=percentile(ttft, 50),
-        ttft_p90_s=percentile(ttft, 90),
-        ttft_p99_s=percentile(ttft, 99),
-        e2e_p50_s=percentile(e2e, 50),
-        e2e_p99_s=percentile(e2e, 99),
+        hit_ratio=base.hit_ratio,
+        prompt_tokens=base.prompt_tokens,
+        hit_tokens=base.hit_tokens,
+        ttft_mean_s=base.ttft_mean_s,
+        ttft_p50_s=base.ttft_p50_s,
+        ttft_p90_s=base.ttft_p90_s,
+        ttft_p99_s=base.ttft_p99_s,
+        e2e_p50_s=base.e2e_p50_s,
+        e2e_p99_s=base.e2e_p99_s,
         load_cv=coefficient_of_variation(busy),
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
@@ -271,14 +278,11 @@ def summarize_run(
         decision_cpu_p99_us=percentile([r.decision_cpu_us for r in requests], 99),
         hash_p50_us=percentile(hashes, 50),
         hash_p99_us=percentile(hashes, 99),
-        overlap_predictions=n,
-        overlap_mae_tokens=math.fsum(abs(p - h) for p, h in pairs) / n if n else math.nan,
-        phantom_rate=sum(p > h for p, h in pairs) / n if n else math.nan,
-        missed_rate=sum(p < h for p, h in pairs) / n if n else math.nan,
+        **_overlap(requests, block_size),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
-        prefill_gpu_s=math.fsum(m.prefill_gpu_s for m in recs),
-        makespan_s=end - start,
+        prefill_gpu_s=base.prefill_gpu_s,
+        makespan_s=base.duration_s,
         offered_load=math.fsum(busy) / (len(busy) * span) if busy and span > 0 else math.nan,
         ttft_growth=ttft_growth(recs),
         offered_rate=load.offered_rate,

@@ -27,7 +27,6 @@ from .errors import (
     SimUnservableError,
 )
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
-from .plots import plot_capacity_sweep, plot_ttft_cdf
 from .profile import (
     COEFFICIENTS,
     DEFAULT_PROFILE,
@@ -40,15 +39,6 @@ from .profile import (
 from .queue_order import QUEUE_ORDERS, QueueOrder
 from .replica import IndexFactory, simulate
 from .requests import FILLER_TOKEN, SimRequest, sim_request
-from .tables import (
-    TABLE_FORMATS,
-    TableFormatError,
-    request_rows,
-    run_rows,
-    to_dataframes,
-    write_rows,
-    write_tables,
-)
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -57,7 +47,6 @@ __all__ = [
     "DEFAULT_PROFILE",
     "FILLER_TOKEN",
     "QUEUE_ORDERS",
-    "TABLE_FORMATS",
     "ArrivalProcess",
     "Batching",
     "CostProfile",
@@ -75,7 +64,6 @@ __all__ = [
     "SimResult",
     "SimUnservableError",
     "StepSample",
-    "TableFormatError",
     "attention_pairs",
     "available_profiles",
     "calibrate",
@@ -84,18 +72,11 @@ __all__ = [
     "load_profile",
     "measure_engine",
     "percentile",
-    "plot_capacity_sweep",
-    "plot_ttft_cdf",
     "poisson_arrivals",
-    "request_rows",
-    "run_rows",
     "save_profile",
     "scaled_arrivals",
     "sim_request",
     "simulate",
     "summarize",
-    "to_dataframes",
     "with_arrivals",
-    "write_rows",
-    "write_tables",
 ]

@@ -16,7 +16,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["RequestMetrics", "RunMetrics", "SimResult", "percentile", "summarize"]
+__all__ = [
+    "RequestMetrics",
+    "RunMetrics",
+    "SimResult",
+    "mean",
+    "percentile",
+    "summarize",
+]
 
 
 def percentile(values: Sequence[float], q: int) -> float:
@@ -160,7 +167,8 @@ class RunMetrics:
         return asdict(self)
 
 
-def _mean(values: Sequence[float]) -> float:
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean (``math.fsum``); NaN for no values."""
     return math.fsum(values) / len(values) if values else math.nan
 
 
@@ -182,14 +190,14 @@ def summarize(
     return RunMetrics(
         num_requests=len(recs),
         duration_s=duration,
-        ttft_mean_s=_mean(ttft),
+        ttft_mean_s=mean(ttft),
         ttft_p50_s=percentile(ttft, 50),
         ttft_p90_s=percentile(ttft, 90),
         ttft_p99_s=percentile(ttft, 99),
         e2e_p50_s=percentile(e2e, 50),
         e2e_p90_s=percentile(e2e, 90),
         e2e_p99_s=percentile(e2e, 99),
-        queueing_mean_s=_mean(queueing),
+        queueing_mean_s=mean(queueing),
         queueing_p90_s=percentile(queueing, 90),
         tpot_p50_s=percentile(tpot, 50),
         request_throughput=rate(len(recs)),

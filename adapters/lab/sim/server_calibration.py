@@ -157,8 +157,9 @@ def batch_sample(
     )
 
 
-def client_machine() -> str:
-    """``"Linux-... x86_64, <cpu model>, 2 CPUs"``: where the client ran."""
+def cpu_model() -> str:
+    """The CPU's model name (from ``/proc/cpuinfo`` where there is one), else what
+    :mod:`platform` says."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -167,7 +168,12 @@ def client_machine() -> str:
             )
     except OSError:
         pass
-    return f"{platform.platform()}, {cpu}, {os.cpu_count()} CPUs"
+    return cpu
+
+
+def client_machine() -> str:
+    """``"Linux-... x86_64, <cpu model>, 2 CPUs"``: where the client ran."""
+    return f"{platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs"
 
 
 async def measure_server(

@@ -1,7 +1,10 @@
-"""The comparison's tables and files: aligned text, report.md, results.json, tidy tables.
+"""``compare``'s outputs: its tables (terminal and report.md), results.json, tidy tables.
 
 Everything here reads the typed records :mod:`prefixkv.adapters.lab.compare` returns;
 one column list per table serves the terminal and Markdown, so the two never drift.
+report.md has a section per axis that moved: per workload the index (the K-live
+table), the capacity (sweep and anchors), the scheduler (the arrival-time table and
+its headline) and the request rate.
 The analysable outputs are flat: ``requests.csv`` (one row per request x backend x
 configuration), ``runs.csv`` (one row per run), Parquet twins when pyarrow is
 installed, and ``results.json``, whose ``runs`` and ``workloads`` are lists of flat
@@ -10,27 +13,32 @@ records (``pandas.json_normalize`` gives one column per field).
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import platform
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from prefixkv.adapters.outputs import atomic_writer
-from prefixkv.indexes.buildinfo import installed_version
 from prefixkv.indexes.registry import describe_index
 
-from .compare.arrival import ArrivalRun
-from .compare.k_live import BackendRun
-from .compare.rates import saturation
-from .compare.run import WorkloadResult
-from .compare.spec import Scalar
-from .extras import has_extra
-from .sim import write_rows
-from .sim.load import LoadSummary
+from ..compare.arrival import ArrivalRun
+from ..compare.k_live import BackendRun
+from ..compare.rates import saturation
+from ..compare.run import Comparison, WorkloadResult
+from ..extras import has_extra
+from ..sim.load import LoadSummary
+from .markdown import (
+    Column,
+    definitions,
+    human_bytes,
+    image,
+    markdown_table,
+    partial_notice,
+    rate,
+    seconds,
+    table,
+    titled_table,
+    write_text,
+)
+from .tables import write_tables
 
 __all__ = [
     "ANCHOR_COLUMNS",
@@ -40,125 +48,71 @@ __all__ = [
     "TIME_COLUMNS",
     "anchor_rows",
     "capacity_lines",
-    "human_bytes",
     "load_lines",
-    "machine_info",
-    "markdown_table",
-    "package_versions",
     "rate_rows",
     "rate_runs",
-    "request_rows",
     "results_document",
-    "run_rows",
     "saturation_lines",
     "sweep_table",
     "table_rows",
-    "text_table",
     "time_headline",
     "time_rows",
     "time_sweep_table",
+    "time_title",
     "workload_title",
+    "write_compare_tables",
     "write_report",
-    "write_results",
-    "write_tables",
 ]
 
 RESULTS_FORMAT = "prefixkv-compare/2"
 """The ``format`` of results.json: version 2 holds flat ``runs`` and ``workloads``."""
 
-COLUMNS: tuple[tuple[str, str, str], ...] = (
+COLUMNS: tuple[Column, ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
     ("driver", "<", "the scheduler it is driven like: vllm, sglang or the generic manager"),
     ("unit", ">", "tokens per block (hash chain, none) or page (radix): the hit granularity"),
     ("hit ratio", ">", "prompt tokens served from the cache / all prompt tokens"),
     ("hit tok", ">", "prompt tokens served from the cache"),
-    (
-        "boundary lost",
-        ">",
-        "tokens equal to content the cache held (or computed in a partial last block it "
-        "could not keep) but recomputed because they share a block with different "
-        "tokens (SPEC BB-2, BB-8)",
-    ),
-    (
-        "last blk lost",
-        ">",
-        "cached tokens recomputed because a hit stops at len - 1: the whole "
-        "last block at block granularity, one token at page size 1 (BB-1, BB-3)",
-    ),
+    ("boundary lost", ">", "tokens equal to content the cache held (or computed in a partial "
+     "last block it could not keep) but recomputed because they share a block with "
+     "different tokens (SPEC BB-2, BB-8)"),
+    ("last blk lost", ">", "cached tokens recomputed because a hit stops at len - 1: the "
+     "whole last block at block granularity, one token at page size 1 (BB-1, BB-3)"),
     ("evicted blk/tok", ">", "blocks evicted from the index, and the tokens they held"),
-    (
-        "admit µs p50/p99",
-        ">",
-        "index time to admit a request: lookup (hashing included), prefill allocation and "
-        "registering the prompt; median / 99th percentile over requests",
-    ),
-    (
-        "request µs p50/p99",
-        ">",
-        "index time of all a request's cache calls: admission, one allocation per decode "
-        "step, release; median / 99th percentile over requests",
-    ),
+    ("admit µs p50/p99", ">", "index time to admit a request: lookup (hashing included), "
+     "prefill allocation and registering the prompt; median / 99th percentile over requests"),
+    ("request µs p50/p99", ">", "index time of all a request's cache calls: admission, one "
+     "allocation per decode step, release; median / 99th percentile over requests"),
     ("peak blk", ">", "most blocks (pages) the index held at once"),
     ("index mem", ">", "estimated bytes of the index structures at the peak (not the KV)"),
-)
-"""Table columns: (header, alignment, meaning) — the meaning goes in report.md."""
+)  # fmt: skip
+"""The K-live table's columns: (header, alignment, meaning), the meaning in report.md."""
 
-TIME_COLUMNS: tuple[tuple[str, str, str], ...] = (
+TIME_COLUMNS: tuple[Column, ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
-    (
-        "engine",
-        "<",
-        "the scheduler it runs as: vllm (prefill chunks and decode rows mixed in a step) "
-        "or sglang (a prefill step whenever one fits, else a decode step), and its queue order",
-    ),
+    ("engine", "<", "the scheduler it runs as: vllm (prefill chunks and decode rows mixed in "
+     "a step) or sglang (a prefill step whenever one fits, else a decode step), and its "
+     "queue order"),
     ("hit ratio", ">", "prompt tokens served from the cache at first admission / all"),
     ("TTFT p50/p90/p99", ">", "time to first token: arrival to the end of its first step"),
     ("queue mean/p90", ">", "arrival to the first step that computed any of the request"),
     ("E2E p50", ">", "arrival to the last output token"),
     ("req/s", ">", "finished requests per second, first arrival to last finish"),
-    (
-        "offered/achieved",
-        ">",
-        "requests per second offered (over the arrival window) and achieved (finished, "
-        "first arrival to last finish, as vllm bench serve's request throughput)",
-    ),
-    (
-        "goodput",
-        ">",
-        "requests per second that met every SLO bound (--slo-ttft, --slo-tpot, --slo-e2el), "
-        "as vllm bench serve --goodput; - without an SLO",
-    ),
-    (
-        "load",
-        "<",
-        "overloaded when the achieved rate falls over 10% short of the sent rate and the "
-        "queueing delay grows by over 0.1 s per second of run (a least-squares trend); "
-        "closed loop when sessions held the sent rate below the offered one",
-    ),
-    (
-        "prefill GPU-s",
-        ">",
-        "GPU-seconds of prefill computed / saved by prefix hits, by the cost profile's "
-        "prefill terms; both count every admission, so a preempted request's recompute "
-        "and its re-hit on its own blocks are in them",
-    ),
+    ("offered/achieved", ">", "requests per second offered (over the arrival window) and "
+     "achieved (finished, first arrival to last finish, as vllm bench serve's request "
+     "throughput)"),
+    ("goodput", ">", "requests per second that met every SLO bound (--slo-ttft, --slo-tpot, "
+     "--slo-e2el), as vllm bench serve --goodput; - without an SLO"),
+    ("load", "<", "overloaded when the achieved rate falls over 10% short of the sent rate "
+     "and the queueing delay grows by over 0.1 s per second of run (a least-squares "
+     "trend); closed loop when sessions held the sent rate below the offered one"),
+    ("prefill GPU-s", ">", "GPU-seconds of prefill computed / saved by prefix hits, by the "
+     "cost profile's prefill terms; both count every admission, so a preempted request's "
+     "recompute and its re-hit on its own blocks are in them"),
     ("evicted blk", ">", "blocks (pages) evicted from the index"),
     ("preempt", ">", "preemptions (vLLM) or retractions (SGLang): requests recomputed"),
-)
+)  # fmt: skip
 """Columns of the arrival-time table, as :data:`COLUMNS`."""
-
-
-_T = TypeVar("_T")
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
 def _us(value: float) -> str:
@@ -186,15 +140,6 @@ def table_rows(backends: Sequence[BackendRun]) -> list[list[str]]:
     ]
 
 
-def seconds(value: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"``, ``4.5`` -> ``"4.50 s"``, ``1234.5`` -> ``"1,234 s"``."""
-    if math.isnan(value):
-        return "-"
-    if value < 1:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value:.3g} s" if value < 1000 else f"{value:,.0f} s"
-
-
 def _gpu_s(value: float) -> str:
     return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
 
@@ -214,8 +159,8 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
                 seconds(r.e2e_p50_s),
                 f"{r.request_throughput:.3g}",
-                f"{_rate(load.offered_rate)} / {_rate(load.achieved_rate)}",
-                "-" if load.goodput is None else _rate(load.goodput),
+                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+                "-" if load.goodput is None else rate(load.goodput),
                 _load_word(load),
                 f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
                 f"{r.evicted_blocks:,}",
@@ -223,10 +168,6 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
             ]
         )
     return rows
-
-
-def _rate(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.3g}"
 
 
 def _load_word(load: LoadSummary) -> str:
@@ -248,7 +189,7 @@ def load_lines(w: WorkloadResult) -> list[str]:
     return out
 
 
-RATE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+RATE_COLUMNS: tuple[Column, ...] = (
     ("rate", ">", "the request rate asked for (req/s)"),
     ("backend", "<", "the index, and the engine it runs as"),
     ("offered/achieved", ">", "requests per second offered and achieved"),
@@ -279,8 +220,8 @@ def rate_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
             [
                 f"{t.settings.request_rate or 0.0:g}",
                 f"{t.backend} as {t.engine}",
-                f"{_rate(load.offered_rate)} / {_rate(load.achieved_rate)}",
-                "-" if load.goodput is None else _rate(load.goodput),
+                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+                "-" if load.goodput is None else rate(load.goodput),
                 f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
                 seconds(r.tpot_p50_s),
                 f"{r.hit_ratio:.1%}",
@@ -296,30 +237,20 @@ def saturation_lines(w: WorkloadResult) -> list[str]:
     return [s.describe() for s in saturation(runs)] if runs else []
 
 
-ANCHOR_COLUMNS: tuple[tuple[str, str, str], ...] = (
+ANCHOR_COLUMNS: tuple[Column, ...] = (
     ("backend", "<", "the index, as NAME or NAME:granularity"),
-    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity gives"),
-    (
-        "working set (capacity needed)",
-        ">",
-        "the smallest capacity that reaches the infinite-cache hit ratio (within 5%, by "
-        "bisection over replays): the largest live plus reusable footprint, above which the "
-        "hit ratio stops improving",
-    ),
-    (
-        "knee",
-        ">",
-        "the smallest capacity reaching 98% of the infinite-cache hit ratio (by bisection); "
-        "without --capacity-search, the sweep's point farthest above the line from its "
-        "tightest to its roomiest point (log capacity)",
-    ),
+    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity "
+     "gives"),
+    ("working set (capacity needed)", ">", "the smallest capacity that reaches the "
+     "infinite-cache hit ratio (within 5%, by bisection over replays): the largest live "
+     "plus reusable footprint, above which the hit ratio stops improving"),
+    ("knee", ">", "the smallest capacity reaching 98% of the infinite-cache hit ratio (by "
+     "bisection); without --capacity-search, the sweep's point farthest above the line "
+     "from its tightest to its roomiest point (log capacity)"),
     ("hit at knee", ">", "hit ratio at the knee"),
-    (
-        "all requests' KV",
-        ">",
-        "every request's prompt and output at once (nothing evicted): the sum, not what is needed",
-    ),
-)
+    ("all requests' KV", ">", "every request's prompt and output at once (nothing evicted): "
+     "the sum, not what is needed"),
+)  # fmt: skip
 """Columns of the capacity anchors table, as :data:`COLUMNS`."""
 
 
@@ -359,44 +290,6 @@ def capacity_lines(w: WorkloadResult) -> list[str]:
     return out
 
 
-def text_table(
-    rows: Sequence[Sequence[str]], columns: Sequence[tuple[str, str, str]] = COLUMNS
-) -> str:
-    """The rows under ``columns``' headers (default :data:`COLUMNS`) as aligned plain text."""
-    headers = [c[0] for c in columns]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            c.ljust(w) if col[1] == "<" else c.rjust(w)
-            for c, w, col in zip(cells, widths, columns, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
-
-
-def _table_section(
-    title: str,
-    columns: Sequence[tuple[str, str, str]],
-    rows: Sequence[Sequence[str]],
-    notes: Sequence[str],
-) -> list[str]:
-    """A titled markdown table of ``columns`` (header, alignment, ...) and its notes."""
-    table = markdown_table([c[0] for c in columns], rows, "".join(c[1] for c in columns))
-    return [title, "", table, "", *notes, ""]
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A Markdown table; ``align`` holds one ``<`` or ``>`` per column (default: left)."""
-    align = align or "<" * len(headers)
-    rule = ["---:" if a == ">" else ":---" for a in align]
-    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
 def workload_title(w: WorkloadResult) -> str:
     """``"few_shot: 200 requests, 117,023 prompt tokens, capacity 128,615 tokens, K=1"``."""
     text = (
@@ -420,19 +313,20 @@ def time_title(w: WorkloadResult) -> str | None:
     )
 
 
+def _capacity_grid(
+    caps: Sequence[int], labels: Sequence[str], cell: Callable[[str, int], str | None]
+) -> list[list[str]]:
+    # One row per capacity, one cell per backend; a point that did not fit says so.
+    return [[f"{cap:,}", *(cell(label, cap) or "does not fit" for label in labels)] for cap in caps]
+
+
 def sweep_table(w: WorkloadResult) -> str | None:
     """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
     if not w.sweep:
         return None
     labels = list(dict.fromkeys(p.backend for p in w.sweep))
-    ratio = {(p.backend, p.capacity_tokens): p.hit_ratio for p in w.sweep}
-    rows = []
-    for cap in w.sweep_capacities:
-        cells = []
-        for label in labels:
-            r = ratio.get((label, cap))
-            cells.append("does not fit" if r is None else f"{r:.1%}")
-        rows.append([f"{cap:,}", *cells])
+    ratio = {(p.backend, p.capacity_tokens): f"{p.hit_ratio:.1%}" for p in w.sweep}
+    rows = _capacity_grid(w.sweep_capacities, labels, lambda x, cap: ratio.get((x, cap)))
     return markdown_table(["capacity (tokens)", *labels], rows, ">" * (1 + len(labels)))
 
 
@@ -444,65 +338,24 @@ def time_sweep_table(w: WorkloadResult) -> str | None:
     if len(caps) < 2:
         return None
     labels = list(dict.fromkeys(t.backend for t in runs))
-    by = {(t.backend, t.capacity_tokens): t.result.run for t in runs}
-    rows = []
-    for cap in caps:
-        cells = []
-        for label in labels:
-            r = by.get((label, cap))
-            cells.append(
-                "does not fit" if r is None else f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
-            )
-        rows.append([f"{cap:,}", *cells])
+    by = {
+        (t.backend, t.capacity_tokens): f"{t.result.run.hit_ratio:.1%} / "
+        f"{seconds(t.result.run.ttft_p90_s)}"
+        for t in runs
+    }
+    rows = _capacity_grid(caps, labels, lambda x, cap: by.get((x, cap)))
     headers = ["capacity (tokens)", *(f"{x} hit / TTFT p90" for x in labels)]
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
 
 
-def machine_info() -> dict[str, Any]:
-    """Platform, Python and CPU, for the report's reproducibility section."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu or "unknown",
-        "cpu_count": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-    }
-
-
-def package_versions() -> dict[str, str | None]:
-    """Installed versions of prefixkv and what the report uses."""
-    names = ("prefixkv", "matplotlib", "tqdm", "xxhash", "sortedcontainers", "pandas", "pyarrow")
-    return {name: installed_version(name) for name in names}
-
-
-def run_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
-    """One flat record per run of every workload (see :meth:`WorkloadResult.run_rows`)."""
-    return [row for w in workloads for row in w.run_rows()]
-
-
-def request_rows(workloads: Sequence[WorkloadResult]) -> list[dict[str, Scalar]]:
-    """One flat record per request x backend x configuration of every workload."""
-    return [row for w in workloads for row in w.request_rows()]
-
-
-def write_tables(
-    workloads: Sequence[WorkloadResult], out: Path, written: dict[str, str] | None = None
+def write_compare_tables(
+    comparison: Comparison, out: Path, written: dict[str, str] | None = None
 ) -> dict[str, str]:
     """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and ``.parquet`` twins when
     pyarrow is installed), each atomically.
 
     Args:
-        workloads: what the comparison measured.
+        comparison: what the comparison measured.
         out: the folder.
         written: filled in as each file is complete (so an interrupted caller
             knows which are this run's).
@@ -510,54 +363,30 @@ def write_tables(
     Returns:
         ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
     """
-    tables = {"requests": request_rows(workloads), "runs": run_rows(workloads)}
-    formats = ["csv"]
-    if has_extra("parquet", ("pyarrow",)):
-        formats.append("parquet")
+    tables = {"requests": comparison.request_rows(), "runs": comparison.run_rows()}
+    formats = ("csv", "parquet") if has_extra("parquet", ("pyarrow",)) else ("csv",)
     written = {} if written is None else written
-    for fmt in formats:
-        for name, rows in tables.items():
-            write_rows(out / f"{name}.{fmt}", rows)
-            written[f"{name}_{fmt}"] = f"{name}.{fmt}"
+    write_tables(tables, out, formats, written)
     return written
 
 
-def _json_safe(value: Any) -> Any:
-    # NaN (a one-token output's TPOT) is null in JSON, not the non-standard NaN.
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
-def results_document(
-    workloads: Sequence[WorkloadResult], meta: Mapping[str, Any]
-) -> dict[str, Any]:
+def results_document(comparison: Comparison, meta: Mapping[str, Any]) -> dict[str, Any]:
     """results.json's content: ``meta`` (config, machine, versions, plots, ...), then
     ``workloads`` and ``runs`` as lists of flat records (no list or dict inside)."""
+    workloads = comparison.workloads
     return {
         "format": RESULTS_FORMAT,
         **meta,
         "workloads": [w.row() for w in workloads],
-        "runs": [{k: _json_safe(v) for k, v in row.items()} for row in run_rows(workloads)],
+        "runs": comparison.run_rows(),
         "anchors": [a.row() for w in workloads for a in w.anchors],
     }
 
 
-def write_results(path: Path, doc: Mapping[str, Any]) -> None:
-    """Write ``doc`` as JSON, atomically."""
-    data = (json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
-    with atomic_writer(path) as f:
-        f.write(data)
-
-
-def _by_engine(backends: Sequence[_T], index_of: Callable[[_T], str]) -> dict[str | None, _T]:
-    # The first backend modelled on each engine (its IndexDescription.models).
-    out: dict[str | None, _T] = {}
-    for b in backends:
-        out.setdefault(describe_index(index_of(b)).models, b)
-    return out
-
-
 def _delta_line(w: WorkloadResult) -> str | None:
-    by_engine = _by_engine(w.backends, lambda b: b.index)
+    by_engine: dict[str | None, BackendRun] = {}  # the first backend modelled on each engine
+    for b in w.backends:
+        by_engine.setdefault(describe_index(b.index).models, b)
     hc, rx = by_engine.get("vllm"), by_engine.get("sglang")
     if hc is None or rx is None:
         return None
@@ -664,88 +493,116 @@ def _seed_paragraph(w: WorkloadResult) -> list[str]:
     ]
 
 
-def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+def _scheduler_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """The arrival-time table at the table's capacity: the index and scheduler axes."""
     runs = w.arrival_at_table()
-    if not runs:
-        return []
+    engines = "; ".join(
+        f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})" for t in runs
+    )
     out = [
         f"### {w.name} at arrival time",
         "",
-        f"{time_title(w)}. Varied: {runs[0].settings.axis}. Engines: "
-        + "; ".join(
-            f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})"
-            for t in runs
-        )
-        + ".",
+        f"{time_title(w)}. Varied: {runs[0].settings.axis}. Engines: {engines}.",
         "",
-        markdown_table(
-            [c[0] for c in TIME_COLUMNS], time_rows(runs), "".join(c[1] for c in TIME_COLUMNS)
-        ),
+        table(TIME_COLUMNS, time_rows(runs)),
         "",
     ]
     for line in time_headline(w):
         out += [line, ""]
     for line in load_lines(w):
         out += [f"**Load.** {line}.", ""]
-    swept_rates = rate_runs(w)
-    if swept_rates:
-        out += _table_section(
-            "Request-rate sweep at the table's capacity:",
-            RATE_COLUMNS,
-            rate_rows(swept_rates),
-            [f"- {line}" for line in saturation_lines(w)],
-        )
-    cdf = plots.get(f"ttft_cdf_{w.name}")
-    if cdf:
-        out += [f"![TTFT CDF for {w.name}]({cdf})", ""]
+    return out + image(f"TTFT CDF for {w.name}", plots.get(f"ttft_cdf_{w.name}"))
+
+
+def _rate_axis(w: WorkloadResult) -> list[str]:
+    """The request-rate sweep at the table's capacity (nothing without one)."""
+    swept = rate_runs(w)
+    if not swept:
+        return []
+    notes = [f"- {line}" for line in saturation_lines(w)]
+    return titled_table(
+        "Request-rate sweep at the table's capacity:", RATE_COLUMNS, rate_rows(swept), notes
+    )
+
+
+def _time_capacity_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """Hit ratio and TTFT p90 at each capacity of the arrival-time runs."""
     swept = time_sweep_table(w)
-    if swept:
-        out += ["Hit ratio and TTFT p90 at each capacity:", "", swept, ""]
-    curve = plots.get(f"time_capacity_{w.name}")
-    if curve:
-        out += [f"![hit ratio and TTFT p90 vs capacity for {w.name}]({curve})", ""]
+    out = ["Hit ratio and TTFT p90 at each capacity:", "", swept, ""] if swept else []
+    alt = f"hit ratio and TTFT p90 vs capacity for {w.name}"
+    return out + image(alt, plots.get(f"time_capacity_{w.name}"))
+
+
+def _index_axis(w: WorkloadResult) -> list[str]:
+    """The K-live table: every backend at one capacity, with what it lost where."""
+    out = [f"## {w.name}", "", f"{workload_title(w)}. Source: {w.source}.", ""]
+    for note in w.notes:
+        out += [f"> Note: {note}", ""]
+    out += [table(COLUMNS, table_rows(w.backends)), ""]
+    delta = _delta_line(w)
+    if delta:
+        out += [delta, ""]
+    return out + (_seed_paragraph(w) if w.name == "seed" else [])
+
+
+def _capacity_axis(w: WorkloadResult) -> list[str]:
+    """The K-live capacity sweep and the capacity anchors."""
+    swept = sweep_table(w)
+    out = ["Hit ratio at each capacity of the sweep:", "", swept, ""] if swept else []
+    if not w.anchors:
+        return out
+    model = w.anchors[0].model
+    gib = f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else ""
+    notes = [f"- **Capacity.** {line}." for line in capacity_lines(w)]
+    return out + titled_table(f"Capacity anchors{gib}:", ANCHOR_COLUMNS, anchor_rows(w), notes)
+
+
+def _strips(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """The selected requests, token by token."""
+    out = []
+    if w.strip_requests:
+        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
+        out += [_strip_table(w), ""]
+    return out + image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
+
+
+def _workload_sections(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """One workload: a section per axis that moved (index, capacity, scheduler, rate)."""
+    out = [*_index_axis(w), *_capacity_axis(w), *_strips(w, plots)]
+    if w.arrival_at_table():
+        out += [*_scheduler_axis(w, plots), *_rate_axis(w), *_time_capacity_axis(w, plots)]
     return out
 
 
-def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[str, Any]) -> None:
-    """Write report.md: configuration, machine, the tables, and the plots (relative links).
+_INTRO = (
+    "Every backend replays the same requests with its natural scheduler's call order, at "
+    "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
+    "share a block with different ones; a token-granular radix tree does not."
+)
+_INTRO_TIME = (
+    "Each backend also runs at arrival time: requests queue, are batched and "
+    "prefilled in chunks, and every step costs what the cost profile says, giving "
+    "TTFT, queueing and the GPU time prefix hits save. One thing varies at a time: "
+    "all backends under the same scheduler unless the scheduler is swept, and the "
+    "headline of each table says which axis moved."
+)
 
-    Args:
-        path: the file.
-        workloads: what the comparison measured.
-        doc: results.json's metadata (``config``, ``machine``, ``versions``,
-            ``plots``, ``partial``, ``elapsed_seconds``).
-    """
-    cfg, plots = doc["config"], doc.get("plots", {})
-    has_arrival = any(w.arrival_runs for w in workloads)
-    out = [
-        "# prefixkv: prefix-cache backends head to head",
-        "",
-    ]
+
+def _front(doc: Mapping[str, Any], has_arrival: bool) -> list[str]:
+    """The title, the partial-results notice, the warnings and what the report compares."""
+    out = ["# prefixkv: prefix-cache backends head to head", ""]
     if doc.get("partial"):
-        out += [
-            "**Partial results: the run was interrupted.** Only the backends and workloads "
-            "below finished; sweeps and plots may be missing.",
-            "",
-        ]
+        notice = partial_notice("the run was interrupted", "backends and workloads")
+        out += [notice[0] + " Sweeps and plots may be missing.", ""]
     if doc.get("warnings"):
         out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
-    out += [
-        "Every backend replays the same requests with its natural scheduler's call order, at "
-        "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
-        "share a block with different ones; a token-granular radix tree does not.",
-        "",
-    ]
-    if has_arrival:
-        out += [
-            "Each backend also runs at arrival time: requests queue, are batched and "
-            "prefilled in chunks, and every step costs what the cost profile says, giving "
-            "TTFT, queueing and the GPU time prefix hits save. One thing varies at a time: "
-            "all backends under the same scheduler unless the scheduler is swept, and the "
-            "headline of each table says which axis moved.",
-            "",
-        ]
-    out += [
+    return out + [_INTRO, "", *([_INTRO_TIME, ""] if has_arrival else [])]
+
+
+def _configuration(doc: Mapping[str, Any]) -> list[str]:
+    """The run's settings, the machine and the versions."""
+    cfg = doc["config"]
+    out = [
         "## Configuration",
         "",
         f"- command: `{cfg['command']}`",
@@ -768,7 +625,7 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
             f"- cost profile: {cfg['profile']} ({cfg['profile_model']} on "
             f"{cfg['profile_device']}); source: {cfg['profile_source']}",
         ]
-    out += [
+    return out + [
         f"- tables: {', '.join(doc.get('tables', {}).values()) or 'none written'}",
         "",
         "## Machine",
@@ -776,65 +633,39 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
         *(f"- {k}: {v}" for k, v in doc["machine"].items()),
         *(f"- {k}: {v}" for k, v in doc["versions"].items() if v is not None),
         "",
-        "## Columns",
-        "",
-        *(f"- **{name}**: {meaning}" for name, _, meaning in COLUMNS),
-        "",
     ]
+
+
+def _columns_and_overview(plots: Mapping[str, str], has_arrival: bool) -> list[str]:
+    """What each column means, then the plots over every workload."""
+    out = ["## Columns", "", *definitions(COLUMNS)]
     if has_arrival:
-        out += [
-            "Arrival-time columns:",
-            "",
-            *(f"- **{name}**: {meaning}" for name, _, meaning in TIME_COLUMNS),
-            "",
-        ]
+        out += ["Arrival-time columns:", "", *definitions(TIME_COLUMNS)]
     if plots.get("capacity"):
-        out += [
-            "## Hit ratio vs cache capacity",
-            "",
-            f"![hit ratio vs capacity]({plots['capacity']})",
-            "",
-        ]
+        alt = "hit ratio vs capacity"
+        out += ["## Hit ratio vs cache capacity", "", *image(alt, plots["capacity"])]
     if plots.get("index_time"):
-        out += [
-            "## Index time vs prompt length",
-            "",
-            f"![index time vs prompt length]({plots['index_time']})",
-            "",
-        ]
+        alt = "index time vs prompt length"
+        out += ["## Index time vs prompt length", "", *image(alt, plots["index_time"])]
+    return out
+
+
+def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[str, Any]) -> None:
+    """Write report.md: configuration, machine, the tables, and the plots (relative links).
+
+    Args:
+        path: the file.
+        workloads: what the comparison measured.
+        doc: results.json's metadata (``config``, ``machine``, ``versions``,
+            ``plots``, ``partial``, ``elapsed_seconds``).
+    """
+    plots = doc.get("plots", {})
+    has_arrival = any(w.arrival_runs for w in workloads)
+    out = [
+        *_front(doc, has_arrival),
+        *_configuration(doc),
+        *_columns_and_overview(plots, has_arrival),
+    ]
     for w in workloads:
-        out += [f"## {w.name}", "", f"{workload_title(w)}. Source: {w.source}.", ""]
-        for note in w.notes:
-            out += [f"> Note: {note}", ""]
-        out += [
-            markdown_table(
-                [c[0] for c in COLUMNS], table_rows(w.backends), "".join(c[1] for c in COLUMNS)
-            ),
-            "",
-        ]
-        delta = _delta_line(w)
-        if delta:
-            out += [delta, ""]
-        if w.name == "seed":
-            out += _seed_paragraph(w)
-        swept = sweep_table(w)
-        if swept:
-            out += ["Hit ratio at each capacity of the sweep:", "", swept, ""]
-        if w.anchors:
-            model = w.anchors[0].model
-            gib = f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else ""
-            out += _table_section(
-                f"Capacity anchors{gib}:",
-                ANCHOR_COLUMNS,
-                anchor_rows(w),
-                [f"- **Capacity.** {line}." for line in capacity_lines(w)],
-            )
-        strip = plots.get(f"strips_{w.name}")
-        if w.strip_requests:
-            out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
-            out += [_strip_table(w), ""]
-        if strip:
-            out += [f"![per-request strips for {w.name}]({strip})", ""]
-        out += _time_section(w, plots)
-    with atomic_writer(path) as f:
-        f.write("\n".join(out).encode())
+        out += _workload_sections(w, plots)
+    write_text(path, "\n".join(out))

@@ -1,10 +1,12 @@
-"""Tidy tables of simulated runs: one row per request x run, one row per run.
+"""The tidy tables every command writes: one row per request, one row per run.
 
-Every row carries the run's labels (backend, block size, capacity, scheduler
-settings, profile, workload...) beside its measurements, so the rows of many runs
-stack into one table that ``pandas.read_csv`` loads and ``groupby`` slices. Writers
-for CSV, flat JSON (a list of records), JSON lines and, when pyarrow is installed,
-Parquet; :func:`to_dataframes` returns pandas DataFrames when pandas is installed.
+One schema for all of them: a row is the run's labels (what was varied: backend,
+capacity, scheduler settings, policy, workload...) followed by the record's flat
+fields (a request's timeline and cache accounting, a run's totals and percentiles).
+Rows of many runs therefore stack into one table that ``pandas.read_csv`` loads and
+``groupby`` slices. Writers for CSV, flat JSON (a list of records), JSON lines and,
+when pyarrow is installed, Parquet; :func:`to_dataframes` returns pandas DataFrames
+when pandas is installed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from prefixkv.adapters.outputs import atomic_writer
 
 from ..extras import require_extra
-from .errors import SimError
-from .metrics import SimResult
+from ..sim.errors import SimError
+from ..sim.metrics import SimResult
 
 if TYPE_CHECKING:
     import pandas
@@ -30,9 +32,12 @@ if TYPE_CHECKING:
 __all__ = [
     "TABLE_FORMATS",
     "TableFormatError",
+    "json_safe",
+    "labelled_rows",
     "request_rows",
     "run_rows",
     "to_dataframes",
+    "write_json",
     "write_rows",
     "write_tables",
 ]
@@ -40,22 +45,37 @@ __all__ = [
 TABLE_FORMATS = ("csv", "json", "jsonl", "parquet")
 """File formats :func:`write_rows` writes, picked by the file name's suffix."""
 
+Row = Mapping[str, Any]
+
 
 class TableFormatError(SimError):
     """An unknown table format, or Parquet without pyarrow installed."""
 
 
+def labelled_rows(
+    labels: Mapping[str, Any], records: Iterable[Row], keys: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The schema: each record's fields after the run's labels (``keys`` of them only,
+    in that order, when given)."""
+    head = dict(labels) if keys is None else {k: labels[k] for k in keys}
+    return [{**head, **record} for record in records]
+
+
 def request_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
     """One row per request of every run: the run's labels, then the request's fields."""
-    return [{**res.labels, **r.as_row()} for res in results for r in res.requests]
+    return [
+        row
+        for res in results
+        for row in labelled_rows(res.labels, (r.as_row() for r in res.requests))
+    ]
 
 
 def run_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
     """One row per run: its labels, then its summary."""
-    return [{**res.labels, **res.run.as_row()} for res in results]
+    return [row for res in results for row in labelled_rows(res.labels, [res.run.as_row()])]
 
 
-def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _columns(rows: Sequence[Row]) -> list[str]:
     # Rows of different runs may carry different labels: the union, first seen first.
     seen: dict[str, None] = {}
     for row in rows:
@@ -63,12 +83,28 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def _json_value(value: Any) -> Any:
-    # NaN (no second token, no value yet) is null in JSON, not the non-standard NaN.
-    return None if isinstance(value, float) and math.isnan(value) else value
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN and infinity (no second token, a ratio of nothing) as
+    ``None``, inside mappings and lists too: JSON's null, not the non-standard NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
-def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> Path:
+def write_json(path: Path, doc: Mapping[str, Any]) -> Path:
+    """Write ``doc`` as standard JSON (see :func:`json_safe`; other objects as their
+    text), whole or not at all; returns ``path``."""
+    text = json.dumps(json_safe(doc), indent=1, ensure_ascii=False, allow_nan=False, default=str)
+    with atomic_writer(path) as f:
+        f.write((text + "\n").encode("utf-8"))
+    return path
+
+
+def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
     """Write ``rows`` in the format the suffix names (``.csv``, ``.json``, ``.jsonl``,
     ``.parquet``).
 
@@ -98,7 +134,7 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
             writer.writeheader()
             writer.writerows(rows)
         else:
-            records = [{k: _json_value(row.get(k)) for k in columns} for row in rows]
+            records = [{k: json_safe(row.get(k)) for k in columns} for row in rows]
             if fmt == "json":
                 json.dump(records, f, allow_nan=False)
             else:
@@ -108,7 +144,7 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) 
     return out
 
 
-def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[str]) -> None:
+def _write_parquet(out: Path, rows: Sequence[Row], columns: list[str]) -> None:
     require_extra("parquet", f"writing {out.name!r}", ("pyarrow",), instead="(CSV and JSON do not)")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -119,11 +155,20 @@ def _write_parquet(out: Path, rows: Sequence[Mapping[str, Any]], columns: list[s
 
 
 def write_tables(
-    results: Sequence[SimResult],
+    tables: Mapping[str, Sequence[Row]],
     out_dir: str | os.PathLike[str],
     formats: Sequence[str] = ("csv",),
+    written: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write ``requests.<fmt>`` and ``runs.<fmt>`` for each format into ``out_dir``.
+    """Write ``<name>.<fmt>`` for each table and format into ``out_dir``, each file
+    whole, format by format.
+
+    Args:
+        tables: rows by table name (``{"requests": ..., "runs": ...}``).
+        out_dir: the folder (created).
+        formats: of :data:`TABLE_FORMATS`.
+        written: filled in as each file is complete (``{"requests_csv":
+            "requests.csv"}``), so an interrupted caller knows which are this run's.
 
     Returns:
         The files written.
@@ -136,12 +181,13 @@ def write_tables(
         require_extra("parquet", "Parquet tables", ("pyarrow",), instead="(CSV and JSON do not)")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    tables = {"requests": request_rows(results), "runs": run_rows(results)}
-    return [
-        write_rows(directory / f"{name}.{fmt}", rows)
-        for fmt in formats
-        for name, rows in tables.items()
-    ]
+    files = []
+    for fmt in formats:
+        for name, rows in tables.items():
+            files.append(write_rows(directory / f"{name}.{fmt}", rows))
+            if written is not None:
+                written[f"{name}_{fmt}"] = f"{name}.{fmt}"
+    return files
 
 
 def to_dataframes(

@@ -1,0 +1,14 @@
+"""Everything the lab's commands write: tidy tables, report.md, results.json and plots.
+
+* :mod:`.tables`: one schema for every table (a run's labels, then a record's flat
+  fields: one row per request, one per run) and its writers (CSV, JSON, JSON lines,
+  Parquet, ``results.json``).
+* :mod:`.markdown`: one table writer over column specs (header, alignment, meaning)
+  for the terminal and report.md, the column definitions, the number formats.
+* :mod:`.compare` and :mod:`.cluster`: each command's report, a section per axis
+  that moved (index, capacity, scheduler, request rate; policy, fleet size, faults).
+* :mod:`.plots`: every plot, over one figure, palette and title rule.
+
+Nothing below the command line imports this package; it reads the records the
+comparison, the simulator and the cluster return.
+"""

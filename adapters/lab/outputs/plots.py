@@ -1,0 +1,605 @@
+"""Every PNG plot the lab draws, over one figure, palette and title rule.
+
+Two shapes serve every command: :func:`plot_ttft_cdf` (an empirical CDF per curve, log
+time axis) and :func:`plot_against` (one line per label against a swept value, a panel
+per measure). Beside them, what only one command draws: ``compare``'s hit ratio vs
+capacity, index time vs prompt length and per-request strips (:func:`write_plots`), and
+``cluster``'s hit ratio per policy, the hit / imbalance frontier, predicted against
+realized overlap, decision latency and the fault runs.
+
+matplotlib is imported inside each function (``Figure`` objects rendered by Agg, no
+pyplot state), so a command runs without it until a plot is asked for. Every plot
+takes a ``title`` (what it shows and the run's context: trace, fleet, arrivals), so a
+plot pasted on its own keeps it; each file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefixkv.adapters.outputs import save_figure
+from prefixkv.indexes.registry import describe_index
+
+from ..cluster.metrics import ClusterResult
+from ..compare.k_live import BackendRun
+from ..compare.run import WorkloadResult
+from ..extras import require_extra
+from ..sim.metrics import SimResult
+from .markdown import seconds, tokens
+
+Tick = Callable[[int], object]
+Curve = tuple[str, Sequence[float]]
+"""A CDF's legend entry and its values."""
+
+__all__ = [
+    "SEGMENT_COLOURS",
+    "Curve",
+    "backend_colour",
+    "num_plots",
+    "plot_against",
+    "plot_capacity",
+    "plot_capacity_sweep",
+    "plot_decision_latency",
+    "plot_faults",
+    "plot_frontier",
+    "plot_hit_ratio",
+    "plot_index_time",
+    "plot_overlap",
+    "plot_strips",
+    "plot_time",
+    "plot_ttft_cdf",
+    "ttft_curves",
+    "write_plots",
+]
+
+_COLOURS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+# Equal runs draw equal lines: distinct dashes and markers keep each one visible.
+_DASHES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+SEGMENT_COLOURS: Mapping[str, str] = {
+    "hit": "#2ca02c",
+    "boundary": "#ff7f0e",
+    "last block": "#d62728",
+    "new": "#d0d0d0",
+}
+"""Strip-plot colours per kind of prompt token."""
+
+_ENGINE_COLOURS = {"vllm": "#1f77b4", "sglang": "#ff7f0e"}  # by IndexDescription.models
+_NO_CACHE_COLOUR = "#7f7f7f"
+_SPARE_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#2ca02c")
+_SEGMENT_LABELS = {
+    "hit": "hit (served from the cache)",
+    "boundary": "matched, recomputed: block boundary",
+    "last block": "matched, recomputed: last block (len-1 cap)",
+    "new": "new (not cached)",
+}
+
+
+# ------------------------------------------------------------------------ the shared parts
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def _style(i: int) -> dict[str, str]:
+    """The ``i``-th line's colour, dash and marker."""
+    return {
+        "color": _COLOURS[i % len(_COLOURS)],
+        "linestyle": _DASHES[i % len(_DASHES)],
+        "marker": _MARKERS[i % len(_MARKERS)],
+    }
+
+
+def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
+    if title:
+        fig.suptitle(textwrap.fill(title, 100), fontsize="small")
+    return save_figure(fig, path)
+
+
+def _decimal_log_axis(ax: Any, values: Sequence[float]) -> None:
+    """A log x axis ticked at ``values``, labelled ``8k``, ``1.5M``."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(values))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: tokens(v)))
+
+
+def plot_ttft_cdf(
+    curves: Sequence[Curve], path: str | os.PathLike[str], *, title: str = "Time to first token"
+) -> Path:
+    """One empirical CDF of TTFT per curve (``(legend, seconds)``), on a log time axis."""
+    fig = _figure(6.8, 4.2)
+    ax = fig.subplots()
+    for i, (label, values) in enumerate(curves):
+        ttft = sorted(max(v, 1e-4) for v in values)
+        if ttft:
+            frac = [(k + 1) / len(ttft) for k in range(len(ttft))]
+            style = {**_style(i), "marker": None}
+            ax.step(ttft, frac, where="post", label=label, **style)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize="x-small")
+    return _save(fig, path, title)
+
+
+def ttft_curves(results: Sequence[SimResult], label_key: str = "backend") -> list[Curve]:
+    """Each simulated run's TTFTs, named by its ``label_key`` label (else its index
+    and block size) and its median."""
+    out: list[Curve] = []
+    for res in results:
+        labels = res.labels
+        name = labels.get(label_key) or f"{labels.get('index')} (block {labels.get('block_size')})"
+        ttft = [r.ttft_s for r in res.requests]
+        out.append((f"{name} (p50 {seconds(res.run.ttft_p50_s)})", ttft))
+    return out
+
+
+def plot_against(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    x: str,
+    measures: Sequence[tuple[str, str]],
+    label_key: str,
+    xlabel: str,
+    title: str = "",
+) -> Path:
+    """One line per ``label_key`` value against ``x`` (log axis), a panel per measure.
+
+    Args:
+        rows: flat run rows, several values of ``x`` per label.
+        path: the PNG to write.
+        x: the swept column (``capacity_tokens``, ``num_replicas``).
+        measures: ``(column, axis label)`` per panel; a ratio column is drawn 0..1.
+        label_key: the column that tells the lines apart.
+        xlabel, title: the x axis's label and the figure's title.
+    """
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        lines.setdefault(str(row[label_key]), []).append(row)
+    fig = _figure(5.0 * len(measures) + 1.8, 4.2)
+    axes = fig.subplots(1, len(measures), squeeze=False)[0]
+    for ax, (column, ylabel) in zip(axes, measures, strict=True):
+        for i, (name, group) in enumerate(lines.items()):
+            group = sorted(group, key=lambda r: r[x])
+            ax.plot([r[x] for r in group], [r[column] for r in group], label=name, **_style(i))
+        _decimal_log_axis(ax, sorted({r[x] for r in rows}))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(*((0, 1) if "ratio" in column else (0, None)))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small", ncol=2)
+    return _save(fig, path, title)
+
+
+def plot_capacity_sweep(
+    runs: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    label_key: str = "backend",
+    title: str = "What KV capacity buys",
+) -> Path:
+    """Hit ratio and TTFT p90 against KV capacity, one line per ``label_key`` (run rows
+    of :func:`~.tables.run_rows`, several capacities each)."""
+    return plot_against(
+        runs, path, x="capacity_tokens", label_key=label_key, title=title,
+        measures=(("hit_ratio", "prefix hit ratio"), ("ttft_p90_s", "TTFT p90 (s)")),
+        xlabel="KV capacity (tokens, log scale)",
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------- compare
+
+
+def backend_colour(index: str, position: int) -> str:
+    """A stable colour per engine modelled (grey: no cache); the ``position``-th spare otherwise."""
+    description = describe_index(index)
+    if not description.caches:
+        return _NO_CACHE_COLOUR
+    spare = _SPARE_COLOURS[position % len(_SPARE_COLOURS)]
+    return _ENGINE_COLOURS.get(description.models or "", spare)
+
+
+def _label(b: BackendRun) -> str:
+    unit = describe_index(b.index).unit
+    return f"{b.backend} ({b.driver}, {unit} {b.block_size})"
+
+
+def _panels(fig: Any, n: int, cols: int) -> list[Any]:
+    """``n`` axes in rows of ``cols``, the spare ones hidden."""
+    axes = list(fig.subplots(math.ceil(n / cols), cols, squeeze=False).flat)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return axes[:n]
+
+
+def _legend_below(fig: Any, ax: Any, fontsize: str = "medium") -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)),
+               fontsize=fontsize)  # fmt: skip
+
+
+def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
+    """Hit ratio vs capacity in tokens (log x), one panel per workload with a sweep.
+
+    Returns:
+        Whether a file was written (``False`` when no workload has a sweep).
+    """
+    swept = [w for w in workloads if w.sweep]
+    if not swept:
+        return False
+    cols = min(3, len(swept))
+    fig = _figure(4.6 * cols, 3.4 * math.ceil(len(swept) / cols) + 0.5)
+    axes = _panels(fig, len(swept), cols)
+    for ax, w in zip(axes, swept, strict=True):
+        caps = w.sweep_capacities
+        ratio = {(p.backend, p.capacity_tokens): p.hit_ratio for p in w.sweep}
+        for pos, b in enumerate(w.backends):
+            ys = [ratio.get((b.backend, c), math.nan) for c in caps]
+            ax.plot(caps, ys, marker="o", label=_label(b), color=backend_colour(b.index, pos))
+        ax.axvline(w.capacity_tokens, color="#555555", linestyle=":", linewidth=1)
+        _decimal_log_axis(ax, caps)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{w.name} ({w.num_requests} requests)", fontsize=10)
+        ax.set_xlabel("KV capacity (tokens, log scale)")
+        ax.set_ylabel("hit ratio (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+    _legend_below(fig, axes[0])
+    _save(fig, path, "Prefix-cache hit ratio vs cache capacity (dotted: the table's capacity)")
+    return True
+
+
+def _binned_medians(xs: Sequence[int], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    if not xs:
+        return [], []
+    lo, hi = max(1, min(xs)), max(xs)
+    if hi <= lo:
+        return [float(lo)], [sorted(ys)[len(ys) // 2]]
+    edges = [lo * (hi / lo) ** (i / 12) for i in range(13)]
+    edges[-1] = hi + 1
+    mx, my = [], []
+    for left, right in itertools.pairwise(edges):
+        sel = sorted(y for x, y in zip(xs, ys, strict=True) if left <= x < right)
+        if sel:
+            mx.append(math.sqrt(left * right))
+            my.append(sel[len(sel) // 2])
+    return mx, my
+
+
+def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title: str) -> None:
+    labels = [b.backend for b in workloads[0].backends]
+    for pos, label in enumerate(labels):
+        xs: list[int] = []
+        ys: list[float] = []
+        runs = [b for w in workloads for b in w.backends if b.backend == label]
+        for b in runs:
+            xs += b.per_request.prompt_tokens
+            ys += [max(y, 0.01) for y in getattr(b.per_request, field)]
+        colour = backend_colour(runs[0].index, pos)
+        ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
+        mx, my = _binned_medians(xs, ys)
+        ax.plot(mx, my, color=colour, linewidth=2, marker="o", markersize=3, label=_label(runs[0]))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt length (tokens, log scale)")
+    ax.set_ylabel("index time (µs, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
+    """Per-request index time vs prompt length, all workloads pooled, per backend.
+
+    Left: admission (lookup with hashing, prefill allocation, prompt registration);
+    right: every cache call of the request, decode steps included. Dots are
+    requests; lines are medians over log-spaced prompt-length bins.
+    """
+    fig = _figure(12.0, 4.9)
+    left, right = fig.subplots(1, 2, sharey=True)
+    _time_panel(left, workloads, "admit_us", "admission: lookup + prefill allocation + insert")
+    _time_panel(right, workloads, "index_us", "whole request: admission + decode steps + release")
+    right.set_ylabel("")
+    _legend_below(fig, left)
+    title = "Index time per request vs prompt length (dots: requests; lines: binned medians)"
+    _save(fig, path, title)
+
+
+def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
+    p = b.per_request
+    hit, cap, bnd = p.hit_tokens[i], p.cap_lost_tokens[i], p.boundary_lost_tokens[i]
+    new = p.prompt_tokens[i] - hit - cap - bnd
+    return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
+
+
+def _strip_panel(ax: Any, backends: Sequence[BackendRun], i: int, block: int) -> None:
+    """Request ``i``'s prompt tokens by fate, one bar per backend."""
+    first = backends[0].per_request
+    length = first.prompt_tokens[i]
+    for row, b in enumerate(backends):
+        y = len(backends) - 1 - row
+        segments = _segments(b, i)
+        left = 0
+        for kind, n in segments:
+            if n > 0:
+                ax.barh(y, n, left=left, height=0.7, color=SEGMENT_COLOURS[kind])
+            left += n
+        hit, cap, bnd = (n for _, n in segments[:3])
+        text = f"hit {hit} · boundary {bnd} · last block {cap}"
+        ax.text(length * 1.01, y, text, va="center", fontsize=7)
+    if block > 1 and length // block <= 40:
+        for x in range(block, length, block):
+            ax.axvline(x, color="#444444", linestyle=":", linewidth=0.6)
+    ax.set_yticks(range(len(backends)))
+    ax.set_yticklabels([b.backend for b in reversed(backends)], fontsize=8)
+    ax.set_xlim(0, length * 1.3)
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= length])
+    ax.set_title(f"request {first.ids[i]} ({length} prompt tokens)", fontsize=9, loc="left")
+    ax.tick_params(axis="x", labelsize=7)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def plot_strips(w: WorkloadResult, path: Path) -> bool:
+    """A few requests as bars of prompt tokens, coloured by fate, backends side by side.
+
+    Each request gets its own panel and x range (tokens 0..prompt length), so a
+    14-token boundary loss stays visible; dotted lines mark the largest block size
+    when the prompt has at most 40 such blocks.
+
+    Returns:
+        Whether a file was written (``False`` when no request was selected).
+    """
+    chosen: list[int] = list(w.strip_requests)
+    if not chosen:
+        return False
+    backends = w.backends
+    block = max(b.block_size for b in backends)
+    fig = _figure(9.0, 0.6 + len(chosen) * (0.45 * len(backends) + 0.55))
+    axes = fig.subplots(len(chosen), 1, squeeze=False)[:, 0]
+    for ax, i in zip(axes, chosen, strict=True):
+        _strip_panel(ax, backends, i, block)
+    axes[-1].set_xlabel("prompt token position")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=SEGMENT_COLOURS[k], label=_SEGMENT_LABELS[k]) for k in SEGMENT_COLOURS]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
+    title = f"{w.name}: what happened to each prompt token"
+    if block > 1:
+        title += f" (dotted: {block}-token block boundaries)"
+    _save(fig, path, title)
+    return True
+
+
+def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
+    """The arrival-time plots of one workload: the TTFT CDF per backend at the table's
+    capacity, and hit ratio and TTFT p90 against capacity when there are several.
+
+    Returns:
+        ``{"ttft_cdf_<workload>": file, "time_capacity_<workload>": file}`` for the
+        files written (none without arrival-time runs).
+    """
+    written: dict[str, str] = {}
+    table = w.arrival_at_table()
+    if not table:
+        return written
+    part = _file_part(w.name)
+    t = table[0]
+    arrivals = t.settings.describe_arrivals()
+    title = (
+        f"{w.name}: time to first token\n{arrivals}, {w.capacity_tokens:,} tokens of KV, "
+        f"profile {t.settings.profile.name}"
+    )
+    plot_ttft_cdf(ttft_curves([r.result for r in table], "legend"), out / f"ttft_cdf_{part}.png",
+                  title=title)  # fmt: skip
+    written[f"ttft_cdf_{w.name}"] = f"ttft_cdf_{part}.png"
+    by_capacity = [r for r in w.arrival_runs if r.role != "rate"]
+    if len({r.capacity_tokens for r in by_capacity}) > 1:
+        name = f"time_vs_capacity_{part}.png"
+        title = f"{w.name}: what KV capacity buys ({arrivals})"
+        plot_capacity_sweep([r.row() for r in by_capacity], out / name, title=title)
+        written[f"time_capacity_{w.name}"] = name
+    return written
+
+
+def num_plots(workloads: Sequence[WorkloadResult]) -> int:
+    """How many plot steps :func:`write_plots` reports through ``tick``."""
+    return 2 + 2 * len(workloads)
+
+
+def _file_part(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def write_plots(
+    workloads: Sequence[WorkloadResult], out: Path, *, tick: Tick | None = None
+) -> dict[str, str]:
+    """Write every plot of a comparison into ``out``.
+
+    Returns:
+        File names relative to ``out``, by what they show: ``capacity`` (when some
+        workload has a sweep), ``index_time``, ``strips_<workload>``, and with
+        arrival-time runs ``ttft_cdf_<workload>`` and ``time_capacity_<workload>``.
+
+    Raises:
+        ExtraNotInstalledError: matplotlib is not installed (nothing written).
+    """
+    require_extra("report", "write_plots", ("matplotlib",))
+    step = tick or (lambda n: None)
+    written: dict[str, str] = {}
+    if plot_capacity(workloads, out / "hit_ratio_vs_capacity.png"):
+        written["capacity"] = "hit_ratio_vs_capacity.png"
+    step(1)
+    plot_index_time(workloads, out / "index_time_vs_prompt_length.png")
+    written["index_time"] = "index_time_vs_prompt_length.png"
+    step(1)
+    for w in workloads:
+        name = f"strips_{_file_part(w.name)}.png"
+        if plot_strips(w, out / name):
+            written[f"strips_{w.name}"] = name
+        step(1)
+        written.update(plot_time(w, out))
+        step(1)
+    return written
+
+
+# ------------------------------------------------------------------------------- cluster
+
+
+def _hit_axis(ax: Any, legend: str = "small") -> None:
+    ax.set_ylabel("prefix hit ratio")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=legend)
+
+
+def _policy(res: ClusterResult) -> str:
+    return str(res.labels["policy"])
+
+
+def _bound(results: Sequence[ClusterResult], name: str) -> ClusterResult | None:
+    return next((r for r in results if r.labels["policy"] == name), None)
+
+
+def plot_hit_ratio(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Hit ratio per policy (bars), with round robin's and the bounds' as lines."""
+    fig = _figure(max(6.0, 0.6 * len(results) + 2), 4.0)
+    ax = fig.subplots()
+    policies = [r for r in results if r.labels["policy"] not in ("pooled", "infinite")]
+    hits = [r.run.hit_ratio for r in policies]
+    ax.bar(range(len(hits)), hits, color=_COLOURS[0])
+    for i, h in enumerate(hits):
+        ax.text(i, h, f"{h:.3f}", ha="center", va="bottom", fontsize="x-small")
+    for ref, style in (("round_robin", ":"), ("pooled", "--"), ("infinite", "-.")):
+        res = _bound(results, ref)
+        if res is not None:
+            ax.axhline(res.run.hit_ratio, color="black", linestyle=style, linewidth=1,
+                       label=f"{ref} {res.run.hit_ratio:.3f}")  # fmt: skip
+    ax.set_xticks(range(len(hits)), [_policy(r) for r in policies], rotation=30, ha="right",
+                  fontsize="small")  # fmt: skip
+    _hit_axis(ax)
+    labels = results[0].labels
+    ax.set_title(f"{labels['num_replicas']} replicas x {tokens(labels['capacity_tokens'])} tokens")
+    return _save(fig, path, title)
+
+
+def plot_frontier(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Hit ratio against load imbalance (CV of busy time), one point per run: good
+    policies sit top left; the pooled bound marks the best balanced hit ratio."""
+    fig = _figure(6.8, 4.6)
+    ax = fig.subplots()
+    for i, r in enumerate(results):
+        style = _style(i)
+        ax.scatter([r.run.load_cv], [r.run.hit_ratio], color=style["color"],
+                   marker=style["marker"], label=_policy(r))  # fmt: skip
+    pooled = _bound(results, "pooled")
+    if pooled is not None:
+        ax.axhline(pooled.run.hit_ratio * 0.9, color="grey", linestyle=":", linewidth=1,
+                   label="0.9 x pooled")  # fmt: skip
+    ax.axvline(0.1, color="grey", linestyle="--", linewidth=1, label="CV 0.1")
+    top = max((r.run.load_cv for r in results if not math.isnan(r.run.load_cv)), default=0.0)
+    ax.set_xlim(0, max(0.2, 1.1 * top))
+    ax.set_xlabel("load imbalance: CV of replica busy time")
+    ax.grid(True, alpha=0.3)
+    _hit_axis(ax, "x-small")
+    return _save(fig, path, title)
+
+
+def _overlap_panel(ax: Any, res: ClusterResult) -> None:
+    bs = res.labels["block_size"]
+    pts = [
+        (r.predicted_blocks * bs, r.metrics.hit_tokens)
+        for r in res.requests
+        if r.predicted_blocks is not None
+    ]
+    top = max((max(p) for p in pts), default=1) or 1
+    ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
+    ax.plot([0, top], [0, top], color="grey", linewidth=1)
+    for axis in ("x", "y"):  # most requests hit little: spread the corner
+        getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
+    ax.set_title(
+        f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
+        f"phantom {res.run.phantom_rate:.1%}",
+        fontsize="small",
+    )
+    ax.set_xlabel("predicted (tokens)", fontsize="small")
+    ax.set_ylabel("realized (tokens)", fontsize="small")
+
+
+def plot_overlap(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Predicted against realized hit tokens, one panel per policy that predicts."""
+    runs = [r for r in results if r.run.overlap_predictions]
+    cols = max(1, min(4, len(runs)))
+    fig = _figure(3.2 * cols, 3.0 * max(1, math.ceil(len(runs) / cols)))
+    for ax, res in zip(_panels(fig, max(1, len(runs)), cols), runs, strict=False):
+        _overlap_panel(ax, res)
+    return _save(fig, path, title)
+
+
+def plot_decision_latency(
+    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Router decision time per policy, CPU (box: p25-p75, whiskers p1-p99) and wall
+    clock (p99 marked), hashing apart."""
+    runs = [r for r in results if r.requests]
+    fig = _figure(max(6.0, 0.6 * len(runs) + 2), 4.0)
+    ax = fig.subplots()
+    data = [[max(q.decision_cpu_us, 1e-2) for q in r.requests] for r in runs]
+    ax.boxplot(data, whis=(1, 99), showfliers=False)
+    ax.scatter(range(1, len(runs) + 1), [max(r.run.decision_p99_us, 1e-2) for r in runs],
+               marker="x", color="grey", label="wall-clock p99")  # fmt: skip
+    ax.set_xticks(range(1, len(runs) + 1), [_policy(r) for r in runs], rotation=30, ha="right",
+                  fontsize="small")  # fmt: skip
+    ax.axhline(1000, color="red", linestyle="--", linewidth=1, label="1 ms")
+    ax.set_yscale("log")
+    ax.set_ylabel("decision CPU time (µs, log; hashing excluded)")
+    ax.legend(fontsize="small")
+    return _save(fig, path, title)
+
+
+def plot_faults(
+    results: Sequence[ClusterResult],
+    baseline: Callable[[ClusterResult], ClusterResult | None],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> Path:
+    """Hit ratio of each fault run beside its fault-free run; broken invariants in red."""
+    fig = _figure(max(6.0, 0.7 * len(results) + 2), 4.2)
+    ax = fig.subplots()
+    for i, res in enumerate(results):
+        base = baseline(res)
+        ok = not res.invariants.broken()
+        if base is not None:
+            ax.bar(i - 0.2, base.run.hit_ratio, width=0.4, color="#bbbbbb",
+                   label="fault-free" if i == 0 else None)  # fmt: skip
+        ax.bar(i + 0.2, res.run.hit_ratio, width=0.4, color=_COLOURS[0] if ok else "red",
+               label="with faults" if i == 0 else None)  # fmt: skip
+    ax.set_xticks(range(len(results)),
+                  [f"{_policy(r)}\n{r.labels['faults']}" for r in results],
+                  rotation=30, ha="right", fontsize="x-small")  # fmt: skip
+    _hit_axis(ax)
+    ax.set_title("stale information may cost hits, never correctness", fontsize="small")
+    return _save(fig, path, title)
