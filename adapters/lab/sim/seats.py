@@ -17,12 +17,12 @@ The lab measures the classes that run inside the engines, never a model of them:
 Whether a request fits is the class's answer (``None`` or ``False``, nothing
 changed); the seat keeps no copy of an engine's admission rule.
 
-The K-live schedule (:mod:`.klive`) asks each seat for three more steps, in its
-engine's own calls and step order, each call timed under its engine's name
-(:class:`CallTimes`): ``start`` (admit a whole prompt in one step and sample its first
-token), ``decode_rest`` (one decode step per remaining output token) and ``end``
-(release). :class:`ManagerSeat` offers them over prefixkv's ``CacheManager`` (the
-generic lifecycle, for indexes that model neither engine).
+The K-live schedule (:mod:`.klive`) asks each seat for whole requests, in its engine's
+own calls and step order, each call timed under its engine's name (:class:`CallTimes`):
+``start`` (admit a whole prompt in one step), ``started`` (that step sampled the first
+token: is the request still running?), ``decode_rest`` (one decode step per remaining
+output token) and ``end`` (release). :class:`ManagerSeat` answers them over prefixkv's
+``CacheManager`` (the generic lifecycle, for indexes that model neither engine).
 """
 
 from __future__ import annotations
