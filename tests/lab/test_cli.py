@@ -545,11 +545,11 @@ def test_replay_interrupted_writes_partial_hits(
 def test_compare_interrupted_keeps_finished_backends(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefixkv.adapters.lab import replay
+    from prefixkv.adapters.lab.sim import seats
 
     out = tmp_path / "o"
     # The radix tree runs second: interrupt its first replay midway.
-    interrupt_after(monkeypatch, replay, "alloc_for_extend", 5)
+    interrupt_after(monkeypatch, seats, "alloc_for_extend", 5)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
                            "--timing-repeats", "1", "--out", str(out))  # fmt: skip
     assert code == 130

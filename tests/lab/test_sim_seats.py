@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from array import array
 
+import pytest
+
 from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics
-from prefixkv.adapters.lab.sim.replica_scheduler import SimSeq
+from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
 from prefixkv.indexes import make_index
@@ -65,10 +66,23 @@ def test_a_replica_prices_each_step_and_streams_its_tokens_after_it() -> None:
             make_seat("mixed", make_index("radix", 4), 8), cfg, profile, stream=stream
         )
         prompt = array("I", [1, 2, 3, 4])
-        replica.add(SimSeq(SimRequest("a", prompt, 2, 0.0), RequestMetrics("a", 0.0, 4, 2)))
+        replica.add(SimRequest("a", prompt, 2, 0.0), 0.0)
         step = replica.run(replica.plan())  # the prefill: 0.5 + 4 x 0.25 seconds
         assert (step.start, step.end, step.delivered) == (0.0, 1.5, 1.5 + lag)
         step = replica.run(replica.plan())  # the decode step finishes it
         assert step.end == 2.0 and [s.request.id for s in step.finished] == ["a"]
         assert (replica.busy_s, replica.num_steps, replica.has_unfinished()) == (2.0, 2, False)
         replica.seat.check_invariants()
+
+
+def test_a_replica_refuses_a_request_it_can_never_run_and_changes_nothing() -> None:
+    profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0)
+    for batching in ("mixed", "prefill_first"):
+        index = make_index("radix", 4)
+        replica = Replica(make_seat(batching, index, 2), SimConfig(batching=batching), profile)
+        too_long = SimRequest("big", array("I", range(8)), 2, 0.0)  # 9 tokens: 3 blocks of 4
+        with pytest.raises(SimUnservableError, match="'big' needs 3 blocks"):
+            replica.add(too_long, 0.0)
+        assert not replica.has_unfinished() and replica.num_steps == 0
+        replica.add(SimRequest("ok", array("I", range(4)), 2, 0.0), 0.0)  # 5 tokens fit
+        assert replica.has_unfinished()

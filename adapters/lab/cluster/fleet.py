@@ -228,7 +228,7 @@ class PooledFleet(LocalFleet):
             ready = [
                 rep
                 for rep in live
-                if rep.sched.has_unfinished() and rep.now < until and rep.replica_id not in blocked
+                if rep.has_unfinished() and rep.now < until and rep.replica_id not in blocked
             ]
             if not ready:
                 break
@@ -237,7 +237,7 @@ class PooledFleet(LocalFleet):
                 blocked.clear()
                 continue
             # Its requests wait for blocks the others hold: until the next of them steps.
-            others = [o.now for o in live if o is not rep and o.sched.running]
+            others = [o.now for o in live if o is not rep and o.schedule.running]
             if not others:
                 raise SimError(
                     f"pooled replica {rep.replica_id} cannot schedule at t={rep.now:.6f} "

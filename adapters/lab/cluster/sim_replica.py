@@ -1,12 +1,12 @@
 """One engine replica of a cluster, stepped in virtual time, publishing its KV events.
 
 A :class:`~prefixkv.adapters.lab.sim.runner.Replica` (its seat, the engine class, the
-schedule over it and the cost profile) plus an event publisher, driven from outside: the
-cluster adds requests as the router sends them and advances every replica to the next
-routing decision. Each scheduler step publishes one event batch, stamped with the
-step's start and numbered from 0 (vLLM collects ``take_events`` in ``schedule`` and
-publishes once per step); events left by a step after which the replica goes idle are
-published when it ends.
+schedule over it and the cost profile), with no serving front end, plus an event
+publisher, driven from outside: the cluster adds requests as the router sends them and
+advances every replica to the next routing decision. Each scheduler step publishes one
+event batch, stamped with the step's start and numbered from 0 (vLLM collects
+``take_events`` in ``schedule`` and publishes once per step); events left by a step
+after which the replica goes idle are published when it ends.
 
 The replica also keeps what Dynamo calls its local indexer (:class:`LocalIndexer`):
 the blocks its own events say it holds, with parents and tokens, so it can answer a
@@ -30,7 +30,7 @@ from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory
-from prefixkv.adapters.lab.sim.replica_scheduler import Chunk, SimSeq
+from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import make_seat
@@ -111,7 +111,7 @@ class ReplicaReport(NamedTuple):
     violations: list[str]
 
 
-class SimReplica:
+class SimReplica(Replica):
     """A replica in virtual time: ``add`` requests, ``advance`` to a time, read reports.
 
     Args:
@@ -155,17 +155,14 @@ class SimReplica:
     ) -> None:
         if pool is None:
             pool = SharedPool(index_factory, capacity_tokens, config.batching, events=True)
+        # Tokens reach the router at the step's end: no streaming front end.
+        super().__init__(pool.seat, config, profile, start_time=start_time, stream=False)
         self.pool = pool
         self.index = pool.index
-        self.seat = pool.seat
         self.block_size = pool.block_size
         self.num_blocks = pool.num_blocks
         self.replica_id = replica_id
         self.config = config
-        self.profile = profile
-        # Tokens reach the router at the step's end: no streaming front end.
-        self.replica = Replica(self.seat, config, profile, start_time=start_time, stream=False)
-        self.sched = self.replica.schedule
         self.publisher = EventPublisher(buffer_steps)
         self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
         self.data_parallel_rank = data_parallel_rank
@@ -178,46 +175,29 @@ class SimReplica:
         self._drop_removals = drop_removals
         self._rng = random.Random(seed)
 
-    @property
-    def now(self) -> float:
-        """Its clock: the end of its last step, or of its idle wait."""
-        return self.replica.now
-
-    @now.setter
-    def now(self, value: float) -> None:
-        self.replica.now = value
-
-    @property
-    def busy_s(self) -> float:
-        """Seconds spent in steps since it started."""
-        return self.replica.busy_s
-
     # ------------------------------------------------------------ requests
 
-    def add(self, request: SimRequest) -> None:
-        """Queue a request the router sent; it waits for the next step.
+    def add(self, request: SimRequest, sent: float | None = None) -> RequestMetrics:
+        """Queue a request the router sent (at ``sent``, default its arrival or now);
+        it waits for the next step. An idle replica's clock moves to it.
 
         Raises:
             SimUnservableError: it cannot fit this replica's pool even alone.
         """
-        peak = len(request.prompt) + request.output_len - 1
-        if -(-peak // self.block_size) > self.num_blocks:
-            raise SimUnservableError(
-                f"request {request.id!r} needs {-(-peak // self.block_size)} blocks; "
-                f"replica {self.replica_id} has {self.num_blocks}"
-            )
-        arrival = request.arrival if request.arrival is not None else self.now
-        if not self.sched.has_unfinished():
-            self.now = max(self.now, arrival)
+        if sent is None:
+            sent = request.arrival if request.arrival is not None else self.now
+        idle = not self.has_unfinished()
+        metrics = super().add(request, sent)
+        if idle:
+            self.now = max(self.now, sent)
         if self.check_scheme is not None:
             self._hashes[request.id] = self.check_scheme.block_hashes(request.prompt)
-        metrics = RequestMetrics(request.id, arrival, len(request.prompt), request.output_len)
-        self.sched.add(SimSeq(request, metrics))
+        return metrics
 
     def advance(self, until: float) -> ReplicaReport:
         """Run every step that starts before ``until``; report what happened."""
-        while self.sched.has_unfinished() and self.now < until:
-            self._step()
+        while self.has_unfinished() and self.now < until:
+            self.step()
         return self._report()
 
     def drain(self) -> ReplicaReport:
@@ -231,11 +211,8 @@ class SimReplica:
             False when nothing could be scheduled: on a shared pool, the other
             replicas hold the blocks; it waits for them.
         """
-        return self._step()
-
-    def _step(self) -> bool:
         start = self.now
-        plan = self.replica.plan()
+        plan = self.plan()
         if not plan.chunks:
             if self.pool.shared:
                 return False
@@ -245,7 +222,7 @@ class SimReplica:
         self._publish(start)
         if self.check_scheme is not None:
             self._check_admissions(plan.chunks, start)
-        step = self.replica.run(plan)
+        step = self.run(plan)
         for seq, _, _ in plan.chunks:
             m = seq.metrics
             if m.first_token_s == step.end:
@@ -253,7 +230,7 @@ class SimReplica:
         for seq in step.finished:
             self._finished.append(seq.metrics)
             self._hashes.pop(seq.metrics.request_id, None)
-        if not self.sched.has_unfinished():
+        if not self.has_unfinished():
             self._publish(step.end)
         return True
 
@@ -296,8 +273,8 @@ class SimReplica:
             self._batches,
             self._first,
             self._finished,
-            len(self.sched.waiting),
-            len(self.sched.running),
+            len(self.schedule.waiting),
+            len(self.schedule.running),
             held / self.num_blocks,
             self.busy_s,
             self._violations,
@@ -325,7 +302,7 @@ class SimReplica:
         """vLLM's ``reset_prefix_cache(reset_running_requests=True)``: preempt every
         running request (recompute: back to the waiting queue's front), then drop the
         whole cache; publishes ``AllBlocksCleared``."""
-        self.sched.preempt_all()
+        self.schedule.preempt_all()
         self.seat.reset()
         self._publish(self.now)
 
@@ -335,4 +312,5 @@ class SimReplica:
 
     def in_flight(self) -> list[str]:
         """Ids of the requests waiting or running."""
-        return [s.request.id for s in (*self.sched.waiting, *self.sched.running)]
+        sched = self.schedule
+        return [s.request.id for s in (*sched.waiting, *sched.running)]

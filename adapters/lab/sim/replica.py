@@ -27,20 +27,13 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
 
 from .config import SimConfig
-from .errors import (
-    ProfileRangeWarning,
-    SimConfigError,
-    SimError,
-    SimInputError,
-    SimUnservableError,
-)
+from .errors import ProfileRangeWarning, SimConfigError, SimError, SimInputError
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
-from .replica_scheduler import SimSeq, StepWork
+from .replica_scheduler import StepWork
 from .requests import SimRequest
 from .runner import Replica
 from .seats import make_seat
@@ -49,21 +42,6 @@ __all__ = ["IndexFactory", "simulate"]
 
 IndexFactory = Callable[[], PrefixIndex]
 """Makes a fresh, empty index for one run (``BackendSpec.make``, ``lambda: make_index(...)``)."""
-
-
-def _check_servable(
-    request: SimRequest, num_blocks: int, block_size: int, config: SimConfig
-) -> None:
-    reason = unservable(
-        len(request.prompt),
-        request.output_len,
-        block_size=block_size,
-        num_blocks=num_blocks,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-    )
-    if reason is not None:
-        raise SimUnservableError(f"request {request.id!r} {reason}")
 
 
 def simulate(
@@ -125,10 +103,7 @@ def simulate(
     reached = dict.fromkeys(RANGE_KEYS, 0)
     while True:
         for request, sent in gate.ready(replica.now):
-            _check_servable(request, num_blocks, block_size, cfg)
-            m = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
-            records.append(m)
-            replica.add(SimSeq(request, m))
+            records.append(replica.add(request, sent))
         if not replica.has_unfinished():
             wake = gate.next_time()
             if wake is None:

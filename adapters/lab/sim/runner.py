@@ -1,14 +1,18 @@
 """One engine replica on a virtual clock: a seat, the schedule over it, a cost profile.
 
 Every arrival-time run steps its requests through a :class:`Replica`: the one-replica
-simulation (:func:`~.replica.simulate`) and each replica of a cluster (which adds an
-event publisher around it). A step is planned by the schedule (which calls only its
-seat, the engine class), priced by the cost profile, and completed at its end::
+simulation (:func:`~.replica.simulate`) and each replica of a cluster (a subclass that
+adds an event publisher, ``cluster/sim_replica.py``). A step is planned by the schedule
+(which calls only its seat, the engine class), priced by the cost profile, and completed
+at its end::
 
     replica = Replica(make_seat("mixed", index, num_blocks), config, profile)
-    replica.add(seq)
+    replica.add(request, sent)     # its record, filled in as it runs
     plan = replica.plan()          # what the step computes (a cluster publishes here)
     step = replica.run(plan)       # the clock moves by the step's cost
+
+The K-live replay has no clock and no cost: its schedule (:class:`~.klive.KLive`) steps
+whole requests through the same seats.
 
 Nothing reads the wall clock: a run is a pure function of its inputs.
 """
@@ -17,9 +21,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from prefixkv.adapters.servable import unservable
+
 from .config import SimConfig
+from .errors import SimUnservableError
+from .metrics import RequestMetrics
 from .profile import CostProfile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
+from .requests import SimRequest
 from .seats import Seat
 
 __all__ = ["Replica", "Step"]
@@ -52,9 +61,11 @@ class Replica:
         config: the schedule's settings (its batching must be the seat's).
         profile: step costs.
         start_time: the clock when it starts (a replica started mid-run).
-        stream: tokens reach their clients once the serving front end has streamed
-            them (the profile's per-token cost, after the work it queued before them);
-            else at the step's end.
+        stream: a serving front end shares the engine's cores: tokens reach their
+            clients once it has streamed them (the profile's per-token cost, after the
+            work it queued before them), and it slows a step by its share of the time
+            it is busy during it; else tokens arrive at the step's end and the front end
+            costs nothing.
     """
 
     def __init__(
@@ -80,11 +91,31 @@ class Replica:
         # Since when the engine has had nothing to do (None: busy).
         self._idle_since: float | None = start_time
 
-    def add(self, seq: SimSeq) -> None:
-        """Queue a request at the back of the waiting queue (its front-end work counts)."""
-        self.schedule.add(seq)
-        self._frontend_free = max(self._frontend_free, self.now)
-        self._frontend_free += self.profile.frontend_request_cpu_s
+    def add(self, request: SimRequest, sent: float) -> RequestMetrics:
+        """Queue a request sent at ``sent`` at the back of the waiting queue (its
+        front-end work counts); returns its record, filled in as it runs.
+
+        Raises:
+            SimUnservableError: it cannot run in this replica's pool even alone
+                (nothing changed).
+        """
+        seat, cfg = self.seat, self.schedule.config
+        reason = unservable(
+            len(request.prompt),
+            request.output_len,
+            block_size=seat.block_size,
+            num_blocks=seat.num_blocks,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        if reason is not None:
+            raise SimUnservableError(f"request {request.id!r} {reason}")
+        metrics = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
+        self.schedule.add(SimSeq(request, metrics))
+        if self.stream:
+            self._frontend_free = max(self._frontend_free, self.now)
+            self._frontend_free += self.profile.frontend_request_cpu_s
+        return metrics
 
     def idle_until(self, t: float) -> None:
         """Move an idle replica's clock to ``t`` (front-end work while idle costs no step)."""
@@ -113,13 +144,18 @@ class Replica:
             seconds += p.wake_s
         self._idle_since = None
         # The front end slows the step only while it is busy, at most the step's length.
-        busy = min(max(0.0, self._frontend_free - start), seconds)
-        seconds += p.frontend_cpu_share * busy
+        if self.stream:
+            busy = min(max(0.0, self._frontend_free - start), seconds)
+            seconds += p.frontend_cpu_share * busy
         self.now = end = start + seconds
         self.busy_s += seconds
         self.num_steps += 1
         # It streams the step's tokens once done with what it had queued before them.
-        self._frontend_free = max(end, self._frontend_free) + p.stream_token_s * work.num_sampled
-        delivered = self._frontend_free if self.stream else end
+        delivered = end
+        if self.stream:
+            self._frontend_free = (
+                max(end, self._frontend_free) + p.stream_token_s * work.num_sampled
+            )
+            delivered = self._frontend_free
         finished = self.schedule.complete(plan, end, delivered)
         return Step(start, end, delivered, work, finished)

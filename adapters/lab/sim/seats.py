@@ -16,15 +16,24 @@ The lab measures the classes that run inside the engines, never a model of them:
 
 Whether a request fits is the class's answer (``None`` or ``False``, nothing
 changed); the seat keeps no copy of an engine's admission rule.
+
+The K-live schedule (:mod:`.klive`) asks each seat for whole requests, in its engine's
+own calls and step order, each call timed under its engine's name (:class:`CallTimes`):
+``start`` (admit a whole prompt in one step), ``started`` (that step sampled the first
+token: is the request still running?), ``decode_rest`` (one decode step per remaining
+output token) and ``end`` (release). :class:`ManagerSeat` answers them over prefixkv's
+``CacheManager`` (the generic lifecycle, for indexes that model neither engine).
 """
 
 from __future__ import annotations
 
+import time
 from array import array
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from prefixkv.adapters.events.wire import KVEvent
+from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
@@ -33,7 +42,47 @@ from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
-__all__ = ["Seat", "SglangSeat", "VllmRequest", "VllmSeat", "make_seat"]
+__all__ = [
+    "CallTimes",
+    "KLiveSeat",
+    "ManagerSeat",
+    "Seat",
+    "SglangSeat",
+    "VllmRequest",
+    "VllmSeat",
+    "make_seat",
+]
+
+_T = TypeVar("_T")
+
+
+class CallTimes:
+    """Seconds per engine call kind, and the seconds of the request being worked on.
+
+    Attributes:
+        by_call: summed seconds per call kind (``"lookup"``, ``"alloc_for_decode"``, ...).
+        spent: seconds booked since the caller last set it (one request's share).
+    """
+
+    __slots__ = ("by_call", "spent")
+
+    def __init__(self, by_call: dict[str, float]) -> None:
+        self.by_call = by_call
+        self.spent = 0.0
+
+    def call(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, its time booked as ``kind``."""
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.book(kind, time.perf_counter() - t0)
+        return out
+
+    def book(self, kind: str, seconds: float) -> None:
+        """Book time measured in place (a decode loop times each call inline, as the
+        reference oracles do, so the clock itself costs no extra call)."""
+        by = self.by_call
+        by[kind] = by.get(kind, 0.0) + seconds
+        self.spent += seconds
 
 
 class Seat(Protocol):
@@ -78,6 +127,62 @@ class Seat(Protocol):
 
     def check_invariants(self) -> None:
         """The class's invariants."""
+        ...
+
+
+class KLiveSeat(Protocol):
+    """What the K-live schedule asks of a seat: whole requests, one step each call."""
+
+    index: PrefixIndex
+
+    @property
+    def totals(self) -> CacheTotals:
+        """The class's counters (hits, evictions, rejections)."""
+        ...
+
+    def start(
+        self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
+    ) -> int | None:
+        """Admit the whole prompt in one step (the prefill).
+
+        Args:
+            request_id: its id.
+            tokens: the prompt.
+            live: other requests are live (scheduled in this step).
+            times: books each call.
+
+        Returns:
+            The hit tokens, or ``None`` (nothing changed) when the class refuses it.
+        """
+        ...
+
+    def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
+        """The prefill step sampled the first of ``output``: whether the request is
+        still running after it."""
+        ...
+
+    def decode_rest(
+        self,
+        request_id: str,
+        output: Sequence[int],
+        times: CallTimes,
+        step: Callable[[], object] | None,
+    ) -> bool:
+        """Decode the running request's remaining output, one step per token, calling
+        ``step`` at the end of each step but a release step; ``False`` when a step's
+        slot does not fit (the request stays running)."""
+        ...
+
+    def end(self, request_id: str, times: CallTimes) -> None:
+        """Release a request that decoded its output."""
+        ...
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call (empty unless built with events)."""
+        ...
+
+    def pool_size(self) -> tuple[int, int]:
+        """Free and total blocks of the pool (for an error message)."""
         ...
 
 
@@ -146,13 +251,76 @@ class VllmSeat:
             if not chunked:
                 return None
             n = budget
-        new = kv.allocate_slots(
-            req, n, hit, blocks, full_sequence_must_fit=True, has_scheduled_reqs=scheduled
-        )
-        if new is None:
+        if self._admit_slots(req, n, hit, blocks, scheduled) is None:
             return None
         req.num_computed_tokens = hit
         return hit, n
+
+    def _admit_slots(
+        self, req: VllmRequest, num_new: int, num_hit: int, blocks: Any, scheduled: bool
+    ) -> Any:
+        """``allocate_slots`` as vLLM's scheduler calls it for a waiting request."""
+        return self.kv.allocate_slots(
+            req, num_new, num_hit, blocks, full_sequence_must_fit=True, has_scheduled_reqs=scheduled
+        )
+
+    def start(
+        self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
+    ) -> int | None:
+        """K-live: ``get_computed_blocks`` then ``allocate_slots`` for the whole prompt
+        (the whole sequence must fit)."""
+        kv = self.kv
+        req = VllmRequest(request_id, tokens)
+        blocks, hit, _ = times.call("lookup", kv.get_computed_blocks, req)
+        n = req.num_tokens
+        new = times.call("allocate_prefill", self._admit_slots, req, n - hit, hit, blocks, live)
+        if new is None:
+            return None
+        req.num_computed_tokens = n
+        self.requests[request_id] = req
+        return int(hit)
+
+    def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
+        """Every admitted request is live until its free."""
+        if len(output):
+            self.requests[request_id].append(output[0])
+        return True
+
+    def decode_rest(
+        self,
+        request_id: str,
+        output: Sequence[int],
+        times: CallTimes,
+        step: Callable[[], object] | None,
+    ) -> bool:
+        """K-live: ``allocate_slots(req, 1)`` per remaining token; the free is a step
+        of its own."""
+        req = self.requests[request_id]
+        allocate = self.kv.allocate_slots
+        tokens = req.all_token_ids
+        perf, spent = time.perf_counter, 0.0
+        for k in range(1, len(output)):
+            t0 = perf()
+            new = allocate(req, 1)
+            spent += perf() - t0
+            if new is None:
+                times.book("allocate_decode", spent)
+                return False
+            req.num_computed_tokens += 1
+            tokens.append(output[k])  # append(), inlined: the decode loop is hot
+            req.num_tokens += 1
+            if step is not None:
+                step()
+        times.book("allocate_decode", spent)
+        return True
+
+    def end(self, request_id: str, times: CallTimes) -> None:
+        """K-live: ``free`` (vLLM registers nothing there)."""
+        times.call("free", self.kv.free, self.requests.pop(request_id))
+
+    def pool_size(self) -> tuple[int, int]:
+        a = self.kv.manager.allocator
+        return a.num_free_blocks, a.num_blocks
 
     def grow(self, request_id: str, num_computed: int, num_new: int) -> bool:
         """Slots for the next ``num_new`` tokens of a running request (a chunk or a
@@ -251,6 +419,67 @@ class SglangSeat:
     def release(self, request_id: str) -> None:
         retract(self.cache, self.requests.pop(request_id))
 
+    def start(
+        self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
+    ) -> int | None:
+        """K-live: ``alloc_for_extend``."""
+        req = SimpleReq(request_id, tokens)
+        hit = times.call("alloc_for_extend", alloc_for_extend, self.cache, req)
+        if hit is not None:
+            self.requests[request_id] = req
+        return hit
+
+    def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
+        """``cache_unfinished_req``; a request whose only output token was sampled
+        finishes in this step (``cache_finished_req``) and is never live. An empty
+        output is one throw-away token (SGLang samples one)."""
+        cache = self.cache
+        req = self.requests[request_id]
+        req.output_ids.append(output[0] if len(output) else 0)
+        if len(output) <= 1:
+            times.call(
+                "cache_finished_req", cache.cache_finished_req, self.requests.pop(request_id)
+            )
+            return False
+        times.call("cache_unfinished_req", cache.cache_unfinished_req, req)
+        return True
+
+    def decode_rest(
+        self,
+        request_id: str,
+        output: Sequence[int],
+        times: CallTimes,
+        step: Callable[[], object] | None,
+    ) -> bool:
+        """K-live: ``alloc_for_decode`` per remaining token; the step that samples the
+        last token also releases the request, as SGLang does."""
+        req = self.requests[request_id]
+        cache = self.cache
+        out_ids = req.output_ids
+        perf, spent = time.perf_counter, 0.0
+        while len(out_ids) < len(output):
+            t0 = perf()
+            ok = alloc_for_decode(cache, req)
+            spent += perf() - t0
+            if not ok:
+                times.book("alloc_for_decode", spent)
+                return False
+            out_ids.append(output[len(out_ids)])
+            if step is not None and len(out_ids) < len(output):
+                step()
+        times.book("alloc_for_decode", spent)
+        return True
+
+    def end(self, request_id: str, times: CallTimes) -> None:
+        """K-live: ``cache_finished_req``."""
+        times.call(
+            "cache_finished_req", self.cache.cache_finished_req, self.requests.pop(request_id)
+        )
+
+    def pool_size(self) -> tuple[int, int]:
+        pool = self.cache.pool
+        return pool.num_free_blocks, pool.num_blocks
+
     def take_events(self) -> list[KVEvent]:
         return self.cache.take_events()
 
@@ -263,6 +492,67 @@ class SglangSeat:
 
     def check_invariants(self) -> None:
         self.cache.check_invariants(self.requests.values())
+
+
+class ManagerSeat:
+    """prefixkv's ``CacheManager`` as a K-live seat: the generic lifecycle (``admit``,
+    ``commit``, ``append``, ``finish``) for an index that models neither engine.
+
+    Args:
+        manager: the manager.
+    """
+
+    def __init__(self, manager: CacheManager) -> None:
+        self.manager = manager
+        self.index = manager.index
+
+    @property
+    def totals(self) -> CacheTotals:
+        return self.manager.totals
+
+    def start(
+        self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
+    ) -> int | None:
+        """``admit`` then ``commit`` the whole prompt."""
+        m = self.manager
+        adm = times.call("admit", m.admit, request_id, tokens)
+        if adm is None:
+            return None
+        times.call("commit", m.commit, request_id, len(tokens))
+        return adm.hit_tokens
+
+    def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
+        """Every admitted request is live until its finish."""
+        return True
+
+    def decode_rest(
+        self,
+        request_id: str,
+        output: Sequence[int],
+        times: CallTimes,
+        step: Callable[[], object] | None,
+    ) -> bool:
+        """``append`` and ``commit`` each output token but the last (it never gets KV);
+        the finish is a step of its own."""
+        m = self.manager
+        for k in range(len(output) - 1):
+            if not times.call("append", m.append, request_id, [output[k]]):
+                return False
+            times.call("commit", m.commit, request_id, len(m.key(request_id)))
+            if step is not None:
+                step()
+        return True
+
+    def end(self, request_id: str, times: CallTimes) -> None:
+        """``finish``: register what has KV, release."""
+        times.call("finish", self.manager.finish, request_id)
+
+    def take_events(self) -> list[KVEvent]:
+        return self.manager.take_events()
+
+    def pool_size(self) -> tuple[int, int]:
+        a = self.manager.allocator
+        return a.num_free_blocks, a.num_blocks
 
 
 def make_seat(

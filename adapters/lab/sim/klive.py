@@ -1,0 +1,421 @@
+"""The K-live schedule: at most K requests live, the oldest finishes first, no clock.
+
+Requests are admitted in order; when a request arrives while K are live, the oldest
+live one decodes its remaining output one token per step and finishes. The whole
+prompt is prefilled in one step and its first output token is sampled there (SPEC,
+"Replay used to check fidelity"). Each step is its seat's (:mod:`.seats`): prefixkv's
+vLLM ``KVCacheManager`` as vLLM's scheduler drives it, its SGLang ``PrefixCache`` as
+SGLang's scheduler drives ``RadixCache``, or the generic ``CacheManager``; the
+schedule only orders requests and records what the seat answered::
+
+    seat = driver_seat("vllm", index, num_blocks)
+    result = KLive(seat, concurrency=8).run(requests)
+
+Requests are consumed as a stream: the schedule holds the K live requests and the
+cache, never the trace. Per-request results are kept in compact arrays (or not at
+all), and each admission can be streamed out as it happens; ``on_step`` marks the end
+of every scheduler step (where an engine takes its KV events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, Protocol
+
+from prefixkv.indexes.base import PrefixIndex
+from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.storage.allocator import BlockAllocator
+
+from ...accounting import BoundaryTracker, RequestRecord
+from ...manager import CacheManager
+from ...observer import CacheObserver
+from .seats import CallTimes, KLiveSeat, ManagerSeat, SglangSeat, VllmSeat, make_seat
+
+__all__ = [
+    "DRIVERS",
+    "Driver",
+    "HitRow",
+    "KLive",
+    "ReplayError",
+    "ReplayInterrupted",
+    "ReplayRequest",
+    "ReplayResult",
+    "driver_seat",
+]
+
+Driver = Literal["vllm", "sglang", "manager"]
+DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
+
+
+class ReplayRequest(Protocol):
+    """One trace line: an id, the prompt, and the tokens decoded after it."""
+
+    @property
+    def id(self) -> str:
+        """Unique request id."""
+        ...
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """Prompt token ids."""
+        ...
+
+    @property
+    def output(self) -> Sequence[int]:
+        """Output token ids."""
+        ...
+
+
+class HitRow(NamedTuple):
+    """One admission as the reference oracles record it."""
+
+    id: str
+    prompt_len: int
+    hit_tokens: int
+
+
+class ReplayError(PrefixKVError):
+    """A request could not be allocated even after evicting everything evictable."""
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced.
+
+    Per-request columns are in admission order and empty when the replay was asked
+    not to keep them (``keep_per_request=False``); the totals are always there.
+
+    Attributes:
+        ids: request ids.
+        prompt_len: prompt tokens per request.
+        hit_tokens: tokens served from the cache per request.
+        matched_tokens: BB-8 matched tokens per request (tracked replays only).
+        boundary_lost_tokens: BB-8 block-boundary losses per request (tracked only).
+        cap_lost_tokens: BB-8 last-block losses per request (tracked only).
+        request_seconds: index time per request (all its calls).
+        admit_seconds: the part spent admitting it (lookup, prefill allocation,
+            registering the prompt).
+        num_requests: requests admitted.
+        total_prompt_tokens: their prompt tokens.
+        total_hit_tokens: their hit tokens.
+        seconds_by_call: summed seconds per call kind.
+        evicted_blocks: blocks evicted from the index.
+        peak_cached_blocks: the most blocks the index held at once.
+        index_memory_bytes: the index structures' size near the peak (sampled).
+        wall_seconds: the replay's wall time.
+        partial: the replay was interrupted; only admitted requests are counted and
+            the live ones did not finish.
+    """
+
+    ids: list[str] = field(default_factory=list)
+    prompt_len: array[int] = field(default_factory=lambda: array("q"))
+    hit_tokens: array[int] = field(default_factory=lambda: array("q"))
+    matched_tokens: array[int] = field(default_factory=lambda: array("q"))
+    boundary_lost_tokens: array[int] = field(default_factory=lambda: array("q"))
+    cap_lost_tokens: array[int] = field(default_factory=lambda: array("q"))
+    request_seconds: array[float] = field(default_factory=lambda: array("d"))
+    admit_seconds: array[float] = field(default_factory=lambda: array("d"))
+    num_requests: int = 0
+    total_prompt_tokens: int = 0
+    total_hit_tokens: int = 0
+    seconds_by_call: dict[str, float] = field(default_factory=dict)
+    evicted_blocks: int = 0
+    peak_cached_blocks: int = 0
+    index_memory_bytes: int = 0
+    wall_seconds: float = 0.0
+    partial: bool = False
+
+    @property
+    def hits(self) -> list[dict[str, Any]]:
+        """``{"id", "prompt_len", "hit_tokens"}`` per kept request (the oracle format)."""
+        return [
+            {"id": i, "prompt_len": p, "hit_tokens": h}
+            for i, p, h in zip(self.ids, self.prompt_len, self.hit_tokens, strict=True)
+        ]
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Per kept request, the accounting record (BB-8 fields when tracked)."""
+        tracked = len(self.matched_tokens) == len(self.ids)
+        out = []
+        for k, rid in enumerate(self.ids):
+            rec = RequestRecord(rid, self.prompt_len[k], self.hit_tokens[k])
+            if tracked:
+                rec.matched_tokens = self.matched_tokens[k]
+                rec.boundary_lost_tokens = self.boundary_lost_tokens[k]
+                rec.cap_lost_tokens = self.cap_lost_tokens[k]
+            out.append(rec)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Totals for a result file's last line."""
+        prompt, hit = self.total_prompt_tokens, self.total_hit_tokens
+        return {
+            "requests": self.num_requests,
+            "total_prompt_tokens": prompt,
+            "total_hit_tokens": hit,
+            "hit_ratio": hit / prompt if prompt else 0.0,
+            "evicted_blocks": self.evicted_blocks,
+            "peak_cached_blocks": self.peak_cached_blocks,
+            "seconds_by_call": dict(self.seconds_by_call),
+            "seconds_total_in_index": sum(self.seconds_by_call.values()),
+            "wall_seconds": self.wall_seconds,
+            "partial": self.partial,
+        }
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """The replay was interrupted (Ctrl-C); ``result`` holds what was finished.
+
+    A ``KeyboardInterrupt``, so code that does not look for it still stops.
+    """
+
+    def __init__(self, result: ReplayResult) -> None:
+        super().__init__("replay interrupted")
+        self.result = result
+
+
+def driver_seat(
+    driver: Driver,
+    index: PrefixIndex,
+    num_blocks: int,
+    *,
+    events: bool = False,
+    observers: Sequence[CacheObserver] = (),
+) -> VllmSeat | SglangSeat | ManagerSeat:
+    """The seat a driver replays through, over ``num_blocks`` usable blocks of ``index``.
+
+    Args:
+        driver: ``"vllm"`` (vLLM's ``KVCacheManager``), ``"sglang"`` (SGLang's
+            ``PrefixCache``) or ``"manager"`` (the generic ``CacheManager``).
+        index: the (empty) prefix index.
+        num_blocks: usable blocks.
+        events: record KV events for ``take_events``.
+        observers: the class's observers (boundary accounting).
+
+    Raises:
+        PrefixKVError: an unknown driver.
+    """
+    if driver == "manager":
+        allocator = BlockAllocator(num_blocks)
+        return ManagerSeat(
+            CacheManager(index, allocator, observers=observers, enable_kv_cache_events=events)
+        )
+    if driver not in ("vllm", "sglang"):
+        raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
+    batching = "mixed" if driver == "vllm" else "prefill_first"
+    seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
+    assert isinstance(seat, (VllmSeat, SglangSeat)), seat
+    return seat
+
+
+class _Live:
+    """A live request: its position in the trace, its id, its output, its seconds."""
+
+    __slots__ = ("output", "position", "request_id", "seconds")
+
+    def __init__(self, position: int, request_id: str, output: Sequence[int], seconds: float):
+        self.position = position
+        self.request_id = request_id
+        self.output = output
+        self.seconds = seconds
+
+
+class KLive:
+    """At most ``concurrency`` requests live over one seat, the oldest finishing first.
+
+    Args:
+        seat: the engine class the requests run through (:func:`driver_seat`).
+        concurrency: K, the most live requests.
+        keep_per_request: keep the per-request columns (``False``: totals only,
+            constant memory however long the stream).
+        tracker: the seat's boundary tracker, whose records fill the BB-8 columns.
+        measure_memory: sample the index's ``memory_bytes`` as its peak grows (at
+            geometric steps: it walks the index) into ``index_memory_bytes``.
+        on_step: called at the end of every scheduler step (the seat says which).
+
+    Raises:
+        PrefixKVError: a concurrency that is not a positive int.
+    """
+
+    def __init__(
+        self,
+        seat: KLiveSeat,
+        concurrency: int,
+        *,
+        keep_per_request: bool = True,
+        tracker: BoundaryTracker | None = None,
+        measure_memory: bool = False,
+        on_step: Callable[[], object] | None = None,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise PrefixKVError(f"concurrency must be a positive int, got {concurrency!r}")
+        self.seat = seat
+        self.index = seat.index
+        self.concurrency = concurrency
+        self.keep = keep_per_request
+        self.tracker = tracker
+        self.measure_memory = measure_memory
+        self.on_step = on_step
+        self.result = ReplayResult()
+        self.times = CallTimes(self.result.seconds_by_call)
+        self.live: deque[_Live] = deque()
+        self.peak_cached = 0
+        self.peak_memory = 0
+        self._next_measure = 64
+
+    def run(
+        self,
+        requests: Iterable[ReplayRequest],
+        *,
+        on_admit: Callable[[HitRow], object] | None = None,
+        progress: Callable[[int], object] | None = None,
+        guard: contextlib.AbstractContextManager[object] | None = None,
+    ) -> ReplayResult:
+        """Run ``requests`` (consumed one at a time) to their end.
+
+        Args:
+            requests: ``id``, ``tokens``, ``output``, in arrival order.
+            on_admit: called with each admission's :class:`HitRow`, in order.
+            progress: called with each admitted request's prompt length.
+            guard: a reusable context each admission and its ``on_admit`` run inside.
+
+        Raises:
+            ReplayError: a step did not fit even after evicting everything evictable.
+            ReplayInterrupted: Ctrl-C; its ``result`` holds the admitted requests.
+        """
+        result = self.result
+        step_guard: contextlib.AbstractContextManager[object] = (
+            contextlib.nullcontext() if guard is None else guard
+        )
+        collector = _Collector()
+        t0 = time.perf_counter()
+        try:
+            for i, rec in enumerate(requests):
+                while len(self.live) >= self.concurrency:
+                    self.finish_oldest()
+                collector.between_requests(i)
+                with step_guard:
+                    row = self.admit(i, rec)
+                    if on_admit is not None:
+                        on_admit(row)
+                if progress is not None:
+                    progress(row.prompt_len)
+            while self.live:
+                self.finish_oldest()
+        except KeyboardInterrupt:
+            result.partial = True
+            self._close(t0)
+            raise ReplayInterrupted(result) from None
+        finally:
+            collector.close()
+        self._close(t0)
+        return result
+
+    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
+        """Admit and prefill request ``i`` in one step; it samples its first token."""
+        seat, times, r = self.seat, self.times, self.result
+        rid = str(rec.id)
+        prompt_len = len(rec.tokens)
+        times.spent = 0.0
+        hit = seat.start(rid, rec.tokens, bool(self.live), times)
+        if hit is None:
+            raise self._fail(f"prefill of request {rid!r} ({prompt_len} tokens)")
+        r.num_requests += 1
+        r.total_prompt_tokens += prompt_len
+        r.total_hit_tokens += hit
+        if self.keep:
+            r.ids.append(rid)
+            r.prompt_len.append(prompt_len)
+            r.hit_tokens.append(hit)
+            if self.tracker is not None:  # read before the step can finish the request
+                rec_b = self.tracker.record(rid)
+                r.matched_tokens.append(rec_b.matched_tokens)
+                r.boundary_lost_tokens.append(rec_b.boundary_lost_tokens)
+                r.cap_lost_tokens.append(rec_b.cap_lost_tokens)
+        output = rec.output
+        if seat.started(rid, output, times):
+            self.live.append(_Live(i, rid, output, times.spent))
+        if self.keep:
+            r.admit_seconds.append(times.spent)
+            r.request_seconds.append(times.spent)
+        self._note_size()
+        if self.on_step is not None:
+            self.on_step()
+        return HitRow(rid, prompt_len, hit)
+
+    def finish_oldest(self) -> None:
+        """Decode the oldest live request to its end and release it."""
+        live = self.live.popleft()
+        seat, times, rid = self.seat, self.times, live.request_id
+        times.spent = live.seconds
+        if not seat.decode_rest(rid, live.output, times, self.on_step):
+            raise self._fail(f"decode step of request {rid!r}")
+        self._note_size()
+        seat.end(rid, times)  # the release ends a step
+        if self.keep:
+            self.result.request_seconds[live.position] = times.spent
+        if self.on_step is not None:
+            self.on_step()
+
+    def _note_size(self) -> None:
+        cached = self.index.stats().num_cached_blocks
+        if cached > self.peak_cached:
+            self.peak_cached = cached
+            # memory_bytes walks the index: sample it at geometric steps of the peak
+            # (O(log capacity) walks), not at every new peak.
+            if self.measure_memory and cached >= self._next_measure:
+                measure = getattr(self.index, "memory_bytes", None)
+                if measure is not None:
+                    self.peak_memory = max(self.peak_memory, int(measure()))
+                self._next_measure = cached + cached // 4 + 1
+
+    def _fail(self, what: str) -> ReplayError:
+        free, total = self.seat.pool_size()
+        return ReplayError(
+            f"{what} does not fit even after evicting everything evictable: "
+            f"{free} free of {total} blocks, {len(self.live)} requests live; "
+            "raise the capacity or lower the concurrency"
+        )
+
+    def _close(self, t0: float) -> None:
+        result = self.result
+        result.wall_seconds = time.perf_counter() - t0
+        result.evicted_blocks = self.seat.totals.num_evicted_blocks
+        result.peak_cached_blocks = self.peak_cached
+        result.index_memory_bytes = self.peak_memory
+
+
+class _Collector:
+    """The cyclic garbage collector during a replay: off, with a full collection
+    between requests every ``EVERY`` admissions.
+
+    A cache holds hundreds of thousands of linked records that live long; with the
+    collector on, every few hundred allocations it walks the young ones and every so
+    often all of them, a fifth of a replay's time on a long trace. The indexes make
+    next to no cyclic garbage per request, so collecting now and then, between
+    requests (never inside a timed call), keeps memory bounded as well. Nothing
+    changes when the collector was off already (a caller's choice).
+    """
+
+    EVERY = 4096
+
+    def __init__(self) -> None:
+        self.active = gc.isenabled()
+        if self.active:
+            gc.disable()
+
+    def between_requests(self, i: int) -> None:
+        if self.active and i and i % self.EVERY == 0:
+            gc.collect()
+
+    def close(self) -> None:
+        if self.active:
+            gc.enable()
+            self.active = False
