@@ -21,7 +21,7 @@ from prefixkv.adapters.lab.sim.load import (
 )
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 
-SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--indexes", "hash_chain")
+SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
 
 
 _run = run_cli

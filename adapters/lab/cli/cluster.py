@@ -133,7 +133,10 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
     )
     f.add_argument(
-        "--backend", default="hash_chain", help="each replica's index (default hash_chain)"
+        "--index",
+        default="hash_chain",
+        metavar="NAME",
+        help="each replica's prefix index (default hash_chain)",
     )
     f.add_argument("--max-num-seqs", type=_positive(int), default=256, metavar="N")
     f.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192, metavar="N")
@@ -259,7 +262,7 @@ def run_cluster_command(
     config = ClusterConfig(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
-        backend=args.backend,
+        backend=args.index,
         block_size=args.block_size or per_id or 16,
         sim=SimConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens

@@ -89,7 +89,7 @@ def add_compare_parser(sub: Any) -> None:
         "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
     )
     cmp.add_argument(
-        "--indexes",
+        "--index",
         default="hash_chain,radix,none",
         metavar="LIST",
         help="comma-separated backends, NAME or NAME:SIZE "
@@ -254,7 +254,7 @@ def run_compare(
     if not args.no_plots:
         require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
     backends = parse_backends(
-        args.indexes,
+        args.index,
         block_size=args.block_size,
         page_size=args.page_size,
         options=backend_options(args),
