@@ -63,7 +63,7 @@ def ctx(
         candidates=list(W),
         overlap=overlap or {},
         loads=loads or LoadTracker(),
-        index=index,
+        cluster_index=index,
         block_size=BS,
         profile=load_profile(),
         rng=random.Random(seed),

@@ -239,7 +239,7 @@ class RayPrefixAffinity(_Params):
         if ctx.match_rate() >= self.match_rate_threshold:
             best = max(ctx.cached_tokens(w) for w in cands)
             return _pow2([w for w in cands if ctx.cached_tokens(w) == best], ctx)
-        index = ctx.index
+        index = ctx.cluster_index
         sizes = [index.num_blocks(w) if index is not None else 0 for w in cands]
         smallest = min(sizes)
         return _pow2([w for w, s in zip(cands, sizes, strict=True) if s == smallest], ctx)
@@ -270,7 +270,7 @@ class SGLangCacheAware(_Params):
             return cands[load.index(lo)]
         if ctx.match_rate() > self.cache_threshold:
             return max(cands, key=ctx.cached_tokens)
-        index = ctx.index
+        index = ctx.cluster_index
         if index is None:
             return cands[load.index(lo)]
         return min(cands, key=index.num_blocks)

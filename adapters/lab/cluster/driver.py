@@ -366,9 +366,9 @@ class ClusterDriver:
     def check_views(self) -> None:
         """Compare the router's view of each replica with what it holds."""
         router = self.router
-        if router is None or router.index is None or not router.index.event_fed:
+        if router is None or router.cluster_index is None or not router.cluster_index.event_fed:
             return
-        index = router.index
+        index = router.cluster_index
         for r in sorted(self.live):
             view = index.held(Worker(r))
             if r in index.incompatible:

@@ -215,9 +215,9 @@ def _result(
     stats["dropped_batches"] = run.channel.num_dropped
     if router is not None:
         stats.update(router.stream_stats())
-        if router.index is not None:
-            stats.update({f"index_{k}": v for k, v in router.index.stats().items()})
-            stats["incompatible"] = dict(router.index.incompatible)
+        if router.cluster_index is not None:
+            stats.update({f"index_{k}": v for k, v in router.cluster_index.stats().items()})
+            stats["incompatible"] = dict(router.cluster_index.incompatible)
     stats["warmups"] = run.warmups
     swept = router.loads.num_swept if router is not None else 0
     index_kind = policy_index(spec)[0] if not spec.is_bound else None
