@@ -49,7 +49,7 @@ configs = st.builds(
     SimConfig,
     max_num_seqs=st.integers(1, 8),
     max_num_batched_tokens=st.integers(8, 128),
-    policy=st.sampled_from(["fcfs", "lpm"]),
+    queue_order=st.sampled_from(["fcfs", "lpm"]),
     batching=st.sampled_from(["mixed", "prefill_first"]),
 )
 

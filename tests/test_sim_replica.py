@@ -157,7 +157,7 @@ SHARED = ["shared_system_prompt", "multi_turn", "few_shot", "tree_of_thought", "
 @pytest.mark.parametrize("workload", SHARED)
 @pytest.mark.parametrize(
     "config",
-    [SimConfig(), SimConfig(policy="lpm", batching="prefill_first")],
+    [SimConfig(), SimConfig(queue_order="lpm", batching="prefill_first")],
     ids=["vllm", "sglang"],
 )
 def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: SimConfig) -> None:
@@ -184,12 +184,12 @@ def _scheduler(
     batching: Batching,
     *,
     num_blocks: int = 256,
-    policy: QueueOrder = "fcfs",
+    queue_order: QueueOrder = "fcfs",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
     index = make_index("radix", 4)
-    cfg = SimConfig(max_num_seqs, max_num_batched_tokens, policy=policy, batching=batching)
+    cfg = SimConfig(max_num_seqs, max_num_batched_tokens, queue_order=queue_order, batching=batching)
     return ReplicaScheduler(make_seat(batching, index, num_blocks), cfg, PROFILE)
 
 
@@ -326,7 +326,7 @@ def _warm(sched: ReplicaScheduler, prompt: array[int]) -> None:
 @pytest.mark.parametrize(("policy", "first"), [("fcfs", "fresh"), ("lpm", "cached")])
 def test_lpm_admits_the_longest_cached_prefix_first(policy: QueueOrder, first: str) -> None:
     shared = tokens(1, 64)
-    sched = _scheduler("mixed", policy=policy, max_num_seqs=1)
+    sched = _scheduler("mixed", queue_order=policy, max_num_seqs=1)
     _warm(sched, shared)
     sched.add(_seq("fresh", tokens(1000, 72)))
     sched.add(_seq("cached", shared + tokens(2000, 8)))
@@ -338,7 +338,7 @@ def test_lpm_defers_a_request_whose_small_hit_another_waiting_request_shares() -
     # SGLang's in-batch prefix caching: b shares 40 uncached leading tokens with a,
     # so b waits behind c; a runs first and caches them for b.
     common = tokens(1, 40)
-    sched = _scheduler("mixed", policy="lpm", max_num_seqs=1)
+    sched = _scheduler("mixed", queue_order="lpm", max_num_seqs=1)
     for rid, prompt in (
         ("a", common + tokens(100, 5)),
         ("b", common + tokens(200, 5)),
@@ -353,7 +353,7 @@ def test_lpm_defers_a_request_whose_small_hit_another_waiting_request_shares() -
 def test_lpm_is_fcfs_when_more_than_128_wait() -> None:
     shared = tokens(1, 64)
     for fresh, first in ((127, "cached"), (128, "f0")):
-        sched = _scheduler("mixed", policy="lpm", max_num_seqs=1, num_blocks=4096)
+        sched = _scheduler("mixed", queue_order="lpm", max_num_seqs=1, num_blocks=4096)
         _warm(sched, shared)
         for i in range(fresh):
             sched.add(_seq(f"f{i}", tokens(1000 + 100 * i, 72)))
@@ -389,7 +389,7 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
     bad: dict[str, Any]
     for bad in (
         {"max_num_seqs": 0},
-        {"policy": "lifo"},
+        {"queue_order": "lifo"},
         {"batching": "both"},
         {"max_num_batched_tokens": 1.5},
     ):

@@ -208,7 +208,7 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
         rows.append(
             [
                 t.backend,
-                f"{t.engine}, {t.config.policy}",
+                f"{t.engine}, {t.config.queue_order}",
                 f"{r.hit_ratio:.1%}",
                 f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
@@ -602,7 +602,7 @@ def time_headline(w: WorkloadResult) -> list[str]:
             cfg = group[0].config
             out.append(
                 f"Index axis, scheduler held at {_ENGINE_LABEL[sched]} ({cfg.batching} "
-                f"batching, {cfg.policy} queue): TTFT p50 {cells}."
+                f"batching, {cfg.queue_order} queue): TTFT p50 {cells}."
             )
     scheds = [x for x in by_sched if x != "natural"]
     if len(scheds) > 1:
@@ -673,7 +673,7 @@ def _time_section(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
         "",
         f"{time_title(w)}. Varied: {runs[0].settings.axis}. Engines: "
         + "; ".join(
-            f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})"
+            f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.queue_order})"
             for t in runs
         )
         + ".",

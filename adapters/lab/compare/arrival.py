@@ -89,7 +89,7 @@ class TimeSettings:
             ``--max-running-requests``).
         max_num_batched_tokens: most tokens a step computes (vLLM
             ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``).
-        policy: force a queue order on every backend (``None``: each engine's own).
+        queue_order: force a queue order on every backend (``None``: each engine's own).
         batching: force a batching mode on every backend (``"mixed"`` is the
             ``vllm`` scheduler, ``"prefill_first"`` the ``sglang`` one); replaces
             ``schedulers``.
@@ -106,7 +106,7 @@ class TimeSettings:
 
     Raises:
         SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
-            value out of range, an unknown process, policy, batching mode or
+            value out of range, an unknown process, queue order, batching mode or
             scheduler, a repeated or empty scheduler list.
     """
 
@@ -116,7 +116,7 @@ class TimeSettings:
     seed: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    policy: QueueOrder | None = None
+    queue_order: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)
     schedulers: tuple[Scheduler, ...] = ("vllm",)
@@ -163,11 +163,11 @@ class TimeSettings:
             raise SimConfigError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.profile, CostProfile):
             raise SimConfigError(f"profile must be a CostProfile, got {self.profile!r:.80}")
-        # Validates the knobs (sizes, policy, batching) now, not at the first run.
+        # Validates the knobs (sizes, queue order, batching) now, not at the first run.
         SimConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.policy or "fcfs",
+            queue_order=self.queue_order or "fcfs",
             batching=self.batching or "mixed",
         )
 
@@ -190,11 +190,11 @@ class TimeSettings:
 
     def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimConfig:
         """The scheduler settings of ``spec``'s runs under ``scheduler``."""
-        batching, policy = ENGINE_MODES[self.engine(spec, scheduler)]
+        batching, queue_order = ENGINE_MODES[self.engine(spec, scheduler)]
         return SimConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.policy or policy,
+            queue_order=self.queue_order or queue_order,
             batching=batching,
         )
 
@@ -202,7 +202,7 @@ class TimeSettings:
         """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
         cfg = self.config(spec, scheduler)
         name = _ENGINE_NAMES[self.engine(spec, scheduler)]
-        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.policy} queue)"
+        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.queue_order} queue)"
 
     def describe_arrivals(self) -> str:
         """``"Poisson, 4 req/s (seed 0)"``, ``"fixed, 4 req/s"``, ``"trace timestamps × 10"``."""

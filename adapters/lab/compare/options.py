@@ -133,7 +133,7 @@ class CompareOptions:
             seed=self.seed,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.queue_order,
+            queue_order=self.queue_order,
             batching=self.batching,
             profile=profile,
             schedulers=tuple(self.schedulers),

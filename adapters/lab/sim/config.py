@@ -2,8 +2,8 @@
 
 The knobs are vLLM's (``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``) plus the two that tell vLLM's and SGLang's schedulers
-apart: the waiting queue's order (``policy``, a :data:`~.queue_order.QueueOrder`; the
-field keeps the engines' flag name) and whether a step mixes prefill
+apart: the waiting queue's order (``queue_order``, a :data:`~.queue_order.QueueOrder`)
+and whether a step mixes prefill
 chunks with decode rows (``batching``).
 """
 
@@ -45,7 +45,7 @@ class SimConfig:
             serving on H100/H200 (vLLM uses 2048 on an A100).
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
-        policy: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
+        queue_order: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
             cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
         check_invariants: run the seat's ``check_invariants()`` after every step
@@ -54,13 +54,13 @@ class SimConfig:
     Raises:
         SimConfigError: a size out of range (``max_num_seqs`` up to
             :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
-            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown policy or batching mode.
+            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown queue order or batching mode.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
-    policy: QueueOrder = "fcfs"
+    queue_order: QueueOrder = "fcfs"
     batching: Batching = "mixed"
     check_invariants: bool = False
 
@@ -72,9 +72,9 @@ class SimConfig:
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= top:
                 raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
-        if self.policy not in QUEUE_ORDERS:
+        if self.queue_order not in QUEUE_ORDERS:
             raise SimConfigError(
-                f"unknown policy {self.policy!r}; known: {', '.join(QUEUE_ORDERS)}"
+                f"unknown queue order {self.queue_order!r}; known: {', '.join(QUEUE_ORDERS)}"
             )
         if self.batching not in BATCHING_MODES:
             raise SimConfigError(
@@ -85,7 +85,10 @@ class SimConfig:
                 raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as a flat dict (for tables)."""
-        d = asdict(self)
-        del d["check_invariants"]
-        return d
+        """The settings as a flat dict (for tables). The queue order's column is
+        ``policy``, the engines' flag name (vLLM's ``--scheduling-policy``)."""
+        return {
+            "policy" if name == "queue_order" else name: value
+            for name, value in asdict(self).items()
+            if name != "check_invariants"
+        }

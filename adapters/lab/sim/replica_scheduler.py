@@ -296,7 +296,7 @@ class ReplicaScheduler:
     # ------------------------------------------------------------------ shared
 
     def _order_waiting(self) -> None:
-        if self.config.policy == "lpm":
+        if self.config.queue_order == "lpm":
             index = self.index
             self.waiting = sort_by_longest_prefix(
                 self.waiting, lambda k: index.match_prefix(k, len(k) - 1).num_tokens
