@@ -4,7 +4,9 @@
 what now has KV -> ``append`` during decode -> ``finish`` (or ``abort``). The
 manager owns the block tables and the allocator; the index owns cached blocks and
 is asked to ``evict`` when the allocator runs short (SGLang's ownership model,
-which gives vLLM's hits too; see the README). Both facades are thin layers on it.
+which gives vLLM's hits too; see the README). vLLM's engine class (``KVCacheManager``) is
+a thin layer on it; SGLang's (``PrefixCache``) keeps its own rows over the index and a
+page pool.
 
 A running request's block table, and who owns each part::
 

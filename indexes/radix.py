@@ -122,7 +122,7 @@ class RadixIndex:
         eviction: ``"lru"`` (default), ``"lfu"``, ``"priority"``, ``"fifo"`` or an
             :class:`~prefixkv.indexes.eviction.EvictionPolicy`.
         check_block_ids: refuse, in ``insert``, a block the tree already holds for
-            other tokens (a set operation per new block). The facades, which draw
+            other tokens (a set operation per new block). The engine classes, which draw
             every block from their own pool, turn it off; SGLang never checks.
 
     Thread safety: none; call from one scheduler thread.

@@ -1,4 +1,4 @@
-"""K-live drivers of the two facades, stepping like the engines' schedulers.
+"""K-live drivers of the two engine classes, stepping like the engines' schedulers.
 
 The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``;
 ``run_k_live`` is the recorders' own, ``benchmarks/peers/k_live.py``):
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-# The recorders' own loop, so the facades run the very schedule the fixtures were made in.
+# The recorders' own loop, so the engine classes run the very schedule the fixtures were made in.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "peers"))
 from k_live import run_k_live as run_k_live
 
@@ -37,24 +37,24 @@ F = TypeVar("F")
 R = TypeVar("R")
 
 
-class FacadeEvents:
-    """A facade's events, taken as vLLM's engine core takes them once per step
-    (the facade must be built with ``enable_kv_cache_events=True``)."""
+class EngineClassEvents:
+    """An engine class's events, taken as vLLM's engine core takes them once per step
+    (the engine class must be built with ``enable_kv_cache_events=True``)."""
 
-    def __init__(self, facade: KVCacheManager | PrefixCache) -> None:
-        self.facade = facade
+    def __init__(self, cache: KVCacheManager | PrefixCache) -> None:
+        self.cache = cache
 
     def take_events(self) -> list[Any]:
-        return self.facade.take_events()
+        return self.cache.take_events()
 
     def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
         events = self.take_events()
         return KVEventBatch(ts, events, data_parallel_rank) if events else None
 
 
-def attach_recorder(facade: KVCacheManager | PrefixCache) -> FacadeEvents:
-    """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
-    return FacadeEvents(facade)
+def attach_recorder(cache: KVCacheManager | PrefixCache) -> EngineClassEvents:
+    """The engine class's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
+    return EngineClassEvents(cache)
 
 
 class LoRARequest:
@@ -65,7 +65,7 @@ class LoRARequest:
 
 
 class VllmRequest:
-    """vLLM ``Request`` fields the facade reads."""
+    """vLLM ``Request`` fields the engine class reads."""
 
     def __init__(self, rec: Record) -> None:
         self.request_id = str(rec["id"])
@@ -85,11 +85,11 @@ def _lora(lora: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Driver(Generic[F, R]):
-    """A facade, where the engine takes its events (``end_step``) and the live requests
+    """An engine class, where the engine takes its events (``end_step``) and the live requests
     with their outputs, oldest first."""
 
-    def __init__(self, facade: F, end_step: Callable[[], None]) -> None:
-        self.facade = facade
+    def __init__(self, cache: F, end_step: Callable[[], None]) -> None:
+        self.cache = cache
         self.end_step = end_step
         self.live: deque[tuple[R, list[int]]] = deque()
 
@@ -98,7 +98,7 @@ class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
     """vLLM's scheduler order through :class:`KVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
-        f, req = self.facade, VllmRequest(rec)
+        f, req = self.cache, VllmRequest(rec)
         output = list(rec.get("output", []))
         blocks, hit, _ = f.get_computed_blocks(req)
         n = req.num_tokens
@@ -116,16 +116,16 @@ class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
     def finish_oldest(self) -> None:
         req, output = self.live.popleft()
         for i in range(1, len(output)):
-            if self.facade.allocate_slots(req, 1) is None:
+            if self.cache.allocate_slots(req, 1) is None:
                 break  # preempted for good: aborted
             req.num_computed_tokens += 1
             req.all_token_ids.append(output[i])
             self.end_step()
-        self.facade.free(req)
+        self.cache.free(req)
         self.end_step()
 
     def reset(self) -> bool:
-        ok = self.facade.reset_prefix_cache()
+        ok = self.cache.reset_prefix_cache()
         self.end_step()
         return ok
 
@@ -135,7 +135,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
     steps (``prefixkv.adapters.sglang.simulated``)."""
 
     def admit(self, rec: Record) -> bool:
-        f = self.facade
+        f = self.cache
         req = SimpleReq(
             str(rec["id"]),
             rec["tokens"],
@@ -156,7 +156,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
         return True
 
     def finish_oldest(self) -> None:
-        f = self.facade
+        f = self.cache
         req, sampled = self.live.popleft()
         while len(req.output_ids) < len(sampled):
             if not alloc_for_decode(f, req):
@@ -171,7 +171,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
     def reset(self) -> bool:
         if self.live:
             return False
-        self.facade.reset()
+        self.cache.reset()
         self.end_step()
         return True
 

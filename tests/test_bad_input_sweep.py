@@ -92,11 +92,12 @@ def index_state(index: Any) -> Any:
     return (index.stats(), tuple(index.cached_blocks(TokenKey([1, 2, 3, 4]))))
 
 
-# Each facade's running request, by facade (a compiled facade takes no new attributes).
+# Each engine class's running request, by engine class (a compiled one takes no new
+# attributes).
 LIVE: dict[int, Any] = {}
 
 
-def vllm_facade(name: str) -> KVCacheManager:
+def vllm_manager(name: str) -> KVCacheManager:
     f = KVCacheManager(make_index(name, block_size=2), num_blocks=33)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
     f.get_computed_blocks(req)
@@ -258,7 +259,7 @@ def _entries() -> list[Entry]:
         ]
 
         def vf(n: str = name) -> KVCacheManager:
-            return vllm_facade(n)
+            return vllm_manager(n)
 
         def sf(n: str = name) -> PrefixCache:
             return sglang_cache(n)

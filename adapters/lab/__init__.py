@@ -5,7 +5,7 @@ and the CLI.
 head), ``replay`` (the K-live schedule), ``sim/`` (one replica at arrival time),
 ``cluster/`` (many simulated replicas behind :mod:`prefixkv.adapters.router`),
 ``traces/``, ``workloads``, ``report`` and ``plots``. It imports the engine-facing
-layers below it (indexes, storage, the manager, the facades, the router); nothing
+layers below it (indexes, storage, the manager, the engine classes, the router); nothing
 outside ``lab`` imports it, so an engine or a router that embeds prefixkv never loads
 it.
 """
