@@ -12,8 +12,8 @@ import pytest
 
 from prefixkv.adapters.lab.extras import ExtraNotInstalledError
 from prefixkv.adapters.lab.sim import (
-    SimConfig,
     SimResult,
+    SimSettings,
     TableFormatError,
     request_rows,
     run_rows,
@@ -42,7 +42,7 @@ def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
                     with_arrivals(timed, request_rate=2.0, seed=0),
                     functools.partial(make_index, name, bs),
                     capacity,
-                    SimConfig(max_num_seqs=16),
+                    SimSettings(max_num_seqs=16),
                     labels={"backend": name, "workload": "shared_system_prompt"},
                 )
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 
-from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest
+from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimSettings
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.replica_scheduler import SimSeq
 from prefixkv.adapters.lab.sim.runner import Replica
@@ -60,7 +60,7 @@ def test_make_seat_picks_the_class_of_the_batching() -> None:
 def test_a_replica_prices_each_step_and_streams_its_tokens_after_it() -> None:
     profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0, stream_token_s=0.125)
     for stream, lag in ((True, 0.125), (False, 0.0)):
-        cfg = SimConfig(batching="mixed")
+        cfg = SimSettings(batching="mixed")
         replica = Replica(
             make_seat("mixed", make_index("radix", 4), 8), cfg, profile, stream=stream
         )

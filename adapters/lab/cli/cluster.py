@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
@@ -264,7 +264,7 @@ def run_cluster_command(
         capacity_tokens=capacities[0],
         backend=args.index,
         block_size=args.block_size or per_id or 16,
-        sim=SimConfig(
+        sim=SimSettings(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),
         profile=load_profile(args.profile),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
 
@@ -55,7 +55,7 @@ class ClusterConfig:
     backend: str = "hash_chain"
     block_size: int = 16
     hash_seed: int = 0
-    sim: SimConfig = field(default_factory=SimConfig)
+    sim: SimSettings = field(default_factory=SimSettings)
     profile: CostProfile | None = None
     buffer_steps: int = 10_000
     seed: int = 0
@@ -85,8 +85,8 @@ class ClusterConfig:
             )
         if not isinstance(self.backend, str) or not self.backend:
             raise ClusterConfigError(f"backend must be an index name, got {self.backend!r:.60}")
-        if not isinstance(self.sim, SimConfig):
-            raise ClusterConfigError(f"sim must be a SimConfig, got {self.sim!r:.60}")
+        if not isinstance(self.sim, SimSettings):
+            raise ClusterConfigError(f"sim must be a SimSettings, got {self.sim!r:.60}")
         if self.profile is not None and not isinstance(self.profile, CostProfile):
             raise ClusterConfigError(f"profile must be a CostProfile, got {self.profile!r:.60}")
         for name in ("check", "keep_tokens"):

@@ -25,7 +25,7 @@ from prefixkv.adapters.events.wire import (
     BlockRemoved,
     KVEventBatch,
 )
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
@@ -141,7 +141,7 @@ class SimReplica:
         replica_id: int,
         index_factory: IndexFactory,
         capacity_tokens: int,
-        config: SimConfig,
+        config: SimSettings,
         profile: CostProfile,
         *,
         buffer_steps: int = 10_000,

@@ -33,10 +33,10 @@ from ..sim import (
     Batching,
     CostProfile,
     QueueOrder,
-    SimConfig,
-    SimConfigError,
     SimRequest,
     SimResult,
+    SimSettings,
+    SimSettingsError,
     load_profile,
     simulate,
     with_arrivals,
@@ -105,7 +105,7 @@ class TimeSettings:
             overloaded (at most :data:`~.rates.MAX_AUTO_RATES` rates).
 
     Raises:
-        SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
+        SimSettingsError: neither or both of ``request_rate`` and ``time_scale``, a
             value out of range, an unknown process, queue order, batching mode or
             scheduler, a repeated or empty scheduler list.
     """
@@ -127,9 +127,9 @@ class TimeSettings:
 
     def __post_init__(self) -> None:
         if self.slo is not None and not isinstance(self.slo, Slo):
-            raise SimConfigError(f"slo must be an Slo, got {self.slo!r:.80}")
+            raise SimSettingsError(f"slo must be an Slo, got {self.slo!r:.80}")
         if (self.rates or self.auto_rates) and self.time_scale is not None:
-            raise SimConfigError("a rate sweep needs request rates (not a time scale)")
+            raise SimSettingsError("a rate sweep needs request rates (not a time scale)")
         for rate in self.rates:
             check_request_rate(rate)
         if self.batching is not None:
@@ -142,29 +142,29 @@ class TimeSettings:
             or any(x not in SCHEDULERS for x in scheds)
             or len(set(scheds)) != len(scheds)
         ):
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"schedulers must be distinct names of {', '.join(SCHEDULERS)}, got {scheds!r}"
             )
         if type(self.closed_loop) is not bool:
-            raise SimConfigError(f"closed_loop must be a bool, got {self.closed_loop!r}")
+            raise SimSettingsError(f"closed_loop must be a bool, got {self.closed_loop!r}")
         if self.auto_rates and self.time_scale is None and self.request_rate is None:
             pass  # the start rate is found per workload (rates.start_rate)
         elif (self.request_rate is None) == (self.time_scale is None):
-            raise SimConfigError("give a request rate or a time scale (one of the two)")
+            raise SimSettingsError("give a request rate or a time scale (one of the two)")
         if self.request_rate is not None:
             check_request_rate(self.request_rate)
         if self.time_scale is not None:
             check_time_scale(self.time_scale)
         if self.arrival not in ARRIVAL_PROCESSES:
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
             )
         if type(self.seed) is not int:
-            raise SimConfigError(f"seed must be an int, got {self.seed!r}")
+            raise SimSettingsError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.profile, CostProfile):
-            raise SimConfigError(f"profile must be a CostProfile, got {self.profile!r:.80}")
+            raise SimSettingsError(f"profile must be a CostProfile, got {self.profile!r:.80}")
         # Validates the knobs (sizes, queue order, batching) now, not at the first run.
-        SimConfig(
+        SimSettings(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             queue_order=self.queue_order or "fcfs",
@@ -188,10 +188,10 @@ class TimeSettings:
             return "sglang" if spec.driver == "sglang" else "vllm"
         return chosen
 
-    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimConfig:
+    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimSettings:
         """The scheduler settings of ``spec``'s runs under ``scheduler``."""
         batching, queue_order = ENGINE_MODES[self.engine(spec, scheduler)]
-        return SimConfig(
+        return SimSettings(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             queue_order=self.queue_order or queue_order,
@@ -277,7 +277,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     conversation from its own start, so their requests are not in arrival order.
 
     Raises:
-        SimConfigError: naming the workload and what to give instead.
+        SimSettingsError: naming the workload and what to give instead.
     """
     if settings.time_scale is None:
         return
@@ -287,7 +287,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
         and source.format == "kv-cache-tester"
         and source.options.session_order == "sequential"
     ):
-        raise SimConfigError(
+        raise SimSettingsError(
             f"{workload.name}: kv-cache-tester traces time each conversation from its own "
             "start, so conversations replayed one after another are not in arrival order; "
             "give --request-rate, or interleave them (--session-order interleaved)"
@@ -295,7 +295,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     first = next(iter(source), None)
     if first is not None and first.arrival is None:
         what = "built-in workload" if workload.path is None else "trace"
-        raise SimConfigError(
+        raise SimSettingsError(
             f"{workload.name}: this {what} has no arrival times for --time-scale; "
             "give --request-rate"
         )
@@ -334,7 +334,7 @@ class ArrivalRun:
     closed_loop: bool
     capacity_tokens: int
     role: str
-    config: SimConfig
+    config: SimSettings
     settings: TimeSettings
     result: SimResult
     load: LoadSummary | None = None

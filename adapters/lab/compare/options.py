@@ -24,7 +24,7 @@ from typing import Any
 
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
-from ..sim.errors import SimConfigError
+from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
 from ..traces import ReadOptions
 from ..workload_sources import Workload, load_workloads
@@ -113,13 +113,13 @@ class CompareOptions:
         """The arrival-time settings, or ``None`` without a rate or a scale.
 
         Raises:
-            SimConfigError: a value out of range.
+            SimSettingsError: a value out of range.
             ProfileError: a profile that cannot be read.
         """
         sweep = self.rate_sweep
         auto = sweep == "auto"
         if isinstance(sweep, str) and not auto:
-            raise SimConfigError(f"rate_sweep is rates or 'auto', got {sweep!r}")
+            raise SimSettingsError(f"rate_sweep is rates or 'auto', got {sweep!r}")
         rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
         if self.request_rate is None and self.time_scale is None and not auto:
             return None

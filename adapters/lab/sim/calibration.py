@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefixkv.storage.extras import TORCH_EXTRA, extra_imports
 
-from .errors import SimConfigError
+from .errors import SimSettingsError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _steps(
     """Each step as ``([(q, s)] prefill chunks, [c] decode rows)``, the shapes checked.
 
     Raises:
-        SimConfigError: a shape that is not a tuple of ints of its length, ``q`` or
+        SimSettingsError: a shape that is not a tuple of ints of its length, ``q`` or
             ``b`` below 1, ``s`` or ``c`` below 0.
     """
     kinds = (
@@ -112,7 +112,7 @@ def _steps(
             if not ok or any(
                 type(v) is not int or v < lo for v, lo in zip(shape, lows, strict=True)
             ):
-                raise SimConfigError(
+                raise SimSettingsError(
                     f"{kind} shape {shape!r:.60}: want {len(lows)} ints, each >= {lows}"
                 )
     steps: list[tuple[list[tuple[int, int]], list[int]]] = [([(q, s)], []) for q, s in prefill]
@@ -182,7 +182,7 @@ def measure_engine(
         One sample per shape, in the order prefill, decode, mixed.
 
     Raises:
-        SimConfigError: a bad shape, ``repeats`` or ``warmup``, or a model and
+        SimSettingsError: a bad shape, ``repeats`` or ``warmup``, or a model and
             shapes needing more than ``max_bytes``.
     """
     with extra_imports(*TORCH_EXTRA, _WHAT):
@@ -197,14 +197,14 @@ def measure_engine(
         ("max_bytes", max_bytes, 1, 2**63),
     ):
         if type(value) is not int or not low <= value <= high:
-            raise SimConfigError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
+            raise SimSettingsError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
     bs = cfg.block_size or 16
     # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
     steps = _steps(prefill, decode, mixed)
     need = estimate_bytes(cfg, steps)
     if need > max_bytes:
         m = cfg.model
-        raise SimConfigError(
+        raise SimSettingsError(
             f"calibrating a model of {m.num_layers} layers, {m.num_heads} heads x {m.head_dim}, "
             f"vocab {m.vocab_size} needs about {need / 2**30:,.1f} GiB, over the limit of "
             f"{max_bytes / 2**30:,.1f} GiB (max_bytes); choose smaller sizes"
@@ -360,7 +360,7 @@ def calibrate(
         The fitted profile (save it with :func:`~.profile.save_profile`).
 
     Raises:
-        SimConfigError: see :func:`measure_engine`.
+        SimSettingsError: see :func:`measure_engine`.
     """
     with extra_imports(*TORCH_EXTRA, _WHAT):
         import torch

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .errors import SimConfigError
+from .errors import SimSettingsError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
-__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimConfig"]
+__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimSettings"]
 
 _QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
 
@@ -33,7 +33,7 @@ decode step."""
 
 
 @dataclass(frozen=True, slots=True)
-class SimConfig:
+class SimSettings:
     """How the replica schedules.
 
     Attributes:
@@ -52,7 +52,7 @@ class SimConfig:
             (tests; O(cached blocks) a step).
 
     Raises:
-        SimConfigError: a size out of range (``max_num_seqs`` up to
+        SimSettingsError: a size out of range (``max_num_seqs`` up to
             :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
             :data:`MAX_NUM_BATCHED_TOKENS`), an unknown queue order or batching mode.
     """
@@ -71,18 +71,18 @@ class SimConfig:
         ):
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= top:
-                raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
+                raise SimSettingsError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
         if self.queue_order not in QUEUE_ORDERS:
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"unknown queue order {self.queue_order!r}; known: {', '.join(QUEUE_ORDERS)}"
             )
         if self.batching not in BATCHING_MODES:
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
             )
         for name in ("enable_chunked_prefill", "check_invariants"):
             if type(getattr(self, name)) is not bool:
-                raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise SimSettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as a flat dict (for tables). The queue order's column is

@@ -30,12 +30,12 @@ from typing import Any
 from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex
 
-from .config import SimConfig
+from .config import SimSettings
 from .errors import (
     ProfileRangeWarning,
-    SimConfigError,
     SimError,
     SimInputError,
+    SimSettingsError,
     SimUnservableError,
 )
 from .metrics import RequestMetrics, SimResult, summarize
@@ -52,7 +52,7 @@ IndexFactory = Callable[[], PrefixIndex]
 
 
 def _check_servable(
-    request: SimRequest, num_blocks: int, block_size: int, config: SimConfig
+    request: SimRequest, num_blocks: int, block_size: int, config: SimSettings
 ) -> None:
     reason = unservable(
         len(request.prompt),
@@ -70,7 +70,7 @@ def simulate(
     requests: Iterable[SimRequest],
     index_factory: IndexFactory,
     capacity_tokens: int,
-    config: SimConfig | None = None,
+    config: SimSettings | None = None,
     profile: CostProfile | None = None,
     *,
     labels: Mapping[str, Any] | None = None,
@@ -84,7 +84,7 @@ def simulate(
         index_factory: makes the replica's (empty) prefix index.
         capacity_tokens: KV pool size in tokens; the pool has
             ``capacity_tokens // block_size`` blocks.
-        config: scheduler settings (default ``SimConfig()``).
+        config: scheduler settings (default ``SimSettings()``).
         profile: step costs (default: the shipped default profile).
         labels: extra columns for the result's tables (workload, arrivals, ...).
         progress: called with a request's prompt tokens when it finishes (a
@@ -100,22 +100,22 @@ def simulate(
         ProfileRangeWarning: once, when the run went past the profile's range.
 
     Raises:
-        SimConfigError: a non-positive capacity.
+        SimSettingsError: a non-positive capacity.
         SimInputError: a request without an arrival, out of order, or a repeated id.
         SimUnservableError: a request that cannot fit the pool even alone.
 
     Cost: O(steps x running requests) scheduler work plus the index's operations;
     a step is O(1) per running request when no block is added.
     """
-    cfg = SimConfig() if config is None else config
+    cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
     if type(capacity_tokens) is not int or capacity_tokens < 1:
-        raise SimConfigError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
+        raise SimSettingsError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
     block_size = index.block_size
     num_blocks = capacity_tokens // block_size
     if num_blocks < 1:
-        raise SimConfigError(
+        raise SimSettingsError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
     seat = make_seat(cfg.batching, index, num_blocks)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .config import SimConfig
+from .config import SimSettings
 from .profile import CostProfile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .seats import Seat
@@ -59,7 +59,7 @@ class Replica:
     def __init__(
         self,
         seat: Seat,
-        config: SimConfig,
+        config: SimSettings,
         profile: CostProfile,
         *,
         start_time: float = 0.0,
