@@ -50,7 +50,7 @@ from prefixkv.adapters.lab.cluster.experiment import (
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.report import write_report
-from prefixkv.adapters.lab.cluster.run import ClusterConfig
+from prefixkv.adapters.lab.cluster.run import ClusterSettings
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadOptions, open_trace
@@ -85,7 +85,7 @@ FAULTS = (
 
 
 def requests(
-    path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterConfig
+    path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterSettings
 ) -> Iterator[SimRequest]:
     """The trace's requests, prefill-only, at the load per replica of ``n0`` replicas."""
     source = open_trace(path, "mooncake", max_requests=limit, options=ReadOptions(output=False))
@@ -197,7 +197,7 @@ def main() -> None:
         ap.error(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
 
     groups = args.groups.split(",")
-    base = ClusterConfig(
+    base = ClusterSettings(
         num_replicas=args.replicas,
         capacity_tokens=args.capacity_tokens,
         block_size=512,

@@ -20,7 +20,7 @@ from helpers import cache_state, manager_state
 
 from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
 from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
-from prefixkv.adapters.lab.cluster.config import ClusterConfig
+from prefixkv.adapters.lab.cluster.config import ClusterSettings
 from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
@@ -507,16 +507,19 @@ def _lab_entries(bare: Callable[..., Entry]) -> list[Entry]:
         ),
     ]
     for n in ("num_replicas", "capacity_tokens", "block_size", "buffer_steps"):
-        out.append(bare(f"ClusterConfig({n})", lambda _, b, n=n: ClusterConfig(**{n: b})))
+        out.append(bare(f"ClusterSettings({n})", lambda _, b, n=n: ClusterSettings(**{n: b})))
     out += [
         bare(
-            "ClusterConfig(reservation_ttl)",
-            lambda _, b: ClusterConfig(reservation_ttl=b),
+            "ClusterSettings(reservation_ttl)",
+            lambda _, b: ClusterSettings(reservation_ttl=b),
             valid=(1.5,),
         ),
-        bare("ClusterConfig(seed)", lambda _, b: ClusterConfig(seed=b), valid=(-1, 2**70)),
+        bare("ClusterSettings(seed)", lambda _, b: ClusterSettings(seed=b), valid=(-1, 2**70)),
         bare("SimSettings(max_num_seqs)", lambda _, b: SimSettings(max_num_seqs=b)),
-        bare("SimSettings(max_num_batched_tokens)", lambda _, b: SimSettings(max_num_batched_tokens=b)),
+        bare(
+            "SimSettings(max_num_batched_tokens)",
+            lambda _, b: SimSettings(max_num_batched_tokens=b),
+        ),
         bare("poisson_arrivals(rate)", lambda _, b: poisson_arrivals(b), valid=(1.5,)),
         bare("fixed_rate_arrivals(rate)", lambda _, b: fixed_rate_arrivals(b), valid=(1.5,)),
         bare("scaled_arrivals(time_scale)", lambda _, b: scaled_arrivals([0.0], b), valid=(1.5,)),

@@ -769,12 +769,12 @@ def test_a_front_end_streaming_cost_delays_what_clients_see() -> None:
 
 def test_a_cluster_replays_sessions_closed_loop_and_flags_a_policy_above_pooled() -> None:
     from prefixkv.adapters.lab.cluster.report import POOLED_MEANING, report_notes
-    from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+    from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
     from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
     from prefixkv.adapters.lab.workloads import make_workload
 
     w = make_workload("multi_turn", num_sessions=12, turns=(2, 5), system_len=64, seed=3)
-    cfg = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
+    cfg = ClusterSettings(num_replicas=2, capacity_tokens=4096, block_size=16)
     links = {r.id: r for r in sim_requests(w, request_rate=40.0)}
     assert any(r.after for r in links.values())
     closed = run_cluster(sim_requests(w, request_rate=40.0), "round_robin", cfg)

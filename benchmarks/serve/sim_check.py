@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from live_trace import LiveRequest
 
-from prefixkv.adapters.lab.cluster import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.cluster import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.compare.k_live import percentile
 from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import CostProfile, attention_pairs
@@ -130,7 +130,7 @@ def simulate(
         SimRequest(req.id, req.prompt, req.output_len, i * GAP_S, array("I", row.output))
         for i, (req, row) in enumerate(zip(trace, run.rows, strict=True))
     ]
-    config = ClusterConfig(
+    config = ClusterSettings(
         num_replicas=num_servers,
         capacity_tokens=capacity_tokens,
         backend="hash_chain",

@@ -39,7 +39,7 @@ from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
 from ..cluster.report import OUTPUT_NAMES, write_report
-from ..cluster.run import ClusterConfig
+from ..cluster.run import ClusterSettings
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from .common import CLIUsageError, parse_token_counts
@@ -259,7 +259,7 @@ def run_cluster_command(
         args.request_rate = 2.0  # built-in workloads have no timestamps
     capacities = args.capacity_tokens or [3_000_000]
     specs = parse_policies(args.policies, tuple(POLICIES))
-    config = ClusterConfig(
+    config = ClusterSettings(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
         backend=args.index,
@@ -337,11 +337,11 @@ def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:
 
 def _arrivals(
     args: argparse.Namespace, requests: Iterable[TraceRequest]
-) -> Callable[[ClusterConfig | None], Iterator[SimRequest]]:
+) -> Callable[[ClusterSettings | None], Iterator[SimRequest]]:
     """The requests with arrival times, for a fleet configuration (re-iterable)."""
     first = args.replicas[0]
 
-    def stream(cfg: ClusterConfig | None = None) -> Iterator[SimRequest]:
+    def stream(cfg: ClusterSettings | None = None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
         k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
         rate = None if args.request_rate is None else args.request_rate / k
@@ -380,7 +380,7 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
     otherwise ``None``, the in-process fleet.
 
     Raises:
-        ClusterConfigError: Ray unreachable, or ``--ray-cpus`` too large.
+        ClusterSettingsError: Ray unreachable, or ``--ray-cpus`` too large.
         ExtraNotInstalledError: Ray is not installed.
     """
     if not args.ray:

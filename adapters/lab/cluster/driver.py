@@ -35,7 +35,7 @@ from prefixkv.adapters.router.policies import (
 from prefixkv.adapters.router.router import Decision, Router
 from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
 from .fleet import Fleet, ReplicaSpec
@@ -54,7 +54,7 @@ class ClusterDriver:
     def __init__(
         self,
         spec: PolicySpec,
-        config: ClusterConfig,
+        config: ClusterSettings,
         plan: FaultPlan,
         fleet: Fleet,
         replica_spec: ReplicaSpec,

@@ -21,7 +21,7 @@ from prefixkv.adapters.router.routing import PolicySpec
 from .faults import FaultPlan
 from .fleet import Fleet
 from .metrics import ClusterResult
-from .run import ClusterConfig, run_cluster
+from .run import ClusterSettings, run_cluster
 
 __all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment", "run_experiment"]
 
@@ -29,7 +29,7 @@ __all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment"
 class PlannedRun(NamedTuple):
     """One run of an experiment: the fleet settings, the policy and the faults."""
 
-    config: ClusterConfig
+    config: ClusterSettings
     spec: PolicySpec
     faults: FaultPlan | None
 
@@ -66,7 +66,7 @@ def arrival_span(requests: Iterable[SimRequest]) -> float:
 
 def plan_experiment(
     policies: Sequence[PolicySpec],
-    config: ClusterConfig,
+    config: ClusterSettings,
     *,
     replicas: Sequence[int] = (),
     capacities: Sequence[int] = (),
@@ -90,9 +90,9 @@ def plan_experiment(
 
 
 def run_experiment(
-    requests: Callable[[ClusterConfig], Iterable[SimRequest]],
+    requests: Callable[[ClusterSettings], Iterable[SimRequest]],
     policies: Sequence[PolicySpec],
-    config: ClusterConfig,
+    config: ClusterSettings,
     *,
     replicas: Sequence[int] = (),
     capacities: Sequence[int] = (),

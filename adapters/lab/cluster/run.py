@@ -21,20 +21,20 @@ from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.policies import POLICIES, policy_index
 from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .driver import ClusterDriver
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 from .faults import FaultPlan, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
 
-__all__ = ["ClusterConfig", "run_cluster"]
+__all__ = ["ClusterSettings", "run_cluster"]
 
 
 def run_cluster(
     requests: Iterable[SimRequest],
     policy: str | PolicySpec,
-    config: ClusterConfig | None = None,
+    config: ClusterSettings | None = None,
     faults: FaultPlan | str | None = None,
     *,
     fleet: Fleet | None = None,
@@ -59,13 +59,13 @@ def run_cluster(
     Raises:
         UnknownPolicyError: an unknown policy, index or parameter.
         FaultSpecError: a bad fault spec.
-        ClusterConfigError: bad settings.
+        ClusterSettingsError: bad settings.
     """
-    cfg = ClusterConfig() if config is None else config
+    cfg = ClusterSettings() if config is None else config
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, tuple(POLICIES))
     plan = parse_faults(faults) if isinstance(faults, str) else (faults or FaultPlan())
     if plan.needs_relative:
-        raise ClusterConfigError("fault times given as percentages: resolve the plan first")
+        raise ClusterSettingsError("fault times given as percentages: resolve the plan first")
     plan.check(cfg.num_replicas)
     profile = cfg.profile or load_profile()
     rspec = ReplicaSpec(
@@ -95,7 +95,7 @@ def run_cluster(
         for req in requests:
             t = req.arrival
             if t is None:
-                raise ClusterConfigError(f"request {req.id!r} has no arrival time")
+                raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
             sessions.advance(t)
             sessions.offer(req, t)
         sessions.finish()
@@ -192,7 +192,7 @@ class _Sessions:
 def _result(
     run: ClusterDriver,
     spec: PolicySpec,
-    cfg: ClusterConfig,
+    cfg: ClusterSettings,
     plan: FaultPlan,
     wall: float,
     labels: Mapping[str, Any] | None,
