@@ -53,7 +53,7 @@ from prefixkv.adapters.lab.cluster.report import write_report
 from prefixkv.adapters.lab.cluster.run import ClusterSettings
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import ReadOptions, open_trace
+from prefixkv.adapters.lab.traces import ReadSettings, open_trace
 from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
@@ -88,7 +88,7 @@ def requests(
     path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterSettings
 ) -> Iterator[SimRequest]:
     """The trace's requests, prefill-only, at the load per replica of ``n0`` replicas."""
-    source = open_trace(path, "mooncake", max_requests=limit, options=ReadOptions(output=False))
+    source = open_trace(path, "mooncake", max_requests=limit, settings=ReadSettings(output=False))
     return sim_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
 
 

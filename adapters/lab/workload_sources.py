@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .progress import progress
 from .traces import (
-    ReadOptions,
+    ReadSettings,
     TraceFormat,
     TraceOptionError,
     TraceRequest,
@@ -110,7 +110,7 @@ def load_workloads(
     tokens_per_id: int | None = None,
     seed: int = 0,
     trace_format: TraceFormat | None = None,
-    options: ReadOptions | None = None,
+    settings: ReadSettings | None = None,
     quiet: bool = True,
 ) -> list[Workload]:
     """Build the workloads of a comparison: named generators, or one trace.
@@ -126,7 +126,7 @@ def load_workloads(
             format's block size).
         seed: generator seed, and the hash-id traces' token seed.
         trace_format: the trace's format (default: detected).
-        options: the trace reader's options (limits, vocabulary, outputs); its
+        settings: the trace reader's settings (limits, vocabulary, outputs); its
             ``tokens_per_id`` and ``seed`` are replaced by the arguments above.
         quiet: no progress bar.
 
@@ -142,9 +142,9 @@ def load_workloads(
     if trace is not None:
         if names:
             raise WorkloadError(f"give workloads or a trace, not both: {list(names)} and {trace}")
-        base = ReadOptions() if options is None else options
+        base = ReadSettings() if settings is None else settings
         opts = dataclasses.replace(base, tokens_per_id=tokens_per_id, seed=seed)
-        source = open_trace(trace, trace_format, max_requests=max_requests, options=opts)
+        source = open_trace(trace, trace_format, max_requests=max_requests, settings=opts)
         bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
         try:
             stats = source.scan(bar.update)

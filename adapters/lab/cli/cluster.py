@@ -22,7 +22,7 @@ from typing import Any
 from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import FORMATS, ReadOptions, TraceRequest, open_trace
+from prefixkv.adapters.lab.traces import FORMATS, ReadSettings, TraceRequest, open_trace
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
@@ -209,13 +209,15 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
     if args.trace is None:
         w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
-    opts = ReadOptions(
+    opts = ReadSettings(
         tokens_per_id=args.tokens_per_id,
         seed=args.seed,
         output=not args.prefill_only,
         sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
-    source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
+    source = open_trace(
+        args.trace, args.trace_format, max_requests=args.max_requests, settings=opts
+    )
     name = os.path.basename(args.trace)
     return source, f"{name} ({source.format})", source.tokens_per_id
 

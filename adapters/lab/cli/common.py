@@ -17,7 +17,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 from ..compare.spec import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
-from ..traces import FORMATS, ReadOptions, TraceLimits
+from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
 from ..workload_sources import Workload, load_workloads
 from .signals import EXIT_INTERRUPTED
@@ -43,7 +43,7 @@ __all__ = [
     "parse_token_counts",
     "positive_float",
     "positive_int",
-    "read_options",
+    "read_settings",
     "token_bars",
 ]
 
@@ -346,12 +346,12 @@ def backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return options
 
 
-def read_options(args: argparse.Namespace) -> ReadOptions:
+def read_settings(args: argparse.Namespace) -> ReadSettings:
     limits = TraceLimits(
         max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
     )
     timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
-    return ReadOptions(
+    return ReadSettings(
         vocab_size=args.vocab_size,
         seed=args.seed,
         limits=limits,
@@ -369,7 +369,7 @@ def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> lis
         tokens_per_id=args.tokens_per_id,
         seed=args.seed,
         trace_format=args.trace_format,
-        options=read_options(args),
+        settings=read_settings(args),
         quiet=args.quiet,
     )
 

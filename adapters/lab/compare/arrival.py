@@ -285,7 +285,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     if (
         isinstance(source, TraceSource)
         and source.format == "kv-cache-tester"
-        and source.options.session_order == "sequential"
+        and source.settings.session_order == "sequential"
     ):
         raise SimSettingsError(
             f"{workload.name}: kv-cache-tester traces time each conversation from its own "

@@ -26,7 +26,7 @@ from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
 from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
-from ..traces import ReadOptions
+from ..traces import ReadSettings
 from ..workload_sources import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
 from .plan import CompareSettings, default_boundary_accounting, plan_comparison
@@ -155,7 +155,7 @@ class CompareOptions:
             max_requests=self.max_requests,
             tokens_per_id=self.tokens_per_id,
             seed=self.seed,
-            options=ReadOptions(seed=self.seed),
+            settings=ReadSettings(seed=self.seed),
             quiet=not self.progress_bars,
         )
 
