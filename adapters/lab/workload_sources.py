@@ -18,6 +18,7 @@ from .traces import (
     TraceFormat,
     TraceOptionError,
     TraceRequest,
+    TraceSource,
     TraceStats,
     make_request,
     open_trace,
@@ -145,42 +146,49 @@ def load_workloads(
         base = ReadSettings() if settings is None else settings
         opts = dataclasses.replace(base, tokens_per_id=tokens_per_id, seed=seed)
         source = open_trace(trace, trace_format, max_requests=max_requests, settings=opts)
-        bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
-        try:
-            stats = source.scan(bar.update)
-        finally:
-            bar.close()
-        notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
-        name = os.path.basename(os.path.normpath(trace))
-        return [
-            Workload(
-                name,
-                f"{trace} ({source.describe()})",
-                source,
-                stats,
-                notes,
-                str(trace),
-                source.tokens_per_id,
-            )
-        ]
+        return [_trace_workload(trace, source, quiet)]
     if tokens_per_id is not None:
         raise TraceOptionError(
             f"tokens_per_id={tokens_per_id} applies to hash-id traces (--trace) only"
         )
     out: list[Workload] = []
     for name in names or DEFAULT_WORKLOADS:
-        if any(w.name == name for w in out):
-            continue
-        if name == SEED_WORKLOAD:
-            requests = seed_example(seed)
-            source_text = f"seed document example (seed={seed})"
-        else:
-            if name not in WORKLOADS:
-                raise UnknownWorkloadError(
-                    f"unknown workload {name!r}; known: {', '.join(workload_names())}"
-                )
-            requests = make_workload(name, seed=seed)
-            source_text = f"{name}(seed={seed}), default sizes"
-        kept = requests[:max_requests]
-        out.append(Workload(name, source_text, kept, stats_of(kept)))
+        if not any(w.name == name for w in out):
+            out.append(_generated_workload(name, seed, max_requests))
     return out
+
+
+def _trace_workload(trace: str, source: TraceSource, quiet: bool) -> Workload:
+    """The trace as a workload, scanned once (sizes only, every request validated)."""
+    bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
+    try:
+        stats = source.scan(bar.update)
+    finally:
+        bar.close()
+    notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
+    name = os.path.basename(os.path.normpath(trace))
+    return Workload(
+        name,
+        f"{trace} ({source.describe()})",
+        source,
+        stats,
+        notes,
+        str(trace),
+        source.tokens_per_id,
+    )
+
+
+def _generated_workload(name: str, seed: int, max_requests: int | None) -> Workload:
+    """A built-in generator's requests (or the seed example), the first ``max_requests``."""
+    if name == SEED_WORKLOAD:
+        requests = seed_example(seed)
+        source_text = f"seed document example (seed={seed})"
+    else:
+        if name not in WORKLOADS:
+            raise UnknownWorkloadError(
+                f"unknown workload {name!r}; known: {', '.join(workload_names())}"
+            )
+        requests = make_workload(name, seed=seed)
+        source_text = f"{name}(seed={seed}), default sizes"
+    kept = requests[:max_requests]
+    return Workload(name, source_text, kept, stats_of(kept))

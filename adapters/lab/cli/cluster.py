@@ -26,7 +26,7 @@ from prefixkv.adapters.lab.traces import FORMATS, ReadSettings, TraceRequest, op
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
-from prefixkv.adapters.router.routing import BOUNDS, parse_policies
+from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..cluster.config import MAX_REPLICAS
 from ..cluster.experiment import (
@@ -281,7 +281,28 @@ def run_cluster_command(
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None)))
     t0 = time.perf_counter()
-    partial = ""
+    results, partial = _run_all(args, stream, specs, config, capacities, plan, interrupts)
+    interrupts.hold()  # what finished is written whole, whatever arrives now
+    if not results:
+        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
+              file=sys.stderr)  # fmt: skip
+        return interrupts.status()
+    if _write_results(args, argv, results, description, partial, t0):
+        return 1
+    return interrupts.status() if partial or interrupts.received else 0
+
+
+def _run_all(
+    args: argparse.Namespace,
+    stream: Callable[[ClusterSettings | None], Iterable[SimRequest]],
+    specs: Sequence[PolicySpec],
+    config: ClusterSettings,
+    capacities: list[int],
+    plan: FaultPlan | None,
+    interrupts: Interrupts,
+) -> tuple[list[ClusterResult], str]:
+    """Every run of the experiment; the runs that finished and, when a signal stopped
+    them, why the results are partial."""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
     try:
         with _fleet(args, actors) as fleet_factory:
@@ -296,13 +317,20 @@ def run_cluster_command(
                 on_run=None if args.quiet else _print_run,
             )
     except ClusterInterrupted as stop:
-        results = stop.results
-        partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
-    interrupts.hold()  # what finished is written whole, whatever arrives now
-    if not results:
-        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
-              file=sys.stderr)  # fmt: skip
-        return interrupts.status()
+        partial = f"{interrupts.name()} after {len(stop.results)} of {stop.planned} runs"
+        return stop.results, partial
+    return results, ""
+
+
+def _write_results(
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    results: list[ClusterResult],
+    description: str,
+    partial: str,
+    t0: float,
+) -> bool:
+    """Write the report and say so; whether a run broke an invariant (said on stderr)."""
     timing = (
         f"Poisson {args.request_rate}/s (seed {args.seed})"
         if args.request_rate is not None
@@ -325,8 +353,7 @@ def run_cluster_command(
         print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     if broken:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
-        return 1
-    return interrupts.status() if partial or interrupts.received else 0
+    return bool(broken)
 
 
 def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:

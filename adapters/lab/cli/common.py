@@ -217,6 +217,35 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the radix tree's page size in tokens, as SGLang's --page-size (default 1)",
     )
+    _add_capacity_flags(g)
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=_HASH_ALGOS,
+        metavar="ALGO",
+        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
+        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's "
+        "own xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
+    )
+    g.add_argument(
+        "--radix-eviction-policy",
+        choices=_EVICTION_POLICIES,
+        metavar="POLICY",
+        help=f"the radix tree's eviction, as SGLang's flag: {', '.join(_EVICTION_POLICIES)} "
+        "(default lru)",
+    )
+    g.add_argument(
+        "--index-option",
+        type=index_option,
+        action="append",
+        default=[],
+        metavar="BACKEND.KEY=VALUE",
+        help="any backend option of make_index, e.g. hash_chain.verify=true, "
+        "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
+    )
+
+
+def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
+    """The KV capacity, in tokens, GiB or blocks (one of them), and the memory share."""
     cap = g.add_mutually_exclusive_group()
     cap.add_argument(
         "--capacity-tokens",
@@ -246,30 +275,6 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         metavar="U",
         help="with --capacity-tokens auto: the share of device memory the engine uses, as "
         "vLLM's flag (default 0.9)",
-    )
-    g.add_argument(
-        "--prefix-caching-hash-algo",
-        choices=_HASH_ALGOS,
-        metavar="ALGO",
-        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
-        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's "
-        "own xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
-    )
-    g.add_argument(
-        "--radix-eviction-policy",
-        choices=_EVICTION_POLICIES,
-        metavar="POLICY",
-        help=f"the radix tree's eviction, as SGLang's flag: {', '.join(_EVICTION_POLICIES)} "
-        "(default lru)",
-    )
-    g.add_argument(
-        "--index-option",
-        type=index_option,
-        action="append",
-        default=[],
-        metavar="BACKEND.KEY=VALUE",
-        help="any backend option of make_index, e.g. hash_chain.verify=true, "
-        "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
     )
 
 

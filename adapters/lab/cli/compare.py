@@ -174,6 +174,40 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         choices=ARRIVAL_PROCESSES,
         help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
     )
+    _add_scheduler_flags(g)
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next turn "
+        "before the previous one finished (default: sessions replay closed loop, each turn "
+        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
+    )
+    for name, what in (
+        ("ttft", "time to first token"),
+        ("tpot", "time per output token after the first"),
+        ("e2el", "end-to-end latency"),
+    ):
+        g.add_argument(
+            f"--slo-{name}",
+            type=_milliseconds,
+            metavar="MS",
+            help=f"an SLO bound on {what}, in milliseconds (or 0.5s); the goodput column "
+            "counts requests per second that meet every bound given, as vllm bench serve "
+            f"--goodput {name}:MS",
+        )
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
+        "calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
+    )
+
+
+def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
+    """The simulated replica's scheduler: its budgets, queue order and batching."""
     g.add_argument(
         "--max-num-seqs",
         type=positive_int,
@@ -207,35 +241,6 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "--batching",
         choices=BATCHING_MODES,
         help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
-    )
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next turn "
-        "before the previous one finished (default: sessions replay closed loop, each turn "
-        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
-    )
-    for name, what in (
-        ("ttft", "time to first token"),
-        ("tpot", "time per output token after the first"),
-        ("e2el", "end-to-end latency"),
-    ):
-        g.add_argument(
-            f"--slo-{name}",
-            type=_milliseconds,
-            metavar="MS",
-            help=f"an SLO bound on {what}, in milliseconds (or 0.5s); the goodput column "
-            "counts requests per second that meet every bound given, as vllm bench serve "
-            f"--goodput {name}:MS",
-        )
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
-        "calibrate --list) or a file from prefixkv calibrate (default "
-        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-        "--capacity-gib, and capacities beyond it warn",
     )
 
 

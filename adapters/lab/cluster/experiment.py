@@ -141,17 +141,21 @@ def run_experiment(
                 if on_skip is not None:
                     on_skip(planned)
                 continue
-            cfg, spec, fault_plan = planned
-            res = run_cluster(
-                requests(cfg),
-                spec,
-                cfg,
-                fault_plan,
-                fleet=fleet() if fleet is not None and not spec.is_bound else None,
-            )
+            res = _run_planned(planned, requests, fleet)
             out.append(res)
             if on_run is not None:
                 on_run(res)
     except KeyboardInterrupt:
         raise ClusterInterrupted(out, len(plan)) from None
     return out
+
+
+def _run_planned(
+    planned: PlannedRun,
+    requests: Callable[[ClusterSettings], Iterable[SimRequest]],
+    fleet: Callable[[], Fleet] | None,
+) -> ClusterResult:
+    """One run of the plan, on a fresh fleet (a bound runs in-process)."""
+    cfg, spec, fault_plan = planned
+    run_fleet = fleet() if fleet is not None and not spec.is_bound else None
+    return run_cluster(requests(cfg), spec, cfg, fault_plan, fleet=run_fleet)

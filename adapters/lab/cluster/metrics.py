@@ -212,14 +212,6 @@ def summarize_run(
     hit = sum(m.hit_tokens for m in recs)
     busy = [r.busy_s for r in replicas]
     mean_busy = math.fsum(busy) / len(busy) if busy else math.nan
-    decisions = [r.decision_us for r in requests]
-    hashes = [r.hash_us for r in requests]
-    pairs = [
-        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
-        for r in requests
-        if r.predicted_blocks is not None
-    ]
-    n = len(pairs)
     start = min((m.arrival_s for m in recs), default=0.0)
     end = max((m.finish_s for m in recs), default=0.0)
     span = max((m.arrival_s for m in recs), default=0.0) - start
@@ -240,15 +232,8 @@ def summarize_run(
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
         prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
-        decision_p50_us=percentile(decisions, 50),
-        decision_p99_us=percentile(decisions, 99),
-        decision_cpu_p99_us=percentile([r.decision_cpu_us for r in requests], 99),
-        hash_p50_us=percentile(hashes, 50),
-        hash_p99_us=percentile(hashes, 99),
-        overlap_predictions=n,
-        overlap_mae_tokens=math.fsum(abs(p - h) for p, h in pairs) / n if n else math.nan,
-        phantom_rate=sum(p > h for p, h in pairs) / n if n else math.nan,
-        missed_rate=sum(p < h for p, h in pairs) / n if n else math.nan,
+        **_router_times(requests),
+        **_overlap(requests, block_size),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
         prefill_gpu_s=math.fsum(m.prefill_gpu_s for m in recs),
@@ -260,6 +245,35 @@ def summarize_run(
         waiting_growth=load.waiting_growth,
         overloaded=load.overloaded,
     )
+
+
+def _router_times(requests: Sequence[RoutedRequest]) -> dict[str, Any]:
+    """The router's decision and hashing times, in microseconds."""
+    decisions = [r.decision_us for r in requests]
+    hashes = [r.hash_us for r in requests]
+    return {
+        "decision_p50_us": percentile(decisions, 50),
+        "decision_p99_us": percentile(decisions, 99),
+        "decision_cpu_p99_us": percentile([r.decision_cpu_us for r in requests], 99),
+        "hash_p50_us": percentile(hashes, 50),
+        "hash_p99_us": percentile(hashes, 99),
+    }
+
+
+def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, Any]:
+    """Predicted against realized hit tokens, over the requests routed by a prediction."""
+    pairs = [
+        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
+        for r in requests
+        if r.predicted_blocks is not None
+    ]
+    n = len(pairs)
+    return {
+        "overlap_predictions": n,
+        "overlap_mae_tokens": math.fsum(abs(p - h) for p, h in pairs) / n if n else math.nan,
+        "phantom_rate": sum(p > h for p, h in pairs) / n if n else math.nan,
+        "missed_rate": sum(p < h for p, h in pairs) / n if n else math.nan,
+    }
 
 
 @dataclass

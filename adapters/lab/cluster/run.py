@@ -67,20 +67,7 @@ def run_cluster(
     if plan.needs_relative:
         raise ClusterSettingsError("fault times given as percentages: resolve the plan first")
     plan.check(cfg.num_replicas)
-    profile = cfg.profile or load_profile()
-    rspec = ReplicaSpec(
-        backend=cfg.backend,
-        block_size=cfg.block_size,
-        hash_seed=cfg.hash_seed,
-        capacity_tokens=cfg.capacity_tokens,
-        config=cfg.sim,
-        profile=profile,
-        buffer_steps=cfg.buffer_steps,
-        keep_tokens=cfg.keep_tokens,
-        check_hits=cfg.check,
-        drop_removals=plan.drop_removals,
-        seed=cfg.seed,
-    )
+    rspec = _replica_spec(cfg, plan)
     if spec.is_bound:
         fleet = PooledFleet(rspec, cfg.num_replicas, infinite=spec.name == "infinite")
     elif fleet is None:
@@ -88,23 +75,48 @@ def run_cluster(
     run = ClusterDriver(spec, cfg, plan, fleet, rspec)
     t_start = time.perf_counter()
     try:
-        for r in range(cfg.num_replicas):
-            run.start_replica(r, 0.0)
-        pending = list(plan.scheduled)
-        sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
-        for req in requests:
-            t = req.arrival
-            if t is None:
-                raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
-            sessions.advance(t)
-            sessions.offer(req, t)
-        sessions.finish()
-        run.drain(pending)
-        run.check_views()
+        _drive(run, requests, plan, cfg)
     finally:
         fleet.close()
     wall = time.perf_counter() - t_start
     return _result(run, spec, cfg, plan, wall, labels)
+
+
+def _drive(
+    run: ClusterDriver, requests: Iterable[SimRequest], plan: FaultPlan, cfg: ClusterSettings
+) -> None:
+    """Start the replicas, route each request at its arrival (sessions closed loop),
+    apply the faults on the way, drain, and compare the router's views with the truth."""
+    for r in range(cfg.num_replicas):
+        run.start_replica(r, 0.0)
+    pending = list(plan.scheduled)
+    sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
+    for req in requests:
+        t = req.arrival
+        if t is None:
+            raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
+        sessions.advance(t)
+        sessions.offer(req, t)
+    sessions.finish()
+    run.drain(pending)
+    run.check_views()
+
+
+def _replica_spec(cfg: ClusterSettings, plan: FaultPlan) -> ReplicaSpec:
+    """Each replica of the fleet, as the settings and the fault plan make it."""
+    return ReplicaSpec(
+        backend=cfg.backend,
+        block_size=cfg.block_size,
+        hash_seed=cfg.hash_seed,
+        capacity_tokens=cfg.capacity_tokens,
+        config=cfg.sim,
+        profile=cfg.profile or load_profile(),
+        buffer_steps=cfg.buffer_steps,
+        keep_tokens=cfg.keep_tokens,
+        check_hits=cfg.check,
+        drop_removals=plan.drop_removals,
+        seed=cfg.seed,
+    )
 
 
 class _Sessions:

@@ -417,39 +417,18 @@ def run_arrival(
     config = settings.config(spec, sched)
     engine = settings.engine(spec, sched)
     closed = settings.closed_loop and has_sessions(workload)
-    asked: list[float] = []
-    stamped = _tally(
-        with_arrivals(
-            _sim_requests(workload.requests, closed),
-            request_rate=settings.request_rate,
-            time_scale=settings.time_scale,
-            process=settings.arrival,
-            seed=settings.seed,
-        ),
-        asked,
-    )
-    if role == "table":
-        where = ""
-    elif role == "rate":
-        where = f" @ {settings.request_rate:g} req/s"
-    else:
-        where = f" @ {capacity_tokens:,} tok"
-    desc = f"{workload.name} {spec.label} as {engine}{where}"
+    asked: list[float] = []  # the arrival times the process asked for
+    stamped = _tally(_arriving(workload, settings, closed), asked)
+    legend = f"{spec.label} as {engine}"
+    labels = {"workload": workload.name, "backend": spec.label, "legend": legend}
+    desc = f"{workload.name} {legend}{_role_note(role, settings, capacity_tokens)}"
     bar = bars(desc, workload.stats.prompt_tokens) if bars else None
     try:
+        progress = None if bar is None else bar.update
         result = simulate(
-            stamped,
-            spec.make,
-            capacity_tokens,
-            config,
-            settings.profile,
-            labels={
-                "workload": workload.name,
-                "backend": spec.label,
-                "legend": f"{spec.label} as {engine}",
-            },
-            progress=None if bar is None else bar.update,
-        )
+            stamped, spec.make, capacity_tokens, config, settings.profile, labels=labels,
+            progress=progress,
+        )  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -471,6 +450,26 @@ def run_arrival(
             result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
         ),
     )
+
+
+def _arriving(workload: Workload, settings: TimeSettings, closed: bool) -> Iterator[SimRequest]:
+    """The workload's requests read again, stamped with the settings' arrival times."""
+    return with_arrivals(
+        _sim_requests(workload.requests, closed),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+
+
+def _role_note(role: str, settings: TimeSettings, capacity_tokens: int) -> str:
+    """What a progress bar adds for a run beside the table's: its rate or capacity."""
+    if role == "table":
+        return ""
+    if role == "rate":
+        return f" @ {settings.request_rate:g} req/s"
+    return f" @ {capacity_tokens:,} tok"
 
 
 def _tally(requests: Iterable[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:

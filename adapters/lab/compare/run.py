@@ -149,16 +149,7 @@ def compare_workload(
             arrival-time point is left out).
         CompareInterrupted: Ctrl-C; it carries what finished so far.
     """
-    result = WorkloadResult(
-        name=workload.name,
-        source=workload.source,
-        notes=tuple(workload.notes),
-        num_requests=workload.stats.num_requests,
-        prompt_tokens=workload.stats.prompt_tokens,
-        output_tokens=workload.stats.output_tokens,
-        capacity_tokens=capacity_tokens,
-        concurrency=concurrency,
-    )
+    result = _empty_result(workload, capacity_tokens, concurrency)
     try:
         for b in backends:
             result.backends.append(
@@ -186,6 +177,20 @@ def compare_workload(
             result.strip_requests = select_strip_requests(result.backends)
         raise CompareInterrupted(result) from None
     return result
+
+
+def _empty_result(workload: Workload, capacity_tokens: int, concurrency: int) -> WorkloadResult:
+    """The workload's result before any run: what it is and at which capacity."""
+    return WorkloadResult(
+        name=workload.name,
+        source=workload.source,
+        notes=tuple(workload.notes),
+        num_requests=workload.stats.num_requests,
+        prompt_tokens=workload.stats.prompt_tokens,
+        output_tokens=workload.stats.output_tokens,
+        capacity_tokens=capacity_tokens,
+        concurrency=concurrency,
+    )
 
 
 def _anchors(

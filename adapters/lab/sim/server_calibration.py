@@ -194,50 +194,77 @@ async def measure_server(
         for length in sweep.prompt_lengths:
             for fraction in sweep.cached_fractions:
                 prefix_len = int(length * fraction) // bs * bs
-                runs: list[tuple[float, int]] = []
-                for _ in range(sweep.repeats):
-                    prefix = fresh(prefix_len)
-                    if prefix:
-                        await engine.complete(client, [*prefix, *fresh(1)], 1)
-                    c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
-                    if c.cached_tokens is None:
-                        raise ServerError(
-                            f"{info.url} reports no cached tokens; start vLLM with "
-                            "--enable-prompt-tokens-details"
-                        )
-                    runs.append((c.ttft_s, c.cached_tokens))
-                    tick()
-                hit = statistics.median_low(h for _, h in runs)
-                q = length - hit
-                samples.append(
-                    StepSample(
-                        prefill_tokens=q,
-                        prefill_pairs=attention_pairs(q, hit),
-                        num_decode=0,
-                        decode_context=0,
-                        seconds=statistics.median(t for t, _ in runs),
-                        num_steps=-(-q // sweep.max_num_batched_tokens),
-                        num_requests=1,
-                        num_streamed=1,
-                    )
+                sample = await _prefill_sample(
+                    engine, client, info, sweep, length, prefix_len, fresh, tick
                 )
+                samples.append(sample)
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                slowest: list[float] = []
-                for _ in range(sweep.repeats):
-                    batch = [fresh(ctx) for _ in range(b)]
-                    done = await asyncio.gather(
-                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
-                    )
-                    slowest.append(max(c.latency_s for c in done))
-                    tick()
-                samples.append(
-                    batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
-                )
+                samples.append(await _decode_sample(engine, client, sweep, b, ctx, fresh, tick))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
     return info, samples
+
+
+async def _prefill_sample(
+    engine: ServedEngine,
+    client: Any,
+    info: ServerInfo,
+    sweep: ServerSweep,
+    length: int,
+    prefix_len: int,
+    fresh: Callable[[int], list[int]],
+    tick: Callable[[], None],
+) -> StepSample:
+    """A ``length``-token prompt whose first ``prefix_len`` tokens were sent just before:
+    the median TTFT over the repeats, at the median hit the server reported."""
+    runs: list[tuple[float, int]] = []
+    for _ in range(sweep.repeats):
+        prefix = fresh(prefix_len)
+        if prefix:
+            await engine.complete(client, [*prefix, *fresh(1)], 1)
+        c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
+        if c.cached_tokens is None:
+            raise ServerError(
+                f"{info.url} reports no cached tokens; start vLLM with "
+                "--enable-prompt-tokens-details"
+            )
+        runs.append((c.ttft_s, c.cached_tokens))
+        tick()
+    hit = statistics.median_low(h for _, h in runs)
+    q = length - hit
+    return StepSample(
+        prefill_tokens=q,
+        prefill_pairs=attention_pairs(q, hit),
+        num_decode=0,
+        decode_context=0,
+        seconds=statistics.median(t for t, _ in runs),
+        num_steps=-(-q // sweep.max_num_batched_tokens),
+        num_requests=1,
+        num_streamed=1,
+    )
+
+
+async def _decode_sample(
+    engine: ServedEngine,
+    client: Any,
+    sweep: ServerSweep,
+    b: int,
+    ctx: int,
+    fresh: Callable[[int], list[int]],
+    tick: Callable[[], None],
+) -> StepSample:
+    """``b`` requests of ``ctx`` tokens at once: the median of the slowest's latency."""
+    slowest: list[float] = []
+    for _ in range(sweep.repeats):
+        batch = [fresh(ctx) for _ in range(b)]
+        done = await asyncio.gather(
+            *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
+        )
+        slowest.append(max(c.latency_s for c in done))
+        tick()
+    return batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
 
 
 _PROBE, _BACKGROUND = 128, 64
@@ -306,17 +333,6 @@ def calibrate_server(
     served = engine or ServedEngine(url, model, limits=limits)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
     pre = [s for s in samples if s.num_requests and not s.num_decode]
-    num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
-    contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
-    covers = {
-        "prefill_tokens": [min(per_step), max(per_step)],
-        "context_tokens": [min(contexts), max(contexts)],
-        "batch_size": [
-            min(sweep.batch_sizes),
-            max(*sweep.batch_sizes, *sweep.background_streams),
-        ],
-    }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
     fit = functools.partial(
         fit_profile,
@@ -325,32 +341,68 @@ def calibrate_server(
         model=info.model,
         device=f"served at {info.url} ({engine_name})",
         source=f"measured over HTTP by prefixkv calibrate --server {info.url}",
-        notes=(
-            f"{len(pre)} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
-            f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
-            f"{', '.join(map(str, sweep.background_streams))} streams, median of "
-            f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
-            "tokens; request_s and stream_token_s are the serving front end's time outside "
-            "the engine's steps (HTTP, input processing, streaming), as the client sees it."
-        ),
-        measured_on={
-            "server": info.url,
-            "model": info.model,
-            "engine": info.engine,
-            "engine_version": info.engine_version,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": client_machine(),
-            "block_size": str(info.block_size or ""),
-            "num_gpu_blocks": str(info.num_gpu_blocks or ""),
-            "gpu_memory_utilization": info.gpu_memory_utilization,
-        },
-        covers=covers,
+        notes=_notes(sweep, len(pre)),
+        measured_on=_measured_on(info),
+        covers=_covers(sweep, pre),
         kv_bytes_per_token=info.kv_bytes_per_token,
         kv_cache_tokens=info.kv_cache_tokens or None,
     )
     profile = fit()
     if not sweep.serving_repeats:
         return profile
+    return _refit_with_serving_path(served, profile, fit, sweep, progress)
+
+
+def _notes(sweep: ServerSweep, num_prefill: int) -> str:
+    """What the sweep measured and how, for the profile's notes."""
+    num_decode_runs = len(sweep.batch_sizes) * len(sweep.decode_contexts)
+    return (
+        f"{num_prefill} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
+        f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
+        f"{', '.join(map(str, sweep.background_streams))} streams, median of "
+        f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
+        "tokens; request_s and stream_token_s are the serving front end's time outside "
+        "the engine's steps (HTTP, input processing, streaming), as the client sees it."
+    )
+
+
+def _covers(sweep: ServerSweep, pre: list[StepSample]) -> dict[str, list[int]]:
+    """The ranges the sweep measured: prefill tokens per step, context, batch size."""
+    per_step = [min(s.prefill_tokens, sweep.max_num_batched_tokens) for s in pre]
+    contexts = [*sweep.prompt_lengths, *(c + sweep.decode_tokens for c in sweep.decode_contexts)]
+    return {
+        "prefill_tokens": [min(per_step), max(per_step)],
+        "context_tokens": [min(contexts), max(contexts)],
+        "batch_size": [
+            min(sweep.batch_sizes),
+            max(*sweep.batch_sizes, *sweep.background_streams),
+        ],
+    }
+
+
+def _measured_on(info: ServerInfo) -> dict[str, Any]:
+    """The server, its engine and the client machine, now."""
+    return {
+        "server": info.url,
+        "model": info.model,
+        "engine": info.engine,
+        "engine_version": info.engine_version,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": client_machine(),
+        "block_size": str(info.block_size or ""),
+        "num_gpu_blocks": str(info.num_gpu_blocks or ""),
+        "gpu_memory_utilization": info.gpu_memory_utilization,
+    }
+
+
+def _refit_with_serving_path(
+    served: ServedEngine,
+    profile: CostProfile,
+    fit: Callable[..., CostProfile],
+    sweep: ServerSweep,
+    progress: Callable[[int], object] | None,
+) -> CostProfile:
+    """Measure the serving path apart and fit again with its terms known."""
     path = measure_and_fit(
         served,
         profile,
