@@ -4,7 +4,9 @@
 what now has KV -> ``append`` during decode -> ``finish`` (or ``abort``). The
 manager owns the block tables and the allocator; the index owns cached blocks and
 is asked to ``evict`` when the allocator runs short (SGLang's ownership model,
-which gives vLLM's hits too; see the README). Both facades are thin layers on it.
+which gives vLLM's hits too; see the README). vLLM's engine class (``KVCacheManager``) is
+a thin layer on it; SGLang's (``PrefixCache``) keeps its own rows over the index and a
+page pool.
 
 A running request's block table, and who owns each part::
 
@@ -269,18 +271,30 @@ class CacheManager:
         )
         reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
         m = self._lookup_for(key, lookup)
+        new = self._lock_and_take(m, want, reserve)
+        if new is None:
+            self.totals.num_rejected += 1
+            return None
+        return self._record_admission(request_id, key, m, [*m.block_ids, *new])
+
+    def _lock_and_take(self, m: PrefixMatch, want: int, reserve: int) -> list[int] | None:
+        # Lock the hit and take blocks for the rest of ``want`` tokens, or change nothing
+        # (None). Whether they fit is decided now: the hit's blocks that are evictable
+        # now are the ones locking protects.
         hit_evictable = self.index.count_evictable(m.handle)
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
         if not self._fits(need, hit_evictable):
-            self.totals.num_rejected += 1
             return None
         self.index.lock(m.handle)
         new = self._take_blocks(need, reserve)
         if new is None:  # the index evicted fewer blocks than it counted as evictable
             self._release(self.index.unlock(m.handle))
-            self.totals.num_rejected += 1
-            return None
-        table = [*m.block_ids, *new]
+        return new
+
+    def _record_admission(
+        self, request_id: RequestId, key: TokenKey, m: PrefixMatch, table: list[int]
+    ) -> Admission:
+        # An admitted request: its record, its key's holder, the totals, the observer.
         self._seqs[request_id] = _Seq(
             key, len(key), table, m.handle, m.num_tokens, len(m.block_ids)
         )
@@ -515,43 +529,15 @@ class CacheManager:
                 the key learns.
         """
         seq = self._seq(request_id)
-        bs = self.block_size
-        if (
-            type(num_slots) is int
-            and 0 <= num_slots <= len(seq.table) * bs
-            and type(reserve_blocks) is int
-            and reserve_blocks == 0
-        ):
-            # The common decode step: no block to add, nothing new to register.
-            if num_computed is None:
-                return []
-            if (
-                type(num_computed) is int
-                and 0 <= num_computed <= num_slots
-                and num_computed // bs <= seq.num_registered_blocks
-            ):
-                if num_computed > seq.num_computed:
-                    seq.num_computed = min(num_computed, len(seq.key.tokens))
-                return []
+        if self._step_in_place(seq, num_slots, num_computed, reserve_blocks):
+            return []
         # Everything is checked before a block is added, so an error changes nothing.
         slots = check_count("num_slots", num_slots)
         computed = None
         if num_computed is not None:
             computed = check_count("num_computed", num_computed, slots)
-        reserve = 0
-        if type(reserve_blocks) is not int or reserve_blocks:
-            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
-        learn: Sequence[int] = ()
-        if tokens is not None:
-            if type(tokens) is not list and (
-                not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes))
-            ):
-                raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
-            have = len(seq.key.tokens)
-            if computed is not None:
-                computed = min(computed, len(tokens))
-                if computed // bs > seq.num_registered_blocks and len(tokens) > have:
-                    learn = checked_tokens(tokens[have:], have)  # positions in tokens
+        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        computed, learn = self._tokens_to_learn(seq, tokens, computed)
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
             if learn:
@@ -559,6 +545,50 @@ class CacheManager:
             known = min(computed, len(seq.key.tokens))  # the key may lag its slots
             self._commit(seq, known, bool(swap_duplicates))
         return new
+
+    def _step_in_place(
+        self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object
+    ) -> bool:
+        # The common decode step, done in place: its slots are in the table already,
+        # no block to reserve, nothing new to register. False: the checked path.
+        bs = self.block_size
+        if not (
+            type(num_slots) is int
+            and 0 <= num_slots <= len(seq.table) * bs
+            and type(reserve_blocks) is int
+            and reserve_blocks == 0
+        ):
+            return False
+        if num_computed is None:
+            return True
+        if (
+            type(num_computed) is int
+            and 0 <= num_computed <= num_slots
+            and num_computed // bs <= seq.num_registered_blocks
+        ):
+            if num_computed > seq.num_computed:
+                seq.num_computed = min(num_computed, len(seq.key.tokens))
+            return True
+        return False
+
+    def _tokens_to_learn(
+        self, seq: _Seq, tokens: object, computed: int | None
+    ) -> tuple[int | None, Sequence[int]]:
+        # ``computed`` capped at the sequence's length, and the ids the key lacks when
+        # a block is to be registered (checked; vLLM hashes a block once it fills).
+        if tokens is None:
+            return computed, ()
+        if type(tokens) is not list and (
+            not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes))
+        ):
+            raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
+        if computed is None:
+            return None, ()
+        have = len(seq.key.tokens)
+        computed = min(computed, len(tokens))
+        if computed // self.block_size > seq.num_registered_blocks and len(tokens) > have:
+            return computed, checked_tokens(tokens[have:], have)  # positions in tokens
+        return computed, ()
 
     def _grow(self, seq: _Seq, slots: int, reserve: int) -> list[int] | None:
         need = self._blocks_for(slots) - len(seq.table)

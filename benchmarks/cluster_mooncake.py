@@ -49,11 +49,11 @@ from prefixkv.adapters.lab.cluster.experiment import (
 )
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.run import ClusterConfig
+from prefixkv.adapters.lab.cluster.run import ClusterSettings
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.outputs.cluster import write_report
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import ReadOptions, open_trace
+from prefixkv.adapters.lab.traces import ReadSettings, open_trace
 from prefixkv.adapters.outputs import atomic_writer
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, parse_policies
@@ -85,10 +85,10 @@ FAULTS = (
 
 
 def requests(
-    path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterConfig
+    path: Path, limit: int | None, scale: float, n0: int, cfg: ClusterSettings
 ) -> Iterator[SimRequest]:
     """The trace's requests, prefill-only, at the load per replica of ``n0`` replicas."""
-    source = open_trace(path, "mooncake", max_requests=limit, options=ReadOptions(output=False))
+    source = open_trace(path, "mooncake", max_requests=limit, settings=ReadSettings(output=False))
     return sim_requests(source, prefill_only=True, time_scale=scale * n0 / cfg.num_replicas)
 
 
@@ -197,7 +197,7 @@ def main() -> None:
         ap.error(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
 
     groups = args.groups.split(",")
-    base = ClusterConfig(
+    base = ClusterSettings(
         num_replicas=args.replicas,
         capacity_tokens=args.capacity_tokens,
         block_size=512,

@@ -1,6 +1,6 @@
 """Decode-step cost against the number of tokens generated so far: flat, or not.
 
-One request (a 1,000-token prompt) decodes 16,384 tokens through a facade, one step
+One request (a 1,000-token prompt) decodes 16,384 tokens through an engine class, one step
 at a time as the engines' schedulers call it (vLLM: ``allocate_slots(request, 1)``;
 SGLang: ``alloc_for_decode(cache, req)`` with ``cache_unfinished_req`` every 64 steps, as a
 chunked request would). The mean cost of the steps in each window of 1,024 is
@@ -30,13 +30,14 @@ PROMPT = 1000
 
 def vllm_run(index: str, size: int, steps: int, rng: random.Random) -> list[float]:
     """Seconds per window of ``WINDOW`` decode steps through the vLLM KVCacheManager."""
-    facade = KVCacheManager(index, (PROMPT + steps) // size + 5, size)  # + the null block
+    num_blocks = (PROMPT + steps) // size + 5  # + the null block
+    kv_cache_manager = KVCacheManager(index, num_blocks, size)
     req = SimpleRequest("r", [rng.randrange(32000) for _ in range(PROMPT)])
-    blocks, hit, _ = facade.get_computed_blocks(req)
-    facade.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+    blocks, hit, _ = kv_cache_manager.get_computed_blocks(req)
+    kv_cache_manager.allocate_slots(req, req.num_tokens - hit, hit, blocks)
     req.num_computed_tokens = req.num_tokens
     req.append_output_token_ids(1)
-    allocate, out = facade.allocate_slots, req.all_token_ids
+    allocate, out = kv_cache_manager.allocate_slots, req.all_token_ids
     perf, windows = time.perf_counter, []
     for _ in range(steps // WINDOW):
         t0 = perf()
@@ -45,8 +46,8 @@ def vllm_run(index: str, size: int, steps: int, rng: random.Random) -> list[floa
             req.num_computed_tokens += 1
             out.append(7)
         windows.append(perf() - t0)
-    facade.free(req)
-    facade.manager.check_invariants()
+    kv_cache_manager.free(req)
+    kv_cache_manager.manager.check_invariants()
     return windows
 
 
@@ -92,13 +93,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rows = []
-    for facade, index, size in CASES:
+    for engine_class, index, size in CASES:
         best: list[float] | None = None
         for r in range(args.repeat):
             gc.collect()
             gc.disable()
             try:
-                windows = RUNS[facade](index, size, args.steps, random.Random(r))
+                windows = RUNS[engine_class](index, size, args.steps, random.Random(r))
             finally:
                 gc.enable()
             if best is not None:
@@ -106,17 +107,17 @@ def main() -> None:
             best = windows
         assert best is not None
         us = [w / WINDOW * 1e6 for w in best]
-        row = {"facade": facade, "index": index, "size": size, "us_per_step": us}
+        row = {"engine_class": engine_class, "index": index, "size": size, "us_per_step": us}
         print(json.dumps({**row, "us_per_step": [round(u, 2) for u in us]}), flush=True)
         rows.append(row)
     marks = [k for k in (1, 2, 4, 8, 16) if k * WINDOW <= args.steps]
-    print("| facade | index | " + " | ".join(f"{k}K" for k in marks) + " | last / first |")
+    print("| engine class | index | " + " | ".join(f"{k}K" for k in marks) + " | last / first |")
     print("|---|---|" + "---:|" * (len(marks) + 1))
     for row in rows:
         us = row["us_per_step"]
         cells = " | ".join(f"{us[k - 1]:.2f}" for k in marks)
         name = f"{row['index']}:{row['size']}"
-        print(f"| {row['facade']} | {name} | {cells} | {us[-1] / us[0]:.2f} |")
+        print(f"| {row['engine_class']} | {name} | {cells} | {us[-1] / us[0]:.2f} |")
 
 
 if __name__ == "__main__":

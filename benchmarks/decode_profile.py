@@ -11,9 +11,9 @@ share of the loop itself. Works on either build: run it with the Python of an
 environment where the compiled wheel is installed to profile that one (its functions
 are named ``CPyDef_<module>___<Class>___<method>``).
 
-    python benchmarks/decode_profile.py --facade vllm --index hash_chain [--top 25]
+    python benchmarks/decode_profile.py --engine-class vllm --index hash_chain [--top 25]
     make wheel-venv                        # the wheel of this tree, in build/wheel-venv
-    build/wheel-venv/bin/python benchmarks/decode_profile.py --facade sglang --index radix
+    build/wheel-venv/bin/python benchmarks/decode_profile.py --engine-class sglang --index radix
 
 Needs ``valgrind`` (Debian: ``apt install valgrind``); a run takes about a minute.
 """
@@ -35,7 +35,7 @@ PROMPT = 17  # one full block and one token: the steps dominate, not the admissi
 LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 
 
-def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
+def run_child(engine_class: str, index: str, rounds: int, steps: int) -> None:
     """The profiled loop: ``rounds`` requests, each decoding ``steps`` steps."""
     from prefixkv.adapters.sglang import PrefixCache, SimpleReq
     from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend
@@ -45,7 +45,7 @@ def run_child(facade: str, index: str, rounds: int, steps: int) -> None:
     prompt = [rng.randrange(32000) for _ in range(PROMPT)]
     out = [rng.randrange(32000) for _ in range(steps + 1)]
     backend = "hash_chain" if index == "driver" else index
-    if facade == "vllm":
+    if engine_class == "vllm":
         kv = KVCacheManager(backend, (rounds + 2) * (PROMPT + steps + 16) // 16 + 1, 16)
         done: SimpleRequest | None = None
         for r in range(rounds):
@@ -106,7 +106,7 @@ def profile(args: argparse.Namespace, index: str, rounds: int) -> dict[str, int]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-               __file__, "--child", "--facade", args.facade, "--index", index,
+               __file__, "--child", "--engine-class", args.engine_class, "--index", index,
                "--rounds", str(rounds), "--steps", str(args.steps)]  # fmt: skip
         subprocess.run(cmd, check=True, capture_output=True, env=os.environ)
         text = subprocess.run(
@@ -118,7 +118,7 @@ def profile(args: argparse.Namespace, index: str, rounds: int) -> dict[str, int]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--facade", choices=("vllm", "sglang"), default="vllm")
+    ap.add_argument("--engine-class", choices=("vllm", "sglang"), default="vllm")
     ap.add_argument("--index", choices=("hash_chain", "radix", "driver"), default="hash_chain")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=STEPS)
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        run_child(args.facade, args.index, args.rounds, args.steps)
+        run_child(args.engine_class, args.index, args.rounds, args.steps)
         return
     if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
         raise SystemExit("decode_profile.py needs valgrind (Debian: apt install valgrind)")
@@ -138,8 +138,8 @@ def main() -> None:
     mine, driver = rows[args.index], rows["driver"]
     extra = {k: v - driver.get(k, 0.0) for k, v in mine.items()}
     total = extra.get("Py_RunMain", 0.0)
-    print(f"{args.facade} facade, {args.index}: {total:.0f} instructions per decode step "
-          "beyond the driver loop's; by function, inclusive, per step:")  # fmt: skip
+    print(f"{args.engine_class} engine class, {args.index}: {total:.0f} instructions per "
+          "decode step beyond the driver loop's; by function, inclusive, per step:")  # fmt: skip
     # Leave out the frames the driver's loop runs under too (main, the interpreter loop).
     loop = 0.5 * driver.get("Py_RunMain", 0.0)
     parts = [(k, v) for k, v in extra.items() if v > 0.01 * total and driver.get(k, 0) < loop]

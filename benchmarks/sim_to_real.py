@@ -64,8 +64,8 @@ from typing import Any, NamedTuple
 from prefixkv.adapters.lab.sim import (
     CostProfile,
     ProfileError,
-    SimConfig,
     SimRequest,
+    SimSettings,
     load_profile,
     percentile,
     save_profile,
@@ -193,7 +193,7 @@ def predict(
         SimRequest(requests[k][0], as_token_array(requests[k][1]), requests[k][2], sent[k])
         for k in order
     ]
-    cfg = SimConfig(
+    cfg = SimSettings(
         max_num_seqs=CPU_MAX_NUM_SEQS, max_num_batched_tokens=CPU_MAX_NUM_BATCHED_TOKENS
     )
     res = simulate(sims, lambda: make_index("hash_chain", block_size), pool_tokens, cfg, profile)

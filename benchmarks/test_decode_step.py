@@ -1,4 +1,4 @@
-"""One decode step through each facade, called the way the engines' schedulers call it.
+"""One decode step through each engine class, called the way the engines' schedulers call it.
 
 vLLM's scheduler calls ``allocate_slots(request, 1)`` for every running request on
 every step and SGLang's allocates a slot (here ``alloc_for_decode(cache, req)``, the
@@ -6,7 +6,7 @@ scheduler-side step in ``prefixkv.adapters.sglang.simulated``). A round decodes 
 tokens of one admitted request (a new block every ``block_size`` steps, registered
 as the engines do), so the mean step includes its share of block additions. The
 ``driver`` rows run the same loop around a call that does nothing: subtract them to
-get the facade's own time per step (issue 17's goal: <= 0.5 µs).
+get the engine class's own time per step (issue 17's goal: <= 0.5 µs).
 
     make bench                                     # the compiled build (the wheel)
     PREFIXKV_BUILD=pure make bench                 # the pure-Python package
@@ -35,17 +35,17 @@ OUTPUT = tokens(STEPS + 1, seed=18)
 Setup = Callable[[], tuple[tuple[Any], dict[str, Any]]]
 
 
-def vllm_rounds(facade: KVCacheManager | None, done: list[SimpleRequest]) -> Setup:
+def vllm_rounds(kv_cache_manager: KVCacheManager | None, done: list[SimpleRequest]) -> Setup:
     """Setup of each round: the last round's request freed, a new one admitted."""
     counter = iter(range(10**9))
 
     def setup() -> tuple[tuple[Any], dict[str, Any]]:
         req = SimpleRequest(f"r{next(counter)}", list(PROMPT))
-        if facade is not None:
+        if kv_cache_manager is not None:
             while done:
-                facade.free(done.pop())
-            blocks, hit, _ = facade.get_computed_blocks(req)
-            facade.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+                kv_cache_manager.free(done.pop())
+            blocks, hit, _ = kv_cache_manager.get_computed_blocks(req)
+            kv_cache_manager.allocate_slots(req, req.num_tokens - hit, hit, blocks)
         req.num_computed_tokens = req.num_tokens
         req.append_output_token_ids(OUTPUT[0])
         done.append(req)
@@ -84,8 +84,10 @@ def per_step(benchmark: BenchmarkFixture) -> None:
 def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str, bs: int) -> None:
     """``allocate_slots(request, 1)`` after the request's sampled token is appended."""
     num_blocks = (ROUNDS + 2) * (len(PROMPT) + STEPS + 1) // bs + 9  # the null block too
-    facade = None if index == "driver" else KVCacheManager(index, num_blocks, bs)
-    allocate = facade.allocate_slots if facade is not None else lambda r, n: None
+    kv_cache_manager = None if index == "driver" else KVCacheManager(index, num_blocks, bs)
+    allocate = (
+        kv_cache_manager.allocate_slots if kv_cache_manager is not None else lambda r, n: None
+    )
 
     def decode(req: SimpleRequest) -> None:
         tokens_ = req.all_token_ids
@@ -95,11 +97,11 @@ def test_vllm_allocate_slots_decode_step(benchmark: BenchmarkFixture, index: str
             tokens_.append(OUTPUT[k])
 
     done: list[SimpleRequest] = []
-    benchmark.pedantic(decode, setup=vllm_rounds(facade, done), rounds=ROUNDS)
+    benchmark.pedantic(decode, setup=vllm_rounds(kv_cache_manager, done), rounds=ROUNDS)
     per_step(benchmark)
-    if facade is not None:
-        facade.free(done.pop())
-        facade.manager.check_invariants()
+    if kv_cache_manager is not None:
+        kv_cache_manager.free(done.pop())
+        kv_cache_manager.manager.check_invariants()
 
 
 @pytest.mark.parametrize(("index", "page"), [("radix", 1), ("hash_chain", 16), ("driver", 1)])

@@ -28,7 +28,13 @@ from .errors import (
 from .free_queue import FreeBlockQueue
 from .hashing import make_block_hasher
 from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
-from .validation import MAX_BLOCKS, check_block_ids, check_bool, check_count, check_sequence
+from .validation import (
+    MAX_BLOCKS,
+    check_block_ids,
+    check_bool,
+    check_count,
+    check_enough_block_ids,
+)
 
 __all__ = ["HashChainIndex"]
 
@@ -295,26 +301,11 @@ class HashChainIndex:
         """
         bs = self.block_size
         num_full = _check_limit(num_tokens, key, "num_tokens") // bs
-        check_sequence("block_ids", block_ids)
-        if len(block_ids) < num_full:
-            raise BlockOwnershipError(
-                f"{num_full} full blocks to register but only {len(block_ids)} block ids given"
-            )
+        check_enough_block_ids(block_ids, num_full, "full blocks to register")
         hashes = key.block_hashes(self._hasher)
         chain, start = self._continued_run(prefix, block_ids, num_full)
         new_ids = check_block_ids(block_ids[start:num_full], "insert")
-        blocks = self._blocks
-        for j, bid in enumerate(new_ids):
-            old = blocks.get(bid)
-            if (
-                old is not None
-                and old.block_hash is not None
-                and old.block_hash != hashes[start + j]
-            ):
-                raise BlockOwnershipError(
-                    f"block {bid} is cached for other content; "
-                    f"it cannot hold block {start + j} of {key!r}"
-                )
+        self._check_not_cached_elsewhere(key, hashes, new_ids, start)
         num_cached = start
         while num_cached < num_full and hashes[num_cached] in self._table:
             num_cached += 1
@@ -328,6 +319,23 @@ class HashChainIndex:
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
+
+    def _check_not_cached_elsewhere(
+        self, key: TokenKey, hashes: list[bytes], new_ids: list[int], start: int
+    ) -> None:
+        # Each new block id, block start + j of key, is free or cached under this hash.
+        blocks = self._blocks
+        for j, bid in enumerate(new_ids):
+            old = blocks.get(bid)
+            if (
+                old is not None
+                and old.block_hash is not None
+                and old.block_hash != hashes[start + j]
+            ):
+                raise BlockOwnershipError(
+                    f"block {bid} is cached for other content; "
+                    f"it cannot hold block {start + j} of {key!r}"
+                )
 
     def _continued_run(
         self, prefix: CacheHandle | None, block_ids: Sequence[int], num_full: int

@@ -35,8 +35,8 @@ from .validation import (
     check_block_ids,
     check_bool,
     check_count,
+    check_enough_block_ids,
     check_positive,
-    check_sequence,
 )
 
 __all__ = ["RadixIndex"]
@@ -122,7 +122,7 @@ class RadixIndex:
         eviction: ``"lru"`` (default), ``"lfu"``, ``"priority"``, ``"fifo"`` or an
             :class:`~prefixkv.indexes.eviction.EvictionPolicy`.
         check_block_ids: refuse, in ``insert``, a block the tree already holds for
-            other tokens (a set operation per new block). The facades, which draw
+            other tokens (a set operation per new block). The engine classes, which draw
             every block from their own pool, turn it off; SGLang never checks.
 
     Thread safety: none; call from one scheduler thread.
@@ -370,16 +370,8 @@ class RadixIndex:
         n = len(key) if num_tokens is None else check_count("num_tokens", num_tokens, len(key))
         n -= n % ps
         pages = n // ps
-        check_sequence("block_ids", block_ids)
-        if len(block_ids) < pages:
-            raise BlockOwnershipError(
-                f"{pages} pages to insert but only {len(block_ids)} block ids given"
-            )
-        memo = key.index_memo(self)
-        inserted_before, last = memo if isinstance(memo, _Memo) else _NO_MEMO
-        start = last if prefix is not None and prefix is last else None
-        if start is not None and (start.dead or start.end > n):
-            start = None
+        check_enough_block_ids(block_ids, pages, "pages to insert")
+        inserted_before, start = self._resume_point(key, prefix, n)
         skip = 0 if start is None else start.end // ps
         if self.check_block_ids:
             # The prefix the caller holds is the tree's own path: only the rest is checked.
@@ -403,6 +395,19 @@ class RadixIndex:
                 self._announce(node, key.extra_key)
         key.set_index_memo(self, _Memo(max(n, inserted_before), node))
         return InsertResult(num_cached, blocks, node, skip)
+
+    def _resume_point(
+        self, key: TokenKey, prefix: CacheHandle | None, n: int
+    ) -> tuple[int, _Node | None]:
+        # The tokens this key inserted before, and the node an insert of its first n
+        # tokens may start from: its previous insert's end, when the caller passes it
+        # back as ``prefix`` and it is still in the tree and within the n tokens.
+        memo = key.index_memo(self)
+        inserted_before, last = memo if isinstance(memo, _Memo) else _NO_MEMO
+        start = last if prefix is not None and prefix is last else None
+        if start is not None and (start.dead or start.end > n):
+            start = None
+        return inserted_before, start
 
     def _note_insert(self, passed: list[_Node], priority: int, inserted_before: int) -> None:
         # SGLang's insert raises a node's priority to the request's, and counts a hit on

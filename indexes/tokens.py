@@ -75,7 +75,7 @@ def make_extra_key(
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
-    This is the one rule by which the manager and both facades combine request
+    This is the one rule by which the manager and both engine classes combine request
     fields into a namespace: each field becomes one ``(kind, value)`` pair, so
     fields never collide with each other (SGLang concatenates ``extra_key`` and the
     LoRA id into one string; here they stay apart).
@@ -229,7 +229,7 @@ def _contains_bool(tokens: Sequence[object], values: array[int]) -> bool:
 
 
 def _small_valid(tokens: object) -> bool:
-    # Decode steps append one token (vLLM's facade: a block of 16 when one fills):
+    # Decode steps append one token (vLLM's engine class: a block of 16 when one fills):
     # checking up to 32 in a Python loop beats the C passes (array, memoryview, find),
     # in CPython by about 2x at 16 tokens, and more where this module is compiled.
     if type(tokens) is not list or len(tokens) > 32:

@@ -17,7 +17,7 @@ protocol keeps the precise types for type-checked callers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, cast
 
 from .errors import BlockOwnershipError, PrefixKVError
 
@@ -28,6 +28,7 @@ __all__ = [
     "check_block_ids",
     "check_bool",
     "check_count",
+    "check_enough_block_ids",
     "check_positive",
     "check_sequence",
 ]
@@ -141,6 +142,19 @@ def check_sequence(name: str, value: object) -> None:
         not isinstance(value, Sequence) or isinstance(value, (str, bytes))
     ):
         raise BlockOwnershipError(f"{name} must be a list of block ids, got {value!r:.80}")
+
+
+def check_enough_block_ids(block_ids: object, needed: int, what: str) -> None:
+    """``block_ids`` must be a sequence (``check_sequence``) of at least ``needed`` ids;
+    ``what`` says what they are for in the error (``"pages to insert"``).
+
+    Raises:
+        BlockOwnershipError: not a sequence, or too short.
+    """
+    check_sequence("block_ids", block_ids)
+    given = len(cast(Sequence[int], block_ids))
+    if given < needed:
+        raise BlockOwnershipError(f"{needed} {what} but only {given} block ids given")
 
 
 def ceil_div(a: int, b: int) -> int:

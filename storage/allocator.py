@@ -35,7 +35,7 @@ class Owner(enum.IntEnum):
     """Who holds a block.
 
     ``CALLER`` is whoever called :meth:`BlockAllocator.allocate` without naming an
-    owner (a facade user building pages by hand); ``MANAGER`` is a
+    owner (an engine class user building pages by hand); ``MANAGER`` is a
     ``CacheManager``, for the blocks of its requests and of its index.
     """
 

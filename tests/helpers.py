@@ -60,8 +60,8 @@ def manager_state(m: CacheManager, *, totals: bool = True) -> tuple[Any, ...]:
     return (*state, dataclasses.astuple(m.totals)) if totals else state
 
 
-class FacadeMachine(RuleBasedStateMachine):
-    """What the facade state machines share. ``setup`` sets ``manager`` (the facade's
+class EngineClassMachine(RuleBasedStateMachine):
+    """What the engine class state machines share. ``setup`` sets ``manager`` (the engine class's
     ``CacheManager``) and ``live`` (running requests by id); ``release`` ends a request
     as the engine does (vLLM ``free``, SGLang ``cache_finished_req``).
 
@@ -155,8 +155,8 @@ class CacheMachine(RuleBasedStateMachine):
 
 @precondition(lambda self: self.live)
 @rule(data=st.data())
-def release_a_live_request(self: FacadeMachine | CacheMachine, data: st.DataObject) -> None:
-    """A rule for a :class:`FacadeMachine` (under the engine's name for it): a drawn
+def release_a_live_request(self: EngineClassMachine | CacheMachine, data: st.DataObject) -> None:
+    """A rule for a :class:`EngineClassMachine` (under the engine's name for it): a drawn
     live request finishes."""
     rid = data.draw(st.sampled_from(sorted(self.live)))
     self.release(self.live.pop(rid))

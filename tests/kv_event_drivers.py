@@ -1,4 +1,4 @@
-"""K-live drivers of the two facades, stepping like the engines' schedulers.
+"""K-live drivers of the two engine classes, stepping like the engines' schedulers.
 
 The schedule of the recorded KV-event fixtures (``tests/data/events/settings.json``;
 ``run_k_live`` is the recorders' own, ``tests/engines/recorders/k_live.py``):
@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-# The recorders' own loop, so the facades run the very schedule the fixtures were made in.
+# The recorders' own loop, so the engine classes run the very schedule the fixtures were made in.
 from k_live import run_k_live as run_k_live
 
 from prefixkv.adapters.events import KVEventBatch
@@ -34,24 +34,24 @@ F = TypeVar("F")
 R = TypeVar("R")
 
 
-class FacadeEvents:
-    """A facade's events, taken as vLLM's engine core takes them once per step
-    (the facade must be built with ``enable_kv_cache_events=True``)."""
+class EngineClassEvents:
+    """An engine class's events, taken as vLLM's engine core takes them once per step
+    (the engine class must be built with ``enable_kv_cache_events=True``)."""
 
-    def __init__(self, facade: KVCacheManager | PrefixCache) -> None:
-        self.facade = facade
+    def __init__(self, cache: KVCacheManager | PrefixCache) -> None:
+        self.cache = cache
 
     def take_events(self) -> list[Any]:
-        return self.facade.take_events()
+        return self.cache.take_events()
 
     def take_batch(self, ts: float, data_parallel_rank: int | None = None) -> KVEventBatch | None:
         events = self.take_events()
         return KVEventBatch(ts, events, data_parallel_rank) if events else None
 
 
-def attach_recorder(facade: KVCacheManager | PrefixCache) -> FacadeEvents:
-    """The facade's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
-    return FacadeEvents(facade)
+def attach_recorder(cache: KVCacheManager | PrefixCache) -> EngineClassEvents:
+    """The engine class's own event stream (``enable_kv_cache_events`` + ``take_events``)."""
+    return EngineClassEvents(cache)
 
 
 class LoRARequest:
@@ -62,7 +62,7 @@ class LoRARequest:
 
 
 class VllmRequest:
-    """vLLM ``Request`` fields the facade reads."""
+    """vLLM ``Request`` fields the engine class reads."""
 
     def __init__(self, rec: Record) -> None:
         self.request_id = str(rec["id"])
@@ -82,11 +82,11 @@ def _lora(lora: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Driver(Generic[F, R]):
-    """A facade, where the engine takes its events (``end_step``) and the live requests
+    """An engine class, where the engine takes its events (``end_step``) and the live requests
     with their outputs, oldest first."""
 
-    def __init__(self, facade: F, end_step: Callable[[], None]) -> None:
-        self.facade = facade
+    def __init__(self, cache: F, end_step: Callable[[], None]) -> None:
+        self.cache = cache
         self.end_step = end_step
         self.live: deque[tuple[R, list[int]]] = deque()
 
@@ -95,7 +95,7 @@ class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
     """vLLM's scheduler order through :class:`KVCacheManager`."""
 
     def admit(self, rec: Record) -> bool:
-        f, req = self.facade, VllmRequest(rec)
+        f, req = self.cache, VllmRequest(rec)
         output = list(rec.get("output", []))
         blocks, hit, _ = f.get_computed_blocks(req)
         n = req.num_tokens
@@ -113,16 +113,16 @@ class VllmDriver(_Driver[KVCacheManager, VllmRequest]):
     def finish_oldest(self) -> None:
         req, output = self.live.popleft()
         for i in range(1, len(output)):
-            if self.facade.allocate_slots(req, 1) is None:
+            if self.cache.allocate_slots(req, 1) is None:
                 break  # preempted for good: aborted
             req.num_computed_tokens += 1
             req.all_token_ids.append(output[i])
             self.end_step()
-        self.facade.free(req)
+        self.cache.free(req)
         self.end_step()
 
     def reset(self) -> bool:
-        ok = self.facade.reset_prefix_cache()
+        ok = self.cache.reset_prefix_cache()
         self.end_step()
         return ok
 
@@ -132,7 +132,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
     steps (``prefixkv.adapters.sglang.simulated``)."""
 
     def admit(self, rec: Record) -> bool:
-        f = self.facade
+        f = self.cache
         req = SimpleReq(
             str(rec["id"]),
             rec["tokens"],
@@ -153,7 +153,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
         return True
 
     def finish_oldest(self) -> None:
-        f = self.facade
+        f = self.cache
         req, sampled = self.live.popleft()
         while len(req.output_ids) < len(sampled):
             if not alloc_for_decode(f, req):
@@ -168,7 +168,7 @@ class SGLangDriver(_Driver[PrefixCache, SimpleReq]):
     def reset(self) -> bool:
         if self.live:
             return False
-        self.facade.reset()
+        self.cache.reset()
         self.end_step()
         return True
 

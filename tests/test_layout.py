@@ -201,8 +201,8 @@ def test_plugin_errors_are_prefixkv_errors() -> None:
 
 
 PRODUCT_TESTS = (
-    "test_facades.py", "test_facade_fuzz.py", "test_facade_lookups.py", "test_isolation.py",
-    "test_request_shapes.py", "test_decode_cost.py", "test_adversarial.py",
+    "test_engine_classes.py", "test_engine_class_fuzz.py", "test_engine_class_lookups.py",
+    "test_isolation.py", "test_request_shapes.py", "test_decode_cost.py", "test_adversarial.py",
     "test_vllm_kv_cache_manager.py", "kv_event_drivers.py",
 )  # fmt: skip
 """Tests of the engine classes: they drive the product, never the measuring bench."""

@@ -50,8 +50,8 @@ from .sockets import (
     TransportError,
     bind,
     bound_connection,
+    check_addresses,
     check_count,
-    check_endpoint,
     check_seconds,
     is_bind_endpoint,
     offset_endpoint_port,
@@ -113,14 +113,9 @@ class ZmqEventPublisher:
         self._publish_timeout = check_seconds("publish_timeout", publish_timeout)
         self._grace = check_seconds("replay_grace", replay_grace)
         heartbeat = check_seconds("heartbeat", heartbeat, positive=True)
-        check_endpoint("endpoint", endpoint)
-        if replay_endpoint is not None:
-            check_endpoint("replay_endpoint", replay_endpoint)
-        if not isinstance(topic, str):
-            raise TransportError(f"topic must be a str, got {topic!r}")
+        self._topic = check_addresses(endpoint, replay_endpoint, topic)
         self.data_parallel_rank = data_parallel_rank
         self.num_dropped = 0
-        self._topic = topic.encode()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=max_queue_size)
         self._lock = threading.Lock()  # publish: number, encode, queue, in order
@@ -143,36 +138,43 @@ class ZmqEventPublisher:
         self._subscribed = threading.Condition()
         self._num_subscribers = 0
         self._failure: BaseException | None = None
-        ctx = context or zmq.Context.instance()
         endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
-        self._pub = ctx.socket(zmq.XPUB)
-        self._pub.set_hwm(hwm)
-        self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, to count them
-        bound_connection(self._pub, heartbeat, 1024)  # inbound: subscriptions only
         self.endpoint = endpoint
         """The publishing address (the resolved one when a wildcard port was bound)."""
         self._replay: zmq.Socket[Any] | None = None
         self.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         """The ROUTER address (resolved), or None."""
+        self._open_sockets(context or zmq.Context.instance(), hwm, heartbeat, buffer_steps)
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
+        self._thread.start()
+
+    def _open_sockets(
+        self, ctx: zmq.Context[Any], hwm: int, heartbeat: float, buffer_steps: int
+    ) -> None:
+        # The XPUB socket at self.endpoint and the ROUTER at self.replay_endpoint, each
+        # resolved once bound; a refused address closes both.
+        self._pub = ctx.socket(zmq.XPUB)
+        self._pub.set_hwm(hwm)
+        self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, to count them
+        bound_connection(self._pub, heartbeat, 1024)  # inbound: subscriptions only
+        endpoint, replay_endpoint = self.endpoint, self.replay_endpoint
         try:
             if is_bind_endpoint(endpoint):
                 self.endpoint = bind(self._pub, endpoint)
             else:
                 self._pub.connect(endpoint)
-            if self.replay_endpoint is not None:
+            if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 # a whole replay plus its end marker must fit (vLLM: 2 * (buffer_steps + 1))
                 self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
                 bound_connection(self._replay, heartbeat)
-                self.replay_endpoint = bind(self._replay, self.replay_endpoint)
+                self.replay_endpoint = bind(self._replay, replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
             raise TransportError(
                 f"cannot open endpoint {endpoint!r} / replay_endpoint {replay_endpoint!r}: {e}"
             ) from e
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
-        self._thread.start()
 
     def publish(self, batch: EventBatch) -> None:
         """Check, number and queue a batch (stamping ``data_parallel_rank`` if unset).

@@ -18,6 +18,7 @@ __all__ = [
     "TransportError",
     "bind",
     "bound_connection",
+    "check_addresses",
     "check_count",
     "check_endpoint",
     "check_seconds",
@@ -87,6 +88,21 @@ def check_endpoint(name: str, value: object) -> str:
         if port != "*" and not (port.isdigit() and port.isascii() and int(port) <= 65535):
             raise TransportError(f"{name} {value!r:.80} needs a tcp port in 0-65535 or *")
     return value
+
+
+def check_addresses(endpoint: object, replay_endpoint: object, topic: object) -> bytes:
+    """Check a publisher's or subscriber's addresses (``check_endpoint``; the replay
+    address may be ``None``) and topic; returns the topic frame (the str, encoded).
+
+    Raises:
+        TransportError: a bad address, or a topic that is not a str.
+    """
+    check_endpoint("endpoint", endpoint)
+    if replay_endpoint is not None:
+        check_endpoint("replay_endpoint", replay_endpoint)
+    if not isinstance(topic, str):
+        raise TransportError(f"topic must be a str, got {topic!r}")
+    return topic.encode()
 
 
 def check_count(name: str, value: object, minimum: int = 0, maximum: int = 2**31 - 1) -> int:

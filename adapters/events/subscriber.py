@@ -63,8 +63,8 @@ from .sockets import (
     END_SEQ,
     TransportError,
     bound_connection,
+    check_addresses,
     check_count,
-    check_endpoint,
     check_seconds,
     read_seq,
 )
@@ -159,11 +159,7 @@ class ZmqEventSubscriber(SequencedStream):
             else check_seconds("probe_interval", probe_interval, positive=True)
         )
         self._heartbeat = check_seconds("heartbeat", heartbeat, positive=True)
-        check_endpoint("endpoint", endpoint)
-        if replay_endpoint is not None:
-            check_endpoint("replay_endpoint", replay_endpoint)
-        if not isinstance(topic, str):
-            raise TransportError(f"topic must be a str, got {topic!r}")
+        topic_frame = check_addresses(endpoint, replay_endpoint, topic)
         self._ctx = context or zmq.Context.instance()
         self._on_batch = on_batch
         self._on_restart = on_restart
@@ -173,26 +169,34 @@ class ZmqEventSubscriber(SequencedStream):
         self._dealer_error = ""  # why ZeroMQ refused the replay address
         self._probe: _Probe | None = None
         self._heard = time.monotonic()  # the last live frame or replay answer
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.set_hwm(hwm)
-        bound_connection(self._sub, self._heartbeat)
-        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        # A new connection may be a restarted publisher whose run already passed our
-        # position: its next frame would look like a continuation. Watch handshakes
-        # and check continuity by replay before trusting the stream again.
-        self._monitor = self._sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-        )
+        self._sub, self._monitor = self._live_socket(hwm, topic_frame)
         self._endpoint = None if bind else endpoint  # what to connect again after a drop
         self._verify = False
         self._unseen = UnseenSeqs(remember)  # passed without their live frame
         self.num_live_frames = 0
         """Messages read from the live socket (batches or not): what a caller waits on."""
+        self._open(endpoint, bind)
+
+    def _live_socket(self, hwm: int, topic_frame: bytes) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+        # The SUB socket, subscribed to the topic, and its monitor. A new connection may
+        # be a restarted publisher whose run already passed our position: its next frame
+        # would look like a continuation. Watch handshakes and check continuity by
+        # replay before trusting the stream again.
+        sub = self._ctx.socket(zmq.SUB)
+        sub.set_hwm(hwm)
+        bound_connection(sub, self._heartbeat)
+        sub.setsockopt(zmq.SUBSCRIBE, topic_frame)
+        return sub, sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+
+    def _open(self, endpoint: str, bind: bool) -> None:
+        # Bind or connect the live socket, and connect the replay socket; a refused
+        # address closes everything this subscriber opened.
         try:
             (self._sub.bind if bind else self._sub.connect)(endpoint)
         except zmq.ZMQError as e:
             self.close()
             raise TransportError(f"cannot open endpoint {endpoint!r}: {e}") from e
+        replay_endpoint = self._replay_endpoint
         if replay_endpoint is not None and self._dealer_socket() is None:
             # ZeroMQ refused the address: nothing of this subscriber stays open
             self.close()

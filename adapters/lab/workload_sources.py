@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .progress import progress
 from .traces import (
-    ReadOptions,
+    ReadSettings,
     TraceFormat,
     TraceOptionError,
     TraceRequest,
@@ -141,7 +141,7 @@ def load_workloads(
     tokens_per_id: int | None = None,
     seed: int = 0,
     trace_format: TraceFormat | None = None,
-    options: ReadOptions | None = None,
+    settings: ReadSettings | None = None,
     quiet: bool = True,
 ) -> list[Workload]:
     """Build the workloads of a comparison: named generators, or one trace.
@@ -157,7 +157,7 @@ def load_workloads(
             format's block size).
         seed: generator seed, and the hash-id traces' token seed.
         trace_format: the trace's format (default: detected).
-        options: the trace reader's options (limits, vocabulary, outputs); its
+        settings: the trace reader's settings (limits, vocabulary, outputs); its
             ``tokens_per_id`` and ``seed`` are replaced by the arguments above.
         quiet: no progress bar.
 
@@ -173,9 +173,9 @@ def load_workloads(
     if trace is not None:
         if names:
             raise WorkloadError(f"give workloads or a trace, not both: {list(names)} and {trace}")
-        base = ReadOptions() if options is None else options
+        base = ReadSettings() if settings is None else settings
         opts = dataclasses.replace(base, tokens_per_id=tokens_per_id, seed=seed)
-        source = open_trace(trace, trace_format, max_requests=max_requests, options=opts)
+        source = open_trace(trace, trace_format, max_requests=max_requests, settings=opts)
         return [trace_workload(source, trace, quiet=quiet)]
     if tokens_per_id is not None:
         raise TraceOptionError(
@@ -183,18 +183,22 @@ def load_workloads(
         )
     out: list[Workload] = []
     for name in names or DEFAULT_WORKLOADS:
-        if any(w.name == name for w in out):
-            continue
-        if name == SEED_WORKLOAD:
-            requests = seed_example(seed)
-            source_text = f"seed document example (seed={seed})"
-        else:
-            if name not in WORKLOADS:
-                raise UnknownWorkloadError(
-                    f"unknown workload {name!r}; known: {', '.join(workload_names())}"
-                )
-            requests = make_workload(name, seed=seed)
-            source_text = f"{name}(seed={seed}), default sizes"
-        kept = requests[:max_requests]
-        out.append(Workload(name, source_text, kept, stats_of(kept)))
+        if not any(w.name == name for w in out):
+            out.append(_generated_workload(name, seed, max_requests))
     return out
+
+
+def _generated_workload(name: str, seed: int, max_requests: int | None) -> Workload:
+    """A built-in generator's requests (or the seed example), the first ``max_requests``."""
+    if name == SEED_WORKLOAD:
+        requests = seed_example(seed)
+        source_text = f"seed document example (seed={seed})"
+    else:
+        if name not in WORKLOADS:
+            raise UnknownWorkloadError(
+                f"unknown workload {name!r}; known: {', '.join(workload_names())}"
+            )
+        requests = make_workload(name, seed=seed)
+        source_text = f"{name}(seed={seed}), default sizes"
+    kept = requests[:max_requests]
+    return Workload(name, source_text, kept, stats_of(kept))

@@ -325,13 +325,6 @@ def tree_of_thought(
         WorkloadError: a knob is out of range.
     """
     draw = _Tokens(vocab_size, seed)
-
-    def fork_point(lo: int, hi: int) -> int:
-        # lo < hi always (roots have >= 2 tokens, thoughts >= 2), and of two
-        # consecutive positions at most one is a multiple, so a choice exists.
-        choices = [p for p in range(lo, hi + 1) if unaligned_to == 1 or p % unaligned_to]
-        return draw.rng.choice(choices)
-
     requests: list[TraceRequest] = []
     for tree in range(num_trees):
         root = draw.fresh(draw.length(root_len), "root")
@@ -342,17 +335,35 @@ def tree_of_thought(
             for path, prompt, own_start in level:
                 out = draw.fresh(draw.length(output_len), "output")
                 requests.append(_request(f"tot-{tree}-{path}", prompt, out))
-                if d == depth:
-                    continue
-                for c in range(draw.length(branching)):
-                    p = fork_point(own_start, len(prompt))
-                    # The thought must not start with the parent's token at p, so the
-                    # fork is exactly at p; siblings' heads differ as fresh heads do.
-                    thought = draw.fresh(draw.length(thought_len), "thought", prompt[p : p + 1])
-                    child_path = str(c) if path == "r" else f"{path}.{c}"
-                    next_level.append((child_path, prompt[:p] + thought, p + 1))
+                if d < depth:
+                    node = (path, prompt, own_start)
+                    next_level += _thoughts(draw, node, branching, thought_len, unaligned_to)
             level = next_level
     return requests
+
+
+def _thoughts(
+    draw: _Tokens,
+    node: tuple[str, list[int], int],
+    branching: LengthRange,
+    thought_len: LengthRange,
+    unaligned_to: int,
+) -> list[tuple[str, list[int], int]]:
+    """A tree-of-thought node's children: each forks the node's own part at an
+    unaligned position and appends a fresh thought."""
+    path, prompt, own_start = node
+    children = []
+    for c in range(draw.length(branching)):
+        # own_start < len(prompt) always (roots have >= 2 tokens, thoughts >= 2), and
+        # of two consecutive positions at most one is a multiple: a choice exists.
+        lo, hi = own_start, len(prompt)
+        p = draw.rng.choice([x for x in range(lo, hi + 1) if unaligned_to == 1 or x % unaligned_to])
+        # The thought must not start with the parent's token at p, so the fork is
+        # exactly at p; siblings' heads differ as fresh heads do.
+        thought = draw.fresh(draw.length(thought_len), "thought", prompt[p : p + 1])
+        child_path = str(c) if path == "r" else f"{path}.{c}"
+        children.append((child_path, prompt[:p] + thought, p + 1))
+    return children
 
 
 @_checked

@@ -15,7 +15,7 @@ same router over simulated replicas; ZeroMQ loads only when :func:`subscribe` ru
 from .approx import ApproxIndex
 from .block_tree import RadixBlockIndex
 from .cluster_index import ChainedHashIndex, ClusterIndex
-from .errors import ClusterConfigError, ClusterError, NoReplicaError, UnknownPolicyError
+from .errors import ClusterError, ClusterSettingsError, NoReplicaError, UnknownPolicyError
 from .event_feed import subscribe
 from .keys import HashScheme, RouteKeys, Worker
 from .load import LoadTracker, WorkerLoad
@@ -35,9 +35,9 @@ __all__ = [
     "POLICIES",
     "ApproxIndex",
     "ChainedHashIndex",
-    "ClusterConfigError",
     "ClusterError",
     "ClusterIndex",
+    "ClusterSettingsError",
     "CostModel",
     "Decision",
     "Dump",

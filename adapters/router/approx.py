@@ -23,7 +23,7 @@ from collections import OrderedDict
 from prefixkv.adapters.events.wire import EventBatch
 
 from .bitmask import WorkerBitmasks
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 from .keys import RouteKeys, Worker
 
 __all__ = ["DYNAMO_APPROX_TTL_S", "ApproxIndex"]
@@ -41,7 +41,7 @@ class ApproxIndex(WorkerBitmasks):
         max_blocks: most entries per worker (the oldest go first), or ``None``.
 
     Raises:
-        ClusterConfigError: a TTL or cap that is not positive.
+        ClusterSettingsError: a TTL or cap that is not positive.
     """
 
     kind = "approx"
@@ -51,9 +51,11 @@ class ApproxIndex(WorkerBitmasks):
         self, ttl: float | None = DYNAMO_APPROX_TTL_S, max_blocks: int | None = None
     ) -> None:
         if ttl is not None and not (isinstance(ttl, (int, float)) and ttl > 0):
-            raise ClusterConfigError(f"ttl must be None or > 0 seconds, got {ttl!r}")
+            raise ClusterSettingsError(f"ttl must be None or > 0 seconds, got {ttl!r}")
         if max_blocks is not None and (type(max_blocks) is not int or max_blocks < 1):
-            raise ClusterConfigError(f"max_blocks must be None or an int >= 1, got {max_blocks!r}")
+            raise ClusterSettingsError(
+                f"max_blocks must be None or an int >= 1, got {max_blocks!r}"
+            )
         super().__init__()
         self.ttl = math.inf if ttl is None else float(ttl)
         self.max_blocks = max_blocks

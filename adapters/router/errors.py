@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from prefixkv.indexes.errors import PrefixKVError
 
-__all__ = ["ClusterConfigError", "ClusterError", "NoReplicaError", "UnknownPolicyError"]
+__all__ = ["ClusterError", "ClusterSettingsError", "NoReplicaError", "UnknownPolicyError"]
 
 
 class ClusterError(PrefixKVError):
     """Base class of the router's and the cluster simulation's errors."""
 
 
-class ClusterConfigError(ClusterError):
+class ClusterSettingsError(ClusterError):
     """A cluster setting is out of range: no replicas, a bad capacity, a bad TTL."""
 
 

@@ -63,7 +63,7 @@ def subscribe(
     from prefixkv.adapters.events.transport import ZmqEventSubscriber
 
     router.add_replica(replica)
-    index = router.index
+    index = router.cluster_index
 
     def on_batch(seq: int, batch: KVEventBatch) -> None:
         if index is not None:

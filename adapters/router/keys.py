@@ -41,7 +41,7 @@ from prefixkv.indexes.tokens import (
 )
 from prefixkv.indexes.vllm_hashing import VllmBlockHasher, to_external_block_hash
 
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 
 __all__ = [
     "HashScheme",
@@ -183,11 +183,11 @@ class HashScheme:
         """The hash chain's hashes with a fleet-wide seed (vLLM's ``PYTHONHASHSEED`` role).
 
         Raises:
-            ClusterConfigError: no seed (a random root would make every replica's
+            ClusterSettingsError: no seed (a random root would make every replica's
                 hashes different, and no router could follow them).
         """
         if seed is None:
-            raise ClusterConfigError("a fleet needs one hash seed shared by every replica")
+            raise ClusterSettingsError("a fleet needs one hash seed shared by every replica")
         return cls.chained(make_block_hasher(block_size, algorithm, seed), algorithm)
 
     @classmethod

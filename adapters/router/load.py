@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 from .keys import Worker
 
 __all__ = ["REQUEST_TRACKING_TTL_S", "LoadTracker", "Reservation", "WorkerLoad"]
@@ -73,12 +73,12 @@ class LoadTracker:
         ttl: seconds after which a reservation still open is dropped.
 
     Raises:
-        ClusterConfigError: a TTL that is not > 0.
+        ClusterSettingsError: a TTL that is not > 0.
     """
 
     def __init__(self, ttl: float = REQUEST_TRACKING_TTL_S) -> None:
         if not (isinstance(ttl, (int, float)) and ttl > 0):
-            raise ClusterConfigError(f"reservation ttl must be > 0 seconds, got {ttl!r}")
+            raise ClusterSettingsError(f"reservation ttl must be > 0 seconds, got {ttl!r}")
         self.ttl = float(ttl)
         self._loads: dict[Worker, WorkerLoad] = {}
         self._open: dict[str, Reservation] = {}

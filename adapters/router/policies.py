@@ -26,7 +26,7 @@ import xxhash
 from .approx import ApproxIndex
 from .block_tree import RadixBlockIndex
 from .cluster_index import ChainedHashIndex, ClusterIndex
-from .errors import ClusterConfigError, UnknownPolicyError
+from .errors import ClusterSettingsError, UnknownPolicyError
 from .keys import HashScheme, Worker
 from .routing import PolicySpec, RouteContext, RoutingPolicy
 
@@ -96,7 +96,7 @@ class _Params:
                 ok = not math.isnan(value) and value >= 0
                 ok = ok and (math.isfinite(value) or f.name in self._unbounded)
             if not ok:
-                raise ClusterConfigError(
+                raise ClusterSettingsError(
                     f"{type(self).__name__} {f.name} must be "
                     f"{'an int >= 1' if type(default) is int else 'a number >= 0'}, got {value!r}"
                 )
@@ -150,7 +150,7 @@ class LeastOutstanding:
 
     def __post_init__(self) -> None:
         if self.by not in ("requests", "tokens"):
-            raise ClusterConfigError(
+            raise ClusterSettingsError(
                 f"least_outstanding by must be requests or tokens, got {self.by!r}"
             )
 
@@ -239,7 +239,7 @@ class RayPrefixAffinity(_Params):
         if ctx.match_rate() >= self.match_rate_threshold:
             best = max(ctx.cached_tokens(w) for w in cands)
             return _pow2([w for w in cands if ctx.cached_tokens(w) == best], ctx)
-        index = ctx.index
+        index = ctx.cluster_index
         sizes = [index.num_blocks(w) if index is not None else 0 for w in cands]
         smallest = min(sizes)
         return _pow2([w for w, s in zip(cands, sizes, strict=True) if s == smallest], ctx)
@@ -270,7 +270,7 @@ class SGLangCacheAware(_Params):
             return cands[load.index(lo)]
         if ctx.match_rate() > self.cache_threshold:
             return max(cands, key=ctx.cached_tokens)
-        index = ctx.index
+        index = ctx.cluster_index
         if index is None:
             return cands[load.index(lo)]
         return min(cands, key=index.num_blocks)
@@ -412,7 +412,7 @@ def make_policy(spec: PolicySpec) -> RoutingPolicy:
 
     Raises:
         UnknownPolicyError: an unknown name or parameter.
-        ClusterConfigError: a parameter out of range.
+        ClusterSettingsError: a parameter out of range.
     """
     entry = POLICIES.get(spec.name)
     if entry is None:

@@ -86,7 +86,7 @@ class Router:
 
     Args:
         policy: the routing policy.
-        index: the cluster index it reads (``None`` for load-only policies).
+        cluster_index: the cluster index it reads (``None`` for load-only policies).
         scheme: the fleet's hash scheme.
         profile: the cost model (prefill seconds booked per request), e.g. the
             lab's ``CostProfile``.
@@ -97,7 +97,7 @@ class Router:
     def __init__(
         self,
         policy: RoutingPolicy,
-        index: ClusterIndex | None,
+        cluster_index: ClusterIndex | None,
         scheme: HashScheme,
         profile: CostModel,
         *,
@@ -105,7 +105,7 @@ class Router:
         reservation_ttl: float = REQUEST_TRACKING_TTL_S,
     ) -> None:
         self.policy = policy
-        self.index = index
+        self.cluster_index = cluster_index
         self.scheme = scheme
         self.block_size = scheme.block_size
         self.profile = profile
@@ -140,8 +140,8 @@ class Router:
         if (
             replay is not None
             and dump is not None
-            and self.index is not None
-            and self.index.event_fed
+            and self.cluster_index is not None
+            and self.cluster_index.event_fed
         ):
             self.trackers[replica] = StreamTracker(
                 on_batch=lambda seq, batch: self._apply(replica, batch),
@@ -175,16 +175,16 @@ class Router:
     def replica_restarted(self, replica: int) -> None:
         """Membership says ``replica`` came back empty. An event-fed index learns it from
         the stream (the sequence restarts); a decision-history index only from here."""
-        if self.index is not None and not self.index.event_fed:
-            self.index.forget(replica)
+        if self.cluster_index is not None and not self.cluster_index.event_fed:
+            self.cluster_index.forget(replica)
 
     def _forget(self, replica: int) -> None:
-        if self.index is not None:
-            self.index.forget(replica)
+        if self.cluster_index is not None:
+            self.cluster_index.forget(replica)
 
     def _apply(self, replica: int, batch: EventBatch) -> None:
-        if self.index is not None:
-            self.index.apply(replica, batch, self.now)
+        if self.cluster_index is not None:
+            self.cluster_index.apply(replica, batch, self.now)
 
     # ------------------------------------------------------------ feedback
 
@@ -233,7 +233,7 @@ class Router:
             self._next_sweep = now + min(SWEEP_INTERVAL_S, self.loads.ttl)
         t0 = time.perf_counter()
         keys = RouteKeys(request.prompt, self.scheme, request_extra_key(request))
-        index = self.index
+        index = self.cluster_index
         if index is not None:
             _ = keys.local_hashes if index.kind == "radix" else keys.block_hashes
         t1 = time.perf_counter()
@@ -251,7 +251,7 @@ class Router:
             candidates=cands,
             overlap=overlap,
             loads=self.loads,
-            index=index,
+            cluster_index=index,
             block_size=self.block_size,
             profile=self.profile,
             rng=self.rng,

@@ -78,7 +78,7 @@ class RouteContext:
         overlap: predicted cached blocks per candidate holding any (empty for
             policies without an index).
         loads: booked load and reported gauges per worker.
-        index: the cluster index the policy reads, or ``None``.
+        cluster_index: the cluster index the policy reads, or ``None``.
         block_size: tokens per block.
         profile: the cost model (Mooncake's TTFT estimate).
         rng: the router's seeded random generator (ties, sampling).
@@ -92,7 +92,7 @@ class RouteContext:
     candidates: list[Worker]
     overlap: dict[Worker, int]
     loads: LoadTracker
-    index: ClusterIndex | None
+    cluster_index: ClusterIndex | None
     block_size: int
     profile: CostModel
     rng: random.Random

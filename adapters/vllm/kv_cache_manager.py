@@ -60,6 +60,21 @@ def _namespace(request: RequestLike) -> ExtraKey | None:
     )
 
 
+def _prefix_index(index: PrefixIndex | str, caching: bool, block_size: object) -> PrefixIndex:
+    # The index a KVCacheManager runs: a registry name built (the 'none' index when
+    # caching is off), or the caller's own, which must not cache when caching is off.
+    if isinstance(index, str):
+        name = index if caching else "none"
+        size: Any = 16 if block_size is None else block_size  # make_index checks it
+        return make_index(name, block_size=size, **pool_owned_options(name))
+    if not caching and describe(index).caches:
+        raise PrefixKVError(
+            f"enable_caching=False with a {type(index).__name__} that caches: "
+            "give the 'none' index or a registry name"
+        )
+    return index
+
+
 class KVCacheManager:
     """vLLM's ``KVCacheManager`` on a prefixkv index and block pool.
 
@@ -103,15 +118,7 @@ class KVCacheManager:
         kv_cache_config: object = None,
     ) -> None:
         caching = check_bool("enable_caching", enable_caching)
-        if isinstance(index, str):
-            name = index if caching else "none"
-            size: Any = 16 if block_size is None else block_size  # make_index checks it
-            index = make_index(name, block_size=size, **pool_owned_options(name))
-        elif not caching and describe(index).caches:
-            raise PrefixKVError(
-                f"enable_caching=False with a {type(index).__name__} that caches: "
-                "give the 'none' index or a registry name"
-            )
+        index = _prefix_index(index, caching, block_size)
         if not isinstance(engine_types, EngineTypes):
             raise PrefixKVError(f"engine_types must be an EngineTypes, got {engine_types!r:.80}")
         gpu_blocks = check_count("num_blocks", num_blocks, lo=2)
@@ -305,20 +312,13 @@ class KVCacheManager:
     ) -> Any:
         """Slots for ``num_new_tokens`` (plus lookahead); registers the full blocks (VL-1, VL-2).
 
-        The request's tokens, as vLLM lays them out::
-
-            | computed | new computed (hit) | new          | lookahead |
-                                            |<- computed this step ->|
-                       |<------------ to be allocated -------------->|
-            |<-- registered: full blocks, up to num_tokens -->|
-
         A waiting request takes its hit from the ``get_computed_blocks`` just before
         (vLLM's admission) and gets slots for the rest; a running one (the next chunk
         of a prefill, or a decode step: O(1) when no block is added) grows. Full
         blocks of the tokens this step computes are registered before the forward
         pass, capped at ``num_tokens``: tokens async scheduling has scheduled but not
-        sampled yet are registered later by ``cache_blocks``, as in vLLM. Slots stop
-        at ``max_model_len``.
+        sampled yet are registered later by ``cache_blocks``, as in vLLM (slots stop at
+        ``max_model_len``).
 
         Returns:
             The newly allocated blocks, or ``None`` (nothing changed) when they do
@@ -330,39 +330,54 @@ class KVCacheManager:
                 a hit without its lookup, or KV-connector, delayed-caching or encoder
                 tokens (features the scheduler refuses at start-up).
         """
-        if (
-            type(num_new_tokens) is int
-            and num_new_tokens > 0
-            and type(num_new_computed_tokens) is int
-            and num_new_computed_tokens == 0
-            and type(num_lookahead_tokens) is int
-            and num_lookahead_tokens == 0
-            and type(reserved_blocks) is int
-            and reserved_blocks == 0
-            and type(num_external_computed_tokens) is int
-            and num_external_computed_tokens == 0
+        if (  # a running request's decode step or prefill chunk, O(1) with no new block
+            type(num_new_tokens) is int and num_new_tokens > 0
+            and type(num_new_computed_tokens) is int and num_new_computed_tokens == 0
+            and type(num_lookahead_tokens) is int and num_lookahead_tokens == 0
+            and type(reserved_blocks) is int and reserved_blocks == 0 and not self.watermark_blocks
+            and type(num_external_computed_tokens) is int and num_external_computed_tokens == 0
             and delay_cache_blocks is False
-            and type(num_encoder_tokens) is int
-            and num_encoder_tokens == 0
-            and not self.watermark_blocks
-        ):
-            # The decode step (and a prefill chunk) of a running request: the hot path,
-            # O(1) when no block is added. Registration is capped at its tokens, which
-            # the key learns only when a block fills, as vLLM hashes them.
+            and type(num_encoder_tokens) is int and num_encoder_tokens == 0
+        ):  # fmt: skip
             rid = request.request_id
-            mgr = self.manager
             total = request.num_computed_tokens + num_new_tokens
-            if rid in mgr and total <= self._slot_cap:
-                boxed: Any = total  # boxed once, passed twice
-                grown = mgr.advance(
+            if rid in self.manager and total <= self._slot_cap:
+                boxed: Any = total  # boxed once, passed twice; the key learns the tokens
+                grown = self.manager.advance(  # when a block fills, as vLLM hashes them
                     rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
                 )
                 if grown is None:
                     return None
                 return self._wrap(grown) if grown else self.empty_kv_cache_blocks
-        # Everything else: every argument checked (in signature order, so the error names
-        # the first wrong one), then an admission, or a running request with lookahead
-        # slots, blocks to keep free or the slot cap in play.
+        return self._allocate_checked(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+            num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
+            full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
+        )  # fmt: skip
+
+    def _allocate_checked(
+        self,
+        request: RequestLike,
+        num_new_tokens: object,
+        num_new_computed_tokens: object,
+        num_lookahead_tokens: object,
+        num_external_computed_tokens: object,
+        delay_cache_blocks: object,
+        num_encoder_tokens: object,
+        full_sequence_must_fit: object,
+        reserved_blocks: object,
+        has_scheduled_reqs: object,
+    ) -> Any:
+        """Everything but the plain step: every argument checked (in signature order, so
+        the error names the first wrong one), then an admission, or a running request
+        with lookahead slots, blocks to keep free or the slot cap in play. The request's
+        tokens, as vLLM lays them out::
+
+            | computed | new computed (hit) | new          | lookahead |
+                                            |<- computed this step ->|
+                       |<------------ to be allocated -------------->|
+            |<-- registered: full blocks, up to num_tokens -->|
+        """
         num_new = check_count("num_new_tokens", num_new_tokens)
         num_hit = check_count("num_new_computed_tokens", num_new_computed_tokens)
         lookahead = check_count("num_lookahead_tokens", num_lookahead_tokens)

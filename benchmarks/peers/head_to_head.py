@@ -2,7 +2,7 @@
 
 Replays the same traces through the vLLM and SGLang replay oracles (which drive the
 engines' own prefix-cache code on CPU, like their schedulers) and through prefixkv's
-vLLM- and SGLang-shaped facades, in one run on one machine, checks that the hits
+vLLM- and SGLang-shaped engine classes, in one run on one machine, checks that the hits
 agree request for request, and prints the ratios of the performance goals:
 
 * hash chain: index time per request (hashing, lookup, allocation, registration,
@@ -103,9 +103,9 @@ def replay_best(
     repeat: int, time_methods: bool = True,
 ) -> tuple[ReplayResult, dict[str, float], dict[str, float], dict[str, int]]:  # fmt: skip
     """``repeat`` replays with garbage collection paused; the least seconds per call kind
-    (facade calls) and per index method, and the first result (its hits). Without
+    (engine class calls) and per index method, and the first result (its hits). Without
     ``time_methods`` the index runs unwrapped (the wrapper's own calls are not in the
-    facade times then) and no method times come back."""
+    engine class times then) and no method times come back."""
     results: list[ReplayResult] = []
     timed: list[TimedIndex] = []
     for _ in range(repeat):
@@ -156,7 +156,7 @@ def hash_chain_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest
 
 def radix_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest], trace: Path,
                tmp: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """SGLang's RadixCache and Rust core against the radix tree behind the SGLang facade."""
+    """SGLang's RadixCache and Rust core against the radix tree behind the SGLang engine class."""
     n = len(reqs)
     cap = sum(len(r.tokens) + len(r.output) for r in reqs) + 8 * n  # no eviction
     runs: dict[str, list[dict[str, Any]]] = {"radix": [], "unified-rust": []}

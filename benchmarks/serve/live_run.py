@@ -169,7 +169,7 @@ def wait_for_blocks(
     Returns:
         (whether it did within ``timeout`` seconds, the seconds waited).
     """
-    index = router.index
+    index = router.cluster_index
     t0 = time.monotonic()
     if index is None or not index.event_fed or keys.num_blocks == 0:
         drain(subs)
@@ -189,7 +189,7 @@ def wait_reset(
 ) -> None:
     """Poll until ``router``'s index holds no block of any server (the resets
     arrived), or raise ``ServerError`` after ``timeout`` seconds."""
-    index = router.index
+    index = router.cluster_index
     deadline = time.monotonic() + timeout
     while index is not None and index.event_fed:
         drain(subs)

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from live_trace import LiveRequest
 
-from prefixkv.adapters.lab.cluster import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.cluster import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.compare.k_live import percentile
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import CostProfile, attention_pairs
 from prefixkv.adapters.lab.sim.requests import SimRequest
 
@@ -47,7 +47,7 @@ __all__ = ["GAP_S", "VLLM_CPU_SCHEDULER", "fit_profile", "simulate"]
 GAP_S = 60.0
 """Virtual seconds between two arrivals in the simulator: one request at a time."""
 
-VLLM_CPU_SCHEDULER = SimConfig(max_num_seqs=128, max_num_batched_tokens=2048)
+VLLM_CPU_SCHEDULER = SimSettings(max_num_seqs=128, max_num_batched_tokens=2048)
 """vLLM 0.32's defaults for ``vllm serve`` on a CPU (``EngineArgs``: 128 sequences,
 2048 batched tokens a step), chunked prefill on."""
 
@@ -130,7 +130,7 @@ def simulate(
         SimRequest(req.id, req.prompt, req.output_len, i * GAP_S, array("I", row.output))
         for i, (req, row) in enumerate(zip(trace, run.rows, strict=True))
     ]
-    config = ClusterConfig(
+    config = ClusterSettings(
         num_replicas=num_servers,
         capacity_tokens=capacity_tokens,
         backend="hash_chain",

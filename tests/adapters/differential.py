@@ -9,7 +9,7 @@ it (free blocks, index statistics, every running request's table, computed token
 key, the totals). Operations are ``CacheManager``'s (admissions sharing prefixes, with
 and without a lookup made earlier, commits, appends, advances, finishes, aborts,
 evictions, resets), and a tenth of the calls give a checked argument an odd value
-(``ODD``). Then the two facades replay a random trace as their engines' schedulers
+(``ODD``). Then the two engine classes replay a random trace as their engines' schedulers
 do, with the KV events of every step printed. The output depends only on the seed:
 compared line for line, it shows the first operation whose result differs.
 """
@@ -171,23 +171,23 @@ def cache_state(cache: PrefixCache, live: list[Any]) -> str:
 
 
 def step_printer(
-    facade: KVCacheManager | PrefixCache, driver: list[Any], out: list[str]
+    cache: KVCacheManager | PrefixCache, driver: list[Any], out: list[str]
 ) -> Callable[[], None]:
     """Where the engine takes its events: the step's events and the state, as a line."""
-    name, events = type(facade).__name__, attach_recorder(facade)
+    name, events = type(cache).__name__, attach_recorder(cache)
 
     def end_step() -> None:
-        if isinstance(facade, PrefixCache):
-            now = cache_state(facade, [req for req, _ in driver[0].live])
+        if isinstance(cache, PrefixCache):
+            now = cache_state(cache, [req for req, _ in driver[0].live])
         else:
-            now = state(facade.manager)
+            now = state(cache.manager)
         out.append(f"{name} {events.take_events()!r} | {now}")
 
     return end_step
 
 
-def facades(r: random.Random) -> list[str]:
-    """Both facades through a k-live schedule of one random trace, events per step."""
+def engine_classes(r: random.Random) -> list[str]:
+    """Both engine classes through a k-live schedule of one random trace, events per step."""
     bases = [[r.randrange(1, 50) for _ in range(r.randrange(4, 40))] for _ in range(BASES)]
     trace = [
         {
@@ -201,9 +201,9 @@ def facades(r: random.Random) -> list[str]:
     chain = make_index("hash_chain", 4, seed=0, **pool_owned_options("hash_chain"))
     vllm = KVCacheManager(chain, 25, enable_kv_cache_events=True)  # 24 and vLLM's null block
     sglang = PrefixCache.create_simulated("radix", 48, 2, enable_kv_cache_events=True)
-    for facade, kind in ((vllm, VllmDriver), (sglang, SGLangDriver)):
+    for cache, kind in ((vllm, VllmDriver), (sglang, SGLangDriver)):
         holder: list[Any] = []  # the driver, for the printer to see its live requests
-        driver = kind(facade, step_printer(facade, holder, out))  # type: ignore[arg-type]
+        driver = kind(cache, step_printer(cache, holder, out))  # type: ignore[arg-type]
         holder.append(driver)
         run_k_live(driver, trace, 3)
     return out
@@ -218,7 +218,7 @@ def main() -> None:
         print(f"{name} block_size={block_size} {options} num_blocks={run.num_blocks}")
         for i in range(steps):
             print(i, run.step())
-    for line in facades(random.Random(seed)):
+    for line in engine_classes(random.Random(seed)):
         print(line)
 
 

@@ -20,12 +20,12 @@ from helpers import cache_state, manager_state
 
 from prefixkv.adapters.engine import Engine, EngineConfig, ModelConfig
 from prefixkv.adapters.events.transport import ZmqEventPublisher, ZmqEventSubscriber
-from prefixkv.adapters.lab.cluster.config import ClusterConfig
+from prefixkv.adapters.lab.cluster.config import ClusterSettings
 from prefixkv.adapters.lab.cluster.faults import FaultPlan, ScheduledFault, parse_faults
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     CostProfile,
-    SimConfig,
+    SimSettings,
     fixed_rate_arrivals,
     poisson_arrivals,
     scaled_arrivals,
@@ -92,11 +92,12 @@ def index_state(index: Any) -> Any:
     return (index.stats(), tuple(index.cached_blocks(TokenKey([1, 2, 3, 4]))))
 
 
-# Each facade's running request, by facade (a compiled facade takes no new attributes).
+# Each engine class's running request, by engine class (a compiled one takes no new
+# attributes).
 LIVE: dict[int, Any] = {}
 
 
-def vllm_facade(name: str) -> KVCacheManager:
+def vllm_manager(name: str) -> KVCacheManager:
     f = KVCacheManager(make_index(name, block_size=2), num_blocks=33)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
     f.get_computed_blocks(req)
@@ -258,7 +259,7 @@ def _entries() -> list[Entry]:
         ]
 
         def vf(n: str = name) -> KVCacheManager:
-            return vllm_facade(n)
+            return vllm_manager(n)
 
         def sf(n: str = name) -> PrefixCache:
             return sglang_cache(n)
@@ -506,16 +507,19 @@ def _lab_entries(bare: Callable[..., Entry]) -> list[Entry]:
         ),
     ]
     for n in ("num_replicas", "capacity_tokens", "block_size", "buffer_steps"):
-        out.append(bare(f"ClusterConfig({n})", lambda _, b, n=n: ClusterConfig(**{n: b})))
+        out.append(bare(f"ClusterSettings({n})", lambda _, b, n=n: ClusterSettings(**{n: b})))
     out += [
         bare(
-            "ClusterConfig(reservation_ttl)",
-            lambda _, b: ClusterConfig(reservation_ttl=b),
+            "ClusterSettings(reservation_ttl)",
+            lambda _, b: ClusterSettings(reservation_ttl=b),
             valid=(1.5,),
         ),
-        bare("ClusterConfig(seed)", lambda _, b: ClusterConfig(seed=b), valid=(-1, 2**70)),
-        bare("SimConfig(max_num_seqs)", lambda _, b: SimConfig(max_num_seqs=b)),
-        bare("SimConfig(max_num_batched_tokens)", lambda _, b: SimConfig(max_num_batched_tokens=b)),
+        bare("ClusterSettings(seed)", lambda _, b: ClusterSettings(seed=b), valid=(-1, 2**70)),
+        bare("SimSettings(max_num_seqs)", lambda _, b: SimSettings(max_num_seqs=b)),
+        bare(
+            "SimSettings(max_num_batched_tokens)",
+            lambda _, b: SimSettings(max_num_batched_tokens=b),
+        ),
         bare("poisson_arrivals(rate)", lambda _, b: poisson_arrivals(b), valid=(1.5,)),
         bare("fixed_rate_arrivals(rate)", lambda _, b: fixed_rate_arrivals(b), valid=(1.5,)),
         bare("scaled_arrivals(time_scale)", lambda _, b: scaled_arrivals([0.0], b), valid=(1.5,)),

@@ -2,7 +2,7 @@
 
 Timing would be flaky on a shared machine, so the cost is counted: the Python lines
 executed inside prefixkv for the decode steps of one long request, through each
-facade and backend. Doubling the number of steps must (about) double the count; a
+engine class and backend. Doubling the number of steps must (about) double the count; a
 path that walks the request's whole history each step (the radix tree's insert from
 the root, or a lock move up to the root, over a chain of one-token nodes) quadruples it.
 """
@@ -80,12 +80,12 @@ def sglang_decode(name: str, bs: int, steps: int) -> int:
     return count_lines(run)
 
 
-@pytest.mark.parametrize("facade", [vllm_decode, sglang_decode], ids=["vllm", "sglang"])
+@pytest.mark.parametrize("decode", [vllm_decode, sglang_decode], ids=["vllm", "sglang"])
 @pytest.mark.parametrize(("name", "bs"), [("hash_chain", 1), ("hash_chain", 16),
                                           ("radix", 1), ("radix", 16)])  # fmt: skip
 def test_decode_steps_cost_linear_in_the_steps(
-    facade: Callable[[str, int, int], int], name: str, bs: int
+    decode: Callable[[str, int, int], int], name: str, bs: int
 ) -> None:
-    short = facade(name, bs, 400)
-    long = facade(name, bs, 1600)
+    short = decode(name, bs, 400)
+    long = decode(name, bs, 1600)
     assert long <= 4.4 * short, f"{long} lines for 1600 steps, {short} for 400: not linear"

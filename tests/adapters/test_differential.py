@@ -18,11 +18,11 @@ from helpers import ROOT
 
 PURE = os.environ.get("PREFIXKV_PURE_PYTHON")
 DRIVER = Path(__file__).with_name("differential.py")
-STEPS = 1500  # per backend; with the facades' trace, about 11,000 lines a seed
+STEPS = 1500  # per backend; with the engine classes' trace, about 11,000 lines a seed
 
 
 def run(python: str, seed: int) -> list[str]:
-    # One hash seed for both (the facades' events carry hashes); the driver's helpers
+    # One hash seed for both (the engine classes' events carry hashes); the driver's helpers
     # and the recorders' K-live loop on the path (PYTHONSAFEPATH keeps a script's folder
     # off it).
     path = [ROOT / "tests", ROOT / "tests" / "engines" / "recorders"]

@@ -62,8 +62,8 @@ def recorded(name: str) -> tuple[dict[str, Any], list[bytes]]:
     ]
 
 
-def published(driver: Any, facade: Any, take_batch: Callable[[float, int], Any]) -> list[Any]:
-    """The fixture trace through ``facade``, driven and reset as the recorders did; the
+def published(driver: Any, cache: Any, take_batch: Callable[[float, int], Any]) -> list[Any]:
+    """The fixture trace through ``cache``, driven and reset as the recorders did; the
     batches ``take_batch`` gave at the end of each step (at ``T0 + step / 1000``, with
     the settings' rank)."""
     batches: list[Any] = []
@@ -76,7 +76,7 @@ def published(driver: Any, facade: Any, take_batch: Callable[[float, int], Any])
             batches.append(batch)
         step += 1
 
-    d = driver(facade, end_step)
+    d = driver(cache, end_step)
     run_k_live(d, TRACE, SETTINGS["concurrency"])
     assert d.reset()
     return batches
@@ -96,11 +96,11 @@ def test_hash_chain_publishes_vllms_batches(algo: str) -> None:
     bs = SETTINGS["block_size"]
     seed = header["none_hash_seed"]  # PYTHONHASHSEED
     index = make_index("hash_chain", block_size=bs, hash_algorithm=algo, seed=seed)
-    facade = KVCacheManager(  # vLLM's num_gpu_blocks, the null block 0 included
+    cache = KVCacheManager(  # vLLM's num_gpu_blocks, the null block 0 included
         index, SETTINGS["vllm_num_blocks"], enable_kv_cache_events=True
     )
-    recorder = attach_recorder(facade)
-    ours = [encode(b) for b in published(VllmDriver, facade, recorder.take_batch)]
+    recorder = attach_recorder(cache)
+    ours = [encode(b) for b in published(VllmDriver, cache, recorder.take_batch)]
     assert ours == theirs, first_difference(ours, theirs)
 
 
@@ -111,8 +111,8 @@ def test_radix_tree_publishes_sglangs_batches(page_size: int) -> None:
     recorder = make_event_recorder(index)
     assert isinstance(recorder, SGLangEventRecorder)
     index.set_event_sink(recorder)  # type: ignore[attr-defined]
-    facade = PrefixCache.create_simulated(index, SETTINGS["capacity_tokens"])
-    batches = published(SGLangDriver, facade, recorder.take_sglang_batch)
+    cache = PrefixCache.create_simulated(index, SETTINGS["capacity_tokens"])
+    batches = published(SGLangDriver, cache, recorder.take_sglang_batch)
     ours = [encode(b) for b in batches]
     assert ours == theirs, first_difference(ours, theirs)
     # take_events gives the same events as vLLM structs, as a router's decoder reads them

@@ -1,6 +1,6 @@
 """A consumer fed only by the events knows exactly what the index holds, after every step.
 
-Both backends behind both facades, pools so small that nearly every admission evicts,
+Both backends behind both engine classes, pools so small that nearly every admission evicts,
 shared prefixes, duplicates, namespaces (salts, LoRA, SGLang's extra key), resets and
 (vLLM's KV-connector path) ``evict_blocks``: after each scheduler step the step's
 events are applied to an :class:`EventIndex`, whose blocks (with their copies) must
@@ -70,7 +70,7 @@ class Run(NamedTuple):
     pool: int
 
 
-@pytest.mark.parametrize("facade_kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine_class", ["vllm", "sglang"])
 @pytest.mark.parametrize("backend", ["hash_chain", "radix"])
 @given(
     run=st.builds(
@@ -82,18 +82,18 @@ class Run(NamedTuple):
     )
 )
 def test_event_consumer_mirrors_the_index_after_every_step(
-    backend: str, facade_kind: str, run: Run
+    backend: str, engine_class: str, run: Run
 ) -> None:
-    replay_checked(backend, facade_kind, run)
+    replay_checked(backend, engine_class, run)
 
 
-def replay_checked(backend: str, facade_kind: str, run: Run) -> int:
+def replay_checked(backend: str, engine_class: str, run: Run) -> int:
     """Replay ``run``, checking the consumer after every step; returns blocks evicted."""
     trace, concurrency, block_size, pool = run
     index = make_index(backend, block_size=block_size, **pool_owned_options(backend))
     consumer = EventIndex()
     driver: Driver
-    if facade_kind == "vllm":
+    if engine_class == "vllm":
         vllm = KVCacheManager(index, pool + 1, enable_kv_cache_events=True)
         recorder = attach_recorder(vllm)
         driver = VllmDriver(vllm, lambda: check(index, recorder, consumer))
@@ -108,9 +108,9 @@ def replay_checked(backend: str, facade_kind: str, run: Run) -> int:
                 driver.finish_oldest()
             assert driver.reset()
             continue
-        if op == "evict_blocks" and facade_kind == "vllm" and backend == "hash_chain":
+        if op == "evict_blocks" and engine_class == "vllm" and backend == "hash_chain":
             assert isinstance(driver, VllmDriver)
-            driver.facade.evict_blocks([b for b in ids if b < pool])
+            driver.cache.evict_blocks([b for b in ids if b < pool])
             check(index, recorder, consumer)
             continue
         while len(driver.live) >= concurrency:
@@ -123,9 +123,9 @@ def replay_checked(backend: str, facade_kind: str, run: Run) -> int:
     return index.stats().num_evicted_blocks
 
 
-@pytest.mark.parametrize("facade_kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine_class", ["vllm", "sglang"])
 @pytest.mark.parametrize("backend", ["hash_chain", "radix"])
-def test_the_pools_evict_constantly(backend: str, facade_kind: str) -> None:
+def test_the_pools_evict_constantly(backend: str, engine_class: str) -> None:
     # The property's pools are tiny: a plain run of distinct requests keeps evicting.
     trace = [(i % 3, [i % 4 + 1, i % 3 + 1], 3, i % 5, "admit", []) for i in range(30)]
-    assert replay_checked(backend, facade_kind, Run(trace, 2, 2, 8)) >= 20
+    assert replay_checked(backend, engine_class, Run(trace, 2, 2, 8)) >= 20

@@ -1,5 +1,5 @@
 """Guarantees against wrong and cross-tenant hits: namespaces (cache salt, LoRA,
-tenant) in both backends and both facades, typed namespace keys, hash-collision
+tenant) in both backends and both engine classes, typed namespace keys, hash-collision
 verification, and the thread-safe wrapper."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_tenant_b_never_hits_tenant_a_through_the_manager(name: str, bs: int) ->
 
 
 @pytest.mark.parametrize(("name", "bs"), BACKENDS)
-def test_cache_salt_isolates_through_the_vllm_facade(name: str, bs: int) -> None:
+def test_cache_salt_isolates_through_the_vllm_engine_class(name: str, bs: int) -> None:
     kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=4096 // bs + 1)
 
     def run(rid: str, salt: str | None) -> int:

@@ -1,6 +1,6 @@
-"""The request shapes the vLLM facade and SGLang's prefix cache read stay Python on both
+"""The request shapes the vLLM engine class and SGLang's prefix cache read stay Python on both
 builds: the protocols are runtime-checkable, and a driver may give a request attributes
-of its own (vLLM's ``lora_request``), which the facade honours.
+of its own (vLLM's ``lora_request``), which the engine class honours.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prefixkv.adapters.sglang.simulated import alloc_for_extend
 from prefixkv.adapters.vllm import KVCacheManager
 
 
-def test_the_facades_export_the_request_shapes_of_their_engine() -> None:
+def test_the_engine_classes_export_the_request_shapes_of_their_engine() -> None:
     assert vllm.SimpleRequest is SimpleRequest and vllm.RequestLike is RequestLike
     assert sglang.SimpleReq is SimpleReq and sglang.ReqLike is ReqLike
     assert SimpleRequest.__module__ == SimpleReq.__module__ == requests.__name__

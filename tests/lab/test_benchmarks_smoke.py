@@ -43,10 +43,11 @@ def test_decode_flat_script_runs() -> None:
 
 
 def test_decode_profile_loop_runs_and_its_annotations_parse() -> None:
-    for facade in ("vllm", "sglang"):
+    for engine_class in ("vllm", "sglang"):
         for index in ("hash_chain", "radix", "driver"):
-            cmd = [sys.executable, "benchmarks/decode_profile.py", "--child", "--facade", facade,
-                   "--index", index, "--rounds", "2", "--steps", "40"]  # fmt: skip
+            cmd = [sys.executable, "benchmarks/decode_profile.py", "--child",
+                   "--engine-class", engine_class, "--index", index, "--rounds", "2",
+                   "--steps", "40"]  # fmt: skip
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr[-3000:]
     import decode_profile

@@ -173,7 +173,7 @@ def test_seed_workload_shows_the_boundary_loss(
         "compare",
         "--workload",
         "seed",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--no-plots",
         "--timing-repeats",
@@ -273,7 +273,7 @@ def test_compare_reads_a_mooncake_trace(tmp_path: Path, capsys: pytest.CaptureFi
         "50",
         "--tokens-per-id",
         "16",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--timing-repeats",
         "1",
@@ -309,8 +309,8 @@ def test_replay_does_not_import_matplotlib(tmp_path: Path) -> None:
     ("argv", "needle"),
     [
         (["compare", "--workload", "nope"], "unknown workload 'nope'"),
-        (["compare", "--workload", "seed", "--indexes", "hash_chain,bogus"], "'bogus'"),
-        (["compare", "--indexes", "radix:0"], "radix:0"),
+        (["compare", "--workload", "seed", "--index", "hash_chain,bogus"], "'bogus'"),
+        (["compare", "--index", "radix:0"], "radix:0"),
         (["compare", "--concurrency", "0"], "--concurrency"),
         (["compare", "--capacity-tokens", "64", "--capacity-blocks", "4"], "not allowed"),
         (["compare", "--workload", "seed", "--tokens-per-id", "16"], "tokens_per_id=16"),
@@ -459,7 +459,7 @@ def test_capacity_list_is_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[
         "multi_turn",
         "--max-requests",
         "40",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--capacity-tokens",
         "4k,2K,16k",
@@ -493,7 +493,7 @@ def test_engine_named_flags_reach_the_backends(
         "compare",
         "-w",
         "seed",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--prefix-caching-hash-algo",
         "sha256",
@@ -550,7 +550,7 @@ def test_compare_interrupted_keeps_finished_backends(
     out = tmp_path / "o"
     # The radix tree runs second: interrupt its first replay midway.
     interrupt_after(monkeypatch, seats, "alloc_for_extend", 5)
-    code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
+    code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--index", "hash_chain,radix",
                            "--timing-repeats", "1", "--out", str(out))  # fmt: skip
     assert code == 130
     assert "(interrupted: partial)" in stdout and "partial results" in stdout

@@ -1,7 +1,7 @@
 """``prefixkv replay --kv-events``: the index's event stream, one batch per scheduler step.
 
 The file is read back and compared, event for event, with the same trace driven
-through the facade in the engine's scheduler order (the driver the golden tests check
+through the engine class in the engine's scheduler order (the driver the golden tests check
 against vLLM's and SGLang's own streams); the lab's traces carry no namespaces, so
 the trace's salts and LoRAs are dropped on both sides.
 """
@@ -58,7 +58,7 @@ def replay(capsys: pytest.CaptureFixture[str], tmp_path: Path, *extra: str) -> d
 
 
 def steps_of(driver_kind: str, index: Any, num_blocks: int) -> list[list[Any]]:
-    """Each step's events (non-empty ones) when the facade drives ``PLAIN``."""
+    """Each step's events (non-empty ones) when the engine class drives ``PLAIN``."""
     out: list[list[Any]] = []
     if driver_kind == "vllm":
         vllm = KVCacheManager(index, num_blocks + 1, enable_kv_cache_events=True)

@@ -122,6 +122,21 @@ def test_cluster_on_a_workload_takes_max_requests(tmp_path: Path) -> None:
     assert run["num_requests"] == "12"
 
 
+def test_cluster_names_each_replicas_prefix_index_with_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One flag for the prefix index on every subcommand: --index, as replay and compare.
+    out = tmp_path / "r"
+    argv = ["cluster", "--workload", "multi_turn", "--max-requests", "8", "--replicas", "2",
+            "--policies", "round_robin", "--quiet", "--out", str(out)]  # fmt: skip
+    assert main([*argv, "--index", "radix"]) == 0
+    with (out / "runs.csv").open() as f:
+        (run,) = csv.DictReader(f)
+    assert run["backend"] == "radix"
+    assert main([*argv[:-1], str(tmp_path / "old"), "--backend", "radix"]) == 2
+    assert "--backend" in capsys.readouterr().err
+
+
 BAD_FAULTS = [
     "kill=0@inf", "kill=0@nan", "kill=0@-1", "kill=0@1e10", "kill=0@-0%", "kill=0@101%",
     "kill=0@ 5", "kill=0@1_000", "kill=\u0663@5", "restart=0@nan", "router_restart@inf",

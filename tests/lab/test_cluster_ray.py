@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow  # a local Ray cluster starts in seconds
 
 from prefixkv.adapters.lab.cluster.ray_fleet import RayFleet  # noqa: E402
 
-CFG = ClusterConfig(num_replicas=2, capacity_tokens=2048, block_size=16, buffer_steps=32)
+CFG = ClusterSettings(num_replicas=2, capacity_tokens=2048, block_size=16, buffer_steps=32)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ import pytest
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.outputs import cluster as report
 from prefixkv.adapters.lab.outputs import plots
 from prefixkv.adapters.lab.outputs.markdown import table
 from prefixkv.adapters.lab.workloads import make_workload
 
-CFG = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
+CFG = ClusterSettings(num_replicas=2, capacity_tokens=4096, block_size=16)
 
 
 def _runs(rate: float, policies: tuple[str, ...], closed_loop: bool = True) -> list[ClusterResult]:

@@ -15,18 +15,18 @@ from collections.abc import Callable
 import pytest
 
 from prefixkv.adapters.lab.cluster import driver, experiment
-from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
+from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
 from prefixkv.adapters.lab.cluster.experiment import run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
-from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import parse_policies
 
-CFG = ClusterConfig(
+CFG = ClusterSettings(
     num_replicas=4,
     capacity_tokens=4096,
     block_size=16,
@@ -248,7 +248,7 @@ def test_fault_invariants(
 
 
 def test_relative_fault_times_must_be_resolved(requests: list[SimRequest]) -> None:
-    with pytest.raises(ClusterConfigError):
+    with pytest.raises(ClusterSettingsError):
         run_cluster(requests, "dynamo", CFG, "kill=1@50%")
     plan = parse_faults("kill=1@50%").resolve(50.0)
     assert plan.scheduled[0].at == 25.0

@@ -151,7 +151,7 @@ def test_engine_knobs_reach_every_backend(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, stdout, err = _run(
-        capsys, "compare", "-w", "shared_system_prompt", "--indexes", "hash_chain,radix",
+        capsys, "compare", "-w", "shared_system_prompt", "--index", "hash_chain,radix",
         "--request-rate", "3", "--arrival", "fixed", "--max-num-seqs", "2",
         "--max-num-batched-tokens", "512", "--policy", "lpm", "--batching", "prefill_first",
         *SMALL, "--out", str(tmp_path),
@@ -172,7 +172,7 @@ def test_time_scale_keeps_a_mooncake_traces_timestamps(
 ) -> None:
     code, stdout, err = _run(
         capsys, "compare", "--trace", str(MOONCAKE_HEAD), "--max-requests", "60",
-        "--tokens-per-id", "16", "--indexes", "hash_chain,radix", "--time-scale", "2",
+        "--tokens-per-id", "16", "--index", "hash_chain,radix", "--time-scale", "2",
         "--timing-repeats", "0", "-q", "--no-plots", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
@@ -242,7 +242,7 @@ def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
 ) -> None:
     # the radix tree's run, halfway through the backends
     interrupt_after(monkeypatch, arrival_module, "simulate", 2)
-    code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--indexes", "hash_chain,radix",
+    code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--index", "hash_chain,radix",
                            "--request-rate", "2", *SMALL[:4], "--out", str(tmp_path))  # fmt: skip
     assert code == 130 and "partial results" in stdout
     doc = _doc(tmp_path)
@@ -258,7 +258,7 @@ def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
 def test_time_plots_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     code, _, err = _run(
-        capsys, "compare", "-w", "multi_turn", "--indexes", "hash_chain,radix",
+        capsys, "compare", "-w", "multi_turn", "--index", "hash_chain,radix",
         "--capacity-tokens", "2k,40k", "--request-rate", "2", "--max-requests", "40",
         "--timing-repeats", "0", "-q", "--out", str(tmp_path),
     )  # fmt: skip

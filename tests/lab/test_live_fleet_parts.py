@@ -80,8 +80,8 @@ def test_the_sync_rule_waits_for_the_blocks_the_server_computed() -> None:
     assert wait_for_blocks(router, [], Worker(0), keys, 0.05)[0] is False
     tokens = keys.tokens[:32].tolist()
     stored = BlockStored(scheme.block_hashes(keys.tokens), None, tokens, 32, None, "GPU", None)
-    assert router.index is not None
-    router.index.apply(0, KVEventBatch(0.0, [stored], 0), 0.0)
+    assert router.cluster_index is not None
+    router.cluster_index.apply(0, KVEventBatch(0.0, [stored], 0), 0.0)
     assert wait_for_blocks(router, [], Worker(0), keys, 0.05)[0] is True
     assert wait_for_blocks(router, [], Worker(1), keys, 0.05)[0] is False  # another server
 
@@ -105,8 +105,8 @@ def test_the_relay_drops_and_delays_and_the_subscriber_replays_the_gap() -> None
         replay_timeout=60.0,  # the answer is an event; this only bounds a hang, at any load
     )
     pub = ZmqEventPublisher(f"tcp://127.0.0.1:{engine}", f"tcp://127.0.0.1:{replay}")
-    assert router.index is not None
-    index = router.index
+    assert router.cluster_index is not None
+    index = router.cluster_index
 
     def publish(n: int) -> None:
         tokens = array("I", [3 + n] * 32)

@@ -12,7 +12,7 @@ from helpers import results_doc, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim.errors import SimConfigError
+from prefixkv.adapters.lab.sim.errors import SimSettingsError
 from prefixkv.adapters.lab.sim.load import (
     MIN_REQUESTS,
     Slo,
@@ -21,7 +21,7 @@ from prefixkv.adapters.lab.sim.load import (
 )
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 
-SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--indexes", "hash_chain")
+SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
 
 
 _run = run_cli
@@ -100,9 +100,9 @@ def test_goodput_counts_requests_meeting_every_bound_as_vllm_bench_serve() -> No
     assert load.good_requests == 2
     assert load.goodput == pytest.approx(2 / 4.1)  # first arrival to last finish
     assert slo.describe() == "TTFT <= 500 ms, TPOT <= 200 ms"
-    with pytest.raises(SimConfigError):
+    with pytest.raises(SimSettingsError):
         Slo()
-    with pytest.raises(SimConfigError, match="ttft_s"):
+    with pytest.raises(SimSettingsError, match="ttft_s"):
         Slo(ttft_s=math.nan)
 
 
@@ -238,5 +238,5 @@ def test_the_python_api_sweeps_rates_with_an_slo() -> None:
     runs = t.comparison.workloads[0].arrival_runs
     assert [(r.role, r.settings.request_rate) for r in runs] == [("table", 1.0), ("rate", 4.0)]
     assert all(r.load_summary.goodput is not None for r in runs)
-    with pytest.raises(SimConfigError, match="rate_sweep"):
+    with pytest.raises(SimSettingsError, match="rate_sweep"):
         compare_backends(CompareOptions(["seed"], request_rate=1.0, rate_sweep="fast"))

@@ -30,7 +30,7 @@ from prefixkv.adapters.lab.sim.model_config import (
 )
 from prefixkv.adapters.lab.workload_sources import load_workloads
 
-SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--indexes", "hash_chain")
+SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
 GiB = 2**30
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.errors import ClusterConfigError
+from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
 from prefixkv.adapters.lab.cluster.ray_fleet import check_ray_address
 
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -84,7 +84,7 @@ def grpc(conn: socket.socket, stop: threading.Event) -> None:
 def test_a_port_that_is_not_ray_is_refused_by_name(
     answer: Callable[[socket.socket, threading.Event], None], message: str, scheme: str
 ) -> None:
-    with peer(answer) as port, pytest.raises(ClusterConfigError, match=message) as info:
+    with peer(answer) as port, pytest.raises(ClusterSettingsError, match=message) as info:
         check_ray_address(f"{scheme}127.0.0.1:{port}", timeout_s=0.5)
     assert "\n" not in str(info.value) and "ray start --head" in str(info.value)
 
@@ -99,7 +99,7 @@ def test_nothing_listening_is_refused_by_name() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ClusterConfigError, match="nothing answers there"):
+    with pytest.raises(ClusterSettingsError, match="nothing answers there"):
         check_ray_address(f"127.0.0.1:{port}", timeout_s=5)
 
 
@@ -107,5 +107,5 @@ def test_nothing_listening_is_refused_by_name() -> None:
     "address", ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", ":6379", "h:x", "h:\u0665"]
 )
 def test_a_malformed_address_is_refused_by_name(address: str) -> None:
-    with pytest.raises(ClusterConfigError, match="want HOST:PORT"):
+    with pytest.raises(ClusterSettingsError, match="want HOST:PORT"):
         check_ray_address(address, timeout_s=0.5)

@@ -20,7 +20,7 @@ from prefixkv.adapters.lab.outputs.tables import (
     write_rows,
     write_tables,
 )
-from prefixkv.adapters.lab.sim import SimConfig, SimResult, sim_request, simulate, with_arrivals
+from prefixkv.adapters.lab.sim import SimResult, SimSettings, sim_request, simulate, with_arrivals
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 
@@ -38,7 +38,7 @@ def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
                     with_arrivals(timed, request_rate=2.0, seed=0),
                     functools.partial(make_index, name, bs),
                     capacity,
-                    SimConfig(max_num_seqs=16),
+                    SimSettings(max_num_seqs=16),
                     labels={"backend": name, "workload": "shared_system_prompt"},
                 )
             )

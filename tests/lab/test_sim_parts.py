@@ -21,9 +21,9 @@ from prefixkv.adapters.lab.sim import (
     DEFAULT_PROFILE,
     CostProfile,
     ProfileError,
-    SimConfigError,
     SimInputError,
     SimRequest,
+    SimSettingsError,
     attention_pairs,
     available_profiles,
     fixed_rate_arrivals,
@@ -94,14 +94,14 @@ def test_with_arrivals_rate_scale_or_as_they_are() -> None:
     assert [r.arrival for r in same] == [5.0, 6.0]
     with pytest.raises(SimInputError, match="no arrival"):
         list(with_arrivals(_reqs([None]), time_scale=1.0))
-    with pytest.raises(SimConfigError, match="not both"):
+    with pytest.raises(SimSettingsError, match="not both"):
         with_arrivals([], request_rate=1.0, time_scale=1.0)
-    with pytest.raises(SimConfigError, match="process"):
+    with pytest.raises(SimSettingsError, match="process"):
         with_arrivals([], request_rate=1.0, process="bursty")  # type: ignore[arg-type]
     for bad in (0, -1.0, math.inf, "2"):
-        with pytest.raises(SimConfigError):
+        with pytest.raises(SimSettingsError):
             with_arrivals([], request_rate=bad)  # type: ignore[arg-type]
-        with pytest.raises(SimConfigError):
+        with pytest.raises(SimSettingsError):
             with_arrivals([], time_scale=bad)  # type: ignore[arg-type]
 
 
@@ -204,11 +204,13 @@ def test_calibrate_refuses_a_model_it_cannot_hold_before_allocating_it() -> None
     from prefixkv.adapters.lab.sim.calibration import measure_engine
 
     huge = EngineConfig(model=ModelConfig(head_dim=10**9))
-    with pytest.raises(SimConfigError, match=r"head.*1000000000.*GiB, over the limit of 8\.0 GiB"):
+    with pytest.raises(
+        SimSettingsError, match=r"head.*1000000000.*GiB, over the limit of 8\.0 GiB"
+    ):
         measure_engine(huge, prefill=[(8, 0)], decode=[], mixed=[], repeats=1)
-    with pytest.raises(SimConfigError, match="over the limit"):
+    with pytest.raises(SimSettingsError, match="over the limit"):
         measure_engine(prefill=[(8, 0)], decode=[], mixed=[], repeats=1, max_bytes=1000)
-    with pytest.raises(SimConfigError, match="prefill shape"):
+    with pytest.raises(SimSettingsError, match="prefill shape"):
         measure_engine(prefill=[(0, 0)], decode=[], mixed=[], repeats=1)
 
 

@@ -11,7 +11,7 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest, SimResult, simulate
+from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimResult, SimSettings, simulate
 from prefixkv.indexes import make_index
 
 
@@ -46,15 +46,15 @@ profiles = st.builds(
     coefficient,
 )
 configs = st.builds(
-    SimConfig,
+    SimSettings,
     max_num_seqs=st.integers(1, 8),
     max_num_batched_tokens=st.integers(8, 128),
-    policy=st.sampled_from(["fcfs", "lpm"]),
+    queue_order=st.sampled_from(["fcfs", "lpm"]),
     batching=st.sampled_from(["mixed", "prefill_first"]),
 )
 
 
-def run(trace: list[SimRequest], name: str, bs: int, cfg: SimConfig, p: CostProfile) -> SimResult:
+def run(trace: list[SimRequest], name: str, bs: int, cfg: SimSettings, p: CostProfile) -> SimResult:
     # A pool that holds every token of the trace: no eviction, no preemption.
     roomy = sum(len(r.prompt) + r.output_len for r in trace) + 64 * bs
     res = simulate(trace, lambda: make_index(name, bs), roomy, cfg, p)
@@ -64,7 +64,7 @@ def run(trace: list[SimRequest], name: str, bs: int, cfg: SimConfig, p: CostProf
 
 @given(traces(), configs, profiles, st.sampled_from([1, 2, 4, 16]))
 def test_more_hits_for_every_request_never_cost_more_prefill(
-    trace: list[SimRequest], cfg: SimConfig, profile: CostProfile, bs: int
+    trace: list[SimRequest], cfg: SimSettings, profile: CostProfile, bs: int
 ) -> None:
     backends = [("none", bs), ("hash_chain", bs), ("radix", 1), ("radix", bs)]
     runs = [run(trace, name, size, cfg, profile) for name, size in backends]

@@ -16,10 +16,10 @@ from prefixkv.adapters.lab.sim import (
     CostProfile,
     IndexFactory,
     QueueOrder,
-    SimConfig,
-    SimConfigError,
     SimInputError,
     SimRequest,
+    SimSettings,
+    SimSettingsError,
     SimUnservableError,
     load_profile,
     sim_request,
@@ -79,7 +79,7 @@ def test_md1_mean_wait_matches_pollaczek_khinchine() -> None:
         with_arrivals(requests, request_rate=rho / service, seed=0),
         factory("none", 16),
         1024,
-        SimConfig(max_num_seqs=1),
+        SimSettings(max_num_seqs=1),
         profile,
     )
     assert result.run.num_requests == n
@@ -95,7 +95,7 @@ def test_zero_load_ttft_is_the_prefill_time(budget: int, num_steps: int) -> None
     # One request alone: its TTFT is its prefill steps; then one decode step a token.
     for profile in (PROFILE, load_profile()):
         r = req("a", tokens(1, 300), 4, 5.0)
-        cfg = SimConfig(max_num_batched_tokens=budget)
+        cfg = SimSettings(max_num_batched_tokens=budget)
         (m,) = simulate([r], factory("none", 16), 4096, cfg, profile).requests
         assert m.queueing_delay_s == 0
         assert m.ttft_s == pytest.approx(num_steps * profile.step_s + profile.prefill_s(300))
@@ -126,7 +126,7 @@ def test_queued_request_waits_for_the_running_one() -> None:
     a = req("a", tokens(1, 100), 3, 0.0)
     b = req("b", tokens(1000, 100), 1, 0.001)
     recs = by_id(
-        simulate([a, b], factory("none", 16), 4096, SimConfig(max_num_seqs=1), PROFILE).requests
+        simulate([a, b], factory("none", 16), 4096, SimSettings(max_num_seqs=1), PROFILE).requests
     )
     assert recs["b"].first_scheduled_s == pytest.approx(recs["a"].finish_s)
     assert recs["b"].queueing_delay_s == pytest.approx(recs["a"].finish_s - 0.001)
@@ -138,7 +138,7 @@ def _workload_run(
     reqs = [
         sim_request(r.id, r.tokens, r.output) for r in make_workload("multi_turn", num_sessions=6)
     ]
-    cfg = SimConfig(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)
+    cfg = SimSettings(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)
     res = simulate(
         with_arrivals(reqs, request_rate=3.0, seed=seed), factory(name, 4), 6000, cfg, PROFILE
     )
@@ -157,10 +157,10 @@ SHARED = ["shared_system_prompt", "multi_turn", "few_shot", "tree_of_thought", "
 @pytest.mark.parametrize("workload", SHARED)
 @pytest.mark.parametrize(
     "config",
-    [SimConfig(), SimConfig(policy="lpm", batching="prefill_first")],
+    [SimSettings(), SimSettings(queue_order="lpm", batching="prefill_first")],
     ids=["vllm", "sglang"],
 )
-def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: SimConfig) -> None:
+def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: SimSettings) -> None:
     # At one request a second with the default profile (about a quarter of the
     # replica busy); token-exact hits never lose to whole-block hits here.
     reqs = make_workload(workload)
@@ -184,12 +184,14 @@ def _scheduler(
     batching: Batching,
     *,
     num_blocks: int = 256,
-    policy: QueueOrder = "fcfs",
+    queue_order: QueueOrder = "fcfs",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
 ) -> ReplicaScheduler:
     index = make_index("radix", 4)
-    cfg = SimConfig(max_num_seqs, max_num_batched_tokens, policy=policy, batching=batching)
+    cfg = SimSettings(
+        max_num_seqs, max_num_batched_tokens, queue_order=queue_order, batching=batching
+    )
     return ReplicaScheduler(make_seat(batching, index, num_blocks), cfg, PROFILE)
 
 
@@ -241,7 +243,7 @@ def test_preemption_recomputes_the_newest_and_every_request_finishes() -> None:
     # 16 blocks of 4 tokens; three requests of 16 + 20 tokens cannot all hold their
     # 9 blocks: decode runs out and vLLM preempts the newest running request.
     reqs = [req(f"r{i}", tokens(100 * i + 1, 16), 20, 0.0) for i in range(3)]
-    cfg = SimConfig(max_num_seqs=3, check_invariants=True)
+    cfg = SimSettings(max_num_seqs=3, check_invariants=True)
     res = simulate(reqs, factory("hash_chain", 4), 64, cfg, PROFILE)
     recs = by_id(res.requests)
     assert res.run.num_requests == 3
@@ -265,7 +267,7 @@ def test_vllm_preempts_the_newest_sglang_retracts_the_longest_prompt(
     # preempts the newest running request, SGLang the one with the longest prompt.
     monkeypatch.setattr(scheduler_module, "CLIP_MAX_NEW_TOKENS", 2)
     reqs = [req("long", tokens(1, 16), 20, 0.0), req("short", tokens(100, 8), 20, 0.0)]
-    cfg = SimConfig(batching=batching, check_invariants=True)
+    cfg = SimSettings(batching=batching, check_invariants=True)
     recs = by_id(simulate(reqs, factory("radix", 4), 56, cfg, PROFILE).requests)
     assert {rid: r.num_preemptions for rid, r in recs.items()} == {
         "long": int(victim == "long"),
@@ -280,7 +282,7 @@ def test_admission_waits_until_the_whole_sequence_fits(batching: Batching) -> No
     # (vLLM's scheduler_reserve_full_isl), so b waits for a instead of thrashing.
     a = req("a", tokens(1, 32), 20, 0.0)
     b = req("b", tokens(100, 40), 20, 0.02)
-    cfg = SimConfig(batching=batching, max_num_batched_tokens=16, check_invariants=True)
+    cfg = SimSettings(batching=batching, max_num_batched_tokens=16, check_invariants=True)
     res = simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE)
     recs = by_id(res.requests)
     assert recs["b"].first_scheduled_s == pytest.approx(recs["a"].finish_s)
@@ -295,7 +297,7 @@ def test_sglang_admission_reserves_the_running_requests_decode() -> None:
     start = {}
     modes: tuple[Batching, ...] = ("mixed", "prefill_first")
     for batching in modes:
-        cfg = SimConfig(batching=batching)
+        cfg = SimSettings(batching=batching)
         recs = by_id(simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE).requests)
         start[batching] = recs["b"].first_scheduled_s
         assert start[batching] < recs["a"].finish_s
@@ -326,7 +328,7 @@ def _warm(sched: ReplicaScheduler, prompt: array[int]) -> None:
 @pytest.mark.parametrize(("policy", "first"), [("fcfs", "fresh"), ("lpm", "cached")])
 def test_lpm_admits_the_longest_cached_prefix_first(policy: QueueOrder, first: str) -> None:
     shared = tokens(1, 64)
-    sched = _scheduler("mixed", policy=policy, max_num_seqs=1)
+    sched = _scheduler("mixed", queue_order=policy, max_num_seqs=1)
     _warm(sched, shared)
     sched.add(_seq("fresh", tokens(1000, 72)))
     sched.add(_seq("cached", shared + tokens(2000, 8)))
@@ -338,7 +340,7 @@ def test_lpm_defers_a_request_whose_small_hit_another_waiting_request_shares() -
     # SGLang's in-batch prefix caching: b shares 40 uncached leading tokens with a,
     # so b waits behind c; a runs first and caches them for b.
     common = tokens(1, 40)
-    sched = _scheduler("mixed", policy="lpm", max_num_seqs=1)
+    sched = _scheduler("mixed", queue_order="lpm", max_num_seqs=1)
     for rid, prompt in (
         ("a", common + tokens(100, 5)),
         ("b", common + tokens(200, 5)),
@@ -353,7 +355,7 @@ def test_lpm_defers_a_request_whose_small_hit_another_waiting_request_shares() -
 def test_lpm_is_fcfs_when_more_than_128_wait() -> None:
     shared = tokens(1, 64)
     for fresh, first in ((127, "cached"), (128, "f0")):
-        sched = _scheduler("mixed", policy="lpm", max_num_seqs=1, num_blocks=4096)
+        sched = _scheduler("mixed", queue_order="lpm", max_num_seqs=1, num_blocks=4096)
         _warm(sched, shared)
         for i in range(fresh):
             sched.add(_seq(f"f{i}", tokens(1000 + 100 * i, 72)))
@@ -374,10 +376,10 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
             [big],
             factory("none", 16),
             4096,
-            SimConfig(enable_chunked_prefill=False, max_num_batched_tokens=64),
+            SimSettings(enable_chunked_prefill=False, max_num_batched_tokens=64),
             PROFILE,
         )
-    with pytest.raises(SimConfigError, match="capacity_tokens"):
+    with pytest.raises(SimSettingsError, match="capacity_tokens"):
         simulate([big], factory("none", 16), 8, None, PROFILE)
     a, b = req("a", tokens(1, 4), 1, 2.0), req("b", tokens(1, 4), 1, 1.0)
     with pytest.raises(SimInputError, match="arrival order"):
@@ -389,12 +391,12 @@ def test_unservable_and_bad_requests_raise_named_errors() -> None:
     bad: dict[str, Any]
     for bad in (
         {"max_num_seqs": 0},
-        {"policy": "lifo"},
+        {"queue_order": "lifo"},
         {"batching": "both"},
         {"max_num_batched_tokens": 1.5},
     ):
-        with pytest.raises(SimConfigError):
-            SimConfig(**bad)
+        with pytest.raises(SimSettingsError):
+            SimSettings(**bad)
 
 
 @pytest.mark.parametrize(("batching", "hit"), [("mixed", 16), ("prefill_first", 8)])
@@ -406,7 +408,7 @@ def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
     # SGLang inserts them when a finishes (b hits a's 8-token prompt only).
     a = sim_request("a", range(1, 9), list(range(100, 120)), 0.0)
     b = sim_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
-    cfg = SimConfig(batching=batching)
+    cfg = SimSettings(batching=batching)
     recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
     assert recs["a"].finish_s > 0.15 + PROFILE.step_s
     assert recs["b"].hit_tokens == hit

@@ -12,7 +12,7 @@ from array import array
 
 import pytest
 
-from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest
+from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
@@ -61,7 +61,7 @@ def test_make_seat_picks_the_class_of_the_batching() -> None:
 def test_a_replica_prices_each_step_and_streams_its_tokens_after_it() -> None:
     profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0, stream_token_s=0.125)
     for stream, lag in ((True, 0.125), (False, 0.0)):
-        cfg = SimConfig(batching="mixed")
+        cfg = SimSettings(batching="mixed")
         replica = Replica(
             make_seat("mixed", make_index("radix", 4), 8), cfg, profile, stream=stream
         )
@@ -79,7 +79,7 @@ def test_a_replica_refuses_a_request_it_can_never_run_and_changes_nothing() -> N
     profile = CostProfile("t", "m", "d", 0.5, 0.25, 0.0, 0.0, 0.0)
     for batching in ("mixed", "prefill_first"):
         index = make_index("radix", 4)
-        replica = Replica(make_seat(batching, index, 2), SimConfig(batching=batching), profile)
+        replica = Replica(make_seat(batching, index, 2), SimSettings(batching=batching), profile)
         too_long = SimRequest("big", array("I", range(8)), 2, 0.0)  # 9 tokens: 3 blocks of 4
         with pytest.raises(SimUnservableError, match="'big' needs 3 blocks"):
             replica.add(too_long, 0.0)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from prefixkv.adapters.lab.replay import _Collector, replay
-from prefixkv.adapters.lab.traces import ReadOptions, TraceRequest, open_trace
+from prefixkv.adapters.lab.traces import ReadSettings, TraceRequest, open_trace
 from prefixkv.indexes import PrefixMatch, TokenKey, make_index
 from prefixkv.indexes.wrapper import IndexWrapper
 
@@ -81,7 +81,7 @@ def test_a_trace_replays_in_memory_bounded_by_the_cache(tmp_path: Path) -> None:
 
     peaks = []
     for copies in (1, 8):
-        source = open_trace(trace(copies), options=ReadOptions(block_cache_bytes=16 * 2**10))
+        source = open_trace(trace(copies), settings=ReadSettings(block_cache_bytes=16 * 2**10))
         tracemalloc.start()
         replay(source, make_index("hash_chain", block_size=16), 256, driver="vllm",
                concurrency=2, keep_per_request=False)  # fmt: skip

@@ -10,18 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_sim_properties import configs, profiles, traces
 
-from prefixkv.adapters.lab.sim import CostProfile, SimConfig, SimRequest, SimResult, simulate
+from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimResult, SimSettings, simulate
 from prefixkv.indexes import make_index
 
 
-def run(trace: list[SimRequest], name: str, bs: int, cfg: SimConfig, p: CostProfile) -> SimResult:
+def run(trace: list[SimRequest], name: str, bs: int, cfg: SimSettings, p: CostProfile) -> SimResult:
     roomy = sum(len(r.prompt) + r.output_len for r in trace) + 64 * bs
     return simulate(trace, lambda: make_index(name, bs), roomy, cfg, p)
 
 
 @given(traces(), configs, profiles, st.sampled_from([1, 2, 4, 16]))
 def test_the_same_scheduler_with_equal_hits_gives_equal_ttft(
-    trace: list[SimRequest], cfg: SimConfig, profile: CostProfile, bs: int
+    trace: list[SimRequest], cfg: SimSettings, profile: CostProfile, bs: int
 ) -> None:
     # The hash chain and a radix tree of the same page size hit the same tokens
     # (whole blocks, the last token recomputed); under one scheduler their TTFTs,
@@ -64,7 +64,7 @@ def sessions(draw: st.DrawFn) -> list[SimRequest]:
 
 @given(sessions(), configs, profiles, st.sampled_from(["hash_chain", "radix"]))
 def test_closed_loop_never_sends_a_turn_before_its_predecessor_finished(
-    trace: list[SimRequest], cfg: SimConfig, profile: CostProfile, name: str
+    trace: list[SimRequest], cfg: SimSettings, profile: CostProfile, name: str
 ) -> None:
     res = run(trace, name, 4, cfg, profile)
     by_id = {r.request_id: r for r in res.requests}

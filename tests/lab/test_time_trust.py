@@ -63,7 +63,7 @@ def test_equal_hits_under_the_default_scheduler_give_equal_ttft(
         "few_shot",
         "--max-requests",
         "40",
-        "--indexes",
+        "--index",
         "hash_chain,radix:16",
         "--request-rate",
         "3",
@@ -90,7 +90,7 @@ def test_the_scheduler_is_its_own_axis_and_the_headline_says_which_moved(
         "few_shot",
         "--max-requests",
         "30",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--request-rate",
         "3",
@@ -127,7 +127,7 @@ def test_natural_engines_are_labelled_as_moving_both_axes(
         "few_shot",
         "--max-requests",
         "20",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--request-rate",
         "3",
@@ -207,7 +207,7 @@ def test_sessions_replay_closed_loop_by_default_and_open_loop_on_request(
             "compare",
             "--trace",
             str(KVCT),
-            "--indexes",
+            "--index",
             "hash_chain",
             "--request-rate",
             "50",
@@ -457,7 +457,7 @@ def test_compare_reports_the_infinite_cache_hit_ratio_and_the_knee(
         "multi_turn",
         "--max-requests",
         "60",
-        "--indexes",
+        "--index",
         "hash_chain,radix",
         "--capacity-tokens",
         "3000",
@@ -769,13 +769,13 @@ def test_a_front_end_streaming_cost_delays_what_clients_see() -> None:
 
 
 def test_a_cluster_replays_sessions_closed_loop_and_flags_a_policy_above_pooled() -> None:
-    from prefixkv.adapters.lab.cluster.run import ClusterConfig, run_cluster
+    from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
     from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
     from prefixkv.adapters.lab.outputs.cluster import POOLED_MEANING, report_notes
     from prefixkv.adapters.lab.workloads import make_workload
 
     w = make_workload("multi_turn", num_sessions=12, turns=(2, 5), system_len=64, seed=3)
-    cfg = ClusterConfig(num_replicas=2, capacity_tokens=4096, block_size=16)
+    cfg = ClusterSettings(num_replicas=2, capacity_tokens=4096, block_size=16)
     links = {r.id: r for r in sim_requests(w, request_rate=40.0)}
     assert any(r.after for r in links.values())
     closed = run_cluster(sim_requests(w, request_rate=40.0), "round_robin", cfg)

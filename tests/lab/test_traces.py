@@ -22,7 +22,7 @@ from helpers import TEST_DATA, common_prefix
 
 from prefixkv.adapters.lab.traces import (
     OutputError,
-    ReadOptions,
+    ReadSettings,
     TraceFormatError,
     TraceLimits,
     TraceOptionError,
@@ -222,21 +222,21 @@ def test_corrupt_gzip_is_one_line(tmp_path: Path) -> None:
 
 def test_overlong_line_stops_before_buffering_it(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "long.jsonl", ['{"id": "a", "tokens": [' + "1," * 600 + "1]}"])
-    opts = ReadOptions(limits=TraceLimits(max_document_bytes=1000))
+    opts = ReadSettings(limits=TraceLimits(max_document_bytes=1000))
     with pytest.raises(TraceFormatError, match=r"long\.jsonl:1: line longer than 1,000 bytes"):
-        open_trace(path, options=opts).scan()
+        open_trace(path, settings=opts).scan()
 
 
 def test_prompt_and_output_limits(tmp_path: Path) -> None:
     path = write_lines(
         tmp_path / "big.jsonl", ['{"id": "a", "tokens": [1, 2, 3], "output": [4, 5]}']
     )
-    small = ReadOptions(limits=TraceLimits(max_prompt_tokens=2))
+    small = ReadSettings(limits=TraceLimits(max_prompt_tokens=2))
     with pytest.raises(TraceFormatError, match=r"big\.jsonl:1: request 'a': prompt of 3 tokens"):
-        open_trace(path, options=small).scan()
-    short = ReadOptions(limits=TraceLimits(max_output_tokens=1))
+        open_trace(path, settings=small).scan()
+    short = ReadSettings(limits=TraceLimits(max_output_tokens=1))
     with pytest.raises(TraceFormatError, match="--max-output-tokens"):
-        list(open_trace(path, options=short))
+        list(open_trace(path, settings=short))
     with pytest.raises(TraceOptionError, match="max_prompt_tokens"):
         TraceLimits(max_prompt_tokens=0)
 
@@ -513,20 +513,20 @@ def test_detect_rejects_unknown_and_empty(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match=r"u\.jsonl:2: not a trace format"):
         detect_format(write_lines(tmp_path / "u.jsonl", ["", '{"prompt": "hi"}']))
     with pytest.raises(TraceOptionError, match="hash-id traces only"):
-        open_trace(PREFIXKV, options=ReadOptions(tokens_per_id=16))
+        open_trace(PREFIXKV, settings=ReadSettings(tokens_per_id=16))
 
 
 def test_scan_counts_sizes_without_building_tokens() -> None:
     stats = open_trace(MOONCAKE).scan()
     assert (stats.num_requests, stats.prompt_tokens, stats.output_tokens) == (4, 3112, 617)
     assert stats.largest == [1210, 1112, 1100, 307]
-    scaled = open_trace(MOONCAKE, options=ReadOptions(tokens_per_id=16)).scan()
+    scaled = open_trace(MOONCAKE, settings=ReadSettings(tokens_per_id=16)).scan()
     assert scaled.prompt_tokens == 38 + 35 + 10 + 16
     assert open_trace(MOONCAKE, max_requests=2).scan().num_requests == 2
 
 
 def test_source_describes_granularity() -> None:
-    src = open_trace(MOONCAKE, options=ReadOptions(tokens_per_id=16))
+    src = open_trace(MOONCAKE, settings=ReadSettings(tokens_per_id=16))
     assert src.describe() == "Mooncake hash-id trace, 16 tokens per id (published: 512)"
     note = src.granularity_note()
     assert note is not None and "cannot show any sub-block gain" in note
@@ -580,7 +580,7 @@ def test_a_giant_compressed_request_is_refused_within_the_limits_memory(tmp_path
         f.write(b'{"id": "a", "tokens": [' + b"1," * 5_000_000 + b"1]}\n")
     assert path.stat().st_size < 50_000
     limits = TraceLimits(max_prompt_tokens=1000, max_output_tokens=100)
-    source = open_trace(path, "prefixkv", options=ReadOptions(limits=limits))
+    source = open_trace(path, "prefixkv", settings=ReadSettings(limits=limits))
     message, peak = _peak_of(source.scan)
     assert peak < 3 * 2**20
     assert "giant.jsonl.gz:1: line longer than 1,061,776 bytes (more than a request" in message
@@ -591,7 +591,7 @@ def test_too_many_tokens_within_the_line_budget_are_counted_not_built(tmp_path: 
         tmp_path / "many.jsonl", ['{"id": "a", "tokens": [' + "1," * 400_000 + "1]}"]
     )
     limits = TraceLimits(max_prompt_tokens=10_000, max_output_tokens=10)
-    source = open_trace(path, options=ReadOptions(limits=limits))
+    source = open_trace(path, settings=ReadSettings(limits=limits))
     message, peak = _peak_of(source.scan)
     assert peak < 2.5 * 2**20  # the 800 KB line and one copy; a list would be 3.2 MB more
     assert "many.jsonl:1: prompt of 400,001 tokens exceeds the limit of 10,000" in message
@@ -603,8 +603,8 @@ def test_hash_ids_are_counted_before_they_are_built(tmp_path: Path) -> None:
         tmp_path / "mc.jsonl",
         [f'{{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [{many}]}}'],
     )
-    opts = ReadOptions(limits=TraceLimits(max_prompt_tokens=2**21 * 64))
-    message, peak = _peak_of(lambda: open_trace(path, "mooncake", options=opts).scan())
+    opts = ReadSettings(limits=TraceLimits(max_prompt_tokens=2**21 * 64))
+    message, peak = _peak_of(lambda: open_trace(path, "mooncake", settings=opts).scan())
     assert peak < 4 * 2**20  # the line and one copy; the ids would be 7 MB more
     assert 'mc.jsonl:1: 200000 "hash_ids" but input_length 10 needs' in message
 
@@ -653,9 +653,9 @@ def test_arrivals_out_of_order_name_both_lines_when_order_is_needed(tmp_path: Pa
         ],
     )
     assert len(load_any(path)) == 3  # order does not matter without a clock
-    ordered = ReadOptions(sorted_arrivals=True)
+    ordered = ReadSettings(sorted_arrivals=True)
     with pytest.raises(TraceFormatError) as info:
-        open_trace(path, options=ordered).scan()
+        open_trace(path, settings=ordered).scan()
     assert str(info.value) == (
         f"{path}:3: request 'c' arrives at 4 s, before the request at {path}:2 (5 s); a "
         "replay at the trace's own times needs it sorted by arrival (sort the file, or "
@@ -664,7 +664,7 @@ def test_arrivals_out_of_order_name_both_lines_when_order_is_needed(tmp_path: Pa
     lines = MOONCAKE.read_text().splitlines()
     mc = write_lines(tmp_path / "mc.jsonl", [lines[1], lines[0]])
     with pytest.raises(TraceFormatError, match=r"mc\.jsonl:2: request 'mc-2' arrives at 0 s"):
-        list(open_trace(mc, "mooncake", options=ordered))
-    assert len(list(open_trace(KVCT, options=ordered))) > 0  # per-conversation clocks
+        list(open_trace(mc, "mooncake", settings=ordered))
+    assert len(list(open_trace(KVCT, settings=ordered))) > 0  # per-conversation clocks
     with pytest.raises(TraceOptionError, match="sorted_arrivals"):
-        ReadOptions(sorted_arrivals=1)  # type: ignore[arg-type]
+        ReadSettings(sorted_arrivals=1)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from prefixkv.adapters.events.wire import (
 from prefixkv.adapters.router.approx import ApproxIndex
 from prefixkv.adapters.router.block_tree import RadixBlockIndex
 from prefixkv.adapters.router.cluster_index import ChainedHashIndex, ClusterIndex
-from prefixkv.adapters.router.errors import ClusterConfigError
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
 
 BS = 4
@@ -269,7 +269,7 @@ def test_approx_index_cap_and_forget() -> None:
     assert idx.num_blocks(Worker(0)) == 2
     idx.forget(0)
     assert idx.match(keys([1]), 0.0) == {} and idx.held(Worker(0)) == {}
-    with pytest.raises(ClusterConfigError):
+    with pytest.raises(ClusterSettingsError):
         ApproxIndex(ttl=0)
-    with pytest.raises(ClusterConfigError):
+    with pytest.raises(ClusterSettingsError):
         ApproxIndex(max_blocks=0)

@@ -43,7 +43,7 @@ def test_a_zmq_stream_steers_the_router() -> None:
         pubs[2].publish(KVEventBatch(0.0, [stored], 0))
         for _ in range(200):
             subs[2].sync()
-            if router.index is not None and router.index.held(Worker(2)):
+            if router.cluster_index is not None and router.cluster_index.held(Worker(2)):
                 break
         decision = router.route(sim_request("q", prompt.tolist() + [7] * 16, 4, 0.0), 0.0)
         assert decision.worker == Worker(2) and decision.predicted_blocks == 10
@@ -74,7 +74,7 @@ def test_a_publisher_that_connects_feeds_a_router_that_binds() -> None:
             scheme.block_hashes(prompt), None, prompt.tolist(), 32, None, "GPU", None
         )
         for _ in range(600):  # bounded by batches published, not by a deadline
-            if router.index is None or router.index.held(Worker(0)):
+            if router.cluster_index is None or router.cluster_index.held(Worker(0)):
                 break
             pub.publish(KVEventBatch(0.0, [stored], 0))  # the first may precede the connection
             sub.poll(0.05)

@@ -13,7 +13,7 @@ from array import array
 import pytest
 
 from prefixkv.adapters.lab.cluster.errors import (
-    ClusterConfigError,
+    ClusterSettingsError,
     FaultSpecError,
     UnknownPolicyError,
 )
@@ -63,7 +63,7 @@ def ctx(
         candidates=list(W),
         overlap=overlap or {},
         loads=loads or LoadTracker(),
-        index=index,
+        cluster_index=index,
         block_size=BS,
         profile=load_profile(),
         rng=random.Random(seed),
@@ -112,7 +112,7 @@ def test_least_outstanding_by_requests_or_tokens() -> None:
     assert LeastOutstanding(by="tokens").choose(ctx(loads=loads)) == W[1]
     idle = LeastOutstanding()  # ties taken in turn: an idle fleet is spread
     assert [idle.choose(ctx()) for _ in range(5)] == [*W, W[0]]
-    with pytest.raises(ClusterConfigError):
+    with pytest.raises(ClusterSettingsError):
         LeastOutstanding(by="blocks")
 
 
@@ -242,7 +242,7 @@ def test_load_tracker_books_releases_and_sweeps() -> None:
     loads.reserve("c", W[1], prefill_tokens=1, prefill_s=0.1, decode_blocks=1, now=21.0)
     assert loads.load(w).active_requests == 0  # routed again: moved
     assert loads.remove_worker(W[1]) == ["c"] and loads.open_requests() == 0
-    with pytest.raises(ClusterConfigError):
+    with pytest.raises(ClusterSettingsError):
         LoadTracker(ttl=0)
 
 
@@ -289,7 +289,7 @@ def test_fault_specs() -> None:
     ],
 )
 def test_bad_policy_parameters_are_named(bad: str) -> None:
-    with pytest.raises(ClusterConfigError, match=bad.split(":")[1].split("=")[0]):
+    with pytest.raises(ClusterSettingsError, match=bad.split(":")[1].split("=")[0]):
         make_policy(parse_policy(bad, KNOWN))
     assert make_policy(parse_policy("ray_pca:imbalanced_threshold=inf", KNOWN))
     assert make_policy(parse_policy("sglang:balance_abs_threshold=inf", KNOWN))

@@ -63,8 +63,8 @@ def test_bb_08_the_null_index_has_no_boundary_losses() -> None:
     assert records("hash_chain", 16, [short, short])[1] == (0, 10, 9, 0)
 
 
-def test_bb_08_partial_tail_through_the_vllm_facade() -> None:
-    # The facade feeds the key lazily (when a block fills); at free it must still
+def test_bb_08_partial_tail_through_the_vllm_engine_class() -> None:
+    # The engine class feeds the key lazily (when a block fills); at free it must still
     # report the decoded tokens of the partial last block.
     from types import SimpleNamespace
 

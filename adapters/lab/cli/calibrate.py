@@ -52,20 +52,7 @@ def add_calibrate_parser(sub: Any) -> None:
     cal.add_argument(
         "--dtype", choices=("float32", "float64"), default="float32", help="(default float32)"
     )
-    m = cal.add_argument_group("the reference engine's model (its weights are random)")
-    m.add_argument(
-        "--num-layers", type=positive_int, default=2, metavar="N", help="layers (default 2)"
-    )
-    m.add_argument(
-        "--num-heads",
-        type=positive_int,
-        default=4,
-        metavar="N",
-        help="attention heads, as many KV heads (default 4)",
-    )
-    m.add_argument(
-        "--head-dim", type=positive_int, default=32, metavar="N", help="even (default 32)"
-    )
+    _add_model_flags(cal)
     cal.add_argument(
         "--repeats",
         type=positive_int,
@@ -83,6 +70,29 @@ def add_calibrate_parser(sub: Any) -> None:
     cal.add_argument(
         "--out", "-o", metavar="FILE", help="the profile (JSON); required but with --list"
     )
+    _add_source_flags(cal)
+
+
+def _add_model_flags(cal: argparse.ArgumentParser) -> None:
+    """The reference engine's model: layers, heads, head size."""
+    m = cal.add_argument_group("the reference engine's model (its weights are random)")
+    m.add_argument(
+        "--num-layers", type=positive_int, default=2, metavar="N", help="layers (default 2)"
+    )
+    m.add_argument(
+        "--num-heads",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="attention heads, as many KV heads (default 4)",
+    )
+    m.add_argument(
+        "--head-dim", type=positive_int, default=32, metavar="N", help="even (default 32)"
+    )
+
+
+def _add_source_flags(cal: argparse.ArgumentParser) -> None:
+    """What to fit instead of the reference engine: a server, vllm bench results, --list."""
     src = cal.add_argument_group("a served engine instead of the reference engine")
     what = src.add_mutually_exclusive_group()
     what.add_argument(

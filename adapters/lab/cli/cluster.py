@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import (
     FORMATS,
-    ReadOptions,
+    ReadSettings,
     TraceRequest,
     TraceSource,
     open_trace,
@@ -48,7 +48,7 @@ from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
 from ..cluster.rate_sweep import run_rate_sweep
-from ..cluster.run import ClusterConfig
+from ..cluster.run import ClusterSettings
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
@@ -149,7 +149,10 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
     )
     f.add_argument(
-        "--backend", default="hash_chain", help="each replica's index (default hash_chain)"
+        "--index",
+        default="hash_chain",
+        metavar="NAME",
+        help="each replica's prefix index (default hash_chain)",
     )
     f.add_argument("--max-num-seqs", type=_positive(int), default=256, metavar="N")
     f.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192, metavar="N")
@@ -231,13 +234,15 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
     if args.trace is None:
         w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
-    opts = ReadOptions(
+    opts = ReadSettings(
         tokens_per_id=args.tokens_per_id,
         seed=args.seed,
         output=not args.prefill_only,
         sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
-    source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests, options=opts)
+    source = open_trace(
+        args.trace, args.trace_format, max_requests=args.max_requests, settings=opts
+    )
     name = os.path.basename(args.trace)
     return source, f"{name} ({source.format})", source.tokens_per_id
 
@@ -290,12 +295,12 @@ def run_cluster_command(
     capacities = fleet_capacities(args, profile, model)
     requests, description, per_id = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
-    config = ClusterConfig(
+    config = ClusterSettings(
         num_replicas=args.replicas[0],
         capacity_tokens=capacities[0],
-        backend=args.backend,
+        backend=args.index,
         block_size=args.block_size or per_id or 16,
-        sim=SimConfig(
+        sim=SimSettings(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),
         profile=profile,
@@ -377,12 +382,12 @@ def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:
 
 def _arrivals(
     args: argparse.Namespace, requests: Iterable[TraceRequest]
-) -> Callable[[ClusterConfig | None, float | None], Iterator[SimRequest]]:
+) -> Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]]:
     """The requests with arrival times, for a fleet configuration and a Poisson rate
     (``None``: the trace's timestamps x ``--time-scale``), re-iterable."""
     first = args.replicas[0]
 
-    def stream(cfg: ClusterConfig | None, request_rate: float | None) -> Iterator[SimRequest]:
+    def stream(cfg: ClusterSettings | None, request_rate: float | None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
         k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
         rate = None if request_rate is None else request_rate / k
@@ -422,7 +427,7 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
     otherwise ``None``, the in-process fleet.
 
     Raises:
-        ClusterConfigError: Ray unreachable, or ``--ray-cpus`` too large.
+        ClusterSettingsError: Ray unreachable, or ``--ray-cpus`` too large.
         ExtraNotInstalledError: Ray is not installed.
     """
     if not args.ray:

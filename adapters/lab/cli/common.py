@@ -17,7 +17,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 from ..compare.spec import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
-from ..traces import FORMATS, ReadOptions, TraceLimits
+from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
 from ..workload_sources import Workload, load_workloads
 from .signals import EXIT_INTERRUPTED
@@ -44,7 +44,7 @@ __all__ = [
     "parse_token_counts",
     "positive_float",
     "positive_int",
-    "read_options",
+    "read_settings",
     "token_bars",
 ]
 
@@ -218,30 +218,7 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the radix tree's page size in tokens, as SGLang's --page-size (default 1)",
     )
-    cap = g.add_mutually_exclusive_group()
-    cap.add_argument(
-        "--capacity-tokens",
-        type=parse_capacity_tokens,
-        metavar="T[,T...]|auto",
-        help="KV capacity in tokens, the same for every backend (blocks = T // size); "
-        "suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several "
-        "(1m,3m,10m): compare's table uses the first and its sweep all of them. auto: what "
-        "the cost profile's hardware holds at --gpu-memory-utilization (compare)",
-    )
-    cap.add_argument(
-        "--capacity-gib",
-        type=_gib_list,
-        metavar="G[,G...]",
-        help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV "
-        "bytes per token (compare; --profile names the model)",
-    )
-    cap.add_argument(
-        "--capacity-blocks",
-        type=positive_int,
-        metavar="N",
-        help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
-    )
-    add_gpu_memory_utilization(g)
+    _add_capacity_flags(g)
     g.add_argument(
         "--prefix-caching-hash-algo",
         choices=_HASH_ALGOS,
@@ -266,6 +243,34 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         help="any backend option of make_index, e.g. hash_chain.verify=true, "
         "hash_chain.seed=0, radix.eviction=lfu (repeatable)",
     )
+
+
+def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
+    """The KV capacity, in tokens, GiB or blocks (one of them), and the memory share."""
+    cap = g.add_mutually_exclusive_group()
+    cap.add_argument(
+        "--capacity-tokens",
+        type=parse_capacity_tokens,
+        metavar="T[,T...]|auto",
+        help="KV capacity in tokens, the same for every backend (blocks = T // size); "
+        "suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several "
+        "(1m,3m,10m): compare's table uses the first and its sweep all of them. auto: what "
+        "the cost profile's hardware holds at --gpu-memory-utilization (compare)",
+    )
+    cap.add_argument(
+        "--capacity-gib",
+        type=_gib_list,
+        metavar="G[,G...]",
+        help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV "
+        "bytes per token (compare; --profile names the model)",
+    )
+    cap.add_argument(
+        "--capacity-blocks",
+        type=positive_int,
+        metavar="N",
+        help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
+    )
+    add_gpu_memory_utilization(g)
 
 
 def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
@@ -352,12 +357,12 @@ def backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return options
 
 
-def read_options(args: argparse.Namespace) -> ReadOptions:
+def read_settings(args: argparse.Namespace) -> ReadSettings:
     limits = TraceLimits(
         max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
     )
     timed = getattr(args, "time_scale", None) is not None  # the trace's own clock: in order
-    return ReadOptions(
+    return ReadSettings(
         vocab_size=args.vocab_size,
         seed=args.seed,
         limits=limits,
@@ -375,7 +380,7 @@ def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> lis
         tokens_per_id=args.tokens_per_id,
         seed=args.seed,
         trace_format=args.trace_format,
-        options=read_options(args),
+        settings=read_settings(args),
         quiet=args.quiet,
     )
 

@@ -91,7 +91,7 @@ def add_compare_parser(sub: Any) -> None:
         "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
     )
     cmp.add_argument(
-        "--indexes",
+        "--index",
         default="hash_chain,radix,none",
         metavar="LIST",
         help="comma-separated backends, NAME or NAME:SIZE "
@@ -176,6 +176,28 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         choices=ARRIVAL_PROCESSES,
         help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
     )
+    _add_scheduler_flags(g)
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next turn "
+        "before the previous one finished (default: sessions replay closed loop, each turn "
+        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
+    )
+    add_slo_flags(g)
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
+        "calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
+    )
+
+
+def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
+    """The simulated replica's scheduler: its budgets, queue order and batching."""
     g.add_argument(
         "--max-num-seqs",
         type=positive_int,
@@ -210,23 +232,6 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         choices=BATCHING_MODES,
         help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
     )
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next turn "
-        "before the previous one finished (default: sessions replay closed loop, each turn "
-        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
-    )
-    add_slo_flags(g)
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
-        "calibrate --list) or a file from prefixkv calibrate (default "
-        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-        "--capacity-gib, and capacities beyond it warn",
-    )
 
 
 def run_compare(
@@ -244,7 +249,7 @@ def run_compare(
     if not args.no_plots:
         require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
     backends = parse_backends(
-        args.indexes,
+        args.index,
         block_size=args.block_size,
         page_size=args.page_size,
         options=backend_options(args),
@@ -448,7 +453,7 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         seed=args.seed,
         max_num_seqs=args.max_num_seqs or 256,
         max_num_batched_tokens=args.max_num_batched_tokens or 8192,
-        policy=args.policy,
+        queue_order=args.policy,
         batching=args.batching,
         profile=load_profile(args.profile or DEFAULT_PROFILE),
         schedulers=args.scheduler or ("vllm",),
@@ -506,7 +511,7 @@ def _compare_config(
                 "schedulers": ",".join(settings.schedulers),
                 "max_num_seqs": settings.max_num_seqs,
                 "max_num_batched_tokens": settings.max_num_batched_tokens,
-                "policy": settings.policy,
+                "policy": settings.queue_order,
                 "batching": settings.batching,
                 "profile_model": prof.model,
                 "profile_device": prof.device,

@@ -73,6 +73,11 @@ def add_replay_parser(sub: Any) -> None:
     )
     add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    _add_kv_events_flags(rep)
+
+
+def _add_kv_events_flags(rep: argparse.ArgumentParser) -> None:
+    """Where the replay's KV events go: a file, or a ZeroMQ publisher and its replay."""
     ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
     ev.add_argument(
         "--kv-events",

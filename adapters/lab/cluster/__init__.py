@@ -7,15 +7,15 @@ block, tracks load with reservations, and routes each request with a policy. Run
 in-process in virtual time (deterministic) or with one Ray actor per replica
 (:class:`RayFleet`).
 
-``run_cluster(requests, "dynamo", ClusterConfig(...), faults="kill=1@60")`` is the
+``run_cluster(requests, "dynamo", ClusterSettings(...), faults="kill=1@60")`` is the
 entry point; ``prefixkv cluster`` runs many policies and writes a report
 (:mod:`prefixkv.adapters.lab.outputs.cluster`).
 """
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .errors import (
-    ClusterConfigError,
     ClusterError,
+    ClusterSettingsError,
     FaultSpecError,
     NoReplicaError,
     ReplicaDeadError,
@@ -33,11 +33,11 @@ from .sim_replica import ReplicaReport, SimReplica
 from .trace_requests import sim_requests
 
 __all__ = [
-    "ClusterConfig",
-    "ClusterConfigError",
     "ClusterError",
     "ClusterResult",
     "ClusterRun",
+    "ClusterSettings",
+    "ClusterSettingsError",
     "EventChannel",
     "EventPublisher",
     "FaultPlan",

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.load import Slo
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
 
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 
-__all__ = ["MAX_BUFFER_STEPS", "MAX_REPLICAS", "ClusterConfig"]
+__all__ = ["MAX_BUFFER_STEPS", "MAX_REPLICAS", "ClusterSettings"]
 
 MAX_REPLICAS = 1024
 """The most replicas a simulated fleet starts with. Routers in production front tens to
@@ -23,7 +23,7 @@ MAX_BUFFER_STEPS = 2**24
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
+class ClusterSettings:
     """The fleet and the router's settings.
 
     Attributes:
@@ -45,7 +45,7 @@ class ClusterConfig:
         slo: count goodput under this objective (``None``: no goodput).
 
     Raises:
-        ClusterConfigError: a value of the wrong type or out of range: at most
+        ClusterSettingsError: a value of the wrong type or out of range: at most
             :data:`MAX_REPLICAS` replicas and :data:`MAX_BUFFER_STEPS` buffered
             batches, a pool of at most ``MAX_BLOCKS`` blocks of at most
             ``MAX_BLOCK_SIZE`` tokens, a ``reservation_ttl`` in (0, 1e9] seconds, a
@@ -57,7 +57,7 @@ class ClusterConfig:
     backend: str = "hash_chain"
     block_size: int = 16
     hash_seed: int = 0
-    sim: SimConfig = field(default_factory=SimConfig)
+    sim: SimSettings = field(default_factory=SimSettings)
     profile: CostProfile | None = None
     buffer_steps: int = 10_000
     seed: int = 0
@@ -70,7 +70,7 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         tick = self.closed_loop_tick_s
         if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick < 1e9:
-            raise ClusterConfigError(f"closed_loop_tick_s must be a number > 0, got {tick!r:.60}")
+            raise ClusterSettingsError(f"closed_loop_tick_s must be a number > 0, got {tick!r:.60}")
         for name, top in (
             ("num_replicas", MAX_REPLICAS),
             ("block_size", MAX_BLOCK_SIZE),
@@ -80,25 +80,29 @@ class ClusterConfig:
         _check_int("capacity_tokens", self.capacity_tokens, MAX_BLOCKS * self.block_size)
         for name in ("hash_seed", "seed"):
             if type(getattr(self, name)) is not int:
-                raise ClusterConfigError(f"{name} must be an int, got {getattr(self, name)!r:.60}")
+                raise ClusterSettingsError(
+                    f"{name} must be an int, got {getattr(self, name)!r:.60}"
+                )
         ttl = self.reservation_ttl
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 1e9:
-            raise ClusterConfigError(
+            raise ClusterSettingsError(
                 f"reservation_ttl must be seconds in (0, 1e9], got {ttl!r:.60}"
             )
         if not isinstance(self.backend, str) or not self.backend:
-            raise ClusterConfigError(f"backend must be an index name, got {self.backend!r:.60}")
-        if not isinstance(self.sim, SimConfig):
-            raise ClusterConfigError(f"sim must be a SimConfig, got {self.sim!r:.60}")
+            raise ClusterSettingsError(f"backend must be an index name, got {self.backend!r:.60}")
+        if not isinstance(self.sim, SimSettings):
+            raise ClusterSettingsError(f"sim must be a SimSettings, got {self.sim!r:.60}")
         if self.slo is not None and not isinstance(self.slo, Slo):
-            raise ClusterConfigError(f"slo must be an Slo, got {self.slo!r:.60}")
+            raise ClusterSettingsError(f"slo must be an Slo, got {self.slo!r:.60}")
         if self.profile is not None and not isinstance(self.profile, CostProfile):
-            raise ClusterConfigError(f"profile must be a CostProfile, got {self.profile!r:.60}")
+            raise ClusterSettingsError(f"profile must be a CostProfile, got {self.profile!r:.60}")
         for name in ("check", "keep_tokens"):
             if type(getattr(self, name)) is not bool:
-                raise ClusterConfigError(f"{name} must be a bool, got {getattr(self, name)!r:.60}")
+                raise ClusterSettingsError(
+                    f"{name} must be a bool, got {getattr(self, name)!r:.60}"
+                )
 
 
 def _check_int(name: str, value: object, top: int) -> None:
     if type(value) is not int or not 1 <= value <= top:
-        raise ClusterConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
+        raise ClusterSettingsError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")

@@ -35,7 +35,7 @@ from prefixkv.adapters.router.policies import (
 from prefixkv.adapters.router.router import Decision, Router
 from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
 from .fleet import Fleet, ReplicaSpec
@@ -54,7 +54,7 @@ class ClusterDriver:
     def __init__(
         self,
         spec: PolicySpec,
-        config: ClusterConfig,
+        config: ClusterSettings,
         plan: FaultPlan,
         fleet: Fleet,
         replica_spec: ReplicaSpec,
@@ -366,9 +366,9 @@ class ClusterDriver:
     def check_views(self) -> None:
         """Compare the router's view of each replica with what it holds."""
         router = self.router
-        if router is None or router.index is None or not router.index.event_fed:
+        if router is None or router.cluster_index is None or not router.cluster_index.event_fed:
             return
-        index = router.index
+        index = router.cluster_index
         for r in sorted(self.live):
             view = index.held(Worker(r))
             if r in index.incompatible:

@@ -8,15 +8,15 @@ replica that is gone is not an input error: the driver catches
 from __future__ import annotations
 
 from prefixkv.adapters.router.errors import (
-    ClusterConfigError,
     ClusterError,
+    ClusterSettingsError,
     NoReplicaError,
     UnknownPolicyError,
 )
 
 __all__ = [
-    "ClusterConfigError",
     "ClusterError",
+    "ClusterSettingsError",
     "FaultSpecError",
     "NoReplicaError",
     "ReplicaDeadError",

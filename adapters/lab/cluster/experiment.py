@@ -21,7 +21,7 @@ from prefixkv.adapters.router.routing import PolicySpec
 from .faults import FaultPlan
 from .fleet import Fleet
 from .metrics import ClusterResult
-from .run import ClusterConfig, run_cluster
+from .run import ClusterSettings, run_cluster
 
 __all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment", "run_experiment"]
 
@@ -29,7 +29,7 @@ __all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment"
 class PlannedRun(NamedTuple):
     """One run of an experiment: the fleet settings, the policy and the faults."""
 
-    config: ClusterConfig
+    config: ClusterSettings
     spec: PolicySpec
     faults: FaultPlan | None
 
@@ -66,7 +66,7 @@ def arrival_span(requests: Iterable[SimRequest]) -> float:
 
 def plan_experiment(
     policies: Sequence[PolicySpec],
-    config: ClusterConfig,
+    config: ClusterSettings,
     *,
     replicas: Sequence[int] = (),
     capacities: Sequence[int] = (),
@@ -90,9 +90,9 @@ def plan_experiment(
 
 
 def run_experiment(
-    requests: Callable[[ClusterConfig], Iterable[SimRequest]],
+    requests: Callable[[ClusterSettings], Iterable[SimRequest]],
     policies: Sequence[PolicySpec],
-    config: ClusterConfig,
+    config: ClusterSettings,
     *,
     replicas: Sequence[int] = (),
     capacities: Sequence[int] = (),
@@ -143,18 +143,22 @@ def run_experiment(
                 if on_skip is not None:
                     on_skip(planned)
                 continue
-            cfg, spec, fault_plan = planned
-            res = run_cluster(
-                requests(cfg),
-                spec,
-                cfg,
-                fault_plan,
-                fleet=fleet() if fleet is not None and not spec.is_bound else None,
-                labels=labels,
-            )
+            res = _run_planned(planned, requests, fleet, labels)
             out.append(res)
             if on_run is not None:
                 on_run(res)
     except KeyboardInterrupt:
         raise ClusterInterrupted(out, len(plan)) from None
     return out
+
+
+def _run_planned(
+    planned: PlannedRun,
+    requests: Callable[[ClusterSettings], Iterable[SimRequest]],
+    fleet: Callable[[], Fleet] | None,
+    labels: Mapping[str, Any] | None,
+) -> ClusterResult:
+    """One run of the plan, on a fresh fleet (a bound runs in-process), with ``labels``."""
+    cfg, spec, fault_plan = planned
+    run_fleet = fleet() if fleet is not None and not spec.is_bound else None
+    return run_cluster(requests(cfg), spec, cfg, fault_plan, fleet=run_fleet, labels=labels)

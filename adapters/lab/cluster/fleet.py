@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.requests import SimRequest
@@ -53,7 +53,7 @@ class ReplicaSpec:
     block_size: int
     hash_seed: int
     capacity_tokens: int
-    config: SimConfig
+    config: SimSettings
     profile: CostProfile
     buffer_steps: int = 10_000
     keep_tokens: bool = True

@@ -251,8 +251,6 @@ def summarize_run(
     busy = [r.busy_s for r in replicas]
     mean_busy = mean(busy)
     base = summarize(recs, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
-    decisions = [r.decision_us for r in requests]
-    hashes = [r.hash_us for r in requests]
     span = max((m.arrival_s for m in recs), default=0.0) - min(
         (m.arrival_s for m in recs), default=0.0
     )
@@ -273,11 +271,7 @@ def summarize_run(
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
         prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
-        decision_p50_us=percentile(decisions, 50),
-        decision_p99_us=percentile(decisions, 99),
-        decision_cpu_p99_us=percentile([r.decision_cpu_us for r in requests], 99),
-        hash_p50_us=percentile(hashes, 50),
-        hash_p99_us=percentile(hashes, 99),
+        **_router_times(requests),
         **_overlap(requests, block_size),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
@@ -295,6 +289,19 @@ def summarize_run(
         good_requests=load.good_requests,
         goodput=load.goodput,
     )
+
+
+def _router_times(requests: Sequence[RoutedRequest]) -> dict[str, Any]:
+    """The router's decision and hashing times, in microseconds."""
+    decisions = [r.decision_us for r in requests]
+    hashes = [r.hash_us for r in requests]
+    return {
+        "decision_p50_us": percentile(decisions, 50),
+        "decision_p99_us": percentile(decisions, 99),
+        "decision_cpu_p99_us": percentile([r.decision_cpu_us for r in requests], 99),
+        "hash_p50_us": percentile(hashes, 50),
+        "hash_p99_us": percentile(hashes, 99),
+    }
 
 
 @dataclass

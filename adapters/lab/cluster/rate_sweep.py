@@ -20,7 +20,7 @@ from prefixkv.adapters.lab.sim.rate_sweep import start_rate as replica_start_rat
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.routing import PolicySpec
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .fleet import Fleet
 from .metrics import ClusterResult
 from .run import run_cluster
@@ -43,9 +43,9 @@ def is_rate_run(res: ClusterResult) -> bool:
 
 
 def run_rate_sweep(
-    requests: Callable[[ClusterConfig, float], Iterable[SimRequest]],
+    requests: Callable[[ClusterSettings, float], Iterable[SimRequest]],
     policies: Sequence[PolicySpec],
-    config: ClusterConfig,
+    config: ClusterSettings,
     rates: Sequence[float],
     *,
     auto: bool = False,

@@ -28,7 +28,7 @@ from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
 from ..extras import has_extra, require_extra
-from .errors import ClusterConfigError, ReplicaDeadError
+from .errors import ClusterSettingsError, ReplicaDeadError
 from .fleet import ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
 
@@ -59,7 +59,7 @@ def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[
         The share, and a one-line note when the default was lowered (else ``""``).
 
     Raises:
-        ClusterConfigError: the requested share does not fit, or no CPU is free.
+        ClusterSettingsError: the requested share does not fit, or no CPU is free.
     """
     if actors < 1:
         return requested or 1.0, ""
@@ -67,14 +67,14 @@ def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[
     if requested is not None:
         if requested * actors > free_cpus + 1e-9:
             hint = f"--ray-cpus {fit:.4g} or fewer replicas" if fit > 0 else "fewer replicas"
-            raise ClusterConfigError(
+            raise ClusterSettingsError(
                 f"--ray: {actors} replica actors x --ray-cpus {requested:g} = "
                 f"{requested * actors:g} CPUs, but the Ray cluster has {free_cpus:g} free "
                 f"(Ray would wait forever to place them); give {hint}"
             )
         return requested, ""
     if fit <= 0:
-        raise ClusterConfigError(
+        raise ClusterSettingsError(
             f"--ray: the Ray cluster has {free_cpus:g} free CPUs, too few for {actors} "
             "replica actors"
         )
@@ -106,7 +106,7 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
         timeout_s: the longest the probe waits (connecting, then the answer).
 
     Raises:
-        ClusterConfigError: a malformed address, no answer in time, or an answer that
+        ClusterSettingsError: a malformed address, no answer in time, or an answer that
             is not a gRPC server's.
     """
     if address in ("auto", "local"):
@@ -114,7 +114,7 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     host = host.strip("[]")
     if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterConfigError(
+        raise ClusterSettingsError(
             f"--ray-address {address!r}: want HOST:PORT, ray://HOST:PORT or auto"
         )
     hint = (
@@ -124,7 +124,7 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as exc:
-        raise ClusterConfigError(
+        raise ClusterSettingsError(
             f"--ray-address {address}: nothing answers there within {timeout_s:g} s "
             f"({exc.strerror or exc}); {hint}"
         ) from None
@@ -132,14 +132,14 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
         try:
             answer = _grpc_answer(sock, time.monotonic() + timeout_s)
         except TimeoutError:
-            raise ClusterConfigError(
+            raise ClusterSettingsError(
                 f"--ray-address {address}: no Ray answered within {timeout_s:g} s (the port "
                 f"accepts connections but is silent, so it is not a Ray head); {hint}"
             ) from None
         except OSError:  # reset: whatever it is, it closed on a gRPC preface
             answer = b""
     if len(answer) < 9 or answer[3] != _SETTINGS_TYPE:
-        raise ClusterConfigError(
+        raise ClusterSettingsError(
             f"--ray-address {address}: what answers there is not Ray (not a gRPC server: "
             f"{answer[:40]!r}); {hint}"
         )

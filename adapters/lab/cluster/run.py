@@ -22,20 +22,20 @@ from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.policies import POLICIES, policy_index
 from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
-from .config import ClusterConfig
+from .config import ClusterSettings
 from .driver import ClusterDriver
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 from .faults import FaultPlan, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
 
-__all__ = ["ClusterConfig", "run_cluster"]
+__all__ = ["ClusterSettings", "run_cluster"]
 
 
 def run_cluster(
     requests: Iterable[SimRequest],
     policy: str | PolicySpec,
-    config: ClusterConfig | None = None,
+    config: ClusterSettings | None = None,
     faults: FaultPlan | str | None = None,
     *,
     fleet: Fleet | None = None,
@@ -60,28 +60,15 @@ def run_cluster(
     Raises:
         UnknownPolicyError: an unknown policy, index or parameter.
         FaultSpecError: a bad fault spec.
-        ClusterConfigError: bad settings.
+        ClusterSettingsError: bad settings.
     """
-    cfg = ClusterConfig() if config is None else config
+    cfg = ClusterSettings() if config is None else config
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, tuple(POLICIES))
     plan = parse_faults(faults) if isinstance(faults, str) else (faults or FaultPlan())
     if plan.needs_relative:
-        raise ClusterConfigError("fault times given as percentages: resolve the plan first")
+        raise ClusterSettingsError("fault times given as percentages: resolve the plan first")
     plan.check(cfg.num_replicas)
-    profile = cfg.profile or load_profile()
-    rspec = ReplicaSpec(
-        backend=cfg.backend,
-        block_size=cfg.block_size,
-        hash_seed=cfg.hash_seed,
-        capacity_tokens=cfg.capacity_tokens,
-        config=cfg.sim,
-        profile=profile,
-        buffer_steps=cfg.buffer_steps,
-        keep_tokens=cfg.keep_tokens,
-        check_hits=cfg.check,
-        drop_removals=plan.drop_removals,
-        seed=cfg.seed,
-    )
+    rspec = _replica_spec(cfg, plan)
     if spec.is_bound:
         fleet = PooledFleet(rspec, cfg.num_replicas, infinite=spec.name == "infinite")
     elif fleet is None:
@@ -97,7 +84,7 @@ def run_cluster(
         for req in requests:
             t = req.arrival
             if t is None:
-                raise ClusterConfigError(f"request {req.id!r} has no arrival time")
+                raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
             asked.append(t)
             sessions.advance(t)
             sessions.offer(req, t)
@@ -108,6 +95,23 @@ def run_cluster(
         fleet.close()
     wall = time.perf_counter() - t_start
     return _result(run, spec, cfg, plan, wall, labels, asked, sessions.closed)
+
+
+def _replica_spec(cfg: ClusterSettings, plan: FaultPlan) -> ReplicaSpec:
+    """Each replica of the fleet, as the settings and the fault plan make it."""
+    return ReplicaSpec(
+        backend=cfg.backend,
+        block_size=cfg.block_size,
+        hash_seed=cfg.hash_seed,
+        capacity_tokens=cfg.capacity_tokens,
+        config=cfg.sim,
+        profile=cfg.profile or load_profile(),
+        buffer_steps=cfg.buffer_steps,
+        keep_tokens=cfg.keep_tokens,
+        check_hits=cfg.check,
+        drop_removals=plan.drop_removals,
+        seed=cfg.seed,
+    )
 
 
 class _Sessions:
@@ -197,7 +201,7 @@ class _Sessions:
 def _result(
     run: ClusterDriver,
     spec: PolicySpec,
-    cfg: ClusterConfig,
+    cfg: ClusterSettings,
     plan: FaultPlan,
     wall: float,
     labels: Mapping[str, Any] | None,
@@ -222,9 +226,9 @@ def _result(
     stats["dropped_batches"] = run.channel.num_dropped
     if router is not None:
         stats.update(router.stream_stats())
-        if router.index is not None:
-            stats.update({f"index_{k}": v for k, v in router.index.stats().items()})
-            stats["incompatible"] = dict(router.index.incompatible)
+        if router.cluster_index is not None:
+            stats.update({f"index_{k}": v for k, v in router.cluster_index.stats().items()})
+            stats["incompatible"] = dict(router.cluster_index.incompatible)
     stats["warmups"] = run.warmups
     swept = router.loads.num_swept if router is not None else 0
     index_kind = policy_index(spec)[0] if not spec.is_bound else None

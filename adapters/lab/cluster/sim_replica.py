@@ -25,7 +25,7 @@ from prefixkv.adapters.events.wire import (
     BlockRemoved,
     KVEventBatch,
 )
-from prefixkv.adapters.lab.sim.config import SimConfig
+from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
@@ -38,7 +38,7 @@ from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
 
-from .errors import ClusterConfigError
+from .errors import ClusterSettingsError
 from .local_indexer import KVEvent, LocalIndexer
 from .publisher import EventPublisher
 
@@ -57,7 +57,7 @@ class SharedPool:
         shared: several replicas schedule over it (one may have to wait for another).
 
     Raises:
-        ClusterConfigError: a capacity holding no block.
+        ClusterSettingsError: a capacity holding no block.
     """
 
     def __init__(
@@ -73,7 +73,7 @@ class SharedPool:
         self.block_size = index.block_size
         self.num_blocks = capacity_tokens // self.block_size
         if self.num_blocks < 1:
-            raise ClusterConfigError(
+            raise ClusterSettingsError(
                 f"capacity_tokens {capacity_tokens} holds no block of {self.block_size} tokens"
             )
         self.index = index
@@ -133,7 +133,7 @@ class SimReplica(Replica):
         start_time: its clock when it starts (a replica started or restarted mid-run).
 
     Raises:
-        ClusterConfigError: a capacity holding no block.
+        ClusterSettingsError: a capacity holding no block.
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class SimReplica(Replica):
         replica_id: int,
         index_factory: IndexFactory,
         capacity_tokens: int,
-        config: SimConfig,
+        config: SimSettings,
         profile: CostProfile,
         *,
         buffer_steps: int = 10_000,

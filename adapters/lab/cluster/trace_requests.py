@@ -62,7 +62,7 @@ def sim_requests(
         closed_loop: link each session's turns (see above); ``False``: open loop.
 
     Raises:
-        SimConfigError: both a rate and a scale, or a bad one.
+        SimSettingsError: both a rate and a scale, or a bad one.
         SimInputError: a request without an arrival where the trace's are used.
     """
     return with_arrivals(

@@ -33,10 +33,10 @@ from ..sim import (
     Batching,
     CostProfile,
     QueueOrder,
-    SimConfig,
-    SimConfigError,
     SimRequest,
     SimResult,
+    SimSettings,
+    SimSettingsError,
     load_profile,
     simulate,
     with_arrivals,
@@ -89,7 +89,7 @@ class TimeSettings:
             ``--max-running-requests``).
         max_num_batched_tokens: most tokens a step computes (vLLM
             ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``).
-        policy: force a queue order on every backend (``None``: each engine's own).
+        queue_order: force a queue order on every backend (``None``: each engine's own).
         batching: force a batching mode on every backend (``"mixed"`` is the
             ``vllm`` scheduler, ``"prefill_first"`` the ``sglang`` one); replaces
             ``schedulers``.
@@ -105,8 +105,8 @@ class TimeSettings:
             overloaded (at most :data:`~.rates.MAX_AUTO_RATES` rates).
 
     Raises:
-        SimConfigError: neither or both of ``request_rate`` and ``time_scale``, a
-            value out of range, an unknown process, policy, batching mode or
+        SimSettingsError: neither or both of ``request_rate`` and ``time_scale``, a
+            value out of range, an unknown process, queue order, batching mode or
             scheduler, a repeated or empty scheduler list.
     """
 
@@ -116,7 +116,7 @@ class TimeSettings:
     seed: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    policy: QueueOrder | None = None
+    queue_order: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)
     schedulers: tuple[Scheduler, ...] = ("vllm",)
@@ -127,9 +127,9 @@ class TimeSettings:
 
     def __post_init__(self) -> None:
         if self.slo is not None and not isinstance(self.slo, Slo):
-            raise SimConfigError(f"slo must be an Slo, got {self.slo!r:.80}")
+            raise SimSettingsError(f"slo must be an Slo, got {self.slo!r:.80}")
         if (self.rates or self.auto_rates) and self.time_scale is not None:
-            raise SimConfigError("a rate sweep needs request rates (not a time scale)")
+            raise SimSettingsError("a rate sweep needs request rates (not a time scale)")
         for rate in self.rates:
             check_request_rate(rate)
         if self.batching is not None:
@@ -142,32 +142,32 @@ class TimeSettings:
             or any(x not in SCHEDULERS for x in scheds)
             or len(set(scheds)) != len(scheds)
         ):
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"schedulers must be distinct names of {', '.join(SCHEDULERS)}, got {scheds!r}"
             )
         if type(self.closed_loop) is not bool:
-            raise SimConfigError(f"closed_loop must be a bool, got {self.closed_loop!r}")
+            raise SimSettingsError(f"closed_loop must be a bool, got {self.closed_loop!r}")
         if self.auto_rates and self.time_scale is None and self.request_rate is None:
             pass  # the start rate is found per workload (rates.start_rate)
         elif (self.request_rate is None) == (self.time_scale is None):
-            raise SimConfigError("give a request rate or a time scale (one of the two)")
+            raise SimSettingsError("give a request rate or a time scale (one of the two)")
         if self.request_rate is not None:
             check_request_rate(self.request_rate)
         if self.time_scale is not None:
             check_time_scale(self.time_scale)
         if self.arrival not in ARRIVAL_PROCESSES:
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"unknown arrival process {self.arrival!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
             )
         if type(self.seed) is not int:
-            raise SimConfigError(f"seed must be an int, got {self.seed!r}")
+            raise SimSettingsError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.profile, CostProfile):
-            raise SimConfigError(f"profile must be a CostProfile, got {self.profile!r:.80}")
-        # Validates the knobs (sizes, policy, batching) now, not at the first run.
-        SimConfig(
+            raise SimSettingsError(f"profile must be a CostProfile, got {self.profile!r:.80}")
+        # Validates the knobs (sizes, queue order, batching) now, not at the first run.
+        SimSettings(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.policy or "fcfs",
+            queue_order=self.queue_order or "fcfs",
             batching=self.batching or "mixed",
         )
 
@@ -188,13 +188,13 @@ class TimeSettings:
             return "sglang" if spec.driver == "sglang" else "vllm"
         return chosen
 
-    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimConfig:
+    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimSettings:
         """The scheduler settings of ``spec``'s runs under ``scheduler``."""
-        batching, policy = ENGINE_MODES[self.engine(spec, scheduler)]
-        return SimConfig(
+        batching, queue_order = ENGINE_MODES[self.engine(spec, scheduler)]
+        return SimSettings(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.policy or policy,
+            queue_order=self.queue_order or queue_order,
             batching=batching,
         )
 
@@ -202,7 +202,7 @@ class TimeSettings:
         """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
         cfg = self.config(spec, scheduler)
         name = _ENGINE_NAMES[self.engine(spec, scheduler)]
-        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.policy} queue)"
+        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.queue_order} queue)"
 
     def describe_arrivals(self) -> str:
         """``"Poisson, 4 req/s (seed 0)"``, ``"fixed, 4 req/s"``, ``"trace timestamps × 10"``."""
@@ -277,7 +277,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     conversation from its own start, so their requests are not in arrival order.
 
     Raises:
-        SimConfigError: naming the workload and what to give instead.
+        SimSettingsError: naming the workload and what to give instead.
     """
     if settings.time_scale is None:
         return
@@ -285,9 +285,9 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     if (
         isinstance(source, TraceSource)
         and source.format == "kv-cache-tester"
-        and source.options.session_order == "sequential"
+        and source.settings.session_order == "sequential"
     ):
-        raise SimConfigError(
+        raise SimSettingsError(
             f"{workload.name}: kv-cache-tester traces time each conversation from its own "
             "start, so conversations replayed one after another are not in arrival order; "
             "give --request-rate, or interleave them (--session-order interleaved)"
@@ -295,7 +295,7 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     first = next(iter(source), None)
     if first is not None and first.arrival is None:
         what = "built-in workload" if workload.path is None else "trace"
-        raise SimConfigError(
+        raise SimSettingsError(
             f"{workload.name}: this {what} has no arrival times for --time-scale; "
             "give --request-rate"
         )
@@ -334,7 +334,7 @@ class ArrivalRun:
     closed_loop: bool
     capacity_tokens: int
     role: str
-    config: SimConfig
+    config: SimSettings
     settings: TimeSettings
     result: SimResult
     load: LoadSummary | None = None
@@ -417,39 +417,18 @@ def run_arrival(
     config = settings.config(spec, sched)
     engine = settings.engine(spec, sched)
     closed = settings.closed_loop and has_sessions(workload)
-    asked: list[float] = []
-    stamped = _tally(
-        with_arrivals(
-            _sim_requests(workload.requests, closed),
-            request_rate=settings.request_rate,
-            time_scale=settings.time_scale,
-            process=settings.arrival,
-            seed=settings.seed,
-        ),
-        asked,
-    )
-    if role == "table":
-        where = ""
-    elif role == "rate":
-        where = f" @ {settings.request_rate:g} req/s"
-    else:
-        where = f" @ {capacity_tokens:,} tok"
-    desc = f"{workload.name} {spec.label} as {engine}{where}"
+    asked: list[float] = []  # the arrival times the process asked for
+    stamped = _tally(_arriving(workload, settings, closed), asked)
+    legend = f"{spec.label} as {engine}"
+    labels = {"workload": workload.name, "backend": spec.label, "legend": legend}
+    desc = f"{workload.name} {legend}{_role_note(role, settings, capacity_tokens)}"
     bar = bars(desc, workload.stats.prompt_tokens) if bars else None
     try:
+        progress = None if bar is None else bar.update
         result = simulate(
-            stamped,
-            spec.make,
-            capacity_tokens,
-            config,
-            settings.profile,
-            labels={
-                "workload": workload.name,
-                "backend": spec.label,
-                "legend": f"{spec.label} as {engine}",
-            },
-            progress=None if bar is None else bar.update,
-        )
+            stamped, spec.make, capacity_tokens, config, settings.profile, labels=labels,
+            progress=progress,
+        )  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -471,6 +450,26 @@ def run_arrival(
             result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
         ),
     )
+
+
+def _arriving(workload: Workload, settings: TimeSettings, closed: bool) -> Iterator[SimRequest]:
+    """The workload's requests read again, stamped with the settings' arrival times."""
+    return with_arrivals(
+        _sim_requests(workload.requests, closed),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+
+
+def _role_note(role: str, settings: TimeSettings, capacity_tokens: int) -> str:
+    """What a progress bar adds for a run beside the table's: its rate or capacity."""
+    if role == "table":
+        return ""
+    if role == "rate":
+        return f" @ {settings.request_rate:g} req/s"
+    return f" @ {capacity_tokens:,} tok"
 
 
 def _tally(requests: Iterable[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:

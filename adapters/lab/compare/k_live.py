@@ -1,6 +1,6 @@
 """K-live runs of a comparison: each backend replays the same requests at equal capacity.
 
-Each backend replays through its natural driver (hash chain: the vLLM-shaped facade,
+Each backend replays through its natural driver (hash chain: the vLLM-shaped engine class,
 radix: the SGLang-shaped one, anything else: the manager) with the same KV capacity
 in tokens, at most K requests live. Hits and evictions come from one replay (with
 boundary accounting, SPEC BB-8, when asked); index times from timed replays, each

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
-from ..sim.errors import SimConfigError
+from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
-from ..traces import ReadOptions
+from ..traces import ReadSettings
 from ..workload_sources import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
 from .plan import CompareSettings, default_boundary_accounting, plan_comparison
@@ -122,13 +122,13 @@ class CompareOptions:
         """The arrival-time settings, or ``None`` without a rate or a scale.
 
         Raises:
-            SimConfigError: a value out of range.
+            SimSettingsError: a value out of range.
             ProfileError: a profile that cannot be read.
         """
         sweep = self.rate_sweep
         auto = sweep == "auto"
         if isinstance(sweep, str) and not auto:
-            raise SimConfigError(f"rate_sweep is rates or 'auto', got {sweep!r}")
+            raise SimSettingsError(f"rate_sweep is rates or 'auto', got {sweep!r}")
         rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
         if self.request_rate is None and self.time_scale is None and not auto:
             return None
@@ -142,7 +142,7 @@ class CompareOptions:
             seed=self.seed,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=self.queue_order,
+            queue_order=self.queue_order,
             batching=self.batching,
             profile=profile,
             schedulers=tuple(self.schedulers),
@@ -164,7 +164,7 @@ class CompareOptions:
             max_requests=self.max_requests,
             tokens_per_id=self.tokens_per_id,
             seed=self.seed,
-            options=ReadOptions(seed=self.seed),
+            settings=ReadSettings(seed=self.seed),
             quiet=not self.progress_bars,
         )
 

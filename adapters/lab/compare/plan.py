@@ -116,7 +116,7 @@ def plan_comparison(workloads: Sequence[Workload], settings: CompareSettings) ->
 
     Raises:
         CapacityError: a capacity that holds no block or too many.
-        SimConfigError: ``--time-scale`` for requests without a usable clock.
+        SimSettingsError: ``--time-scale`` for requests without a usable clock.
     """
     caps = settings.capacities
     plans = []

@@ -153,17 +153,7 @@ def compare_workload(
             arrival-time point is left out).
         CompareInterrupted: Ctrl-C; it carries what finished so far.
     """
-    result = WorkloadResult(
-        name=workload.name,
-        source=workload.source,
-        notes=tuple(workload.notes),
-        num_requests=workload.stats.num_requests,
-        prompt_tokens=workload.stats.prompt_tokens,
-        output_tokens=workload.stats.output_tokens,
-        capacity_tokens=capacity_tokens,
-        concurrency=concurrency,
-        rejected_requests=workload.rejected_requests,
-    )
+    result = _empty_result(workload, capacity_tokens, concurrency)
     try:
         for b in backends:
             result.backends.append(
@@ -191,6 +181,21 @@ def compare_workload(
             result.strip_requests = select_strip_requests(result.backends)
         raise CompareInterrupted(result) from None
     return result
+
+
+def _empty_result(workload: Workload, capacity_tokens: int, concurrency: int) -> WorkloadResult:
+    """The workload's result before any run: what it is and at which capacity."""
+    return WorkloadResult(
+        name=workload.name,
+        source=workload.source,
+        notes=tuple(workload.notes),
+        num_requests=workload.stats.num_requests,
+        prompt_tokens=workload.stats.prompt_tokens,
+        output_tokens=workload.stats.output_tokens,
+        capacity_tokens=capacity_tokens,
+        concurrency=concurrency,
+        rejected_requests=workload.rejected_requests,
+    )
 
 
 def _anchors(

@@ -136,12 +136,7 @@ def parse_backends(
         if not label:
             continue
         name, _, size_text = label.partition(":")
-        if size_text:
-            if not size_text.isdigit() or int(size_text) < 1:
-                raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
-            size = int(size_text)
-        else:
-            size = page_size if describe_index(name).unit == "page" else block_size
+        size = _backend_size(label, name, size_text, block_size, page_size)
         if any(s.label == label for s in specs):
             raise CompareError(f"backend {label!r} is listed twice")
         chosen = tuple(sorted(opts.get(name, {}).items()))
@@ -152,12 +147,7 @@ def parse_backends(
             driver or NATURAL_DRIVERS.get(describe_index(name).models, "manager"),
             chosen,
         )
-        try:
-            spec.make()  # an unknown name or option fails here, before anything runs
-        except PrefixKVError:
-            raise
-        except ValueError as exc:
-            raise CompareError(f"backend {label!r}: bad option in {dict(chosen)}: {exc}") from None
+        _check_builds(spec)
         specs.append(spec)
     if not specs:
         raise CompareError(f"no backend named in {text!r}")
@@ -165,3 +155,24 @@ def parse_backends(
     if unused:
         raise CompareError(f"options given for backends not compared: {sorted(unused)}")
     return specs
+
+
+def _backend_size(label: str, name: str, size_text: str, block_size: int, page_size: int) -> int:
+    """``NAME:SIZE``'s size, or the granularity of the backend's unit (block or page)."""
+    if not size_text:
+        return page_size if describe_index(name).unit == "page" else block_size
+    if not size_text.isdigit() or int(size_text) < 1:
+        raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
+    return int(size_text)
+
+
+def _check_builds(spec: BackendSpec) -> None:
+    """Build the backend once: an unknown name or option fails here, before anything runs."""
+    try:
+        spec.make()
+    except PrefixKVError:
+        raise
+    except ValueError as exc:
+        raise CompareError(
+            f"backend {spec.label!r}: bad option in {dict(spec.options)}: {exc}"
+        ) from None

@@ -153,7 +153,7 @@ def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
         rows.append(
             [
                 t.backend,
-                f"{t.engine}, {t.config.policy}",
+                f"{t.engine}, {t.config.queue_order}",
                 f"{r.hit_ratio:.1%}",
                 f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
@@ -431,7 +431,7 @@ def time_headline(w: WorkloadResult) -> list[str]:
             cfg = group[0].config
             out.append(
                 f"Index axis, scheduler held at {_ENGINE_LABEL[sched]} ({cfg.batching} "
-                f"batching, {cfg.policy} queue): TTFT p50 {cells}."
+                f"batching, {cfg.queue_order} queue): TTFT p50 {cells}."
             )
     scheds = [x for x in by_sched if x != "natural"]
     if len(scheds) > 1:
@@ -497,7 +497,8 @@ def _scheduler_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     """The arrival-time table at the table's capacity: the index and scheduler axes."""
     runs = w.arrival_at_table()
     engines = "; ".join(
-        f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.policy})" for t in runs
+        f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.queue_order})"
+        for t in runs
     )
     out = [
         f"### {w.name} at arrival time",

@@ -17,13 +17,13 @@ from .arrivals import (
     with_arrivals,
 )
 from .calibration import StepSample, calibrate, fit_profile, measure_engine
-from .config import BATCHING_MODES, Batching, SimConfig
+from .config import BATCHING_MODES, Batching, SimSettings
 from .errors import (
     ProfileError,
     ProfileRangeWarning,
-    SimConfigError,
     SimError,
     SimInputError,
+    SimSettingsError,
     SimUnservableError,
 )
 from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
@@ -56,12 +56,12 @@ __all__ = [
     "QueueOrder",
     "RequestMetrics",
     "RunMetrics",
-    "SimConfig",
-    "SimConfigError",
     "SimError",
     "SimInputError",
     "SimRequest",
     "SimResult",
+    "SimSettings",
+    "SimSettingsError",
     "SimUnservableError",
     "StepSample",
     "attention_pairs",

@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from .errors import SimConfigError, SimInputError
+from .errors import SimInputError, SimSettingsError
 from .requests import SimRequest
 
 __all__ = [
@@ -47,7 +47,7 @@ MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-9, 1e9
 
 def _bounded(name: str, value: object, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise SimConfigError(  # NaN and infinity compare out of range too
+        raise SimSettingsError(  # NaN and infinity compare out of range too
             f"{name} must be a finite number > 0, in [{low:g}, {high:g}], got {value!r:.60}"
         )
     return float(value)
@@ -57,7 +57,7 @@ def check_request_rate(value: object) -> float:
     """``value`` as a request rate (requests per second).
 
     Raises:
-        SimConfigError: not a number in ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
+        SimSettingsError: not a number in ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
     """
     return _bounded("request rate", value, MIN_REQUEST_RATE, MAX_REQUEST_RATE)
 
@@ -66,7 +66,7 @@ def check_time_scale(value: object) -> float:
     """``value`` as a time scale (a factor on a trace's timestamps).
 
     Raises:
-        SimConfigError: not a number in ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
+        SimSettingsError: not a number in ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
     """
     return _bounded("time scale", value, MIN_TIME_SCALE, MAX_TIME_SCALE)
 
@@ -79,7 +79,7 @@ def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
         seed: seeds the gaps (``random.Random(seed)``); equal seeds, equal times.
 
     Raises:
-        SimConfigError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
+        SimSettingsError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
     """
     lam = check_request_rate(rate)
     return _poisson(lam, random.Random(seed))
@@ -96,7 +96,7 @@ def fixed_rate_arrivals(rate: float) -> Iterator[float]:
     """Endless evenly spaced arrival times ``0, 1/rate, 2/rate, ...``.
 
     Raises:
-        SimConfigError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
+        SimSettingsError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
     """
     step = 1.0 / check_request_rate(rate)
     return (i * step for i in itertools.count())
@@ -108,7 +108,7 @@ def scaled_arrivals(timestamps: Iterable[float], time_scale: float) -> Iterator[
     ``time_scale < 1`` squeezes the trace (more load), ``> 1`` stretches it.
 
     Raises:
-        SimConfigError: a time scale out of ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
+        SimSettingsError: a time scale out of ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
     """
     scale = check_time_scale(time_scale)
     return _scaled(timestamps, scale)
@@ -145,14 +145,14 @@ def with_arrivals(
     as they are.
 
     Raises:
-        SimConfigError: both knobs given, a bad rate, scale or process (at once).
+        SimSettingsError: both knobs given, a bad rate, scale or process (at once).
         SimInputError: a request without an arrival where one is needed (when it
             is reached).
     """
     if request_rate is not None and time_scale is not None:
-        raise SimConfigError("give a request rate or a time scale, not both")
+        raise SimSettingsError("give a request rate or a time scale, not both")
     if process not in ARRIVAL_PROCESSES:
-        raise SimConfigError(
+        raise SimSettingsError(
             f"unknown arrival process {process!r}; known: {', '.join(ARRIVAL_PROCESSES)}"
         )
     if request_rate is not None:

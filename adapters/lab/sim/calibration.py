@@ -12,6 +12,7 @@ imports torch (the ``torch`` extra), numpy and scipy (the ``calibrate`` extra).
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import time
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefixkv.storage.extras import TORCH_EXTRA, extra_imports
 
-from .errors import SimConfigError
+from .errors import SimSettingsError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def _steps(
     """Each step as ``([(q, s)] prefill chunks, [c] decode rows)``, the shapes checked.
 
     Raises:
-        SimConfigError: a shape that is not a tuple of ints of its length, ``q`` or
+        SimSettingsError: a shape that is not a tuple of ints of its length, ``q`` or
             ``b`` below 1, ``s`` or ``c`` below 0.
     """
     kinds = (
@@ -112,7 +113,7 @@ def _steps(
             if not ok or any(
                 type(v) is not int or v < lo for v, lo in zip(shape, lows, strict=True)
             ):
-                raise SimConfigError(
+                raise SimSettingsError(
                     f"{kind} shape {shape!r:.60}: want {len(lows)} ints, each >= {lows}"
                 )
     steps: list[tuple[list[tuple[int, int]], list[int]]] = [([(q, s)], []) for q, s in prefill]
@@ -182,73 +183,102 @@ def measure_engine(
         One sample per shape, in the order prefill, decode, mixed.
 
     Raises:
-        SimConfigError: a bad shape, ``repeats`` or ``warmup``, or a model and
+        SimSettingsError: a bad shape, ``repeats`` or ``warmup``, or a model and
             shapes needing more than ``max_bytes``.
     """
     with extra_imports(*TORCH_EXTRA, _WHAT):
         import torch
 
-    from prefixkv.adapters.engine import EngineConfig, SeqChunk, TinyTransformer
+    from prefixkv.adapters.engine import EngineConfig, TinyTransformer
 
     cfg = EngineConfig() if config is None else config
-    for name, value, low, high in (
-        ("repeats", repeats, 1, 1000),
-        ("warmup", warmup, 0, 1000),
-        ("max_bytes", max_bytes, 1, 2**63),
-    ):
-        if type(value) is not int or not low <= value <= high:
-            raise SimConfigError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
+    _check_counts(
+        repeats=(repeats, 1, 1000), warmup=(warmup, 0, 1000), max_bytes=(max_bytes, 1, 2**63)
+    )
     bs = cfg.block_size or 16
     # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
     steps = _steps(prefill, decode, mixed)
+    _check_memory(cfg, steps, max_bytes)
+    rows = [[*pre, *((1, c) for c in dec)] for pre, dec in steps]
+    model = TinyTransformer(cfg.model, dtype=cfg.torch_dtype, device=cfg.torch_device)
+    kv = model.make_kv_cache(max(sum(-(-(s + q) // bs) for q, s in r) for r in rows), bs)
+    batches = [_step_chunks(row, bs, cfg.model.vocab_size) for row in rows]
+    device = cfg.torch_device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    forwards = [functools.partial(model.forward, chunks, kv) for chunks in batches]
+    best = _least_seconds(forwards, warmup, repeats, clock, sync, progress)
+    return [_sample(pre, dec, t) for (pre, dec), t in zip(steps, best, strict=True)]
+
+
+def _sample(pre: list[tuple[int, int]], dec: list[int], seconds: float) -> StepSample:
+    # A step of prefill chunks (q, s) and decode rows over c context tokens each.
+    return StepSample(
+        prefill_tokens=sum(q for q, _ in pre),
+        prefill_pairs=sum(attention_pairs(q, s) for q, s in pre),
+        num_decode=len(dec),
+        decode_context=sum(c + 1 for c in dec),
+        seconds=seconds,
+    )
+
+
+def _check_counts(**counts: tuple[object, int, int]) -> None:
+    # Each name=(value, low, high): value must be an int in [low, high].
+    for name, (value, low, high) in counts.items():
+        if type(value) is not int or not low <= value <= high:
+            raise SimSettingsError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
+
+
+def _check_memory(
+    cfg: EngineConfig, steps: list[tuple[list[tuple[int, int]], list[int]]], max_bytes: int
+) -> None:
     need = estimate_bytes(cfg, steps)
     if need > max_bytes:
         m = cfg.model
-        raise SimConfigError(
+        raise SimSettingsError(
             f"calibrating a model of {m.num_layers} layers, {m.num_heads} heads x {m.head_dim}, "
             f"vocab {m.vocab_size} needs about {need / 2**30:,.1f} GiB, over the limit of "
             f"{max_bytes / 2**30:,.1f} GiB (max_bytes); choose smaller sizes"
         )
-    rows = [[*pre, *((1, c) for c in dec)] for pre, dec in steps]
-    model = TinyTransformer(cfg.model, dtype=cfg.torch_dtype, device=cfg.torch_device)
-    kv = model.make_kv_cache(max(sum(-(-(s + q) // bs) for q, s in r) for r in rows), bs)
-    vocab = cfg.model.vocab_size
-    sync = torch.cuda.synchronize if cfg.torch_device.type == "cuda" else None
-    batches = []
-    for row in rows:
-        chunks, first = [], 0
-        for q, s in row:  # each sequence gets its own blocks
-            n = -(-(s + q) // bs)
-            tokens = [(first + i) % (vocab - 1) + 1 for i in range(q)]
-            chunks.append(SeqChunk(tokens, s, list(range(first, first + n))))
-            first += n
-        batches.append(chunks)
-    # Round robin over the shapes, so a burst of other work on the machine does not
-    # spoil every run of one shape.
-    best = [math.inf] * len(batches)
+
+
+def _step_chunks(row: list[tuple[int, int]], bs: int, vocab: int) -> list[Any]:
+    # One step's SeqChunks: each (q, s) sequence gets its own blocks and q fresh tokens.
+    from prefixkv.adapters.engine import SeqChunk
+
+    chunks, first = [], 0
+    for q, s in row:
+        n = -(-(s + q) // bs)
+        tokens = [(first + i) % (vocab - 1) + 1 for i in range(q)]
+        chunks.append(SeqChunk(tokens, s, list(range(first, first + n))))
+        first += n
+    return chunks
+
+
+def _least_seconds(
+    forwards: Sequence[Callable[[], object]],
+    warmup: int,
+    repeats: int,
+    clock: Callable[[], float],
+    sync: Callable[[], object] | None,
+    progress: Callable[[int], object] | None,
+) -> list[float]:
+    # The least time of each forward pass over `repeats` timed runs after `warmup`
+    # untimed ones, round robin over the shapes, so a burst of other work on the
+    # machine does not spoil every run of one shape.
+    best = [math.inf] * len(forwards)
     for i in range(warmup + repeats):
-        for k, chunks in enumerate(batches):
+        for k, forward in enumerate(forwards):
             if sync is not None:
-                sync(cfg.torch_device)
+                sync()
             t0 = clock()
-            model.forward(chunks, kv)
+            forward()
             if sync is not None:
-                sync(cfg.torch_device)
+                sync()
             if i >= warmup:
                 best[k] = min(best[k], clock() - t0)
             if progress is not None:
                 progress(1)
-    samples = [
-        StepSample(
-            prefill_tokens=sum(q for q, _ in pre),
-            prefill_pairs=sum(attention_pairs(q, s) for q, s in pre),
-            num_decode=len(dec),
-            decode_context=sum(c + 1 for c in dec),
-            seconds=seconds,
-        )
-        for (pre, dec), seconds in zip(steps, best, strict=True)
-    ]
-    return samples
+    return best
 
 
 def fit_profile(
@@ -276,7 +306,6 @@ def fit_profile(
             ``request_s`` or ``stream_token_s``.
     """
     import numpy as np
-    from scipy.optimize import nnls
 
     fixed = dict(known or {})
     if not set(fixed) <= {"request_s", "stream_token_s"}:
@@ -290,32 +319,8 @@ def fit_profile(
     )
     if len(samples) < len(names):
         raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
-    work = np.array(
-        [
-            [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
-            + ([s.num_requests] if served else [])
-            + ([s.num_streamed] if streamed else [])
-            for s in samples
-        ],
-        dtype=float,
-    )
-    measured = np.array([s.seconds for s in samples])
-    outside = np.array(
-        [
-            fixed.get("request_s", 0.0) * s.num_requests
-            + fixed.get("stream_token_s", 0.0) * s.num_streamed
-            for s in samples
-        ]
-    )
-    # What the steps took (a sample the known terms explain whole, within noise, keeps
-    # 1% of its time, so that its weight in the relative fit stays bounded).
-    seconds = np.maximum(measured - outside, 0.01 * measured)
-    # Columns are scaled to unit norm first: their units differ by orders of magnitude.
-    weighted = work / seconds[:, None]
-    scale = np.linalg.norm(weighted, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(weighted / scale, np.ones_like(seconds))
-    coef = coef / scale
+    work, measured, outside = _design(samples, served, streamed, fixed)
+    coef = _relative_nnls(work, measured, outside)
     error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     fitted.update(fixed)
@@ -334,6 +339,50 @@ def fit_profile(
         **fitted,
         **metadata,
     )
+
+
+def _design(
+    samples: Sequence[StepSample], served: bool, streamed: bool, fixed: Mapping[str, float]
+) -> tuple[Any, Any, Any]:
+    """Per sample: its counts of each fitted coefficient's unit, its time, and the part
+    of its time the ``fixed`` (known) terms take."""
+    import numpy as np
+
+    work = np.array(
+        [
+            [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
+            + ([s.num_requests] if served else [])
+            + ([s.num_streamed] if streamed else [])
+            for s in samples
+        ],
+        dtype=float,
+    )
+    measured = np.array([s.seconds for s in samples])
+    outside = np.array(
+        [
+            fixed.get("request_s", 0.0) * s.num_requests
+            + fixed.get("stream_token_s", 0.0) * s.num_streamed
+            for s in samples
+        ]
+    )
+    return work, measured, outside
+
+
+def _relative_nnls(work: Any, measured: Any, outside: Any) -> Any:
+    """Non-negative coefficients of ``work`` (one row per sample) that fit what the
+    steps took, ``measured - outside``, by relative error."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    # What the steps took (a sample the known terms explain whole, within noise, keeps
+    # 1% of its time, so that its weight in the relative fit stays bounded).
+    seconds = np.maximum(measured - outside, 0.01 * measured)
+    # Columns are scaled to unit norm first: their units differ by orders of magnitude.
+    weighted = work / seconds[:, None]
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(weighted / scale, np.ones_like(seconds))
+    return coef / scale
 
 
 def calibrate(
@@ -360,7 +409,7 @@ def calibrate(
         The fitted profile (save it with :func:`~.profile.save_profile`).
 
     Raises:
-        SimConfigError: see :func:`measure_engine`.
+        SimSettingsError: see :func:`measure_engine`.
     """
     with extra_imports(*TORCH_EXTRA, _WHAT):
         import torch
@@ -377,10 +426,6 @@ def calibrate(
         **shapes,  # type: ignore[arg-type]
     )
     dev = config.torch_device
-    if dev.type == "cuda":
-        device = torch.cuda.get_device_name(dev)
-    else:
-        device = f"CPU {platform.machine()} ({torch.get_num_threads()} torch threads)"
     m = config.model
     return fit_profile(
         samples,
@@ -390,10 +435,19 @@ def calibrate(
             f"({m.num_kv_heads} KV) x {m.head_dim}, MLP {m.mlp_size}, vocab {m.vocab_size}, "
             f"{str(config.torch_dtype).removeprefix('torch.')}"
         ),
-        device=device,
+        device=_device_name(dev),
         source=f"measured by prefixkv calibrate (torch {torch.__version__})",
         notes=(
             f"Forward pass only (least of {repeats} runs), block size "
             f"{config.block_size or 16}; the scheduler's own time is not included."
         ),
     )
+
+
+def _device_name(dev: Any) -> str:
+    """The GPU's name, or the CPU's architecture and torch's thread count."""
+    import torch
+
+    if dev.type == "cuda":
+        return str(torch.cuda.get_device_name(dev))
+    return f"CPU {platform.machine()} ({torch.get_num_threads()} torch threads)"

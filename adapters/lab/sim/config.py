@@ -2,8 +2,8 @@
 
 The knobs are vLLM's (``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``) plus the two that tell vLLM's and SGLang's schedulers
-apart: the waiting queue's order (``policy``, a :data:`~.queue_order.QueueOrder`; the
-field keeps the engines' flag name) and whether a step mixes prefill
+apart: the waiting queue's order (``queue_order``, a :data:`~.queue_order.QueueOrder`)
+and whether a step mixes prefill
 chunks with decode rows (``batching``).
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .errors import SimConfigError
+from .errors import SimSettingsError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
-__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimConfig"]
+__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimSettings"]
 
 _QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
 
@@ -33,7 +33,7 @@ decode step."""
 
 
 @dataclass(frozen=True, slots=True)
-class SimConfig:
+class SimSettings:
     """How the replica schedules.
 
     Attributes:
@@ -45,22 +45,22 @@ class SimConfig:
             serving on H100/H200 (vLLM uses 2048 on an A100).
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
-        policy: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
+        queue_order: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
             cache-aware order).
         batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
         check_invariants: run the seat's ``check_invariants()`` after every step
             (tests; O(cached blocks) a step).
 
     Raises:
-        SimConfigError: a size out of range (``max_num_seqs`` up to
+        SimSettingsError: a size out of range (``max_num_seqs`` up to
             :data:`MAX_NUM_SEQS`, ``max_num_batched_tokens`` up to
-            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown policy or batching mode.
+            :data:`MAX_NUM_BATCHED_TOKENS`), an unknown queue order or batching mode.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
-    policy: QueueOrder = "fcfs"
+    queue_order: QueueOrder = "fcfs"
     batching: Batching = "mixed"
     check_invariants: bool = False
 
@@ -71,21 +71,24 @@ class SimConfig:
         ):
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= top:
-                raise SimConfigError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
-        if self.policy not in QUEUE_ORDERS:
-            raise SimConfigError(
-                f"unknown policy {self.policy!r}; known: {', '.join(QUEUE_ORDERS)}"
+                raise SimSettingsError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")
+        if self.queue_order not in QUEUE_ORDERS:
+            raise SimSettingsError(
+                f"unknown queue order {self.queue_order!r}; known: {', '.join(QUEUE_ORDERS)}"
             )
         if self.batching not in BATCHING_MODES:
-            raise SimConfigError(
+            raise SimSettingsError(
                 f"unknown batching {self.batching!r}; known: {', '.join(BATCHING_MODES)}"
             )
         for name in ("enable_chunked_prefill", "check_invariants"):
             if type(getattr(self, name)) is not bool:
-                raise SimConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise SimSettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings as a flat dict (for tables)."""
-        d = asdict(self)
-        del d["check_invariants"]
-        return d
+        """The settings as a flat dict (for tables). The queue order's column is
+        ``policy``, the engines' flag name (vLLM's ``--scheduling-policy``)."""
+        return {
+            "policy" if name == "queue_order" else name: value
+            for name, value in asdict(self).items()
+            if name != "check_invariants"
+        }

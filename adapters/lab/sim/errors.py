@@ -12,9 +12,9 @@ __all__ = [
     "ProfileError",
     "ProfileRangeWarning",
     "ServerError",
-    "SimConfigError",
     "SimError",
     "SimInputError",
+    "SimSettingsError",
     "SimUnservableError",
 ]
 
@@ -23,7 +23,7 @@ class SimError(PrefixKVError):
     """Base class of the simulator's errors."""
 
 
-class SimConfigError(SimError):
+class SimSettingsError(SimError):
     """A scheduler setting or an arrival-process parameter is out of range."""
 
 

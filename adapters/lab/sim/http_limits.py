@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ServerError, SimConfigError
+from .errors import ServerError, SimSettingsError
 
 if TYPE_CHECKING:
     import httpx
@@ -66,11 +66,11 @@ class RequestLimits:
     def __post_init__(self) -> None:
         d = self.deadline_s
         if type(d) not in (int, float) or not math.isfinite(d) or d <= 0:
-            raise SimConfigError(f"deadline_s must be a finite number > 0, got {d!r}")
+            raise SimSettingsError(f"deadline_s must be a finite number > 0, got {d!r}")
         for name in ("max_response_bytes", "max_line_bytes"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
-                raise SimConfigError(f"{name} must be a positive int, got {value!r}")
+                raise SimSettingsError(f"{name} must be a positive int, got {value!r}")
 
 
 async def within(limits: RequestLimits, where: str, request: Awaitable[T]) -> T:

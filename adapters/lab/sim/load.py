@@ -39,7 +39,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import SimConfigError
+from .errors import SimSettingsError
 from .metrics import RequestMetrics
 
 __all__ = [
@@ -69,7 +69,7 @@ class Slo:
         e2e_s: end-to-end latency at most this.
 
     Raises:
-        SimConfigError: a bound that is not a finite number > 0, or none given.
+        SimSettingsError: a bound that is not a finite number > 0, or none given.
     """
 
     ttft_s: float | None = None
@@ -79,12 +79,12 @@ class Slo:
     def __post_init__(self) -> None:
         bounds = (self.ttft_s, self.tpot_s, self.e2e_s)
         if all(b is None for b in bounds):
-            raise SimConfigError("an SLO needs a TTFT, TPOT or end-to-end bound")
+            raise SimSettingsError("an SLO needs a TTFT, TPOT or end-to-end bound")
         for name, b in zip(("ttft_s", "tpot_s", "e2e_s"), bounds, strict=True):
             if b is not None and (
                 isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf
             ):
-                raise SimConfigError(
+                raise SimSettingsError(
                     f"SLO {name} must be a finite number of seconds > 0, got {b!r}"
                 )
 

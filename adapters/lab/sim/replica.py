@@ -29,8 +29,8 @@ from typing import Any
 
 from prefixkv.indexes.base import PrefixIndex
 
-from .config import SimConfig
-from .errors import ProfileRangeWarning, SimConfigError, SimError, SimInputError
+from .config import SimSettings
+from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
 from .metrics import RequestMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import StepWork
@@ -48,7 +48,7 @@ def simulate(
     requests: Iterable[SimRequest],
     index_factory: IndexFactory,
     capacity_tokens: int,
-    config: SimConfig | None = None,
+    config: SimSettings | None = None,
     profile: CostProfile | None = None,
     *,
     labels: Mapping[str, Any] | None = None,
@@ -62,7 +62,7 @@ def simulate(
         index_factory: makes the replica's (empty) prefix index.
         capacity_tokens: KV pool size in tokens; the pool has
             ``capacity_tokens // block_size`` blocks.
-        config: scheduler settings (default ``SimConfig()``).
+        config: scheduler settings (default ``SimSettings()``).
         profile: step costs (default: the shipped default profile).
         labels: extra columns for the result's tables (workload, arrivals, ...).
         progress: called with a request's prompt tokens when it finishes (a
@@ -78,22 +78,22 @@ def simulate(
         ProfileRangeWarning: once, when the run went past the profile's range.
 
     Raises:
-        SimConfigError: a non-positive capacity.
+        SimSettingsError: a non-positive capacity.
         SimInputError: a request without an arrival, out of order, or a repeated id.
         SimUnservableError: a request that cannot fit the pool even alone.
 
     Cost: O(steps x running requests) scheduler work plus the index's operations;
     a step is O(1) per running request when no block is added.
     """
-    cfg = SimConfig() if config is None else config
+    cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
     if type(capacity_tokens) is not int or capacity_tokens < 1:
-        raise SimConfigError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
+        raise SimSettingsError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
     block_size = index.block_size
     num_blocks = capacity_tokens // block_size
     if num_blocks < 1:
-        raise SimConfigError(
+        raise SimSettingsError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
     seat = make_seat(cfg.batching, index, num_blocks)

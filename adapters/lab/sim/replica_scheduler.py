@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from prefixkv.indexes.tokens import TokenKey
 
-from .config import SimConfig
+from .config import SimSettings
 from .errors import SimError
 from .metrics import RequestMetrics
 from .profile import CostProfile, attention_pairs
@@ -158,7 +158,7 @@ class ReplicaScheduler:
         profile: prices prefill for the per-request GPU-seconds.
     """
 
-    def __init__(self, seat: Seat, config: SimConfig, profile: CostProfile) -> None:
+    def __init__(self, seat: Seat, config: SimSettings, profile: CostProfile) -> None:
         self.seat = seat
         self.index = seat.index
         self.config = config
@@ -296,7 +296,7 @@ class ReplicaScheduler:
     # ------------------------------------------------------------------ shared
 
     def _order_waiting(self) -> None:
-        if self.config.policy == "lpm":
+        if self.config.queue_order == "lpm":
             index = self.index
             self.waiting = sort_by_longest_prefix(
                 self.waiting, lambda k: index.match_prefix(k, len(k) - 1).num_tokens

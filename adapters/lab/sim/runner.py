@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from prefixkv.adapters.servable import unservable
 
-from .config import SimConfig
+from .config import SimSettings
 from .errors import SimUnservableError
 from .metrics import RequestMetrics
 from .profile import CostProfile
@@ -71,7 +71,7 @@ class Replica:
     def __init__(
         self,
         seat: Seat,
-        config: SimConfig,
+        config: SimSettings,
         profile: CostProfile,
         *,
         start_time: float = 0.0,

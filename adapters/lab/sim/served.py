@@ -307,23 +307,8 @@ class ServedEngine:
         usage: dict[str, Any] = {}
         most = max_tokens + _EXTRA_TOKEN_CHUNKS
 
-        def take(data: str) -> None:
-            nonlocal usage
-            chunk = json_object(parse_json(data, where), where, "a streamed chunk")
-            choices = chunk.get("choices")
-            if choices is not None and not isinstance(choices, list):
-                raise ServerError(f"{where}: choices is not a JSON array: {data:.80}")
-            if choices:
-                times.append(time.perf_counter())
-                if len(times) > most:
-                    raise ServerError(
-                        f"{where}: more than {most:,} token chunks streamed for "
-                        f"max_tokens {max_tokens:,}"
-                    )
-            if chunk.get("usage") is not None:
-                usage = json_object(chunk["usage"], where, "usage")
-
         async def stream() -> None:
+            nonlocal usage
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 if r.status_code != 200:
                     text = _text(await read_body(r, self.limits, where))
@@ -332,7 +317,8 @@ class ServedEngine:
                     async for data in events:
                         if data == "[DONE]":
                             break
-                        take(data)
+                        got = _take_chunk(data, where, times, most, max_tokens)
+                        usage = usage if got is None else got
 
         sent = time.perf_counter()
         try:
@@ -347,6 +333,26 @@ class ServedEngine:
             itl_s=[b - a for a, b in itertools.pairwise(times)],
             **_usage(usage, len(prompt), max_tokens, len(times), where),
         )
+
+
+def _take_chunk(
+    data: str, where: str, times: list[float], most: int, max_tokens: int
+) -> dict[str, Any] | None:
+    """One streamed chunk: a token chunk's arrival is appended to ``times`` (at most
+    ``most`` of them); returns the chunk's usage, if it has one."""
+    chunk = json_object(parse_json(data, where), where, "a streamed chunk")
+    choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise ServerError(f"{where}: choices is not a JSON array: {data:.80}")
+    if choices:
+        times.append(time.perf_counter())
+        if len(times) > most:
+            raise ServerError(
+                f"{where}: more than {most:,} token chunks streamed for max_tokens {max_tokens:,}"
+            )
+    if chunk.get("usage") is None:
+        return None
+    return json_object(chunk["usage"], where, "usage")
 
 
 def _usage(

@@ -209,50 +209,77 @@ async def measure_server(
         for length in sweep.prompt_lengths:
             for fraction in sweep.cached_fractions:
                 prefix_len = int(length * fraction) // bs * bs
-                runs: list[tuple[float, int]] = []
-                for _ in range(sweep.repeats):
-                    prefix = fresh(prefix_len)
-                    if prefix:
-                        await engine.complete(client, [*prefix, *fresh(1)], 1)
-                    c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
-                    if c.cached_tokens is None:
-                        raise ServerError(
-                            f"{info.url} reports no cached tokens; start vLLM with "
-                            "--enable-prompt-tokens-details"
-                        )
-                    runs.append((c.ttft_s, c.cached_tokens))
-                    tick()
-                hit = statistics.median_low(h for _, h in runs)
-                q = length - hit
-                samples.append(
-                    StepSample(
-                        prefill_tokens=q,
-                        prefill_pairs=attention_pairs(q, hit),
-                        num_decode=0,
-                        decode_context=0,
-                        seconds=statistics.median(t for t, _ in runs),
-                        num_steps=-(-q // sweep.max_num_batched_tokens),
-                        num_requests=1,
-                        num_streamed=1,
-                    )
+                sample = await _prefill_sample(
+                    engine, client, info, sweep, length, prefix_len, fresh, tick
                 )
+                samples.append(sample)
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                slowest: list[float] = []
-                for _ in range(sweep.repeats):
-                    batch = [fresh(ctx) for _ in range(b)]
-                    done = await asyncio.gather(
-                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
-                    )
-                    slowest.append(max(c.latency_s for c in done))
-                    tick()
-                samples.append(
-                    batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
-                )
+                samples.append(await _decode_sample(engine, client, sweep, b, ctx, fresh, tick))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
     return info, samples
+
+
+async def _prefill_sample(
+    engine: ServedEngine,
+    client: Any,
+    info: ServerInfo,
+    sweep: ServerSweep,
+    length: int,
+    prefix_len: int,
+    fresh: Callable[[int], list[int]],
+    tick: Callable[[], None],
+) -> StepSample:
+    """A ``length``-token prompt whose first ``prefix_len`` tokens were sent just before:
+    the median TTFT over the repeats, at the median hit the server reported."""
+    runs: list[tuple[float, int]] = []
+    for _ in range(sweep.repeats):
+        prefix = fresh(prefix_len)
+        if prefix:
+            await engine.complete(client, [*prefix, *fresh(1)], 1)
+        c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
+        if c.cached_tokens is None:
+            raise ServerError(
+                f"{info.url} reports no cached tokens; start vLLM with "
+                "--enable-prompt-tokens-details"
+            )
+        runs.append((c.ttft_s, c.cached_tokens))
+        tick()
+    hit = statistics.median_low(h for _, h in runs)
+    q = length - hit
+    return StepSample(
+        prefill_tokens=q,
+        prefill_pairs=attention_pairs(q, hit),
+        num_decode=0,
+        decode_context=0,
+        seconds=statistics.median(t for t, _ in runs),
+        num_steps=-(-q // sweep.max_num_batched_tokens),
+        num_requests=1,
+        num_streamed=1,
+    )
+
+
+async def _decode_sample(
+    engine: ServedEngine,
+    client: Any,
+    sweep: ServerSweep,
+    b: int,
+    ctx: int,
+    fresh: Callable[[int], list[int]],
+    tick: Callable[[], None],
+) -> StepSample:
+    """``b`` requests of ``ctx`` tokens at once: the median of the slowest's latency."""
+    slowest: list[float] = []
+    for _ in range(sweep.repeats):
+        batch = [fresh(ctx) for _ in range(b)]
+        done = await asyncio.gather(
+            *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
+        )
+        slowest.append(max(c.latency_s for c in done))
+        tick()
+    return batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
 
 
 _PROBE, _BACKGROUND = 128, 64

@@ -261,9 +261,6 @@ def fit_serving_path(
             raise ValueError("a sample has no engine-side TTFT and there is no engine model")
         return engine_model(s.prompt_tokens, s.num_tokens)[0]
 
-    def median(values: Sequence[float]) -> float | None:
-        return statistics.median(values) if values else None
-
     # What a request pays outside the modelled steps: its client TTFT less the model's
     # price of its first step (with the model), or less the engine core's queue and
     # prefill time (without). vLLM's queue + prefill also holds the engine core's own
@@ -292,8 +289,10 @@ def fit_serving_path(
         hops["client_ttft_after_idle"] = statistics.median(by_pause[longest])
         wake_s = max(0.0, excess[longest])
         wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
-    http = median([s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None])
-    front = median(
+    http = _median(
+        [s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None]
+    )
+    front = _median(
         [
             s.server_ttft_s - s.engine_ttft_s
             for s in short
@@ -301,16 +300,7 @@ def fit_serving_path(
         ]
     )
     hops.update({k: v for k, v in (("http", http), ("frontend", front)) if v is not None})
-    # The CPU counter ticks in 10 ms steps (Linux clock ticks): means, not medians,
-    # so that the ticks average out over the repeats.
-    cpu_request = cpu_token = None
-    cpu_short = _mean([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
-    cpu_long = _mean([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
-    k = statistics.median(s.num_tokens for s in long) if long else 1
-    if cpu_short is not None and cpu_long is not None and k > 1:
-        # short: one request and one token; long: one request and k tokens
-        cpu_token = max(0.0, (cpu_long - cpu_short) / (k - 1))
-        cpu_request = max(0.0, cpu_short - cpu_token)
+    cpu_request, cpu_token = _frontend_cpu(short, long)
     return ServingPath(
         request_s=request_s,
         stream_token_s=cpu_token,
@@ -322,6 +312,26 @@ def fit_serving_path(
         wake_s=wake_s,
         wake_after_s=wake_after_s,
     )
+
+
+def _frontend_cpu(
+    short: Sequence[HopSample], long: Sequence[HopSample]
+) -> tuple[float | None, float | None]:
+    """The front end's CPU seconds per request and per streamed token (``None``: no
+    samples say). The CPU counter ticks in 10 ms steps (Linux clock ticks): means, not
+    medians, so that the ticks average out over the repeats."""
+    cpu_short = _mean([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
+    cpu_long = _mean([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
+    k = statistics.median(s.num_tokens for s in long) if long else 1
+    if cpu_short is None or cpu_long is None or k <= 1:
+        return None, None
+    # short: one request and one token; long: one request and k tokens
+    cpu_token = max(0.0, (cpu_long - cpu_short) / (k - 1))
+    return max(0.0, cpu_short - cpu_token), cpu_token
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _mean(values: Sequence[float]) -> float | None:

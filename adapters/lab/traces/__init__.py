@@ -16,7 +16,7 @@ from prefixkv.adapters.outputs import OutputError, atomic_writer, refuse_overwri
 
 from .base import (
     DEFAULT_LIMITS,
-    ReadOptions,
+    ReadSettings,
     TraceFormatError,
     TraceLimits,
     TraceOptionError,
@@ -50,7 +50,7 @@ __all__ = [
     "MOONCAKE_BLOCK_SIZE",
     "LoadOptions",
     "OutputError",
-    "ReadOptions",
+    "ReadSettings",
     "TraceFormat",
     "TraceFormatError",
     "TraceLimits",
@@ -109,14 +109,14 @@ def _open(
     session_order: str = "interleaved",
 ) -> TraceSource:
     # The one place that reads LoadOptions, defaults included.
-    options = ReadOptions(
+    settings = ReadSettings(
         tokens_per_id=tokens_per_id,
         vocab_size=vocab_size,
         seed=seed,
         output=output,
         session_order=session_order,
     )
-    return open_trace(path, trace_format, max_requests=max_requests, options=options)
+    return open_trace(path, trace_format, max_requests=max_requests, settings=settings)
 
 
 def iter_trace(path: StrPath, *, max_requests: int | None = None) -> Iterator[TraceRequest]:

@@ -20,7 +20,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "LINE_SLACK_BYTES",
     "ArrivalOrder",
-    "ReadOptions",
+    "ReadSettings",
     "TraceFormatError",
     "TraceLimits",
     "TraceOptionError",
@@ -187,7 +187,7 @@ SESSION_ORDERS = ("interleaved", "sequential")
 
 
 @dataclass(frozen=True, slots=True)
-class ReadOptions:
+class ReadSettings:
     """How a reader builds requests: token content of hash ids, outputs, size limits.
 
     Attributes:

@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .base import ArrivalOrder, ReadOptions, TraceFormatError, TraceRequest
+from .base import ArrivalOrder, ReadSettings, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
 from .reading import Progress, StrPath, count_items, decode, iter_lines
@@ -143,7 +143,7 @@ def scaled_lengths(
 
 
 def _plans(
-    fmt: HashIdFormat, path: StrPath, opts: ReadOptions, progress: Progress | None = None
+    fmt: HashIdFormat, path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[tuple[int, str, str, Any, list[int], int, int]]:
     """Per line: ``(lineno, where, id, record, hash ids, prompt tokens, output tokens)``,
     checked: the sizes before the ids are built."""
@@ -184,7 +184,7 @@ def _plans(
         yield lineno, where, rid, record, hash_ids, prompt, output
 
 
-def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
+def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
     """Yield a hash-id trace as token requests, one line at a time.
 
     Equal id prefixes give equal token prefixes, different ids different blocks
@@ -213,7 +213,7 @@ def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadOptions) -> Iterator
 
 
 def sizes_hashid(
-    fmt: HashIdFormat, path: StrPath, opts: ReadOptions, progress: Progress | None = None
+    fmt: HashIdFormat, path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[RequestSize]:
     """Every request's id and sizes, validated as :func:`iter_hashid` does, nothing expanded."""
     for _, where, rid, _, _, prompt_len, output_len in _plans(fmt, path, opts, progress):

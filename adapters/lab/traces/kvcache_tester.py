@@ -37,7 +37,7 @@ import msgspec
 
 from prefixkv.adapters.inputs import read_input
 
-from .base import ReadOptions, TraceFormatError, TraceRequest
+from .base import ReadSettings, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
 from .reading import (
@@ -250,7 +250,7 @@ class _Context:
 
 
 def _conversations(
-    path: StrPath, opts: ReadOptions, progress: Progress | None = None
+    path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[tuple[_Context, list[_Item]]]:
     """Each conversation's settings and requests in time order, one document at a time."""
     decoder = msgspec.json.Decoder(_Conversation)
@@ -290,7 +290,7 @@ def _sequential(
             yield ctx, item
 
 
-def _plans(path: StrPath, opts: ReadOptions, progress: Progress | None = None) -> Iterator[_Plan]:
+def _plans(path: StrPath, opts: ReadSettings, progress: Progress | None = None) -> Iterator[_Plan]:
     """Every request in replay order, checked against the schema and the limits."""
     limits = opts.limits
     conversations = _conversations(path, opts, progress)
@@ -344,7 +344,7 @@ def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | No
     return max(0.0, arrival - before.arrival - before.request.api_time)
 
 
-def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceRequest]:
+def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
     """Yield the requests of kv-cache-tester traces, interleaved by their time from
     each conversation's start, or conversation by conversation
     (``opts.session_order``).
@@ -382,7 +382,7 @@ def iter_kvcache_tester(path: StrPath, opts: ReadOptions) -> Iterator[TraceReque
 
 
 def sizes_kvcache_tester(
-    path: StrPath, opts: ReadOptions, progress: Progress | None = None
+    path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[RequestSize]:
     """Every request's id and sizes, validated as :func:`iter_kvcache_tester` does."""
     for p in _plans(path, opts, progress):

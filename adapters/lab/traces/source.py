@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from .base import ReadOptions, TraceFormatError, TraceOptionError, TraceRequest
+from .base import ReadSettings, TraceFormatError, TraceOptionError, TraceRequest
 from .hashid import BAILIAN, MOONCAKE, iter_hashid, sizes_hashid
 from .kvcache_tester import (
     KVCT_BLOCK_SIZE,
@@ -160,7 +160,7 @@ class TraceSource:
         path: the trace (a file, or a folder/archive for kv-cache-tester).
         trace_format: the format; ``None`` detects it (:func:`detect_format`).
         max_requests: stop after this many requests (``None``: all).
-        options: token content, outputs and size limits.
+        settings: token content, outputs and size limits.
 
     Raises:
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
@@ -174,7 +174,7 @@ class TraceSource:
         trace_format: TraceFormat | None = None,
         *,
         max_requests: int | None = None,
-        options: ReadOptions | None = None,
+        settings: ReadSettings | None = None,
     ) -> None:
         if max_requests is not None and (type(max_requests) is not int or max_requests < 0):
             raise TraceOptionError(
@@ -187,10 +187,10 @@ class TraceSource:
         self.path = path
         self.format: TraceFormat = detect_format(path) if trace_format is None else trace_format
         self.max_requests = max_requests
-        self.options = ReadOptions() if options is None else options
-        if self.format == "prefixkv" and self.options.tokens_per_id is not None:
+        self.settings = ReadSettings() if settings is None else settings
+        if self.format == "prefixkv" and self.settings.tokens_per_id is not None:
             raise TraceOptionError(
-                f"tokens_per_id={self.options.tokens_per_id!r} applies to hash-id traces only; "
+                f"tokens_per_id={self.settings.tokens_per_id!r} applies to hash-id traces only; "
                 f"{path} is a prefixkv token trace"
             )
 
@@ -204,10 +204,10 @@ class TraceSource:
         """Tokens each hash id expands to here (``None`` for token traces)."""
         if self.native_tokens_per_id is None:
             return None
-        return self.options.tokens_per_id or self.native_tokens_per_id
+        return self.settings.tokens_per_id or self.native_tokens_per_id
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        opts = self.options
+        opts = self.settings
         it: Iterator[TraceRequest]
         if self.format == "prefixkv":
             it = iter_prefixkv(
@@ -226,7 +226,7 @@ class TraceSource:
 
     def sizes(self, progress: Progress | None = None) -> Iterator[RequestSize]:
         """Each request's id and sizes, validated, without building tokens."""
-        opts = self.options
+        opts = self.settings
         it: Iterator[RequestSize]
         if self.format == "prefixkv":
             it = sizes_prefixkv(
@@ -294,7 +294,7 @@ class TraceSource:
         """``"Mooncake hash-id trace, 512 tokens per id"``."""
         text = _DESCRIPTIONS[self.format]
         if self.format == "kv-cache-tester":
-            text += f", conversations {self.options.session_order}"
+            text += f", conversations {self.settings.session_order}"
         per_id = self.tokens_per_id
         if per_id is None:
             return text
@@ -307,7 +307,7 @@ class TraceSource:
         """For kv-cache-tester traces: in which order the conversations replay."""
         if self.format != "kv-cache-tester":
             return None
-        if self.options.session_order == "sequential":
+        if self.settings.session_order == "sequential":
             return (
                 "kv-cache-tester conversations replay one after another (--session-order "
                 "sequential): each finds its own blocks still cached, the easy case for any "
@@ -343,7 +343,7 @@ def open_trace(
     trace_format: TraceFormat | None = None,
     *,
     max_requests: int | None = None,
-    options: ReadOptions | None = None,
+    settings: ReadSettings | None = None,
 ) -> TraceSource:
     """Open a trace for streaming; see :class:`TraceSource`."""
-    return TraceSource(path, trace_format, max_requests=max_requests, options=options)
+    return TraceSource(path, trace_format, max_requests=max_requests, settings=settings)

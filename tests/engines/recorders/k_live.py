@@ -7,7 +7,7 @@ the rest finish, oldest first. A driver holds its live requests in ``live``, sta
 one with ``admit(record)`` and ends the oldest with ``finish_oldest()``.
 
 Standard library only: the oracles and recorders import it in the engines' own
-environments, and the tests drive prefixkv's facades through the same loop.
+environments, and the tests drive prefixkv's engine classes through the same loop.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lookups separated from their use by arbitrary other calls: the vLLM facade and SGLang's
+"""Lookups separated from their use by arbitrary other calls: the vLLM engine class and SGLang's
 prefix cache.
 
 vLLM's scheduler calls ``get_computed_blocks`` and then ``allocate_slots``; SGLang's tree
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import CacheMachine, FacadeMachine, cache_state, release_a_live_request
+from helpers import CacheMachine, EngineClassMachine, cache_state, release_a_live_request
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -68,7 +68,7 @@ class Content:
             assert b not in writing, f"hit on block {b} that another request is writing"
 
 
-class VLLMLookups(FacadeMachine):
+class VLLMLookups(EngineClassMachine):
     """get_computed_blocks ... anything ... allocate_slots, through the vLLM KVCacheManager."""
 
     @initialize(

@@ -1,4 +1,4 @@
-"""Fuzz the vLLM facade and SGLang's prefix cache, over every backend: long random runs
+"""Fuzz the vLLM engine class and SGLang's prefix cache, over every backend: long random runs
 of valid and invalid calls.
 
 Each step is a valid call in the engines' order (admit, decode, finish) or a misuse
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from helpers import CacheMachine, FacadeMachine, cache_state, release_a_live_request
+from helpers import CacheMachine, EngineClassMachine, cache_state, release_a_live_request
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -41,7 +41,7 @@ def snapshot(manager: object, *, exact: bool = True) -> tuple[object, ...]:
     )
 
 
-class VLLMFacadeFuzz(FacadeMachine):
+class VLLMEngineClassFuzz(EngineClassMachine):
     """vLLM's call order: get_computed_blocks + allocate_slots, allocate_slots(1), free."""
 
     @initialize(backend=BACKENDS, blocks=st.integers(6, 40))
@@ -184,7 +184,7 @@ RUN = (
     if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
     else settings(stateful_step_count=80)
 )
-TestVLLMFacadeFuzz = VLLMFacadeFuzz.TestCase
-TestVLLMFacadeFuzz.settings = RUN
+TestVLLMEngineClassFuzz = VLLMEngineClassFuzz.TestCase
+TestVLLMEngineClassFuzz.settings = RUN
 TestSGLangCacheFuzz = SGLangCacheFuzz.TestCase
 TestSGLangCacheFuzz.settings = RUN

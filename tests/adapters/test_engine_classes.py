@@ -1,4 +1,4 @@
-"""The vLLM-shaped facade and SGLang's prefix cache: SPEC VL-1..VL-4 and SG-1..SG-6 with
+"""The vLLM-shaped engine class and SGLang's prefix cache: SPEC VL-1..VL-4 and SG-1..SG-6 with
 exact block ids, and every backend behind both (SGLang's driven through its
 scheduler-side steps, ``prefixkv.adapters.sglang.simulated``).
 
@@ -126,7 +126,7 @@ def test_vl_04_free_queue_order_and_eviction() -> None:
     kv.manager.check_invariants()
 
 
-def test_vllm_facade_returns_none_when_it_does_not_fit_and_changes_nothing() -> None:
+def test_vllm_engine_class_returns_none_when_it_does_not_fit_and_changes_nothing() -> None:
     kv = KVCacheManager("hash_chain", num_blocks=3, block_size=4)  # 2 blocks hold KV
     r = SimpleRequest("big", list(range(1, 13)))
     blocks, hit, _ = kv.get_computed_blocks(r)
@@ -134,7 +134,7 @@ def test_vllm_facade_returns_none_when_it_does_not_fit_and_changes_nothing() -> 
     assert kv.manager.allocator.num_free_blocks == 2 and not kv.manager.running()
 
 
-def test_vllm_facade_gives_slots_past_num_tokens_but_registers_only_tokens() -> None:
+def test_vllm_engine_class_gives_slots_past_num_tokens_but_registers_only_tokens() -> None:
     # vLLM's allocate_slots: slots for computed + new tokens, which async scheduling
     # runs past num_tokens (the placeholders of tokens not sampled yet); blocks are
     # cached only up to num_tokens.
@@ -156,7 +156,7 @@ def test_vllm_facade_gives_slots_past_num_tokens_but_registers_only_tokens() -> 
     kv.manager.check_invariants()
 
 
-def test_vllm_facade_blocks_compare_and_print_like_vllms() -> None:
+def test_vllm_engine_class_blocks_compare_and_print_like_vllms() -> None:
     one, two, three = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
     assert KVCacheBlocks(([one, two],)) == KVCacheBlocks(((one, two),)) != KVCacheBlocks(([one],))
     assert KVCacheBlocks(([three],)).get_block_ids() == ([3],)
@@ -164,7 +164,7 @@ def test_vllm_facade_blocks_compare_and_print_like_vllms() -> None:
     assert repr(KVCacheBlocks(([three],))) == "KVCacheBlocks(block_ids=([3],))"
 
 
-def test_vllm_facade_reset_and_usage_and_common_prefix() -> None:
+def test_vllm_engine_class_reset_and_usage_and_common_prefix() -> None:
     kv = KVCacheManager("hash_chain", num_blocks=9, block_size=4, log_stats=True)
     a, b = SimpleRequest("a", [1, 2, 3, 4, 5]), SimpleRequest("b", [1, 2, 3, 4, 6])
     vllm_admit(kv, a)
@@ -380,7 +380,7 @@ def test_running_out_of_rows_is_a_refused_admission() -> None:
     assert cache.available_size() == free and cache.totals.num_rejected == 1
 
 
-# ------------------------------------------------- every backend, both facades
+# ------------------------------------------------- every backend, both engine classes
 
 
 SEED_A = toks(80)
@@ -392,7 +392,9 @@ SEED_B = SEED_A[:30] + toks(50, seed=1)
     [("hash_chain", 16, [0, 16, 64]), ("radix", 1, [0, 30, 79]), ("radix", 16, [0, 16, 64]),
      ("none", 16, [0, 0, 0]), ("hash_chain", 1, [0, 30, 79])],
 )  # fmt: skip
-def test_bb_02_03_every_backend_behind_the_vllm_facade(name: str, bs: int, want: list[int]) -> None:
+def test_bb_02_03_every_backend_behind_the_vllm_engine_class(
+    name: str, bs: int, want: list[int]
+) -> None:
     kv = KVCacheManager(make_index(name, block_size=bs), num_blocks=2048 // bs + 1)
     hits = []
     for rid, prompt in (("a", SEED_A), ("b", SEED_B), ("a2", SEED_A)):
@@ -408,7 +410,7 @@ def test_bb_02_03_every_backend_behind_the_vllm_facade(name: str, bs: int, want:
     [("hash_chain", 16, [0, 16, 64]), ("radix", 1, [0, 30, 79]), ("radix", 16, [0, 16, 64]),
      ("none", 16, [0, 0, 0]), ("hash_chain", 1, [0, 30, 79])],
 )  # fmt: skip
-def test_bb_02_03_every_backend_behind_the_sglang_facade(
+def test_bb_02_03_every_backend_behind_the_sglang_engine_class(
     name: str, bs: int, want: list[int]
 ) -> None:
     cache = PrefixCache.create_simulated(make_index(name, block_size=bs), capacity_tokens=2048)
