@@ -70,6 +70,19 @@ class PageRows:
         ids = check_block_ids(page_ids, "write", unique=False)
         pages[start : start + len(ids)] = ids
 
+    def adopt(self, row: object, page_ids: list[int]) -> None:
+        """Make ``page_ids`` the pages of the empty ``row``: the list itself, neither
+        copied nor checked, so only for pages the pool and the index have just handed
+        the scheduler (an admission's row, a page per token at page size 1). O(1).
+
+        Raises:
+            PrefixKVError: ``row`` is not in use or holds pages already.
+        """
+        pages = self._pages(row)
+        if pages:
+            raise PrefixKVError(f"row {row} holds {len(pages)} pages; adopt fills an empty row")
+        self._rows[self._index(row)] = page_ids
+
     def pages(self, row: object) -> list[int]:
         """Every page of ``row`` (a copy)."""
         return list(self._pages(row))
