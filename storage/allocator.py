@@ -97,14 +97,8 @@ class BlockAllocator:
         # converts it, so a True or a 1.0 would pass for the int 1.
         if type(num_blocks) is int and num_blocks == 1 and (owner is _CALLER or owner is _MANAGER):
             # A decode step's one block (every step at page size 1): no slicing.
-            if freed:
-                bid = freed.pop()
-                ledger[bid] = owner
-                return [bid]
-            if len(ledger) < self.num_blocks:
-                ledger.append(owner)
-                return [len(ledger) - 1]
-            return None
+            bid = self.allocate_one(owner)
+            return None if bid < 0 else [bid]
         if type(num_blocks) is not int or num_blocks < 0:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
         if owner not in _OWNERS:
@@ -124,6 +118,28 @@ class BlockAllocator:
             ledger.extend([tag] * rest)
             out.extend(range(first, first + rest))
         return out
+
+    def allocate_one(self, owner: Owner = _CALLER) -> int:
+        """One block for ``owner`` (a decode step's), or -1 (and nothing) when none is free.
+
+        ``allocate(1)`` without the list: the last freed block first, then the next
+        never-used one. O(1).
+
+        Raises:
+            PrefixKVError: ``owner`` is not ``Owner.CALLER`` or ``Owner.MANAGER``.
+        """
+        if owner is not _CALLER and owner is not _MANAGER:
+            raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
+        ledger = self._ledger
+        freed = self._freed
+        if freed:
+            bid = freed.pop()
+            ledger[bid] = owner
+            return bid
+        if len(ledger) < self.num_blocks:
+            ledger.append(owner)
+            return len(ledger) - 1
+        return -1
 
     def _checked(self, block_ids: object, owner: Owner, what: str) -> list[int]:
         # Ints, in range, handed out to ``owner``, none repeated: O(n) in C passes.

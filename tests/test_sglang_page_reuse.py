@@ -102,3 +102,29 @@ def test_adopt_fills_an_empty_row_with_the_list_itself() -> None:
     rows.free(row)
     with pytest.raises(RequestStateError):
         rows.adopt(row, [4])
+
+
+def test_allocate_one_hands_out_what_allocate_1_would() -> None:
+    ours, ref = BlockAllocator(4), BlockAllocator(4)
+    for _ in range(2):
+        assert [ours.allocate_one()] == ref.allocate(1)
+    ours.free([0, 1])
+    ref.free([0, 1])
+    got = [ours.allocate_one(owner=Owner.MANAGER) for _ in range(5)]
+    want = [ref.allocate(1, owner=Owner.MANAGER) for _ in range(5)]
+    assert got == [-1 if w is None else w[0] for w in want] == [0, 1, 2, 3, -1]
+    assert [ours.owner_of(b) for b in range(4)] == [ref.owner_of(b) for b in range(4)]
+    with pytest.raises(PrefixKVError, match="owner must be"):
+        ours.allocate_one(owner=Owner.FREE)
+
+
+def test_append_page_adds_only_the_rows_next_page() -> None:
+    rows = PageRows()
+    row = rows.alloc()
+    rows.append_page(row, 0, 7)
+    rows.append_page(row, 1, 3)
+    assert rows.pages(row) == [7, 3]
+    for index, page in ((1, 5), (3, 5), (2, -1)):
+        with pytest.raises(PrefixKVError):
+            rows.append_page(row, index, page)
+    assert rows.pages(row) == [7, 3]

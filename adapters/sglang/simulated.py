@@ -108,12 +108,13 @@ def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
     ps = cache.page_size
     pool, rows = _simulated(cache)
     if pos % ps == 0:
-        pages = pool.allocate(1)  # a free page: the common step
-        if pages is None:
+        page = pool.allocate_one()  # a free page: the common step
+        if page < 0:
             pages = _take_pages(cache, pool, 1, 0) if _fits(cache, 1) else None
             if pages is None:
                 return False
-        rows.write(row, pos // ps, pages)
+            page = pages[0]
+        rows.append_page(row, pos // ps, page)
     elif pool.num_free_blocks == 0:
         cache.evict(ps)  # best effort
     kv.kv_committed_len = kv.kv_allocated_len = pos + 1
