@@ -434,9 +434,11 @@ class RadixIndex:
     ) -> _Node:
         ps = self.block_size
         tick = self._next_tick()
+        # A list's slice is a new list already (a pass per page saved at page size 1).
+        pages = block_ids[pos // ps : n // ps]
         leaf = _Node(
             key.tokens[pos:n],
-            list(block_ids[pos // ps : n // ps]),
+            pages if type(pages) is list else list(pages),
             parent,
             tick,
             tick,
@@ -639,13 +641,18 @@ class RadixIndex:
             node = queue.pop()
             if sink is not None:  # SGLang's record_remove: one node, its pages
                 sink.on_removed(self._page_hashes(node))
-            out += node.value
+            value = node.value
             if self.check_block_ids:
-                self._owned.difference_update(node.value)
+                self._owned.difference_update(value)
+            if out:
+                out += value
+            else:  # the dead node's own list, handed over: no copy (a page per token)
+                out = value
+                node.value = []
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key, 0)]
-            self._evictable -= len(node.value)
+            self._evictable -= len(value)
             self._num_nodes -= 1
             node.dead = True
             node.parent = None

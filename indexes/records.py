@@ -59,6 +59,7 @@ class InsertResult:
             blocks and the index kept its own (the radix tree), these differ from
             the caller's: the caller's copies are duplicates to free. An index that
             keeps duplicates (the hash chain, vLLM's choice) returns the caller's.
+            Past the first ``num_cached_tokens`` tokens they are always the caller's.
         handle: covers the whole inserted prefix; lock it to pin the prefix.
         first_block: where ``block_ids`` starts: 0, or the end of the ``prefix``
             handle the caller passed (that part is unchanged, so an index may skip

@@ -45,6 +45,11 @@ class Owner(enum.IntEnum):
 
 
 _OWNERS: Final = (Owner.CALLER, Owner.MANAGER)
+# The members as module constants: compiled, a Final is a C static, where ``Owner.X``
+# is an attribute lookup on a Python class at every use (the decode step's hot path).
+_FREE: Final = Owner.FREE
+_CALLER: Final = Owner.CALLER
+_MANAGER: Final = Owner.MANAGER
 
 
 class BlockAllocator:
@@ -79,7 +84,7 @@ class BlockAllocator:
 
     @overload  # type: ignore[misc]  # precise types for callers
     def allocate(self, num_blocks: int, *, owner: Owner = ...) -> list[int] | None: ...
-    def allocate(self, num_blocks: object, *, owner: Owner = Owner.CALLER) -> list[int] | None:
+    def allocate(self, num_blocks: object, *, owner: Owner = _CALLER) -> list[int] | None:
         """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
         Freed blocks come first (the last freed first), then never-used ones in id order.
@@ -90,20 +95,10 @@ class BlockAllocator:
         ledger = self._ledger
         # The type first: mypy narrows an object equal to 1 to int, and compiled code then
         # converts it, so a True or a 1.0 would pass for the int 1.
-        if (
-            type(num_blocks) is int
-            and num_blocks == 1
-            and (owner is Owner.CALLER or owner is Owner.MANAGER)
-        ):
+        if type(num_blocks) is int and num_blocks == 1 and (owner is _CALLER or owner is _MANAGER):
             # A decode step's one block (every step at page size 1): no slicing.
-            if freed:
-                bid = freed.pop()
-                ledger[bid] = owner
-                return [bid]
-            if len(ledger) < self.num_blocks:
-                ledger.append(owner)
-                return [len(ledger) - 1]
-            return None
+            bid = self.allocate_one(owner)
+            return None if bid < 0 else [bid]
         if type(num_blocks) is not int or num_blocks < 0:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
         if owner not in _OWNERS:
@@ -123,6 +118,28 @@ class BlockAllocator:
             ledger.extend([tag] * rest)
             out.extend(range(first, first + rest))
         return out
+
+    def allocate_one(self, owner: Owner = _CALLER) -> int:
+        """One block for ``owner`` (a decode step's), or -1 (and nothing) when none is free.
+
+        ``allocate(1)`` without the list: the last freed block first, then the next
+        never-used one. O(1).
+
+        Raises:
+            PrefixKVError: ``owner`` is not ``Owner.CALLER`` or ``Owner.MANAGER``.
+        """
+        if owner is not _CALLER and owner is not _MANAGER:
+            raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
+        ledger = self._ledger
+        freed = self._freed
+        if freed:
+            bid = freed.pop()
+            ledger[bid] = owner
+            return bid
+        if len(ledger) < self.num_blocks:
+            ledger.append(owner)
+            return len(ledger) - 1
+        return -1
 
     def _checked(self, block_ids: object, owner: Owner, what: str) -> list[int]:
         # Ints, in range, handed out to ``owner``, none repeated: O(n) in C passes.
@@ -162,7 +179,7 @@ class BlockAllocator:
             raise BlockOwnershipError(f"{what}: a block id appears twice in one call: {ids[:16]}")
         return ids
 
-    def free(self, block_ids: Iterable[int], *, owner: Owner = Owner.CALLER) -> None:
+    def free(self, block_ids: Iterable[int], *, owner: Owner = _CALLER) -> None:
         """Return blocks held by ``owner``; the first of ``block_ids`` is handed out again first.
 
         Raises:
@@ -172,7 +189,7 @@ class BlockAllocator:
 
         Complexity: O(len(block_ids)), in C.
         """
-        ids = self._retag(block_ids, owner, Owner.FREE, "free")
+        ids = self._retag(block_ids, owner, _FREE, "free")
         if len(ids) == 1:
             self._freed.append(ids[0])
         elif ids:
@@ -236,7 +253,7 @@ class BlockAllocator:
                 f"block {block_id!r:.80} is not in this pool of {self.num_blocks} blocks"
             )
         ledger = self._ledger
-        return Owner(ledger[block_id]) if block_id < len(ledger) else Owner.FREE
+        return ledger[block_id] if block_id < len(ledger) else _FREE  # members only
 
     def num_blocks_held_by(self, owner: Owner) -> int:
         """How many blocks ``owner`` holds. O(blocks ever handed out); for checks."""
@@ -248,7 +265,7 @@ class BlockAllocator:
     def is_free(self, block_id: int) -> bool: ...
     def is_free(self, block_id: object) -> bool:
         """Whether ``block_id`` is free. O(1)."""
-        return self.owner_of(cast(Any, block_id)) is Owner.FREE
+        return self.owner_of(cast(Any, block_id)) is _FREE
 
     def free_block_ids(self) -> list[int]:
         """Free blocks in the order they will be handed out. O(free blocks); for tests."""

@@ -70,6 +70,34 @@ class PageRows:
         ids = check_block_ids(page_ids, "write", unique=False)
         pages[start : start + len(ids)] = ids
 
+    def append_page(self, row: object, index: int, page: int) -> None:
+        """Add ``page`` as page ``index`` of ``row``, its next one (a decode step's new
+        page: ``write(row, index, [page])`` without the list). O(1).
+
+        Raises:
+            PrefixKVError: ``index`` is not the row's length, or ``page`` not a page id
+                (``RequestStateError`` for a row not in use); nothing changes.
+        """
+        pages = self._pages(row)
+        if index != len(pages) or not 0 <= page < MAX_BLOCKS:
+            raise PrefixKVError(
+                f"row {row} has {len(pages)} pages; cannot add page {page} at {index}"
+            )
+        pages.append(page)
+
+    def adopt(self, row: object, page_ids: list[int]) -> None:
+        """Make ``page_ids`` the pages of the empty ``row``: the list itself, neither
+        copied nor checked, so only for pages the pool and the index have just handed
+        the scheduler (an admission's row, a page per token at page size 1). O(1).
+
+        Raises:
+            PrefixKVError: ``row`` is not in use or holds pages already.
+        """
+        pages = self._pages(row)
+        if pages:
+            raise PrefixKVError(f"row {row} holds {len(pages)} pages; adopt fills an empty row")
+        self._rows[self._index(row)] = page_ids
+
     def pages(self, row: object) -> list[int]:
         """Every page of ``row`` (a copy)."""
         return list(self._pages(row))

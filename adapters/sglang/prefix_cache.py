@@ -408,16 +408,26 @@ class PrefixCache:
         return self._evict(check_count("num_tokens", num_tokens, MAX_BLOCKS * self.page_size))
 
     def _evict(self, num_tokens: int) -> int:
-        pages = min(ceil_div(num_tokens, self.page_size), self.pool.num_blocks)
-        if pages == 0:
-            return 0
+        evicted = self._evict_pages(ceil_div(num_tokens, self.page_size))
+        if evicted:
+            self.pool.free(evicted)
+        return len(evicted) * self.page_size
+
+    def _evict_pages(self, num_pages: int) -> list[int]:
+        # Evict unlocked leaves until num_pages pages are out of the index (whole leaves:
+        # maybe more) and hand them to the caller, not to the pool: the scheduler's
+        # allocation (simulated._take_pages) reuses them at once, so a page the index
+        # held stays the pool's caller's throughout, neither freed nor handed out again
+        # (two ledger passes a page saved at page size 1). The caller frees the rest.
+        pages = min(num_pages, self.pool.num_blocks)
+        if pages <= 0:
+            return []
         evicted = self.index.evict(pages)
         if evicted:
             self.totals.num_evicted_blocks += len(evicted)
             if self._observer is not None:
                 self._observer.on_evict(evicted)
-            self.pool.free(evicted)
-        return len(evicted) * self.page_size
+        return evicted
 
     @overload  # type: ignore[misc]  # precise types for callers
     def inc_lock_ref(self, node: PrefixNode) -> int: ...
@@ -556,13 +566,16 @@ class PrefixCache:
         result = self.index.insert(key, pages, n, prefix)
         base, theirs = result.first_block, result.block_ids
         got = base + len(theirs)
-        if got > start and pages[start:got] != theirs[start - base :]:
-            dups = [i for i in range(start, got) if pages[i] != theirs[i - base]]
+        # Only pages the index held before may differ from the row's (InsertResult):
+        # past them it keeps the pages given, so the compare stops there.
+        top = min(got, result.num_cached_tokens // ps)
+        if top > start and pages[start:top] != theirs[start - base : top - base]:
+            dups = [i for i in range(start, top) if pages[i] != theirs[i - base]]
             if dups:  # computed again while cached (a batch, SG-3): keep the tree's
                 self.pool.free([pages[i] for i in dups])
                 for i in dups:
                     pages[i] = theirs[i - base]
-                self.rows.write(row, start, pages[start:got])
+                self.rows.write(row, start, pages[start:top])
         del pages[got:]
         new = self.root_node if got == 0 else PrefixNode(result.handle, pages, got * ps)
         lock = req.lock

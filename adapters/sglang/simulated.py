@@ -75,7 +75,7 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
             rows.free(row)
         cache.totals.num_rejected += 1
         return None
-    rows.write(row, 0, m.device_indices + pages)
+    rows.adopt(row, m.device_indices + pages)  # a new list of the pool's and index's pages
     kv.req_pool_idx = row
     kv.cache_protected_len = m.prefix_len
     kv.kv_committed_len = kv.kv_allocated_len = n
@@ -108,12 +108,13 @@ def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
     ps = cache.page_size
     pool, rows = _simulated(cache)
     if pos % ps == 0:
-        pages = pool.allocate(1)  # a free page: the common step
-        if pages is None:
+        page = pool.allocate_one()  # a free page: the common step
+        if page < 0:
             pages = _take_pages(cache, pool, 1, 0) if _fits(cache, 1) else None
             if pages is None:
                 return False
-        rows.write(row, pos // ps, pages)
+            page = pages[0]
+        rows.append_page(row, pos // ps, page)
     elif pool.num_free_blocks == 0:
         cache.evict(ps)  # best effort
     kv.kv_committed_len = kv.kv_allocated_len = pos + 1
@@ -165,8 +166,25 @@ def _take_pages(
     cache: PrefixCache, pool: BlockAllocator, need: int, reserve: int
 ) -> list[int] | None:
     # Evict until need + reserve pages are free (the reserve best effort), then take
-    # need; None (the evicted pages stay free) if eviction fell short.
+    # need; None (the evicted pages stay free) if eviction fell short. The evicted
+    # pages go out first, as freeing them and allocating would hand them out (the
+    # pool's LIFO), but they never pass through the pool: they were the caller's as
+    # cached pages and stay so (no ledger pass each way, a page per token at page
+    # size 1). What is left over is freed after the allocation, as it would lie.
     free = pool.num_free_blocks
-    if free < need + reserve:
-        cache.evict((need + reserve - free) * cache.page_size)
-    return pool.allocate(need)
+    if free >= need + reserve:
+        return pool.allocate(need)
+    evicted = cache._evict_pages(need + reserve - free)
+    use = min(need, len(evicted))
+    if need - use > free:
+        if evicted:
+            pool.free(evicted)
+        return None
+    if use < need:  # every evicted page, then free ones
+        more = pool.allocate(need - use)
+        assert more is not None  # need - use <= free
+        return evicted + more
+    if use < len(evicted):  # the leftover (a leaf's tail) is freed; the rest kept as is
+        pool.free(evicted[use:])
+        del evicted[use:]
+    return evicted
