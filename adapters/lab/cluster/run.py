@@ -77,24 +77,39 @@ def run_cluster(
     asked = array("d")  # the arrivals asked for: the offered rate, closed loop or not
     t_start = time.perf_counter()
     try:
-        for r in range(cfg.num_replicas):
-            run.start_replica(r, 0.0)
-        pending = list(plan.scheduled)
-        sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
-        for req in requests:
-            t = req.arrival
-            if t is None:
-                raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
-            asked.append(t)
-            sessions.advance(t)
-            sessions.offer(req, t)
-        sessions.finish()
-        run.drain(pending)
-        run.check_views()
+        closed_loop = _drive(run, requests, plan, cfg, asked)
     finally:
         fleet.close()
     wall = time.perf_counter() - t_start
-    return _result(run, spec, cfg, plan, wall, labels, asked, sessions.closed)
+    return _result(run, spec, cfg, plan, wall, labels, asked, closed_loop)
+
+
+def _drive(
+    run: ClusterDriver,
+    requests: Iterable[SimRequest],
+    plan: FaultPlan,
+    cfg: ClusterSettings,
+    asked: array[float],
+) -> bool:
+    """Start the replicas, route each request at its arrival (sessions closed loop;
+    each arrival asked for is appended to ``asked``), apply the faults on the way,
+    drain, and compare the router's views with the truth; whether sessions ran
+    closed loop."""
+    for r in range(cfg.num_replicas):
+        run.start_replica(r, 0.0)
+    pending = list(plan.scheduled)
+    sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
+    for req in requests:
+        t = req.arrival
+        if t is None:
+            raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
+        asked.append(t)
+        sessions.advance(t)
+        sessions.offer(req, t)
+    sessions.finish()
+    run.drain(pending)
+    run.check_views()
+    return sessions.closed
 
 
 def _replica_spec(cfg: ClusterSettings, plan: FaultPlan) -> ReplicaSpec:
