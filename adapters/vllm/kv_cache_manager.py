@@ -446,14 +446,18 @@ class KVCacheManager:
         if reserve or watermark or full_sequence_must_fit or slots > len(key):
             # What CacheManager.admit checks, plus the blocks kept free and vLLM's
             # admission gate: the whole sequence must fit, not just this chunk.
-            available = self._available(lookup)
             bs = self.block_size
             whole = ceil_div(min(len(key), self._slot_cap), bs) - have
-            if (full_sequence_must_fit and whole + watermark > available) or (
-                ceil_div(slots, bs) - have + reserve + watermark > available
-            ):
-                mgr.totals.num_rejected += 1
-                return None
+            need = max(whole if full_sequence_must_fit else 0, ceil_div(slots, bs) - have + reserve)
+            # Free blocks alone settle it when they suffice (the available blocks are
+            # at least the free ones); the evictable ones are counted only otherwise.
+            if need + watermark > mgr.allocator.num_free_blocks:
+                available = self._available(lookup)
+                if (full_sequence_must_fit and whole + watermark > available) or (
+                    ceil_div(slots, bs) - have + reserve + watermark > available
+                ):
+                    mgr.totals.num_rejected += 1
+                    return None
         adm = mgr.admit(rid, key, num_tokens=max(min(slots, len(key)), 1), lookup=lookup)
         if adm is None:
             return None
