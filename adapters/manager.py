@@ -20,6 +20,7 @@ them; ``check_invariants`` counts both.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
@@ -543,9 +544,7 @@ class CacheManager:
             reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
         learn: Sequence[int] = ()
         if tokens is not None:
-            if type(tokens) is not list and (
-                not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes))
-            ):
+            if type(tokens) not in _SEQUENCE_TYPES and not _is_token_sequence(tokens):
                 raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
             have = len(seq.key.tokens)
             if computed is not None:
@@ -765,6 +764,20 @@ class CacheManager:
             assert len(s.table) * self.block_size >= s.num_computed, f"{rid!r} lacks slots"
             assert self._key_holders.get(id(s.key)) == rid, f"{rid!r}: key ownership lost"
         assert len(self._key_holders) == len(self._seqs), "a finished request still holds a key"
+
+
+_SEQUENCE_TYPES: set[type] = {list, tuple, array}
+"""Types ``advance`` has accepted as token sequences (vLLM's ``ConstantList`` joins at
+its first step): the ``Sequence`` check is an ABC's, a few thousand instructions each
+time, and a block-filling decode step makes it."""
+
+
+def _is_token_sequence(tokens: object) -> bool:
+    if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
+        return False
+    if len(_SEQUENCE_TYPES) < 64:  # bounded, whatever classes a caller makes
+        _SEQUENCE_TYPES.add(type(tokens))
+    return True
 
 
 def _common_len(a: list[int], b: list[int], limit: int) -> int:
