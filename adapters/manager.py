@@ -546,11 +546,12 @@ class CacheManager:
         if tokens is not None:
             if type(tokens) not in _SEQUENCE_TYPES and not _is_token_sequence(tokens):
                 raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
+            known_tokens = cast("Sequence[int]", tokens)
             have = len(seq.key.tokens)
             if computed is not None:
-                computed = min(computed, len(tokens))
-                if computed // bs > seq.num_registered_blocks and len(tokens) > have:
-                    learn = checked_tokens(tokens[have:], have)  # positions in tokens
+                computed = min(computed, len(known_tokens))
+                if computed // bs > seq.num_registered_blocks and len(known_tokens) > have:
+                    learn = checked_tokens(known_tokens[have:], have)  # positions in tokens
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
             if learn:
