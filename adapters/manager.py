@@ -22,6 +22,7 @@ them; ``check_invariants`` counts both.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
@@ -536,7 +537,9 @@ class CacheManager:
         computed = None
         if num_computed is not None:
             computed = check_count("num_computed", num_computed, slots)
-        reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        reserve = 0
+        if type(reserve_blocks) is not int or reserve_blocks:
+            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
         computed, learn = self._tokens_to_learn(seq, tokens, computed)
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
@@ -578,16 +581,15 @@ class CacheManager:
         # a block is to be registered (checked; vLLM hashes a block once it fills).
         if tokens is None:
             return computed, ()
-        if type(tokens) is not list and (
-            not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes))
-        ):
+        if type(tokens) not in _SEQUENCE_TYPES and not _is_token_sequence(tokens):
             raise InvalidTokenError(f"tokens must be a sequence of ids, got {tokens!r:.80}")
         if computed is None:
             return None, ()
+        known = cast("Sequence[int]", tokens)
         have = len(seq.key.tokens)
-        computed = min(computed, len(tokens))
-        if computed // self.block_size > seq.num_registered_blocks and len(tokens) > have:
-            return computed, checked_tokens(tokens[have:], have)  # positions in tokens
+        computed = min(computed, len(known))
+        if computed // self.block_size > seq.num_registered_blocks and len(known) > have:
+            return computed, checked_tokens(known[have:], have)  # positions in tokens
         return computed, ()
 
     def _grow(self, seq: _Seq, slots: int, reserve: int) -> list[int] | None:
@@ -795,6 +797,20 @@ class CacheManager:
             assert len(s.table) * self.block_size >= s.num_computed, f"{rid!r} lacks slots"
             assert self._key_holders.get(id(s.key)) == rid, f"{rid!r}: key ownership lost"
         assert len(self._key_holders) == len(self._seqs), "a finished request still holds a key"
+
+
+_SEQUENCE_TYPES: set[type] = {list, tuple, array}
+"""Types ``advance`` has accepted as token sequences (vLLM's ``ConstantList`` joins at
+its first step): the ``Sequence`` check is an ABC's, a few thousand instructions each
+time, and a block-filling decode step makes it."""
+
+
+def _is_token_sequence(tokens: object) -> bool:
+    if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
+        return False
+    if len(_SEQUENCE_TYPES) < 64:  # bounded, whatever classes a caller makes
+        _SEQUENCE_TYPES.add(type(tokens))
+    return True
 
 
 def _common_len(a: list[int], b: list[int], limit: int) -> int:

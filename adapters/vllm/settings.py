@@ -24,6 +24,7 @@ in full, then the ``"none"`` index is built.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -156,13 +157,23 @@ def index_from_settings(
 
 
 def uses_prefixkv(scheduler_cls: object) -> bool:
-    """Whether vLLM's ``--scheduler-cls`` (a qualified name or a class) is prefixkv's."""
-    module = (
-        scheduler_cls
-        if isinstance(scheduler_cls, str)
-        else getattr(scheduler_cls, "__module__", "")
-    )
-    return isinstance(module, str) and module.startswith("prefixkv.")
+    """Whether vLLM's ``--scheduler-cls`` (a qualified name or a class) is prefixkv's or
+    a subclass of it (a timing wrapper, a user's own): a name outside prefixkv is
+    imported as vLLM imports it; one that does not import is not prefixkv's (vLLM then
+    names the error itself)."""
+    cls = scheduler_cls
+    if isinstance(scheduler_cls, str):
+        if scheduler_cls.startswith("prefixkv."):
+            return True
+        module, _, name = scheduler_cls.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    mro = getattr(cls, "__mro__", None)
+    if not isinstance(mro, tuple):
+        return False
+    return any(str(getattr(c, "__module__", "")).startswith("prefixkv.") for c in mro)
 
 
 def check_vllm_config(vllm_config: Any) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from helpers import ROOT, TEST_DATA
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prefixkv.adapters.events import BlockStored
 from prefixkv.adapters.vllm import (
@@ -212,6 +214,48 @@ def test_full_sequence_must_fit_and_reserved_blocks() -> None:
     assert kv.allocate_slots(long, 4, reserved_blocks=2) is None  # 2 free, 2 reserved
     assert kv.allocate_slots(long, 4, reserved_blocks=1) is not None
     assert not kv.manager.index.stats().num_evictable_blocks
+    kv.check_invariants()
+
+
+@given(
+    warm=st.lists(st.lists(st.integers(1, 2), min_size=1, max_size=24), max_size=6),
+    held=st.integers(0, 10),
+    probe=st.lists(st.integers(1, 2), min_size=1, max_size=44),
+    chunk=st.integers(1, 44),
+    reserve=st.integers(0, 3),
+    full=st.booleans(),
+)
+def test_an_admission_fits_exactly_when_free_plus_evictable_blocks_suffice(
+    warm: list[list[int]], held: int, probe: list[int], chunk: int, reserve: int, full: bool
+) -> None:
+    # vLLM's gate: the blocks an admission needs (the whole sequence with
+    # full_sequence_must_fit, this chunk plus reserved_blocks) against the free blocks
+    # plus the evictable ones, less the hit's own evictable blocks (locking takes them).
+    kv = KVCacheManager("hash_chain", num_blocks=12, block_size=4)  # 11 blocks hold KV
+    for i, tokens in enumerate(warm):  # cached, then evictable once freed
+        req = request(f"w{i}", tokens)
+        if admit(kv, req) is not None:
+            kv.free(req)
+    if held:  # a running request holding blocks, so free blocks run short
+        admit(kv, request("held", [9] * (4 * held)))
+    req = request("probe", probe)
+    blocks, hit, _ = kv.get_computed_blocks(req)
+    index = kv.manager.index
+    assert isinstance(index, HashChainIndex)
+    hit_ids = blocks.get_block_ids()[0]
+    available = (
+        kv.manager.allocator.num_free_blocks
+        + index.stats().num_evictable_blocks
+        - sum(index.ref_cnt(b) == 0 for b in hit_ids)
+    )
+    num_new = min(chunk, len(probe) - hit)
+    whole = -(-len(probe) // 4) - len(hit_ids)
+    step = -(-(hit + num_new) // 4) - len(hit_ids) + reserve
+    fits = (not full or whole <= available) and step <= available
+    new = kv.allocate_slots(
+        req, num_new, hit, blocks, full_sequence_must_fit=full, reserved_blocks=reserve
+    )
+    assert (new is not None) == fits, (available, whole, step)
     kv.check_invariants()
 
 
