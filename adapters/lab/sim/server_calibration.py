@@ -434,9 +434,9 @@ def fit_server(
     profile = fit()
     if hops is None:
         return dataclasses.replace(profile, fit={**profile.fit, **saved})
-    # request_s is what lies outside the first step as the sweep alone prices it (its
-    # fit separates a request's cost from a step's: a decode run is one request and
-    # many steps); the steps are then fitted to what lies outside request_s.
+    # request_s is what lies outside the engine core's own queue and prefill time (the
+    # server's /metrics; the sweep's step model where a server does not say); the steps
+    # are then fitted to what lies outside request_s.
     path = fit_serving_path(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
@@ -497,11 +497,15 @@ def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
             f"{where} keeps no calibration samples or serving-path medians to fit again; "
             "calibrate --server again"
         )
-    first_step, _ = engine_model(profile)(PROMPT_TOKENS, 1)
-    request_s = max(0.0, ttft - first_step)
+    engine = hops.get("engine")
+    if isinstance(engine, (int, float)) and not isinstance(engine, bool) and 0 <= engine < ttft:
+        request_s, outside = ttft - engine, "engine"
+    else:
+        first_step, _ = engine_model(profile)(PROMPT_TOKENS, 1)
+        request_s, outside = max(0.0, ttft - first_step), "step model"
     fitted = {
         **profile.fit,
-        "serving_path": {**path, "request_s": request_s, "request_s_outside": "step model"},
+        "serving_path": {**path, "request_s": request_s, "request_s_outside": outside},
         "refit": "request_s from the serving path's medians (no samples kept); steps as fitted",
     }
     return dataclasses.replace(profile, request_s=request_s, fit=fitted)
