@@ -497,7 +497,7 @@ def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
             f"{where} keeps no calibration samples or serving-path medians to fit again; "
             "calibrate --server again"
         )
-    engine = hops.get("engine")
+    engine = hops.get("engine") if isinstance(hops, dict) else None
     if isinstance(engine, (int, float)) and not isinstance(engine, bool) and 0 <= engine < ttft:
         request_s, outside = ttft - engine, "engine"
     else:
