@@ -75,33 +75,46 @@ def snapshot(index: EventIndex) -> dict[Source, dict[int | bytes, int]]:
 
 
 class Proxy:
-    """Forwards PUB frames, applying a fault to each: pass, drop, or hold for k frames."""
+    """Forwards PUB frames, applying a fault to each: pass, drop, or hold for k frames.
+
+    Both links are made in an order that loses nothing, at any load: the downstream
+    XPUB is bound at once (create the proxy before the subscriber that connects to it,
+    and :meth:`wait_subscribed` for it), the upstream SUB connects in :meth:`link`,
+    once the publisher is bound (a SUB that connects first joins whenever its retry
+    timer fires, and libzmq does not always come back to a restarted publisher's ipc
+    path by itself).
+    """
 
     def __init__(self, ctx: zmq.Context[Any], upstream: str, downstream: str) -> None:
         self.ctx, self.upstream = ctx, upstream
-        self.sub = self._subscribe()
-        self.pub = ctx.socket(zmq.PUB)
+        self.sub: zmq.Socket[Any] | None = None
+        self.pub = ctx.socket(zmq.XPUB)  # XPUB: it sees the subscriber's subscription
         self.pub.bind(downstream)
         self.held: list[tuple[int, list[bytes]]] = []
         self.faults: Counter[str] = Counter()
 
-    def _subscribe(self) -> zmq.Socket[Any]:
-        sock = self.ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(self.upstream)
-        return sock
+    def link(self) -> zmq.Socket[Any]:
+        """A fresh upstream SUB (closing the last one): call it once the publisher is
+        bound, then wait for the publisher to count it."""
+        if self.sub is not None:
+            self.sub.close(linger=0)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(self.upstream)
+        return self.sub
 
-    def reconnect(self) -> None:
-        """A fresh upstream link (libzmq's SUB does not come back to a restarted
-        publisher's ipc path by itself)."""
-        self.sub.close(linger=0)
-        self.sub = self._subscribe()
+    def wait_subscribed(self) -> None:
+        """Wait until the downstream subscriber's subscription arrived: from then on
+        every frame forwarded reaches it."""
+        assert self.pub.poll(HANG_MS), "the subscriber never subscribed"
+        assert self.pub.recv()[:1] == b"\x01"
 
     def pump(self, fault: Callable[[], int], sub: ZmqEventSubscriber, count: int) -> None:
         """Forward ``count`` frames (the publisher waited for this proxy's subscription,
         so none is lost before it); ``fault()``: -1 drop, 0 pass, k hold for k frames."""
         end = time.monotonic() + HANG_S
         for _ in range(count):
+            assert self.sub is not None, "link() first"
             while not self.sub.poll(10):
                 assert time.monotonic() < end, "hung"
                 sub.poll(0)
@@ -181,6 +194,7 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
     truth, mine = EventIndex(), EventIndex()
     restarts: list[int] = []
     resyncs: list[int | None] = []
+    proxy = Proxy(ctx, pub_ep, proxy_ep)
     sub = ZmqEventSubscriber(
         proxy_ep,
         lambda seq, b: mine.apply(b, "r"),
@@ -189,7 +203,6 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
         on_resync=lambda start: (resyncs.append(start), mine.clear("r")),
         context=ctx,
     )
-    proxy = Proxy(ctx, pub_ep, proxy_ep)
 
     def fault() -> int:
         r = rng.random()
@@ -198,7 +211,10 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
     try:
         for run, n in ((1, 60), (2, 30)):
             pub = ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=1000, context=ctx)
-            assert pub.wait_for_subscribers(1, HANG_S) == 1  # the proxy's SUB (re)connected
+            proxy.link()
+            assert pub.wait_for_subscribers(1, HANG_S) == 1  # the proxy's SUB
+            if run == 1:
+                proxy.wait_subscribed()
             if run == 2:
                 truth.clear("r")  # the engine restarted with an empty cache
             for b in make_batches(rng, n, ts0=1000.0 * run):
@@ -209,11 +225,10 @@ def test_converges_through_drops_delays_reorders_and_a_restart(
             assert snapshot(mine) == snapshot(truth), (run, sub.stats, restarts, resyncs)
             assert sub.next_seq == n
             pub.shutdown()
-            proxy.reconnect()
         assert proxy.faults["drop"] > 0 and proxy.faults["delay"] > 0
         assert sub.stats["gaps"] > 0 and sub.stats["replays"] > 0
-        # The new run is noticed once: as a restart, or (when the proxy's reconnection
-        # hides the first live batches) as a full resync from its seq 0. Either way the
+        # The new run is noticed once: as a restart, or (when the faults drop its
+        # first live batches) as a full resync from its seq 0. Either way the
         # old run's blocks are forgotten (the snapshots above).
         assert (restarts, resyncs) in (([1], []), ([], [0])), (sub.stats, restarts, resyncs)
         assert sub.stats["restarts"] == len(restarts)
@@ -254,6 +269,7 @@ def test_replay_window_exceeded_asks_for_a_resync(ctx: zmq.Context[Any], tmp_pat
     pub_ep, replay_ep, proxy_ep = (f"ipc://{tmp_path}/{n}" for n in ("pub", "replay", "proxy"))
     got: list[int] = []
     resyncs: list[int | None] = []
+    proxy = Proxy(ctx, pub_ep, proxy_ep)  # bound before the subscriber connects
     sub = ZmqEventSubscriber(
         proxy_ep,
         lambda seq, b: got.append(seq),
@@ -261,18 +277,18 @@ def test_replay_window_exceeded_asks_for_a_resync(ctx: zmq.Context[Any], tmp_pat
         on_resync=resyncs.append,
         context=ctx,
     )
-    proxy = Proxy(ctx, pub_ep, proxy_ep)
     try:
         with ZmqEventPublisher(pub_ep, replay_ep, buffer_steps=5, context=ctx) as pub:
+            proxy.link()
             assert pub.wait_for_subscribers(1, HANG_S) == 1  # the proxy's SUB
+            proxy.wait_subscribed()
             batches = make_batches(random.Random(3), 20, ts0=0.0)
             for b in batches:
                 pub.publish(b)
             # deliver 0..2, lose 3..18, deliver 19: only 15..19 are still buffered
             seen = iter(range(100))
             proxy.pump(lambda: -1 if 3 <= next(seen) <= 18 else 0, sub, 20)
-            if sub.next_seq != 20:  # the proxy's SUB joined late: catch up explicitly
-                sub.sync()
+            sub.sync()  # frame 19 reveals the gap; the sync waits for its replay
         assert resyncs and resyncs[-1] == 15
         assert got[-5:] == [15, 16, 17, 18, 19] and got == sorted(set(got))
     finally:
@@ -290,11 +306,12 @@ def test_no_replay_socket_means_resync_on_a_gap(ctx: zmq.Context[Any], tmp_path:
     dropped = -1
     try:
         with ZmqEventPublisher(pub_ep, context=ctx) as pub:
+            upstream = proxy.link()
             # publish until the links are up and the third frame the proxy sees is lost
             for b in make_batches(random.Random(4), 400, ts0=0.0):
                 pub.publish(b)
-                if proxy.sub.poll(20):
-                    frames = proxy.sub.recv_multipart()
+                if upstream.poll(20):
+                    frames = upstream.recv_multipart()
                     seq = int.from_bytes(frames[1], "big")
                     if dropped < 0 and proxy.faults["pass"] >= 2:
                         dropped = seq

@@ -247,7 +247,6 @@ def test_a_restart_whose_burst_was_lost_is_noticed_in_silence(
     pub_ep, replay_ep, relay_ep = (f"ipc://{tmp_path}/{n}" for n in ("pub", "replay", "relay"))
     relay_in = ctx.socket(zmq.SUB)
     relay_in.setsockopt(zmq.SUBSCRIBE, b"")
-    relay_in.connect(pub_ep)
     relay_out = raw_publisher(ctx, relay_ep)
     rec = Recorder()
     sub = rec.subscribe(ctx, relay_ep, replay_endpoint=replay_ep)  # default probe
@@ -255,6 +254,7 @@ def test_a_restart_whose_burst_was_lost_is_noticed_in_silence(
         assert relay_out.poll(HANG_MS)
         relay_out.recv()
         with ZmqEventPublisher(pub_ep, replay_ep, context=ctx) as pub:
+            relay_in.connect(pub_ep)  # once bound: no retry timer, no teardown to meet
             assert pub.wait_for_subscribers(1, HANG_S) == 1
             for i in range(5):
                 pub.publish(batch(float(i)))
