@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixkv.adapters.lab.sim.config import SimSettings
-from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
+from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import (
     FORMATS,
@@ -35,7 +35,7 @@ from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
-from prefixkv.adapters.router.routing import BOUNDS, parse_policies
+from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..cluster.config import MAX_REPLICAS
 from ..cluster.experiment import (
@@ -52,7 +52,7 @@ from ..cluster.run import ClusterSettings
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
-from .cluster_load import admitted, fleet_capacities, rates_of
+from .cluster_load import Rates, admitted, fleet_capacities, rates_of
 from .common import CLIUsageError, add_gpu_memory_utilization, parse_capacity_tokens
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
@@ -295,20 +295,7 @@ def run_cluster_command(
     capacities = fleet_capacities(args, profile, model)
     requests, description, per_id = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
-    config = ClusterSettings(
-        num_replicas=args.replicas[0],
-        capacity_tokens=capacities[0],
-        backend=args.index,
-        block_size=args.block_size or per_id or 16,
-        sim=SimSettings(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
-        ),
-        profile=profile,
-        buffer_steps=args.buffer_steps,
-        seed=args.seed,
-        keep_tokens=plan is not None,
-        slo=slo_of(args),
-    )
+    config = _cluster_settings(args, capacities[0], per_id, profile, faults=plan is not None)
     # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
@@ -322,6 +309,69 @@ def run_cluster_command(
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None, rates.first)))
     t0 = time.perf_counter()
+    results, partial = _run_all(args, stream, specs, config, rates, capacities, plan, interrupts)
+    interrupts.hold()  # what finished is written whole, whatever arrives now
+    if not results:
+        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
+              file=sys.stderr)  # fmt: skip
+        return interrupts.status()
+    timing = rates.describe(args.seed, args.time_scale)
+    files = write_report(
+        results,
+        args.out,
+        command="prefixkv " + shlex.join(argv),
+        source=f"{description}; arrivals: {timing}; "
+        f"{'prefill only' if args.prefill_only else 'full outputs'}",
+        requests_table=not args.no_requests_table,
+        plots=not args.no_plots,
+        partial=partial,
+        notes=workload.notes,
+        settings=settings,
+    )
+    if not args.quiet or partial:
+        wall = time.perf_counter() - t0
+        what = f"partial results ({partial})" if partial else f"{len(results)} runs"
+        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
+    return _exit_status(results, partial, interrupts)
+
+
+def _cluster_settings(
+    args: argparse.Namespace,
+    capacity_tokens: int,
+    per_id: int | None,
+    profile: CostProfile,
+    *,
+    faults: bool,
+) -> ClusterSettings:
+    """The first run's settings, from the flags (a fault run keeps its token ids)."""
+    return ClusterSettings(
+        num_replicas=args.replicas[0],
+        capacity_tokens=capacity_tokens,
+        backend=args.index,
+        block_size=args.block_size or per_id or 16,
+        sim=SimSettings(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+        profile=profile,
+        buffer_steps=args.buffer_steps,
+        seed=args.seed,
+        keep_tokens=faults,
+        slo=slo_of(args),
+    )
+
+
+def _run_all(
+    args: argparse.Namespace,
+    stream: Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]],
+    specs: Sequence[PolicySpec],
+    config: ClusterSettings,
+    rates: Rates,
+    capacities: list[int],
+    plan: FaultPlan | None,
+    interrupts: Interrupts,
+) -> tuple[list[ClusterResult], str]:
+    """The experiment's runs, then the rate sweep's; returns the runs that finished
+    and, when interrupted, what stopped them (else ``""``)."""
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
     results: list[ClusterResult] = []
@@ -343,29 +393,12 @@ def run_cluster_command(
         partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
     except KeyboardInterrupt:  # during the rate sweep: the runs that finished are kept
         partial = f"{interrupts.name()} during the rate sweep, after {len(results)} runs"
-    interrupts.hold()  # what finished is written whole, whatever arrives now
-    if not results:
-        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
-              file=sys.stderr)  # fmt: skip
-        return interrupts.status()
-    timing = rates.describe(args.seed, args.time_scale)
-    files = write_report(
-        results,
-        args.out,
-        command="prefixkv " + shlex.join(argv),
-        source=f"{description}; arrivals: {timing}; "
-        f"{'prefill only' if args.prefill_only else 'full outputs'}",
-        requests_table=not args.no_requests_table,
-        plots=not args.no_plots,
-        partial=partial,
-        notes=workload.notes,
-        settings=settings,
-    )
+    return results, partial
+
+
+def _exit_status(results: list[ClusterResult], partial: str, interrupts: Interrupts) -> int:
+    """1 when a run broke an invariant; else 130 or 143 when interrupted; else 0."""
     broken = [r for r in results if r.invariants.broken()]
-    if not args.quiet or partial:
-        wall = time.perf_counter() - t0
-        what = f"partial results ({partial})" if partial else f"{len(results)} runs"
-        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     if broken:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1
