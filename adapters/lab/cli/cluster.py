@@ -53,7 +53,13 @@ from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
-from .common import CLIUsageError, add_gpu_memory_utilization, parse_capacity_tokens
+from .common import (
+    CLIUsageError,
+    add_gpu_memory_utilization,
+    parse_capacity_tokens,
+    positive_float,
+    positive_int,
+)
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
@@ -76,19 +82,6 @@ def _replica_counts(text: str) -> list[int]:
             f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
         )
     return values
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}")
-        return value
-
-    return parse
 
 
 def add_cluster_parser(sub: Any) -> None:
@@ -119,10 +112,10 @@ def add_cluster_parser(sub: Any) -> None:
 def _add_input_flags(p: argparse.ArgumentParser) -> None:
     """The trace's format and size."""
     p.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
-    p.add_argument("--max-requests", type=_positive(int), metavar="N", help="the first N requests")
+    p.add_argument("--max-requests", type=positive_int, metavar="N", help="the first N requests")
     p.add_argument(
         "--tokens-per-id",
-        type=_positive(int),
+        type=positive_int,
         metavar="S",
         help="hash-id traces: tokens per hash id (default: the format's, Mooncake 512)",
     )
@@ -144,7 +137,7 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     add_gpu_memory_utilization(f)
     f.add_argument(
         "--block-size",
-        type=_positive(int),
+        type=positive_int,
         metavar="N",
         help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
     )
@@ -154,12 +147,12 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="each replica's prefix index (default hash_chain)",
     )
-    f.add_argument("--max-num-seqs", type=_positive(int), default=256, metavar="N")
-    f.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192, metavar="N")
+    f.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N")
+    f.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="N")
     f.add_argument(
         "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
     )
-    f.add_argument("--buffer-steps", type=_positive(int), default=10_000, metavar="N",
+    f.add_argument("--buffer-steps", type=positive_int, default=10_000, metavar="N",
                    help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
@@ -182,7 +175,7 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
         "where the fleet has room and doubles until each policy is overloaded (at most 10 "
         "rates), as compare --request-rate",
     )
-    a.add_argument("--time-scale", type=_positive(float), metavar="S",
+    a.add_argument("--time-scale", type=positive_float, metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
     add_slo_flags(arrivals)
     p.add_argument(
@@ -217,7 +210,7 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
     )
-    x.add_argument("--ray-cpus", type=_positive(float), metavar="C",
+    x.add_argument("--ray-cpus", type=positive_float, metavar="C",
                    help="CPUs each replica actor asks for; refused when the actors do not "
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
