@@ -6,6 +6,10 @@ seat (:mod:`.sim.seats`), the engine class every lab run steps its requests thro
 prefixkv's vLLM ``KVCacheManager`` (``driver="vllm"``), its SGLang ``PrefixCache``
 (``"sglang"``) or the generic ``CacheManager`` (``"manager"``). :func:`replay` builds
 the seat and the schedule and runs the requests as a stream.
+
+A scheduler step ends where an engine takes its KV events: an admission (prefill),
+each decode step, and (the vLLM driver) a finished request's release; the SGLang
+driver releases a request in the step that samples its last token, as SGLang does.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .sim.klive import (
     _Collector,
     driver_seat,
 )
+from .sim.seats import ManagerSeat, SglangSeat, VllmSeat
 
 __all__ = [
     "DRIVERS",
@@ -77,19 +82,13 @@ def replay(
             constant memory however long the stream).
         measure_memory: sample the index's ``memory_bytes`` as its peak grows (at
             geometric steps: it walks the index) into ``index_memory_bytes``.
-        on_admit: called with each admission's :class:`HitRow`, in admission order
-            (stream the oracle file from it).
+        on_admit: called with each admission's :class:`HitRow`, in admission order.
         progress: called with each admitted request's prompt length.
-        on_step: called at the end of every scheduler step, where an engine takes
-            its KV events: an admission (prefill), each decode step, and (the vLLM
-            driver) a finished request's release; the SGLang driver releases a
-            request in the step that samples its last token, as SGLang does.
-        on_events: with KV events on (the engine classes' ``enable_kv_cache_events``), called
-            at the end of each step that produced events, with the events
-            ``take_events()`` returned (what an engine publishes as one batch).
-        guard: a reusable context that each admission and its ``on_admit`` call run
-            inside (the command line's signal deferral: a Ctrl-C then never falls
-            between a request counted and its row written).
+        on_step: called at the end of every scheduler step (module docstring).
+        on_events: turns KV events on; called at the end of each step that produced
+            events, with what ``take_events()`` returned (an engine's one batch).
+        guard: a reusable context around each admission and its ``on_admit`` call
+            (the command line's signal deferral: no Ctrl-C between the two).
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
@@ -97,13 +96,8 @@ def replay(
             (marked ``partial``).
         PrefixKVError: bad arguments.
     """
-    tracker = None
-    if track_boundaries:
-        caches = describe(index).caches
-        tracker = BoundaryTracker(index.block_size, caches=caches, keep_records=False)
-    observers = [] if tracker is None else [tracker]
-    seat = driver_seat(driver, index, num_blocks, events=on_events is not None, observers=observers)
-    step = on_step if on_events is None else _publishing(seat.take_events, on_events, on_step)
+    tracker = _boundary_tracker(index) if track_boundaries else None
+    seat, step = _observed_seat(driver, index, num_blocks, tracker, on_step, on_events)
     schedule = KLive(
         seat,
         concurrency,
@@ -113,6 +107,28 @@ def replay(
         on_step=step,
     )
     return schedule.run(requests, on_admit=on_admit, progress=progress, guard=guard)
+
+
+def _boundary_tracker(index: PrefixIndex) -> BoundaryTracker:
+    """Counts the tokens each admission matched and lost, in totals only."""
+    caches = describe(index).caches
+    return BoundaryTracker(index.block_size, caches=caches, keep_records=False)
+
+
+def _observed_seat(
+    driver: Driver,
+    index: PrefixIndex,
+    num_blocks: int,
+    tracker: BoundaryTracker | None,
+    on_step: Callable[[], object] | None,
+    on_events: Callable[[list[KVEvent]], object] | None,
+) -> tuple[VllmSeat | SglangSeat | ManagerSeat, Callable[[], object] | None]:
+    """The driver's seat, observed by ``tracker``, and the step hook (which first hands
+    the step's KV events to ``on_events``, when given)."""
+    observers = [] if tracker is None else [tracker]
+    seat = driver_seat(driver, index, num_blocks, events=on_events is not None, observers=observers)
+    step = on_step if on_events is None else _publishing(seat.take_events, on_events, on_step)
+    return seat, step
 
 
 def _publishing(

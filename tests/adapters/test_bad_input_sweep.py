@@ -28,7 +28,6 @@ from prefixkv.adapters.lab.sim import (
     SimSettings,
     fixed_rate_arrivals,
     poisson_arrivals,
-    scaled_arrivals,
     with_arrivals,
 )
 from prefixkv.adapters.lab.sim.calibration import measure_engine
@@ -522,7 +521,6 @@ def _lab_entries(bare: Callable[..., Entry]) -> list[Entry]:
         ),
         bare("poisson_arrivals(rate)", lambda _, b: poisson_arrivals(b), valid=(1.5,)),
         bare("fixed_rate_arrivals(rate)", lambda _, b: fixed_rate_arrivals(b), valid=(1.5,)),
-        bare("scaled_arrivals(time_scale)", lambda _, b: scaled_arrivals([0.0], b), valid=(1.5,)),
         bare(
             "with_arrivals(request_rate)",
             lambda _, b: with_arrivals([], request_rate=b),

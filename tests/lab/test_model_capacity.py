@@ -4,6 +4,7 @@ them, and the working set and knee found by bisection over replays."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ from prefixkv.adapters.lab.sim.model_config import (
     ModelConfigError,
     available_model_configs,
     load_model_config,
-    pool_tokens,
 )
+from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.lab.workload_sources import load_workloads
 
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
@@ -53,9 +54,20 @@ def test_llama_3_8b_kv_bytes_weights_and_pool_match_the_hand_computed_values() -
     assert m.num_parameters == 8_030_261_248  # the model card's 8.03B
     assert m.weight_bytes == 2 * 8_030_261_248
     assert m.max_position_embeddings == 8192
-    assert pool_tokens(m, 80 * GiB, 0.9) == int((0.9 * 80 * GiB - m.weight_bytes) // 131_072)
-    assert pool_tokens(m, 80 * GiB, 0.9) == 467_291
-    assert pool_tokens(m, 16 * GiB, 0.9) == 0  # the weights alone do not fit
+    # the pool as --model-config llama-3-8b --gpu-memory G sizes it (vLLM's rule)
+    on = {
+        gib: dataclasses.replace(
+            load_profile(),
+            kv_cache_tokens=None,
+            kv_bytes_per_token=m.kv_bytes_per_token,
+            weight_bytes=m.weight_bytes,
+            device_memory_bytes=gib * GiB,
+        )
+        for gib in (80, 16)
+    }
+    assert on[80].kv_capacity_tokens(0.9) == int((0.9 * 80 * GiB - m.weight_bytes) // 131_072)
+    assert on[80].kv_capacity_tokens(0.9) == 467_291
+    assert on[16].kv_capacity_tokens(0.9) == 0  # the weights alone do not fit
 
 
 def test_every_shipped_config_reads_and_names_its_source() -> None:

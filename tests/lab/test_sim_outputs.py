@@ -20,7 +20,7 @@ from prefixkv.adapters.lab.outputs.tables import (
     write_rows,
     write_tables,
 )
-from prefixkv.adapters.lab.sim import SimResult, SimSettings, sim_request, simulate, with_arrivals
+from prefixkv.adapters.lab.sim import SimResult, SimSettings, from_trace, simulate, with_arrivals
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 
@@ -32,7 +32,7 @@ def _runs(capacities: tuple[int, ...] = (50_000,)) -> list[SimResult]:
     out = []
     for capacity in capacities:
         for name, bs in BACKENDS:
-            timed = (sim_request(r.id, r.tokens, r.output) for r in reqs)
+            timed = from_trace(reqs)
             out.append(
                 simulate(
                     with_arrivals(timed, request_rate=2.0, seed=0),

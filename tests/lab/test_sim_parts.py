@@ -27,33 +27,53 @@ from prefixkv.adapters.lab.sim import (
     attention_pairs,
     available_profiles,
     fixed_rate_arrivals,
+    from_trace,
     load_profile,
     percentile,
     poisson_arrivals,
     save_profile,
-    scaled_arrivals,
-    sim_request,
     with_arrivals,
 )
 from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
+from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes import InvalidTokenError
 
 # --------------------------------------------------------------------- requests
 
 
-def test_timed_request_validates_and_converts() -> None:
-    r = sim_request("a", [3, 4, 5], [7, 8], arrival=1.5)
+def _one(prompt: list[int], output: list[int], **options: bool) -> SimRequest:
+    (r,) = from_trace([TraceRequest("a", prompt, output, 1.5)], **options)
+    return r
+
+
+def test_a_trace_request_becomes_a_sim_request() -> None:
+    r = _one([3, 4, 5], [7, 8])
     assert r.prompt == array("I", [3, 4, 5]) and r.output_len == 2 and r.output_token(1) == 8
-    assert sim_request("b", [1], 5).output is None
-    assert sim_request("c", [1], 5).output_token(4) == 0
-    assert sim_request("d", [1], []).output_len == 1  # an engine always samples one
-    assert sim_request("e", [1], 0).output_len == 1
+    assert r.arrival == 1.5 and r.after is None
+    filler = _one([1], [7, 8, 9, 10, 11], output_tokens=False)
+    assert filler.output is None and filler.output_len == 5 and filler.output_token(4) == 0
+    assert _one([1], []).output_len == 1  # an engine always samples one
+    prefill = _one([1], [7, 8], prefill_only=True)
+    assert prefill.output_len == 1 and prefill.output is None
     with pytest.raises(SimInputError, match="prompt"):
-        sim_request("f", [], 3)
+        _one([], [3])
     with pytest.raises(InvalidTokenError):
-        sim_request("g", [1, -2], 3)
-    with pytest.raises(SimInputError, match="output length"):
-        sim_request("h", [1], -1)
+        _one([1, -2], [3])
+
+
+def test_closed_loop_links_each_turn_to_the_one_before() -> None:
+    turns = [
+        TraceRequest("s1-1", [1], [2], 0.0, session="s1"),
+        TraceRequest("s2-1", [1], [2], 0.1, session="s2"),
+        TraceRequest("s1-2", [1, 2, 3], [4], 0.2, session="s1", think_s=2.0),
+        TraceRequest("x", [9], [9], 0.3, parent="s2-1"),
+    ]
+    links = [(r.after, r.think_s) for r in from_trace(turns, closed_loop=True)]
+    assert links == [(None, 0.0), (None, 0.0), ("s1-1", 2.0), ("s2-1", 0.0)]
+    assert all(r.after is None for r in from_trace(turns))
+
+
+def test_sim_request_validates() -> None:
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
             SimRequest("i", array("I", [1]), 1, arrival)
@@ -76,9 +96,8 @@ def test_poisson_arrivals_are_seeded_with_the_requested_rate() -> None:
     assert statistics.stdev(gaps) == pytest.approx(0.25, rel=0.03)  # exponential: sd = mean
 
 
-def test_fixed_and_scaled_arrivals() -> None:
+def test_fixed_rate_arrivals() -> None:
     assert list(itertools.islice(fixed_rate_arrivals(4.0), 4)) == [0.0, 0.25, 0.5, 0.75]
-    assert list(scaled_arrivals([10.0, 11.0, 13.0], 0.5)) == [0.0, 0.5, 1.5]
 
 
 def _reqs(arrivals: list[float | None]) -> list[SimRequest]:

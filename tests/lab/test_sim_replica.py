@@ -21,8 +21,8 @@ from prefixkv.adapters.lab.sim import (
     SimSettings,
     SimSettingsError,
     SimUnservableError,
+    from_trace,
     load_profile,
-    sim_request,
     simulate,
     with_arrivals,
 )
@@ -135,9 +135,7 @@ def test_queued_request_waits_for_the_running_one() -> None:
 def _workload_run(
     seed: int, name: str = "radix", batching: Batching = "mixed"
 ) -> list[dict[str, object]]:
-    reqs = [
-        sim_request(r.id, r.tokens, r.output) for r in make_workload("multi_turn", num_sessions=6)
-    ]
+    reqs = list(from_trace(make_workload("multi_turn", num_sessions=6)))
     cfg = SimSettings(max_num_seqs=8, max_num_batched_tokens=512, batching=batching)
     res = simulate(
         with_arrivals(reqs, request_rate=3.0, seed=seed), factory(name, 4), 6000, cfg, PROFILE
@@ -166,7 +164,7 @@ def test_radix_page_1_ttft_p50_at_most_the_hash_chains(workload: str, config: Si
     reqs = make_workload(workload)
     p50 = {}
     for name, block_size in (("hash_chain", 16), ("radix", 1)):
-        timed = (sim_request(r.id, r.tokens, r.output) for r in reqs)
+        timed = from_trace(reqs)
         res = simulate(
             with_arrivals(timed, request_rate=1.0, seed=0),
             factory(name, block_size),
@@ -406,8 +404,8 @@ def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
     # a decodes 20 known tokens; b, arriving while a still runs, quotes a's prompt and
     # first 9 outputs. vLLM registers a's decoded blocks as they fill (b hits 16);
     # SGLang inserts them when a finishes (b hits a's 8-token prompt only).
-    a = sim_request("a", range(1, 9), list(range(100, 120)), 0.0)
-    b = sim_request("b", [*range(1, 9), *range(100, 109), 999], 1, 0.15)
+    a = SimRequest("a", array("I", range(1, 9)), 20, 0.0, array("I", range(100, 120)))
+    b = SimRequest("b", array("I", [*range(1, 9), *range(100, 109), 999]), 1, 0.15)
     cfg = SimSettings(batching=batching)
     recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
     assert recs["a"].finish_s > 0.15 + PROFILE.step_s

@@ -29,12 +29,9 @@ from prefixkv.adapters.lab.traces import (
     TraceRequest,
     atomic_writer,
     detect_format,
-    iter_trace,
     load_any,
-    load_mooncake,
     make_request,
     open_trace,
-    read_trace,
     refuse_overwrite,
     write_trace,
 )
@@ -74,21 +71,21 @@ def error_of(path: Path, **kwargs: object) -> str:
 def test_round_trip_keeps_arrays_and_links(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     assert write_trace(path, REQUESTS) == 3
-    back = read_trace(path)
+    back = load_any(path, trace_format="prefixkv")
     assert back == REQUESTS
     assert all(isinstance(r.tokens, array) and r.tokens.typecode == "I" for r in back)
     assert back[2][3:] == (1.5, "s", "a", 2, None)
-    assert list(iter_trace(str(path))) == REQUESTS
+    assert list(open_trace(str(path), "prefixkv")) == REQUESTS
 
 
 def test_gzip_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl.gz"
     write_trace(path, REQUESTS)
     assert path.read_bytes()[:2] == b"\x1f\x8b"
-    assert read_trace(path) == REQUESTS
+    assert load_any(path, trace_format="prefixkv") == REQUESTS
     renamed = tmp_path / "no_suffix.jsonl"  # gzip is known by its magic, not its name
     shutil.copy(path, renamed)
-    assert read_trace(renamed) == REQUESTS
+    assert load_any(renamed, trace_format="prefixkv") == REQUESTS
 
 
 def test_fixture_ids_defaults_and_extra_keys() -> None:
@@ -104,16 +101,16 @@ def test_max_requests_stops_reading(tmp_path: Path) -> None:
         tmp_path / "t.jsonl",
         ['{"id": "a", "tokens": [1]}', '{"id": "b", "tokens": [2]}', "not json at all"],
     )
-    assert [r.id for r in read_trace(path, max_requests=2)] == ["a", "b"]
-    assert read_trace(path, max_requests=0) == []
+    assert [r.id for r in load_any(path, max_requests=2, trace_format="prefixkv")] == ["a", "b"]
+    assert load_any(path, max_requests=0, trace_format="prefixkv") == []
     with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: not JSON"):
-        read_trace(path)
+        load_any(path, trace_format="prefixkv")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
 def test_bad_max_requests(bad: object) -> None:
     with pytest.raises(TraceOptionError, match="max_requests"):
-        read_trace(PREFIXKV, max_requests=bad)  # type: ignore[arg-type]
+        load_any(PREFIXKV, max_requests=bad, trace_format="prefixkv")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -282,7 +279,7 @@ def test_repeated_hash_ids_stay_small(tmp_path: Path) -> None:
 
 
 def test_mooncake_lengths_ids_and_arrival() -> None:
-    reqs = load_mooncake(MOONCAKE)
+    reqs = load_any(MOONCAKE, trace_format="mooncake")
     assert [r.id for r in reqs] == ["mc-1", "mc-2", "mc-4", "mc-5"]
     assert [len(r.tokens) for r in reqs] == [1200, 1100, 300, 512]
     assert [len(r.output) for r in reqs] == [10, 0, 7, 600]
@@ -291,7 +288,7 @@ def test_mooncake_lengths_ids_and_arrival() -> None:
 
 
 def test_mooncake_sharing_follows_hash_ids() -> None:
-    a, b, c, d = load_mooncake(MOONCAKE)
+    a, b, c, d = load_any(MOONCAKE, trace_format="mooncake")
     assert common_prefix(a.tokens, b.tokens) == 1024  # blocks 10, 11 equal, 12 != 13
     assert c.tokens == a.tokens[:300]  # a partial block is a prefix of the full one
     assert common_prefix(a.tokens, d.tokens) == 0
@@ -307,32 +304,32 @@ def test_mooncake_tokens_per_id_keeps_pattern() -> None:
     assert [len(r.output) for r in (a, b, c, d)] == [1, 0, 1, 19]
     assert common_prefix(a.tokens, b.tokens) == 32
     assert c.tokens == a.tokens[:10]
-    unscaled = load_mooncake(MOONCAKE)
+    unscaled = load_any(MOONCAKE, trace_format="mooncake")
     assert a.tokens[:16] == unscaled[0].tokens[:16]  # a scaled block is a prefix
 
 
 def test_mooncake_deterministic_and_seeded() -> None:
-    first = load_mooncake(MOONCAKE)
-    assert load_mooncake(MOONCAKE) == first
+    first = load_any(MOONCAKE, trace_format="mooncake")
+    assert load_any(MOONCAKE, trace_format="mooncake") == first
     # Pinned values: any process, platform or Python version must give these. The
     # first four tokens of a block are SHAKE-128 (recorded fixtures depend on them).
     assert first[0].tokens[:4] == array("I", [24376, 12749, 2402, 10190])
     assert first[0].tokens[4:8] == array("I", [30951, 14960, 15121, 16343])
     assert first[0].output[:4] == array("I", [22211, 27506, 10692, 24584])
-    other = load_mooncake(MOONCAKE, seed=1)
+    other = load_any(MOONCAKE, seed=1, trace_format="mooncake")
     assert other[0].tokens[:16] != first[0].tokens[:16]
     assert common_prefix(other[0].tokens, other[1].tokens) == 1024
 
 
 def test_mooncake_vocab_output_and_max_requests() -> None:
-    reqs = load_mooncake(MOONCAKE, vocab_size=7, output=False, max_requests=3)
+    reqs = load_any(MOONCAKE, vocab_size=7, output=False, max_requests=3, trace_format="mooncake")
     assert [r.id for r in reqs] == ["mc-1", "mc-2", "mc-4"]
     assert all(len(r.output) == 0 for r in reqs)
     assert {t for r in reqs for t in r.tokens} <= set(range(1, 7))
 
 
 def test_mooncake_requests_do_not_alias() -> None:
-    a, b, c, _ = load_mooncake(MOONCAKE)
+    a, b, c, _ = load_any(MOONCAKE, trace_format="mooncake")
     before = array("I", b.tokens)
     a.tokens[0] = 99
     assert b.tokens == before

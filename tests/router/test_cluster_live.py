@@ -6,7 +6,7 @@ import socket
 from array import array
 
 from prefixkv.adapters.events import BlockStored, KVEventBatch, ZmqEventPublisher
-from prefixkv.adapters.lab.sim import load_profile, sim_request
+from prefixkv.adapters.lab.sim import SimRequest, load_profile
 from prefixkv.adapters.router import (
     ChainedHashIndex,
     HashScheme,
@@ -45,7 +45,7 @@ def test_a_zmq_stream_steers_the_router() -> None:
             subs[2].sync()
             if router.cluster_index is not None and router.cluster_index.held(Worker(2)):
                 break
-        decision = router.route(sim_request("q", prompt.tolist() + [7] * 16, 4, 0.0), 0.0)
+        decision = router.route(SimRequest("q", array("I", [*prompt, *[7] * 16]), 4, 0.0), 0.0)
         assert decision.worker == Worker(2) and decision.predicted_blocks == 10
     finally:
         for s in subs:
@@ -80,7 +80,7 @@ def test_a_publisher_that_connects_feeds_a_router_that_binds() -> None:
             sub.poll(0.05)
         else:
             raise AssertionError("the bound subscriber got nothing from 600 batches")
-        decision = router.route(sim_request("q", prompt.tolist() + [7], 4, 0.0), 0.0)
+        decision = router.route(SimRequest("q", array("I", [*prompt, 7]), 4, 0.0), 0.0)
         assert decision.predicted_blocks == 4
     finally:
         sub.close()

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .main import build_parser, main
+from .main import main
 
 if TYPE_CHECKING:
-    from .common import CLIUsageError, parse_token_count, parse_token_counts
+    from .common import parse_token_count, parse_token_counts
 
-__all__ = ["CLIUsageError", "build_parser", "main", "parse_token_count", "parse_token_counts"]
+__all__ = ["main", "parse_token_count", "parse_token_counts"]
 
-_FROM_COMMON = ("CLIUsageError", "parse_token_count", "parse_token_counts")
+_FROM_COMMON = ("parse_token_count", "parse_token_counts")
 
 
 def __getattr__(name: str) -> object:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixkv.adapters.lab.sim.config import SimSettings
-from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, load_profile
+from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import (
     FORMATS,
@@ -35,7 +35,7 @@ from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
-from prefixkv.adapters.router.routing import BOUNDS, parse_policies
+from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..cluster.config import MAX_REPLICAS
 from ..cluster.experiment import (
@@ -52,8 +52,14 @@ from ..cluster.run import ClusterSettings
 from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
-from .cluster_load import admitted, fleet_capacities, rates_of
-from .common import CLIUsageError, add_gpu_memory_utilization, parse_capacity_tokens
+from .cluster_load import Rates, admitted, fleet_capacities, rates_of
+from .common import (
+    CLIUsageError,
+    add_gpu_memory_utilization,
+    parse_capacity_tokens,
+    positive_float,
+    positive_int,
+)
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
@@ -76,19 +82,6 @@ def _replica_counts(text: str) -> list[int]:
             f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
         )
     return values
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}")
-        return value
-
-    return parse
 
 
 def add_cluster_parser(sub: Any) -> None:
@@ -119,10 +112,10 @@ def add_cluster_parser(sub: Any) -> None:
 def _add_input_flags(p: argparse.ArgumentParser) -> None:
     """The trace's format and size."""
     p.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
-    p.add_argument("--max-requests", type=_positive(int), metavar="N", help="the first N requests")
+    p.add_argument("--max-requests", type=positive_int, metavar="N", help="the first N requests")
     p.add_argument(
         "--tokens-per-id",
-        type=_positive(int),
+        type=positive_int,
         metavar="S",
         help="hash-id traces: tokens per hash id (default: the format's, Mooncake 512)",
     )
@@ -144,7 +137,7 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     add_gpu_memory_utilization(f)
     f.add_argument(
         "--block-size",
-        type=_positive(int),
+        type=positive_int,
         metavar="N",
         help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
     )
@@ -154,12 +147,12 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="each replica's prefix index (default hash_chain)",
     )
-    f.add_argument("--max-num-seqs", type=_positive(int), default=256, metavar="N")
-    f.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192, metavar="N")
+    f.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N")
+    f.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="N")
     f.add_argument(
         "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
     )
-    f.add_argument("--buffer-steps", type=_positive(int), default=10_000, metavar="N",
+    f.add_argument("--buffer-steps", type=positive_int, default=10_000, metavar="N",
                    help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
@@ -182,7 +175,7 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
         "where the fleet has room and doubles until each policy is overloaded (at most 10 "
         "rates), as compare --request-rate",
     )
-    a.add_argument("--time-scale", type=_positive(float), metavar="S",
+    a.add_argument("--time-scale", type=positive_float, metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
     add_slo_flags(arrivals)
     p.add_argument(
@@ -217,7 +210,7 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
     )
-    x.add_argument("--ray-cpus", type=_positive(float), metavar="C",
+    x.add_argument("--ray-cpus", type=positive_float, metavar="C",
                    help="CPUs each replica actor asks for; refused when the actors do not "
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
@@ -295,20 +288,7 @@ def run_cluster_command(
     capacities = fleet_capacities(args, profile, model)
     requests, description, per_id = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
-    config = ClusterSettings(
-        num_replicas=args.replicas[0],
-        capacity_tokens=capacities[0],
-        backend=args.index,
-        block_size=args.block_size or per_id or 16,
-        sim=SimSettings(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
-        ),
-        profile=profile,
-        buffer_steps=args.buffer_steps,
-        seed=args.seed,
-        keep_tokens=plan is not None,
-        slo=slo_of(args),
-    )
+    config = _cluster_settings(args, capacities[0], per_id, profile, faults=plan is not None)
     # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
@@ -322,6 +302,69 @@ def run_cluster_command(
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None, rates.first)))
     t0 = time.perf_counter()
+    results, partial = _run_all(args, stream, specs, config, rates, capacities, plan, interrupts)
+    interrupts.hold()  # what finished is written whole, whatever arrives now
+    if not results:
+        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
+              file=sys.stderr)  # fmt: skip
+        return interrupts.status()
+    timing = rates.describe(args.seed, args.time_scale)
+    files = write_report(
+        results,
+        args.out,
+        command="prefixkv " + shlex.join(argv),
+        source=f"{description}; arrivals: {timing}; "
+        f"{'prefill only' if args.prefill_only else 'full outputs'}",
+        requests_table=not args.no_requests_table,
+        plots=not args.no_plots,
+        partial=partial,
+        notes=workload.notes,
+        settings=settings,
+    )
+    if not args.quiet or partial:
+        wall = time.perf_counter() - t0
+        what = f"partial results ({partial})" if partial else f"{len(results)} runs"
+        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
+    return _exit_status(results, partial, interrupts)
+
+
+def _cluster_settings(
+    args: argparse.Namespace,
+    capacity_tokens: int,
+    per_id: int | None,
+    profile: CostProfile,
+    *,
+    faults: bool,
+) -> ClusterSettings:
+    """The first run's settings, from the flags (a fault run keeps its token ids)."""
+    return ClusterSettings(
+        num_replicas=args.replicas[0],
+        capacity_tokens=capacity_tokens,
+        backend=args.index,
+        block_size=args.block_size or per_id or 16,
+        sim=SimSettings(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+        profile=profile,
+        buffer_steps=args.buffer_steps,
+        seed=args.seed,
+        keep_tokens=faults,
+        slo=slo_of(args),
+    )
+
+
+def _run_all(
+    args: argparse.Namespace,
+    stream: Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]],
+    specs: Sequence[PolicySpec],
+    config: ClusterSettings,
+    rates: Rates,
+    capacities: list[int],
+    plan: FaultPlan | None,
+    interrupts: Interrupts,
+) -> tuple[list[ClusterResult], str]:
+    """The experiment's runs, then the rate sweep's; returns the runs that finished
+    and, when interrupted, what stopped them (else ``""``)."""
     partial = ""
     actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
     results: list[ClusterResult] = []
@@ -343,29 +386,12 @@ def run_cluster_command(
         partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
     except KeyboardInterrupt:  # during the rate sweep: the runs that finished are kept
         partial = f"{interrupts.name()} during the rate sweep, after {len(results)} runs"
-    interrupts.hold()  # what finished is written whole, whatever arrives now
-    if not results:
-        print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
-              file=sys.stderr)  # fmt: skip
-        return interrupts.status()
-    timing = rates.describe(args.seed, args.time_scale)
-    files = write_report(
-        results,
-        args.out,
-        command="prefixkv " + shlex.join(argv),
-        source=f"{description}; arrivals: {timing}; "
-        f"{'prefill only' if args.prefill_only else 'full outputs'}",
-        requests_table=not args.no_requests_table,
-        plots=not args.no_plots,
-        partial=partial,
-        notes=workload.notes,
-        settings=settings,
-    )
+    return results, partial
+
+
+def _exit_status(results: list[ClusterResult], partial: str, interrupts: Interrupts) -> int:
+    """1 when a run broke an invariant; else 130 or 143 when interrupted; else 0."""
     broken = [r for r in results if r.invariants.broken()]
-    if not args.quiet or partial:
-        wall = time.perf_counter() - t0
-        what = f"partial results ({partial})" if partial else f"{len(results)} runs"
-        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     if broken:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1

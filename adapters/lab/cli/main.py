@@ -163,5 +163,6 @@ def _one_line(exc: BaseException) -> str:
         text = f"{exc.strerror or exc}: {exc.filename}"
     else:
         text = str(exc) or type(exc).__name__
-    flat = " ".join(text.split())
-    return flat if len(flat) <= 500 else flat[:497] + "..."
+    from ..messages import one_line  # an error path: nothing more loads before the handler
+
+    return one_line(text, 500)

@@ -32,12 +32,10 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "HANDLED", "Interrupts"]
+__all__ = ["EXIT_INTERRUPTED", "HANDLED", "Interrupts"]
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 """Exit status after Ctrl-C (SIGINT): 130, as a shell reports a process it interrupted."""
-EXIT_TERMINATED = 128 + signal.SIGTERM
-"""Exit status after SIGTERM: 143."""
 
 _NAMES = (
     "SIGINT",

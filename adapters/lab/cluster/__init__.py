@@ -13,54 +13,22 @@ entry point; ``prefixkv cluster`` runs many policies and writes a report
 """
 
 from .config import ClusterSettings
-from .errors import (
-    ClusterError,
-    ClusterSettingsError,
-    FaultSpecError,
-    NoReplicaError,
-    ReplicaDeadError,
-    UnknownPolicyError,
-)
-from .experiment import arrival_span, run_experiment
-from .faults import EventChannel, FaultPlan, ScheduledFault, parse_faults
-from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
-from .local_indexer import LocalIndexer
-from .metrics import ClusterResult, ClusterRun, Invariants, ReplicaSummary, RoutedRequest
-from .publisher import EventPublisher
-from .ray_fleet import RayFleet, ray_available
+from .errors import ClusterSettingsError, FaultSpecError
+from .fleet import LocalFleet
+from .metrics import ClusterResult
+from .ray_fleet import RayFleet
 from .run import run_cluster
-from .sim_replica import ReplicaReport, SimReplica
+from .sim_replica import SimReplica
 from .trace_requests import sim_requests
 
 __all__ = [
-    "ClusterError",
     "ClusterResult",
-    "ClusterRun",
     "ClusterSettings",
     "ClusterSettingsError",
-    "EventChannel",
-    "EventPublisher",
-    "FaultPlan",
     "FaultSpecError",
-    "Fleet",
-    "Invariants",
     "LocalFleet",
-    "LocalIndexer",
-    "NoReplicaError",
-    "PooledFleet",
     "RayFleet",
-    "ReplicaDeadError",
-    "ReplicaReport",
-    "ReplicaSpec",
-    "ReplicaSummary",
-    "RoutedRequest",
-    "ScheduledFault",
     "SimReplica",
-    "UnknownPolicyError",
-    "arrival_span",
-    "parse_faults",
-    "ray_available",
     "run_cluster",
-    "run_experiment",
     "sim_requests",
 ]

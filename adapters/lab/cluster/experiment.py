@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from prefixkv.adapters.lab.sim.requests import SimRequest
@@ -138,11 +138,7 @@ def run_experiment(
     )
     out: list[ClusterResult] = []
     try:
-        for planned in plan:
-            if deadline is not None and time.monotonic() >= deadline:
-                if on_skip is not None:
-                    on_skip(planned)
-                continue
+        for planned in _before(plan, deadline, on_skip):
             res = _run_planned(planned, requests, fleet, labels)
             out.append(res)
             if on_run is not None:
@@ -150,6 +146,21 @@ def run_experiment(
     except KeyboardInterrupt:
         raise ClusterInterrupted(out, len(plan)) from None
     return out
+
+
+def _before(
+    plan: Sequence[PlannedRun],
+    deadline: float | None,
+    on_skip: Callable[[PlannedRun], None] | None,
+) -> Iterator[PlannedRun]:
+    """The runs of ``plan`` due to start before ``deadline`` (checked as each comes up);
+    ``on_skip`` is called with each of the others."""
+    for planned in plan:
+        if deadline is not None and time.monotonic() >= deadline:
+            if on_skip is not None:
+                on_skip(planned)
+            continue
+        yield planned
 
 
 def _run_planned(

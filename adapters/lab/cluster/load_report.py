@@ -38,10 +38,10 @@ def header_lines(settings: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _num(value: float | None, digits: int = 3) -> str:
+def _num(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return f"{value:.{digits}g}"
+    return f"{value:.3g}"
 
 
 def load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> list[str]:

@@ -27,20 +27,15 @@ from typing import Any
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 
-from ..extras import has_extra, require_extra
+from ..extras import require_extra
 from .errors import ClusterSettingsError, ReplicaDeadError
 from .fleet import ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
 
-__all__ = ["RAY_CPU_STEP", "RayFleet", "actor_cpus", "check_ray_address", "ray_available"]
+__all__ = ["RAY_CPU_STEP", "RayFleet", "actor_cpus", "check_ray_address"]
 
 RAY_CPU_STEP = 1e-4
 """The finest fractional CPU share Ray accepts."""
-
-
-def ray_available() -> bool:
-    """Whether Ray can be imported (nothing is imported to find out)."""
-    return has_extra("cluster", ("ray",))
 
 
 def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[float, str]:

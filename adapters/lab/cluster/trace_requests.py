@@ -11,31 +11,13 @@ instance's queueing plus prefill.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Iterator
 
 from prefixkv.adapters.lab.sim.arrivals import with_arrivals
-from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.lab.sim.requests import SimRequest, from_trace
 from prefixkv.adapters.lab.traces import TraceRequest
-from prefixkv.indexes.tokens import TOKEN_TYPECODE
 
 __all__ = ["sim_requests"]
-
-
-def _sim_requests(
-    requests: Iterable[TraceRequest], prefill_only: bool, closed_loop: bool
-) -> Iterator[SimRequest]:
-    last: dict[str, str] = {}
-    for r in requests:
-        prompt = r.tokens if isinstance(r.tokens, array) else array(TOKEN_TYPECODE, r.tokens)
-        output = 1 if prefill_only else max(1, len(r.output))
-        after = None
-        if closed_loop:
-            after = r.parent or (last.get(r.session) if r.session is not None else None)
-            if r.session is not None:
-                last[r.session] = r.id
-        think = (r.think_s or 0.0) if after is not None else 0.0
-        yield SimRequest(r.id, prompt, output, r.arrival, after=after, think_s=think)
 
 
 def sim_requests(
@@ -66,7 +48,9 @@ def sim_requests(
         SimInputError: a request without an arrival where the trace's are used.
     """
     return with_arrivals(
-        _sim_requests(requests, prefill_only, closed_loop),
+        from_trace(
+            requests, closed_loop=closed_loop, output_tokens=False, prefill_only=prefill_only
+        ),
         request_rate=request_rate,
         time_scale=time_scale,
         seed=seed,

@@ -13,27 +13,20 @@ report. The modules, in the order a comparison uses them:
 """
 
 from .arrival import ArrivalRun, TimeSettings
-from .k_live import BackendRun, SweepPoint
+from .k_live import BackendRun
 from .options import CompareOptions, compare_backends
-from .plan import CompareSettings, plan_comparison
-from .run import Comparison, ComparisonTables, WorkloadResult, run_comparison
-from .spec import BackendSpec, CapacityError, CompareError, parse_backends
+from .plan import CompareSettings
+from .run import Comparison
+from .spec import CompareError, parse_backends
 
 __all__ = [
     "ArrivalRun",
     "BackendRun",
-    "BackendSpec",
-    "CapacityError",
     "CompareError",
     "CompareOptions",
     "CompareSettings",
     "Comparison",
-    "ComparisonTables",
-    "SweepPoint",
     "TimeSettings",
-    "WorkloadResult",
     "compare_backends",
     "parse_backends",
-    "plan_comparison",
-    "run_comparison",
 ]

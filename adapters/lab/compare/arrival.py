@@ -25,8 +25,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prefixkv.indexes.tokens import as_token_array
-
 from ..sim import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
@@ -43,7 +41,8 @@ from ..sim import (
 )
 from ..sim.arrivals import check_request_rate, check_time_scale
 from ..sim.load import LoadSummary, Slo, summarize_load
-from ..traces import TraceRequest, TraceSource
+from ..sim.requests import from_trace
+from ..traces import TraceSource
 from ..workload_sources import Workload
 from .spec import BackendSpec, Bars, Scalar
 
@@ -242,34 +241,6 @@ def has_sessions(workload: Workload) -> bool:
     return any(r.session is not None or r.parent is not None for r in first)
 
 
-def _sim_requests(
-    requests: Iterable[TraceRequest], closed_loop: bool = False
-) -> Iterator[SimRequest]:
-    """Trace requests as the simulator's requests, lazily (the arrival is kept).
-
-    A request with an empty output still decodes one token, as an engine does.
-    Closed loop, a turn follows its ``parent``, or else the previous request of its
-    ``session``, after its think time (the trace's, else none).
-    """
-    last: dict[str, str] = {}
-    for r in requests:
-        out = r.output
-        after = None
-        if closed_loop:
-            after = r.parent or (last.get(r.session) if r.session is not None else None)
-            if r.session is not None:
-                last[r.session] = r.id
-        yield SimRequest(
-            r.id,
-            as_token_array(r.tokens),
-            max(1, len(out)),
-            r.arrival,
-            as_token_array(out) if len(out) else None,
-            after=after,
-            think_s=(r.think_s or 0.0) if after is not None else 0.0,
-        )
-
-
 def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
     """Refuse, before anything runs, a time scale for requests that have no usable clock.
 
@@ -455,7 +426,7 @@ def run_arrival(
 def _arriving(workload: Workload, settings: TimeSettings, closed: bool) -> Iterator[SimRequest]:
     """The workload's requests read again, stamped with the settings' arrival times."""
     return with_arrivals(
-        _sim_requests(workload.requests, closed),
+        from_trace(workload.requests, closed_loop=closed),
         request_rate=settings.request_rate,
         time_scale=settings.time_scale,
         process=settings.arrival,

@@ -40,13 +40,11 @@ def smallest_reaching(
     low: int,
     high: int,
     target: float,
-    *,
-    precision: float = PRECISION,
 ) -> int:
-    """The smallest capacity in ``(low, high]`` (within ``precision``) whose hit ratio
+    """The smallest capacity in ``(low, high]`` (within :data:`PRECISION`) whose hit ratio
     reaches ``target``, given that ``high`` reaches it and ``low`` does not, by
     bisection on a log scale (``None``, a capacity too small to run, misses)."""
-    while high > low * (1 + precision) and high - low > 1:
+    while high > low * (1 + PRECISION) and high - low > 1:
         mid = round(math.sqrt(low * high))
         mid = min(max(mid, low + 1), high - 1)
         hit = hit_at(mid)

@@ -325,13 +325,30 @@ def write_report(
     files = [write_rows(out / "runs.csv", [r.run_row() for r in results])]
     if requests_table:
         files.append(write_rows(out / "requests.csv", _request_rows(results)))
-    doc = {
+    doc = _results_doc(results, command, source, partial, notes, settings or {})
+    files.append(write_json(out / "results.json", doc))
+    drawer = _Drawer(out, plots)
+    md = _markdown(results, drawer, command=command, source=source, partial=partial,
+                   notes=notes, settings=settings or {})  # fmt: skip
+    return [*files, *drawer.files, write_text(out / "report.md", "\n".join(md) + "\n")]
+
+
+def _results_doc(
+    results: Sequence[ClusterResult],
+    command: str,
+    source: str,
+    partial: str,
+    notes: Sequence[str],
+    settings: Mapping[str, Any],
+) -> dict[str, Any]:
+    """results.json: what ran, on what, whether it is partial, and every run's row."""
+    return {
         "format": RESULTS_FORMAT,
         "command": command,
         "source": source,
         "partial": bool(partial),
         "partial_reason": partial or None,
-        "settings": dict(settings or {}),
+        "settings": dict(settings),
         "notes": list(notes),
         "runs": [
             {"labels": dict(r.labels), "run": r.run_row(), "stats": r.stats,
@@ -339,11 +356,6 @@ def write_report(
             for r in results
         ],
     }  # fmt: skip
-    files.append(write_json(out / "results.json", doc))
-    drawer = _Drawer(out, plots)
-    md = _markdown(results, drawer, command=command, source=source, partial=partial,
-                   notes=notes, settings=settings or {})  # fmt: skip
-    return [*files, *drawer.files, write_text(out / "report.md", "\n".join(md) + "\n")]
 
 
 _REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")

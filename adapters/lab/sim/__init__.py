@@ -13,20 +13,18 @@ from .arrivals import (
     ArrivalProcess,
     fixed_rate_arrivals,
     poisson_arrivals,
-    scaled_arrivals,
     with_arrivals,
 )
-from .calibration import StepSample, calibrate, fit_profile, measure_engine
+from .calibration import StepSample, calibrate, fit_profile
 from .config import BATCHING_MODES, Batching, SimSettings
 from .errors import (
     ProfileError,
     ProfileRangeWarning,
-    SimError,
     SimInputError,
     SimSettingsError,
     SimUnservableError,
 )
-from .metrics import RequestMetrics, RunMetrics, SimResult, percentile, summarize
+from .metrics import SimResult, percentile
 from .profile import (
     COEFFICIENTS,
     DEFAULT_PROFILE,
@@ -38,14 +36,13 @@ from .profile import (
 )
 from .queue_order import QUEUE_ORDERS, QueueOrder
 from .replica import IndexFactory, simulate
-from .requests import FILLER_TOKEN, SimRequest, sim_request
+from .requests import SimRequest, from_trace
 
 __all__ = [
     "ARRIVAL_PROCESSES",
     "BATCHING_MODES",
     "COEFFICIENTS",
     "DEFAULT_PROFILE",
-    "FILLER_TOKEN",
     "QUEUE_ORDERS",
     "ArrivalProcess",
     "Batching",
@@ -54,9 +51,6 @@ __all__ = [
     "ProfileError",
     "ProfileRangeWarning",
     "QueueOrder",
-    "RequestMetrics",
-    "RunMetrics",
-    "SimError",
     "SimInputError",
     "SimRequest",
     "SimResult",
@@ -69,14 +63,11 @@ __all__ = [
     "calibrate",
     "fit_profile",
     "fixed_rate_arrivals",
+    "from_trace",
     "load_profile",
-    "measure_engine",
     "percentile",
     "poisson_arrivals",
     "save_profile",
-    "scaled_arrivals",
-    "sim_request",
     "simulate",
-    "summarize",
     "with_arrivals",
 ]

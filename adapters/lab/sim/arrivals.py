@@ -28,7 +28,6 @@ __all__ = [
     "check_time_scale",
     "fixed_rate_arrivals",
     "poisson_arrivals",
-    "scaled_arrivals",
     "with_arrivals",
 ]
 
@@ -100,18 +99,6 @@ def fixed_rate_arrivals(rate: float) -> Iterator[float]:
     """
     step = 1.0 / check_request_rate(rate)
     return (i * step for i in itertools.count())
-
-
-def scaled_arrivals(timestamps: Iterable[float], time_scale: float) -> Iterator[float]:
-    """A trace's timestamps, relative to the first one, multiplied by ``time_scale``.
-
-    ``time_scale < 1`` squeezes the trace (more load), ``> 1`` stretches it.
-
-    Raises:
-        SimSettingsError: a time scale out of ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
-    """
-    scale = check_time_scale(time_scale)
-    return _scaled(timestamps, scale)
 
 
 def _scaled(timestamps: Iterable[float], scale: float) -> Iterator[float]:

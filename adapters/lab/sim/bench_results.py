@@ -37,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 
 from prefixkv.adapters.inputs import read_input
 
+from ..messages import one_line
 from .calibration import StepSample, fit_profile
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
@@ -104,7 +105,7 @@ def _documents(text: str, where: str) -> list[Mapping[str, Any]]:
         try:
             doc, pos = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError) as exc:  # a 5,000-digit number, deep nesting
-            raise CalibrationInputError(f"{where}: not JSON ({_one_line(exc)})") from None
+            raise CalibrationInputError(f"{where}: not JSON ({one_line(str(exc), 160)})") from None
         if not isinstance(doc, Mapping):
             raise CalibrationInputError(f"{where}: a result must be a JSON object")
         docs.append(doc)
@@ -165,11 +166,6 @@ def _name(value: Any) -> str:
     """A text field of the run (``model_id``, ``date``) as the profile records it:
     ``""`` unless it is text of at most 1,024 characters."""
     return value if isinstance(value, str) and len(value) <= 1024 else ""
-
-
-def _one_line(exc: BaseException) -> str:
-    flat = " ".join(str(exc).split())
-    return flat if len(flat) <= 160 else flat[:157] + "..."
 
 
 def read_vllm_bench(

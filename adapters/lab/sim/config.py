@@ -17,8 +17,6 @@ from .queue_order import QUEUE_ORDERS, QueueOrder
 
 __all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimSettings"]
 
-_QUEUE_ORDER = "prefixkv.adapters.lab.sim.queue_order"
-
 MAX_NUM_SEQS = 2**20
 """The most running requests a replica may be given (vLLM's default: 256)."""
 

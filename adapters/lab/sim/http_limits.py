@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..messages import one_line
 from .errors import ServerError, SimSettingsError
 
 if TYPE_CHECKING:
@@ -202,9 +203,7 @@ def _show(value: Any, limit: int = 60) -> str:
         return f"({value.bit_length()}-bit number)"
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value[: limit * 4]).decode("utf-8", "replace")
-    text = repr(value if not isinstance(value, str) else value[: limit * 4])
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    return one_line(repr(value if not isinstance(value, str) else value[: limit * 4]), limit)
 
 
 def _one_line(exc: BaseException) -> str:

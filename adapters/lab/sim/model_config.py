@@ -49,7 +49,6 @@ __all__ = [
     "ModelConfigError",
     "available_model_configs",
     "load_model_config",
-    "pool_tokens",
 ]
 
 _DTYPE_BYTES = {
@@ -303,17 +302,3 @@ def load_model_config(name_or_path: str, kv_cache_dtype: str = "auto") -> ModelC
         kv_dtype_bytes=kv_bytes,
         source=where,
     )
-
-
-def pool_tokens(
-    model: ModelConfig,
-    device_memory_bytes: int,
-    gpu_memory_utilization: float,
-    *,
-    non_kv_bytes: int = 0,
-) -> int:
-    """Tokens of KV the device memory holds, as vLLM sizes it:
-    ``(utilization x memory - weights - non_kv_bytes) // KV bytes per token`` (0 when
-    the weights do not fit)."""
-    free = gpu_memory_utilization * device_memory_bytes - model.weight_bytes - non_kv_bytes
-    return max(0, int(free // model.kv_bytes_per_token))

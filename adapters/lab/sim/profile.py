@@ -254,12 +254,6 @@ class CostProfile:
         free = gpu_memory_utilization * self.device_memory_bytes - (self.weight_bytes or 0)
         return max(0, int(free // self.kv_bytes_per_token))
 
-    def tokens_in(self, num_bytes: float) -> int | None:
-        """Tokens of KV that ``num_bytes`` hold (``None`` without KV bytes per token)."""
-        if not self.kv_bytes_per_token:
-            return None
-        return int(num_bytes // self.kv_bytes_per_token)
-
     def extrapolation(self, reached: Mapping[str, int]) -> list[str]:
         """What of ``reached`` (``{key: highest value a run reached}``) lies beyond the
         measured range, one phrase per key (empty: within it, or no range known)."""

@@ -31,12 +31,12 @@ from prefixkv.indexes.base import PrefixIndex
 
 from .config import SimSettings
 from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
-from .metrics import RequestMetrics, SimResult, summarize
+from .metrics import RequestMetrics, RunMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import StepWork
 from .requests import SimRequest
 from .runner import Replica
-from .seats import make_seat
+from .seats import Seat, make_seat
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -87,6 +87,36 @@ def simulate(
     """
     cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
+    index, seat = _make_seat(cfg.batching, index_factory, capacity_tokens)
+    replica = Replica(seat, cfg, prof)
+    records, reached = _run(replica, _SessionGate(iter(requests), prof.request_s), progress)
+    all_labels: dict[str, Any] = {
+        "index": type(index).__name__,
+        "block_size": index.block_size,
+        "capacity_tokens": capacity_tokens,
+        **cfg.as_dict(),
+        "profile": prof.name,
+        "profile_range": "; ".join(_beyond_range(prof, reached)),
+        **(labels or {}),
+    }
+    return SimResult(all_labels, records, _summary(records, replica))
+
+
+def _summary(records: list[RequestMetrics], replica: Replica) -> RunMetrics:
+    """The run's row: its records' summary with the replica's busy time, steps and
+    evicted blocks."""
+    return summarize(
+        records,
+        busy_s=replica.busy_s,
+        num_steps=replica.num_steps,
+        evicted_blocks=replica.seat.totals.num_evicted_blocks,
+    )
+
+
+def _make_seat(
+    batching: str, index_factory: IndexFactory, capacity_tokens: int
+) -> tuple[PrefixIndex, Seat]:
+    """A fresh index and the seat over a pool of ``capacity_tokens // block_size`` blocks."""
     if type(capacity_tokens) is not int or capacity_tokens < 1:
         raise SimSettingsError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
@@ -96,18 +126,27 @@ def simulate(
         raise SimSettingsError(
             f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
         )
-    seat = make_seat(cfg.batching, index, num_blocks)
-    replica = Replica(seat, cfg, prof)
-    gate = _SessionGate(iter(requests), prof.request_s)
+    return index, make_seat(batching, index, num_blocks)
+
+
+def _run(
+    replica: Replica, gate: _SessionGate, progress: Callable[[int], object] | None
+) -> tuple[list[RequestMetrics], dict[str, int]]:
+    """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs.
+
+    Returns the records in the order their requests were sent and the largest step
+    work seen per profile range key.
+    """
     records: list[RequestMetrics] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
+    check_invariants = replica.schedule.config.check_invariants
     while True:
         for request, sent in gate.ready(replica.now):
             records.append(replica.add(request, sent))
         if not replica.has_unfinished():
             wake = gate.next_time()
             if wake is None:
-                break
+                return records, reached
             replica.idle_until(wake)
             continue
         plan = replica.plan()
@@ -123,31 +162,21 @@ def simulate(
             gate.finished(seq.request.id, step.delivered)
         if progress is not None and step.finished:
             progress(sum(len(s.request.prompt) for s in step.finished))
-        if cfg.check_invariants:
-            seat.check_invariants()
+        if check_invariants:
+            replica.seat.check_invariants()
+
+
+def _beyond_range(prof: CostProfile, reached: Mapping[str, int]) -> list[str]:
+    """What the run took past the profile's measured range; warns once (at the caller
+    of :func:`simulate`) when anything did."""
     beyond = prof.extrapolation(reached)
     if beyond:
         warnings.warn(
             f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
             ProfileRangeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    all_labels: dict[str, Any] = {
-        "index": type(index).__name__,
-        "block_size": block_size,
-        "capacity_tokens": capacity_tokens,
-        **cfg.as_dict(),
-        "profile": prof.name,
-        "profile_range": "; ".join(beyond),
-        **(labels or {}),
-    }
-    run = summarize(
-        records,
-        busy_s=replica.busy_s,
-        num_steps=replica.num_steps,
-        evicted_blocks=seat.totals.num_evicted_blocks,
-    )
-    return SimResult(all_labels, records, run)
+    return beyond
 
 
 def _reach(reached: dict[str, int], work: StepWork) -> None:

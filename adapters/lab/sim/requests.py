@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prefixkv.indexes.tokens import as_token_array
 
 from .errors import SimInputError
 
-__all__ = ["FILLER_TOKEN", "SimRequest", "sim_request"]
+if TYPE_CHECKING:
+    from ..traces import TraceRequest
+
+__all__ = ["FILLER_TOKEN", "SimRequest", "from_trace"]
 
 FILLER_TOKEN = 0
 """The id decoded when a request's output tokens are not known (its length is)."""
@@ -96,31 +100,52 @@ class SimRequest:
         return FILLER_TOKEN if self.output is None else self.output[i]
 
 
-def sim_request(
-    id: str,
-    prompt: Iterable[int],
-    output: Sequence[int] | int,
-    arrival: float | None = None,
-) -> SimRequest:
-    """Build a :class:`SimRequest` from plain Python values (validated).
+def from_trace(
+    requests: Iterable[TraceRequest],
+    *,
+    closed_loop: bool = False,
+    output_tokens: bool = True,
+    prefill_only: bool = False,
+) -> Iterator[SimRequest]:
+    """Trace requests as the simulator's requests, lazily, in their order (each keeps
+    its arrival, ``None`` until an arrival process stamps it).
+
+    A request with an empty output still decodes one token, as an engine does.
+    Closed loop, a turn follows its ``parent``, or else the previous request of its
+    ``session``, after its think time (the trace's, else none).
 
     Args:
-        id: the request id.
-        prompt: token ids.
-        output: the generated tokens, or how many there are. An empty output (a
-            prompt-only trace line) still generates one token, as an engine would.
-        arrival: seconds, or ``None``.
+        requests: trace requests (``id``, ``tokens``, ``output``, ``arrival``,
+            ``parent``, ``session``, ``think_s``).
+        closed_loop: link each session's turns (see above); ``False``: open loop.
+        output_tokens: decode the output tokens the trace recorded (a later prompt
+            that quotes them hits the cache); ``False``: decode :data:`FILLER_TOKEN`
+            as many times.
+        prefill_only: one output token each (Mooncake's prefill pool), the filler.
 
     Raises:
-        SimInputError: an empty prompt, a negative length or a bad arrival.
+        SimInputError: a request the simulator cannot run (an empty prompt).
         InvalidTokenError: a token id that is not a non-negative int below 2**32.
     """
-    tokens = as_token_array(prompt)
-    if isinstance(output, int):
-        if isinstance(output, bool) or output < 0:
-            raise SimInputError(f"request {id!r}: output length must be >= 0, got {output!r}")
-        return SimRequest(id, tokens, max(1, output), arrival)
-    out = as_token_array(output)
-    if not out:
-        return SimRequest(id, tokens, 1, arrival)
-    return SimRequest(id, tokens, len(out), arrival, out)
+    last: dict[str, str] = {}
+    for r in requests:
+        after = None
+        if closed_loop:
+            after = r.parent or (last.get(r.session) if r.session is not None else None)
+            if r.session is not None:
+                last[r.session] = r.id
+        out = r.output
+        output_len = 1 if prefill_only else max(1, len(out))
+        kept = _tokens(out) if output_tokens and not prefill_only and len(out) else None
+        think = (r.think_s or 0.0) if after is not None else 0.0
+        yield SimRequest(
+            r.id, _tokens(r.tokens), output_len, r.arrival, kept, after=after, think_s=think
+        )
+
+
+def _tokens(tokens: Sequence[int]) -> array[int]:
+    """``tokens`` as ``array('I')``: the trace's own array when it is one (a trace's
+    requests are read once), else a validated copy."""
+    if isinstance(tokens, array) and tokens.typecode == "I":
+        return tokens
+    return as_token_array(tokens)

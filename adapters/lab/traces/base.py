@@ -17,7 +17,6 @@ from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import as_token_array
 
 __all__ = [
-    "DEFAULT_LIMITS",
     "LINE_SLACK_BYTES",
     "ArrivalOrder",
     "ReadSettings",
@@ -177,10 +176,6 @@ def _over_limit(what: str, length: int, limit: int) -> str | None:
 
 LINE_SLACK_BYTES = 2**20
 """What :meth:`TraceLimits.line_bytes` allows a line beyond its numbers (ids, other keys)."""
-
-DEFAULT_LIMITS = TraceLimits()
-"""The limits a reader applies when none are given."""
-
 
 SESSION_ORDERS = ("interleaved", "sequential")
 """How kv-cache-tester conversations are ordered: merged by time, or one after another."""

@@ -37,6 +37,7 @@ import msgspec
 
 from prefixkv.adapters.inputs import read_input
 
+from ..messages import one_line
 from .base import ReadSettings, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
@@ -45,7 +46,6 @@ from .reading import (
     StrPath,
     count_items,
     decode,
-    one_line,
     open_stream,
     open_trace_file,
 )

@@ -25,6 +25,7 @@ import msgspec
 
 from prefixkv.adapters.inputs import open_input
 
+from ..messages import one_line
 from .base import TraceFormatError
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
     "count_items",
     "decode",
     "iter_lines",
-    "one_line",
     "open_stream",
     "open_trace_file",
 ]
@@ -68,12 +68,6 @@ def open_trace_file(path: StrPath) -> IO[bytes]:
             (refused before it is opened, so a FIFO without a writer cannot block).
     """
     return open_input(path, what="trace", error=TraceFormatError)
-
-
-def one_line(text: str, limit: int = 120) -> str:
-    """``text`` on one line, cut to ``limit`` characters, for error messages."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def open_stream(raw: IO[bytes], path: StrPath) -> tuple[IO[bytes], str]:
