@@ -211,7 +211,8 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
             f"serving path (engine side from {path.get('engine_side')}): request_s "
             f"{profile.request_s * 1e3:.1f} ms, stream_token_s {profile.stream_token_s * 1e3:.3f}"
             f" ms, front-end CPU share {profile.frontend_cpu_share:.2f}, wake "
-            f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle; medians: {hops}"
+            f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle, taking a "
+            f"request in {profile.admit_s * 1e3:.1f} ms a step; medians: {hops}"
         )
 
 

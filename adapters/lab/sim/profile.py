@@ -30,8 +30,9 @@ CPU server), it slows the steps only while it is busy: a step lasts
 ``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
 length) longer. A step that starts an engine idle for ``wake_after_s`` or more takes
 ``wake_s`` longer: the serving processes sleep when idle, and the first request after
-wakes them. These are 0 unless measured (:mod:`.serving_path`), so a profile without
-them prices steps as before.
+wakes them. A step that first schedules a request takes ``admit_s`` longer (the engine
+takes the request in; once a step: :mod:`.engine_admit`). These are 0 unless measured
+(:mod:`.serving_path`), so a profile without them prices steps as before.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ SERVING_TERMS = (
     "frontend_cpu_share",
     "wake_s",
     "wake_after_s",
+    "admit_s",
 )
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
@@ -135,6 +137,8 @@ class CostProfile:
         wake_s: the seconds more a step takes that starts an engine idle for at least
             ``wake_after_s`` (its processes asleep), 0 unless measured.
         wake_after_s: the idle seconds after which a step pays ``wake_s``.
+        admit_s: the seconds more a step takes that first schedules a request (the
+            engine takes it in: :mod:`.engine_admit`), once a step, 0 unless measured.
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -171,6 +175,7 @@ class CostProfile:
     frontend_cpu_share: float = 0.0
     wake_s: float = 0.0
     wake_after_s: float = 0.0
+    admit_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None

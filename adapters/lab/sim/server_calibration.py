@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
+from .engine_admit import fit_admit_s
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
@@ -441,10 +442,18 @@ def fit_server(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
     profile = fit(known=path.known())
-    fitted = {**profile.fit, **saved, "serving_path": {**path.as_dict(), "samples": hops.to_json()}}
+    # What the engine core's own time for a lone request holds beyond the fitted step
+    # model's price of its step: taking the request in (priced once a step).
+    admit_s = fit_admit_s([*hops.short, *hops.idle], engine_model(profile))
+    fitted = {
+        **profile.fit,
+        **saved,
+        "serving_path": {**path.as_dict(), "admit_s": admit_s, "samples": hops.to_json()},
+    }
     return dataclasses.replace(
         profile,
         fit=fitted,
+        admit_s=admit_s or 0.0,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
         frontend_cpu_share=path.frontend_cpu_share or 0.0,
         wake_s=path.wake_s or 0.0,
