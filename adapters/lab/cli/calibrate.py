@@ -26,7 +26,7 @@ from prefixkv.adapters.outputs import check_output
 from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
-from ..sim.serving_path import IDLE_PAUSES_S
+from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
 from .common import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
@@ -192,8 +192,8 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    # short, long and loaded requests, and short ones after each idle pause
-    serving = (3 + len(IDLE_PAUSES_S)) * sweep.serving_repeats
+    # short, long and loaded requests, and short ones after each idle pause and busy
+    serving = (3 + len(IDLE_PAUSES_S) + BUSY_PER_REPEAT) * sweep.serving_repeats
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 

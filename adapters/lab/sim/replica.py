@@ -37,6 +37,7 @@ from .replica_scheduler import StepWork
 from .requests import SimRequest
 from .runner import Replica
 from .seats import make_seat
+from .serving_spread import ServingDelay, serving_delay
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -98,7 +99,10 @@ def simulate(
         )
     seat = make_seat(cfg.batching, index, num_blocks)
     replica = Replica(seat, cfg, prof)
-    gate = _SessionGate(iter(requests), prof.request_s)
+    gate = _SessionGate(
+        iter(requests),
+        serving_delay(prof.request_s, prof.request_spread_s, prof.busy_request_spread_s),
+    )
     records: list[RequestMetrics] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
     while True:
@@ -165,12 +169,15 @@ class _SessionGate:
 
     Requests are read lazily in arrival order. A turn whose predecessor is still
     unfinished waits here; one whose predecessor never appeared is sent at its
-    arrival. Each request reaches the scheduler ``request_s`` after it is sent.
+    arrival. Each request reaches the scheduler ``delay(request, busy)`` after it is
+    sent, ``busy`` when the engine was computing a step then (it was sent before the
+    clock it is read at: a request sent while the engine idles is read at its own
+    time; a closed-loop turn counts as sent to an idle engine).
     """
 
-    def __init__(self, requests: Iterator[SimRequest], request_s: float) -> None:
+    def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
         self.requests = requests
-        self.request_s = request_s
+        self.delay = delay
         self.pending = next(requests, None)
         self.last_arrival = 0.0
         self.seen: set[str] = set()
@@ -179,8 +186,9 @@ class _SessionGate:
         self.heap: list[tuple[float, int, float, SimRequest]] = []
         self.order = 0
 
-    def _push(self, request: SimRequest, sent: float) -> None:
-        heapq.heappush(self.heap, (sent + self.request_s, self.order, sent, request))
+    def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:
+        reach = sent + self.delay(request.id, busy)
+        heapq.heappush(self.heap, (reach, self.order, sent, request))
         self.order += 1
 
     def _read(self, now: float) -> None:
@@ -192,7 +200,7 @@ class _SessionGate:
             self.last_arrival = t = _arrival(r, self.last_arrival)
             after = r.after
             if after is None or after not in self.seen:
-                self._push(r, t)
+                self._push(r, t, busy=t < now)
             elif after in self.finish:
                 self._push(r, max(t, self.finish[after] + r.think_s))
             else:
