@@ -339,12 +339,30 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
             f"saturated (sim busy {row['utilization_sim']:.0%}, served {served:.0%} of offered)"
         )
     elif off:
-        row["verdict"] = "off: " + ", ".join(off)
+        row["verdict"] = "off: " + ", ".join(off) + _drift(row)
     else:
         row["verdict"] = f"within {WITHIN:.0%}"
     if stalls:
         row["verdict"] += f"; client stalled on {stalls} (left out)"
     return row
+
+
+def _drift(row: dict[str, Any]) -> str:
+    """Why a rate's TTFT is off when its steps are too: the server's steps ran slower
+    (or faster) than the profile it is predicted with was calibrated at (the machine's
+    speed drifted; ``--calibrate-each`` calibrates again before each rate). Not said
+    where the client stalled on over a tenth of the requests: the load generator, not
+    the server, set the pace of what is left."""
+    if row["client_stalls"] > WITHIN * row["requests"]:
+        return ""
+    tpot = row["tpot_p50_error"]
+    ttft = [row[f"ttft_p{q}_error"] for q in (50, 90)]
+    if math.isnan(tpot) or abs(tpot) <= WITHIN:
+        return ""
+    if not any(abs(e) > WITHIN and (e < 0) == (tpot < 0) for e in ttft if not math.isnan(e)):
+        return ""
+    pace = "slower" if tpot < 0 else "faster"
+    return f" (the server's steps ran {pace} than calibrated: TPOT p50 {tpot:+.0%})"
 
 
 def _ms(value: float) -> str:
