@@ -342,8 +342,10 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
 
     _print_fit(p, Path("p.json"))
     said = capsys.readouterr().out.splitlines()
-    assert said[-1].startswith("serving path (engine side from metrics): request_s ")
-    assert "stream_token_s 0.100 ms" in said[-1] and "engine 4.0 ms" in said[-1]
+    (line,) = [x for x in said if x.startswith("serving path (engine side from metrics): ")]
+    assert "stream_token_s 0.100 ms" in line and "engine 4.0 ms" in line
+    assert said[-2].startswith("outside the engine, sent to an idle server: p50 ")
+    assert said[-1].startswith("outside the engine, sent to a busy server: p50 ")
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
     )

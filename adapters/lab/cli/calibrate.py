@@ -214,6 +214,12 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
             f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle, taking a "
             f"request in {profile.admit_s * 1e3:.1f} ms a step; medians: {hops}"
         )
+        for what, table in (("an idle", profile.request_spread_s),
+                            ("a busy", profile.busy_request_spread_s)):  # fmt: skip
+            if table:  # the quantiles at 0, 5, ..., 100%: p50, p90, p100
+                p50, p90, top = (table[k] * 1e3 for k in (10, 18, 20))
+                print(f"outside the engine, sent to {what} server: p50 {p50:.1f} ms, "
+                      f"p90 {p90:.1f} ms, max {top:.1f} ms")  # fmt: skip
 
 
 def list_profiles() -> str:
