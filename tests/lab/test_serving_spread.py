@@ -172,3 +172,33 @@ def test_calibrate_server_keeps_the_idle_and_busy_spread_of_the_serving_path() -
     # samples kept before the busy requests were sent read as none: no busy table
     older = {k: v for k, v in p.fit["serving_path"]["samples"].items() if k != "busy"}
     assert HopSamples.from_json(older).busy == []
+
+
+def test_a_request_never_reaches_the_engine_before_one_sent_before_it() -> None:
+    # two requests sent together: the first draws a longer time outside the engine
+    # than the second, which still reaches the engine (and starts) no sooner
+    ids = sorted((f"q{k}" for k in range(50)), key=draw_fraction)
+    late, early = ids[-1], ids[0]
+    profile = dataclasses.replace(BASE, request_spread_s=quantile_table([0.0, 0.05]))
+    reqs = [
+        SimRequest(rid, array("I", range(1 + 100 * i, 41 + 100 * i)), 2, 0.0)
+        for i, rid in enumerate((late, early))
+    ]
+    first, second = sorted(_run(profile, reqs).requests, key=lambda m: m.request_id != late)
+    reach = 0.05 * draw_fraction(late)
+    assert first.first_scheduled_s == pytest.approx(reach)
+    assert second.first_scheduled_s >= first.first_scheduled_s
+
+
+@given(gaps=st.lists(st.floats(0.0, 0.01), min_size=2, max_size=8))
+def test_requests_start_in_the_order_they_were_sent(gaps: list[float]) -> None:
+    profile = dataclasses.replace(
+        BASE,
+        request_spread_s=quantile_table([0.0, 0.02]),
+        busy_request_spread_s=quantile_table([0.0, 0.05]),
+    )
+    arrivals = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+    records = _run(profile, _reqs(arrivals)).requests
+    by_send = sorted(records, key=lambda m: int(m.request_id[1:]))  # r0, r1, ...
+    starts = [m.first_scheduled_s for m in by_send]
+    assert starts == sorted(starts)

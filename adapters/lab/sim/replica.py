@@ -23,6 +23,7 @@ A run that goes past the profile's measured range warns once
 from __future__ import annotations
 
 import heapq
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -170,9 +171,10 @@ class _SessionGate:
     Requests are read lazily in arrival order. A turn whose predecessor is still
     unfinished waits here; one whose predecessor never appeared is sent at its
     arrival. Each request reaches the scheduler ``delay(request, busy)`` after it is
-    sent, ``busy`` when the engine was computing a step then (it was sent before the
-    clock it is read at: a request sent while the engine idles is read at its own
-    time; a closed-loop turn counts as sent to an idle engine).
+    sent, and not before one sent before it; ``busy`` when the engine was computing a
+    step then (it was sent before the clock it is read at: a request sent while the
+    engine idles is read at its own time; a closed-loop turn counts as sent to an idle
+    engine).
     """
 
     def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
@@ -185,9 +187,16 @@ class _SessionGate:
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
         self.order = 0
+        # The latest send so far and when it reached the engine: the front end passes
+        # requests on in the order they were sent (one process, one socket to the
+        # engine core), so a request sent no earlier reaches it no earlier.
+        self.last_sent = self.last_reach = -math.inf
 
     def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:
         reach = sent + self.delay(request.id, busy)
+        if sent >= self.last_sent:
+            reach = max(reach, self.last_reach)
+            self.last_sent, self.last_reach = sent, reach
         heapq.heappush(self.heap, (reach, self.order, sent, request))
         self.order += 1
 
