@@ -202,3 +202,38 @@ def test_requests_start_in_the_order_they_were_sent(gaps: list[float]) -> None:
     by_send = sorted(records, key=lambda m: int(m.request_id[1:]))  # r0, r1, ...
     starts = [m.first_scheduled_s for m in by_send]
     assert starts == sorted(starts)
+
+
+def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from prefixkv.adapters.lab.sim import serving_path
+    from prefixkv.adapters.lab.sim.served import ServerError
+    from prefixkv.adapters.lab.sim.serving_path import HopSample
+
+    class Background:
+        async def complete(self, client: Any, prompt: Any, n: int) -> None:
+            await asyncio.sleep(10)  # decodes until cancelled
+
+    def probes(fails: set[int]) -> Any:
+        calls = iter(range(100))
+
+        async def timed(*args: Any, **kwargs: Any) -> HopSample:
+            if next(calls) in fails:
+                raise ServerError("http://fake/v1/completions: ReadError: ")
+            return HopSample(8, 1, 0.02, 0.0, engine_ttft_s=0.01)
+
+        return timed
+
+    def busy(fails: set[int]) -> list[HopSample]:
+        monkeypatch.setattr(serving_path, "_timed", probes(fails))
+        run = serving_path._busy(Background(), None, lambda: [5] * 8, 6, 100, 0.0, lambda: None)  # type: ignore[arg-type]
+        return asyncio.run(run)
+
+    assert len(busy(set())) == 6
+    assert len(busy({1})) == 5  # dropped, the others kept
+    assert len(busy({0, 2, 4})) == 3
+    with pytest.raises(ServerError, match="ReadError"):
+        busy({0, 1, 2, 3})

@@ -518,13 +518,27 @@ async def _busy(
 ) -> list[HopSample]:
     """``n`` one-token requests, one at a time, while a long request decodes and
     streams to the same client; those whose window saw another request finish (the
-    long one) keep no engine side. The long one is cancelled after."""
+    long one) keep no engine side. The long one is cancelled after.
+
+    A request the server drops (a connection it closed under the client, which a
+    loaded server may do) is no sample and the next one is sent; over half of them
+    dropped is the server's failure.
+
+    Raises:
+        ServerError: over half the requests failed (the last failure).
+    """
     background = asyncio.ensure_future(engine.complete(client, prompt(), background_tokens))
     out = []
+    dropped = 0
     try:
         await asyncio.sleep(0.1)  # past its prefill, decoding
         for k in range(n):
-            out.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
+            try:
+                out.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
+            except ServerError:
+                dropped += 1
+                if 2 * dropped > n:
+                    raise
             tick()
             await asyncio.sleep(0.003 * (k % 5))  # at other points of a decode step
     finally:
