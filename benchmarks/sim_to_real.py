@@ -11,7 +11,10 @@
    burst, as ``vllm bench serve`` sends a test request first).
 4. Simulate the same requests, sent at the same times, through a vLLM-style replica
    with the server's block size, pool, step budget and running-request limit, priced
-   by the calibrated profile.
+   by the calibrated profile: each request spends a time outside the engine drawn from
+   the calibration's spread for a server idle or busy when it was sent, and the step
+   that starts it pays for taking it in (``admit_s``; adapters/lab's README, "How the
+   simulator prices the serving path").
 5. One table line a rate: offered and served rate, the simulated utilization, the
    machine's 1-minute load over its runs, cached tokens (server against simulator),
    TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
@@ -29,7 +32,16 @@ that quotes an earlier answer misses those blocks on both sides.
         --workload multi_turn --request-rates 0.5,1,2,4,8,16 --repeats 3 --out sim-to-real
 
 (The weights are dummy. Measure on a quiet machine: the table records the load. The
-table, the command and the load are in benchmarks/README.md.)
+table, the command and the load are in benchmarks/README.md.) On a 2-core CPU the
+speed of the steps drifts by 10-20% over minutes, and a rate predicted from a profile
+measured minutes before is off by as much; ``--calibrate-each`` calibrates again
+before each rate (about 80 s each with the default sweep), and a verdict whose TPOT is
+off the same way as its TTFT says the server drifted. Within 20 minutes on 2 cores::
+
+    python benchmarks/sim_to_real.py \\
+        --vllm VLLM_VENV/bin/vllm --model tests/serve/harness/tiny-llama \\
+        --workload multi_turn --request-rates 0.5,1,2,4,8 --repeats 2 --max-requests 80 \\
+        --calibrate-each --out sim-to-real
 
 A recorded sweep (an ``--out`` folder) is predicted again with no server, after the
 model or its profile changed: the same requests, rebuilt from their seeds, sent at the
@@ -339,12 +351,30 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
             f"saturated (sim busy {row['utilization_sim']:.0%}, served {served:.0%} of offered)"
         )
     elif off:
-        row["verdict"] = "off: " + ", ".join(off)
+        row["verdict"] = "off: " + ", ".join(off) + _drift(row)
     else:
         row["verdict"] = f"within {WITHIN:.0%}"
     if stalls:
         row["verdict"] += f"; client stalled on {stalls} (left out)"
     return row
+
+
+def _drift(row: dict[str, Any]) -> str:
+    """Why a rate's TTFT is off when its steps are too: the server's steps ran slower
+    (or faster) than the profile it is predicted with was calibrated at (the machine's
+    speed drifted; ``--calibrate-each`` calibrates again before each rate). Not said
+    where the client stalled on over a tenth of the requests: the load generator, not
+    the server, set the pace of what is left."""
+    if row["client_stalls"] > WITHIN * row["requests"]:
+        return ""
+    tpot = row["tpot_p50_error"]
+    ttft = [row[f"ttft_p{q}_error"] for q in (50, 90)]
+    if math.isnan(tpot) or abs(tpot) <= WITHIN:
+        return ""
+    if not any(abs(e) > WITHIN and (e < 0) == (tpot < 0) for e in ttft if not math.isnan(e)):
+        return ""
+    pace = "slower" if tpot < 0 else "faster"
+    return f" (the server's steps ran {pace} than calibrated: TPOT p50 {tpot:+.0%})"
 
 
 def _ms(value: float) -> str:
@@ -485,10 +515,16 @@ def _calibrate(args: argparse.Namespace, url: str, out: Path, tag: str) -> CostP
     save_profile(profile, out / f"profile{tag}.json")
     path = profile.fit.get("serving_path", {})
     hops = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in path.get("hops", {}).items())
-    print(f"profile{tag}: request_s {profile.request_s * 1e3:.2f} ms, stream_token_s "
+    spread = ", ".join(
+        f"{what} p50 {t[10] * 1e3:.1f} / p90 {t[18] * 1e3:.1f} ms"
+        for what, t in (("idle", profile.request_spread_s), ("busy", profile.busy_request_spread_s))
+        if t
+    )
+    print(f"profile{tag}: request_s {profile.request_s * 1e3:.2f} ms, admit_s "
+          f"{profile.admit_s * 1e3:.2f} ms, stream_token_s "
           f"{profile.stream_token_s * 1e3:.3f} ms, step_s {profile.step_s * 1e3:.2f} ms, "
-          f"front-end share {profile.frontend_cpu_share:.2f}; serving path: {hops or '-'}",
-          flush=True)  # fmt: skip
+          f"front-end share {profile.frontend_cpu_share:.2f}; serving path: {hops or '-'}; "
+          f"outside the engine: {spread or '-'}", flush=True)  # fmt: skip
     return profile
 
 

@@ -334,12 +334,18 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
     assert p.frontend_request_cpu_s == pytest.approx(0.002, rel=1e-6)
     # the engine's decode time does not grow under load here: nothing is lost
     assert p.frontend_cpu_share == pytest.approx(0.0, abs=1e-9)
+    # taking a request in: the engine's 4 ms for a lone request beyond the fitted
+    # step model's price of its step
+    first, _ = engine_model(p)(8, 1)
+    assert p.admit_s == path["admit_s"] == pytest.approx(max(0.0, 0.004 - first))
     from prefixkv.adapters.lab.cli.calibrate import _print_fit
 
     _print_fit(p, Path("p.json"))
     said = capsys.readouterr().out.splitlines()
-    assert said[-1].startswith("serving path (engine side from metrics): request_s ")
-    assert "stream_token_s 0.100 ms" in said[-1] and "engine 4.0 ms" in said[-1]
+    (line,) = [x for x in said if x.startswith("serving path (engine side from metrics): ")]
+    assert "stream_token_s 0.100 ms" in line and "engine 4.0 ms" in line
+    assert said[-2].startswith("outside the engine, sent to an idle server: p50 ")
+    assert said[-1].startswith("outside the engine, sent to a busy server: p50 ")
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
     )
@@ -392,7 +398,7 @@ def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
     assert older.idle == [] and len(older.short) == 2
     again = refit_server_profile(CostProfile.from_dict(json.loads(json.dumps(p.to_dict()))))
     for key in ("step_s", "decode_seq_s", "request_s", "stream_token_s", "frontend_cpu_share",
-                "wake_s", "wake_after_s"):  # fmt: skip
+                "wake_s", "wake_after_s", "admit_s"):  # fmt: skip
         assert getattr(again, key) == pytest.approx(getattr(p, key), rel=1e-9, abs=1e-15)
     assert again.name == p.name and again.measured_on == p.measured_on
 

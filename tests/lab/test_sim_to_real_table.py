@@ -67,6 +67,25 @@ def test_the_verdict_names_what_is_off_and_says_saturated_before_it() -> None:
     assert behind["verdict"].startswith("saturated") and "served 75%" in behind["verdict"]
 
 
+def test_a_ttft_off_with_the_steps_off_the_same_way_says_the_server_drifted() -> None:
+    # TTFT and TPOT both 20% low: the server's steps ran slower than calibrated
+    slow = run(ttft=[0.05] * 4, ttft_sim=[0.04] * 4, tpot_sim=[0.008] * 4)
+    verdict = sim_to_real.summarize_rate(1.0, [slow])["verdict"]
+    assert verdict.endswith("(the server's steps ran slower than calibrated: TPOT p50 -20%)")
+    fast = run(ttft=[0.05] * 4, ttft_sim=[0.06] * 4, tpot_sim=[0.012] * 4)
+    assert (
+        "ran faster than calibrated: TPOT p50 +20%"
+        in sim_to_real.summarize_rate(1.0, [fast])["verdict"]
+    )
+    # a client that stalled on over a tenth of the requests set the pace: not said
+    stalled = dict(slow, client_stalled=[True, False, False, False])
+    assert "calibrated" not in sim_to_real.summarize_rate(1.0, [stalled])["verdict"]
+    # TPOT within 10%, or off the other way: the steps are no reason
+    for tpot in (0.0095, 0.012):
+        other = run(ttft=[0.05] * 4, ttft_sim=[0.04] * 4, tpot_sim=[tpot] * 4)
+        assert "calibrated" not in sim_to_real.summarize_rate(1.0, [other])["verdict"]
+
+
 def test_one_token_outputs_leave_tpot_empty_not_wrong() -> None:
     nan = math.nan
     row = sim_to_real.summarize_rate(

@@ -682,8 +682,12 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     # (256 and 1024 at 0.5), and the decode batches.
     # Then a short request timed twice under 0 and under 8 background streams, and
     # the serving path: a short, a long and a loaded request, twice, then a short one
-    # after each of the 4 idle pauses, twice.
-    assert len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2
+    # after each of the 4 idle pauses, twice, then a long one and 2 x 2 short ones
+    # while it decodes (busy).
+    busy = 1 + 2 * 2
+    assert (
+        len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2 + busy
+    )
     assert p.fit["serving_path"]["engine_side"] == "step model"  # no vLLM histograms here
 
 

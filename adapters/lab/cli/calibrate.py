@@ -26,7 +26,7 @@ from prefixkv.adapters.outputs import check_output
 from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
-from ..sim.serving_path import IDLE_PAUSES_S
+from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
 from .common import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
@@ -192,8 +192,8 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    # short, long and loaded requests, and short ones after each idle pause
-    serving = (3 + len(IDLE_PAUSES_S)) * sweep.serving_repeats
+    # short, long and loaded requests, and short ones after each idle pause and busy
+    serving = (3 + len(IDLE_PAUSES_S) + BUSY_PER_REPEAT) * sweep.serving_repeats
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 
@@ -211,8 +211,15 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
             f"serving path (engine side from {path.get('engine_side')}): request_s "
             f"{profile.request_s * 1e3:.1f} ms, stream_token_s {profile.stream_token_s * 1e3:.3f}"
             f" ms, front-end CPU share {profile.frontend_cpu_share:.2f}, wake "
-            f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle; medians: {hops}"
+            f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle, taking a "
+            f"request in {profile.admit_s * 1e3:.1f} ms a step; medians: {hops}"
         )
+        for what, table in (("an idle", profile.request_spread_s),
+                            ("a busy", profile.busy_request_spread_s)):  # fmt: skip
+            if table:  # the quantiles at 0, 5, ..., 100%: p50, p90, p100
+                p50, p90, top = (table[k] * 1e3 for k in (10, 18, 20))
+                print(f"outside the engine, sent to {what} server: p50 {p50:.1f} ms, "
+                      f"p90 {p90:.1f} ms, max {top:.1f} ms")  # fmt: skip
 
 
 def list_profiles() -> str:

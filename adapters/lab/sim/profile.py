@@ -30,13 +30,15 @@ CPU server), it slows the steps only while it is busy: a step lasts
 ``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
 length) longer. A step that starts an engine idle for ``wake_after_s`` or more takes
 ``wake_s`` longer: the serving processes sleep when idle, and the first request after
-wakes them. These are 0 unless measured (:mod:`.serving_path`), so a profile without
-them prices steps as before.
+wakes them. A step that first schedules a request takes ``admit_s`` longer (the engine
+takes the request in; once a step: :mod:`.engine_admit`). These are 0 unless measured
+(:mod:`.serving_path`), so a profile without them prices steps as before.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -47,6 +49,7 @@ from typing import Any
 from prefixkv.adapters.outputs import atomic_writer
 
 from .errors import ProfileError
+from .serving_spread import QUANTILES
 
 __all__ = [
     "COEFFICIENTS",
@@ -55,6 +58,7 @@ __all__ = [
     "MAX_COEFFICIENT_S",
     "RANGE_KEYS",
     "SERVING_TERMS",
+    "SPREAD_TABLES",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -78,8 +82,14 @@ SERVING_TERMS = (
     "frontend_cpu_share",
     "wake_s",
     "wake_after_s",
+    "admit_s",
 )
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
+
+SPREAD_TABLES = ("request_spread_s", "busy_request_spread_s")
+"""The serving path's spread: quantiles of the seconds a request spends outside the
+engine, sent to an idle and to a busy server (:mod:`.serving_spread`); empty when not
+measured."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
 """What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
@@ -135,6 +145,14 @@ class CostProfile:
         wake_s: the seconds more a step takes that starts an engine idle for at least
             ``wake_after_s`` (its processes asleep), 0 unless measured.
         wake_after_s: the idle seconds after which a step pays ``wake_s``.
+        admit_s: the seconds more a step takes that first schedules a request (the
+            engine takes it in: :mod:`.engine_admit`), once a step, 0 unless measured.
+        request_spread_s: quantiles (at :data:`~.serving_spread.QUANTILES`) of the
+            seconds a request sent to an idle server spends outside the engine; each
+            request draws its own from them instead of ``request_s`` (empty: not
+            measured).
+        busy_request_spread_s: the same for a request sent while the engine has
+            requests to run (empty: the idle table stands for it).
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -171,6 +189,9 @@ class CostProfile:
     frontend_cpu_share: float = 0.0
     wake_s: float = 0.0
     wake_after_s: float = 0.0
+    admit_s: float = 0.0
+    request_spread_s: Sequence[float] = ()
+    busy_request_spread_s: Sequence[float] = ()
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None
@@ -197,6 +218,8 @@ class CostProfile:
             )
         if not any(getattr(self, name) for name in COEFFICIENTS):
             raise ProfileError(f"profile {self.name!r}: every coefficient is zero")
+        for name in SPREAD_TABLES:
+            object.__setattr__(self, name, self._spread_table(name, getattr(self, name)))
         object.__setattr__(
             self,
             "covers",
@@ -225,6 +248,29 @@ class CostProfile:
                 raise ProfileError(
                     f"profile {self.name!r}: {name} must be an int >= 0 or null, got {value!r}"
                 )
+
+    def _spread_table(self, name: str, table: Any) -> tuple[float, ...]:
+        """``table`` as a tuple: empty, or one non-decreasing number of seconds in
+        ``[0, MAX_COEFFICIENT_S]`` per quantile."""
+        ok = isinstance(table, (list, tuple)) and (
+            not table
+            or (
+                len(table) == len(QUANTILES)
+                and all(
+                    not isinstance(v, bool)
+                    and isinstance(v, (int, float))
+                    and 0 <= v <= MAX_COEFFICIENT_S
+                    for v in table
+                )
+                and all(a <= b for a, b in itertools.pairwise(table))
+            )
+        )
+        if not ok:
+            raise ProfileError(
+                f"profile {self.name!r}: {name} must be empty or {len(QUANTILES)} "
+                f"non-decreasing seconds in [0, {MAX_COEFFICIENT_S:g}], got {table!r:.80}"
+            )
+        return tuple(float(v) for v in table)
 
     # ----------------------------------------------------------- the hardware
 
@@ -307,6 +353,7 @@ class CostProfile:
             "device": d["device"],
             "coefficients": {k: d[k] for k in COEFFICIENTS},
             **{k: getattr(self, k) for k in SERVING_TERMS},
+            **{k: list(getattr(self, k)) for k in SPREAD_TABLES},
             "source": d["source"],
             "notes": d["notes"],
             "measured_on": dict(self.measured_on),
@@ -357,6 +404,7 @@ class CostProfile:
             notes=meta["notes"],
             fit=objects["fit"],
             **{k: data.get(k, 0.0) for k in SERVING_TERMS},
+            **{k: data.get(k, []) for k in SPREAD_TABLES},
             measured_on=measured_on,
             covers={
                 k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()

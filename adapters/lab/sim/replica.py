@@ -23,6 +23,7 @@ A run that goes past the profile's measured range warns once
 from __future__ import annotations
 
 import heapq
+import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from .replica_scheduler import StepWork
 from .requests import SimRequest
 from .runner import Replica
 from .seats import Seat, make_seat
+from .serving_spread import ServingDelay, serving_delay
 
 __all__ = ["IndexFactory", "simulate"]
 
@@ -89,7 +91,8 @@ def simulate(
     prof = load_profile() if profile is None else profile
     index, seat = _make_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
-    records, reached = _run(replica, _SessionGate(iter(requests), prof.request_s), progress)
+    delay = serving_delay(prof.request_s, prof.request_spread_s, prof.busy_request_spread_s)
+    records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": index.block_size,
@@ -194,12 +197,16 @@ class _SessionGate:
 
     Requests are read lazily in arrival order. A turn whose predecessor is still
     unfinished waits here; one whose predecessor never appeared is sent at its
-    arrival. Each request reaches the scheduler ``request_s`` after it is sent.
+    arrival. Each request reaches the scheduler ``delay(request, busy)`` after it is
+    sent, and not before one sent before it; ``busy`` when the engine was computing a
+    step then (it was sent before the clock it is read at: a request sent while the
+    engine idles is read at its own time; a closed-loop turn counts as sent to an idle
+    engine).
     """
 
-    def __init__(self, requests: Iterator[SimRequest], request_s: float) -> None:
+    def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
         self.requests = requests
-        self.request_s = request_s
+        self.delay = delay
         self.pending = next(requests, None)
         self.last_arrival = 0.0
         self.seen: set[str] = set()
@@ -207,9 +214,17 @@ class _SessionGate:
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
         self.order = 0
+        # The latest send so far and when it reached the engine: the front end passes
+        # requests on in the order they were sent (one process, one socket to the
+        # engine core), so a request sent no earlier reaches it no earlier.
+        self.last_sent = self.last_reach = -math.inf
 
-    def _push(self, request: SimRequest, sent: float) -> None:
-        heapq.heappush(self.heap, (sent + self.request_s, self.order, sent, request))
+    def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:
+        reach = sent + self.delay(request.id, busy)
+        if sent >= self.last_sent:
+            reach = max(reach, self.last_reach)
+            self.last_sent, self.last_reach = sent, reach
+        heapq.heappush(self.heap, (reach, self.order, sent, request))
         self.order += 1
 
     def _read(self, now: float) -> None:
@@ -221,7 +236,7 @@ class _SessionGate:
             self.last_arrival = t = _arrival(r, self.last_arrival)
             after = r.after
             if after is None or after not in self.seen:
-                self._push(r, t)
+                self._push(r, t, busy=t < now)
             elif after in self.finish:
                 self._push(r, max(t, self.finish[after] + r.think_s))
             else:

@@ -143,6 +143,9 @@ class Replica:
         if self._idle_since is not None and start - self._idle_since >= p.wake_after_s:
             seconds += p.wake_s
         self._idle_since = None
+        # A step that first schedules a request pays for taking it in (once a step).
+        if any(c.seq.metrics.first_scheduled_s == start for c in plan.chunks):
+            seconds += p.admit_s
         # The front end slows the step only while it is busy, at most the step's length.
         if self.stream:
             busy = min(max(0.0, self._frontend_free - start), seconds)

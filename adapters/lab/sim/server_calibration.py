@@ -42,17 +42,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
+from .engine_admit import fit_admit_s
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import (
     PROMPT_TOKENS,
+    HopSample,
     HopSamples,
     engine_model,
     fit_serving_path,
     measure_hops,
 )
+from .serving_spread import quantile_table
 
 __all__ = [
     "QUICK_SWEEP",
@@ -441,15 +444,40 @@ def fit_server(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
     profile = fit(known=path.known())
-    fitted = {**profile.fit, **saved, "serving_path": {**path.as_dict(), "samples": hops.to_json()}}
+    # What the engine core's own time for a lone request holds beyond the fitted step
+    # model's price of its step: taking the request in (priced once a step).
+    lone = [*hops.short, *hops.idle]
+    admit_s = fit_admit_s(lone, engine_model(profile))
+    # How the time outside the engine varies, sent to an idle and to a busy server.
+    idle_spread = quantile_table(_outside(lone))
+    busy_spread = quantile_table(_outside(hops.busy))
+    fitted = {
+        **profile.fit,
+        **saved,
+        "serving_path": {
+            **path.as_dict(),
+            "admit_s": admit_s,
+            "busy_samples_kept": len(_outside(hops.busy)),
+            "samples": hops.to_json(),
+        },
+    }
     return dataclasses.replace(
         profile,
         fit=fitted,
+        admit_s=admit_s or 0.0,
+        request_spread_s=idle_spread,
+        busy_request_spread_s=busy_spread,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
         frontend_cpu_share=path.frontend_cpu_share or 0.0,
         wake_s=path.wake_s or 0.0,
         wake_after_s=path.wake_after_s or 0.0,
     )
+
+
+def _outside(samples: Sequence[HopSample]) -> list[float]:
+    """What each request spent outside the engine core's queue + prefill (those whose
+    window saw only their own figures: the server says the engine side)."""
+    return [s.client_ttft_s - s.engine_ttft_s for s in samples if s.engine_ttft_s is not None]
 
 
 def refit_server_profile(profile: CostProfile) -> CostProfile:

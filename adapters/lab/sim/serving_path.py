@@ -25,6 +25,10 @@ one request at a time (light load), from both ends:
   its API-server process) gives its CPU seconds per request and per streamed token
   (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
   counter ticks in 10 ms steps).
+- **busy**: short requests sent one at a time while one long request decodes (its
+  tokens streaming to the same client), :data:`BUSY_PER_REPEAT` x ``repeats`` of them:
+  what a request spends outside the engine core when the server is busy
+  (:mod:`.serving_spread`).
 - **share**: one long request alone, then again while the client keeps the API
   server busy with ``/metrics`` reads: the engine core's decode time grows by
   ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "BUSY_PER_REPEAT",
     "IDLE_PAUSES_S",
     "METRICS",
     "PROMPT_TOKENS",
@@ -92,6 +97,13 @@ IDLE_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
 each). In two recorded sweeps on a 2-core CPU server, a lone request that came 0.4 s or
 more after the last one finished took 5-6 ms longer to its first token than one that
 came within 0.05 s."""
+
+BUSY_PER_REPEAT = 2
+"""Busy requests per repeat (twice the others: the spread's upper quantiles need them)."""
+
+BUSY_BACKGROUND_TOKENS = 2048
+"""Tokens the long request decodes while the busy requests are sent (it is cancelled
+once they are done; at a few ms a token it outlasts them)."""
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -433,8 +445,9 @@ async def measure_serving_path(
     long_tokens: int = 32,
     idle_pauses_s: Sequence[float] = IDLE_PAUSES_S,
     progress: Callable[[int], object] | None = None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:
-    """Send the short, long and share requests one at a time (see the module docstring).
+    busy_background_tokens: int = BUSY_BACKGROUND_TOKENS,
+) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample], list[HopSample]]:
+    """Send the short, long, share, idle and busy requests (see the module docstring).
 
     Args:
         engine: the server.
@@ -446,6 +459,8 @@ async def measure_serving_path(
         idle_pauses_s: seconds the server idles before each idle request, ``repeats``
             of each pause (empty: none sent).
         progress: called with 1 after each request.
+        busy_background_tokens: tokens the long request decodes while the busy ones
+            are sent (0: none sent).
 
     Raises:
         ServerError: the server fails a request.
@@ -483,13 +498,62 @@ async def measure_serving_path(
             s = await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s)
             idle.append(s._replace(idle_s=pause))
             tick()
-    return short, long, share, idle
+    busy = []
+    if busy_background_tokens:
+        busy = await _busy(
+            engine, client, lambda: fresh(prompt_tokens), BUSY_PER_REPEAT * repeats,
+            busy_background_tokens, scrape_cpu_s, tick,
+        )  # fmt: skip
+    return short, long, share, idle, busy
+
+
+async def _busy(
+    engine: ServedEngine,
+    client: httpx.AsyncClient,
+    prompt: Callable[[], list[int]],
+    n: int,
+    background_tokens: int,
+    scrape_cpu_s: float,
+    tick: Callable[[], None],
+) -> list[HopSample]:
+    """``n`` one-token requests, one at a time, while a long request decodes and
+    streams to the same client; those whose window saw another request finish (the
+    long one) keep no engine side. The long one is cancelled after.
+
+    A request the server drops (a connection it closed under the client, which a
+    loaded server may do) is no sample and the next one is sent; over half of them
+    dropped is the server's failure.
+
+    Raises:
+        ServerError: over half the requests failed (the last failure).
+    """
+    background = asyncio.ensure_future(engine.complete(client, prompt(), background_tokens))
+    out = []
+    dropped = 0
+    try:
+        await asyncio.sleep(0.1)  # past its prefill, decoding
+        for k in range(n):
+            try:
+                out.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
+            except ServerError:
+                dropped += 1
+                if 2 * dropped > n:
+                    raise
+            tick()
+            await asyncio.sleep(0.003 * (k % 5))  # at other points of a decode step
+    finally:
+        background.cancel()
+        await asyncio.gather(background, return_exceptions=True)
+    await asyncio.sleep(0.2)  # the server lets go of the cancelled request
+    return out
 
 
 async def _measure(
     engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
     progress: Callable[[int], object] | None,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample]]:  # fmt: skip
+) -> tuple[
+    list[HopSample], list[HopSample], list[SharePair], list[HopSample], list[HopSample]
+]:  # fmt: skip
     rng = random.Random(seed if seed is not None else os.urandom(16))
 
     def fresh(n: int) -> list[int]:
@@ -501,13 +565,15 @@ async def _measure(
 
 
 class HopSamples(NamedTuple):
-    """What :func:`measure_hops` sent: the short, long and share requests, and short
-    ones after the server idled (none in profiles made before they were sent)."""
+    """What :func:`measure_hops` sent: the short, long and share requests, short ones
+    after the server idled and while it was busy (none in profiles made before they
+    were sent)."""
 
     short: list[HopSample]
     long: list[HopSample]
     share: list[SharePair]
     idle: Sequence[HopSample] = ()
+    busy: Sequence[HopSample] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object (a profile keeps it, so that it can be fitted again)."""
@@ -516,6 +582,7 @@ class HopSamples(NamedTuple):
             "long": [s._asdict() for s in self.long],
             "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
             "idle": [s._asdict() for s in self.idle],
+            "busy": [s._asdict() for s in self.busy],
         }
 
     @classmethod
@@ -531,6 +598,7 @@ class HopSamples(NamedTuple):
                 [_hop(s) for s in data["long"]],
                 [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
                 [_hop(s) for s in data.get("idle", [])],
+                [_hop(s) for s in data.get("busy", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(
