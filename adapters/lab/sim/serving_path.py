@@ -265,37 +265,96 @@ def fit_serving_path(
     """
     if not short:
         raise ValueError("need at least one short request")
-
-    def engine_ttft(s: HopSample) -> float:
-        if s.engine_ttft_s is not None:
-            return s.engine_ttft_s
-        if engine_model is None:
-            raise ValueError("a sample has no engine-side TTFT and there is no engine model")
-        return engine_model(s.prompt_tokens, s.num_tokens)[0]
-
     # What a request pays outside the modelled steps: its client TTFT less the engine
     # core's queue and prefill time where the server says it (vLLM's /metrics), else
     # less the step model's price of its first step. (vLLM's queue + prefill also holds
     # the engine core's own work for a new request, which no modelled step prices; taking
     # the step model's first step as the basis instead moved nearly all of a step into
     # request_s when a real CPU server was calibrated: step_s 0.03 ms, TPOT 75% low.)
-    request_s = max(0.0, statistics.median(s.client_ttft_s - engine_ttft(s) for s in short))
+    request_s = max(
+        0.0, statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+    )
+    hops = _client_hops(short, long, engine_model)
+    wake = _wake(idle, hops["client_ttft"])
+    if wake is not None:
+        hops["client_ttft_after_idle"] = wake.client_ttft
+    hops.update(_split_hops(short))
+    cpu_request, cpu_token = _frontend_cpu(short, long)
+    on_metrics = all(s.engine_ttft_s is not None for s in short)
+    return ServingPath(
+        request_s=request_s,
+        stream_token_s=cpu_token,
+        frontend_request_cpu_s=cpu_request,
+        frontend_cpu_share=_share(share),
+        hops=hops,
+        engine_side="metrics" if on_metrics else "step model",
+        request_s_outside="engine metrics" if on_metrics else "step model",
+        wake_s=None if wake is None else wake.wake_s,
+        wake_after_s=None if wake is None else wake.wake_after_s,
+    )
+
+
+def _engine_ttft(s: HopSample, model: EngineModel | None) -> float:
+    """``s``'s engine queue and prefill time: the server's figure, else ``model``'s.
+
+    Raises:
+        ValueError: the server did not say it and there is no ``model``.
+    """
+    if s.engine_ttft_s is not None:
+        return s.engine_ttft_s
+    if model is None:
+        raise ValueError("a sample has no engine-side TTFT and there is no engine model")
+    return model(s.prompt_tokens, s.num_tokens)[0]
+
+
+def _client_hops(
+    short: Sequence[HopSample], long: Sequence[HopSample], model: EngineModel | None
+) -> dict[str, float]:
+    """The medians of the client's TTFT (``client_ttft``; ``client_ttft_decoding`` for
+    ``long``, if any) and of the engine's queue and prefill time (``engine``)."""
     hops = {
         "client_ttft": statistics.median(s.client_ttft_s for s in short),
-        "engine": statistics.median(engine_ttft(s) for s in short),
+        "engine": statistics.median(_engine_ttft(s, model) for s in short),
     }
     if long:
         hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
-    wake_s = wake_after_s = None
-    if idle:
-        by_pause: dict[float, list[float]] = {}
-        for s in idle:
-            by_pause.setdefault(s.idle_s, []).append(s.client_ttft_s)
-        excess = {p: statistics.median(v) - hops["client_ttft"] for p, v in by_pause.items()}
-        longest = max(excess)
-        hops["client_ttft_after_idle"] = statistics.median(by_pause[longest])
-        wake_s = max(0.0, excess[longest])
-        wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
+    return hops
+
+
+class _Wake(NamedTuple):
+    """What requests sent after the server idled say (see :func:`fit_serving_path`).
+
+    Attributes:
+        client_ttft: their median client TTFT after the longest pause.
+        wake_s: how much longer than the short requests they took after it.
+        wake_after_s: the shortest pause after which they took over half that.
+    """
+
+    client_ttft: float
+    wake_s: float
+    wake_after_s: float
+
+
+def _wake(idle: Sequence[HopSample], client_ttft: float) -> _Wake | None:
+    """How much longer than ``client_ttft`` (the short requests' median) ``idle`` took
+    after the longest pause, and the shortest pause after which they took over half
+    that (``None``: no ``idle``)."""
+    if not idle:
+        return None
+    by_pause: dict[float, list[float]] = {}
+    for s in idle:
+        by_pause.setdefault(s.idle_s, []).append(s.client_ttft_s)
+    excess = {p: statistics.median(v) - client_ttft for p, v in by_pause.items()}
+    longest = max(excess)
+    wake_s = max(0.0, excess[longest])
+    wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
+    return _Wake(statistics.median(by_pause[longest]), wake_s, wake_after_s)
+
+
+def _split_hops(short: Sequence[HopSample]) -> dict[str, float]:
+    """The medians of the HTTP side (``http``: client to API server and back) and the
+    front end's (``frontend``: API server to engine core and back), those the server
+    says."""
     http = _median(
         [s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None]
     )
@@ -306,21 +365,7 @@ def fit_serving_path(
             if s.server_ttft_s is not None and s.engine_ttft_s is not None
         ]
     )
-    hops.update({k: v for k, v in (("http", http), ("frontend", front)) if v is not None})
-    cpu_request, cpu_token = _frontend_cpu(short, long)
-    return ServingPath(
-        request_s=request_s,
-        stream_token_s=cpu_token,
-        frontend_request_cpu_s=cpu_request,
-        frontend_cpu_share=_share(share),
-        hops=hops,
-        engine_side="metrics" if all(s.engine_ttft_s is not None for s in short) else "step model",
-        request_s_outside="engine metrics"
-        if all(s.engine_ttft_s is not None for s in short)
-        else "step model",
-        wake_s=wake_s,
-        wake_after_s=wake_after_s,
-    )
+    return {k: v for k, v in (("http", http), ("frontend", front)) if v is not None}
 
 
 def _frontend_cpu(
@@ -470,41 +515,79 @@ async def measure_serving_path(
             f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
             f"{repeats}, {prompt_tokens}, {long_tokens}"
         )
-    # What one /metrics read costs the API server: taken off each request's CPU (a
-    # mean over reads: the counter ticks in 10 ms steps).
-    reads = [await _metrics(client) for _ in range(16)]
-    cpu = METRICS["cpu"]
-    gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
-    scrape_cpu_s = statistics.fmean(gaps) if gaps else 0.0
+    scrape_cpu_s = await _scrape_cpu_s(client)
 
     def tick() -> None:
         if progress is not None:
             progress(1)
 
-    short, long, share, idle = [], [], [], []
-    for _ in range(repeats):
-        short.append(await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s))
-        tick()
-        long.append(await _timed(engine, client, fresh(prompt_tokens), long_tokens, scrape_cpu_s))
-        tick()
-        loaded = await _timed(
-            engine, client, fresh(prompt_tokens), long_tokens, scrape_cpu_s, load=True
-        )
-        share.append(SharePair(long[-1], loaded))
-        tick()
-    for pause in idle_pauses_s:
-        for _ in range(repeats):
-            await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
-            s = await _timed(engine, client, fresh(prompt_tokens), 1, scrape_cpu_s)
-            idle.append(s._replace(idle_s=pause))
-            tick()
+    def prompt() -> list[int]:
+        return fresh(prompt_tokens)
+
+    short, long, share = await _short_long_and_share(
+        engine, client, prompt, repeats, long_tokens, scrape_cpu_s, tick
+    )
+    idle = await _idle(engine, client, prompt, idle_pauses_s, repeats, scrape_cpu_s, tick)
     busy = []
     if busy_background_tokens:
         busy = await _busy(
-            engine, client, lambda: fresh(prompt_tokens), BUSY_PER_REPEAT * repeats,
-            busy_background_tokens, scrape_cpu_s, tick,
+            engine, client, prompt, BUSY_PER_REPEAT * repeats, busy_background_tokens,
+            scrape_cpu_s, tick,
         )  # fmt: skip
     return short, long, share, idle, busy
+
+
+async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
+    """What one ``/metrics`` read costs the API server, to take off each request's CPU
+    (a mean over reads: the counter ticks in 10 ms steps)."""
+    reads = [await _metrics(client) for _ in range(16)]
+    cpu = METRICS["cpu"]
+    gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
+    return statistics.fmean(gaps) if gaps else 0.0
+
+
+async def _short_long_and_share(
+    engine: ServedEngine,
+    client: httpx.AsyncClient,
+    prompt: Callable[[], list[int]],
+    repeats: int,
+    long_tokens: int,
+    scrape_cpu_s: float,
+    tick: Callable[[], None],
+) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
+    """``repeats`` times in turn: a one-token request, a ``long_tokens`` one, and a
+    ``long_tokens`` one while the API server is kept busy (paired with the one before)."""
+    short, long, share = [], [], []
+    for _ in range(repeats):
+        short.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
+        tick()
+        long.append(await _timed(engine, client, prompt(), long_tokens, scrape_cpu_s))
+        tick()
+        loaded = await _timed(engine, client, prompt(), long_tokens, scrape_cpu_s, load=True)
+        share.append(SharePair(long[-1], loaded))
+        tick()
+    return short, long, share
+
+
+async def _idle(
+    engine: ServedEngine,
+    client: httpx.AsyncClient,
+    prompt: Callable[[], list[int]],
+    pauses_s: Sequence[float],
+    repeats: int,
+    scrape_cpu_s: float,
+    tick: Callable[[], None],
+) -> list[HopSample]:
+    """``repeats`` one-token requests after each of ``pauses_s``, each sent once the
+    server idled that long."""
+    idle = []
+    for pause in pauses_s:
+        for _ in range(repeats):
+            await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
+            s = await _timed(engine, client, prompt(), 1, scrape_cpu_s)
+            idle.append(s._replace(idle_s=pause))
+            tick()
+    return idle
 
 
 async def _busy(
