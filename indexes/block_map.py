@@ -85,10 +85,10 @@ def add_blocks(table: BlockHashToBlockMap, blocks: list[CachedBlock]) -> None:
     for block in blocks:
         block_hash = block.block_hash
         assert block_hash is not None
-        entry = table.get(block_hash)
-        if entry is None:
-            table[block_hash] = block
-        elif type(entry) is CachedBlock:
+        entry = table.setdefault(block_hash, block)  # one probe for a new hash
+        if entry is block:
+            continue
+        if type(entry) is CachedBlock:
             table[block_hash] = {entry.block_id: entry, block.block_id: block}
         else:
             entry[block.block_id] = block  # type: ignore[index]

@@ -153,7 +153,13 @@ class HashChainIndex:
         self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
         self._table: BlockHashToBlockMap = {}
+        # Block id -> its record. A record that left the index (evicted, reset away)
+        # may stay as a dead one (ref_cnt -1) until its id is registered again: a
+        # pool's ids come straight back, and overwriting an entry costs a third of a
+        # delete plus an insert. _num_live counts the others; dead ones are purged when
+        # they outnumber them.
         self._blocks: dict[int, CachedBlock] = {}
+        self._num_live = 0
         self._free = FreeBlockQueue()
         # Counts hash entries dropped (evicted, evict_blocks, reset): a handle made at
         # the current count names only cached blocks, so validating it is O(1).
@@ -334,7 +340,7 @@ class HashChainIndex:
         j = start
         for bid in cast("list[Any]", new_ids):  # boxed as given: no int to box per probe
             old = blocks.get(bid)
-            if old is not None:
+            if old is not None and old.ref_cnt >= 0:  # a dead record holds nothing
                 known = True
                 if old.block_hash is not None and old.block_hash != hashes[j]:
                     raise BlockOwnershipError(
@@ -380,9 +386,9 @@ class HashChainIndex:
         i = start
         for bid in cast("list[Any]", new_ids):
             block = blocks.get(bid) if known else None
-            if block is None:
+            if block is None or block.ref_cnt < 0:
                 block = CachedBlock(bid, hashes[i])
-                blocks[bid] = block
+                blocks[bid] = block  # over a dead record, if any
                 if verify:
                     block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
                     block.parent = prev
@@ -392,6 +398,7 @@ class HashChainIndex:
             prev = block
             i += 1
         add_blocks(self._table, created)
+        self._num_live += len(created)
         return created
 
     def _announce(
@@ -505,6 +512,7 @@ class HashChainIndex:
             released.append(block.block_id)
             del self._blocks[block.block_id]
             block.ref_cnt = -1
+            self._num_live -= 1
         return released
 
     def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
@@ -546,13 +554,20 @@ class HashChainIndex:
 
     def _forget(self, dead: list[CachedBlock]) -> None:
         # Records die here: their entries go (which stales handles naming them) and the
-        # block ids leave the index.
+        # block ids leave the index (their records stay, dead, until the ids come back).
         self._drop_entries(dead)
-        blocks = self._blocks
         for block in dead:
-            del blocks[block.block_id]
             block.ref_cnt = -1
             block.parent = None
+            block.tokens = None
+        self._num_live -= len(dead)
+        if len(self._blocks) > 2 * self._num_live + 4096:
+            self._purge_dead()
+
+    def _purge_dead(self) -> None:
+        # Dead records outnumber the live ones (ids that do not come back): drop them,
+        # O(records) once per as many deaths.
+        self._blocks = {bid: b for bid, b in self._blocks.items() if b.ref_cnt >= 0}
 
     def evict_blocks(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the hash entries of the given blocks (vLLM ``BlockPool.evict_blocks``, HC-10).
@@ -591,7 +606,7 @@ class HashChainIndex:
         Raises:
             CacheInUseError: a block is locked; nothing changes.
         """
-        locked = len(self._blocks) - len(self._free)
+        locked = self._num_live - len(self._free)
         if locked:
             raise CacheInUseError(f"cannot reset: {locked} cached blocks are locked by requests")
         out = [b.block_id for b in self._free]
@@ -602,6 +617,7 @@ class HashChainIndex:
         self._free.clear()
         self._table.clear()
         self._blocks.clear()
+        self._num_live = 0
         self._epoch += 1
         if self._sink is not None:
             self._sink.on_cleared()
@@ -656,7 +672,7 @@ class HashChainIndex:
 
     def stats(self) -> IndexStats:
         """Sizes and counters. O(1)."""
-        cached = len(self._blocks)
+        cached = self._num_live
         evictable = len(self._free)
         return IndexStats(
             cached, evictable, cached - evictable, len(self._table), self._num_evicted
@@ -666,7 +682,7 @@ class HashChainIndex:
         """Estimated bytes held by the index's own structures (not the KV)."""
         per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
         total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
-        total += len(self._blocks) * per_block
+        total += len(self._blocks) * per_block  # dead records too: they take memory
         digest_len = len(next(iter(self._table))) if self._table else 0
         total += len(self._table) * (33 + digest_len)  # the hash bytes objects
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
@@ -682,8 +698,14 @@ class HashChainIndex:
         """
         self._free.check_invariants()
         queued = {id(b) for b in self._free}
+        live = 0
         for bid, block in self._blocks.items():
             assert block.block_id == bid, f"block {bid} stored under id {block.block_id}"
+            if block.ref_cnt == -1:  # dead: no entry, not queued
+                assert block.block_hash is None, f"dead block {bid} keeps its hash"
+                assert block.prev is None and block.next is None, f"dead block {bid} queued"
+                continue
+            live += 1
             assert block.ref_cnt >= 0, f"live block {bid} has ref_cnt {block.ref_cnt}"
             if block.ref_cnt == 0:
                 assert id(block) in queued, f"evictable block {bid} is not in the free queue"
@@ -699,6 +721,7 @@ class HashChainIndex:
                 assert len(block.tokens) == self.block_size * TOKEN_BYTES, (
                     f"block {bid} stores a partial block"
                 )
+        assert live == self._num_live, f"{live} live records, counted {self._num_live}"
         for block_hash, entry in self._table.items():
             members = entry_members(entry)
             assert members, "empty duplicate entry"
