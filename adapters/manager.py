@@ -360,6 +360,10 @@ class CacheManager:
         if use > len(evicted):
             alloc.free(evicted, owner=Owner.MANAGER)
             return None
+        if use == need:  # every block an evicted one (a full pool): none taken from the pool
+            if len(evicted) > use:
+                alloc.free(evicted[use:], owner=Owner.MANAGER)
+            return evicted[:use]
         got = alloc.allocate(need - use, owner=Owner.MANAGER)
         assert got is not None
         alloc.free(evicted[use:], owner=Owner.MANAGER)
@@ -548,6 +552,18 @@ class CacheManager:
             known = min(computed, len(seq.key.tokens))  # the key may lag its slots
             self._commit(seq, known, bool(swap_duplicates))
         return new
+
+    def step_in_place(self, request_id: RequestId, num_tokens: object) -> bool:
+        """``advance(request_id, num_tokens, num_tokens)`` when that step needs no block and
+        registers none (most decode steps): done, ``True``; else ``False``, nothing changed.
+
+        The engine classes try it first, so such a step reads nothing else of the request
+        (``advance`` takes its tokens, for the step that fills a block). O(1).
+
+        Raises:
+            RequestStateError: unknown request.
+        """
+        return self._step_in_place(self._seq(request_id), num_tokens, num_tokens, 0)
 
     def _step_in_place(
         self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object

@@ -1,12 +1,21 @@
 """The hash chain's records: a cached block, and the table from block hash to the
-block(s) cached under it (vLLM's ``KVCacheBlock`` and ``BlockHashToBlockMap``).
+block(s) cached under it (vLLM's ``KVCacheBlock`` and ``BlockHashToBlockMap``), with
+the functions that change it.
 """
 
 from __future__ import annotations
 
 from .tokens import ExtraKey
 
-__all__ = ["BlockHashToBlockMap", "CachedBlock", "Entry"]
+__all__ = [
+    "BlockHashToBlockMap",
+    "CachedBlock",
+    "Entry",
+    "add_blocks",
+    "drop_block",
+    "drop_blocks",
+    "entry_members",
+]
 
 
 class CachedBlock:
@@ -52,62 +61,66 @@ class CachedBlock:
 Entry = CachedBlock | dict[int, CachedBlock]
 """What the table holds under one hash: a block, or several by block id."""
 
+BlockHashToBlockMap = dict[bytes, Entry]
+"""Block hash -> the block(s) cached under it (vLLM's ``BlockHashToBlockMap``).
 
-class BlockHashToBlockMap(dict[bytes, Entry]):
-    """Block hash -> the block(s) cached under it.
+NOTE: two requests that compute the same block at the same time both register it
+(SPEC HC-13, vLLM's choice): the second registration must not replace the first,
+which a running request may be reading. So a hash may map to several blocks; a
+lookup takes the first registered one still cached, and each is evicted on its own.
 
-    NOTE: two requests that compute the same block at the same time both register it
-    (SPEC HC-13, vLLM's choice): the second registration must not replace the first,
-    which a running request may be reading. So a hash may map to several blocks; a
-    lookup takes the first registered one still cached, and each is evicted on its own.
+NOTE: the common case, one block per hash, stores the block itself, not a dict of
+one: most entries cost no extra object.
 
-    NOTE: the common case, one block per hash, stores the block itself, not a dict of
-    one: most entries cost no extra object.
+NOTE: a plain ``dict``, changed only by :func:`add_blocks`, :func:`drop_blocks` and
+:func:`drop_block`: compiled, each probe is a direct dict call (a ``dict`` subclass's
+methods were Python calls, a third of a registration's cost), and the hash chain still
+probes a whole run with ``map(table.get, hashes)`` in one C pass.
+"""
 
-    NOTE: it is a ``dict`` so the hash chain probes a whole run of hashes with
-    ``map(table.get, hashes)`` in one C pass; only ``add_many`` and ``drop_many`` mutate it.
-    """
 
-    def add_many(self, blocks: list[CachedBlock]) -> None:
-        """File each of ``blocks`` under its hash (a run of new blocks), each beside
-        any duplicate. O(len(blocks))."""
-        for block in blocks:
-            block_hash = block.block_hash
-            assert block_hash is not None
-            entry = self.get(block_hash)
-            if entry is None:
-                self[block_hash] = block
-            elif type(entry) is CachedBlock:
-                self[block_hash] = {entry.block_id: entry, block.block_id: block}
-            else:
-                entry[block.block_id] = block  # type: ignore[index]
-
-    def drop_many(self, blocks: list[CachedBlock]) -> None:
-        """Remove the entries of ``blocks`` and mark them dropped. O(len(blocks))."""
-        for block in blocks:
-            block_hash = block.block_hash
-            assert block_hash is not None
-            if self[block_hash] is block:
-                del self[block_hash]
-                block.block_hash = None
-            else:
-                self.drop(block)
-
-    def drop(self, block: CachedBlock) -> None:
-        """Remove ``block``'s entry (its duplicates stay) and mark it dropped. O(1)."""
+def add_blocks(table: BlockHashToBlockMap, blocks: list[CachedBlock]) -> None:
+    """File each of ``blocks`` under its hash (a run of new blocks), each beside any
+    duplicate. O(len(blocks))."""
+    for block in blocks:
         block_hash = block.block_hash
         assert block_hash is not None
-        entry = self[block_hash]
+        entry = table.setdefault(block_hash, block)  # one probe for a new hash
         if entry is block:
-            del self[block_hash]
+            continue
+        if type(entry) is CachedBlock:
+            table[block_hash] = {entry.block_id: entry, block.block_id: block}
         else:
-            assert type(entry) is dict
-            del entry[block.block_id]
-            if len(entry) == 1:
-                self[block_hash] = next(iter(entry.values()))
-        block.block_hash = None
+            entry[block.block_id] = block  # type: ignore[index]
 
-    @staticmethod
-    def members(entry: Entry) -> list[CachedBlock]:
-        """The blocks of one entry, first registered first."""
-        return [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]
+
+def drop_blocks(table: BlockHashToBlockMap, blocks: list[CachedBlock]) -> None:
+    """Remove the entries of ``blocks`` and mark them dropped. O(len(blocks))."""
+    for block in blocks:
+        block_hash = block.block_hash
+        assert block_hash is not None
+        if table[block_hash] is block:
+            del table[block_hash]
+            block.block_hash = None
+        else:
+            drop_block(table, block)
+
+
+def drop_block(table: BlockHashToBlockMap, block: CachedBlock) -> None:
+    """Remove ``block``'s entry (its duplicates stay) and mark it dropped. O(1)."""
+    block_hash = block.block_hash
+    assert block_hash is not None
+    entry = table[block_hash]
+    if entry is block:
+        del table[block_hash]
+    else:
+        assert type(entry) is dict
+        del entry[block.block_id]
+        if len(entry) == 1:
+            table[block_hash] = next(iter(entry.values()))
+    block.block_hash = None
+
+
+def entry_members(entry: Entry) -> list[CachedBlock]:
+    """The blocks of one entry, first registered first."""
+    return [entry] if type(entry) is CachedBlock else list(entry.values())  # type: ignore[union-attr]

@@ -17,7 +17,14 @@ from operator import attrgetter
 from typing import Any, ClassVar, Final, cast, overload
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
-from .block_map import BlockHashToBlockMap, CachedBlock, Entry
+from .block_map import (
+    BlockHashToBlockMap,
+    CachedBlock,
+    Entry,
+    add_blocks,
+    drop_blocks,
+    entry_members,
+)
 from .errors import (
     BlockOwnershipError,
     CacheInUseError,
@@ -38,7 +45,6 @@ from .validation import (
 
 __all__ = ["HashChainIndex"]
 
-_block_id: Final = attrgetter("block_id")
 _tokens: Final = attrgetter("tokens")
 _parent: Final = attrgetter("parent")
 
@@ -146,8 +152,14 @@ class HashChainIndex:
         )
         self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
-        self._table = BlockHashToBlockMap()
+        self._table: BlockHashToBlockMap = {}
+        # Block id -> its record. A record that left the index (evicted, reset away)
+        # may stay as a dead one (ref_cnt -1) until its id is registered again: a
+        # pool's ids come straight back, and overwriting an entry costs a third of a
+        # delete plus an insert. _num_live counts the others; dead ones are purged when
+        # they outnumber them.
         self._blocks: dict[int, CachedBlock] = {}
+        self._num_live = 0
         self._free = FreeBlockQueue()
         # Counts hash entries dropped (evicted, evict_blocks, reset): a handle made at
         # the current count names only cached blocks, so validating it is O(1).
@@ -193,7 +205,7 @@ class HashChainIndex:
         if duplicates or (self.verify and hit and not self._run_matches(hit, key)):
             # Pick among duplicates, or find where a collision breaks the run.
             hit = self._resolve(self._probe(hashes, limit), key)
-            ids = list(map(_block_id, hit))
+            ids = [b.block_id for b in hit]
         n = len(hit)
         return PrefixMatch(n * self.block_size, ids, _ChainHandle(self, hit, n, self._epoch))
 
@@ -303,11 +315,11 @@ class HashChainIndex:
         hashes = key.block_hashes(self._hasher)
         chain, start = self._continued_run(prefix, block_ids, num_full)
         new_ids = check_block_ids(block_ids[start:num_full], "insert")
-        self._check_not_cached_elsewhere(key, hashes, new_ids, start)
+        known = self._check_not_cached_elsewhere(key, hashes, new_ids, start)
         num_cached = start
         while num_cached < num_full and hashes[num_cached] in self._table:
             num_cached += 1
-        created = self._register_run(key, hashes, new_ids, chain, start)
+        created = self._register_run(key, hashes, new_ids, chain, start, known)
         self._free.extend(created[::-1])  # unlocked: queued tail first, like a release
         if self._sink is not None and created:
             self._announce(key, hashes, chain, start, created)
@@ -320,20 +332,23 @@ class HashChainIndex:
 
     def _check_not_cached_elsewhere(
         self, key: TokenKey, hashes: list[bytes], new_ids: list[int], start: int
-    ) -> None:
-        # Each new block id, block start + j of key, is free or cached under this hash.
-        blocks = self._blocks
-        for j, bid in enumerate(new_ids):
+    ) -> bool:
+        # Each new block id, block start + j of key, is free or cached under this hash;
+        # True when some is cached (a re-registration), so the run looks its ids up.
+        blocks = cast("dict[Any, CachedBlock]", self._blocks)  # probed with the ids as given
+        known = False
+        j = start
+        for bid in cast("list[Any]", new_ids):  # boxed as given: no int to box per probe
             old = blocks.get(bid)
-            if (
-                old is not None
-                and old.block_hash is not None
-                and old.block_hash != hashes[start + j]
-            ):
-                raise BlockOwnershipError(
-                    f"block {bid} is cached for other content; "
-                    f"it cannot hold block {start + j} of {key!r}"
-                )
+            if old is not None and old.ref_cnt >= 0:  # a dead record holds nothing
+                known = True
+                if old.block_hash is not None and old.block_hash != hashes[j]:
+                    raise BlockOwnershipError(
+                        f"block {bid} is cached for other content; "
+                        f"it cannot hold block {j} of {key!r}"
+                    )
+            j += 1
+        return known
 
     def _continued_run(
         self, prefix: CacheHandle | None, block_ids: Sequence[int], num_full: int
@@ -358,19 +373,22 @@ class HashChainIndex:
         new_ids: list[int],
         chain: list[CachedBlock],
         start: int,
+        known: bool,
     ) -> list[CachedBlock]:
         # Append blocks start.. to the run, making a record for each block id not
         # cached yet (a duplicate of a cached hash included, HC-13); returns the new ones.
+        # ``known``: some id is cached already (else none is looked up again).
         bs = self.block_size
-        blocks = self._blocks
+        blocks = cast("dict[Any, CachedBlock]", self._blocks)  # ids stay the caller's objects
         prev = chain[start - 1] if start else None
         created: list[CachedBlock] = []
         verify = self.verify
         i = start
-        for bid in new_ids:
-            block = blocks.get(bid)
-            if block is None:
-                block = blocks[bid] = CachedBlock(bid, hashes[i])
+        for bid in cast("list[Any]", new_ids):
+            block = blocks.get(bid) if known else None
+            if block is None or block.ref_cnt < 0:
+                block = CachedBlock(bid, hashes[i])
+                blocks[bid] = block  # over a dead record, if any
                 if verify:
                     block.tokens = key.tokens[i * bs : (i + 1) * bs].tobytes()
                     block.parent = prev
@@ -379,7 +397,8 @@ class HashChainIndex:
             chain.append(block)
             prev = block
             i += 1
-        self._table.add_many(created)
+        add_blocks(self._table, created)
+        self._num_live += len(created)
         return created
 
     def _announce(
@@ -414,7 +433,7 @@ class HashChainIndex:
         # The one place entries die, so the one place handles learn it (the epoch).
         # Its callers (evict, evict_blocks) tell the event sink, once per call.
         self._epoch += 1
-        self._table.drop_many(blocks)
+        drop_blocks(self._table, blocks)
 
     # ----------------------------------------------------------------- locking
 
@@ -493,6 +512,7 @@ class HashChainIndex:
             released.append(block.block_id)
             del self._blocks[block.block_id]
             block.ref_cnt = -1
+            self._num_live -= 1
         return released
 
     def relock(self, old: CacheHandle, new: CacheHandle) -> list[int]:
@@ -530,17 +550,24 @@ class HashChainIndex:
             self._sink.on_removed([cast("bytes", b.block_hash) for b in popped])
         self._forget(popped)
         self._num_evicted += len(popped)
-        return list(map(_block_id, popped))
+        return [b.block_id for b in popped]  # a native read each (map(attrgetter): a call)
 
     def _forget(self, dead: list[CachedBlock]) -> None:
         # Records die here: their entries go (which stales handles naming them) and the
-        # block ids leave the index.
+        # block ids leave the index (their records stay, dead, until the ids come back).
         self._drop_entries(dead)
-        blocks = self._blocks
         for block in dead:
-            del blocks[block.block_id]
             block.ref_cnt = -1
             block.parent = None
+            block.tokens = None
+        self._num_live -= len(dead)
+        if len(self._blocks) > 2 * self._num_live + 4096:
+            self._purge_dead()
+
+    def _purge_dead(self) -> None:
+        # Dead records outnumber the live ones (ids that do not come back): drop them,
+        # O(records) once per as many deaths.
+        self._blocks = {bid: b for bid, b in self._blocks.items() if b.ref_cnt >= 0}
 
     def evict_blocks(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the hash entries of the given blocks (vLLM ``BlockPool.evict_blocks``, HC-10).
@@ -579,7 +606,7 @@ class HashChainIndex:
         Raises:
             CacheInUseError: a block is locked; nothing changes.
         """
-        locked = len(self._blocks) - len(self._free)
+        locked = self._num_live - len(self._free)
         if locked:
             raise CacheInUseError(f"cannot reset: {locked} cached blocks are locked by requests")
         out = [b.block_id for b in self._free]
@@ -590,6 +617,7 @@ class HashChainIndex:
         self._free.clear()
         self._table.clear()
         self._blocks.clear()
+        self._num_live = 0
         self._epoch += 1
         if self._sink is not None:
             self._sink.on_cleared()
@@ -644,7 +672,7 @@ class HashChainIndex:
 
     def stats(self) -> IndexStats:
         """Sizes and counters. O(1)."""
-        cached = len(self._blocks)
+        cached = self._num_live
         evictable = len(self._free)
         return IndexStats(
             cached, evictable, cached - evictable, len(self._table), self._num_evicted
@@ -654,7 +682,7 @@ class HashChainIndex:
         """Estimated bytes held by the index's own structures (not the KV)."""
         per_block = sys.getsizeof(CachedBlock(0, None)) + 28  # + the block-id int
         total = sys.getsizeof(self._table) + sys.getsizeof(self._blocks)
-        total += len(self._blocks) * per_block
+        total += len(self._blocks) * per_block  # dead records too: they take memory
         digest_len = len(next(iter(self._table))) if self._table else 0
         total += len(self._table) * (33 + digest_len)  # the hash bytes objects
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
@@ -670,8 +698,14 @@ class HashChainIndex:
         """
         self._free.check_invariants()
         queued = {id(b) for b in self._free}
+        live = 0
         for bid, block in self._blocks.items():
             assert block.block_id == bid, f"block {bid} stored under id {block.block_id}"
+            if block.ref_cnt == -1:  # dead: no entry, not queued
+                assert block.block_hash is None, f"dead block {bid} keeps its hash"
+                assert block.prev is None and block.next is None, f"dead block {bid} queued"
+                continue
+            live += 1
             assert block.ref_cnt >= 0, f"live block {bid} has ref_cnt {block.ref_cnt}"
             if block.ref_cnt == 0:
                 assert id(block) in queued, f"evictable block {bid} is not in the free queue"
@@ -681,14 +715,15 @@ class HashChainIndex:
             if block.block_hash is not None:
                 entry = self._table.get(block.block_hash)
                 assert entry is not None, f"block {bid}'s hash has no table entry"
-                members = self._table.members(entry)
+                members = entry_members(entry)
                 assert any(m is block for m in members), f"block {bid} missing from its entry"
             if self.verify and block.tokens is not None:
                 assert len(block.tokens) == self.block_size * TOKEN_BYTES, (
                     f"block {bid} stores a partial block"
                 )
+        assert live == self._num_live, f"{live} live records, counted {self._num_live}"
         for block_hash, entry in self._table.items():
-            members = self._table.members(entry)
+            members = entry_members(entry)
             assert members, "empty duplicate entry"
             for m in members:
                 assert m.block_hash == block_hash, f"block {m.block_id} under a foreign hash"

@@ -351,9 +351,12 @@ class KVCacheManager:
         ):  # fmt: skip
             rid = request.request_id
             total = request.num_computed_tokens + num_new_tokens
-            if rid in self.manager and total <= self._slot_cap:
-                boxed: Any = total  # boxed once, passed twice; the key learns the tokens
-                grown = self.manager.advance(  # when a block fills, as vLLM hashes them
+            mgr = self.manager
+            if rid in mgr and total <= self._slot_cap:
+                boxed: Any = total  # boxed once, passed on; the key learns the tokens
+                if mgr.step_in_place(rid, boxed):  # no block to add or register
+                    return self.empty_kv_cache_blocks
+                grown = mgr.advance(  # when a block fills, as vLLM hashes them
                     rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
                 )
                 if grown is None:

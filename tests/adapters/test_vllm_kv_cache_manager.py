@@ -30,7 +30,7 @@ from prefixkv.adapters.vllm import (
     KVCacheManager,
     SimpleRequest,
 )
-from prefixkv.indexes import HashChainIndex, PrefixKVError, make_index
+from prefixkv.indexes import HashChainIndex, PrefixKVError, RequestStateError, make_index
 
 GOLDEN = json.loads((TEST_DATA / "events" / "vllm_block_hashes.json").read_text())
 
@@ -357,3 +357,79 @@ def test_events_equal_vllms_own_manager_for_lora_and_salted_requests(tmp_path: P
         capture_output=True, text=True, env=env, check=True, cwd=tmp_path,
     ).stdout  # fmt: skip
     assert where.startswith(str(tmp_path)), where
+
+
+# ------------------------------------------------------------- the in-place decode step
+
+
+def _state(kv: KVCacheManager, rids: list[str]) -> tuple[Any, ...]:
+    index = kv.manager.index
+    assert isinstance(index, HashChainIndex)
+    return (
+        [kv.get_block_ids(r) for r in rids],
+        [kv.manager.num_computed_tokens(r) if r in kv.manager else None for r in rids],
+        index.stats(),
+        sorted(index.cached_block_hashes()),
+        index.free_queue_block_ids(),
+        kv.manager.allocator.free_block_ids(),
+    )
+
+
+@given(
+    prompts=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    steps=st.lists(st.integers(0, 3), max_size=80),
+    shared=st.integers(0, 24),
+)
+def test_a_decode_step_matches_advance_whether_or_not_it_adds_a_block(
+    prompts: list[int], steps: list[int], shared: int
+) -> None:
+    """``allocate_slots(req, 1)`` takes ``step_in_place`` first; the state after every
+    step equals the one ``CacheManager.advance`` alone leaves (the step it replaced),
+    on a pool small enough to evict."""
+    seed_tokens = list(range(100, 100 + shared))
+    kvs = [KVCacheManager(make_index("hash_chain", block_size=4, seed=1), 40) for _ in range(2)]
+    reqs: list[list[SimpleRequest]] = [[], []]
+    for n, length in enumerate(prompts):
+        for kv, mine in zip(kvs, reqs, strict=True):
+            req = request(f"r{n}", (seed_tokens + [1000 * (n + 1) + i for i in range(length)]))
+            if admit(kv, req) is not None:
+                req.append_output_token_ids(7)
+                mine.append(req)
+    rids = [r.request_id for r in reqs[0]]
+    assert rids == [r.request_id for r in reqs[1]]
+    for k, pick in enumerate(steps):
+        if not rids:
+            break
+        r = pick % len(rids)
+        fast, slow = kvs[0], kvs[1]
+        a, b = reqs[0][r], reqs[1][r]
+        new_a = fast.allocate_slots(a, 1)
+        total = b.num_computed_tokens + 1
+        grown = slow.manager.advance(
+            b.request_id, total, total, tokens=b.all_token_ids, swap_duplicates=False
+        )
+        assert (new_a is None) == (grown is None)
+        if new_a is not None and grown is not None:
+            assert new_a.get_block_ids() == (grown,)
+            for req in (a, b):
+                req.num_computed_tokens += 1
+                req.append_output_token_ids(10 + k)
+        assert _state(fast, rids) == _state(slow, rids)
+
+
+def test_step_in_place_refuses_a_step_that_adds_or_registers_a_block() -> None:
+    kv = KVCacheManager(make_index("hash_chain", block_size=4, seed=1), 16)
+    req = request("r", [1, 2, 3, 4, 5, 6])
+    admit(kv, req)
+    mgr = kv.manager
+    before = (mgr.num_computed_tokens("r"), mgr.block_table("r"), mgr.index.stats())
+    assert not mgr.step_in_place("r", 9)  # a third block: not in place
+    assert not mgr.step_in_place("r", 8)  # fills and registers block 1: not in place
+    assert (mgr.num_computed_tokens("r"), mgr.block_table("r"), mgr.index.stats()) == before
+    req.append_output_token_ids(7)
+    assert mgr.step_in_place("r", 7)  # inside block 1, nothing to register
+    # as advance: capped at the tokens the key holds (it learns them when a block fills)
+    assert mgr.num_computed_tokens("r") == len(mgr.key("r")) == 6
+    assert (mgr.block_table("r"), mgr.index.stats()) == before[1:]
+    with pytest.raises(RequestStateError):
+        mgr.step_in_place("nobody", 1)

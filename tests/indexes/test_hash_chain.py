@@ -15,6 +15,7 @@ from prefixkv.indexes import (
     InvalidHandleError,
     LockStateError,
     PrefixMatch,
+    StaleHandleError,
     TokenKey,
     make_extra_key,
     make_index,
@@ -291,3 +292,32 @@ def test_prefix_matches_compare_by_value_and_print_briefly() -> None:
     assert repr(m) == (
         "PrefixMatch(num_tokens=4, block_ids=[10], handle=<hash-chain handle: 1 blocks, epoch 0>)"
     )
+
+
+def test_evicted_ids_registered_again_and_ids_that_never_come_back_are_forgotten() -> None:
+    """An evicted block's id may be registered again at once (a pool's ids come back),
+    under a new record; ids that never come back (a caller numbering blocks afresh)
+    leave nothing behind: the index's size follows what it caches, not what it saw."""
+    index = HashChainIndex(4, seed=0)
+    key = TokenKey(list(range(1, 13)))
+    first = index.insert(key, [5, 6, 7])
+    assert index.evict(3) == [7, 6, 5]  # tail first
+    assert index.stats().num_cached_blocks == 0
+    assert index.match_prefix(key).num_tokens == 0
+    index.check_invariants()
+    again = index.insert(TokenKey(list(range(100, 112))), [7, 6, 5])  # the same ids
+    assert again.block_ids == [7, 6, 5] and index.stats().num_cached_blocks == 3
+    assert [index.ref_cnt(b) for b in (5, 6, 7)] == [0, 0, 0]
+    with pytest.raises(StaleHandleError):
+        index.lock(first.handle)  # the old records died with their entries
+    index.check_invariants()
+    index.evict(3)
+    baseline = index.memory_bytes()
+    for r in range(400):  # 12,000 fresh ids, 30 cached at a time
+        ids = list(range(1000 + 30 * r, 1030 + 30 * r))
+        index.insert(TokenKey([r + 1] * 120), ids)
+        assert index.stats().num_cached_blocks == 30
+        index.evict(30)
+        assert index.ref_cnt(ids[0]) == -1 and not index.is_cached(ids[0])
+    index.check_invariants()
+    assert index.memory_bytes() < baseline + 4096 * 200  # bounded by the purge, not 12,000

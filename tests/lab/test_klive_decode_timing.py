@@ -1,0 +1,43 @@
+"""The vLLM seat's decode loop books its time whether or not a step hook runs.
+
+Without a hook the loop is timed once per request, with one per step; either way
+``allocate_decode`` holds the decode steps' time, the hits and the cache are the same,
+and a hook is called once per decode step.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixkv.adapters.lab.sim.klive import KLive, driver_seat
+from prefixkv.adapters.lab.traces import TraceRequest
+from prefixkv.indexes import make_index
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    outputs=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    concurrency=st.integers(1, 3),
+)
+def test_decode_time_is_booked_with_and_without_a_step_hook(
+    outputs: list[int], concurrency: int
+) -> None:
+    requests = [
+        TraceRequest(f"r{i}", [1, 2, 3, 4, 5, 6, 7 + i], list(range(100, 100 + n)))
+        for i, n in enumerate(outputs)
+    ]
+    results = []
+    steps: list[int] = []
+    for hook in (None, lambda: steps.append(1)):
+        seat = driver_seat("vllm", make_index("hash_chain", 4, seed=0), 64)
+        results.append(KLive(seat, concurrency, on_step=hook).run(requests))
+    quiet, hooked = results
+    decodes = sum(max(0, n - 1) for n in outputs)
+    for result in results:
+        assert "allocate_decode" in result.seconds_by_call  # booked per request, 0 steps too
+        assert all(s >= 0.0 for s in result.seconds_by_call.values())
+    assert quiet.hits == hooked.hits
+    assert quiet.evicted_blocks == hooked.evicted_blocks
+    assert quiet.peak_cached_blocks == hooked.peak_cached_blocks
+    assert len(steps) == len(outputs) * 2 + decodes  # prefill, decodes, free
