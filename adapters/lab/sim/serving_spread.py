@@ -29,6 +29,8 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 __all__ = [
     "QUANTILES",
     "ServingDelay",
@@ -44,17 +46,11 @@ QUANTILES = tuple(k / 20 for k in range(21))
 
 def quantile_table(values: Sequence[float]) -> tuple[float, ...]:
     """The quantiles of ``values`` at :data:`QUANTILES` (linear between order
-    statistics), each at least 0; empty when ``values`` is."""
-    xs = sorted(max(0.0, v) for v in values)
-    if not xs:
+    statistics, numpy's default), each at least 0; empty when ``values`` is."""
+    if not values:
         return ()
-    out = []
-    for q in QUANTILES:
-        pos = q * (len(xs) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(xs) - 1)
-        out.append(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
-    return tuple(out)
+    xs = np.maximum(np.asarray(values, dtype=float), 0.0)
+    return tuple(float(x) for x in np.quantile(xs, QUANTILES))
 
 
 def draw_fraction(key: str) -> float:
