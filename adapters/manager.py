@@ -23,7 +23,7 @@ them; ``check_invariants`` counts both.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
 
@@ -41,7 +41,13 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
-from prefixkv.indexes.tokens import ExtraKey, TokenKey, checked_tokens, normalize_extra_key
+from prefixkv.indexes.tokens import (
+    TOKEN_TYPECODE,
+    ExtraKey,
+    TokenKey,
+    checked_tokens,
+    normalize_extra_key,
+)
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
 from prefixkv.storage.allocator import BlockAllocator, Owner
 
@@ -141,6 +147,15 @@ class CacheManager:
         self.index: PrefixIndex = index
         self.allocator: BlockAllocator = allocator
         self.block_size: int = index.block_size
+        # The index's evictable count, read each time the free blocks run short: its
+        # own O(1) count where it has one (the hash chain), else from its stats.
+        ix: PrefixIndex = index
+        count = getattr(ix, "num_evictable_blocks", None)
+        self._num_evictable: Callable[[], int] = (
+            cast("Callable[[], int]", count)
+            if callable(count)
+            else lambda: ix.stats().num_evictable_blocks
+        )
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
@@ -344,7 +359,7 @@ class CacheManager:
         # Locking the hit protects its evictable blocks, so they do not count.
         if need <= self.allocator.num_free_blocks:
             return True
-        evictable = self.index.stats().num_evictable_blocks - hit_evictable
+        evictable = self._num_evictable() - hit_evictable
         return need <= self.allocator.num_free_blocks + evictable
 
     def _take_blocks(self, need: int, reserve: int = 0) -> list[int] | None:
@@ -605,6 +620,8 @@ class CacheManager:
         have = len(seq.key.tokens)
         computed = min(computed, len(known))
         if computed // self.block_size > seq.num_registered_blocks and len(known) > have:
+            if type(known) is array and known.typecode == TOKEN_TYPECODE:
+                return computed, known[have:]  # ids by their type: the slice is the copy
             return computed, checked_tokens(known[have:], have)  # positions in tokens
         return computed, ()
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, ClassVar, Final, cast, overload
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
@@ -129,13 +130,22 @@ class HashChainIndex:
         verify: store each block's tokens, namespace and parent, and accept a hit
             only if they equal the key's, so a hash collision can never return
             another sequence's KV (costs memory and a compare per hit block).
+        check_block_ids: refuse, in ``insert``, a block id given twice in one call (a
+            set operation per new block). The engine classes, which draw every block
+            from their own pool, turn it off; a block cached under another hash is
+            refused either way.
 
     Thread safety: none; call from one scheduler thread.
     """
 
     kv_event_dialect: ClassVar[str] = "vllm"
     DESCRIPTION: ClassVar[IndexDescription] = IndexDescription(
-        unit="block", models="vllm", default_block_size=16
+        unit="block",
+        models="vllm",
+        default_block_size=16,
+        # A manager's blocks come from its own allocator, distinct by construction: the
+        # per-insert duplicate set would repeat its ledger (a set operation per block).
+        pool_owned_options=MappingProxyType({"check_block_ids": False}),
     )
 
     def __init__(
@@ -145,6 +155,7 @@ class HashChainIndex:
         hash_algorithm: object = "xxh3_128",
         seed: object = None,
         verify: object = False,
+        check_block_ids: object = True,
     ) -> None:
         # the callee checks what the caller gave (Any: no check, no boxing on the way)
         self._hasher = make_block_hasher(
@@ -152,6 +163,7 @@ class HashChainIndex:
         )
         self.block_size = self._hasher.block_size
         self.verify = check_bool("verify", verify)
+        self.check_block_ids = check_bool("check_block_ids", check_block_ids)
         self._table: BlockHashToBlockMap = {}
         # Block id -> its record. A record that left the index (evicted, reset away)
         # may stay as a dead one (ref_cnt -1) until its id is registered again: a
@@ -304,8 +316,9 @@ class HashChainIndex:
                 decoding request registers each new block in O(1).
 
         Raises:
-            BlockOwnershipError: too few or malformed block ids, a repeated id, or an
-                id cached under another hash; nothing is registered then.
+            BlockOwnershipError: too few or malformed block ids, a repeated id (with
+                ``check_block_ids``), or an id cached under another hash; nothing is
+                registered then.
 
         Complexity: O(blocks after ``prefix``).
         """
@@ -314,7 +327,7 @@ class HashChainIndex:
         check_enough_block_ids(block_ids, num_full, "full blocks to register")
         hashes = key.block_hashes(self._hasher)
         chain, start = self._continued_run(prefix, block_ids, num_full)
-        new_ids = check_block_ids(block_ids[start:num_full], "insert")
+        new_ids = check_block_ids(block_ids[start:num_full], "insert", unique=self.check_block_ids)
         known = self._check_not_cached_elsewhere(key, hashes, new_ids, start)
         num_cached = start
         while num_cached < num_full and hashes[num_cached] in self._table:
@@ -669,6 +682,14 @@ class HashChainIndex:
     def free_queue_block_ids(self) -> list[int]:
         """Evictable blocks in eviction order (head first). O(n); for tests and reports."""
         return [b.block_id for b in self._free]
+
+    def num_evictable_blocks(self) -> int:
+        """``stats().num_evictable_blocks`` without building the stats. O(1).
+
+        A manager asks it whenever the free blocks run short (each step that fills a
+        block on a full pool), where building the stats costs more than the answer.
+        """
+        return len(self._free)
 
     def stats(self) -> IndexStats:
         """Sizes and counters. O(1)."""
