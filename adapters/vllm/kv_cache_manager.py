@@ -35,6 +35,9 @@ _EAGER_BLOCKS: Final = 1 << 16
 """Block objects made at construction; larger pools make the rest as ids are handed out."""
 _NO_CAP: Final = 1 << 60
 """``max_model_len`` when none is given: no cap (and a short int, compared fast)."""
+_NOT_RUNNING: Final = object()
+"""What ``_grow_running`` answers when the checked path must (no blocks: None is "does
+not fit")."""
 
 
 def _field(request: object, name: str) -> Any:
@@ -349,24 +352,33 @@ class KVCacheManager:
             and delay_cache_blocks is False
             and type(num_encoder_tokens) is int and num_encoder_tokens == 0
         ):  # fmt: skip
-            rid = request.request_id
-            total = request.num_computed_tokens + num_new_tokens
-            mgr = self.manager
-            if rid in mgr and total <= self._slot_cap:
-                boxed: Any = total  # boxed once, passed on; the key learns the tokens
-                if mgr.step_in_place(rid, boxed):  # no block to add or register
-                    return self.empty_kv_cache_blocks
-                grown = mgr.advance(  # when a block fills, as vLLM hashes them
-                    rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
-                )
-                if grown is None:
-                    return None
-                return self._wrap(grown) if grown else self.empty_kv_cache_blocks
+            grown = self._grow_running(request, num_new_tokens)
+            if grown is not _NOT_RUNNING:
+                return grown
         return self._allocate_checked(
             request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
             num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
             full_sequence_must_fit, reserved_blocks, has_scheduled_reqs,
         )  # fmt: skip
+
+    def _grow_running(self, request: RequestLike, num_new_tokens: int) -> Any:
+        """A running request's step with no new computed tokens, lookahead or reserve:
+        O(1) when no block is added. ``_NOT_RUNNING`` when the request is not running
+        here or the step passes ``max_model_len`` (the checked path answers those)."""
+        rid = request.request_id
+        total = request.num_computed_tokens + num_new_tokens
+        mgr = self.manager
+        if rid not in mgr or total > self._slot_cap:
+            return _NOT_RUNNING
+        boxed: Any = total  # boxed once, passed on; the key learns the tokens
+        if mgr.step_in_place(rid, boxed):  # no block to add or register
+            return self.empty_kv_cache_blocks
+        grown = mgr.advance(  # when a block fills, as vLLM hashes them
+            rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
+        )
+        if grown is None:
+            return None
+        return self._wrap(grown) if grown else self.empty_kv_cache_blocks
 
     def _allocate_checked(
         self,
