@@ -552,13 +552,7 @@ class CacheManager:
         if self._step_in_place(seq, num_slots, num_computed, reserve_blocks):
             return []
         # Everything is checked before a block is added, so an error changes nothing.
-        slots = check_count("num_slots", num_slots)
-        computed = None
-        if num_computed is not None:
-            computed = check_count("num_computed", num_computed, slots)
-        reserve = 0
-        if type(reserve_blocks) is not int or reserve_blocks:
-            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        slots, computed, reserve = self._check_step(num_slots, num_computed, reserve_blocks)
         computed, learn = self._tokens_to_learn(seq, tokens, computed)
         new = self._grow(seq, slots, reserve)
         if new is not None and computed is not None:
@@ -604,6 +598,20 @@ class CacheManager:
                 seq.num_computed = min(num_computed, len(seq.key.tokens))
             return True
         return False
+
+    def _check_step(
+        self, num_slots: object, num_computed: object, reserve_blocks: object
+    ) -> tuple[int, int | None, int]:
+        """``advance``'s counts checked: slots, computed (None: no registration) and
+        the blocks to reserve."""
+        slots = check_count("num_slots", num_slots)
+        computed = None
+        if num_computed is not None:
+            computed = check_count("num_computed", num_computed, slots)
+        reserve = 0
+        if type(reserve_blocks) is not int or reserve_blocks:
+            reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
+        return slots, computed, reserve
 
     def _tokens_to_learn(
         self, seq: _Seq, tokens: object, computed: int | None
