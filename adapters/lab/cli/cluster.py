@@ -3,7 +3,9 @@
 The subcommand's flags and its run over the cluster simulation
 (:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
 (:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). The model,
-length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`). Flags that
+length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`), and so are the
+trace-input flags (:func:`.common.add_trace_flags`), ``--max-pool-blocks`` bounding each
+replica's pool. Flags that
 would be ignored are refused, ``--out`` is checked before the first run, ``--ray``
 checks that the replica actors fit the Ray cluster's CPUs before starting them, and
 Ctrl-C (or SIGTERM) writes the runs that finished, marked partial.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shlex
 import sys
@@ -23,14 +26,7 @@ from typing import Any
 from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import (
-    FORMATS,
-    ReadSettings,
-    TraceRequest,
-    TraceSource,
-    open_trace,
-    stats_of,
-)
+from prefixkv.adapters.lab.traces import TraceRequest, TraceSource, open_trace, stats_of
 from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
 from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
 from prefixkv.adapters.outputs import check_output_folder
@@ -38,6 +34,7 @@ from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..cluster.config import MAX_REPLICAS
+from ..cluster.errors import ClusterSettingsError
 from ..cluster.experiment import (
     ClusterInterrupted,
     arrival_span,
@@ -56,9 +53,11 @@ from .cluster_load import Rates, admitted, fleet_capacities, rates_of
 from .common import (
     CLIUsageError,
     add_gpu_memory_utilization,
+    add_trace_flags,
     parse_capacity_tokens,
     positive_float,
     positive_int,
+    read_settings,
 )
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
@@ -102,23 +101,11 @@ def add_cluster_parser(sub: Any) -> None:
         default="multi_turn",
         help="a built-in workload when no trace is given (default multi_turn)",
     )
-    _add_input_flags(p)
+    add_trace_flags(p)
     _add_fleet_flags(p)
     _add_router_flags(p)
     _add_runner_flags(p)
     add_model_flags(p)
-
-
-def _add_input_flags(p: argparse.ArgumentParser) -> None:
-    """The trace's format and size."""
-    p.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
-    p.add_argument("--max-requests", type=positive_int, metavar="N", help="the first N requests")
-    p.add_argument(
-        "--tokens-per-id",
-        type=positive_int,
-        metavar="S",
-        help="hash-id traces: tokens per hash id (default: the format's, Mooncake 512)",
-    )
 
 
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
@@ -227,9 +214,9 @@ def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int 
     if args.trace is None:
         w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         return w, f"built-in workload {args.workload} ({len(w)} requests)", None
-    opts = ReadSettings(
+    opts = dataclasses.replace(
+        read_settings(args),
         tokens_per_id=args.tokens_per_id,
-        seed=args.seed,
         output=not args.prefill_only,
         sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
     )
@@ -289,6 +276,7 @@ def run_cluster_command(
     requests, description, per_id = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _cluster_settings(args, capacities[0], per_id, profile, faults=plan is not None)
+    _check_pools(capacities, config.block_size, args.max_pool_blocks)
     # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
@@ -326,6 +314,23 @@ def run_cluster_command(
         what = f"partial results ({partial})" if partial else f"{len(results)} runs"
         print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
     return _exit_status(results, partial, interrupts)
+
+
+def _check_pools(capacities: Iterable[int], block_size: int, max_pool_blocks: int) -> None:
+    """Refuse a replica pool of more blocks than ``--max-pool-blocks`` (each replica
+    builds its pool up front), as ``compare`` and ``replay`` do.
+
+    Raises:
+        ClusterSettingsError: naming the capacity, its blocks and the limit.
+    """
+    for capacity in capacities:
+        blocks = capacity // block_size
+        if blocks > max_pool_blocks:
+            raise ClusterSettingsError(
+                f"capacity {capacity:,} tokens is {blocks:,} blocks of {block_size} tokens a "
+                f"replica, over the limit of {max_pool_blocks:,} blocks a pool "
+                "(--max-pool-blocks); give a smaller --capacity-tokens"
+            )
 
 
 def _cluster_settings(
