@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 from helpers import TEST_DATA
 
 from prefixkv.adapters.lab.cli import main
+from prefixkv.adapters.lab.cli.common import add_trace_flags
+from prefixkv.adapters.lab.cli.main import build_parser
 from prefixkv.adapters.lab.cluster.faults import FaultSpecError, parse_faults
 
 MOONCAKE = TEST_DATA / "fidelity" / "mooncake_conversation_head.jsonl"
@@ -170,3 +173,53 @@ def test_a_good_fault_spec_reaches_the_trace(
             "--out", str(tmp_path / "x")]  # fmt: skip
     assert main(argv) == 2
     assert "absent.jsonl" in capsys.readouterr().err
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {o: a for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")}
+
+
+def test_cluster_takes_the_trace_flags_compare_and_replay_take() -> None:
+    # One flag per concept: every trace-input flag, with the same name, default, type
+    # and choices, on every subcommand that reads a trace.
+    shared = argparse.ArgumentParser()
+    add_trace_flags(shared)
+    wanted = _options(shared)
+    assert {"--vocab-size", "--session-order", "--max-prompt-tokens", "--max-pool-blocks"} <= set(
+        wanted
+    )
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in ("compare", "replay", "cluster"):
+        have = _options(sub.choices[command])
+        for option, want in wanted.items():
+            assert option in have, f"{command} lacks {option}"
+            got = have[option]
+            assert (got.dest, got.default, got.type, got.choices) == (
+                want.dest, want.default, want.type, want.choices,
+            ), f"{command} {option}"  # fmt: skip
+
+
+def test_cluster_obeys_max_prompt_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The head's longest prompt is over 8k tokens: refused by name, at its line, and
+    # nothing written; the default limit (2M) reads it.
+    argv = ["cluster", "--trace", str(MOONCAKE), "--replicas", "2", "--prefill-only",
+            "--policies", "round_robin", "--no-plots", "--quiet"]  # fmt: skip
+    assert main([*argv, "--max-prompt-tokens", "8k", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds the limit of 8,000 (--max-prompt-tokens)" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+    assert main([*argv, "--out", str(tmp_path / "ok")]) == 0
+
+
+def test_cluster_obeys_max_pool_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 4,000 tokens of 16-token blocks: a pool of 250 blocks a replica, the limit's edge.
+    argv = ["cluster", "--workload", "multi_turn", "--max-requests", "8", "--replicas", "2",
+            "--capacity-tokens", "1k,4k", "--policies", "round_robin", "--no-plots",
+            "--quiet"]  # fmt: skip
+    assert main([*argv, "--max-pool-blocks", "249", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "250 blocks of 16 tokens a replica, over the limit of 249 blocks" in err
+    assert "--max-pool-blocks" in err and not (tmp_path / "x").exists()
+    assert main([*argv, "--max-pool-blocks", "250", "--out", str(tmp_path / "ok")]) == 0
