@@ -276,10 +276,10 @@ def run_cluster_command(
     requests, description, per_id = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _cluster_settings(args, capacities[0], per_id, profile, faults=plan is not None)
-    _check_pools(capacities, config.block_size, args.max_pool_blocks)
     # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
     # --capacity-tokens) is refused before the trace is read or the first run starts.
     plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
+    _check_pools(capacities, config.block_size, args.max_pool_blocks)
     workload, settings = admitted(
         args, _workload(args, requests, description), model, config.block_size,
         min(capacities), profile,
