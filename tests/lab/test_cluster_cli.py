@@ -83,6 +83,11 @@ def test_cluster_command_reads_a_mooncake_trace(tmp_path: Path) -> None:
         ["--time-scale", "2"],
         ["--tokens-per-id", "16"],
         ["--trace-format", "mooncake"],
+        ["--vocab-size", "1000"],
+        ["--session-order", "sequential"],
+        ["--max-prompt-tokens", "1k"],
+        ["--max-output-tokens", "1k"],
+        ["--max-pool-blocks", "1k"],  # 3m tokens a replica by default: 187,500 blocks
         ["--ray-address", "127.0.0.1:6379"],
         ["--ray-cpus", "0.5"],
     ],

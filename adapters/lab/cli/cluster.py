@@ -250,13 +250,22 @@ def _check_flags(args: argparse.Namespace) -> None:
                 "--time-scale stretches a trace's timestamps, and built-in workloads have "
                 "none: give --request-rate R (default 2 requests/s) or a --trace"
             )
-        for flag in ("trace_format", "tokens_per_id"):
-            if getattr(args, flag) is not None:
+        for flag, default in _trace_only_defaults().items():
+            if getattr(args, flag) != default:
                 raise CLIUsageError(f"--{flag.replace('_', '-')} needs --trace")
     if not args.ray:
         for flag in ("ray_address", "ray_cpus"):
             if getattr(args, flag) is not None:
                 raise CLIUsageError(f"--{flag.replace('_', '-')} needs --ray")
+
+
+def _trace_only_defaults() -> dict[str, Any]:
+    """The trace-input flags a built-in workload ignores, with their defaults: all but
+    ``--max-requests`` (the first N of a workload too) and ``--max-pool-blocks``."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_trace_flags(p)
+    defaults = vars(p.parse_args([]))
+    return {k: v for k, v in defaults.items() if k not in ("max_requests", "max_pool_blocks")}
 
 
 def run_cluster_command(
