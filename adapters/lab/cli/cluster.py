@@ -326,8 +326,8 @@ def run_cluster_command(
 
 
 def _check_pools(capacities: Iterable[int], block_size: int, max_pool_blocks: int) -> None:
-    """Refuse a replica pool of more blocks than ``--max-pool-blocks`` (each replica
-    builds its pool up front), as ``compare`` and ``replay`` do.
+    """Refuse a replica pool of more blocks than ``--max-pool-blocks``, the limit
+    ``compare`` and ``replay`` put on a pool.
 
     Raises:
         ClusterSettingsError: naming the capacity, its blocks and the limit.
