@@ -29,8 +29,6 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 __all__ = [
     "QUANTILES",
     "ServingDelay",
@@ -49,6 +47,8 @@ def quantile_table(values: Sequence[float]) -> tuple[float, ...]:
     statistics, numpy's default), each at least 0; empty when ``values`` is."""
     if not values:
         return ()
+    import numpy as np  # a calibration's step: the simulator imports without numpy
+
     xs = np.maximum(np.asarray(values, dtype=float), 0.0)
     return tuple(float(x) for x in np.quantile(xs, QUANTILES))
 
