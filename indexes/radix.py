@@ -280,22 +280,23 @@ class RadixIndex:
     # ------------------------------------------------------------------ lookup
 
     def _walk(
-        self, node: _Node, data: bytes, at: int, stop: int, tick: int
-    ) -> tuple[_Node, int, list[_Node]]:
+        self, node: _Node, data: bytes, at: int, stop: int, tick: int, blocks: list[int]
+    ) -> tuple[_Node, int]:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
-        byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``
-        and splitting the last one where the tokens end or diverge inside it (RX-3,
-        RX-4).
+        byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
+        splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
+        and appending the blocks of the nodes passed to ``blocks``.
 
-        The one walk match and insert share (mini-sglang's ``_tree_walk``).
+        The one walk match and insert share (mini-sglang's ``_tree_walk``). The nodes
+        passed are those from the last one reached up to ``node``.
 
         Returns:
-            The last node reached, the byte of ``data`` it ends at, and the nodes passed.
+            The last node reached and the byte of ``data`` it ends at.
 
-        Complexity: O(nodes passed) steps, each a dict lookup and a memcmp.
+        Complexity: O(nodes passed) steps, each a dict lookup and a memcmp, and
+        O(blocks) for the blocks.
         """
         page = self._page
-        passed: list[_Node] = []
         children = node.children
         while at < stop:
             if len(children) == 1:  # most nodes of a long path: the compare finds out
@@ -322,23 +323,22 @@ class RadixIndex:
             at += m
             if m < len(seg):
                 node = self._split(child, m)
-                passed.append(node)
+                blocks += node.value
                 break
             node = child
-            passed.append(node)
+            blocks += node.value
             children = node.children
-        return node, at, passed
+        return node, at
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
         if max_num_tokens is not None:
-            # A valid cap takes no call (compiled: a tagged compare); check_count names
-            # what is wrong with any other.
-            if type(max_num_tokens) is int and 0 <= max_num_tokens <= _MAX_COUNT:
-                cap: int = max_num_tokens
+            # A cap below the length takes no call (compiled: a tagged compare);
+            # check_count names what is wrong with a bad one.
+            if type(max_num_tokens) is int and 0 <= max_num_tokens < limit:
+                limit = max_num_tokens
             else:
-                cap = check_count("max_num_tokens", max_num_tokens, _MAX_COUNT)
-            limit = min(cap, limit)
+                limit = min(check_count("max_num_tokens", max_num_tokens, _MAX_COUNT), limit)
         return limit - limit % self.block_size
 
     @overload  # type: ignore[misc]  # precise types for callers
@@ -355,10 +355,8 @@ class RadixIndex:
             return PrefixMatch(0, [], root)
         tick = self._next_tick()
         root.last_access = tick
-        node, at, passed = self._walk(root, bytes(key.tokens), 0, limit * _W, tick)
         blocks: list[int] = []
-        for n in passed:
-            blocks += n.value
+        node, at = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks)
         return PrefixMatch(at // _W, blocks, node)
 
     @overload  # type: ignore[misc]  # precise types for callers
@@ -446,11 +444,10 @@ class RadixIndex:
         tokens = key.tokens
         data = tokens.tobytes() if first == 0 else tokens[first:n].tobytes()
         stop = (n - first) * _W
-        node, at, passed = self._walk(node, data, 0, stop, tick)
-        self._note_insert(passed, key.priority, inserted_before)
         blocks: list[int] = []
-        for p in passed:
-            blocks += p.value
+        start_node = node
+        node, at = self._walk(start_node, data, 0, stop, tick, blocks)
+        self._note_insert(node, start_node, key.priority, inserted_before)
         pos = first + at // _W
         num_cached = pos
         if pos < n:
@@ -475,10 +472,12 @@ class RadixIndex:
             start = None
         return inserted_before, start
 
-    def _note_insert(self, passed: list[_Node], priority: int, inserted_before: int) -> None:
+    def _note_insert(self, last: _Node, start: _Node, priority: int, inserted_before: int) -> None:
         # SGLang's insert raises a node's priority to the request's, and counts a hit on
-        # the nodes past what this key inserted before (its cache_inserted_len).
-        for node in passed:
+        # the nodes past what this key inserted before (its cache_inserted_len): on the
+        # nodes the walk passed, from the last one up to (not including) its start.
+        node = last
+        while node is not start:
             changed = False
             if priority > node.priority:
                 node.priority = priority
@@ -488,6 +487,9 @@ class RadixIndex:
                 changed = True
             if changed:
                 self._queue.rekey(node)
+            parent = node.parent
+            assert parent is not None  # start is an ancestor of last
+            node = parent
 
     def _add_leaf(
         self,
