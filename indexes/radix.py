@@ -82,7 +82,7 @@ def _common_prefix(a: bytes, a_at: int, b: bytes, b_at: int, n: int) -> int:
 
 
 def _only_child(children: dict[_ChildKey, _Node]) -> _Node:
-    """The one child of a node that has one (no key to build and look up)."""
+    """The one child of a node that has one."""
     for child in children.values():
         return child
     raise AssertionError("a node without children has no only child")
@@ -102,8 +102,8 @@ class _Node:
     """
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
-                 "key", "last_access", "lock_ref", "namespace", "parent", "priority",
-                 "tree", "value")  # fmt: skip
+                 "key", "last_access", "lock_ref", "namespace", "only", "parent",
+                 "priority", "tree", "value")  # fmt: skip
 
     def __init__(
         self,
@@ -129,6 +129,9 @@ class _Node:
         self.lock_ref = lock_ref
         self.tree = tree
         self.children: dict[_ChildKey, _Node] = {}
+        # The child when there is exactly one (most nodes of a long path): a walk takes it
+        # without building a key, and its segment compare tells whether it matches.
+        self.only: _Node | None = None
         self.evict_key: tuple[tuple[int, ...], int] | None = None  # its candidates entry
         self.dead = False
         self.namespace: ExtraKey | None = None  # roots only
@@ -267,6 +270,8 @@ class RadixIndex:
             tree=self,
         )
         parent.children[_child_key(child.key, 0, page)] = new
+        if parent.only is child:
+            parent.only = new
         child.key = child.key[cut:]
         child.value = child.value[pages:]
         if child.hashes is not None:  # SGLang's split_node_hash_value
@@ -274,6 +279,7 @@ class RadixIndex:
             child.hashes = child.hashes[pages:]
         child.parent = new
         new.children[_child_key(child.key, 0, page)] = child
+        new.only = child
         self._num_nodes += 1
         return new
 
@@ -297,12 +303,12 @@ class RadixIndex:
         O(blocks) for the blocks.
         """
         page = self._page
-        children = node.children
         while at < stop:
-            if len(children) == 1:  # most nodes of a long path: the compare finds out
-                child = _only_child(children)
+            only = node.only
+            if only is not None:  # no key to build: the compare finds out
+                child = only
             else:
-                found = children.get(_child_key(data, at, page))
+                found = node.children.get(_child_key(data, at, page))
                 if found is None:
                     break
                 child = found
@@ -327,7 +333,6 @@ class RadixIndex:
                 break
             node = child
             blocks += node.value
-            children = node.children
         return node, at
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
@@ -518,6 +523,7 @@ class RadixIndex:
             tree=self,
         )
         parent.children[_child_key(segment, 0, self._page)] = leaf
+        parent.only = leaf if len(parent.children) == 1 else None
         self._num_nodes += 1
         self._evictable += len(leaf.value)
         if self.check_block_ids:
@@ -724,6 +730,7 @@ class RadixIndex:
             parent = node.parent
             assert parent is not None
             del parent.children[_child_key(node.key, 0, self._page)]
+            parent.only = _only_child(parent.children) if len(parent.children) == 1 else None
             self._evictable -= len(value)
             self._num_nodes -= 1
             node.dead = True
@@ -829,6 +836,8 @@ class RadixIndex:
             stack = [root]
             while stack:
                 node = stack.pop()
+                only = _only_child(node.children) if len(node.children) == 1 else None
+                assert node.only is only, "a node's only child is out of date"
                 for ck, child in node.children.items():
                     assert child.parent is node, "child's parent link is wrong"
                     assert not child.dead, "a dead node is still linked"
