@@ -8,6 +8,11 @@ updated incrementally (SGLang rebuilds a heap over every leaf on each ``evict``)
 An optional event sink hears what SGLang's ``KVCacheEventRecorder`` records: each new
 node's pages (``record_store``), each evicted node (``record_remove``) and each reset,
 with SGLang's page digests, computed only while a sink is attached.
+
+A node's segment is kept as the bytes of its tokens, and a walk reads the request's
+tokens as one ``bytes`` copy: compiled, a slice of bytes and its compare are native
+calls (a memcpy and a memcmp), where an ``array`` slice took a boxed index pair, a slice
+object and a per-token compare loop at every node passed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from .errors import (
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .sglang_hashing import namespace_prior, page_hashes
-from .tokens import TOKEN_TYPECODE, ExtraKey, TokenKey, common_prefix_len
+from .tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey, TokenKey
 from .validation import (
     MAX_BLOCK_SIZE,
     MAX_BLOCKS,
@@ -42,22 +47,67 @@ from .validation import (
 __all__ = ["RadixIndex"]
 
 _ChildKey = int | bytes
+_W: Final = TOKEN_BYTES  # bytes per token in a segment
+_MAX_COUNT: Final = sys.maxsize
+
+
+def _child_key(data: bytes, at: int, page: int) -> _ChildKey:
+    """How a parent files the child whose segment starts at byte ``at`` of ``data``:
+    by its first token at page size 1 (``page`` == one token's bytes), read
+    little-endian from its bytes (the token itself on little-endian machines), else by
+    its whole first page's bytes."""
+    if page != _W:
+        return data[at : at + page]
+    if _W == 4:  # four native byte reads: no boxed index, no slice
+        return data[at] | data[at + 1] << 8 | data[at + 2] << 16 | data[at + 3] << 24
+    return int.from_bytes(data[at : at + _W], "little")
+
+
+def _common_prefix(a: bytes, a_at: int, b: bytes, b_at: int, n: int) -> int:
+    """Bytes ``a[a_at:]`` and ``b[b_at:]`` share at their start, at most ``n``.
+
+    One compare when the runs agree, else a binary search over slice compares: every
+    step a memcmp, no per-byte Python loop. O(n) in C, O(log n) steps.
+    """
+    if a[a_at : a_at + n] == b[b_at : b_at + n]:
+        return n
+    lo, hi = 0, n  # they agree on [0, lo) and differ somewhere in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[a_at + lo : a_at + mid] == b[b_at + lo : b_at + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _only_child(children: dict[_ChildKey, _Node]) -> _Node:
+    """The one child of a node that has one."""
+    for child in children.values():
+        return child
+    raise AssertionError("a node without children has no only child")
+
+
+def _tokens(segment: bytes) -> array[int]:
+    """A segment's token ids."""
+    return array(TOKEN_TYPECODE, segment)
 
 
 class _Node:
-    """A tree node: ``key`` tokens held in ``value`` blocks (one per page).
+    """A tree node: ``key``, the bytes of its tokens, held in ``value`` blocks (one
+    per page).
 
     A plain class with every field set in ``__init__``: a dataclass's defaults cost a
     lookup each per node when compiled.
     """
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
-                 "key", "last_access", "lock_ref", "namespace", "parent", "priority",
-                 "tree", "value")  # fmt: skip
+                 "key", "last_access", "lock_ref", "namespace", "only", "parent",
+                 "priority", "tree", "value")  # fmt: skip
 
     def __init__(
         self,
-        key: array[int],
+        key: bytes,
         value: list[int],
         parent: _Node | None,
         created: int,
@@ -79,6 +129,9 @@ class _Node:
         self.lock_ref = lock_ref
         self.tree = tree
         self.children: dict[_ChildKey, _Node] = {}
+        # The child when there is exactly one (most nodes of a long path): a walk takes it
+        # without building a key, and its segment compare tells whether it matches.
+        self.only: _Node | None = None
         self.evict_key: tuple[tuple[int, ...], int] | None = None  # its candidates entry
         self.dead = False
         self.namespace: ExtraKey | None = None  # roots only
@@ -146,6 +199,7 @@ class RadixIndex:
         check_block_ids: object = True,
     ) -> None:
         self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
+        self._page = self.block_size * _W  # a page's bytes in a segment
         self.policy = make_eviction_policy(eviction)
         self._roots: dict[ExtraKey | None, _Node] = {}
         self._empty_root = self._new_root()
@@ -169,9 +223,7 @@ class RadixIndex:
     # ----------------------------------------------------------------- helpers
 
     def _new_root(self, namespace: ExtraKey | None = None) -> _Node:
-        root = _Node(
-            array(TOKEN_TYPECODE), [], None, 0, 0, 0, lock_ref=1, priority=-sys.maxsize, tree=self
-        )
+        root = _Node(b"", [], None, 0, 0, 0, lock_ref=1, priority=-sys.maxsize, tree=self)
         root.namespace = namespace
         return root
 
@@ -182,11 +234,6 @@ class RadixIndex:
                 return self._empty_root
             root = self._roots[extra_key] = self._new_root(extra_key)
         return root
-
-    def _child_key(self, tokens: array[int], pos: int) -> _ChildKey:
-        if self.block_size == 1:
-            return tokens[pos]
-        return tokens[pos : pos + self.block_size].tobytes()
 
     def _next_tick(self) -> int:
         self._tick += 1
@@ -203,83 +250,100 @@ class RadixIndex:
         elif not should:
             self._queue.discard(node)
 
-    def _split(self, child: _Node, split_len: int) -> _Node:
-        # new_node -> child, new_node holding child's first split_len tokens.
-        ps = self.block_size
+    def _split(self, child: _Node, cut: int) -> _Node:
+        # new_node -> child, new_node holding child's first cut bytes (whole pages).
+        page = self._page
         parent = child.parent
-        assert parent is not None and 0 < split_len < len(child.key)
+        assert parent is not None and 0 < cut < len(child.key) and cut % page == 0
+        pages = cut // page
         tick = self._next_tick()
         new = _Node(
-            child.key[:split_len],
-            child.value[: split_len // ps],
+            child.key[:cut],
+            child.value[:pages],
             parent,
             tick,
             tick,
-            child.end - len(child.key) + split_len,
+            child.end - (len(child.key) - cut) // _W,
             priority=child.priority,
             hit_count=child.hit_count,
             lock_ref=child.lock_ref,
             tree=self,
         )
-        parent.children[self._child_key(child.key, 0)] = new
-        child.key = child.key[split_len:]
-        child.value = child.value[split_len // ps :]
+        parent.children[_child_key(child.key, 0, page)] = new
+        if parent.only is child:
+            parent.only = new
+        child.key = child.key[cut:]
+        child.value = child.value[pages:]
         if child.hashes is not None:  # SGLang's split_node_hash_value
-            new.hashes = child.hashes[: split_len // ps]
-            child.hashes = child.hashes[split_len // ps :]
+            new.hashes = child.hashes[:pages]
+            child.hashes = child.hashes[pages:]
         child.parent = new
-        new.children[self._child_key(child.key, 0)] = child
+        new.children[_child_key(child.key, 0, page)] = child
+        new.only = child
         self._num_nodes += 1
         return new
 
     # ------------------------------------------------------------------ lookup
 
     def _walk(
-        self, node: _Node, tokens: array[int], pos: int, limit: int, tick: int
-    ) -> tuple[_Node, int, list[_Node]]:
-        """Follow ``tokens`` down from ``node`` (which ends at token ``pos``) for at most
-        ``limit`` tokens, stamping each node passed with ``tick`` and splitting the last
-        one where the tokens end or diverge inside it (RX-3, RX-4).
+        self, node: _Node, data: bytes, at: int, stop: int, tick: int, blocks: list[int]
+    ) -> tuple[_Node, int]:
+        """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
+        byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
+        splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
+        and appending the blocks of the nodes passed to ``blocks``.
 
-        The one walk match and insert share (mini-sglang's ``_tree_walk``).
+        The one walk match and insert share (mini-sglang's ``_tree_walk``). The nodes
+        passed are those from the last one reached up to ``node``.
 
         Returns:
-            The last node reached, the tokens matched through it, and the nodes passed.
+            The last node reached and the byte of ``data`` it ends at.
 
-        Complexity: O(nodes passed) Python steps; segments compare in C.
+        Complexity: O(nodes passed) steps, each a dict lookup and a memcmp, and
+        O(blocks) for the blocks.
         """
-        ps = self.block_size
-        passed: list[_Node] = []
-        children = node.children
-        while pos < limit:
-            child = children.get(tokens[pos] if ps == 1 else tokens[pos : pos + ps].tobytes())
-            if child is None:
-                break
+        page = self._page
+        while at < stop:
+            only = node.only
+            if only is not None:  # no key to build: the compare finds out
+                child = only
+            else:
+                found = node.children.get(_child_key(data, at, page))
+                if found is None:
+                    break
+                child = found
+            seg = child.key
+            end = at + len(seg)
+            # The first segment compares in place; a later one, as a slice of the tokens.
+            if end <= stop and (data.startswith(seg) if at == 0 else data[at:end] == seg):
+                m = len(seg)
+            else:
+                m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
+                m -= m % page
+                if m == 0:  # an only child that differs from its first page on
+                    break
             if child.evict_key is None:
                 child.last_access = tick
             else:
                 self._touch(child, tick)
-            seg = child.key
-            size = len(seg)
-            if size <= limit - pos and seg == tokens[pos : pos + size]:
-                m = size  # the whole segment matches: one C compare, no call
-            else:
-                m = common_prefix_len(seg, 0, tokens, pos, min(size, limit - pos))
-                m -= m % ps
-            pos += m
-            if m < size:
+            at += m
+            if m < len(seg):
                 node = self._split(child, m)
-                passed.append(node)
+                blocks += node.value
                 break
             node = child
-            passed.append(node)
-            children = node.children
-        return node, pos, passed
+            blocks += node.value
+        return node, at
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
         if max_num_tokens is not None:
-            limit = min(check_count("max_num_tokens", max_num_tokens, sys.maxsize), limit)
+            # A cap below the length takes no call (compiled: a tagged compare);
+            # check_count names what is wrong with a bad one.
+            if type(max_num_tokens) is int and 0 <= max_num_tokens < limit:
+                limit = max_num_tokens
+            else:
+                limit = min(check_count("max_num_tokens", max_num_tokens, _MAX_COUNT), limit)
         return limit - limit % self.block_size
 
     @overload  # type: ignore[misc]  # precise types for callers
@@ -296,11 +360,9 @@ class RadixIndex:
             return PrefixMatch(0, [], root)
         tick = self._next_tick()
         root.last_access = tick
-        node, pos, passed = self._walk(root, key.tokens, 0, limit, tick)
         blocks: list[int] = []
-        for n in passed:
-            blocks += n.value
-        return PrefixMatch(pos, blocks, node)
+        node, at = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks)
+        return PrefixMatch(at // _W, blocks, node)
 
     @overload  # type: ignore[misc]  # precise types for callers
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
@@ -309,21 +371,22 @@ class RadixIndex:
 
         Complexity: O(depth) Python steps; segments compare in C.
         """
-        ps = self.block_size
-        tokens = key.tokens
-        limit = self._limit(key, max_num_tokens)
+        page = self._page
+        data = key.tokens.tobytes()
+        stop = self._limit(key, max_num_tokens) * _W
         node = self._root(key.extra_key, create=False)
-        pos = 0
+        at = 0
         out: list[int] = []
-        while pos < limit:
-            child = node.children.get(self._child_key(tokens, pos))
+        while at < stop:
+            child = node.children.get(_child_key(data, at, page))
             if child is None:
                 break
-            m = common_prefix_len(child.key, 0, tokens, pos, min(len(child.key), limit - pos))
-            m -= m % ps
-            out += child.value[: m // ps]
-            pos += m
-            if m < len(child.key):
+            seg = child.key
+            m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
+            m -= m % page
+            out += child.value[: m // page]
+            at += m
+            if m < len(seg):
                 break
             node = child
         return out
@@ -382,14 +445,19 @@ class RadixIndex:
             return InsertResult(0, [], node)
         tick = self._next_tick()
         node.last_access = tick
-        node, pos, passed = self._walk(node, key.tokens, skip * ps, n, tick)
-        self._note_insert(passed, key.priority, inserted_before)
+        first = skip * ps  # the walk reads the tokens from here (the start node's end)
+        tokens = key.tokens
+        data = tokens.tobytes() if first == 0 else tokens[first:n].tobytes()
+        stop = (n - first) * _W
         blocks: list[int] = []
-        for p in passed:
-            blocks += p.value
+        start_node = node
+        node, at = self._walk(start_node, data, 0, stop, tick, blocks)
+        self._note_insert(node, start_node, key.priority, inserted_before)
+        pos = first + at // _W
         num_cached = pos
         if pos < n:
-            node = self._add_leaf(node, key, block_ids, pos, n, inserted_before)
+            leaf = data[at:stop]
+            node = self._add_leaf(node, key, leaf, block_ids, pos, inserted_before)
             blocks += node.value
             if self._sink is not None:
                 self._announce(node, key.extra_key)
@@ -409,10 +477,12 @@ class RadixIndex:
             start = None
         return inserted_before, start
 
-    def _note_insert(self, passed: list[_Node], priority: int, inserted_before: int) -> None:
+    def _note_insert(self, last: _Node, start: _Node, priority: int, inserted_before: int) -> None:
         # SGLang's insert raises a node's priority to the request's, and counts a hit on
-        # the nodes past what this key inserted before (its cache_inserted_len).
-        for node in passed:
+        # the nodes past what this key inserted before (its cache_inserted_len): on the
+        # nodes the walk passed, from the last one up to (not including) its start.
+        node = last
+        while node is not start:
             changed = False
             if priority > node.priority:
                 node.priority = priority
@@ -422,22 +492,27 @@ class RadixIndex:
                 changed = True
             if changed:
                 self._queue.rekey(node)
+            parent = node.parent
+            assert parent is not None  # start is an ancestor of last
+            node = parent
 
     def _add_leaf(
         self,
         parent: _Node,
         key: TokenKey,
+        segment: bytes,
         block_ids: Sequence[int],
         pos: int,
-        n: int,
         inserted_before: int,
     ) -> _Node:
+        # A leaf for the segment's tokens, which start at token pos of the key.
         ps = self.block_size
+        n = pos + len(segment) // _W
         tick = self._next_tick()
         # A list's slice is a new list already (a pass per page saved at page size 1).
         pages = block_ids[pos // ps : n // ps]
         leaf = _Node(
-            key.tokens[pos:n],
+            segment,
             pages if type(pages) is list else list(pages),
             parent,
             tick,
@@ -447,7 +522,8 @@ class RadixIndex:
             hit_count=1 if n > inserted_before else 0,
             tree=self,
         )
-        parent.children[self._child_key(key.tokens, pos)] = leaf
+        parent.children[_child_key(segment, 0, self._page)] = leaf
+        parent.only = leaf if len(parent.children) == 1 else None
         self._num_nodes += 1
         self._evictable += len(leaf.value)
         if self.check_block_ids:
@@ -471,7 +547,7 @@ class RadixIndex:
                 assert top.hashes  # a node holds at least one page
                 prior = top.hashes[-1]
             for m in reversed(missing):
-                m.hashes = page_hashes(m.key, prior, self.block_size)
+                m.hashes = page_hashes(_tokens(m.key), prior, self.block_size)
                 prior = m.hashes[-1]
         assert node.hashes is not None
         return node.hashes
@@ -483,7 +559,7 @@ class RadixIndex:
         self._sink.on_stored(
             self._page_hashes(leaf),
             None if parent.parent is None else self._page_hashes(parent)[-1],
-            leaf.key,
+            _tokens(leaf.key),
             self.block_size,
             extra_key,
         )
@@ -498,24 +574,25 @@ class RadixIndex:
     def _check_reused_blocks(self, key: TokenKey, own: list[int], n: int) -> None:
         # Slow path: some given blocks are in the tree. That is fine only where the
         # tree holds exactly that block for exactly these tokens (a re-insert of a hit).
-        ps = self.block_size
-        tokens = key.tokens
+        page = self._page
+        data = key.tokens.tobytes()
+        stop = n * _W
         node = self._root(key.extra_key, create=False)
-        pos = 0
-        while pos < n:
-            child = node.children.get(self._child_key(tokens, pos))
+        at = held = 0  # bytes matched; pages where the tree holds the caller's blocks
+        while at < stop:
+            child = node.children.get(_child_key(data, at, page))
             if child is None:
                 break
             seg = child.key
-            m = common_prefix_len(seg, 0, tokens, pos, min(len(seg), n - pos))
-            m -= m % ps
-            if own[pos // ps : (pos + m) // ps] != child.value[: m // ps]:
+            k = _common_prefix(seg, 0, data, at, min(len(seg), stop - at)) // page
+            if own[held : held + k] != child.value[:k]:
                 break
-            pos += m
-            if m < len(seg):
+            held += k
+            at += k * page
+            if k * page < len(seg):
                 break
             node = child
-        tail = own[pos // ps :]
+        tail = own[held:]
         if not self._owned.isdisjoint(tail):
             bad = next(b for b in tail if b in self._owned)
             raise BlockOwnershipError(
@@ -578,7 +655,8 @@ class RadixIndex:
         while node is not None and node.parent is not None:
             if node.lock_ref <= 0:
                 raise LockStateError(
-                    f"unlock of a radix node ({len(node.key)} tokens, lock_ref {node.lock_ref}) "
+                    f"unlock of a radix node ({len(node.key) // _W} tokens, lock_ref "
+                    f"{node.lock_ref}) "
                     "that is not locked"
                 )
             node = node.parent
@@ -651,7 +729,8 @@ class RadixIndex:
                 node.value = []
             parent = node.parent
             assert parent is not None
-            del parent.children[self._child_key(node.key, 0)]
+            del parent.children[_child_key(node.key, 0, self._page)]
+            parent.only = _only_child(parent.children) if len(parent.children) == 1 else None
             self._evictable -= len(value)
             self._num_nodes -= 1
             node.dead = True
@@ -757,15 +836,19 @@ class RadixIndex:
             stack = [root]
             while stack:
                 node = stack.pop()
+                only = _only_child(node.children) if len(node.children) == 1 else None
+                assert node.only is only, "a node's only child is out of date"
                 for ck, child in node.children.items():
                     assert child.parent is node, "child's parent link is wrong"
                     assert not child.dead, "a dead node is still linked"
-                    assert self._child_key(child.key, 0) == ck, "child stored under a wrong key"
-                    assert len(child.key) > 0 and len(child.key) % ps == 0, (
-                        f"segment of {len(child.key)} tokens is not whole pages of {ps}"
+                    assert type(child.key) is bytes, "a segment is not bytes"
+                    size = len(child.key) // _W
+                    assert _child_key(child.key, 0, self._page) == ck, "child under a wrong key"
+                    assert size > 0 and size % ps == 0 and len(child.key) % _W == 0, (
+                        f"segment of {len(child.key)} bytes is not whole pages of {ps} tokens"
                     )
-                    assert len(child.value) == len(child.key) // ps, "blocks and pages disagree"
-                    assert child.end == node.end + len(child.key), "node end position is wrong"
+                    assert len(child.value) == size // ps, "blocks and pages disagree"
+                    assert child.end == node.end + size, "node end position is wrong"
                     assert child.lock_ref >= 0, f"negative lock_ref {child.lock_ref}"
                     if node.parent is not None:
                         assert node.lock_ref >= child.lock_ref, "parent locked less than child"

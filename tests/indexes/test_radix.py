@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv.adapters import CacheManager
 from prefixkv.indexes import PrefixKVError, RadixIndex, TokenKey, make_index
@@ -212,6 +214,91 @@ def test_shared_1013_token_prefix_survives_heavy_eviction_of_suffixes() -> None:
         m.check_invariants()
     assert m.totals.num_evicted_blocks > 10 * 400  # suffixes were evicted over and over
     assert hits[0] == 0 and all(h == 1013 for h in hits[1:])
+
+
+# Token ids that agree in some of their four bytes and differ in the others (all but the
+# first and last end in the byte 0x01): a child key or a segment compare that read less
+# than every byte of a token would mix them up.
+SHARED_BYTES = st.sampled_from([0, 1, 257, 65_537, 16_777_217, 2**32 - 255, 2**32 - 1])
+
+
+@pytest.mark.parametrize("page", [1, 2])
+def test_tokens_that_share_bytes_get_children_of_their_own(page: int) -> None:
+    # Each id above begins a child of its own, under the root and under a node: a child
+    # key that read less than all four bytes would file two of them under one key.
+    ids = [0, 1, 257, 65_537, 16_777_217, 2**32 - 255, 2**32 - 1]
+    for above in ([], [7] * page):
+        shared = len(above) // page  # pages above the children, held by the first insert
+        index = RadixIndex(page)
+        for k, t in enumerate(ids):
+            insert(index, above + [t] * page + [5] * page, k * (shared + 2))
+        for k, t in enumerate(ids):
+            m = index.match_prefix(TokenKey(above + [t] * page + [5] * page))
+            own = k * (shared + 2) + shared
+            assert m.block_ids == [*range(shared), own, own + 1], t
+
+
+# A sequence: fresh tokens, or an earlier one cut and extended, or with one token changed
+# (so a node's only child can differ from the tokens in its first token alone).
+SEQUENCE = st.tuples(
+    st.sampled_from(["fresh", "cut", "change"]),
+    st.integers(0, 100),
+    st.integers(0, 14),
+    st.lists(SHARED_BYTES, max_size=14),
+)
+OPS = st.lists(st.tuples(st.booleans(), SEQUENCE, st.none() | st.integers(0, 16)), max_size=30)
+
+
+def _sequence(earlier: list[list[int]], how: tuple[str, int, int, list[int]]) -> list[int]:
+    kind, which, cut, tokens = how
+    if kind == "fresh" or not earlier:
+        return tokens
+    base = earlier[which % len(earlier)]
+    if kind == "cut":
+        return base[:cut] + tokens
+    changed = list(base)
+    if cut < len(changed):
+        changed[cut] = tokens[0] if tokens and tokens[0] != base[cut] else base[cut] ^ 1
+    return changed
+
+
+@settings(max_examples=300)  # each example a handful of tree operations
+@given(page=st.sampled_from([1, 2, 3]), ops=OPS)
+def test_match_and_insert_agree_with_a_model_on_tokens_that_share_bytes(
+    page: int, ops: list[tuple[bool, tuple[str, int, int, list[int]], int | None]]
+) -> None:
+    # Without eviction, the tree holds every page-aligned prefix inserted, with the block
+    # of its last page given by the first insert that reached it.
+    index = RadixIndex(page)
+    model: dict[tuple[int, ...], int] = {}
+    earlier: list[list[int]] = []
+    next_block = 0
+    for is_insert, how, cap in ops:
+        tokens = _sequence(earlier, how)
+        earlier.append(tokens)
+        key = TokenKey(tokens)
+        if is_insert:
+            pages = len(tokens) // page
+            ids = list(range(next_block, next_block + pages))
+            next_block += pages
+            cached = 0
+            while cached < pages and tuple(tokens[: (cached + 1) * page]) in model:
+                cached += 1
+            for p in range(pages):
+                model.setdefault(tuple(tokens[: (p + 1) * page]), ids[p])
+            res = index.insert(key, ids)
+            assert res.num_cached_tokens == cached * page
+            assert res.block_ids == [model[tuple(tokens[: (p + 1) * page])] for p in range(pages)]
+        else:
+            limit = len(tokens) if cap is None else min(cap, len(tokens))
+            hit = 0
+            while (hit + 1) * page <= limit and tuple(tokens[: (hit + 1) * page]) in model:
+                hit += 1
+            want = [model[tuple(tokens[: (p + 1) * page])] for p in range(hit)]
+            assert index.cached_blocks(key, cap) == want
+            m = index.match_prefix(key, cap)
+            assert (m.num_tokens, m.block_ids) == (hit * page, want)
+        index.check_invariants()
 
 
 def test_namespaces_get_separate_subtrees() -> None:
