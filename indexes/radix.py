@@ -443,6 +443,20 @@ class RadixIndex:
         node = self._root(key.extra_key, create=n > 0) if start is None else start
         if n == 0:
             return InsertResult(0, [], node)
+        return self._insert_below(node, key, block_ids, skip, n, inserted_before)
+
+    def _insert_below(
+        self,
+        node: _Node,
+        key: TokenKey,
+        block_ids: Sequence[int],
+        skip: int,
+        n: int,
+        inserted_before: int,
+    ) -> InsertResult:
+        # insert's walk from ``node`` (the first ``skip`` pages are the path to it), then
+        # the new leaf for the rest of the first ``n`` tokens
+        ps = self.block_size
         tick = self._next_tick()
         node.last_access = tick
         first = skip * ps  # the walk reads the tokens from here (the start node's end)
