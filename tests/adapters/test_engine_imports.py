@@ -117,11 +117,16 @@ def test_a_supported_version_that_fails_to_import(
     assert f"{good} is installed but failed to import" in text and free in text
 
 
-def test_the_error_is_caught_as_an_import_error() -> None:
-    # Code that probes for an optional integration keeps working.
+def test_the_error_is_caught_as_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Code that probes for an optional integration keeps working (vLLM made absent, so
+    # the check runs where vLLM is installed too).
+    _installed(monkeypatch, {})
+    module = "prefixkv.adapters.vllm.scheduler"
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
     try:
         import prefixkv.adapters.vllm.scheduler  # noqa: F401
     except ImportError as exc:
         assert isinstance(exc, EngineNotInstalledError)
-    else:  # pragma: no cover - an environment with vLLM installed
-        pytest.skip("vLLM is installed here")
+    else:
+        pytest.fail("the scheduler loaded without vLLM")

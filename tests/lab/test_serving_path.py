@@ -375,20 +375,23 @@ def test_request_s_lies_outside_the_engines_own_time_where_the_server_says_it() 
     assert with_model.hops["client_ttft_after_idle"] == pytest.approx(0.013)
 
 
-def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
+def calibrated_on_a_mock(seed: int, serving_repeats: int) -> CostProfile:
+    """``calibrate --server``'s quick sweep against :class:`MetricsServer`."""
     pytest.importorskip("httpx")
     import httpx
 
     from prefixkv.adapters.lab.sim.served import ServedEngine
-    from prefixkv.adapters.lab.sim.server_calibration import (
-        QUICK_SWEEP,
-        calibrate_server,
-        refit_server_profile,
-    )
+    from prefixkv.adapters.lab.sim.server_calibration import QUICK_SWEEP, calibrate_server
 
     engine = ServedEngine("http://fake", transport=httpx.MockTransport(MetricsServer()))
-    sweep = dataclasses.replace(QUICK_SWEEP, seed=5, serving_repeats=2)
-    p = calibrate_server("http://fake", sweep=sweep, engine=engine)
+    sweep = dataclasses.replace(QUICK_SWEEP, seed=seed, serving_repeats=serving_repeats)
+    return calibrate_server("http://fake", sweep=sweep, engine=engine)
+
+
+def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
+    from prefixkv.adapters.lab.sim.server_calibration import refit_server_profile
+
+    p = calibrated_on_a_mock(seed=5, serving_repeats=2)
     assert len(p.fit["samples"]) == p.fit["num_samples"]
     kept = p.fit["serving_path"]["samples"]
     assert len(kept["short"]) == 2 and len(kept["idle"]) == 2 * len(IDLE_PAUSES_S)

@@ -142,21 +142,12 @@ def test_each_request_reaches_the_engine_within_its_tables_bounds(
 
 
 def test_calibrate_server_keeps_the_idle_and_busy_spread_of_the_serving_path() -> None:
-    pytest.importorskip("httpx")
-    import httpx
-    from test_serving_path import MetricsServer
+    from test_serving_path import MetricsServer, calibrated_on_a_mock
 
-    from prefixkv.adapters.lab.sim.served import ServedEngine
-    from prefixkv.adapters.lab.sim.server_calibration import (
-        QUICK_SWEEP,
-        calibrate_server,
-        refit_server_profile,
-    )
+    from prefixkv.adapters.lab.sim.server_calibration import refit_server_profile
     from prefixkv.adapters.lab.sim.serving_path import BUSY_PER_REPEAT, HopSamples
 
-    engine = ServedEngine("http://fake", transport=httpx.MockTransport(MetricsServer()))
-    sweep = dataclasses.replace(QUICK_SWEEP, seed=7, serving_repeats=3)
-    p = calibrate_server("http://fake", sweep=sweep, engine=engine)
+    p = calibrated_on_a_mock(seed=7, serving_repeats=3)
     kept = HopSamples.from_json(p.fit["serving_path"]["samples"])
     assert len(kept.busy) == BUSY_PER_REPEAT * 3
     outside = [s.client_ttft_s - s.engine_ttft_s for s in kept.busy if s.engine_ttft_s is not None]
