@@ -61,6 +61,16 @@ $(STAMP): pyproject.toml
 	PREFIXKV_BUILD=pure $(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# The scripts run by hand import the serving harness and the benchmark modules by name
+# (benchmarks/serve/live_fleet.py and step_time.py start servers with tests/serve/harness/;
+# the sim-to-real fixture recorder writes with benchmarks/sim_to_real.py): $(VENV) has
+# both folders on its path through a .pth file, as pytest has them (pyproject.toml).
+DEV_PATHS := tests/serve/harness benchmarks
+DEV_PTH := $(VENV)/.prefixkv-dev-paths
+$(DEV_PTH): $(STAMP)
+	printf '%s\n' $(abspath $(DEV_PATHS)) > "$$($(call purelib,$(BIN)/python))/prefixkv-dev-paths.pth"
+	touch $@
+
 wheel-venv: $(WHEEL_VENV)/.built-$(PREFIXKV_BUILD)
 
 $(WHEEL_VENV)/.built-%: $(STAMP) $(WHEEL_SOURCES)
@@ -78,7 +88,7 @@ $(WHEEL_VENV)/.built-%: $(STAMP) $(WHEEL_SOURCES)
 	mkdir -p .mypy-path/prefixkv
 	for d in indexes storage adapters; do ln -sfn ../../$$d .mypy-path/prefixkv/$$d; done
 
-lint: $(STAMP)
+lint: $(STAMP) $(DEV_PTH)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 

@@ -25,8 +25,10 @@ the prediction is exact again: after the subscriber's resync (a gap is replayed 
 the server's replay socket when the next batch arrives or the quiet-stream probe
 asks; a restart makes the index forget the server).
 
-    PYTHONPATH=tests/serve/harness python benchmarks/serve/live_fleet.py \\
+    .venv/bin/python benchmarks/serve/live_fleet.py \\
         --vllm VENV/bin/vllm --model MODEL_DIR --servers 2 --out live-fleet
+
+(``.venv``, the environment ``make`` creates, has the serving harness on its path.)
 
 writes ``results.json``, ``report.md`` (the tables), ``requests-<run>.csv``, the trace
 as sent (``trace.jsonl``, ``prefixkv cluster --trace`` reads it) and the cost profile
@@ -114,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         fleet.tokenizer = str(write_word_tokenizer(out / "tokenizer"))
     results: dict[str, Any] = {
-        "command": "PYTHONPATH=tests/serve/harness python benchmarks/serve/live_fleet.py "
+        "command": "python benchmarks/serve/live_fleet.py "
         + shlex.join(sys.argv[1:] if argv is None else argv),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}",
         "trace": asdict(shape) | {"requests": len(trace)},

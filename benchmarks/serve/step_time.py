@@ -15,10 +15,11 @@ of ``schedule()`` + ``update_from_output()`` per step, by the wall clock and by 
 scheduler thread's CPU clock, the steps, and the load average around the run; with
 ``--cache`` (a run of its own: the timing costs) also the KV-cache manager's calls' share.
 
-    PYTHONPATH=tests/serve/harness python benchmarks/serve/step_time.py \\
+    .venv/bin/python benchmarks/serve/step_time.py \\
         --vllm VENV/bin/vllm [--rounds 5] [--out step-time.json]
 
-Which prefixkv build runs is the environment's (``make wheel-venv`` then
+(``.venv``, the environment ``make`` creates, has the serving harness on its path.)
+Which prefixkv build runs is the serving environment's (``make wheel-venv`` then
 ``VENV/bin/pip install --no-deps --force-reinstall build/wheel/prefixkv-*.whl`` for
 the compiled one); the report names it. Exit 1 when the hash chain's steps differ from
 native's, or one configuration's from one run to the next (then the runs did not do

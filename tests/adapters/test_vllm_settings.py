@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import types
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -166,26 +165,23 @@ def test_the_scheduler_is_recognised_by_name_or_class() -> None:
     assert not uses_prefixkv(None) and not uses_prefixkv("vllm.v1.core.sched.Scheduler")
 
 
-def test_a_subclass_of_prefixkvs_scheduler_elsewhere_is_prefixkvs(tmp_path: Path) -> None:
+def test_a_subclass_of_prefixkvs_scheduler_elsewhere_is_prefixkvs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A timing wrapper (benchmarks/serve/step_timing.py) or a user's own subclass, named
-    # from its own module: its settings are read, so they are checked, not refused.
+    # from its own module: its settings are read, so they are checked, not refused. The
+    # module is imported by name, as vLLM imports it: here it is one already imported.
     base = type("PrefixKVScheduler", (), {"__module__": "prefixkv.adapters.vllm.scheduler"})
-    (tmp_path / "my_timing.py").write_text("class Timed:\n    pass\n")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import my_timing  # type: ignore[import-not-found]
-
-        my_timing.Timed = type("Timed", (base,), {"__module__": "my_timing"})
-        assert uses_prefixkv("my_timing.Timed") and uses_prefixkv(my_timing.Timed)
-        check_vllm_config(config({"prefixkv": {"index": "radix"}}, scheduler="my_timing.Timed"))
-        with pytest.raises(EngineSettingsError, match="index"):
-            check_vllm_config(config({"prefixkv": {"index": "nope"}}, scheduler="my_timing.Timed"))
-        my_timing.Other = type("Other", (), {"__module__": "my_timing"})
-        assert not uses_prefixkv("my_timing.Other") and not uses_prefixkv("my_timing.Missing")
-        assert not uses_prefixkv("no_such_module_here.Scheduler") and not uses_prefixkv("x")
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("my_timing", None)
+    timed = type("Timed", (base,), {"__module__": "my_timing"})
+    my_timing = types.ModuleType("my_timing")
+    vars(my_timing).update(Timed=timed, Other=type("Other", (), {"__module__": "my_timing"}))
+    monkeypatch.setitem(sys.modules, "my_timing", my_timing)
+    assert uses_prefixkv("my_timing.Timed") and uses_prefixkv(timed)
+    check_vllm_config(config({"prefixkv": {"index": "radix"}}, scheduler="my_timing.Timed"))
+    with pytest.raises(EngineSettingsError, match="index"):
+        check_vllm_config(config({"prefixkv": {"index": "nope"}}, scheduler="my_timing.Timed"))
+    assert not uses_prefixkv("my_timing.Other") and not uses_prefixkv("my_timing.Missing")
+    assert not uses_prefixkv("no_such_module_here.Scheduler") and not uses_prefixkv("x")
 
 
 # --- the start-up hook, as vLLM drives it ----------------------------------------------

@@ -7,7 +7,10 @@ known step model (so it keeps samples to fit again); the measurements are its
 predictions scaled a little, with one request sent 50 ms late and one stream read in
 a burst (the client's stalls).
 
-    python benchmarks/make_sim_to_real_fixture.py --out tests/data/sim_to_real
+    python tests/serve/harness/make_sim_to_real_fixture.py --out tests/data/sim_to_real
+
+(``sim_to_real`` is ``benchmarks/sim_to_real.py``: the virtual environment ``make`` creates
+has ``benchmarks/`` and ``tests/serve/harness/`` on its path.)
 """
 
 from __future__ import annotations
