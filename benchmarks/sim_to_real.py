@@ -84,6 +84,7 @@ from prefixkv.adapters.lab.sim import (
     simulate,
 )
 from prefixkv.adapters.lab.sim.arrivals import poisson_arrivals
+from prefixkv.adapters.lab.sim.calibration_rounds import pool_rounds
 from prefixkv.adapters.lab.sim.served import Completion, ServedEngine
 from prefixkv.adapters.lab.sim.server_calibration import (
     QUICK_SWEEP,
@@ -450,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resimulate: fit each recorded profile again from the calibration "
         "samples it keeps (the model may have changed since it was recorded)",
     )
+    ap.add_argument(
+        "--pool",
+        action="store_true",
+        help="predict every rate with one profile pooled from all of the session's "
+        "calibration rounds (outlier rounds dropped, each shape's median kept; "
+        "with --resimulate: every profile*.json of the recording)",
+    )
     ap.add_argument("--sweep-repeats", type=int, default=3)
     ap.add_argument(
         "--serving-repeats",
@@ -693,6 +701,9 @@ def _recorded_profiles(
         for rate in rates:
             own = folder / f"profile-{rate:g}.json"
             profiles.append(load_profile(own) if own.is_file() else base)
+    if args.pool and not args.profile:
+        rounds = [load_profile(p) for p in sorted(folder.glob("profile*.json"))]
+        return [pool_rounds(rounds or profiles[:1])] * len(rates)
     if args.refit:
         refitted = {id(p): refit_server_profile(p) for p in profiles}
         profiles = [refitted[id(p)] for p in profiles]

@@ -43,6 +43,7 @@ from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .engine_admit import fit_admit_s
+from .engine_decode import decode_samples
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
@@ -58,12 +59,14 @@ from .serving_path import (
 from .serving_spread import quantile_table
 
 __all__ = [
+    "KEPT_FIELDS",
     "QUICK_SWEEP",
     "ServerSweep",
     "batch_sample",
     "calibrate_server",
     "client_machine",
     "fit_server",
+    "kept_samples",
     "measure_server",
     "refit_server_profile",
 ]
@@ -409,7 +412,7 @@ def _described(
     }
 
 
-_KEPT = (
+KEPT_FIELDS = (
     "name", "model", "device", "source", "notes", "measured_on", "covers",
     "kv_bytes_per_token", "device_memory_bytes", "weight_bytes", "kv_cache_tokens",
 )  # fmt: skip
@@ -443,7 +446,9 @@ def fit_server(
     path = fit_serving_path(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
-    profile = fit(known=path.known())
+    # The lone long requests' decode as the engine core timed it: steps no client or
+    # front-end stall lengthened.
+    profile = fit_profile([*samples, *decode_samples(hops.long)], known=path.known(), **described)
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step).
     lone = [*hops.short, *hops.idle]
@@ -492,10 +497,32 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
         ProfileError: the profile keeps neither samples nor serving-path medians
             (not made by ``calibrate --server``), or they are not samples.
     """
+    rows = profile.fit.get("samples")
+    if not isinstance(rows, list) or not rows:
+        return _refit_from_hops(profile, f"profile {profile.name!r}")
+    samples, hops = kept_samples(profile)
+    try:
+        return fit_server(samples, hops, **{k: getattr(profile, k) for k in KEPT_FIELDS})
+    except ValueError as exc:
+        raise ProfileError(
+            f"profile {profile.name!r}: cannot fit its samples again ({exc})"
+        ) from None
+
+
+def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | None]:
+    """The sweep's and the serving path's samples ``calibrate --server`` kept in
+    ``profile`` (``None``: no serving path was timed).
+
+    Raises:
+        ProfileError: it keeps no samples, or they are not samples.
+    """
     where = f"profile {profile.name!r}"
     rows = profile.fit.get("samples")
     if not isinstance(rows, list) or not rows:
-        return _refit_from_hops(profile, where)
+        raise ProfileError(
+            f"{where} keeps no calibration samples (not made by calibrate --server); "
+            "calibrate --server again"
+        )
     try:
         samples = [StepSample(**row) for row in rows]
     except TypeError as exc:
@@ -509,10 +536,7 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
     hops = None
     if isinstance(path, dict) and "samples" in path:
         hops = HopSamples.from_json(path["samples"], f"{where}: serving path samples")
-    try:
-        return fit_server(samples, hops, **{k: getattr(profile, k) for k in _KEPT})
-    except ValueError as exc:
-        raise ProfileError(f"{where}: cannot fit its samples again ({exc})") from None
+    return samples, hops
 
 
 def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
