@@ -139,9 +139,7 @@ def _describe(
     for i in use:
         for s in steps[i]:
             by_shape.setdefault(_shape(s), []).append(s.seconds)
-    spreads = [
-        (max(v) - min(v)) / statistics.median(v) for v in by_shape.values() if len(v) > 1
-    ]
+    spreads = [(max(v) - min(v)) / statistics.median(v) for v in by_shape.values() if len(v) > 1]
     return {
         "count": len(profiles),
         "kept": len(use),

@@ -451,10 +451,12 @@ def fit_server(
     profile = fit_profile([*samples, *decode_samples(hops.long)], known=path.known(), **described)
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step).
-    lone = [*hops.short, *hops.idle]
-    admit_s = fit_admit_s(lone, engine_model(profile))
-    # How the time outside the engine varies, sent to an idle and to a busy server.
-    idle_spread = quantile_table(_outside(lone))
+    # Sent back to back (the short requests): no waking in it.
+    admit_s = fit_admit_s(hops.short, engine_model(profile))
+    # How the time outside the engine varies, sent to an idle and to a busy server:
+    # a request sent to an idle server came after it idled (the idle requests; the
+    # short ones where none were sent).
+    idle_spread = quantile_table(_outside(hops.idle or hops.short))
     busy_spread = quantile_table(_outside(hops.busy))
     fitted = {
         **profile.fit,
