@@ -73,6 +73,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from sim_to_real_verdict import busy_at_send, verdict
+
 from prefixkv.adapters.lab.sim import (
     CostProfile,
     ProfileError,
@@ -265,8 +267,9 @@ def compare_run(
     predicted: Sequence[tuple[int, float, float]],
 ) -> dict[str, Any]:
     """One replay against its prediction: the cached tokens, and per request the
-    measured and simulated TTFT and TPOT and whether the client stalled on it (the
-    rate's table pools them over runs)."""
+    measured and simulated TTFT and TPOT, whether the client stalled on it and whether
+    another request was running when it was sent (the rate's table pools them over
+    runs)."""
     first = min(sent)
     last = max(s + c.latency_s for s, c in zip(sent, done, strict=True))
     duration = last - first
@@ -286,11 +289,9 @@ def compare_run(
         "client_stalled": [
             client_stalled(a, s, c) for a, s, c in zip(scheduled, sent, done, strict=True)
         ],
+        "busy": busy_at_send(sent, [c.latency_s for c in done]),
     }  # fmt: skip
 
-
-WITHIN = 0.10
-"""The error the simulator is held to at p50 and p90 below saturation."""
 
 SATURATED_UTILIZATION = 0.9
 """A run whose simulated engine is busy this share of the time (or whose server
@@ -312,16 +313,20 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
 
     The verdict is ``saturated`` when the simulated utilization reaches
     :data:`SATURATED_UTILIZATION` or the server served under 90% of the offered rate,
-    else ``within 10%`` when every p50 and p90 error is, else ``off`` and which were.
+    else, for TTFT and for TPOT, ``within 10%`` when its p50 and p90 errors are, or
+    ``off``, which, and why as far as the recording shows
+    (:func:`sim_to_real_verdict.verdict`).
     """
 
     def kept(r: dict[str, Any], key: str) -> list[float]:
         stalled = r.get("client_stalled") or [False] * len(r[key])
         return [v for v, bad in zip(r[key], stalled, strict=True) if not bad]
 
+    for r in runs:  # recorded before it was kept: from the send times and latencies
+        r.setdefault("busy", [False] * len(r["ttft_measured"]))
     pooled = {
         key: [v for r in runs for v in kept(r, key)]
-        for key in ("ttft_measured", "ttft_sim", "tpot_measured", "tpot_sim")
+        for key in ("ttft_measured", "ttft_sim", "tpot_measured", "tpot_sim", "busy")
     }
     stalls = sum(sum(r.get("client_stalled", ())) for r in runs)
     row: dict[str, Any] = {
@@ -337,45 +342,22 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
         "throughput_measured": statistics.median(r["throughput_measured"] for r in runs),
         "throughput_sim": statistics.median(r["throughput_sim"] for r in runs),
     }
-    off = []
     for metric in ("ttft", "tpot"):
         for q in (50, 90):
             m = _pct(pooled[f"{metric}_measured"], q)
             p = _pct(pooled[f"{metric}_sim"], q)
             row[f"{metric}_p{q}_measured_s"], row[f"{metric}_p{q}_sim_s"] = m, p
-            row[f"{metric}_p{q}_error"] = e = _error(m, p)
-            if not math.isnan(e) and abs(e) > WITHIN:
-                off.append(f"{metric.upper()} p{q} {e:+.0%}")
+            row[f"{metric}_p{q}_error"] = _error(m, p)
     served = row["achieved_rps"] / rate if rate > 0 else math.nan
     if row["utilization_sim"] >= SATURATED_UTILIZATION or served < 0.9:
         row["verdict"] = (
             f"saturated (sim busy {row['utilization_sim']:.0%}, served {served:.0%} of offered)"
         )
-    elif off:
-        row["verdict"] = "off: " + ", ".join(off) + _drift(row)
     else:
-        row["verdict"] = f"within {WITHIN:.0%}"
+        row["verdict"] = verdict(row, pooled)
     if stalls:
         row["verdict"] += f"; client stalled on {stalls} (left out)"
     return row
-
-
-def _drift(row: dict[str, Any]) -> str:
-    """Why a rate's TTFT is off when its steps are too: the server's steps ran slower
-    (or faster) than the profile it is predicted with was calibrated at (the machine's
-    speed drifted; ``--calibrate-each`` calibrates again before each rate). Not said
-    where the client stalled on over a tenth of the requests: the load generator, not
-    the server, set the pace of what is left."""
-    if row["client_stalls"] > WITHIN * row["requests"]:
-        return ""
-    tpot = row["tpot_p50_error"]
-    ttft = [row[f"ttft_p{q}_error"] for q in (50, 90)]
-    if math.isnan(tpot) or abs(tpot) <= WITHIN:
-        return ""
-    if not any(abs(e) > WITHIN and (e < 0) == (tpot < 0) for e in ttft if not math.isnan(e)):
-        return ""
-    pace = "slower" if tpot < 0 else "faster"
-    return f" (the server's steps ran {pace} than calibrated: TPOT p50 {tpot:+.0%})"
 
 
 def _ms(value: float) -> str:
