@@ -15,7 +15,8 @@ by 7%. A rate predicted from one round is off by as much as that round was.
   (and more than :data:`MIN_OUTLIER` from it: rounds that agree this well all count) is
   dropped. With fewer than three rounds none is dropped (no majority to say which);
 - each shape's time is the median over the rounds kept, so a burst that held one
-  round's streams (a decode run timed 6x its usual) is outvoted;
+  round's streams (a decode run timed 6x its usual) is outvoted; it stands for the
+  runs of all of them (the fit weighs it by their number's square root);
 - the serving path's samples (the one-at-a-time requests) are pooled: the spreads and
   ``admit_s`` come from all of them;
 - the profile says how spread the rounds were (``fit["rounds"]``): each round's speed
@@ -49,12 +50,20 @@ deviation of normal noise) from the rounds' median speed is an outlier."""
 MIN_OUTLIER = 0.10
 """... and at least this far (in log speed, about 10%): rounds closer than that agree."""
 
-_Shape = StepSample
-"""A sample's work: the sample with its seconds set to 0."""
+_Shape = tuple[StepSample, int]
+"""A sample's work (the sample with its seconds set to 0) and which of its round's
+samples of that work it is (a sweep may measure one shape twice: a 16-token prompt
+with no prefix and with half of it cached, which rounds down to no block)."""
 
 
-def _shape(s: StepSample) -> _Shape:
-    return s._replace(seconds=0.0)
+def _shapes(samples: Sequence[StepSample]) -> list[tuple[_Shape, float]]:
+    seen: dict[StepSample, int] = {}
+    out = []
+    for s in samples:
+        work = s._replace(seconds=0.0, runs=1)
+        seen[work] = seen.get(work, -1) + 1
+        out.append(((work, seen[work]), s.seconds))
+    return out
 
 
 def round_speeds(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
@@ -63,7 +72,7 @@ def round_speeds(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
     +0.2: about 22% slower)."""
     medians = _shape_medians(rounds)
     return [
-        statistics.median(math.log(s.seconds / medians[_shape(s)]) for s in r) if r else 0.0
+        statistics.median(math.log(t / medians[k]) for k, t in _shapes(r)) if r else 0.0
         for r in rounds
     ]
 
@@ -71,8 +80,8 @@ def round_speeds(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
 def _shape_medians(rounds: Sequence[Sequence[StepSample]]) -> dict[_Shape, float]:
     by_shape: dict[_Shape, list[float]] = {}
     for r in rounds:
-        for s in r:
-            by_shape.setdefault(_shape(s), []).append(s.seconds)
+        for k, t in _shapes(r):
+            by_shape.setdefault(k, []).append(t)
     return {k: statistics.median(v) for k, v in by_shape.items()}
 
 
@@ -112,7 +121,13 @@ def pool_rounds(profiles: Sequence[CostProfile], *, name: str | None = None) -> 
     out = _outliers(speeds)
     use = [i for i, bad in enumerate(out) if not bad]
     medians = _shape_medians([steps[i] for i in use])
-    pooled_steps = [shape._replace(seconds=seconds) for shape, seconds in medians.items()]
+    runs: dict[_Shape, int] = {}
+    for i in use:
+        for (k, _), s in zip(_shapes(steps[i]), steps[i], strict=True):
+            runs[k] = runs.get(k, 0) + s.runs
+    pooled_steps = [
+        work._replace(seconds=t, runs=runs[(work, j)]) for (work, j), t in medians.items()
+    ]
     hops = [kept[i][1] for i in use if kept[i][1] is not None]
     pooled_hops = None
     if hops:
@@ -137,8 +152,8 @@ def _describe(
     """How spread the rounds were (the profile's ``fit["rounds"]``)."""
     by_shape: dict[_Shape, list[float]] = {}
     for i in use:
-        for s in steps[i]:
-            by_shape.setdefault(_shape(s), []).append(s.seconds)
+        for k, t in _shapes(steps[i]):
+            by_shape.setdefault(k, []).append(t)
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in by_shape.values() if len(v) > 1]
     return {
         "count": len(profiles),

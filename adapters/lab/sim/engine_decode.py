@@ -13,6 +13,7 @@ makes them step samples, so the step fit sees the decode step a lone request pay
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from .calibration import StepSample
@@ -22,23 +23,28 @@ __all__ = ["decode_samples"]
 
 
 def decode_samples(lone: Sequence[HopSample]) -> list[StepSample]:
-    """One step sample per request of ``lone`` whose engine decode time the server
-    said: ``num_tokens - 1`` decode steps of one row, the ``j``-th reading
-    ``prompt_tokens + j`` tokens (no request or streaming cost: the engine core's
-    own clock)."""
-    out = []
+    """One step sample per shape (prompt tokens, tokens decoded) of the requests of
+    ``lone`` whose engine decode time the server said: ``num_tokens - 1`` decode steps
+    of one row, the ``j``-th reading ``prompt_tokens + j`` tokens, taking the median of
+    their times (as the sweep keeps the median of a shape's repeats, so the shape
+    counts once in the fit however many requests or rounds timed it). No request or
+    streaming cost: the engine core's own clock."""
+    times: dict[tuple[int, int], list[float]] = {}
     for s in lone:
-        n = s.num_tokens - 1
-        if s.engine_decode_s is None or n < 1 or s.engine_decode_s <= 0:
-            continue
+        if s.engine_decode_s is not None and s.num_tokens > 1 and s.engine_decode_s > 0:
+            times.setdefault((s.prompt_tokens, s.num_tokens), []).append(s.engine_decode_s)
+    out = []
+    for (prompt, k), seconds in times.items():
+        n = k - 1
         out.append(
             StepSample(
                 prefill_tokens=0,
                 prefill_pairs=0,
                 num_decode=n,
-                decode_context=n * s.prompt_tokens + n * (n + 1) // 2,
-                seconds=s.engine_decode_s,
+                decode_context=n * prompt + n * (n + 1) // 2,
+                seconds=statistics.median(seconds),
                 num_steps=n,
+                runs=len(seconds),
             )
         )
     return out

@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,6 +161,7 @@ def batch_sample(
         num_steps=-(-b * ctx // sweep.max_num_batched_tokens) + n,
         num_requests=1,
         num_streamed=b,
+        runs=sweep.repeats,
     )
 
 
@@ -264,6 +266,7 @@ async def _prefill_sample(
         num_steps=-(-q // sweep.max_num_batched_tokens),
         num_requests=1,
         num_streamed=1,
+        runs=sweep.repeats,
     )
 
 
@@ -316,7 +319,7 @@ async def _under_streams(
     q = _PROBE
     return StepSample(
         q, attention_pairs(q, 0), n, n * (_BACKGROUND + 64), statistics.median(ttfts),
-        num_steps=1, num_requests=1, num_streamed=n + 1,
+        num_steps=1, num_requests=1, num_streamed=n + 1, runs=sweep.repeats,
     )  # fmt: skip
 
 
@@ -448,7 +451,7 @@ def fit_server(
     )
     # The lone long requests' decode as the engine core timed it: steps no client or
     # front-end stall lengthened.
-    profile = fit_profile([*samples, *decode_samples(hops.long)], known=path.known(), **described)
+    profile = fit(known=path.known(), exact=decode_samples(hops.long))
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step).
     # Sent back to back (the short requests): no waking in it.
@@ -525,8 +528,9 @@ def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | N
             f"{where} keeps no calibration samples (not made by calibrate --server); "
             "calibrate --server again"
         )
+    runs = _recorded_runs(profile.notes)
     try:
-        samples = [StepSample(**row) for row in rows]
+        samples = [StepSample(**{"runs": runs, **row}) for row in rows]
     except TypeError as exc:
         raise ProfileError(f"{where}: a sample is not a step sample ({exc})") from None
     for s in samples:
@@ -539,6 +543,16 @@ def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | N
     if isinstance(path, dict) and "samples" in path:
         hops = HopSamples.from_json(path["samples"], f"{where}: serving path samples")
     return samples, hops
+
+
+_RUNS = re.compile(r"median of (\d{1,4}) runs each")
+
+
+def _recorded_runs(notes: str) -> int:
+    """The runs each sweep sample is the median of, for samples kept before they said
+    it: what the profile's notes say (``median of 3 runs each``), else 1."""
+    m = _RUNS.search(notes)
+    return max(1, int(m.group(1))) if m else 1
 
 
 def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
