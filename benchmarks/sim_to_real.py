@@ -436,9 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--pool",
         action="store_true",
-        help="predict every rate with one profile pooled from all of the session's "
-        "calibration rounds (outlier rounds dropped, each shape's median kept; "
-        "with --resimulate: every profile*.json of the recording)",
+        help="predict every rate again with one profile pooled from all of the session's "
+        "calibrations (with --calibrate-each, one before each rate; outlier rounds dropped, "
+        "each shape's median kept), written to OUT/pooled; with --resimulate: every "
+        "profile*.json of the recording",
     )
     ap.add_argument("--sweep-repeats", type=int, default=3)
     ap.add_argument(
@@ -569,6 +570,13 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
            "runs": runs, "httpx": httpx.__version__}  # fmt: skip
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "table.md").write_text(table + "\n")
+    if args.pool and not args.profile:
+        # Every rate predicted again from all of the session's calibrations pooled.
+        print(f"\npredicted from the session's calibrations pooled -> {out / 'pooled'}")
+        pooled = argparse.Namespace(
+            **{**vars(args), "resimulate": str(out), "out": str(out / "pooled"), "refit": False}
+        )
+        return resimulate(pooled)
     return 0
 
 

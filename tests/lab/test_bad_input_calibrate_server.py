@@ -422,6 +422,7 @@ def test_a_url_that_is_not_http_is_one_line(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # two whole calibrations (about 25 s)
 def test_rounds_of_a_correct_server_are_pooled_into_one_profile(
     hostile: HostileServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -305,7 +305,7 @@ def fit_profile(
 
     Each sample's relative error counts ``sqrt(runs)`` times; the ``exact`` samples
     (times a clock inside the engine measured, free of what lengthens the others)
-    count :data:`EXACT_WEIGHT` times, so the fit goes through them within a fraction
+    count :data:`EXACT_WEIGHT` times more, so the fit goes through them within a fraction
     of a percent where the coefficients can, and fits the rest around them.
 
     ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
@@ -336,7 +336,7 @@ def fit_profile(
     samples = [*samples, *exact]
     work, measured, outside = _design(samples, served, streamed, fixed)
     weight = np.sqrt([max(1, s.runs) for s in samples])
-    weight[len(samples) - len(exact) :] = EXACT_WEIGHT
+    weight[len(samples) - len(exact) :] *= EXACT_WEIGHT
     coef = _relative_nnls(work, measured, outside, weight)
     error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
