@@ -18,10 +18,11 @@
 5. One table line a rate: offered and served rate, the simulated utilization, the
    machine's 1-minute load over its runs, cached tokens (server against simulator),
    TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
-   measured and simulated side by side, and a verdict: within 10%, off (which), or
-   saturated (where queues grow and no steady-state figure exists). Requests the
-   client itself stalled on (sent late, or their tokens read in one burst: the load
-   generator shares the machine with the server) are counted and left out.
+   measured and simulated side by side, and a verdict: saturated (where queues grow
+   and no steady-state figure exists), else for TTFT and TPOT "within 10%" or off,
+   which, and why as far as the recording shows (``sim_to_real_verdict.py``). Requests
+   the client itself stalled on (sent late, or their tokens read in one burst: the
+   load generator shares the machine with the server) are counted and left out.
 
 The server generates its own tokens (dummy weights), so the simulated requests decode
 filler tokens of the trace's output lengths, not the trace's outputs: a later turn
@@ -33,15 +34,17 @@ that quotes an earlier answer misses those blocks on both sides.
 
 (The weights are dummy. Measure on a quiet machine: the table records the load. The
 table, the command and the load are in benchmarks/README.md.) On a 2-core CPU the
-speed of the steps drifts by 10-20% over minutes, and a rate predicted from a profile
-measured minutes before is off by as much; ``--calibrate-each`` calibrates again
-before each rate (about 80 s each with the default sweep), and a verdict whose TPOT is
-off the same way as its TTFT says the server drifted. Within 20 minutes on 2 cores::
+calibration is not repeatable: rounds minutes apart fit ``step_s`` up to twice apart.
+``--calibrate-each`` calibrates again before each rate (about 80 s each with the
+default sweep) and ``--pool`` predicts every rate again from all of them pooled
+(``OUT/pooled``; each shape's median over the rounds, an outlier round dropped:
+``calibration_rounds.py``); a verdict whose TPOT is off the same way as its TTFT says
+the server drifted. Within 18 minutes on 2 cores::
 
     python benchmarks/sim_to_real.py \\
         --vllm VLLM_VENV/bin/vllm --model tests/serve/harness/tiny-llama \\
         --workload multi_turn --request-rates 0.5,1,2,4,8 --repeats 2 --max-requests 80 \\
-        --calibrate-each --out sim-to-real
+        --calibrate-each --pool --out sim-to-real
 
 A recorded sweep (an ``--out`` folder) is predicted again with no server, after the
 model or its profile changed: the same requests, rebuilt from their seeds, sent at the

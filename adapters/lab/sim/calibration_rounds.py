@@ -40,6 +40,7 @@ from .calibration import StepSample
 from .errors import ProfileError
 from .profile import CostProfile
 from .server_calibration import KEPT_FIELDS, fit_server, kept_samples
+from .serving_path import HopSamples
 
 __all__ = ["MIN_OUTLIER", "OUTLIER_MADS", "pool_rounds", "round_speeds"]
 
@@ -123,16 +124,16 @@ def pool_rounds(profiles: Sequence[CostProfile], *, name: str | None = None) -> 
     medians = _shape_medians([steps[i] for i in use])
     runs: dict[_Shape, int] = {}
     for i in use:
-        for (k, _), s in zip(_shapes(steps[i]), steps[i], strict=True):
-            runs[k] = runs.get(k, 0) + s.runs
+        for (shape, _), sample in zip(_shapes(steps[i]), steps[i], strict=True):
+            runs[shape] = runs.get(shape, 0) + sample.runs
     pooled_steps = [
         work._replace(seconds=t, runs=runs[(work, j)]) for (work, j), t in medians.items()
     ]
-    hops = [kept[i][1] for i in use if kept[i][1] is not None]
+    hops = [h for i in use if (h := kept[i][1]) is not None]
     pooled_hops = None
     if hops:
-        pooled_hops = type(hops[0])(
-            *([x for h in hops for x in getattr(h, f)] for f in hops[0]._fields)
+        pooled_hops = HopSamples(
+            *([x for h in hops for x in getattr(h, f)] for f in HopSamples._fields)
         )
     described = {k: getattr(first, k) for k in KEPT_FIELDS}
     if name is not None:
