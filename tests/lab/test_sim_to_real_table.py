@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import sim_to_real
+import sim_to_real_verdict
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def run(
@@ -158,3 +161,22 @@ def test_a_late_send_or_a_burst_read_is_the_clients_stall() -> None:
     burst = m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5)
     assert stalled(1.0, 1.0, burst._replace(chunks=10))
     assert not stalled(1.0, 1.0, burst._replace(chunks=1, tpot_s=0.0, latency_s=0.02))
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 10, allow_nan=False), st.floats(0, 3, allow_nan=False)),
+        max_size=30,
+    )
+)
+def test_busy_at_send_is_another_request_running_when_one_was_sent(
+    reqs: list[tuple[float, float]],
+) -> None:
+    sent = [s for s, _ in reqs]
+    latency = [t for _, t in reqs]
+    got = sim_to_real_verdict.busy_at_send(sent, latency)
+    for k, (s, _) in enumerate(reqs):
+        running = any(
+            j != k and (sent[j], j) < (s, k) and sent[j] + latency[j] > s for j in range(len(reqs))
+        )
+        assert got[k] == running
