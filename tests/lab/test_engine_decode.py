@@ -63,7 +63,7 @@ def _hop(engine: float, outside: float, idle_s: float = 0.0) -> HopSample:
 
 def test_admit_s_comes_from_back_to_back_requests_and_the_idle_spread_from_paused_ones() -> None:
     h = hops()
-    short = [_hop(0.0055, 0.004)] * 4
+    short = [_hop(0.0055, 0.004)] * 10
     # after a pause the engine core took 3 ms more (waking) and the rest 2 ms more
     idle = [_hop(0.0085, 0.006, p) for p in (0.05, 0.1, 0.2, 0.5) for _ in range(2)]
     p = fit_server(samples(), HopSamples(short, h.long, h.share, idle), **DESCRIBED)  # type: ignore[arg-type]
