@@ -171,30 +171,7 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or 8192
     if args.server is not None:
-        from ..sim.calibration_rounds import pool_rounds
-        from ..sim.http_limits import RequestLimits
-        from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
-
-        base = QUICK_SWEEP if args.quick else ServerSweep()
-        repeats = args.repeats or base.repeats
-        sweep = dataclasses.replace(base, repeats=repeats, max_num_batched_tokens=budget)
-        runs = _num_runs(sweep) * args.rounds
-        bar = progress(runs, f"calibrate {args.server}", quiet=args.quiet, unit="run")
-        try:
-            rounds = [
-                calibrate_server(
-                    args.server,
-                    model=args.model,
-                    sweep=sweep,
-                    name=args.name,
-                    progress=bar.update,
-                    limits=RequestLimits(deadline_s=args.request_timeout),
-                )
-                for _ in range(args.rounds)
-            ]
-        finally:
-            bar.close()
-        profile = rounds[0] if len(rounds) == 1 else pool_rounds(rounds)
+        profile = _from_server(args, budget)
     else:
         from ..sim.bench_results import calibrate_from_vllm_bench
 
@@ -205,6 +182,34 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
     save_profile(profile, out)
     _print_fit(profile, out)
     return interrupts.status() if interrupts.received else 0
+
+
+def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
+    """``--server``: ``--rounds`` calibrations of the server, pooled when several."""
+    from ..sim.calibration_rounds import pool_rounds
+    from ..sim.http_limits import RequestLimits
+    from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
+
+    base = QUICK_SWEEP if args.quick else ServerSweep()
+    repeats = args.repeats or base.repeats
+    sweep = dataclasses.replace(base, repeats=repeats, max_num_batched_tokens=budget)
+    runs = _num_runs(sweep) * args.rounds
+    bar = progress(runs, f"calibrate {args.server}", quiet=args.quiet, unit="run")
+    try:
+        rounds = [
+            calibrate_server(
+                args.server,
+                model=args.model,
+                sweep=sweep,
+                name=args.name,
+                progress=bar.update,
+                limits=RequestLimits(deadline_s=args.request_timeout),
+            )
+            for _ in range(args.rounds)
+        ]
+    finally:
+        bar.close()
+    return rounds[0] if len(rounds) == 1 else pool_rounds(rounds)
 
 
 def _num_runs(sweep: Any) -> int:

@@ -303,10 +303,9 @@ def fit_profile(
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
 
-    Each sample's relative error counts ``sqrt(runs)`` times; the ``exact`` samples
-    (times a clock inside the engine measured, free of what lengthens the others)
-    count :data:`EXACT_WEIGHT` times more, so the fit goes through them within a fraction
-    of a percent where the coefficients can, and fits the rest around them.
+    Each sample's relative error counts ``sqrt(runs)`` times, the ``exact`` ones' (a
+    clock inside the engine measured them) :data:`EXACT_WEIGHT` times more: the fit
+    goes through them where the coefficients can, and fits the rest around them.
 
     ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
     ``stream_token_s`` when one counts streamed tokens, unless ``known`` gives it
@@ -322,22 +321,10 @@ def fit_profile(
     import numpy as np
 
     fixed = dict(known or {})
-    if not set(fixed) <= {"request_s", "stream_token_s"}:
-        raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
-    served = "request_s" not in fixed and any(s.num_requests for s in samples)
-    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
-    names = (
-        *COEFFICIENTS,
-        *(["request_s"] if served else []),
-        *(["stream_token_s"] if streamed else []),
-    )
-    if len(samples) < len(names):
-        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
+    names, served, streamed = _fitted_names(samples, fixed)
     samples = [*samples, *exact]
     work, measured, outside = _design(samples, served, streamed, fixed)
-    weight = np.sqrt([max(1, s.runs) for s in samples])
-    weight[len(samples) - len(exact) :] *= EXACT_WEIGHT
-    coef = _relative_nnls(work, measured, outside, weight)
+    coef = _relative_nnls(work, measured, outside, _weights(samples, len(exact)))
     error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     fitted.update(fixed)
@@ -356,6 +343,40 @@ def fit_profile(
         **fitted,
         **metadata,
     )
+
+
+def _fitted_names(
+    samples: Sequence[StepSample], fixed: Mapping[str, float]
+) -> tuple[tuple[str, ...], bool, bool]:
+    """The coefficients to fit, and whether ``request_s`` and ``stream_token_s`` are
+    among them (a sample counts them and ``fixed`` does not give them).
+
+    Raises:
+        ValueError: fewer samples than coefficients; a ``fixed`` name other than
+            ``request_s`` or ``stream_token_s``.
+    """
+    if not set(fixed) <= {"request_s", "stream_token_s"}:
+        raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
+    served = "request_s" not in fixed and any(s.num_requests for s in samples)
+    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
+    names = (
+        *COEFFICIENTS,
+        *(["request_s"] if served else []),
+        *(["stream_token_s"] if streamed else []),
+    )
+    if len(samples) < len(names):
+        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
+    return names, served, streamed
+
+
+def _weights(samples: Sequence[StepSample], num_exact: int) -> Any:
+    """Each sample's weight: ``sqrt(runs)``, the last ``num_exact`` ones
+    :data:`EXACT_WEIGHT` times that."""
+    import numpy as np
+
+    weight = np.sqrt([max(1, s.runs) for s in samples])
+    weight[len(samples) - num_exact :] *= EXACT_WEIGHT
+    return weight
 
 
 def _design(

@@ -53,6 +53,7 @@ from .serving_path import (
     PROMPT_TOKENS,
     HopSample,
     HopSamples,
+    ServingPath,
     engine_model,
     fit_serving_path,
     measure_hops,
@@ -452,9 +453,16 @@ def fit_server(
     # The lone long requests' decode as the engine core timed it: steps no client or
     # front-end stall lengthened.
     profile = fit(known=path.known(), exact=decode_samples(hops.long))
+    return _with_serving_path(profile, path, hops, saved)
+
+
+def _with_serving_path(
+    profile: CostProfile, path: ServingPath, hops: HopSamples, saved: dict[str, Any]
+) -> CostProfile:
+    """``profile`` (its steps fitted) with the serving path's terms and spreads."""
     # What the engine core's own time for a lone request holds beyond the fitted step
-    # model's price of its step: taking the request in (priced once a step).
-    # Sent back to back (the short requests): no waking in it.
+    # model's price of its step: taking the request in (priced once a step). Sent back
+    # to back (the short requests): no waking in it.
     admit_s = fit_admit_s(hops.short, engine_model(profile))
     # How the time outside the engine varies, sent to an idle and to a busy server:
     # a request sent to an idle server came after it idled (the idle requests; the
