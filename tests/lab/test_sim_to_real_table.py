@@ -110,7 +110,7 @@ def test_a_low_p90_made_of_requests_sent_while_another_ran_is_said_so() -> None:
     assert "while another" not in sim_to_real.summarize_rate(1.0, [r])["verdict"]
 
 
-def test_a_tpot_p90_off_alone_says_how_the_pace_varies() -> None:
+def test_a_tpot_p90_off_beyond_its_p50_says_how_the_pace_varies() -> None:
     tpot = [0.004] * 8 + [0.008, 0.008]
     r = run(ttft=[0.02] * 10, ttft_sim=[0.02] * 10, tpot=tpot, tpot_sim=[0.004] * 10)
     verdict = sim_to_real.summarize_rate(1.0, [r])["verdict"]
@@ -118,6 +118,10 @@ def test_a_tpot_p90_off_alone_says_how_the_pace_varies() -> None:
         "TTFT within 10%; TPOT off (p90 -50%): the pace varies from request to request: "
         "TPOT p90 / p50 2.00 measured, 1.00 simulated"
     )
+    # the steps 20% slow besides: both are said
+    both = dict(r, tpot_sim=[0.0032] * 10)
+    verdict = sim_to_real.summarize_rate(1.0, [both])["verdict"]
+    assert "ran slower than calibrated; the pace varies" in verdict
 
 
 def test_one_token_outputs_leave_tpot_empty_not_wrong() -> None:
