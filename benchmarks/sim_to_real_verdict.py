@@ -126,8 +126,8 @@ def _busy_tail(pooled: dict[str, list[Any]]) -> list[str]:
     b_sim = _pct([t for t, b in zip(sim, busy, strict=True) if b], 90)
     return [
         f"{in_busy} of the {len(top)} slowest were sent while another request ran: those "
-        f"sent so took {_ms(b_meas)} ms at p90, simulated {_ms(b_sim)} ms (a tail outside "
-        "the engine that the calibration's busy requests did not show)"
+        f"sent so took {_ms(b_meas)} ms at p90, simulated {_ms(b_sim)} ms (a tail the "
+        "calibration's busy requests did not show)"
     ]
 
 
