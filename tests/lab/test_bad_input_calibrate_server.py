@@ -420,3 +420,25 @@ def test_a_url_that_is_not_http_is_one_line(
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "prefixkv: error: " in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # two whole calibrations (about 25 s)
+def test_rounds_of_a_correct_server_are_pooled_into_one_profile(
+    hostile: HostileServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.json"
+    argv = ["calibrate", "--server", hostile.url, "--quick", "-q", "--rounds", "2"]
+    assert main([*argv, "-o", str(out)]) == 0
+    said, _ = capsys.readouterr()
+    assert "2 of 2 rounds kept" in said
+    rounds = json.loads(out.read_text())["fit"]["rounds"]
+    assert (rounds["count"], rounds["kept"], len(rounds["per_round"])) == (2, 2, 2)
+
+
+def test_rounds_without_a_server_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["calibrate", "--rounds", "2", "-q", "-o", str(tmp_path / "p.json")])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "--rounds goes with --server" in err
+    assert list(tmp_path.iterdir()) == []

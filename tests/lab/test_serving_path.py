@@ -392,8 +392,10 @@ def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
     from prefixkv.adapters.lab.sim.server_calibration import refit_server_profile
 
     p = calibrated_on_a_mock(seed=5, serving_repeats=2)
-    assert len(p.fit["samples"]) == p.fit["num_samples"]
     kept = p.fit["serving_path"]["samples"]
+    # the sweep's samples and the long requests' decode as the engine core timed it
+    # (one shape: their median)
+    assert len(p.fit["samples"]) + 1 == p.fit["num_samples"]
     assert len(kept["short"]) == 2 and len(kept["idle"]) == 2 * len(IDLE_PAUSES_S)
     assert "client_ttft_after_idle" in p.fit["serving_path"]["hops"]
     # samples kept before the idle requests were sent read as none
@@ -429,11 +431,13 @@ def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_
 # ------------------------------------------------------------------ waking an idle server
 
 
-def test_the_wake_cost_is_what_requests_after_the_longest_pause_take_more() -> None:
+def test_the_wake_cost_is_what_the_engine_core_takes_more_after_the_longest_pause() -> None:
     short = [hop(http=0.003, front=0.002, engine=0.005)] * 3  # 10 ms back to back
+    pauses = ((0.05, 0.0005), (0.1, 0.001), (0.2, 0.004), (0.5, 0.005))
+    # the engine core's queue + prefill grows after a pause: the step pays it
     idle = [
-        hop(http=0.003, front=0.002, engine=0.005)._replace(client_ttft_s=0.010 + e, idle_s=p)
-        for p, e in ((0.05, 0.0005), (0.1, 0.001), (0.2, 0.004), (0.5, 0.005))
+        hop(http=0.003, front=0.002, engine=0.005 + e)._replace(idle_s=p)
+        for p, e in pauses
         for _ in range(3)
     ]
     path = fit_serving_path(short, [], idle=idle)
@@ -441,9 +445,26 @@ def test_the_wake_cost_is_what_requests_after_the_longest_pause_take_more() -> N
     assert path.wake_after_s == 0.2  # the first pause that costs over half of it
     assert path.hops["client_ttft_after_idle"] == pytest.approx(0.015)
     assert fit_serving_path(short, []).wake_s is None
-    quicker = [s._replace(client_ttft_s=0.009) for s in idle]  # no dearer after a pause
+    quicker = [s._replace(engine_ttft_s=0.004) for s in idle]  # no dearer after a pause
     calm = fit_serving_path(short, [], idle=quicker)
     assert calm.wake_s == 0.0 and calm.wake_after_s == 0.5
+
+
+def test_waking_outside_the_engine_core_is_left_to_the_idle_spread_not_the_step() -> None:
+    short = [hop(http=0.003, front=0.002, engine=0.005)] * 3
+    # only the HTTP side grows after a pause: the engine core took no longer
+    idle = [
+        hop(http=0.003 + e, front=0.002, engine=0.005)._replace(idle_s=p)
+        for p, e in ((0.05, 0.0), (0.5, 0.005))
+        for _ in range(3)
+    ]
+    assert fit_serving_path(short, [], idle=idle).wake_s == 0.0
+    # a server that does not say its engine side: the client's TTFT is all there is
+    blind = [s._replace(engine_ttft_s=None, server_ttft_s=None) for s in idle]
+    bare = [s._replace(engine_ttft_s=None, server_ttft_s=None) for s in short]
+    assert fit_serving_path(bare, [], engine_model=engine_model(BASE), idle=blind).wake_s == (
+        pytest.approx(0.005)
+    )
 
 
 def test_a_step_that_wakes_an_idle_engine_pays_the_wake_cost() -> None:

@@ -142,3 +142,26 @@ def test_an_older_recording_is_read_from_its_command_and_the_rates_order(tmp_pat
     for key in ("ttft_sim", "tpot_sim", "ttft_measured", "client_stalled", "cached_exact"):
         assert a[key] == b[key]
     assert a["throughput_measured"] == pytest.approx(b["throughput_measured"])
+
+
+def test_pool_predicts_every_rate_from_all_the_recordings_calibrations(tmp_path: Path) -> None:
+    import dataclasses as dc
+
+    from prefixkv.adapters.lab.sim import save_profile
+
+    copy = _copy(tmp_path)
+    kept = load_profile(copy / "profile.json")
+    # two more calibrations of the same server: one alike, one twice as slow
+    for tag, scale in (("-2", 1.0), ("-4", 2.0)):
+        rows = [{**s, "seconds": s["seconds"] * scale} for s in kept.fit["samples"]]
+        save_profile(
+            dc.replace(kept, fit={**kept.fit, "samples": rows}), copy / f"profile{tag}.json"
+        )
+    out = tmp_path / "pooled"
+    assert sim_to_real.main(["--resimulate", str(copy), "--out", str(out), "--pool"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    rounds = doc["profile"]["fit"]["rounds"]
+    assert (rounds["count"], rounds["kept"]) == (3, 2)
+    # the two alike are kept: the fit is the one calibration's, fitted again
+    again = sim_to_real.refit_server_profile(kept)
+    assert doc["profile"]["coefficients"]["step_s"] == pytest.approx(again.step_s, rel=1e-5)

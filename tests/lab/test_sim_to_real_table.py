@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import sim_to_real
+import sim_to_real_verdict
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def run(
@@ -49,7 +52,7 @@ def test_runs_are_pooled_and_the_percentiles_compared_side_by_side() -> None:
     assert (row["runs"], row["requests"], row["cached_exact"]) == (2, 5, 5)
     assert (row["load_min"], row["load_max"]) == (0.1, 0.9)
     assert row["achieved_rps"] == pytest.approx(0.95)
-    assert row["verdict"] == "within 10%"
+    assert row["verdict"] == "TTFT within 10%; TPOT within 10%"
     table = sim_to_real.sweep_table([row])
     head, rule, line = table.splitlines()
     assert head.count("|") == rule.count("|") == line.count("|")
@@ -60,7 +63,10 @@ def test_the_verdict_names_what_is_off_and_says_saturated_before_it() -> None:
     low = run(ttft=[0.06] * 4, ttft_sim=[0.02] * 4, tpot_sim=[0.0115] * 4)
     row = sim_to_real.summarize_rate(1.0, [low])
     assert row["ttft_p50_error"] == pytest.approx(-2 / 3)
-    assert row["verdict"] == "off: TTFT p50 -67%, TTFT p90 -67%, TPOT p50 +15%, TPOT p90 +15%"
+    assert row["verdict"] == (
+        "TTFT off (p50 -67%, p90 -67%): sent to an idle server: p50 60.0 / 20.0 ms; "
+        "TPOT off (p50 +15%, p90 +15%): the server's steps ran faster than calibrated"
+    )
     busy = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[0.1], busy=0.95, achieved=8)])
     assert busy["verdict"].startswith("saturated (sim busy 95%, served 100% of offered)")
     behind = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[1.0], achieved=6.0)])
@@ -71,19 +77,51 @@ def test_a_ttft_off_with_the_steps_off_the_same_way_says_the_server_drifted() ->
     # TTFT and TPOT both 20% low: the server's steps ran slower than calibrated
     slow = run(ttft=[0.05] * 4, ttft_sim=[0.04] * 4, tpot_sim=[0.008] * 4)
     verdict = sim_to_real.summarize_rate(1.0, [slow])["verdict"]
-    assert verdict.endswith("(the server's steps ran slower than calibrated: TPOT p50 -20%)")
+    assert verdict.startswith(
+        "TTFT off (p50 -20%, p90 -20%): the server's steps ran slower than calibrated "
+        "(TPOT p50 -20%)"
+    )
     fast = run(ttft=[0.05] * 4, ttft_sim=[0.06] * 4, tpot_sim=[0.012] * 4)
     assert (
-        "ran faster than calibrated: TPOT p50 +20%"
+        "ran faster than calibrated (TPOT p50 +20%)"
         in sim_to_real.summarize_rate(1.0, [fast])["verdict"]
     )
-    # a client that stalled on over a tenth of the requests set the pace: not said
+    # a client that stalled on over a tenth of the requests set the pace: said instead
     stalled = dict(slow, client_stalled=[True, False, False, False])
-    assert "calibrated" not in sim_to_real.summarize_rate(1.0, [stalled])["verdict"]
+    said = sim_to_real.summarize_rate(1.0, [stalled])["verdict"]
+    assert "calibrated" not in said and "the client stalled on 25% of the requests" in said
     # TPOT within 10%, or off the other way: the steps are no reason
     for tpot in (0.0095, 0.012):
         other = run(ttft=[0.05] * 4, ttft_sim=[0.04] * 4, tpot_sim=[tpot] * 4)
-        assert "calibrated" not in sim_to_real.summarize_rate(1.0, [other])["verdict"]
+        assert "than calibrated (" not in sim_to_real.summarize_rate(1.0, [other])["verdict"]
+
+
+def test_a_low_p90_made_of_requests_sent_while_another_ran_is_said_so() -> None:
+    # 10 requests; the two slowest were sent while another ran and took 60 ms, where the
+    # simulator said 20 ms; the rest are exact
+    ttft = [0.015] * 8 + [0.06, 0.06]
+    r = run(ttft=ttft, ttft_sim=[0.015] * 8 + [0.02, 0.02])
+    r["busy"] = [False] * 8 + [True, True]
+    verdict = sim_to_real.summarize_rate(1.0, [r])["verdict"]
+    assert verdict.startswith("TTFT off (p90 -67%): 2 of the 2 slowest were sent while another")
+    assert "took 60.0 ms at p90, simulated 20.0 ms" in verdict
+    # the same slow requests sent to an idle server: no busy tail is named
+    r["busy"] = [True] * 8 + [False, False]
+    assert "while another" not in sim_to_real.summarize_rate(1.0, [r])["verdict"]
+
+
+def test_a_tpot_p90_off_beyond_its_p50_says_how_the_pace_varies() -> None:
+    tpot = [0.004] * 8 + [0.008, 0.008]
+    r = run(ttft=[0.02] * 10, ttft_sim=[0.02] * 10, tpot=tpot, tpot_sim=[0.004] * 10)
+    verdict = sim_to_real.summarize_rate(1.0, [r])["verdict"]
+    assert verdict == (
+        "TTFT within 10%; TPOT off (p90 -50%): the pace varies from request to request: "
+        "TPOT p90 / p50 2.00 measured, 1.00 simulated"
+    )
+    # the steps 20% slow besides: both are said
+    both = dict(r, tpot_sim=[0.0032] * 10)
+    verdict = sim_to_real.summarize_rate(1.0, [both])["verdict"]
+    assert "ran slower than calibrated; the pace varies" in verdict
 
 
 def test_one_token_outputs_leave_tpot_empty_not_wrong() -> None:
@@ -91,7 +129,8 @@ def test_one_token_outputs_leave_tpot_empty_not_wrong() -> None:
     row = sim_to_real.summarize_rate(
         0.5, [run(ttft=[0.02, 0.02], ttft_sim=[0.02, 0.02], tpot=[nan, nan], tpot_sim=[nan, nan])]
     )
-    assert math.isnan(row["tpot_p50_measured_s"]) and row["verdict"] == "within 10%"
+    assert math.isnan(row["tpot_p50_measured_s"])
+    assert row["verdict"] == "TTFT within 10%; TPOT within 10%"
     line = sim_to_real.sweep_table([row]).splitlines()[-1]
     assert "| - / - | - |" in line
 
@@ -109,7 +148,7 @@ def test_requests_the_client_stalled_on_are_counted_and_left_out() -> None:
     r["client_stalled"] = [False, False, True, False]
     row = sim_to_real.summarize_rate(1.0, [r])
     assert row["client_stalls"] == 1 and row["ttft_p90_error"] == pytest.approx(0.0)
-    assert row["verdict"] == "within 10%; client stalled on 1 (left out)"
+    assert row["verdict"] == "TTFT within 10%; TPOT within 10%; client stalled on 1 (left out)"
     assert "| 4/4 | 1 |" in sim_to_real.sweep_table([row])
 
 
@@ -126,3 +165,22 @@ def test_a_late_send_or_a_burst_read_is_the_clients_stall() -> None:
     burst = m._replace(tpot_s=2e-5, latency_s=0.02 + 9 * 2e-5)
     assert stalled(1.0, 1.0, burst._replace(chunks=10))
     assert not stalled(1.0, 1.0, burst._replace(chunks=1, tpot_s=0.0, latency_s=0.02))
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 10, allow_nan=False), st.floats(0, 3, allow_nan=False)),
+        max_size=30,
+    )
+)
+def test_busy_at_send_is_another_request_running_when_one_was_sent(
+    reqs: list[tuple[float, float]],
+) -> None:
+    sent = [s for s, _ in reqs]
+    latency = [t for _, t in reqs]
+    got = sim_to_real_verdict.busy_at_send(sent, latency)
+    for k, (s, _) in enumerate(reqs):
+        running = any(
+            j != k and (sent[j], j) < (s, k) and sent[j] + latency[j] > s for j in range(len(reqs))
+        )
+        assert got[k] == running

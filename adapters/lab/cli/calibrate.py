@@ -124,6 +124,16 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
         "however slowly it streams (default 300); each answer is also capped at 64 MiB",
     )
     src.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="with --server: calibrate N times over and fit one profile to all of them "
+        "(each shape's median over the rounds; a round far from the others dropped; the "
+        "profile says how spread they were). A small or shared machine's timings move "
+        "between minutes: 3 rounds of --quick are steadier than one full sweep",
+    )
+    src.add_argument(
         "--max-num-batched-tokens",
         type=positive_int,
         metavar="T",
@@ -145,6 +155,8 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         return 0
     if args.out is None:
         raise CLIUsageError("--out FILE is required (the profile to write)")
+    if args.rounds > 1 and args.server is None:
+        raise CLIUsageError("--rounds goes with --server")
     needs = ("numpy", "scipy", "httpx") if args.server is not None else ("numpy", "scipy")
     require_extra("calibrate", "prefixkv calibrate", needs)
     reference = args.server is None and args.from_vllm_bench is None
@@ -159,24 +171,7 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
         return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or 8192
     if args.server is not None:
-        from ..sim.http_limits import RequestLimits
-        from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
-
-        base = QUICK_SWEEP if args.quick else ServerSweep()
-        repeats = args.repeats or base.repeats
-        sweep = dataclasses.replace(base, repeats=repeats, max_num_batched_tokens=budget)
-        bar = progress(_num_runs(sweep), f"calibrate {args.server}", quiet=args.quiet, unit="run")
-        try:
-            profile = calibrate_server(
-                args.server,
-                model=args.model,
-                sweep=sweep,
-                name=args.name,
-                progress=bar.update,
-                limits=RequestLimits(deadline_s=args.request_timeout),
-            )
-        finally:
-            bar.close()
+        profile = _from_server(args, budget)
     else:
         from ..sim.bench_results import calibrate_from_vllm_bench
 
@@ -187,6 +182,34 @@ def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None
     save_profile(profile, out)
     _print_fit(profile, out)
     return interrupts.status() if interrupts.received else 0
+
+
+def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
+    """``--server``: ``--rounds`` calibrations of the server, pooled when several."""
+    from ..sim.calibration_rounds import pool_rounds
+    from ..sim.http_limits import RequestLimits
+    from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
+
+    base = QUICK_SWEEP if args.quick else ServerSweep()
+    repeats = args.repeats or base.repeats
+    sweep = dataclasses.replace(base, repeats=repeats, max_num_batched_tokens=budget)
+    runs = _num_runs(sweep) * args.rounds
+    bar = progress(runs, f"calibrate {args.server}", quiet=args.quiet, unit="run")
+    try:
+        rounds = [
+            calibrate_server(
+                args.server,
+                model=args.model,
+                sweep=sweep,
+                name=args.name,
+                progress=bar.update,
+                limits=RequestLimits(deadline_s=args.request_timeout),
+            )
+            for _ in range(args.rounds)
+        ]
+    finally:
+        bar.close()
+    return rounds[0] if len(rounds) == 1 else pool_rounds(rounds)
 
 
 def _num_runs(sweep: Any) -> int:
@@ -204,6 +227,14 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
         f"error p50 {fit['relative_error_p50']:.1%}, max {fit['relative_error_max']:.1%}"
         f" -> {out}"
     )
+    rounds = fit.get("rounds")
+    if isinstance(rounds, dict):
+        speeds = ", ".join(f"{r['speed_log']:+.2f}" for r in rounds["per_round"])
+        print(
+            f"{rounds['kept']} of {rounds['count']} rounds kept (log speed against their "
+            f"median: {speeds}); each shape's time varied "
+            f"{rounds['shape_spread_median']:.0%} across them (median; max - min over median)"
+        )
     path = fit.get("serving_path")
     if isinstance(path, dict):
         hops = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in path.get("hops", {}).items())

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MIXED_SHAPES",
     "DEFAULT_PREFILL_SHAPES",
+    "EXACT_WEIGHT",
     "QUICK_SHAPES",
     "StepSample",
     "calibrate",
@@ -78,7 +79,9 @@ class StepSample(NamedTuple):
     A step of the engine by default; a served request's time to first token is
     ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``)
     plus the front end streaming the ``num_streamed`` tokens of its step
-    (``stream_token_s``).
+    (``stream_token_s``). ``runs``: how many timed runs its seconds are the median
+    of; the fit weighs a sample by its square root (the standard error of a median
+    falls as one over it), so a time many runs agree on counts for more.
     """
 
     prefill_tokens: int
@@ -89,6 +92,7 @@ class StepSample(NamedTuple):
     num_steps: int = 1
     num_requests: int = 0
     num_streamed: int = 0
+    runs: int = 1
 
 
 def _steps(
@@ -281,6 +285,10 @@ def _least_seconds(
     return best
 
 
+EXACT_WEIGHT = 1000.0
+"""How many times an ``exact`` sample's relative error counts in :func:`fit_profile`."""
+
+
 def fit_profile(
     samples: Sequence[StepSample],
     *,
@@ -290,9 +298,14 @@ def fit_profile(
     source: str,
     notes: str = "",
     known: Mapping[str, float] | None = None,
+    exact: Sequence[StepSample] = (),
     **metadata: Any,
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
+
+    Each sample's relative error counts ``sqrt(runs)`` times, the ``exact`` ones' (a
+    clock inside the engine measured them) :data:`EXACT_WEIGHT` times more: the fit
+    goes through them where the coefficients can, and fits the rest around them.
 
     ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
     ``stream_token_s`` when one counts streamed tokens, unless ``known`` gives it
@@ -308,19 +321,10 @@ def fit_profile(
     import numpy as np
 
     fixed = dict(known or {})
-    if not set(fixed) <= {"request_s", "stream_token_s"}:
-        raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
-    served = "request_s" not in fixed and any(s.num_requests for s in samples)
-    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
-    names = (
-        *COEFFICIENTS,
-        *(["request_s"] if served else []),
-        *(["stream_token_s"] if streamed else []),
-    )
-    if len(samples) < len(names):
-        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
+    names, served, streamed = _fitted_names(samples, fixed)
+    samples = [*samples, *exact]
     work, measured, outside = _design(samples, served, streamed, fixed)
-    coef = _relative_nnls(work, measured, outside)
+    coef = _relative_nnls(work, measured, outside, _weights(samples, len(exact)))
     error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     fitted.update(fixed)
@@ -339,6 +343,40 @@ def fit_profile(
         **fitted,
         **metadata,
     )
+
+
+def _fitted_names(
+    samples: Sequence[StepSample], fixed: Mapping[str, float]
+) -> tuple[tuple[str, ...], bool, bool]:
+    """The coefficients to fit, and whether ``request_s`` and ``stream_token_s`` are
+    among them (a sample counts them and ``fixed`` does not give them).
+
+    Raises:
+        ValueError: fewer samples than coefficients; a ``fixed`` name other than
+            ``request_s`` or ``stream_token_s``.
+    """
+    if not set(fixed) <= {"request_s", "stream_token_s"}:
+        raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
+    served = "request_s" not in fixed and any(s.num_requests for s in samples)
+    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
+    names = (
+        *COEFFICIENTS,
+        *(["request_s"] if served else []),
+        *(["stream_token_s"] if streamed else []),
+    )
+    if len(samples) < len(names):
+        raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
+    return names, served, streamed
+
+
+def _weights(samples: Sequence[StepSample], num_exact: int) -> Any:
+    """Each sample's weight: ``sqrt(runs)``, the last ``num_exact`` ones
+    :data:`EXACT_WEIGHT` times that."""
+    import numpy as np
+
+    weight = np.sqrt([max(1, s.runs) for s in samples])
+    weight[len(samples) - num_exact :] *= EXACT_WEIGHT
+    return weight
 
 
 def _design(
@@ -368,9 +406,10 @@ def _design(
     return work, measured, outside
 
 
-def _relative_nnls(work: Any, measured: Any, outside: Any) -> Any:
+def _relative_nnls(work: Any, measured: Any, outside: Any, weight: Any = None) -> Any:
     """Non-negative coefficients of ``work`` (one row per sample) that fit what the
-    steps took, ``measured - outside``, by relative error."""
+    steps took, ``measured - outside``, by relative error, each row's error times its
+    ``weight`` (default 1)."""
     import numpy as np
     from scipy.optimize import nnls
 
@@ -378,10 +417,11 @@ def _relative_nnls(work: Any, measured: Any, outside: Any) -> Any:
     # 1% of its time, so that its weight in the relative fit stays bounded).
     seconds = np.maximum(measured - outside, 0.01 * measured)
     # Columns are scaled to unit norm first: their units differ by orders of magnitude.
-    weighted = work / seconds[:, None]
+    w = np.ones_like(seconds) if weight is None else np.asarray(weight, dtype=float)
+    weighted = work * (w / seconds)[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(weighted / scale, np.ones_like(seconds))
+    coef, _ = nnls(weighted / scale, w)
     return coef / scale
 
 

@@ -9,8 +9,9 @@ metadata before the forward pass. None of that grows with the prompt, so the ste
 (``vllm:request_queue_time_seconds`` + ``vllm:request_prefill_time_seconds``), a
 decode step 4-5 ms, and the step model priced its prefill step at 3.7 ms.
 
-:func:`fit_admit_s` measures it from the serving path's lone one-token requests
-(:mod:`.serving_path`): the median of what the engine core said each took (queue +
+:func:`fit_admit_s` measures it from the serving path's one-token requests sent back
+to back (:mod:`.serving_path`; not those sent after a pause, whose engine time holds
+waking too, ``wake_s``): the median of what the engine core said each took (queue +
 prefill) less the step model's price of its one step. The simulator adds it to a step
 that first schedules a request, once a step (:class:`~.runner.Replica`): requests that
 come one at a time cannot tell a cost per request from one per step, and the one per
@@ -32,7 +33,8 @@ def fit_admit_s(lone: Sequence[HopSample], model: EngineModel) -> float | None:
     step model's price of its first step (the median over ``lone``, at least 0).
 
     Args:
-        lone: requests sent one at a time (the serving path's short and idle ones).
+        lone: requests sent one at a time, back to back (the serving path's short
+            ones).
         model: the step model (:func:`~.serving_path.engine_model` of the profile
             the simulator prices steps with).
 

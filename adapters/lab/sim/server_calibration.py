@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .engine_admit import fit_admit_s
+from .engine_decode import decode_samples
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
@@ -51,6 +53,7 @@ from .serving_path import (
     PROMPT_TOKENS,
     HopSample,
     HopSamples,
+    ServingPath,
     engine_model,
     fit_serving_path,
     measure_hops,
@@ -58,12 +61,14 @@ from .serving_path import (
 from .serving_spread import quantile_table
 
 __all__ = [
+    "KEPT_FIELDS",
     "QUICK_SWEEP",
     "ServerSweep",
     "batch_sample",
     "calibrate_server",
     "client_machine",
     "fit_server",
+    "kept_samples",
     "measure_server",
     "refit_server_profile",
 ]
@@ -157,6 +162,7 @@ def batch_sample(
         num_steps=-(-b * ctx // sweep.max_num_batched_tokens) + n,
         num_requests=1,
         num_streamed=b,
+        runs=sweep.repeats,
     )
 
 
@@ -261,6 +267,7 @@ async def _prefill_sample(
         num_steps=-(-q // sweep.max_num_batched_tokens),
         num_requests=1,
         num_streamed=1,
+        runs=sweep.repeats,
     )
 
 
@@ -313,7 +320,7 @@ async def _under_streams(
     q = _PROBE
     return StepSample(
         q, attention_pairs(q, 0), n, n * (_BACKGROUND + 64), statistics.median(ttfts),
-        num_steps=1, num_requests=1, num_streamed=n + 1,
+        num_steps=1, num_requests=1, num_streamed=n + 1, runs=sweep.repeats,
     )  # fmt: skip
 
 
@@ -409,7 +416,7 @@ def _described(
     }
 
 
-_KEPT = (
+KEPT_FIELDS = (
     "name", "model", "device", "source", "notes", "measured_on", "covers",
     "kv_bytes_per_token", "device_memory_bytes", "weight_bytes", "kv_cache_tokens",
 )  # fmt: skip
@@ -443,13 +450,24 @@ def fit_server(
     path = fit_serving_path(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
-    profile = fit(known=path.known())
+    # The lone long requests' decode as the engine core timed it: steps no client or
+    # front-end stall lengthened.
+    profile = fit(known=path.known(), exact=decode_samples(hops.long))
+    return _with_serving_path(profile, path, hops, saved)
+
+
+def _with_serving_path(
+    profile: CostProfile, path: ServingPath, hops: HopSamples, saved: dict[str, Any]
+) -> CostProfile:
+    """``profile`` (its steps fitted) with the serving path's terms and spreads."""
     # What the engine core's own time for a lone request holds beyond the fitted step
-    # model's price of its step: taking the request in (priced once a step).
-    lone = [*hops.short, *hops.idle]
-    admit_s = fit_admit_s(lone, engine_model(profile))
-    # How the time outside the engine varies, sent to an idle and to a busy server.
-    idle_spread = quantile_table(_outside(lone))
+    # model's price of its step: taking the request in (priced once a step). Sent back
+    # to back (the short requests): no waking in it.
+    admit_s = fit_admit_s(hops.short, engine_model(profile))
+    # How the time outside the engine varies, sent to an idle and to a busy server:
+    # a request sent to an idle server came after it idled (the idle requests; the
+    # short ones where none were sent).
+    idle_spread = quantile_table(_outside(hops.idle or hops.short))
     busy_spread = quantile_table(_outside(hops.busy))
     fitted = {
         **profile.fit,
@@ -492,12 +510,35 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
         ProfileError: the profile keeps neither samples nor serving-path medians
             (not made by ``calibrate --server``), or they are not samples.
     """
+    rows = profile.fit.get("samples")
+    if not isinstance(rows, list) or not rows:
+        return _refit_from_hops(profile, f"profile {profile.name!r}")
+    samples, hops = kept_samples(profile)
+    try:
+        return fit_server(samples, hops, **{k: getattr(profile, k) for k in KEPT_FIELDS})
+    except ValueError as exc:
+        raise ProfileError(
+            f"profile {profile.name!r}: cannot fit its samples again ({exc})"
+        ) from None
+
+
+def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | None]:
+    """The sweep's and the serving path's samples ``calibrate --server`` kept in
+    ``profile`` (``None``: no serving path was timed).
+
+    Raises:
+        ProfileError: it keeps no samples, or they are not samples.
+    """
     where = f"profile {profile.name!r}"
     rows = profile.fit.get("samples")
     if not isinstance(rows, list) or not rows:
-        return _refit_from_hops(profile, where)
+        raise ProfileError(
+            f"{where} keeps no calibration samples (not made by calibrate --server); "
+            "calibrate --server again"
+        )
+    runs = _recorded_runs(profile.notes)
     try:
-        samples = [StepSample(**row) for row in rows]
+        samples = [StepSample(**{"runs": runs, **row}) for row in rows]
     except TypeError as exc:
         raise ProfileError(f"{where}: a sample is not a step sample ({exc})") from None
     for s in samples:
@@ -509,10 +550,17 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
     hops = None
     if isinstance(path, dict) and "samples" in path:
         hops = HopSamples.from_json(path["samples"], f"{where}: serving path samples")
-    try:
-        return fit_server(samples, hops, **{k: getattr(profile, k) for k in _KEPT})
-    except ValueError as exc:
-        raise ProfileError(f"{where}: cannot fit its samples again ({exc})") from None
+    return samples, hops
+
+
+_RUNS = re.compile(r"median of (\d{1,4}) runs each")
+
+
+def _recorded_runs(notes: str) -> int:
+    """The runs each sweep sample is the median of, for samples kept before they said
+    it: what the profile's notes say (``median of 3 runs each``), else 1."""
+    m = _RUNS.search(notes)
+    return max(1, int(m.group(1))) if m else 1
 
 
 def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:

@@ -253,7 +253,8 @@ def fit_serving_path(
         engine_model: the step model, standing for the engine's queue and prefill time
             where a sample does not say it: ``request_s`` is what lies outside that.
         idle: short requests sent after the server idled (``idle_s``): ``wake_s`` is
-            how much longer they took after the longest pause than ``short`` did, and
+            how much longer the engine core took for them after the longest pause than
+            for ``short`` (the client's TTFT where the server does not say), and
             ``wake_after_s`` the shortest pause after which they took over half that.
 
     Returns:
@@ -275,7 +276,7 @@ def fit_serving_path(
         0.0, statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
     )
     hops = _client_hops(short, long, engine_model)
-    wake = _wake(idle, hops["client_ttft"])
+    wake = _wake(idle, short)
     if wake is not None:
         hops["client_ttft_after_idle"] = wake.client_ttft
     hops.update(_split_hops(short))
@@ -335,20 +336,33 @@ class _Wake(NamedTuple):
     wake_after_s: float
 
 
-def _wake(idle: Sequence[HopSample], client_ttft: float) -> _Wake | None:
-    """How much longer than ``client_ttft`` (the short requests' median) ``idle`` took
-    after the longest pause, and the shortest pause after which they took over half
-    that (``None``: no ``idle``)."""
+def _wake(idle: Sequence[HopSample], short: Sequence[HopSample]) -> _Wake | None:
+    """How much longer than ``short`` (sent back to back) ``idle`` took after the
+    longest pause, and the shortest pause after which they took over half that
+    (``None``: no ``idle``).
+
+    Where the server says every request's engine side, only the engine core's queue +
+    prefill time counts: what waking costs outside the engine core is in the time
+    outside it that the idle requests' spread holds (:mod:`.serving_spread`), and the
+    simulator draws that for a request sent to an idle server; counting it again in
+    the step would price it twice. Else the client's TTFT counts."""
     if not idle:
         return None
-    by_pause: dict[float, list[float]] = {}
+    engine_side = all(s.engine_ttft_s is not None for s in (*idle, *short))
+
+    def took(s: HopSample) -> float:
+        return s.engine_ttft_s if engine_side and s.engine_ttft_s is not None else s.client_ttft_s
+
+    base = statistics.median(took(s) for s in short)
+    by_pause: dict[float, list[HopSample]] = {}
     for s in idle:
-        by_pause.setdefault(s.idle_s, []).append(s.client_ttft_s)
-    excess = {p: statistics.median(v) - client_ttft for p, v in by_pause.items()}
+        by_pause.setdefault(s.idle_s, []).append(s)
+    excess = {p: statistics.median(took(s) for s in v) - base for p, v in by_pause.items()}
     longest = max(excess)
     wake_s = max(0.0, excess[longest])
     wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
-    return _Wake(statistics.median(by_pause[longest]), wake_s, wake_after_s)
+    client_ttft = statistics.median(s.client_ttft_s for s in by_pause[longest])
+    return _Wake(client_ttft, wake_s, wake_after_s)
 
 
 def _split_hops(short: Sequence[HopSample]) -> dict[str, float]:

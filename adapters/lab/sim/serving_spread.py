@@ -12,7 +12,8 @@ So the calibration keeps the distribution, as quantiles (:data:`QUANTILES`) of w
 request spent outside the engine core's queue + prefill time (the client's TTFT less
 vLLM's ``/metrics`` figures, :mod:`.serving_path`):
 
-- ``request_spread_s``: requests sent to an idle server (the short and idle ones);
+- ``request_spread_s``: requests sent to an idle server after a pause (the idle ones;
+  the short ones, sent back to back, where a profile has none);
 - ``busy_request_spread_s``: requests sent while another request decodes (the busy
   ones: a long request streams meanwhile).
 

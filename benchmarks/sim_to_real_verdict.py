@@ -1,0 +1,153 @@
+"""The sim-to-real table's verdict: per rate, "within 10%" or why not, in words.
+
+A rate below saturation is held to 10% at TTFT and TPOT p50 and p90. Where an error is
+larger, the verdict says which and names what the recording shows about it, each from
+the measured requests alone (nothing is fitted to them):
+
+- **the client stalled**: over a tenth of the requests were sent late or read in one
+  burst by the load generator, which shares the cores with the server; what is left
+  is not the server's pace;
+- **the server drifted**: TPOT p50 is off the same way as the TTFT error, so the
+  server's steps ran faster or slower than the calibration measured them;
+- **the busy tail**: TTFT p90 is low and most of the measured top decile was sent
+  while another request was running (the client's view: sent before it ended);
+  their TTFT p90, measured and simulated, says how long the tail is that the
+  calibration's busy requests did not show;
+- **idle requests**: TTFT p50 is off; the requests sent to an idle server, measured
+  and simulated (the serving path and the prefill step, no queue);
+- **pace from request to request**: TPOT p90 is off by over 10 points more than p50
+  is; the ratio of TPOT p90 to p50, measured and simulated (the step model prices
+  every step of a shape alike; the server's pace varies from one request to the
+  next).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["WITHIN", "busy_at_send", "verdict"]
+
+WITHIN = 0.10
+"""The error the simulator is held to at p50 and p90 below saturation."""
+
+
+def busy_at_send(sent: Sequence[float], latency: Sequence[float]) -> list[bool]:
+    """Per request, whether another one was running when it was sent (sent before it
+    and not yet done), as the client saw them. O(n log n)."""
+    order = sorted(range(len(sent)), key=lambda k: sent[k])
+    out = [False] * len(sent)
+    latest_end = -math.inf
+    for k in order:
+        out[k] = latest_end > sent[k]
+        latest_end = max(latest_end, sent[k] + latency[k])
+    return out
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    finite = sorted(v for v in values if not math.isnan(v))
+    if not finite:
+        return math.nan
+    pos = (len(finite) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(finite) - 1)
+    return finite[lo] + (finite[hi] - finite[lo]) * (pos - lo)
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:.0f}" if v >= 0.0995 else f"{v * 1e3:.1f}"
+
+
+def verdict(row: dict[str, Any], pooled: dict[str, list[Any]]) -> str:
+    """What a rate's row says, below saturation (see the module docstring).
+
+    Args:
+        row: the rate's errors (``ttft_p50_error``, ...), ``client_stalls`` and
+            ``requests``.
+        pooled: the requests kept (not stalled), pooled over the runs:
+            ``ttft_measured``, ``ttft_sim``, ``tpot_measured``, ``tpot_sim`` and
+            ``busy`` (sent while another ran).
+    """
+    stalled = row["client_stalls"] > WITHIN * row["requests"]
+    parts = []
+    for metric in ("ttft", "tpot"):
+        errors = {q: row[f"{metric}_p{q}_error"] for q in (50, 90)}
+        off = {q: e for q, e in errors.items() if not math.isnan(e) and abs(e) > WITHIN}
+        name = metric.upper()
+        if not off:
+            parts.append(f"{name} within {WITHIN:.0%}")
+            continue
+        said = ", ".join(f"p{q} {e:+.0%}" for q, e in off.items())
+        why = [] if stalled else _why(metric, off, row, pooled)
+        parts.append(f"{name} off ({said}){': ' + '; '.join(why) if why else ''}")
+    text = "; ".join(parts)
+    if stalled and any(p.endswith(")") for p in parts):
+        share = row["client_stalls"] / row["requests"]
+        text += (
+            f" - the client stalled on {share:.0%} of the requests (the load generator "
+            "shares the cores): what is left is not the server's pace"
+        )
+    return text
+
+
+def _why(
+    metric: str, off: dict[int, float], row: dict[str, Any], pooled: dict[str, list[Any]]
+) -> list[str]:
+    """The reasons the recording shows for ``metric``'s errors ``off``."""
+    why = []
+    tpot = row["tpot_p50_error"]
+    drift = not math.isnan(tpot) and abs(tpot) > WITHIN
+    pace = "slower" if tpot < 0 else "faster"
+    if metric == "ttft":
+        if drift and any((e < 0) == (tpot < 0) for e in off.values()):
+            why.append(f"the server's steps ran {pace} than calibrated (TPOT p50 {tpot:+.0%})")
+        if off.get(90, 0.0) < -WITHIN:
+            why += _busy_tail(pooled)
+        if 50 in off:
+            why += _idle(pooled)
+    else:
+        if drift:
+            why.append(f"the server's steps ran {pace} than calibrated")
+        if 90 in off and abs(off[90]) > abs(off.get(50, 0.0)) + WITHIN:
+            why += _pace(pooled)
+    return why
+
+
+def _busy_tail(pooled: dict[str, list[Any]]) -> list[str]:
+    """The measured top decile of TTFT, if mostly requests sent while another ran."""
+    ttft, sim, busy = pooled["ttft_measured"], pooled["ttft_sim"], pooled["busy"]
+    cut = _pct(ttft, 90)
+    top = [k for k, t in enumerate(ttft) if t >= cut]
+    in_busy = sum(busy[k] for k in top)
+    if not top or 2 * in_busy < len(top):
+        return []
+    b_meas = _pct([t for t, b in zip(ttft, busy, strict=True) if b], 90)
+    b_sim = _pct([t for t, b in zip(sim, busy, strict=True) if b], 90)
+    return [
+        f"{in_busy} of the {len(top)} slowest were sent while another request ran: those "
+        f"sent so took {_ms(b_meas)} ms at p90, simulated {_ms(b_sim)} ms (a tail the "
+        "calibration's busy requests did not show)"
+    ]
+
+
+def _idle(pooled: dict[str, list[Any]]) -> list[str]:
+    busy = pooled["busy"]
+    meas = [t for t, b in zip(pooled["ttft_measured"], busy, strict=True) if not b]
+    sim = [t for t, b in zip(pooled["ttft_sim"], busy, strict=True) if not b]
+    if not meas:
+        return []
+    return [f"sent to an idle server: p50 {_ms(_pct(meas, 50))} / {_ms(_pct(sim, 50))} ms"]
+
+
+def _pace(pooled: dict[str, list[Any]]) -> list[str]:
+    ratios = []
+    for key in ("tpot_measured", "tpot_sim"):
+        p50, p90 = _pct(pooled[key], 50), _pct(pooled[key], 90)
+        ratios.append(p90 / p50 if p50 > 0 else math.nan)
+    if any(math.isnan(r) for r in ratios):
+        return []
+    return [
+        f"the pace varies from request to request: TPOT p90 / p50 {ratios[0]:.2f} measured, "
+        f"{ratios[1]:.2f} simulated"
+    ]
