@@ -27,8 +27,7 @@ from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import TraceRequest, TraceSource, open_trace, stats_of
-from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
-from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.lab.workloads import WORKLOADS, Workload, make_workload, trace_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies

@@ -21,7 +21,7 @@ from ..cluster.rate_sweep import fleet_start_rate
 from ..sim.model_config import ModelConfig
 from ..sim.profile import CostProfile
 from ..sim.rate_sweep import rate_schedule
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .common import capacities, capacity_warnings
 from .model_flags import admission_rule, model_line
 

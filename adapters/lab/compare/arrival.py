@@ -43,7 +43,7 @@ from ..sim.arrivals import check_request_rate, check_time_scale
 from ..sim.load import LoadSummary, Slo, summarize_load
 from ..sim.requests import from_trace
 from ..traces import TraceSource
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .spec import BackendSpec, Bars, Scalar
 
 __all__ = [

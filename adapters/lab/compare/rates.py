@@ -25,7 +25,7 @@ from ..sim.rate_sweep import (
     start_rate,
     sweep_rates,
 )
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .arrival import ArrivalRun, Scheduler, TimeSettings, run_arrival
 from .spec import BackendSpec, Bars
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
 from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .anchors import CapacityAnchor, knee
 from .arrival import ArrivalRun, TimeSettings, run_arrival
 from .capacity_search import KNEE_SHARE, CapacitySearch
