@@ -39,15 +39,15 @@ from ..cluster.experiment import (
     arrival_span,
     plan_experiment,
     run_experiment,
+    run_rate_sweep,
 )
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
-from ..cluster.rate_sweep import run_rate_sweep
 from ..cluster.run import ClusterSettings
-from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
+from ..sim.arrivals import sim_requests
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
 from .common import (
     CLIUsageError,
@@ -391,8 +391,8 @@ def _run_all(
             )  # fmt: skip
             if rates.sweep:
                 run_rate_sweep(
-                    stream, specs, config, rates.sweep, auto=rates.auto, done=results,
-                    fleet=fleet_factory, on_run=on_run, into=results,
+                    stream, specs, config, rates.sweep, auto=rates.auto, fleet=fleet_factory,
+                    on_run=on_run, into=results,
                 )  # fmt: skip
     except ClusterInterrupted as stop:
         results = stop.results

@@ -158,13 +158,9 @@ class SimReplica(Replica):
         # Tokens reach the router at the step's end: no streaming front end.
         super().__init__(pool.seat, config, profile, start_time=start_time, stream=False)
         self.pool = pool
-        self.index = pool.index
-        self.block_size = pool.block_size
-        self.num_blocks = pool.num_blocks
         self.replica_id = replica_id
-        self.config = config
         self.publisher = EventPublisher(buffer_steps)
-        self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
+        self.local = LocalIndexer(pool.block_size, keep_tokens=keep_tokens)
         self.data_parallel_rank = data_parallel_rank
         self.check_scheme = check_scheme
         self._batches: list[SeqBatch] = []
@@ -241,7 +237,7 @@ class SimReplica(Replica):
             m = seq.metrics
             if m.first_scheduled_s != now or seq.num_admissions != 1:
                 continue
-            hit_blocks = m.hit_tokens // self.block_size
+            hit_blocks = m.hit_tokens // self.pool.block_size
             announced = self.local.prefix(self._hashes.get(m.request_id, []))
             if hit_blocks > announced:
                 self._violations.append(
@@ -275,7 +271,7 @@ class SimReplica(Replica):
             self._finished,
             len(self.schedule.waiting),
             len(self.schedule.running),
-            held / self.num_blocks,
+            held / self.pool.num_blocks,
             self.busy_s,
             self._violations,
         )

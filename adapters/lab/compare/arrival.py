@@ -101,7 +101,7 @@ class TimeSettings:
         rates: more request rates to sweep at the table's capacity, beside
             ``request_rate`` (:mod:`.rates`).
         auto_rates: sweep rates from ``request_rate`` doubling until each backend is
-            overloaded (at most :data:`~.rates.MAX_AUTO_RATES` rates).
+            overloaded (at most :data:`~..sim.rate_sweep.MAX_AUTO_RATES` rates).
 
     Raises:
         SimSettingsError: neither or both of ``request_rate`` and ``time_scale``, a
