@@ -77,6 +77,11 @@ def test_sim_request_validates() -> None:
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
             SimRequest("i", array("I", [1]), 1, arrival)
+    for think in (-1.0, math.nan, math.inf, True):
+        with pytest.raises(SimInputError, match="think_s"):
+            SimRequest("t", array("I", [1]), 1, 0.0, after="s", think_s=think)
+    with pytest.raises(SimInputError, match="after"):
+        SimRequest("s", array("I", [1]), 1, after="s")
     with pytest.raises(SimInputError, match="output_len"):
         SimRequest("j", array("I", [1]), 2, None, array("I", [1]))
     with pytest.raises(SimInputError, match="array"):
