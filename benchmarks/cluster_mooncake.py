@@ -50,8 +50,8 @@ from prefixkv.adapters.lab.cluster.experiment import (
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterSettings
-from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.outputs.cluster import write_report
+from prefixkv.adapters.lab.sim.arrivals import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import ReadSettings, open_trace
 from prefixkv.adapters.outputs import atomic_writer

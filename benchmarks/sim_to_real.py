@@ -98,7 +98,7 @@ from prefixkv.adapters.lab.sim.server_calibration import (
     client_machine,
     refit_server_profile,
 )
-from prefixkv.adapters.lab.workload_sources import load_workloads
+from prefixkv.adapters.lab.workloads import load_workloads
 from prefixkv.indexes import make_index
 from prefixkv.indexes.tokens import as_token_array
 

@@ -23,7 +23,7 @@ from prefixkv.adapters.servable import unservable
 
 from .compare.spec import CapacityError, CompareError
 from .traces import TraceRequest, TraceSource, TraceStats
-from .workload_sources import Workload
+from .workloads import Workload
 
 __all__ = ["AdmissionRule", "Rejections", "admit", "length_rule"]
 

@@ -21,13 +21,13 @@ from typing import Any, cast
 import pytest
 from helpers import TEST_DATA, interrupt_after
 
-from prefixkv.adapters.lab.cli import main, parse_token_count, parse_token_counts
+from prefixkv.adapters.lab.cli import main
+from prefixkv.adapters.lab.cli.common import parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import BackendRun, parse_backends
 from prefixkv.adapters.lab.compare.k_live import RequestHits, percentile, select_strip_requests
 from prefixkv.adapters.lab.compare.plan import sweep_capacities
 from prefixkv.adapters.lab.traces import write_trace
-from prefixkv.adapters.lab.workload_sources import seed_example
-from prefixkv.adapters.lab.workloads import make_workload
+from prefixkv.adapters.lab.workloads import make_workload, seed_example
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

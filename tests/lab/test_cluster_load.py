@@ -21,7 +21,7 @@ from prefixkv.adapters.lab.sim.rate_sweep import (
     saturation_of,
     sweep_rates,
 )
-from prefixkv.adapters.lab.workload_sources import load_workloads
+from prefixkv.adapters.lab.workloads import load_workloads
 
 SMALL = ("--replicas", "2", "--policies", "round_robin,dynamo", "--no-plots", "--quiet")
 

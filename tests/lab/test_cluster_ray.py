@@ -22,7 +22,7 @@ import pytest
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
-from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.sim.arrivals import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 

@@ -13,10 +13,10 @@ import pytest
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
-from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
 from prefixkv.adapters.lab.outputs import cluster as report
 from prefixkv.adapters.lab.outputs import plots
 from prefixkv.adapters.lab.outputs.markdown import table
+from prefixkv.adapters.lab.sim.arrivals import sim_requests
 from prefixkv.adapters.lab.workloads import make_workload
 
 CFG = ClusterSettings(num_replicas=2, capacity_tokens=4096, block_size=16)

@@ -20,7 +20,7 @@ from prefixkv.adapters.lab.cluster.experiment import run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
-from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
+from prefixkv.adapters.lab.sim.arrivals import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.adapters.router.policies import POLICIES

@@ -296,6 +296,18 @@ def test_compare_backends_returns_dataframes() -> None:
     assert len(t.comparison.request_rows()) == len(t.requests)
 
 
+def test_rate_sweep_runs_each_backend_once_per_rate_the_table_included() -> None:
+    options = CompareOptions(["seed"], indexes="hash_chain,radix", request_rate=2.0,
+                             rate_sweep=[1.0, 2.0, 4.0], timing_repeats=0)  # fmt: skip
+    (w,) = compare_backends(options).comparison.workloads
+    runs = sorted((r.backend, r.settings.request_rate, r.role) for r in w.arrival_runs)
+    assert runs == [
+        (b, rate, "table" if rate == 2.0 else "rate")
+        for b in ("hash_chain", "radix")
+        for rate in (1.0, 2.0, 4.0)
+    ]
+
+
 def test_compare_backends_without_pandas_gives_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now fails
     t = compare_backends(CompareOptions(["seed"], indexes="radix"), timing_repeats=0)

@@ -29,7 +29,7 @@ from prefixkv.adapters.lab.sim.model_config import (
     load_model_config,
 )
 from prefixkv.adapters.lab.sim.profile import load_profile
-from prefixkv.adapters.lab.workload_sources import load_workloads
+from prefixkv.adapters.lab.workloads import load_workloads
 
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
 GiB = 2**30

@@ -19,7 +19,7 @@ from helpers import ROOT
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.traces import write_trace
-from prefixkv.adapters.lab.workload_sources import seed_example
+from prefixkv.adapters.lab.workloads import seed_example
 from prefixkv.adapters.outputs import (
     OutputError,
     atomic_writer,

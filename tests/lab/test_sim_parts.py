@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
+from prefixkv.adapters.lab.cluster.sim_replica import SharedPool
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     DEFAULT_PROFILE,
@@ -35,8 +37,10 @@ from prefixkv.adapters.lab.sim import (
     with_arrivals,
 )
 from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
+from prefixkv.adapters.lab.sim.replica import pool_seat
 from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes import InvalidTokenError
+from prefixkv.indexes.registry import make_index
 
 # --------------------------------------------------------------------- requests
 
@@ -77,10 +81,30 @@ def test_sim_request_validates() -> None:
     for arrival in (-1.0, math.nan, math.inf, True):
         with pytest.raises(SimInputError, match="arrival"):
             SimRequest("i", array("I", [1]), 1, arrival)
+    for think in (-1.0, math.nan, math.inf, True):
+        with pytest.raises(SimInputError, match="think_s"):
+            SimRequest("t", array("I", [1]), 1, 0.0, after="s", think_s=think)
+    with pytest.raises(SimInputError, match="after"):
+        SimRequest("s", array("I", [1]), 1, after="s")
     with pytest.raises(SimInputError, match="output_len"):
         SimRequest("j", array("I", [1]), 2, None, array("I", [1]))
     with pytest.raises(SimInputError, match="array"):
         SimRequest("k", [1], 1)  # type: ignore[arg-type]
+
+
+def test_a_pool_that_holds_no_block_is_refused_with_each_rooms_error() -> None:
+    def factory() -> Any:
+        return make_index("hash_chain", 16)
+
+    for bad in (0, -16, 16.0, True):
+        with pytest.raises(SimSettingsError, match="positive int"):
+            pool_seat("mixed", factory, bad)  # type: ignore[arg-type]
+    with pytest.raises(SimSettingsError, match="15 holds no block of 16 tokens"):
+        pool_seat("prefill_first", factory, 15)
+    with pytest.raises(ClusterSettingsError, match="15 holds no block of 16 tokens"):
+        SharedPool(factory, 15, "mixed", events=True)
+    index, seat = pool_seat("mixed", factory, 32)
+    assert index.block_size == 16 and seat.num_blocks == 2
 
 
 # --------------------------------------------------------------------- arrivals

@@ -774,8 +774,8 @@ def test_a_front_end_streaming_cost_delays_what_clients_see() -> None:
 
 def test_a_cluster_replays_sessions_closed_loop_and_flags_a_policy_above_pooled() -> None:
     from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
-    from prefixkv.adapters.lab.cluster.trace_requests import sim_requests
     from prefixkv.adapters.lab.outputs.cluster import POOLED_MEANING, report_notes
+    from prefixkv.adapters.lab.sim.arrivals import sim_requests
     from prefixkv.adapters.lab.workloads import make_workload
 
     w = make_workload("multi_turn", num_sessions=12, turns=(2, 5), system_len=64, seed=3)

@@ -27,8 +27,7 @@ from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import TraceRequest, TraceSource, open_trace, stats_of
-from prefixkv.adapters.lab.workload_sources import Workload, trace_workload
-from prefixkv.adapters.lab.workloads import WORKLOADS, make_workload
+from prefixkv.adapters.lab.workloads import WORKLOADS, Workload, make_workload, trace_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
@@ -40,15 +39,15 @@ from ..cluster.experiment import (
     arrival_span,
     plan_experiment,
     run_experiment,
+    run_rate_sweep,
 )
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
-from ..cluster.rate_sweep import run_rate_sweep
 from ..cluster.run import ClusterSettings
-from ..cluster.trace_requests import sim_requests
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
+from ..sim.arrivals import sim_requests
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
 from .common import (
     CLIUsageError,
@@ -392,8 +391,8 @@ def _run_all(
             )  # fmt: skip
             if rates.sweep:
                 run_rate_sweep(
-                    stream, specs, config, rates.sweep, auto=rates.auto, done=results,
-                    fleet=fleet_factory, on_run=on_run, into=results,
+                    stream, specs, config, rates.sweep, auto=rates.auto, fleet=fleet_factory,
+                    on_run=on_run, into=results,
                 )  # fmt: skip
     except ClusterInterrupted as stop:
         results = stop.results

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..admission import admit
-from ..cluster.rate_sweep import fleet_start_rate
 from ..sim.model_config import ModelConfig
 from ..sim.profile import CostProfile
-from ..sim.rate_sweep import rate_schedule
-from ..workload_sources import Workload
+from ..sim.rate_sweep import rate_schedule, start_rate
+from ..workloads import Workload
 from .common import capacities, capacity_warnings
 from .model_flags import admission_rule, model_line
 
@@ -108,13 +107,13 @@ class Rates:
 
 
 def rates_of(args: argparse.Namespace, workload: Workload, profile: CostProfile) -> Rates:
-    """``--request-rate`` resolved: ``auto`` starts at :func:`fleet_start_rate` for the
-    first fleet size; a built-in workload without a rate gets 2 requests/s."""
+    """``--request-rate`` resolved: ``auto`` starts at the first fleet size times the
+    rate one replica serves with room to spare (:func:`~..sim.rate_sweep.start_rate`);
+    a built-in workload without a rate gets 2 requests/s."""
     asked = args.request_rate
     if asked == "auto":
-        first = fleet_start_rate(
-            workload.stats, profile, args.max_num_batched_tokens, args.replicas[0]
-        )
+        one = start_rate(workload.stats, profile, args.max_num_batched_tokens)
+        first = args.replicas[0] * one
         return Rates(first, tuple(rate_schedule(first, auto=True)), auto=True)
     if asked is None:
         return Rates(_BUILT_IN_RATE if args.trace is None else None)

@@ -19,7 +19,7 @@ from ..progress import Progress, progress
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
 from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
-from ..workload_sources import Workload, load_workloads
+from ..workloads import Workload, load_workloads
 from .signals import EXIT_INTERRUPTED
 
 __all__ = [

@@ -45,7 +45,7 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
-from ..workload_sources import DEFAULT_WORKLOADS, Workload, workload_names
+from ..workloads import DEFAULT_WORKLOADS, Workload, workload_names
 from .common import (
     CLIUsageError,
     add_common,

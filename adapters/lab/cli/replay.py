@@ -32,7 +32,7 @@ from ..compare.plan import check_pool, roomy_capacity
 from ..compare.spec import BackendSpec, CompareError, parse_backends
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .common import (
     CLIUsageError,
     add_common,

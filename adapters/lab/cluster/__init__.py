@@ -12,6 +12,7 @@ entry point; ``prefixkv cluster`` runs many policies and writes a report
 (:mod:`prefixkv.adapters.lab.outputs.cluster`).
 """
 
+from ..sim.arrivals import sim_requests
 from .config import ClusterSettings
 from .errors import ClusterSettingsError, FaultSpecError
 from .fleet import LocalFleet
@@ -19,7 +20,6 @@ from .metrics import ClusterResult
 from .ray_fleet import RayFleet
 from .run import run_cluster
 from .sim_replica import SimReplica
-from .trace_requests import sim_requests
 
 __all__ = [
     "ClusterResult",

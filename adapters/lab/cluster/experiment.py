@@ -5,6 +5,12 @@ runs (when faults are given) repeat every policy, bounds excepted, at the first 
 Requests are re-read for each run (a trace is streamed, never held). Ctrl-C keeps the
 runs that finished (:class:`ClusterInterrupted`); a deadline skips the runs it leaves
 no time for, and says which.
+
+``prefixkv cluster --request-rate 1,2,4,8`` also runs every policy (bounds included) at
+each further rate, on the first fleet size and capacity, without faults
+(:func:`run_rate_sweep`): the walk over rates and the overload verdict are
+:mod:`~prefixkv.adapters.lab.sim.rate_sweep`'s, one rule for a replica and a fleet. Each
+run carries the labels ``request_rate`` and ``role`` (``table`` or ``rate``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from prefixkv.adapters.lab.sim.rate_sweep import sweep_rates
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.routing import PolicySpec
 
@@ -23,7 +30,15 @@ from .fleet import Fleet
 from .metrics import ClusterResult
 from .run import ClusterSettings, run_cluster
 
-__all__ = ["ClusterInterrupted", "PlannedRun", "arrival_span", "plan_experiment", "run_experiment"]
+__all__ = [
+    "ClusterInterrupted",
+    "PlannedRun",
+    "arrival_span",
+    "is_rate_run",
+    "plan_experiment",
+    "run_experiment",
+    "run_rate_sweep",
+]
 
 
 class PlannedRun(NamedTuple):
@@ -173,3 +188,62 @@ def _run_planned(
     cfg, spec, fault_plan = planned
     run_fleet = fleet() if fleet is not None and not spec.is_bound else None
     return run_cluster(requests(cfg), spec, cfg, fault_plan, fleet=run_fleet, labels=labels)
+
+
+def is_rate_run(res: ClusterResult) -> bool:
+    """Whether ``res`` is a point of the rate sweep beyond the experiment's own rate."""
+    return res.labels.get("role") == "rate"
+
+
+def run_rate_sweep(
+    requests: Callable[[ClusterSettings, float], Iterable[SimRequest]],
+    policies: Sequence[PolicySpec],
+    config: ClusterSettings,
+    rates: Sequence[float],
+    *,
+    auto: bool = False,
+    fleet: Callable[[], Fleet] | None = None,
+    on_run: Callable[[ClusterResult], None] | None = None,
+    into: list[ClusterResult],
+) -> None:
+    """Every policy at every rate (ascending), fault-free, on ``config``'s fleet.
+
+    Args:
+        requests: a fresh request stream for a fleet and a Poisson rate.
+        policies: the policy (and bound) specs.
+        config: the fleet (its size and capacity).
+        rates: the rates, ascending (:func:`~..sim.rate_sweep.rate_schedule`).
+        auto: stop each policy after its first overloaded run.
+        fleet: makes the fleet of each run (Ray); default in-process.
+        on_run: called with each new result as it finishes.
+        into: the runs already made, to which each new one is appended as it finishes
+            (so Ctrl-C keeps the finished ones); those of this fleet, without faults,
+            with a ``request_rate`` label are not run again but count for ``auto``.
+    """
+    specs = {s.text: s for s in policies}
+
+    def run(name: str, rate: float) -> ClusterResult:
+        spec = specs[name]
+        res = run_cluster(
+            requests(config, rate),
+            spec,
+            config,
+            fleet=fleet() if fleet is not None and not spec.is_bound else None,
+            labels={"request_rate": rate, "role": "rate"},
+        )
+        if on_run is not None:
+            on_run(res)
+        return res
+
+    made = {
+        (r.labels["policy"], float(r.labels["request_rate"])): r
+        for r in into
+        if r.labels.get("request_rate") is not None
+        and not r.labels["faults"]
+        and r.labels["num_replicas"] == config.num_replicas
+        and r.labels["capacity_tokens"] == config.capacity_tokens
+    }
+    # extend appends each run as the sweep yields it: an interrupt keeps those made
+    into.extend(
+        sweep_rates(list(specs), rates, run, lambda r: r.run.overloaded, auto=auto, done=made)
+    )

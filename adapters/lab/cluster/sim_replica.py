@@ -29,11 +29,10 @@ from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestMetrics
 from prefixkv.adapters.lab.sim.profile import CostProfile
-from prefixkv.adapters.lab.sim.replica import IndexFactory
+from prefixkv.adapters.lab.sim.replica import IndexFactory, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.sim.runner import Replica
-from prefixkv.adapters.lab.sim.seats import make_seat
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
@@ -69,17 +68,13 @@ class SharedPool:
         events: bool,
         shared: bool = False,
     ) -> None:
-        index = index_factory()
-        self.block_size = index.block_size
+        self.index, self.seat = pool_seat(
+            batching, index_factory, capacity_tokens, events=events, error=ClusterSettingsError
+        )
+        self.block_size = self.index.block_size
         self.num_blocks = capacity_tokens // self.block_size
-        if self.num_blocks < 1:
-            raise ClusterSettingsError(
-                f"capacity_tokens {capacity_tokens} holds no block of {self.block_size} tokens"
-            )
-        self.index = index
         # An index that reports nothing (the ``none`` backend) publishes no events.
-        self.events = events and isinstance(index, SupportsEventSink)
-        self.seat = make_seat(batching, index, self.num_blocks, events=self.events)
+        self.events = events and isinstance(self.index, SupportsEventSink)
         self.shared = shared
 
 
@@ -158,13 +153,9 @@ class SimReplica(Replica):
         # Tokens reach the router at the step's end: no streaming front end.
         super().__init__(pool.seat, config, profile, start_time=start_time, stream=False)
         self.pool = pool
-        self.index = pool.index
-        self.block_size = pool.block_size
-        self.num_blocks = pool.num_blocks
         self.replica_id = replica_id
-        self.config = config
         self.publisher = EventPublisher(buffer_steps)
-        self.local = LocalIndexer(self.block_size, keep_tokens=keep_tokens)
+        self.local = LocalIndexer(pool.block_size, keep_tokens=keep_tokens)
         self.data_parallel_rank = data_parallel_rank
         self.check_scheme = check_scheme
         self._batches: list[SeqBatch] = []
@@ -241,7 +232,7 @@ class SimReplica(Replica):
             m = seq.metrics
             if m.first_scheduled_s != now or seq.num_admissions != 1:
                 continue
-            hit_blocks = m.hit_tokens // self.block_size
+            hit_blocks = m.hit_tokens // self.pool.block_size
             announced = self.local.prefix(self._hashes.get(m.request_id, []))
             if hit_blocks > announced:
                 self._violations.append(
@@ -275,7 +266,7 @@ class SimReplica(Replica):
             self._finished,
             len(self.schedule.waiting),
             len(self.schedule.running),
-            held / self.num_blocks,
+            held / self.pool.num_blocks,
             self.busy_s,
             self._violations,
         )

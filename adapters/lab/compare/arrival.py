@@ -43,7 +43,7 @@ from ..sim.arrivals import check_request_rate, check_time_scale
 from ..sim.load import LoadSummary, Slo, summarize_load
 from ..sim.requests import from_trace
 from ..traces import TraceSource
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .spec import BackendSpec, Bars, Scalar
 
 __all__ = [
@@ -101,7 +101,7 @@ class TimeSettings:
         rates: more request rates to sweep at the table's capacity, beside
             ``request_rate`` (:mod:`.rates`).
         auto_rates: sweep rates from ``request_rate`` doubling until each backend is
-            overloaded (at most :data:`~.rates.MAX_AUTO_RATES` rates).
+            overloaded (at most :data:`~..sim.rate_sweep.MAX_AUTO_RATES` rates).
 
     Raises:
         SimSettingsError: neither or both of ``request_rate`` and ``time_scale``, a

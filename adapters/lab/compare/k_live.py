@@ -22,7 +22,7 @@ import numpy as np
 from prefixkv.indexes.registry import describe_index
 
 from ..replay import Driver, ReplayError, ReplayResult, replay
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .spec import BackendSpec, Bars, CapacityError, CompareError, Scalar
 
 __all__ = [

@@ -27,7 +27,7 @@ from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profil
 from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
 from ..traces import ReadSettings
-from ..workload_sources import Workload, load_workloads
+from ..workloads import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
 from .plan import CompareSettings, default_boundary_accounting, plan_comparison
 from .run import ComparisonTables, run_comparison

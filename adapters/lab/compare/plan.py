@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..sim import CostProfile
 from ..traces import TraceStats
-from ..workload_sources import Workload
+from ..workloads import Workload
 from .arrival import TimeSettings, check_arrivals
 from .spec import MAX_POOL_BLOCKS, BackendSpec, CapacityError, CompareError
 

@@ -3,7 +3,10 @@
 :func:`run_comparison` runs the plans of :mod:`.plan`; per workload,
 :func:`compare_workload` gives each backend's K-live replay (:mod:`.k_live`), the
 capacity sweep, and (with :class:`~.arrival.TimeSettings`) each backend's arrival-time
-run (:mod:`.arrival`). Ctrl-C keeps what finished, marked partial. The typed records
+run (:mod:`.arrival`), with ``--request-rate 1,2,4,8`` (or ``auto``) every backend at
+each rate too, at the table's capacity (role ``rate``; the walk over rates and the
+overload verdict are :mod:`~..sim.rate_sweep`'s, which ``cluster`` shares). Ctrl-C keeps
+what finished, marked partial. The typed records
 give tidy tables: one row per request x backend x configuration, one per run, as
 pandas DataFrames when pandas is installed.
 """
@@ -20,13 +23,13 @@ from typing import Any, NamedTuple
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
 from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
-from ..workload_sources import Workload
+from ..sim.rate_sweep import Saturation, rate_schedule, saturation_of, start_rate, sweep_rates
+from ..workloads import Workload
 from .anchors import CapacityAnchor, knee
-from .arrival import ArrivalRun, TimeSettings, run_arrival
+from .arrival import ArrivalRun, Scheduler, TimeSettings, run_arrival
 from .capacity_search import KNEE_SHARE, CapacitySearch
 from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
 from .plan import CompareSettings, WorkloadPlan, min_capacity, roomy_capacity
-from .rates import run_rate_sweep, start_rate
 from .spec import BackendSpec, Bars, CapacityError, Scalar
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "WorkloadResult",
     "compare_workload",
     "run_comparison",
+    "saturation",
 ]
 
 
@@ -292,10 +296,8 @@ def _run_arrival_all(
             table.append(run)
             result.arrival_runs.append(run)
         if time.rates or time.auto_rates:
-            run_rate_sweep(
-                workload, backends, capacity_tokens, time, scheduler=scheduler, done=table,
-                bars=bars, into=result.arrival_runs,
-            )  # fmt: skip
+            args = (workload, backends, capacity_tokens, time, scheduler)
+            _run_rate_sweep(*args, table, bars, into=result.arrival_runs)
     for cap in sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
@@ -309,6 +311,58 @@ def _run_arrival_all(
                     )
                 except SimUnservableError:
                     continue  # a point that does not fit is left out (plotted as a gap)
+
+
+def _run_rate_sweep(
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    capacity_tokens: int,
+    settings: TimeSettings,
+    scheduler: Scheduler,
+    table: Sequence[ArrivalRun],
+    bars: Bars | None,
+    *,
+    into: list[ArrivalRun],
+) -> None:
+    """Each backend at each rate of the sweep (role ``rate``), under ``scheduler``.
+
+    Listed rates all run; ``auto`` doubles from ``settings.request_rate`` and stops a
+    backend at its first overloaded rate. The ``table``'s runs are not made again, but
+    count for ``auto``. A rate at which a request cannot fit is left out. Each run is
+    appended to ``into`` as it finishes, so Ctrl-C keeps the finished ones.
+    """
+    first = settings.request_rate
+    rates = rate_schedule(first or 1.0, auto=True) if settings.auto_rates else sorted(
+        {*settings.rates, *([] if first is None else [first])}
+    )  # fmt: skip
+    by_label = {b.label: b for b in backends}
+
+    def run(label: str, rate: float) -> ArrivalRun | None:
+        point = dataclasses.replace(settings, request_rate=rate, rates=(), auto_rates=False)
+        try:
+            return run_arrival(
+                workload, by_label[label], capacity_tokens, point, role="rate", bars=bars,
+                scheduler=scheduler,
+            )  # fmt: skip
+        except SimUnservableError:
+            return None
+
+    made = {(r.backend, r.settings.request_rate or 0.0): r for r in table}
+    into.extend(
+        sweep_rates(
+            list(by_label), rates, run, lambda r: r.load_summary.overloaded,
+            auto=settings.auto_rates, done=made,
+        )
+    )  # fmt: skip
+
+
+def saturation(runs: Sequence[ArrivalRun]) -> list[Saturation]:
+    """Per backend and engine, where the sweep's runs (any roles) saturate it."""
+    return saturation_of(
+        (f"{r.backend} as {r.engine}", r.settings.request_rate, r.load_summary)
+        for r in runs
+        if r.settings.request_rate is not None
+    )
 
 
 class ComparisonTables(NamedTuple):

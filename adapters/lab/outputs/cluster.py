@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cluster.experiment import is_rate_run
 from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
-from ..cluster.rate_sweep import is_rate_run
 from ..extras import require_extra
 from . import plots
 from .markdown import (

@@ -21,8 +21,7 @@ from prefixkv.indexes.registry import describe_index
 
 from ..compare.arrival import ArrivalRun
 from ..compare.k_live import BackendRun
-from ..compare.rates import saturation
-from ..compare.run import Comparison, WorkloadResult
+from ..compare.run import Comparison, WorkloadResult, saturation
 from ..extras import has_extra
 from ..sim.load import LoadSummary
 from .markdown import (

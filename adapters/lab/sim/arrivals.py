@@ -4,6 +4,12 @@ Three ways, as in vLLM's ``benchmark_serving`` and SGLang's ``bench_serving``: a
 Poisson process at a request rate (seeded, so a seed names the arrival pattern), a
 fixed rate (evenly spaced), or a trace's own timestamps stretched or squeezed by a
 time scale. All run lazily, so a streamed trace never sits in memory.
+
+:func:`sim_requests` turns trace requests into stamped simulator requests in one call,
+as a cluster run takes them: decoded tokens are the filler token (no later prompt
+quotes them in a hash-id trace), and ``prefill_only`` keeps one output token, as
+Mooncake's cache experiments do ("restrict all request outputs to 1", FAST'25 section
+5.3.2) and as its prefill pool sees requests.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ import dataclasses
 import itertools
 import random
 from collections.abc import Iterable, Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .errors import SimInputError, SimSettingsError
-from .requests import SimRequest
+from .requests import SimRequest, from_trace
+
+if TYPE_CHECKING:
+    from ..traces import TraceRequest
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -28,6 +37,7 @@ __all__ = [
     "check_time_scale",
     "fixed_rate_arrivals",
     "poisson_arrivals",
+    "sim_requests",
     "with_arrivals",
 ]
 
@@ -151,6 +161,43 @@ def with_arrivals(
         return (dataclasses.replace(r, arrival=t) for r, t in zip(requests, times, strict=False))
     scale = None if time_scale is None else check_time_scale(time_scale)
     return _rescaled(requests, scale)
+
+
+def sim_requests(
+    requests: Iterable[TraceRequest],
+    *,
+    prefill_only: bool = False,
+    request_rate: float | None = None,
+    time_scale: float | None = None,
+    seed: int = 0,
+    closed_loop: bool = True,
+) -> Iterator[SimRequest]:
+    """The simulator's requests, stamped with arrival times, lazily, in arrival order.
+
+    Closed loop, a turn names the request it follows (its ``parent``, or else the
+    previous request of its ``session``) and its think time, and the cluster run
+    routes it once that one finished.
+
+    Args:
+        requests: trace requests in arrival order.
+        prefill_only: one output token each (Mooncake's prefill pool).
+        request_rate: Poisson arrivals at this rate (seeded) instead of the trace's.
+        time_scale: the trace's timestamps times this (``< 1`` is more load).
+        seed: the Poisson process's seed.
+        closed_loop: link each session's turns (see above); ``False``: open loop.
+
+    Raises:
+        SimSettingsError: both a rate and a scale, or a bad one.
+        SimInputError: a request without an arrival where the trace's are used.
+    """
+    return with_arrivals(
+        from_trace(
+            requests, closed_loop=closed_loop, output_tokens=False, prefill_only=prefill_only
+        ),
+        request_rate=request_rate,
+        time_scale=time_scale,
+        seed=seed,
+    )
 
 
 def _rescaled(requests: Iterable[SimRequest], scale: float | None) -> Iterator[SimRequest]:

@@ -28,7 +28,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prefixkv.indexes.base import PrefixIndex
+from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
+from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
 from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
@@ -40,7 +41,7 @@ from .runner import Replica
 from .seats import Seat, make_seat
 from .serving_spread import ServingDelay, serving_delay
 
-__all__ = ["IndexFactory", "simulate"]
+__all__ = ["IndexFactory", "pool_seat", "simulate"]
 
 IndexFactory = Callable[[], PrefixIndex]
 """Makes a fresh, empty index for one run (``BackendSpec.make``, ``lambda: make_index(...)``)."""
@@ -89,7 +90,7 @@ def simulate(
     """
     cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
-    index, seat = _make_seat(cfg.batching, index_factory, capacity_tokens)
+    index, seat = pool_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
     delay = serving_delay(prof.request_s, prof.request_spread_s, prof.busy_request_spread_s)
     records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
@@ -116,20 +117,33 @@ def _summary(records: list[RequestMetrics], replica: Replica) -> RunMetrics:
     )
 
 
-def _make_seat(
-    batching: str, index_factory: IndexFactory, capacity_tokens: int
+def pool_seat(
+    batching: str,
+    index_factory: IndexFactory,
+    capacity_tokens: int,
+    *,
+    events: bool = False,
+    error: type[PrefixKVError] = SimSettingsError,
 ) -> tuple[PrefixIndex, Seat]:
-    """A fresh index and the seat over a pool of ``capacity_tokens // block_size`` blocks."""
+    """A fresh index and the seat over a pool of ``capacity_tokens // block_size`` blocks
+    (one replica's, or several replicas' shared one).
+
+    Args:
+        batching: picks the engine class (:func:`~.seats.make_seat`).
+        index_factory: makes the (empty) index.
+        capacity_tokens: the pool in tokens.
+        events: the class queues KV events, when the index reports them.
+        error: raised for a capacity that is not a positive int or holds no block.
+    """
     if type(capacity_tokens) is not int or capacity_tokens < 1:
-        raise SimSettingsError(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
+        raise error(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
     block_size = index.block_size
     num_blocks = capacity_tokens // block_size
     if num_blocks < 1:
-        raise SimSettingsError(
-            f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens"
-        )
-    return index, make_seat(batching, index, num_blocks)
+        raise error(f"capacity_tokens {capacity_tokens} holds no block of {block_size} tokens")
+    events = events and isinstance(index, SupportsEventSink)
+    return index, make_seat(batching, index, num_blocks, events=events)
 
 
 def _run(

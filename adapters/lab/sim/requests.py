@@ -71,12 +71,7 @@ class SimRequest:
                 f"request {self.id!r}: {len(self.output)} output tokens but "
                 f"output_len {self.output_len}"
             )
-        if self.arrival is not None and (
-            isinstance(self.arrival, bool)
-            or not isinstance(self.arrival, (int, float))
-            or not math.isfinite(self.arrival)
-            or self.arrival < 0
-        ):
+        if self.arrival is not None and not _is_seconds(self.arrival):
             raise SimInputError(
                 f"request {self.id!r}: arrival must be a finite number >= 0 seconds, "
                 f"got {self.arrival!r}"
@@ -85,12 +80,7 @@ class SimRequest:
             raise SimInputError(
                 f"request {self.id!r}: after must be another request's id, got {self.after!r}"
             )
-        if (
-            isinstance(self.think_s, bool)
-            or not isinstance(self.think_s, (int, float))
-            or not math.isfinite(self.think_s)
-            or self.think_s < 0
-        ):
+        if not _is_seconds(self.think_s):
             raise SimInputError(
                 f"request {self.id!r}: think_s must be a finite number >= 0, got {self.think_s!r}"
             )
@@ -98,6 +88,16 @@ class SimRequest:
     def output_token(self, i: int) -> int:
         """The ``i``-th generated token (0-based)."""
         return FILLER_TOKEN if self.output is None else self.output[i]
+
+
+def _is_seconds(value: object) -> bool:
+    """A finite number of seconds >= 0 (a bool is not one)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def from_trace(
