@@ -47,13 +47,13 @@ def rows(res: ClusterResult) -> list[tuple[object, ...]]:
     """What a run decided and measured, wall-clock timings left out."""
     return [
         (
-            r.metrics.request_id,
+            r.request_id,
             r.replica,
             r.routes,
-            r.predicted_blocks,
-            r.metrics.hit_tokens,
-            r.metrics.first_token_s,
-            r.metrics.finish_s,
+            r.predicted_hit_tokens,
+            r.hit_tokens,
+            r.first_token_s,
+            r.finish_s,
         )
         for r in res.requests
     ]
@@ -152,15 +152,15 @@ def _reordered(res: ClusterResult, base: ClusterResult) -> None:
 
 
 def _killed(res: ClusterResult, base: ClusterResult) -> None:
-    assert all(r.metrics.finish_s <= T for r in res.requests if r.replica == 1)
+    assert all(r.finish_s <= T for r in res.requests if r.replica == 1)
     assert res.invariants.routed_to_dead == 0
 
 
 def _restarted(res: ClusterResult, base: ClusterResult) -> None:
-    if _event_fed(res) and any(r.replica == 1 and r.metrics.arrival_s < T for r in base.requests):
+    if _event_fed(res) and any(r.replica == 1 and r.arrival_s < T for r in base.requests):
         assert res.stats["restarts"] == 1  # seen in the stream: its sequence went back to 0
-    late = [r for r in res.requests if r.replica == 1 and r.metrics.finish_s > T]
-    assert all(r.metrics.first_scheduled_s >= T for r in late)
+    late = [r for r in res.requests if r.replica == 1 and r.finish_s > T]
+    assert all(r.first_scheduled_s >= T for r in late)
 
 
 def _cleared(res: ClusterResult, base: ClusterResult) -> None:
@@ -193,14 +193,14 @@ def _mismatch(kind: str) -> Check:
             assert 3 in incompatible and kind.split("_")[0] in incompatible[3]
         elif res.labels["index"] == "radix":  # keyed by content: another seed is followed
             assert incompatible == {}
-            assert any(r.replica == 3 and r.predicted_blocks for r in res.requests)
+            assert any(r.replica == 3 and r.predicted_hit_tokens for r in res.requests)
 
     return check
 
 
 def _scaled(res: ClusterResult, base: ClusterResult) -> None:
     assert 4 in [s.replica for s in res.replicas]  # the new replica joined
-    assert all(r.metrics.arrival_s <= 40 for r in res.requests if r.replica == 0)
+    assert all(r.arrival_s <= 40 for r in res.requests if r.replica == 0)
 
 
 def _swept(res: ClusterResult, base: ClusterResult) -> None:

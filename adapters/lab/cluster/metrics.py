@@ -22,14 +22,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics, mean, percentile, summarize
+from prefixkv.adapters.lab.sim.metrics import RequestRow, mean, percentile, summarize
 
 __all__ = [
     "ClusterResult",
     "ClusterRun",
     "Invariants",
     "ReplicaSummary",
-    "RoutedRequest",
     "coefficient_of_variation",
     "summarize_run",
     "ttft_growth",
@@ -42,45 +41,6 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
         return math.nan
     average = mean(values)
     return statistics.pstdev(values) / average if average else 0.0
-
-
-@dataclass(slots=True)
-class RoutedRequest:
-    """One request's route and timeline.
-
-    Attributes:
-        metrics: the replica's record (arrival is the original one, TTFT includes
-            any time lost on a replica that died).
-        replica: the replica that finished it.
-        routes: decisions it took (more than 1 after a replica died under it).
-        predicted_blocks: the index's promise for the last decision (``None``: the
-            policy reads no index).
-        decision_us: wall microseconds of the last decision.
-        hash_us: wall microseconds hashing its blocks for that decision.
-        decision_cpu_us: CPU microseconds of that decision (this thread).
-    """
-
-    metrics: RequestMetrics
-    replica: int
-    routes: int
-    predicted_blocks: int | None
-    decision_us: float
-    hash_us: float
-    decision_cpu_us: float
-
-    def as_row(self, block_size: int) -> dict[str, Any]:
-        """Flat columns (the record's, then the route's)."""
-        row = self.metrics.as_row()
-        predicted = None if self.predicted_blocks is None else self.predicted_blocks * block_size
-        row.update(
-            replica=self.replica,
-            routes=self.routes,
-            predicted_hit_tokens=predicted,
-            decision_us=self.decision_us,
-            hash_us=self.hash_us,
-            decision_cpu_us=self.decision_cpu_us,
-        )
-        return row
 
 
 @dataclass(slots=True)
@@ -203,7 +163,7 @@ class ClusterRun:
         )
 
 
-def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
+def ttft_growth(metrics: Sequence[RequestRow]) -> float:
     """Mean TTFT of the last quarter of arrivals over the first quarter's (NaN for
     fewer than 8 requests or a zero first quarter): near 1 in a steady state, large
     when queues grow through the run."""
@@ -216,13 +176,13 @@ def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
     return last / first if first > 0 else math.nan
 
 
-def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, Any]:
+def _overlap(requests: Sequence[RequestRow]) -> dict[str, Any]:
     """The index's promises against the hits they led to: how many, the mean absolute
     error, and the shares above (phantom) and below (missed) the realized hit."""
     pairs = [
-        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
+        (r.predicted_hit_tokens, r.hit_tokens)
         for r in requests
-        if r.predicted_blocks is not None
+        if r.predicted_hit_tokens is not None
     ]
     n = len(pairs)
     return {
@@ -234,10 +194,9 @@ def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, An
 
 
 def summarize_run(
-    requests: Sequence[RoutedRequest],
+    requests: Sequence[RequestRow],
     replicas: Sequence[ReplicaSummary],
     *,
-    block_size: int,
     swept: int,
     offered_arrivals: Sequence[float] | None = None,
     slo: Slo | None = None,
@@ -247,7 +206,7 @@ def summarize_run(
     replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
     ``offered_arrivals``, ``slo`` and ``closed_loop`` as
     :func:`~prefixkv.adapters.lab.sim.load.summarize_load` takes them."""
-    recs = [r.metrics for r in requests]
+    recs = requests
     busy = [r.busy_s for r in replicas]
     mean_busy = mean(busy)
     base = summarize(recs, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
@@ -272,7 +231,7 @@ def summarize_run(
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
         prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
         **_router_times(requests),
-        **_overlap(requests, block_size),
+        **_overlap(requests),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
         prefill_gpu_s=base.prefill_gpu_s,
@@ -291,7 +250,7 @@ def summarize_run(
     )
 
 
-def _router_times(requests: Sequence[RoutedRequest]) -> dict[str, Any]:
+def _router_times(requests: Sequence[RequestRow]) -> dict[str, Any]:
     """The router's decision and hashing times, in microseconds."""
     decisions = [r.decision_us for r in requests]
     hashes = [r.hash_us for r in requests]
@@ -318,7 +277,7 @@ class ClusterResult:
     """
 
     labels: Mapping[str, Any]
-    requests: list[RoutedRequest] = field(repr=False)
+    requests: list[RequestRow] = field(repr=False)
     replicas: list[ReplicaSummary]
     run: ClusterRun
     invariants: Invariants

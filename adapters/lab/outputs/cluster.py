@@ -366,9 +366,7 @@ def _request_rows(results: Sequence[ClusterResult]) -> list[dict[str, Any]]:
     return [
         row
         for r in results
-        for row in labelled_rows(
-            r.labels, (q.as_row(r.labels["block_size"]) for q in r.requests), _REQUEST_LABELS
-        )
+        for row in labelled_rows(r.labels, (q.as_row() for q in r.requests), _REQUEST_LABELS)
     ]
 
 
@@ -437,7 +435,7 @@ def _policy_axis(
     md += ["Columns:", "", *definitions(POLICY_COLUMNS)]
     context = _context(source, main[0])
     curves = [(f"{_name(r)} (mean {r.run.ttft_mean_s:.3g} s)",
-               [q.metrics.ttft_s for q in r.requests]) for r in main]  # fmt: skip
+               [q.ttft_s for q in r.requests]) for r in main]  # fmt: skip
     figures: tuple[tuple[str, str, Callable[[Path, str], Path]], ...] = (
         ("hit_ratio", "Prefix hit ratio per policy",
          lambda p, t: plots.plot_hit_ratio(main, p, title=t)),
