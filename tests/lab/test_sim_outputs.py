@@ -139,15 +139,36 @@ def test_plots(tmp_path: Path) -> None:
 # --- one request row for every kind of run ------------------------------------------------
 
 _CLOCK = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
-    "first_token_s", "finish_s", "hit_tokens", "computed_prefill_tokens", "recomputed_tokens",
-    "num_preemptions", "prefill_gpu_s", "saved_gpu_s", "queueing_delay_s", "ttft_s", "e2e_s",
-    "tpot_s", "uncached_prefill_tokens",
-)  # fmt: skip
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "hit_tokens",
+    "computed_prefill_tokens",
+    "recomputed_tokens",
+    "num_preemptions",
+    "prefill_gpu_s",
+    "saved_gpu_s",
+    "queueing_delay_s",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+    "uncached_prefill_tokens",
+)
 _K_LIVE = (
-    "request_id", "prompt_tokens", "hit_tokens", "uncached_prefill_tokens", "matched_tokens",
-    "boundary_lost_tokens", "cap_lost_tokens", "index_us", "admit_us",
-)  # fmt: skip
+    "request_id",
+    "prompt_tokens",
+    "hit_tokens",
+    "uncached_prefill_tokens",
+    "matched_tokens",
+    "boundary_lost_tokens",
+    "cap_lost_tokens",
+    "index_us",
+    "admit_us",
+)
 _ROUTE = ("replica", "routes", "predicted_hit_tokens", "decision_us", "hash_us", "decision_cpu_us")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
@@ -38,26 +38,6 @@ def percentile(values: Sequence[float], q: int) -> float:
     if len(values) == 1:
         return float(values[0])
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-_CLOCK_COLUMNS = (
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
-    "first_token_s", "finish_s", "hit_tokens", "computed_prefill_tokens", "recomputed_tokens",
-    "num_preemptions", "prefill_gpu_s", "saved_gpu_s", "queueing_delay_s", "ttft_s", "e2e_s",
-    "tpot_s", "uncached_prefill_tokens",
-)  # fmt: skip
-_K_LIVE_COLUMNS = (
-    "request_id", "prompt_tokens", "hit_tokens", "uncached_prefill_tokens", "matched_tokens",
-    "boundary_lost_tokens", "cap_lost_tokens", "index_us", "admit_us",
-)  # fmt: skip
-_ROUTE_COLUMNS = (
-    "replica",
-    "routes",
-    "predicted_hit_tokens",
-    "decision_us",
-    "hash_us",
-    "decision_cpu_us",
-)
 
 
 @dataclass(slots=True)
@@ -177,6 +157,16 @@ class RequestRow:
         if self.replica is not None:
             row.update((name, getattr(self, name)) for name in _ROUTE_COLUMNS)
         return row
+
+
+# The parts of a row, in the fields' order (the order requests.csv has always had).
+_FIELDS = tuple(f.name for f in fields(RequestRow))
+_K_LIVE_AT, _ROUTE_AT = _FIELDS.index("matched_tokens"), _FIELDS.index("replica")
+_DERIVED = ("queueing_delay_s", "ttft_s", "e2e_s", "tpot_s", "uncached_prefill_tokens")
+_CLOCK_COLUMNS = (*_FIELDS[:_K_LIVE_AT], *_DERIVED)
+_K_LIVE_COLUMNS = (*_FIELDS[:1], *_FIELDS[2:3], *_FIELDS[7:8], _DERIVED[-1],
+                   *_FIELDS[_K_LIVE_AT:_ROUTE_AT])  # fmt: skip
+_ROUTE_COLUMNS = _FIELDS[_ROUTE_AT:]
 
 
 @dataclass(frozen=True, slots=True)
