@@ -434,15 +434,13 @@ def _policy_axis(
     )
     md += ["Columns:", "", *definitions(POLICY_COLUMNS)]
     context = _context(source, main[0])
-    curves = [(f"{_name(r)} (mean {r.run.ttft_mean_s:.3g} s)",
-               [q.ttft_s for q in r.requests]) for r in main]  # fmt: skip
     figures: tuple[tuple[str, str, Callable[[Path, str], Path]], ...] = (
         ("hit_ratio", "Prefix hit ratio per policy",
          lambda p, t: plots.plot_hit_ratio(main, p, title=t)),
         ("frontier", "Hit ratio against load imbalance",
          lambda p, t: plots.plot_frontier(main, p, title=t)),
         ("ttft_cdf", "TTFT distribution per policy",
-         lambda p, t: plots.plot_ttft_cdf(curves, p, title=t)),
+         lambda p, t: plots.plot_ttft_cdf(plots.ttft_curves(main, "policy"), p, title=t)),
         ("overlap", "Predicted against realized hit tokens",
          lambda p, t: plots.plot_overlap(main, p, title=t)),
         ("decision_latency", "Router decision time",
@@ -451,10 +449,6 @@ def _policy_axis(
     for name, what, plot in figures:
         md += draw(name, f"{what}: {context}", plot)
     return md
-
-
-def _name(r: ClusterResult) -> str:
-    return str(r.labels["policy"])
 
 
 def _fleet_axis(

@@ -140,9 +140,11 @@ def plot_ttft_cdf(
     return _save(fig, path, title)
 
 
-def ttft_curves(results: Sequence[SimResult], label_key: str = "backend") -> list[Curve]:
-    """Each simulated run's TTFTs, named by its ``label_key`` label (else its index
-    and block size) and its median."""
+def ttft_curves(
+    results: Sequence[SimResult | ClusterResult], label_key: str = "backend"
+) -> list[Curve]:
+    """Each timed run's TTFTs (one replica's or a fleet's), named by its ``label_key``
+    label (else its index and block size) and its median."""
     out: list[Curve] = []
     for res in results:
         labels = res.labels
