@@ -104,6 +104,19 @@ def test_bounds_and_cache_aware_routing_order(requests: list[SimRequest]) -> Non
     assert hit["infinite"] >= hit["pooled"] > hit["dynamo"] > hit["round_robin"]
 
 
+def test_a_routed_row_holds_the_promise_in_tokens_beside_the_hit(
+    requests: list[SimRequest],
+) -> None:
+    # Fault-free, an exact event-fed index promises what the replica then hits: the
+    # row's predicted_hit_tokens is in tokens (whole blocks), comparable to hit_tokens.
+    res = run_cluster(requests, "dynamo", CFG)
+    promised = [r for r in res.requests if r.predicted_hit_tokens]
+    assert promised and all(r.replica is not None and r.routes >= 1 for r in res.requests)
+    assert all(r.predicted_hit_tokens % CFG.block_size == 0 for r in promised)
+    assert sum(r.predicted_hit_tokens == r.hit_tokens for r in promised) > len(promised) // 2
+    assert all("predicted_hit_tokens" in r.as_row() for r in res.requests)
+
+
 @pytest.mark.parametrize(
     ("policy", "faults"),
     [
