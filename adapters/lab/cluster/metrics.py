@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
@@ -149,18 +149,16 @@ class ClusterRun:
     def load(self) -> LoadSummary:
         """The run's offered vs achieved load, overload and goodput, as every timed
         run states them (:meth:`~prefixkv.adapters.lab.sim.load.LoadSummary.verdict`)."""
-        return LoadSummary(
-            num_requests=self.num_requests,
-            offered_rate=self.offered_rate,
-            sent_rate=self.sent_rate,
-            achieved_rate=self.achieved_rate,
-            waiting_growth=self.waiting_growth,
-            overloaded=self.overloaded,
-            closed_loop=self.closed_loop,
-            slo=self.slo,
-            good_requests=self.good_requests,
-            goodput=self.goodput,
-        )
+        return LoadSummary(**{name: getattr(self, name) for name in _LOAD})
+
+
+_LOAD = tuple(f.name for f in fields(LoadSummary))
+"""The columns a run's load adds (every one a :class:`ClusterRun` field too)."""
+_FROM_REPLICA = (
+    "num_requests", "hit_ratio", "prompt_tokens", "hit_tokens", "ttft_mean_s", "ttft_p50_s",
+    "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "prefill_gpu_s",
+)  # fmt: skip
+"""The columns the fleet's requests give as one replica's would (:func:`summarize`)."""
 
 
 def ttft_growth(metrics: Sequence[RequestRow]) -> float:
@@ -206,26 +204,18 @@ def summarize_run(
     replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
     ``offered_arrivals``, ``slo`` and ``closed_loop`` as
     :func:`~prefixkv.adapters.lab.sim.load.summarize_load` takes them."""
-    recs = requests
     busy = [r.busy_s for r in replicas]
     mean_busy = mean(busy)
-    base = summarize(recs, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
-    span = max((m.arrival_s for m in recs), default=0.0) - min(
-        (m.arrival_s for m in recs), default=0.0
+    base = summarize(requests, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
+    arrivals = [m.arrival_s for m in requests]
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    load = summarize_load(
+        requests, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop
     )
-    load = summarize_load(recs, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop)
     return ClusterRun(
-        num_requests=base.num_requests,
+        **{name: getattr(base, name) for name in _FROM_REPLICA},
+        **{name: getattr(load, name) for name in _LOAD if name != "num_requests"},
         num_replicas=len(replicas),
-        hit_ratio=base.hit_ratio,
-        prompt_tokens=base.prompt_tokens,
-        hit_tokens=base.hit_tokens,
-        ttft_mean_s=base.ttft_mean_s,
-        ttft_p50_s=base.ttft_p50_s,
-        ttft_p90_s=base.ttft_p90_s,
-        ttft_p99_s=base.ttft_p99_s,
-        e2e_p50_s=base.e2e_p50_s,
-        e2e_p99_s=base.e2e_p99_s,
         load_cv=coefficient_of_variation(busy),
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
@@ -234,19 +224,9 @@ def summarize_run(
         **_overlap(requests),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
-        prefill_gpu_s=base.prefill_gpu_s,
         makespan_s=base.duration_s,
         offered_load=math.fsum(busy) / (len(busy) * span) if busy and span > 0 else math.nan,
-        ttft_growth=ttft_growth(recs),
-        offered_rate=load.offered_rate,
-        achieved_rate=load.achieved_rate,
-        waiting_growth=load.waiting_growth,
-        overloaded=load.overloaded,
-        sent_rate=load.sent_rate,
-        closed_loop=load.closed_loop,
-        slo=load.slo,
-        good_requests=load.good_requests,
-        goodput=load.goodput,
+        ttft_growth=ttft_growth(requests),
     )
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from prefixkv.indexes.registry import describe_index
 
 from ..replay import Driver, ReplayError, ReplayResult, replay
-from ..sim.metrics import RequestRow
+from ..sim.metrics import RequestRow, request_table
 from ..workload_sources import Workload
 from .spec import BackendSpec, Bars, CapacityError, CompareError, Scalar
 
@@ -182,8 +182,7 @@ class BackendRun:
 
     def request_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per request, in arrival order."""
-        labels = self.labels()
-        return [{**labels, "position": k, **r.as_row()} for k, r in enumerate(self.requests)]
+        return request_table(self.labels(), self.requests)
 
 
 def options_text(options: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
 from ..cluster.rate_sweep import is_rate_run
 from ..extras import require_extra
+from ..sim.metrics import request_table
 from . import plots
 from .markdown import (
     Column,
@@ -36,7 +37,7 @@ from .markdown import (
     titled_table,
     write_text,
 )
-from .tables import labelled_rows, write_json, write_rows
+from .tables import write_json, write_rows
 
 __all__ = [
     "FAULT_COLUMNS",
@@ -366,7 +367,7 @@ def _request_rows(results: Sequence[ClusterResult]) -> list[dict[str, Any]]:
     return [
         row
         for r in results
-        for row in labelled_rows(r.labels, (q.as_row() for q in r.requests), _REQUEST_LABELS)
+        for row in request_table(r.labels, r.requests, keys=_REQUEST_LABELS, position=False)
     ]
 
 

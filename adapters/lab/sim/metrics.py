@@ -24,6 +24,7 @@ __all__ = [
     "SimResult",
     "mean",
     "percentile",
+    "request_table",
     "summarize",
 ]
 
@@ -167,6 +168,24 @@ _CLOCK_COLUMNS = (*_FIELDS[:_K_LIVE_AT], *_DERIVED)
 _K_LIVE_COLUMNS = (*_FIELDS[:1], *_FIELDS[2:3], *_FIELDS[7:8], _DERIVED[-1],
                    *_FIELDS[_K_LIVE_AT:_ROUTE_AT])  # fmt: skip
 _ROUTE_COLUMNS = _FIELDS[_ROUTE_AT:]
+
+
+def request_table(
+    labels: Mapping[str, Any],
+    requests: Iterable[RequestRow],
+    *,
+    keys: Sequence[str] | None = None,
+    position: bool = True,
+) -> list[dict[str, Any]]:
+    """The tidy request rows of one run: its labels (only ``keys`` of them, in that
+    order, when given), the request's ``position`` in arrival order (when asked), then
+    its row's columns (:meth:`RequestRow.as_row`). Rows of many runs stack into one
+    table that ``pandas.read_csv`` loads and ``groupby`` slices."""
+    head = dict(labels) if keys is None else {k: labels[k] for k in keys}
+    return [
+        {**head, **({"position": k} if position else {}), **r.as_row()}
+        for k, r in enumerate(requests)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
