@@ -140,11 +140,11 @@ def simulate(
         seed=seed,
     )
     result = run_cluster(requests, run.policy, config)
-    sim = {rr.metrics.request_id: rr for rr in result.requests}
+    sim = {rr.request_id: rr for rr in result.requests}
     live_ratio = run.hit_ratio_usage()
     sim_ratio = result.run.hit_ratio
     differ = [row.id for row in run.rows if sim[row.id].replica != row.replica]
-    hits = sum(sim[r.id].metrics.hit_tokens == r.cached_tokens for r in run.rows)
+    hits = sum(sim[r.id].hit_tokens == r.cached_tokens for r in run.rows)
     return {
         "policy": run.policy,
         "requests": len(run.rows),
@@ -156,7 +156,7 @@ def simulate(
         "hit_gap_points": abs(sim_ratio - live_ratio) * 100,
         "ttft_p50_live_ms": percentile([r.ttft_s for r in run.rows], 50) * 1e3,
         "ttft_p50_sim_ms": percentile(
-            [rr.metrics.first_token_s - rr.metrics.arrival_s for rr in result.requests], 50
+            [rr.first_token_s - rr.arrival_s for rr in result.requests], 50
         )
         * 1e3,
         "profile": profile.name,

@@ -61,8 +61,8 @@ def test_ray_fleet_matches_the_deterministic_mode(
     on_ray = run_cluster(requests, policy, CFG, faults, fleet=RayFleet(num_cpus=0.5, init=False))
     on_ray.check_invariants()
     assert on_ray.run.hit_ratio == local.run.hit_ratio
-    assert [(r.metrics.request_id, r.replica) for r in on_ray.requests] == [
-        (r.metrics.request_id, r.replica) for r in local.requests
+    assert [(r.request_id, r.replica) for r in on_ray.requests] == [
+        (r.request_id, r.replica) for r in local.requests
     ]
     if faults:
         assert on_ray.run.rerouted_requests == local.run.rerouted_requests

@@ -47,13 +47,13 @@ def rows(res: ClusterResult) -> list[tuple[object, ...]]:
     """What a run decided and measured, wall-clock timings left out."""
     return [
         (
-            r.metrics.request_id,
+            r.request_id,
             r.replica,
             r.routes,
-            r.predicted_blocks,
-            r.metrics.hit_tokens,
-            r.metrics.first_token_s,
-            r.metrics.finish_s,
+            r.predicted_hit_tokens,
+            r.hit_tokens,
+            r.first_token_s,
+            r.finish_s,
         )
         for r in res.requests
     ]
@@ -104,6 +104,19 @@ def test_bounds_and_cache_aware_routing_order(requests: list[SimRequest]) -> Non
     assert hit["infinite"] >= hit["pooled"] > hit["dynamo"] > hit["round_robin"]
 
 
+def test_a_routed_row_holds_the_promise_in_tokens_beside_the_hit(
+    requests: list[SimRequest],
+) -> None:
+    # Fault-free, an exact event-fed index promises what the replica then hits: the
+    # row's predicted_hit_tokens is in tokens (whole blocks), comparable to hit_tokens.
+    res = run_cluster(requests, "dynamo", CFG)
+    promised = [r for r in res.requests if r.predicted_hit_tokens]
+    assert promised and all(r.replica is not None and r.routes >= 1 for r in res.requests)
+    assert all(r.predicted_hit_tokens % CFG.block_size == 0 for r in promised)
+    assert sum(r.predicted_hit_tokens == r.hit_tokens for r in promised) > len(promised) // 2
+    assert all("predicted_hit_tokens" in r.as_row() for r in res.requests)
+
+
 @pytest.mark.parametrize(
     ("policy", "faults"),
     [
@@ -152,15 +165,15 @@ def _reordered(res: ClusterResult, base: ClusterResult) -> None:
 
 
 def _killed(res: ClusterResult, base: ClusterResult) -> None:
-    assert all(r.metrics.finish_s <= T for r in res.requests if r.replica == 1)
+    assert all(r.finish_s <= T for r in res.requests if r.replica == 1)
     assert res.invariants.routed_to_dead == 0
 
 
 def _restarted(res: ClusterResult, base: ClusterResult) -> None:
-    if _event_fed(res) and any(r.replica == 1 and r.metrics.arrival_s < T for r in base.requests):
+    if _event_fed(res) and any(r.replica == 1 and r.arrival_s < T for r in base.requests):
         assert res.stats["restarts"] == 1  # seen in the stream: its sequence went back to 0
-    late = [r for r in res.requests if r.replica == 1 and r.metrics.finish_s > T]
-    assert all(r.metrics.first_scheduled_s >= T for r in late)
+    late = [r for r in res.requests if r.replica == 1 and r.finish_s > T]
+    assert all(r.first_scheduled_s >= T for r in late)
 
 
 def _cleared(res: ClusterResult, base: ClusterResult) -> None:
@@ -193,14 +206,14 @@ def _mismatch(kind: str) -> Check:
             assert 3 in incompatible and kind.split("_")[0] in incompatible[3]
         elif res.labels["index"] == "radix":  # keyed by content: another seed is followed
             assert incompatible == {}
-            assert any(r.replica == 3 and r.predicted_blocks for r in res.requests)
+            assert any(r.replica == 3 and r.predicted_hit_tokens for r in res.requests)
 
     return check
 
 
 def _scaled(res: ClusterResult, base: ClusterResult) -> None:
     assert 4 in [s.replica for s in res.replicas]  # the new replica joined
-    assert all(r.metrics.arrival_s <= 40 for r in res.requests if r.replica == 0)
+    assert all(r.arrival_s <= 40 for r in res.requests if r.replica == 0)
 
 
 def _swept(res: ClusterResult, base: ClusterResult) -> None:

@@ -19,7 +19,7 @@ from prefixkv.adapters.lab.sim.load import (
     least_squares_slope,
     summarize_load,
 )
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.metrics import RequestRow
 
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
 
@@ -28,7 +28,7 @@ _run = run_cli
 _doc = results_doc
 
 
-def _queue(n: int, gap: float, service: float, outputs: int = 4) -> list[RequestMetrics]:
+def _queue(n: int, gap: float, service: float, outputs: int = 4) -> list[RequestRow]:
     """A single server, one request at a time: arrivals every ``gap`` s, each taking
     ``service`` s to its first token and ``service`` more to its last."""
     recs, free = [], 0.0
@@ -37,9 +37,7 @@ def _queue(n: int, gap: float, service: float, outputs: int = 4) -> list[Request
         start = max(arrival, free)
         free = start + 2 * service
         recs.append(
-            RequestMetrics(
-                f"r{k}", arrival, 10, outputs, start, start + service, start + 2 * service
-            )
+            RequestRow(f"r{k}", arrival, 10, outputs, start, start + service, start + 2 * service)
         )
     return recs
 
@@ -67,7 +65,7 @@ def test_a_queue_offered_twice_what_it_serves_is_overloaded_with_the_right_trend
 
 def test_a_short_run_with_a_long_tail_is_not_called_overloaded() -> None:
     # 10 requests 1 s apart, each 5 s long but with room: achieved << offered, no trend
-    recs = [RequestMetrics(f"r{k}", k, 10, 4, k, k + 2.5, k + 5.0) for k in range(10)]
+    recs = [RequestRow(f"r{k}", k, 10, 4, k, k + 2.5, k + 5.0) for k in range(10)]
     load = summarize_load(recs)
     assert load.achieved_rate < load.offered_rate / 1.1
     assert not load.overloaded
@@ -89,10 +87,10 @@ def test_closed_loop_says_what_the_sessions_held_the_rate_to() -> None:
 
 def test_goodput_counts_requests_meeting_every_bound_as_vllm_bench_serve() -> None:
     recs = [
-        RequestMetrics("fast", 0.0, 10, 5, 0.0, 0.1, 0.5),  # TTFT 0.1, TPOT 0.1
-        RequestMetrics("slow-ttft", 1.0, 10, 5, 1.0, 2.0, 2.4),  # TTFT 1.0
-        RequestMetrics("slow-tpot", 2.0, 10, 5, 2.0, 2.1, 4.1),  # TPOT 0.5
-        RequestMetrics("one-token", 3.0, 10, 1, 3.0, 3.2, 3.2),  # TPOT counts as 0
+        RequestRow("fast", 0.0, 10, 5, 0.0, 0.1, 0.5),  # TTFT 0.1, TPOT 0.1
+        RequestRow("slow-ttft", 1.0, 10, 5, 1.0, 2.0, 2.4),  # TTFT 1.0
+        RequestRow("slow-tpot", 2.0, 10, 5, 2.0, 2.1, 4.1),  # TPOT 0.5
+        RequestRow("one-token", 3.0, 10, 1, 3.0, 3.2, 3.2),  # TPOT counts as 0
     ]
     slo = Slo(ttft_s=0.5, tpot_s=0.2)
     assert [slo.met(r) for r in recs] == [True, False, False, True]
@@ -113,7 +111,7 @@ def test_least_squares_slope_known_answers() -> None:
 
 
 @st.composite
-def _records(draw: st.DrawFn) -> tuple[list[RequestMetrics], list[float]]:
+def _records(draw: st.DrawFn) -> tuple[list[RequestRow], list[float]]:
     n = draw(st.integers(2, 40))
     gaps = draw(st.lists(st.floats(0.001, 5.0), min_size=n, max_size=n))
     asked, t = [], 0.0
@@ -129,7 +127,7 @@ def _records(draw: st.DrawFn) -> tuple[list[RequestMetrics], list[float]]:
         rest = draw(st.floats(0.0, 5.0))
         out = draw(st.integers(1, 50))
         recs.append(
-            RequestMetrics(
+            RequestRow(
                 f"r{k}", sent, 10, out, sent + wait, sent + wait + ttft, sent + wait + ttft + rest
             )
         )
@@ -139,7 +137,7 @@ def _records(draw: st.DrawFn) -> tuple[list[RequestMetrics], list[float]]:
 @given(_records(), st.floats(0.01, 10.0), st.floats(0.001, 1.0))
 @settings(max_examples=200, deadline=None)
 def test_goodput_at_most_achieved_at_most_sent_at_most_offered(
-    case: tuple[list[RequestMetrics], list[float]], ttft: float, tpot: float
+    case: tuple[list[RequestRow], list[float]], ttft: float, tpot: float
 ) -> None:
     recs, asked = case
     load = summarize_load(recs, offered_arrivals=asked, slo=Slo(ttft_s=ttft, tpot_s=tpot))

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.outputs.markdown import Column, definitions, markdown_table, text_table
-from prefixkv.adapters.lab.outputs.tables import json_safe, labelled_rows, write_json
+from prefixkv.adapters.lab.outputs.tables import json_safe, write_json
+from prefixkv.adapters.lab.sim.metrics import RequestRow, request_table
 
 CELL = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=12)
 
@@ -83,9 +84,12 @@ def _refuse(name: str) -> None:
     raise AssertionError(f"non-standard JSON constant {name}")
 
 
-def test_labelled_rows_put_the_labels_first_in_the_order_asked() -> None:
+def test_request_rows_put_the_labels_first_in_the_order_asked() -> None:
     labels = {"backend": "radix", "policy": "llmd", "faults": ""}
-    (row,) = labelled_rows(labels, [{"request_id": "a", "ttft_s": 0.5}], ("policy", "faults"))
-    assert list(row) == ["policy", "faults", "request_id", "ttft_s"]
-    (row,) = labelled_rows(labels, [{"request_id": "a"}])
-    assert list(row) == ["backend", "policy", "faults", "request_id"]
+    rows = [RequestRow("a", prompt_tokens=5), RequestRow("b", prompt_tokens=7)]
+    first, _ = request_table(labels, rows, keys=("policy", "faults"), position=False)
+    assert list(first)[:3] == ["policy", "faults", "request_id"]
+    first, second = request_table(labels, rows)
+    assert list(first)[:5] == ["backend", "policy", "faults", "position", "request_id"]
+    assert (first["position"], second["position"]) == (0, 1)
+    assert second["prompt_tokens"] == 7

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.extras import ExtraNotInstalledError
 from prefixkv.adapters.lab.outputs.plots import plot_capacity_sweep, plot_ttft_cdf, ttft_curves
@@ -21,6 +23,7 @@ from prefixkv.adapters.lab.outputs.tables import (
     write_tables,
 )
 from prefixkv.adapters.lab.sim import SimResult, SimSettings, from_trace, simulate, with_arrivals
+from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
 
@@ -131,3 +134,63 @@ def test_plots(tmp_path: Path) -> None:
     for path in (cdf, sweep):
         assert path.stat().st_size > 10_000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- one request row for every kind of run ------------------------------------------------
+
+_CLOCK = (
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "hit_tokens",
+    "computed_prefill_tokens",
+    "recomputed_tokens",
+    "num_preemptions",
+    "prefill_gpu_s",
+    "saved_gpu_s",
+    "queueing_delay_s",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+    "uncached_prefill_tokens",
+)
+_K_LIVE = (
+    "request_id",
+    "prompt_tokens",
+    "hit_tokens",
+    "uncached_prefill_tokens",
+    "matched_tokens",
+    "boundary_lost_tokens",
+    "cap_lost_tokens",
+    "index_us",
+    "admit_us",
+)
+_ROUTE = ("replica", "routes", "predicted_hit_tokens", "decision_us", "hash_us", "decision_cpu_us")
+
+
+@given(
+    prompt=st.integers(0, 10_000),
+    hit=st.integers(0, 10_000),
+    arrival=st.one_of(st.none(), st.floats(0, 1e6)),
+    replica=st.one_of(st.none(), st.integers(0, 63)),
+)
+def test_a_request_row_writes_the_columns_of_the_parts_its_run_filled(
+    prompt: int, hit: int, arrival: float | None, replica: int | None
+) -> None:
+    # The columns requests.csv promises: a K-live row (no clock), an arrival-time row,
+    # and a cluster row (a clock and a route), each in the order the files always had.
+    row = RequestRow("r", prompt_tokens=prompt, hit_tokens=min(hit, prompt))
+    if arrival is not None:
+        row.arrival_s = arrival
+        if replica is not None:
+            row.route(replica, 1, 32, 1.0, 0.5, 0.8)
+    flat = row.as_row()
+    route = _ROUTE if replica is not None else ()
+    expected = _K_LIVE if arrival is None else _CLOCK + route
+    assert tuple(flat) == expected
+    assert flat["uncached_prefill_tokens"] == prompt - min(hit, prompt)
+    assert all(flat[k] == getattr(row, k) or flat[k] != flat[k] for k in flat)

@@ -27,7 +27,7 @@ from prefixkv.adapters.lab.sim import (
     with_arrivals,
 )
 from prefixkv.adapters.lab.sim import replica_scheduler as scheduler_module
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.sim.replica_scheduler import ReplicaScheduler, SimSeq
 from prefixkv.adapters.lab.sim.seats import make_seat
 from prefixkv.adapters.lab.workloads import make_workload
@@ -57,7 +57,7 @@ def factory(name: str, block_size: int) -> IndexFactory:
     return lambda: make_index(name, block_size)
 
 
-def by_id(records: Iterable[RequestMetrics]) -> dict[str, RequestMetrics]:
+def by_id(records: Iterable[RequestRow]) -> dict[str, RequestRow]:
     return {r.request_id: r for r in records}
 
 
@@ -195,7 +195,7 @@ def _scheduler(
 
 def _seq(rid: str, prompt: array[int], out: int = 8) -> SimSeq:
     r = SimRequest(rid, prompt, out, 0.0)
-    return SimSeq(r, RequestMetrics(rid, 0.0, len(prompt), out))
+    return SimSeq(r, RequestRow(rid, 0.0, len(prompt), out))
 
 
 @pytest.mark.parametrize(("batching", "mixes"), [("mixed", True), ("prefill_first", False)])

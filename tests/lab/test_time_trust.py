@@ -785,7 +785,7 @@ def test_a_cluster_replays_sessions_closed_loop_and_flags_a_policy_above_pooled(
     closed = run_cluster(sim_requests(w, request_rate=40.0), "round_robin", cfg)
     opened = run_cluster(sim_requests(w, request_rate=40.0, closed_loop=False), "round_robin", cfg)
     for res, is_closed in ((closed, True), (opened, False)):
-        done = {r.metrics.request_id: r.metrics for r in res.requests}
+        done = {r.request_id: r for r in res.requests}
         assert len(done) == len(links)
         late = []
         for rid, req in links.items():

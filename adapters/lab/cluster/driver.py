@@ -23,7 +23,7 @@ import random
 import time
 from typing import Any
 
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.router.keys import Worker
 from prefixkv.adapters.router.policies import (
@@ -39,7 +39,7 @@ from .config import ClusterSettings
 from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
 from .fleet import Fleet, ReplicaSpec
-from .metrics import Invariants, RoutedRequest
+from .metrics import Invariants
 from .sim_replica import ReplicaReport
 
 __all__ = ["ClusterDriver"]
@@ -82,7 +82,7 @@ class ClusterDriver:
         self.in_flight: dict[str, tuple[int, SimRequest]] = {}
         self.routes: dict[str, int] = {}
         self.decisions: dict[str, Decision] = {}
-        self.done: dict[str, RoutedRequest] = {}
+        self.done: dict[str, RequestRow] = {}
         self.arrival_order: list[str] = []
         self.busy_s: dict[int, float] = {}
         self.busy_base: dict[int, float] = {}
@@ -201,7 +201,7 @@ class ClusterDriver:
             if r not in self.busy and not any(rr == r for rr, _ in self.in_flight.values()):
                 self._retire(r)
 
-    def _finish(self, replica: int, m: RequestMetrics) -> None:
+    def _finish(self, replica: int, m: RequestRow) -> None:
         rid = m.request_id
         holder = self.in_flight.get(rid)
         if holder is None or holder[0] != replica:
@@ -213,15 +213,12 @@ class ClusterDriver:
             self.inv.served_by_dead += 1
         del self.in_flight[rid]
         d = self.decisions[rid]
-        self.done[rid] = RoutedRequest(
-            m,
-            replica,
-            self.routes[rid],
-            d.predicted_blocks,
-            d.decision_s * 1e6,
-            d.hash_s * 1e6,
-            d.decision_cpu_s * 1e6,
-        )
+        blocks = d.predicted_blocks
+        predicted = None if blocks is None else blocks * self.config.block_size
+        self.done[rid] = m.route(
+            replica, self.routes[rid], predicted,
+            d.decision_s * 1e6, d.hash_s * 1e6, d.decision_cpu_s * 1e6,
+        )  # fmt: skip
         if self.plan.lose_completions and self.rng.random() < self.plan.lose_completions:
             self.stats["lost_completions"] += 1
             return

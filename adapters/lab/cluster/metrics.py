@@ -18,18 +18,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics, mean, percentile, summarize
+from prefixkv.adapters.lab.sim.metrics import RequestRow, mean, percentile, summarize
 
 __all__ = [
     "ClusterResult",
     "ClusterRun",
     "Invariants",
     "ReplicaSummary",
-    "RoutedRequest",
     "coefficient_of_variation",
     "summarize_run",
     "ttft_growth",
@@ -42,45 +41,6 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
         return math.nan
     average = mean(values)
     return statistics.pstdev(values) / average if average else 0.0
-
-
-@dataclass(slots=True)
-class RoutedRequest:
-    """One request's route and timeline.
-
-    Attributes:
-        metrics: the replica's record (arrival is the original one, TTFT includes
-            any time lost on a replica that died).
-        replica: the replica that finished it.
-        routes: decisions it took (more than 1 after a replica died under it).
-        predicted_blocks: the index's promise for the last decision (``None``: the
-            policy reads no index).
-        decision_us: wall microseconds of the last decision.
-        hash_us: wall microseconds hashing its blocks for that decision.
-        decision_cpu_us: CPU microseconds of that decision (this thread).
-    """
-
-    metrics: RequestMetrics
-    replica: int
-    routes: int
-    predicted_blocks: int | None
-    decision_us: float
-    hash_us: float
-    decision_cpu_us: float
-
-    def as_row(self, block_size: int) -> dict[str, Any]:
-        """Flat columns (the record's, then the route's)."""
-        row = self.metrics.as_row()
-        predicted = None if self.predicted_blocks is None else self.predicted_blocks * block_size
-        row.update(
-            replica=self.replica,
-            routes=self.routes,
-            predicted_hit_tokens=predicted,
-            decision_us=self.decision_us,
-            hash_us=self.hash_us,
-            decision_cpu_us=self.decision_cpu_us,
-        )
-        return row
 
 
 @dataclass(slots=True)
@@ -189,21 +149,19 @@ class ClusterRun:
     def load(self) -> LoadSummary:
         """The run's offered vs achieved load, overload and goodput, as every timed
         run states them (:meth:`~prefixkv.adapters.lab.sim.load.LoadSummary.verdict`)."""
-        return LoadSummary(
-            num_requests=self.num_requests,
-            offered_rate=self.offered_rate,
-            sent_rate=self.sent_rate,
-            achieved_rate=self.achieved_rate,
-            waiting_growth=self.waiting_growth,
-            overloaded=self.overloaded,
-            closed_loop=self.closed_loop,
-            slo=self.slo,
-            good_requests=self.good_requests,
-            goodput=self.goodput,
-        )
+        return LoadSummary(**{name: getattr(self, name) for name in _LOAD})
 
 
-def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
+_LOAD = tuple(f.name for f in fields(LoadSummary))
+"""The columns a run's load adds (every one a :class:`ClusterRun` field too)."""
+_FROM_REPLICA = (
+    "num_requests", "hit_ratio", "prompt_tokens", "hit_tokens", "ttft_mean_s", "ttft_p50_s",
+    "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "prefill_gpu_s",
+)  # fmt: skip
+"""The columns the fleet's requests give as one replica's would (:func:`summarize`)."""
+
+
+def ttft_growth(metrics: Sequence[RequestRow]) -> float:
     """Mean TTFT of the last quarter of arrivals over the first quarter's (NaN for
     fewer than 8 requests or a zero first quarter): near 1 in a steady state, large
     when queues grow through the run."""
@@ -216,13 +174,13 @@ def ttft_growth(metrics: Sequence[RequestMetrics]) -> float:
     return last / first if first > 0 else math.nan
 
 
-def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, Any]:
+def _overlap(requests: Sequence[RequestRow]) -> dict[str, Any]:
     """The index's promises against the hits they led to: how many, the mean absolute
     error, and the shares above (phantom) and below (missed) the realized hit."""
     pairs = [
-        (r.predicted_blocks * block_size, r.metrics.hit_tokens)
+        (r.predicted_hit_tokens, r.hit_tokens)
         for r in requests
-        if r.predicted_blocks is not None
+        if r.predicted_hit_tokens is not None
     ]
     n = len(pairs)
     return {
@@ -234,10 +192,9 @@ def _overlap(requests: Sequence[RoutedRequest], block_size: int) -> dict[str, An
 
 
 def summarize_run(
-    requests: Sequence[RoutedRequest],
+    requests: Sequence[RequestRow],
     replicas: Sequence[ReplicaSummary],
     *,
-    block_size: int,
     swept: int,
     offered_arrivals: Sequence[float] | None = None,
     slo: Slo | None = None,
@@ -247,51 +204,33 @@ def summarize_run(
     replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
     ``offered_arrivals``, ``slo`` and ``closed_loop`` as
     :func:`~prefixkv.adapters.lab.sim.load.summarize_load` takes them."""
-    recs = [r.metrics for r in requests]
     busy = [r.busy_s for r in replicas]
     mean_busy = mean(busy)
-    base = summarize(recs, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
-    span = max((m.arrival_s for m in recs), default=0.0) - min(
-        (m.arrival_s for m in recs), default=0.0
+    base = summarize(requests, busy_s=math.fsum(busy), num_steps=0, evicted_blocks=0)
+    arrivals = [m.arrival_s for m in requests]
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    load = summarize_load(
+        requests, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop
     )
-    load = summarize_load(recs, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop)
     return ClusterRun(
-        num_requests=base.num_requests,
+        **{name: getattr(base, name) for name in _FROM_REPLICA},
+        **{name: getattr(load, name) for name in _LOAD if name != "num_requests"},
         num_replicas=len(replicas),
-        hit_ratio=base.hit_ratio,
-        prompt_tokens=base.prompt_tokens,
-        hit_tokens=base.hit_tokens,
-        ttft_mean_s=base.ttft_mean_s,
-        ttft_p50_s=base.ttft_p50_s,
-        ttft_p90_s=base.ttft_p90_s,
-        ttft_p99_s=base.ttft_p99_s,
-        e2e_p50_s=base.e2e_p50_s,
-        e2e_p99_s=base.e2e_p99_s,
         load_cv=coefficient_of_variation(busy),
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
         requests_cv=coefficient_of_variation([r.requests for r in replicas]),
         prompt_tokens_cv=coefficient_of_variation([r.prompt_tokens for r in replicas]),
         **_router_times(requests),
-        **_overlap(requests, block_size),
+        **_overlap(requests),
         rerouted_requests=sum(r.routes > 1 for r in requests),
         swept_reservations=swept,
-        prefill_gpu_s=base.prefill_gpu_s,
         makespan_s=base.duration_s,
         offered_load=math.fsum(busy) / (len(busy) * span) if busy and span > 0 else math.nan,
-        ttft_growth=ttft_growth(recs),
-        offered_rate=load.offered_rate,
-        achieved_rate=load.achieved_rate,
-        waiting_growth=load.waiting_growth,
-        overloaded=load.overloaded,
-        sent_rate=load.sent_rate,
-        closed_loop=load.closed_loop,
-        slo=load.slo,
-        good_requests=load.good_requests,
-        goodput=load.goodput,
+        ttft_growth=ttft_growth(requests),
     )
 
 
-def _router_times(requests: Sequence[RoutedRequest]) -> dict[str, Any]:
+def _router_times(requests: Sequence[RequestRow]) -> dict[str, Any]:
     """The router's decision and hashing times, in microseconds."""
     decisions = [r.decision_us for r in requests]
     hashes = [r.hash_us for r in requests]
@@ -318,7 +257,7 @@ class ClusterResult:
     """
 
     labels: Mapping[str, Any]
-    requests: list[RoutedRequest] = field(repr=False)
+    requests: list[RequestRow] = field(repr=False)
     replicas: list[ReplicaSummary]
     run: ClusterRun
     invariants: Invariants

@@ -158,7 +158,7 @@ class _Sessions:
 
     def _release(self) -> None:
         for parent in [p for p in self.held if p in self.run.done]:
-            finish = self.run.done[parent].metrics.finish_s
+            finish = self.run.done[parent].finish_s
             for r in self.held.pop(parent):
                 send = max(r.arrival or 0.0, finish + r.think_s)
                 heapq.heappush(self.ready, (send, self.order, r))
@@ -191,7 +191,7 @@ class _Sessions:
         elif after not in self.run.done:
             self.held.setdefault(after, []).append(req)
         else:
-            send = max(t, self.run.done[after].metrics.finish_s + req.think_s)
+            send = max(t, self.run.done[after].finish_s + req.think_s)
             heapq.heappush(self.ready, (send, self.order, req))
             self.order += 1
             self._route_due(t)
@@ -231,11 +231,13 @@ def _result(
         for r, busy in sorted(run.busy_s.items())
     }
     for rr in requests:
+        if rr.replica is None:  # never: the driver routes every request it finishes
+            continue
         s = per.setdefault(rr.replica, ReplicaSummary(rr.replica, 0, 0, 0, 0, 0.0))
         s.requests += 1
-        s.prompt_tokens += rr.metrics.prompt_tokens
-        s.hit_tokens += rr.metrics.hit_tokens
-        s.computed_prefill_tokens += rr.metrics.computed_prefill_tokens
+        s.prompt_tokens += rr.prompt_tokens
+        s.hit_tokens += rr.hit_tokens
+        s.computed_prefill_tokens += rr.computed_prefill_tokens
     router = run.router
     stats: dict[str, Any] = dict(run.stats)
     stats["dropped_batches"] = run.channel.num_dropped
@@ -260,7 +262,7 @@ def _result(
         **(labels or {}),
     }
     summary = summarize_run(
-        requests, list(per.values()), block_size=cfg.block_size, swept=swept,
+        requests, list(per.values()), swept=swept,
         offered_arrivals=asked, slo=cfg.slo, closed_loop=closed_loop,
     )  # fmt: skip
     return ClusterResult(all_labels, requests, list(per.values()), summary, inv, stats)

@@ -27,7 +27,7 @@ from prefixkv.adapters.events.wire import (
 )
 from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
-from prefixkv.adapters.lab.sim.metrics import RequestMetrics
+from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
@@ -98,7 +98,7 @@ class ReplicaReport(NamedTuple):
     now: float
     batches: list[SeqBatch]
     first_tokens: list[tuple[str, float]]
-    finished: list[RequestMetrics]
+    finished: list[RequestRow]
     num_waiting: int
     num_running: int
     kv_usage: float
@@ -160,7 +160,7 @@ class SimReplica(Replica):
         self.check_scheme = check_scheme
         self._batches: list[SeqBatch] = []
         self._first: list[tuple[str, float]] = []
-        self._finished: list[RequestMetrics] = []
+        self._finished: list[RequestRow] = []
         self._violations: list[str] = []
         self._hashes: dict[str, list[int]] = {}
         self._drop_removals = drop_removals
@@ -168,7 +168,7 @@ class SimReplica(Replica):
 
     # ------------------------------------------------------------ requests
 
-    def add(self, request: SimRequest, sent: float | None = None) -> RequestMetrics:
+    def add(self, request: SimRequest, sent: float | None = None) -> RequestRow:
         """Queue a request the router sent (at ``sent``, default its arrival or now);
         it waits for the next step. An idle replica's clock moves to it.
 

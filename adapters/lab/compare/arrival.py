@@ -41,6 +41,7 @@ from ..sim import (
 )
 from ..sim.arrivals import check_request_rate, check_time_scale
 from ..sim.load import LoadSummary, Slo, summarize_load
+from ..sim.metrics import request_table
 from ..sim.requests import from_trace
 from ..traces import TraceSource
 from ..workloads import Workload
@@ -349,17 +350,12 @@ class ArrivalRun:
 
     def request_rows(self) -> list[dict[str, Any]]:
         """One flat record per request, in arrival order."""
-        labels = self.labels()
+        rows = request_table(self.labels(), self.result.requests)
         slo = self.settings.slo
-        return [
-            {
-                **labels,
-                "position": k,
-                **r.as_row(),
-                **({} if slo is None else {"meets_slo": slo.met(r)}),
-            }
-            for k, r in enumerate(self.result.requests)
-        ]
+        if slo is not None:
+            for row, r in zip(rows, self.result.requests, strict=True):
+                row["meets_slo"] = slo.met(r)
+        return rows
 
 
 def run_arrival(

@@ -22,12 +22,12 @@ import numpy as np
 from prefixkv.indexes.registry import describe_index
 
 from ..replay import Driver, ReplayError, ReplayResult, replay
+from ..sim.metrics import RequestRow, request_table
 from ..workloads import Workload
 from .spec import BackendSpec, Bars, CapacityError, CompareError, Scalar
 
 __all__ = [
     "BackendRun",
-    "RequestHits",
     "SweepPoint",
     "options_text",
     "percentile",
@@ -88,34 +88,6 @@ def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestHits:
-    """Per-request columns of one K-live replay, in arrival order.
-
-    Attributes:
-        ids: request ids.
-        prompt_tokens: prompt length.
-        hit_tokens: prompt tokens served from the cache.
-        matched_tokens: tokens equal to cached content (BB-8; 0 without accounting).
-        boundary_lost_tokens: matched but recomputed at a block boundary (BB-8).
-        cap_lost_tokens: matched but recomputed in the last block (BB-1, BB-3).
-        index_us: index time of all the request's calls (min over timed replays).
-        admit_us: the part spent admitting it.
-    """
-
-    ids: list[str]
-    prompt_tokens: list[int]
-    hit_tokens: list[int]
-    matched_tokens: list[int]
-    boundary_lost_tokens: list[int]
-    cap_lost_tokens: list[int]
-    index_us: list[float]
-    admit_us: list[float]
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
 class BackendRun:
     """One backend's K-live replay of one workload at the comparison's capacity.
 
@@ -142,7 +114,7 @@ class BackendRun:
         seconds_by_call: index seconds per call kind (the fastest timed replay).
         wall_seconds_tracked: the first replay's wall time.
         wall_seconds_timed: each timed replay's wall time.
-        per_request: the per-request columns.
+        requests: one row per request, in arrival order.
     """
 
     workload: str
@@ -178,7 +150,7 @@ class BackendRun:
     seconds_by_call: Mapping[str, float]
     wall_seconds_tracked: float
     wall_seconds_timed: tuple[float, ...]
-    per_request: RequestHits = field(repr=False)
+    requests: list[RequestRow] = field(repr=False)
 
     def labels(self) -> dict[str, Scalar]:
         """The columns that say which run a row belongs to."""
@@ -210,24 +182,7 @@ class BackendRun:
 
     def request_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per request, in arrival order."""
-        labels = self.labels()
-        p = self.per_request
-        return [
-            {
-                **labels,
-                "position": k,
-                "request_id": p.ids[k],
-                "prompt_tokens": p.prompt_tokens[k],
-                "hit_tokens": p.hit_tokens[k],
-                "uncached_prefill_tokens": p.prompt_tokens[k] - p.hit_tokens[k],
-                "matched_tokens": p.matched_tokens[k],
-                "boundary_lost_tokens": p.boundary_lost_tokens[k],
-                "cap_lost_tokens": p.cap_lost_tokens[k],
-                "index_us": p.index_us[k],
-                "admit_us": p.admit_us[k],
-            }
-            for k in range(len(p))
-        ]
+        return request_table(self.labels(), self.requests)
 
 
 def options_text(options: Mapping[str, Any]) -> str:
@@ -291,8 +246,9 @@ def _backend_run(
     timed: Sequence[ReplayResult],
 ) -> BackendRun:
     """The record of a backend's replays: hits from ``first``, times from ``timed``."""
-    hits = _request_hits(first, timed)
-    index_us, admit_us = hits.index_us, hits.admit_us
+    rows = _request_rows(first, timed)
+    index_us = [r.index_us for r in rows]
+    admit_us = [r.admit_us for r in rows]
     bs = spec.block_size
     num_blocks = spec.num_blocks(capacity_tokens)
     prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
@@ -312,9 +268,9 @@ def _backend_run(
         hit_tokens=hit,
         hit_ratio=hit / prompt if prompt else 0.0,
         boundary_accounting=boundary_accounting,
-        matched_tokens=sum(hits.matched_tokens),
-        boundary_lost_tokens=sum(hits.boundary_lost_tokens),
-        cap_lost_tokens=sum(hits.cap_lost_tokens),
+        matched_tokens=sum(r.matched_tokens for r in rows),
+        boundary_lost_tokens=sum(r.boundary_lost_tokens for r in rows),
+        cap_lost_tokens=sum(r.cap_lost_tokens for r in rows),
         evicted_blocks=first.evicted_blocks,
         evicted_tokens=first.evicted_blocks * bs,
         peak_cached_blocks=first.peak_cached_blocks,
@@ -330,7 +286,7 @@ def _backend_run(
         seconds_by_call=dict(min(timed, key=lambda t: t.wall_seconds).seconds_by_call),
         wall_seconds_tracked=first.wall_seconds,
         wall_seconds_timed=tuple(t.wall_seconds for t in timed),
-        per_request=hits,
+        requests=rows,
     )
 
 
@@ -356,24 +312,37 @@ def _replays(
     return first, memory, timed
 
 
-def _request_hits(first: ReplayResult, timed: Sequence[ReplayResult]) -> RequestHits:
-    """The per-request columns: hits from ``first``, times the least over ``timed``."""
+def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[RequestRow]:
+    """One row per request: hits from ``first``, times the least over ``timed``."""
     n = first.num_requests
     zeros = [0] * n
 
     def column(values: Sequence[int]) -> list[int]:
         return list(values) if len(values) == n else zeros
 
-    return RequestHits(
-        ids=list(first.ids),
-        prompt_tokens=first.prompt_len.tolist(),
-        hit_tokens=first.hit_tokens.tolist(),
-        matched_tokens=column(first.matched_tokens),
-        boundary_lost_tokens=column(first.boundary_lost_tokens),
-        cap_lost_tokens=column(first.cap_lost_tokens),
-        index_us=_min_us([t.request_seconds for t in timed]),
-        admit_us=_min_us([t.admit_seconds for t in timed]),
-    )
+    return [
+        RequestRow(
+            rid,
+            prompt_tokens=prompt,
+            hit_tokens=hit,
+            matched_tokens=matched,
+            boundary_lost_tokens=boundary,
+            cap_lost_tokens=cap,
+            index_us=index,
+            admit_us=admit,
+        )
+        for rid, prompt, hit, matched, boundary, cap, index, admit in zip(
+            first.ids,
+            first.prompt_len.tolist(),
+            first.hit_tokens.tolist(),
+            column(first.matched_tokens),
+            column(first.boundary_lost_tokens),
+            column(first.cap_lost_tokens),
+            _min_us([t.request_seconds for t in timed]),
+            _min_us([t.admit_seconds for t in timed]),
+            strict=True,
+        )
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,18 +435,18 @@ def select_strip_requests(results: Sequence[BackendRun], limit: int = 6) -> list
     the backends' hits differ, then those with a recomputed last block, then the rest.
     Complexity: O(requests * backends), one pass per criterion.
     """
-    per = [r.per_request for r in results]
+    per = [r.requests for r in results]
     n = len(per[0]) if per else 0
     cached = [p for p, r in zip(per, results, strict=True) if describe_index(r.index).caches] or per
 
     def boundary(i: int) -> bool:
-        return any(p.boundary_lost_tokens[i] for p in cached)
+        return any(p[i].boundary_lost_tokens for p in cached)
 
     def differ(i: int) -> bool:
-        return len({p.hit_tokens[i] for p in cached}) > 1
+        return len({p[i].hit_tokens for p in cached}) > 1
 
     def capped(i: int) -> bool:
-        return any(p.cap_lost_tokens[i] for p in cached)
+        return any(p[i].cap_lost_tokens for p in cached)
 
     chosen: list[int] = []
     taken: set[int] = set()

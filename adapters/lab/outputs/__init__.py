@@ -1,8 +1,9 @@
 """Everything the lab's commands write: tidy tables, report.md, results.json and plots.
 
-* :mod:`.tables`: one schema for every table (a run's labels, then a record's flat
-  fields: one row per request, one per run) and its writers (CSV, JSON, JSON lines,
-  Parquet, ``results.json``).
+* :mod:`.tables`: the writers of the tidy tables (CSV, JSON, JSON lines, Parquet,
+  ``results.json``). Their one schema is below the commands: a run's labels, then
+  a record's flat fields; one row per request (``sim.metrics.RequestRow`` through
+  ``request_table``, whatever the run), one per run (its labels, then its summary).
 * :mod:`.markdown`: one table writer over column specs (header, alignment, meaning)
   for the terminal and report.md, the column definitions, the number formats.
 * :mod:`.compare` and :mod:`.cluster`: each command's report, a section per axis

@@ -25,6 +25,7 @@ from ..cluster.experiment import is_rate_run
 from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
+from ..sim.metrics import request_table
 from . import plots
 from .markdown import (
     Column,
@@ -36,7 +37,7 @@ from .markdown import (
     titled_table,
     write_text,
 )
-from .tables import labelled_rows, write_json, write_rows
+from .tables import write_json, write_rows
 
 __all__ = [
     "FAULT_COLUMNS",
@@ -366,9 +367,7 @@ def _request_rows(results: Sequence[ClusterResult]) -> list[dict[str, Any]]:
     return [
         row
         for r in results
-        for row in labelled_rows(
-            r.labels, (q.as_row(r.labels["block_size"]) for q in r.requests), _REQUEST_LABELS
-        )
+        for row in request_table(r.labels, r.requests, keys=_REQUEST_LABELS, position=False)
     ]
 
 
@@ -436,15 +435,13 @@ def _policy_axis(
     )
     md += ["Columns:", "", *definitions(POLICY_COLUMNS)]
     context = _context(source, main[0])
-    curves = [(f"{_name(r)} (mean {r.run.ttft_mean_s:.3g} s)",
-               [q.metrics.ttft_s for q in r.requests]) for r in main]  # fmt: skip
     figures: tuple[tuple[str, str, Callable[[Path, str], Path]], ...] = (
         ("hit_ratio", "Prefix hit ratio per policy",
          lambda p, t: plots.plot_hit_ratio(main, p, title=t)),
         ("frontier", "Hit ratio against load imbalance",
          lambda p, t: plots.plot_frontier(main, p, title=t)),
         ("ttft_cdf", "TTFT distribution per policy",
-         lambda p, t: plots.plot_ttft_cdf(curves, p, title=t)),
+         lambda p, t: plots.plot_ttft_cdf(plots.ttft_curves(main, "policy"), p, title=t)),
         ("overlap", "Predicted against realized hit tokens",
          lambda p, t: plots.plot_overlap(main, p, title=t)),
         ("decision_latency", "Router decision time",
@@ -453,10 +450,6 @@ def _policy_axis(
     for name, what, plot in figures:
         md += draw(name, f"{what}: {context}", plot)
     return md
-
-
-def _name(r: ClusterResult) -> str:
-    return str(r.labels["policy"])
 
 
 def _fleet_axis(

@@ -452,11 +452,11 @@ def _strip_table(w: WorkloadResult) -> str:
     headers = ["request", "prompt", *(f"{b.backend} hit / bnd / last" for b in backends)]
     rows = []
     for i in w.strip_requests:
-        first = backends[0].per_request
-        row = [first.ids[i], str(first.prompt_tokens[i])]
+        first = backends[0].requests[i]
+        row = [first.request_id, str(first.prompt_tokens)]
         for b in backends:
-            p = b.per_request
-            row.append(f"{p.hit_tokens[i]} / {p.boundary_lost_tokens[i]} / {p.cap_lost_tokens[i]}")
+            p = b.requests[i]
+            row.append(f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}")
         rows.append(row)
     return markdown_table(headers, rows, "<>" + ">" * len(backends))
 
@@ -464,18 +464,17 @@ def _strip_table(w: WorkloadResult) -> str:
 def _seed_paragraph(w: WorkloadResult) -> list[str]:
     lines = []
     for b in w.backends:
-        p = b.per_request
-        if not describe_index(b.index).caches or "B" not in p.ids:
+        by_id = {r.request_id: r for r in b.requests}
+        bee, again = by_id.get("B"), by_id.get("A-again")
+        if not describe_index(b.index).caches or bee is None:
             continue
-        i = p.ids.index("B")
         line = (
-            f"- {b.backend}: B hit {p.hit_tokens[i]} of {p.prompt_tokens[i]} tokens, "
-            f"matched {p.matched_tokens[i]}, {p.boundary_lost_tokens[i]} lost to the "
+            f"- {b.backend}: B hit {bee.hit_tokens} of {bee.prompt_tokens} tokens, "
+            f"matched {bee.matched_tokens}, {bee.boundary_lost_tokens} lost to the "
             "block boundary"
         )
-        if "A-again" in p.ids:
-            j = p.ids.index("A-again")
-            line += f"; A again hit {p.hit_tokens[j]}, recomputing {p.cap_lost_tokens[j]}"
+        if again is not None:
+            line += f"; A again hit {again.hit_tokens}, recomputing {again.cap_lost_tokens}"
         lines.append(line + ".")
     if not lines:
         return []

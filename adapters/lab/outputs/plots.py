@@ -140,9 +140,11 @@ def plot_ttft_cdf(
     return _save(fig, path, title)
 
 
-def ttft_curves(results: Sequence[SimResult], label_key: str = "backend") -> list[Curve]:
-    """Each simulated run's TTFTs, named by its ``label_key`` label (else its index
-    and block size) and its median."""
+def ttft_curves(
+    results: Sequence[SimResult | ClusterResult], label_key: str = "backend"
+) -> list[Curve]:
+    """Each timed run's TTFTs (one replica's or a fleet's), named by its ``label_key``
+    label (else its index and block size) and its median."""
     out: list[Curve] = []
     for res in results:
         labels = res.labels
@@ -291,8 +293,8 @@ def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title:
         ys: list[float] = []
         runs = [b for w in workloads for b in w.backends if b.backend == label]
         for b in runs:
-            xs += b.per_request.prompt_tokens
-            ys += [max(y, 0.01) for y in getattr(b.per_request, field)]
+            xs += [r.prompt_tokens for r in b.requests]
+            ys += [max(getattr(r, field), 0.01) for r in b.requests]
         colour = backend_colour(runs[0].index, pos)
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
@@ -323,16 +325,16 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
 
 
 def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
-    p = b.per_request
-    hit, cap, bnd = p.hit_tokens[i], p.cap_lost_tokens[i], p.boundary_lost_tokens[i]
-    new = p.prompt_tokens[i] - hit - cap - bnd
+    p = b.requests[i]
+    hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
+    new = p.prompt_tokens - hit - cap - bnd
     return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
 
 
 def _strip_panel(ax: Any, backends: Sequence[BackendRun], i: int, block: int) -> None:
     """Request ``i``'s prompt tokens by fate, one bar per backend."""
-    first = backends[0].per_request
-    length = first.prompt_tokens[i]
+    first = backends[0].requests[i]
+    length = first.prompt_tokens
     for row, b in enumerate(backends):
         y = len(backends) - 1 - row
         segments = _segments(b, i)
@@ -351,7 +353,7 @@ def _strip_panel(ax: Any, backends: Sequence[BackendRun], i: int, block: int) ->
     ax.set_yticklabels([b.backend for b in reversed(backends)], fontsize=8)
     ax.set_xlim(0, length * 1.3)
     ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= length])
-    ax.set_title(f"request {first.ids[i]} ({length} prompt tokens)", fontsize=9, loc="left")
+    ax.set_title(f"request {first.request_id} ({length} prompt tokens)", fontsize=9, loc="left")
     ax.tick_params(axis="x", labelsize=7)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -528,9 +530,9 @@ def plot_frontier(
 def _overlap_panel(ax: Any, res: ClusterResult) -> None:
     bs = res.labels["block_size"]
     pts = [
-        (r.predicted_blocks * bs, r.metrics.hit_tokens)
+        (r.predicted_hit_tokens, r.hit_tokens)
         for r in res.requests
-        if r.predicted_blocks is not None
+        if r.predicted_hit_tokens is not None
     ]
     top = max((max(p) for p in pts), default=1) or 1
     ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)

@@ -24,7 +24,7 @@ from prefixkv.adapters.outputs import atomic_writer
 
 from ..extras import require_extra
 from ..sim.errors import SimError
-from ..sim.metrics import SimResult
+from ..sim.metrics import SimResult, request_table
 
 if TYPE_CHECKING:
     import pandas
@@ -33,7 +33,6 @@ __all__ = [
     "TABLE_FORMATS",
     "TableFormatError",
     "json_safe",
-    "labelled_rows",
     "request_rows",
     "run_rows",
     "to_dataframes",
@@ -52,27 +51,16 @@ class TableFormatError(SimError):
     """An unknown table format, or Parquet without pyarrow installed."""
 
 
-def labelled_rows(
-    labels: Mapping[str, Any], records: Iterable[Row], keys: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
-    """The schema: each record's fields after the run's labels (``keys`` of them only,
-    in that order, when given)."""
-    head = dict(labels) if keys is None else {k: labels[k] for k in keys}
-    return [{**head, **record} for record in records]
-
-
 def request_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
     """One row per request of every run: the run's labels, then the request's fields."""
     return [
-        row
-        for res in results
-        for row in labelled_rows(res.labels, (r.as_row() for r in res.requests))
+        row for res in results for row in request_table(res.labels, res.requests, position=False)
     ]
 
 
 def run_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
     """One row per run: its labels, then its summary."""
-    return [row for res in results for row in labelled_rows(res.labels, [res.run.as_row()])]
+    return [{**res.labels, **res.run.as_row()} for res in results]
 
 
 def _columns(rows: Sequence[Row]) -> list[str]:

@@ -1,7 +1,7 @@
 """Offered vs achieved load, overload and goodput, from a timed run's per-request records.
 
 What ``vllm bench serve`` and genai-perf report beside the latencies, computed from
-the records any timed run produces (:class:`~.metrics.RequestMetrics`), so that a
+the records any timed run produces (:class:`~.metrics.RequestRow`), so that a
 replica, a fleet and a closed-loop run say the same things the same way:
 
 - **offered rate**: requests per second of the arrival window, ``n / (last arrival -
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import SimSettingsError
-from .metrics import RequestMetrics
+from .metrics import RequestRow
 
 __all__ = [
     "MIN_REQUESTS",
@@ -88,7 +88,7 @@ class Slo:
                     f"SLO {name} must be a finite number of seconds > 0, got {b!r}"
                 )
 
-    def met(self, r: RequestMetrics) -> bool:
+    def met(self, r: RequestRow) -> bool:
         """Whether ``r`` meets every bound (a one-token output has TPOT 0)."""
         if self.ttft_s is not None and not r.ttft_s <= self.ttft_s:
             return False
@@ -200,7 +200,7 @@ def _rate(value: float) -> str:
 
 
 def summarize_load(
-    records: Iterable[RequestMetrics],
+    records: Iterable[RequestRow],
     *,
     offered_arrivals: Sequence[float] | None = None,
     slo: Slo | None = None,

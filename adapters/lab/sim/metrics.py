@@ -1,8 +1,10 @@
-"""What a simulated run measures: one record per request and one summary per run.
+"""What a run measures: one record per request (every kind of run) and one summary per run.
 
-Per request, the timeline an engine's user sees (arrival, first scheduled, first
-token, finish) and the cache's part in it (hit tokens, uncached prefill tokens,
-preemptions, prefill GPU-seconds computed and saved). Per run, the percentiles
+Per request (:class:`RequestRow`), the cache's part (hit tokens, uncached prefill
+tokens) and what the run had to measure: on a clock, the timeline an engine's user
+sees (arrival, first scheduled, first token, finish), preemptions and prefill
+GPU-seconds computed and saved; in a K-live replay, the boundary accounting and the
+index times; behind a router, the route. Per run of a clock, the percentiles
 vLLM's and SGLang's serving benchmarks report (TTFT p50/p90/p99, end-to-end
 latency, throughput) with the cache totals beside them. Percentiles interpolate
 linearly between ranks, as ``numpy.percentile`` does.
@@ -13,15 +15,16 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "RequestMetrics",
+    "RequestRow",
     "RunMetrics",
     "SimResult",
     "mean",
     "percentile",
+    "request_table",
     "summarize",
 ]
 
@@ -39,12 +42,19 @@ def percentile(values: Sequence[float], q: int) -> float:
 
 
 @dataclass(slots=True)
-class RequestMetrics:
-    """One request's timeline and cache accounting (times in virtual seconds).
+class RequestRow:
+    """What a run records per request: one type from the K-live replay to the cluster.
+
+    Every run fills the identity and the cache's part (``request_id``,
+    ``prompt_tokens``, ``hit_tokens``); a run on a clock (arrival time, a cluster
+    replica) fills the timeline and the GPU accounting; a K-live replay fills the
+    boundary accounting and the index times instead; a routed request adds its route.
+    :meth:`as_row` gives the columns of the parts that were filled. Times in virtual
+    seconds (the clock), index and router times in wall microseconds.
 
     Attributes:
         request_id: the request.
-        arrival_s: when it reached the engine.
+        arrival_s: when it reached the engine (NaN: a run without a clock).
         prompt_tokens: its prompt length.
         output_tokens: tokens it generated.
         first_scheduled_s: start of the step that first computed any of it.
@@ -58,12 +68,24 @@ class RequestMetrics:
         prefill_gpu_s: marginal GPU time of the prefill it computed (the cost
             model's ``prefill_s`` of each chunk; the per-step fixed cost excluded).
         saved_gpu_s: marginal GPU time its prefix hits saved, over every admission.
+        matched_tokens: tokens equal to cached content (SPEC BB-8; 0 without accounting).
+        boundary_lost_tokens: matched but recomputed at a block boundary (BB-8).
+        cap_lost_tokens: matched but recomputed in the last block (BB-1, BB-3).
+        index_us: index time of all the request's calls (min over timed replays).
+        admit_us: the part spent admitting it.
+        replica: the replica that finished it (``None``: not routed).
+        routes: routing decisions it took (more than 1 after a replica died under it).
+        predicted_hit_tokens: the router index's promise for the last decision
+            (``None``: the policy reads no index).
+        decision_us: wall microseconds of the last decision.
+        hash_us: wall microseconds hashing its blocks for that decision.
+        decision_cpu_us: CPU microseconds of that decision (its thread).
     """
 
     request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
+    arrival_s: float = math.nan
+    prompt_tokens: int = 0
+    output_tokens: int = 0
     first_scheduled_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan
@@ -73,6 +95,17 @@ class RequestMetrics:
     num_preemptions: int = 0
     prefill_gpu_s: float = 0.0
     saved_gpu_s: float = 0.0
+    matched_tokens: int = 0
+    boundary_lost_tokens: int = 0
+    cap_lost_tokens: int = 0
+    index_us: float = math.nan
+    admit_us: float = math.nan
+    replica: int | None = None
+    routes: int = 0
+    predicted_hit_tokens: int | None = None
+    decision_us: float = math.nan
+    hash_us: float = math.nan
+    decision_cpu_us: float = math.nan
 
     @property
     def queueing_delay_s(self) -> float:
@@ -101,15 +134,58 @@ class RequestMetrics:
         """Prompt tokens not served from the cache at first admission."""
         return self.prompt_tokens - self.hit_tokens
 
+    def route(
+        self,
+        replica: int,
+        routes: int,
+        predicted_hit_tokens: int | None,
+        decision_us: float,
+        hash_us: float,
+        decision_cpu_us: float,
+    ) -> RequestRow:
+        """Note the route that brought it to ``replica`` (its last decision); ``self``."""
+        self.replica, self.routes = replica, routes
+        self.predicted_hit_tokens = predicted_hit_tokens
+        self.decision_us, self.hash_us, self.decision_cpu_us = decision_us, hash_us, decision_cpu_us
+        return self
+
     def as_row(self) -> dict[str, Any]:
-        """Every field and derived time, flat."""
-        row = asdict(self)
-        row["queueing_delay_s"] = self.queueing_delay_s
-        row["ttft_s"] = self.ttft_s
-        row["e2e_s"] = self.e2e_s
-        row["tpot_s"] = self.tpot_s
-        row["uncached_prefill_tokens"] = self.uncached_prefill_tokens
+        """The filled parts' columns, flat: the timeline and its derived times on a
+        clock (then the route, when routed), else the K-live accounting."""
+        if math.isnan(self.arrival_s):
+            return {name: getattr(self, name) for name in _K_LIVE_COLUMNS}
+        row = {name: getattr(self, name) for name in _CLOCK_COLUMNS}
+        if self.replica is not None:
+            row.update((name, getattr(self, name)) for name in _ROUTE_COLUMNS)
         return row
+
+
+# The parts of a row, in the fields' order (the order requests.csv has always had).
+_FIELDS = tuple(f.name for f in fields(RequestRow))
+_K_LIVE_AT, _ROUTE_AT = _FIELDS.index("matched_tokens"), _FIELDS.index("replica")
+_DERIVED = ("queueing_delay_s", "ttft_s", "e2e_s", "tpot_s", "uncached_prefill_tokens")
+_CLOCK_COLUMNS = (*_FIELDS[:_K_LIVE_AT], *_DERIVED)
+_K_LIVE_COLUMNS = (*_FIELDS[:1], *_FIELDS[2:3], *_FIELDS[7:8], _DERIVED[-1],
+                   *_FIELDS[_K_LIVE_AT:_ROUTE_AT])  # fmt: skip
+_ROUTE_COLUMNS = _FIELDS[_ROUTE_AT:]
+
+
+def request_table(
+    labels: Mapping[str, Any],
+    requests: Iterable[RequestRow],
+    *,
+    keys: Sequence[str] | None = None,
+    position: bool = True,
+) -> list[dict[str, Any]]:
+    """The tidy request rows of one run: its labels (only ``keys`` of them, in that
+    order, when given), the request's ``position`` in arrival order (when asked), then
+    its row's columns (:meth:`RequestRow.as_row`). Rows of many runs stack into one
+    table that ``pandas.read_csv`` loads and ``groupby`` slices."""
+    head = dict(labels) if keys is None else {k: labels[k] for k in keys}
+    return [
+        {**head, **({"position": k} if position else {}), **r.as_row()}
+        for k, r in enumerate(requests)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +249,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 def summarize(
-    records: Iterable[RequestMetrics], *, busy_s: float, num_steps: int, evicted_blocks: int
+    records: Iterable[RequestRow], *, busy_s: float, num_steps: int, evicted_blocks: int
 ) -> RunMetrics:
     """Fold finished requests' records into a :class:`RunMetrics`."""
     recs = list(records)
@@ -228,5 +304,5 @@ class SimResult:
     """
 
     labels: Mapping[str, Any]
-    requests: list[RequestMetrics] = field(repr=False)
+    requests: list[RequestRow] = field(repr=False)
     run: RunMetrics

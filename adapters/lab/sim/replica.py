@@ -33,7 +33,7 @@ from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
 from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
-from .metrics import RequestMetrics, RunMetrics, SimResult, summarize
+from .metrics import RequestRow, RunMetrics, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import StepWork
 from .requests import SimRequest
@@ -106,7 +106,7 @@ def simulate(
     return SimResult(all_labels, records, _summary(records, replica))
 
 
-def _summary(records: list[RequestMetrics], replica: Replica) -> RunMetrics:
+def _summary(records: list[RequestRow], replica: Replica) -> RunMetrics:
     """The run's row: its records' summary with the replica's busy time, steps and
     evicted blocks."""
     return summarize(
@@ -148,13 +148,13 @@ def pool_seat(
 
 def _run(
     replica: Replica, gate: _SessionGate, progress: Callable[[int], object] | None
-) -> tuple[list[RequestMetrics], dict[str, int]]:
+) -> tuple[list[RequestRow], dict[str, int]]:
     """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs.
 
     Returns the records in the order their requests were sent and the largest step
     work seen per profile range key.
     """
-    records: list[RequestMetrics] = []
+    records: list[RequestRow] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
     check_invariants = replica.schedule.config.check_invariants
     while True:

@@ -38,7 +38,7 @@ from prefixkv.indexes.tokens import TokenKey
 
 from .config import SimSettings
 from .errors import SimError
-from .metrics import RequestMetrics
+from .metrics import RequestRow
 from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
@@ -72,7 +72,7 @@ class SimSeq:
     """
 
     request: SimRequest
-    metrics: RequestMetrics
+    metrics: RequestRow
     num_output: int = 0
     num_computed: int = 0
     prefill_end: int = 0

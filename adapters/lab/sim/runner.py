@@ -25,7 +25,7 @@ from prefixkv.adapters.servable import unservable
 
 from .config import SimSettings
 from .errors import SimUnservableError
-from .metrics import RequestMetrics
+from .metrics import RequestRow
 from .profile import CostProfile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .requests import SimRequest
@@ -91,7 +91,7 @@ class Replica:
         # Since when the engine has had nothing to do (None: busy).
         self._idle_since: float | None = start_time
 
-    def add(self, request: SimRequest, sent: float) -> RequestMetrics:
+    def add(self, request: SimRequest, sent: float) -> RequestRow:
         """Queue a request sent at ``sent`` at the back of the waiting queue (its
         front-end work counts); returns its record, filled in as it runs.
 
@@ -110,7 +110,7 @@ class Replica:
         )
         if reason is not None:
             raise SimUnservableError(f"request {request.id!r} {reason}")
-        metrics = RequestMetrics(request.id, sent, len(request.prompt), request.output_len)
+        metrics = RequestRow(request.id, sent, len(request.prompt), request.output_len)
         self.schedule.add(SimSeq(request, metrics))
         if self.stream:
             self._frontend_free = max(self._frontend_free, self.now)
