@@ -20,7 +20,7 @@ from typing import cast, overload
 import xxhash
 
 from .errors import PrefixKVError
-from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
+from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey, common_prefix_len
 from .validation import MAX_BLOCK_SIZE, check_positive
 from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
@@ -33,6 +33,9 @@ __all__ = [
 ]
 
 Digest = Callable[[bytes], bytes]
+
+_RECENT = 16
+"""Recently hashed sequences a new one may start from (``BlockHasher._reuse``)."""
 
 
 def _sha256(data: bytes) -> bytes:
@@ -110,7 +113,7 @@ class BlockHasher:
         PrefixKVError: a bad block size, algorithm or seed.
     """
 
-    __slots__ = ("_digest", "_namespace_roots", "algorithm", "block_size", "root")
+    __slots__ = ("_digest", "_namespace_roots", "_recent", "algorithm", "block_size", "root")
 
     def __init__(
         self,
@@ -134,6 +137,10 @@ class BlockHasher:
         self.block_size = size
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
+        # The last few sequences hashed from block 0: (tokens, their hash memo, namespace),
+        # newest first. Both lists grow only by appending (a key's tokens and memo), so
+        # memo[i] stays the hash of tokens' block i; see _reuse.
+        self._recent: list[tuple[array[int], list[bytes], ExtraKey | None]] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -160,6 +167,10 @@ class BlockHasher:
         last = len(tokens) // bs
         if first >= last:
             return
+        if first == 0:  # a new sequence: start from a recent one's hashes where it can
+            first = self._reuse(hashes, tokens, extra_key, last)
+            if first >= last:
+                return
         data = tokens[first * bs : last * bs].tobytes()
         step = bs * TOKEN_BYTES
         digest = self._digest
@@ -169,6 +180,51 @@ class BlockHasher:
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
             pos += step
+
+    def _reuse(
+        self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None, last: int
+    ) -> int:
+        """Fill an empty memo with the hashes of the leading blocks ``tokens`` shares with
+        a recently hashed sequence of the same namespace; the blocks filled.
+
+        Hashes chain from block 0, so equal tokens up to a block (and one namespace, one
+        hasher) mean equal hashes up to it: the tokens are compared, never the hashes
+        trusted. Requests share prefixes with the ones just before them (a system prompt,
+        a conversation's previous turn, a document), and a compare of the whole run
+        (memcmp) costs what hashing two of its blocks does. The sequence then joins the
+        recent ones. O(prompt) in C; at most ``_RECENT`` compares of one block in Python.
+        """
+        bs = self.block_size
+        best: list[bytes] | None = None
+        best_n = 0
+        fallback: tuple[array[int], list[bytes]] | None = None
+        for seen, memo, ns in self._recent:
+            if ns != extra_key:
+                continue
+            n = min(len(memo), last)
+            if fallback is None:
+                fallback = (seen, memo)
+            if n <= best_n:
+                continue
+            end = n * bs
+            # The run's last block first: a cheap refusal of a sequence that diverged.
+            if tokens[end - bs : end] == seen[end - bs : end] and tokens[:end] == seen[:end]:
+                best, best_n = memo, n
+                if n == last:
+                    break
+        if best is None and fallback is not None:
+            # None covers a whole run: the newest one's common prefix (a shared prompt).
+            seen, memo = fallback
+            n = min(len(memo), last)
+            best_n = common_prefix_len(tokens, 0, seen, 0, n * bs) // bs
+            best = memo
+        if best is not None and best_n:
+            hashes += best[:best_n]
+        recent = self._recent
+        recent.insert(0, (tokens, hashes, extra_key))
+        if len(recent) > _RECENT:
+            recent.pop()
+        return best_n
 
 
 @overload  # type: ignore[misc]  # precise types for callers
