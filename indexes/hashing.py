@@ -20,7 +20,7 @@ from typing import cast, overload
 import xxhash
 
 from .errors import PrefixKVError
-from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey, common_prefix_len
+from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
 from .validation import MAX_BLOCK_SIZE, check_positive
 from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
@@ -137,10 +137,10 @@ class BlockHasher:
         self.block_size = size
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
-        # The last few sequences hashed from block 0: (tokens, their hash memo, namespace),
-        # newest first. Both lists grow only by appending (a key's tokens and memo), so
-        # memo[i] stays the hash of tokens' block i; see _reuse.
-        self._recent: list[tuple[array[int], list[bytes], ExtraKey | None]] = []
+        # The last few sequences hashed from block 0, newest first: the bytes of their
+        # full blocks then, their hash memo, namespace and tokens. A key's memo and
+        # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
+        self._recent: list[tuple[bytes, list[bytes], ExtraKey | None, array[int]]] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -167,64 +167,81 @@ class BlockHasher:
         last = len(tokens) // bs
         if first >= last:
             return
-        if first == 0:  # a new sequence: start from a recent one's hashes where it can
-            first = self._reuse(hashes, tokens, extra_key, last)
-            if first >= last:
-                return
         data = tokens[first * bs : last * bs].tobytes()
         step = bs * TOKEN_BYTES
+        pos = 0
+        if first == 0:  # a new sequence: start from a recent one's hashes where it can
+            pos = self._reuse(hashes, data, tokens, extra_key) * step
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
-        pos = 0
         while pos < len(data):  # compiled, range() with a variable step is a Python call
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
             pos += step
 
     def _reuse(
-        self, hashes: list[bytes], tokens: array[int], extra_key: ExtraKey | None, last: int
+        self, hashes: list[bytes], data: bytes, tokens: array[int], extra_key: ExtraKey | None
     ) -> int:
-        """Fill an empty memo with the hashes of the leading blocks ``tokens`` shares with
-        a recently hashed sequence of the same namespace; the blocks filled.
+        """Fill an empty memo with the hashes of the leading blocks ``data`` (the token
+        bytes of a new sequence's full blocks) shares with a recently hashed sequence of
+        the same namespace; the blocks filled.
 
         Hashes chain from block 0, so equal tokens up to a block (and one namespace, one
-        hasher) mean equal hashes up to it: the tokens are compared, never the hashes
+        hasher) mean equal hashes up to it: the bytes are compared, never the hashes
         trusted. Requests share prefixes with the ones just before them (a system prompt,
-        a conversation's previous turn, a document), and a compare of the whole run
-        (memcmp) costs what hashing two of its blocks does. The sequence then joins the
-        recent ones. O(prompt) in C; at most ``_RECENT`` compares of one block in Python.
+        a conversation's previous turn, a document). A sequence whose whole first hashing
+        starts ``data`` is taken (with its decoded blocks, where ``data`` goes on with
+        them), else the newest one's common prefix (a binary search of memcmps). The
+        sequence then joins the recent ones. O(len(data)) in C, O(_RECENT) in Python.
         """
         bs = self.block_size
+        step = bs * TOKEN_BYTES
+        last = len(data) // step
         best: list[bytes] | None = None
         best_n = 0
-        fallback: tuple[array[int], list[bytes]] | None = None
-        for seen, memo, ns in self._recent:
+        best_tokens = tokens
+        newest: tuple[bytes, list[bytes]] | None = None
+        for seen, memo, ns, seen_tokens in self._recent:
             if ns != extra_key:
                 continue
-            n = min(len(memo), last)
-            if fallback is None:
-                fallback = (seen, memo)
-            if n <= best_n:
-                continue
-            end = n * bs
-            # The run's last block first: a cheap refusal of a sequence that diverged.
-            if tokens[end - bs : end] == seen[end - bs : end] and tokens[:end] == seen[:end]:
-                best, best_n = memo, n
-                if n == last:
-                    break
-        if best is None and fallback is not None:
-            # None covers a whole run: the newest one's common prefix (a shared prompt).
-            seen, memo = fallback
-            n = min(len(memo), last)
-            best_n = common_prefix_len(tokens, 0, seen, 0, n * bs) // bs
-            best = memo
-        if best is not None and best_n:
-            hashes += best[:best_n]
+            if newest is None:
+                newest = (seen, memo)
+            n = len(seen) // step
+            if best_n < n <= last and data.startswith(seen):  # a memcmp, no copy
+                best, best_n, best_tokens = memo, n, seen_tokens
+        if best is not None:
+            k = min(len(best), last)  # its blocks decoded since, where data goes on
+            if k > best_n and data[best_n * step : k * step] == (
+                best_tokens[best_n * bs : k * bs].tobytes()
+            ):
+                best_n = k
+        elif newest is not None:
+            best = newest[1]
+            best_n = _common_blocks(data, newest[0], step)
+        if best is not None:
+            best_n = min(best_n, len(best))
+            if best_n:
+                hashes += best[:best_n]
         recent = self._recent
-        recent.insert(0, (tokens, hashes, extra_key))
+        recent.insert(0, (data, hashes, extra_key, tokens))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n
+
+
+def _common_blocks(a: bytes, b: bytes, step: int) -> int:
+    """How many leading ``step``-byte blocks ``a`` and ``b`` share: compares at offsets
+    (``startswith``, a memcmp) in a binary search, copying only pieces of ``b``."""
+    lo, hi = 0, min(len(a), len(b)) // step
+    if a.startswith(b[: hi * step]):
+        return hi
+    while hi - lo > 1:  # a, b agree on lo blocks and differ within the first hi
+        mid = (lo + hi) // 2
+        if a.startswith(b[lo * step : mid * step], lo * step):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @overload  # type: ignore[misc]  # precise types for callers
