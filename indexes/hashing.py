@@ -138,9 +138,9 @@ class BlockHasher:
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
         # The last few sequences hashed from block 0, newest first: the bytes of their
-        # full blocks then, their hash memo, namespace and tokens. A key's memo and
+        # full blocks then and of block 0, their hash memo, namespace and tokens. A key's memo and
         # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
-        self._recent: list[tuple[bytes, list[bytes], ExtraKey | None, array[int]]] = []
+        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int]]] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -191,7 +191,8 @@ class BlockHasher:
         trusted. Requests share prefixes with the ones just before them (a system prompt,
         a conversation's previous turn, a document). A sequence whose whole first hashing
         starts ``data`` is taken (with its decoded blocks, where ``data`` goes on with
-        them), else the newest one's common prefix (a binary search of memcmps). The
+        them), else the common prefix (a binary search of memcmps) of the newest one
+        with the same block 0 (another document's request shares nothing). The
         sequence then joins the recent ones. O(len(data)) in C, O(_RECENT) in Python.
         """
         bs = self.block_size
@@ -201,8 +202,8 @@ class BlockHasher:
         best_n = 0
         best_tokens = tokens
         newest: tuple[bytes, list[bytes]] | None = None
-        for seen, memo, ns, seen_tokens in self._recent:
-            if ns != extra_key:
+        for seen, head, memo, ns, seen_tokens in self._recent:
+            if ns != extra_key or not data.startswith(head):  # block 0 differs: nothing
                 continue
             if newest is None:
                 newest = (seen, memo)
@@ -223,7 +224,7 @@ class BlockHasher:
             if best_n:
                 hashes += best[:best_n]
         recent = self._recent
-        recent.insert(0, (data, hashes, extra_key, tokens))
+        recent.insert(0, (data, data[:step], hashes, extra_key, tokens))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n
