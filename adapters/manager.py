@@ -574,6 +574,21 @@ class CacheManager:
         """
         return self._step_in_place(self._seq(request_id), num_tokens, num_tokens, 0)
 
+    def step_if_running(self, request_id: RequestId, num_tokens: object) -> bool | None:
+        """``step_in_place`` for a request that may not be running: ``None`` when it is
+        not (nothing changed; an unhashable id is none).
+
+        One lookup of the request where ``in`` then ``step_in_place`` made two: vLLM's
+        engine class asks both at every decode step. O(1).
+        """
+        try:
+            seq = self._seqs.get(request_id)
+        except TypeError:
+            return None
+        if seq is None:
+            return None
+        return self._step_in_place(seq, num_tokens, num_tokens, 0)
+
     def _step_in_place(
         self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object
     ) -> bool:

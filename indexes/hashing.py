@@ -34,6 +34,9 @@ __all__ = [
 
 Digest = Callable[[bytes], bytes]
 
+_RECENT = 16
+"""Recently hashed sequences a new one may start from (``BlockHasher._reuse``)."""
+
 
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
@@ -110,7 +113,7 @@ class BlockHasher:
         PrefixKVError: a bad block size, algorithm or seed.
     """
 
-    __slots__ = ("_digest", "_namespace_roots", "algorithm", "block_size", "root")
+    __slots__ = ("_digest", "_namespace_roots", "_recent", "algorithm", "block_size", "root")
 
     def __init__(
         self,
@@ -134,6 +137,10 @@ class BlockHasher:
         self.block_size = size
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
+        # The last few sequences hashed from block 0, newest first: the bytes of their
+        # full blocks then and of block 0, their hash memo, namespace and tokens. A key's memo and
+        # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
+        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int]]] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -162,13 +169,80 @@ class BlockHasher:
             return
         data = tokens[first * bs : last * bs].tobytes()
         step = bs * TOKEN_BYTES
+        pos = 0
+        if first == 0:  # a new sequence: start from a recent one's hashes where it can
+            pos = self._reuse(hashes, data, tokens, extra_key) * step
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
-        pos = 0
         while pos < len(data):  # compiled, range() with a variable step is a Python call
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
             pos += step
+
+    def _reuse(
+        self, hashes: list[bytes], data: bytes, tokens: array[int], extra_key: ExtraKey | None
+    ) -> int:
+        """Fill an empty memo with the hashes of the leading blocks ``data`` (the token
+        bytes of a new sequence's full blocks) shares with a recently hashed sequence of
+        the same namespace; the blocks filled.
+
+        Hashes chain from block 0, so equal tokens up to a block (and one namespace, one
+        hasher) mean equal hashes up to it: the bytes are compared, never the hashes
+        trusted. Requests share prefixes with the ones just before them (a system prompt,
+        a conversation's previous turn, a document). A sequence whose whole first hashing
+        starts ``data`` is taken (with its decoded blocks, where ``data`` goes on with
+        them), else the common prefix (a binary search of memcmps) of the newest one
+        with the same block 0 (another document's request shares nothing). The
+        sequence then joins the recent ones. O(len(data)) in C, O(_RECENT) in Python.
+        """
+        bs = self.block_size
+        step = bs * TOKEN_BYTES
+        last = len(data) // step
+        best: list[bytes] | None = None
+        best_n = 0
+        best_tokens = tokens
+        newest: tuple[bytes, list[bytes]] | None = None
+        for seen, head, memo, ns, seen_tokens in self._recent:
+            if ns != extra_key or not data.startswith(head):  # block 0 differs: nothing
+                continue
+            if newest is None:
+                newest = (seen, memo)
+            n = len(seen) // step
+            if best_n < n <= last and data.startswith(seen):  # a memcmp, no copy
+                best, best_n, best_tokens = memo, n, seen_tokens
+        if best is not None:
+            k = min(len(best), last)  # its blocks decoded since, where data goes on
+            if k > best_n and data[best_n * step : k * step] == (
+                best_tokens[best_n * bs : k * bs].tobytes()
+            ):
+                best_n = k
+        elif newest is not None:
+            best = newest[1]
+            best_n = _common_blocks(data, newest[0], step)
+        if best is not None:
+            best_n = min(best_n, len(best))
+            if best_n:
+                hashes += best[:best_n]
+        recent = self._recent
+        recent.insert(0, (data, data[:step], hashes, extra_key, tokens))
+        if len(recent) > _RECENT:
+            recent.pop()
+        return best_n
+
+
+def _common_blocks(a: bytes, b: bytes, step: int) -> int:
+    """How many leading ``step``-byte blocks ``a`` and ``b`` share: compares at offsets
+    (``startswith``, a memcmp) in a binary search, copying only pieces of ``b``."""
+    lo, hi = 0, min(len(a), len(b)) // step
+    if a.startswith(b[: hi * step]):
+        return hi
+    while hi - lo > 1:  # a, b agree on lo blocks and differ within the first hi
+        mid = (lo + hi) // 2
+        if a.startswith(b[lo * step : mid * step], lo * step):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @overload  # type: ignore[misc]  # precise types for callers

@@ -365,13 +365,16 @@ class KVCacheManager:
         """A running request's step with no new computed tokens, lookahead or reserve:
         O(1) when no block is added. ``_NOT_RUNNING`` when the request is not running
         here or the step passes ``max_model_len`` (the checked path answers those)."""
-        rid = request.request_id
         total = request.num_computed_tokens + num_new_tokens
-        mgr = self.manager
-        if rid not in mgr or total > self._slot_cap:
+        if total > self._slot_cap:
             return _NOT_RUNNING
+        rid = request.request_id
+        mgr = self.manager
         boxed: Any = total  # boxed once, passed on; the key learns the tokens
-        if mgr.step_in_place(rid, boxed):  # no block to add or register
+        done = mgr.step_if_running(rid, boxed)  # one lookup of the request
+        if done is None:
+            return _NOT_RUNNING
+        if done:  # no block to add or register
             return self.empty_kv_cache_blocks
         grown = mgr.advance(  # when a block fills, as vLLM hashes them
             rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False

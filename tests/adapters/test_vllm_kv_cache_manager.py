@@ -433,3 +433,25 @@ def test_step_in_place_refuses_a_step_that_adds_or_registers_a_block() -> None:
     assert (mgr.block_table("r"), mgr.index.stats()) == before[1:]
     with pytest.raises(RequestStateError):
         mgr.step_in_place("nobody", 1)
+
+
+def test_step_if_running_is_step_in_place_for_a_running_request_and_none_otherwise() -> None:
+    """One lookup for the decode step: the running request's answer is
+    ``step_in_place``'s; an unknown or unhashable id is ``None``, nothing changed."""
+    kv = KVCacheManager(make_index("hash_chain", block_size=4, seed=1), 16)
+    req = request("r", [1, 2, 3, 4, 5, 6])
+    admit(kv, req)
+    mgr = kv.manager
+    before = (mgr.num_computed_tokens("r"), mgr.block_table("r"), mgr.index.stats())
+    assert mgr.step_if_running("r", 9) is False  # a third block: not in place
+    assert mgr.step_if_running("r", 8) is False  # fills and registers block 1
+    for rid in ("nobody", ["unhashable"]):
+        assert mgr.step_if_running(rid, 7) is None
+    assert (mgr.num_computed_tokens("r"), mgr.block_table("r"), mgr.index.stats()) == before
+    req.append_output_token_ids(7)
+    assert mgr.step_if_running("r", 7) is True
+    assert mgr.num_computed_tokens("r") == 6
+    # a request the class does not run yet takes the checked path: admitted
+    assert kv.allocate_slots(request("waiting", [1, 2, 3]), 3) is not None
+    assert "waiting" in mgr
+    kv.check_invariants()

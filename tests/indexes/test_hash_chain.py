@@ -4,8 +4,11 @@ and eviction order the way vLLM's own ``test_prefix_caching.py`` does."""
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixkv.adapters import CacheManager
 from prefixkv.indexes import (
@@ -85,8 +88,64 @@ def test_hc_03_hashes_extend_incrementally_and_restart_for_a_new_request() -> No
     key.append([12])
     assert key.block_hashes(h)[:2] == first
     assert len(calls) == 3  # only block 2 was hashed; start = len(hashes) * block_size
-    TokenKey([1, 2, 3, 4, 5, 6, 7, 8]).block_hashes(h)
-    assert len(calls) == 5  # a new request with the same prompt starts from an empty list
+    again = TokenKey([1, 2, 3, 4, 5, 6, 7, 8])
+    assert again.block_hashes(h) == first
+    # A new request's memo is a list of its own; its leading blocks' hashes are taken
+    # from a recent sequence with the same tokens (compared, not trusted), unhashed.
+    assert again.block_hashes(h) is not key.block_hashes(h)
+    assert len(calls) == 3
+    TokenKey([1, 2, 3, 4, 5, 6, 7, 99]).block_hashes(h)
+    assert len(calls) == 4  # block 0 shared, block 1 differs: only block 1 is hashed
+
+
+def _chain(tokens: list[int], block_size: int, extra_key: object) -> list[bytes]:
+    """The chain of SPEC HC-2, computed directly (no memo, no reuse)."""
+    import xxhash
+
+    from prefixkv.indexes.hashing import encode_extra_key
+
+    parent = BlockHasher(block_size, seed=5).root + encode_extra_key(extra_key)  # type: ignore[arg-type]
+    out = []
+    for i in range(len(tokens) // block_size):
+        block = array("I", tokens[i * block_size : (i + 1) * block_size]).tobytes()
+        parent = xxhash.xxh3_128_digest(parent + block)
+        out.append(parent)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),  # which earlier sequence to start from (mod the count)
+            st.integers(0, 40),  # how many of its tokens to keep
+            st.lists(st.integers(0, 3), max_size=30),  # then these tokens
+            st.sampled_from([None, "a", "b"]),  # the namespace
+            st.integers(0, 6),  # tokens appended after the first hashing
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_hashes_reused_from_recent_sequences_equal_the_chain(
+    steps: list[tuple[int, int, list[int], object, int]],
+) -> None:
+    """One hasher over many keys that share prefixes (and sometimes namespaces), some
+    growing after their first hashing: every memo equals the chain computed directly."""
+    h = BlockHasher(4, seed=5)
+    seqs: list[list[int]] = [[]]
+    keys: list[tuple[TokenKey, list[int], object]] = []
+    for pick, keep, tail, namespace, grow in steps:
+        base = seqs[pick % len(seqs)]
+        tokens = base[:keep] + tail
+        seqs.append(tokens)
+        key = TokenKey(tokens, namespace)
+        key.block_hashes(h)
+        extra = [7] * grow
+        key.append(extra)
+        keys.append((key, tokens + extra, key.extra_key))
+        for k, full, ns in keys[-3:]:  # earlier keys keep growing
+            assert k.block_hashes(h) == _chain(full, 4, ns)
 
 
 def test_hc_04_first_miss_stops_lookup() -> None:
