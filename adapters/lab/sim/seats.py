@@ -42,6 +42,8 @@ from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
+from .decode_loops import sglang_decode, vllm_decode
+
 __all__ = [
     "CallTimes",
     "KLiveSeat",
@@ -302,17 +304,12 @@ class VllmSeat:
         if step is None:
             # No hook between steps: the loop is timed once, its few bookkeeping
             # instructions per step booked with the calls (two clock reads a step
-            # cost more than the in-place step they timed).
+            # cost more than the in-place step they timed); it runs compiled where
+            # the build is (decode_loops).
             t0 = perf()
-            for k in range(1, len(output)):
-                if allocate(req, 1) is None:
-                    times.book("allocate_decode", perf() - t0)
-                    return False
-                req.num_computed_tokens += 1
-                tokens.append(output[k])  # append(), inlined: the decode loop is hot
-                req.num_tokens += 1
+            ok = vllm_decode(self.kv, req, output)
             times.book("allocate_decode", perf() - t0)
-            return True
+            return ok
         spent = 0.0
         for k in range(1, len(output)):
             t0 = perf()
@@ -471,6 +468,12 @@ class SglangSeat:
         cache = self.cache
         out_ids = req.output_ids
         perf, spent = time.perf_counter, 0.0
+        if step is None:
+            # No hook between steps: timed once, as the vLLM seat's loop is.
+            t0 = perf()
+            ok = sglang_decode(cache, req, output)
+            times.book("alloc_for_decode", perf() - t0)
+            return ok
         while len(out_ids) < len(output):
             t0 = perf()
             ok = alloc_for_decode(cache, req)
