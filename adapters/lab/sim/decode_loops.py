@@ -14,6 +14,7 @@ changed, as the engine class promises); the seat times the loop as a whole.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,28 +22,49 @@ from prefixkv.adapters.sglang.prefix_cache import PrefixCache
 from prefixkv.adapters.sglang.simulated import alloc_for_decode
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 
-__all__ = ["sglang_decode", "vllm_decode"]
+__all__ = ["VllmRequest", "sglang_decode", "vllm_decode"]
 
 
-def vllm_decode(kv: KVCacheManager, req: Any, output: Sequence[int]) -> bool:
+class VllmRequest:
+    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields).
+
+    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
+    :meth:`append`: the manager reads it every decode step. Defined here, beside the
+    loop that steps it, so the compiled loop updates its fields natively.
+    """
+
+    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
+
+    def __init__(self, request_id: str, prompt: Any) -> None:
+        self.request_id = request_id
+        self.all_token_ids: array[int] = array("I", prompt)
+        self.num_tokens = len(self.all_token_ids)
+        self.num_computed_tokens = 0
+
+    def append(self, token: int) -> None:
+        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
+        self.all_token_ids.append(token)
+        self.num_tokens += 1
+
+
+def vllm_decode(kv: KVCacheManager, req: VllmRequest, output: Sequence[int]) -> bool:
     """``allocate_slots(req, 1)`` for each output token after the first, the token
     appended once its step fits (vLLM's order: the slot, then the sampled token).
 
     Args:
         kv: the manager.
-        req: a running request with vLLM ``Request`` fields (``all_token_ids`` an
-            appendable array, ``num_tokens`` and ``num_computed_tokens`` plain ints).
+        req: the running request.
         output: the request's output tokens; the first was sampled at its prefill.
 
     Returns:
         ``False`` when a step's slot did not fit (the request stays running).
     """
     tokens = req.all_token_ids
-    for k in range(1, len(output)):
+    for token in list(output[1:]):  # list items: compiled code reads them unboxed
         if kv.allocate_slots(req, 1) is None:
             return False
         req.num_computed_tokens += 1
-        tokens.append(output[k])
+        tokens.append(token)
         req.num_tokens += 1
     return True
 
@@ -59,9 +81,9 @@ def sglang_decode(cache: PrefixCache, req: Any, output: Sequence[int]) -> bool:
     Returns:
         ``False`` when no page could be had for a step (the request stays running).
     """
-    out_ids = req.output_ids
-    for k in range(len(out_ids), len(output)):
+    out_ids: list[int] = req.output_ids
+    for token in list(output[len(out_ids) :]):
         if not alloc_for_decode(cache, req):
             return False
-        out_ids.append(output[k])
+        out_ids.append(token)
     return True

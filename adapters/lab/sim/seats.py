@@ -28,7 +28,6 @@ output token) and ``end`` (release). :class:`ManagerSeat` answers them over pref
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -42,7 +41,7 @@ from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
-from .decode_loops import sglang_decode, vllm_decode
+from .decode_loops import VllmRequest, sglang_decode, vllm_decode
 
 __all__ = [
     "CallTimes",
@@ -186,27 +185,6 @@ class KLiveSeat(Protocol):
     def pool_size(self) -> tuple[int, int]:
         """Free and total blocks of the pool (for an error message)."""
         ...
-
-
-class VllmRequest:
-    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields).
-
-    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
-    :meth:`append`: the manager reads it every decode step.
-    """
-
-    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
-
-    def __init__(self, request_id: str, prompt: Any) -> None:
-        self.request_id = request_id
-        self.all_token_ids: array[int] = array("I", prompt)
-        self.num_tokens = len(self.all_token_ids)
-        self.num_computed_tokens = 0
-
-    def append(self, token: int) -> None:
-        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
-        self.all_token_ids.append(token)
-        self.num_tokens += 1
 
 
 class VllmSeat:
