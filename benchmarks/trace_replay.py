@@ -15,8 +15,13 @@ kernel's rusage of that child. Not a CI test; four modes:
     # where the time goes: cProfile of an in-process replay, top functions by own time
     python benchmarks/trace_replay.py profile --trace conversation_trace.jsonl \\
         --index radix --size 1 --capacity-tokens 1m -k 8
+    # the same split in instructions (valgrind's callgrind; a loaded machine cannot
+    # change them): the lab's share (trace decode, K-live driver, rows) and the engine
+    # class's calls, for the first N requests; run it with the compiled build's Python
+    python benchmarks/trace_replay.py instructions --trace conversation_trace.jsonl \\
+        --capacity-tokens 1m -k 8 --max-requests 1000
 
-Prints one JSON line per run and a Markdown table at the end.
+Prints one JSON line per run and a Markdown table at the end (five modes in all).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import math
 import os
 import pstats
 import random
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,6 +226,88 @@ def mode_profile(args: argparse.Namespace) -> None:
     print(_table(rows[: args.top], ["function", "line", "calls", "own_s", "cum_s"]))
 
 
+# The engine classes' calls the lab's seats make (the compiled build names each native
+# function CPyDef_<module>___<Class>___<method>, called from Python or compiled code).
+ENGINE_CALLS = ("___allocate_slots", "___get_computed_blocks", "KVCacheManager___free",
+                "___alloc_for_extend", "___alloc_for_decode", "___cache_unfinished_req",
+                "___cache_finished_req")  # fmt: skip
+
+
+def inclusive_counts(profile: Path) -> tuple[int, dict[str, int]]:
+    """A callgrind profile's total and each function's inclusive instructions (outermost
+    frames only: a recursive function's inner frames are named ``f'2``)."""
+    cmd = ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(profile)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    total, counts = 0, dict[str, int]()
+    for m in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+(\S+)", text, re.MULTILINE):
+        n, name = int(m.group(1).replace(",", "")), m.group(2)
+        if name == "PROGRAM":
+            total = n
+        elif not name.endswith("'2"):
+            fn = name.rsplit(":", 1)[-1]
+            counts[fn] = max(counts.get(fn, 0), n)
+    return total, counts
+
+
+def _by_count(item: tuple[str, int]) -> int:
+    return -item[1]
+
+
+def instruction_split(total: int, counts: dict[str, int]) -> dict[str, Any]:
+    """Where a replay's instructions went: start-up imports, the scan, the trace decode
+    (the requests the replay iterates), the engine classes' calls, the rows written and
+    the rest (the K-live driver, the seats' loops, the clock reads)."""
+    imports = counts.get("builtin___import__", 0)
+    decode = counts.get("enum_next", 0)  # KLive.run's enumerate over the trace
+    scan = max(0, counts.get("islice_next", 0) - decode)
+    engine = {fn.split("___", 1)[1]: n for fn, n in counts.items()
+              if fn.startswith("CPyDef_") and fn.endswith(ENGINE_CALLS)}  # fmt: skip
+    rows = counts.get("JSONEncoder_encode", 0) + counts.get("_io_BufferedWriter_write", 0)
+    in_engine = sum(engine.values())
+    lab = total - imports - in_engine
+    return {
+        "total_G": total / 1e9,
+        "startup_imports_G": imports / 1e9,
+        "engine_calls_G": in_engine / 1e9,
+        "lab_G": lab / 1e9,
+        "lab_scan_G": scan / 1e9,
+        "lab_trace_decode_G": decode / 1e9,
+        "lab_rows_G": rows / 1e9,
+        "lab_driver_G": (lab - scan - decode - rows) / 1e9,
+        "engine_G": {k: round(n / 1e9, 3) for k, n in sorted(engine.items(), key=_by_count)},
+    }
+
+
+def mode_instructions(args: argparse.Namespace) -> None:
+    for tool in ("valgrind", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"the instructions mode needs {tool} (valgrind's package)")
+    rows = []
+    for index, (_, size) in BACKENDS.items():
+        flag = "--page-size" if index == "radix" else "--block-size"
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = Path(tmp) / "callgrind.out"
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}",
+                   sys.executable, "-m", "prefixkv.adapters.lab", "replay", str(args.trace),
+                   "--index", index, flag, str(size), "-k", str(args.k), "-q",
+                   "--out", str(Path(tmp) / "hits.jsonl"), "--max-requests",
+                   str(args.max_requests),
+                   "--capacity-tokens", str(args.capacity_tokens)]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"prefixkv replay under callgrind failed: {proc.stderr[-2000:]}")
+            split = instruction_split(*inclusive_counts(profile))
+        rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in split.items()}
+        row = {"index": index, "requests": args.max_requests, **rounded}
+        if not split["engine_G"]:
+            row["note"] = "no compiled engine class found: run it with the compiled build"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(_table(rows, ["index", "requests", "total_G", "startup_imports_G", "engine_calls_G",
+                        "lab_G", "lab_trace_decode_G", "lab_driver_G", "lab_rows_G",
+                        "lab_scan_G"]))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -237,13 +326,18 @@ def main() -> None:
     prof.add_argument("--size", type=int, default=16)
     prof.add_argument("--top", type=int, default=25)
     prof.add_argument("--max-requests", type=int, default=None)
+    ins = sub.add_parser("instructions")
+    ins.add_argument("--trace", type=Path, required=True)
+    ins.add_argument("--capacity-tokens", type=parse_token_count, default=1_000_000)
+    ins.add_argument("-k", type=int, default=8)
+    ins.add_argument("--max-requests", type=int, default=1000)
     tp = sub.add_parser("throughput")
     tp.add_argument("--tokens", type=parse_token_count, default=20_000_000)
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     {"wall": mode_wall, "throughput": mode_throughput, "memory": mode_memory,
-     "profile": mode_profile}[args.mode](args)  # fmt: skip
+     "profile": mode_profile, "instructions": mode_instructions}[args.mode](args)  # fmt: skip
 
 
 if __name__ == "__main__":

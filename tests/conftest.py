@@ -50,6 +50,7 @@ BOTH_BUILDS = frozenset(
         "test_build.py",
         "test_conformance.py",
         "test_decode_cost.py",
+        "test_decode_loops.py",
         "test_differential.py",
         "test_engine.py",
         "test_engine_class_fuzz.py",

@@ -28,7 +28,6 @@ output token) and ``end`` (release). :class:`ManagerSeat` answers them over pref
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +40,8 @@ from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_exten
 from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
+
+from .decode_loops import VllmRequest, sglang_decode, vllm_decode
 
 __all__ = [
     "CallTimes",
@@ -186,27 +187,6 @@ class KLiveSeat(Protocol):
         ...
 
 
-class VllmRequest:
-    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields).
-
-    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
-    :meth:`append`: the manager reads it every decode step.
-    """
-
-    __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
-
-    def __init__(self, request_id: str, prompt: Any) -> None:
-        self.request_id = request_id
-        self.all_token_ids: array[int] = array("I", prompt)
-        self.num_tokens = len(self.all_token_ids)
-        self.num_computed_tokens = 0
-
-    def append(self, token: int) -> None:
-        """Record a sampled token (vLLM's ``append_output_token_ids``)."""
-        self.all_token_ids.append(token)
-        self.num_tokens += 1
-
-
 class VllmSeat:
     """prefixkv's vLLM ``KVCacheManager`` as a seat (:func:`make_seat` builds one).
 
@@ -302,17 +282,12 @@ class VllmSeat:
         if step is None:
             # No hook between steps: the loop is timed once, its few bookkeeping
             # instructions per step booked with the calls (two clock reads a step
-            # cost more than the in-place step they timed).
+            # cost more than the in-place step they timed); it runs compiled where
+            # the build is (decode_loops).
             t0 = perf()
-            for k in range(1, len(output)):
-                if allocate(req, 1) is None:
-                    times.book("allocate_decode", perf() - t0)
-                    return False
-                req.num_computed_tokens += 1
-                tokens.append(output[k])  # append(), inlined: the decode loop is hot
-                req.num_tokens += 1
+            ok = vllm_decode(self.kv, req, output)
             times.book("allocate_decode", perf() - t0)
-            return True
+            return ok
         spent = 0.0
         for k in range(1, len(output)):
             t0 = perf()
@@ -471,6 +446,12 @@ class SglangSeat:
         cache = self.cache
         out_ids = req.output_ids
         perf, spent = time.perf_counter, 0.0
+        if step is None:
+            # No hook between steps: timed once, as the vLLM seat's loop is.
+            t0 = perf()
+            ok = sglang_decode(cache, req, output)
+            times.book("alloc_for_decode", perf() - t0)
+            return ok
         while len(out_ids) < len(output):
             t0 = perf()
             ok = alloc_for_decode(cache, req)
