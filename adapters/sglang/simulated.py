@@ -185,6 +185,14 @@ def _take_pages(
         assert more is not None  # need - use <= free
         return evicted + more
     if use < len(evicted):  # the leftover (a leaf's tail) is freed; the rest kept as is
+        if 2 * use <= len(evicted):
+            # Mostly leftover (a decode step's one page out of a whole leaf): the kept
+            # pages move to a list of their own and the evicted list itself is freed,
+            # rather than copying the leftover to free it and deleting it.
+            kept = evicted[:use]
+            del evicted[:use]
+            pool.free(evicted)
+            return kept
         pool.free(evicted[use:])
         del evicted[use:]
     return evicted
