@@ -302,21 +302,14 @@ class RadixIndex:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
         byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
         splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
-        and appending the blocks of the nodes passed to ``blocks``.
-
-        The one walk match and insert share (mini-sglang's ``_tree_walk``). The nodes
-        passed are those from the last one reached up to ``node``.
-
-        With ``lend``, the first node passed is not listed while it is the only one:
-        it comes back as the third item (its ``value`` is all the blocks), and only a
-        second node passed lists it in ``blocks`` first.
+        and appending the blocks of the nodes passed to ``blocks`` (with ``lend``, not
+        those of a first node passed while it is the only one). The one walk match and
+        insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a dict
+        lookup and a memcmp, + O(blocks).
 
         Returns:
             The last node reached, the byte of ``data`` it ends at, and the one node
-            passed when ``lend`` left its blocks unlisted (else ``None``).
-
-        Complexity: O(nodes passed) steps, each a dict lookup and a memcmp, and
-        O(blocks) for the blocks.
+            passed whose blocks ``lend`` left unlisted (else ``None``).
         """
         page = self._page
         lone: _Node | None = None  # the first node passed, not listed yet (lend)
@@ -345,13 +338,12 @@ class RadixIndex:
                 self._touch(child, tick)
             at += m
             node = self._split(child, m) if m < len(seg) else child
-            if lone is not None:
-                blocks += lone.value
-                lone = None
-                blocks += node.value
-            elif lend and not blocks:
-                lone = node
+            if lend and lone is None and not blocks:
+                lone = node  # listed only when a second node follows
             else:
+                if lone is not None:
+                    blocks += lone.value
+                    lone = None
                 blocks += node.value
             if m < len(seg):
                 break
