@@ -102,7 +102,7 @@ class _Node:
     """
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
-                 "key", "last_access", "lock_ref", "namespace", "only", "parent",
+                 "key", "last_access", "lent", "lock_ref", "namespace", "only", "parent",
                  "priority", "tree", "value")  # fmt: skip
 
     def __init__(
@@ -136,6 +136,9 @@ class _Node:
         self.dead = False
         self.namespace: ExtraKey | None = None  # roots only
         self.hashes: list[bytes] | None = None  # SGLang's page digests, for events (lazy)
+        # ``value`` itself was handed out as a match's block ids: nothing may change the
+        # list (eviction copies it rather than reusing it).
+        self.lent = False
 
 
 class _Memo(NamedTuple):
@@ -274,6 +277,7 @@ class RadixIndex:
             parent.only = new
         child.key = child.key[cut:]
         child.value = child.value[pages:]
+        child.lent = False  # both halves are new lists
         if child.hashes is not None:  # SGLang's split_node_hash_value
             new.hashes = child.hashes[:pages]
             child.hashes = child.hashes[pages:]
@@ -286,23 +290,29 @@ class RadixIndex:
     # ------------------------------------------------------------------ lookup
 
     def _walk(
-        self, node: _Node, data: bytes, at: int, stop: int, tick: int, blocks: list[int]
-    ) -> tuple[_Node, int]:
+        self,
+        node: _Node,
+        data: bytes,
+        at: int,
+        stop: int,
+        tick: int,
+        blocks: list[int],
+        lend: bool = False,
+    ) -> tuple[_Node, int, _Node | None]:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
         byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
         splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
-        and appending the blocks of the nodes passed to ``blocks``.
-
-        The one walk match and insert share (mini-sglang's ``_tree_walk``). The nodes
-        passed are those from the last one reached up to ``node``.
+        and appending the blocks of the nodes passed to ``blocks`` (with ``lend``, not
+        those of a first node passed while it is the only one). The one walk match and
+        insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a dict
+        lookup and a memcmp, + O(blocks).
 
         Returns:
-            The last node reached and the byte of ``data`` it ends at.
-
-        Complexity: O(nodes passed) steps, each a dict lookup and a memcmp, and
-        O(blocks) for the blocks.
+            The last node reached, the byte of ``data`` it ends at, and the one node
+            passed whose blocks ``lend`` left unlisted (else ``None``).
         """
         page = self._page
+        lone: _Node | None = None  # the first node passed, not listed yet (lend)
         while at < stop:
             only = node.only
             if only is not None:  # no key to build: the compare finds out
@@ -327,13 +337,17 @@ class RadixIndex:
             else:
                 self._touch(child, tick)
             at += m
-            if m < len(seg):
-                node = self._split(child, m)
+            node = self._split(child, m) if m < len(seg) else child
+            if lend and lone is None and not blocks:
+                lone = node  # listed only when a second node follows
+            else:
+                if lone is not None:
+                    blocks += lone.value
+                    lone = None
                 blocks += node.value
+            if m < len(seg):
                 break
-            node = child
-            blocks += node.value
-        return node, at
+        return node, at, lone
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
@@ -352,7 +366,13 @@ class RadixIndex:
         """Longest cached prefix, page-aligned; splits the last node if the match ends
         inside it (RX-3). Stamps the path with a fresh tick (SG-5).
 
-        Complexity: O(depth) Python steps; segments compare in C.
+        A hit held by one node (a shared prompt, a document) returns that node's own
+        list of blocks, not a copy (at page size 1 a copy is a reference count per
+        token, most of such a lookup): read ``block_ids``, never mutate it. The tree
+        never changes a list it handed out.
+
+        Complexity: O(depth) Python steps; segments compare in C; O(blocks) for a
+        hit over several nodes, O(1) for a hit in one.
         """
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
@@ -361,7 +381,10 @@ class RadixIndex:
         tick = self._next_tick()
         root.last_access = tick
         blocks: list[int] = []
-        node, at = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks)
+        node, at, lone = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks, True)
+        if lone is not None:  # a hit in one node (a shared prompt, a document): its list
+            lone.lent = True
+            return PrefixMatch(at // _W, lone.value, node)
         return PrefixMatch(at // _W, blocks, node)
 
     @overload  # type: ignore[misc]  # precise types for callers
@@ -414,7 +437,8 @@ class RadixIndex:
         segment, and adds one leaf for the rest, holding the caller's blocks for
         it. Blocks the tree already had for the leading part are kept: the
         returned ``block_ids`` are the tree's, and the caller's copies of that part
-        are duplicates to free.
+        are duplicates to free. When they are the new leaf's alone, they are its own
+        list (as with ``match_prefix``): read them, never mutate them.
 
         With ``prefix`` equal to the node this key's previous insert returned (a
         decoding request registering its new tokens), the walk starts there: the
@@ -465,14 +489,18 @@ class RadixIndex:
         stop = (n - first) * _W
         blocks: list[int] = []
         start_node = node
-        node, at = self._walk(start_node, data, 0, stop, tick, blocks)
+        node, at, _ = self._walk(start_node, data, 0, stop, tick, blocks)
         self._note_insert(node, start_node, key.priority, inserted_before)
         pos = first + at // _W
         num_cached = pos
         if pos < n:
             leaf = data[at:stop]
             node = self._add_leaf(node, key, leaf, block_ids, pos, inserted_before)
-            blocks += node.value
+            if blocks:
+                blocks += node.value
+            else:  # only the new leaf: its own list, as match_prefix lends one
+                node.lent = True
+                blocks = node.value
             if self._sink is not None:
                 self._announce(node, key.extra_key)
         key.set_index_memo(self, _Memo(max(n, inserted_before), node))
@@ -736,7 +764,7 @@ class RadixIndex:
             value = node.value
             if self.check_block_ids:
                 self._owned.difference_update(value)
-            if out:
+            if out or node.lent:  # a list a match handed out stays as it is
                 out += value
             else:  # the dead node's own list, handed over: no copy (a page per token)
                 out = value

@@ -193,7 +193,7 @@ class BlockAllocator:
         if len(ids) == 1:
             self._freed.append(ids[0])
         elif ids:
-            self._freed.extend(reversed(ids))
+            self._freed += ids[::-1]  # a reversed copy: fewer steps per id than reversed()
 
     def _retag(self, block_ids: object, owner: Owner, new: Owner, what: str) -> list[int]:
         # Check and retag in one pass over a list (a leaf's slots at page size 1 are

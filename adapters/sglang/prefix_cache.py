@@ -93,7 +93,8 @@ class MatchResult(NamedTuple):
     """A lookup: the hit's pages, its node and its length (SGLang's ``MatchResult``).
 
     ``device_indices`` are page ids, which at page size 1 are SGLang's KV slots
-    (``slot = page * page_size + offset``).
+    (``slot = page * page_size + offset``). They may be the index's own list (the
+    radix tree lends a hit held by one node): read them, never mutate them.
     """
 
     device_indices: list[int]
@@ -559,8 +560,12 @@ class PrefixCache:
         n -= n % ps
         if n == 0 or (n <= protected and not final):
             return
-        del pages[start:]  # the row's cached part; its new pages follow
-        pages += self.rows.read(row, start, n // ps)
+        # A first checkpoint's table holds its pages already (one copy of the row);
+        # a later one's holds the cached part, equal to the row's, and the new pages
+        # follow from the row.
+        if len(pages) != n // ps:
+            del pages[start:]  # the row's cached part; its new pages follow
+            pages += self.rows.read(row, start, n // ps)
         old = req.last_node
         prefix = None if final or type(old) is not PrefixNode else old.handle
         result = self.index.insert(key, pages, n, prefix)
@@ -663,7 +668,9 @@ class PrefixCache:
         if state is None:
             tokens = _tokens(req, 0, num_tokens)
             key = self._req_key(req, tokens, req.priority or 0)
-            state = _ReqState(req, key, self.rows.read(row, 0, start))
+            # The cached part and the pages to insert now (the checkpoint's, aligned).
+            have = max(start, num_tokens // self.page_size)
+            state = _ReqState(req, key, self.rows.read(row, 0, have))
             self._reqs[rid] = state
             return state
         if state.req is not req:

@@ -75,7 +75,10 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
             rows.free(row)
         cache.totals.num_rejected += 1
         return None
-    rows.adopt(row, m.device_indices + pages)  # a new list of the pool's and index's pages
+    hit = m.device_indices
+    if hit:  # the hit's pages go first; the new pages are not copied
+        pages[:0] = hit
+    rows.adopt(row, pages)  # a list of its own: the pool's or the index's, handed over
     kv.req_pool_idx = row
     kv.cache_protected_len = m.prefix_len
     kv.kv_committed_len = kv.kv_allocated_len = n
@@ -171,6 +174,7 @@ def _take_pages(
     # pool's LIFO), but they never pass through the pool: they were the caller's as
     # cached pages and stay so (no ledger pass each way, a page per token at page
     # size 1). What is left over is freed after the allocation, as it would lie.
+    # The list returned is the caller's alone (a new one, or an evicted leaf's).
     free = pool.num_free_blocks
     if free >= need + reserve:
         return pool.allocate(need)
@@ -185,6 +189,14 @@ def _take_pages(
         assert more is not None  # need - use <= free
         return evicted + more
     if use < len(evicted):  # the leftover (a leaf's tail) is freed; the rest kept as is
+        if 2 * use <= len(evicted):
+            # Mostly leftover (a decode step's one page out of a whole leaf): the kept
+            # pages move to a list of their own and the evicted list itself is freed,
+            # rather than copying the leftover to free it and deleting it.
+            kept = evicted[:use]
+            del evicted[:use]
+            pool.free(evicted)
+            return kept
         pool.free(evicted[use:])
         del evicted[use:]
     return evicted

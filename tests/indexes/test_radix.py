@@ -392,3 +392,73 @@ def test_rx_07_a_monotone_policy_whose_key_decreased_fails_the_check() -> None:
     a.last_access = 1  # a key moving back breaks the monotone promise
     with pytest.raises(AssertionError, match="decreased"):
         q.check_invariants()
+
+
+# ----------------------------------------------- lent lists (match and insert results)
+
+
+def test_a_hit_in_one_node_is_that_nodes_list_and_eviction_leaves_it_as_it_was() -> None:
+    # The lookup of a hit held by one node returns the node's own list (no copy); when
+    # that node is evicted first and another after it, the evicted ids must be a new
+    # list, not the lent one grown by the second leaf's ids.
+    index = RadixIndex()
+    a, b = toks(50, seed=1), toks(40, seed=2)
+    insert(index, a, 0)
+    m = index.match_prefix(TokenKey(a))
+    assert m.block_ids == list(range(50))
+    again = index.match_prefix(TokenKey(a))
+    assert again.block_ids is m.block_ids  # lent, not copied
+    insert(index, b, 100)  # newer: a is evicted first
+    evicted = index.evict(90)
+    assert evicted == [*range(50), *range(100, 140)]
+    assert m.block_ids == list(range(50))  # what the lookup returned did not change
+    index.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "match", "evict", "lock"]),
+            st.integers(0, 5),  # which key
+            st.integers(1, 40),  # length / blocks to evict
+        ),
+        max_size=40,
+    )
+)
+def test_no_list_a_lookup_or_insert_returned_ever_changes(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    # Whatever the tree does later (splits, eviction, more inserts), block ids it
+    # handed out (lent or copied) keep their contents, and still equal a fresh copy.
+    index = RadixIndex(check_block_ids=True)
+    keys = [toks(5, seed=0) + toks(40, seed=k) if k % 2 else toks(45, seed=k) for k in range(6)]
+    handed: list[tuple[list[int], list[int]]] = []
+    next_block = 0
+    locks = []
+    for op, which, n in ops:
+        key = TokenKey(keys[which][:n])
+        if op == "insert":
+            hit = index.cached_blocks(key)
+            fresh = list(range(next_block, next_block + n - len(hit)))
+            next_block += len(fresh)
+            res = index.insert(key, [*hit, *fresh])
+            handed.append((res.block_ids, list(res.block_ids)))
+        elif op == "match":
+            m = index.match_prefix(key)
+            handed.append((m.block_ids, list(m.block_ids)))
+        elif op == "lock":
+            m = index.match_prefix(key)
+            index.lock(m.handle)
+            locks.append(m.handle)
+        else:
+            index.evict(n)
+        index.check_invariants()
+        for got, snapshot in handed:
+            assert got == snapshot
+    for handle in locks:
+        index.unlock(handle)
+    index.evict(10**6)
+    for got, snapshot in handed:
+        assert got == snapshot
+    index.check_invariants()
