@@ -422,14 +422,31 @@ def test_a_url_that_is_not_http_is_one_line(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # two whole calibrations (about 25 s)
 def test_rounds_of_a_correct_server_are_pooled_into_one_profile(
-    hostile: HostileServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``--rounds 2`` calibrates twice and pools the two. The server is the mock whose
+    ``/metrics`` gives fixed engine times (an instant HTTP server would leave the fit
+    nothing but the client's jitter, and the profile could come out all zero)."""
+    import httpx
+    from test_serving_path import MetricsServer
+
+    from prefixkv.adapters.lab.sim import server_calibration
+
+    real = server_calibration.calibrate_server
+    calls: list[str] = []
+
+    def on_the_mock(url: str, **kwargs: Any) -> Any:
+        calls.append(url)
+        engine = ServedEngine(url, transport=httpx.MockTransport(MetricsServer()))
+        return real(url, engine=engine, **kwargs)
+
+    monkeypatch.setattr(server_calibration, "calibrate_server", on_the_mock)
     out = tmp_path / "p.json"
-    argv = ["calibrate", "--server", hostile.url, "--quick", "-q", "--rounds", "2"]
-    assert main([*argv, "-o", str(out)]) == 0
+    argv = ["calibrate", "--server", "http://fake", "--quick", "-q", "--rounds", "2"]
+    assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
     said, _ = capsys.readouterr()
+    assert calls == ["http://fake"] * 2
     assert "2 of 2 rounds kept" in said
     rounds = json.loads(out.read_text())["fit"]["rounds"]
     assert (rounds["count"], rounds["kept"], len(rounds["per_round"])) == (2, 2, 2)
