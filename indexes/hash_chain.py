@@ -709,7 +709,8 @@ class HashChainIndex:
         dup = sum(sys.getsizeof(e) for e in self._table.values() if type(e) is dict)
         if self.verify:
             total += sum(sys.getsizeof(b.tokens) for b in self._blocks.values())
-        return total + dup
+        held = getattr(self._hasher, "memory_bytes", None)  # prefixkv's hasher: its recent memos
+        return total + dup + (held() if callable(held) else 0)
 
     def check_invariants(self) -> None:
         """Every block is queued iff evictable; the table and blocks agree.

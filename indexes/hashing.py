@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import sys
 from array import array
 from collections.abc import Callable
 from typing import cast, overload
@@ -178,6 +179,16 @@ class BlockHasher:
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
             pos += step
+
+    def memory_bytes(self) -> int:
+        """Bytes the hasher keeps alive: the recent sequences it may start a new one
+        from (their token bytes, token arrays and hash lists; a finished request's stay
+        alive here until 16 newer ones push them out) and the namespaces' roots."""
+        total = sys.getsizeof(self._recent) + sys.getsizeof(self._namespace_roots)
+        for seen, head, memo, _, tokens in self._recent:
+            total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tokens)
+            total += sys.getsizeof(memo) + sum(sys.getsizeof(h) for h in memo)
+        return total + sum(sys.getsizeof(r) for r in self._namespace_roots.values())
 
     def _reuse(
         self, hashes: list[bytes], data: bytes, tokens: array[int], extra_key: ExtraKey | None

@@ -380,3 +380,18 @@ def test_evicted_ids_registered_again_and_ids_that_never_come_back_are_forgotten
         assert index.ref_cnt(ids[0]) == -1 and not index.is_cached(ids[0])
     index.check_invariants()
     assert index.memory_bytes() < baseline + 4096 * 200  # bounded by the purge, not 12,000
+
+
+def test_memory_bytes_counts_the_sequences_the_hasher_keeps_for_reuse() -> None:
+    # A lookup hashes the key, and the hasher keeps the last sequences it hashed (to
+    # start a new one from their hashes); they stay alive after the key is gone, so the
+    # index's memory counts them: at least their token bytes, twice (bytes and array).
+    index = HashChainIndex(16, seed=0)
+    empty = index.memory_bytes()
+    tokens = toks(16 * 256)
+    index.match_prefix(TokenKey(tokens))
+    with_it = index.memory_bytes()
+    assert with_it >= empty + 2 * 4 * len(tokens)
+    for i in range(40):  # 16 recent at most: the long one is pushed out, and let go
+        index.match_prefix(TokenKey(toks(64, seed=i + 1)))
+    assert index.memory_bytes() < with_it - 4 * len(tokens)
