@@ -20,14 +20,8 @@ Needs ``valgrind`` (Debian: ``apt install valgrind``); about a minute per worklo
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from decode_profile import inclusive
+from callgrind import count, require_valgrind
 from peers.head_to_head import WORKLOADS, _each_call
 
 from prefixkv.adapters.lab.replay import replay
@@ -52,20 +46,10 @@ def run_child(workload: str) -> None:
 
 def profile(workload: str) -> tuple[dict[str, int], int, int]:
     """Inclusive instructions by function, the requests and the hits' sum of one workload."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        # Collect inside the timed calls only: every function's count is then its
-        # share of them.
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-               *(f"--toggle-collect={m}" for m in METHODS), sys.executable, __file__,
-               "--child", workload]  # fmt: skip
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ)
-        n, hits = (int(x) for x in done.stdout.split())
-        text = subprocess.run(
-            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-            check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-    return inclusive(text), n, hits
+    # Collect inside the timed calls only: every function's count is then its share of them.
+    said, costs = count([__file__, "--child", workload], collect=METHODS)
+    n, hits = (int(x) for x in said.split())
+    return costs, n, hits
 
 
 def main() -> None:
@@ -79,8 +63,7 @@ def main() -> None:
         return
     if build_kind() != "compiled":
         raise SystemExit("chain_profile.py counts the compiled methods: run it on the wheel")
-    if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
-        raise SystemExit("chain_profile.py needs valgrind (Debian: apt install valgrind)")
+    require_valgrind("chain_profile.py")
     print(f"{'workload':21} {'instructions/request':>20} {'requests':>8} {'hit tokens':>10}")
     for workload in args.workload or list(WORKLOADS):
         costs, n, hits = profile(workload)

@@ -21,18 +21,14 @@ Needs ``valgrind`` (Debian: ``apt install valgrind``); a run takes about a minut
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
+
+from callgrind import count, inclusive, require_valgrind
+
+__all__ = ["inclusive", "per_step"]
 
 STEPS = 1024
 PROMPT = 17  # one full block and one token: the steps dominate, not the admission
-LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
 
 
 def run_child(engine_class: str, index: str, rounds: int, steps: int) -> None:
@@ -82,38 +78,15 @@ def run_child(engine_class: str, index: str, rounds: int, steps: int) -> None:
         prev = sreq
 
 
-def inclusive(annotated: str) -> dict[str, int]:
-    """Function -> inclusive instructions, from ``callgrind_annotate --inclusive=yes``.
-
-    A function listed under several files (its symbol and its source) keeps the
-    largest count.
-    """
-    costs: dict[str, int] = {}
-    for line in annotated.splitlines():
-        m = LINE.match(line)
-        if m:
-            name = m.group(3).split(" ")[0].split("'")[0]
-            costs[name] = max(costs.get(name, 0), int(m.group(1).replace(",", "")))
-    return costs
-
-
 def per_step(small: dict[str, int], large: dict[str, int], steps: int) -> dict[str, float]:
     """Instructions per step of each function: the difference of two run lengths."""
     return {k: (v - small.get(k, 0)) / steps for k, v in large.items() if v > small.get(k, 0)}
 
 
 def profile(args: argparse.Namespace, index: str, rounds: int) -> dict[str, int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-               __file__, "--child", "--engine-class", args.engine_class, "--index", index,
-               "--rounds", str(rounds), "--steps", str(args.steps)]  # fmt: skip
-        subprocess.run(cmd, check=True, capture_output=True, env=os.environ)
-        text = subprocess.run(
-            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-            check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-    return inclusive(text)
+    argv = [__file__, "--child", "--engine-class", args.engine_class, "--index", index,
+            "--rounds", str(rounds), "--steps", str(args.steps)]  # fmt: skip
+    return count(argv)[1]
 
 
 def main() -> None:
@@ -128,8 +101,7 @@ def main() -> None:
     if args.child:
         run_child(args.engine_class, args.index, args.rounds, args.steps)
         return
-    if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
-        raise SystemExit("decode_profile.py needs valgrind (Debian: apt install valgrind)")
+    require_valgrind("decode_profile.py")
     steps = 2 * args.rounds * args.steps
     rows = {}
     for index in (args.index, "driver"):

@@ -17,14 +17,8 @@ Needs ``valgrind`` (Debian: ``apt install valgrind``); about a minute per worklo
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from decode_profile import inclusive
+from callgrind import count, require_valgrind
 from peers.head_to_head import WORKLOADS, TimedIndex
 
 from prefixkv.adapters.lab.replay import replay
@@ -47,17 +41,9 @@ def run_child(workload: str) -> None:
 
 def profile(workload: str) -> tuple[float, int, int]:
     """Instructions per match_prefix call, the calls and the hits' sum of one workload."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-               __file__, "--child", workload]  # fmt: skip
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ)
-        calls, hits = (int(x) for x in done.stdout.split())
-        text = subprocess.run(
-            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-            check=True, capture_output=True, text=True,
-        ).stdout  # fmt: skip
-    return inclusive(text).get(METHOD, 0) / calls, calls, hits
+    said, costs = count([__file__, "--child", workload])
+    calls, hits = (int(x) for x in said.split())
+    return costs.get(METHOD, 0) / calls, calls, hits
 
 
 def main() -> None:
@@ -70,8 +56,7 @@ def main() -> None:
         return
     if build_kind() != "compiled":
         raise SystemExit("match_profile.py counts the compiled method: run it on the wheel")
-    if not (shutil.which("valgrind") and shutil.which("callgrind_annotate")):
-        raise SystemExit("match_profile.py needs valgrind (Debian: apt install valgrind)")
+    require_valgrind("match_profile.py")
     print(f"{'workload':21} {'instructions/call':>17} {'calls':>6} {'hit tokens':>10}")
     for workload in args.workload or list(WORKLOADS):
         per_call, calls, hits = profile(workload)
