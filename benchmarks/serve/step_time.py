@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", default="native,hash_chain,radix")
     ap.add_argument("--out", default="step-time.json")
-    ap.add_argument("--logs", default="step-time-logs")
+    ap.add_argument("--logs", default="build/step-time-logs")  # build/: ignored by git
     ap.add_argument("--cache", action="store_true", help="also time the KV-cache manager's calls")
     args = ap.parse_args(argv)
     labels = args.configs.split(",")
