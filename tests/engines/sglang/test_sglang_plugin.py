@@ -317,18 +317,26 @@ def test_more_features_refused_by_name(flags: Any, params: Any, feature: str) ->
 
 
 def test_the_build_the_run_names_is_the_build_sglang_runs() -> None:
-    # PREFIXKV_EXPECT_BUILD=compiled with the compiled site first on PYTHONPATH runs
-    # this suite on the compiled PrefixCache: the class SGLang loads, compiled.
+    # The cache SGLang's factory builds runs on the build prefixkv reports (its
+    # PrefixCache compiled exactly when the index core is), and, where the run names one
+    # (PREFIXKV_EXPECT_BUILD=compiled with the compiled site first on PYTHONPATH), that
+    # build: the suite then ran on the class SGLang loads, compiled.
     import os
+    import sys
 
     from prefixkv.indexes.buildinfo import build_kind, compiled_modules
 
-    expected = os.environ.get("PREFIXKV_EXPECT_BUILD")
-    if expected is None:
-        pytest.skip("set PREFIXKV_EXPECT_BUILD to check which build runs")
-    assert build_kind() == expected
-    compiled = "prefixkv.adapters.sglang.prefix_cache" in compiled_modules()
-    assert compiled == (expected == "compiled")
+    register()
+    cache = get_radix_cache_factory("prefixkv-radix")(
+        _context(sglang_oracle.build_pools(1, 1024, 2, 512))
+    )
+    engine_class = next(c for c in type(cache).__mro__ if c.__name__ == "PrefixCache")
+    runs = sys.modules[engine_class.__module__]
+    kind = build_kind()
+    compiled = runs.__name__ in compiled_modules()
+    assert runs.__name__ == "prefixkv.adapters.sglang.prefix_cache"
+    assert compiled == (kind == "compiled"), (runs.__spec__, kind)
+    assert kind == os.environ.get("PREFIXKV_EXPECT_BUILD", kind)
 
 
 @pytest.mark.parametrize("ps", [1, 4])
