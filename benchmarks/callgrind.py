@@ -2,19 +2,22 @@
 
 :func:`count` runs a Python command under callgrind and returns its output with each
 function's inclusive instructions (``callgrind_annotate --inclusive=yes``);
-:func:`require_valgrind` stops a script that needs it with one line saying how to get it.
-``decode_profile.py``, ``chain_profile.py`` and ``match_profile.py`` count with them.
+:func:`require_valgrind` stops a script that needs it with one line saying how to get it;
+:func:`workload_command` is the command line of a script that counts compiled methods per
+workload. ``decode_profile.py``, ``chain_profile.py`` and ``match_profile.py`` count
+with them.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 LINE = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(?:\*\s+)?(\S+?):(\S+)")
@@ -56,3 +59,30 @@ def count(argv: Sequence[str], collect: Sequence[str] = ()) -> tuple[str, dict[s
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
     return done.stdout, inclusive(annotated)
+
+
+def workload_command(
+    doc: str,
+    workloads: Iterable[str],
+    run_child: Callable[[str], None],
+    script: str,
+    extra: Callable[[argparse.ArgumentParser], None] = lambda ap: None,
+) -> argparse.Namespace | None:
+    """Parse a per-workload profile's flags (``--workload``, repeatable; ``extra``'s).
+    Under ``--child WORKLOAD`` this is the profiled process: it runs ``run_child`` and
+    returns None. Otherwise it checks that counting can work (the compiled wheel is
+    what runs, valgrind is there) and returns the flags."""
+    from prefixkv.indexes.buildinfo import build_kind
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--workload", action="append", choices=sorted(workloads))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    extra(ap)
+    args = ap.parse_args()
+    if args.child:
+        run_child(args.child)
+        return None
+    if build_kind() != "compiled":
+        raise SystemExit(f"{script} counts compiled methods: run it on the wheel")
+    require_valgrind(script)
+    return args

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 
-from callgrind import count, require_valgrind
+from callgrind import count, workload_command
 from peers.head_to_head import WORKLOADS, _each_call
 
 from prefixkv.adapters.lab.replay import replay
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
-from prefixkv.indexes.buildinfo import build_kind
 from prefixkv.indexes.registry import pool_owned_options
 
 # The compiled methods as Python calls them (mypyc's wrapper names).
@@ -53,17 +52,12 @@ def profile(workload: str) -> tuple[dict[str, int], int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
-    ap.add_argument("--top", type=int, default=0, help="also list the top N functions")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        run_child(args.child)
+    def top(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--top", type=int, default=0, help="also list the top N functions")
+
+    args = workload_command(__doc__ or "", WORKLOADS, run_child, "chain_profile.py", top)
+    if args is None:
         return
-    if build_kind() != "compiled":
-        raise SystemExit("chain_profile.py counts the compiled methods: run it on the wheel")
-    require_valgrind("chain_profile.py")
     print(f"{'workload':21} {'instructions/request':>20} {'requests':>8} {'hit tokens':>10}")
     for workload in args.workload or list(WORKLOADS):
         costs, n, hits = profile(workload)

@@ -16,15 +16,12 @@ Needs ``valgrind`` (Debian: ``apt install valgrind``); about a minute per worklo
 
 from __future__ import annotations
 
-import argparse
-
-from callgrind import count, require_valgrind
+from callgrind import count, workload_command
 from peers.head_to_head import WORKLOADS, TimedIndex
 
 from prefixkv.adapters.lab.replay import replay
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
-from prefixkv.indexes.buildinfo import build_kind
 from prefixkv.indexes.registry import pool_owned_options
 
 METHOD = "CPyPy_radix___RadixIndex___match_prefix"  # the compiled method, as Python calls it
@@ -47,16 +44,9 @@ def profile(workload: str) -> tuple[float, int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        run_child(args.child)
+    args = workload_command(__doc__ or "", WORKLOADS, run_child, "match_profile.py")
+    if args is None:
         return
-    if build_kind() != "compiled":
-        raise SystemExit("match_profile.py counts the compiled method: run it on the wheel")
-    require_valgrind("match_profile.py")
     print(f"{'workload':21} {'instructions/call':>17} {'calls':>6} {'hit tokens':>10}")
     for workload in args.workload or list(WORKLOADS):
         per_call, calls, hits = profile(workload)
