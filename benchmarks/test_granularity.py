@@ -2,9 +2,8 @@
 
 For every built-in workload, the hash chain (16-token blocks), the radix tree at page
 16 and at page 1 replay the same requests with the accounting on; ``extra_info``
-holds the hit ratio, the boundary-lost and the last-block tokens (the README's "The
-built-in comparison" table has the same numbers from ``make report``), and the timing
-is the whole replay's.
+holds the hit ratio, the boundary-lost and the last-block tokens (``make report``'s
+``report.md`` has the same numbers), and the timing is the whole replay's.
 """
 
 from __future__ import annotations
