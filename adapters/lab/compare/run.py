@@ -115,13 +115,10 @@ class WorkloadResult:
             "rejected_requests": self.rejected_requests,
         }
 
-    def run_rows(self) -> list[dict[str, Scalar]]:
-        """One flat record per run: K-live table, K-live sweep, arrival-time runs."""
-        return run_table([*self.backends, *self.sweep, *self.arrival_runs])
-
-    def request_rows(self) -> list[dict[str, Scalar]]:
-        """One flat record per request x backend x configuration."""
-        return [row for r in (*self.backends, *self.arrival_runs) for row in r.request_rows()]
+    @property
+    def runs(self) -> list[RunRow]:
+        """Every run, in the tables' order: K-live table, K-live sweep, arrival time."""
+        return [*self.backends, *self.sweep, *self.arrival_runs]
 
 
 def compare_workload(
@@ -399,11 +396,11 @@ class Comparison:
 
     def run_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per run."""
-        return [row for w in self.workloads for row in w.run_rows()]
+        return run_table(r for w in self.workloads for r in w.runs)
 
     def request_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per request x backend x configuration."""
-        return [row for w in self.workloads for row in w.request_rows()]
+        return [row for w in self.workloads for r in w.runs for row in r.request_rows()]
 
     def tables(self) -> ComparisonTables:
         """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
