@@ -347,12 +347,12 @@ def time_sweep_table(w: WorkloadResult) -> str | None:
     if len(caps) < 2:
         return None
     labels = list(dict.fromkeys(t.labels["backend"] for t in runs))
-    by = {
-        (t.labels["backend"], t.labels["capacity_tokens"]): f"{r.hit_ratio:.1%} / "
-        f"{seconds(r.ttft_p90_s)}"
-        for t in runs
-        if (r := t.part(RunMetrics))
-    }
+    by = {}
+    for t in runs:
+        r = t.part(RunMetrics)
+        by[t.labels["backend"], t.labels["capacity_tokens"]] = (
+            f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
+        )
     rows = _capacity_grid(caps, labels, lambda x, cap: by.get((x, cap)))
     headers = ["capacity (tokens)", *(f"{x} hit / TTFT p90" for x in labels)]
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
@@ -430,9 +430,9 @@ def time_headline(w: WorkloadResult) -> list[str]:
         if len(group) < 2:
             continue
         cells = ", ".join(
-            f"{t.labels['backend']} {seconds(r.ttft_p50_s)} (hit {r.hit_ratio:.1%})"
+            f"{t.labels['backend']} {seconds(t.part(RunMetrics).ttft_p50_s)} "
+            f"(hit {t.part(RunMetrics).hit_ratio:.1%})"
             for t in group
-            if (r := t.part(RunMetrics))
         )
         if sched == "natural":
             engines = ", ".join(_as_engine(t) for t in group)
