@@ -122,35 +122,22 @@ def run_backend(
             f"{spec.block_size}-token blocks) is too small for {workload.name!r} with "
             f"{spec.label} at concurrency {concurrency}: {exc}"
         ) from None
-    return _backend_run(
-        workload, spec, capacity_tokens, concurrency, timing_repeats, boundary_accounting,
-        first, memory, timed,
-    )  # fmt: skip
-
-
-def _backend_run(
-    workload: Workload,
-    spec: BackendSpec,
-    capacity_tokens: int,
-    concurrency: int,
-    timing_repeats: int,
-    boundary_accounting: bool,
-    first: ReplayResult,
-    memory: int,
-    timed: Sequence[ReplayResult],
-) -> RunRow:
-    """The record of a backend's replays: hits from ``first``, times from ``timed``."""
-    rows = _request_rows(first, timed)
-    index_us = [r.index_us for r in rows]
-    admit_us = [r.admit_us for r in rows]
-    bs = spec.block_size
-    prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
     labels = {
         **spec.run_labels(workload.name, "k_live", "table", capacity_tokens),
         "driver": spec.driver,
         "concurrency": concurrency,
     }
-    hits = KLiveHits(
+    rows = _request_rows(first, timed)
+    hits = _hits(first, rows, memory, spec.block_size, boundary_accounting)
+    return RunRow(labels, (hits, _index_times(first, timed, rows, timing_repeats)), rows)
+
+
+def _hits(
+    first: ReplayResult, rows: Sequence[RequestRow], memory: int, bs: int, boundary_accounting: bool
+) -> KLiveHits:
+    """The hit accounting of the first replay (``bs``: the block size)."""
+    prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
+    return KLiveHits(
         num_requests=first.num_requests,
         prompt_tokens=prompt,
         hit_tokens=hit,
@@ -165,19 +152,26 @@ def _backend_run(
         peak_cached_tokens=first.peak_cached_blocks * bs,
         index_memory_bytes=memory,
     )
-    times = IndexTimes(
+
+
+def _index_times(
+    first: ReplayResult, timed: Sequence[ReplayResult], rows: Sequence[RequestRow], repeats: int
+) -> IndexTimes:
+    """The index times of the timed replays (each request's the least of them, in ``rows``)."""
+    index_us = [r.index_us for r in rows]
+    admit_us = [r.admit_us for r in rows]
+    return IndexTimes(
         index_us_p50=percentile(index_us, 50),
         index_us_p99=percentile(index_us, 99),
         index_us_mean=sum(index_us) / len(index_us) if index_us else 0.0,
         admit_us_p50=percentile(admit_us, 50),
         admit_us_p99=percentile(admit_us, 99),
-        timing_repeats=timing_repeats,
+        timing_repeats=repeats,
         timing_runs_agree=all(t.hit_tokens == first.hit_tokens for t in timed),
         wall_seconds_tracked=first.wall_seconds,
         wall_seconds_timed=tuple(t.wall_seconds for t in timed),
         seconds_by_call=dict(min(timed, key=lambda t: t.wall_seconds).seconds_by_call),
     )
-    return RunRow(labels, (hits, times), rows)
 
 
 def _replays(
