@@ -15,18 +15,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from helpers import TEST_DATA, interrupt_after
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.cli.common import parse_token_count, parse_token_counts
-from prefixkv.adapters.lab.compare import BackendRun, parse_backends
+from prefixkv.adapters.lab.compare import parse_backends
 from prefixkv.adapters.lab.compare.k_live import percentile, select_strip_requests
 from prefixkv.adapters.lab.compare.plan import sweep_capacities
 from prefixkv.adapters.lab.sim.metrics import RequestRow
+from prefixkv.adapters.lab.sim.runs import RunRow
 from prefixkv.adapters.lab.traces import write_trace
 from prefixkv.adapters.lab.workloads import make_workload, seed_example
 
@@ -393,14 +393,14 @@ def test_sweep_percentile_and_strip_selection() -> None:
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
     assert percentile([1.0, 2.0], 99) == 2.0 and percentile([], 50) == 0.0
 
-    def result(index: str, hits: list[int], boundary: list[int]) -> BackendRun:
+    def result(index: str, hits: list[int], boundary: list[int]) -> RunRow:
         rows = [
             RequestRow(str(i), prompt_tokens=60, hit_tokens=h, matched_tokens=h,
                        boundary_lost_tokens=b)
             for i, (h, b) in enumerate(zip(hits, boundary, strict=True))
         ]  # fmt: skip
-        # select_strip_requests reads only these two fields of a BackendRun.
-        return cast(BackendRun, SimpleNamespace(index=index, requests=rows))
+        # select_strip_requests reads only a run's index label and its requests.
+        return RunRow({"index": index}, (), rows)
 
     rows = [
         result("hash_chain", [0, 16, 32, 48, 0], [0, 0, 0, 5, 0]),

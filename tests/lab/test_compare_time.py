@@ -292,7 +292,7 @@ def test_compare_backends_returns_dataframes() -> None:
     medians = t.requests[t.requests["schedule"] == "arrival"].groupby("backend")["ttft_s"].median()
     assert medians["radix"] == pytest.approx(arrival.loc["radix", "ttft_p50_s"])
     (w,) = t.comparison.workloads
-    assert [r.backend for r in w.arrival_runs] == ["hash_chain", "radix"]
+    assert [r.labels["backend"] for r in w.arrival_runs] == ["hash_chain", "radix"]
     assert len(t.comparison.request_rows()) == len(t.requests)
 
 
@@ -300,7 +300,9 @@ def test_rate_sweep_runs_each_backend_once_per_rate_the_table_included() -> None
     options = CompareOptions(["seed"], indexes="hash_chain,radix", request_rate=2.0,
                              rate_sweep=[1.0, 2.0, 4.0], timing_repeats=0)  # fmt: skip
     (w,) = compare_backends(options).comparison.workloads
-    runs = sorted((r.backend, r.settings.request_rate, r.role) for r in w.arrival_runs)
+    runs = sorted(
+        (r.labels["backend"], r.labels["request_rate"], r.labels["role"]) for r in w.arrival_runs
+    )
     assert runs == [
         (b, rate, "table" if rate == 2.0 else "rate")
         for b in ("hash_chain", "radix")

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from prefixkv.adapters.lab.sim.errors import SimSettingsError
 from prefixkv.adapters.lab.sim.load import (
     MIN_REQUESTS,
+    LoadSummary,
     Slo,
     least_squares_slope,
     summarize_load,
@@ -234,7 +235,10 @@ def test_the_python_api_sweeps_rates_with_an_slo() -> None:
         )
     )  # fmt: skip
     runs = t.comparison.workloads[0].arrival_runs
-    assert [(r.role, r.settings.request_rate) for r in runs] == [("table", 1.0), ("rate", 4.0)]
-    assert all(r.load_summary.goodput is not None for r in runs)
+    assert [(r.labels["role"], r.labels["request_rate"]) for r in runs] == [
+        ("table", 1.0),
+        ("rate", 4.0),
+    ]
+    assert all(r.part(LoadSummary).goodput is not None for r in runs)
     with pytest.raises(SimSettingsError, match="rate_sweep"):
         compare_backends(CompareOptions(["seed"], request_rate=1.0, rate_sweep="fast"))

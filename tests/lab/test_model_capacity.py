@@ -23,12 +23,14 @@ from prefixkv.adapters.lab.compare.capacity_search import (
     smallest_reaching,
 )
 from prefixkv.adapters.lab.compare.spec import CapacityError, CompareError
+from prefixkv.adapters.lab.sim.metrics import RunMetrics
 from prefixkv.adapters.lab.sim.model_config import (
     ModelConfigError,
     available_model_configs,
     load_model_config,
 )
 from prefixkv.adapters.lab.sim.profile import load_profile
+from prefixkv.adapters.lab.sim.runs import KLiveHits
 from prefixkv.adapters.lab.workloads import load_workloads
 
 SMALL = ("--timing-repeats", "0", "-q", "--no-plots", "--index", "hash_chain")
@@ -285,8 +287,8 @@ def test_the_python_api_rejects_and_counts_long_requests_as_the_cli_does() -> No
     assert res.num_requests + res.rejected_requests == 60  # served + rejected == sent
     assert res.row()["rejected_requests"] == res.rejected_requests
     assert any("rejected before scheduling" in n for n in res.notes)
-    assert all(t.result.run.num_requests == res.num_requests for t in res.arrival_runs)
-    assert res.backends[0].num_requests == res.num_requests
+    assert all(t.part(RunMetrics).num_requests == res.num_requests for t in res.arrival_runs)
+    assert res.backends[0].part(KLiveHits).num_requests == res.num_requests
     with pytest.raises(CapacityError, match="is too long"):
         compare_backends(opts, max_model_len=longest - 1, on_long_request="abort")
     for field, bad in (("max_model_len", 0), ("max_model_len", 2.5), ("on_long_request", "x")):
@@ -340,5 +342,5 @@ def test_the_working_set_reaches_the_infinite_cache_hit_and_the_knee_98_percent(
                 capacity_tokens=a.working_set_tokens, capacity_search=False,
             )
         ).comparison.workloads[0].backends[0]  # fmt: skip
-        assert at_ws.hit_ratio == a.infinite_hit_ratio
+        assert at_ws.part(KLiveHits).hit_ratio == a.infinite_hit_ratio
         assert a.row()["working_set_gib"] is None or a.row()["working_set_gib"] > 0

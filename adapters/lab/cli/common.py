@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes, index_options
@@ -39,6 +39,7 @@ __all__ = [
     "index_option",
     "int_arg",
     "load_workloads_for",
+    "number_arg",
     "parse_capacity_tokens",
     "parse_token_count",
     "parse_token_counts",
@@ -137,34 +138,38 @@ def _utilization(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
+N = TypeVar("N", int, float)
+
+
+def number_arg(
+    text: str, cast: Callable[[str], N], want: str, bound: str, ok: Callable[[N], bool]
+) -> N:
+    """``text`` read by ``cast``: refused as not ``want`` when it cannot be read, as
+    not ``bound`` when ``ok`` says no (argparse prints either as the flag's error)."""
     try:
-        value = int(text)
+        value = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
-    if not 1 <= value <= MAX_TOKEN_COUNT:
-        raise argparse.ArgumentTypeError(f"must be a positive int up to 2**48, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    bound = "a positive int up to 2**48"
+    return number_arg(text, int, "a positive int", bound, lambda v: 1 <= v <= MAX_TOKEN_COUNT)
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+    return number_arg(text, float, "a number > 0", "a finite number > 0", _finite_positive)
+
+
+def _finite_positive(value: float) -> bool:
+    return 0 < value < float("inf")
 
 
 def int_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int, got {text!r}") from None
-    if abs(value) > 2**63:
-        raise argparse.ArgumentTypeError(f"must be an int within 2**63, got {text!r}")
-    return value
+    return number_arg(text, int, "an int", "an int within 2**63", lambda v: abs(v) <= 2**63)
 
 
 def index_option(text: str) -> tuple[str, str, Any]:

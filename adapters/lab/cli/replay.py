@@ -39,6 +39,7 @@ from .common import (
     backend_options,
     capacities,
     load_workloads_for,
+    number_arg,
     positive_int,
 )
 from .signals import Interrupts
@@ -130,13 +131,8 @@ publisher's bound on every wait)."""
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be seconds, got {text!r}") from None
-    if not 0 < value <= MAX_WAIT_S:
-        raise argparse.ArgumentTypeError(f"must be seconds in (0, {MAX_WAIT_S:g}], got {text!r}")
-    return value
+    bound = f"seconds in (0, {MAX_WAIT_S:g}]"
+    return number_arg(text, float, "seconds", bound, lambda v: 0 < v <= MAX_WAIT_S)
 
 
 ZMQ_SCHEMES = ("tcp", "ipc")

@@ -3,7 +3,7 @@ run, the request-rate sweep, and where each policy saturates.
 
 Every timed run states the same figures the same way
 (:class:`~prefixkv.adapters.lab.sim.load.LoadSummary`, rebuilt by
-:meth:`~.metrics.ClusterRun.load`); a sweep adds one row per policy and rate and
+:meth:`~..sim.runs.FleetSummary.load`); a sweep adds one row per policy and rate and
 one line per policy (:func:`~prefixkv.adapters.lab.sim.rate_sweep.saturation_of`).
 The header lines say what the run was sized for (model and GPU, the length rule, the
 requests rejected, the SLO).

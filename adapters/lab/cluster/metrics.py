@@ -18,15 +18,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prefixkv.adapters.lab.sim.load import LoadSummary, Slo, summarize_load
 from prefixkv.adapters.lab.sim.metrics import RequestRow, mean, percentile, summarize
+from prefixkv.adapters.lab.sim.runs import FleetSummary, RunChecks, RunRow
 
 __all__ = [
     "ClusterResult",
-    "ClusterRun",
     "Invariants",
     "ReplicaSummary",
     "coefficient_of_variation",
@@ -102,58 +102,6 @@ class Invariants:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterRun:
-    """One run's summary (every field a column of the run table)."""
-
-    num_requests: int
-    num_replicas: int
-    hit_ratio: float
-    prompt_tokens: int
-    hit_tokens: int
-    ttft_mean_s: float
-    ttft_p50_s: float
-    ttft_p90_s: float
-    ttft_p99_s: float
-    e2e_p50_s: float
-    e2e_p99_s: float
-    load_cv: float
-    load_max_over_mean: float
-    requests_cv: float
-    prompt_tokens_cv: float
-    decision_p50_us: float
-    decision_p99_us: float
-    decision_cpu_p99_us: float
-    hash_p50_us: float
-    hash_p99_us: float
-    overlap_predictions: int
-    overlap_mae_tokens: float
-    phantom_rate: float
-    missed_rate: float
-    rerouted_requests: int
-    swept_reservations: int
-    prefill_gpu_s: float
-    makespan_s: float
-    offered_load: float
-    ttft_growth: float
-    offered_rate: float = math.nan
-    achieved_rate: float = math.nan
-    waiting_growth: float = math.nan
-    overloaded: bool = False
-    sent_rate: float = math.nan
-    closed_loop: bool = False
-    slo: str = ""
-    good_requests: int | None = None
-    goodput: float | None = None
-
-    def load(self) -> LoadSummary:
-        """The run's offered vs achieved load, overload and goodput, as every timed
-        run states them (:meth:`~prefixkv.adapters.lab.sim.load.LoadSummary.verdict`)."""
-        return LoadSummary(**{name: getattr(self, name) for name in _LOAD})
-
-
-_LOAD = tuple(f.name for f in fields(LoadSummary))
-"""The columns a run's load adds (every one a :class:`ClusterRun` field too)."""
 _FROM_REPLICA = (
     "num_requests", "hit_ratio", "prompt_tokens", "hit_tokens", "ttft_mean_s", "ttft_p50_s",
     "ttft_p90_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "prefill_gpu_s",
@@ -199,9 +147,9 @@ def summarize_run(
     offered_arrivals: Sequence[float] | None = None,
     slo: Slo | None = None,
     closed_loop: bool = False,
-) -> ClusterRun:
-    """Fold a run's records into a :class:`ClusterRun` (the latencies and totals as one
-    replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
+) -> FleetSummary:
+    """Fold a run's records into a :class:`~..sim.runs.FleetSummary` (the latencies and
+    totals as one replica's :func:`~prefixkv.adapters.lab.sim.metrics.summarize` folds them);
     ``offered_arrivals``, ``slo`` and ``closed_loop`` as
     :func:`~prefixkv.adapters.lab.sim.load.summarize_load` takes them."""
     busy = [r.busy_s for r in replicas]
@@ -212,9 +160,9 @@ def summarize_run(
     load = summarize_load(
         requests, offered_arrivals=offered_arrivals, slo=slo, closed_loop=closed_loop
     )
-    return ClusterRun(
+    return FleetSummary(
         **{name: getattr(base, name) for name in _FROM_REPLICA},
-        **{name: getattr(load, name) for name in _LOAD if name != "num_requests"},
+        **{f.name: getattr(load, f.name) for f in fields(LoadSummary) if f.name != "num_requests"},
         num_replicas=len(replicas),
         load_cv=coefficient_of_variation(busy),
         load_max_over_mean=max(busy) / mean_busy if busy and mean_busy else math.nan,
@@ -259,7 +207,7 @@ class ClusterResult:
     labels: Mapping[str, Any]
     requests: list[RequestRow] = field(repr=False)
     replicas: list[ReplicaSummary]
-    run: ClusterRun
+    run: FleetSummary
     invariants: Invariants
     stats: dict[str, Any]
 
@@ -269,13 +217,8 @@ class ClusterResult:
         if broken:
             raise AssertionError(f"{self.labels.get('policy')}: " + "; ".join(broken))
 
-    def run_row(self) -> dict[str, Any]:
-        """Labels, summary and invariant counts as one flat row."""
-        inv = self.invariants
-        return {
-            **self.labels,
-            **asdict(self.run),
-            "invariants_hold": not inv.broken(),
-            "phantom_blocks": inv.phantom_blocks,
-            **{f"stat_{k}": v for k, v in self.stats.items() if isinstance(v, (int, float))},
-        }
+    def run_row(self) -> RunRow:
+        """The run's row: its labels, its :class:`~..sim.runs.FleetSummary` and its
+        :class:`~..sim.runs.RunChecks` (the invariants and counters)."""
+        checks = RunChecks(not self.invariants.broken(), self.invariants.phantom_blocks, self.stats)
+        return RunRow(self.labels, (self.run, checks), self.requests)

@@ -12,16 +12,13 @@ report. The modules, in the order a comparison uses them:
 - :mod:`.options`: the options a caller writes, and :func:`compare_backends`.
 """
 
-from .arrival import ArrivalRun, TimeSettings
-from .k_live import BackendRun
+from .arrival import TimeSettings
 from .options import CompareOptions, compare_backends
 from .plan import CompareSettings
 from .run import Comparison
 from .spec import CompareError, parse_backends
 
 __all__ = [
-    "ArrivalRun",
-    "BackendRun",
     "CompareError",
     "CompareOptions",
     "CompareSettings",

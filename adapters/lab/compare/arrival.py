@@ -32,7 +32,6 @@ from ..sim import (
     CostProfile,
     QueueOrder,
     SimRequest,
-    SimResult,
     SimSettings,
     SimSettingsError,
     load_profile,
@@ -40,9 +39,9 @@ from ..sim import (
     with_arrivals,
 )
 from ..sim.arrivals import check_request_rate, check_time_scale
-from ..sim.load import LoadSummary, Slo, summarize_load
-from ..sim.metrics import request_table
+from ..sim.load import Slo, summarize_load
 from ..sim.requests import from_trace
+from ..sim.runs import RunRow
 from ..traces import TraceSource
 from ..workloads import Workload
 from .spec import BackendSpec, Bars, Scalar
@@ -50,7 +49,6 @@ from .spec import BackendSpec, Bars, Scalar
 __all__ = [
     "ENGINE_MODES",
     "SCHEDULERS",
-    "ArrivalRun",
     "EngineMode",
     "Scheduler",
     "TimeSettings",
@@ -273,91 +271,6 @@ def check_arrivals(workload: Workload, settings: TimeSettings) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ArrivalRun:
-    """One backend's arrival-time run of one workload at one capacity.
-
-    Attributes:
-        workload: the workload's name.
-        backend: the backend's label.
-        index: its registry name.
-        block_size: its hit granularity.
-        options: its ``make_index`` options, ``k=v`` joined by ``,``.
-        engine: the engine it ran as (``vllm`` or ``sglang``).
-        scheduler: the scheduler asked for (``vllm``, ``sglang`` or ``natural``).
-        closed_loop: whether its sessions ran closed loop.
-        capacity_tokens: the capacity asked for (the same for every backend; the
-            pool is the whole blocks that fit, :attr:`pool_tokens`).
-        role: ``"table"`` (the comparison's capacity) or ``"sweep"``.
-        config: the scheduler settings.
-        settings: the arrivals and cost profile.
-        result: per-request records and the run's summary.
-        load: offered vs achieved rate, overload and goodput
-            (:mod:`~prefixkv.adapters.lab.sim.load`).
-    """
-
-    workload: str
-    backend: str
-    index: str
-    block_size: int
-    options: str
-    engine: EngineMode
-    scheduler: Scheduler
-    closed_loop: bool
-    capacity_tokens: int
-    role: str
-    config: SimSettings
-    settings: TimeSettings
-    result: SimResult
-    load: LoadSummary | None = None
-
-    @property
-    def load_summary(self) -> LoadSummary:
-        """:attr:`load`, or (for a run built without it) the records' own."""
-        if self.load is not None:
-            return self.load
-        return summarize_load(self.result.requests, slo=self.settings.slo)
-
-    @property
-    def pool_tokens(self) -> int:
-        """The pool's tokens: the whole blocks that fit ``capacity_tokens``."""
-        return self.capacity_tokens // self.block_size * self.block_size
-
-    def labels(self) -> dict[str, Scalar]:
-        """The columns that say which run a row belongs to."""
-        return {
-            "workload": self.workload,
-            "schedule": "arrival",
-            "role": self.role,
-            "backend": self.backend,
-            "index": self.index,
-            "block_size": self.block_size,
-            "options": self.options,
-            "capacity_tokens": self.capacity_tokens,
-            "num_blocks": self.capacity_tokens // self.block_size,
-            "pool_tokens": self.pool_tokens,
-            "engine": self.engine,
-            **self.config.as_dict(),
-            **self.settings.row(),
-            "scheduler": self.scheduler,
-            "closed_loop": self.closed_loop,
-            "profile_range": self.result.labels.get("profile_range", ""),
-        }
-
-    def row(self) -> dict[str, Scalar]:
-        """One flat run record: labels, then the summary (:class:`~.sim.RunMetrics`)."""
-        return {**self.labels(), **self.result.run.as_row(), **self.load_summary.as_row()}
-
-    def request_rows(self) -> list[dict[str, Any]]:
-        """One flat record per request, in arrival order."""
-        rows = request_table(self.labels(), self.result.requests)
-        slo = self.settings.slo
-        if slo is not None:
-            for row, r in zip(rows, self.result.requests, strict=True):
-                row["meets_slo"] = slo.met(r)
-        return rows
-
-
 def run_arrival(
     workload: Workload,
     spec: BackendSpec,
@@ -367,13 +280,16 @@ def run_arrival(
     role: str = "table",
     bars: Bars | None = None,
     scheduler: Scheduler | None = None,
-) -> ArrivalRun:
+) -> RunRow:
     """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens``
     under ``scheduler`` (default: the first of ``settings.schedulers``).
 
     The requests are read again from the workload (a trace streams), stamped with
     arrival times, and replayed by :func:`~.sim.simulate`; a workload with sessions
-    runs closed loop when ``settings.closed_loop``.
+    runs closed loop when ``settings.closed_loop``. The run's row has the parts
+    :class:`~..sim.metrics.RunMetrics` and :class:`~..sim.load.LoadSummary`; its labels
+    name the backend, the engine and scheduler, the scheduler settings
+    (:meth:`~..sim.SimSettings.as_dict`) and the arrivals (:meth:`TimeSettings.row`).
 
     Raises:
         SimInputError: requests out of arrival order (a trace's timestamps).
@@ -399,24 +315,19 @@ def run_arrival(
     finally:
         if bar is not None:
             bar.close()
-    return ArrivalRun(
-        workload=workload.name,
-        backend=spec.label,
-        index=spec.index,
-        block_size=spec.block_size,
-        options=",".join(f"{k}={v}" for k, v in spec.options),
-        engine=engine,
-        scheduler=sched,
-        closed_loop=closed,
-        capacity_tokens=capacity_tokens,
-        role=role,
-        config=config,
-        settings=settings,
-        result=result,
-        load=summarize_load(
-            result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
-        ),
+    row_labels: dict[str, Any] = {
+        **spec.run_labels(workload.name, "arrival", role, capacity_tokens),
+        "engine": engine,
+        **config.as_dict(),
+        **settings.row(),
+        "scheduler": sched,
+        "closed_loop": closed,
+        "profile_range": result.labels.get("profile_range", ""),
+    }
+    load = summarize_load(
+        result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
     )
+    return RunRow(row_labels, (result.run, load), result.requests, slo=settings.slo)
 
 
 def _arriving(workload: Workload, settings: TimeSettings, closed: bool) -> Iterator[SimRequest]:

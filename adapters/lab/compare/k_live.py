@@ -5,31 +5,28 @@ radix: the SGLang-shaped one, anything else: the manager) with the same KV capac
 in tokens, at most K requests live. Hits and evictions come from one replay (with
 boundary accounting, SPEC BB-8, when asked); index times from timed replays, each
 request's time the least over them. A capacity sweep replays at several capacities.
-The numbers come back as typed records whose ``row()`` and ``request_rows()`` give
-the flat records of the tidy tables. A workload's requests are re-read on every run
+Each run comes back as a :class:`~..sim.runs.RunRow`: a replay's with the parts
+:class:`~..sim.runs.KLiveHits` and :class:`~..sim.runs.IndexTimes`, a sweep point's
+with :class:`~..sim.runs.SweepHit`. A workload's requests are re-read on every run
 (a trace is never held whole).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from prefixkv.indexes.registry import describe_index
 
-from ..replay import Driver, ReplayError, ReplayResult, replay
-from ..sim.metrics import RequestRow, request_table
+from ..replay import ReplayError, ReplayResult, replay
+from ..sim.metrics import RequestRow
+from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
-from .spec import BackendSpec, Bars, CapacityError, CompareError, Scalar
+from .spec import BackendSpec, Bars, CapacityError, CompareError
 
 __all__ = [
-    "BackendRun",
-    "SweepPoint",
-    "options_text",
     "percentile",
     "run_backend",
     "run_sweep",
@@ -87,109 +84,6 @@ def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
     return (stacked.min(axis=0) * 1e6).tolist()  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, slots=True)
-class BackendRun:
-    """One backend's K-live replay of one workload at the comparison's capacity.
-
-    Hits and evictions come from the first replay (with boundary accounting when
-    asked), index times from the timed replays (see :func:`run_backend`).
-
-    Attributes:
-        workload: the workload's name.
-        backend, index, driver, block_size: which backend, driven how.
-        options: its ``make_index`` options.
-        capacity_tokens: the capacity asked for (the same for every backend).
-        num_blocks, pool_tokens: the pool: the whole blocks that fit, and their tokens.
-        concurrency: the K of the K-live schedule.
-        num_requests, prompt_tokens, hit_tokens, hit_ratio: the totals.
-        boundary_accounting: whether the BB-8 columns were measured.
-        matched_tokens, boundary_lost_tokens, cap_lost_tokens: BB-8 totals.
-        evicted_blocks, evicted_tokens: what the index evicted.
-        peak_cached_blocks, peak_cached_tokens: the most it held at once.
-        index_memory_bytes: its structures' estimated size at the peak.
-        index_us_p50, index_us_p99, index_us_mean: index time per request.
-        admit_us_p50, admit_us_p99: admission time per request.
-        timing_repeats: timed replays run.
-        timing_runs_agree: every timed replay hit exactly what the first did.
-        seconds_by_call: index seconds per call kind (the fastest timed replay).
-        wall_seconds_tracked: the first replay's wall time.
-        wall_seconds_timed: each timed replay's wall time.
-        requests: one row per request, in arrival order.
-    """
-
-    workload: str
-    backend: str
-    index: str
-    driver: Driver
-    block_size: int
-    options: Mapping[str, Any]
-    capacity_tokens: int
-    num_blocks: int
-    pool_tokens: int
-    concurrency: int
-    num_requests: int
-    prompt_tokens: int
-    hit_tokens: int
-    hit_ratio: float
-    boundary_accounting: bool
-    matched_tokens: int
-    boundary_lost_tokens: int
-    cap_lost_tokens: int
-    evicted_blocks: int
-    evicted_tokens: int
-    peak_cached_blocks: int
-    peak_cached_tokens: int
-    index_memory_bytes: int
-    index_us_p50: float
-    index_us_p99: float
-    index_us_mean: float
-    admit_us_p50: float
-    admit_us_p99: float
-    timing_repeats: int
-    timing_runs_agree: bool
-    seconds_by_call: Mapping[str, float]
-    wall_seconds_tracked: float
-    wall_seconds_timed: tuple[float, ...]
-    requests: list[RequestRow] = field(repr=False)
-
-    def labels(self) -> dict[str, Scalar]:
-        """The columns that say which run a row belongs to."""
-        return {
-            **_run_identity(self.workload, "table", self.backend, self.index, self.block_size),
-            "options": options_text(self.options),
-            "capacity_tokens": self.capacity_tokens,
-            "num_blocks": self.num_blocks,
-            "pool_tokens": self.pool_tokens,
-            "driver": self.driver,
-            "concurrency": self.concurrency,
-        }
-
-    def row(self) -> dict[str, Scalar]:
-        """One flat run record (every field but the per-request columns)."""
-        row = self.labels()
-        for name in (
-            "num_requests", "prompt_tokens", "hit_tokens", "hit_ratio", "boundary_accounting",
-            "matched_tokens", "boundary_lost_tokens", "cap_lost_tokens", "evicted_blocks",
-            "evicted_tokens", "peak_cached_blocks", "peak_cached_tokens", "index_memory_bytes",
-            "index_us_p50", "index_us_p99", "index_us_mean", "admit_us_p50", "admit_us_p99",
-            "timing_repeats", "timing_runs_agree", "wall_seconds_tracked",
-        ):  # fmt: skip
-            row[name] = getattr(self, name)
-        row["wall_seconds_timed_min"] = min(self.wall_seconds_timed, default=math.nan)
-        for call, seconds in sorted(self.seconds_by_call.items()):
-            row[f"index_seconds_{call}"] = seconds
-        return row
-
-    def request_rows(self) -> list[dict[str, Scalar]]:
-        """One flat record per request, in arrival order."""
-        return request_table(self.labels(), self.requests)
-
-
-def options_text(options: Mapping[str, Any]) -> str:
-    """``{"eviction": "lfu"}`` -> ``"eviction=lfu"`` (``,``-joined, sorted; ``""`` for none)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(options.items()))
-
-
 def run_backend(
     workload: Workload,
     spec: BackendSpec,
@@ -199,7 +93,7 @@ def run_backend(
     timing_repeats: int = 3,
     boundary_accounting: bool = True,
     bars: Bars | None = None,
-) -> BackendRun:
+) -> RunRow:
     """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it.
 
     Hits and evictions come from the first replay; index times from the others (the
@@ -228,41 +122,22 @@ def run_backend(
             f"{spec.block_size}-token blocks) is too small for {workload.name!r} with "
             f"{spec.label} at concurrency {concurrency}: {exc}"
         ) from None
-    return _backend_run(
-        workload, spec, capacity_tokens, concurrency, timing_repeats, boundary_accounting,
-        first, memory, timed,
-    )  # fmt: skip
-
-
-def _backend_run(
-    workload: Workload,
-    spec: BackendSpec,
-    capacity_tokens: int,
-    concurrency: int,
-    timing_repeats: int,
-    boundary_accounting: bool,
-    first: ReplayResult,
-    memory: int,
-    timed: Sequence[ReplayResult],
-) -> BackendRun:
-    """The record of a backend's replays: hits from ``first``, times from ``timed``."""
+    labels = {
+        **spec.run_labels(workload.name, "k_live", "table", capacity_tokens),
+        "driver": spec.driver,
+        "concurrency": concurrency,
+    }
     rows = _request_rows(first, timed)
-    index_us = [r.index_us for r in rows]
-    admit_us = [r.admit_us for r in rows]
-    bs = spec.block_size
-    num_blocks = spec.num_blocks(capacity_tokens)
+    hits = _hits(first, rows, memory, spec.block_size, boundary_accounting)
+    return RunRow(labels, (hits, _index_times(first, timed, rows, timing_repeats)), rows)
+
+
+def _hits(
+    first: ReplayResult, rows: Sequence[RequestRow], memory: int, bs: int, boundary_accounting: bool
+) -> KLiveHits:
+    """The hit accounting of the first replay (``bs``: the block size)."""
     prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
-    return BackendRun(
-        workload=workload.name,
-        backend=spec.label,
-        index=spec.index,
-        driver=spec.driver,
-        block_size=bs,
-        options=dict(spec.options),
-        capacity_tokens=capacity_tokens,
-        num_blocks=num_blocks,
-        pool_tokens=num_blocks * bs,
-        concurrency=concurrency,
+    return KLiveHits(
         num_requests=first.num_requests,
         prompt_tokens=prompt,
         hit_tokens=hit,
@@ -276,17 +151,26 @@ def _backend_run(
         peak_cached_blocks=first.peak_cached_blocks,
         peak_cached_tokens=first.peak_cached_blocks * bs,
         index_memory_bytes=memory,
+    )
+
+
+def _index_times(
+    first: ReplayResult, timed: Sequence[ReplayResult], rows: Sequence[RequestRow], repeats: int
+) -> IndexTimes:
+    """The index times of the timed replays (each request's the least of them, in ``rows``)."""
+    index_us = [r.index_us for r in rows]
+    admit_us = [r.admit_us for r in rows]
+    return IndexTimes(
         index_us_p50=percentile(index_us, 50),
         index_us_p99=percentile(index_us, 99),
         index_us_mean=sum(index_us) / len(index_us) if index_us else 0.0,
         admit_us_p50=percentile(admit_us, 50),
         admit_us_p99=percentile(admit_us, 99),
-        timing_repeats=timing_repeats,
+        timing_repeats=repeats,
         timing_runs_agree=all(t.hit_tokens == first.hit_tokens for t in timed),
-        seconds_by_call=dict(min(timed, key=lambda t: t.wall_seconds).seconds_by_call),
         wall_seconds_tracked=first.wall_seconds,
         wall_seconds_timed=tuple(t.wall_seconds for t in timed),
-        requests=rows,
+        seconds_by_call=dict(min(timed, key=lambda t: t.wall_seconds).seconds_by_call),
     )
 
 
@@ -345,55 +229,6 @@ def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[Re
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class SweepPoint:
-    """One backend's K-live hit ratio at one capacity of the sweep.
-
-    Attributes:
-        workload, backend, index, block_size: which run.
-        capacity_tokens: the capacity asked for.
-        concurrency: the K of the K-live schedule.
-        hit_ratio: ``None`` when the requests do not fit this capacity.
-        evicted_blocks: ``None`` likewise.
-    """
-
-    workload: str
-    backend: str
-    index: str
-    block_size: int
-    capacity_tokens: int
-    concurrency: int
-    hit_ratio: float | None
-    evicted_blocks: int | None
-
-    def row(self) -> dict[str, Scalar]:
-        """One flat run record (``fits`` false where the capacity was too small)."""
-        return {
-            **_run_identity(self.workload, "sweep", self.backend, self.index, self.block_size),
-            "capacity_tokens": self.capacity_tokens,
-            "num_blocks": self.capacity_tokens // self.block_size,
-            "pool_tokens": self.capacity_tokens // self.block_size * self.block_size,
-            "concurrency": self.concurrency,
-            "fits": self.hit_ratio is not None,
-            "hit_ratio": self.hit_ratio,
-            "evicted_blocks": self.evicted_blocks,
-        }
-
-
-def _run_identity(
-    workload: str, role: str, backend: str, index: str, block_size: int
-) -> dict[str, Scalar]:
-    """The leading columns of a K-live run record: which run, in the tables' order."""
-    return {
-        "workload": workload,
-        "schedule": "k_live",
-        "role": role,
-        "backend": backend,
-        "index": index,
-        "block_size": block_size,
-    }
-
-
 def run_sweep(
     workload: Workload,
     backends: Sequence[BackendSpec],
@@ -401,13 +236,13 @@ def run_sweep(
     *,
     concurrency: int = 1,
     bars: Bars | None = None,
-) -> list[SweepPoint]:
+) -> list[RunRow]:
     """Hit ratio (and evictions) of each backend at each capacity, without accounting.
 
     A capacity a backend cannot run at gives ``None`` for it. Points come capacity
     by capacity, backends in order.
     """
-    points: list[SweepPoint] = []
+    points: list[RunRow] = []
     for cap in capacities:
         for spec in backends:
             ratio: float | None = None
@@ -419,16 +254,15 @@ def run_sweep(
                 ratio, evicted = result.summary()["hit_ratio"], result.evicted_blocks
             except ReplayError:
                 pass
-            points.append(
-                SweepPoint(
-                    workload.name, spec.label, spec.index, spec.block_size, cap, concurrency,
-                    ratio, evicted,
-                )
-            )  # fmt: skip
+            labels = {
+                **spec.run_labels(workload.name, "k_live", "sweep", cap, options=False),
+                "concurrency": concurrency,
+            }
+            points.append(RunRow(labels, (SweepHit(ratio, evicted),)))
     return points
 
 
-def select_strip_requests(results: Sequence[BackendRun], limit: int = 6) -> list[int]:
+def select_strip_requests(results: Sequence[RunRow], limit: int = 6) -> list[int]:
     """Positions of a few telling requests for the strip plot, in arrival order.
 
     First those where some backend lost tokens to a block boundary, then those where
@@ -437,7 +271,8 @@ def select_strip_requests(results: Sequence[BackendRun], limit: int = 6) -> list
     """
     per = [r.requests for r in results]
     n = len(per[0]) if per else 0
-    cached = [p for p, r in zip(per, results, strict=True) if describe_index(r.index).caches] or per
+    indexes = [r.labels["index"] for r in results]
+    cached = [p for p, i in zip(per, indexes, strict=True) if describe_index(i).caches] or per
 
     def boundary(i: int) -> bool:
         return any(p[i].boundary_lost_tokens for p in cached)

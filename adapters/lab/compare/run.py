@@ -23,12 +23,14 @@ from typing import Any, NamedTuple
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
 from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
+from ..sim.load import LoadSummary
 from ..sim.rate_sweep import Saturation, rate_schedule, saturation_of, start_rate, sweep_rates
+from ..sim.runs import KLiveHits, RunRow, SweepHit, run_table
 from ..workloads import Workload
 from .anchors import CapacityAnchor, knee
-from .arrival import ArrivalRun, Scheduler, TimeSettings, run_arrival
+from .arrival import Scheduler, TimeSettings, run_arrival
 from .capacity_search import KNEE_SHARE, CapacitySearch
-from .k_live import BackendRun, SweepPoint, run_backend, run_sweep, select_strip_requests
+from .k_live import run_backend, run_sweep, select_strip_requests
 from .plan import CompareSettings, WorkloadPlan, min_capacity, roomy_capacity
 from .spec import BackendSpec, Bars, CapacityError, Scalar
 
@@ -81,10 +83,10 @@ class WorkloadResult:
     output_tokens: int
     capacity_tokens: int
     concurrency: int
-    backends: list[BackendRun] = field(default_factory=list)
-    sweep: list[SweepPoint] = field(default_factory=list)
+    backends: list[RunRow] = field(default_factory=list)
+    sweep: list[RunRow] = field(default_factory=list)
     strip_requests: list[int] = field(default_factory=list)
-    arrival_runs: list[ArrivalRun] = field(default_factory=list)
+    arrival_runs: list[RunRow] = field(default_factory=list)
     anchors: list[CapacityAnchor] = field(default_factory=list)
     partial: bool = False
     rejected_requests: int = 0
@@ -92,11 +94,11 @@ class WorkloadResult:
     @property
     def sweep_capacities(self) -> list[int]:
         """The sweep's capacities, ascending."""
-        return sorted({p.capacity_tokens for p in self.sweep})
+        return sorted({p.labels["capacity_tokens"] for p in self.sweep})
 
-    def arrival_at_table(self) -> list[ArrivalRun]:
+    def arrival_at_table(self) -> list[RunRow]:
         """The arrival-time runs at the table's capacity, one per backend and scheduler."""
-        return [t for t in self.arrival_runs if t.role == "table"]
+        return [t for t in self.arrival_runs if t.labels["role"] == "table"]
 
     def row(self) -> dict[str, Scalar]:
         """The workload as one flat record."""
@@ -113,22 +115,10 @@ class WorkloadResult:
             "rejected_requests": self.rejected_requests,
         }
 
-    def run_rows(self) -> list[dict[str, Scalar]]:
-        """One flat record per run: K-live table, K-live sweep, arrival-time runs."""
-        return [
-            *(b.row() for b in self.backends),
-            *(p.row() for p in self.sweep),
-            *(t.row() for t in self.arrival_runs),
-        ]
-
-    def request_rows(self) -> list[dict[str, Scalar]]:
-        """One flat record per request x backend x configuration."""
-        rows: list[dict[str, Scalar]] = []
-        for b in self.backends:
-            rows += b.request_rows()
-        for t in self.arrival_runs:
-            rows += t.request_rows()
-        return rows
+    @property
+    def runs(self) -> list[RunRow]:
+        """Every run, in the tables' order: K-live table, K-live sweep, arrival time."""
+        return [*self.backends, *self.sweep, *self.arrival_runs]
 
 
 def compare_workload(
@@ -214,28 +204,25 @@ def _anchors(
     roomy = roomy_capacity(workload.stats, backends)
     out = []
     for b, run in zip(backends, result.backends, strict=True):
-        points = [
-            (p.capacity_tokens, p.hit_ratio)
-            for p in result.sweep
-            if p.backend == b.label and p.hit_ratio is not None
-        ]
+        points = _sweep_points(result.sweep, b.label)
         at_roomy = [h for c, h in points if c >= roomy]
+        table_hit = run.part(KLiveHits).hit_ratio
         if result.capacity_tokens >= roomy:
-            infinite = run.hit_ratio
+            infinite = table_hit
         elif at_roomy:
             infinite = at_roomy[-1]
         else:  # one more replay, with nothing evicted
             infinite = run_backend(
                 workload, b, roomy, concurrency=concurrency, timing_repeats=0,
                 boundary_accounting=False, bars=bars,
-            ).hit_ratio  # fmt: skip
+            ).part(KLiveHits).hit_ratio  # fmt: skip
         bend = knee(points)
         working_set: int | None = None
         rule, replays = "kneedle", 0
         if search:
             finder = CapacitySearch(
                 functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
-                [*points, (result.capacity_tokens, run.hit_ratio), (roomy, infinite)],
+                [*points, (result.capacity_tokens, table_hit), (roomy, infinite)],
             )
             tight = min_capacity(workload.stats, backends, concurrency)
             working_set = finder.smallest(infinite, tight, roomy)
@@ -262,11 +249,20 @@ def _anchors(
     return out
 
 
+def _sweep_points(sweep: Sequence[RunRow], label: str) -> list[tuple[int, float]]:
+    """The sweep's (capacity, hit ratio) points of backend ``label`` that fit."""
+    return [
+        (p.labels["capacity_tokens"], hit)
+        for p in sweep
+        if p.labels["backend"] == label and (hit := p.part(SweepHit).hit_ratio) is not None
+    ]
+
+
 def _hit_ratio(
     workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
 ) -> float | None:
     (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
-    return point.hit_ratio
+    return point.part(SweepHit).hit_ratio
 
 
 def _run_arrival_all(
@@ -319,10 +315,10 @@ def _run_rate_sweep(
     capacity_tokens: int,
     settings: TimeSettings,
     scheduler: Scheduler,
-    table: Sequence[ArrivalRun],
+    table: Sequence[RunRow],
     bars: Bars | None,
     *,
-    into: list[ArrivalRun],
+    into: list[RunRow],
 ) -> None:
     """Each backend at each rate of the sweep (role ``rate``), under ``scheduler``.
 
@@ -337,7 +333,7 @@ def _run_rate_sweep(
     )  # fmt: skip
     by_label = {b.label: b for b in backends}
 
-    def run(label: str, rate: float) -> ArrivalRun | None:
+    def run(label: str, rate: float) -> RunRow | None:
         point = dataclasses.replace(settings, request_rate=rate, rates=(), auto_rates=False)
         try:
             return run_arrival(
@@ -347,21 +343,21 @@ def _run_rate_sweep(
         except SimUnservableError:
             return None
 
-    made = {(r.backend, r.settings.request_rate or 0.0): r for r in table}
+    made = {(r.labels["backend"], r.labels["request_rate"] or 0.0): r for r in table}
     into.extend(
         sweep_rates(
-            list(by_label), rates, run, lambda r: r.load_summary.overloaded,
+            list(by_label), rates, run, lambda r: r.part(LoadSummary).overloaded,
             auto=settings.auto_rates, done=made,
         )
     )  # fmt: skip
 
 
-def saturation(runs: Sequence[ArrivalRun]) -> list[Saturation]:
+def saturation(runs: Sequence[RunRow]) -> list[Saturation]:
     """Per backend and engine, where the sweep's runs (any roles) saturate it."""
     return saturation_of(
-        (f"{r.backend} as {r.engine}", r.settings.request_rate, r.load_summary)
+        (f"{r.labels['backend']} as {r.labels['engine']}", rate, r.part(LoadSummary))
         for r in runs
-        if r.settings.request_rate is not None
+        if (rate := r.labels["request_rate"]) is not None
     )
 
 
@@ -400,11 +396,11 @@ class Comparison:
 
     def run_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per run."""
-        return [row for w in self.workloads for row in w.run_rows()]
+        return run_table(r for w in self.workloads for r in w.runs)
 
     def request_rows(self) -> list[dict[str, Scalar]]:
         """One flat record per request x backend x configuration."""
-        return [row for w in self.workloads for row in w.request_rows()]
+        return [row for w in self.workloads for r in w.runs for row in r.request_rows()]
 
     def tables(self) -> ComparisonTables:
         """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
@@ -465,10 +461,10 @@ def _range_notes(comparison: Comparison) -> list[str]:
     farthest: dict[str, dict[str, tuple[int, str]]] = {}
     for w in comparison.workloads:
         for t in w.arrival_runs:
-            note = str(t.result.labels.get("profile_range", ""))
+            note = str(t.labels["profile_range"])
             if not note:
                 continue
-            name = t.settings.profile.name
+            name = str(t.labels["profile"])
             runs[name] = runs.get(name, 0) + 1
             for phrase in note.split("; "):
                 what, _, rest = phrase.partition(" up to ")

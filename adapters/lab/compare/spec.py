@@ -83,6 +83,25 @@ class BackendSpec:
         """Blocks of ``block_size`` that fit in ``capacity_tokens``."""
         return capacity_tokens // self.block_size
 
+    def run_labels(
+        self, workload: str, schedule: str, role: str, capacity_tokens: int, *, options: bool = True
+    ) -> dict[str, Scalar]:
+        """The leading columns of a run's row: which run, in the tables' order (a
+        K-live sweep point's leave ``options`` out)."""
+        num_blocks = self.num_blocks(capacity_tokens)
+        return {
+            "workload": workload,
+            "schedule": schedule,
+            "role": role,
+            "backend": self.label,
+            "index": self.index,
+            "block_size": self.block_size,
+            **({"options": ",".join(f"{k}={v}" for k, v in self.options)} if options else {}),
+            "capacity_tokens": capacity_tokens,
+            "num_blocks": num_blocks,
+            "pool_tokens": num_blocks * self.block_size,
+        }
+
     @property
     def description(self) -> IndexDescription:
         """What the backend says about itself."""

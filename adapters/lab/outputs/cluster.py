@@ -26,6 +26,7 @@ from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
 from ..sim.metrics import request_table
+from ..sim.runs import run_table
 from . import plots
 from .markdown import (
     Column,
@@ -323,7 +324,7 @@ def write_report(
         require_extra("report", "the cluster report's plots", ("matplotlib",))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = [write_rows(out / "runs.csv", [r.run_row() for r in results])]
+    files = [write_rows(out / "runs.csv", run_table(r.run_row() for r in results))]
     if requests_table:
         files.append(write_rows(out / "requests.csv", _request_rows(results)))
     doc = _results_doc(results, command, source, partial, notes, settings or {})
@@ -352,7 +353,7 @@ def _results_doc(
         "settings": dict(settings),
         "notes": list(notes),
         "runs": [
-            {"labels": dict(r.labels), "run": r.run_row(), "stats": r.stats,
+            {"labels": dict(r.labels), "run": r.run_row().as_row(), "stats": r.stats,
              "invariants_broken": r.invariants.broken()}
             for r in results
         ],

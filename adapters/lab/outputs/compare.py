@@ -19,11 +19,11 @@ from typing import Any
 
 from prefixkv.indexes.registry import describe_index
 
-from ..compare.arrival import ArrivalRun
-from ..compare.k_live import BackendRun
 from ..compare.run import Comparison, WorkloadResult, saturation
 from ..extras import has_extra
 from ..sim.load import LoadSummary
+from ..sim.metrics import RunMetrics
+from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from .markdown import (
     Column,
     definitions,
@@ -118,24 +118,25 @@ def _us(value: float) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def table_rows(backends: Sequence[BackendRun]) -> list[list[str]]:
-    """One row of :data:`COLUMNS` cells per backend result."""
+def table_rows(backends: Sequence[RunRow]) -> list[list[str]]:
+    """One row of :data:`COLUMNS` cells per backend's K-live run."""
+    return [_table_row(b.labels, b.part(KLiveHits), b.part(IndexTimes)) for b in backends]
+
+
+def _table_row(labels: Mapping[str, Any], h: KLiveHits, t: IndexTimes) -> list[str]:
     return [
-        [
-            b.backend,
-            b.driver,
-            str(b.block_size),
-            f"{b.hit_ratio:.1%}",
-            f"{b.hit_tokens:,}",
-            f"{b.boundary_lost_tokens:,}",
-            f"{b.cap_lost_tokens:,}",
-            f"{b.evicted_blocks:,} / {b.evicted_tokens:,}",
-            f"{_us(b.admit_us_p50)} / {_us(b.admit_us_p99)}",
-            f"{_us(b.index_us_p50)} / {_us(b.index_us_p99)}",
-            f"{b.peak_cached_blocks:,}",
-            human_bytes(b.index_memory_bytes),
-        ]
-        for b in backends
+        labels["backend"],
+        labels["driver"],
+        str(labels["block_size"]),
+        f"{h.hit_ratio:.1%}",
+        f"{h.hit_tokens:,}",
+        f"{h.boundary_lost_tokens:,}",
+        f"{h.cap_lost_tokens:,}",
+        f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
+        f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
+        f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
+        f"{h.peak_cached_blocks:,}",
+        human_bytes(h.index_memory_bytes),
     ]
 
 
@@ -143,16 +144,15 @@ def _gpu_s(value: float) -> str:
     return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
 
 
-def time_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
+def time_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
     rows = []
     for t in runs:
-        r = t.result.run
-        load = t.load_summary
+        r, load = t.part(RunMetrics), t.part(LoadSummary)
         rows.append(
             [
-                t.backend,
-                f"{t.engine}, {t.config.queue_order}",
+                t.labels["backend"],
+                f"{t.labels['engine']}, {t.labels['policy']}",
                 f"{r.hit_ratio:.1%}",
                 f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
                 f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
@@ -182,9 +182,9 @@ def load_lines(w: WorkloadResult) -> list[str]:
     overloaded or held back by closed-loop sessions (empty: all in a steady state)."""
     out = []
     for t in w.arrival_at_table():
-        load = t.load_summary
+        load = t.part(LoadSummary)
         if load.overloaded or load.held_back:
-            out.append(f"{w.name}, {t.backend} as {t.engine}: {load.verdict()}")
+            out.append(f"{w.name}, {_as_engine(t)}: {load.verdict()}")
     return out
 
 
@@ -201,24 +201,31 @@ RATE_COLUMNS: tuple[Column, ...] = (
 """Columns of the request-rate sweep table."""
 
 
-def rate_runs(w: WorkloadResult) -> list[ArrivalRun]:
+def _as_engine(t: RunRow) -> str:
+    return f"{t.labels['backend']} as {t.labels['engine']}"
+
+
+def rate_runs(w: WorkloadResult) -> list[RunRow]:
     """The runs of a rate sweep at the table's capacity, by rate then backend
     (empty without a sweep)."""
-    if not any(t.role == "rate" for t in w.arrival_runs):
+    if not any(t.labels["role"] == "rate" for t in w.arrival_runs):
         return []
-    runs = [t for t in w.arrival_runs if t.role in ("table", "rate")]
-    return sorted(runs, key=lambda t: (t.settings.request_rate or 0.0, t.backend, t.engine))
+    runs = [t for t in w.arrival_runs if t.labels["role"] in ("table", "rate")]
+    return sorted(
+        runs,
+        key=lambda t: (t.labels["request_rate"] or 0.0, t.labels["backend"], t.labels["engine"]),
+    )
 
 
-def rate_rows(runs: Sequence[ArrivalRun]) -> list[list[str]]:
+def rate_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     """One row of :data:`RATE_COLUMNS` cells per run."""
     rows = []
     for t in runs:
-        r, load = t.result.run, t.load_summary
+        r, load = t.part(RunMetrics), t.part(LoadSummary)
         rows.append(
             [
-                f"{t.settings.request_rate or 0.0:g}",
-                f"{t.backend} as {t.engine}",
+                f"{t.labels['request_rate'] or 0.0:g}",
+                _as_engine(t),
                 f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
                 "-" if load.goodput is None else rate(load.goodput),
                 f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
@@ -273,7 +280,7 @@ def capacity_lines(w: WorkloadResult) -> list[str]:
     what the reuse needs (``"hash_chain: 467,291 tokens give 25.0% of prompt tokens from
     the cache; all the reuse (38.8%) needs 11,499,473 tokens = ...; 98% of it ..."``)."""
     out = []
-    table = {b.backend: b for b in w.backends}
+    table = {b.labels["backend"]: b.part(KLiveHits) for b in w.backends}
     for a in w.anchors:
         run = table.get(a.backend)
         if a.working_set_tokens is None or run is None:
@@ -303,12 +310,11 @@ def time_title(w: WorkloadResult) -> str | None:
     runs = w.arrival_at_table()
     if not runs:
         return None
-    t = runs[0]
-    cfg = t.config
+    t = runs[0].labels
     return (
-        f"arrival time: {t.settings.describe_arrivals()}; max_num_seqs {cfg.max_num_seqs}, "
-        f"max_num_batched_tokens {cfg.max_num_batched_tokens:,}; "
-        f"profile {t.settings.profile.name}; capacity {w.capacity_tokens:,} tokens"
+        f"arrival time: {t['arrivals']}; max_num_seqs {t['max_num_seqs']}, "
+        f"max_num_batched_tokens {t['max_num_batched_tokens']:,}; "
+        f"profile {t['profile']}; capacity {w.capacity_tokens:,} tokens"
     )
 
 
@@ -323,8 +329,12 @@ def sweep_table(w: WorkloadResult) -> str | None:
     """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
     if not w.sweep:
         return None
-    labels = list(dict.fromkeys(p.backend for p in w.sweep))
-    ratio = {(p.backend, p.capacity_tokens): f"{p.hit_ratio:.1%}" for p in w.sweep}
+    labels = list(dict.fromkeys(p.labels["backend"] for p in w.sweep))
+    ratio = {
+        (p.labels["backend"], p.labels["capacity_tokens"]): f"{hit:.1%}"
+        for p in w.sweep
+        if (hit := p.part(SweepHit).hit_ratio) is not None
+    }
     rows = _capacity_grid(w.sweep_capacities, labels, lambda x, cap: ratio.get((x, cap)))
     return markdown_table(["capacity (tokens)", *labels], rows, ">" * (1 + len(labels)))
 
@@ -332,16 +342,17 @@ def sweep_table(w: WorkloadResult) -> str | None:
 def time_sweep_table(w: WorkloadResult) -> str | None:
     """Hit ratio and TTFT p90 per backend at each capacity of the arrival-time runs,
     as Markdown (``None`` unless there are several capacities)."""
-    runs = [t for t in w.arrival_runs if t.role != "rate"]
-    caps = sorted({t.capacity_tokens for t in runs})
+    runs = [t for t in w.arrival_runs if t.labels["role"] != "rate"]
+    caps = sorted({t.labels["capacity_tokens"] for t in runs})
     if len(caps) < 2:
         return None
-    labels = list(dict.fromkeys(t.backend for t in runs))
-    by = {
-        (t.backend, t.capacity_tokens): f"{t.result.run.hit_ratio:.1%} / "
-        f"{seconds(t.result.run.ttft_p90_s)}"
-        for t in runs
-    }
+    labels = list(dict.fromkeys(t.labels["backend"] for t in runs))
+    by = {}
+    for t in runs:
+        r = t.part(RunMetrics)
+        by[t.labels["backend"], t.labels["capacity_tokens"]] = (
+            f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
+        )
     rows = _capacity_grid(caps, labels, lambda x, cap: by.get((x, cap)))
     headers = ["capacity (tokens)", *(f"{x} hit / TTFT p90" for x in labels)]
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
@@ -383,18 +394,20 @@ def results_document(comparison: Comparison, meta: Mapping[str, Any]) -> dict[st
 
 
 def _delta_line(w: WorkloadResult) -> str | None:
-    by_engine: dict[str | None, BackendRun] = {}  # the first backend modelled on each engine
+    by_engine: dict[str | None, RunRow] = {}  # the first backend modelled on each engine
     for b in w.backends:
-        by_engine.setdefault(describe_index(b.index).models, b)
-    hc, rx = by_engine.get("vllm"), by_engine.get("sglang")
-    if hc is None or rx is None:
+        by_engine.setdefault(describe_index(b.labels["index"]).models, b)
+    hc_run, rx_run = by_engine.get("vllm"), by_engine.get("sglang")
+    if hc_run is None or rx_run is None:
         return None
+    hc, rx = hc_run.part(KLiveHits), rx_run.part(KLiveHits)
+    hc_name, rx_name = hc_run.labels["backend"], rx_run.labels["backend"]
     gain = rx.hit_tokens - hc.hit_tokens
     return (
-        f"{rx.backend} served {gain:+,} prompt tokens from the cache relative to "
-        f"{hc.backend} ({gain / max(1, w.prompt_tokens):+.1%} of all prompt tokens). "
-        f"Matched but recomputed: {hc.backend} {hc.boundary_lost_tokens:,} at block "
-        f"boundaries and {hc.cap_lost_tokens:,} in last blocks; {rx.backend} "
+        f"{rx_name} served {gain:+,} prompt tokens from the cache relative to "
+        f"{hc_name} ({gain / max(1, w.prompt_tokens):+.1%} of all prompt tokens). "
+        f"Matched but recomputed: {hc_name} {hc.boundary_lost_tokens:,} at block "
+        f"boundaries and {hc.cap_lost_tokens:,} in last blocks; {rx_name} "
         f"{rx.boundary_lost_tokens:,} and {rx.cap_lost_tokens:,}."
     )
 
@@ -410,35 +423,36 @@ def time_headline(w: WorkloadResult) -> list[str]:
     if not runs:
         return []
     out = []
-    by_sched: dict[str, list[ArrivalRun]] = {}
+    by_sched: dict[str, list[RunRow]] = {}
     for t in runs:
-        by_sched.setdefault(t.scheduler, []).append(t)
+        by_sched.setdefault(t.labels["scheduler"], []).append(t)
     for sched, group in by_sched.items():
         if len(group) < 2:
             continue
         cells = ", ".join(
-            f"{t.backend} {seconds(t.result.run.ttft_p50_s)} (hit {t.result.run.hit_ratio:.1%})"
+            f"{t.labels['backend']} {seconds(t.part(RunMetrics).ttft_p50_s)} "
+            f"(hit {t.part(RunMetrics).hit_ratio:.1%})"
             for t in group
         )
         if sched == "natural":
-            engines = ", ".join(f"{t.backend} as {t.engine}" for t in group)
+            engines = ", ".join(_as_engine(t) for t in group)
             out.append(
                 f"Index and scheduler moved together (each backend on its natural engine: "
                 f"{engines}), so a TTFT difference is not the index's alone. TTFT p50: {cells}."
             )
         else:
-            cfg = group[0].config
+            cfg = group[0].labels
             out.append(
-                f"Index axis, scheduler held at {_ENGINE_LABEL[sched]} ({cfg.batching} "
-                f"batching, {cfg.queue_order} queue): TTFT p50 {cells}."
+                f"Index axis, scheduler held at {_ENGINE_LABEL[sched]} ({cfg['batching']} "
+                f"batching, {cfg['policy']} queue): TTFT p50 {cells}."
             )
     scheds = [x for x in by_sched if x != "natural"]
     if len(scheds) > 1:
-        for label in dict.fromkeys(t.backend for t in runs):
+        for label in dict.fromkeys(t.labels["backend"] for t in runs):
             cells = ", ".join(
-                f"{_ENGINE_LABEL[t.scheduler]} {seconds(t.result.run.ttft_p50_s)}"
+                f"{_ENGINE_LABEL[t.labels['scheduler']]} {seconds(t.part(RunMetrics).ttft_p50_s)}"
                 for t in runs
-                if t.backend == label and t.scheduler in scheds
+                if t.labels["backend"] == label and t.labels["scheduler"] in scheds
             )
             out.append(f"Scheduler axis, index held at {label}: TTFT p50 {cells}.")
     return out
@@ -449,7 +463,7 @@ _ENGINE_LABEL = {"vllm": "vLLM-style", "sglang": "SGLang-style", "natural": "nat
 
 def _strip_table(w: WorkloadResult) -> str:
     backends = w.backends
-    headers = ["request", "prompt", *(f"{b.backend} hit / bnd / last" for b in backends)]
+    headers = ["request", "prompt", *(f"{b.labels['backend']} hit / bnd / last" for b in backends)]
     rows = []
     for i in w.strip_requests:
         first = backends[0].requests[i]
@@ -466,10 +480,10 @@ def _seed_paragraph(w: WorkloadResult) -> list[str]:
     for b in w.backends:
         by_id = {r.request_id: r for r in b.requests}
         bee, again = by_id.get("B"), by_id.get("A-again")
-        if not describe_index(b.index).caches or bee is None:
+        if not describe_index(b.labels["index"]).caches or bee is None:
             continue
         line = (
-            f"- {b.backend}: B hit {bee.hit_tokens} of {bee.prompt_tokens} tokens, "
+            f"- {b.labels['backend']}: B hit {bee.hit_tokens} of {bee.prompt_tokens} tokens, "
             f"matched {bee.matched_tokens}, {bee.boundary_lost_tokens} lost to the "
             "block boundary"
         )
@@ -495,13 +509,12 @@ def _scheduler_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     """The arrival-time table at the table's capacity: the index and scheduler axes."""
     runs = w.arrival_at_table()
     engines = "; ".join(
-        f"{t.backend} as {t.engine} ({t.config.batching} batching, {t.config.queue_order})"
-        for t in runs
+        f"{_as_engine(t)} ({t.labels['batching']} batching, {t.labels['policy']})" for t in runs
     )
     out = [
         f"### {w.name} at arrival time",
         "",
-        f"{time_title(w)}. Varied: {runs[0].settings.axis}. Engines: {engines}.",
+        f"{time_title(w)}. Varied: {runs[0].labels['varied']}. Engines: {engines}.",
         "",
         table(TIME_COLUMNS, time_rows(runs)),
         "",

@@ -27,10 +27,10 @@ from prefixkv.adapters.outputs import save_figure
 from prefixkv.indexes.registry import describe_index
 
 from ..cluster.metrics import ClusterResult
-from ..compare.k_live import BackendRun
 from ..compare.run import WorkloadResult
 from ..extras import require_extra
-from ..sim.metrics import SimResult
+from ..sim.metrics import RequestRow, RunMetrics, SimResult
+from ..sim.runs import RunRow, SweepHit, run_table
 from .markdown import seconds, tokens
 
 Tick = Callable[[int], object]
@@ -149,9 +149,12 @@ def ttft_curves(
     for res in results:
         labels = res.labels
         name = labels.get(label_key) or f"{labels.get('index')} (block {labels.get('block_size')})"
-        ttft = [r.ttft_s for r in res.requests]
-        out.append((f"{name} (p50 {seconds(res.run.ttft_p50_s)})", ttft))
+        out.append(_curve(name, res.requests, res.run.ttft_p50_s))
     return out
+
+
+def _curve(name: str, requests: Sequence[RequestRow], ttft_p50_s: float) -> Curve:
+    return (f"{name} (p50 {seconds(ttft_p50_s)})", [r.ttft_s for r in requests])
 
 
 def plot_against(
@@ -220,9 +223,10 @@ def backend_colour(index: str, position: int) -> str:
     return _ENGINE_COLOURS.get(description.models or "", spare)
 
 
-def _label(b: BackendRun) -> str:
-    unit = describe_index(b.index).unit
-    return f"{b.backend} ({b.driver}, {unit} {b.block_size})"
+def _label(b: RunRow) -> str:
+    labels = b.labels
+    unit = describe_index(labels["index"]).unit
+    return f"{labels['backend']} ({labels['driver']}, {unit} {labels['block_size']})"
 
 
 def _panels(fig: Any, n: int, cols: int) -> list[Any]:
@@ -253,10 +257,14 @@ def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
     axes = _panels(fig, len(swept), cols)
     for ax, w in zip(axes, swept, strict=True):
         caps = w.sweep_capacities
-        ratio = {(p.backend, p.capacity_tokens): p.hit_ratio for p in w.sweep}
+        ratio = {
+            (p.labels["backend"], p.labels["capacity_tokens"]): p.part(SweepHit).hit_ratio
+            for p in w.sweep
+        }
         for pos, b in enumerate(w.backends):
-            ys = [ratio.get((b.backend, c), math.nan) for c in caps]
-            ax.plot(caps, ys, marker="o", label=_label(b), color=backend_colour(b.index, pos))
+            ys = [ratio.get((b.labels["backend"], c), math.nan) for c in caps]
+            colour = backend_colour(b.labels["index"], pos)
+            ax.plot(caps, ys, marker="o", label=_label(b), color=colour)
         ax.axvline(w.capacity_tokens, color="#555555", linestyle=":", linewidth=1)
         _decimal_log_axis(ax, caps)
         ax.set_ylim(-0.02, 1.02)
@@ -287,15 +295,15 @@ def _binned_medians(xs: Sequence[int], ys: Sequence[float]) -> tuple[list[float]
 
 
 def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title: str) -> None:
-    labels = [b.backend for b in workloads[0].backends]
+    labels = [b.labels["backend"] for b in workloads[0].backends]
     for pos, label in enumerate(labels):
         xs: list[int] = []
         ys: list[float] = []
-        runs = [b for w in workloads for b in w.backends if b.backend == label]
+        runs = [b for w in workloads for b in w.backends if b.labels["backend"] == label]
         for b in runs:
             xs += [r.prompt_tokens for r in b.requests]
             ys += [max(getattr(r, field), 0.01) for r in b.requests]
-        colour = backend_colour(runs[0].index, pos)
+        colour = backend_colour(runs[0].labels["index"], pos)
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
         ax.plot(mx, my, color=colour, linewidth=2, marker="o", markersize=3, label=_label(runs[0]))
@@ -324,14 +332,14 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     _save(fig, path, title)
 
 
-def _segments(b: BackendRun, i: int) -> list[tuple[str, int]]:
+def _segments(b: RunRow, i: int) -> list[tuple[str, int]]:
     p = b.requests[i]
     hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
     new = p.prompt_tokens - hit - cap - bnd
     return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
 
 
-def _strip_panel(ax: Any, backends: Sequence[BackendRun], i: int, block: int) -> None:
+def _strip_panel(ax: Any, backends: Sequence[RunRow], i: int, block: int) -> None:
     """Request ``i``'s prompt tokens by fate, one bar per backend."""
     first = backends[0].requests[i]
     length = first.prompt_tokens
@@ -350,7 +358,7 @@ def _strip_panel(ax: Any, backends: Sequence[BackendRun], i: int, block: int) ->
         for x in range(block, length, block):
             ax.axvline(x, color="#444444", linestyle=":", linewidth=0.6)
     ax.set_yticks(range(len(backends)))
-    ax.set_yticklabels([b.backend for b in reversed(backends)], fontsize=8)
+    ax.set_yticklabels([b.labels["backend"] for b in reversed(backends)], fontsize=8)
     ax.set_xlim(0, length * 1.3)
     ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= length])
     ax.set_title(f"request {first.request_id} ({length} prompt tokens)", fontsize=9, loc="left")
@@ -373,7 +381,7 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
     if not chosen:
         return False
     backends = w.backends
-    block = max(b.block_size for b in backends)
+    block = max(b.labels["block_size"] for b in backends)
     fig = _figure(9.0, 0.6 + len(chosen) * (0.45 * len(backends) + 0.55))
     axes = fig.subplots(len(chosen), 1, squeeze=False)[:, 0]
     for ax, i in zip(axes, chosen, strict=True):
@@ -403,20 +411,24 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
     if not table:
         return written
     part = _file_part(w.name)
-    t = table[0]
-    arrivals = t.settings.describe_arrivals()
+    labels = table[0].labels
+    arrivals = labels["arrivals"]
     title = (
         f"{w.name}: time to first token\n{arrivals}, {w.capacity_tokens:,} tokens of KV, "
-        f"profile {t.settings.profile.name}"
+        f"profile {labels['profile']}"
     )
-    plot_ttft_cdf(ttft_curves([r.result for r in table], "legend"), out / f"ttft_cdf_{part}.png",
-                  title=title)  # fmt: skip
+    curves = [
+        _curve(f"{r.labels['backend']} as {r.labels['engine']}", r.requests,
+               r.part(RunMetrics).ttft_p50_s)
+        for r in table
+    ]  # fmt: skip
+    plot_ttft_cdf(curves, out / f"ttft_cdf_{part}.png", title=title)
     written[f"ttft_cdf_{w.name}"] = f"ttft_cdf_{part}.png"
-    by_capacity = [r for r in w.arrival_runs if r.role != "rate"]
-    if len({r.capacity_tokens for r in by_capacity}) > 1:
+    by_capacity = [r for r in w.arrival_runs if r.labels["role"] != "rate"]
+    if len({r.labels["capacity_tokens"] for r in by_capacity}) > 1:
         name = f"time_vs_capacity_{part}.png"
         title = f"{w.name}: what KV capacity buys ({arrivals})"
-        plot_capacity_sweep([r.row() for r in by_capacity], out / name, title=title)
+        plot_capacity_sweep(run_table(by_capacity), out / name, title=title)
         written[f"time_capacity_{w.name}"] = name
     return written
 

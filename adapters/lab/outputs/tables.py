@@ -25,6 +25,7 @@ from prefixkv.adapters.outputs import atomic_writer
 from ..extras import require_extra
 from ..sim.errors import SimError
 from ..sim.metrics import SimResult, request_table
+from ..sim.runs import RunRow, run_table
 
 if TYPE_CHECKING:
     import pandas
@@ -59,8 +60,8 @@ def request_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
 
 
 def run_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
-    """One row per run: its labels, then its summary."""
-    return [{**res.labels, **res.run.as_row()} for res in results]
+    """One row per run: its labels, then its summary (:func:`~..sim.runs.run_table`)."""
+    return run_table(RunRow(res.labels, (res.run,)) for res in results)
 
 
 def _columns(rows: Sequence[Row]) -> list[str]:
