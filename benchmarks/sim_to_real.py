@@ -98,6 +98,7 @@ from prefixkv.adapters.lab.sim.server_calibration import (
     client_machine,
     refit_server_profile,
 )
+from prefixkv.adapters.lab.sim.serving_spread import BURST_TPOT_S
 from prefixkv.adapters.lab.workloads import load_workloads
 from prefixkv.indexes import make_index
 from prefixkv.indexes.tokens import as_token_array
@@ -244,12 +245,6 @@ class Measured(NamedTuple):
 
 CLIENT_LATE_S = 0.02
 """A request sent this much after its arrival time was sent by a stalled client."""
-
-BURST_TPOT_S = 1e-4
-"""A stream whose chunks reached the client this close together, on average, was read
-from a backlog: the client did not read while the server streamed it (no engine
-decodes a stream at 10,000 tokens a second)."""
-
 
 def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
     """Whether the client, not the server, timed this request late: it was sent over

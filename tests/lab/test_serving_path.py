@@ -265,6 +265,7 @@ class MetricsServer:
 
     ENGINE_TTFT = 0.004
     DECODE = 0.001
+    TOKEN_GAP = 0.0002
 
     def __init__(self) -> None:
         self.done = 0
@@ -298,8 +299,10 @@ class MetricsServer:
                  "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
 
         async def stream() -> Any:
-            for _ in range(n):
-                await asyncio.sleep(0)
+            for k in range(n):
+                # tokens after the first come at least TOKEN_GAP apart, as a served
+                # stream's do (a burst read is the client's stall)
+                await asyncio.sleep(self.TOKEN_GAP if k else 0)
                 yield b'data: {"choices": [{"text": ""}]}\n\n'
             self.done += 1
             self.tokens += n - 1
