@@ -76,7 +76,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sim_to_real_verdict import busy_at_send, verdict
+from sim_to_real_verdict import busy_at_send, busy_waits, verdict
 
 from prefixkv.adapters.lab.sim import (
     CostProfile,
@@ -246,6 +246,7 @@ class Measured(NamedTuple):
 CLIENT_LATE_S = 0.02
 """A request sent this much after its arrival time was sent by a stalled client."""
 
+
 def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
     """Whether the client, not the server, timed this request late: it was sent over
     :data:`CLIENT_LATE_S` after its arrival time, or its tokens were read in one burst
@@ -339,6 +340,7 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
         "utilization_sim": statistics.median(r["utilization_sim"] for r in runs),
         "throughput_measured": statistics.median(r["throughput_measured"] for r in runs),
         "throughput_sim": statistics.median(r["throughput_sim"] for r in runs),
+        **_busy_probe_of(runs),
     }
     for metric in ("ttft", "tpot"):
         for q in (50, 90):
@@ -356,6 +358,41 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
     if stalls:
         row["verdict"] += f"; client stalled on {stalls} (left out)"
     return row
+
+
+def busy_probe(profile: CostProfile) -> dict[str, Any]:
+    """What a run's profile says of the calibration's busy requests: the tokens each
+    decoded (``busy_probe_tokens``; 1 for profiles made before they streamed, 0 for
+    none) and their p90 outside the engine core (``busy_probe_p90_s``, NaN: none)."""
+    path = profile.fit.get("serving_path")
+    path = path if isinstance(path, dict) else {}
+    kept = path.get("busy_samples_kept") or 0
+    tokens = path.get("busy_tokens", 1 if kept else 0)
+    table = profile.busy_request_spread_s
+    return {
+        "busy_probe_tokens": int(tokens) if isinstance(tokens, int) else 0,
+        "busy_probe_p90_s": float(table[18]) if table else math.nan,
+    }
+
+
+def _busy_probe_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A rate's runs' busy-probe figures (the first run's: one profile per rate) and
+    whether the server busy-waits (any run says so)."""
+    first = runs[0]
+    return {
+        "busy_probe_tokens": first.get("busy_probe_tokens", 0),
+        "busy_probe_p90_s": first.get("busy_probe_p90_s", math.nan),
+        "busy_wait": any(r.get("busy_wait", False) for r in runs),
+    }
+
+
+def server_busy_waits(log: Path) -> bool:
+    """Whether the server whose log is ``log`` busy-waits as vLLM's CPU build does with
+    its worker bound (:func:`sim_to_real_verdict.busy_waits`); no log: ``False``."""
+    try:
+        return busy_waits(log.read_text(errors="replace"))
+    except OSError:
+        return False
 
 
 def _ms(value: float) -> str:
@@ -549,6 +586,7 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
                    "load_before": before,
                    "load_after": after, "utilization_sim": utilization,
                    "throughput_sim": throughput, "profile": profile.name,
+                   **busy_probe(profile), "busy_wait": server_busy_waits(out / "server.log"),
                    **compare_run(requests, times, sent, done, predicted)}  # fmt: skip
             at_rate.append(row)
             write_requests(out / f"requests-{rate:g}-{k + 1}.jsonl", requests, sent, done,
@@ -741,7 +779,8 @@ def resimulate(args: argparse.Namespace) -> int:
         row = {"rate": rate, "run": k + 1, "seed": seed, "salt": salt,
                "load_before": recorded["load_before"], "load_after": recorded["load_after"],
                "utilization_sim": utilization, "throughput_sim": throughput,
-               "profile": profile.name,
+               "profile": profile.name, **busy_probe(profile),
+               "busy_wait": server_busy_waits(folder / "server.log"),
                **compare_run(requests, scheduled, sent, done, predicted)}  # fmt: skip
         by_rate.setdefault(rate, []).append(row)
         out.mkdir(parents=True, exist_ok=True)

@@ -80,9 +80,7 @@ def test_the_simulator_runs_each_step_at_the_pace_of_its_window() -> None:
     assert _tpots(doubled, reqs) == pytest.approx([2 * t for t in plain], rel=1e-9)
     # a spread table: requests in different windows run at different paces, and a
     # run is a pure function of its inputs
-    spread = dataclasses.replace(
-        BASE, pace_spread=quantile_table([0.5, 1.5]), pace_window_s=10.0
-    )
+    spread = dataclasses.replace(BASE, pace_spread=quantile_table([0.5, 1.5]), pace_window_s=10.0)
     paced = _tpots(spread, _reqs(12, 10.0))
     assert max(paced) / min(paced) > 1.5
     assert paced == _tpots(spread, _reqs(12, 10.0))

@@ -257,9 +257,7 @@ def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -
     assert not is_burst(HopSample(8, 1, 0.2, 0.0))  # one token: no stream to burst
     assert not is_burst(first._replace(client_decode_s=2 * BURST_TPOT_S * first.num_tokens))
     busy = [burst, *hops.busy[1:]]
-    again = fit_server(
-        steps, hops._replace(busy=busy), **{k: getattr(p, k) for k in KEPT_FIELDS}
-    )
+    again = fit_server(steps, hops._replace(busy=busy), **{k: getattr(p, k) for k in KEPT_FIELDS})
     assert again.fit["serving_path"]["busy_bursts"] == 1
     assert again.fit["serving_path"]["busy_samples_kept"] == len(hops.busy) - 1
     assert max(again.busy_request_spread_s) < 0.2

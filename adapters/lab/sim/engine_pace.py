@@ -31,7 +31,9 @@ __all__ = ["StepPace", "pace_ratios", "pace_table", "pace_window", "step_pace"]
 
 def _lone_decodes(lone: Sequence[HopSample]) -> list[HopSample]:
     return [
-        s for s in lone if s.engine_decode_s is not None and s.engine_decode_s > 0 and s.num_tokens > 1
+        s
+        for s in lone
+        if s.engine_decode_s is not None and s.engine_decode_s > 0 and s.num_tokens > 1
     ]
 
 
@@ -45,7 +47,7 @@ def pace_ratios(lone: Sequence[HopSample]) -> list[float]:
         by_shape.setdefault((s.prompt_tokens, s.num_tokens), []).append(
             s.engine_decode_s / (s.num_tokens - 1)
         )
-    out = []
+    out: list[float] = []
     for paces in by_shape.values():
         mid = statistics.median(paces)
         out.extend(p / mid for p in paces)

@@ -24,8 +24,9 @@ as a sweep's requests sent while another runs).
 Arms: ``spin`` (vLLM as it is) and ``nospin`` (the same server with
 ``tests/serve/harness/nospin`` on its ``PYTHONPATH``: where vLLM's shared-memory
 queue readers spin with ``sched_yield()`` for a second after each read, each turn
-sleeps 0.2 ms instead, leaving the core to the other processes). ``--rounds`` alternates the arms so that the machine's load falls on
-both alike; every round records the 1-minute load average.
+sleeps 0.2 ms instead, leaving the core to the other processes). ``--rounds``
+alternates the arms so that the machine's load falls on both alike; every round
+records the 1-minute load average.
 
     python tests/serve/harness/serving_hops.py --vllm VLLM_VENV/bin/vllm \\
         --model tests/serve/harness/tiny-llama --rounds 2 --requests 20 --out build/hops
@@ -182,9 +183,11 @@ HOPS = ("client_ttft_ms", "engine_queue_ms", "engine_prefill_ms", "api_ms", "to_
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = "| arm | kind | n | load (1 min) | " + " | ".join(
-        f"{h[:-3]} p50 / p90 ms" for h in HOPS
-    ) + " | bursts | CPU s per request (API / engine core / worker) |"
+    head = (
+        "| arm | kind | n | load (1 min) | "
+        + " | ".join(f"{h[:-3]} p50 / p90 ms" for h in HOPS)
+        + " | bursts | CPU s per request (API / engine core / worker) |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for arm in ("spin", "nospin"):
         for kind in ("lone", "lone-after-1.5s", "busy"):
@@ -206,17 +209,20 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             core = [n for n in names if "EngineCor" in n]
             worker = [n for n in names if "Worker" in n]
 
-            def mean(group: list[str]) -> str:
-                vals = [sum(cpu[n][i] for n in group) for i in range(len(sel))] if group else []
-                return f"{statistics.fmean(vals):.3f}" if vals else "-"
-
             loads = sorted({r["load1"] for r in sel})
             lines.append(
                 f"| {arm} | {kind} | {len(sel)} | {loads[0]:.2f}-{loads[-1]:.2f} | "
                 + " | ".join(cells)
-                + f" | {bursts}/{len(sel)} | {mean(api)} / {mean(core)} / {mean(worker)} |"
+                + f" | {bursts}/{len(sel)} | {_mean_cpu(cpu, api, len(sel))} / "
+                f"{_mean_cpu(cpu, core, len(sel))} / {_mean_cpu(cpu, worker, len(sel))} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _mean_cpu(cpu: dict[str, list[float]], group: list[str], n: int) -> str:
+    """The mean CPU seconds per request of the processes ``group`` together."""
+    vals = [sum(cpu[name][i] for name in group) for i in range(n)] if group else []
+    return f"{statistics.fmean(vals):.3f}" if vals else "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
