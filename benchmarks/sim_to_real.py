@@ -12,15 +12,19 @@
 4. Simulate the same requests, sent at the same times, through a vLLM-style replica
    with the server's block size, pool, step budget and running-request limit, priced
    by the calibrated profile: each request spends a time outside the engine drawn from
-   the calibration's spread for a server idle or busy when it was sent, and the step
-   that starts it pays for taking it in (``admit_s``; adapters/lab's README, "How the
+   the calibration's spread for a server idle or busy when it was sent (the busy one
+   from streams sent while another streams), each step runs at the engine's pace of
+   its moment (drawn from the calibration's lone decodes), and the step that starts a
+   request pays for taking it in (``admit_s``; adapters/lab's README, "How the
    simulator prices the serving path").
 5. One table line a rate: offered and served rate, the simulated utilization, the
    machine's 1-minute load over its runs, cached tokens (server against simulator),
    TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
    measured and simulated side by side, and a verdict: saturated (where queues grow
    and no steady-state figure exists), else for TTFT and TPOT "within 10%" or off,
-   which, and why as far as the recording shows (``sim_to_real_verdict.py``). Requests
+   which, and why as far as the recording shows (``sim_to_real_verdict.py``; on a CPU
+   vLLM whose worker is bound to cores, its busy tail is named as the shm queue
+   busy-wait ``tests/serve/harness/serving_hops.py`` measured). Requests
    the client itself stalled on (sent late, or their tokens read in one burst: the
    load generator shares the machine with the server) are counted and left out.
 
