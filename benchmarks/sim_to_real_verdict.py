@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["BUSY_WAIT", "WITHIN", "busy_at_send", "busy_waits", "verdict"]
+__all__ = ["BURST_STALL", "BUSY_WAIT", "WITHIN", "busy_at_send", "busy_waits", "verdict"]
 
 WITHIN = 0.10
 """The error the simulator is held to at p50 and p90 below saturation."""
@@ -47,6 +47,11 @@ BUSY_WAIT = (
     "(tests/serve/harness/serving_hops.py, with and without the busy-wait)"
 )
 """The mechanism the busy tail has on a CPU vLLM whose worker is bound to cores."""
+
+
+BURST_STALL = "on this server mostly the busy-wait's stall, not the client's"
+"""What a stream read in one burst is where the server busy-waits: with the busy-wait
+napping instead, such bursts all but went, the client unchanged."""
 
 
 def busy_waits(server_log: str) -> bool:
@@ -87,7 +92,8 @@ def verdict(row: dict[str, Any], pooled: dict[str, list[Any]]) -> str:
 
     Args:
         row: the rate's errors (``ttft_p50_error``, ...), ``client_stalls`` and
-            ``requests``; ``busy_probe_tokens`` and ``busy_probe_p90_s`` (what the
+            ``requests`` (``client_bursts``: of those stalls, streams read in one
+            burst); ``busy_probe_tokens`` and ``busy_probe_p90_s`` (what the
             calibration's busy requests decoded and spent outside the engine core at
             p90; absent: not said) and ``busy_wait`` (:func:`busy_waits` of the
             server's log), where known.
@@ -110,10 +116,18 @@ def verdict(row: dict[str, Any], pooled: dict[str, list[Any]]) -> str:
     text = "; ".join(parts)
     if stalled and any(p.endswith(")") for p in parts):
         share = row["client_stalls"] / row["requests"]
-        text += (
-            f" - the client stalled on {share:.0%} of the requests (the load generator "
-            "shares the cores): what is left is not the server's pace"
-        )
+        bursts = row.get("client_bursts", 0)
+        if row.get("busy_wait") and 2 * bursts > row["client_stalls"]:
+            text += (
+                f" - {share:.0%} of the requests were sent late or read in one burst, "
+                f"{bursts} of {row['client_stalls']} in a burst ({BURST_STALL}): left "
+                "out, what is left is not the server's pace"
+            )
+        else:
+            text += (
+                f" - the client stalled on {share:.0%} of the requests (the load generator "
+                "shares the cores): what is left is not the server's pace"
+            )
     return text
 
 

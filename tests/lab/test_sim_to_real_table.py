@@ -147,6 +147,32 @@ def test_the_busy_wait_is_read_from_a_cpu_servers_log(tmp_path: Any) -> None:
     assert not sim_to_real.server_busy_waits(log)
 
 
+def test_bursts_are_counted_apart_and_said_to_be_the_servers_where_it_busy_waits() -> None:
+    late = sim_to_real.Measured(0.02, 0.005, 0.5, 97, 0, 97)
+    burst = sim_to_real.Measured(0.3, 1e-6, 0.3001, 97, 0, 97)
+    assert sim_to_real.read_in_burst(burst) and not sim_to_real.read_in_burst(late)
+    r = run(ttft=[0.02] * 4, ttft_sim=[0.02] * 4)
+    r["client_stalled"] = [True, True, False, False]
+    r["read_in_burst"] = [False, True, False, False]
+    row = sim_to_real.summarize_rate(1.0, [r])
+    assert row["client_stalls"] == 2 and row["client_bursts"] == 1
+    assert row["verdict"].endswith("client stalled on 2 (left out)")
+    said = sim_to_real.summarize_rate(1.0, [{**r, "busy_wait": True}])["verdict"]
+    assert said.endswith(
+        "client stalled on 2 (left out); 1 of them read in one burst, on this server "
+        "mostly the busy-wait's stall, not the client's"
+    )
+    # over a tenth stalled, most in a burst: the verdict says so once, not "the client"
+    slow = run(ttft=[0.02] * 9 + [0.2], ttft_sim=[0.02] * 10)
+    slow.update(client_stalled=[True] * 3 + [False] * 7, busy_wait=True,
+                read_in_burst=[True, True] + [False] * 8)  # fmt: skip
+    said = sim_to_real.summarize_rate(1.0, [slow])["verdict"]
+    assert "- 30% of the requests were sent late or read in one burst, 2 of 3 in a burst (" in said
+    assert said.count("busy-wait's stall") == 1 and "the client stalled on 30%" not in said
+    slow["read_in_burst"] = [True] + [False] * 9  # most were sent late: the client's
+    assert "the client stalled on 30%" in sim_to_real.summarize_rate(1.0, [slow])["verdict"]
+
+
 def test_a_runs_profile_says_what_its_busy_requests_decoded() -> None:
     import dataclasses
 
