@@ -668,8 +668,9 @@ async def _measure(
 
 class HopSamples(NamedTuple):
     """What :func:`measure_hops` sent: the short, long and share requests, short ones
-    after the server idled and while it was busy (none in profiles made before they
-    were sent)."""
+    after the server idled, and long ones while another streamed (``busy``; one-token
+    ones in profiles made before they streamed; none in those made before they were
+    sent)."""
 
     short: list[HopSample]
     long: list[HopSample]

@@ -15,7 +15,8 @@ vLLM's ``/metrics`` figures, :mod:`.serving_path`):
 - ``request_spread_s``: requests sent to an idle server after a pause (the idle ones;
   the short ones, sent back to back, where a profile has none);
 - ``busy_request_spread_s``: requests sent while another request decodes (the busy
-  ones: a long request streams meanwhile).
+  ones: each streams ``k`` tokens while a long request streams meanwhile), but for
+  streams the client read in one burst (:func:`is_burst`).
 
 The simulator draws each request's time outside the engine from the table of the state
 the engine is in when it is sent (busy: it has requests to run; the busy table falls
