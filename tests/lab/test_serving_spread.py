@@ -153,7 +153,7 @@ def test_calibrate_server_keeps_the_idle_and_busy_spread_of_the_serving_path() -
     outside = [s.client_ttft_s - s.engine_ttft_s for s in kept.busy if s.engine_ttft_s is not None]
     assert outside and p.fit["serving_path"]["busy_samples_kept"] == len(outside)
     assert p.busy_request_spread_s == pytest.approx(quantile_table(outside))
-    lone = [*kept.short, *kept.idle]
+    lone = kept.idle  # sent after a pause (the short ones only where none were)
     assert p.request_spread_s == pytest.approx(
         quantile_table([s.client_ttft_s - MetricsServer.ENGINE_TTFT for s in lone])
     )
@@ -249,10 +249,10 @@ def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -
     assert {s.num_tokens for s in hops.busy} == long_tokens and min(long_tokens) > 1
     assert p.fit["serving_path"]["busy_tokens"] == min(long_tokens)
     assert p.fit["serving_path"]["busy_bursts"] == 0
-    # one stream the client read in one burst (its first token 200 ms late): left
+    # one stream the client read in one burst (its first token 100 s late): left
     # out of the busy table, counted
     first = hops.busy[0]
-    burst = first._replace(client_ttft_s=0.2, client_decode_s=1e-6)
+    burst = first._replace(client_ttft_s=100.0, client_decode_s=1e-6)
     assert is_burst(burst) and not is_burst(first)
     assert not is_burst(HopSample(8, 1, 0.2, 0.0))  # one token: no stream to burst
     assert not is_burst(first._replace(client_decode_s=2 * BURST_TPOT_S * first.num_tokens))
@@ -260,4 +260,4 @@ def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -
     again = fit_server(steps, hops._replace(busy=busy), **{k: getattr(p, k) for k in KEPT_FIELDS})
     assert again.fit["serving_path"]["busy_bursts"] == 1
     assert again.fit["serving_path"]["busy_samples_kept"] == len(hops.busy) - 1
-    assert max(again.busy_request_spread_s) < 0.2
+    assert max(again.busy_request_spread_s) < 50.0
