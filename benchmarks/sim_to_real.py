@@ -12,15 +12,19 @@
 4. Simulate the same requests, sent at the same times, through a vLLM-style replica
    with the server's block size, pool, step budget and running-request limit, priced
    by the calibrated profile: each request spends a time outside the engine drawn from
-   the calibration's spread for a server idle or busy when it was sent, and the step
-   that starts it pays for taking it in (``admit_s``; adapters/lab's README, "How the
+   the calibration's spread for a server idle or busy when it was sent (the busy one
+   from streams sent while another streams), each step runs at the engine's pace of
+   its moment (drawn from the calibration's lone decodes), and the step that starts a
+   request pays for taking it in (``admit_s``; adapters/lab's README, "How the
    simulator prices the serving path").
 5. One table line a rate: offered and served rate, the simulated utilization, the
    machine's 1-minute load over its runs, cached tokens (server against simulator),
    TTFT and TPOT p50/p90 (requests pooled over the runs) and output throughput,
    measured and simulated side by side, and a verdict: saturated (where queues grow
    and no steady-state figure exists), else for TTFT and TPOT "within 10%" or off,
-   which, and why as far as the recording shows (``sim_to_real_verdict.py``). Requests
+   which, and why as far as the recording shows (``sim_to_real_verdict.py``; on a CPU
+   vLLM whose worker is bound to cores, its busy tail is named as the shm queue
+   busy-wait ``tests/serve/harness/serving_hops.py`` measured). Requests
    the client itself stalled on (sent late, or their tokens read in one burst: the
    load generator shares the machine with the server) are counted and left out.
 
@@ -76,7 +80,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sim_to_real_verdict import busy_at_send, verdict
+from sim_to_real_verdict import BURST_STALL, busy_at_send, busy_waits, verdict
 
 from prefixkv.adapters.lab.sim import (
     CostProfile,
@@ -98,6 +102,7 @@ from prefixkv.adapters.lab.sim.server_calibration import (
     client_machine,
     refit_server_profile,
 )
+from prefixkv.adapters.lab.sim.serving_spread import BURST_TPOT_S
 from prefixkv.adapters.lab.workloads import load_workloads
 from prefixkv.indexes import make_index
 from prefixkv.indexes.tokens import as_token_array
@@ -245,11 +250,6 @@ class Measured(NamedTuple):
 CLIENT_LATE_S = 0.02
 """A request sent this much after its arrival time was sent by a stalled client."""
 
-BURST_TPOT_S = 1e-4
-"""A stream whose chunks reached the client this close together, on average, was read
-from a backlog: the client did not read while the server streamed it (no engine
-decodes a stream at 10,000 tokens a second)."""
-
 
 def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
     """Whether the client, not the server, timed this request late: it was sent over
@@ -257,9 +257,16 @@ def client_stalled(scheduled: float, sent: float, measured: Measured) -> bool:
     (:data:`BURST_TPOT_S`). The load generator shares the machine with the server; its
     stalls are no server's time, and no server model predicts them. A server that
     merged a stream's tokens into one chunk sent no burst: that is its own time."""
+    return sent - scheduled > CLIENT_LATE_S or read_in_burst(measured)
+
+
+def read_in_burst(measured: Measured) -> bool:
+    """Whether the request's tokens reached the client in one burst
+    (:data:`BURST_TPOT_S`). On a CPU vLLM whose engine core and worker busy-wait
+    (``sim_to_real_verdict.BUSY_WAIT``) such bursts all but went when the busy-wait
+    napped instead, the client unchanged: there they are mostly the server's stall."""
     gaps = (measured.chunks or measured.tokens) - 1
-    burst = gaps > 0 and (measured.latency_s - measured.ttft_s) / gaps < BURST_TPOT_S
-    return sent - scheduled > CLIENT_LATE_S or burst
+    return gaps > 0 and (measured.latency_s - measured.ttft_s) / gaps < BURST_TPOT_S
 
 
 def compare_run(
@@ -292,6 +299,7 @@ def compare_run(
         "client_stalled": [
             client_stalled(a, s, c) for a, s, c in zip(scheduled, sent, done, strict=True)
         ],
+        "read_in_burst": [read_in_burst(c) for c in done],
         "busy": busy_at_send(sent, [c.latency_s for c in done]),
     }  # fmt: skip
 
@@ -332,18 +340,21 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
         for key in ("ttft_measured", "ttft_sim", "tpot_measured", "tpot_sim", "busy")
     }
     stalls = sum(sum(r.get("client_stalled", ())) for r in runs)
+    bursts = sum(sum(r.get("read_in_burst", ())) for r in runs)
     row: dict[str, Any] = {
         "rate": rate,
         "runs": len(runs),
         "requests": sum(r["requests"] for r in runs),
         "cached_exact": sum(r["cached_exact"] for r in runs),
         "client_stalls": stalls,
+        "client_bursts": bursts,
         "load_min": min(min(r["load_before"], r["load_after"]) for r in runs),
         "load_max": max(max(r["load_before"], r["load_after"]) for r in runs),
         "achieved_rps": statistics.median(r["achieved_rps"] for r in runs),
         "utilization_sim": statistics.median(r["utilization_sim"] for r in runs),
         "throughput_measured": statistics.median(r["throughput_measured"] for r in runs),
         "throughput_sim": statistics.median(r["throughput_sim"] for r in runs),
+        **_busy_probe_of(runs),
     }
     for metric in ("ttft", "tpot"):
         for q in (50, 90):
@@ -360,7 +371,44 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
         row["verdict"] = verdict(row, pooled)
     if stalls:
         row["verdict"] += f"; client stalled on {stalls} (left out)"
+        if bursts and row["busy_wait"] and BURST_STALL not in row["verdict"]:
+            row["verdict"] += f"; {bursts} of them read in one burst, {BURST_STALL}"
     return row
+
+
+def busy_probe(profile: CostProfile) -> dict[str, Any]:
+    """What a run's profile says of the calibration's busy requests: the tokens each
+    decoded (``busy_probe_tokens``; 1 for profiles made before they streamed, 0 for
+    none) and their p90 outside the engine core (``busy_probe_p90_s``, NaN: none)."""
+    path = profile.fit.get("serving_path")
+    path = path if isinstance(path, dict) else {}
+    kept = path.get("busy_samples_kept") or 0
+    tokens = path.get("busy_tokens", 1 if kept else 0)
+    table = profile.busy_request_spread_s
+    return {
+        "busy_probe_tokens": int(tokens) if isinstance(tokens, int) else 0,
+        "busy_probe_p90_s": float(table[18]) if table else math.nan,
+    }
+
+
+def _busy_probe_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A rate's runs' busy-probe figures (the first run's: one profile per rate) and
+    whether the server busy-waits (any run says so)."""
+    first = runs[0]
+    return {
+        "busy_probe_tokens": first.get("busy_probe_tokens", 0),
+        "busy_probe_p90_s": first.get("busy_probe_p90_s", math.nan),
+        "busy_wait": any(r.get("busy_wait", False) for r in runs),
+    }
+
+
+def server_busy_waits(log: Path) -> bool:
+    """Whether the server whose log is ``log`` busy-waits as vLLM's CPU build does with
+    its worker bound (:func:`sim_to_real_verdict.busy_waits`); no log: ``False``."""
+    try:
+        return busy_waits(log.read_text(errors="replace"))
+    except OSError:
+        return False
 
 
 def _ms(value: float) -> str:
@@ -554,6 +602,7 @@ def run(args: argparse.Namespace, url: str, out: Path) -> int:
                    "load_before": before,
                    "load_after": after, "utilization_sim": utilization,
                    "throughput_sim": throughput, "profile": profile.name,
+                   **busy_probe(profile), "busy_wait": server_busy_waits(out / "server.log"),
                    **compare_run(requests, times, sent, done, predicted)}  # fmt: skip
             at_rate.append(row)
             write_requests(out / f"requests-{rate:g}-{k + 1}.jsonl", requests, sent, done,
@@ -746,7 +795,8 @@ def resimulate(args: argparse.Namespace) -> int:
         row = {"rate": rate, "run": k + 1, "seed": seed, "salt": salt,
                "load_before": recorded["load_before"], "load_after": recorded["load_after"],
                "utilization_sim": utilization, "throughput_sim": throughput,
-               "profile": profile.name,
+               "profile": profile.name, **busy_probe(profile),
+               "busy_wait": server_busy_waits(folder / "server.log"),
                **compare_run(requests, scheduled, sent, done, predicted)}  # fmt: skip
         by_rate.setdefault(rate, []).append(row)
         out.mkdir(parents=True, exist_ok=True)

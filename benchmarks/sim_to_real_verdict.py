@@ -11,8 +11,15 @@ the measured requests alone (nothing is fitted to them):
   server's steps ran faster or slower than the calibration measured them;
 - **the busy tail**: TTFT p90 is low and most of the measured top decile was sent
   while another request was running (the client's view: sent before it ended);
-  their TTFT p90, measured and simulated, says how long the tail is that the
-  calibration's busy requests did not show;
+  their TTFT p90, measured and simulated, says how long the tail is, and what the
+  calibration's busy requests showed of it (one-token ones show nothing: their
+  stream ends with the token they wait on). Where the server is vLLM's CPU build
+  with its worker bound to cores (its log says ``reserved_cpus=``), the verdict
+  names what ``tests/serve/harness/serving_hops.py`` measured there: the engine core
+  and its worker busy-wait on their shared-memory queue (``sched_yield()`` in a loop)
+  while a request decodes, holding the cores the API server and the client need, so
+  a decoding request's first token reaches the client late; with those waits napping
+  instead the delay all but went;
 - **idle requests**: TTFT p50 is off; the requests sent to an idle server, measured
   and simulated (the serving path and the prefill step, no queue);
 - **pace from request to request**: TPOT p90 is off by over 10 points more than p50
@@ -27,10 +34,31 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["WITHIN", "busy_at_send", "verdict"]
+__all__ = ["BURST_STALL", "BUSY_WAIT", "WITHIN", "busy_at_send", "busy_waits", "verdict"]
 
 WITHIN = 0.10
 """The error the simulator is held to at p50 and p90 below saturation."""
+
+
+BUSY_WAIT = (
+    "vLLM's CPU engine core and worker busy-wait on their shared-memory queue while a "
+    "request decodes (sched_yield in a loop), holding the cores the API server and the "
+    "client need: a decoding request's first token reaches the client late "
+    "(tests/serve/harness/serving_hops.py, with and without the busy-wait)"
+)
+"""The mechanism the busy tail has on a CPU vLLM whose worker is bound to cores."""
+
+
+BURST_STALL = "on this server mostly the busy-wait's stall, not the client's"
+"""What a stream read in one burst is where the server busy-waits: with the busy-wait
+napping instead, such bursts all but went, the client unchanged."""
+
+
+def busy_waits(server_log: str) -> bool:
+    """Whether ``server_log`` is a vLLM CPU server's whose worker's threads are bound
+    to cores and the rest reserved (its OpenMP binding lines), the set-up where
+    :data:`BUSY_WAIT` was measured."""
+    return "OpenMP thread binding" in server_log and "reserved_cpus=" in server_log
 
 
 def busy_at_send(sent: Sequence[float], latency: Sequence[float]) -> list[bool]:
@@ -64,7 +92,11 @@ def verdict(row: dict[str, Any], pooled: dict[str, list[Any]]) -> str:
 
     Args:
         row: the rate's errors (``ttft_p50_error``, ...), ``client_stalls`` and
-            ``requests``.
+            ``requests`` (``client_bursts``: of those stalls, streams read in one
+            burst); ``busy_probe_tokens`` and ``busy_probe_p90_s`` (what the
+            calibration's busy requests decoded and spent outside the engine core at
+            p90; absent: not said) and ``busy_wait`` (:func:`busy_waits` of the
+            server's log), where known.
         pooled: the requests kept (not stalled), pooled over the runs:
             ``ttft_measured``, ``ttft_sim``, ``tpot_measured``, ``tpot_sim`` and
             ``busy`` (sent while another ran).
@@ -84,10 +116,18 @@ def verdict(row: dict[str, Any], pooled: dict[str, list[Any]]) -> str:
     text = "; ".join(parts)
     if stalled and any(p.endswith(")") for p in parts):
         share = row["client_stalls"] / row["requests"]
-        text += (
-            f" - the client stalled on {share:.0%} of the requests (the load generator "
-            "shares the cores): what is left is not the server's pace"
-        )
+        bursts = row.get("client_bursts", 0)
+        if row.get("busy_wait") and 2 * bursts > row["client_stalls"]:
+            text += (
+                f" - {share:.0%} of the requests were sent late or read in one burst, "
+                f"{bursts} of {row['client_stalls']} in a burst ({BURST_STALL}): left "
+                "out, what is left is not the server's pace"
+            )
+        else:
+            text += (
+                f" - the client stalled on {share:.0%} of the requests (the load generator "
+                "shares the cores): what is left is not the server's pace"
+            )
     return text
 
 
@@ -103,7 +143,7 @@ def _why(
         if drift and any((e < 0) == (tpot < 0) for e in off.values()):
             why.append(f"the server's steps ran {pace} than calibrated (TPOT p50 {tpot:+.0%})")
         if off.get(90, 0.0) < -WITHIN:
-            why += _busy_tail(pooled)
+            why += _busy_tail(row, pooled)
         if 50 in off:
             why += _idle(pooled)
     else:
@@ -114,7 +154,7 @@ def _why(
     return why
 
 
-def _busy_tail(pooled: dict[str, list[Any]]) -> list[str]:
+def _busy_tail(row: dict[str, Any], pooled: dict[str, list[Any]]) -> list[str]:
     """The measured top decile of TTFT, if mostly requests sent while another ran."""
     ttft, sim, busy = pooled["ttft_measured"], pooled["ttft_sim"], pooled["busy"]
     cut = _pct(ttft, 90)
@@ -124,11 +164,32 @@ def _busy_tail(pooled: dict[str, list[Any]]) -> list[str]:
         return []
     b_meas = _pct([t for t, b in zip(ttft, busy, strict=True) if b], 90)
     b_sim = _pct([t for t, b in zip(sim, busy, strict=True) if b], 90)
-    return [
+    said = (
         f"{in_busy} of the {len(top)} slowest were sent while another request ran: those "
-        f"sent so took {_ms(b_meas)} ms at p90, simulated {_ms(b_sim)} ms (a tail the "
-        "calibration's busy requests did not show)"
-    ]
+        f"sent so took {_ms(b_meas)} ms at p90, simulated {_ms(b_sim)} ms ("
+        + _busy_probe(row)
+        + ")"
+    )
+    return [said + (f" - {BUSY_WAIT}" if row.get("busy_wait") else "")]
+
+
+def _busy_probe(row: dict[str, Any]) -> str:
+    """What the calibration's busy requests showed of the busy tail."""
+    tokens = row.get("busy_probe_tokens")
+    p90 = row.get("busy_probe_p90_s")
+    if not tokens:
+        return "a tail the calibration's busy requests did not show"
+    if tokens == 1:
+        return (
+            "the calibration's busy requests decoded one token, which shows no such tail; "
+            "calibrate again"
+        )
+    if p90 is None or math.isnan(p90):
+        return f"the calibration's busy requests streamed {tokens} tokens"
+    return (
+        f"the calibration's busy requests, streaming {tokens} tokens, spent {_ms(p90)} ms "
+        "outside the engine core at p90"
+    )
 
 
 def _idle(pooled: dict[str, list[Any]]) -> list[str]:

@@ -265,6 +265,7 @@ class MetricsServer:
 
     ENGINE_TTFT = 0.004
     DECODE = 0.001
+    TOKEN_GAP = 0.0002
 
     def __init__(self) -> None:
         self.done = 0
@@ -298,8 +299,10 @@ class MetricsServer:
                  "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
 
         async def stream() -> Any:
-            for _ in range(n):
-                await asyncio.sleep(0)
+            for k in range(n):
+                # tokens after the first come at least TOKEN_GAP apart, as a served
+                # stream's do (a burst read is the client's stall)
+                await asyncio.sleep(self.TOKEN_GAP if k else 0)
                 yield b'data: {"choices": [{"text": ""}]}\n\n'
             self.done += 1
             self.tokens += n - 1
@@ -346,6 +349,9 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
     assert "stream_token_s 0.100 ms" in line and "engine 4.0 ms" in line
     assert said[-2].startswith("outside the engine, sent to an idle server: p50 ")
     assert said[-1].startswith("outside the engine, sent to a busy server: p50 ")
+    # the mock decodes at one pace: every lone decode at 1x the median
+    assert said[-3].startswith("engine pace from request to request (lone decodes, x their "
+                               "median): p10 1.00, p50 1.00, p90 1.00, over ")  # fmt: skip
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
     )

@@ -153,7 +153,7 @@ def test_calibrate_server_keeps_the_idle_and_busy_spread_of_the_serving_path() -
     outside = [s.client_ttft_s - s.engine_ttft_s for s in kept.busy if s.engine_ttft_s is not None]
     assert outside and p.fit["serving_path"]["busy_samples_kept"] == len(outside)
     assert p.busy_request_spread_s == pytest.approx(quantile_table(outside))
-    lone = [*kept.short, *kept.idle]
+    lone = kept.idle  # sent after a pause (the short ones only where none were)
     assert p.request_spread_s == pytest.approx(
         quantile_table([s.client_ttft_s - MetricsServer.ENGINE_TTFT for s in lone])
     )
@@ -228,3 +228,36 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
     assert len(busy({0, 2, 4})) == 3
     with pytest.raises(ServerError, match="ReadError"):
         busy({0, 1, 2, 3})
+
+
+def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -> None:
+    from test_serving_path import calibrated_on_a_mock
+
+    from prefixkv.adapters.lab.sim.server_calibration import (
+        KEPT_FIELDS,
+        fit_server,
+        kept_samples,
+    )
+    from prefixkv.adapters.lab.sim.serving_path import HopSample
+    from prefixkv.adapters.lab.sim.serving_spread import BURST_TPOT_S, is_burst
+
+    p = calibrated_on_a_mock(seed=11, serving_repeats=3)
+    steps, hops = kept_samples(p)
+    assert hops is not None and hops.busy
+    # each busy request streams as many tokens as the long ones, while another streams
+    long_tokens = {s.num_tokens for s in hops.long}
+    assert {s.num_tokens for s in hops.busy} == long_tokens and min(long_tokens) > 1
+    assert p.fit["serving_path"]["busy_tokens"] == min(long_tokens)
+    assert p.fit["serving_path"]["busy_bursts"] == 0
+    # one stream the client read in one burst (its first token 100 s late): left
+    # out of the busy table, counted
+    first = hops.busy[0]
+    burst = first._replace(client_ttft_s=100.0, client_decode_s=1e-6)
+    assert is_burst(burst) and not is_burst(first)
+    assert not is_burst(HopSample(8, 1, 0.2, 0.0))  # one token: no stream to burst
+    assert not is_burst(first._replace(client_decode_s=2 * BURST_TPOT_S * first.num_tokens))
+    busy = [burst, *hops.busy[1:]]
+    again = fit_server(steps, hops._replace(busy=busy), **{k: getattr(p, k) for k in KEPT_FIELDS})
+    assert again.fit["serving_path"]["busy_bursts"] == 1
+    assert again.fit["serving_path"]["busy_samples_kept"] == len(hops.busy) - 1
+    assert max(again.busy_request_spread_s) < 50.0

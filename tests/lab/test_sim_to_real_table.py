@@ -110,6 +110,92 @@ def test_a_low_p90_made_of_requests_sent_while_another_ran_is_said_so() -> None:
     assert "while another" not in sim_to_real.summarize_rate(1.0, [r])["verdict"]
 
 
+def test_the_busy_tail_says_what_calibration_showed_and_the_busy_wait_where_known() -> None:
+    ttft = [0.015] * 8 + [0.06, 0.06]
+    r = run(ttft=ttft, ttft_sim=[0.015] * 8 + [0.02, 0.02])
+    r["busy"] = [False] * 8 + [True, True]
+
+    def said(**probe: Any) -> str:
+        return str(sim_to_real.summarize_rate(1.0, [{**r, **probe}])["verdict"])
+
+    assert "a tail the calibration's busy requests did not show" in said()
+    assert "decoded one token, which shows no such tail; calibrate again" in said(
+        busy_probe_tokens=1
+    )
+    streamed = said(busy_probe_tokens=32, busy_probe_p90_s=0.045)
+    assert "busy requests, streaming 32 tokens, spent 45.0 ms outside the engine core" in streamed
+    assert "busy-wait" not in streamed
+    waited = said(busy_probe_tokens=32, busy_probe_p90_s=0.045, busy_wait=True)
+    assert "at p90) - " + sim_to_real_verdict.BUSY_WAIT + "; TPOT within 10%" in waited
+    # no busy tail, no mechanism named, whatever the log says
+    r["busy"] = [True] * 8 + [False, False]
+    assert "busy-wait" not in said(busy_wait=True)
+
+
+def test_the_busy_wait_is_read_from_a_cpu_servers_log(tmp_path: Any) -> None:
+    log = tmp_path / "server.log"
+    assert not sim_to_real.server_busy_waits(log)  # no log
+    log.write_text(
+        "(EngineCore pid=1) INFO [ompmultiprocessing.py:185] OpenMP thread binding info:\n"
+        "(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n"
+    )
+    assert sim_to_real.server_busy_waits(log)
+    log.write_text("(EngineCore pid=1) INFO [core.py:1] a GPU server\n")
+    assert not sim_to_real.server_busy_waits(log)
+    # threads bound, no core reserved for the rest: not the set-up measured
+    log.write_text("(EngineCore pid=1) INFO OpenMP thread binding info:\n\tcore ids=[0, 1]\n")
+    assert not sim_to_real.server_busy_waits(log)
+
+
+def test_bursts_are_counted_apart_and_said_to_be_the_servers_where_it_busy_waits() -> None:
+    late = sim_to_real.Measured(0.02, 0.005, 0.5, 97, 0, 97)
+    burst = sim_to_real.Measured(0.3, 1e-6, 0.3001, 97, 0, 97)
+    assert sim_to_real.read_in_burst(burst) and not sim_to_real.read_in_burst(late)
+    r = run(ttft=[0.02] * 4, ttft_sim=[0.02] * 4)
+    r["client_stalled"] = [True, True, False, False]
+    r["read_in_burst"] = [False, True, False, False]
+    row = sim_to_real.summarize_rate(1.0, [r])
+    assert row["client_stalls"] == 2 and row["client_bursts"] == 1
+    assert row["verdict"].endswith("client stalled on 2 (left out)")
+    said = sim_to_real.summarize_rate(1.0, [{**r, "busy_wait": True}])["verdict"]
+    assert said.endswith(
+        "client stalled on 2 (left out); 1 of them read in one burst, on this server "
+        "mostly the busy-wait's stall, not the client's"
+    )
+    # over a tenth stalled, most in a burst: the verdict says so once, not "the client"
+    slow = run(ttft=[0.02] * 9 + [0.2], ttft_sim=[0.02] * 10)
+    slow.update(client_stalled=[True] * 3 + [False] * 7, busy_wait=True,
+                read_in_burst=[True, True] + [False] * 8)  # fmt: skip
+    said = sim_to_real.summarize_rate(1.0, [slow])["verdict"]
+    assert "- 30% of the requests were sent late or read in one burst, 2 of 3 in a burst (" in said
+    assert said.count("busy-wait's stall") == 1 and "the client stalled on 30%" not in said
+    slow["read_in_burst"] = [True] + [False] * 9  # most were sent late: the client's
+    assert "the client stalled on 30%" in sim_to_real.summarize_rate(1.0, [slow])["verdict"]
+
+
+def test_a_runs_profile_says_what_its_busy_requests_decoded() -> None:
+    import dataclasses
+
+    from prefixkv.adapters.lab.sim import CostProfile
+    from prefixkv.adapters.lab.sim.serving_spread import quantile_table
+
+    base = CostProfile("t", "m", "d", 0.002, 1e-5, 0.0, 3e-4, 1e-7)
+    assert sim_to_real.busy_probe(base)["busy_probe_tokens"] == 0
+    assert math.isnan(sim_to_real.busy_probe(base)["busy_probe_p90_s"])
+    table = quantile_table([0.0, 0.1])
+    older = dataclasses.replace(
+        base, busy_request_spread_s=table, fit={"serving_path": {"busy_samples_kept": 9}}
+    )
+    assert sim_to_real.busy_probe(older) == {
+        "busy_probe_tokens": 1,
+        "busy_probe_p90_s": pytest.approx(table[18]),
+    }
+    newer = dataclasses.replace(
+        older, fit={"serving_path": {"busy_samples_kept": 9, "busy_tokens": 32}}
+    )
+    assert sim_to_real.busy_probe(newer)["busy_probe_tokens"] == 32
+
+
 def test_a_tpot_p90_off_beyond_its_p50_says_how_the_pace_varies() -> None:
     tpot = [0.004] * 8 + [0.008, 0.008]
     r = run(ttft=[0.02] * 10, ttft_sim=[0.02] * 10, tpot=tpot, tpot_sim=[0.004] * 10)

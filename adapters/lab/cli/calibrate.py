@@ -245,6 +245,11 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
             f"{profile.wake_s * 1e3:.1f} ms after {profile.wake_after_s:g} s idle, taking a "
             f"request in {profile.admit_s * 1e3:.1f} ms a step; medians: {hops}"
         )
+        if profile.pace_spread:  # the quantiles at 0, 5, ..., 100%: p10, p50, p90
+            p10, p50, p90 = (profile.pace_spread[k] for k in (2, 10, 18))
+            print(f"engine pace from request to request (lone decodes, x their median): "
+                  f"p10 {p10:.2f}, p50 {p50:.2f}, p90 {p90:.2f}, over "
+                  f"{profile.pace_window_s * 1e3:.0f} ms")  # fmt: skip
         for what, table in (("an idle", profile.request_spread_s),
                             ("a busy", profile.busy_request_spread_s)):  # fmt: skip
             if table:  # the quantiles at 0, 5, ..., 100%: p50, p90, p100

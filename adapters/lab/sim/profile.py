@@ -83,13 +83,14 @@ SERVING_TERMS = (
     "wake_s",
     "wake_after_s",
     "admit_s",
+    "pace_window_s",
 )
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
-SPREAD_TABLES = ("request_spread_s", "busy_request_spread_s")
+SPREAD_TABLES = ("request_spread_s", "busy_request_spread_s", "pace_spread")
 """The serving path's spread: quantiles of the seconds a request spends outside the
-engine, sent to an idle and to a busy server (:mod:`.serving_spread`); empty when not
-measured."""
+engine, sent to an idle and to a busy server (:mod:`.serving_spread`), and of the
+engine's pace (a factor, :mod:`.engine_pace`); empty when not measured."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
 """What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
@@ -153,6 +154,9 @@ class CostProfile:
             measured).
         busy_request_spread_s: the same for a request sent while the engine has
             requests to run (empty: the idle table stands for it).
+        pace_spread: quantiles of the factor a step's priced time is multiplied by
+            (the engine's pace drifting over time, :mod:`.engine_pace`; empty: 1).
+        pace_window_s: the seconds one pace holds (0: not measured).
         measured_on: what was measured: ``server``, ``model``, ``engine``,
             ``engine_version``, ``date``, ``machine`` (strings, those known).
         covers: the measured range, ``{key: [low, high]}`` for the keys of
@@ -192,6 +196,8 @@ class CostProfile:
     admit_s: float = 0.0
     request_spread_s: Sequence[float] = ()
     busy_request_spread_s: Sequence[float] = ()
+    pace_spread: Sequence[float] = ()
+    pace_window_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)
     covers: Mapping[str, Sequence[int]] = field(default_factory=dict)
     kv_bytes_per_token: int | None = None

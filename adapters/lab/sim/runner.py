@@ -3,8 +3,8 @@
 Every arrival-time run steps its requests through a :class:`Replica`: the one-replica
 simulation (:func:`~.replica.simulate`) and each replica of a cluster (a subclass that
 adds an event publisher, ``cluster/sim_replica.py``). A step is planned by the schedule
-(which calls only its seat, the engine class), priced by the cost profile, and completed
-at its end::
+(which calls only its seat, the engine class), priced by the cost profile (at the
+engine's pace when the step starts, :mod:`.engine_pace`), and completed at its end::
 
     replica = Replica(make_seat("mixed", index, num_blocks), config, profile)
     replica.add(request, sent)     # its record, filled in as it runs
@@ -24,6 +24,7 @@ from typing import NamedTuple
 from prefixkv.adapters.servable import unservable
 
 from .config import SimSettings
+from .engine_pace import step_pace
 from .errors import SimUnservableError
 from .metrics import RequestRow
 from .profile import CostProfile
@@ -90,6 +91,8 @@ class Replica:
         self._frontend_free = start_time
         # Since when the engine has had nothing to do (None: busy).
         self._idle_since: float | None = start_time
+        # The engine's pace over time (a factor on each step's priced time).
+        self._pace = step_pace(profile.pace_spread, profile.pace_window_s)
 
     def add(self, request: SimRequest, sent: float) -> RequestRow:
         """Queue a request sent at ``sent`` at the back of the waiting queue (its
@@ -135,10 +138,10 @@ class Replica:
         """Compute ``plan``: the clock moves by its cost, then the step completes."""
         work = plan.work()
         p = self.profile
-        seconds = p.step_time(
+        start = self.now
+        seconds = self._pace(start) * p.step_time(
             work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
         )
-        start = self.now
         # A step that wakes an engine idle for long enough pays for waking it.
         if self._idle_since is not None and start - self._idle_since >= p.wake_after_s:
             seconds += p.wake_s

@@ -45,6 +45,7 @@ from typing import Any
 from .calibration import StepSample, fit_profile
 from .engine_admit import fit_admit_s
 from .engine_decode import decode_samples
+from .engine_pace import pace_table, pace_window
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
@@ -58,7 +59,7 @@ from .serving_path import (
     fit_serving_path,
     measure_hops,
 )
-from .serving_spread import quantile_table
+from .serving_spread import is_burst, quantile_table
 
 __all__ = [
     "KEPT_FIELDS",
@@ -469,6 +470,9 @@ def _with_serving_path(
     # short ones where none were sent).
     idle_spread = quantile_table(_outside(hops.idle or hops.short))
     busy_spread = quantile_table(_outside(hops.busy))
+    # The engine's pace, request to request: the lone long requests' decode as the
+    # engine core timed it.
+    pace = pace_table(hops.long)
     fitted = {
         **profile.fit,
         **saved,
@@ -476,6 +480,8 @@ def _with_serving_path(
             **path.as_dict(),
             "admit_s": admit_s,
             "busy_samples_kept": len(_outside(hops.busy)),
+            "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
+            "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
             "samples": hops.to_json(),
         },
     }
@@ -485,6 +491,8 @@ def _with_serving_path(
         admit_s=admit_s or 0.0,
         request_spread_s=idle_spread,
         busy_request_spread_s=busy_spread,
+        pace_spread=pace,
+        pace_window_s=pace_window(hops.long) if pace else 0.0,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
         frontend_cpu_share=path.frontend_cpu_share or 0.0,
         wake_s=path.wake_s or 0.0,
@@ -494,8 +502,14 @@ def _with_serving_path(
 
 def _outside(samples: Sequence[HopSample]) -> list[float]:
     """What each request spent outside the engine core's queue + prefill (those whose
-    window saw only their own figures: the server says the engine side)."""
-    return [s.client_ttft_s - s.engine_ttft_s for s in samples if s.engine_ttft_s is not None]
+    window saw only their own figures: the server says the engine side), but for
+    streams the client read in one burst (:func:`~.serving_spread.is_burst`: the
+    client's stall, which a sweep leaves out of its percentiles as well)."""
+    return [
+        s.client_ttft_s - s.engine_ttft_s
+        for s in samples
+        if s.engine_ttft_s is not None and not is_burst(s)
+    ]
 
 
 def refit_server_profile(profile: CostProfile) -> CostProfile:

@@ -25,10 +25,14 @@ one request at a time (light load), from both ends:
   its API-server process) gives its CPU seconds per request and per streamed token
   (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
   counter ticks in 10 ms steps).
-- **busy**: short requests sent one at a time while one long request decodes (its
-  tokens streaming to the same client), :data:`BUSY_PER_REPEAT` x ``repeats`` of them:
-  what a request spends outside the engine core when the server is busy
-  (:mod:`.serving_spread`).
+- **busy**: long requests (``k`` tokens each, streamed) sent one at a time while
+  another long request decodes and streams to the same client,
+  :data:`BUSY_PER_REPEAT` x ``repeats`` of them: what a request spends outside the
+  engine core when the server is busy (:mod:`.serving_spread`), shaped like a
+  sweep's requests sent while another runs. On a 2-core CPU vLLM such requests
+  reached their first token at the client tens of ms after the API server had it,
+  where one-token requests sent the same way did not (their stream ends with that
+  token: nothing streams while they wait on it).
 - **share**: one long request alone, then again while the client keeps the API
   server busy with ``/metrics`` reads: the engine core's decode time grows by
   ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
@@ -518,8 +522,8 @@ async def measure_serving_path(
         idle_pauses_s: seconds the server idles before each idle request, ``repeats``
             of each pause (empty: none sent).
         progress: called with 1 after each request.
-        busy_background_tokens: tokens the long request decodes while the busy ones
-            are sent (0: none sent).
+        busy_background_tokens: tokens the background request decodes while the busy
+            ones (``long_tokens`` each) are sent (0: none sent).
 
     Raises:
         ServerError: the server fails a request.
@@ -546,7 +550,7 @@ async def measure_serving_path(
     if busy_background_tokens:
         busy = await _busy(
             engine, client, prompt, BUSY_PER_REPEAT * repeats, busy_background_tokens,
-            scrape_cpu_s, tick,
+            scrape_cpu_s, tick, long_tokens,
         )  # fmt: skip
     return short, long, share, idle, busy
 
@@ -612,10 +616,11 @@ async def _busy(
     background_tokens: int,
     scrape_cpu_s: float,
     tick: Callable[[], None],
+    tokens: int = 1,
 ) -> list[HopSample]:
-    """``n`` one-token requests, one at a time, while a long request decodes and
-    streams to the same client; those whose window saw another request finish (the
-    long one) keep no engine side. The long one is cancelled after.
+    """``n`` requests of ``tokens`` tokens, one at a time, while a long request decodes
+    and streams to the same client; those whose window saw another request finish
+    (the long one) keep no engine side. The long one is cancelled after.
 
     A request the server drops (a connection it closed under the client, which a
     loaded server may do) is no sample and the next one is sent; over half of them
@@ -631,7 +636,7 @@ async def _busy(
         await asyncio.sleep(0.1)  # past its prefill, decoding
         for k in range(n):
             try:
-                out.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
+                out.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s))
             except ServerError:
                 dropped += 1
                 if 2 * dropped > n:
@@ -663,8 +668,9 @@ async def _measure(
 
 class HopSamples(NamedTuple):
     """What :func:`measure_hops` sent: the short, long and share requests, short ones
-    after the server idled and while it was busy (none in profiles made before they
-    were sent)."""
+    after the server idled, and long ones while another streamed (``busy``; one-token
+    ones in profiles made before they streamed; none in those made before they were
+    sent)."""
 
     short: list[HopSample]
     long: list[HopSample]

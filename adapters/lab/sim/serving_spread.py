@@ -15,7 +15,8 @@ vLLM's ``/metrics`` figures, :mod:`.serving_path`):
 - ``request_spread_s``: requests sent to an idle server after a pause (the idle ones;
   the short ones, sent back to back, where a profile has none);
 - ``busy_request_spread_s``: requests sent while another request decodes (the busy
-  ones: a long request streams meanwhile).
+  ones: each streams ``k`` tokens while a long request streams meanwhile), but for
+  streams the client read in one burst (:func:`is_burst`).
 
 The simulator draws each request's time outside the engine from the table of the state
 the engine is in when it is sent (busy: it has requests to run; the busy table falls
@@ -29,11 +30,17 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .serving_path import HopSample
 
 __all__ = [
+    "BURST_TPOT_S",
     "QUANTILES",
     "ServingDelay",
     "draw_fraction",
+    "is_burst",
     "quantile_table",
     "serving_delay",
     "spread_at",
@@ -41,6 +48,19 @@ __all__ = [
 
 QUANTILES = tuple(k / 20 for k in range(21))
 """The probabilities a spread table gives the quantiles at: 0, 5%, ..., 100%."""
+
+
+BURST_TPOT_S = 1e-4
+"""A stream whose chunks reached the client this close together, on average, was read
+from a backlog: the client did not read while the server streamed it (no engine
+decodes a stream at 10,000 tokens a second)."""
+
+
+def is_burst(sample: HopSample) -> bool:
+    """Whether the client read ``sample``'s stream of several tokens in one burst
+    (:data:`BURST_TPOT_S`): its own stall, not the server's time."""
+    n = sample.num_tokens - 1
+    return n > 0 and sample.client_decode_s / n < BURST_TPOT_S
 
 
 def quantile_table(values: Sequence[float]) -> tuple[float, ...]:
