@@ -28,7 +28,7 @@ from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
-from .common import CLIUsageError, positive_float, positive_int
+from .args import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]

@@ -48,16 +48,9 @@ from ..cluster.run import ClusterSettings
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests
+from .args import CLIUsageError, parse_capacity_tokens, positive_float, positive_int
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
-from .common import (
-    CLIUsageError,
-    add_gpu_memory_utilization,
-    add_trace_flags,
-    parse_capacity_tokens,
-    positive_float,
-    positive_int,
-    read_settings,
-)
+from .common import add_gpu_memory_utilization, add_trace_flags, read_settings
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts

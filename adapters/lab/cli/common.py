@@ -1,9 +1,9 @@
 """The flags ``compare``, ``replay`` and ``cluster`` share: the cache, the trace input,
 and what they turn into (backend options, read settings, workloads, capacities).
 
-The argument types, the parser and the exit codes are :mod:`.args`' (re-exported
-here). This module loads the trace readers, never the comparison or the simulator:
-``prefixkv replay`` imports it.
+The argument types, the parser and the exit codes are in :mod:`.args`. This module
+loads the trace readers, never the comparison or the simulator: ``prefixkv replay``
+imports it.
 """
 
 from __future__ import annotations
@@ -20,32 +20,20 @@ from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
 from ..workloads import Workload, load_workloads
 from .args import (
-    EXIT_ERROR,
-    EXIT_INTERNAL,
     CLIUsageError,
-    Parser,
     gib_list,
     index_option,
     int_arg,
-    number_arg,
     parse_capacity_tokens,
     parse_token_count,
-    parse_token_counts,
-    positive_float,
     positive_int,
     utilization,
 )
-from .signals import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from ..sim.profile import CostProfile
 
 __all__ = [
-    "EXIT_ERROR",
-    "EXIT_INTERNAL",
-    "EXIT_INTERRUPTED",
-    "CLIUsageError",
-    "Parser",
     "add_cache_flags",
     "add_common",
     "add_gpu_memory_utilization",
@@ -54,15 +42,7 @@ __all__ = [
     "capacities",
     "capacity_rule",
     "capacity_warnings",
-    "index_option",
-    "int_arg",
     "load_workloads_for",
-    "number_arg",
-    "parse_capacity_tokens",
-    "parse_token_count",
-    "parse_token_counts",
-    "positive_float",
-    "positive_int",
     "read_settings",
     "token_bars",
 ]

@@ -46,17 +46,14 @@ from ..sim import (
     load_profile,
 )
 from ..workloads import DEFAULT_WORKLOADS, Workload, workload_names
+from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import (
-    CLIUsageError,
     add_common,
     backend_options,
     capacities,
     capacity_rule,
     capacity_warnings,
     load_workloads_for,
-    parse_token_count,
-    positive_float,
-    positive_int,
     token_bars,
 )
 from .load_flags import add_slo_flags, request_rates, slo_of

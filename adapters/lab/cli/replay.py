@@ -32,15 +32,8 @@ from ..backends import BackendSpec, CompareError, check_pool, parse_backends, ro
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from ..workloads import Workload
-from .common import (
-    CLIUsageError,
-    add_common,
-    backend_options,
-    capacities,
-    load_workloads_for,
-    number_arg,
-    positive_int,
-)
+from .args import CLIUsageError, number_arg, positive_int
+from .common import add_common, backend_options, capacities, load_workloads_for
 from .signals import Interrupts
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ calibration, the arrival-time replica).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .arrivals import (
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .replica import IndexFactory, simulate
     from .requests import SimRequest, from_trace
 
-_MODULE_OF = {
+_HOMES = {
     "ARRIVAL_PROCESSES": "arrivals",
     "ArrivalProcess": "arrivals",
     "BATCHING_MODES": "config",
@@ -81,15 +81,15 @@ _MODULE_OF = {
     "simulate": "replica",
     "with_arrivals": "arrivals",
 }
-"""Each exported name's module in this package."""
+"""Each name and the module that defines it, loaded on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip this function
     return value
 
 
