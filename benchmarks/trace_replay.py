@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixkv.adapters.lab.cli.common import parse_token_count
+from prefixkv.adapters.lab.cli.args import parse_token_count
 
 BACKENDS = {"hash_chain": ("--block-size", 16), "radix": ("--page-size", 1)}
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from prefixkv.adapters.servable import unservable
 
-from .compare.spec import CapacityError, CompareError
+from .backends import CapacityError, CompareError
 from .traces import TraceRequest, TraceSource, TraceStats
 from .workloads import Workload
 

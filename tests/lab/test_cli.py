@@ -21,7 +21,7 @@ import pytest
 from helpers import TEST_DATA, interrupt_after
 
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.cli.common import parse_token_count, parse_token_counts
+from prefixkv.adapters.lab.cli.args import parse_token_count, parse_token_counts
 from prefixkv.adapters.lab.compare import parse_backends
 from prefixkv.adapters.lab.compare.k_live import percentile, select_strip_requests
 from prefixkv.adapters.lab.compare.plan import sweep_capacities

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.admission import AdmissionRule, admit
+from prefixkv.adapters.lab.backends import CapacityError, CompareError
 from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
 from prefixkv.adapters.lab.compare.capacity_search import (
     KNEE_SHARE,
@@ -22,7 +23,6 @@ from prefixkv.adapters.lab.compare.capacity_search import (
     CapacitySearch,
     smallest_reaching,
 )
-from prefixkv.adapters.lab.compare.spec import CapacityError, CompareError
 from prefixkv.adapters.lab.sim.metrics import RunMetrics
 from prefixkv.adapters.lab.sim.model_config import (
     ModelConfigError,

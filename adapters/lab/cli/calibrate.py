@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +28,19 @@ from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
-from .common import CLIUsageError, positive_float, positive_int
+from .args import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
-__all__ = ["add_calibrate_parser", "run_calibrate"]
+__all__ = ["add_arguments", "run"]
 
 
-def add_calibrate_parser(sub: Any) -> None:
-    """Add the ``calibrate`` subcommand to the ``prefixkv`` subparsers."""
-    cal = sub.add_parser(
-        "calibrate",
-        help="fit a cost profile to a served engine, vllm bench serve results or the "
-        "reference engine; --list the shipped profiles",
-        description="Fit the cost model's coefficients to a running OpenAI-compatible server "
+def add_arguments(cal: argparse.ArgumentParser) -> None:
+    """Give the ``calibrate`` subcommand's parser its description and flags."""
+    cal.description = (
+        "Fit the cost model's coefficients to a running OpenAI-compatible server "
         "(--server), to vllm bench serve results (--from-vllm-bench), or to the reference "
         "engine's forward pass timed here (the default), and write them as a profile that "
-        "compare --profile FILE reads. --list shows the shipped profiles.",
+        "compare --profile FILE reads. --list shows the shipped profiles."
     )
     cal.add_argument(
         "--device",
@@ -142,8 +140,9 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
     )
 
 
-def run_calibrate(args: argparse.Namespace, interrupts: Interrupts | None = None) -> int:
-    """Run ``prefixkv calibrate``; returns the exit status.
+def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
+    """Run ``prefixkv calibrate``; returns the exit status (``argv``, which the other
+    subcommands record in their reports, is not needed).
 
     The ``calibrate`` extra (numpy and scipy; httpx with ``--server``), the ``torch``
     extra for the reference engine, and ``--out`` are checked before any measurement

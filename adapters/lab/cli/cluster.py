@@ -1,8 +1,8 @@
 """``prefixkv cluster``: route a trace over N replicas with each policy; write a report.
 
 The subcommand's flags and its run over the cluster simulation
-(:mod:`prefixkv.adapters.lab.cluster`) live here; :mod:`.main` adds the subparser
-(:func:`add_cluster_parser`) and dispatches (:func:`run_cluster_command`). The model,
+(:mod:`prefixkv.adapters.lab.cluster`) live here: :mod:`.main` imports this module
+when ``cluster`` is chosen, for :func:`add_arguments` and :func:`run`. The model,
 length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`), and so are the
 trace-input flags (:func:`.common.add_trace_flags`), ``--max-pool-blocks`` bounding each
 replica's pool. Flags that
@@ -48,21 +48,14 @@ from ..cluster.run import ClusterSettings
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests
+from .args import CLIUsageError, parse_capacity_tokens, positive_float, positive_int
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
-from .common import (
-    CLIUsageError,
-    add_gpu_memory_utilization,
-    add_trace_flags,
-    parse_capacity_tokens,
-    positive_float,
-    positive_int,
-    read_settings,
-)
+from .common import add_gpu_memory_utilization, add_trace_flags, read_settings
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
 
-__all__ = ["add_cluster_parser", "run_cluster_command"]
+__all__ = ["add_arguments", "run"]
 
 DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
 
@@ -82,15 +75,13 @@ def _replica_counts(text: str) -> list[int]:
     return values
 
 
-def add_cluster_parser(sub: Any) -> None:
-    """Add the ``cluster`` subcommand to the ``prefixkv`` subparsers."""
-    p = sub.add_parser(
-        "cluster",
-        help="route a trace over N replicas with each routing policy; write a report",
-        description="Simulate N engine replicas (each an arrival-time replica with its own "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Give the ``cluster`` subcommand's parser its description and flags."""
+    p.description = (
+        "Simulate N engine replicas (each an arrival-time replica with its own "
         "prefix cache and the cost model) behind a KV-aware router fed by their KV events, "
         "once per routing policy, and write tables, plots and report.md. Deterministic "
-        "in-process by default; --ray runs one Ray actor per replica.",
+        "in-process by default; --ray runs one Ray actor per replica."
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="PATH", help="a trace (any format compare reads)")
@@ -267,9 +258,7 @@ def _trace_only_defaults() -> dict[str, Any]:
     return {k: v for k, v in defaults.items() if k not in ("max_requests", "max_pool_blocks")}
 
 
-def run_cluster_command(
-    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
-) -> int:
+def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv cluster``; returns the exit status (errors raise; 130 or 143:
     interrupted, the finished runs written and marked partial)."""
     interrupts = interrupts or Interrupts()

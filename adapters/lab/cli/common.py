@@ -1,33 +1,39 @@
-"""What the ``prefixkv`` subcommands share: argument types, common flags, exit codes.
+"""The flags ``compare``, ``replay`` and ``cluster`` share: the cache, the trace input,
+and what they turn into (backend options, read settings, workloads, capacities).
 
-Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000, ``1K`` = 1,024). A bad
-argument raises :class:`CLIUsageError`, which :func:`~.main.main` prints as one line.
+The argument types, the parser and the exit codes are in :mod:`.args`. This module
+loads the trace readers, never the comparison or the simulator: ``prefixkv replay``
+imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import available_indexes, index_options
 
-from ..compare.spec import MAX_POOL_BLOCKS
+from ..backends import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
-from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, CostProfile
 from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
 from ..workloads import Workload, load_workloads
-from .signals import EXIT_INTERRUPTED
+from .args import (
+    CLIUsageError,
+    gib_list,
+    index_option,
+    int_arg,
+    parse_capacity_tokens,
+    parse_token_count,
+    positive_int,
+    utilization,
+)
+
+if TYPE_CHECKING:
+    from ..sim.profile import CostProfile
 
 __all__ = [
-    "EXIT_ERROR",
-    "EXIT_INTERNAL",
-    "EXIT_INTERRUPTED",
-    "CLIUsageError",
-    "Parser",
     "add_cache_flags",
     "add_common",
     "add_gpu_memory_utilization",
@@ -36,156 +42,15 @@ __all__ = [
     "capacities",
     "capacity_rule",
     "capacity_warnings",
-    "index_option",
-    "int_arg",
     "load_workloads_for",
-    "number_arg",
-    "parse_capacity_tokens",
-    "parse_token_count",
-    "parse_token_counts",
-    "positive_float",
-    "positive_int",
     "read_settings",
     "token_bars",
 ]
 
-EXIT_ERROR = 2
-EXIT_INTERNAL = 1
-MAX_TOKEN_COUNT = 2**48
-"""No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
-
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
 """vLLM's --prefix-caching-hash-algo names (computed exactly as vLLM 0.33 does), plus
 prefixkv's own encodings (xxh3_128, the default, and sha256_raw)."""
 _EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
-
-
-class CLIUsageError(PrefixKVError):
-    """A command-line argument is missing, malformed or out of range."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting: errors stay one line."""
-
-    def error(self, message: str) -> NoReturn:
-        raise CLIUsageError(f"{message} (see {self.prog} --help)")
-
-
-def parse_token_count(text: str) -> int:
-    """A token count as vLLM's size flags read it: ``1000``, ``1k`` (1,000), ``25.6k``,
-    ``1K`` (1,024), ``1M`` (1,048,576), ``2m`` (2,000,000); ``_`` separators allowed.
-
-    Raises:
-        argparse.ArgumentTypeError: not such a number, not positive, or over 2**48.
-    """
-    value = text.strip().replace("_", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
-    if m is None:
-        raise argparse.ArgumentTypeError(
-            f"want a positive token count like 65536, 512K or 1m, got {text!r}"
-        )
-    number, suffix = m.groups()
-    if suffix in _BINARY:
-        if "." in number:
-            raise argparse.ArgumentTypeError(
-                f"decimals are not allowed with binary suffixes like {suffix} "
-                f"(did you mean {number}{suffix.lower()}?), got {text!r}"
-            )
-        count = int(number) * _BINARY[suffix]
-    elif suffix:
-        count = int(float(number) * _DECIMAL[suffix])
-    elif "." in number:
-        raise argparse.ArgumentTypeError(f"a token count is whole, got {text!r}")
-    else:
-        count = int(number)
-    if not 1 <= count <= MAX_TOKEN_COUNT:
-        raise argparse.ArgumentTypeError(
-            f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
-        )
-    return count
-
-
-def parse_token_counts(text: str) -> list[int]:
-    """A comma-separated list of token counts (``1M,3M,10M``), each as
-    :func:`parse_token_count` reads it, duplicates refused."""
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"want one or more token counts, got {text!r}")
-    counts = [parse_token_count(p) for p in parts]
-    if len(set(counts)) != len(counts):
-        raise argparse.ArgumentTypeError(f"a capacity is listed twice in {text!r}")
-    return counts
-
-
-def parse_capacity_tokens(text: str) -> list[int] | str:
-    """``auto``, or token counts as :func:`parse_token_counts` reads them."""
-    return "auto" if text.strip().lower() == "auto" else parse_token_counts(text)
-
-
-def _gib_list(text: str) -> list[float]:
-    values = [positive_float(p) for p in text.split(",") if p.strip()]
-    if not values or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"want distinct sizes in GiB like 12.5,40, got {text!r}")
-    return values
-
-
-def _utilization(text: str) -> float:
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
-N = TypeVar("N", int, float)
-
-
-def number_arg(
-    text: str, cast: Callable[[str], N], want: str, bound: str, ok: Callable[[N], bool]
-) -> N:
-    """``text`` read by ``cast``: refused as not ``want`` when it cannot be read, as
-    not ``bound`` when ``ok`` says no (argparse prints either as the flag's error)."""
-    try:
-        value = cast(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    bound = "a positive int up to 2**48"
-    return number_arg(text, int, "a positive int", bound, lambda v: 1 <= v <= MAX_TOKEN_COUNT)
-
-
-def positive_float(text: str) -> float:
-    return number_arg(text, float, "a number > 0", "a finite number > 0", _finite_positive)
-
-
-def _finite_positive(value: float) -> bool:
-    return 0 < value < float("inf")
-
-
-def int_arg(text: str) -> int:
-    return number_arg(text, int, "an int", "an int within 2**63", lambda v: abs(v) <= 2**63)
-
-
-def index_option(text: str) -> tuple[str, str, Any]:
-    """``BACKEND.KEY=VALUE`` -> ``(backend, key, value)``; true/false/ints are typed."""
-    m = re.fullmatch(r"([A-Za-z0-9_]+)\.([A-Za-z_][A-Za-z0-9_]*)=(.*)", text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(
-            f"want BACKEND.KEY=VALUE (e.g. hash_chain.verify=true), got {text!r}"
-        )
-    backend, key, raw = m.groups()
-    value: Any = raw
-    if raw.lower() in ("true", "false"):
-        value = raw.lower() == "true"
-    elif re.fullmatch(r"-?\d{1,18}", raw):
-        value = int(raw)
-    return backend, key, value
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -264,7 +129,7 @@ def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
     )
     cap.add_argument(
         "--capacity-gib",
-        type=_gib_list,
+        type=gib_list,
         metavar="G[,G...]",
         help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV "
         "bytes per token (compare; --profile names the model)",
@@ -282,7 +147,7 @@ def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
     """``--gpu-memory-utilization``, which ``--capacity-tokens auto`` reads."""
     g.add_argument(
         "--gpu-memory-utilization",
-        type=_utilization,
+        type=utilization,
         metavar="U",
         help="with --capacity-tokens auto: the share of device memory the engine uses, as "
         "vLLM's flag (default 0.9)",
@@ -427,7 +292,11 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
 
 def _util(args: argparse.Namespace) -> float:
     value = getattr(args, "gpu_memory_utilization", None)
-    return DEFAULT_GPU_MEMORY_UTILIZATION if value is None else float(value)
+    if value is None:  # asked only with a cost profile: the simulator is loaded already
+        from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
+
+        return DEFAULT_GPU_MEMORY_UTILIZATION
+    return float(value)
 
 
 def capacity_warnings(

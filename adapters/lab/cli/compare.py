@@ -27,10 +27,10 @@ from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from ..admission import admit
+from ..backends import BackendSpec, parse_backends
 from ..compare.arrival import SCHEDULERS, TimeSettings
 from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
-from ..compare.spec import BackendSpec, parse_backends
 from ..extras import require_extra
 from ..outputs import compare as report
 from ..outputs.markdown import machine_info, package_versions, text_table
@@ -46,34 +46,29 @@ from ..sim import (
     load_profile,
 )
 from ..workloads import DEFAULT_WORKLOADS, Workload, workload_names
+from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import (
-    CLIUsageError,
     add_common,
     backend_options,
     capacities,
     capacity_rule,
     capacity_warnings,
     load_workloads_for,
-    parse_token_count,
-    positive_float,
-    positive_int,
     token_bars,
 )
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, admission_rule, apply_model, model_line
 from .signals import Interrupts
 
-__all__ = ["add_compare_parser", "run_compare"]
+__all__ = ["add_arguments", "run"]
 
 
-def add_compare_parser(sub: Any) -> None:
-    """Add the ``compare`` subcommand to the ``prefixkv`` subparsers."""
-    cmp = sub.add_parser(
-        "compare",
-        help="run backends head to head; write tables, report.md, results.json and plots",
-        description="Replay workloads (or a trace) through each backend at equal capacity, "
+def add_arguments(cmp: argparse.ArgumentParser) -> None:
+    """Give the ``compare`` subcommand's parser its description and flags."""
+    cmp.description = (
+        "Replay workloads (or a trace) through each backend at equal capacity, "
         "print a table per workload and write a report. Default: the built-in set "
-        f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep.",
+        f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep."
     )
     src = cmp.add_mutually_exclusive_group()
     src.add_argument(
@@ -234,9 +229,7 @@ def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
     )
 
 
-def run_compare(
-    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
-) -> int:
+def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv compare``; returns the exit status (130 or 143: interrupted, partial).
 
     The plots' extra (unless ``--no-plots``) and ``--out`` are checked before anything

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..sim.load import Slo
-from .common import positive_float
+from .args import positive_float
 
 __all__ = ["add_slo_flags", "milliseconds", "request_rates", "slo_of"]
 

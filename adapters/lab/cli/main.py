@@ -14,42 +14,60 @@ exits 128 + the signal (130 for Ctrl-C); every file is written atomically.
 batch per scheduler step, in vLLM 0.33's wire format.
 
 This module imports only the standard library and :mod:`.signals` at the top: the
-signal handler is in place before the subcommands (and numpy, msgspec...) load.
+signal handler is in place before the subcommands (and numpy, msgspec...) load. Each
+subcommand is a module of this package (:data:`COMMANDS`) that gives its parser its
+flags (``add_arguments``) and runs (``run``); it is imported only once it is chosen, so
+a command loads what it runs and no other subcommand's stack, and ``prefixkv --help``
+loads none.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType, ModuleType
 
 from .signals import Interrupts
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "command", "main"]
+
+COMMANDS: Mapping[str, str] = MappingProxyType(
+    {
+        "compare": "run backends head to head; write tables, report.md, results.json and plots",
+        "replay": "replay one trace through one backend; write per-request hits (oracle format)",
+        "calibrate": "fit a cost profile to a served engine, vllm bench serve results or the "
+        "reference engine; --list the shipped profiles",
+        "cluster": "route a trace over N replicas with each routing policy; write a report",
+    }
+)
+"""Each subcommand, in ``--help``'s order, with its line there; its module in this
+package has its name and defines ``add_arguments(parser)`` and ``run(args, argv,
+interrupts)``."""
+
+
+def command(name: str) -> ModuleType:
+    """The module of subcommand ``name`` (imported now if it was not yet)."""
+    return importlib.import_module(f"{__package__}.{name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``prefixkv`` argument parser with its subcommands (compare, replay, calibrate,
-    cluster)."""
+    cluster), each of which imports its module and adds its flags only when it parses."""
     from prefixkv.indexes.buildinfo import VersionAction
 
-    from .calibrate import add_calibrate_parser
-    from .cluster import add_cluster_parser
-    from .common import Parser
-    from .compare import add_compare_parser
-    from .replay import add_replay_parser
+    from .args import CommandParser, Parser
 
     parser = Parser(prog="prefixkv", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
     )
-    add_compare_parser(sub)
-    add_replay_parser(sub)
-    add_calibrate_parser(sub)
-    add_cluster_parser(sub)
+    for name, line in COMMANDS.items():
+        sub.add_parser(name, help=line, module=f"{__package__}.{name}")
     return parser
 
 
@@ -101,7 +119,7 @@ def _run(args_list: list[str], interrupts: Interrupts) -> int:
     """Parse, dispatch and turn every error into one line and an exit status."""
     from prefixkv.indexes.errors import PrefixKVError
 
-    from .common import EXIT_ERROR, EXIT_INTERNAL
+    from .args import EXIT_ERROR, EXIT_INTERNAL
 
     try:
         args = build_parser().parse_args(args_list)
@@ -133,21 +151,8 @@ def _run(args_list: list[str], interrupts: Interrupts) -> int:
 
 
 def _dispatch(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts) -> int:
-    if args.command == "compare":
-        from .compare import run_compare
-
-        return run_compare(args, argv, interrupts)
-    if args.command == "calibrate":
-        from .calibrate import run_calibrate
-
-        return run_calibrate(args, interrupts)
-    if args.command == "cluster":
-        from .cluster import run_cluster_command
-
-        return run_cluster_command(args, argv, interrupts)
-    from .replay import run_replay
-
-    return run_replay(args, argv, interrupts)
+    status: int = command(args.command).run(args, argv, interrupts)
+    return status
 
 
 def _silence(*streams: object) -> None:

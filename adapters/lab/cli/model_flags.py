@@ -18,7 +18,7 @@ import dataclasses
 from ..admission import AdmissionRule, length_rule
 from ..sim import CostProfile
 from ..sim.model_config import ModelConfig, available_model_configs, load_model_config
-from .common import CLIUsageError, parse_token_count, positive_float, positive_int
+from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 
 __all__ = ["add_model_flags", "admission_rule", "apply_model", "model_line"]
 

@@ -28,37 +28,27 @@ from prefixkv.indexes.registry import available_indexes
 
 from ...events.files import EventFileWriter
 from ...events.wire import EventBatch, KVEvent, KVEventBatch
-from ..compare.plan import check_pool, roomy_capacity
-from ..compare.spec import BackendSpec, CompareError, parse_backends
+from ..backends import BackendSpec, CompareError, check_pool, parse_backends, roomy_capacity
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from ..workloads import Workload
-from .common import (
-    CLIUsageError,
-    add_common,
-    backend_options,
-    capacities,
-    load_workloads_for,
-    number_arg,
-    positive_int,
-)
+from .args import CLIUsageError, number_arg, positive_int
+from .common import add_common, backend_options, capacities, load_workloads_for
 from .signals import Interrupts
 
 if TYPE_CHECKING:
     from ...events.transport import ZmqEventPublisher
 
-__all__ = ["add_replay_parser", "run_replay"]
+__all__ = ["add_arguments", "run"]
 
 
-def add_replay_parser(sub: Any) -> None:
-    """Add the ``replay`` subcommand to the ``prefixkv`` subparsers."""
-    rep = sub.add_parser(
-        "replay",
-        help="replay one trace through one backend; write per-request hits (oracle format)",
-        description="Replay TRACE through one backend and write one {id, prompt_len, "
+def add_arguments(rep: argparse.ArgumentParser) -> None:
+    """Give the ``replay`` subcommand's parser its description and flags."""
+    rep.description = (
+        "Replay TRACE through one backend and write one {id, prompt_len, "
         "hit_tokens} line per request and a final {summary} line, as the vLLM and SGLang "
         "reference oracles do. Default capacity: roomy (no eviction). vLLM's oracle "
-        "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block).",
+        "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block)."
     )
     rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
     rep.add_argument(
@@ -316,9 +306,7 @@ def _wait_for_subscribers(pub: ZmqEventPublisher, n: int, timeout: float) -> Non
         )
 
 
-def run_replay(
-    args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None
-) -> int:
+def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv replay``; returns the exit status (130 or 143: interrupted, partial).
 
     The outputs are checked before the trace is read; once the replay ends (or Ctrl-C

@@ -4,7 +4,8 @@
 ``prefixkv compare`` builds :class:`CompareSettings` from its flags and writes a
 report. The modules, in the order a comparison uses them:
 
-- :mod:`.spec`: backend specs and their parsing, the errors;
+- :mod:`..backends` (beside this package, as ``prefixkv replay`` runs one without it):
+  backend specs and their parsing, the capacities that fit them, the errors;
 - :mod:`.plan`: resolved settings and the capacities each workload runs at;
 - :mod:`.k_live`: each backend's K-live replay, the capacity sweep;
 - :mod:`.arrival`: each backend's arrival-time run under each scheduler asked for;
@@ -12,11 +13,11 @@ report. The modules, in the order a comparison uses them:
 - :mod:`.options`: the options a caller writes, and :func:`compare_backends`.
 """
 
+from ..backends import CompareError, parse_backends
 from .arrival import TimeSettings
 from .options import CompareOptions, compare_backends
 from .plan import CompareSettings
 from .run import Comparison
-from .spec import CompareError, parse_backends
 
 __all__ = [
     "CompareError",

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .spec import Scalar
+from ..backends import Scalar
 
 __all__ = ["CapacityAnchor", "knee"]
 

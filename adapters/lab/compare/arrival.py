@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..backends import BackendSpec, Bars, Scalar
 from ..sim import (
     ARRIVAL_PROCESSES,
     ArrivalProcess,
@@ -44,7 +45,6 @@ from ..sim.requests import from_trace
 from ..sim.runs import RunRow
 from ..traces import TraceSource
 from ..workloads import Workload
-from .spec import BackendSpec, Bars, Scalar
 
 __all__ = [
     "ENGINE_MODES",

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..admission import admit, length_rule
+from ..backends import CompareError, parse_backends
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
 from ..sim.errors import SimSettingsError
@@ -31,7 +33,6 @@ from ..workloads import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
 from .plan import CompareSettings, default_boundary_accounting, plan_comparison
 from .run import ComparisonTables, run_comparison
-from .spec import CompareError, parse_backends
 
 __all__ = ["CompareOptions", "compare_backends"]
 
@@ -82,7 +83,7 @@ class CompareOptions:
             requests are counted (``rejected_requests`` of the workload's record) and
             left out of every figure.
         on_long_request: ``"reject"`` (count such a request and go on, as vLLM answers
-            400) or ``"abort"`` (raise :class:`~.spec.CapacityError` naming it).
+            400) or ``"abort"`` (raise :class:`~..backends.CapacityError` naming it).
         seed: workload, token and arrival seed.
         progress_bars: show progress bars on stderr (tqdm).
     """
@@ -210,9 +211,6 @@ class CompareOptions:
             CapacityError: ``on_long_request="abort"`` and a request is too long, or
                 every request is.
         """
-        # admission imports compare.spec: imported here, so either may be imported first
-        from ..admission import admit, length_rule
-
         if self.on_long_request not in ("reject", "abort"):
             raise CompareError(
                 f"on_long_request must be 'reject' or 'abort', got {self.on_long_request!r:.60}"

@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..backends import (
+    MAX_POOL_BLOCKS,
+    BackendSpec,
+    CompareError,
+    check_pool,
+    min_capacity,
+    roomy_capacity,
+)
 from ..sim import CostProfile
-from ..traces import TraceStats
 from ..workloads import Workload
 from .arrival import TimeSettings, check_arrivals
-from .spec import MAX_POOL_BLOCKS, BackendSpec, CapacityError, CompareError
 
 __all__ = [
     "SWEEP_POINTS",
@@ -138,46 +144,6 @@ def plan_comparison(workloads: Sequence[Workload], settings: CompareSettings) ->
             check_arrivals(w, settings.time)
         plans.append(WorkloadPlan(w, cap, points))
     return plans
-
-
-def _spare(backends: Sequence[BackendSpec]) -> int:
-    # A spare block each end of every request: a partial last block, and SGLang's
-    # extend + page_size over-estimate for paged prefill.
-    return 2 * max(b.block_size for b in backends)
-
-
-def roomy_capacity(stats: TraceStats, backends: Sequence[BackendSpec]) -> int:
-    """Tokens that hold every request's KV at once: no backend ever evicts."""
-    return stats.prompt_tokens + stats.output_tokens + _spare(backends) * stats.num_requests
-
-
-def min_capacity(stats: TraceStats, backends: Sequence[BackendSpec], concurrency: int) -> int:
-    """Tokens for the ``concurrency`` largest requests live at once: the tight end."""
-    largest = stats.largest[:concurrency]
-    return sum(largest) + _spare(backends) * len(largest)
-
-
-def check_pool(
-    capacity_tokens: int, backends: Sequence[BackendSpec], max_pool_blocks: int = MAX_POOL_BLOCKS
-) -> None:
-    """Refuse a capacity that holds no block, or more blocks than ``max_pool_blocks``.
-
-    Raises:
-        CapacityError: naming the backend, the capacity and the limit.
-    """
-    for b in backends:
-        blocks = b.num_blocks(capacity_tokens)
-        if blocks < 1:
-            raise CapacityError(
-                f"capacity {capacity_tokens:,} tokens holds no {b.block_size}-token block "
-                f"of {b.label}"
-            )
-        if blocks > max_pool_blocks:
-            raise CapacityError(
-                f"capacity {capacity_tokens:,} tokens is {blocks:,} blocks of {b.block_size} "
-                f"tokens for {b.label}, over the limit of {max_pool_blocks:,} blocks a pool "
-                "(--max-pool-blocks); give a smaller --capacity-tokens"
-            )
 
 
 def sweep_capacities(low: int, high: int, points: int = 7) -> list[int]:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
 from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
@@ -32,7 +33,6 @@ from .arrival import Scheduler, TimeSettings, run_arrival
 from .capacity_search import KNEE_SHARE, CapacitySearch
 from .k_live import run_backend, run_sweep, select_strip_requests
 from .plan import CompareSettings, WorkloadPlan, min_capacity, roomy_capacity
-from .spec import BackendSpec, Bars, CapacityError, Scalar
 
 __all__ = [
     "CompareInterrupted",

@@ -1,24 +1,29 @@
-"""The backends of a comparison: their specs, how a list of them is parsed, its errors.
+"""The backends a lab run replays: their specs, how a list of them is parsed, the
+capacities that fit them, the errors.
 
 A spec names a registry backend, its hit granularity (vLLM's block size or SGLang's
 page size), the driver whose call order replays it and its ``make_index`` options;
-:func:`parse_backends` reads ``"hash_chain,radix:16,none"``. Everything else in
-:mod:`prefixkv.adapters.lab.compare` builds on these.
+:func:`parse_backends` reads ``"hash_chain,radix:16,none"``. ``prefixkv replay`` runs
+one, and :mod:`prefixkv.adapters.lab.compare` builds its comparisons on these; this
+module loads neither the comparison nor the simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixkv.indexes.base import IndexDescription, PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
-from ..progress import Progress
-from ..replay import DRIVERS, Driver
+from .progress import Progress
+from .replay import DRIVERS, Driver
+
+if TYPE_CHECKING:
+    from .traces import TraceStats
 
 __all__ = [
     "MAX_POOL_BLOCKS",
@@ -28,7 +33,10 @@ __all__ = [
     "CapacityError",
     "CompareError",
     "Scalar",
+    "check_pool",
+    "min_capacity",
     "parse_backends",
+    "roomy_capacity",
 ]
 
 Scalar = str | int | float | bool | None
@@ -195,3 +203,43 @@ def _check_builds(spec: BackendSpec) -> None:
         raise CompareError(
             f"backend {spec.label!r}: bad option in {dict(spec.options)}: {exc}"
         ) from None
+
+
+def _spare(backends: Sequence[BackendSpec]) -> int:
+    # A spare block each end of every request: a partial last block, and SGLang's
+    # extend + page_size over-estimate for paged prefill.
+    return 2 * max(b.block_size for b in backends)
+
+
+def roomy_capacity(stats: TraceStats, backends: Sequence[BackendSpec]) -> int:
+    """Tokens that hold every request's KV at once: no backend ever evicts."""
+    return stats.prompt_tokens + stats.output_tokens + _spare(backends) * stats.num_requests
+
+
+def min_capacity(stats: TraceStats, backends: Sequence[BackendSpec], concurrency: int) -> int:
+    """Tokens for the ``concurrency`` largest requests live at once: the tight end."""
+    largest = stats.largest[:concurrency]
+    return sum(largest) + _spare(backends) * len(largest)
+
+
+def check_pool(
+    capacity_tokens: int, backends: Sequence[BackendSpec], max_pool_blocks: int = MAX_POOL_BLOCKS
+) -> None:
+    """Refuse a capacity that holds no block, or more blocks than ``max_pool_blocks``.
+
+    Raises:
+        CapacityError: naming the backend, the capacity and the limit.
+    """
+    for b in backends:
+        blocks = b.num_blocks(capacity_tokens)
+        if blocks < 1:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens holds no {b.block_size}-token block "
+                f"of {b.label}"
+            )
+        if blocks > max_pool_blocks:
+            raise CapacityError(
+                f"capacity {capacity_tokens:,} tokens is {blocks:,} blocks of {b.block_size} "
+                f"tokens for {b.label}, over the limit of {max_pool_blocks:,} blocks a pool "
+                "(--max-pool-blocks); give a smaller --capacity-tokens"
+            )
