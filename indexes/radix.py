@@ -88,6 +88,36 @@ def _only_child(children: dict[_ChildKey, _Node]) -> _Node:
     raise AssertionError("a node without children has no only child")
 
 
+def _bury(node: _Node) -> None:
+    """Mark an evicted (or reset) node dead and drop what it kept for lookups."""
+    node.dead = True
+    node.parent = None
+    node.path = None
+    node.path_key = b""
+    node.jump = None
+
+
+def _check_path(node: _Node) -> None:
+    """A node's cached hit path is its blocks and tokens from the root; its jump, a
+    descendant or itself (for ``check_invariants``)."""
+    if node.path is not None:
+        blocks: list[int] = []
+        keys: list[bytes] = []
+        up: _Node | None = node
+        while up is not None and up.parent is not None:
+            blocks[:0] = up.value
+            keys.insert(0, up.key)
+            up = up.parent
+        assert node.path == blocks, "a cached hit path's blocks differ from the tree's"
+        assert node.path_key == b"".join(keys), "a cached hit path's tokens differ"
+    else:
+        assert node.path_key == b"", "a node keeps tokens without a hit path"
+    far = node.jump
+    while far is not None and far is not node:
+        far = far.parent
+    assert node.jump is None or far is node or node.jump.dead, "a jump leaves its branch"
+
+
 def _tokens(segment: bytes) -> array[int]:
     """A segment's token ids."""
     return array(TOKEN_TYPECODE, segment)
@@ -102,8 +132,8 @@ class _Node:
     """
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
-                 "key", "last_access", "lent", "lock_ref", "namespace", "only", "parent",
-                 "priority", "tree", "value")  # fmt: skip
+                 "jump", "key", "last_access", "lent", "lock_ref", "namespace", "only",
+                 "parent", "path", "path_key", "priority", "tree", "value")  # fmt: skip
 
     def __init__(
         self,
@@ -139,6 +169,13 @@ class _Node:
         # ``value`` itself was handed out as a match's block ids: nothing may change the
         # list (eviction copies it rather than reusing it).
         self.lent = False
+        # The hit path cache (see _keep_path): on a node a match over several nodes
+        # ended at, the blocks from the root through it (the list that match handed
+        # out, never changed) and the bytes of those tokens; on the nearest node below
+        # a branch point above it, ``jump`` to it.
+        self.path: list[int] | None = None
+        self.path_key = b""
+        self.jump: _Node | None = None
 
 
 class _Memo(NamedTuple):
@@ -298,21 +335,25 @@ class RadixIndex:
         tick: int,
         blocks: list[int],
         lend: bool = False,
-    ) -> tuple[_Node, int, _Node | None]:
+    ) -> tuple[_Node, int, list[int] | None, list[int]]:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
         byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
         splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
-        and appending the blocks of the nodes passed to ``blocks`` (with ``lend``, not
-        those of a first node passed while it is the only one). The one walk match and
-        insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a dict
-        lookup and a memcmp, + O(blocks).
+        and appending the blocks of the nodes passed to ``blocks``. The one walk match
+        and insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a
+        dict lookup and a memcmp, + O(blocks).
+
+        With ``lend`` (a match from the root: ``data`` from token 0) the blocks passed
+        are a list the tree keeps while they are one: the first node's own list, or a
+        cached hit path a jump landed on (:meth:`_jump`), copied once a node follows.
 
         Returns:
-            The last node reached, the byte of ``data`` it ends at, and the one node
-            passed whose blocks ``lend`` left unlisted (else ``None``).
+            The last node reached, the byte of ``data`` it ends at, the blocks passed
+            when they are such a kept list (else ``None``), and ``blocks`` (a new list
+            when a kept one was copied).
         """
         page = self._page
-        lone: _Node | None = None  # the first node passed, not listed yet (lend)
+        kept: list[int] | None = None  # (lend) the blocks passed so far, the tree's list
         while at < stop:
             only = node.only
             if only is not None:  # no key to build: the compare finds out
@@ -337,17 +378,65 @@ class RadixIndex:
             else:
                 self._touch(child, tick)
             at += m
-            node = self._split(child, m) if m < len(seg) else child
-            if lend and lone is None and not blocks:
-                lone = node  # listed only when a second node follows
+            if m < len(seg):
+                node = self._split(child, m)
             else:
-                if lone is not None:
-                    blocks += lone.value
-                    lone = None
+                node = child
+                far = child.jump
+                if lend and far is not None and self._jump(far, child, data, stop, tick):
+                    node, at, kept, blocks = far, far.end * _W, far.path, []
+                    continue
+            if lend and kept is None and not blocks:
+                kept = node.value  # listed only when a second node follows
+            elif kept is not None:
+                blocks = kept + node.value  # one exact-size copy
+                kept = None
+            else:
                 blocks += node.value
             if m < len(seg):
                 break
-        return node, at, lone
+        return node, at, kept, blocks
+
+    def _jump(self, far: _Node, below: _Node, data: bytes, stop: int, tick: int) -> bool:
+        """Whether a match that reached ``below`` may go on at its descendant ``far``: a
+        cached hit path (:meth:`_keep_path`) within ``stop`` whose tokens ``data`` starts
+        with (one memcmp for the whole path). Stamps the nodes between them then, as
+        the walk would have: O(nodes skipped) attribute writes, no compare, no copy."""
+        if far.path is None or far.end * _W > stop or not data.startswith(far.path_key):
+            return False
+        node = far
+        while node is not below:
+            if node.evict_key is None:
+                node.last_access = tick
+            else:
+                self._touch(node, tick)
+            parent = node.parent
+            assert parent is not None  # below is an ancestor of far
+            node = parent
+        return True
+
+    def _keep_path(self, node: _Node, data: bytes, at: int, blocks: list[int]) -> None:
+        """Cache ``blocks``, a match's hit over several nodes ending at ``node`` (its
+        tokens: ``data[:at]``), on ``node``, and point the nearest node below a branch
+        point above it at it, so the next match through there (a conversation's next
+        turn) jumps to ``node`` and copies the cached list once instead of each node's.
+
+        A node's blocks from the root never change while it lives (splits keep them,
+        only leaves are evicted), so the cache stays exact; the tree never changes the
+        list, which the match hands out. One cache per jump: the one it pointed at
+        before goes, so the memory is one hit path per branch of the tree at most."""
+        holder = node
+        parent = node.parent
+        while parent is not None and parent.only is not None and parent.parent is not None:
+            holder = parent
+            parent = holder.parent
+        old = holder.jump
+        if old is not None and old is not node:
+            old.path = None
+            old.path_key = b""
+        node.path = blocks
+        node.path_key = data[:at]
+        holder.jump = node
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
@@ -369,10 +458,15 @@ class RadixIndex:
         A hit held by one node (a shared prompt, a document) returns that node's own
         list of blocks, not a copy (at page size 1 a copy is a reference count per
         token, most of such a lookup): read ``block_ids``, never mutate it. The tree
-        never changes a list it handed out.
+        never changes a list it handed out. A hit over several nodes is kept on its
+        last node (:meth:`_keep_path`): the next match through that branch (a
+        conversation's next turn) compares the cached path's tokens in one memcmp,
+        stamps the nodes on it and copies its blocks once, or lends them when it ends
+        there.
 
-        Complexity: O(depth) Python steps; segments compare in C; O(blocks) for a
-        hit over several nodes, O(1) for a hit in one.
+        Complexity: O(nodes passed) Python steps, a jump's nodes only stamped;
+        segments compare in C; O(blocks) for a hit over several nodes, O(1) for a hit
+        in one node or on a cached path.
         """
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
@@ -380,11 +474,14 @@ class RadixIndex:
             return PrefixMatch(0, [], root)
         tick = self._next_tick()
         root.last_access = tick
-        blocks: list[int] = []
-        node, at, lone = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks, True)
-        if lone is not None:  # a hit in one node (a shared prompt, a document): its list
-            lone.lent = True
-            return PrefixMatch(at // _W, lone.value, node)
+        data = key.tokens.tobytes()
+        node, at, kept, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
+        if kept is not None:  # the tree's own list: one node's, or a cached hit path
+            if kept is node.value:
+                node.lent = True
+            return PrefixMatch(at // _W, kept, node)
+        if blocks:
+            self._keep_path(node, data, at, blocks)
         return PrefixMatch(at // _W, blocks, node)
 
     @overload  # type: ignore[misc]  # precise types for callers
@@ -489,7 +586,7 @@ class RadixIndex:
         stop = (n - first) * _W
         blocks: list[int] = []
         start_node = node
-        node, at, _ = self._walk(start_node, data, 0, stop, tick, blocks)
+        node, at, _, blocks = self._walk(start_node, data, 0, stop, tick, blocks)
         self._note_insert(node, start_node, key.priority, inserted_before)
         pos = first + at // _W
         num_cached = pos
@@ -775,8 +872,7 @@ class RadixIndex:
             parent.only = _only_child(parent.children) if len(parent.children) == 1 else None
             self._evictable -= len(value)
             self._num_nodes -= 1
-            node.dead = True
-            node.parent = None
+            _bury(node)
             if parent.parent is None:
                 if not parent.children:
                     self._drop_root(parent)
@@ -804,7 +900,7 @@ class RadixIndex:
             while stack:
                 node = stack.pop()
                 out += node.value
-                node.dead = True
+                _bury(node)
                 stack.extend(node.children.values())
         self._roots.clear()
         self._queue.clear()
@@ -859,6 +955,8 @@ class RadixIndex:
             node = stack.pop()
             total += sys.getsizeof(node) + sys.getsizeof(node.key) + sys.getsizeof(node.value)
             total += sys.getsizeof(node.children) + 28 * len(node.value)
+            if node.path is not None:  # a cached hit path (its ints are the nodes')
+                total += sys.getsizeof(node.path) + sys.getsizeof(node.path_key)
             stack.extend(node.children.values())
         return total
 
@@ -898,6 +996,7 @@ class RadixIndex:
                         assert b not in seen_blocks, f"block {b} appears twice in the tree"
                         seen_blocks.add(b)
                     nodes += 1
+                    _check_path(child)
                     if child.lock_ref:
                         protected += len(child.value)
                     else:
