@@ -88,6 +88,28 @@ def _only_child(children: dict[_ChildKey, _Node]) -> _Node:
     raise AssertionError("a node without children has no only child")
 
 
+def _matched(seg: bytes, data: bytes, at: int, stop: int, page: int) -> int:
+    """The bytes of segment ``seg`` that ``data`` holds from byte ``at`` on, before
+    ``stop``, in whole pages of ``page`` bytes: one compare when all of it is there
+    (the first segment in place, a later one as a slice of the tokens), else a binary
+    search (:func:`_common_prefix`)."""
+    end = at + len(seg)
+    if end <= stop and (data.startswith(seg) if at == 0 else data[at:end] == seg):
+        return len(seg)
+    m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
+    return m - m % page
+
+
+def _take_path(node: _Node) -> list[int]:
+    """A node's kept hit path, taken from it (the match that jumped there extends it
+    and puts it on the node it ends at)."""
+    path = node.path
+    assert path is not None
+    node.path = None
+    node.path_key = b""
+    return path
+
+
 def _bury(node: _Node) -> None:
     """Mark an evicted (or reset) node dead and drop what it kept for lookups."""
     node.dead = True
@@ -109,7 +131,7 @@ def _check_path(node: _Node) -> None:
             keys.insert(0, up.key)
             up = up.parent
         assert node.path == blocks, "a cached hit path's blocks differ from the tree's"
-        assert node.path_key == b"".join(keys), "a cached hit path's tokens differ"
+        assert node.path_key.startswith(b"".join(keys)), "a cached hit path's tokens differ"
     else:
         assert node.path_key == b"", "a node keeps tokens without a hit path"
     far = node.jump
@@ -339,40 +361,29 @@ class RadixIndex:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
         byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
         splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
-        and appending the blocks of the nodes passed to ``blocks``. The one walk match
-        and insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a
-        dict lookup and a memcmp, + O(blocks).
+        and appending the blocks of the nodes passed to ``blocks``: mini-sglang's
+        ``_tree_walk``, O(nodes passed) steps, each a dict lookup and a memcmp.
 
-        With ``lend`` (a match from the root: ``data`` from token 0) the blocks passed
-        are a list the tree keeps while they are one: the first node's own list, or a
-        cached hit path a jump landed on (:meth:`_jump`), copied once a node follows.
+        With ``lend`` (a match from the root), a first node's blocks stay unlisted
+        while it is the only node passed, and a jump (:meth:`_jump`) to a kept hit
+        path goes on with that path's list, taken from its node.
 
         Returns:
-            The last node reached, the byte of ``data`` it ends at, the blocks passed
-            when they are such a kept list (else ``None``), and ``blocks`` (a new list
-            when a kept one was copied).
+            The last node reached, the byte of ``data`` it ends at, the first node's
+            list when it is the only node passed (``lend``, else ``None``), the blocks.
         """
         page = self._page
-        kept: list[int] | None = None  # (lend) the blocks passed so far, the tree's list
+        lone: list[int] | None = None  # (lend) the first node's list, not listed yet
         while at < stop:
-            only = node.only
-            if only is not None:  # no key to build: the compare finds out
-                child = only
-            else:
-                found = node.children.get(_child_key(data, at, page))
-                if found is None:
+            child = node.only  # with one child, no key to build: the compare finds out
+            if child is None:
+                child = node.children.get(_child_key(data, at, page))
+                if child is None:
                     break
-                child = found
             seg = child.key
-            end = at + len(seg)
-            # The first segment compares in place; a later one, as a slice of the tokens.
-            if end <= stop and (data.startswith(seg) if at == 0 else data[at:end] == seg):
-                m = len(seg)
-            else:
-                m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
-                m -= m % page
-                if m == 0:  # an only child that differs from its first page on
-                    break
+            m = _matched(seg, data, at, stop, page)
+            if m == 0:  # an only child that differs from its first page on
+                break
             if child.evict_key is None:
                 child.last_access = tick
             else:
@@ -384,18 +395,17 @@ class RadixIndex:
                 node = child
                 far = child.jump
                 if lend and far is not None and self._jump(far, child, data, stop, tick):
-                    node, at, kept, blocks = far, far.end * _W, far.path, []
+                    node, at, lone, blocks = far, far.end * _W, None, _take_path(far)
                     continue
-            if lend and kept is None and not blocks:
-                kept = node.value  # listed only when a second node follows
-            elif kept is not None:
-                blocks = kept + node.value  # one exact-size copy
-                kept = None
+            if lend and lone is None and not blocks:
+                lone = node.value
+            elif lone is not None:
+                blocks, lone = lone + node.value, None  # one exact-size copy
             else:
                 blocks += node.value
             if m < len(seg):
                 break
-        return node, at, kept, blocks
+        return node, at, lone, blocks
 
     def _jump(self, far: _Node, below: _Node, data: bytes, stop: int, tick: int) -> bool:
         """Whether a match that reached ``below`` may go on at its descendant ``far``: a
@@ -415,16 +425,19 @@ class RadixIndex:
             node = parent
         return True
 
-    def _keep_path(self, node: _Node, data: bytes, at: int, blocks: list[int]) -> None:
-        """Cache ``blocks``, a match's hit over several nodes ending at ``node`` (its
-        tokens: ``data[:at]``), on ``node``, and point the nearest node below a branch
-        point above it at it, so the next match through there (a conversation's next
-        turn) jumps to ``node`` and copies the cached list once instead of each node's.
+    def _keep_path(self, node: _Node, data: bytes, blocks: list[int]) -> None:
+        """Keep ``blocks``, the hit of a match over several nodes ending at ``node``
+        (its tokens the start of ``data``, the request's), on ``node``, and point the
+        nearest node below a branch point above it at it: the next match through
+        there whose tokens start with ``data`` (a conversation's next turn) jumps to
+        ``node``, stamps the nodes it skips and appends only the nodes after it, to
+        this list, in place (the tree hands out copies of it, never the list).
 
         A node's blocks from the root never change while it lives (splits keep them,
-        only leaves are evicted), so the cache stays exact; the tree never changes the
-        list, which the match hands out. One cache per jump: the one it pointed at
-        before goes, so the memory is one hit path per branch of the tree at most."""
+        only leaves are evicted), so a kept path stays exact. One path per jump: the
+        one it pointed at before is dropped, so the tree keeps at most one hit path
+        per branch; a jump that lands takes the path from its node and the match
+        puts it on the node it ends at."""
         holder = node
         parent = node.parent
         while parent is not None and parent.only is not None and parent.parent is not None:
@@ -435,7 +448,7 @@ class RadixIndex:
             old.path = None
             old.path_key = b""
         node.path = blocks
-        node.path_key = data[:at]
+        node.path_key = data
         holder.jump = node
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
@@ -458,15 +471,15 @@ class RadixIndex:
         A hit held by one node (a shared prompt, a document) returns that node's own
         list of blocks, not a copy (at page size 1 a copy is a reference count per
         token, most of such a lookup): read ``block_ids``, never mutate it. The tree
-        never changes a list it handed out. A hit over several nodes is kept on its
-        last node (:meth:`_keep_path`): the next match through that branch (a
-        conversation's next turn) compares the cached path's tokens in one memcmp,
-        stamps the nodes on it and copies its blocks once, or lends them when it ends
-        there.
+        never changes a list it handed out. A hit over several nodes is a copy of the
+        list the tree keeps on its last node (:meth:`_keep_path`): the next match
+        through that branch whose tokens extend this one's (a conversation's next
+        turn) compares the kept path's tokens in one memcmp, stamps its nodes without
+        visiting them one by one, and appends only the nodes past it.
 
         Complexity: O(nodes passed) Python steps, a jump's nodes only stamped;
         segments compare in C; O(blocks) for a hit over several nodes, O(1) for a hit
-        in one node or on a cached path.
+        in one.
         """
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
@@ -475,14 +488,14 @@ class RadixIndex:
         tick = self._next_tick()
         root.last_access = tick
         data = key.tokens.tobytes()
-        node, at, kept, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
-        if kept is not None:  # the tree's own list: one node's, or a cached hit path
-            if kept is node.value:
-                node.lent = True
-            return PrefixMatch(at // _W, kept, node)
-        if blocks:
-            self._keep_path(node, data, at, blocks)
-        return PrefixMatch(at // _W, blocks, node)
+        node, at, lone, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
+        if lone is not None:  # a hit in one node (a shared prompt, a document): its list
+            node.lent = True
+            return PrefixMatch(at // _W, lone, node)
+        if not blocks:
+            return PrefixMatch(0, blocks, node)
+        self._keep_path(node, data, blocks)
+        return PrefixMatch(at // _W, blocks[:], node)
 
     @overload  # type: ignore[misc]  # precise types for callers
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
