@@ -100,21 +100,20 @@ def _matched(seg: bytes, data: bytes, at: int, stop: int, page: int) -> int:
     return m - m % page
 
 
-def _take_path(node: _Node) -> list[int]:
-    """A node's kept hit path, taken from it (the match that jumped there extends it
-    and puts it on the node it ends at)."""
-    path = node.path
-    assert path is not None
-    node.path = None
+def _take_tail(node: _Node) -> list[int]:
+    """The tail of a node's kept hit path, taking the path from it (the match that
+    jumped there extends the tail and puts the path on the node it ends at)."""
+    tail = node.path_tail
+    node.path = node.path_tail = None
     node.path_key = b""
-    return path
+    return [] if tail is None else tail
 
 
 def _bury(node: _Node) -> None:
     """Mark an evicted (or reset) node dead and drop what it kept for lookups."""
     node.dead = True
     node.parent = None
-    node.path = None
+    node.path = node.path_tail = None
     node.path_key = b""
     node.jump = None
 
@@ -130,10 +129,11 @@ def _check_path(node: _Node) -> None:
             blocks[:0] = up.value
             keys.insert(0, up.key)
             up = up.parent
-        assert node.path == blocks, "a cached hit path's blocks differ from the tree's"
+        tail = node.path_tail or []
+        assert node.path + tail == blocks, "a kept hit path's blocks differ from the tree's"
         assert node.path_key.startswith(b"".join(keys)), "a cached hit path's tokens differ"
     else:
-        assert node.path_key == b"", "a node keeps tokens without a hit path"
+        assert node.path_key == b"" and node.path_tail is None, "a hit path's rest is kept"
     far = node.jump
     while far is not None and far is not node:
         far = far.parent
@@ -155,7 +155,8 @@ class _Node:
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
                  "jump", "key", "last_access", "lent", "lock_ref", "namespace", "only",
-                 "parent", "path", "path_key", "priority", "tree", "value")  # fmt: skip
+                 "parent", "path", "path_key", "path_tail", "priority", "tree",
+                 "value")  # fmt: skip
 
     def __init__(
         self,
@@ -191,11 +192,12 @@ class _Node:
         # ``value`` itself was handed out as a match's block ids: nothing may change the
         # list (eviction copies it rather than reusing it).
         self.lent = False
-        # The hit path cache (see _keep_path): on a node a match over several nodes
-        # ended at, the blocks from the root through it (the list that match handed
-        # out, never changed) and the bytes of those tokens; on the nearest node below
-        # a branch point above it, ``jump`` to it.
+        # The kept hit path (see _keep_path): on a node a match over several nodes
+        # ended at, its blocks from the root (``path``, a list the tree never changes,
+        # then ``path_tail``, one it extends) and the request's tokens; on the nearest
+        # node below a branch point above it, ``jump`` to it.
         self.path: list[int] | None = None
+        self.path_tail: list[int] | None = None
         self.path_key = b""
         self.jump: _Node | None = None
 
@@ -364,16 +366,15 @@ class RadixIndex:
         and appending the blocks of the nodes passed to ``blocks``: mini-sglang's
         ``_tree_walk``, O(nodes passed) steps, each a dict lookup and a memcmp.
 
-        With ``lend`` (a match from the root), a first node's blocks stay unlisted
-        while it is the only node passed, and a jump (:meth:`_jump`) to a kept hit
-        path goes on with that path's list, taken from its node.
+        With ``lend`` (a match from the root), the blocks passed are ``lone`` then
+        ``blocks``: a first node's own list while it is the only node passed, or,
+        after a jump (:meth:`_jump`), a kept hit path's lists, taken from its node.
 
-        Returns:
-            The last node reached, the byte of ``data`` it ends at, the first node's
-            list when it is the only node passed (``lend``, else ``None``), the blocks.
+        Returns: the last node reached, the byte of ``data`` it ends at, lone, blocks.
         """
         page = self._page
-        lone: list[int] | None = None  # (lend) the first node's list, not listed yet
+        lone: list[int] | None = None  # (lend) blocks passed before those in blocks
+        jumped = False
         while at < stop:
             child = node.only  # with one child, no key to build: the compare finds out
             if child is None:
@@ -395,11 +396,12 @@ class RadixIndex:
                 node = child
                 far = child.jump
                 if lend and far is not None and self._jump(far, child, data, stop, tick):
-                    node, at, lone, blocks = far, far.end * _W, None, _take_path(far)
+                    node, at, lone, blocks = far, far.end * _W, far.path, _take_tail(far)
+                    jumped = True
                     continue
             if lend and lone is None and not blocks:
                 lone = node.value
-            elif lone is not None:
+            elif lone is not None and not jumped:
                 blocks, lone = lone + node.value, None  # one exact-size copy
             else:
                 blocks += node.value
@@ -425,19 +427,19 @@ class RadixIndex:
             node = parent
         return True
 
-    def _keep_path(self, node: _Node, data: bytes, blocks: list[int]) -> None:
-        """Keep ``blocks``, the hit of a match over several nodes ending at ``node``
-        (its tokens the start of ``data``, the request's), on ``node``, and point the
-        nearest node below a branch point above it at it: the next match through
-        there whose tokens start with ``data`` (a conversation's next turn) jumps to
-        ``node``, stamps the nodes it skips and appends only the nodes after it, to
-        this list, in place (the tree hands out copies of it, never the list).
+    def _keep_path(self, node: _Node, data: bytes, path: list[int], tail: list[int] | None) -> None:
+        """Keep the hit of a match over several nodes ending at ``node``, ``path`` (a
+        list the tree never changes again) then ``tail``, with the request's tokens
+        ``data`` (the hit's first), and point the nearest node below a branch point
+        above it at it: the next match there whose tokens start with ``data`` (a
+        conversation's next turn) jumps to ``node``, stamps the nodes it skips,
+        appends the blocks of those after it to the tail in place, and hands out one
+        exact-size copy of the two lists.
 
         A node's blocks from the root never change while it lives (splits keep them,
         only leaves are evicted), so a kept path stays exact. One path per jump: the
         one it pointed at before is dropped, so the tree keeps at most one hit path
-        per branch; a jump that lands takes the path from its node and the match
-        puts it on the node it ends at."""
+        per branch (and no block twice in it)."""
         holder = node
         parent = node.parent
         while parent is not None and parent.only is not None and parent.parent is not None:
@@ -445,9 +447,10 @@ class RadixIndex:
             parent = holder.parent
         old = holder.jump
         if old is not None and old is not node:
-            old.path = None
+            old.path = old.path_tail = None
             old.path_key = b""
-        node.path = blocks
+        node.path = path
+        node.path_tail = tail
         node.path_key = data
         holder.jump = node
 
@@ -489,13 +492,29 @@ class RadixIndex:
         root.last_access = tick
         data = key.tokens.tobytes()
         node, at, lone, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
-        if lone is not None:  # a hit in one node (a shared prompt, a document): its list
+        if lone is None:  # a miss, or a hit over several nodes: a new list, kept
+            if blocks:
+                self._keep_path(node, data, blocks, None)
+            return PrefixMatch(at // _W, blocks, node)
+        if lone is node.value:  # a hit in one node (a shared prompt, a document): its list
             node.lent = True
             return PrefixMatch(at // _W, lone, node)
-        if not blocks:
-            return PrefixMatch(0, blocks, node)
-        self._keep_path(node, data, blocks)
-        return PrefixMatch(at // _W, blocks[:], node)
+        return PrefixMatch(at // _W, self._rekeep(node, data, lone, blocks), node)
+
+    def _rekeep(self, node: _Node, data: bytes, path: list[int], tail: list[int]) -> list[int]:
+        """A match that jumped to a kept hit path and ends at ``node``: keep the path
+        there and return the hit, ``path`` itself when nothing follows it, else one
+        copy of both lists, which becomes the kept path once the tail outgrows the
+        path (so each block's list is rebuilt a bounded number of times)."""
+        if not tail:
+            self._keep_path(node, data, path, None)
+            return path
+        out = path + tail
+        if len(tail) > len(path):
+            self._keep_path(node, data, out, None)
+        else:
+            self._keep_path(node, data, path, tail)
+        return out
 
     @overload  # type: ignore[misc]  # precise types for callers
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
@@ -970,6 +989,7 @@ class RadixIndex:
             total += sys.getsizeof(node.children) + 28 * len(node.value)
             if node.path is not None:  # a cached hit path (its ints are the nodes')
                 total += sys.getsizeof(node.path) + sys.getsizeof(node.path_key)
+                total += sys.getsizeof(node.path_tail or [])
             stack.extend(node.children.values())
         return total
 

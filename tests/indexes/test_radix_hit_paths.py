@@ -42,7 +42,8 @@ def test_a_conversations_next_turn_gets_the_cached_path_and_its_own_blocks() -> 
         assert m.block_ids == index.cached_blocks(TokenKey(history))
         again = index.match_prefix(TokenKey(prompt), len(prompt) - 1)
         assert again.block_ids == m.block_ids
-        assert again.block_ids is not m.block_ids  # copies of the list the tree keeps
+        if turn == 0:  # the hit list itself is kept, and lent again while it is all
+            assert again.block_ids is m.block_ids
         answer = toks(4, seed=100 + turn)
         new = len(prompt) + len(answer) - len(history)
         index.insert(TokenKey(prompt + answer), [*m.block_ids, *range(block, block + new)])
