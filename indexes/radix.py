@@ -504,17 +504,10 @@ class RadixIndex:
     def _rekeep(self, node: _Node, data: bytes, path: list[int], tail: list[int]) -> list[int]:
         """A match that jumped to a kept hit path and ends at ``node``: keep the path
         there and return the hit, ``path`` itself when nothing follows it, else one
-        copy of both lists, which becomes the kept path once the tail outgrows the
-        path (so each block's list is rebuilt a bounded number of times)."""
-        if not tail:
-            self._keep_path(node, data, path, None)
-            return path
-        out = path + tail
-        if len(tail) > len(path):
-            self._keep_path(node, data, out, None)
-        else:
-            self._keep_path(node, data, path, tail)
-        return out
+        exact-size copy of both lists (the tail grows in place, never rebuilt: no list
+        of the path is freed inside a lookup)."""
+        self._keep_path(node, data, path, tail or None)
+        return path + tail if tail else path
 
     @overload  # type: ignore[misc]  # precise types for callers
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
