@@ -88,6 +88,58 @@ def _only_child(children: dict[_ChildKey, _Node]) -> _Node:
     raise AssertionError("a node without children has no only child")
 
 
+def _matched(seg: bytes, data: bytes, at: int, stop: int, page: int) -> int:
+    """The bytes of segment ``seg`` that ``data`` holds from byte ``at`` on, before
+    ``stop``, in whole pages of ``page`` bytes: one compare when all of it is there
+    (the first segment in place, a later one as a slice of the tokens), else a binary
+    search (:func:`_common_prefix`)."""
+    end = at + len(seg)
+    if end <= stop and (data.startswith(seg) if at == 0 else data[at:end] == seg):
+        return len(seg)
+    m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
+    return m - m % page
+
+
+def _take_tail(node: _Node) -> list[int]:
+    """The tail of a node's kept hit path, taking the path from it (the match that
+    jumped there extends the tail and puts the path on the node it ends at)."""
+    tail = node.path_tail
+    node.path = node.path_tail = None
+    node.path_key = b""
+    return [] if tail is None else tail
+
+
+def _bury(node: _Node) -> None:
+    """Mark an evicted (or reset) node dead and drop what it kept for lookups."""
+    node.dead = True
+    node.parent = None
+    node.path = node.path_tail = None
+    node.path_key = b""
+    node.jump = None
+
+
+def _check_path(node: _Node) -> None:
+    """A node's cached hit path is its blocks and tokens from the root; its jump, a
+    descendant or itself (for ``check_invariants``)."""
+    if node.path is not None:
+        blocks: list[int] = []
+        keys: list[bytes] = []
+        up: _Node | None = node
+        while up is not None and up.parent is not None:
+            blocks[:0] = up.value
+            keys.insert(0, up.key)
+            up = up.parent
+        tail = node.path_tail or []
+        assert node.path + tail == blocks, "a kept hit path's blocks differ from the tree's"
+        assert node.path_key.startswith(b"".join(keys)), "a cached hit path's tokens differ"
+    else:
+        assert node.path_key == b"" and node.path_tail is None, "a hit path's rest is kept"
+    far = node.jump
+    while far is not None and far is not node:
+        far = far.parent
+    assert node.jump is None or far is node or node.jump.dead, "a jump leaves its branch"
+
+
 def _tokens(segment: bytes) -> array[int]:
     """A segment's token ids."""
     return array(TOKEN_TYPECODE, segment)
@@ -102,8 +154,9 @@ class _Node:
     """
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
-                 "key", "last_access", "lent", "lock_ref", "namespace", "only", "parent",
-                 "priority", "tree", "value")  # fmt: skip
+                 "jump", "key", "last_access", "lent", "lock_ref", "namespace", "only",
+                 "parent", "path", "path_key", "path_tail", "priority", "tree",
+                 "value")  # fmt: skip
 
     def __init__(
         self,
@@ -139,6 +192,14 @@ class _Node:
         # ``value`` itself was handed out as a match's block ids: nothing may change the
         # list (eviction copies it rather than reusing it).
         self.lent = False
+        # The kept hit path (see _keep_path): on a node a match over several nodes
+        # ended at, its blocks from the root (``path``, a list the tree never changes,
+        # then ``path_tail``, one it extends) and the request's tokens; on the nearest
+        # node below a branch point above it, ``jump`` to it.
+        self.path: list[int] | None = None
+        self.path_tail: list[int] | None = None
+        self.path_key = b""
+        self.jump: _Node | None = None
 
 
 class _Memo(NamedTuple):
@@ -298,56 +359,100 @@ class RadixIndex:
         tick: int,
         blocks: list[int],
         lend: bool = False,
-    ) -> tuple[_Node, int, _Node | None]:
+    ) -> tuple[_Node, int, list[int] | None, list[int]]:
         """Follow the tokens whose bytes are ``data`` down from ``node``, which ends at
         byte ``at``, to at most byte ``stop``, stamping each node passed with ``tick``,
         splitting the last one where the tokens end or diverge inside it (RX-3, RX-4),
-        and appending the blocks of the nodes passed to ``blocks`` (with ``lend``, not
-        those of a first node passed while it is the only one). The one walk match and
-        insert share (mini-sglang's ``_tree_walk``): O(nodes passed) steps, each a dict
-        lookup and a memcmp, + O(blocks).
+        and appending the blocks of the nodes passed to ``blocks``: mini-sglang's
+        ``_tree_walk``, O(nodes passed) steps, each a dict lookup and a memcmp.
 
-        Returns:
-            The last node reached, the byte of ``data`` it ends at, and the one node
-            passed whose blocks ``lend`` left unlisted (else ``None``).
+        With ``lend`` (a match from the root), the blocks passed are ``lone`` then
+        ``blocks``: a first node's own list while it is the only node passed, or,
+        after a jump (:meth:`_jump`), a kept hit path's lists, taken from its node.
+
+        Returns: the last node reached, the byte of ``data`` it ends at, lone, blocks.
         """
         page = self._page
-        lone: _Node | None = None  # the first node passed, not listed yet (lend)
+        lone: list[int] | None = None  # (lend) blocks passed before those in blocks
+        jumped = False
         while at < stop:
-            only = node.only
-            if only is not None:  # no key to build: the compare finds out
-                child = only
-            else:
-                found = node.children.get(_child_key(data, at, page))
-                if found is None:
+            child = node.only  # with one child, no key to build: the compare finds out
+            if child is None:
+                child = node.children.get(_child_key(data, at, page))
+                if child is None:
                     break
-                child = found
             seg = child.key
-            end = at + len(seg)
-            # The first segment compares in place; a later one, as a slice of the tokens.
-            if end <= stop and (data.startswith(seg) if at == 0 else data[at:end] == seg):
-                m = len(seg)
-            else:
-                m = _common_prefix(seg, 0, data, at, min(len(seg), stop - at))
-                m -= m % page
-                if m == 0:  # an only child that differs from its first page on
-                    break
+            m = _matched(seg, data, at, stop, page)
+            if m == 0:  # an only child that differs from its first page on
+                break
             if child.evict_key is None:
                 child.last_access = tick
             else:
                 self._touch(child, tick)
             at += m
-            node = self._split(child, m) if m < len(seg) else child
-            if lend and lone is None and not blocks:
-                lone = node  # listed only when a second node follows
+            if m < len(seg):
+                node = self._split(child, m)
             else:
-                if lone is not None:
-                    blocks += lone.value
-                    lone = None
+                node = child
+                far = child.jump
+                if lend and far is not None and self._jump(far, child, data, stop, tick):
+                    node, at, lone, blocks = far, far.end * _W, far.path, _take_tail(far)
+                    jumped = True
+                    continue
+            if lend and lone is None and not blocks:
+                lone = node.value
+            elif lone is not None and not jumped:
+                blocks, lone = lone + node.value, None  # one exact-size copy
+            else:
                 blocks += node.value
             if m < len(seg):
                 break
-        return node, at, lone
+        return node, at, lone, blocks
+
+    def _jump(self, far: _Node, below: _Node, data: bytes, stop: int, tick: int) -> bool:
+        """Whether a match that reached ``below`` may go on at its descendant ``far``: a
+        cached hit path (:meth:`_keep_path`) within ``stop`` whose tokens ``data`` starts
+        with (one memcmp for the whole path). Stamps the nodes between them then, as
+        the walk would have: O(nodes skipped) attribute writes, no compare, no copy."""
+        if far.path is None or far.end * _W > stop or not data.startswith(far.path_key):
+            return False
+        node = far
+        while node is not below:
+            if node.evict_key is None:
+                node.last_access = tick
+            else:
+                self._touch(node, tick)
+            parent = node.parent
+            assert parent is not None  # below is an ancestor of far
+            node = parent
+        return True
+
+    def _keep_path(self, node: _Node, data: bytes, path: list[int], tail: list[int] | None) -> None:
+        """Keep the hit of a match over several nodes ending at ``node``, ``path`` (a
+        list the tree never changes again) then ``tail``, with the request's tokens
+        ``data`` (the hit's first), and point the nearest node below a branch point
+        above it at it: the next match there whose tokens start with ``data`` (a
+        conversation's next turn) jumps to ``node``, stamps the nodes it skips,
+        appends the blocks of those after it to the tail in place, and hands out one
+        exact-size copy of the two lists.
+
+        A node's blocks from the root never change while it lives (splits keep them,
+        only leaves are evicted), so a kept path stays exact. One path per jump: the
+        one it pointed at before is dropped, so the tree keeps at most one hit path
+        per branch (and no block twice in it)."""
+        holder = node
+        parent = node.parent
+        while parent is not None and parent.only is not None and parent.parent is not None:
+            holder = parent
+            parent = holder.parent
+        old = holder.jump
+        if old is not None and old is not node:
+            old.path = old.path_tail = None
+            old.path_key = b""
+        node.path = path
+        node.path_tail = tail
+        node.path_key = data
+        holder.jump = node
 
     def _limit(self, key: TokenKey, max_num_tokens: object) -> int:
         limit = len(key.tokens)
@@ -369,10 +474,15 @@ class RadixIndex:
         A hit held by one node (a shared prompt, a document) returns that node's own
         list of blocks, not a copy (at page size 1 a copy is a reference count per
         token, most of such a lookup): read ``block_ids``, never mutate it. The tree
-        never changes a list it handed out.
+        never changes a list it handed out. A hit over several nodes is a copy of the
+        list the tree keeps on its last node (:meth:`_keep_path`): the next match
+        through that branch whose tokens extend this one's (a conversation's next
+        turn) compares the kept path's tokens in one memcmp, stamps its nodes without
+        visiting them one by one, and appends only the nodes past it.
 
-        Complexity: O(depth) Python steps; segments compare in C; O(blocks) for a
-        hit over several nodes, O(1) for a hit in one.
+        Complexity: O(nodes passed) Python steps, a jump's nodes only stamped;
+        segments compare in C; O(blocks) for a hit over several nodes, O(1) for a hit
+        in one.
         """
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
@@ -380,12 +490,24 @@ class RadixIndex:
             return PrefixMatch(0, [], root)
         tick = self._next_tick()
         root.last_access = tick
-        blocks: list[int] = []
-        node, at, lone = self._walk(root, key.tokens.tobytes(), 0, limit * _W, tick, blocks, True)
-        if lone is not None:  # a hit in one node (a shared prompt, a document): its list
-            lone.lent = True
-            return PrefixMatch(at // _W, lone.value, node)
-        return PrefixMatch(at // _W, blocks, node)
+        data = key.tokens.tobytes()
+        node, at, lone, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
+        if lone is None:  # a miss, or a hit over several nodes: a new list, kept
+            if blocks:
+                self._keep_path(node, data, blocks, None)
+            return PrefixMatch(at // _W, blocks, node)
+        if lone is node.value:  # a hit in one node (a shared prompt, a document): its list
+            node.lent = True
+            return PrefixMatch(at // _W, lone, node)
+        return PrefixMatch(at // _W, self._rekeep(node, data, lone, blocks), node)
+
+    def _rekeep(self, node: _Node, data: bytes, path: list[int], tail: list[int]) -> list[int]:
+        """A match that jumped to a kept hit path and ends at ``node``: keep the path
+        there and return the hit, ``path`` itself when nothing follows it, else one
+        exact-size copy of both lists (the tail grows in place, never rebuilt: no list
+        of the path is freed inside a lookup)."""
+        self._keep_path(node, data, path, tail or None)
+        return path + tail if tail else path
 
     @overload  # type: ignore[misc]  # precise types for callers
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
@@ -489,7 +611,7 @@ class RadixIndex:
         stop = (n - first) * _W
         blocks: list[int] = []
         start_node = node
-        node, at, _ = self._walk(start_node, data, 0, stop, tick, blocks)
+        node, at, _, blocks = self._walk(start_node, data, 0, stop, tick, blocks)
         self._note_insert(node, start_node, key.priority, inserted_before)
         pos = first + at // _W
         num_cached = pos
@@ -775,8 +897,7 @@ class RadixIndex:
             parent.only = _only_child(parent.children) if len(parent.children) == 1 else None
             self._evictable -= len(value)
             self._num_nodes -= 1
-            node.dead = True
-            node.parent = None
+            _bury(node)
             if parent.parent is None:
                 if not parent.children:
                     self._drop_root(parent)
@@ -804,7 +925,7 @@ class RadixIndex:
             while stack:
                 node = stack.pop()
                 out += node.value
-                node.dead = True
+                _bury(node)
                 stack.extend(node.children.values())
         self._roots.clear()
         self._queue.clear()
@@ -859,6 +980,9 @@ class RadixIndex:
             node = stack.pop()
             total += sys.getsizeof(node) + sys.getsizeof(node.key) + sys.getsizeof(node.value)
             total += sys.getsizeof(node.children) + 28 * len(node.value)
+            if node.path is not None:  # a cached hit path (its ints are the nodes')
+                total += sys.getsizeof(node.path) + sys.getsizeof(node.path_key)
+                total += sys.getsizeof(node.path_tail or [])
             stack.extend(node.children.values())
         return total
 
@@ -898,6 +1022,7 @@ class RadixIndex:
                         assert b not in seen_blocks, f"block {b} appears twice in the tree"
                         seen_blocks.add(b)
                     nodes += 1
+                    _check_path(child)
                     if child.lock_ref:
                         protected += len(child.value)
                     else:
