@@ -156,6 +156,12 @@ class CacheManager:
             if callable(count)
             else lambda: ix.stats().num_evictable_blocks
         )
+        # The index's insert-and-relock in one call where it has one (the hash chain):
+        # a running request registering fresh blocks after its locked prefix.
+        extend = getattr(ix, "extend_locked", None)
+        self._extend_locked: Callable[..., CacheHandle | None] | None = (
+            cast("Callable[..., CacheHandle | None]", extend) if callable(extend) else None
+        )
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
@@ -419,6 +425,11 @@ class CacheManager:
     def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
         # A running request's insert continues from its own node (O(new blocks)); the
         # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
+        if not whole and self._extend_locked is not None:
+            handle = self._extend_locked(seq.key, seq.table, num_tokens, seq.handle)
+            if handle is not None:  # the index's own blocks are the table's: no duplicates
+                self._registered(seq, handle, num_tokens // self.block_size)
+                return
         prefix = None if whole else seq.handle
         result = self.index.insert(seq.key, seq.table, num_tokens, prefix)
         base = result.first_block
@@ -435,12 +446,17 @@ class CacheManager:
             else:
                 seq.private_duplicates.extend(table[i] for i in dups)
         released = self.index.relock(seq.handle, result.handle)
-        seq.handle = result.handle
+        self._registered(seq, result.handle, n)
+        self._release(released)
+
+    def _registered(self, seq: _Seq, handle: CacheHandle, n: int) -> None:
+        # The request now holds ``handle``, its first ``n`` blocks registered.
+        seq.handle = handle
+        start = seq.num_registered_blocks
         if n > start:
             seq.num_registered_blocks = n
             if self._observer is not None:
-                self._observer.on_register(seq.key, table, start, n)
-        self._release(released)
+                self._observer.on_register(seq.key, seq.table, start, n)
 
     def _release(self, block_ids: list[int]) -> None:
         # Blocks the index handed back at an unlock (their entries were dropped while
@@ -551,6 +567,9 @@ class CacheManager:
         seq = self._seq(request_id)
         if self._step_in_place(seq, num_slots, num_computed, reserve_blocks):
             return []
+        swap = swap_duplicates
+        if self._fill_in_place(seq, num_slots, num_computed, reserve_blocks, tokens, swap):
+            return []
         # Everything is checked before a block is added, so an error changes nothing.
         slots, computed, reserve = self._check_step(num_slots, num_computed, reserve_blocks)
         computed, learn = self._tokens_to_learn(seq, tokens, computed)
@@ -613,6 +632,37 @@ class CacheManager:
                 seq.num_computed = min(num_computed, len(seq.key.tokens))
             return True
         return False
+
+    def _fill_in_place(
+        self,
+        seq: _Seq,
+        num_slots: object,
+        num_computed: object,
+        reserve: object,
+        tokens: object,
+        swap: object,
+    ) -> bool:
+        # ``advance`` for a step whose slots are in the table already and whose tokens
+        # come as a token array (a decoded block fills: the engine class's usual call),
+        # without the checked path's generic steps: the key learns what it lacks, then
+        # ``num_computed`` is committed, as that path does. False: nothing changed.
+        if not (
+            type(num_slots) is int
+            and type(num_computed) is int
+            and 0 <= num_computed <= num_slots <= len(seq.table) * self.block_size
+            and type(reserve) is int
+            and reserve == 0
+            and type(tokens) is array
+            and tokens.typecode == TOKEN_TYPECODE
+            and num_computed <= len(tokens)
+        ):
+            return False
+        key = seq.key
+        have = len(key.tokens)
+        if num_computed // self.block_size > seq.num_registered_blocks and len(tokens) > have:
+            key.append(tokens[have:])
+        self._commit(seq, min(num_computed, len(key.tokens)), bool(swap))
+        return True
 
     def _check_step(
         self, num_slots: object, num_computed: object, reserve_blocks: object

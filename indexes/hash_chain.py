@@ -343,6 +343,65 @@ class HashChainIndex:
             start,
         )
 
+    def extend_locked(
+        self, key: TokenKey, block_ids: Sequence[int], num_tokens: object, prefix: CacheHandle
+    ) -> CacheHandle | None:
+        """``insert(key, block_ids, num_tokens, prefix)`` then ``relock(prefix, handle)``
+        in one step, for a caller that registers fresh blocks right after the locked
+        ``prefix`` it holds (a request's prompt after its hit, a decoded block).
+
+        Returns the new handle, locked, and the lock moved off ``prefix`` exactly as the
+        two calls would (same entries, events and free queue: the new blocks would join
+        the queue's tail and leave it at once, so they never enter it). Returns ``None``,
+        with nothing changed, whenever that case does not hold (a foreign handle, a
+        prefix the run does not continue, a block id the index holds, a repeated id to
+        check): then the caller makes the two calls, which check and raise.
+
+        Complexity: O(new blocks), without the general insert's per-call checks.
+        """
+        if type(prefix) is not _ChainHandle or prefix.owner is not self:
+            return None
+        bs = self.block_size
+        if type(num_tokens) is not int or not 0 <= num_tokens <= len(key):
+            return None
+        num_full = num_tokens // bs
+        chain = prefix.chain
+        start = prefix.length
+        if type(block_ids) is not list or not start <= num_full <= len(block_ids):
+            return None
+        if len(chain) != start or (start and not self._continues(chain[-1], block_ids[start - 1])):
+            return None  # insert would branch off a copy of the run, or start afresh
+        new_ids = self._fresh_ids(block_ids, start, num_full)
+        if new_ids is None:
+            return None
+        hashes = key.block_hashes(self._hasher)
+        created = self._register_run(key, hashes, new_ids, chain, start, False)
+        for block in created:
+            block.ref_cnt = 1  # locked by the caller, as relock would pin it
+        if self._sink is not None and created:
+            self._announce(key, hashes, chain, start, created)
+        return _ChainHandle(self, chain, num_full, self._epoch)
+
+    @staticmethod
+    def _continues(last: CachedBlock, block_id: object) -> bool:
+        # _continued_run's test: the prefix's last block is the caller's there, locked.
+        return type(block_id) is int and block_id == last.block_id and last.ref_cnt > 0
+
+    def _fresh_ids(self, block_ids: list[int], start: int, end: int) -> list[int] | None:
+        # block_ids[start:end] when each is a block id the index holds no live record of
+        # (and, where ids are checked, none repeats); else None.
+        new_ids = block_ids[start:end]
+        if self.check_block_ids and len(new_ids) > 1:
+            return None
+        blocks = self._blocks
+        for bid in cast("list[object]", new_ids):
+            if type(bid) is not int or not 0 <= bid <= MAX_BLOCKS:
+                return None
+            old = blocks.get(bid)
+            if old is not None and old.ref_cnt >= 0:
+                return None
+        return new_ids
+
     def _check_not_cached_elsewhere(
         self, key: TokenKey, hashes: list[bytes], new_ids: list[int], start: int
     ) -> bool:
