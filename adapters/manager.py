@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
 
 from prefixkv.indexes.base import (
@@ -97,15 +96,30 @@ class Lookup(NamedTuple):
         return self.match.block_ids
 
 
-@dataclass(slots=True, eq=False)
 class _Seq:
-    key: TokenKey
-    prompt_len: int
-    table: list[int]
-    handle: CacheHandle
-    num_computed: int  # tokens whose KV is written (or promised, vLLM-style)
-    num_registered_blocks: int  # leading table blocks the index holds for us
-    private_duplicates: list[int] = field(default_factory=list)
+    """A running request's record. A plain class: compiled, a dataclass with a default
+    factory was built through a Python-level call, a few thousand instructions an
+    admission."""
+
+    __slots__ = ("handle", "key", "num_computed", "num_registered_blocks", "private_duplicates",
+                 "prompt_len", "table")  # fmt: skip
+
+    def __init__(
+        self,
+        key: TokenKey,
+        prompt_len: int,
+        table: list[int],
+        handle: CacheHandle,
+        num_computed: int,
+        num_registered_blocks: int,
+    ) -> None:
+        self.key = key
+        self.prompt_len = prompt_len
+        self.table = table
+        self.handle = handle
+        self.num_computed = num_computed  # tokens whose KV is written (or promised, vLLM-style)
+        self.num_registered_blocks = num_registered_blocks  # leading blocks the index holds
+        self.private_duplicates: list[int] = []
 
 
 class CacheManager:
@@ -567,9 +581,11 @@ class CacheManager:
         seq = self._seq(request_id)
         if self._step_in_place(seq, num_slots, num_computed, reserve_blocks):
             return []
-        swap = swap_duplicates
-        if self._fill_in_place(seq, num_slots, num_computed, reserve_blocks, tokens, swap):
-            return []
+        if _is_array_step(num_slots, num_computed, reserve_blocks, tokens):
+            return self._array_step(
+                seq, cast(int, num_slots), cast(int, num_computed), cast("array[int]", tokens),
+                bool(swap_duplicates),
+            )  # fmt: skip
         # Everything is checked before a block is added, so an error changes nothing.
         slots, computed, reserve = self._check_step(num_slots, num_computed, reserve_blocks)
         computed, learn = self._tokens_to_learn(seq, tokens, computed)
@@ -633,36 +649,22 @@ class CacheManager:
             return True
         return False
 
-    def _fill_in_place(
-        self,
-        seq: _Seq,
-        num_slots: object,
-        num_computed: object,
-        reserve: object,
-        tokens: object,
-        swap: object,
-    ) -> bool:
-        # ``advance`` for a step whose slots are in the table already and whose tokens
-        # come as a token array (a decoded block fills: the engine class's usual call),
-        # without the checked path's generic steps: the key learns what it lacks, then
-        # ``num_computed`` is committed, as that path does. False: nothing changed.
-        if not (
-            type(num_slots) is int
-            and type(num_computed) is int
-            and 0 <= num_computed <= num_slots <= len(seq.table) * self.block_size
-            and type(reserve) is int
-            and reserve == 0
-            and type(tokens) is array
-            and tokens.typecode == TOKEN_TYPECODE
-            and num_computed <= len(tokens)
-        ):
-            return False
+    def _array_step(
+        self, seq: _Seq, num_slots: int, num_computed: int, tokens: array[int], swap: bool
+    ) -> list[int] | None:
+        # ``advance`` with counts and a token array that need no check (_is_array_step:
+        # the engine class's step, a block filling or one more needed), without the
+        # checked path's generic steps: slots, then the tokens the key lacks, then the
+        # commit, as that path does them.
+        new = self._grow(seq, num_slots, 0)
+        if new is None:
+            return None
         key = seq.key
         have = len(key.tokens)
         if num_computed // self.block_size > seq.num_registered_blocks and len(tokens) > have:
             key.append(tokens[have:])
-        self._commit(seq, min(num_computed, len(key.tokens)), bool(swap))
-        return True
+        self._commit(seq, min(num_computed, len(key.tokens)), swap)
+        return new
 
     def _check_step(
         self, num_slots: object, num_computed: object, reserve_blocks: object
@@ -909,6 +911,24 @@ _SEQUENCE_TYPES: set[type] = {list, tuple, array}
 """Types ``advance`` has accepted as token sequences (vLLM's ``ConstantList`` joins at
 its first step): the ``Sequence`` check is an ABC's, a few thousand instructions each
 time, and a block-filling decode step makes it."""
+
+
+def _is_array_step(
+    num_slots: object, num_computed: object, reserve_blocks: object, tokens: object
+) -> bool:
+    """Whether ``advance``'s arguments pass its checks as they stand: counts in range, no
+    reserve, the sequence a token array (its ids valid by type) holding the computed
+    tokens. A block-filling step of vLLM's engine class in the lab's replays."""
+    return (
+        type(num_slots) is int
+        and type(num_computed) is int
+        and 0 <= num_computed <= num_slots
+        and type(reserve_blocks) is int
+        and reserve_blocks == 0
+        and type(tokens) is array
+        and tokens.typecode == TOKEN_TYPECODE
+        and num_computed <= len(tokens)
+    )
 
 
 def _is_token_sequence(tokens: object) -> bool:

@@ -195,7 +195,9 @@ class HashChainIndex:
     def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest run of cached blocks from block 0 (SPEC HC-4).
 
-        Mutates nothing but the key's hash memo.
+        Mutates nothing but the key's hash memo: it computes the hashes it lacks, and a
+        hit's hash is replaced by the equal bytes object the table is keyed by, so a later
+        probe with it (from a memo the hasher reuses) compares by identity.
 
         Complexity: O(new blocks to hash) + one dict probe per hit block.
         """
@@ -208,12 +210,16 @@ class HashChainIndex:
         ids: list[int] = []
         duplicates = False
         for i in range(limit):  # limit <= len(hashes): every full block is hashed
-            entry = table.get(hashes[i])
+            digest = hashes[i]
+            entry = table.get(digest)
             if type(entry) is not CachedBlock:
                 duplicates = entry is not None
                 break
             hit.append(entry)
             ids.append(entry.block_id)
+            cached = entry.block_hash  # the table's key: equal, maybe another object
+            if cached is not digest and cached is not None:
+                hashes[i] = cached  # the next probe of it (a reuse of this memo) is by identity
         if duplicates or (self.verify and hit and not self._run_matches(hit, key)):
             # Pick among duplicates, or find where a collision breaks the run.
             hit = self._resolve(self._probe(hashes, limit), key)
