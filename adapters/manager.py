@@ -609,12 +609,13 @@ class CacheManager:
         """
         return self._step_in_place(self._seq(request_id), num_tokens, num_tokens, 0)
 
-    def step_if_running(self, request_id: RequestId, num_tokens: object) -> bool | None:
+    def step_if_running(self, request_id: RequestId, num_tokens: int) -> bool | None:
         """``step_in_place`` for a request that may not be running: ``None`` when it is
         not (nothing changed; an unhashable id is none).
 
         One lookup of the request where ``in`` then ``step_in_place`` made two: vLLM's
-        engine class asks both at every decode step. O(1).
+        engine class asks both at every decode step, with an int it has checked (typed
+        ``int``: compiled, the count is neither boxed nor unboxed on the way). O(1).
         """
         try:
             seq = self._seqs.get(request_id)
@@ -622,7 +623,15 @@ class CacheManager:
             return None
         if seq is None:
             return None
-        return self._step_in_place(seq, num_tokens, num_tokens, 0)
+        bs = self.block_size
+        # _step_in_place(seq, num_tokens, num_tokens, 0), for an int
+        if not 0 <= num_tokens <= len(seq.table) * bs:
+            return False  # a block to add
+        if num_tokens // bs > seq.num_registered_blocks:
+            return False  # a block to register
+        if num_tokens > seq.num_computed:
+            seq.num_computed = min(num_tokens, len(seq.key.tokens))
+        return True
 
     def _step_in_place(
         self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object

@@ -214,8 +214,8 @@ class BlockHasher:
         best_tokens = tokens
         newest: tuple[bytes, list[bytes]] | None = None
         for seen, head, memo, ns, seen_tokens in self._recent:
-            if ns != extra_key or not data.startswith(head):  # block 0 differs: nothing
-                continue
+            if (ns is not extra_key and ns != extra_key) or not data.startswith(head):
+                continue  # another namespace, or block 0 differs: nothing shared
             if newest is None:
                 newest = (seen, memo)
             n = len(seen) // step

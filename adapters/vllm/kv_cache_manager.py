@@ -370,12 +370,12 @@ class KVCacheManager:
             return _NOT_RUNNING
         rid = request.request_id
         mgr = self.manager
-        boxed: Any = total  # boxed once, passed on; the key learns the tokens
-        done = mgr.step_if_running(rid, boxed)  # one lookup of the request
+        done = mgr.step_if_running(rid, total)  # one lookup of the request, the int unboxed
         if done is None:
             return _NOT_RUNNING
         if done:  # no block to add or register
             return self.empty_kv_cache_blocks
+        boxed: Any = total  # boxed once, passed on; the key learns the tokens
         grown = mgr.advance(  # when a block fills, as vLLM hashes them
             rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
         )
