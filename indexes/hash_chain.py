@@ -207,7 +207,6 @@ class HashChainIndex:
         # blocks (a dict entry, rare) sends the whole run to the slow path.
         table = self._table
         hit: list[CachedBlock] = []
-        ids: list[int] = []
         duplicates = False
         for i in range(limit):  # limit <= len(hashes): every full block is hashed
             digest = hashes[i]
@@ -216,14 +215,13 @@ class HashChainIndex:
                 duplicates = entry is not None
                 break
             hit.append(entry)
-            ids.append(entry.block_id)
             cached = entry.block_hash  # the table's key: equal, maybe another object
             if cached is not digest and cached is not None:
                 hashes[i] = cached  # the next probe of it (a reuse of this memo) is by identity
         if duplicates or (self.verify and hit and not self._run_matches(hit, key)):
             # Pick among duplicates, or find where a collision breaks the run.
             hit = self._resolve(self._probe(hashes, limit), key)
-            ids = [b.block_id for b in hit]
+        ids = [b.block_id for b in hit]  # a list of known size: no append per block
         n = len(hit)
         return PrefixMatch(n * self.block_size, ids, _ChainHandle(self, hit, n, self._epoch))
 
@@ -551,7 +549,11 @@ class HashChainIndex:
         # at the current epoch is valid as it stands. Otherwise every block must still
         # be cached, except those the caller holds already (``held``: its old handle,
         # whose entries evict_blocks may have dropped while it held them).
-        blocks = handle.chain[start : handle.length]  # a slice: islice would walk from 0
+        chain = handle.chain
+        # The chain itself when the handle covers it (callers only read it), else a slice
+        # (islice would walk from 0).
+        whole = start == 0 and handle.length == len(chain)
+        blocks = chain if whole else chain[start : handle.length]
         if handle.epoch != self._epoch:
             mine: set[int] | None = None
             for block in blocks:

@@ -181,12 +181,11 @@ class KVCacheManager:
     def _wrap(self, block_ids: list[int]) -> Any:
         if not block_ids:
             return self.empty_kv_cache_blocks
-        objects = self._block_objects
-        group = []
-        for b in block_ids:
-            if b >= len(objects):
-                self._make_block_objects(b)
-            group.append(objects[b])
+        try:  # a comprehension fills a list of known size: no append, no bounds check here
+            group = [self._block_objects[b] for b in block_ids]
+        except IndexError:  # an id past the objects made so far (a pool past _EAGER_BLOCKS)
+            self._make_block_objects(max(block_ids))
+            group = [self._block_objects[b] for b in block_ids]
         return self._make_blocks((group,))
 
     def _make_block_objects(self, block_id: int) -> None:
