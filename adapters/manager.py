@@ -32,6 +32,7 @@ from prefixkv.indexes.base import (
     PrefixMatch,
     SupportsCommonPrefix,
     SupportsEvictBlocks,
+    SupportsExtendLocked,
 )
 from prefixkv.indexes.errors import (
     CacheInUseError,
@@ -172,9 +173,8 @@ class CacheManager:
         )
         # The index's insert-and-relock in one call where it has one (the hash chain):
         # a running request registering fresh blocks after its locked prefix.
-        extend = getattr(ix, "extend_locked", None)
         self._extend_locked: Callable[..., CacheHandle | None] | None = (
-            cast("Callable[..., CacheHandle | None]", extend) if callable(extend) else None
+            ix.extend_locked if isinstance(ix, SupportsExtendLocked) else None
         )
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
