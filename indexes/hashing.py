@@ -35,8 +35,11 @@ __all__ = [
 
 Digest = Callable[[bytes], bytes]
 
-_RECENT = 16
-"""Recently hashed sequences a new one may start from (``BlockHasher._reuse``)."""
+_RECENT = 32
+"""Recently hashed sequences a new one may start from (``BlockHasher._reuse``). With 16,
+a conversation's next turn or a document's next question often came after 16 others
+(head_to_head's multi-turn and long-document replays hashed 25 and 27 blocks a request;
+with 32, 19 and 14), each scanned entry costing far less than a block's hash."""
 
 
 def _sha256(data: bytes) -> bytes:
@@ -183,7 +186,7 @@ class BlockHasher:
     def memory_bytes(self) -> int:
         """Bytes the hasher keeps alive: the recent sequences it may start a new one
         from (their token bytes, token arrays and hash lists; a finished request's stay
-        alive here until 16 newer ones push them out) and the namespaces' roots."""
+        alive here until _RECENT newer ones push them out) and the namespaces' roots."""
         total = sys.getsizeof(self._recent) + sys.getsizeof(self._namespace_roots)
         for seen, head, memo, _, tokens in self._recent:
             total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tokens)
