@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
 
 from prefixkv.indexes.base import (
@@ -33,6 +32,7 @@ from prefixkv.indexes.base import (
     PrefixMatch,
     SupportsCommonPrefix,
     SupportsEvictBlocks,
+    SupportsExtendLocked,
 )
 from prefixkv.indexes.errors import (
     CacheInUseError,
@@ -97,15 +97,30 @@ class Lookup(NamedTuple):
         return self.match.block_ids
 
 
-@dataclass(slots=True, eq=False)
 class _Seq:
-    key: TokenKey
-    prompt_len: int
-    table: list[int]
-    handle: CacheHandle
-    num_computed: int  # tokens whose KV is written (or promised, vLLM-style)
-    num_registered_blocks: int  # leading table blocks the index holds for us
-    private_duplicates: list[int] = field(default_factory=list)
+    """A running request's record. A plain class: compiled, a dataclass with a default
+    factory was built through a Python-level call, a few thousand instructions an
+    admission."""
+
+    __slots__ = ("handle", "key", "num_computed", "num_registered_blocks", "private_duplicates",
+                 "prompt_len", "table")  # fmt: skip
+
+    def __init__(
+        self,
+        key: TokenKey,
+        prompt_len: int,
+        table: list[int],
+        handle: CacheHandle,
+        num_computed: int,
+        num_registered_blocks: int,
+    ) -> None:
+        self.key = key
+        self.prompt_len = prompt_len
+        self.table = table
+        self.handle = handle
+        self.num_computed = num_computed  # tokens whose KV is written (or promised, vLLM-style)
+        self.num_registered_blocks = num_registered_blocks  # leading blocks the index holds
+        self.private_duplicates: list[int] = []
 
 
 class CacheManager:
@@ -155,6 +170,11 @@ class CacheManager:
             cast("Callable[[], int]", count)
             if callable(count)
             else lambda: ix.stats().num_evictable_blocks
+        )
+        # The index's insert-and-relock in one call where it has one (the hash chain):
+        # a running request registering fresh blocks after its locked prefix.
+        self._extend_locked: Callable[..., CacheHandle | None] | None = (
+            ix.extend_locked if isinstance(ix, SupportsExtendLocked) else None
         )
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
@@ -419,6 +439,11 @@ class CacheManager:
     def _register(self, seq: _Seq, num_tokens: int, swap: bool, *, whole: bool = False) -> None:
         # A running request's insert continues from its own node (O(new blocks)); the
         # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
+        if not whole and self._extend_locked is not None:
+            handle = self._extend_locked(seq.key, seq.table, num_tokens, seq.handle)
+            if handle is not None:  # the index's own blocks are the table's: no duplicates
+                self._registered(seq, handle, num_tokens // self.block_size)
+                return
         prefix = None if whole else seq.handle
         result = self.index.insert(seq.key, seq.table, num_tokens, prefix)
         base = result.first_block
@@ -435,12 +460,17 @@ class CacheManager:
             else:
                 seq.private_duplicates.extend(table[i] for i in dups)
         released = self.index.relock(seq.handle, result.handle)
-        seq.handle = result.handle
+        self._registered(seq, result.handle, n)
+        self._release(released)
+
+    def _registered(self, seq: _Seq, handle: CacheHandle, n: int) -> None:
+        # The request now holds ``handle``, its first ``n`` blocks registered.
+        seq.handle = handle
+        start = seq.num_registered_blocks
         if n > start:
             seq.num_registered_blocks = n
             if self._observer is not None:
-                self._observer.on_register(seq.key, table, start, n)
-        self._release(released)
+                self._observer.on_register(seq.key, seq.table, start, n)
 
     def _release(self, block_ids: list[int]) -> None:
         # Blocks the index handed back at an unlock (their entries were dropped while
@@ -551,6 +581,11 @@ class CacheManager:
         seq = self._seq(request_id)
         if self._step_in_place(seq, num_slots, num_computed, reserve_blocks):
             return []
+        if _is_array_step(num_slots, num_computed, reserve_blocks, tokens):
+            return self._array_step(
+                seq, cast(int, num_slots), cast(int, num_computed), cast("array[int]", tokens),
+                bool(swap_duplicates),
+            )  # fmt: skip
         # Everything is checked before a block is added, so an error changes nothing.
         slots, computed, reserve = self._check_step(num_slots, num_computed, reserve_blocks)
         computed, learn = self._tokens_to_learn(seq, tokens, computed)
@@ -574,12 +609,13 @@ class CacheManager:
         """
         return self._step_in_place(self._seq(request_id), num_tokens, num_tokens, 0)
 
-    def step_if_running(self, request_id: RequestId, num_tokens: object) -> bool | None:
+    def step_if_running(self, request_id: RequestId, num_tokens: int) -> bool | None:
         """``step_in_place`` for a request that may not be running: ``None`` when it is
         not (nothing changed; an unhashable id is none).
 
         One lookup of the request where ``in`` then ``step_in_place`` made two: vLLM's
-        engine class asks both at every decode step. O(1).
+        engine class asks both at every decode step, with an int it has checked (typed
+        ``int``: compiled, the count is neither boxed nor unboxed on the way). O(1).
         """
         try:
             seq = self._seqs.get(request_id)
@@ -587,7 +623,15 @@ class CacheManager:
             return None
         if seq is None:
             return None
-        return self._step_in_place(seq, num_tokens, num_tokens, 0)
+        bs = self.block_size
+        # _step_in_place(seq, num_tokens, num_tokens, 0), for an int
+        if not 0 <= num_tokens <= len(seq.table) * bs:
+            return False  # a block to add
+        if num_tokens // bs > seq.num_registered_blocks:
+            return False  # a block to register
+        if num_tokens > seq.num_computed:
+            seq.num_computed = min(num_tokens, len(seq.key.tokens))
+        return True
 
     def _step_in_place(
         self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object
@@ -613,6 +657,23 @@ class CacheManager:
                 seq.num_computed = min(num_computed, len(seq.key.tokens))
             return True
         return False
+
+    def _array_step(
+        self, seq: _Seq, num_slots: int, num_computed: int, tokens: array[int], swap: bool
+    ) -> list[int] | None:
+        # ``advance`` with counts and a token array that need no check (_is_array_step:
+        # the engine class's step, a block filling or one more needed), without the
+        # checked path's generic steps: slots, then the tokens the key lacks, then the
+        # commit, as that path does them.
+        new = self._grow(seq, num_slots, 0)
+        if new is None:
+            return None
+        key = seq.key
+        have = len(key.tokens)
+        if num_computed // self.block_size > seq.num_registered_blocks and len(tokens) > have:
+            key.append(tokens[have:])
+        self._commit(seq, min(num_computed, len(key.tokens)), swap)
+        return new
 
     def _check_step(
         self, num_slots: object, num_computed: object, reserve_blocks: object
@@ -859,6 +920,24 @@ _SEQUENCE_TYPES: set[type] = {list, tuple, array}
 """Types ``advance`` has accepted as token sequences (vLLM's ``ConstantList`` joins at
 its first step): the ``Sequence`` check is an ABC's, a few thousand instructions each
 time, and a block-filling decode step makes it."""
+
+
+def _is_array_step(
+    num_slots: object, num_computed: object, reserve_blocks: object, tokens: object
+) -> bool:
+    """Whether ``advance``'s arguments pass its checks as they stand: counts in range, no
+    reserve, the sequence a token array (its ids valid by type) holding the computed
+    tokens. A block-filling step of vLLM's engine class in the lab's replays."""
+    return (
+        type(num_slots) is int
+        and type(num_computed) is int
+        and 0 <= num_computed <= num_slots
+        and type(reserve_blocks) is int
+        and reserve_blocks == 0
+        and type(tokens) is array
+        and tokens.typecode == TOKEN_TYPECODE
+        and num_computed <= len(tokens)
+    )
 
 
 def _is_token_sequence(tokens: object) -> bool:

@@ -30,6 +30,7 @@ __all__ = [
     "SupportsCommonPrefix",
     "SupportsEventSink",
     "SupportsEvictBlocks",
+    "SupportsExtendLocked",
     "SupportsMemoryBytes",
     "describe",
 ]
@@ -262,6 +263,19 @@ class SupportsCachedBlocks(Protocol):
 
         Unlike ``match_prefix`` it changes nothing: no recency stamp, no split.
         """
+        ...
+
+
+@runtime_checkable
+class SupportsExtendLocked(Protocol):
+    """An index that registers a locked run's next blocks and moves the lock in one call."""
+
+    def extend_locked(
+        self, key: TokenKey, block_ids: Sequence[int], num_tokens: int, prefix: CacheHandle
+    ) -> CacheHandle | None:
+        """``insert(key, block_ids, num_tokens, prefix)`` then ``relock(prefix, new)``,
+        returning the new handle, where the caller registers fresh blocks right after its
+        locked ``prefix``; ``None`` (nothing changed) where the two calls are needed."""
         ...
 
 

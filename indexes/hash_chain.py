@@ -195,7 +195,9 @@ class HashChainIndex:
     def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
         """Longest run of cached blocks from block 0 (SPEC HC-4).
 
-        Mutates nothing but the key's hash memo.
+        Mutates nothing but the key's hash memo: it computes the hashes it lacks, and a
+        hit's hash is replaced by the equal bytes object the table is keyed by, so a later
+        probe with it (from a memo the hasher reuses) compares by identity.
 
         Complexity: O(new blocks to hash) + one dict probe per hit block.
         """
@@ -205,19 +207,21 @@ class HashChainIndex:
         # blocks (a dict entry, rare) sends the whole run to the slow path.
         table = self._table
         hit: list[CachedBlock] = []
-        ids: list[int] = []
         duplicates = False
         for i in range(limit):  # limit <= len(hashes): every full block is hashed
-            entry = table.get(hashes[i])
+            digest = hashes[i]
+            entry = table.get(digest)
             if type(entry) is not CachedBlock:
                 duplicates = entry is not None
                 break
             hit.append(entry)
-            ids.append(entry.block_id)
+            cached = entry.block_hash  # the table's key: equal, maybe another object
+            if cached is not digest and cached is not None:
+                hashes[i] = cached  # the next probe of it (a reuse of this memo) is by identity
         if duplicates or (self.verify and hit and not self._run_matches(hit, key)):
             # Pick among duplicates, or find where a collision breaks the run.
             hit = self._resolve(self._probe(hashes, limit), key)
-            ids = [b.block_id for b in hit]
+        ids = [b.block_id for b in hit]  # a list of known size: no append per block
         n = len(hit)
         return PrefixMatch(n * self.block_size, ids, _ChainHandle(self, hit, n, self._epoch))
 
@@ -342,6 +346,65 @@ class HashChainIndex:
             _ChainHandle(self, chain, max(start, num_full), self._epoch),
             start,
         )
+
+    def extend_locked(
+        self, key: TokenKey, block_ids: Sequence[int], num_tokens: object, prefix: CacheHandle
+    ) -> CacheHandle | None:
+        """``insert(key, block_ids, num_tokens, prefix)`` then ``relock(prefix, handle)``
+        in one step, for a caller that registers fresh blocks right after the locked
+        ``prefix`` it holds (a request's prompt after its hit, a decoded block).
+
+        Returns the new handle, locked, and the lock moved off ``prefix`` exactly as the
+        two calls would (same entries, events and free queue: the new blocks would join
+        the queue's tail and leave it at once, so they never enter it). Returns ``None``,
+        with nothing changed, whenever that case does not hold (a foreign handle, a
+        prefix the run does not continue, a block id the index holds, a repeated id to
+        check): then the caller makes the two calls, which check and raise.
+
+        Complexity: O(new blocks), without the general insert's per-call checks.
+        """
+        if type(prefix) is not _ChainHandle or prefix.owner is not self:
+            return None
+        bs = self.block_size
+        if type(num_tokens) is not int or not 0 <= num_tokens <= len(key):
+            return None
+        num_full = num_tokens // bs
+        chain = prefix.chain
+        start = prefix.length
+        if type(block_ids) is not list or not start <= num_full <= len(block_ids):
+            return None
+        if len(chain) != start or (start and not self._continues(chain[-1], block_ids[start - 1])):
+            return None  # insert would branch off a copy of the run, or start afresh
+        new_ids = self._fresh_ids(block_ids, start, num_full)
+        if new_ids is None:
+            return None
+        hashes = key.block_hashes(self._hasher)
+        created = self._register_run(key, hashes, new_ids, chain, start, False)
+        for block in created:
+            block.ref_cnt = 1  # locked by the caller, as relock would pin it
+        if self._sink is not None and created:
+            self._announce(key, hashes, chain, start, created)
+        return _ChainHandle(self, chain, num_full, self._epoch)
+
+    @staticmethod
+    def _continues(last: CachedBlock, block_id: object) -> bool:
+        # _continued_run's test: the prefix's last block is the caller's there, locked.
+        return type(block_id) is int and block_id == last.block_id and last.ref_cnt > 0
+
+    def _fresh_ids(self, block_ids: list[int], start: int, end: int) -> list[int] | None:
+        # block_ids[start:end] when each is a block id the index holds no live record of
+        # (and, where ids are checked, none repeats); else None.
+        new_ids = block_ids[start:end]
+        if self.check_block_ids and len(new_ids) > 1:
+            return None
+        blocks = self._blocks
+        for bid in cast("list[object]", new_ids):
+            if type(bid) is not int or not 0 <= bid <= MAX_BLOCKS:
+                return None
+            old = blocks.get(bid)
+            if old is not None and old.ref_cnt >= 0:
+                return None
+        return new_ids
 
     def _check_not_cached_elsewhere(
         self, key: TokenKey, hashes: list[bytes], new_ids: list[int], start: int
@@ -486,7 +549,11 @@ class HashChainIndex:
         # at the current epoch is valid as it stands. Otherwise every block must still
         # be cached, except those the caller holds already (``held``: its old handle,
         # whose entries evict_blocks may have dropped while it held them).
-        blocks = handle.chain[start : handle.length]  # a slice: islice would walk from 0
+        chain = handle.chain
+        # The chain itself when the handle covers it (callers only read it), else a slice
+        # (islice would walk from 0).
+        whole = start == 0 and handle.length == len(chain)
+        blocks = chain if whole else chain[start : handle.length]
         if handle.epoch != self._epoch:
             mine: set[int] | None = None
             for block in blocks:

@@ -103,7 +103,8 @@ class BlockAllocator:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
         if owner not in _OWNERS:
             raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
-        tag = Owner(owner)  # the member, also for an equal int
+        # The member, also for an equal int (Owner(...) is a Python-level enum call).
+        tag = owner if owner is _MANAGER or owner is _CALLER else Owner(owner)
         if num_blocks > self.num_free_blocks:
             return None
         take = min(num_blocks, len(freed))

@@ -59,6 +59,7 @@ BOTH_BUILDS = frozenset(
         "test_event_emission.py",
         "test_fidelity.py",
         "test_hash_chain.py",
+        "test_hash_chain_extend_locked.py",
         "test_isolation.py",
         "test_namespaces.py",
         "test_radix.py",

@@ -181,12 +181,11 @@ class KVCacheManager:
     def _wrap(self, block_ids: list[int]) -> Any:
         if not block_ids:
             return self.empty_kv_cache_blocks
-        objects = self._block_objects
-        group = []
-        for b in block_ids:
-            if b >= len(objects):
-                self._make_block_objects(b)
-            group.append(objects[b])
+        try:  # a comprehension fills a list of known size: no append, no bounds check here
+            group = [self._block_objects[b] for b in block_ids]
+        except IndexError:  # an id past the objects made so far (a pool past _EAGER_BLOCKS)
+            self._make_block_objects(max(block_ids))
+            group = [self._block_objects[b] for b in block_ids]
         return self._make_blocks((group,))
 
     def _make_block_objects(self, block_id: int) -> None:
@@ -370,12 +369,12 @@ class KVCacheManager:
             return _NOT_RUNNING
         rid = request.request_id
         mgr = self.manager
-        boxed: Any = total  # boxed once, passed on; the key learns the tokens
-        done = mgr.step_if_running(rid, boxed)  # one lookup of the request
+        done = mgr.step_if_running(rid, total)  # one lookup of the request, the int unboxed
         if done is None:
             return _NOT_RUNNING
         if done:  # no block to add or register
             return self.empty_kv_cache_blocks
+        boxed: Any = total  # boxed once, passed on; the key learns the tokens
         grown = mgr.advance(  # when a block fills, as vLLM hashes them
             rid, boxed, boxed, tokens=request.all_token_ids, swap_duplicates=False
         )

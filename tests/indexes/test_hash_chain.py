@@ -392,6 +392,6 @@ def test_memory_bytes_counts_the_sequences_the_hasher_keeps_for_reuse() -> None:
     index.match_prefix(TokenKey(tokens))
     with_it = index.memory_bytes()
     assert with_it >= empty + 2 * 4 * len(tokens)
-    for i in range(40):  # 16 recent at most: the long one is pushed out, and let go
-        index.match_prefix(TokenKey(toks(64, seed=i + 1)))
+    for i in range(40):  # 32 recent at most: the long one is pushed out, and let go
+        index.match_prefix(TokenKey(toks(16, seed=i + 1)))
     assert index.memory_bytes() < with_it - 4 * len(tokens)
