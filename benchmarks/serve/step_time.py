@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from served_trace import Plan, Replayer, build_plan
-from tiny_llama import write_model
+from tiny_llama import write_model_with
 from vllm_server import ServeConfig, ServerError, VLLMServer
 
 HERE = Path(__file__).resolve().parent
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
     info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="prefixkv-step-time-") as d, ExitStack() as stack:
-        model = write_model(Path(d) / "model")
+        model = write_model_with(args.vllm, Path(d) / "model")
         servers, times, seen = {}, {}, {}
         logs.mkdir(parents=True, exist_ok=True)
         for label in labels:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from tiny_llama import write_model_with
 from vllm_server import KVEventTap, ServeConfig, VLLMServer, free_port
 
-HERE = Path(__file__).resolve().parent
 COUNTERS = (
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
@@ -129,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-arg", action="append", default=[], help="more vllm serve args")
     args = ap.parse_args(argv)
     if args.model is None:  # written by the serving environment (torch, safetensors)
-        args.model = str(Path(args.logs).resolve() / "tiny-llama")
-        python = str(Path(args.vllm).parent / "python")
-        subprocess.run([python, str(HERE / "tiny_llama.py"), args.model], check=True)
+        args.model = str(write_model_with(args.vllm, Path(args.logs).resolve() / "tiny-llama"))
     weights = any(Path(args.model).glob("*.safetensors"))
     results = []
     for label in args.configs.split(","):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 CONFIG = Path(__file__).resolve().parent / "tiny-llama" / "config.json"
@@ -67,6 +68,14 @@ def write_model(directory: str | Path, seed: int = 0) -> Path:
         }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def write_model_with(vllm: str | Path, directory: str | Path) -> Path:
+    """Write the model with the serving environment's Python (``vllm``'s folder): it has
+    torch and safetensors, which the project's own environment need not have."""
+    python = Path(vllm).parent / "python"
+    subprocess.run([str(python), __file__, str(directory)], check=True, stdout=subprocess.DEVNULL)
+    return Path(directory)
 
 
 def main() -> None:
