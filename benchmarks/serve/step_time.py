@@ -15,10 +15,11 @@ of ``schedule()`` + ``update_from_output()`` per step, by the wall clock and by 
 scheduler thread's CPU clock, the steps, and the load average around the run; with
 ``--cache`` (a run of its own: the timing costs) also the KV-cache manager's calls' share.
 
-    .venv/bin/python benchmarks/serve/step_time.py \\
+    PYTHONPATH=tests/serve/harness VENV/bin/python benchmarks/serve/step_time.py \\
         --vllm VENV/bin/vllm [--rounds 5] [--out step-time.json]
 
-(``.venv``, the environment ``make`` creates, has the serving harness on its path.)
+(run by the serving environment's Python: the serving harness needs ``openai``, and the
+tiny Llama ``torch`` and ``safetensors``.)
 Which prefixkv build runs is the serving environment's (``make wheel-venv`` then
 ``VENV/bin/pip install --no-deps --force-reinstall build/wheel/prefixkv-*.whl`` for
 the compiled one); the report names it. Exit 1 when the hash chain's steps differ from
