@@ -9,8 +9,9 @@ prefixkv.adapters.<sub>`` (the ``prefixkv`` command, a router) costs only what i
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .lazy import lazy_names
 
 if TYPE_CHECKING:
     from .accounting import RequestRecord
@@ -27,10 +28,8 @@ _HOMES = {
 }
 
 
+_lookup = lazy_names(__name__, _HOMES)
+
+
 def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lookup(name)

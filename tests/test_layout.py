@@ -94,7 +94,7 @@ _LIFECYCLE = {
     "prefixkv",
     *_INDEXES,
     *_package("prefixkv.storage", "allocator", "block_table", "errors"),
-    *_package("prefixkv.adapters", "observer", "totals"),
+    *_package("prefixkv.adapters", "lazy", "observer", "totals"),
     *_package("prefixkv.adapters.events", "dialects", "wire", "recorder", "sglang_recorder"),
     *_package("prefixkv.adapters.events", "sglang_wire", "codec"),
 }
@@ -115,7 +115,7 @@ ENGINE_PATHS = {
 }
 """Every prefixkv module importing an engine-facing package may load: the request
 lifecycle (the manager or engine class, the index and storage beneath it, the observer
-hooks, the totals, the recorder its index speaks, the event structs). A module added
+hooks, the totals, the packages' lazy names (``adapters.lazy``), the recorder its index speaks, the event structs). A module added
 to a path must be added here, on purpose."""
 
 OFF_THE_ENGINE_PATH = (

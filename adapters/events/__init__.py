@@ -16,8 +16,9 @@ works for every name.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:
     from .codec import EventDecodeError, EventDecoder, encode, encode_json, from_sglang
@@ -99,13 +100,11 @@ _HOMES: dict[str, str] = {
 """Each name of the face and the module that defines it, loaded on first use."""
 
 
+_lookup = lazy_names(__name__, _HOMES)
+
+
 def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lookup(name)
 
 
 def __dir__() -> list[str]:

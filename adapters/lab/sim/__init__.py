@@ -14,8 +14,9 @@ calibration, the arrival-time replica).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ...lazy import lazy_names
 
 if TYPE_CHECKING:
     from .arrivals import (
@@ -84,13 +85,11 @@ _HOMES = {
 """Each name and the module that defines it, loaded on first use."""
 
 
+_lookup = lazy_names(__name__, _HOMES)
+
+
 def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lookup(name)
 
 
 __all__ = [
