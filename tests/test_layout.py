@@ -115,8 +115,8 @@ ENGINE_PATHS = {
 }
 """Every prefixkv module importing an engine-facing package may load: the request
 lifecycle (the manager or engine class, the index and storage beneath it, the observer
-hooks, the totals, the packages' lazy names (``adapters.lazy``), the recorder its index speaks, the event structs). A module added
-to a path must be added here, on purpose."""
+hooks, the totals, the packages' lazy names (``adapters.lazy``), the recorder its index
+speaks, the event structs). A module added to a path must be added here, on purpose."""
 
 OFF_THE_ENGINE_PATH = (
     "prefixkv.adapters.events.files",
