@@ -299,6 +299,7 @@ def test_the_command_line_imports_light_before_its_handler() -> None:
         "prefixkv.adapters.lab.cli",
         "prefixkv.adapters.lab.cli.main",
         "prefixkv.adapters.lab.cli.signals",
+        "prefixkv.adapters.lazy",  # the package's load-on-first-use lookup, standard library only
     ]
 
 
