@@ -623,15 +623,9 @@ class CacheManager:
             return None
         if seq is None:
             return None
-        bs = self.block_size
-        # _step_in_place(seq, num_tokens, num_tokens, 0), for an int
-        if not 0 <= num_tokens <= len(seq.table) * bs:
+        if not 0 <= num_tokens <= len(seq.table) * self.block_size:
             return False  # a block to add
-        if num_tokens // bs > seq.num_registered_blocks:
-            return False  # a block to register
-        if num_tokens > seq.num_computed:
-            seq.num_computed = min(num_tokens, len(seq.key.tokens))
-        return True
+        return self._computed_in_place(seq, num_tokens)
 
     def _step_in_place(
         self, seq: _Seq, num_slots: object, num_computed: object, reserve_blocks: object
@@ -648,15 +642,18 @@ class CacheManager:
             return False
         if num_computed is None:
             return True
-        if (
-            type(num_computed) is int
-            and 0 <= num_computed <= num_slots
-            and num_computed // bs <= seq.num_registered_blocks
-        ):
-            if num_computed > seq.num_computed:
-                seq.num_computed = min(num_computed, len(seq.key.tokens))
-            return True
+        if type(num_computed) is int and 0 <= num_computed <= num_slots:
+            return self._computed_in_place(seq, num_computed)
         return False
+
+    def _computed_in_place(self, seq: _Seq, num_computed: int) -> bool:
+        # The tokens up to ``num_computed`` are written, with no new block to register
+        # (False: there is one, the checked path registers it).
+        if num_computed // self.block_size > seq.num_registered_blocks:
+            return False
+        if num_computed > seq.num_computed:
+            seq.num_computed = min(num_computed, len(seq.key.tokens))
+        return True
 
     def _array_step(
         self, seq: _Seq, num_slots: int, num_computed: int, tokens: array[int], swap: bool
