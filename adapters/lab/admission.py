@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from prefixkv.adapters.servable import unservable
 
-from .backends import CapacityError, CompareError
+from .backends import CapacityError, check_positive
 from .traces import TraceRequest, TraceSource, TraceStats
 from .workloads import Workload
 
@@ -100,8 +100,8 @@ def length_rule(
         ("block_size", block_size),
         ("max_num_batched_tokens", max_num_batched_tokens),
     ):
-        if value is not None and (type(value) is not int or value < 1):
-            raise CompareError(f"{name} must be a positive int, got {value!r:.60}")
+        if value is not None:
+            check_positive(name, value)
     if max_model_len is None and pool_tokens is None:
         return None
     return AdmissionRule(max_model_len, pool_tokens, block_size, max_num_batched_tokens)

@@ -34,6 +34,7 @@ __all__ = [
     "CompareError",
     "Scalar",
     "check_pool",
+    "check_positive",
     "min_capacity",
     "parse_backends",
     "roomy_capacity",
@@ -123,9 +124,14 @@ class BackendSpec:
         return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural}{opts})"
 
 
-def _positive(name: str, value: object) -> int:
+def check_positive(name: str, value: object) -> int:
+    """``value``, refused unless it is a positive int (a bool is not).
+
+    Raises:
+        CompareError: naming ``name`` and the value (its first 60 characters).
+    """
     if type(value) is not int or value < 1:
-        raise CompareError(f"{name} must be a positive int, got {value!r}")
+        raise CompareError(f"{name} must be a positive int, got {value!r:.60}")
     return value
 
 
@@ -152,8 +158,8 @@ def parse_backends(
             option a backend does not take or a bad option value.
         UnknownIndexError: a name nobody registered (the message lists the names).
     """
-    _positive("block size", block_size)
-    _positive("page size", page_size)
+    check_positive("block size", block_size)
+    check_positive("page size", page_size)
     if driver is not None and driver not in DRIVERS:
         raise CompareError(f"unknown driver {driver!r}; known: {', '.join(DRIVERS)}")
     opts = options or {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from ..cluster.experiment import is_rate_run
 from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
-from ..sim.metrics import request_table
 from ..sim.runs import run_table
 from . import plots
 from .markdown import (
@@ -38,7 +38,7 @@ from .markdown import (
     titled_table,
     write_text,
 )
-from .tables import write_json, write_rows
+from .tables import request_rows, write_json, write_rows
 
 __all__ = [
     "FAULT_COLUMNS",
@@ -326,32 +326,36 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     files = [write_rows(out / "runs.csv", run_table(r.run_row() for r in results))]
     if requests_table:
-        files.append(write_rows(out / "requests.csv", _request_rows(results)))
-    doc = _results_doc(results, command, source, partial, notes, settings or {})
-    files.append(write_json(out / "results.json", doc))
+        files.append(write_rows(out / "requests.csv", request_rows(results, _REQUEST_LABELS)))
+    about = _About(command, source, partial, tuple(notes), dict(settings or {}))
+    files.append(write_json(out / "results.json", _results_doc(results, about)))
     drawer = _Drawer(out, plots)
-    md = _markdown(results, drawer, command=command, source=source, partial=partial,
-                   notes=notes, settings=settings or {})  # fmt: skip
+    md = _markdown(results, drawer, about)
     return [*files, *drawer.files, write_text(out / "report.md", "\n".join(md) + "\n")]
 
 
-def _results_doc(
-    results: Sequence[ClusterResult],
-    command: str,
-    source: str,
-    partial: str,
-    notes: Sequence[str],
-    settings: Mapping[str, Any],
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _About:
+    """What a report says about its runs besides their rows: :func:`write_report`'s
+    ``command``, ``source``, ``partial``, ``notes`` and ``settings``."""
+
+    command: str
+    source: str
+    partial: str
+    notes: tuple[str, ...]
+    settings: dict[str, Any]
+
+
+def _results_doc(results: Sequence[ClusterResult], about: _About) -> dict[str, Any]:
     """results.json: what ran, on what, whether it is partial, and every run's row."""
     return {
         "format": RESULTS_FORMAT,
-        "command": command,
-        "source": source,
-        "partial": bool(partial),
-        "partial_reason": partial or None,
-        "settings": dict(settings),
-        "notes": list(notes),
+        "command": about.command,
+        "source": about.source,
+        "partial": bool(about.partial),
+        "partial_reason": about.partial or None,
+        "settings": dict(about.settings),
+        "notes": list(about.notes),
         "runs": [
             {"labels": dict(r.labels), "run": r.run_row().as_row(), "stats": r.stats,
              "invariants_broken": r.invariants.broken()}
@@ -361,15 +365,8 @@ def _results_doc(
 
 
 _REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")
-
-
-def _request_rows(results: Sequence[ClusterResult]) -> list[dict[str, Any]]:
-    """requests.csv: the run's policy and fleet, then the request's record and route."""
-    return [
-        row
-        for r in results
-        for row in request_table(r.labels, r.requests, keys=_REQUEST_LABELS, position=False)
-    ]
+"""requests.csv's run columns: the run's policy and fleet (then the request's record
+and route)."""
 
 
 class _Drawer:
@@ -387,32 +384,23 @@ class _Drawer:
         return image(title.split(":")[0], f"{name}.png")
 
 
-def _markdown(
-    results: Sequence[ClusterResult],
-    draw: _Drawer,
-    *,
-    command: str,
-    source: str,
-    partial: str,
-    notes: Sequence[str] = (),
-    settings: Mapping[str, Any] | None = None,
-) -> list[str]:
+def _markdown(results: Sequence[ClusterResult], draw: _Drawer, about: _About) -> list[str]:
     """The report's lines: the run, then a section per axis (policy, fleet size,
     capacity, faults), drawing the plots each shows."""
     clean = [r for r in results if not r.labels["faults"] and not is_rate_run(r)]
-    first = results[0]
+    first, source = results[0], about.source
     m = machine_info()
     md = ["# prefixkv cluster report", ""]
-    if partial:
-        md += partial_notice(partial, "runs")
+    if about.partial:
+        md += partial_notice(about.partial, "runs")
     md += [
         *([f"- requests: {source}"] if source else []),
-        *([f"- command: `{command}`"] if command else []),
+        *([f"- command: `{about.command}`"] if about.command else []),
         f"- machine: {m['machine']}, {m['cpu_count']} CPUs, Python {m['python']}, {m['platform']}",
         f"- fleet: {first.labels['backend']} replicas, block size {first.labels['block_size']}",
-        *header_lines(settings or {}),
+        *header_lines(about.settings),
         "",
-        *(line for note in notes for line in (note, "")),
+        *(line for note in about.notes for line in (note, "")),
     ]
     md += _policy_axis([r for r in clean if _key(r) == _key(first)], clean, draw, source)
     md += load_section(results, _key(first))

@@ -94,6 +94,17 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
+def _per_run(n: int, per: float = 0.6, height: float = 4.0) -> Any:
+    """One axes on a figure wide enough for ``n`` runs side by side."""
+    return _figure(max(6.0, per * n + 2), height).subplots()
+
+
+def _run_ticks(ax: Any, labels: Sequence[str], start: int = 0, fontsize: str = "small") -> None:
+    """One slanted label per run along the x axis, from position ``start``."""
+    ticks = range(start, start + len(labels))
+    ax.set_xticks(ticks, labels, rotation=30, ha="right", fontsize=fontsize)
+
+
 def _style(i: int) -> dict[str, str]:
     """The ``i``-th line's colour, dash and marker."""
     return {
@@ -495,8 +506,7 @@ def plot_hit_ratio(
     results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
     """Hit ratio per policy (bars), with round robin's and the bounds' as lines."""
-    fig = _figure(max(6.0, 0.6 * len(results) + 2), 4.0)
-    ax = fig.subplots()
+    ax = _per_run(len(results))
     policies = [r for r in results if r.labels["policy"] not in ("pooled", "infinite")]
     hits = [r.run.hit_ratio for r in policies]
     ax.bar(range(len(hits)), hits, color=_COLOURS[0])
@@ -507,12 +517,11 @@ def plot_hit_ratio(
         if res is not None:
             ax.axhline(res.run.hit_ratio, color="black", linestyle=style, linewidth=1,
                        label=f"{ref} {res.run.hit_ratio:.3f}")  # fmt: skip
-    ax.set_xticks(range(len(hits)), [_policy(r) for r in policies], rotation=30, ha="right",
-                  fontsize="small")  # fmt: skip
+    _run_ticks(ax, [_policy(r) for r in policies])
     _hit_axis(ax)
     labels = results[0].labels
     ax.set_title(f"{labels['num_replicas']} replicas x {tokens(labels['capacity_tokens'])} tokens")
-    return _save(fig, path, title)
+    return _save(ax.figure, path, title)
 
 
 def plot_frontier(
@@ -578,19 +587,17 @@ def plot_decision_latency(
     """Router decision time per policy, CPU (box: p25-p75, whiskers p1-p99) and wall
     clock (p99 marked), hashing apart."""
     runs = [r for r in results if r.requests]
-    fig = _figure(max(6.0, 0.6 * len(runs) + 2), 4.0)
-    ax = fig.subplots()
+    ax = _per_run(len(runs))
     data = [[max(q.decision_cpu_us, 1e-2) for q in r.requests] for r in runs]
     ax.boxplot(data, whis=(1, 99), showfliers=False)
     ax.scatter(range(1, len(runs) + 1), [max(r.run.decision_p99_us, 1e-2) for r in runs],
                marker="x", color="grey", label="wall-clock p99")  # fmt: skip
-    ax.set_xticks(range(1, len(runs) + 1), [_policy(r) for r in runs], rotation=30, ha="right",
-                  fontsize="small")  # fmt: skip
+    _run_ticks(ax, [_policy(r) for r in runs], start=1)
     ax.axhline(1000, color="red", linestyle="--", linewidth=1, label="1 ms")
     ax.set_yscale("log")
     ax.set_ylabel("decision CPU time (µs, log; hashing excluded)")
     ax.legend(fontsize="small")
-    return _save(fig, path, title)
+    return _save(ax.figure, path, title)
 
 
 def plot_faults(
@@ -601,8 +608,7 @@ def plot_faults(
     title: str = "",
 ) -> Path:
     """Hit ratio of each fault run beside its fault-free run; broken invariants in red."""
-    fig = _figure(max(6.0, 0.7 * len(results) + 2), 4.2)
-    ax = fig.subplots()
+    ax = _per_run(len(results), per=0.7, height=4.2)
     for i, res in enumerate(results):
         base = baseline(res)
         ok = not res.invariants.broken()
@@ -611,9 +617,7 @@ def plot_faults(
                    label="fault-free" if i == 0 else None)  # fmt: skip
         ax.bar(i + 0.2, res.run.hit_ratio, width=0.4, color=_COLOURS[0] if ok else "red",
                label="with faults" if i == 0 else None)  # fmt: skip
-    ax.set_xticks(range(len(results)),
-                  [f"{_policy(r)}\n{r.labels['faults']}" for r in results],
-                  rotation=30, ha="right", fontsize="x-small")  # fmt: skip
+    _run_ticks(ax, [f"{_policy(r)}\n{r.labels['faults']}" for r in results], fontsize="x-small")
     _hit_axis(ax)
     ax.set_title("stale information may cost hits, never correctness", fontsize="small")
-    return _save(fig, path, title)
+    return _save(ax.figure, path, title)

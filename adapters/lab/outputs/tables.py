@@ -30,6 +30,8 @@ from ..sim.runs import RunRow, run_table
 if TYPE_CHECKING:
     import pandas
 
+    from ..cluster.metrics import ClusterResult
+
 __all__ = [
     "TABLE_FORMATS",
     "TableFormatError",
@@ -52,10 +54,15 @@ class TableFormatError(SimError):
     """An unknown table format, or Parquet without pyarrow installed."""
 
 
-def request_rows(results: Iterable[SimResult]) -> list[dict[str, Any]]:
-    """One row per request of every run: the run's labels, then the request's fields."""
+def request_rows(
+    results: Iterable[SimResult | ClusterResult], keys: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per request of every run: the run's labels (only ``keys`` of them, in
+    that order, when given), then the request's fields."""
     return [
-        row for res in results for row in request_table(res.labels, res.requests, position=False)
+        row
+        for res in results
+        for row in request_table(res.labels, res.requests, keys=keys, position=False)
     ]
 
 
