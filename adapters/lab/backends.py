@@ -36,6 +36,7 @@ __all__ = [
     "check_pool",
     "check_positive",
     "min_capacity",
+    "over_pool_limit",
     "parse_backends",
     "roomy_capacity",
 ]
@@ -243,9 +244,19 @@ def check_pool(
                 f"capacity {capacity_tokens:,} tokens holds no {b.block_size}-token block "
                 f"of {b.label}"
             )
-        if blocks > max_pool_blocks:
-            raise CapacityError(
-                f"capacity {capacity_tokens:,} tokens is {blocks:,} blocks of {b.block_size} "
-                f"tokens for {b.label}, over the limit of {max_pool_blocks:,} blocks a pool "
-                "(--max-pool-blocks); give a smaller --capacity-tokens"
-            )
+        over = over_pool_limit(capacity_tokens, b.block_size, max_pool_blocks, f"for {b.label}")
+        if over:
+            raise CapacityError(over)
+
+
+def over_pool_limit(capacity_tokens: int, block_size: int, max_pool_blocks: int, whose: str) -> str:
+    """Why a pool of ``capacity_tokens`` in ``block_size`` blocks is refused (``whose``
+    pool: ``"for radix"``, ``"a replica"``), or ``""`` within ``max_pool_blocks``."""
+    blocks = capacity_tokens // block_size
+    if blocks <= max_pool_blocks:
+        return ""
+    return (
+        f"capacity {capacity_tokens:,} tokens is {blocks:,} blocks of {block_size} tokens "
+        f"{whose}, over the limit of {max_pool_blocks:,} blocks a pool (--max-pool-blocks); "
+        "give a smaller --capacity-tokens"
+    )

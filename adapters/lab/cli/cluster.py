@@ -32,6 +32,7 @@ from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
+from ..backends import over_pool_limit
 from ..cluster.config import MAX_REPLICAS
 from ..cluster.errors import ClusterSettingsError
 from ..cluster.experiment import (
@@ -321,13 +322,9 @@ def _check_pools(capacities: Iterable[int], block_size: int, max_pool_blocks: in
         ClusterSettingsError: naming the capacity, its blocks and the limit.
     """
     for capacity in capacities:
-        blocks = capacity // block_size
-        if blocks > max_pool_blocks:
-            raise ClusterSettingsError(
-                f"capacity {capacity:,} tokens is {blocks:,} blocks of {block_size} tokens a "
-                f"replica, over the limit of {max_pool_blocks:,} blocks a pool "
-                "(--max-pool-blocks); give a smaller --capacity-tokens"
-            )
+        over = over_pool_limit(capacity, block_size, max_pool_blocks, "a replica")
+        if over:
+            raise ClusterSettingsError(over)
 
 
 def _cluster_settings(
