@@ -43,6 +43,7 @@ __all__ = [
     "capacity_rule",
     "capacity_warnings",
     "load_workloads_for",
+    "memory_utilization",
     "read_settings",
     "token_bars",
 ]
@@ -267,7 +268,7 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
     if args.capacity_tokens == "auto":
         if profile is None:
             raise CLIUsageError("--capacity-tokens auto needs a cost profile: use compare")
-        tokens = profile.kv_capacity_tokens(_util(args))
+        tokens = profile.kv_capacity_tokens(memory_utilization(args))
         if not tokens:
             raise CLIUsageError(
                 f"--capacity-tokens auto: profile {profile.name!r} does not say its KV bytes "
@@ -290,7 +291,8 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
     return None
 
 
-def _util(args: argparse.Namespace) -> float:
+def memory_utilization(args: argparse.Namespace) -> float:
+    """``--gpu-memory-utilization``, or the cost profile's default share (vLLM's 0.9)."""
     value = getattr(args, "gpu_memory_utilization", None)
     if value is None:  # asked only with a cost profile: the simulator is loaded already
         from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -304,14 +306,15 @@ def capacity_warnings(
 ) -> list[str]:
     """A line naming the capacities beyond what ``profile``'s hardware holds (none
     when it does not say, or when all fit)."""
-    held = profile.kv_capacity_tokens(_util(args))
+    util = memory_utilization(args)
+    held = profile.kv_capacity_tokens(util)
     over = sorted(c for c in caps if held and c > held)
     if not held or not over:
         return []
     listed = ", ".join(f"{c:,}" for c in over)
     return [
         f"capacity {listed} tokens: up to {over[-1] / held:.1f}x what {profile.name}'s "
-        f"hardware holds ({held:,} tokens of KV at --gpu-memory-utilization {_util(args):g}; "
+        f"hardware holds ({held:,} tokens of KV at --gpu-memory-utilization {util:g}; "
         "--capacity-tokens auto gives that)"
     ]
 
@@ -320,7 +323,7 @@ def capacity_rule(args: argparse.Namespace, caps: Sequence[int] | None = None) -
     if args.capacity_tokens == "auto" and caps:
         return (
             f"auto: {caps[0]:,} tokens, what the profile's hardware holds at "
-            f"--gpu-memory-utilization {_util(args):g}"
+            f"--gpu-memory-utilization {memory_utilization(args):g}"
         )
     if getattr(args, "capacity_gib", None) is not None and caps:
         gib = ", ".join(f"{g:g}" for g in args.capacity_gib)

@@ -19,6 +19,7 @@ from ..admission import AdmissionRule, length_rule
 from ..sim import CostProfile
 from ..sim.model_config import ModelConfig, available_model_configs, load_model_config
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
+from .common import memory_utilization
 
 __all__ = ["add_model_flags", "admission_rule", "apply_model", "model_line"]
 
@@ -131,7 +132,7 @@ def model_line(
     """The console's and report's capacity line for ``--model-config``/``--gpu-memory``."""
     if model is None and args.gpu_memory is None:
         return None
-    util = args.gpu_memory_utilization or 0.9
+    util = memory_utilization(args)
     parts = [] if model is None else [model.describe()]
     if profile.device_memory_bytes is not None and profile.kv_bytes_per_token:
         tokens = profile.kv_capacity_tokens(util) or 0
