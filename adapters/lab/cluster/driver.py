@@ -116,13 +116,13 @@ class ClusterDriver:
         kind = self.plan.mismatch.get(replica)
         base = self.replica_spec
         if kind == "block_size":
-            return _replace_spec(base, block_size=base.block_size * 2)
+            return base.replace(block_size=base.settings.block_size * 2)
         if kind == "hash":
-            return _replace_spec(base, hash_seed=base.hash_seed + 1)
+            return base.replace(hash_seed=base.settings.hash_seed + 1)
         return base
 
     def start_replica(self, replica: int, at: float) -> None:
-        self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=at))
+        self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=at))
         self.live.add(replica)
         self.busy_s.setdefault(replica, 0.0)
         for router in self._routers():
@@ -266,7 +266,7 @@ class ClusterDriver:
                 replica, 0.0
             )
             self.busy_s[replica] = 0.0
-            self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=t))
+            self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=t))
             for router in self._routers():
                 router.replica_restarted(replica)
         else:
@@ -386,7 +386,3 @@ class ClusterDriver:
         for r in sorted(self.gone):
             if index.held(Worker(r)):
                 self.inv.stale_view.append(r)
-
-
-def _replace_spec(spec: ReplicaSpec, **changes: Any) -> ReplicaSpec:
-    return dataclasses.replace(spec, **changes)
