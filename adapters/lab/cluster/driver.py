@@ -292,35 +292,30 @@ class ClusterDriver:
         """Apply a timed fault at its time (the fleet is advanced there first)."""
         t = fault.at
         self.advance_to(t)
-        r = fault.replica
-        if fault.kind in ("kill", "restart", "clear", "gap", "scale_down") and r not in self.live:
-            return  # already gone
-        if fault.kind == "kill":
-            assert r is not None
+        r, kind = fault.replica, fault.kind
+        if kind == "scale_up":
+            self.start_replica(self.next_id, t)
+            self.next_id += 1
+        elif kind in ("router_restart", "late_join"):
+            self._warm_up(fault.mode, t, kind)
+        elif r is None or r not in self.live:
+            return  # already gone (every other fault names a replica)
+        elif kind == "kill":
             self.fleet.kill(r)
             self._replica_died(r, t, restart=False)
-        elif fault.kind == "restart":
-            assert r is not None
+        elif kind == "restart":
             self._replica_died(r, t, restart=True)
-        elif fault.kind == "clear":
-            assert r is not None
+        elif kind == "clear":
             self.fleet.reset_prefix_cache(r)
             self.busy.add(r)
             self.advance_to(t)  # publish the clear
-        elif fault.kind == "gap":
-            assert r is not None
+        elif kind == "gap":
             self.channel.blackout(r, self.config.buffer_steps + 1)
-        elif fault.kind == "scale_up":
-            self.start_replica(self.next_id, t)
-            self.next_id += 1
-        elif fault.kind == "scale_down":
-            assert r is not None
+        elif kind == "scale_down":
             for router in self._routers():
                 router.drain(r)
             self.draining.add(r)
             self._deliver(t)
-        elif fault.kind in ("router_restart", "late_join"):
-            self._warm_up(fault.mode, t, fault.kind)
 
     def _warm_up(self, mode: str, t: float, kind: str) -> None:
         self.router = self._new_router()
