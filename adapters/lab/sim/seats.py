@@ -304,10 +304,7 @@ class VllmSeat(_PoolSeat):
             # instructions per step booked with the calls (two clock reads a step
             # cost more than the in-place step they timed); it runs compiled where
             # the build is (decode_loops).
-            t0 = perf()
-            ok = vllm_decode(self.kv, req, output)
-            times.book("allocate_decode", perf() - t0)
-            return ok
+            return times.call("allocate_decode", vllm_decode, self.kv, req, output)
         spent = 0.0
         for k in range(1, len(output)):
             t0 = perf()
@@ -461,10 +458,7 @@ class SglangSeat(_PoolSeat):
         perf, spent = time.perf_counter, 0.0
         if step is None:
             # No hook between steps: timed once, as the vLLM seat's loop is.
-            t0 = perf()
-            ok = sglang_decode(cache, req, output)
-            times.book("alloc_for_decode", perf() - t0)
-            return ok
+            return times.call("alloc_for_decode", sglang_decode, cache, req, output)
         while len(out_ids) < len(output):
             t0 = perf()
             ok = alloc_for_decode(cache, req)
