@@ -116,13 +116,13 @@ class ClusterDriver:
         kind = self.plan.mismatch.get(replica)
         base = self.replica_spec
         if kind == "block_size":
-            return _replace_spec(base, block_size=base.block_size * 2)
+            return base.replace(block_size=base.settings.block_size * 2)
         if kind == "hash":
-            return _replace_spec(base, hash_seed=base.hash_seed + 1)
+            return base.replace(hash_seed=base.settings.hash_seed + 1)
         return base
 
     def start_replica(self, replica: int, at: float) -> None:
-        self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=at))
+        self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=at))
         self.live.add(replica)
         self.busy_s.setdefault(replica, 0.0)
         for router in self._routers():
@@ -266,7 +266,7 @@ class ClusterDriver:
                 replica, 0.0
             )
             self.busy_s[replica] = 0.0
-            self.fleet.start(replica, _replace_spec(self._spec_for(replica), start_time=t))
+            self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=t))
             for router in self._routers():
                 router.replica_restarted(replica)
         else:
@@ -292,35 +292,30 @@ class ClusterDriver:
         """Apply a timed fault at its time (the fleet is advanced there first)."""
         t = fault.at
         self.advance_to(t)
-        r = fault.replica
-        if fault.kind in ("kill", "restart", "clear", "gap", "scale_down") and r not in self.live:
-            return  # already gone
-        if fault.kind == "kill":
-            assert r is not None
+        r, kind = fault.replica, fault.kind
+        if kind == "scale_up":
+            self.start_replica(self.next_id, t)
+            self.next_id += 1
+        elif kind in ("router_restart", "late_join"):
+            self._warm_up(fault.mode, t, kind)
+        elif r is None or r not in self.live:
+            return  # already gone (every other fault names a replica)
+        elif kind == "kill":
             self.fleet.kill(r)
             self._replica_died(r, t, restart=False)
-        elif fault.kind == "restart":
-            assert r is not None
+        elif kind == "restart":
             self._replica_died(r, t, restart=True)
-        elif fault.kind == "clear":
-            assert r is not None
+        elif kind == "clear":
             self.fleet.reset_prefix_cache(r)
             self.busy.add(r)
             self.advance_to(t)  # publish the clear
-        elif fault.kind == "gap":
-            assert r is not None
+        elif kind == "gap":
             self.channel.blackout(r, self.config.buffer_steps + 1)
-        elif fault.kind == "scale_up":
-            self.start_replica(self.next_id, t)
-            self.next_id += 1
-        elif fault.kind == "scale_down":
-            assert r is not None
+        elif kind == "scale_down":
             for router in self._routers():
                 router.drain(r)
             self.draining.add(r)
             self._deliver(t)
-        elif fault.kind in ("router_restart", "late_join"):
-            self._warm_up(fault.mode, t, fault.kind)
 
     def _warm_up(self, mode: str, t: float, kind: str) -> None:
         self.router = self._new_router()
@@ -386,7 +381,3 @@ class ClusterDriver:
         for r in sorted(self.gone):
             if index.held(Worker(r)):
                 self.inv.stale_view.append(r)
-
-
-def _replace_spec(spec: ReplicaSpec, **changes: Any) -> ReplicaSpec:
-    return dataclasses.replace(spec, **changes)

@@ -223,14 +223,9 @@ def run_rate_sweep(
     specs = {s.text: s for s in policies}
 
     def run(name: str, rate: float) -> ClusterResult:
-        spec = specs[name]
-        res = run_cluster(
-            requests(config, rate),
-            spec,
-            config,
-            fleet=fleet() if fleet is not None and not spec.is_bound else None,
-            labels={"request_rate": rate, "role": "rate"},
-        )
+        planned = PlannedRun(config, specs[name], None)
+        labels = {"request_rate": rate, "role": "rate"}
+        res = _run_planned(planned, lambda cfg: requests(cfg, rate), fleet, labels)
         if on_run is not None:
             on_run(res)
         return res

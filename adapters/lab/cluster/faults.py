@@ -28,7 +28,7 @@ import heapq
 import random
 import re
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prefixkv.adapters.router.stream_tracker import SeqBatch
 
@@ -132,15 +132,8 @@ class FaultPlan:
     @property
     def any(self) -> bool:
         """Whether anything is injected."""
-        return bool(
-            self.drop
-            or self.drop_removals
-            or self.delay
-            or self.jitter
-            or self.lose_completions
-            or self.scheduled
-            or self.mismatch
-        )
+        numbers = (getattr(self, name) for name in (*_RATES, *_SECONDS))
+        return any(numbers) or bool(self.scheduled or self.mismatch)
 
     @property
     def needs_relative(self) -> bool:
@@ -242,7 +235,7 @@ def parse_faults(text: str) -> FaultPlan:
         FaultSpecError: an unknown fault, a malformed entry or number, a number out of
             range, or a stream fault or mismatch given twice.
     """
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}  # the rates and seconds given (the others stay 0)
     scheduled: list[ScheduledFault] = []
     mismatch: dict[int, str] = {}
     for entry in (e.strip() for e in text.split(",")):
@@ -283,16 +276,8 @@ def parse_faults(text: str) -> FaultPlan:
         else:
             known = ", ".join((*_RATES, *_SECONDS, "mismatch", *SCHEDULED_FAULTS))
             raise FaultSpecError(f"unknown fault {name!r} in {entry!r}; known: {known}")
-    return FaultPlan(
-        drop=values.get("drop", 0.0),
-        drop_removals=values.get("drop_removals", 0.0),
-        delay=values.get("delay", 0.0),
-        jitter=values.get("jitter", 0.0),
-        lose_completions=values.get("lose_completions", 0.0),
-        scheduled=tuple(sorted(scheduled, key=lambda f: f.at)),
-        mismatch=mismatch,
-        text=text,
-    )
+    ordered = tuple(sorted(scheduled, key=lambda f: f.at))
+    return FaultPlan(**values, scheduled=ordered, mismatch=mismatch, text=text)
 
 
 def _names(mismatch: dict[int, str]) -> set[str]:

@@ -9,12 +9,12 @@ stepped in global time order because they share it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.requests import SimRequest
@@ -23,6 +23,7 @@ from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
+from .config import ClusterSettings
 from .errors import ReplicaDeadError
 from .sim_replica import ReplicaReport, SharedPool, SimReplica
 
@@ -34,62 +35,39 @@ class ReplicaSpec:
     """How to build one replica.
 
     Attributes:
-        backend: the index (``make_index`` name).
-        block_size: its block (page) size.
-        hash_seed: the hash chain's root seed (shared by the fleet).
-        capacity_tokens: its KV pool.
-        config: scheduler settings.
+        settings: the fleet's settings: the replica's index (``backend``), block size,
+            hash seed, KV pool, scheduler settings, buffered event batches, whether it
+            keeps block tokens for dumps and checks admissions against the blocks it
+            announced (``check``, tests), and the seed of its event loss.
         profile: step costs.
-        buffer_steps: event batches kept for replay.
-        keep_tokens: keep block tokens for dumps.
-        check_hits: check admissions against announced blocks (tests).
         drop_removals: probability a ``BlockRemoved`` is never published.
-        seed: seeds that loss.
         start_time: the replica's clock when it starts.
-        index_options: more ``make_index`` options.
     """
 
-    backend: str
-    block_size: int
-    hash_seed: int
-    capacity_tokens: int
-    config: SimSettings
+    settings: ClusterSettings
     profile: CostProfile
-    buffer_steps: int = 10_000
-    keep_tokens: bool = True
-    check_hits: bool = False
     drop_removals: float = 0.0
-    seed: int = 0
     start_time: float = 0.0
-    index_options: dict[str, object] = field(default_factory=dict)
 
     def index_factory(self) -> functools.partial[PrefixIndex]:
         """A picklable factory of the replica's empty index."""
-        options: dict[str, object] = {**pool_owned_options(self.backend), **self.index_options}
-        if self.backend == "hash_chain":
-            options.setdefault("seed", self.hash_seed)
-        return functools.partial(make_index, self.backend, self.block_size, **options)
+        cfg = self.settings
+        options: dict[str, object] = dict(pool_owned_options(cfg.backend))
+        if cfg.backend == "hash_chain":
+            options.setdefault("seed", cfg.hash_seed)
+        return functools.partial(make_index, cfg.backend, cfg.block_size, **options)
 
     def scheme(self) -> HashScheme:
         """The hash scheme the replica's index publishes events with."""
         return HashScheme.for_index(self.index_factory()())
 
+    def replace(self, **settings: Any) -> ReplicaSpec:
+        """This spec with some of its fleet settings changed (a mismatched replica)."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **settings))
+
     def build(self, replica_id: int) -> SimReplica:
         """The replica."""
-        scheme = self.scheme() if self.check_hits else None
-        return SimReplica(
-            replica_id,
-            self.index_factory(),
-            self.capacity_tokens,
-            self.config,
-            self.profile,
-            buffer_steps=self.buffer_steps,
-            keep_tokens=self.keep_tokens,
-            check_scheme=scheme,
-            drop_removals=self.drop_removals,
-            seed=self.seed * 1_000_003 + replica_id,
-            start_time=self.start_time,
-        )
+        return SimReplica(self, replica_id)
 
 
 class Fleet(Protocol):
@@ -202,23 +180,16 @@ class PooledFleet(LocalFleet):
 
     def __init__(self, spec: ReplicaSpec, num_replicas: int, *, infinite: bool = False) -> None:
         super().__init__()
-        capacity = (1 << 24) * spec.block_size if infinite else spec.capacity_tokens * num_replicas
+        cfg = spec.settings
+        capacity = (1 << 24) * cfg.block_size if infinite else cfg.capacity_tokens * num_replicas
         self.pool = SharedPool(
-            spec.index_factory(), capacity, spec.config.batching, events=False, shared=True
+            spec.index_factory(), capacity, cfg.sim.batching, events=False, shared=True
         )
         self.spec = spec
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
         """A scheduler over the shared cache."""
-        self.replicas[replica] = SimReplica(
-            replica,
-            spec.index_factory(),
-            spec.capacity_tokens,
-            spec.config,
-            spec.profile,
-            pool=self.pool,
-            start_time=spec.start_time,
-        )
+        self.replicas[replica] = SimReplica(spec, replica, pool=self.pool)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
         """Step the schedulers in global time order (they share the cache)."""

@@ -1,7 +1,7 @@
 """The fleet on Ray: one actor per replica, advanced in parallel.
 
-Each replica is a :class:`SimReplica` inside a Ray actor (``num_cpus`` each, default
-1); the driver (the router's process) calls the actors exactly as the in-process fleet
+Each replica is a :class:`SimReplica` (built from its spec) as a Ray actor (``num_cpus``
+each, default 1); the driver (the router's process) calls the actors exactly as the in-process fleet
 calls its objects, so a fault-free run gives the same decisions and hit ratios.
 Advancing fans out to every busy replica at once and gathers the reports; event
 batches cross as vLLM's msgpack bytes with their sequence numbers. A killed actor
@@ -161,31 +161,6 @@ def _grpc_answer(sock: socket.socket, deadline: float) -> bytes:
     return answer
 
 
-class _ReplicaActor:
-    """The actor class: a SimReplica built from its spec, behind Ray calls."""
-
-    def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
-        self.replica: SimReplica = spec.build(replica_id)
-
-    def add(self, request: SimRequest) -> None:
-        self.replica.add(request)
-
-    def advance(self, until: float) -> ReplicaReport:
-        return self.replica.advance(until)
-
-    def replay(self, start: int, until: float) -> list[SeqBatch]:
-        return self.replica.replay(start, until)
-
-    def dump(self) -> Dump:
-        return self.replica.dump()
-
-    def reset_prefix_cache(self) -> None:
-        self.replica.reset_prefix_cache()
-
-    def held(self) -> dict[int, int]:
-        return self.replica.held()
-
-
 class RayFleet:
     """Replicas as Ray actors.
 
@@ -210,7 +185,7 @@ class RayFleet:
             options = {"include_dashboard": False, "log_to_driver": False, **(ray_init or {})}
             ray.init(**options)
             self._started_ray = True
-        self._cls = ray.remote(num_cpus=num_cpus)(_ReplicaActor)
+        self._cls = ray.remote(num_cpus=num_cpus)(SimReplica)
         self.actors: dict[int, Any] = {}
 
     def _call(self, replica: int, method: str, *args: Any) -> Any:
@@ -222,6 +197,13 @@ class RayFleet:
         except self._ray.exceptions.RayActorError as e:
             self.actors.pop(replica, None)
             raise ReplicaDeadError(f"replica {replica} died: {e}") from None
+
+    def _call_live(self, replica: int, dead: Any, method: str, *args: Any) -> Any:
+        # A read of a replica that may be gone: ``dead`` when it is.
+        try:
+            return self._call(replica, method, *args)
+        except ReplicaDeadError:
+            return dead
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
         """Start (or replace with an empty one) the replica's actor."""
@@ -250,18 +232,12 @@ class RayFleet:
 
     def replay(self, replica: int, start: int, until: float) -> list[SeqBatch] | None:
         """The actor's buffered batches."""
-        try:
-            out: list[SeqBatch] = self._call(replica, "replay", start, until)
-        except ReplicaDeadError:
-            return None
+        out: list[SeqBatch] | None = self._call_live(replica, None, "replay", start, until)
         return out
 
     def dump(self, replica: int) -> Dump | None:
         """The actor's dump."""
-        try:
-            out: Dump = self._call(replica, "dump")
-        except ReplicaDeadError:
-            return None
+        out: Dump | None = self._call_live(replica, None, "dump")
         return out
 
     def kill(self, replica: int) -> None:
@@ -276,10 +252,7 @@ class RayFleet:
 
     def held(self, replica: int) -> dict[int, int]:
         """What the actor's events say it holds."""
-        try:
-            out: dict[int, int] = self._call(replica, "held")
-        except ReplicaDeadError:
-            return {}
+        out: dict[int, int] = self._call_live(replica, {}, "held")
         return out
 
     def close(self) -> None:

@@ -114,19 +114,7 @@ def _drive(
 
 def _replica_spec(cfg: ClusterSettings, plan: FaultPlan) -> ReplicaSpec:
     """Each replica of the fleet, as the settings and the fault plan make it."""
-    return ReplicaSpec(
-        backend=cfg.backend,
-        block_size=cfg.block_size,
-        hash_seed=cfg.hash_seed,
-        capacity_tokens=cfg.capacity_tokens,
-        config=cfg.sim,
-        profile=cfg.profile or load_profile(),
-        buffer_steps=cfg.buffer_steps,
-        keep_tokens=cfg.keep_tokens,
-        check_hits=cfg.check,
-        drop_removals=plan.drop_removals,
-        seed=cfg.seed,
-    )
+    return ReplicaSpec(cfg, cfg.profile or load_profile(), plan.drop_removals)
 
 
 class _Sessions:

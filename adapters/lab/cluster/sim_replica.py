@@ -19,27 +19,27 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prefixkv.adapters.events.wire import (
     BlockRemoved,
     KVEventBatch,
 )
-from prefixkv.adapters.lab.sim.config import SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestRow
-from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.replica import IndexFactory, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.sim.runner import Replica
-from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
 
 from .errors import ClusterSettingsError
 from .local_indexer import KVEvent, LocalIndexer
 from .publisher import EventPublisher
+
+if TYPE_CHECKING:
+    from .fleet import ReplicaSpec
 
 __all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
 
@@ -71,8 +71,6 @@ class SharedPool:
         self.index, self.seat = pool_seat(
             batching, index_factory, capacity_tokens, events=events, error=ClusterSettingsError
         )
-        self.block_size = self.index.block_size
-        self.num_blocks = capacity_tokens // self.block_size
         # An index that reports nothing (the ``none`` backend) publishes no events.
         self.events = events and isinstance(self.index, SupportsEventSink)
         self.shared = shared
@@ -110,61 +108,42 @@ class SimReplica(Replica):
     """A replica in virtual time: ``add`` requests, ``advance`` to a time, read reports.
 
     Args:
-        replica_id: its id in the fleet.
-        index_factory: makes its (empty) prefix index (unused with ``pool``).
-        capacity_tokens: its KV pool in tokens (unused with ``pool``).
-        config: scheduler settings.
-        profile: step costs.
-        buffer_steps: event batches kept for replay.
-        data_parallel_rank: stamped on its batches.
-        keep_tokens: keep block tokens for dumps (see :class:`LocalIndexer`).
-        check_scheme: when given, each first admission's hit is checked against the
-            blocks the replica's events announced (hashing every prompt: for tests).
-        drop_removals: probability each ``BlockRemoved`` is lost before publishing
-            (a fault; the local indexer still sees it).
-        seed: seeds that loss.
-        pool: the seat shared with other replicas (the pooled
-            bound); by default the replica has its own.
-        start_time: its clock when it starts (a replica started or restarted mid-run).
+        spec: how to build it (:class:`~.fleet.ReplicaSpec`): its index, pool, scheduler
+            settings, profile, event buffer, event loss and start time; with
+            ``settings.check``, each first admission's hit is checked against the
+            blocks its events announced (hashing every prompt: for tests).
+        replica_id: its id in the fleet (its event loss is seeded with it).
+        pool: the seat shared with other replicas (the pooled bound: no events, no
+            check); by default the replica has its own.
 
     Raises:
         ClusterSettingsError: a capacity holding no block.
     """
 
     def __init__(
-        self,
-        replica_id: int,
-        index_factory: IndexFactory,
-        capacity_tokens: int,
-        config: SimSettings,
-        profile: CostProfile,
-        *,
-        buffer_steps: int = 10_000,
-        data_parallel_rank: int = 0,
-        keep_tokens: bool = True,
-        check_scheme: HashScheme | None = None,
-        drop_removals: float = 0.0,
-        seed: int = 0,
-        pool: SharedPool | None = None,
-        start_time: float = 0.0,
+        self, spec: ReplicaSpec, replica_id: int, *, pool: SharedPool | None = None
     ) -> None:
+        cfg = spec.settings
+        check = cfg.check and pool is None
         if pool is None:
-            pool = SharedPool(index_factory, capacity_tokens, config.batching, events=True)
+            pool = SharedPool(
+                spec.index_factory(), cfg.capacity_tokens, cfg.sim.batching, events=True
+            )
         # Tokens reach the router at the step's end: no streaming front end.
-        super().__init__(pool.seat, config, profile, start_time=start_time, stream=False)
+        super().__init__(pool.seat, cfg.sim, spec.profile, start_time=spec.start_time, stream=False)
         self.pool = pool
         self.replica_id = replica_id
-        self.publisher = EventPublisher(buffer_steps)
-        self.local = LocalIndexer(pool.block_size, keep_tokens=keep_tokens)
-        self.data_parallel_rank = data_parallel_rank
-        self.check_scheme = check_scheme
+        self.publisher = EventPublisher(cfg.buffer_steps)
+        self.local = LocalIndexer(pool.seat.block_size, keep_tokens=cfg.keep_tokens)
+        self.data_parallel_rank = 0
+        self.check_scheme = spec.scheme() if check else None
         self._batches: list[SeqBatch] = []
         self._first: list[tuple[str, float]] = []
         self._finished: list[RequestRow] = []
         self._violations: list[str] = []
         self._hashes: dict[str, list[int]] = {}
-        self._drop_removals = drop_removals
-        self._rng = random.Random(seed)
+        self._drop_removals = spec.drop_removals
+        self._rng = random.Random(cfg.seed * 1_000_003 + replica_id)
 
     # ------------------------------------------------------------ requests
 
@@ -232,7 +211,7 @@ class SimReplica(Replica):
             m = seq.metrics
             if m.first_scheduled_s != now or seq.num_admissions != 1:
                 continue
-            hit_blocks = m.hit_tokens // self.pool.block_size
+            hit_blocks = m.hit_tokens // self.seat.block_size
             announced = self.local.prefix(self._hashes.get(m.request_id, []))
             if hit_blocks > announced:
                 self._violations.append(
@@ -266,7 +245,7 @@ class SimReplica(Replica):
             self._finished,
             len(self.schedule.waiting),
             len(self.schedule.running),
-            held / self.pool.num_blocks,
+            held / self.seat.num_blocks,
             self.busy_s,
             self._violations,
         )

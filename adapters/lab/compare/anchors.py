@@ -112,23 +112,18 @@ class CapacityAnchor:
             "workload": self.workload,
             "backend": self.backend,
             "block_size": self.block_size,
-            "infinite_capacity_tokens": self.infinite_capacity_tokens,
-            "infinite_capacity_blocks": self.infinite_capacity_tokens // self.block_size,
-            "infinite_capacity_gib": self.gib(self.infinite_capacity_tokens),
+            **self._size("infinite_capacity", self.infinite_capacity_tokens),
             "infinite_hit_ratio": self.infinite_hit_ratio,
-            "knee_tokens": self.knee_tokens,
-            "knee_blocks": None
-            if self.knee_tokens is None
-            else self.knee_tokens // self.block_size,
-            "knee_gib": self.gib(self.knee_tokens),
+            **self._size("knee", self.knee_tokens),
             "knee_hit_ratio": self.knee_hit_ratio,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_model": self.model,
-            "working_set_tokens": self.working_set_tokens,
-            "working_set_blocks": None
-            if self.working_set_tokens is None
-            else self.working_set_tokens // self.block_size,
-            "working_set_gib": self.gib(self.working_set_tokens),
+            **self._size("working_set", self.working_set_tokens),
             "knee_rule": self.knee_rule,
             "search_replays": self.search_replays,
         }
+
+    def _size(self, name: str, tokens: int | None) -> dict[str, Scalar]:
+        """``<name>_tokens``, ``<name>_blocks`` and ``<name>_gib``."""
+        blocks = None if tokens is None else tokens // self.block_size
+        return {f"{name}_tokens": tokens, f"{name}_blocks": blocks, f"{name}_gib": self.gib(tokens)}

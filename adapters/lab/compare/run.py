@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
 from ..replay import ReplayInterrupted
-from ..sim import CostProfile, ProfileRangeWarning, SimUnservableError
+from ..sim import ProfileRangeWarning, SimUnservableError
 from ..sim.load import LoadSummary
 from ..sim.rate_sweep import Saturation, rate_schedule, saturation_of, start_rate, sweep_rates
 from ..sim.runs import KLiveHits, RunRow, SweepHit, run_table
@@ -122,53 +122,41 @@ class WorkloadResult:
 
 
 def compare_workload(
-    workload: Workload,
-    backends: Sequence[BackendSpec],
-    capacity_tokens: int,
-    sweep: Sequence[int] = (),
-    *,
-    concurrency: int = 1,
-    timing_repeats: int = 3,
-    boundary_accounting: bool = True,
-    time: TimeSettings | None = None,
-    bars: Bars | None = None,
-    profile: CostProfile | None = None,
-    capacity_search: bool = False,
+    plan: WorkloadPlan, settings: CompareSettings, *, bars: Bars | None = None
 ) -> WorkloadResult:
-    """Every backend on one workload: :func:`run_backend` each, the sweep, the
-    capacity anchors (GiB by ``profile``'s KV bytes per token; with
-    ``capacity_search`` the working set and knee by bisection), then (with ``time``)
-    each backend's arrival-time run at the table's capacity and at each capacity of
-    the sweep.
+    """Every backend on one planned workload: :func:`run_backend` each at the plan's
+    capacity, the plan's sweep, the capacity anchors (GiB by the settings' profile's KV
+    bytes per token, else the arrival-time runs'; with ``capacity_search`` the working
+    set and knee by bisection), then (with ``settings.time``) each backend's
+    arrival-time run at the table's capacity and at each capacity of the sweep.
 
     Raises:
-        CapacityError: ``capacity_tokens`` cannot hold the requests (the sweep's
+        CapacityError: the plan's capacity cannot hold the requests (the sweep's
             capacities never raise; a failed point is ``None``, a failed
             arrival-time point is left out).
         CompareInterrupted: Ctrl-C; it carries what finished so far.
     """
-    result = _empty_result(workload, capacity_tokens, concurrency)
+    workload, backends, k = plan.workload, settings.backends, settings.concurrency
+    result = _empty_result(workload, plan.capacity_tokens, k)
     try:
         for b in backends:
             result.backends.append(
                 run_backend(
                     workload,
                     b,
-                    capacity_tokens,
-                    concurrency=concurrency,
-                    timing_repeats=timing_repeats,
-                    boundary_accounting=boundary_accounting,
+                    plan.capacity_tokens,
+                    concurrency=k,
+                    timing_repeats=settings.timing_repeats,
+                    boundary_accounting=settings.boundary_accounting,
                     bars=bars,
                 )
             )
         result.strip_requests = select_strip_requests(result.backends)
-        if sweep:
-            result.sweep = run_sweep(workload, backends, sweep, concurrency=concurrency, bars=bars)
-        result.anchors = _anchors(
-            result, workload, backends, concurrency, profile, bars, capacity_search
-        )
-        if time is not None:
-            _run_arrival_all(result, workload, backends, capacity_tokens, sweep, time, bars)
+        if plan.sweep:
+            result.sweep = run_sweep(workload, backends, plan.sweep, concurrency=k, bars=bars)
+        result.anchors = _anchors(result, workload, settings, bars)
+        if settings.time is not None:
+            _run_arrival_all(result, plan, backends, settings.time, bars)
     except (ReplayInterrupted, KeyboardInterrupt):
         result.partial = True
         if result.backends:
@@ -193,14 +181,10 @@ def _empty_result(workload: Workload, capacity_tokens: int, concurrency: int) ->
 
 
 def _anchors(
-    result: WorkloadResult,
-    workload: Workload,
-    backends: Sequence[BackendSpec],
-    concurrency: int,
-    profile: CostProfile | None,
-    bars: Bars | None,
-    search: bool = False,
+    result: WorkloadResult, workload: Workload, settings: CompareSettings, bars: Bars | None
 ) -> list[CapacityAnchor]:
+    backends, concurrency = settings.backends, settings.concurrency
+    profile = settings.profile or (settings.time.profile if settings.time else None)
     roomy = roomy_capacity(workload.stats, backends)
     out = []
     for b, run in zip(backends, result.backends, strict=True):
@@ -219,7 +203,7 @@ def _anchors(
         bend = knee(points)
         working_set: int | None = None
         rule, replays = "kneedle", 0
-        if search:
+        if settings.capacity_search:
             finder = CapacitySearch(
                 functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
                 [*points, (result.capacity_tokens, table_hit), (roomy, infinite)],
@@ -267,13 +251,12 @@ def _hit_ratio(
 
 def _run_arrival_all(
     result: WorkloadResult,
-    workload: Workload,
+    plan: WorkloadPlan,
     backends: Sequence[BackendSpec],
-    capacity_tokens: int,
-    sweep: Sequence[int],
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
+    workload, capacity_tokens = plan.workload, plan.capacity_tokens
     if time.auto_rates and time.request_rate is None:
         first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
         time = dataclasses.replace(time, request_rate=first)
@@ -294,7 +277,7 @@ def _run_arrival_all(
         if time.rates or time.auto_rates:
             args = (workload, backends, capacity_tokens, time, scheduler)
             _run_rate_sweep(*args, table, bars, into=result.arrival_runs)
-    for cap in sweep:
+    for cap in plan.sweep:
         if cap == capacity_tokens:
             continue  # the table's run is that point
         for scheduler in time.schedulers:
@@ -426,22 +409,7 @@ def run_comparison(
         warnings.simplefilter("always", ProfileRangeWarning)
         try:
             for plan in plans:
-                comparison.workloads.append(
-                    compare_workload(
-                        plan.workload,
-                        settings.backends,
-                        plan.capacity_tokens,
-                        plan.sweep,
-                        concurrency=settings.concurrency,
-                        timing_repeats=settings.timing_repeats,
-                        boundary_accounting=settings.boundary_accounting,
-                        time=settings.time,
-                        bars=bars,
-                        profile=settings.profile
-                        or (settings.time.profile if settings.time else None),
-                        capacity_search=settings.capacity_search,
-                    )
-                )
+                comparison.workloads.append(compare_workload(plan, settings, bars=bars))
         except CompareInterrupted as exc:
             comparison.partial = True
             if exc.workload.backends:

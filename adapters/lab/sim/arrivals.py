@@ -111,14 +111,6 @@ def fixed_rate_arrivals(rate: float) -> Iterator[float]:
     return (i * step for i in itertools.count())
 
 
-def _scaled(timestamps: Iterable[float], scale: float) -> Iterator[float]:
-    first: float | None = None
-    for t in timestamps:
-        if first is None:
-            first = t
-        yield (t - first) * scale
-
-
 def with_arrivals(
     requests: Iterable[SimRequest],
     *,

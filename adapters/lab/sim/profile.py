@@ -55,6 +55,7 @@ __all__ = [
     "COEFFICIENTS",
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "DEFAULT_PROFILE",
+    "HARDWARE",
     "MAX_COEFFICIENT_S",
     "RANGE_KEYS",
     "SERVING_TERMS",
@@ -91,6 +92,10 @@ SPREAD_TABLES = ("request_spread_s", "busy_request_spread_s", "pace_spread")
 """The serving path's spread: quantiles of the seconds a request spends outside the
 engine, sent to an idle and to a busy server (:mod:`.serving_spread`), and of the
 engine's pace (a factor, :mod:`.engine_pace`); empty when not measured."""
+
+HARDWARE = ("kv_bytes_per_token", "device_memory_bytes", "weight_bytes", "kv_cache_tokens")
+"""The hardware the profile was measured on, each an int or ``None`` (unknown): what
+sizes vLLM's pool (:meth:`CostProfile.kv_capacity_tokens`)."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
 """What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
@@ -243,12 +248,7 @@ class CostProfile:
                     f"profile {self.name!r}: covers[{key!r}] must be [low, high] ints >= 0 "
                     f"of one of {RANGE_KEYS}, got {span!r:.80}"
                 )
-        for name in (
-            "kv_bytes_per_token",
-            "device_memory_bytes",
-            "weight_bytes",
-            "kv_cache_tokens",
-        ):
+        for name in HARDWARE:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise ProfileError(
@@ -364,10 +364,7 @@ class CostProfile:
             "notes": d["notes"],
             "measured_on": dict(self.measured_on),
             "covers": {k: list(v) for k, v in self.covers.items()},
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "device_memory_bytes": self.device_memory_bytes,
-            "weight_bytes": self.weight_bytes,
-            "kv_cache_tokens": self.kv_cache_tokens,
+            **{k: getattr(self, k) for k in HARDWARE},
             "fit": dict(self.fit),
         }
 
@@ -412,13 +409,8 @@ class CostProfile:
             **{k: data.get(k, 0.0) for k in SERVING_TERMS},
             **{k: data.get(k, []) for k in SPREAD_TABLES},
             measured_on=measured_on,
-            covers={
-                k: tuple(v) if isinstance(v, list) else v for k, v in objects["covers"].items()
-            },
-            kv_bytes_per_token=data.get("kv_bytes_per_token"),
-            device_memory_bytes=data.get("device_memory_bytes"),
-            weight_bytes=data.get("weight_bytes"),
-            kv_cache_tokens=data.get("kv_cache_tokens"),
+            covers=objects["covers"],
+            **{k: data[k] for k in HARDWARE if k in data},
             **{k: coefficients[k] for k in COEFFICIENTS},
         )
 

@@ -36,6 +36,7 @@ from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
+from prefixkv.adapters.sglang.pools import PagePool
 from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
@@ -187,7 +188,25 @@ class KLiveSeat(Protocol):
         ...
 
 
-class VllmSeat:
+class _PoolSeat:
+    """What every seat reads off its pool (``pool``: the class's free blocks)."""
+
+    pool: PagePool
+    index: PrefixIndex
+    num_blocks: int
+
+    def pool_size(self) -> tuple[int, int]:
+        """Free and total blocks of the pool (for an error message)."""
+        pool = self.pool
+        return pool.num_free_blocks, pool.num_blocks
+
+    def num_held_blocks(self) -> int:
+        """Blocks running requests hold (neither free nor evictable)."""
+        free = self.pool.num_free_blocks
+        return self.num_blocks - free - self.index.stats().num_evictable_blocks
+
+
+class VllmSeat(_PoolSeat):
     """prefixkv's vLLM ``KVCacheManager`` as a seat (:func:`make_seat` builds one).
 
     Args:
@@ -198,7 +217,8 @@ class VllmSeat:
         self.kv = kv
         self.index = kv.manager.index
         self.block_size = self.index.block_size
-        self.num_blocks = kv.manager.allocator.num_blocks - 1
+        self.pool = kv.manager.allocator
+        self.num_blocks = self.pool.num_blocks - 1
         self.requests: dict[str, VllmRequest] = {}
 
     @property
@@ -284,10 +304,7 @@ class VllmSeat:
             # instructions per step booked with the calls (two clock reads a step
             # cost more than the in-place step they timed); it runs compiled where
             # the build is (decode_loops).
-            t0 = perf()
-            ok = vllm_decode(self.kv, req, output)
-            times.book("allocate_decode", perf() - t0)
-            return ok
+            return times.call("allocate_decode", vllm_decode, self.kv, req, output)
         spent = 0.0
         for k in range(1, len(output)):
             t0 = perf()
@@ -306,10 +323,6 @@ class VllmSeat:
     def end(self, request_id: str, times: CallTimes) -> None:
         """K-live: ``free`` (vLLM registers nothing there)."""
         times.call("free", self.kv.free, self.requests.pop(request_id))
-
-    def pool_size(self) -> tuple[int, int]:
-        a = self.kv.manager.allocator
-        return a.num_free_blocks, a.num_blocks
 
     def grow(self, request_id: str, num_computed: int, num_new: int) -> bool:
         """Slots for the next ``num_new`` tokens of a running request (a chunk or a
@@ -339,10 +352,6 @@ class VllmSeat:
     def take_events(self) -> list[KVEvent]:
         return self.kv.take_events()
 
-    def num_held_blocks(self) -> int:
-        free = self.kv.manager.allocator.num_free_blocks
-        return self.num_blocks - free - self.index.stats().num_evictable_blocks
-
     def reset(self) -> None:
         self.kv.reset_prefix_cache()
 
@@ -350,7 +359,7 @@ class VllmSeat:
         self.kv.check_invariants()
 
 
-class SglangSeat:
+class SglangSeat(_PoolSeat):
     """prefixkv's SGLang ``PrefixCache`` on its simulated pools as a seat
     (:func:`make_seat` builds one).
 
@@ -363,7 +372,8 @@ class SglangSeat:
         self.cache = cache
         self.index = cache.index
         self.block_size = self.index.block_size
-        self.num_blocks = cache.pool.num_blocks
+        self.pool = cache.pool
+        self.num_blocks = self.pool.num_blocks
         self.requests: dict[str, SimpleReq] = {}
 
     @property
@@ -380,10 +390,14 @@ class SglangSeat:
         cache.unlock(lock)
         return len(tokens) - match.prefix_len, room
 
-    def admit(self, request_id: str, tokens: Any) -> int | None:
-        """``alloc_for_extend``: the hit tokens, or ``None`` (nothing changed)."""
-        req = SimpleReq(request_id, tokens)
-        hit = alloc_for_extend(self.cache, req)
+    def admit(self, request_id: str, tokens: Any, times: CallTimes | None = None) -> int | None:
+        """``alloc_for_extend`` (booked in ``times`` when given): the hit tokens, or
+        ``None`` (nothing changed)."""
+        req, cache = SimpleReq(request_id, tokens), self.cache
+        if times is None:
+            hit = alloc_for_extend(cache, req)
+        else:
+            hit = times.call("alloc_for_extend", alloc_for_extend, cache, req)
         if hit is not None:
             self.requests[request_id] = req
         return hit
@@ -412,11 +426,7 @@ class SglangSeat:
         self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
     ) -> int | None:
         """K-live: ``alloc_for_extend``."""
-        req = SimpleReq(request_id, tokens)
-        hit = times.call("alloc_for_extend", alloc_for_extend, self.cache, req)
-        if hit is not None:
-            self.requests[request_id] = req
-        return hit
+        return self.admit(request_id, tokens, times)
 
     def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
         """``cache_unfinished_req``; a request whose only output token was sampled
@@ -448,10 +458,7 @@ class SglangSeat:
         perf, spent = time.perf_counter, 0.0
         if step is None:
             # No hook between steps: timed once, as the vLLM seat's loop is.
-            t0 = perf()
-            ok = sglang_decode(cache, req, output)
-            times.book("alloc_for_decode", perf() - t0)
-            return ok
+            return times.call("alloc_for_decode", sglang_decode, cache, req, output)
         while len(out_ids) < len(output):
             t0 = perf()
             ok = alloc_for_decode(cache, req)
@@ -460,7 +467,7 @@ class SglangSeat:
                 times.book("alloc_for_decode", spent)
                 return False
             out_ids.append(output[len(out_ids)])
-            if step is not None and len(out_ids) < len(output):
+            if len(out_ids) < len(output):
                 step()
         times.book("alloc_for_decode", spent)
         return True
@@ -471,16 +478,8 @@ class SglangSeat:
             "cache_finished_req", self.cache.cache_finished_req, self.requests.pop(request_id)
         )
 
-    def pool_size(self) -> tuple[int, int]:
-        pool = self.cache.pool
-        return pool.num_free_blocks, pool.num_blocks
-
     def take_events(self) -> list[KVEvent]:
         return self.cache.take_events()
-
-    def num_held_blocks(self) -> int:
-        free = self.cache.pool.num_free_blocks
-        return self.num_blocks - free - self.index.stats().num_evictable_blocks
 
     def reset(self) -> None:
         self.cache.reset()
@@ -489,7 +488,7 @@ class SglangSeat:
         self.cache.check_invariants(self.requests.values())
 
 
-class ManagerSeat:
+class ManagerSeat(_PoolSeat):
     """prefixkv's ``CacheManager`` as a K-live seat: the generic lifecycle (``admit``,
     ``commit``, ``append``, ``finish``) for an index that models neither engine.
 
@@ -500,6 +499,8 @@ class ManagerSeat:
     def __init__(self, manager: CacheManager) -> None:
         self.manager = manager
         self.index = manager.index
+        self.pool = manager.allocator
+        self.num_blocks = self.pool.num_blocks
 
     @property
     def totals(self) -> CacheTotals:
@@ -544,10 +545,6 @@ class ManagerSeat:
 
     def take_events(self) -> list[KVEvent]:
         return self.manager.take_events()
-
-    def pool_size(self) -> tuple[int, int]:
-        a = self.manager.allocator
-        return a.num_free_blocks, a.num_blocks
 
 
 def make_seat(
