@@ -464,12 +464,20 @@ def _with_serving_path(
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step). Sent back
     # to back (the short requests): no waking in it.
-    admit_s = fit_admit_s(hops.short, engine_model(profile))
+    # The simulator also charges that step the front end's share of the cores while it
+    # takes the request in; the engine core's time already holds it.
+    admit_s = fit_admit_s(
+        hops.short,
+        engine_model(profile),
+        path.frontend_request_cpu_s or 0.0,
+        path.frontend_cpu_share or 0.0,
+    )
     # How the time outside the engine varies, sent to an idle and to a busy server:
     # a request sent to an idle server came after it idled (the idle requests; the
     # short ones where none were sent).
-    idle_spread = quantile_table(_outside(hops.idle or hops.short))
-    busy_spread = quantile_table(_outside(hops.busy))
+    stream_s = path.stream_token_s or 0.0
+    idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
+    busy_spread = quantile_table(_outside(hops.busy, stream_s))
     # The engine's pace, request to request: the lone long requests' decode as the
     # engine core timed it.
     pace = pace_table(hops.long)
@@ -479,7 +487,7 @@ def _with_serving_path(
         "serving_path": {
             **path.as_dict(),
             "admit_s": admit_s,
-            "busy_samples_kept": len(_outside(hops.busy)),
+            "busy_samples_kept": len(_outside(hops.busy, stream_s)),
             "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
             "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
             "samples": hops.to_json(),
@@ -500,13 +508,15 @@ def _with_serving_path(
     )
 
 
-def _outside(samples: Sequence[HopSample]) -> list[float]:
+def _outside(samples: Sequence[HopSample], stream_s: float) -> list[float]:
     """What each request spent outside the engine core's queue + prefill (those whose
-    window saw only their own figures: the server says the engine side), but for
+    window saw only their own figures: the server says the engine side) less
+    ``stream_s``, the front end's price of streaming its first token back (the
+    simulator adds it after the step: ``request_s`` leaves it out too), but for
     streams the client read in one burst (:func:`~.serving_spread.is_burst`: the
     client's stall, which a sweep leaves out of its percentiles as well)."""
     return [
-        s.client_ttft_s - s.engine_ttft_s
+        s.client_ttft_s - s.engine_ttft_s - stream_s
         for s in samples
         if s.engine_ttft_s is not None and not is_burst(s)
     ]

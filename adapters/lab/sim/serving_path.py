@@ -15,10 +15,10 @@ one request at a time (light load), from both ends:
   ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) split the client's
   TTFT into the HTTP side (client to API server and back), the front end's side (API
   server to engine core and back) and the engine's (``hops``).
-  The client's TTFT less the step model's price of the request's first step is the
-  fixed cost per request (``request_s``): vLLM's queue + prefill time holds
-  engine-core work for a new request that no modelled step prices (without a step
-  model, the engine's time stands for it).
+  The client's TTFT less the engine's queue + prefill time (without them, the step
+  model's price of the request's first step) and less the front end's price of
+  streaming the first token back (``stream_token_s``, which the simulator adds after
+  the step) is the fixed cost per request (``request_s``).
 - **long**: the same, decoding ``k`` tokens (their client TTFT is kept as
   ``hops["client_ttft_decoding"]``). With the short ones, the API server's
   CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
@@ -172,7 +172,8 @@ class ServingPath:
     """The serving path's terms, as a profile carries them, and how each hop splits.
 
     Attributes:
-        request_s: the fixed seconds per request outside the engine's steps.
+        request_s: the fixed seconds per request outside the engine's steps and the
+            first token's streaming.
         stream_token_s: the front end's seconds per streamed token (``None``:
             not measured).
         frontend_request_cpu_s: its CPU seconds per request (``None``: not measured).
@@ -276,15 +277,20 @@ def fit_serving_path(
     # the engine core's own work for a new request, which no modelled step prices; taking
     # the step model's first step as the basis instead moved nearly all of a step into
     # request_s when a real CPU server was calibrated: step_s 0.03 ms, TPOT 75% low.)
+    # The client's TTFT also holds the front end streaming the first token back, which
+    # the simulator prices apart (stream_token_s, after the step): it is taken off here,
+    # or every request pays it twice.
+    cpu_request, cpu_token = _frontend_cpu(short, long)
     request_s = max(
-        0.0, statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+        0.0,
+        statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+        - (cpu_token or 0.0),
     )
     hops = _client_hops(short, long, engine_model)
     wake = _wake(idle, short)
     if wake is not None:
         hops["client_ttft_after_idle"] = wake.client_ttft
     hops.update(_split_hops(short))
-    cpu_request, cpu_token = _frontend_cpu(short, long)
     on_metrics = all(s.engine_ttft_s is not None for s in short)
     return ServingPath(
         request_s=request_s,
