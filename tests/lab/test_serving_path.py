@@ -430,6 +430,9 @@ def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_
     old = dataclasses.replace(old, fit={"serving_path": {"request_s": 0.0057, "hops": no_engine}})
     assert refit_server_profile(old).request_s == pytest.approx(0.012 - first)
     assert again.step_s == BASE.step_s and "no samples kept" in again.fit["refit"]
+    # the first token's streaming is priced apart, not in request_s as well
+    streams = dataclasses.replace(old, stream_token_s=0.0005)
+    assert refit_server_profile(streams).request_s == pytest.approx(0.012 - first - 0.0005)
     for bare in (BASE, dataclasses.replace(BASE, fit={"samples": [{"seconds": 1}]})):
         with pytest.raises(ProfileError, match=r"calibrate --server again|not a step sample"):
             refit_server_profile(bare)

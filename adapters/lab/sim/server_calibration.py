@@ -599,10 +599,12 @@ def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
         )
     engine = hops.get("engine") if isinstance(hops, dict) else None
     if isinstance(engine, (int, float)) and not isinstance(engine, bool) and 0 <= engine < ttft:
-        request_s, outside = ttft - engine, "engine"
+        inside, outside = engine, "engine"
     else:
-        first_step, _ = engine_model(profile)(PROMPT_TOKENS, 1)
-        request_s, outside = max(0.0, ttft - first_step), "step model"
+        inside, outside = engine_model(profile)(PROMPT_TOKENS, 1)[0], "step model"
+    # the first token's streaming is priced apart (stream_token_s), as fit_serving_path
+    # leaves it out
+    request_s = max(0.0, ttft - inside - profile.stream_token_s)
     fitted = {
         **profile.fit,
         "serving_path": {**path, "request_s": request_s, "request_s_outside": outside},
