@@ -123,26 +123,3 @@ def test_admit_s_adds_itself_once_to_each_step_that_starts_a_request(
         )
     for m in res.requests:  # every request paid it before its first token
         assert m.ttft_s >= BASE.step_s + admit_s - 1e-12
-
-
-@given(
-    excess=st.floats(0.0, 0.02),
-    step=st.floats(1e-4, 0.02),
-    cpu=st.floats(0.0, 0.01),
-    share=st.floats(0.0, 1.0),
-)
-def test_admit_s_leaves_out_the_front_ends_share_the_simulator_charges_that_step(
-    excess: float, step: float, cpu: float, share: float
-) -> None:
-    def model(prompt: int, num_tokens: int) -> tuple[float, float]:
-        return step, 0.0
-
-    admit = fit_admit_s([lone(step + excess)], model, cpu, share)
-    assert admit is not None and admit >= 0.0
-    # what the simulator prices the step at beyond the step model: admit_s, and the
-    # front end's share of its busy time (cpu) during the step, at most the step
-    priced = admit + share * min(cpu, step + admit)
-    if admit > 0:
-        assert priced == pytest.approx(excess, rel=1e-9, abs=1e-12)
-    else:  # nothing left to admit: the share alone already covers the engine's time
-        assert share * min(cpu, step) >= excess - 1e-12

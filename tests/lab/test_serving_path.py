@@ -489,3 +489,33 @@ def test_a_step_that_wakes_an_idle_engine_pays_the_wake_cost() -> None:
     assert b.run.busy_s == pytest.approx(a.run.busy_s + 2 * 0.004)
     # 50 ms apart, under wake_after_s: nothing to wake
     assert _run(woken, dense).run.busy_s == pytest.approx(_run(BASE, dense).run.busy_s)
+
+
+@given(
+    excess=st.floats(0.0, 0.02),
+    step=st.floats(1e-4, 0.02),
+    cpu=st.floats(0.0, 0.01),
+    share=st.floats(0.0, 1.0),
+)
+def test_admit_s_leaves_out_the_front_ends_share_the_simulator_charges_that_step(
+    excess: float, step: float, cpu: float, share: float
+) -> None:
+    from prefixkv.adapters.lab.sim.server_calibration import _admit_beyond_share
+    from prefixkv.adapters.lab.sim.serving_path import ServingPath
+
+    def model(prompt: int, num_tokens: int) -> tuple[float, float]:
+        return step, 0.0
+
+    lone = HopSample(8, 1, 0.02, 0.0, engine_ttft_s=step + excess)
+    path = ServingPath(0.005, frontend_request_cpu_s=cpu, frontend_cpu_share=share)
+    admit = _admit_beyond_share([lone], model, path)
+    assert admit is not None and admit >= 0.0
+    # what the simulator prices the step at beyond the step model: admit_s, and the
+    # front end's share of its busy time (cpu) during the step, at most the step
+    priced = admit + share * min(cpu, step + admit)
+    if admit > 0:
+        assert priced == pytest.approx(excess, rel=1e-9, abs=1e-12)
+    else:  # nothing left to admit: the share alone covers the engine's time
+        assert share * min(cpu, step) >= excess - 1e-12
+    # a server that does not say its engine side: not measured
+    assert _admit_beyond_share([lone._replace(engine_ttft_s=None)], model, path) is None

@@ -16,13 +16,6 @@ prefill) less the step model's price of its one step. The simulator adds it to a
 that first schedules a request, once a step (:class:`~.runner.Replica`): requests that
 come one at a time cannot tell a cost per request from one per step, and the one per
 step keeps the decode batches the step model was fitted to as they were.
-
-That step also pays the front end's share of the cores while it takes the request in
-(``frontend_cpu_share x`` the front end's busy time during the step, at most
-``frontend_request_cpu_s``): the engine core's time already holds whatever the front
-end's work cost it, so :func:`fit_admit_s` takes that charge off too. Without it the
-simulator priced the calibration's own lone requests 0.3-1.8 ms above what the engine
-core said they took (``frontend_cpu_share`` 0.12-0.51 of 1.8-4.1 ms) on a 2-core CPU vLLM.
 """
 
 from __future__ import annotations
@@ -35,42 +28,23 @@ from .serving_path import EngineModel, HopSample
 __all__ = ["fit_admit_s"]
 
 
-def fit_admit_s(
-    lone: Sequence[HopSample],
-    model: EngineModel,
-    frontend_request_cpu_s: float = 0.0,
-    frontend_cpu_share: float = 0.0,
-) -> float | None:
-    """Seconds the engine core's queue + prefill time of a lone request exceeds what
-    the simulator prices its first step at without ``admit_s`` (the median over
-    ``lone``, at least 0).
-
-    The simulator prices that step ``step + admit_s + share x min(frontend_request_cpu_s,
-    step + admit_s)`` (:class:`~.runner.Replica`: the front end takes the request in as
-    the step starts); ``admit_s`` is what makes that the engine core's time.
+def fit_admit_s(lone: Sequence[HopSample], model: EngineModel) -> float | None:
+    """Seconds the engine core's queue + prefill time of a lone request exceeds the
+    step model's price of its first step (the median over ``lone``, at least 0).
 
     Args:
         lone: requests sent one at a time, back to back (the serving path's short
             ones).
         model: the step model (:func:`~.serving_path.engine_model` of the profile
             the simulator prices steps with).
-        frontend_request_cpu_s: the front end's CPU seconds per request.
-        frontend_cpu_share: step seconds lost per CPU second of the front end.
 
     Returns:
         ``None`` when no sample says the engine's side (a server without vLLM's
         ``/metrics``).
     """
-    share = frontend_cpu_share
-    admits = []
-    for s in lone:
-        if s.engine_ttft_s is None:
-            continue
-        step = model(s.prompt_tokens, s.num_tokens)[0]
-        excess = s.engine_ttft_s - step
-        # a + share x min(cpu, step + a) = excess, increasing in a: the inverse of a
-        # minimum of two increasing lines is the maximum of their inverses.
-        admits.append(
-            max(excess - share * frontend_request_cpu_s, (excess - share * step) / (1 + share))
-        )
-    return max(0.0, statistics.median(admits)) if admits else None
+    excess = [
+        s.engine_ttft_s - model(s.prompt_tokens, s.num_tokens)[0]
+        for s in lone
+        if s.engine_ttft_s is not None
+    ]
+    return max(0.0, statistics.median(excess)) if excess else None
