@@ -519,3 +519,84 @@ def test_admit_s_leaves_out_the_front_ends_share_the_simulator_charges_that_step
         assert share * min(cpu, step) >= excess - 1e-12
     # a server that does not say its engine side: not measured
     assert _admit_beyond_share([lone._replace(engine_ttft_s=None)], model, path) is None
+
+
+class OverlapServer(MetricsServer):
+    """:class:`MetricsServer` that records, for each completion, its ``max_tokens``, how
+    many streams were open when it came and the fewest tokens any of them had sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: dict[int, int] = {}  # stream -> tokens sent so far
+        self.arrivals: list[tuple[int, int, int]] = []
+
+    async def __call__(self, request: Any) -> Any:
+        import httpx
+
+        response = await super().__call__(request)
+        if request.url.path != "/v1/completions":
+            return response
+        n = json.loads(request.content)["max_tokens"]
+        self.arrivals.append((n, len(self.open), min(self.open.values(), default=0)))
+        key = len(self.arrivals)
+        self.open[key] = 0
+        inner = response.stream
+
+        async def counted() -> Any:
+            async for chunk in inner:
+                if b'"text"' in chunk:
+                    self.open[key] += 1
+                elif b"[DONE]" in chunk:
+                    del self.open[key]  # the stream's end: the client reads no further
+                yield chunk
+
+        return httpx.Response(200, content=counted())
+
+
+def test_each_busy_request_meets_a_young_stream_of_its_own_at_its_point() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.serving_path import (
+        BUSY_BACKGROUND_TOKENS,
+        BUSY_PER_REPEAT,
+        busy_into,
+        measure_serving_path,
+    )
+
+    server = OverlapServer()
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
+    ids = iter(range(10**6))
+
+    async def run() -> list[HopSample]:
+        async with engine.client() as client:
+            *_, busy = await measure_serving_path(
+                engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
+                repeats=3, long_tokens=32, idle_pauses_s=(),
+            )  # fmt: skip
+        return busy
+
+    busy = asyncio.run(run())
+    n = BUSY_PER_REPEAT * 3
+    assert len(busy) == n
+    # one background each, sent to a server with nothing else on it
+    backgrounds = [a for a in server.arrivals if a[0] == BUSY_BACKGROUND_TOKENS]
+    assert len(backgrounds) == n and all(opened == 0 for _, opened, _ in backgrounds)
+    # each busy request came while its background alone streamed, once it had sent
+    # the tokens its turn says
+    met = [a for a in server.arrivals if a[0] == 32 and a[1] > 0]
+    assert [opened for _, opened, _ in met] == [1] * n
+    points = [busy_into(k, BUSY_BACKGROUND_TOKENS, 32) for k in range(n)]
+    assert all(sent >= into for (_, _, sent), into in zip(met, points, strict=True))
+
+
+def test_busy_requests_are_sent_at_several_points_each_ending_before_its_background() -> None:
+    from prefixkv.adapters.lab.sim.serving_path import BUSY_INTO_STEPS, busy_into
+
+    points = [busy_into(k, 96, 32) for k in range(2 * BUSY_INTO_STEPS)]
+    assert points[:BUSY_INTO_STEPS] == points[BUSY_INTO_STEPS:]  # in turn
+    assert len(set(points)) == BUSY_INTO_STEPS and min(points) == 1
+    assert max(points) + 32 <= 96 // 2 + 32 < 96
+    # a background too short to hold one still gives a point within it
+    assert all(1 <= busy_into(k, 4, 32) <= 4 for k in range(BUSY_INTO_STEPS))

@@ -209,8 +209,17 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
     from prefixkv.adapters.lab.sim.serving_path import HopSample
 
     class Background:
-        async def complete(self, client: Any, prompt: Any, n: int) -> None:
-            await asyncio.sleep(10)  # decodes until cancelled
+        """Streams its ``n`` tokens (one a loop turn), or fails at once (``fails``)."""
+
+        fails = False
+
+        async def complete(self, client: Any, prompt: Any, n: int, on_token: Any = None) -> None:
+            if self.fails:
+                raise ServerError("http://fake/v1/completions: RemoteProtocolError: ")
+            for k in range(n):
+                await asyncio.sleep(0)
+                if on_token is not None:
+                    on_token(k + 1)
 
     def probes(fails: set[int]) -> Any:
         calls = iter(range(100))
@@ -232,6 +241,10 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
     assert len(busy({0, 2, 4})) == 3
     with pytest.raises(ServerError, match="ReadError"):
         busy({0, 1, 2, 3})
+    # a background the server drops is no sample either
+    Background.fails = True
+    with pytest.raises(ServerError, match="RemoteProtocolError"):
+        busy(set())
 
 
 def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -> None:
