@@ -379,15 +379,18 @@ def summarize_rate(rate: float, runs: Sequence[dict[str, Any]]) -> dict[str, Any
 def busy_probe(profile: CostProfile) -> dict[str, Any]:
     """What a run's profile says of the calibration's busy requests: the tokens each
     decoded (``busy_probe_tokens``; 1 for profiles made before they streamed, 0 for
-    none) and their p90 outside the engine core (``busy_probe_p90_s``, NaN: none)."""
+    none), their p90 outside the engine core (``busy_probe_p90_s``, NaN: none) and how
+    many the client read in one burst, left out of it (``busy_probe_bursts``)."""
     path = profile.fit.get("serving_path")
     path = path if isinstance(path, dict) else {}
     kept = path.get("busy_samples_kept") or 0
     tokens = path.get("busy_tokens", 1 if kept else 0)
+    bursts = path.get("busy_bursts", 0)
     table = profile.busy_request_spread_s
     return {
         "busy_probe_tokens": int(tokens) if isinstance(tokens, int) else 0,
         "busy_probe_p90_s": float(table[18]) if table else math.nan,
+        "busy_probe_bursts": int(bursts) if isinstance(bursts, int) else 0,
     }
 
 
@@ -398,6 +401,7 @@ def _busy_probe_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "busy_probe_tokens": first.get("busy_probe_tokens", 0),
         "busy_probe_p90_s": first.get("busy_probe_p90_s", math.nan),
+        "busy_probe_bursts": first.get("busy_probe_bursts", 0),
         "busy_wait": any(r.get("busy_wait", False) for r in runs),
     }
 

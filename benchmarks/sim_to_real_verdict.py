@@ -186,10 +186,18 @@ def _busy_probe(row: dict[str, Any]) -> str:
         )
     if p90 is None or math.isnan(p90):
         return f"the calibration's busy requests streamed {tokens} tokens"
-    return (
+    said = (
         f"the calibration's busy requests, streaming {tokens} tokens, spent {_ms(p90)} ms "
         "outside the engine core at p90"
     )
+    bursts = row.get("busy_probe_bursts") or 0
+    if bursts:
+        # the stall a sweep shows as a late first token, held to the stream's end
+        said += (
+            f"; {bursts} more were read in one burst, left out as a sweep's are: their "
+            "first token held until their stream ended"
+        )
+    return said
 
 
 def _idle(pooled: dict[str, list[Any]]) -> list[str]:

@@ -76,14 +76,15 @@ def test_the_fit_recovers_known_hops_and_front_end_cpu(
     cpu_token: float,
     k: int,
 ) -> None:
-    # Whatever the engine's own time, the fixed cost is what lies outside it.
+    # Whatever the engine's own time, the fixed cost is what lies outside it, less the
+    # first token's streaming (priced apart, by stream_token_s).
     short = [hop(http=http, front=front, engine=e, cpu=cpu_request + cpu_token) for e in engines]
     long = [
         hop(http=http, front=front, engine=e, k=k, decode=0.01 * k, cpu=cpu_request + k * cpu_token)
         for e in engines
     ]
     path = fit_serving_path(short, long)
-    assert path.request_s == pytest.approx(http + front, rel=1e-6, abs=1e-12)
+    assert path.request_s == pytest.approx(max(0.0, http + front - cpu_token), rel=1e-6, abs=1e-12)
     assert path.hops["http"] == pytest.approx(http, rel=1e-6, abs=1e-12)
     assert path.hops["frontend"] == pytest.approx(front, rel=1e-6, abs=1e-12)
     assert path.stream_token_s == pytest.approx(cpu_token, rel=1e-6, abs=1e-12)
@@ -429,6 +430,9 @@ def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_
     old = dataclasses.replace(old, fit={"serving_path": {"request_s": 0.0057, "hops": no_engine}})
     assert refit_server_profile(old).request_s == pytest.approx(0.012 - first)
     assert again.step_s == BASE.step_s and "no samples kept" in again.fit["refit"]
+    # the first token's streaming is priced apart, not in request_s as well
+    streams = dataclasses.replace(old, stream_token_s=0.0005)
+    assert refit_server_profile(streams).request_s == pytest.approx(0.012 - first - 0.0005)
     for bare in (BASE, dataclasses.replace(BASE, fit={"samples": [{"seconds": 1}]})):
         with pytest.raises(ProfileError, match=r"calibrate --server again|not a step sample"):
             refit_server_profile(bare)
@@ -485,3 +489,114 @@ def test_a_step_that_wakes_an_idle_engine_pays_the_wake_cost() -> None:
     assert b.run.busy_s == pytest.approx(a.run.busy_s + 2 * 0.004)
     # 50 ms apart, under wake_after_s: nothing to wake
     assert _run(woken, dense).run.busy_s == pytest.approx(_run(BASE, dense).run.busy_s)
+
+
+@given(
+    excess=st.floats(0.0, 0.02),
+    step=st.floats(1e-4, 0.02),
+    cpu=st.floats(0.0, 0.01),
+    share=st.floats(0.0, 1.0),
+)
+def test_admit_s_leaves_out_the_front_ends_share_the_simulator_charges_that_step(
+    excess: float, step: float, cpu: float, share: float
+) -> None:
+    from prefixkv.adapters.lab.sim.server_calibration import _admit_beyond_share
+    from prefixkv.adapters.lab.sim.serving_path import ServingPath
+
+    def model(prompt: int, num_tokens: int) -> tuple[float, float]:
+        return step, 0.0
+
+    lone = HopSample(8, 1, 0.02, 0.0, engine_ttft_s=step + excess)
+    path = ServingPath(0.005, frontend_request_cpu_s=cpu, frontend_cpu_share=share)
+    admit = _admit_beyond_share([lone], model, path)
+    assert admit is not None and admit >= 0.0
+    # what the simulator prices the step at beyond the step model: admit_s, and the
+    # front end's share of its busy time (cpu) during the step, at most the step
+    priced = admit + share * min(cpu, step + admit)
+    if admit > 0:
+        assert priced == pytest.approx(excess, rel=1e-9, abs=1e-12)
+    else:  # nothing left to admit: the share alone covers the engine's time
+        assert share * min(cpu, step) >= excess - 1e-12
+    # a server that does not say its engine side: not measured
+    assert _admit_beyond_share([lone._replace(engine_ttft_s=None)], model, path) is None
+
+
+class OverlapServer(MetricsServer):
+    """:class:`MetricsServer` that records, for each completion, its ``max_tokens``, how
+    many streams were open when it came and the fewest tokens any of them had sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: dict[int, int] = {}  # stream -> tokens sent so far
+        self.arrivals: list[tuple[int, int, int]] = []
+
+    async def __call__(self, request: Any) -> Any:
+        import httpx
+
+        response = await super().__call__(request)
+        if request.url.path != "/v1/completions":
+            return response
+        n = json.loads(request.content)["max_tokens"]
+        self.arrivals.append((n, len(self.open), min(self.open.values(), default=0)))
+        key = len(self.arrivals)
+        self.open[key] = 0
+        inner = response.stream
+
+        async def counted() -> Any:
+            async for chunk in inner:
+                if b'"text"' in chunk:
+                    self.open[key] += 1
+                elif b"[DONE]" in chunk:
+                    del self.open[key]  # the stream's end: the client reads no further
+                yield chunk
+
+        return httpx.Response(200, content=counted())
+
+
+def test_each_busy_request_meets_a_young_stream_of_its_own_at_its_point() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.serving_path import (
+        BUSY_BACKGROUND_TOKENS,
+        BUSY_PER_REPEAT,
+        busy_into,
+        measure_serving_path,
+    )
+
+    server = OverlapServer()
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
+    ids = iter(range(10**6))
+
+    async def run() -> list[HopSample]:
+        async with engine.client() as client:
+            *_, busy = await measure_serving_path(
+                engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
+                repeats=3, long_tokens=32, idle_pauses_s=(),
+            )  # fmt: skip
+        return busy
+
+    busy = asyncio.run(run())
+    n = BUSY_PER_REPEAT * 3
+    assert len(busy) == n
+    # one background each, sent to a server with nothing else on it
+    backgrounds = [a for a in server.arrivals if a[0] == BUSY_BACKGROUND_TOKENS]
+    assert len(backgrounds) == n and all(opened == 0 for _, opened, _ in backgrounds)
+    # each busy request came while its background alone streamed, once it had sent
+    # the tokens its turn says
+    met = [a for a in server.arrivals if a[0] == 32 and a[1] > 0]
+    assert [opened for _, opened, _ in met] == [1] * n
+    points = [busy_into(k, BUSY_BACKGROUND_TOKENS, 32) for k in range(n)]
+    assert all(sent >= into for (_, _, sent), into in zip(met, points, strict=True))
+
+
+def test_busy_requests_are_sent_at_several_points_each_ending_before_its_background() -> None:
+    from prefixkv.adapters.lab.sim.serving_path import BUSY_INTO_STEPS, busy_into
+
+    points = [busy_into(k, 96, 32) for k in range(2 * BUSY_INTO_STEPS)]
+    assert points[:BUSY_INTO_STEPS] == points[BUSY_INTO_STEPS:]  # in turn
+    assert len(set(points)) == BUSY_INTO_STEPS and min(points) == 1
+    assert max(points) + 32 <= 96 // 2 + 32 < 96
+    # a background too short to hold one still gives a point within it
+    assert all(1 <= busy_into(k, 4, 32) <= 4 for k in range(BUSY_INTO_STEPS))

@@ -150,12 +150,16 @@ def test_calibrate_server_keeps_the_idle_and_busy_spread_of_the_serving_path() -
     p = calibrated_on_a_mock(seed=7, serving_repeats=3)
     kept = HopSamples.from_json(p.fit["serving_path"]["samples"])
     assert len(kept.busy) == BUSY_PER_REPEAT * 3
-    outside = [s.client_ttft_s - s.engine_ttft_s for s in kept.busy if s.engine_ttft_s is not None]
+    # outside the engine core, less the first token's streaming (priced apart)
+    stream = p.stream_token_s
+    outside = [
+        s.client_ttft_s - s.engine_ttft_s - stream for s in kept.busy if s.engine_ttft_s is not None
+    ]
     assert outside and p.fit["serving_path"]["busy_samples_kept"] == len(outside)
     assert p.busy_request_spread_s == pytest.approx(quantile_table(outside))
     lone = kept.idle  # sent after a pause (the short ones only where none were)
     assert p.request_spread_s == pytest.approx(
-        quantile_table([s.client_ttft_s - MetricsServer.ENGINE_TTFT for s in lone])
+        quantile_table([s.client_ttft_s - MetricsServer.ENGINE_TTFT - stream for s in lone])
     )
     again = refit_server_profile(p)
     assert again.request_spread_s == p.request_spread_s
@@ -205,8 +209,17 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
     from prefixkv.adapters.lab.sim.serving_path import HopSample
 
     class Background:
-        async def complete(self, client: Any, prompt: Any, n: int) -> None:
-            await asyncio.sleep(10)  # decodes until cancelled
+        """Streams its ``n`` tokens (one a loop turn), or fails at once (``fails``)."""
+
+        fails = False
+
+        async def complete(self, client: Any, prompt: Any, n: int, on_token: Any = None) -> None:
+            if self.fails:
+                raise ServerError("http://fake/v1/completions: RemoteProtocolError: ")
+            for k in range(n):
+                await asyncio.sleep(0)
+                if on_token is not None:
+                    on_token(k + 1)
 
     def probes(fails: set[int]) -> Any:
         calls = iter(range(100))
@@ -228,6 +241,10 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
     assert len(busy({0, 2, 4})) == 3
     with pytest.raises(ServerError, match="ReadError"):
         busy({0, 1, 2, 3})
+    # a background the server drops is no sample either
+    Background.fails = True
+    with pytest.raises(ServerError, match="RemoteProtocolError"):
+        busy(set())
 
 
 def test_the_busy_requests_stream_like_a_sweeps_and_a_burst_read_is_left_out() -> None:

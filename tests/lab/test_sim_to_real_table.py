@@ -124,7 +124,9 @@ def test_the_busy_tail_says_what_calibration_showed_and_the_busy_wait_where_know
     )
     streamed = said(busy_probe_tokens=32, busy_probe_p90_s=0.045)
     assert "busy requests, streaming 32 tokens, spent 45.0 ms outside the engine core" in streamed
-    assert "busy-wait" not in streamed
+    assert "busy-wait" not in streamed and "in one burst" not in streamed
+    held = said(busy_probe_tokens=32, busy_probe_p90_s=0.045, busy_probe_bursts=7)
+    assert "at p90; 7 more were read in one burst, left out as a sweep's are" in held
     waited = said(busy_probe_tokens=32, busy_probe_p90_s=0.045, busy_wait=True)
     assert "at p90) - " + sim_to_real_verdict.BUSY_WAIT + "; TPOT within 10%" in waited
     # no busy tail, no mechanism named, whatever the log says
@@ -189,11 +191,14 @@ def test_a_runs_profile_says_what_its_busy_requests_decoded() -> None:
     assert sim_to_real.busy_probe(older) == {
         "busy_probe_tokens": 1,
         "busy_probe_p90_s": pytest.approx(table[18]),
+        "busy_probe_bursts": 0,
     }
     newer = dataclasses.replace(
-        older, fit={"serving_path": {"busy_samples_kept": 9, "busy_tokens": 32}}
+        older,
+        fit={"serving_path": {"busy_samples_kept": 9, "busy_tokens": 32, "busy_bursts": 4}},
     )
     assert sim_to_real.busy_probe(newer)["busy_probe_tokens"] == 32
+    assert sim_to_real.busy_probe(newer)["busy_probe_bursts"] == 4
 
 
 def test_a_tpot_p90_off_beyond_its_p50_says_how_the_pace_varies() -> None:

@@ -682,9 +682,9 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     # (256 and 1024 at 0.5), and the decode batches.
     # Then a short request timed twice under 0 and under 8 background streams, and
     # the serving path: a short, a long and a loaded request, twice, then a short one
-    # after each of the 4 idle pauses, twice, then a long one and 2 x 2 short ones
-    # while it decodes (busy).
-    busy = 1 + 2 * 2
+    # after each of the 4 idle pauses, twice, then 2 x 2 busy ones, each while a
+    # background request of its own decodes.
+    busy = 2 * (2 * 2)
     assert (
         len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2 + busy
     )

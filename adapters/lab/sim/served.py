@@ -18,7 +18,7 @@ import itertools
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -280,10 +280,15 @@ class ServedEngine:
         return body.decode("utf-8", "replace") if status == 200 else ""
 
     async def complete(
-        self, client: httpx.AsyncClient, prompt: Sequence[int], max_tokens: int
+        self,
+        client: httpx.AsyncClient,
+        prompt: Sequence[int],
+        max_tokens: int,
+        on_token: Callable[[int], object] | None = None,
     ) -> Completion:
         """Send one streamed completion of ``prompt`` (token ids), decoding exactly
-        ``max_tokens``, and time it.
+        ``max_tokens``, and time it; ``on_token`` is called with the number of token
+        chunks read so far as each one arrives.
 
         Raises:
             ServerError: a refused request, a broken stream, no token streamed, more
@@ -317,8 +322,11 @@ class ServedEngine:
                     async for data in events:
                         if data == "[DONE]":
                             break
+                        read = len(times)
                         got = _take_chunk(data, where, times, most, max_tokens)
                         usage = usage if got is None else got
+                        if on_token is not None and len(times) > read:
+                            on_token(len(times))
 
         sent = time.perf_counter()
         try:

@@ -52,6 +52,7 @@ from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import (
     PROMPT_TOKENS,
+    EngineModel,
     HopSample,
     HopSamples,
     ServingPath,
@@ -464,12 +465,13 @@ def _with_serving_path(
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step). Sent back
     # to back (the short requests): no waking in it.
-    admit_s = fit_admit_s(hops.short, engine_model(profile))
+    admit_s = _admit_beyond_share(hops.short, engine_model(profile), path)
     # How the time outside the engine varies, sent to an idle and to a busy server:
     # a request sent to an idle server came after it idled (the idle requests; the
     # short ones where none were sent).
-    idle_spread = quantile_table(_outside(hops.idle or hops.short))
-    busy_spread = quantile_table(_outside(hops.busy))
+    stream_s = path.stream_token_s or 0.0
+    idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
+    busy_spread = quantile_table(_outside(hops.busy, stream_s))
     # The engine's pace, request to request: the lone long requests' decode as the
     # engine core timed it.
     pace = pace_table(hops.long)
@@ -479,7 +481,7 @@ def _with_serving_path(
         "serving_path": {
             **path.as_dict(),
             "admit_s": admit_s,
-            "busy_samples_kept": len(_outside(hops.busy)),
+            "busy_samples_kept": len(_outside(hops.busy, stream_s)),
             "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
             "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
             "samples": hops.to_json(),
@@ -500,13 +502,43 @@ def _with_serving_path(
     )
 
 
-def _outside(samples: Sequence[HopSample]) -> list[float]:
+def _admit_beyond_share(
+    lone: Sequence[HopSample], model: EngineModel, path: ServingPath
+) -> float | None:
+    """``admit_s`` (:func:`~.engine_admit.fit_admit_s`) less the front end's share of
+    the step that takes a lone request in, which the simulator charges that step too
+    (``frontend_cpu_share x`` the front end's busy time in it, at most
+    ``frontend_request_cpu_s``: :class:`~.runner.Replica`); the engine core's own time
+    already holds whatever the front end's work cost it. Without this the simulator
+    priced the calibration's own lone requests 0.2-1.8 ms above what the engine core
+    said they took (share 0.12-0.51 of 1.8-4.1 ms of CPU) on a 2-core CPU vLLM.
+
+    The median over ``lone`` of each request's ``a``, where ``a + share x min(cpu,
+    step + a)`` is what its engine time exceeds its step's price by (``None``: no
+    request says its engine side).
+    """
+    share, cpu = path.frontend_cpu_share or 0.0, path.frontend_request_cpu_s or 0.0
+    admits = []
+    for s in lone:
+        excess = fit_admit_s([s], model)
+        if excess is None:
+            continue
+        step = model(s.prompt_tokens, s.num_tokens)[0]
+        # a + share x min(cpu, step + a) grows with a: the inverse of the minimum of
+        # two increasing lines is the maximum of their inverses.
+        admits.append(max(excess - share * cpu, (excess - share * step) / (1 + share)))
+    return max(0.0, statistics.median(admits)) if admits else None
+
+
+def _outside(samples: Sequence[HopSample], stream_s: float) -> list[float]:
     """What each request spent outside the engine core's queue + prefill (those whose
-    window saw only their own figures: the server says the engine side), but for
+    window saw only their own figures: the server says the engine side) less
+    ``stream_s``, the front end's price of streaming its first token back (the
+    simulator adds it after the step: ``request_s`` leaves it out too), but for
     streams the client read in one burst (:func:`~.serving_spread.is_burst`: the
     client's stall, which a sweep leaves out of its percentiles as well)."""
     return [
-        s.client_ttft_s - s.engine_ttft_s
+        s.client_ttft_s - s.engine_ttft_s - stream_s
         for s in samples
         if s.engine_ttft_s is not None and not is_burst(s)
     ]
@@ -589,10 +621,12 @@ def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
         )
     engine = hops.get("engine") if isinstance(hops, dict) else None
     if isinstance(engine, (int, float)) and not isinstance(engine, bool) and 0 <= engine < ttft:
-        request_s, outside = ttft - engine, "engine"
+        inside, outside = engine, "engine"
     else:
-        first_step, _ = engine_model(profile)(PROMPT_TOKENS, 1)
-        request_s, outside = max(0.0, ttft - first_step), "step model"
+        inside, outside = engine_model(profile)(PROMPT_TOKENS, 1)[0], "step model"
+    # the first token's streaming is priced apart (stream_token_s), as fit_serving_path
+    # leaves it out
+    request_s = max(0.0, ttft - inside - profile.stream_token_s)
     fitted = {
         **profile.fit,
         "serving_path": {**path, "request_s": request_s, "request_s_outside": outside},

@@ -15,18 +15,19 @@ one request at a time (light load), from both ends:
   ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) split the client's
   TTFT into the HTTP side (client to API server and back), the front end's side (API
   server to engine core and back) and the engine's (``hops``).
-  The client's TTFT less the step model's price of the request's first step is the
-  fixed cost per request (``request_s``): vLLM's queue + prefill time holds
-  engine-core work for a new request that no modelled step prices (without a step
-  model, the engine's time stands for it).
+  The client's TTFT less the engine's queue + prefill time (without them, the step
+  model's price of the request's first step) and less the front end's price of
+  streaming the first token back (``stream_token_s``, which the simulator adds after
+  the step) is the fixed cost per request (``request_s``).
 - **long**: the same, decoding ``k`` tokens (their client TTFT is kept as
   ``hops["client_ttft_decoding"]``). With the short ones, the API server's
   CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
   its API-server process) gives its CPU seconds per request and per streamed token
   (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
   counter ticks in 10 ms steps).
-- **busy**: long requests (``k`` tokens each, streamed) sent one at a time while
-  another long request decodes and streams to the same client,
+- **busy**: long requests (``k`` tokens each, streamed) sent one at a time, each
+  while a background request of its own decodes and streams to the same client
+  (:data:`BUSY_BACKGROUND_TOKENS`, sent into at several points of it: :func:`busy_into`),
   :data:`BUSY_PER_REPEAT` x ``repeats`` of them: what a request spends outside the
   engine core when the server is busy (:mod:`.serving_spread`), shaped like a
   sweep's requests sent while another runs. On a 2-core CPU vLLM such requests
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "BUSY_BACKGROUND_TOKENS",
+    "BUSY_INTO_STEPS",
     "BUSY_PER_REPEAT",
     "IDLE_PAUSES_S",
     "METRICS",
@@ -74,6 +77,7 @@ __all__ = [
     "HopSamples",
     "ServingPath",
     "SharePair",
+    "busy_into",
     "engine_model",
     "fit_serving_path",
     "measure_hops",
@@ -105,9 +109,22 @@ came within 0.05 s."""
 BUSY_PER_REPEAT = 2
 """Busy requests per repeat (twice the others: the spread's upper quantiles need them)."""
 
-BUSY_BACKGROUND_TOKENS = 2048
-"""Tokens the long request decodes while the busy requests are sent (it is cancelled
-once they are done; at a few ms a token it outlasts them)."""
+BUSY_BACKGROUND_TOKENS = 96
+"""Tokens each busy request's background request decodes (three long requests' worth,
+as long as a multi-turn sweep's longer replies)."""
+
+BUSY_INTO_STEPS = 5
+"""The points of its background's stream a busy request is sent at, in turn: after 1
+token and then evenly up to about half of it (:func:`busy_into`)."""
+
+
+def busy_into(k: int, background_tokens: int, tokens: int) -> int:
+    """After how many of its background's streamed tokens the ``k``-th busy request (of
+    ``tokens`` tokens) is sent: ``1 + (k mod`` :data:`BUSY_INTO_STEPS` ``) x`` a tenth
+    of what the background streams beyond it, so it ends before its background does."""
+    step = max(1, (background_tokens - tokens) // (2 * BUSY_INTO_STEPS))
+    return min(1 + (k % BUSY_INTO_STEPS) * step, background_tokens)
+
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)",
@@ -172,7 +189,8 @@ class ServingPath:
     """The serving path's terms, as a profile carries them, and how each hop splits.
 
     Attributes:
-        request_s: the fixed seconds per request outside the engine's steps.
+        request_s: the fixed seconds per request outside the engine's steps and the
+            first token's streaming.
         stream_token_s: the front end's seconds per streamed token (``None``:
             not measured).
         frontend_request_cpu_s: its CPU seconds per request (``None``: not measured).
@@ -276,15 +294,20 @@ def fit_serving_path(
     # the engine core's own work for a new request, which no modelled step prices; taking
     # the step model's first step as the basis instead moved nearly all of a step into
     # request_s when a real CPU server was calibrated: step_s 0.03 ms, TPOT 75% low.)
+    # The client's TTFT also holds the front end streaming the first token back, which
+    # the simulator prices apart (stream_token_s, after the step): it is taken off here,
+    # or every request pays it twice.
+    cpu_request, cpu_token = _frontend_cpu(short, long)
     request_s = max(
-        0.0, statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+        0.0,
+        statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+        - (cpu_token or 0.0),
     )
     hops = _client_hops(short, long, engine_model)
     wake = _wake(idle, short)
     if wake is not None:
         hops["client_ttft_after_idle"] = wake.client_ttft
     hops.update(_split_hops(short))
-    cpu_request, cpu_token = _frontend_cpu(short, long)
     on_metrics = all(s.engine_ttft_s is not None for s in short)
     return ServingPath(
         request_s=request_s,
@@ -522,8 +545,8 @@ async def measure_serving_path(
         idle_pauses_s: seconds the server idles before each idle request, ``repeats``
             of each pause (empty: none sent).
         progress: called with 1 after each request.
-        busy_background_tokens: tokens the background request decodes while the busy
-            ones (``long_tokens`` each) are sent (0: none sent).
+        busy_background_tokens: tokens each busy request's background request decodes
+            (the busy ones decode ``long_tokens`` each; 0: none sent).
 
     Raises:
         ServerError: the server fails a request.
@@ -618,9 +641,15 @@ async def _busy(
     tick: Callable[[], None],
     tokens: int = 1,
 ) -> list[HopSample]:
-    """``n`` requests of ``tokens`` tokens, one at a time, while a long request decodes
-    and streams to the same client; those whose window saw another request finish
-    (the long one) keep no engine side. The long one is cancelled after.
+    """``n`` requests of ``tokens`` tokens, one at a time, each while a background
+    request of its own (``background_tokens`` tokens) decodes and streams to the same
+    client: sent once that one streamed :func:`busy_into` tokens, so that each meets a
+    young stream at one of several points, as a sweep's requests meet their neighbours.
+
+    One background stream for all of them (2,048 tokens, as before) made them one
+    sample: on a 2-core CPU vLLM the streams the client read in one burst came in runs
+    as that stream aged (10 of 34 in the first half of the rounds, 24 in the second;
+    one round 14 of its 20), so the rounds' busy p90 ranged 4.3-25.9 ms.
 
     A request the server drops (a connection it closed under the client, which a
     loaded server may do) is no sample and the next one is sent; over half of them
@@ -629,24 +658,36 @@ async def _busy(
     Raises:
         ServerError: over half the requests failed (the last failure).
     """
-    background = asyncio.ensure_future(engine.complete(client, prompt(), background_tokens))
     out = []
     dropped = 0
-    try:
-        await asyncio.sleep(0.1)  # past its prefill, decoding
-        for k in range(n):
-            try:
-                out.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s))
-            except ServerError:
-                dropped += 1
-                if 2 * dropped > n:
-                    raise
-            tick()
-            await asyncio.sleep(0.003 * (k % 5))  # at other points of a decode step
-    finally:
-        background.cancel()
-        await asyncio.gather(background, return_exceptions=True)
-    await asyncio.sleep(0.2)  # the server lets go of the cancelled request
+    for k in range(n):
+        into = busy_into(k, background_tokens, tokens)
+        streamed = asyncio.Event()
+
+        def seen(count: int, into: int = into, streamed: asyncio.Event = streamed) -> None:
+            if count >= into:
+                streamed.set()
+
+        background = asyncio.ensure_future(
+            engine.complete(client, prompt(), background_tokens, on_token=seen)
+        )
+        waiter = asyncio.ensure_future(streamed.wait())
+        try:
+            await asyncio.wait({background, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not streamed.is_set():
+                await background  # its failure, if it failed
+                raise ServerError(f"a background request ended before its token {into}")
+            out.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s))
+        except ServerError:
+            dropped += 1
+            if 2 * dropped > n:
+                raise
+        finally:
+            waiter.cancel()
+            # the background runs to its end: the next request meets a server with
+            # nothing else on it
+            await asyncio.gather(background, waiter, return_exceptions=True)
+        tick()
     return out
 
 

@@ -10,7 +10,8 @@ every request at the median: the simulated p90 came out 24-34% low at 1-2 req/s.
 
 So the calibration keeps the distribution, as quantiles (:data:`QUANTILES`) of what a
 request spent outside the engine core's queue + prefill time (the client's TTFT less
-vLLM's ``/metrics`` figures, :mod:`.serving_path`):
+vLLM's ``/metrics`` figures, :mod:`.serving_path`) and outside the streaming of its first
+token (``stream_token_s``, which the simulator adds after the step):
 
 - ``request_spread_s``: requests sent to an idle server after a pause (the idle ones;
   the short ones, sent back to back, where a profile has none);
