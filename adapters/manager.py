@@ -554,7 +554,7 @@ class CacheManager:
             self._commit(seq, known, bool(swap_duplicates))
         return new
 
-    def step_in_place(self, request_id: RequestId, num_tokens: object) -> bool:
+    def step_in_place(self, request_id: RequestId, num_tokens: int) -> bool:
         """``advance(request_id, num_tokens, num_tokens)`` when that step needs no block and
         registers none (most decode steps): done, ``True``; else ``False``, nothing changed.
 
