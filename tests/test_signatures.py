@@ -104,9 +104,11 @@ def test_the_checked_table_widens_exactly_its_parameters() -> None:
         widened = {
             f"{name}({arg.arg})"
             for (name, fn), (_, old) in zip(
-                b.functions(ast.parse(text).body), b.functions(ast.parse(source).body)
+                b.functions(ast.parse(text).body),
+                b.functions(ast.parse(source).body),
+                strict=True,
             )
-            for arg, was in zip(parameters(fn), parameters(old))
+            for arg, was in zip(parameters(fn), parameters(old), strict=True)
             if ast.dump(arg) != ast.dump(was)
         }
         listed = {f"{name}({p})" for name, params in table[module].items() for p in params}
