@@ -137,10 +137,9 @@ class CacheManager:
             for the radix tree).
 
     Arguments are checked on entry: counts are ints, flags bools, a namespace what
-    ``make_extra_key`` builds, a lookup what ``match`` returned. Callers of the methods
-    see those types (each one's ``@overload``; the constructor has none, which mypyc
-    cannot compile); the implementations declare ``object``, as the compiled build
-    would refuse a wrong type before the check could name it.
+    ``make_extra_key`` builds, a lookup what ``match`` returned, with a named error on
+    both builds (the compiled build declares these parameters ``object``:
+    pyproject.toml's ``[tool.prefixkv.mypyc.checked]``).
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
