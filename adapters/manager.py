@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, NamedTuple, cast, overload
+from typing import Any, NamedTuple, cast
 
 from prefixkv.indexes.base import (
     CacheHandle,
@@ -137,10 +137,9 @@ class CacheManager:
             for the radix tree).
 
     Arguments are checked on entry: counts are ints, flags bools, a namespace what
-    ``make_extra_key`` builds, a lookup what ``match`` returned. Callers of the methods
-    see those types (each one's ``@overload``; the constructor has none, which mypyc
-    cannot compile); the implementations declare ``object``, as the compiled build
-    would refuse a wrong type before the check could name it.
+    ``make_extra_key`` builds, a lookup what ``match`` returned, with a named error on
+    both builds (the compiled build declares these parameters ``object``:
+    pyproject.toml's ``[tool.prefixkv.mypyc.checked]``).
 
     Invariant (``check_invariants``): free + held-only + cached == ``num_blocks``.
     Thread safety: none; one scheduler thread.
@@ -148,11 +147,11 @@ class CacheManager:
 
     def __init__(
         self,
-        index: object,
-        allocator: object,
+        index: PrefixIndex,
+        allocator: BlockAllocator,
         *,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: object = False,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -198,18 +197,11 @@ class CacheManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.block_size)
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def make_key(
         self,
         tokens: Iterable[int] | TokenKey,
-        extra_key: str | ExtraKey | None = ...,
-        priority: int | None = ...,
-    ) -> TokenKey: ...
-    def make_key(
-        self,
-        tokens: Iterable[int] | TokenKey,
-        extra_key: object = None,
-        priority: object = None,
+        extra_key: str | ExtraKey | None = None,
+        priority: int | None = None,
     ) -> TokenKey:
         """Validate a prompt into a key (rejects empty prompts).
 
@@ -241,28 +233,16 @@ class CacheManager:
         """Look ``key`` up, capped at ``len(key) - 1`` tokens (SPEC BB-1). Locks nothing."""
         return Lookup(key, self.index.match_prefix(key, len(key) - 1))
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def admit(
         self,
         request_id: RequestId,
         tokens: Iterable[int] | TokenKey,
-        extra_key: str | ExtraKey | None = ...,
+        extra_key: str | ExtraKey | None = None,
         *,
-        priority: int | None = ...,
-        num_tokens: int | None = ...,
-        reserve_blocks: int = ...,
-        lookup: Lookup | None = ...,
-    ) -> Admission | None: ...
-    def admit(
-        self,
-        request_id: RequestId,
-        tokens: Iterable[int] | TokenKey,
-        extra_key: object = None,
-        *,
-        priority: object = None,
-        num_tokens: object = None,
-        reserve_blocks: object = 0,
-        lookup: object = None,
+        priority: int | None = None,
+        num_tokens: int | None = None,
+        reserve_blocks: int = 0,
+        lookup: Lookup | None = None,
     ) -> Admission | None:
         """Take a request in: match, lock the hit, allocate blocks for the rest.
 
@@ -406,12 +386,8 @@ class CacheManager:
 
     # ---------------------------------------------------------- registration
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def commit(
-        self, request_id: RequestId, num_tokens: int, *, swap_duplicates: bool = ...
-    ) -> None: ...
-    def commit(
-        self, request_id: RequestId, num_tokens: object, *, swap_duplicates: object = True
+        self, request_id: RequestId, num_tokens: int, *, swap_duplicates: bool = True
     ) -> None:
         """Register the request's first ``num_tokens`` tokens (their KV is written).
 
@@ -480,22 +456,13 @@ class CacheManager:
                 self._observer.on_release(block_ids)
             self.allocator.free(block_ids, owner=Owner.MANAGER)
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def append(
         self,
         request_id: RequestId,
         tokens: Iterable[int],
         *,
-        num_slots: int | None = ...,
-        reserve_blocks: int = ...,
-    ) -> bool: ...
-    def append(
-        self,
-        request_id: RequestId,
-        tokens: Iterable[int],
-        *,
-        num_slots: object = None,
-        reserve_blocks: object = 0,
+        num_slots: int | None = None,
+        reserve_blocks: int = 0,
     ) -> bool:
         """Add tokens to the sequence and make sure its tokens have slots.
 
@@ -526,26 +493,15 @@ class CacheManager:
         seq.key.append(new)
         return True
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def advance(
         self,
         request_id: RequestId,
         num_slots: int,
-        num_computed: int | None = ...,
+        num_computed: int | None = None,
         *,
-        tokens: Iterable[int] | None = ...,
-        reserve_blocks: int = ...,
-        swap_duplicates: bool = ...,
-    ) -> list[int] | None: ...
-    def advance(
-        self,
-        request_id: RequestId,
-        num_slots: object,
-        num_computed: object = None,
-        *,
-        tokens: object = None,
-        reserve_blocks: object = 0,
-        swap_duplicates: object = True,
+        tokens: Iterable[int] | None = None,
+        reserve_blocks: int = 0,
+        swap_duplicates: bool = True,
     ) -> list[int] | None:
         """One scheduler step for a running request: slots, then registration.
 
@@ -583,7 +539,7 @@ class CacheManager:
             return []
         if _is_array_step(num_slots, num_computed, reserve_blocks, tokens):
             return self._array_step(
-                seq, cast(int, num_slots), cast(int, num_computed), cast("array[int]", tokens),
+                seq, cast(Any, num_slots), cast(int, num_computed), cast("array[int]", tokens),
                 bool(swap_duplicates),
             )  # fmt: skip
         # Everything is checked before a block is added, so an error changes nothing.
@@ -597,7 +553,7 @@ class CacheManager:
             self._commit(seq, known, bool(swap_duplicates))
         return new
 
-    def step_in_place(self, request_id: RequestId, num_tokens: object) -> bool:
+    def step_in_place(self, request_id: RequestId, num_tokens: int) -> bool:
         """``advance(request_id, num_tokens, num_tokens)`` when that step needs no block and
         registers none (most decode steps): done, ``True``; else ``False``, nothing changed.
 
@@ -720,9 +676,7 @@ class CacheManager:
 
     # -------------------------------------------------------------- release
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def finish(self, request_id: RequestId, *, split_at_prompt: bool = ...) -> None: ...
-    def finish(self, request_id: RequestId, *, split_at_prompt: object = True) -> None:
+    def finish(self, request_id: RequestId, *, split_at_prompt: bool = True) -> None:
         """Register what has KV, then release the request (SPEC SG-4, HC-7).
 
         The request's computed tokens are registered; with ``split_at_prompt`` the
@@ -805,9 +759,7 @@ class CacheManager:
                 n = min(n, _common_len(seq.table, other.table, n))
         return n
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def evict(self, num_blocks: int) -> int: ...
-    def evict(self, num_blocks: object) -> int:
+    def evict(self, num_blocks: int) -> int:
         """Evict at least ``num_blocks`` unlocked cached blocks into the pool.
 
         Returns:

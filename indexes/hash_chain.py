@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, cast, overload
+from typing import Any, ClassVar, Final, cast
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .block_map import (
@@ -34,7 +34,7 @@ from .errors import (
     StaleHandleError,
 )
 from .free_queue import FreeBlockQueue
-from .hashing import make_block_hasher
+from .hashing import Digest, make_block_hasher
 from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
 from .validation import (
     MAX_BLOCKS,
@@ -150,12 +150,12 @@ class HashChainIndex:
 
     def __init__(
         self,
-        block_size: object = 16,
+        block_size: int = 16,
         *,
-        hash_algorithm: object = "xxh3_128",
-        seed: object = None,
-        verify: object = False,
-        check_block_ids: object = True,
+        hash_algorithm: str | Digest = "xxh3_128",
+        seed: int | str | bytes | None = None,
+        verify: bool = False,
+        check_block_ids: bool = True,
     ) -> None:
         # the callee checks what the caller gave (Any: no check, no boxing on the way)
         self._hasher = make_block_hasher(
@@ -190,9 +190,7 @@ class HashChainIndex:
 
     # ------------------------------------------------------------------ lookup
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = ...) -> PrefixMatch: ...
-    def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
         """Longest run of cached blocks from block 0 (SPEC HC-4).
 
         Mutates nothing but the key's hash memo: it computes the hashes it lacks, and a
@@ -232,9 +230,7 @@ class HashChainIndex:
             del probed[probed.index(None) :]
         return cast("list[Entry]", probed)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
-    def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
         return self.match_prefix(key, cast(Any, max_num_tokens)).block_ids
 
@@ -289,19 +285,11 @@ class HashChainIndex:
 
     # ---------------------------------------------------------------- register
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def insert(
         self,
         key: TokenKey,
         block_ids: Sequence[int],
-        num_tokens: int | None = ...,
-        prefix: CacheHandle | None = ...,
-    ) -> InsertResult: ...
-    def insert(
-        self,
-        key: TokenKey,
-        block_ids: Sequence[int],
-        num_tokens: object = None,
+        num_tokens: int | None = None,
         prefix: CacheHandle | None = None,
     ) -> InsertResult:
         """Register the full blocks of the first ``num_tokens`` tokens (vLLM ``cache_full_blocks``).
@@ -348,7 +336,7 @@ class HashChainIndex:
         )
 
     def extend_locked(
-        self, key: TokenKey, block_ids: Sequence[int], num_tokens: object, prefix: CacheHandle
+        self, key: TokenKey, block_ids: Sequence[int], num_tokens: int, prefix: CacheHandle
     ) -> CacheHandle | None:
         """``insert(key, block_ids, num_tokens, prefix)`` then ``relock(prefix, handle)``
         in one step, for a caller that registers fresh blocks right after the locked
@@ -608,9 +596,7 @@ class HashChainIndex:
 
     # ---------------------------------------------------------------- eviction
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def evict(self, num_blocks: int) -> list[int]: ...
-    def evict(self, num_blocks: object) -> list[int]:
+    def evict(self, num_blocks: int) -> list[int]:
         """Free up to ``num_blocks`` evictable blocks from the queue head (LRU, tails first).
 
         Each freed block loses its hash entry before it is handed back, so a cached

@@ -16,7 +16,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
-from typing import cast, overload
+from typing import Any, cast
 
 import xxhash
 
@@ -121,16 +121,16 @@ class BlockHasher:
 
     def __init__(
         self,
-        block_size: object,
-        algorithm: object = "xxh3_128",
-        seed: object = None,
+        block_size: int,
+        algorithm: str | Digest = "xxh3_128",
+        seed: int | str | bytes | None = None,
     ) -> None:
         size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         if isinstance(algorithm, str) and algorithm in HASH_ALGORITHMS:
             self._digest: Digest = HASH_ALGORITHMS[algorithm]
             self.algorithm: str = algorithm
         elif callable(algorithm) and not isinstance(algorithm, type):
-            self._digest = cast(Digest, algorithm)
+            self._digest = cast(Any, algorithm)
             self.algorithm = str(getattr(algorithm, "__name__", "custom"))
         else:
             names = ", ".join(sorted(HASH_ALGORITHMS))
@@ -260,14 +260,10 @@ def _common_blocks(a: bytes, b: bytes, step: int) -> int:
     return lo
 
 
-@overload  # type: ignore[misc]  # precise types for callers
 def make_block_hasher(
-    block_size: int, algorithm: str | Digest = ..., seed: int | str | bytes | None = ...
-) -> ChainHasher: ...
-def make_block_hasher(
-    block_size: object,
-    algorithm: object = "xxh3_128",
-    seed: object = None,
+    block_size: int,
+    algorithm: str | Digest = "xxh3_128",
+    seed: int | str | bytes | None = None,
 ) -> ChainHasher:
     """The block hasher named ``algorithm``.
 

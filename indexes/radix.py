@@ -21,7 +21,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import ClassVar, Final, NamedTuple, overload
+from typing import ClassVar, Final, NamedTuple
 
 from .base import CacheHandle, EventSink, IndexDescription, IndexStats, InsertResult, PrefixMatch
 from .errors import (
@@ -257,10 +257,10 @@ class RadixIndex:
 
     def __init__(
         self,
-        block_size: object = 1,
+        block_size: int = 1,
         *,
         eviction: str | EvictionPolicy = "lru",
-        check_block_ids: object = True,
+        check_block_ids: bool = True,
     ) -> None:
         self.block_size = check_positive("block_size", block_size, MAX_BLOCK_SIZE)
         self._page = self.block_size * _W  # a page's bytes in a segment
@@ -465,9 +465,7 @@ class RadixIndex:
                 limit = min(check_count("max_num_tokens", max_num_tokens, _MAX_COUNT), limit)
         return limit - limit % self.block_size
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = ...) -> PrefixMatch: ...
-    def match_prefix(self, key: TokenKey, max_num_tokens: object = None) -> PrefixMatch:
+    def match_prefix(self, key: TokenKey, max_num_tokens: int | None = None) -> PrefixMatch:
         """Longest cached prefix, page-aligned; splits the last node if the match ends
         inside it (RX-3). Stamps the path with a fresh tick (SG-5).
 
@@ -509,9 +507,7 @@ class RadixIndex:
         self._keep_path(node, data, path, tail or None)
         return path + tail if tail else path
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = ...) -> list[int]: ...
-    def cached_blocks(self, key: TokenKey, max_num_tokens: object = None) -> list[int]:
+    def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
 
         Complexity: O(depth) Python steps; segments compare in C.
@@ -538,19 +534,11 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- register
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def insert(
         self,
         key: TokenKey,
         block_ids: Sequence[int],
-        num_tokens: int | None = ...,
-        prefix: CacheHandle | None = ...,
-    ) -> InsertResult: ...
-    def insert(
-        self,
-        key: TokenKey,
-        block_ids: Sequence[int],
-        num_tokens: object = None,
+        num_tokens: int | None = None,
         prefix: CacheHandle | None = None,
     ) -> InsertResult:
         """Insert the page-aligned first ``num_tokens`` tokens (RX-4, SGLang ``insert``).
@@ -865,9 +853,7 @@ class RadixIndex:
 
     # ---------------------------------------------------------------- eviction
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def evict(self, num_blocks: int) -> list[int]: ...
-    def evict(self, num_blocks: object) -> list[int]:
+    def evict(self, num_blocks: int) -> list[int]:
         """Free unlocked leaves in policy order until ``num_blocks`` blocks are free (RX-6).
 
         Whole leaves go, so more than asked may come back; a parent becomes a

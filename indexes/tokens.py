@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Final, Protocol, cast, overload
+from typing import Final, Protocol, cast
 
 from .errors import InvalidTokenError
 
@@ -54,24 +54,14 @@ class ChainHasher(Protocol):
         ...
 
 
-@overload  # type: ignore[misc]  # precise types for callers
 def make_extra_key(
     *,
-    lora: str | int | None = ...,
-    cache_salt: str | int | None = ...,
-    tenant: str | int | None = ...,
-    extra: str | int | None = ...,
-    lora_path: str | None = ...,
-    lora_id: int | None = ...,
-) -> ExtraKey | None: ...
-def make_extra_key(
-    *,
-    lora: object = None,
-    cache_salt: object = None,
-    tenant: object = None,
-    extra: object = None,
-    lora_path: object = None,
-    lora_id: object = None,
+    lora: str | int | None = None,
+    cache_salt: str | int | None = None,
+    tenant: str | int | None = None,
+    extra: str | int | None = None,
+    lora_path: str | None = None,
+    lora_id: int | None = None,
 ) -> ExtraKey | None:
     """Build a typed namespace from vLLM/SGLang-style request fields.
 
@@ -359,8 +349,8 @@ class TokenKey:
     def __init__(
         self,
         tokens: Iterable[int],
-        extra_key: object = None,
-        priority: object = 0,
+        extra_key: str | ExtraKey | None = None,
+        priority: int = 0,
     ) -> None:
         if type(priority) is not int:
             raise InvalidTokenError(f"priority must be an int, got {priority!r}")

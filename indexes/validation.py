@@ -4,14 +4,14 @@ a list of block ids must be, and names the offending value when it is not.
 Checks run before anything is mutated, so a rejected call leaves its object as it was.
 Each returns the checked value, so a call site reads ``n = check_count("n", n, hi)``.
 
-A public entry point of a module the compiled build compiles declares each argument
-it checks as ``object``, and so does each check: a compiled (mypyc) function checks
-its declared argument types on entry (``TypeError``; ``True`` given for an ``int``
-is read as ``1``), and trusts mypy's narrowing of them after that (an
-``Iterable[int]`` that is not a list narrows to ``bytes`` in the branch that
+Each check declares ``object``, and the compiled build compiles each argument a public
+entry point checks declared ``object`` too (pyproject.toml's
+``[tool.prefixkv.mypyc.checked]``; the source keeps its precise type): a compiled
+(mypyc) function checks its declared argument types on entry (``TypeError``; ``True``
+given for an ``int`` is read as ``1``), and trusts mypy's narrowing of them after that
+(an ``Iterable[int]`` that is not a list narrows to ``bytes`` in the branch that
 reports a str or bytes, and the report would raise ``TypeError`` on ``None``), so
-only an ``object`` reaches the check that names the bad value. The ``PrefixIndex``
-protocol keeps the precise types for type-checked callers.
+only an ``object`` reaches the check that names the bad value.
 """
 
 from __future__ import annotations

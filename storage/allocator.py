@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Any, Final, cast, overload
+from typing import Any, Final, cast
 
 from prefixkv.indexes.validation import MAX_BLOCKS
 
@@ -64,7 +64,7 @@ class BlockAllocator:
 
     __slots__ = ("_freed", "_ledger", "num_blocks")
 
-    def __init__(self, num_blocks: object) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if type(num_blocks) is not int or not 0 < num_blocks <= MAX_NUM_BLOCKS:
             raise PrefixKVError(
                 f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], got {num_blocks!r:.80}"
@@ -82,9 +82,7 @@ class BlockAllocator:
         """Blocks available now. O(1)."""
         return len(self._freed) + self.num_blocks - len(self._ledger)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def allocate(self, num_blocks: int, *, owner: Owner = ...) -> list[int] | None: ...
-    def allocate(self, num_blocks: object, *, owner: Owner = _CALLER) -> list[int] | None:
+    def allocate(self, num_blocks: int, *, owner: Owner = _CALLER) -> list[int] | None:
         """Take ``num_blocks`` blocks for ``owner``, or ``None`` (and nothing) when fewer are free.
 
         Freed blocks come first (the last freed first), then never-used ones in id order.
@@ -241,9 +239,7 @@ class BlockAllocator:
         """
         return self._checked(block_ids, owner, what)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def owner_of(self, block_id: int) -> Owner: ...
-    def owner_of(self, block_id: object) -> Owner:
+    def owner_of(self, block_id: int) -> Owner:
         """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
 
         Raises:
@@ -262,9 +258,7 @@ class BlockAllocator:
             return self.num_free_blocks
         return self._ledger.count(owner)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def is_free(self, block_id: int) -> bool: ...
-    def is_free(self, block_id: object) -> bool:
+    def is_free(self, block_id: int) -> bool:
         """Whether ``block_id`` is free. O(1)."""
         return self.owner_of(cast(Any, block_id)) is _FREE
 

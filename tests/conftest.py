@@ -48,6 +48,7 @@ BOTH_BUILDS = frozenset(
         "test_bad_input.py",
         "test_bad_input_sweep.py",
         "test_build.py",
+        "test_checked_parameters.py",
         "test_conformance.py",
         "test_decode_cost.py",
         "test_decode_loops.py",

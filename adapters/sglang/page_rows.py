@@ -8,6 +8,8 @@ step writes one page here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
 from prefixkv.indexes.validation import MAX_BLOCKS, check_block_ids, check_count
 
@@ -26,7 +28,7 @@ class PageRows:
             in use); nothing changes.
     """
 
-    def __init__(self, max_rows: object = None) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
         self.max_rows = None if max_rows is None else check_count("max_rows", max_rows, lo=1)
         self._rows: list[list[int] | None] = []
         self._free: list[int] = []
@@ -42,13 +44,13 @@ class PageRows:
         self._rows.append([])
         return len(self._rows) - 1
 
-    def free(self, row: object) -> None:
+    def free(self, row: int) -> None:
         """Give ``row`` back. O(1)."""
         i = self._index(row)
         self._rows[i] = None
         self._free.append(i)
 
-    def read(self, row: object, start: object, stop: object) -> list[int]:
+    def read(self, row: int, start: int, stop: int) -> list[int]:
         """Pages ``start .. stop - 1`` of ``row`` (a copy). O(stop - start)."""
         pages = self._pages(row)
         if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= len(pages):
@@ -57,7 +59,7 @@ class PageRows:
             )
         return pages[start:stop]
 
-    def write(self, row: object, start: object, page_ids: object) -> None:
+    def write(self, row: int, start: int, page_ids: Sequence[int]) -> None:
         """Set pages ``start ..`` of ``row`` (a row grows at its end only). O(len)."""
         pages = self._pages(row)
         if start == len(pages) and type(page_ids) is list and len(page_ids) == 1:
@@ -70,7 +72,7 @@ class PageRows:
         ids = check_block_ids(page_ids, "write", unique=False)
         pages[start : start + len(ids)] = ids
 
-    def append_page(self, row: object, index: int, page: int) -> None:
+    def append_page(self, row: int, index: int, page: int) -> None:
         """Add ``page`` as page ``index`` of ``row``, its next one (a decode step's new
         page: ``write(row, index, [page])`` without the list). O(1).
 
@@ -85,7 +87,7 @@ class PageRows:
             )
         pages.append(page)
 
-    def adopt(self, row: object, page_ids: list[int]) -> None:
+    def adopt(self, row: int, page_ids: list[int]) -> None:
         """Make ``page_ids`` the pages of the empty ``row``: the list itself, neither
         copied nor checked, so only for pages the pool and the index have just handed
         the scheduler (an admission's row, a page per token at page size 1). O(1).
@@ -98,7 +100,7 @@ class PageRows:
             raise PrefixKVError(f"row {row} holds {len(pages)} pages; adopt fills an empty row")
         self._rows[self._index(row)] = page_ids
 
-    def pages(self, row: object) -> list[int]:
+    def pages(self, row: int) -> list[int]:
         """Every page of ``row`` (a copy)."""
         return list(self._pages(row))
 

@@ -34,7 +34,7 @@ keeps SGLang's rule (the adapters README says why that is safe there).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, NamedTuple, cast, overload
+from typing import Any, NamedTuple, cast
 
 from prefixkv.indexes.base import CacheHandle, PrefixIndex, describe
 from prefixkv.indexes.errors import (
@@ -116,7 +116,10 @@ class _ReqState:
 
 
 def simulated_parts(
-    index: PrefixIndex | str, capacity_tokens: object, page_size: object, max_rows: object = None
+    index: PrefixIndex | str,
+    capacity_tokens: int,
+    page_size: int | None,
+    max_rows: int | None = None,
 ) -> tuple[PrefixIndex, BlockAllocator, PageRows]:
     """The index, page pool and rows of :meth:`PrefixCache.create_simulated`.
 
@@ -124,7 +127,7 @@ def simulated_parts(
         PrefixKVError: a bad index name, page size or capacity.
     """
     if isinstance(index, str):
-        index = make_index(index, block_size=1 if page_size is None else page_size)  # type: ignore[arg-type]
+        index = make_index(index, block_size=1 if page_size is None else cast(Any, page_size))
     elif page_size is not None and page_size != index.block_size:
         raise PrefixKVError(f"page_size {page_size!r} != the index's block size {index.block_size}")
     if not isinstance(index, PrefixIndex):
@@ -165,13 +168,13 @@ class PrefixCache:
 
     def __init__(
         self,
-        index: object,
-        pool: object,
-        rows: object,
+        index: PrefixIndex,
+        pool: PagePool,
+        rows: ReqToPagePool,
         *,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: object = False,
-        fold_lora: object = False,
+        enable_kv_cache_events: bool = False,
+        fold_lora: bool = False,
     ) -> None:
         if not isinstance(index, PrefixIndex):
             raise PrefixKVError(f"{index!r:.80} does not implement the PrefixIndex protocol")
@@ -194,30 +197,17 @@ class PrefixCache:
         self._caches = describe(index).caches
         self._reqs: dict[Hashable, _ReqState] = {}
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    @classmethod
-    def create_simulated(
-        cls,
-        index: PrefixIndex | str = ...,
-        capacity_tokens: int = ...,
-        page_size: int | None = ...,
-        *,
-        max_running_requests: int | None = ...,
-        observers: Sequence[CacheObserver] = ...,
-        enable_kv_cache_events: bool = ...,
-        fold_lora: bool = ...,
-    ) -> PrefixCache: ...
     @classmethod
     def create_simulated(
         cls,
         index: PrefixIndex | str = "radix",
-        capacity_tokens: object = 65536,
-        page_size: object = None,
+        capacity_tokens: int = 65536,
+        page_size: int | None = None,
         *,
-        max_running_requests: object = None,
+        max_running_requests: int | None = None,
         observers: Sequence[CacheObserver] = (),
-        enable_kv_cache_events: object = False,
-        fold_lora: object = False,
+        enable_kv_cache_events: bool = False,
+        fold_lora: bool = False,
     ) -> PrefixCache:
         """A cache on its own pools, without an engine (SGLang's ``create_simulated``).
 
@@ -243,12 +233,8 @@ class PrefixCache:
 
     # ------------------------------------------------------------ the tree API
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def namespace(
-        self, extra_key: str | None, cache_salt: str | None, lora_id: str | None = ...
-    ) -> ExtraKey | None: ...
-    def namespace(
-        self, extra_key: object, cache_salt: object, lora_id: object = None
+        self, extra_key: str | None, cache_salt: str | None, lora_id: str | None = None
     ) -> ExtraKey | None:
         """The namespace of SGLang's ``RadixKey(extra_key, cache_salt)`` and a LoRA id.
 
@@ -285,11 +271,9 @@ class PrefixCache:
         return TokenKey(tokens, ns)
 
     def _req_key(self, req: ReqLike, tokens: Iterable[int], priority: object) -> TokenKey:
-        return TokenKey(tokens, self.request_namespace(req), priority)
+        return TokenKey(tokens, self.request_namespace(req), cast(Any, priority))
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def match_req(self, req: ReqLike, *, max_prefix_len: int | None = ...) -> MatchResult: ...
-    def match_req(self, req: ReqLike, *, max_prefix_len: object = None) -> MatchResult:
+    def match_req(self, req: ReqLike, *, max_prefix_len: int | None = None) -> MatchResult:
         """Longest cached prefix of the request's prompt in its own namespace
         (SGLang's ``match_prefix_for_req``); as :meth:`match_prefix` otherwise.
 
@@ -298,24 +282,14 @@ class PrefixCache:
         """
         return self._match(self._req_key(req, req.origin_input_ids, 0), max_prefix_len)
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def match_prefix(
         self,
         token_ids: Sequence[int],
-        extra_key: str | None = ...,
-        cache_salt: str | None = ...,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
         *,
-        lora_id: str | None = ...,
-        max_prefix_len: int | None = ...,
-    ) -> MatchResult: ...
-    def match_prefix(
-        self,
-        token_ids: Sequence[int],
-        extra_key: object = None,
-        cache_salt: object = None,
-        *,
-        lora_id: object = None,
-        max_prefix_len: object = None,
+        lora_id: str | None = None,
+        max_prefix_len: int | None = None,
     ) -> MatchResult:
         """Longest cached prefix of ``token_ids``, page-aligned; locks nothing.
 
@@ -346,24 +320,14 @@ class PrefixCache:
         node = PrefixNode(m.handle, m.block_ids, m.num_tokens)
         return MatchResult(m.block_ids, node, m.num_tokens)
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def insert(
         self,
         token_ids: Sequence[int],
         value: Iterable[int],
-        extra_key: str | None = ...,
-        cache_salt: str | None = ...,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
         *,
-        lora_id: str | None = ...,
-    ) -> int: ...
-    def insert(
-        self,
-        token_ids: Sequence[int],
-        value: object,
-        extra_key: object = None,
-        cache_salt: object = None,
-        *,
-        lora_id: object = None,
+        lora_id: str | None = None,
     ) -> int:
         """Insert ``token_ids`` held in pages ``value``; returns the already cached length.
 
@@ -395,9 +359,7 @@ class PrefixCache:
                 raise BlockOwnershipError(f"insert: page {p} is free; insert pages you allocated")
         return self.index.insert(key, ids).num_cached_tokens
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def evict(self, num_tokens: int) -> int: ...
-    def evict(self, num_tokens: object) -> int:
+    def evict(self, num_tokens: int) -> int:
         """Evict unlocked leaves until ``num_tokens`` tokens are free (SG-6).
 
         Returns:
@@ -430,9 +392,7 @@ class PrefixCache:
                 self._observer.on_evict(evicted)
         return evicted
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def inc_lock_ref(self, node: PrefixNode) -> int: ...
-    def inc_lock_ref(self, node: object) -> int:
+    def inc_lock_ref(self, node: PrefixNode) -> int:
         """Lock ``node`` and its ancestors (RX-5).
 
         Returns:
@@ -447,9 +407,7 @@ class PrefixCache:
         self._lock(n)
         return (self.index.stats().num_evictable_blocks - before) * self.page_size
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def dec_lock_ref(self, node: PrefixNode) -> int: ...
-    def dec_lock_ref(self, node: object) -> int:
+    def dec_lock_ref(self, node: PrefixNode) -> int:
         """Release one lock on ``node`` and its ancestors; unlocking never deletes.
 
         Returns:
@@ -463,17 +421,13 @@ class PrefixCache:
         self._unlock(n)
         return (self.index.stats().num_evictable_blocks - before) * self.page_size
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def lock(self, node: PrefixNode) -> PrefixNode: ...
-    def lock(self, node: object) -> PrefixNode:
+    def lock(self, node: PrefixNode) -> PrefixNode:
         """Take one lock on ``node`` for one holder; returns what ``unlock`` takes."""
         n = self._node(node)
         self._lock(n)
         return n
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def unlock(self, lock: PrefixNode | None) -> None: ...
-    def unlock(self, lock: object) -> None:
+    def unlock(self, lock: PrefixNode | None) -> None:
         """Release a lock ``lock`` returned (``None``: nothing)."""
         if lock is not None:
             self._unlock(self._node(lock))
@@ -527,9 +481,7 @@ class PrefixCache:
         """
         self._checkpoint(req, req.kv.kv_committed_len, False)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def checkpoint(self, req: ReqLike, *, up_to: int, final: bool = ...) -> None: ...
-    def checkpoint(self, req: ReqLike, *, up_to: object, final: object = False) -> None:
+    def checkpoint(self, req: ReqLike, *, up_to: int, final: bool = False) -> None:
         """Insert the request's first ``up_to`` tokens (page-aligned) and re-anchor it.
 
         SGLang's ``checkpoint``: frees the row's pages whose content the index held
@@ -599,9 +551,7 @@ class PrefixCache:
         if protected < prompt < got * ps:  # a node boundary at the prompt's end (SG-4)
             self.index.insert(key, pages, prompt)
 
-    @overload  # type: ignore[misc]  # precise types for callers
-    def cache_finished_req(self, req: ReqLike, is_insert: bool = ...) -> None: ...
-    def cache_finished_req(self, req: ReqLike, is_insert: object = True) -> None:
+    def cache_finished_req(self, req: ReqLike, is_insert: bool = True) -> None:
         """Release a request (SG-4; SGLang's ``release_kv_cache``).
 
         With ``is_insert`` its committed tokens are checkpointed first (the prompt

@@ -25,6 +25,8 @@ SGLang's scheduler allocates. Compiled: the decode step is the replay's inner lo
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError, RequestStateError
 from prefixkv.indexes.validation import ceil_div
 from prefixkv.storage.allocator import BlockAllocator
@@ -78,7 +80,8 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     hit = m.device_indices
     if hit:  # the hit's pages go first; the new pages are not copied
         pages[:0] = hit
-    rows.adopt(row, pages)  # a list of its own: the pool's or the index's, handed over
+    # A list of its own (the pool's or the index's), handed over; row is not None here.
+    rows.adopt(cast(Any, row), pages)
     kv.req_pool_idx = row
     kv.cache_protected_len = m.prefix_len
     kv.kv_committed_len = kv.kv_allocated_len = n

@@ -14,7 +14,7 @@ out, so ``num_blocks`` is vLLM's ``num_gpu_blocks`` and ``num_blocks - 1`` block
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any, Final, cast, overload
+from typing import Any, Final, cast
 
 from prefixkv.indexes.base import PrefixIndex, describe
 from prefixkv.indexes.errors import PrefixKVError, RequestStateError
@@ -117,16 +117,16 @@ class KVCacheManager:
     def __init__(
         self,
         index: PrefixIndex | str = "hash_chain",
-        num_blocks: object = 1024,
-        block_size: object = None,
+        num_blocks: int = 1024,
+        block_size: int | None = None,
         *,
-        max_model_len: object = None,
-        enable_caching: object = True,
-        log_stats: object = False,
-        watermark: object = 0.0,
-        enable_kv_cache_events: object = False,
+        max_model_len: int | None = None,
+        enable_caching: bool = True,
+        log_stats: bool = False,
+        watermark: float = 0.0,
+        enable_kv_cache_events: bool = False,
         observers: Sequence[CacheObserver] = (),
-        engine_types: object = PREFIXKV_TYPES,
+        engine_types: EngineTypes = PREFIXKV_TYPES,
         kv_cache_spec: object = None,
         kv_cache_config: object = None,
     ) -> None:
@@ -228,12 +228,8 @@ class KVCacheManager:
         """Whether a lookup may run (off for prompt-logprob and pooling requests)."""
         return self.enable_caching and not _field(request, "skip_reading_prefix_cache")
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def get_computed_blocks(
-        self, request: RequestLike, max_cache_hit_length: int | None = ...
-    ) -> tuple[Any, int, int]: ...
-    def get_computed_blocks(
-        self, request: RequestLike, max_cache_hit_length: object = None
+        self, request: RequestLike, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int]:
         """The longest cached prefix, capped at ``num_tokens - 1`` (or ``max_cache_hit_length``).
 
@@ -262,12 +258,8 @@ class KVCacheManager:
         self._lookups[rid] = lookup
         return self._wrap(lookup.block_ids), lookup.num_tokens, 0
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def get_computed_blocks_for_connector(
-        self, request: RequestLike, max_cache_hit_length: int | None = ...
-    ) -> tuple[Any, int, int, bool]: ...
-    def get_computed_blocks_for_connector(
-        self, request: RequestLike, max_cache_hit_length: object = None
+        self, request: RequestLike, max_cache_hit_length: int | None = None
     ) -> tuple[Any, int, int, bool]:
         """``get_computed_blocks`` plus ``hit_diverged=False`` (one group never diverges)."""
         return (*self.get_computed_blocks(request, cast(Any, max_cache_hit_length)), False)
@@ -291,36 +283,20 @@ class KVCacheManager:
 
     # -------------------------------------------------------------- allocation
 
-    @overload  # type: ignore[misc]  # precise types for callers
     def allocate_slots(
         self,
         request: RequestLike,
         num_new_tokens: int,
-        num_new_computed_tokens: int = ...,
-        new_computed_blocks: object = ...,
-        num_lookahead_tokens: int = ...,
-        num_external_computed_tokens: int = ...,
-        delay_cache_blocks: bool = ...,
-        num_encoder_tokens: int = ...,
-        full_sequence_must_fit: bool = ...,
-        reserved_blocks: int = ...,
-        has_scheduled_reqs: bool = ...,
-        skip_zeroing_group_ids: tuple[int, ...] = ...,
-    ) -> Any: ...
-    def allocate_slots(
-        self,
-        request: RequestLike,
-        num_new_tokens: object,
-        num_new_computed_tokens: object = 0,
+        num_new_computed_tokens: int = 0,
         new_computed_blocks: object = None,
-        num_lookahead_tokens: object = 0,
-        num_external_computed_tokens: object = 0,
-        delay_cache_blocks: object = False,
-        num_encoder_tokens: object = 0,
-        full_sequence_must_fit: object = False,
-        reserved_blocks: object = 0,
-        has_scheduled_reqs: object = True,
-        skip_zeroing_group_ids: object = (),
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> Any:
         """Slots for ``num_new_tokens`` (plus lookahead); registers the full blocks (VL-1, VL-2).
 
