@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import ClassVar, Final, NamedTuple, overload
 
@@ -100,19 +100,14 @@ def _matched(seg: bytes, data: bytes, at: int, stop: int, page: int) -> int:
     return m - m % page
 
 
-def _take_path(node: _Node) -> tuple[list[int] | None, list[int]]:
-    """A jump's start: the hit path ``node`` kept, taken from it (the match that jumped
-    there keeps the hit it ends with on the node it ends at), as :meth:`_walk`'s lists
-    ``(lone, blocks)``. ``(None, path)`` where nothing but the node holds the list
-    (every match it was lent to has let it go, :func:`_held_elsewhere`): the walk
-    extends it in place and the hit is that list again, no copy. Else ``(path, [])``:
-    the blocks past it are listed apart and the hit is one exact-size copy of both."""
-    shared = _held_elsewhere(node)
+def _take_path(node: _Node) -> list[int]:
+    """The hit path ``node`` kept, taken from it: the match that jumped there keeps the
+    hit it ends with on the node it ends at."""
     path = node.path
     assert path is not None
     node.path = None
     node.path_key = b""
-    return (path, []) if shared else (None, path)
+    return path
 
 
 def _bury(node: _Node) -> None:
@@ -205,10 +200,19 @@ class _Node:
         self.jump: _Node | None = None
 
 
+def _not_counted(obj: object) -> int:
+    """Where references are not counted (not CPython): any count, ``_UNSHARED_REFS``
+    then saying that every kept list is held elsewhere (never extended in place)."""
+    return 0
+
+
+_refcount: Final[Callable[[object], int]] = getattr(sys, "getrefcount", _not_counted)
+
+
 def _path_refs(node: _Node) -> int:
     """References to the list ``node`` keeps as its hit path, as ``sys.getrefcount``
     counts them in this very expression (its temporaries included)."""
-    return sys.getrefcount(node.path)
+    return _refcount(node.path)
 
 
 def _refs_when_unshared() -> int:
@@ -219,19 +223,17 @@ def _refs_when_unshared() -> int:
     return _path_refs(probe)
 
 
-# CPython counts references; elsewhere a kept list counts as always held (never reused).
-_COUNTS_REFS: Final = hasattr(sys, "getrefcount")
-_UNSHARED_REFS: Final = _refs_when_unshared() if _COUNTS_REFS else 0
+_UNSHARED_REFS: Final = _refs_when_unshared() if _refcount is not _not_counted else -1
 
 
 def _held_elsewhere(node: _Node) -> bool:
     """Whether anything but ``node`` holds its kept hit path: a match it was lent to
-    whose caller keeps it (a request still running, a caller's copy of the result).
+    whose caller keeps it (a request still running, a caller's result).
 
-    A lent list must never change under its holder, so the tree may extend it only
-    when its reference count says the node is its one holder: no other object,
-    frame or container can read it then (the tree runs on one thread)."""
-    return not _COUNTS_REFS or _path_refs(node) > _UNSHARED_REFS
+    A lent list must never change under its holder, so the tree extends it only when
+    its reference count says the node is its one holder: no other object, frame or
+    container can read it then (the tree runs on one thread)."""
+    return _path_refs(node) > _UNSHARED_REFS
 
 
 class _Memo(NamedTuple):
@@ -400,9 +402,9 @@ class RadixIndex:
 
         With ``lend`` (a match from the root), the blocks passed are ``lone`` then
         ``blocks``: a first node's own list while it is the only node passed, or,
-        after a jump (:meth:`_jump`), a kept hit path taken from its node
-        (:func:`_take_path`: as ``blocks``, extended in place, where no caller holds
-        it, else as ``lone``).
+        after a jump (:meth:`_jump`), a kept hit path taken from its node: as
+        ``blocks``, extended in place, where no caller holds it (:func:`_held_elsewhere`),
+        else as ``lone``.
 
         Returns: the last node reached, the byte of ``data`` it ends at, lone, blocks.
         """
@@ -430,9 +432,11 @@ class RadixIndex:
                 node = child
                 far = child.jump
                 if lend and far is not None and self._jump(far, child, data, stop, tick):
-                    node, at = far, far.end * _W
-                    lone, blocks = _take_path(far)
-                    jumped = True
+                    node, at, jumped = far, far.end * _W, True
+                    if _held_elsewhere(far):  # still lent: the rest apart, then one copy
+                        lone, blocks = _take_path(far), []
+                    else:  # no one else holds it: extended in place, lent again
+                        lone, blocks = None, _take_path(far)
                     continue
             if lend and lone is None and not blocks:
                 lone = node.value
