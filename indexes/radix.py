@@ -401,12 +401,10 @@ class RadixIndex:
         ``_tree_walk``, O(nodes passed) steps, each a dict lookup and a memcmp.
 
         With ``lend`` (a match from the root), the blocks passed are ``lone`` then
-        ``blocks``: a first node's own list while it is the only node passed, or,
-        after a jump (:meth:`_jump`), a kept hit path taken from its node: as
-        ``blocks``, extended in place, where no caller holds it (:func:`_held_elsewhere`),
-        else as ``lone``.
-
-        Returns: the last node reached, the byte of ``data`` it ends at, lone, blocks.
+        ``blocks``: a first node's own list while it is the only node passed, or, after
+        a jump (:meth:`_jump`), a kept hit path, as ``lone``, or as ``blocks`` to extend
+        in place where no caller holds it (:func:`_held_elsewhere`). Returns the last
+        node reached, the byte of ``data`` it ends at, lone and blocks.
         """
         page = self._page
         lone: list[int] | None = None  # (lend) blocks passed before those in blocks
@@ -432,11 +430,9 @@ class RadixIndex:
                 node = child
                 far = child.jump
                 if lend and far is not None and self._jump(far, child, data, stop, tick):
-                    node, at, jumped = far, far.end * _W, True
-                    if _held_elsewhere(far):  # still lent: the rest apart, then one copy
-                        lone, blocks = _take_path(far), []
-                    else:  # no one else holds it: extended in place, lent again
-                        lone, blocks = None, _take_path(far)
+                    held, node, at, jumped = _held_elsewhere(far), far, far.end * _W, True
+                    path = _take_path(far)  # held: the rest apart, then one copy; else in place
+                    lone, blocks = (path if held else None), ([] if held else path)
                     continue
             if lend and lone is None and not blocks:
                 lone = node.value
