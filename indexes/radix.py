@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import ClassVar, Final, NamedTuple
 
@@ -100,20 +100,21 @@ def _matched(seg: bytes, data: bytes, at: int, stop: int, page: int) -> int:
     return m - m % page
 
 
-def _take_tail(node: _Node) -> list[int]:
-    """The tail of a node's kept hit path, taking the path from it (the match that
-    jumped there extends the tail and puts the path on the node it ends at)."""
-    tail = node.path_tail
-    node.path = node.path_tail = None
+def _take_path(node: _Node) -> list[int]:
+    """The hit path ``node`` kept, taken from it: the match that jumped there keeps the
+    hit it ends with on the node it ends at."""
+    path = node.path
+    assert path is not None
+    node.path = None
     node.path_key = b""
-    return [] if tail is None else tail
+    return path
 
 
 def _bury(node: _Node) -> None:
     """Mark an evicted (or reset) node dead and drop what it kept for lookups."""
     node.dead = True
     node.parent = None
-    node.path = node.path_tail = None
+    node.path = None
     node.path_key = b""
     node.jump = None
 
@@ -129,11 +130,10 @@ def _check_path(node: _Node) -> None:
             blocks[:0] = up.value
             keys.insert(0, up.key)
             up = up.parent
-        tail = node.path_tail or []
-        assert node.path + tail == blocks, "a kept hit path's blocks differ from the tree's"
+        assert node.path == blocks, "a kept hit path's blocks differ from the tree's"
         assert node.path_key.startswith(b"".join(keys)), "a cached hit path's tokens differ"
     else:
-        assert node.path_key == b"" and node.path_tail is None, "a hit path's rest is kept"
+        assert node.path_key == b"", "a hit path's tokens are kept without its blocks"
     far = node.jump
     while far is not None and far is not node:
         far = far.parent
@@ -155,8 +155,7 @@ class _Node:
 
     __slots__ = ("children", "created", "dead", "end", "evict_key", "hashes", "hit_count",
                  "jump", "key", "last_access", "lent", "lock_ref", "namespace", "only",
-                 "parent", "path", "path_key", "path_tail", "priority", "tree",
-                 "value")  # fmt: skip
+                 "parent", "path", "path_key", "priority", "tree", "value")  # fmt: skip
 
     def __init__(
         self,
@@ -193,13 +192,48 @@ class _Node:
         # list (eviction copies it rather than reusing it).
         self.lent = False
         # The kept hit path (see _keep_path): on a node a match over several nodes
-        # ended at, its blocks from the root (``path``, a list the tree never changes,
-        # then ``path_tail``, one it extends) and the request's tokens; on the nearest
-        # node below a branch point above it, ``jump`` to it.
+        # ended at, its blocks from the root (``path``, the list that match returned)
+        # and the request's tokens; on the nearest node below a branch point above
+        # it, ``jump`` to it.
         self.path: list[int] | None = None
-        self.path_tail: list[int] | None = None
         self.path_key = b""
         self.jump: _Node | None = None
+
+
+def _not_counted(obj: object) -> int:
+    """Where references are not counted (not CPython): any count, ``_UNSHARED_REFS``
+    then saying that every kept list is held elsewhere (never extended in place)."""
+    return 0
+
+
+_refcount: Final[Callable[[object], int]] = getattr(sys, "getrefcount", _not_counted)
+
+
+def _path_refs(node: _Node) -> int:
+    """References to the list ``node`` keeps as its hit path, as ``sys.getrefcount``
+    counts them in this very expression (its temporaries included)."""
+    return _refcount(node.path)
+
+
+def _refs_when_unshared() -> int:
+    """:func:`_path_refs` of a list that only its node holds: the same code counting
+    the same temporaries, so the figure fits whichever build runs it."""
+    probe = _Node(b"", [], None, 0, 0, 0)
+    probe.path = [0]
+    return _path_refs(probe)
+
+
+_UNSHARED_REFS: Final = _refs_when_unshared() if _refcount is not _not_counted else -1
+
+
+def _held_elsewhere(node: _Node) -> bool:
+    """Whether anything but ``node`` holds its kept hit path: a match it was lent to
+    whose caller keeps it (a request still running, a caller's result).
+
+    A lent list must never change under its holder, so the tree extends it only when
+    its reference count says the node is its one holder: no other object, frame or
+    container can read it then (the tree runs on one thread)."""
+    return _path_refs(node) > _UNSHARED_REFS
 
 
 class _Memo(NamedTuple):
@@ -367,10 +401,10 @@ class RadixIndex:
         ``_tree_walk``, O(nodes passed) steps, each a dict lookup and a memcmp.
 
         With ``lend`` (a match from the root), the blocks passed are ``lone`` then
-        ``blocks``: a first node's own list while it is the only node passed, or,
-        after a jump (:meth:`_jump`), a kept hit path's lists, taken from its node.
-
-        Returns: the last node reached, the byte of ``data`` it ends at, lone, blocks.
+        ``blocks``: a first node's own list while it is the only node passed, or, after
+        a jump (:meth:`_jump`), a kept hit path, as ``lone``, or as ``blocks`` to extend
+        in place where no caller holds it (:func:`_held_elsewhere`). Returns the last
+        node reached, the byte of ``data`` it ends at, lone and blocks.
         """
         page = self._page
         lone: list[int] | None = None  # (lend) blocks passed before those in blocks
@@ -396,8 +430,9 @@ class RadixIndex:
                 node = child
                 far = child.jump
                 if lend and far is not None and self._jump(far, child, data, stop, tick):
-                    node, at, lone, blocks = far, far.end * _W, far.path, _take_tail(far)
-                    jumped = True
+                    held, node, at, jumped = _held_elsewhere(far), far, far.end * _W, True
+                    path = _take_path(far)  # held: the rest apart, then one copy; else in place
+                    lone, blocks = (path if held else None), ([] if held else path)
                     continue
             if lend and lone is None and not blocks:
                 lone = node.value
@@ -427,14 +462,13 @@ class RadixIndex:
             node = parent
         return True
 
-    def _keep_path(self, node: _Node, data: bytes, path: list[int], tail: list[int] | None) -> None:
-        """Keep the hit of a match over several nodes ending at ``node``, ``path`` (a
-        list the tree never changes again) then ``tail``, with the request's tokens
-        ``data`` (the hit's first), and point the nearest node below a branch point
-        above it at it: the next match there whose tokens start with ``data`` (a
-        conversation's next turn) jumps to ``node``, stamps the nodes it skips,
-        appends the blocks of those after it to the tail in place, and hands out one
-        exact-size copy of the two lists.
+    def _keep_path(self, node: _Node, data: bytes, path: list[int]) -> None:
+        """Keep the hit of a match over several nodes ending at ``node``, ``path`` (the
+        list it returns), with the request's tokens ``data`` (the hit's first), and
+        point the nearest node below a branch point above it at it: the next match
+        there whose tokens start with ``data`` (a conversation's next turn) jumps to
+        ``node``, stamps the nodes it skips and lists only those after it
+        (:func:`_take_path`).
 
         A node's blocks from the root never change while it lives (splits keep them,
         only leaves are evicted), so a kept path stays exact. One path per jump: the
@@ -447,10 +481,9 @@ class RadixIndex:
             parent = holder.parent
         old = holder.jump
         if old is not None and old is not node:
-            old.path = old.path_tail = None
+            old.path = None
             old.path_key = b""
         node.path = path
-        node.path_tail = tail
         node.path_key = data
         holder.jump = node
 
@@ -472,15 +505,18 @@ class RadixIndex:
         A hit held by one node (a shared prompt, a document) returns that node's own
         list of blocks, not a copy (at page size 1 a copy is a reference count per
         token, most of such a lookup): read ``block_ids``, never mutate it. The tree
-        never changes a list it handed out. A hit over several nodes is a copy of the
-        list the tree keeps on its last node (:meth:`_keep_path`): the next match
+        never changes a list while anything else holds it. A hit over several nodes is
+        a list the tree keeps on its last node (:meth:`_keep_path`): the next match
         through that branch whose tokens extend this one's (a conversation's next
         turn) compares the kept path's tokens in one memcmp, stamps its nodes without
-        visiting them one by one, and appends only the nodes past it.
+        visiting them one by one, and lists only the nodes past it: it returns the
+        kept list itself when it ends there, the same list extended in place once
+        every match it was lent to has let it go (a conversation's previous turn has
+        finished), else one exact-size copy.
 
         Complexity: O(nodes passed) Python steps, a jump's nodes only stamped;
-        segments compare in C; O(blocks) for a hit over several nodes, O(1) for a hit
-        in one.
+        segments compare in C; O(1) for a hit in one node or along a kept path no
+        caller holds, plus O(blocks past it); else O(blocks).
         """
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
@@ -490,9 +526,9 @@ class RadixIndex:
         root.last_access = tick
         data = key.tokens.tobytes()
         node, at, lone, blocks = self._walk(root, data, 0, limit * _W, tick, [], True)
-        if lone is None:  # a miss, or a hit over several nodes: a new list, kept
+        if lone is None:  # a miss, or a hit over several nodes: a list of the tree's own
             if blocks:
-                self._keep_path(node, data, blocks, None)
+                self._keep_path(node, data, blocks)
             return PrefixMatch(at // _W, blocks, node)
         if lone is node.value:  # a hit in one node (a shared prompt, a document): its list
             node.lent = True
@@ -500,12 +536,13 @@ class RadixIndex:
         return PrefixMatch(at // _W, self._rekeep(node, data, lone, blocks), node)
 
     def _rekeep(self, node: _Node, data: bytes, path: list[int], tail: list[int]) -> list[int]:
-        """A match that jumped to a kept hit path and ends at ``node``: keep the path
-        there and return the hit, ``path`` itself when nothing follows it, else one
-        exact-size copy of both lists (the tail grows in place, never rebuilt: no list
-        of the path is freed inside a lookup)."""
-        self._keep_path(node, data, path, tail or None)
-        return path + tail if tail else path
+        """A match that jumped to a kept hit path another caller still holds and ends at
+        ``node``: keep the hit there and return it, ``path`` itself when nothing
+        follows it, else one exact-size copy of both lists (the held one is left as
+        it is: no list of the path is freed inside a lookup)."""
+        hit = path + tail if tail else path
+        self._keep_path(node, data, hit)
+        return hit
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The blocks ``match_prefix`` would return, without splitting or stamping.
@@ -968,7 +1005,6 @@ class RadixIndex:
             total += sys.getsizeof(node.children) + 28 * len(node.value)
             if node.path is not None:  # a cached hit path (its ints are the nodes')
                 total += sys.getsizeof(node.path) + sys.getsizeof(node.path_key)
-                total += sys.getsizeof(node.path_tail or [])
             stack.extend(node.children.values())
         return total
 

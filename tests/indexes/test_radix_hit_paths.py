@@ -1,6 +1,7 @@
 """The radix tree's cached hit paths: a match over several nodes is kept on its last
-node, and the next match through that branch (a conversation's next turn) jumps to it.
-Nothing a caller can see may change: hits, block lists, recency (eviction order)."""
+node, and the next match through that branch (a conversation's next turn) jumps to it,
+extending the kept list in place once no caller holds it. Nothing a caller can see may
+change: hits, block lists a caller holds, recency (eviction order)."""
 
 from __future__ import annotations
 
@@ -85,36 +86,63 @@ def test_a_jump_stamps_the_nodes_it_skips_as_a_walk_would() -> None:
     index.check_invariants()
 
 
+def test_a_kept_path_no_caller_holds_is_extended_in_place_and_a_held_one_never_changes() -> None:
+    index = RadixIndex()
+    history = toks(40, seed=1)
+    index.insert(TokenKey(history), list(range(40)))
+    block, lists, held = 1000, [], None
+    for turn in range(6):
+        prompt = history + toks(5, seed=10 + turn)
+        m = index.match_prefix(TokenKey(prompt), len(prompt) - 1)
+        assert m.block_ids == index.cached_blocks(TokenKey(history))
+        lists.append(id(m.block_ids))
+        if turn == 4:  # this caller keeps its hit: the next turn's may not grow it
+            held = (m.block_ids, list(m.block_ids))
+        history = prompt + toks(3, seed=100 + turn)
+        ids = [*m.block_ids, *range(block, block + len(history) - m.num_tokens)]
+        block += len(history) - m.num_tokens
+        del m  # the caller lets its hit go
+        index.insert(TokenKey(history), ids)
+        index.check_invariants()
+    # turn 0: the one node's own list; 1: a new list, kept; 2-4: that list, extended in
+    # place; 5: a copy, turn 4's caller holding the kept list still
+    assert lists[1] == lists[2] == lists[3] == lists[4] != lists[5]
+    assert held is not None and held[0] == held[1]
+
+
 TURN = st.tuples(
     st.integers(0, 3),  # which conversation
     st.integers(0, 8),  # user tokens
     st.integers(1, 6),  # answer tokens
     st.sampled_from([None, "evict", "lock", "unlock", "cap"]),
     st.integers(1, 30),
+    st.booleans(),  # whether the caller keeps the hit's list
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(page=st.sampled_from([1, 2]), turns=st.lists(TURN, max_size=40))
-def test_hit_paths_change_no_hit_no_list_and_no_eviction_order(
-    page: int, turns: list[tuple[int, int, int, str | None, int]]
+def test_hit_paths_change_no_hit_no_held_list_and_no_eviction_order(
+    page: int, turns: list[tuple[int, int, int, str | None, int, bool]]
 ) -> None:
     # The same conversations through two trees, one of which forgets its hit paths
-    # before every match: equal hits, equal evictions, and lists that never change.
+    # before every match: equal hits, equal evictions, and lists that never change
+    # while their caller holds them (the others the tree may extend in place).
     cached, plain = RadixIndex(page), RadixIndex(page)
     system = toks(12, seed=0)
     histories = [system + toks(3 * k, seed=k) for k in range(4)]
     handed: list[tuple[list[int], list[int]]] = []
     locks: list[tuple[object, object]] = []
     block = 0
-    for n, (who, user, answer, extra, amount) in enumerate(turns):
+    for n, (who, user, answer, extra, amount, keep) in enumerate(turns):
         prompt = histories[who] + toks(user, seed=1000 + n)
         cap = amount if extra == "cap" else len(prompt) - 1
         forget_hit_paths(plain)
         m, p = (t.match_prefix(TokenKey(prompt), cap) for t in (cached, plain))
         assert (m.num_tokens, m.block_ids) == (p.num_tokens, p.block_ids)
         assert m.block_ids == plain.cached_blocks(TokenKey(prompt), cap)
-        handed.append((m.block_ids, list(m.block_ids)))
+        if keep:
+            handed.append((m.block_ids, list(m.block_ids)))
         if extra == "lock":
             cached.lock(m.handle)
             plain.lock(p.handle)
@@ -126,6 +154,7 @@ def test_hit_paths_change_no_hit_no_list_and_no_eviction_order(
         new = len(full) // page - len(m.block_ids)
         ids = [*m.block_ids, *range(block, block + new)]
         block += new
+        del m, p  # only handed holds a hit's list now
         for t in (cached, plain):
             t.insert(TokenKey(full), ids)
         histories[who] = full
