@@ -279,6 +279,18 @@ class ServedEngine:
         status, body = await self._get(client, path)
         return body.decode("utf-8", "replace") if status == 200 else ""
 
+    def _completion_body(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
+        """A streamed, greedy completion decoding exactly ``max_tokens``, with usage."""
+        return {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
     async def complete(
         self,
         client: httpx.AsyncClient,
@@ -299,15 +311,7 @@ class ServedEngine:
         import httpx
 
         where = f"{self.url}/v1/completions"
-        body = {
-            "model": self.model,
-            "prompt": list(prompt),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        body = self._completion_body(prompt, max_tokens)
         times: list[float] = []
         usage: dict[str, Any] = {}
         most = max_tokens + _EXTRA_TOKEN_CHUNKS
