@@ -195,12 +195,12 @@ class BlockTokens:
             else [keys[p] for p in missing]
         )
         rows = self._deriver.rows([f"{name}{h}" for h in ids], self.tokens_per_id)
-        data = rows.tobytes()
+        data = rows.data.cast("B")  # each block copied out once, the rows never whole
         width = 4 * self.tokens_per_id
         cache = self._cache
         at = 0
         for p in missing:
-            block = data[at : at + width]
+            block = data[at : at + width].tobytes()
             at += width
             parts[p] = block
             cache[keys[p]] = block
