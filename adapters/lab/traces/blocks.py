@@ -21,6 +21,7 @@ A bounded LRU keeps recent blocks, so memory never grows with the trace.
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _HIGH = np.uint64(32)
 _ONE_HIGH = np.uint64(1 << 32)
+_HIGH_WORD = 1 if sys.byteorder == "little" else 0
+"""Which ``uint32`` of a ``uint64`` in memory holds its high 32 bits."""
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -90,8 +93,9 @@ class TokenDeriver:
         """``n`` tokens for each name: a ``(len(names), n)`` C-contiguous ``uint32``
         array (non-empty ``names``, ``n >= 1``), what :meth:`tokens` returns as bytes.
 
-        Five passes over the tail in place, the last writing the ``uint32`` rows:
-        each pass is a loop over every element, so the fewer the faster.
+        Five passes over the tail in place, then a copy of each element's high word
+        into the ``uint32`` rows: each pass is a loop over every element, so the fewer
+        the faster.
         """
         head = min(n, HEAD_TOKENS)
         raw = [name.encode() for name in names]
@@ -106,10 +110,11 @@ class TokenDeriver:
             z *= _MIX1
             z >>= _HIGH
             # Lemire's multiply-shift onto [1, V): z * (V - 1) < 2**64 - 2**32, so adding
-            # 2**32 before the shift adds 1 after it, and the shift writes the rows.
+            # 2**32 adds 1 to the high word, and the high words are the tokens: copied
+            # out as they lie, no shift and no cast.
             z *= np.uint64(self.vocab_size - 1)
             z += _ONE_HIGH
-            np.right_shift(z, _HIGH, out=out[:, head:], casting="unsafe")
+            out[:, head:] = z.view(np.uint32)[:, _HIGH_WORD::2]
         return out
 
     def named(self, name: str, n: int) -> array[int]:
