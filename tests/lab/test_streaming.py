@@ -141,3 +141,36 @@ def test_a_replay_collects_cycles_between_requests_and_restores_the_collector(
         if was:
             gc.enable()
         gc.collect()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_building_a_seat_sets_off_no_collection_and_restores_the_collector(
+    enabled: bool,
+) -> None:
+    # vLLM's engine class makes a block object per pool block up front: built with the
+    # collector on, 62,500 of them set off some 90 collections (one full) that free
+    # nothing.
+    from prefixkv.adapters.lab.sim.klive import driver_seat
+
+    starts: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    indexes = {d: make_index("hash_chain", block_size=16) for d in ("vllm", "sglang")}
+    was = gc.isenabled()
+    if not enabled:
+        gc.disable()
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        for driver, index in indexes.items():
+            driver_seat(driver, index, 62_500)  # type: ignore[arg-type]
+            assert gc.isenabled() is enabled
+        # at most the one young-generation pass that re-enabling sets off at once
+        assert len(starts) <= len(indexes) and set(starts) <= {0}, starts
+    finally:
+        gc.callbacks.remove(count)
+        if was:
+            gc.enable()

@@ -24,7 +24,7 @@ import gc
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -210,7 +210,8 @@ def driver_seat(
     if driver not in ("vllm", "sglang"):
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
     batching = "mixed" if driver == "vllm" else "prefill_first"
-    seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
+    with _Collector.paused():
+        seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
     assert isinstance(seat, (VllmSeat, SglangSeat)), seat
     return seat
 
@@ -419,3 +420,19 @@ class _Collector:
         if self.active:
             gc.enable()
             self.active = False
+
+    @staticmethod
+    @contextlib.contextmanager
+    def paused() -> Iterator[None]:
+        """The collector off while a seat is built: vLLM's engine class makes a block
+        object per pool block up front (62,500 for 1M tokens in 16-token blocks), which
+        would otherwise set off some 90 collections, one of them full, that find nothing
+        to free: the objects live as long as the replay."""
+        if not gc.isenabled():
+            yield
+            return
+        gc.disable()
+        try:
+            yield
+        finally:
+            gc.enable()

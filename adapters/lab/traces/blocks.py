@@ -21,9 +21,11 @@ A bounded LRU keeps recent blocks, so memory never grows with the trace.
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import xxhash
@@ -39,6 +41,9 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _HIGH = np.uint64(32)
+_ONE_HIGH = np.uint64(1 << 32)
+_HIGH_WORD = 1 if sys.byteorder == "little" else 0
+"""Which ``uint32`` of a ``uint64`` in memory holds its high 32 bits."""
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -82,6 +87,16 @@ class TokenDeriver:
         """
         if not names or n <= 0:
             return b""
+        return self.rows(names, n).tobytes()
+
+    def rows(self, names: Sequence[str], n: int) -> np.ndarray:
+        """``n`` tokens for each name: a ``(len(names), n)`` C-contiguous ``uint32``
+        array (non-empty ``names``, ``n >= 1``), what :meth:`tokens` returns as bytes.
+
+        Five passes over the tail in place, then a copy of each element's high word
+        into the ``uint32`` rows: each pass is a loop over every element, so the fewer
+        the faster.
+        """
         head = min(n, HEAD_TOKENS)
         raw = [name.encode() for name in names]
         out = np.empty((len(raw), n), dtype=np.uint32)
@@ -94,17 +109,19 @@ class TokenDeriver:
             z = keys[:, None] ^ self._steps(n)[None, head:]
             z *= _MIX1
             z >>= _HIGH
-            z *= np.uint64(self.vocab_size - 1)  # Lemire's multiply-shift onto [0, V - 1)
-            z >>= _HIGH
-            z += np.uint64(1)
-            out[:, head:] = z
-        return out.tobytes()
+            # Lemire's multiply-shift onto [1, V): z * (V - 1) < 2**64 - 2**32, so adding
+            # 2**32 adds 1 to the high word, and the high words are the tokens: copied
+            # out as they lie, no shift and no cast.
+            z *= np.uint64(self.vocab_size - 1)
+            z += _ONE_HIGH
+            out[:, head:] = z.view(np.uint32)[:, _HIGH_WORD::2]
+        return out
 
     def named(self, name: str, n: int) -> array[int]:
         """``n`` tokens derived from ``name`` alone (outputs, a request's own tail)."""
         result: array[int] = array("I")
         if n > 0:
-            result.frombytes(self.tokens([name], n))
+            result.frombytes(self.rows([name], n).data.cast("B"))
         return result
 
 
@@ -134,7 +151,7 @@ class BlockTokens:
         self._deriver = deriver
         self._prefix = prefix
         self.tokens_per_id = tokens_per_id
-        self._cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._cache: OrderedDict[object, bytes] = OrderedDict()  # an id, or (scope, id)
         self._capacity = cache_bytes // (4 * tokens_per_id + 150)
 
     def prompt(self, scope: str, hash_ids: Sequence[int], length: int) -> array[int]:
@@ -148,38 +165,50 @@ class BlockTokens:
                 caller bounds it.
 
         Complexity: O(length) copying; one vectorized derivation for the blocks not
-        in the LRU.
+        in the LRU. A request none of whose blocks is cached (most of a long trace's)
+        is copied out of the derived rows once, never joined.
         """
         cache = self._cache
-        parts: list[bytes] = []
-        missing: list[int] = []
-        for pos, h in enumerate(hash_ids):
-            block = cache.get((scope, h))
-            if block is None:
-                missing.append(pos)
-                parts.append(b"")
-            else:
-                cache.move_to_end((scope, h))
-                parts.append(block)
-        if missing:
-            self._fill(scope, hash_ids, missing, parts)
+        keys: Sequence[object] = [(scope, h) for h in hash_ids] if scope else hash_ids
+        parts: list[bytes | None] = list(map(cache.get, keys))
+        missing = [pos for pos, block in enumerate(parts) if block is None]
         out: array[int] = array("I")
-        data = b"".join(parts)
-        out.frombytes(data if len(data) == 4 * length else data[: 4 * length])
+        if len(missing) < len(parts):
+            for pos, key in enumerate(keys):
+                if parts[pos] is not None:
+                    cache.move_to_end(key)
+        if not missing:
+            data = b"".join(cast("list[bytes]", parts))
+        else:
+            rows = self._fill(scope, keys, missing, parts)
+            if len(missing) == len(parts):  # none cached: straight from the rows
+                out.frombytes(rows.data.cast("B")[: 4 * length])
+                return out
+            data = b"".join(cast("list[bytes]", parts))
+        out.frombytes(data if len(data) == 4 * length else memoryview(data)[: 4 * length])
         return out
 
     def _fill(
-        self, scope: str, hash_ids: Sequence[int], missing: list[int], parts: list[bytes]
-    ) -> None:
+        self, scope: str, keys: Sequence[object], missing: list[int], parts: list[bytes | None]
+    ) -> np.ndarray:
         # One vectorized pass over every missing block of the request: numpy's
-        # per-call overhead would otherwise exceed the arithmetic.
+        # per-call overhead would otherwise exceed the arithmetic. Returns their rows.
         name = f"{self._prefix}{scope}:" if scope else self._prefix
-        data = self._deriver.tokens([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
+        ids = (
+            [cast("tuple[str, int]", keys[p])[1] for p in missing]
+            if scope
+            else [keys[p] for p in missing]
+        )
+        rows = self._deriver.rows([f"{name}{h}" for h in ids], self.tokens_per_id)
+        data = rows.data.cast("B")  # each block copied out once, the rows never whole
         width = 4 * self.tokens_per_id
         cache = self._cache
-        for j, p in enumerate(missing):
-            block = data[j * width : (j + 1) * width]
+        at = 0
+        for p in missing:
+            block = data[at : at + width].tobytes()
+            at += width
             parts[p] = block
-            cache[(scope, hash_ids[p])] = block
+            cache[keys[p]] = block
         while len(cache) > self._capacity:
             cache.popitem(last=False)
+        return rows
