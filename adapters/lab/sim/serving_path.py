@@ -313,14 +313,15 @@ def _request_s(
     short: Sequence[HopSample], engine_model: EngineModel | None, cpu_token: float | None
 ) -> float:
     """What a request pays outside the modelled steps (``request_s``)."""
-    # Its client TTFT less the engine core's queue and prefill time where the server says it (vLLM's /metrics), else
-    # less the step model's price of its first step. (vLLM's queue + prefill also holds
-    # the engine core's own work for a new request, which no modelled step prices; taking
-    # the step model's first step as the basis instead moved nearly all of a step into
-    # request_s when a real CPU server was calibrated: step_s 0.03 ms, TPOT 75% low.)
-    # The client's TTFT also holds the front end streaming the first token back, which
-    # the simulator prices apart (stream_token_s, after the step): it is taken off here,
-    # or every request pays it twice.
+    # Its client TTFT less the engine core's queue and prefill time where the server
+    # says it (vLLM's /metrics), else less the step model's price of its first step.
+    # (vLLM's queue + prefill also holds the engine core's own work for a new request,
+    # which no modelled step prices; taking the step model's first step as the basis
+    # instead moved nearly all of a step into request_s when a real CPU server was
+    # calibrated: step_s 0.03 ms, TPOT 75% low.) The client's TTFT also holds the front
+    # end streaming the first token back, which the simulator prices apart
+    # (stream_token_s, after the step): it is taken off here, or every request pays it
+    # twice.
     return max(
         0.0,
         statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
