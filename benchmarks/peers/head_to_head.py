@@ -157,13 +157,21 @@ def hash_chain_rows(args: argparse.Namespace, name: str, reqs: list[TraceRequest
     n = len(reqs)
     blocks = sum(len(r.tokens) + len(r.output) for r in reqs) // 16 + 4 * n  # no eviction
     cmd = [args.vllm_python, str(ORACLES / "vllm_oracle.py"), str(trace), "--num-blocks",
-           str(blocks + 1), "--repeat", str(args.repeat), "--out", str(tmp / "v.jsonl"),
+           str(blocks + 1), "--repeat", "1", "--out", str(tmp / "v.jsonl"),
            "--quiet"]  # fmt: skip
-    v = run_oracle(cmd)
-    ours, by_call, _, _ = replay_best(reqs, "hash_chain", 16, blocks, "vllm", args.repeat, False)
-    if [h["hit_tokens"] for h in ours.hits] != v["hits"]:
-        raise SystemExit(f"{name}: hash chain hits differ from vLLM's")
-    ref_s = v["summary"]["seconds_min"]
+    # One replay of each engine in turn, repeated: a drift in the machine's pace (a
+    # noisy neighbour, a frequency change) then meets both sides alike, where timing all
+    # of vLLM's replays before all of ours let it land on one side only.
+    refs: list[dict[str, Any]] = []
+    mine_runs: list[dict[str, float]] = []
+    for _ in range(args.repeat):
+        refs.append(run_oracle(cmd))
+        ours, by_call, _, _ = replay_best(reqs, "hash_chain", 16, blocks, "vllm", 1, False)
+        mine_runs.append(by_call)
+        if [h["hit_tokens"] for h in ours.hits] != refs[-1]["hits"]:
+            raise SystemExit(f"{name}: hash chain hits differ from vLLM's")
+    ref_s = min_by_call([v["summary"]["seconds_min"] for v in refs])
+    by_call = min_by_call(mine_runs)
     ref = sum(ref_s[k] for k in VLLM_CALLS)
     mine = sum(by_call.values())
     out = row(name, "hash chain: index µs per request", "vLLM 0.33 KVCacheManager",
