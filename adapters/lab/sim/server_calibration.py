@@ -471,7 +471,8 @@ def _with_serving_path(
     # short ones where none were sent).
     stream_s = path.stream_token_s or 0.0
     idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
-    busy_spread = quantile_table(_outside(hops.busy, stream_s))
+    busy_outside = _outside(hops.busy, stream_s)
+    busy_spread = quantile_table(busy_outside)
     # The engine's pace, request to request: the lone long requests' decode as the
     # engine core timed it.
     pace = pace_table(hops.long)
@@ -481,7 +482,7 @@ def _with_serving_path(
         "serving_path": {
             **path.as_dict(),
             "admit_s": admit_s,
-            "busy_samples_kept": len(_outside(hops.busy, stream_s)),
+            "busy_samples_kept": len(busy_outside),
             "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
             "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
             "samples": hops.to_json(),

@@ -177,29 +177,27 @@ class BlockTokens:
             for pos, key in enumerate(keys):
                 if parts[pos] is not None:
                     cache.move_to_end(key)
-        if not missing:
-            data = b"".join(cast("list[bytes]", parts))
-        else:
-            rows = self._fill(scope, keys, missing, parts)
+        if missing:
+            rows = self._fill(scope, hash_ids, keys, missing, parts)
             if len(missing) == len(parts):  # none cached: straight from the rows
                 out.frombytes(rows.data.cast("B")[: 4 * length])
                 return out
-            data = b"".join(cast("list[bytes]", parts))
+        data = b"".join(cast("list[bytes]", parts))
         out.frombytes(data if len(data) == 4 * length else memoryview(data)[: 4 * length])
         return out
 
     def _fill(
-        self, scope: str, keys: Sequence[object], missing: list[int], parts: list[bytes | None]
+        self,
+        scope: str,
+        hash_ids: Sequence[int],
+        keys: Sequence[object],
+        missing: list[int],
+        parts: list[bytes | None],
     ) -> np.ndarray:
         # One vectorized pass over every missing block of the request: numpy's
         # per-call overhead would otherwise exceed the arithmetic. Returns their rows.
         name = f"{self._prefix}{scope}:" if scope else self._prefix
-        ids = (
-            [cast("tuple[str, int]", keys[p])[1] for p in missing]
-            if scope
-            else [keys[p] for p in missing]
-        )
-        rows = self._deriver.rows([f"{name}{h}" for h in ids], self.tokens_per_id)
+        rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
         data = rows.data.cast("B")  # each block copied out once, the rows never whole
         width = 4 * self.tokens_per_id
         cache = self._cache
