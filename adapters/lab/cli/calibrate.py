@@ -27,6 +27,8 @@ from prefixkv.adapters.outputs import check_output
 from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
+from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
 from .args import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
@@ -135,7 +137,8 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",
         type=positive_int,
         metavar="T",
-        help="the server's step budget, its --max-num-batched-tokens (default 8192; vLLM "
+        help="the server's step budget, its --max-num-batched-tokens (default "
+        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; vLLM "
         "serve on a CPU: 2048)",
     )
 
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     out = check_output(args.out)
     if reference:
         return _reference_engine(args, out, interrupts)
-    budget = args.max_num_batched_tokens or 8192
+    budget = args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
     if args.server is not None:
         profile = _from_server(args, budget)
     else:
@@ -276,7 +279,10 @@ def list_profiles() -> str:
         cap = p.kv_capacity_tokens()
         if cap is not None:
             per = f"{p.kv_bytes_per_token:,} bytes a token" if p.kv_bytes_per_token else ""
-            lines.append(f"  KV capacity: {cap:,} tokens at gpu-memory-utilization 0.9 ({per})")
+            lines.append(
+                f"  KV capacity: {cap:,} tokens at gpu-memory-utilization "
+                f"{DEFAULT_GPU_MEMORY_UTILIZATION:g} ({per})"
+            )
         lines.append(f"  source: {p.source}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

@@ -23,7 +23,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prefixkv.adapters.lab.sim.config import SimSettings
+from prefixkv.adapters.lab.sim.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    SimSettings,
+)
 from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.traces import TraceRequest, TraceSource, open_trace, stats_of
@@ -33,7 +37,7 @@ from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..backends import over_pool_limit
-from ..cluster.config import MAX_REPLICAS
+from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS
 from ..cluster.errors import ClusterSettingsError
 from ..cluster.experiment import (
     ClusterInterrupted,
@@ -125,13 +129,23 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="each replica's prefix index (default hash_chain)",
     )
-    f.add_argument("--max-num-seqs", type=positive_int, default=256, metavar="N")
-    f.add_argument("--max-num-batched-tokens", type=positive_int, default=8192, metavar="N")
+    f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
+    f.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        metavar="N",
+    )
     f.add_argument(
         "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
     )
-    f.add_argument("--buffer-steps", type=positive_int, default=10_000, metavar="N",
-                   help="event batches each replica keeps for replay (vLLM's 10000)")  # fmt: skip
+    f.add_argument(
+        "--buffer-steps",
+        type=positive_int,
+        default=DEFAULT_BUFFER_STEPS,
+        metavar="N",
+        help=f"event batches each replica keeps for replay (vLLM's {DEFAULT_BUFFER_STEPS})",
+    )
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
     f.add_argument("--open-loop", action="store_true",

@@ -16,6 +16,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..backends import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
+from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
 from ..workloads import Workload, load_workloads
@@ -151,7 +152,7 @@ def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
         type=utilization,
         metavar="U",
         help="with --capacity-tokens auto: the share of device memory the engine uses, as "
-        "vLLM's flag (default 0.9)",
+        f"vLLM's flag (default {DEFAULT_GPU_MEMORY_UTILIZATION:g})",
     )
 
 
@@ -292,13 +293,9 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
 
 
 def memory_utilization(args: argparse.Namespace) -> float:
-    """``--gpu-memory-utilization``, or the cost profile's default share (vLLM's 0.9)."""
+    """``--gpu-memory-utilization``, or vLLM's default share."""
     value = getattr(args, "gpu_memory_utilization", None)
-    if value is None:  # asked only with a cost profile: the simulator is loaded already
-        from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
-
-        return DEFAULT_GPU_MEMORY_UTILIZATION
-    return float(value)
+    return DEFAULT_GPU_MEMORY_UTILIZATION if value is None else float(value)
 
 
 def capacity_warnings(

@@ -45,6 +45,7 @@ from ..sim import (
     available_profiles,
     load_profile,
 )
+from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..workloads import DEFAULT_WORKLOADS, Workload, workload_names
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import (
@@ -197,14 +198,15 @@ def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
         "--max-num-seqs",
         type=positive_int,
         metavar="N",
-        help="most running requests, as vLLM's flag (SGLang --max-running-requests; default 256)",
+        help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
+        f"default {DEFAULT_MAX_NUM_SEQS})",
     )
     g.add_argument(
         "--max-num-batched-tokens",
         type=parse_token_count,
         metavar="T",
         help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
-        "default 8192)",
+        f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
     )
     g.add_argument(
         "--policy",
@@ -444,8 +446,8 @@ def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
         time_scale=args.time_scale,
         arrival=args.arrival or "poisson",
         seed=args.seed,
-        max_num_seqs=args.max_num_seqs or 256,
-        max_num_batched_tokens=args.max_num_batched_tokens or 8192,
+        max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         queue_order=args.policy,
         batching=args.batching,
         profile=load_profile(args.profile or DEFAULT_PROFILE),

@@ -17,6 +17,7 @@ import dataclasses
 
 from ..admission import AdmissionRule, length_rule
 from ..sim import CostProfile
+from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..sim.model_config import ModelConfig, available_model_configs, load_model_config
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import memory_utilization
@@ -165,5 +166,6 @@ def admission_rule(
         max_len,
         pool_tokens,
         block_size=block_size,
-        max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None) or 8192,
+        max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None)
+        or DEFAULT_MAX_NUM_BATCHED_TOKENS,
     )

@@ -11,7 +11,7 @@ from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
 
 from .errors import ClusterSettingsError
 
-__all__ = ["MAX_BUFFER_STEPS", "MAX_REPLICAS", "ClusterSettings"]
+__all__ = ["DEFAULT_BUFFER_STEPS", "MAX_BUFFER_STEPS", "MAX_REPLICAS", "ClusterSettings"]
 
 MAX_REPLICAS = 1024
 """The most replicas a simulated fleet starts with. Routers in production front tens to
@@ -19,7 +19,11 @@ hundreds of engines; each simulated replica holds a KV pool, an index and a sche
 so a fleet of a million would run out of memory (or time) before its first request."""
 
 MAX_BUFFER_STEPS = 2**24
-"""The most event batches a replica keeps for replay (vLLM's default: 10,000)."""
+"""The most event batches a replica keeps for replay."""
+
+DEFAULT_BUFFER_STEPS = 10_000
+"""Event batches a replica keeps for replay by default: vLLM's ``KVEventsConfig.buffer_steps``
+(its ``ZmqEventPublisher``'s replay buffer)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class ClusterSettings:
     hash_seed: int = 0
     sim: SimSettings = field(default_factory=SimSettings)
     profile: CostProfile | None = None
-    buffer_steps: int = 10_000
+    buffer_steps: int = DEFAULT_BUFFER_STEPS
     seed: int = 0
     reservation_ttl: float = 3600.0
     check: bool = False

@@ -14,6 +14,8 @@ import msgspec
 from prefixkv.adapters.events.wire import EventBatch
 from prefixkv.adapters.router.stream_tracker import SeqBatch
 
+from .config import DEFAULT_BUFFER_STEPS
+
 __all__ = ["EventPublisher"]
 
 
@@ -22,12 +24,12 @@ class EventPublisher:
     sockets).
 
     Args:
-        buffer_steps: batches kept for replay (vLLM's default 10,000).
+        buffer_steps: batches kept for replay (vLLM's default).
     """
 
     __slots__ = ("_buffer", "_encoder", "next_seq")
 
-    def __init__(self, buffer_steps: int = 10_000) -> None:
+    def __init__(self, buffer_steps: int = DEFAULT_BUFFER_STEPS) -> None:
         self._buffer: deque[SeqBatch] = deque(maxlen=buffer_steps)
         self._encoder = msgspec.msgpack.Encoder()
         self.next_seq = 0

@@ -40,6 +40,7 @@ from ..sim import (
     with_arrivals,
 )
 from ..sim.arrivals import check_request_rate, check_time_scale
+from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.load import Slo, summarize_load
 from ..sim.requests import from_trace
 from ..sim.runs import RunRow
@@ -112,8 +113,8 @@ class TimeSettings:
     time_scale: float | None = None
     arrival: ArrivalProcess = "poisson"
     seed: int = 0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     queue_order: QueueOrder | None = None
     batching: Batching | None = None
     profile: CostProfile = field(default_factory=load_profile)

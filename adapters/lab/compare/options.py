@@ -26,6 +26,7 @@ from ..admission import admit, length_rule
 from ..backends import CompareError, parse_backends
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
+from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
 from ..traces import ReadSettings
@@ -105,8 +106,8 @@ class CompareOptions:
     slo: Slo | None = None
     time_scale: float | None = None
     arrival: ArrivalProcess = "poisson"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     queue_order: QueueOrder | None = None
     batching: Batching | None = None
     schedulers: Sequence[Scheduler] = ("vllm",)

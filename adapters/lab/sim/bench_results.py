@@ -39,6 +39,7 @@ from prefixkv.adapters.inputs import read_input
 
 from ..messages import one_line
 from .calibration import StepSample, fit_profile
+from .config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 
@@ -229,7 +230,7 @@ def read_vllm_bench(
 def bench_samples(
     requests: Sequence[BenchRequest],
     *,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     same_step_s: float = 5e-4,
 ) -> tuple[list[StepSample], list[StepSample]]:
     """``(TTFT samples, decode-step samples)`` read back from the requests' times.
@@ -346,7 +347,7 @@ def calibrate_from_vllm_bench(
     paths: Iterable[str | os.PathLike[str]],
     *,
     name: str | None = None,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> CostProfile:
     """Fit a profile to ``vllm bench serve --save-detailed`` results files.
 

@@ -15,13 +15,35 @@ from typing import Any, Literal
 from .errors import SimSettingsError
 from .queue_order import QUEUE_ORDERS, QueueOrder
 
-__all__ = ["BATCHING_MODES", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "Batching", "SimSettings"]
+__all__ = [
+    "BATCHING_MODES",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
+    "MAX_NUM_BATCHED_TOKENS",
+    "MAX_NUM_SEQS",
+    "Batching",
+    "SimSettings",
+]
+
+DEFAULT_MAX_NUM_SEQS = 256
+"""The lab's default for most running requests: ``vllm serve``'s ``max_num_seqs`` on
+GPUs under 70 GiB and on an A100 (vLLM's ``EngineArgs.get_batch_defaults``; 1024 on
+an H100/H200). SGLang sizes ``max_running_requests`` from its pool instead. Every
+default the lab states (settings, flags, their help) reads this one."""
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+"""The lab's default step token budget: ``vllm serve``'s ``max_num_batched_tokens``
+on an H100/H200 (``EngineArgs.get_batch_defaults``; 2048 on an A100 or smaller GPU)
+and SGLang's ``chunked_prefill_size`` on 80 GB GPUs (``ServerArgs``). Every default
+the lab states reads this one."""
 
 MAX_NUM_SEQS = 2**20
-"""The most running requests a replica may be given (vLLM's default: 256)."""
+"""The most running requests a replica may be given (the default:
+:data:`DEFAULT_MAX_NUM_SEQS`)."""
 
 MAX_NUM_BATCHED_TOKENS = 2**31 - 1
-"""The largest step token budget (vLLM's default: 8192; an int32 in the engines)."""
+"""The largest step token budget (an int32 in the engines; the default:
+:data:`DEFAULT_MAX_NUM_BATCHED_TOKENS`)."""
 
 Batching = Literal["mixed", "prefill_first"]
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
@@ -36,11 +58,10 @@ class SimSettings:
 
     Attributes:
         max_num_seqs: most requests running at once (vLLM ``max_num_seqs``, SGLang
-            ``max_running_requests``). vLLM's default is 256.
+            ``max_running_requests``); default :data:`DEFAULT_MAX_NUM_SEQS`.
         max_num_batched_tokens: most tokens computed in one step (vLLM
             ``max_num_batched_tokens``; SGLang's ``chunked_prefill_size`` for a
-            prefill step). 8192: SGLang's default on 80 GB GPUs and vLLM's for online
-            serving on H100/H200 (vLLM uses 2048 on an A100).
+            prefill step); default :data:`DEFAULT_MAX_NUM_BATCHED_TOKENS`.
         enable_chunked_prefill: a prefill may take what is left of a step's budget
             and continue next step; without it a prefill runs whole or waits.
         queue_order: the waiting queue's order, ``"fcfs"`` or ``"lpm"`` (SGLang's
@@ -55,8 +76,8 @@ class SimSettings:
             :data:`MAX_NUM_BATCHED_TOKENS`), an unknown queue order or batching mode.
     """
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     enable_chunked_prefill: bool = True
     queue_order: QueueOrder = "fcfs"
     batching: Batching = "mixed"

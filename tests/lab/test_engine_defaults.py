@@ -1,0 +1,111 @@
+"""The engines' defaults the lab states are written once: every setting, flag and help
+text reads the named constant (``sim/config.py``, ``sim/profile.py``,
+``cluster/config.py``), so changing it changes them all."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixkv.adapters.lab.admission import AdmissionRule, length_rule
+from prefixkv.adapters.lab.cli import calibrate, cluster, common, compare
+from prefixkv.adapters.lab.cli.main import build_parser, main
+from prefixkv.adapters.lab.cluster.config import DEFAULT_BUFFER_STEPS, ClusterSettings
+from prefixkv.adapters.lab.cluster.publisher import EventPublisher
+from prefixkv.adapters.lab.compare import CompareOptions
+from prefixkv.adapters.lab.compare.arrival import TimeSettings
+from prefixkv.adapters.lab.sim.bench_results import bench_samples, calibrate_from_vllm_bench
+from prefixkv.adapters.lab.sim.config import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    SimSettings,
+)
+from prefixkv.adapters.lab.sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
+
+LAB = Path(__file__).resolve().parents[2] / "adapters" / "lab"
+
+
+def _field_default(cls: Any, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _param_default(func: Any, name: str) -> Any:
+    return inspect.signature(func).parameters[name].default
+
+
+def test_every_settings_record_defaults_to_the_named_constants() -> None:
+    for cls in (SimSettings, TimeSettings, CompareOptions):
+        assert _field_default(cls, "max_num_seqs") == DEFAULT_MAX_NUM_SEQS, cls
+        assert _field_default(cls, "max_num_batched_tokens") == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    budgets = [
+        _field_default(AdmissionRule, "max_num_batched_tokens"),
+        *(
+            _param_default(f, "max_num_batched_tokens")
+            for f in (length_rule, bench_samples, calibrate_from_vllm_bench)
+        ),
+    ]
+    assert budgets == [DEFAULT_MAX_NUM_BATCHED_TOKENS] * 4
+    assert _field_default(ClusterSettings, "buffer_steps") == DEFAULT_BUFFER_STEPS
+    assert _param_default(EventPublisher, "buffer_steps") == DEFAULT_BUFFER_STEPS
+
+
+def test_the_cluster_flags_default_to_the_named_constants() -> None:
+    args = build_parser().parse_args(["cluster"])
+    assert args.max_num_seqs == DEFAULT_MAX_NUM_SEQS
+    assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert args.buffer_steps == DEFAULT_BUFFER_STEPS
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "constant", "shown"),
+    [
+        ("compare", compare, "DEFAULT_MAX_NUM_SEQS", "(SGLang --max-running-requests; default 77)"),
+        ("compare", compare, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77"),
+        ("calibrate", calibrate, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "(default 77; vLLM serve"),
+        ("cluster", cluster, "DEFAULT_BUFFER_STEPS", "(vLLM's 77)"),
+        ("cluster", common, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
+    ],
+)
+def test_a_help_text_quotes_its_constant(
+    command: str,
+    module: Any,
+    constant: str,
+    shown: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A help text that wrote the figure by hand would still say the real default.
+    monkeypatch.setattr(module, constant, 77)
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: the phrase is not wrapped
+    assert main([command, "--help"]) == 0
+    assert shown in capsys.readouterr().out
+
+
+def test_the_lab_writes_no_engine_default_by_hand() -> None:
+    # The figures, next to the words that name them, outside the constants' modules.
+    by_hand = re.compile(
+        r"\b8192\b"
+        r"|(max.num.seqs|max.running).*\b256\b"
+        r"|(buffer.steps|replay).*\b10_?000\b"
+        r"|(memory.utilization).*\b0\.9\b",
+        re.IGNORECASE,
+    )
+    homes = {"sim/config.py", "sim/profile.py", "cluster/config.py"}
+    found = [
+        f"{path.relative_to(LAB)}:{n}: {line.strip()}"
+        for path in sorted(LAB.rglob("*.py"))
+        if path.relative_to(LAB).as_posix() not in homes
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if by_hand.search(line)
+    ]
+    assert found == []
+
+
+def test_the_memory_share_falls_back_to_the_constant() -> None:
+    args = build_parser().parse_args(["compare"])
+    assert common.memory_utilization(args) == DEFAULT_GPU_MEMORY_UTILIZATION
