@@ -26,10 +26,10 @@ from typing import Any
 from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
-from ..admission import admit
-from ..backends import BackendSpec, parse_backends
-from ..compare.arrival import SCHEDULERS, TimeSettings
-from ..compare.plan import CompareSettings, default_boundary_accounting, plan_comparison
+from ..backends import parse_backends
+from ..compare.arrival import SCHEDULERS
+from ..compare.options import CompareOptions
+from ..compare.plan import CompareSettings, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..extras import require_extra
 from ..outputs import compare as report
@@ -46,7 +46,8 @@ from ..sim import (
     load_profile,
 )
 from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from ..workloads import DEFAULT_WORKLOADS, Workload, workload_names
+from ..sim.model_config import ModelConfig
+from ..workloads import DEFAULT_WORKLOADS, workload_names
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import (
     add_common,
@@ -58,7 +59,7 @@ from .common import (
     token_bars,
 )
 from .load_flags import add_slo_flags, request_rates, slo_of
-from .model_flags import add_model_flags, admission_rule, apply_model, model_line
+from .model_flags import add_model_flags, apply_model, model_line
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
@@ -243,34 +244,29 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     t0 = time.perf_counter()
     if not args.no_plots:
         require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
-    backends = parse_backends(
+    parse_backends(  # a bad backend is refused before the output folder is looked at
         args.index,
         block_size=args.block_size,
         page_size=args.page_size,
         options=backend_options(args),
     )
     out = _output_folder(args)
-    time_settings = _time_settings(args)
-    profile = (
-        time_settings.profile if time_settings else load_profile(args.profile or DEFAULT_PROFILE)
-    )
-    profile, model = apply_model(args, profile)
-    if time_settings is not None:
-        time_settings = dataclasses.replace(time_settings, profile=profile)
+    _check_time_flags(args)
+    profile, model = apply_model(args, load_profile(args.profile or DEFAULT_PROFILE))
+    options = _options(args, profile, model)
+    timed = options.time_settings() is not None  # its values checked before any work
     names = [n for part in args.workload or [] for n in part.split(",") if n]
     workloads = load_workloads_for(args, names or None)
     caps = capacities(args, profile)
+    options = dataclasses.replace(options, capacity_tokens=caps)
     sizing = model_line(args, profile, model)
     if sizing:
         print(f"capacity: {sizing}")
-    block_size = max(b.block_size for b in backends)
-    rule = admission_rule(args, model, block_size, caps[0] if caps else None)
-    if rule is not None:
-        abort = args.on_long_request == "abort"
-        workloads = [admit(w, rule, abort=abort)[0] for w in workloads]
-    settings = _settings(args, backends, workloads, time_settings, caps, profile)
+    settings = options.settings(workloads)
+    rule = options.length_rule(settings)
+    workloads = options.admitted(workloads, settings)
     plans = plan_comparison(workloads, settings)
-    physical = time_settings is not None or args.profile is not None or caps is not None or sizing
+    physical = timed or args.profile is not None or caps is not None or sizing
     if physical:
         listed = caps or [p.capacity_tokens for p in plans]
         comparison_warnings = capacity_warnings(sorted(set(listed)), profile, args)
@@ -302,41 +298,6 @@ def _output_folder(args: argparse.Namespace) -> Path:
     profile = args.profile if args.profile and os.path.exists(args.profile) else None
     model = args.model_config if args.model_config and os.path.exists(args.model_config) else None
     return check_output_folder(args.out, _OUTPUTS, [args.trace, profile, model])
-
-
-def _settings(
-    args: argparse.Namespace,
-    backends: Sequence[BackendSpec],
-    workloads: Sequence[Workload],
-    time_settings: TimeSettings | None,
-    caps: list[int] | None,
-    profile: CostProfile,
-) -> CompareSettings:
-    """The flags as resolved settings: the sweep, repeats and accounting defaults filled."""
-    sweep = args.capacity_sweep
-    if sweep is None:
-        listed = caps is not None and len(caps) > 1
-        sweep = listed or (not args.workload and args.trace is None)
-    repeats = args.timing_repeats
-    if repeats is None:
-        repeats = 1 if args.trace is not None else 3
-    accounting = args.boundary_accounting
-    if accounting is None:
-        accounting = default_boundary_accounting(workloads)
-    return CompareSettings(
-        backends=tuple(backends),
-        capacities=None if caps is None else tuple(caps),
-        capacity_sweep=bool(sweep),
-        concurrency=args.concurrency,
-        timing_repeats=repeats,
-        boundary_accounting=accounting,
-        time=time_settings,
-        max_pool_blocks=args.max_pool_blocks,
-        profile=profile,
-        capacity_search=args.trace is None
-        if args.capacity_search is None
-        else args.capacity_search,
-    )
 
 
 def _print_workload(r: WorkloadResult) -> None:
@@ -427,35 +388,59 @@ def _schedulers(text: str) -> tuple[str, ...]:
     return names
 
 
-def _time_settings(args: argparse.Namespace) -> TimeSettings | None:
+def _check_time_flags(args: argparse.Namespace) -> None:
+    """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
         given = [k for k in _TIME_KNOBS if getattr(args, k) is not None]
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise CLIUsageError(f"{flags} need --request-rate or --time-scale")
-        return None
-    if args.arrival is not None and args.request_rate is None:
+    elif args.arrival is not None and args.request_rate is None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
-    if args.batching is not None and args.scheduler is not None:
+    elif args.batching is not None and args.scheduler is not None:
         raise CLIUsageError("give --scheduler or --batching, not both")
+
+
+def _options(
+    args: argparse.Namespace, profile: CostProfile, model: ModelConfig | None
+) -> CompareOptions:
+    """The flags as :class:`CompareOptions`, the one place a comparison's settings are
+    resolved (the workloads are loaded, and the capacities sized, by the caller)."""
     rates = args.request_rate
-    auto = rates == "auto"
-    listed = [] if rates is None or auto else list(rates)
-    return TimeSettings(
+    listed = [] if rates is None or rates == "auto" else list(rates)
+    max_model_len = args.max_model_len
+    if max_model_len is None and model is not None:
+        max_model_len = model.max_position_embeddings
+    return CompareOptions(
+        workloads=args.workload,
+        trace=args.trace,
+        indexes=args.index,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        index_options=backend_options(args),
+        capacity_sweep=args.capacity_sweep,
+        capacity_search=args.capacity_search,
+        max_pool_blocks=args.max_pool_blocks,
+        concurrency=args.concurrency,
+        timing_repeats=(1 if args.trace is not None else 3)
+        if args.timing_repeats is None
+        else args.timing_repeats,
+        boundary_accounting=args.boundary_accounting,
         request_rate=listed[0] if listed else None,
+        rate_sweep="auto" if rates == "auto" else listed[1:],
+        slo=slo_of(args),
         time_scale=args.time_scale,
         arrival=args.arrival or "poisson",
-        seed=args.seed,
         max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
         max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         queue_order=args.policy,
         batching=args.batching,
-        profile=load_profile(args.profile or DEFAULT_PROFILE),
         schedulers=args.scheduler or ("vllm",),
         closed_loop=not args.open_loop,
-        slo=slo_of(args),
-        rates=tuple(listed[1:]),
-        auto_rates=auto,
+        profile=profile,
+        max_model_len=max_model_len,
+        on_long_request=args.on_long_request,
+        seed=args.seed,
     )
 
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..admission import admit, length_rule
-from ..backends import CompareError, parse_backends
+from ..admission import AdmissionRule, admit, length_rule
+from ..backends import MAX_POOL_BLOCKS, CompareError, parse_backends
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
 from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -52,9 +52,11 @@ class CompareOptions:
         index_options: per registry name, options for ``make_index``.
         capacity_tokens: the KV capacity in tokens, or several (a sweep, the first
             being the table's); default roomy.
-        capacity_sweep: also sweep capacities (default: when several are given).
+        capacity_sweep: also sweep capacities (default: when several are given, or
+            for the default set of built-in workloads).
         capacity_search: find each backend's working set and knee by bisection over
             replays (default: on for built-in workloads, off for a trace).
+        max_pool_blocks: refuse a capacity of more blocks than this.
         concurrency: the K of the K-live schedule.
         timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
@@ -75,7 +77,8 @@ class CompareOptions:
             ``("natural",)`` (each backend on the engine it models).
         closed_loop: sessions replay closed loop (default); ``False``: open loop.
         profile: a cost profile, a shipped profile's name or a profile file
-            (default: the shipped default).
+            (default: the shipped default); when given, its KV bytes per token also
+            state capacities in GiB.
         max_requests: use the first this many requests of each workload.
         tokens_per_id: hash-id traces: tokens each id expands to.
         max_model_len: refuse requests whose prompt plus output exceed this many
@@ -98,6 +101,7 @@ class CompareOptions:
     capacity_tokens: int | Sequence[int] | None = None
     capacity_sweep: bool | None = None
     capacity_search: bool | None = None
+    max_pool_blocks: int = MAX_POOL_BLOCKS
     concurrency: int = 1
     timing_repeats: int = 1
     boundary_accounting: bool | None = None
@@ -134,9 +138,6 @@ class CompareOptions:
         rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
         if self.request_rate is None and self.time_scale is None and not auto:
             return None
-        profile = self.profile
-        if not isinstance(profile, CostProfile):
-            profile = load_profile() if profile is None else load_profile(profile)
         return TimeSettings(
             request_rate=self.request_rate,
             time_scale=self.time_scale,
@@ -146,13 +147,24 @@ class CompareOptions:
             max_num_batched_tokens=self.max_num_batched_tokens,
             queue_order=self.queue_order,
             batching=self.batching,
-            profile=profile,
+            profile=self.cost_profile() or load_profile(),
             schedulers=tuple(self.schedulers),
             closed_loop=self.closed_loop,
             slo=self.slo,
             rates=rates,
             auto_rates=auto,
         )
+
+    def cost_profile(self) -> CostProfile | None:
+        """``profile`` loaded (``None`` when none was given).
+
+        Raises:
+            ProfileError: a profile that cannot be read.
+        """
+        profile = self.profile
+        if profile is None or isinstance(profile, CostProfile):
+            return profile
+        return load_profile(profile)
 
     def load_workloads(self) -> list[Workload]:
         """The workloads (or the trace), scanned for their sizes.
@@ -180,7 +192,11 @@ class CompareOptions:
         if caps is not None:
             caps = (caps,) if isinstance(caps, int) else tuple(caps)
         sweep = self.capacity_sweep
+        if sweep is None:
+            default_set = not self.workloads and self.trace is None
+            sweep = (caps is not None and len(caps) > 1) or default_set
         accounting = self.boundary_accounting
+        time = self.time_settings()
         return CompareSettings(
             backends=tuple(
                 parse_backends(
@@ -191,13 +207,15 @@ class CompareOptions:
                 )
             ),
             capacities=caps,
-            capacity_sweep=(caps is not None and len(caps) > 1) if sweep is None else sweep,
+            capacity_sweep=sweep,
             concurrency=self.concurrency,
             timing_repeats=self.timing_repeats,
             boundary_accounting=default_boundary_accounting(workloads)
             if accounting is None
             else accounting,
-            time=self.time_settings(),
+            time=time,
+            max_pool_blocks=self.max_pool_blocks,
+            profile=self.cost_profile() if time is None else time.profile,
             capacity_search=self.trace is None
             if self.capacity_search is None
             else self.capacity_search,
@@ -216,16 +234,25 @@ class CompareOptions:
             raise CompareError(
                 f"on_long_request must be 'reject' or 'abort', got {self.on_long_request!r:.60}"
             )
-        rule = length_rule(
+        rule = self.length_rule(settings)
+        if rule is None:
+            return list(workloads)
+        abort = self.on_long_request == "abort"
+        return [admit(w, rule, abort=abort)[0] for w in workloads]
+
+    def length_rule(self, settings: CompareSettings) -> AdmissionRule | None:
+        """The rule :meth:`admitted` applies: ``max_model_len`` and the table's capacity
+        alone, in the coarsest block of the backends (``None``: no bound).
+
+        Raises:
+            CompareError: a bad ``max_model_len``.
+        """
+        return length_rule(
             self.max_model_len,
             settings.capacities[0] if settings.capacities else None,
             block_size=max(b.block_size for b in settings.backends),
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
-        if rule is None:
-            return list(workloads)
-        abort = self.on_long_request == "abort"
-        return [admit(w, rule, abort=abort)[0] for w in workloads]
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
