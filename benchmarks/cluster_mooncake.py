@@ -252,17 +252,15 @@ def main() -> None:
                     span_reqs = list(requests(path, limit, scale, args.replicas, cfg))
                     span = (span_reqs[-1].arrival or 0.0) - (span_reqs[0].arrival or 0.0)
                     plan = parse_faults(spec_text).resolve(span)
-                shape = {"replicas": replicas, "capacities": capacities, "faults": plan,
-                         "fault_free": spec_text is None}  # fmt: skip
-                planned += len(plan_experiment(specs, cfg, **shape))
+                runs = plan_experiment(specs, cfg, replicas=replicas, capacities=capacities,
+                                       faults=plan, fault_free=spec_text is None)  # fmt: skip
+                planned += len(runs)
                 try:
                     results += run_experiment(
                         lambda c, path=path, limit=limit, scale=scale: requests(
                             path, limit, scale, args.replicas, c
                         ),
-                        specs,
-                        cfg,
-                        **shape,
+                        runs,
                         on_run=progress(name, group),
                         deadline=budget.deadline,
                         on_skip=lambda run, where=where: budget.skip(where, run.describe()),

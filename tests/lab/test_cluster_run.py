@@ -16,7 +16,7 @@ import pytest
 
 from prefixkv.adapters.lab.cluster import driver, experiment
 from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
-from prefixkv.adapters.lab.cluster.experiment import run_experiment
+from prefixkv.adapters.lab.cluster.experiment import plan_experiment, run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
 from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
@@ -284,7 +284,8 @@ def _experiment(
 ) -> tuple[list[ClusterResult], list[str]]:
     skipped: list[str] = []
     specs = parse_policies("round_robin,llmd,pooled", tuple(POLICIES))
-    results = run_experiment(lambda cfg: requests, specs, CFG, replicas=[2, 4],
+    plan = plan_experiment(specs, CFG, replicas=[2, 4])
+    results = run_experiment(lambda cfg: requests, plan,
                              on_skip=lambda run: skipped.append(run.describe()),
                              **kwargs)  # type: ignore[arg-type]  # fmt: skip
     return results, skipped

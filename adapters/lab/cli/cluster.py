@@ -384,9 +384,11 @@ def _run_all(
     on_run = None if args.quiet else _print_run
     try:
         with _fleet(args, actors) as fleet_factory:
+            runs = plan_experiment(
+                specs, config, replicas=args.replicas, capacities=capacities, faults=plan
+            )
             results += run_experiment(
-                lambda cfg: stream(cfg, rates.first), specs, config, replicas=args.replicas,
-                capacities=capacities, faults=plan, fleet=fleet_factory, on_run=on_run,
+                lambda cfg: stream(cfg, rates.first), runs, fleet=fleet_factory, on_run=on_run,
                 labels={"request_rate": rates.first, "role": "table"},
             )  # fmt: skip
             if rates.sweep:

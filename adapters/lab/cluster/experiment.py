@@ -88,7 +88,19 @@ def plan_experiment(
     faults: FaultPlan | None = None,
     fault_free: bool = True,
 ) -> list[PlannedRun]:
-    """The runs :func:`run_experiment` makes, in its order (arguments as there)."""
+    """Every policy at every fleet size and capacity, then the fault runs: the runs
+    :func:`run_experiment` makes, in order. Building each run's settings checks every
+    value of a sweep before anything runs.
+
+    Args:
+        policies: the policy (and bound) specs.
+        config: the base settings; ``replicas``/``capacities`` override its sizes.
+        replicas: fleet sizes (default: the config's).
+        capacities: per-replica capacities in tokens (default: the config's).
+        faults: a resolved fault plan for the fault runs (every policy but the bounds,
+            at the first size and capacity), or ``None``.
+        fault_free: plan the fault-free runs (off: the fault runs only).
+    """
     sizes = list(replicas) or [config.num_replicas]
     caps = list(capacities) or [config.capacity_tokens]
     plan: list[PlannedRun] = []
@@ -106,51 +118,33 @@ def plan_experiment(
 
 def run_experiment(
     requests: Callable[[ClusterSettings], Iterable[SimRequest]],
-    policies: Sequence[PolicySpec],
-    config: ClusterSettings,
+    plan: Sequence[PlannedRun],
     *,
-    replicas: Sequence[int] = (),
-    capacities: Sequence[int] = (),
-    faults: FaultPlan | None = None,
     fleet: Callable[[], Fleet] | None = None,
     on_run: Callable[[ClusterResult], None] | None = None,
-    fault_free: bool = True,
     deadline: float | None = None,
     on_skip: Callable[[PlannedRun], None] | None = None,
     labels: Mapping[str, Any] | None = None,
 ) -> list[ClusterResult]:
-    """Run every policy at every fleet size and capacity, then the fault runs.
+    """Make the runs of ``plan`` (:func:`plan_experiment`), in order.
 
     Args:
         requests: makes a fresh request stream for each run's settings (the arrivals
             may depend on the fleet size).
-        policies: the policy (and bound) specs.
-        config: the base settings; ``replicas``/``capacities`` override its sizes.
-        replicas: fleet sizes (default: the config's).
-        capacities: per-replica capacities in tokens (default: the config's).
-        faults: a resolved fault plan for the fault runs, or ``None``.
+        plan: the runs.
         fleet: makes the fleet of each run (Ray); default in-process.
         on_run: called with each result as it finishes (progress).
-        fault_free: run the fault-free runs (off: the fault runs only).
         deadline: a ``time.monotonic()`` instant after which no run starts (a run
             under way finishes); ``None``: no limit.
         on_skip: called with each run the deadline skipped.
         labels: extra columns for every result (e.g. the request rate).
 
     Returns:
-        Every result, fault-free first (without the skipped runs).
+        Every result, in the plan's order (without the skipped runs).
 
     Raises:
         ClusterInterrupted: Ctrl-C; it holds the runs that finished.
     """
-    plan = plan_experiment(
-        policies,
-        config,
-        replicas=replicas,
-        capacities=capacities,
-        faults=faults,
-        fault_free=fault_free,
-    )
     out: list[ClusterResult] = []
     try:
         for planned in _before(plan, deadline, on_skip):
