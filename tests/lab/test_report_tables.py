@@ -93,3 +93,26 @@ def test_request_rows_put_the_labels_first_in_the_order_asked() -> None:
     assert list(first)[:5] == ["backend", "policy", "faults", "position", "request_id"]
     assert (first["position"], second["position"]) == (0, 1)
     assert second["prompt_tokens"] == 7
+
+
+LAB = Path(__file__).resolve().parents[2] / "adapters" / "lab"
+
+
+def test_the_rule_row_says_each_columns_alignment() -> None:
+    assert markdown_table(["a", "b"], [], "<>").splitlines()[1] == "| :--- | ---: |"
+    assert markdown_table(["a", "b"], [], "--").splitlines()[1] == "|---|---|"
+    assert definitions([("a", "<", "x|y")])[2] == "| a | x\\|y |"  # a cell's pipe escaped
+
+
+def test_no_report_writes_a_markdown_table_by_hand() -> None:
+    # A header rule outside the one writer is a second table writer.
+    rule = re.compile(r"\|\s*:?-{3,}:?\s*\|")
+    writer = LAB / "outputs" / "markdown.py"
+    found = [
+        f"{path.relative_to(LAB)}:{n}"
+        for path in sorted(LAB.rglob("*.py"))
+        if path != writer
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if rule.search(line)
+    ]
+    assert found == []

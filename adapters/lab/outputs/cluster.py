@@ -3,7 +3,7 @@
 Runs fall in four groups, told apart by their labels: fault-free runs at the main fleet
 size and capacity (the policy comparison), the sweeps over fleet size and capacity,
 fault runs, and the request-rate sweep's runs (role ``rate``; their load table is
-:mod:`~prefixkv.adapters.lab.cluster.load_report`'s). Ratios are reported against round
+:mod:`.cluster_load`'s). Ratios are reported against round
 robin and the pooled figure of the same fleet ("efficiency" = hit / pooled hit, the
 honest global-vs-local number). As compare's report does, it defines every column,
 titles every plot with the trace, the fleet and the arrivals, says what the pooled
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.experiment import is_rate_run
-from ..cluster.load_report import header_lines, load_section
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
 from ..sim.runs import run_table
 from . import plots
+from .cluster_load import header_lines, load_section
 from .markdown import (
     Column,
     definitions,

@@ -1,6 +1,6 @@
 """One table writer for every report: Markdown and aligned text over column specs.
 
-A column is ``(header, alignment, meaning)``, alignment ``<`` or ``>``. The terminal's
+A column is ``(header, alignment, meaning)``, alignment ``<``, ``>`` or ``-`` (none). The terminal's
 aligned text, report.md's tables and the report's column definitions read the same
 list, so a header is defined by construction and the two renderings never drift.
 Beside it: the number formats the reports share, the partial-results notice, the
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 Column = tuple[str, str, str]
-"""``(header, "<" or ">", meaning)``."""
+"""``(header, "<", ">" or "-" (unaligned), meaning)``."""
 
 
 def human_bytes(n: int) -> str:
@@ -83,10 +83,14 @@ def tokens(value: float) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A Markdown table; ``align`` holds one ``<`` or ``>`` per column (default: left)."""
+    """A Markdown table; ``align`` holds one ``<``, ``>`` or ``-`` (unaligned) per column
+    (default: left)."""
     align = align or "<" * len(headers)
-    rule = ["---:" if a == ">" else ":---" for a in align]
-    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    if set(align) == {"-"}:  # unaligned: the compact rule
+        rule = "|---" * len(headers) + "|"
+    else:
+        rule = "| " + " | ".join(":---" if a == "<" else "---:" for a in align) + " |"
+    out = ["| " + " | ".join(headers) + " |", rule]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -124,7 +128,8 @@ def titled_table(
 
 def definitions(columns: Iterable[Column]) -> list[str]:
     """What each column means, as a two-column Markdown table."""
-    return ["| column | meaning |", "|---|---|", *(f"| {c[0]} | {c[2]} |" for c in columns), ""]
+    rows = [(c[0], c[2]) for c in columns]
+    return [*markdown_table(["column", "meaning"], rows, "--").splitlines(), ""]
 
 
 def image(alt: str, name: str | None) -> list[str]:

@@ -11,13 +11,12 @@ requests rejected, the SLO).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prefixkv.adapters.lab.sim.rate_sweep import saturation_of
-
-from .metrics import ClusterResult
+from ..cluster.metrics import ClusterResult
+from ..sim.rate_sweep import saturation_of
+from .markdown import Column, rate, table
 
 __all__ = ["header_lines", "load_section"]
 
@@ -38,10 +37,18 @@ def header_lines(settings: Mapping[str, Any]) -> list[str]:
     ]
 
 
+LOAD_COLUMNS: tuple[Column, ...] = tuple(
+    (header, "-", "")
+    for header in (
+        "policy", "request rate", "req/s offered", "sent", "achieved", "goodput",
+        "TTFT p50 (s)", "TTFT p90 (s)", "hit ratio", "verdict",
+    )
+)  # fmt: skip
+"""The load table's columns (their meanings are the paragraph under it)."""
+
+
 def _num(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.3g}"
+    return "-" if value is None else rate(value)
 
 
 def load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> list[str]:
@@ -59,23 +66,19 @@ def load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> list
     rates = {r.labels.get("request_rate") for r in runs}
     slo = next((r.run.slo for r in runs if r.run.slo), "")
     title = "## Load" + (" and the request-rate sweep" if len(rates) > 1 else "")
-    lines = [
-        f"{title} at {key[0]} replicas x {key[1]:,} tokens each",
-        "",
-        "| policy | request rate | req/s offered | sent | achieved | goodput | TTFT p50 (s) "
-        "| TTFT p90 (s) | hit ratio | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for r in runs:
         run, load = r.run, r.run.load()
         verdict = "overloaded" if load.overloaded else "held back" if load.held_back else "ok"
-        lines.append(
-            f"| {r.labels['policy']} | {_num(r.labels.get('request_rate'))} "
-            f"| {_num(load.offered_rate)} | {_num(load.sent_rate)} | {_num(load.achieved_rate)} "
-            f"| {_num(load.goodput)} | {_num(run.ttft_p50_s)} | {_num(run.ttft_p90_s)} "
-            f"| {run.hit_ratio:.3f} | {verdict} |"
-        )
-    lines += [
+        rows.append(
+            [r.labels["policy"], _num(r.labels.get("request_rate")), _num(load.offered_rate),
+             _num(load.sent_rate), _num(load.achieved_rate), _num(load.goodput),
+             _num(run.ttft_p50_s), _num(run.ttft_p90_s), f"{run.hit_ratio:.3f}", verdict]
+        )  # fmt: skip
+    lines = [
+        f"{title} at {key[0]} replicas x {key[1]:,} tokens each",
+        "",
+        table(LOAD_COLUMNS, rows),
         "",
         "Request rate: the Poisson rate asked for (`-`: the trace's timestamps). Offered: "
         "requests per second of the arrival window asked for; sent: as sent (closed loop, a "
