@@ -322,3 +322,28 @@ def test_ctrl_c_keeps_an_experiments_finished_runs(
         _experiment(requests)
     assert [r.labels["policy"] for r in stop.value.results] == ["round_robin", "llmd"]
     assert stop.value.planned == 6
+
+
+def test_a_replicas_kv_usage_is_its_vllm_classs_usage_to_the_last_bit(
+    requests: list[SimRequest],
+) -> None:
+    # One definition: what vLLM's KVCacheManager.usage (BlockPool.get_usage) answers,
+    # 1 - free / usable blocks. held / blocks is the same fraction but can differ in
+    # its last bit (3 / 10 != 1 - 7 / 10), and a router breaks ties on it.
+    from prefixkv.adapters.lab.cluster.fleet import ReplicaSpec
+    from prefixkv.adapters.lab.cluster.sim_replica import SimReplica
+    from prefixkv.adapters.lab.sim.profile import load_profile
+    from prefixkv.adapters.lab.sim.seats import VllmSeat
+
+    cfg = dataclasses.replace(CFG, capacity_tokens=1600, check=False)  # 100 usable blocks
+    replica = SimReplica(ReplicaSpec(cfg, load_profile()), 0)
+    seat = replica.seat
+    assert isinstance(seat, VllmSeat) and seat.num_blocks == 100
+    for r in requests[:12]:
+        replica.add(r, sent=0.0)
+    seen = set()
+    while replica.has_unfinished():
+        report = replica.advance(replica.now + 0.005)
+        assert report.kv_usage == seat.kv.usage
+        seen.add(seat.num_held_blocks())
+    assert any(1.0 - (100 - h) / 100 != h / 100 for h in seen)  # where the two definitions part

@@ -87,7 +87,9 @@ class ReplicaReport(NamedTuple):
         finished: records of requests that finished.
         num_waiting: waiting requests now.
         num_running: running requests now.
-        kv_usage: fraction of the pool held by running requests (vLLM's usage).
+        kv_usage: vLLM's KV-cache usage (``KVCacheManager.usage``,
+            ``BlockPool.get_usage``): 1 - free / usable blocks, evictable cached
+            blocks counting as free (the null block is not usable).
         busy_s: seconds spent in steps since the replica started.
         violations: admissions that hit blocks the replica never announced.
     """
@@ -236,7 +238,8 @@ class SimReplica(Replica):
         self._batches.append(self.publisher.publish(batch))
 
     def _report(self) -> ReplicaReport:
-        held = self.seat.num_held_blocks()
+        seat = self.seat
+        free = seat.num_blocks - seat.num_held_blocks()
         report = ReplicaReport(
             self.replica_id,
             self.now,
@@ -245,7 +248,7 @@ class SimReplica(Replica):
             self._finished,
             len(self.schedule.waiting),
             len(self.schedule.running),
-            held / self.seat.num_blocks,
+            1.0 - free / seat.num_blocks,  # as vLLM computes it, to the last bit
             self.busy_s,
             self._violations,
         )
