@@ -12,6 +12,7 @@ from prefixkv.adapters.lab.cli import compare as compare_cli
 from prefixkv.adapters.lab.cli.main import main
 from prefixkv.adapters.lab.compare import CompareOptions
 from prefixkv.adapters.lab.compare.plan import CompareSettings
+from prefixkv.adapters.lab.compare.run import run_comparison
 from prefixkv.adapters.lab.sim import load_profile
 
 
@@ -41,7 +42,7 @@ def test_the_command_runs_the_settings_its_options_resolve(
 ) -> None:
     resolved: list[CompareSettings] = []
     ran: list[CompareSettings] = []
-    settings, run_comparison = CompareOptions.settings, compare_cli.run_comparison
+    settings = CompareOptions.settings
 
     def spy_settings(self: CompareOptions, workloads: Any) -> CompareSettings:
         resolved.append(settings(self, workloads))

@@ -4,6 +4,7 @@ text reads the named constant (``sim/config.py``, ``sim/profile.py``,
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import re
@@ -109,3 +110,19 @@ def test_the_lab_writes_no_engine_default_by_hand() -> None:
 def test_the_memory_share_falls_back_to_the_constant() -> None:
     args = build_parser().parse_args(["compare"])
     assert common.memory_utilization(args) == DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def test_no_help_text_restates_its_flags_default_by_hand() -> None:
+    # "(default %(default)s)" reads the flag's own default; a figure typed beside it
+    # goes stale when the default changes.
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    stale = []
+    for name, command in sub.choices.items():
+        for action in command.add_flags()._actions:
+            default = action.default
+            if default in (None, False, "", [], argparse.SUPPRESS) or not action.help:
+                continue
+            if re.search(rf"default:? {re.escape(str(default))}\b", action.help):
+                stale.append(f"{name} {action.option_strings[0]}")
+    assert stale == []

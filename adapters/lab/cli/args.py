@@ -32,6 +32,7 @@ __all__ = [
     "parse_token_counts",
     "positive_float",
     "positive_int",
+    "token_count_text",
     "utilization",
 ]
 
@@ -115,6 +116,15 @@ def parse_token_count(text: str) -> int:
             f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
         )
     return count
+
+
+def token_count_text(count: int) -> str:
+    """``2097152`` -> ``"2M = 2,097,152"``: a default as :func:`parse_token_count` reads
+    it back, then in full (a count no binary unit divides: in full alone)."""
+    for suffix, size in reversed(_BINARY.items()):
+        if count >= size and count % size == 0:
+            return f"{count // size}{suffix} = {count:,}"
+    return f"{count:,}"
 
 
 def parse_token_counts(text: str) -> list[int]:

@@ -50,7 +50,7 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
         help="where to run (default: cuda when available, else cpu)",
     )
     cal.add_argument(
-        "--dtype", choices=("float32", "float64"), default="float32", help="(default float32)"
+        "--dtype", choices=("float32", "float64"), default="float32", help="(default %(default)s)"
     )
     _add_model_flags(cal)
     cal.add_argument(
@@ -77,17 +77,21 @@ def _add_model_flags(cal: argparse.ArgumentParser) -> None:
     """The reference engine's model: layers, heads, head size."""
     m = cal.add_argument_group("the reference engine's model (its weights are random)")
     m.add_argument(
-        "--num-layers", type=positive_int, default=2, metavar="N", help="layers (default 2)"
+        "--num-layers",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="layers (default %(default)s)",
     )
     m.add_argument(
         "--num-heads",
         type=positive_int,
         default=4,
         metavar="N",
-        help="attention heads, as many KV heads (default 4)",
+        help="attention heads, as many KV heads (default %(default)s)",
     )
     m.add_argument(
-        "--head-dim", type=positive_int, default=32, metavar="N", help="even (default 32)"
+        "--head-dim", type=positive_int, default=32, metavar="N", help="even (default %(default)s)"
     )
 
 

@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload",
         choices=sorted(WORKLOADS),
         default="multi_turn",
-        help="a built-in workload when no trace is given (default multi_turn)",
+        help="a built-in workload when no trace is given (default %(default)s)",
     )
     add_trace_flags(p)
     _add_fleet_flags(p)
@@ -127,7 +127,7 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         "--index",
         default="hash_chain",
         metavar="NAME",
-        help="each replica's prefix index (default hash_chain)",
+        help="each replica's prefix index (default %(default)s)",
     )
     f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
     f.add_argument(
@@ -181,7 +181,7 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_POLICIES,
         metavar="SPEC[,SPEC...]",
         help="routing policies, each name[@chained|radix|approx][:key=value...]; pooled and "
-        f"infinite are the bounds (default: {DEFAULT_POLICIES})",
+        "infinite are the bounds (default: %(default)s)",
     )
     r.add_argument(
         "--faults",

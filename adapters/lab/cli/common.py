@@ -28,6 +28,7 @@ from .args import (
     parse_capacity_tokens,
     parse_token_count,
     positive_int,
+    token_count_text,
     utilization,
 )
 
@@ -64,11 +65,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="K",
-        help="at most K live requests; the oldest finishes first (default 1)",
+        help="at most K live requests; the oldest finishes first (default %(default)s)",
     )
     add_trace_flags(p)
     p.add_argument(
-        "--seed", type=int_arg, default=0, help="workload seed and hash-id token seed (default 0)"
+        "--seed",
+        type=int_arg,
+        default=0,
+        help="workload seed and hash-id token seed (default %(default)s)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
@@ -81,14 +85,15 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=16,
         metavar="N",
-        help="tokens per block for the hash chain and none, as vLLM's --block-size (default 16)",
+        help="tokens per block for the hash chain and none, as vLLM's --block-size "
+        "(default %(default)s)",
     )
     g.add_argument(
         "--page-size",
         type=positive_int,
         default=1,
         metavar="N",
-        help="the radix tree's page size in tokens, as SGLang's --page-size (default 1)",
+        help="the radix tree's page size in tokens, as SGLang's --page-size (default %(default)s)",
     )
     _add_capacity_flags(g)
     g.add_argument(
@@ -187,21 +192,23 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=32000,
         metavar="V",
-        help="hash-id traces: token ids are drawn from [1, V) (default 32000)",
+        help="hash-id traces: token ids are drawn from [1, V) (default %(default)s)",
     )
     t.add_argument(
         "--max-prompt-tokens",
         type=parse_token_count,
         default=TraceLimits().max_prompt_tokens,
         metavar="T",
-        help="refuse a trace with a longer prompt (default 2M = 2,097,152)",
+        help="refuse a trace with a longer prompt "
+        f"(default {token_count_text(TraceLimits().max_prompt_tokens)})",
     )
     t.add_argument(
         "--max-output-tokens",
         type=parse_token_count,
         default=TraceLimits().max_output_tokens,
         metavar="T",
-        help="refuse a trace with a longer output (default 128K = 131,072)",
+        help="refuse a trace with a longer output "
+        f"(default {token_count_text(TraceLimits().max_output_tokens)})",
     )
     t.add_argument(
         "--max-pool-blocks",
@@ -209,7 +216,7 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         default=MAX_POOL_BLOCKS,
         metavar="N",
         help="refuse a capacity of more blocks than this, the pool being built up front "
-        "(default 16M = 16,777,216)",
+        f"(default {token_count_text(MAX_POOL_BLOCKS)})",
     )
 
 

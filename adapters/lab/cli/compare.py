@@ -89,10 +89,10 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     )
     cmp.add_argument(
         "--index",
-        default="hash_chain,radix,none",
+        default=CompareOptions.indexes,
         metavar="LIST",
         help="comma-separated backends, NAME or NAME:SIZE "
-        f"(default hash_chain,radix,none; known: {', '.join(available_indexes())})",
+        f"(default %(default)s; known: {', '.join(available_indexes())})",
     )
     add_common(cmp)
     _add_k_live_flags(cmp)

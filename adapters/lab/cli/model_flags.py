@@ -49,13 +49,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="GPUs the model is split over, as vLLM's flag (default 1)",
+        help="GPUs the model is split over, as vLLM's flag (default %(default)s)",
     )
     g.add_argument(
         "--kv-cache-dtype",
         choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"),
         default="auto",
-        help="as vLLM's flag: auto keeps the model's dtype (default auto)",
+        help="as vLLM's flag: auto keeps the model's dtype (default %(default)s)",
     )
     g.add_argument(
         "--non-kv-memory",
@@ -78,7 +78,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         choices=("reject", "abort"),
         default="reject",
         help="reject (count it and go on, as vLLM answers 400) or abort the run on a request "
-        "too long for --max-model-len or the pool (default reject)",
+        "too long for --max-model-len or the pool (default %(default)s)",
     )
 
 
