@@ -126,3 +126,15 @@ def test_no_help_text_restates_its_flags_default_by_hand() -> None:
             if re.search(rf"default:? {re.escape(str(default))}\b", action.help):
                 stale.append(f"{name} {action.option_strings[0]}")
     assert stale == []
+
+
+def test_a_flag_several_subcommands_take_reads_its_value_one_way() -> None:
+    # --max-num-batched-tokens 8k or --seed 2**64 means the same to compare and cluster.
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    types: dict[str, set[object]] = {}
+    for command in sub.choices.values():
+        for action in command.add_flags()._actions:
+            for flag in action.option_strings:
+                types.setdefault(flag, set()).add(action.type)
+    assert {flag: t for flag, t in types.items() if len(t) > 1} == {}

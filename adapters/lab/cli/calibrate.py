@@ -30,7 +30,7 @@ from ..sim import CostProfile, available_profiles, load_profile, save_profile
 from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
-from .args import CLIUsageError, positive_float, positive_int
+from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
@@ -139,7 +139,7 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
     )
     src.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=parse_token_count,
         metavar="T",
         help="the server's step budget, its --max-num-batched-tokens (default "
         f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; vLLM "

@@ -53,9 +53,16 @@ from ..cluster.run import ClusterSettings
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests
-from .args import CLIUsageError, parse_capacity_tokens, positive_float, positive_int
+from .args import (
+    CLIUsageError,
+    int_arg,
+    parse_capacity_tokens,
+    parse_token_count,
+    positive_float,
+    positive_int,
+)
 from .cluster_load import Rates, admitted, fleet_capacities, rates_of
-from .common import add_gpu_memory_utilization, add_trace_flags, read_settings
+from .common import add_gpu_memory_utilization, add_no_plots, add_trace_flags, read_settings
 from .load_flags import add_slo_flags, request_rates, slo_of
 from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
@@ -132,7 +139,7 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
     f.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=parse_token_count,
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         metavar="N",
     )
@@ -205,10 +212,11 @@ def _add_runner_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument("--ray-cpus", type=positive_float, metavar="C",
                    help="CPUs each replica actor asks for; refused when the actors do not "
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
-    x.add_argument("--seed", type=int, default=0, help="router, faults, arrivals and workload seed")
+    x.add_argument(
+        "--seed", type=int_arg, default=0, help="router, faults, arrivals and workload seed"
+    )
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
-    x.add_argument("--no-plots", action="store_true",
-                   help="skip the PNG plots (needed without matplotlib)")  # fmt: skip
+    add_no_plots(x)
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
     x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 

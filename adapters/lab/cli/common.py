@@ -39,6 +39,7 @@ __all__ = [
     "add_cache_flags",
     "add_common",
     "add_gpu_memory_utilization",
+    "add_no_plots",
     "add_trace_flags",
     "backend_options",
     "capacities",
@@ -158,6 +159,13 @@ def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
         metavar="U",
         help="with --capacity-tokens auto: the share of device memory the engine uses, as "
         f"vLLM's flag (default {DEFAULT_GPU_MEMORY_UTILIZATION:g})",
+    )
+
+
+def add_no_plots(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--no-plots``: the reports without their plots (and without matplotlib)."""
+    g.add_argument(
+        "--no-plots", action="store_true", help="skip the PNG plots (needed without matplotlib)"
     )
 
 

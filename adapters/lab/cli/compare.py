@@ -51,6 +51,7 @@ from ..workloads import DEFAULT_WORKLOADS, workload_names
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import (
     add_common,
+    add_no_plots,
     backend_options,
     capacities,
     capacity_rule,
@@ -98,9 +99,7 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
     _add_k_live_flags(cmp)
     _add_time_flags(cmp)
     add_model_flags(cmp)
-    cmp.add_argument(
-        "--no-plots", action="store_true", help="skip the PNG plots (needed without matplotlib)"
-    )
+    add_no_plots(cmp)
     cmp.add_argument(
         "--out",
         "-o",
