@@ -60,7 +60,7 @@ from .common import (
     token_bars,
 )
 from .load_flags import add_slo_flags, request_rates, slo_of
-from .model_flags import add_model_flags, apply_model, model_line
+from .model_flags import add_model_flags, apply_model, max_model_len, model_line
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
@@ -407,9 +407,6 @@ def _options(
     resolved (the workloads are loaded, and the capacities sized, by the caller)."""
     rates = args.request_rate
     listed = [] if rates is None or rates == "auto" else list(rates)
-    max_model_len = args.max_model_len
-    if max_model_len is None and model is not None:
-        max_model_len = model.max_position_embeddings
     return CompareOptions(
         workloads=args.workload,
         trace=args.trace,
@@ -437,7 +434,7 @@ def _options(
         schedulers=args.scheduler or ("vllm",),
         closed_loop=not args.open_loop,
         profile=profile,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len(args, model),
         on_long_request=args.on_long_request,
         seed=args.seed,
     )

@@ -22,7 +22,7 @@ from ..sim.model_config import ModelConfig, available_model_configs, load_model_
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .common import memory_utilization
 
-__all__ = ["add_model_flags", "admission_rule", "apply_model", "model_line"]
+__all__ = ["add_model_flags", "admission_rule", "apply_model", "max_model_len", "model_line"]
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -154,16 +154,21 @@ def model_line(
     return "; ".join(parts)
 
 
+def max_model_len(args: argparse.Namespace, model: ModelConfig | None) -> int | None:
+    """``--max-model-len``, else the model's context (as vLLM defaults it), else ``None``."""
+    given: int | None = args.max_model_len
+    if given is None and model is not None:
+        return model.max_position_embeddings
+    return given
+
+
 def admission_rule(
     args: argparse.Namespace, model: ModelConfig | None, block_size: int, pool_tokens: int | None
 ) -> AdmissionRule | None:
     """The length rule of ``--max-model-len`` (or the model's context) and a pool of
     ``pool_tokens`` in blocks of ``block_size``, or ``None`` when neither bounds anything."""
-    max_len = args.max_model_len
-    if max_len is None and model is not None:
-        max_len = model.max_position_embeddings
     return length_rule(
-        max_len,
+        max_model_len(args, model),
         pool_tokens,
         block_size=block_size,
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None)

@@ -66,8 +66,11 @@ __all__ = [
 RESULTS_FORMAT = "prefixkv-compare/2"
 """The ``format`` of results.json: version 2 holds flat ``runs`` and ``workloads``."""
 
+BACKEND: Column = ("backend", "<", "the index, as NAME or NAME:granularity")
+"""The backend column every compare table opens with."""
+
 COLUMNS: tuple[Column, ...] = (
-    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    BACKEND,
     ("driver", "<", "the scheduler it is driven like: vllm, sglang or the generic manager"),
     ("unit", ">", "tokens per block (hash chain, none) or page (radix): the hit granularity"),
     ("hit ratio", ">", "prompt tokens served from the cache / all prompt tokens"),
@@ -88,7 +91,7 @@ COLUMNS: tuple[Column, ...] = (
 """The K-live table's columns: (header, alignment, meaning), the meaning in report.md."""
 
 TIME_COLUMNS: tuple[Column, ...] = (
-    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    BACKEND,
     ("engine", "<", "the scheduler it runs as: vllm (prefill chunks and decode rows mixed in "
      "a step) or sglang (a prefill step whenever one fits, else a decode step), and its "
      "queue order"),
@@ -244,7 +247,7 @@ def saturation_lines(w: WorkloadResult) -> list[str]:
 
 
 ANCHOR_COLUMNS: tuple[Column, ...] = (
-    ("backend", "<", "the index, as NAME or NAME:granularity"),
+    BACKEND,
     ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity "
      "gives"),
     ("working set (capacity needed)", ">", "the smallest capacity that reaches the "
