@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from prefixkv.adapters.servable import unservable
 
 from .backends import CapacityError, check_positive
-from .sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from .sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from .traces import TraceRequest, TraceSource, TraceStats
 from .workloads import Workload
 
@@ -46,7 +46,7 @@ class AdmissionRule:
 
     max_model_len: int | None = None
     pool_tokens: int | None = None
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     def reason(self, prompt_tokens: int, output_tokens: int) -> str | None:
@@ -86,7 +86,7 @@ def length_rule(
     max_model_len: int | None,
     pool_tokens: int | None,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> AdmissionRule | None:
     """The rule of ``max_model_len`` and a pool of ``pool_tokens`` (the smallest any

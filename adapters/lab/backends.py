@@ -21,6 +21,7 @@ from prefixkv.indexes.registry import describe_index, make_index, pool_owned_opt
 
 from .progress import Progress
 from .replay import DRIVERS, Driver
+from .sim.config import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from .traces import TraceStats
@@ -139,7 +140,7 @@ def check_positive(name: str, value: object) -> int:
 def parse_backends(
     text: str,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     page_size: int = 1,
     driver: Driver | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,

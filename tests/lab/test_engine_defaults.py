@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from prefixkv.adapters.lab.admission import AdmissionRule, length_rule
+from prefixkv.adapters.lab.backends import parse_backends
 from prefixkv.adapters.lab.cli import calibrate, cluster, common, compare
 from prefixkv.adapters.lab.cli.main import build_parser, main
 from prefixkv.adapters.lab.cluster.config import DEFAULT_BUFFER_STEPS, ClusterSettings
@@ -22,6 +23,7 @@ from prefixkv.adapters.lab.compare import CompareOptions
 from prefixkv.adapters.lab.compare.arrival import TimeSettings
 from prefixkv.adapters.lab.sim.bench_results import bench_samples, calibrate_from_vllm_bench
 from prefixkv.adapters.lab.sim.config import (
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     SimSettings,
@@ -52,6 +54,15 @@ def test_every_settings_record_defaults_to_the_named_constants() -> None:
     ]
     assert budgets == [DEFAULT_MAX_NUM_BATCHED_TOKENS] * 4
     assert _field_default(ClusterSettings, "buffer_steps") == DEFAULT_BUFFER_STEPS
+    blocks = [
+        *(
+            _field_default(cls, "block_size")
+            for cls in (AdmissionRule, CompareOptions, ClusterSettings)
+        ),
+        *(_param_default(f, "block_size") for f in (length_rule, parse_backends)),
+        build_parser().parse_args(["compare"]).block_size,
+    ]
+    assert blocks == [DEFAULT_BLOCK_SIZE] * 6
     assert _param_default(EventPublisher, "buffer_steps") == DEFAULT_BUFFER_STEPS
 
 
@@ -69,6 +80,7 @@ def test_the_cluster_flags_default_to_the_named_constants() -> None:
         ("compare", compare, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77"),
         ("calibrate", calibrate, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "(default 77; vLLM serve"),
         ("cluster", cluster, "DEFAULT_BUFFER_STEPS", "(vLLM's 77)"),
+        ("cluster", cluster, "DEFAULT_BLOCK_SIZE", "tokens per id, else 77)"),
         ("cluster", common, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
     ],
 )

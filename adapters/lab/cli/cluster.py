@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prefixkv.adapters.lab.sim.config import (
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     SimSettings,
@@ -128,7 +129,8 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         "--block-size",
         type=positive_int,
         metavar="N",
-        help="tokens per block (default: the hash-id trace's tokens per id, else 16)",
+        help="tokens per block (default: the hash-id trace's tokens per id, else "
+        f"{DEFAULT_BLOCK_SIZE})",
     )
     f.add_argument(
         "--index",
@@ -362,7 +364,7 @@ def _cluster_settings(
         num_replicas=args.replicas[0],
         capacity_tokens=capacity_tokens,
         backend=args.index,
-        block_size=args.block_size or per_id or 16,
+        block_size=args.block_size or per_id or DEFAULT_BLOCK_SIZE,
         sim=SimSettings(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),

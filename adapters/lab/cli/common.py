@@ -16,6 +16,7 @@ from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..backends import MAX_POOL_BLOCKS
 from ..progress import Progress, progress
+from ..sim.config import DEFAULT_BLOCK_SIZE
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..traces import FORMATS, ReadSettings, TraceLimits
 from ..traces.base import SESSION_ORDERS
@@ -84,7 +85,7 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=positive_int,
-        default=16,
+        default=DEFAULT_BLOCK_SIZE,
         metavar="N",
         help="tokens per block for the hash chain and none, as vLLM's --block-size "
         "(default %(default)s)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixkv.adapters.lab.sim.config import SimSettings
+from prefixkv.adapters.lab.sim.config import DEFAULT_BLOCK_SIZE, SimSettings
 from prefixkv.adapters.lab.sim.load import Slo
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
@@ -59,7 +59,7 @@ class ClusterSettings:
     num_replicas: int = 8
     capacity_tokens: int = 1 << 20
     backend: str = "hash_chain"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     hash_seed: int = 0
     sim: SimSettings = field(default_factory=SimSettings)
     profile: CostProfile | None = None

@@ -26,7 +26,7 @@ from ..admission import AdmissionRule, admit, length_rule
 from ..backends import MAX_POOL_BLOCKS, CompareError, parse_backends
 from ..progress import progress
 from ..sim import ArrivalProcess, Batching, CostProfile, QueueOrder, load_profile
-from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+from ..sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
 from ..traces import ReadSettings
@@ -95,7 +95,7 @@ class CompareOptions:
     workloads: Sequence[str] | None = None
     trace: str | os.PathLike[str] | None = None
     indexes: str = "hash_chain,radix,none"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     page_size: int = 1
     index_options: Mapping[str, Mapping[str, Any]] | None = None
     capacity_tokens: int | Sequence[int] | None = None

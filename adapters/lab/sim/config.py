@@ -17,6 +17,7 @@ from .queue_order import QUEUE_ORDERS, QueueOrder
 
 __all__ = [
     "BATCHING_MODES",
+    "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "DEFAULT_MAX_NUM_SEQS",
     "MAX_NUM_BATCHED_TOKENS",
@@ -24,6 +25,11 @@ __all__ = [
     "Batching",
     "SimSettings",
 ]
+
+DEFAULT_BLOCK_SIZE = 16
+"""The lab's default tokens per block: vLLM's ``--block-size`` (``CacheConfig``) on
+GPUs, which prefixkv's hash chain also defaults to. Every default the lab states
+reads this one."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """The lab's default for most running requests: ``vllm serve``'s ``max_num_seqs`` on
