@@ -407,37 +407,39 @@ def _options(
     resolved (the workloads are loaded, and the capacities sized, by the caller)."""
     rates = args.request_rate
     listed = [] if rates is None or rates == "auto" else list(rates)
-    return CompareOptions(
-        workloads=args.workload,
-        trace=args.trace,
-        indexes=args.index,
-        block_size=args.block_size,
-        page_size=args.page_size,
-        index_options=backend_options(args),
-        capacity_sweep=args.capacity_sweep,
-        capacity_search=args.capacity_search,
-        max_pool_blocks=args.max_pool_blocks,
-        concurrency=args.concurrency,
-        timing_repeats=(1 if args.trace is not None else 3)
+    flags: dict[str, Any] = {
+        "workloads": args.workload,
+        "trace": args.trace,
+        "indexes": args.index,
+        "block_size": args.block_size,
+        "page_size": args.page_size,
+        "index_options": backend_options(args),
+        "capacity_sweep": args.capacity_sweep,
+        "capacity_search": args.capacity_search,
+        "max_pool_blocks": args.max_pool_blocks,
+        "concurrency": args.concurrency,
+        "timing_repeats": (1 if args.trace is not None else 3)
         if args.timing_repeats is None
         else args.timing_repeats,
-        boundary_accounting=args.boundary_accounting,
-        request_rate=listed[0] if listed else None,
-        rate_sweep="auto" if rates == "auto" else listed[1:],
-        slo=slo_of(args),
-        time_scale=args.time_scale,
-        arrival=args.arrival or "poisson",
-        max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-        max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        queue_order=args.policy,
-        batching=args.batching,
-        schedulers=args.scheduler or ("vllm",),
-        closed_loop=not args.open_loop,
-        profile=profile,
-        max_model_len=max_model_len(args, model),
-        on_long_request=args.on_long_request,
-        seed=args.seed,
-    )
+        "boundary_accounting": args.boundary_accounting,
+        "request_rate": listed[0] if listed else None,
+        "rate_sweep": "auto" if rates == "auto" else listed[1:],
+        "slo": slo_of(args),
+        "time_scale": args.time_scale,
+        "arrival": args.arrival,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "queue_order": args.policy,
+        "batching": args.batching,
+        "schedulers": args.scheduler,
+        "closed_loop": not args.open_loop,
+        "profile": profile,
+        "max_model_len": max_model_len(args, model),
+        "on_long_request": args.on_long_request,
+        "seed": args.seed,
+    }
+    # A flag not given takes the option's own default: none is restated here.
+    return CompareOptions(**{k: v for k, v in flags.items() if v is not None})
 
 
 def _compare_config(
