@@ -35,7 +35,7 @@ from .errors import (
 )
 from .free_queue import FreeBlockQueue
 from .hashing import Digest, make_block_hasher
-from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey, check_key
 from .validation import (
     MAX_BLOCKS,
     check_block_ids,
@@ -199,6 +199,8 @@ class HashChainIndex:
 
         Complexity: O(new blocks to hash) + one dict probe per hit block.
         """
+        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
+            key = check_key("key", key)
         limit = _check_limit(max_num_tokens, key, "max_num_tokens") // self.block_size
         hashes = key.block_hashes(self._hasher)
         # One probe per hash; the run stops at the first miss. A hash with duplicate
@@ -232,6 +234,8 @@ class HashChainIndex:
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
+        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
+            key = check_key("key", key)
         return self.match_prefix(key, cast(Any, max_num_tokens)).block_ids
 
     def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
@@ -314,6 +318,8 @@ class HashChainIndex:
 
         Complexity: O(blocks after ``prefix``).
         """
+        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
+            key = check_key("key", key)
         bs = self.block_size
         num_full = _check_limit(num_tokens, key, "num_tokens") // bs
         check_enough_block_ids(block_ids, num_full, "full blocks to register")
@@ -351,6 +357,8 @@ class HashChainIndex:
 
         Complexity: O(new blocks), without the general insert's per-call checks.
         """
+        if type(key) is not TokenKey:  # declined: insert names a wrong key
+            return None
         if type(prefix) is not _ChainHandle or prefix.owner is not self:
             return None
         bs = self.block_size
@@ -699,6 +707,7 @@ class HashChainIndex:
 
         Complexity: O(result).
         """
+        check_count("num_requests", num_requests)
         n = 0
         blocks = self._blocks
         for bid in block_ids:
@@ -710,11 +719,13 @@ class HashChainIndex:
 
     def ref_cnt(self, block_id: int) -> int:
         """A cached block's ref count (0 = evictable); -1 when the block is not cached."""
+        block_id = check_count("block_id", block_id, error=BlockOwnershipError)
         block = self._blocks.get(block_id)
         return -1 if block is None else block.ref_cnt
 
     def is_cached(self, block_id: int) -> bool:
         """Whether ``block_id`` has a hash entry (is matchable)."""
+        block_id = check_count("block_id", block_id, error=BlockOwnershipError)
         block = self._blocks.get(block_id)
         return block is not None and block.block_hash is not None
 

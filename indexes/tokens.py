@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, cast
 
 from .errors import InvalidTokenError
+from .validation import check_count
 
 __all__ = [
     "TOKEN_BYTES",
@@ -21,6 +22,7 @@ __all__ = [
     "ExtraKey",
     "TokenKey",
     "as_token_array",
+    "check_key",
     "common_prefix_len",
     "make_extra_key",
     "normalize_extra_key",
@@ -385,8 +387,10 @@ class TokenKey:
                 length, for a request's token list past it), for error positions.
 
         Raises:
-            InvalidTokenError: a bad token id; the key is unchanged.
+            InvalidTokenError: a bad token id or offset; the key is unchanged.
         """
+        if type(offset) is not int:
+            offset = check_count("offset", offset, error=InvalidTokenError)
         if _small_valid(tokens):
             self.tokens.fromlist(cast("list[int]", tokens))  # extend() would iterate
         elif type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # only ids
@@ -420,3 +424,17 @@ class TokenKey:
         if len(memo) < len(self.tokens) // hasher.block_size:
             hasher.extend(memo, self.tokens, self._extra_key)
         return memo
+
+
+def check_key(name: str, value: object) -> TokenKey:
+    """``value`` as a :class:`TokenKey` (a subclass's instance too).
+
+    An entry point that takes a key tests ``type(key) is TokenKey`` itself (compiled, one
+    compare) and calls this for anything else, so the message is written once.
+
+    Raises:
+        InvalidTokenError: naming ``name`` and the value.
+    """
+    if not isinstance(value, TokenKey):
+        raise InvalidTokenError(f"{name} must be a TokenKey, got {value!r:.80}")
+    return value
