@@ -18,10 +18,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import cache_state, manager_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from helpers import cache_state, manager_state
 
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
