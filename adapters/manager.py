@@ -45,8 +45,8 @@ from prefixkv.indexes.tokens import (
     TOKEN_TYPECODE,
     ExtraKey,
     TokenKey,
-    check_key,
     checked_tokens,
+    key_error,
     normalize_extra_key,
 )
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
@@ -232,8 +232,8 @@ class CacheManager:
 
     def match(self, key: TokenKey) -> Lookup:
         """Look ``key`` up, capped at ``len(key) - 1`` tokens (SPEC BB-1). Locks nothing."""
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         return Lookup(key, self.index.match_prefix(key, len(key) - 1))
 
     def admit(

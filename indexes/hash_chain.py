@@ -35,7 +35,7 @@ from .errors import (
 )
 from .free_queue import FreeBlockQueue
 from .hashing import Digest, make_block_hasher
-from .tokens import TOKEN_BYTES, ChainHasher, TokenKey, check_key
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey, key_error
 from .validation import (
     MAX_BLOCKS,
     check_block_ids,
@@ -199,8 +199,6 @@ class HashChainIndex:
 
         Complexity: O(new blocks to hash) + one dict probe per hit block.
         """
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
         limit = _check_limit(max_num_tokens, key, "max_num_tokens") // self.block_size
         hashes = key.block_hashes(self._hasher)
         # One probe per hash; the run stops at the first miss. A hash with duplicate
@@ -234,8 +232,8 @@ class HashChainIndex:
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         return self.match_prefix(key, cast(Any, max_num_tokens)).block_ids
 
     def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
@@ -318,8 +316,6 @@ class HashChainIndex:
 
         Complexity: O(blocks after ``prefix``).
         """
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
         bs = self.block_size
         num_full = _check_limit(num_tokens, key, "num_tokens") // bs
         check_enough_block_ids(block_ids, num_full, "full blocks to register")
@@ -357,8 +353,6 @@ class HashChainIndex:
 
         Complexity: O(new blocks), without the general insert's per-call checks.
         """
-        if type(key) is not TokenKey:  # declined: insert names a wrong key
-            return None
         if type(prefix) is not _ChainHandle or prefix.owner is not self:
             return None
         bs = self.block_size

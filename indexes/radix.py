@@ -33,7 +33,7 @@ from .errors import (
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .sglang_hashing import namespace_prior, page_hashes
-from .tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey, TokenKey, check_key
+from .tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey, TokenKey, key_error
 from .validation import (
     MAX_BLOCK_SIZE,
     MAX_BLOCKS,
@@ -518,8 +518,6 @@ class RadixIndex:
         segments compare in C; O(1) for a hit in one node or along a kept path no
         caller holds, plus O(blocks past it); else O(blocks).
         """
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
         limit = self._limit(key, max_num_tokens)
         root = self._root(key.extra_key, create=False)
         if limit == 0 or not root.children:
@@ -551,8 +549,8 @@ class RadixIndex:
 
         Complexity: O(depth) Python steps; segments compare in C.
         """
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         page = self._page
         data = key.tokens.tobytes()
         stop = self._limit(key, max_num_tokens) * _W
@@ -604,8 +602,6 @@ class RadixIndex:
         Complexity: O(nodes walked) Python steps, segments compare in C, plus
         O(new blocks) for the ownership check.
         """
-        if type(key) is not TokenKey:  # compiled, one compare; check_key names the value
-            key = check_key("key", key)
         ps = self.block_size
         n = len(key) if num_tokens is None else check_count("num_tokens", num_tokens, len(key))
         n -= n % ps

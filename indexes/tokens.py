@@ -22,8 +22,8 @@ __all__ = [
     "ExtraKey",
     "TokenKey",
     "as_token_array",
-    "check_key",
     "common_prefix_len",
+    "key_error",
     "make_extra_key",
     "normalize_extra_key",
 ]
@@ -426,15 +426,12 @@ class TokenKey:
         return memo
 
 
-def check_key(name: str, value: object) -> TokenKey:
-    """``value`` as a :class:`TokenKey` (a subclass's instance too).
+def key_error(name: str, value: object) -> InvalidTokenError:
+    """The error for ``value`` given as ``name``, a key, that is not a :class:`TokenKey`.
 
-    An entry point that takes a key tests ``type(key) is TokenKey`` itself (compiled, one
-    compare) and calls this for anything else, so the message is written once.
-
-    Raises:
-        InvalidTokenError: naming ``name`` and the value.
+    An entry point that takes a key raises it itself, ``if not isinstance(key,
+    TokenKey): raise key_error("key", key)``: the parameter is narrowed without being
+    reassigned (compiled, an argument that is reassigned is held as a reference of the
+    function's own), and the message is written once.
     """
-    if not isinstance(value, TokenKey):
-        raise InvalidTokenError(f"{name} must be a TokenKey, got {value!r:.80}")
-    return value
+    return InvalidTokenError(f"{name} must be a TokenKey, got {value!r:.80}")

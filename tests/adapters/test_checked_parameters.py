@@ -422,8 +422,7 @@ CALLS[f"{INDEXES}hash_chain:HashChainIndex.extend_locked"] = _extend_locked
 # Listed parameters that take a value of any type, on both builds alike (compiled, the
 # value must reach the body too): their function's "no" answer, or the call's answer.
 DECLINED = {
-    f"{INDEXES}hash_chain:HashChainIndex.extend_locked(key)": None,  # the general path
-    f"{INDEXES}hash_chain:HashChainIndex.extend_locked(num_tokens)": None,
+    f"{INDEXES}hash_chain:HashChainIndex.extend_locked(num_tokens)": None,  # the general path
     f"{ADAPTERS}manager:CacheManager.step_in_place(num_tokens)": False,  # the checked path
 }
 TRUTH_VALUES = {  # read as Python reads a truth value
