@@ -46,6 +46,7 @@ from prefixkv.indexes.tokens import (
     ExtraKey,
     TokenKey,
     checked_tokens,
+    key_error,
     normalize_extra_key,
 )
 from prefixkv.indexes.validation import ceil_div, check_block_ids, check_bool, check_count
@@ -231,6 +232,8 @@ class CacheManager:
 
     def match(self, key: TokenKey) -> Lookup:
         """Look ``key`` up, capped at ``len(key) - 1`` tokens (SPEC BB-1). Locks nothing."""
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         return Lookup(key, self.index.match_prefix(key, len(key) - 1))
 
     def admit(

@@ -35,7 +35,7 @@ from .errors import (
 )
 from .free_queue import FreeBlockQueue
 from .hashing import Digest, make_block_hasher
-from .tokens import TOKEN_BYTES, ChainHasher, TokenKey
+from .tokens import TOKEN_BYTES, ChainHasher, TokenKey, key_error
 from .validation import (
     MAX_BLOCKS,
     check_block_ids,
@@ -232,6 +232,8 @@ class HashChainIndex:
 
     def cached_blocks(self, key: TokenKey, max_num_tokens: int | None = None) -> list[int]:
         """The hit's blocks; ``match_prefix`` has no side effects here. O(hit blocks)."""
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         return self.match_prefix(key, cast(Any, max_num_tokens)).block_ids
 
     def _run_matches(self, hit: list[CachedBlock], key: TokenKey) -> bool:
@@ -699,6 +701,7 @@ class HashChainIndex:
 
         Complexity: O(result).
         """
+        check_count("num_requests", num_requests)
         n = 0
         blocks = self._blocks
         for bid in block_ids:
@@ -710,11 +713,13 @@ class HashChainIndex:
 
     def ref_cnt(self, block_id: int) -> int:
         """A cached block's ref count (0 = evictable); -1 when the block is not cached."""
+        block_id = check_count("block_id", block_id, error=BlockOwnershipError)
         block = self._blocks.get(block_id)
         return -1 if block is None else block.ref_cnt
 
     def is_cached(self, block_id: int) -> bool:
         """Whether ``block_id`` has a hash entry (is matchable)."""
+        block_id = check_count("block_id", block_id, error=BlockOwnershipError)
         block = self._blocks.get(block_id)
         return block is not None and block.block_hash is not None
 

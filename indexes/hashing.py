@@ -21,7 +21,7 @@ from typing import Any, cast
 import xxhash
 
 from .errors import PrefixKVError
-from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey
+from .tokens import TOKEN_BYTES, ChainHasher, ExtraKey, normalize_extra_key
 from .validation import MAX_BLOCK_SIZE, check_positive
 from .vllm_hashing import VLLM_HASH_FUNCTIONS, VllmBlockHasher
 
@@ -63,6 +63,8 @@ def encode_extra_key(extra_key: ExtraKey | None) -> bytes:
     Every field is length-prefixed and every value carries a type tag, so no two
     different namespaces encode alike (a LoRA ``"x"`` is not a salt ``"x"``).
     """
+    if extra_key is not None and type(extra_key) is not tuple:  # a str, or no namespace
+        extra_key = normalize_extra_key(extra_key)
     if not extra_key:
         return b"\x00\x00\x00\x00"
     out = [struct.pack("<I", len(extra_key))]

@@ -33,7 +33,7 @@ from .errors import (
 )
 from .eviction import EvictionPolicy, EvictionQueue, make_eviction_policy
 from .sglang_hashing import namespace_prior, page_hashes
-from .tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey, TokenKey
+from .tokens import TOKEN_BYTES, TOKEN_TYPECODE, ExtraKey, TokenKey, key_error
 from .validation import (
     MAX_BLOCK_SIZE,
     MAX_BLOCKS,
@@ -549,6 +549,8 @@ class RadixIndex:
 
         Complexity: O(depth) Python steps; segments compare in C.
         """
+        if not isinstance(key, TokenKey):
+            raise key_error("key", key)
         page = self._page
         data = key.tokens.tobytes()
         stop = self._limit(key, max_num_tokens) * _W

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, Protocol, cast
 
 from .errors import InvalidTokenError
+from .validation import check_count
 
 __all__ = [
     "TOKEN_BYTES",
@@ -22,6 +23,7 @@ __all__ = [
     "TokenKey",
     "as_token_array",
     "common_prefix_len",
+    "key_error",
     "make_extra_key",
     "normalize_extra_key",
 ]
@@ -385,8 +387,10 @@ class TokenKey:
                 length, for a request's token list past it), for error positions.
 
         Raises:
-            InvalidTokenError: a bad token id; the key is unchanged.
+            InvalidTokenError: a bad token id or offset; the key is unchanged.
         """
+        if type(offset) is not int:
+            offset = check_count("offset", offset, error=InvalidTokenError)
         if _small_valid(tokens):
             self.tokens.fromlist(cast("list[int]", tokens))  # extend() would iterate
         elif type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # only ids
@@ -420,3 +424,14 @@ class TokenKey:
         if len(memo) < len(self.tokens) // hasher.block_size:
             hasher.extend(memo, self.tokens, self._extra_key)
         return memo
+
+
+def key_error(name: str, value: object) -> InvalidTokenError:
+    """The error for ``value`` given as ``name``, a key, that is not a :class:`TokenKey`.
+
+    An entry point that takes a key raises it itself, ``if not isinstance(key,
+    TokenKey): raise key_error("key", key)``: the parameter is narrowed without being
+    reassigned (compiled, an argument that is reassigned is held as a reference of the
+    function's own), and the message is written once.
+    """
+    return InvalidTokenError(f"{name} must be a TokenKey, got {value!r:.80}")

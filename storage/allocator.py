@@ -25,7 +25,7 @@ from prefixkv.indexes.validation import MAX_BLOCKS
 
 from .errors import BlockOwnershipError, PrefixKVError
 
-__all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner"]
+__all__ = ["MAX_NUM_BLOCKS", "BlockAllocator", "Owner", "check_owner"]
 
 MAX_NUM_BLOCKS: Final = MAX_BLOCKS
 """The largest pool: block ids must fit the int32 block tables engines use (vLLM)."""
@@ -45,11 +45,28 @@ class Owner(enum.IntEnum):
 
 
 _OWNERS: Final = (Owner.CALLER, Owner.MANAGER)
+_ALL_OWNERS: Final = (Owner.FREE, *_OWNERS)
 # The members as module constants: compiled, a Final is a C static, where ``Owner.X``
 # is an attribute lookup on a Python class at every use (the decode step's hot path).
 _FREE: Final = Owner.FREE
 _CALLER: Final = Owner.CALLER
 _MANAGER: Final = Owner.MANAGER
+
+
+def check_owner(name: str, value: object, allowed: tuple[Owner, ...] = _OWNERS) -> Owner:
+    """``value`` as one of the ``allowed`` owners: the member, or an int equal to one
+    (not a bool).
+
+    Raises:
+        PrefixKVError: naming ``name``, the owners allowed and the value.
+    """
+    if type(value) is Owner:
+        if value in allowed:
+            return value
+    elif type(value) is int and value in allowed:
+        return Owner(value)  # a Python-level enum call: only for an int
+    names = " or ".join(f"Owner.{o.name}" for o in allowed)
+    raise PrefixKVError(f"{name} must be {names}, got {value!r:.80}")
 
 
 class BlockAllocator:
@@ -99,10 +116,8 @@ class BlockAllocator:
             return None if bid < 0 else [bid]
         if type(num_blocks) is not int or num_blocks < 0:
             raise PrefixKVError(f"num_blocks must be a non-negative int, got {num_blocks!r:.80}")
-        if owner not in _OWNERS:
-            raise PrefixKVError(f"owner must be Owner.CALLER or Owner.MANAGER, got {owner!r}")
-        # The member, also for an equal int (Owner(...) is a Python-level enum call).
-        tag = owner if owner is _MANAGER or owner is _CALLER else Owner(owner)
+        # The member, also for an equal int.
+        tag = owner if owner is _MANAGER or owner is _CALLER else check_owner("owner", owner)
         if num_blocks > self.num_free_blocks:
             return None
         take = min(num_blocks, len(freed))
@@ -188,6 +203,8 @@ class BlockAllocator:
 
         Complexity: O(len(block_ids)), in C.
         """
+        if owner is not _MANAGER and owner is not _CALLER:  # compiled: two compares
+            owner = check_owner("owner", owner)
         ids = self._retag(block_ids, owner, _FREE, "free")
         if len(ids) == 1:
             self._freed.append(ids[0])
@@ -227,9 +244,8 @@ class BlockAllocator:
         Raises:
             BlockOwnershipError: as :meth:`free`, for ``src``; nothing changes then.
         """
-        if dst not in (Owner.CALLER, Owner.MANAGER):
-            raise PrefixKVError(f"dst must be Owner.CALLER or Owner.MANAGER, got {dst!r}")
-        return self._retag(block_ids, src, Owner(dst), "transfer")
+        src = check_owner("src", src)
+        return self._retag(block_ids, src, check_owner("dst", dst), "transfer")
 
     def check_held(self, block_ids: Iterable[int], owner: Owner, what: str) -> list[int]:
         """``block_ids`` as a list, each held by ``owner``, none repeated.
@@ -237,7 +253,7 @@ class BlockAllocator:
         Raises:
             BlockOwnershipError: naming ``what`` and the first id that is not.
         """
-        return self._checked(block_ids, owner, what)
+        return self._checked(block_ids, check_owner("owner", owner), what)
 
     def owner_of(self, block_id: int) -> Owner:
         """Who holds ``block_id`` (``Owner.FREE`` if nobody). O(1).
@@ -254,6 +270,7 @@ class BlockAllocator:
 
     def num_blocks_held_by(self, owner: Owner) -> int:
         """How many blocks ``owner`` holds. O(blocks ever handed out); for checks."""
+        owner = check_owner("owner", owner, _ALL_OWNERS)
         if owner is Owner.FREE:
             return self.num_free_blocks
         return self._ledger.count(owner)

@@ -91,10 +91,14 @@ class PageRows:
         """Make ``page_ids`` the pages of the empty ``row``: the list itself, neither
         copied nor checked, so only for pages the pool and the index have just handed
         the scheduler (an admission's row, a page per token at page size 1). O(1).
+        Anything but a list is checked and copied (``check_block_ids``).
 
         Raises:
-            PrefixKVError: ``row`` is not in use or holds pages already.
+            PrefixKVError: ``row`` is not in use or holds pages already
+                (``BlockOwnershipError``: ``page_ids`` is not a list of page ids).
         """
+        if type(page_ids) is not list:
+            page_ids = check_block_ids(page_ids, "adopt")
         pages = self._pages(row)
         if pages:
             raise PrefixKVError(f"row {row} holds {len(pages)} pages; adopt fills an empty row")

@@ -459,7 +459,12 @@ class PrefixCache:
 
         SGLang's scheduler counts its hits itself; prefixkv's totals and observers
         hear of an admission here (the manager's ``admit`` moment).
+
+        Raises:
+            PrefixKVError: ``match`` is not a ``MatchResult``; nothing is counted.
         """
+        if not isinstance(match, MatchResult):
+            raise PrefixKVError(f"match must be a MatchResult, got {match!r:.80}")
         prompt = req.origin_input_ids
         t = self.totals
         t.num_requests += 1
@@ -587,6 +592,7 @@ class PrefixCache:
 
         Tells the observers the request ended; its row is still readable.
         """
+        check_bool("checkpointed", checkpointed)
         state = self._reqs.get(req.rid)
         if state is not None and state.req is req:
             del self._reqs[req.rid]

@@ -53,7 +53,9 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     Raises:
         RequestStateError: ``req`` holds a row already (it is running).
         InvalidTokenError: an empty prompt, a bad token id, namespace or priority.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``.
     """
+    cache = _check_cache(cache)
     kv = req.kv
     if kv.req_pool_idx is not None:
         raise RequestStateError(f"request {req.rid!r:.80} is running already")
@@ -104,7 +106,9 @@ def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
 
     Raises:
         RequestStateError: ``req`` is not running or has no sampled token to feed.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``.
     """
+    cache = _check_cache(cache)
     kv = req.kv
     row = kv.req_pool_idx
     pos = kv.kv_committed_len
@@ -132,7 +136,9 @@ def req_to_token(cache: PrefixCache, req: ReqLike) -> list[int]:
 
     Raises:
         RequestStateError: ``req`` holds no row.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``.
     """
+    cache = _check_cache(cache)
     kv = req.kv
     row = kv.req_pool_idx
     if row is None:
@@ -147,8 +153,16 @@ def retract(cache: PrefixCache, req: ReqLike) -> None:
 
     Raises:
         RequestStateError: ``req`` holds no row.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``.
     """
-    cache.cache_finished_req(req, is_insert=False)
+    _check_cache(cache).cache_finished_req(req, is_insert=False)
+
+
+def _check_cache(cache: object) -> PrefixCache:
+    # A scheduler step's cache, checked before anything of it is read.
+    if not isinstance(cache, PrefixCache):
+        raise PrefixKVError(f"cache must be a PrefixCache, got {cache!r:.80}")
+    return cache
 
 
 def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:

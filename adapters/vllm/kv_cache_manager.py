@@ -176,6 +176,8 @@ class KVCacheManager:
 
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[Any], ...]) -> Any:
         """The engine's block list, sharing the one empty answer as vLLM does."""
+        if type(blocks) is not tuple:
+            raise PrefixKVError(f"blocks must be a tuple of block lists, got {blocks!r:.80}")
         return self._make_blocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def _wrap(self, block_ids: list[int]) -> Any:
@@ -266,6 +268,7 @@ class KVCacheManager:
 
     def record_prefix_cache_stats(self, request: RequestLike, num_hits: int) -> None:
         """Count an admitted lookup, as vLLM does (preempted requests apart)."""
+        num_hits = check_count("num_hits", num_hits)
         if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
             return
         self.prefix_cache_stats.record(
@@ -485,6 +488,7 @@ class KVCacheManager:
         Async scheduling calls it once a step's sampled tokens are known (they were
         scheduled before they existed, so ``allocate_slots`` could not register them).
         """
+        num_computed_tokens = check_count("num_computed_tokens", num_computed_tokens)
         rid = request.request_id
         if not self.enable_caching or rid not in self.manager:
             return
@@ -535,6 +539,7 @@ class KVCacheManager:
         self, request_id: Hashable, num_computed_tokens: int
     ) -> tuple[list[int], ...]:
         """Block ids covering the first ``num_computed_tokens`` tokens."""
+        num_computed_tokens = check_count("num_computed_tokens", num_computed_tokens)
         (ids,) = self.get_block_ids(request_id)
         return (ids[: ceil_div(num_computed_tokens, self.block_size)],)
 
@@ -556,6 +561,7 @@ class KVCacheManager:
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         """A lookup result cut at a block-aligned ``num_computed_tokens`` (no ref counts)."""
+        num_computed_tokens = check_count("num_computed_tokens", num_computed_tokens)
         (group,) = blocks.blocks
         return self.create_kv_cache_blocks((list(group[: num_computed_tokens // self.block_size]),))
 
@@ -594,6 +600,9 @@ class KVCacheManager:
         num_prompt_tokens: int | None = None,
     ) -> None:
         """Full attention skips no blocks."""
+        check_count("processed_computed_tokens", processed_computed_tokens)
+        if num_prompt_tokens is not None:
+            check_count("num_prompt_tokens", num_prompt_tokens)
 
     def take_new_block_ids(self) -> list[int]:
         """No block needs zeroing (no Mamba, one precision)."""
@@ -601,6 +610,7 @@ class KVCacheManager:
 
     def record_blocks_for_zeroing(self, request_id: Hashable, start_token: int) -> None:
         """No block needs zeroing (no Mamba, one precision)."""
+        check_count("start_token", start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         """No copy-on-write copies: hits are whole blocks."""

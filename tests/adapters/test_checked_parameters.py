@@ -2,10 +2,12 @@
 declared ``object``) meets a value of a type no parameter takes as the pure-Python
 package does, on both builds: with the project's named error, never a bare
 ``TypeError``, or, for the few that take any value (a truth value, a call declined),
-with the same answer. A working call is written once per function and the wrong value
-replaces one listed parameter at a time; drawn from the table itself, so a function
-added to it without a call here fails ``test_every_listed_function_has_a_call``.
-``test_bad_input_sweep.py`` pins wrong values of the right type and the unchanged state.
+with the same answer; a refused call leaves every object it was made on as it was, and
+their invariants hold (free + held + cached == total). A working call is written once
+per function and the wrong value replaces one listed parameter at a time; drawn from
+the table itself, so a function added to it without a call here fails
+``test_every_listed_function_has_a_call``. ``test_bad_input_sweep.py`` pins wrong values
+of the right type.
 """
 
 from __future__ import annotations
@@ -16,18 +18,25 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import cache_state, manager_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.sglang.prefix_cache import simulated_parts
-from prefixkv.adapters.sglang.simulated import alloc_for_extend
+from prefixkv.adapters.sglang.simulated import (
+    alloc_for_decode,
+    alloc_for_extend,
+    req_to_token,
+    retract,
+)
 from prefixkv.adapters.vllm import KVCacheManager, SimpleRequest
 from prefixkv.indexes import HashChainIndex, PrefixKVError, RadixIndex, TokenKey
-from prefixkv.indexes.hashing import BlockHasher, make_block_hasher
+from prefixkv.indexes.hashing import BlockHasher, encode_extra_key, make_block_hasher
 from prefixkv.indexes.tokens import make_extra_key
 from prefixkv.storage import BlockAllocator
+from prefixkv.storage.allocator import Owner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,14 +58,65 @@ def table() -> list[tuple[str, str]]:
 
 # ------------------------------------------------------------ the working calls
 
+# What each call's objects were built to, as (object, its state, that state when built):
+# a refused call must leave each as it was.
+BUILT: list[tuple[Any, Callable[[Any], Any], Any]] = []
 
-def _manager(index: Any = None) -> CacheManager:
-    m = CacheManager(index or RadixIndex(2), BlockAllocator(32))
+
+def _tracked(state: Callable[[Any], Any]) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+    """A builder that records what it built and its state (``state`` checks its
+    invariants too) before any call on it."""
+
+    def wrap(make: Callable[[], Any]) -> Callable[[], Any]:
+        def build() -> Any:
+            built = make()
+            BUILT.append((built, state, state(built)))
+            return built
+
+        return build
+
+    return wrap
+
+
+def _ready() -> None:
+    """The call's good arguments are made (a match, pages): the state to keep is now."""
+    BUILT[:] = [(built, state, state(built)) for built, state, _ in BUILT]
+
+
+def _manager_state(m: CacheManager) -> Any:
+    m.check_invariants()
+    return manager_state(m)
+
+
+def _vllm_state(built: tuple[KVCacheManager, SimpleRequest]) -> Any:
+    built[0].check_invariants()
+    return manager_state(built[0].manager)
+
+
+def _sglang_state(built: tuple[PrefixCache, SimpleReq]) -> Any:
+    built[0].check_invariants()  # the index (pages a call allocates by hand are no leak)
+    return cache_state(built[0], [built[1]])
+
+
+def _allocator_state(a: BlockAllocator) -> Any:
+    a.check_invariants()
+    return tuple(a.free_block_ids()), a.num_blocks_held_by(Owner.CALLER)
+
+
+def _index_state(index: Any) -> Any:
+    index.check_invariants()
+    return index.stats(), tuple(index.cached_blocks(TokenKey([1, 2, 3, 4])))
+
+
+@_tracked(_manager_state)
+def _manager() -> CacheManager:
+    m = CacheManager(RadixIndex(2), BlockAllocator(32))
     m.admit("live", [1, 2, 3, 4, 9, 9])
     m.commit("live", 4)
     return m
 
 
+@_tracked(_vllm_state)
 def _vllm() -> tuple[KVCacheManager, SimpleRequest]:
     f = KVCacheManager("hash_chain", num_blocks=33, block_size=2)
     req = SimpleRequest("live", [1, 2, 3, 4, 5])
@@ -67,6 +127,7 @@ def _vllm() -> tuple[KVCacheManager, SimpleRequest]:
     return f, req
 
 
+@_tracked(_sglang_state)
 def _sglang() -> tuple[PrefixCache, SimpleReq]:
     c = PrefixCache.create_simulated("radix", capacity_tokens=64)
     req = SimpleReq("live", [1, 2, 3, 4])
@@ -76,12 +137,67 @@ def _sglang() -> tuple[PrefixCache, SimpleReq]:
     return c, req
 
 
-def _rows() -> PageRows:
+def _rows_state(rows: PageRows) -> Any:
+    return rows.num_rows_in_use(), *map(tuple, map(rows.pages, range(rows.num_rows_in_use())))
+
+
+def _new_rows() -> PageRows:
     rows = PageRows()
     row = rows.alloc()
     assert row == 0
     rows.write(0, 0, [4, 5])
     return rows
+
+
+_rows = _tracked(_rows_state)(_new_rows)
+
+
+@_tracked(_allocator_state)
+def _allocator() -> BlockAllocator:
+    a = BlockAllocator(8)
+    assert a.allocate(2) == [0, 1]  # held by Owner.CALLER
+    return a
+
+
+REQ = object()  # the vLLM class's running request, in a call's arguments
+
+
+def _vllm_call(method: str, *args: Any, **good: Any) -> Call:
+    """``method`` of the vLLM class on ``args`` (``REQ``: its running request, "live")."""
+
+    def call(**bad: Any) -> object:
+        f, req = _vllm()
+        return getattr(f, method)(*(req if a is REQ else a for a in args), **{**good, **bad})
+
+    return call
+
+
+def _truncate(**bad: Any) -> object:
+    f, _ = _vllm()
+    blocks = f.get_computed_blocks(SimpleRequest("n", [1, 2, 3, 4, 5]))[0]
+    return f.truncate_computed_blocks(blocks, **{"num_computed_tokens": 2, **bad})
+
+
+def _on_admit(**bad: Any) -> object:
+    c, req = _sglang()
+    match = c.match_prefix([1, 2, 3])
+    _ready()
+    return c.on_admit(req, **{"match": match, **bad})
+
+
+def _on_release(**bad: Any) -> object:
+    c, req = _sglang()
+    return c.on_release(req, **{"checkpointed": True, **bad})
+
+
+def _scheduler_step(step: Callable[..., object], new: bool = False) -> Call:
+    """A simulated scheduler step on the running request (a new one: ``new``)."""
+
+    def call(**bad: Any) -> object:
+        c, req = _sglang()
+        return step(**{"cache": c, "req": SimpleReq("n", [1, 2, 3]) if new else req, **bad})
+
+    return call
 
 
 def _node(c: PrefixCache) -> Any:
@@ -107,6 +223,7 @@ def _sglang_call(method: str, **good: Any) -> Call:
     def call(**bad: Any) -> object:
         c, _ = _sglang()
         args = {k: v(c) if callable(v) else v for k, v in good.items()}
+        _ready()
         return getattr(c, method)(**{**args, **bad})
 
     return call
@@ -211,10 +328,50 @@ CALLS: dict[str, Call] = {
         **{"row": 1, "page_ids": [6], **b}
     ),
     f"{ADAPTERS}sglang.page_rows:PageRows.pages": _with(_rows, "pages", row=0),
+    f"{INDEXES}tokens:TokenKey.append": lambda **b: TokenKey([1, 2]).append(**{"tokens": [3], **b}),
+    f"{INDEXES}hashing:encode_extra_key": lambda **b: encode_extra_key(**{"extra_key": None, **b}),
+    "prefixkv.storage.allocator:BlockAllocator.allocate_one": _with(_allocator, "allocate_one"),
+    "prefixkv.storage.allocator:BlockAllocator.free": _with(_allocator, "free", block_ids=[0]),
+    "prefixkv.storage.allocator:BlockAllocator.transfer": _with(
+        _allocator, "transfer", block_ids=[0], src=Owner.CALLER, dst=Owner.MANAGER
+    ),
+    "prefixkv.storage.allocator:BlockAllocator.check_held": _with(
+        _allocator, "check_held", block_ids=[0], owner=Owner.CALLER, what="held"
+    ),
+    "prefixkv.storage.allocator:BlockAllocator.num_blocks_held_by": _with(
+        _allocator, "num_blocks_held_by", owner=Owner.CALLER
+    ),
+    f"{ADAPTERS}manager:CacheManager.match": _with(_manager, "match", key=TokenKey([1, 2, 3])),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.create_kv_cache_blocks": _vllm_call(
+        "create_kv_cache_blocks", blocks=([],)
+    ),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.record_prefix_cache_stats": _vllm_call(
+        "record_prefix_cache_stats", REQ, num_hits=0
+    ),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.cache_blocks": _vllm_call(
+        "cache_blocks", REQ, num_computed_tokens=4
+    ),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.get_block_ids_for_computed_tokens": (
+        _vllm_call("get_block_ids_for_computed_tokens", "live", num_computed_tokens=2)
+    ),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.truncate_computed_blocks": _truncate,
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.remove_skipped_blocks": _vllm_call(
+        "remove_skipped_blocks", "live", processed_computed_tokens=4, num_prompt_tokens=5
+    ),
+    f"{ADAPTERS}vllm.kv_cache_manager:KVCacheManager.record_blocks_for_zeroing": _vllm_call(
+        "record_blocks_for_zeroing", "live", start_token=0
+    ),
+    f"{ADAPTERS}sglang.prefix_cache:PrefixCache.on_admit": _on_admit,
+    f"{ADAPTERS}sglang.prefix_cache:PrefixCache.on_release": _on_release,
+    f"{ADAPTERS}sglang.simulated:alloc_for_extend": _scheduler_step(alloc_for_extend, new=True),
+    f"{ADAPTERS}sglang.simulated:alloc_for_decode": _scheduler_step(alloc_for_decode),
+    f"{ADAPTERS}sglang.simulated:req_to_token": _scheduler_step(req_to_token),
+    f"{ADAPTERS}sglang.simulated:retract": _scheduler_step(retract),
 }
 for _kind in ("hash_chain:HashChainIndex", "radix:RadixIndex"):
     _make: Callable[[], Any] = HashChainIndex if _kind.startswith("hash") else RadixIndex
 
+    @_tracked(_index_state)
     def _filled(make: Callable[..., Any] = _make) -> Any:
         index = make(2)
         index.insert(TokenKey([1, 2, 3, 4]), [0, 1])
@@ -228,19 +385,34 @@ for _kind in ("hash_chain:HashChainIndex", "radix:RadixIndex"):
         ),
         f"{INDEXES}{_kind}.evict": _with(_filled, "evict", num_blocks=1),
     }
+    if _kind.startswith("hash"):
+        CALLS |= {
+            f"{INDEXES}{_kind}.num_common_prefix_blocks": _with(
+                _filled, "num_common_prefix_blocks", block_ids=[0, 1], num_requests=0
+            ),
+            f"{INDEXES}{_kind}.ref_cnt": _with(_filled, "ref_cnt", block_id=1),
+            f"{INDEXES}{_kind}.is_cached": _with(_filled, "is_cached", block_id=1),
+        }
 
 
-def _extend_locked(**bad: Any) -> object:
+@_tracked(lambda built: _index_state(built[0]))
+def _locked_chain() -> tuple[HashChainIndex, TokenKey, Any]:
     index = HashChainIndex(2)
     key = TokenKey([1, 2, 3, 4])
     handle = index.insert(key, [0, 1], 2).handle
     index.lock(handle)
+    return index, key, handle
+
+
+def _extend_locked(**bad: Any) -> object:
+    index, key, handle = _locked_chain()
     good = {"key": key, "block_ids": [0, 1], "num_tokens": 4, "prefix": handle}
     return index.extend_locked(**{**good, **bad})
 
 
+@_tracked(_rows_state)
 def _rows_with_empty() -> PageRows:
-    rows = _rows()
+    rows = _new_rows()
     assert rows.alloc() == 1
     return rows
 
@@ -283,6 +455,7 @@ def test_every_listed_function_has_a_call() -> None:
 
 @pytest.mark.parametrize("function", sorted(CALLS))
 def test_the_working_call_works(function: str) -> None:
+    BUILT.clear()
     answer = CALLS[function]()
     for entry, declined in DECLINED.items():  # served, so a "no" answer says something
         if entry.startswith(f"{function}("):
@@ -294,10 +467,14 @@ def test_the_working_call_works(function: str) -> None:
 @settings(max_examples=8)
 def test_a_wrong_type_gets_the_named_error(function: str, parameter: str, bad: object) -> None:
     entry = f"{function}({parameter})"
+    BUILT.clear()
     if entry in DECLINED:
         assert CALLS[function](**{parameter: bad}) is DECLINED[entry]
     elif entry in TRUTH_VALUES:
         CALLS[function](**{parameter: bad})
+        return
     else:
         with pytest.raises(PrefixKVError):
             CALLS[function](**{parameter: bad})
+    for built, state, before in BUILT:  # refused or declined: nothing changed
+        assert state(built) == before, f"{entry}={bad!r} changed {built!r}"
