@@ -16,15 +16,16 @@ that runs inside the engine, and admits whatever the class admits:
   forward pass.
 - ``prefill_first`` batching follows SGLang's ``get_next_batch_to_run``: a step
   prefills (the unfinished chunked request, then new admissions) whenever it can,
-  and decodes every running request otherwise. A request is admitted only if its
-  uncached prompt plus the tokens it will decode (clipped at 4096) fit what the
-  free and evictable pool keeps after the running requests' remaining decode
-  (``PrefillAdder``; requests have fixed lengths, so the new-token ratio is 1).
-  Prefill chunks are registered after their step (``cache_unfinished_req``),
-  decoded tokens when the request finishes (``cache_finished_req``). The whole
-  prompt's pages are allocated at admission (``alloc_for_extend``). Short of a
-  page while decoding, requests are retracted in SGLang's order (fewest output
-  tokens, then longest prompt, first) to the back of the waiting queue.
+  and decodes every running request otherwise. Which requests a prefill step takes
+  is SGLang's ``PrefillAdder``, asked of the seat (``adapters.sglang.prefill_adder``):
+  the running requests' remaining decode is reserved, and a request is admitted
+  while its extend, its decode and a page fit what is left of the free and evictable
+  pool. The admissions' pages are allocated after the pass (``alloc_for_extend``;
+  the whole prompt's, where SGLang allocates one chunk at a time). Prefill chunks
+  are registered after their step (``cache_unfinished_req``), decoded tokens when
+  the request finishes (``cache_finished_req``). Short of a page while decoding,
+  requests are retracted in SGLang's order (fewest output tokens, then longest
+  prompt, first) to the back of the waiting queue.
 - the waiting queue is FCFS or ``lpm`` (:mod:`.queue_order`).
 """
 
@@ -34,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from prefixkv.adapters.sglang.prefill_adder import AddReqResult, RunningReq
 from prefixkv.indexes.tokens import TokenKey
 
 from .config import SimSettings
@@ -45,17 +47,12 @@ from .requests import SimRequest
 from .seats import Seat, SglangSeat, VllmSeat
 
 __all__ = [
-    "CLIP_MAX_NEW_TOKENS",
     "Chunk",
     "ReplicaScheduler",
     "SimSeq",
     "StepPlan",
     "StepWork",
 ]
-
-CLIP_MAX_NEW_TOKENS = 4096
-"""SGLang: admission counts at most this many of a request's tokens still to decode."""
-
 
 @dataclass(slots=True, eq=False)
 class SimSeq:
@@ -235,37 +232,65 @@ class ReplicaScheduler:
     # ----------------------------------------------------------- SGLang's order
 
     def _schedule_prefill_first(self, seat: SglangSeat, now: float) -> StepPlan:
+        # SGLang's get_new_batch_prefill: one PrefillAdder pass (the unfinished
+        # chunked request, then the waiting queue in order), then the admissions'
+        # pages are allocated; a step that admits nothing decodes.
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        chunked = next((s for s in self.running if s.num_computed < s.prefill_end), None)
+        running = [
+            RunningReq(self._max_new_tokens(seat, s), s.num_output)
+            for s in self.running
+            if s is not chunked
+        ]
+        adder = seat.prefill_adder(
+            running,
+            rem_input_tokens=budget,
+            rem_chunk_tokens=budget if cfg.enable_chunked_prefill else None,
+        )
         chunks: list[Chunk] = []
-        for seq in self.running:  # the unfinished chunked prefill goes on first
-            if seq.num_computed < seq.prefill_end and budget > 0:
-                n = min(seq.prefill_end - seq.num_computed, budget)
-                chunks.append(Chunk(seq, seq.num_computed, n))
-                budget -= n
+        if chunked is not None:
+            adm = adder.add_chunked_req(
+                chunked.request.id,
+                chunked.prefill_end,
+                chunked.num_computed,
+                self._max_new_tokens(seat, chunked),
+            )
+            chunks.append(Chunk(chunked, chunked.num_computed, adm.extend_len))
         self._order_waiting()
-        # SGLang's PrefillAdder: what the running requests will still decode is
-        # reserved; a new request's extend plus its own decode must fit the rest.
-        reserved = sum(_to_decode(s) for s in self.running)
-        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            tokens = seq.waiting_key().tokens
-            uncached, room = seat.room(tokens)
-            if not cfg.enable_chunked_prefill and uncached > budget:
+        admitted: list[SimSeq] = []
+        for seq in self.waiting:
+            if adder.budget_state() is AddReqResult.OTHER:
                 break
-            # Alone, a servable request always fits: the reservation holds back company.
-            if (self.running or chunks) and uncached + _to_decode(seq) >= room - reserved:
+            if len(adder.can_run_list) >= cfg.max_num_seqs - len(running):
                 break
-            hit = seat.admit(seq.request.id, tokens)
-            if hit is None:
+            got = len(adder.can_run_list)
+            res = seat.add_one_req(
+                adder,
+                seq.request.id,
+                seq.waiting_key().tokens,
+                self._max_new_tokens(seat, seq),
+                seq.num_output,
+            )
+            if len(adder.can_run_list) > got:
+                admitted.append(seq)
+            if res is not AddReqResult.CONTINUE:
                 break
-            n = min(len(tokens) - hit, budget)
-            chunks.append(self._start(seq, hit, n, now))
-            budget -= n
-            reserved += len(tokens) - hit + _to_decode(seq)
+        # The admissions are the head of the queue; allocate them in order
+        # (ScheduleBatch.prepare_for_extend), then drop the adder's pins.
+        new = adder.can_run_list[len(chunks) :]
+        for seq, adm in zip(admitted, new, strict=True):
+            hit = seat.admit(seq.request.id, seq.waiting_key().tokens)
+            if hit is None:  # the whole prompt is allocated where SGLang takes a chunk
+                break
+            chunks.append(self._start(seq, hit, adm.extend_len, now))
+        adder.release()
         if chunks:
             return StepPlan(chunks, [])
         return self._decode_or_retract(seat)
+
+    def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
+        return seat.max_new_tokens(len(seq.request.prompt), seq.request.output_len)
 
     def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
         chunks: list[Chunk] = []
@@ -374,7 +399,3 @@ class ReplicaScheduler:
             self.running = [s for s in self.running if id(s) not in done]
         return finished
 
-
-def _to_decode(seq: SimSeq) -> int:
-    """Tokens ``seq`` will still generate, clipped as SGLang's admission counts them."""
-    return min(seq.request.output_len - seq.num_output, CLIP_MAX_NEW_TOKENS)

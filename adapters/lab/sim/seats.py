@@ -9,8 +9,9 @@ The lab measures the classes that run inside the engines, never a model of them:
   ``allocate_slots(req, n)`` for each further chunk and decode step (full blocks are
   registered there, before the forward pass), ``free`` to preempt or finish.
 - :class:`SglangSeat` is prefixkv's SGLang ``PrefixCache`` on its simulated pools,
-  driven as SGLang 0.5.23's scheduler drives ``RadixCache``: ``alloc_for_extend`` to
-  admit, ``checkpoint`` after a prefill chunk (``cache_unfinished_req``),
+  driven as SGLang 0.5.23's scheduler drives ``RadixCache``: its ``PrefillAdder``
+  (``adapters.sglang.prefill_adder``) decides a prefill pass, ``alloc_for_extend``
+  allocates each admission, ``checkpoint`` after a prefill chunk (``cache_unfinished_req``),
   ``alloc_for_decode`` each decode step, ``cache_finished_req`` at the end and
   ``retract`` when short of pages.
 
@@ -37,6 +38,12 @@ from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.sglang.pools import PagePool
+from prefixkv.adapters.sglang.prefill_adder import (
+    AddReqResult,
+    PrefillAdder,
+    RunningReq,
+    init_req_max_new_tokens,
+)
 from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
 from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
@@ -380,15 +387,42 @@ class SglangSeat(_PoolSeat):
     def totals(self) -> CacheTotals:
         return self.cache.totals
 
-    def room(self, tokens: Any) -> tuple[int, int]:
-        """The prefill adder's view of a waiting request: its uncached tokens and the
-        tokens the cache can give once its hit is locked (free plus evictable)."""
-        cache = self.cache
-        match = cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
-        lock = cache.lock(match.last_node)
-        room = cache.available_size() + cache.evictable_size()
-        cache.unlock(lock)
-        return len(tokens) - match.prefix_len, room
+    def max_new_tokens(self, prompt_len: int, output_len: int) -> int:
+        """The ``max_new_tokens`` SGLang sets on a request's arrival (clipped to what
+        the pool holds beside its prompt): what its admission reserves."""
+        return init_req_max_new_tokens(
+            prompt_len,
+            output_len,
+            page_size=self.block_size,
+            max_total_num_tokens=self.num_blocks * self.block_size,
+        )
+
+    def prefill_adder(
+        self, running: list[RunningReq], *, rem_input_tokens: int, rem_chunk_tokens: int | None
+    ) -> PrefillAdder:
+        """A prefill pass's ``PrefillAdder`` over the cache. The lab's requests have
+        fixed lengths (SGLang's ``ignore_eos``), so their whole decode is reserved."""
+        return PrefillAdder(
+            self.cache,
+            running,
+            new_token_ratio=1.0,
+            rem_input_tokens=rem_input_tokens,
+            rem_chunk_tokens=rem_chunk_tokens,
+        )
+
+    def add_one_req(
+        self,
+        adder: PrefillAdder,
+        request_id: str,
+        tokens: Any,
+        max_new_tokens: int,
+        num_output: int,
+    ) -> AddReqResult:
+        """Match a waiting request (``init_next_round_input``), then ask ``adder``."""
+        match = self.cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
+        return adder.add_one_req(
+            request_id, len(tokens), match.prefix_len, match.last_node, max_new_tokens, num_output
+        )
 
     def admit(self, request_id: str, tokens: Any, times: CallTimes | None = None) -> int | None:
         """``alloc_for_extend`` (booked in ``times`` when given): the hit tokens, or
