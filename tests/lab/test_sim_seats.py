@@ -2,8 +2,8 @@
 every admission, and a replica prices each step on its clock.
 
 A seat keeps no rule of its own: vLLM's ``KVCacheManager`` applies its whole-sequence
-gate, SGLang's ``PrefillAdder`` reads ``PrefixCache``'s free-plus-evictable room, and a refusal changes
-nothing.
+gate, SGLang's ``PrefillAdder`` reads ``PrefixCache``'s free-plus-evictable room, and a
+refusal changes nothing.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ __all__ = [
     "StepWork",
 ]
 
+
 @dataclass(slots=True, eq=False)
 class SimSeq:
     """A request inside the replica: its progress and its record.
@@ -398,4 +399,3 @@ class ReplicaScheduler:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
         return finished
-
