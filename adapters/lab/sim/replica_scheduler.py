@@ -20,8 +20,8 @@ that runs inside the engine, and admits whatever the class admits:
   is SGLang's ``PrefillAdder``, asked of the seat (``adapters.sglang.prefill_adder``):
   the running requests' remaining decode is reserved, and a request is admitted
   while its extend, its decode and a page fit what is left of the free and evictable
-  pool. The admissions' pages are allocated after the pass (``alloc_for_extend``;
-  the whole prompt's, where SGLang allocates one chunk at a time). Prefill chunks
+  pool. The pass's chunks are allocated after it (``alloc_for_extend`` for a new
+  request, ``alloc_for_chunk`` for the next chunk of a chunked one). Prefill chunks
   are registered after their step (``cache_unfinished_req``), decoded tokens when
   the request finishes (``cache_finished_req``). Short of a page while decoding,
   requests are retracted in SGLang's order (fewest output tokens, then longest
@@ -249,15 +249,13 @@ class ReplicaScheduler:
             rem_input_tokens=budget,
             rem_chunk_tokens=budget if cfg.enable_chunked_prefill else None,
         )
-        chunks: list[Chunk] = []
         if chunked is not None:
-            adm = adder.add_chunked_req(
+            adder.add_chunked_req(
                 chunked.request.id,
                 chunked.prefill_end,
                 chunked.num_computed,
                 self._max_new_tokens(seat, chunked),
             )
-            chunks.append(Chunk(chunked, chunked.num_computed, adm.extend_len))
         self._order_waiting()
         admitted: list[SimSeq] = []
         for seq in self.waiting:
@@ -277,12 +275,17 @@ class ReplicaScheduler:
                 admitted.append(seq)
             if res is not AddReqResult.CONTINUE:
                 break
-        # The admissions are the head of the queue; allocate them in order
-        # (ScheduleBatch.prepare_for_extend), then drop the adder's pins.
-        new = adder.can_run_list[len(chunks) :]
+        # Allocate the pass's chunks in order (ScheduleBatch.prepare_for_extend), then
+        # drop the adder's pins. The new admissions are the head of the queue.
+        chunks: list[Chunk] = []
+        new = adder.can_run_list
+        if chunked is not None:
+            adm, new = new[0], new[1:]
+            if seat.chunk(chunked.request.id, adm.extend_len):
+                chunks.append(Chunk(chunked, chunked.num_computed, adm.extend_len))
         for seq, adm in zip(admitted, new, strict=True):
-            hit = seat.admit(seq.request.id, seq.waiting_key().tokens)
-            if hit is None:  # the whole prompt is allocated where SGLang takes a chunk
+            hit = seat.admit(seq.request.id, seq.waiting_key().tokens, extend_len=adm.extend_len)
+            if hit is None:  # pragma: no cover - the adder admitted what fits
                 break
             chunks.append(self._start(seq, hit, adm.extend_len, now))
         adder.release()

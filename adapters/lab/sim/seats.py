@@ -11,9 +11,9 @@ The lab measures the classes that run inside the engines, never a model of them:
 - :class:`SglangSeat` is prefixkv's SGLang ``PrefixCache`` on its simulated pools,
   driven as SGLang 0.5.23's scheduler drives ``RadixCache``: its ``PrefillAdder``
   (``adapters.sglang.prefill_adder``) decides a prefill pass, ``alloc_for_extend``
-  allocates each admission, ``checkpoint`` after a prefill chunk (``cache_unfinished_req``),
-  ``alloc_for_decode`` each decode step, ``cache_finished_req`` at the end and
-  ``retract`` when short of pages.
+  and ``alloc_for_chunk`` allocate its chunks, ``checkpoint`` after a prefill chunk
+  (``cache_unfinished_req``), ``alloc_for_decode`` each decode step,
+  ``cache_finished_req`` at the end and ``retract`` when short of pages.
 
 Whether a request fits is the class's answer (``None`` or ``False``, nothing
 changed); the seat keeps no copy of an engine's admission rule.
@@ -44,7 +44,12 @@ from prefixkv.adapters.sglang.prefill_adder import (
     RunningReq,
     init_req_max_new_tokens,
 )
-from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
+from prefixkv.adapters.sglang.simulated import (
+    alloc_for_chunk,
+    alloc_for_decode,
+    alloc_for_extend,
+    retract,
+)
 from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
@@ -424,11 +429,20 @@ class SglangSeat(_PoolSeat):
             request_id, len(tokens), match.prefix_len, match.last_node, max_new_tokens, num_output
         )
 
-    def admit(self, request_id: str, tokens: Any, times: CallTimes | None = None) -> int | None:
-        """``alloc_for_extend`` (booked in ``times`` when given): the hit tokens, or
-        ``None`` (nothing changed)."""
+    def admit(
+        self,
+        request_id: str,
+        tokens: Any,
+        times: CallTimes | None = None,
+        extend_len: int | None = None,
+    ) -> int | None:
+        """``alloc_for_extend`` (booked in ``times`` when given; the first
+        ``extend_len`` tokens past the hit, when given): the hit tokens, or ``None``
+        (nothing changed)."""
         req, cache = SimpleReq(request_id, tokens), self.cache
-        if times is None:
+        if extend_len is not None:
+            hit = alloc_for_extend(cache, req, extend_len)
+        elif times is None:
             hit = alloc_for_extend(cache, req)
         else:
             hit = times.call("alloc_for_extend", alloc_for_extend, cache, req)
@@ -440,6 +454,11 @@ class SglangSeat(_PoolSeat):
         """A prefill chunk ending at ``end`` was computed: checkpoint it
         (``cache_unfinished_req``)."""
         self.cache.checkpoint(self.requests[request_id], up_to=end)
+
+    def chunk(self, request_id: str, extend_len: int) -> bool:
+        """``alloc_for_chunk``: slots for a chunked prefill's next ``extend_len``
+        tokens; ``False`` (nothing changed) when they cannot be had."""
+        return alloc_for_chunk(self.cache, self.requests[request_id], extend_len)
 
     def grow(self, request_id: str) -> bool:
         """``alloc_for_decode``: ``False`` (nothing changed) when no page can be had."""
