@@ -410,3 +410,14 @@ def test_decoded_blocks_cached_as_they_fill_in_vllm_at_finish_in_sglang(
     recs = by_id(simulate([a, b], factory("hash_chain", 4), 4096, cfg, PROFILE).requests)
     assert recs["a"].finish_s > 0.15 + PROFILE.step_s
     assert recs["b"].hit_tokens == hit
+
+
+def test_sglang_chunks_need_a_budget_of_a_page_at_least() -> None:
+    # SGLang cuts a chunked prompt at a whole page: under a page no prompt past the
+    # budget could ever start, so the settings are refused before the run.
+    reqs = [req("a", tokens(1, 40), 4, 0.0)]
+    cfg = SimSettings(batching="prefill_first", max_num_batched_tokens=8)
+    with pytest.raises(SimSettingsError, match="page size 16"):
+        simulate(reqs, factory("radix", 16), 160, cfg, PROFILE)
+    cfg = SimSettings(batching="prefill_first", max_num_batched_tokens=16)
+    assert simulate(reqs, factory("radix", 16), 160, cfg, PROFILE).run.num_requests == 1

@@ -39,7 +39,7 @@ from prefixkv.adapters.sglang.prefill_adder import AddReqResult, RunningReq
 from prefixkv.indexes.tokens import TokenKey
 
 from .config import SimSettings
-from .errors import SimError
+from .errors import SimError, SimSettingsError
 from .metrics import RequestRow
 from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
@@ -154,9 +154,22 @@ class ReplicaScheduler:
             ``mixed`` batching, :class:`SglangSeat` for ``prefill_first``).
         config: the scheduler's settings.
         profile: prices prefill for the per-request GPU-seconds.
+
+    Raises:
+        SimSettingsError: SGLang's chunked prefill with a budget under a page.
     """
 
     def __init__(self, seat: Seat, config: SimSettings, profile: CostProfile) -> None:
+        if (
+            isinstance(seat, SglangSeat)
+            and config.enable_chunked_prefill
+            and config.max_num_batched_tokens < seat.block_size
+        ):
+            raise SimSettingsError(
+                f"max_num_batched_tokens {config.max_num_batched_tokens} is under the page "
+                f"size {seat.block_size}: SGLang cuts a chunked prompt at a whole page, so "
+                "no prompt past the budget could start"
+            )
         self.seat = seat
         self.index = seat.index
         self.config = config
