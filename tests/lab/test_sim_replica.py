@@ -421,3 +421,19 @@ def test_sglang_chunks_need_a_budget_of_a_page_at_least() -> None:
         simulate(reqs, factory("radix", 16), 160, cfg, PROFILE)
     cfg = SimSettings(batching="prefill_first", max_num_batched_tokens=16)
     assert simulate(reqs, factory("radix", 16), 160, cfg, PROFILE).run.num_requests == 1
+
+
+def test_sglang_tries_no_admission_while_the_batch_is_full() -> None:
+    # 16 pages of 4. While a decodes, the pool less a's remaining 40 - k tokens leaves
+    # 16 tokens at a page boundary, 13-15 within a page: b's 7 + 4 + a page (15) fit
+    # only on a boundary. Refused once (SGLang's batch_is_full), b is not tried again
+    # until a leaves, though a later step would have fitted it.
+    a = req("a", tokens(1, 8), 40, 0.0)
+    b = req("b", tokens(100, 7), 4, 0.02)
+    cfg = SimSettings(batching="prefill_first")
+    recs = by_id(simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE).requests)
+    assert recs["b"].first_scheduled_s == pytest.approx(recs["a"].finish_s)
+    # Arriving on a page boundary, it fits at once.
+    b = req("b", tokens(100, 7), 4, 0.05)
+    recs = by_id(simulate([a, b], factory("hash_chain", 4), 64, cfg, PROFILE).requests)
+    assert recs["b"].first_scheduled_s < 0.05 + 2 * PROFILE.step_s

@@ -20,8 +20,10 @@ that runs inside the engine, and admits whatever the class admits:
   is SGLang's ``PrefillAdder``, asked of the seat (``adapters.sglang.prefill_adder``):
   the running requests' remaining decode is reserved, and a request is admitted
   while its extend, its decode and a page fit what is left of the free and evictable
-  pool. The pass's chunks are allocated after it (``alloc_for_extend`` for a new
-  request, ``alloc_for_chunk`` for the next chunk of a chunked one). Prefill chunks
+  pool. Once a request is refused for want of pages, no pass is tried until a
+  running request leaves (SGLang's ``batch_is_full``). The pass's chunks are
+  allocated after it (``alloc_for_extend`` for a new request, ``alloc_for_chunk``
+  for the next chunk of a chunked one). Prefill chunks
   are registered after their step (``cache_unfinished_req``), decoded tokens when
   the request finishes (``cache_finished_req``). Short of a page while decoding,
   requests are retracted in SGLang's order (fewest output tokens, then longest
@@ -35,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from prefixkv.adapters.sglang.prefill_adder import AddReqResult, RunningReq
+from prefixkv.adapters.sglang.prefill_adder import AddReqResult, PrefillAdder, RunningReq
 from prefixkv.indexes.tokens import TokenKey
 
 from .config import SimSettings
@@ -176,6 +178,9 @@ class ReplicaScheduler:
         self.profile = profile
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
+        # SGLang's running_batch.batch_is_full: no admission pass until a running
+        # request leaves.
+        self.batch_is_full = False
 
     def add(self, seq: SimSeq) -> None:
         """Queue a new request at the back."""
@@ -247,47 +252,16 @@ class ReplicaScheduler:
 
     def _schedule_prefill_first(self, seat: SglangSeat, now: float) -> StepPlan:
         # SGLang's get_new_batch_prefill: one PrefillAdder pass (the unfinished
-        # chunked request, then the waiting queue in order), then the admissions'
-        # pages are allocated; a step that admits nothing decodes.
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
+        # chunked request, then the waiting queue in order) unless the batch was
+        # found full, then the pass's chunks are allocated; a step that prefills
+        # nothing decodes.
         chunked = next((s for s in self.running if s.num_computed < s.prefill_end), None)
-        running = [
-            RunningReq(self._max_new_tokens(seat, s), s.num_output)
-            for s in self.running
-            if s is not chunked
-        ]
-        adder = seat.prefill_adder(
-            running,
-            rem_input_tokens=budget,
-            rem_chunk_tokens=budget if cfg.enable_chunked_prefill else None,
-        )
-        if chunked is not None:
-            adder.add_chunked_req(
-                chunked.request.id,
-                chunked.prefill_end,
-                chunked.num_computed,
-                self._max_new_tokens(seat, chunked),
-            )
-        self._order_waiting()
-        admitted: list[SimSeq] = []
-        for seq in self.waiting:
-            if adder.budget_state() is AddReqResult.OTHER:
-                break
-            if len(adder.can_run_list) >= cfg.max_num_seqs - len(running):
-                break
-            got = len(adder.can_run_list)
-            res = seat.add_one_req(
-                adder,
-                seq.request.id,
-                seq.waiting_key().tokens,
-                self._max_new_tokens(seat, seq),
-                seq.num_output,
-            )
-            if len(adder.can_run_list) > got:
-                admitted.append(seq)
-            if res is not AddReqResult.CONTINUE:
-                break
+        if not self.running:
+            self.batch_is_full = False  # nothing left to leave: admission reopens
+        if chunked is None and (self.batch_is_full or not self.waiting):
+            return self._decode_or_retract(seat)
+        adder = self._prefill_adder(seat, chunked)
+        admitted = [] if self.batch_is_full else self._add_waiting(seat, adder, chunked)
         # Allocate the pass's chunks in order (ScheduleBatch.prepare_for_extend), then
         # drop the adder's pins. The new admissions are the head of the queue.
         chunks: list[Chunk] = []
@@ -305,6 +279,62 @@ class ReplicaScheduler:
         if chunks:
             return StepPlan(chunks, [])
         return self._decode_or_retract(seat)
+
+    def _prefill_adder(self, seat: SglangSeat, chunked: SimSeq | None) -> PrefillAdder:
+        # The pass's adder: the running batch (the chunked request apart) reserved,
+        # the chunked request's next chunk taken first.
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        # A request past its clipped max_new_tokens (SGLang would have stopped it)
+        # reserves nothing more.
+        running = [
+            RunningReq(max(self._max_new_tokens(seat, s), s.num_output), s.num_output)
+            for s in self.running
+            if s is not chunked
+        ]
+        adder = seat.prefill_adder(
+            running,
+            rem_input_tokens=budget,
+            rem_chunk_tokens=budget if cfg.enable_chunked_prefill else None,
+        )
+        if chunked is not None:
+            adder.add_chunked_req(
+                chunked.request.id,
+                chunked.prefill_end,
+                chunked.num_computed,
+                self._max_new_tokens(seat, chunked),
+            )
+        return adder
+
+    def _add_waiting(
+        self, seat: SglangSeat, adder: PrefillAdder, chunked: SimSeq | None
+    ) -> list[SimSeq]:
+        # The waiting queue's turn of the pass: the requests admitted, in order.
+        self._order_waiting()
+        num_running = len(self.running) - (chunked is not None)
+        admitted: list[SimSeq] = []
+        for seq in self.waiting:
+            if adder.budget_state() is AddReqResult.OTHER:
+                break
+            if len(adder.can_run_list) >= self.config.max_num_seqs - num_running:
+                self.batch_is_full = True
+                break
+            got = len(adder.can_run_list)
+            res = seat.add_one_req(
+                adder,
+                seq.request.id,
+                seq.waiting_key().tokens,
+                self._max_new_tokens(seat, seq),
+                seq.num_output,
+            )
+            if len(adder.can_run_list) > got:
+                admitted.append(seq)
+            if res is AddReqResult.NO_TOKEN:
+                # Full until a running request leaves (finishes or is retracted).
+                self.batch_is_full = bool(adder.can_run_list) or num_running > 0
+            if res is not AddReqResult.CONTINUE:
+                break
+        return admitted
 
     def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
         return seat.max_new_tokens(len(seq.request.prompt), seq.request.output_len)
@@ -328,6 +358,7 @@ class ReplicaScheduler:
                 self.running.remove(victim)
                 self._release(victim, front=False)
                 retracted.append(victim)
+                self.batch_is_full = False
                 chunks = [c for c in chunks if c.seq is not victim]
                 if victim is seq:
                     break
@@ -414,4 +445,5 @@ class ReplicaScheduler:
         if finished:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
+            self.batch_is_full = False
         return finished
