@@ -66,15 +66,7 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike, extend_len: int | None = 
         PrefixKVError: ``extend_len`` not a positive int.
     """
     kv = req.kv
-    if kv.req_pool_idx is not None:
-        raise RequestStateError(f"request {req.rid!r:.80} is running already")
-    prompt = req.origin_input_ids
-    n = len(prompt)
-    if n == 0:
-        raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
-    priority = req.priority
-    if priority is not None and type(priority) is not int:
-        raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    n = _waiting_len(req)
     chunk = None if extend_len is None else check_count("extend_len", extend_len, lo=1)
     pool, rows = _simulated(cache)
     m = cache.match_req(req, max_prefix_len=n - 1)
@@ -196,6 +188,19 @@ def retract(cache: PrefixCache, req: ReqLike) -> None:
         RequestStateError: ``req`` holds no row.
     """
     cache.cache_finished_req(req, is_insert=False)
+
+
+def _waiting_len(req: ReqLike) -> int:
+    # A request fit for admission (not running, a prompt, an int priority): its length.
+    if req.kv.req_pool_idx is not None:
+        raise RequestStateError(f"request {req.rid!r:.80} is running already")
+    n = len(req.origin_input_ids)
+    if n == 0:
+        raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
+    priority = req.priority
+    if priority is not None and type(priority) is not int:
+        raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    return n
 
 
 def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:
