@@ -6,8 +6,9 @@ hit for hit against SGLang's recorded hits and events. ``plugin.py`` is what SGL
 loads by ``--radix-cache-backend prefixkv-radix|prefixkv-hash-chain``: the same class
 on SGLang's own pools (imported only when SGLang loads it; it imports SGLang and
 torch). ``simulated.py`` holds SGLang's scheduler-side steps (admission, decode
-allocation, retraction) that drive the cache without an engine, beside it as SGLang
-keeps ``create_simulated`` beside ``RadixCache``.
+allocation, retraction) that drive the cache without an engine, and
+``prefill_adder.py`` SGLang's ``PrefillAdder`` arithmetic (which requests a prefill
+step takes), beside it as SGLang keeps ``create_simulated`` beside ``RadixCache``.
 
     from prefixkv.adapters.sglang import PrefixCache, SimpleReq
     cache = PrefixCache.create_simulated("radix", capacity_tokens=4096, page_size=1)

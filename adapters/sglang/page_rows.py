@@ -62,7 +62,12 @@ class PageRows:
     def write(self, row: int, start: int, page_ids: Sequence[int]) -> None:
         """Set pages ``start ..`` of ``row`` (a row grows at its end only). O(len)."""
         pages = self._pages(row)
-        if start == len(pages) and type(page_ids) is list and len(page_ids) == 1:
+        if (
+            type(start) is int
+            and start == len(pages)
+            and type(page_ids) is list
+            and len(page_ids) == 1
+        ):
             page = page_ids[0]  # a decode step's new page: the row grows by one
             if type(page) is int and 0 <= page < MAX_BLOCKS:
                 pages.append(page)

@@ -15,6 +15,9 @@ Driven through them, the cache gives SGLang's hits request for request (SPEC SG-
     req.output_ids.append(token)
     cache.cache_finished_req(req)             # release
 
+A chunked prefill allocates chunk by chunk, as SGLang does: ``alloc_for_extend(cache,
+req, extend_len)`` the first, ``alloc_for_chunk(cache, req, extend_len)`` each next
+(``cache.checkpoint(req, up_to=end)`` after each, as ``cache_unfinished_req``).
 A step that does not fit returns ``None`` / ``False`` and changes nothing, where
 SGLang would retract a request (``retract``). Whether pages can be had is the cache's
 own answer: free pages plus what is evictable once the hit is locked (SGLang's
@@ -28,7 +31,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from prefixkv.indexes.errors import InvalidTokenError, PrefixKVError, RequestStateError
-from prefixkv.indexes.validation import ceil_div
+from prefixkv.indexes.validation import ceil_div, check_count
 from prefixkv.storage.allocator import BlockAllocator
 from prefixkv.storage.block_table import slot_mapping
 
@@ -36,15 +39,22 @@ from ..requests import ReqLike
 from .page_rows import PageRows
 from .prefix_cache import PrefixCache
 
-__all__ = ["alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
+__all__ = ["alloc_for_chunk", "alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
 
 
-def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
+def alloc_for_extend(cache: PrefixCache, req: ReqLike, extend_len: int | None = None) -> int | None:
     """Admit ``req``: match, lock, allocate the extend, write its row (SG-1).
 
     The match is capped at ``len - 1`` (the last token is computed for its logits)
     and page-aligned. At page size > 1 it evicts for one page more than the extend
     needs, as SGLang's ``alloc_paged_token_slots_extend`` does.
+
+    Args:
+        cache: the simulated cache.
+        req: the request.
+        extend_len: tokens past the hit this step computes (SGLang's first chunk of a
+            chunked prefill: ``req.extend_input_len``); the rest of the prompt by
+            default or when it asks for more. :func:`alloc_for_chunk` allocates the next.
 
     Returns:
         The prefix (hit) length, or ``None`` when the pool (or the rows) cannot hold
@@ -53,21 +63,17 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     Raises:
         RequestStateError: ``req`` holds a row already (it is running).
         InvalidTokenError: an empty prompt, a bad token id, namespace or priority.
-        PrefixKVError: ``cache`` is not a ``PrefixCache``.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``, or ``extend_len`` not a
+            positive int.
     """
     cache = _check_cache(cache)
     kv = req.kv
-    if kv.req_pool_idx is not None:
-        raise RequestStateError(f"request {req.rid!r:.80} is running already")
-    prompt = req.origin_input_ids
-    n = len(prompt)
-    if n == 0:
-        raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
-    priority = req.priority
-    if priority is not None and type(priority) is not int:
-        raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    n = _waiting_len(req)
+    chunk = None if extend_len is None else check_count("extend_len", extend_len, lo=1)
     pool, rows = _simulated(cache)
     m = cache.match_req(req, max_prefix_len=n - 1)
+    if chunk is not None:
+        n = min(n, m.prefix_len + chunk)
     ps = cache.page_size
     need = ceil_div(n, ps) - len(m.device_indices)
     lock = cache.lock(m.last_node)  # the prefill adder locks the hit first
@@ -92,6 +98,41 @@ def alloc_for_extend(cache: PrefixCache, req: ReqLike) -> int | None:
     req.lock = lock
     cache.on_admit(req, m)
     return m.prefix_len
+
+
+def alloc_for_chunk(cache: PrefixCache, req: ReqLike, extend_len: int) -> bool:
+    """The next chunk of a chunked prefill: slots for the prompt's next ``extend_len``
+    tokens (SGLang's ``alloc_for_extend`` for the continuing chunked request, on the
+    row it keeps). Evicts as :func:`alloc_for_extend` does.
+
+    Returns:
+        ``False`` when the pool cannot hold the chunk even after evicting; nothing
+        changes then.
+
+    Raises:
+        RequestStateError: ``req`` holds no row.
+        PrefixKVError: ``cache`` is not a ``PrefixCache``; ``extend_len`` not a positive
+            int, or past the prompt's end.
+    """
+    cache = _check_cache(cache)
+    kv = req.kv
+    row = kv.req_pool_idx
+    if row is None:
+        raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
+    start = kv.kv_allocated_len
+    left = len(req.origin_input_ids) - start
+    end = start + check_count("extend_len", extend_len, left, lo=1)
+    pool, rows = _simulated(cache)
+    ps = cache.page_size
+    have = ceil_div(start, ps)
+    need = ceil_div(end, ps) - have
+    if need:
+        pages = _take_pages(cache, pool, need, 1 if ps > 1 else 0) if _fits(cache, need) else None
+        if pages is None:
+            return False
+        rows.write(row, have, pages)
+    kv.kv_committed_len = kv.kv_allocated_len = end
+    return True
 
 
 def alloc_for_decode(cache: PrefixCache, req: ReqLike) -> bool:
@@ -163,6 +204,19 @@ def _check_cache(cache: object) -> PrefixCache:
     if not isinstance(cache, PrefixCache):
         raise PrefixKVError(f"cache must be a PrefixCache, got {cache!r:.80}")
     return cache
+
+
+def _waiting_len(req: ReqLike) -> int:
+    # A request fit for admission (not running, a prompt, an int priority): its length.
+    if req.kv.req_pool_idx is not None:
+        raise RequestStateError(f"request {req.rid!r:.80} is running already")
+    n = len(req.origin_input_ids)
+    if n == 0:
+        raise InvalidTokenError("a prompt needs at least one token; got an empty prompt")
+    priority = req.priority
+    if priority is not None and type(priority) is not int:
+        raise InvalidTokenError(f"priority must be an int, got {priority!r:.80}")
+    return n
 
 
 def _simulated(cache: PrefixCache) -> tuple[BlockAllocator, PageRows]:

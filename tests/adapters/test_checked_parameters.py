@@ -26,6 +26,7 @@ from prefixkv.adapters.manager import CacheManager
 from prefixkv.adapters.sglang import PageRows, PrefixCache, SimpleReq
 from prefixkv.adapters.sglang.prefix_cache import simulated_parts
 from prefixkv.adapters.sglang.simulated import (
+    alloc_for_chunk,
     alloc_for_decode,
     alloc_for_extend,
     req_to_token,
@@ -204,6 +205,13 @@ def _node(c: PrefixCache) -> Any:
     return c.match_prefix([1, 2, 3]).last_node
 
 
+def _alloc_for_chunk(**bad: Any) -> object:
+    c, _ = _sglang()
+    req = SimpleReq("n", [7, 8, 9, 10])
+    alloc_for_extend(c, req, 2)
+    return alloc_for_chunk(c, req, **{"extend_len": 1, **bad})
+
+
 def _allocate_slots(**bad: Any) -> object:
     f, req = _vllm()
     return f.allocate_slots(req, **{"num_new_tokens": 1, **bad})
@@ -315,6 +323,10 @@ CALLS: dict[str, Call] = {
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.unlock": _sglang_call("unlock", lock=None),
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.checkpoint": _checkpoint,
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.cache_finished_req": _cache_finished_req,
+    f"{ADAPTERS}sglang.simulated:alloc_for_extend": lambda **b: alloc_for_extend(
+        _sglang()[0], SimpleReq("n", [1, 2, 3, 4, 9]), **b
+    ),
+    f"{ADAPTERS}sglang.simulated:alloc_for_chunk": lambda **b: _alloc_for_chunk(**b),
     f"{ADAPTERS}sglang.page_rows:PageRows.__init__": lambda **b: PageRows(**b),
     f"{ADAPTERS}sglang.page_rows:PageRows.free": _with(_rows, "free", row=0),
     f"{ADAPTERS}sglang.page_rows:PageRows.read": _with(_rows, "read", row=0, start=0, stop=1),

@@ -2,8 +2,8 @@
 every admission, and a replica prices each step on its clock.
 
 A seat keeps no rule of its own: vLLM's ``KVCacheManager`` applies its whole-sequence
-gate, SGLang's ``PrefixCache`` its free-plus-evictable room, and a refusal changes
-nothing.
+gate, SGLang's ``PrefillAdder`` reads ``PrefixCache``'s free-plus-evictable room, and a
+refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
+from prefixkv.adapters.sglang.prefill_adder import AddReqResult
 from prefixkv.indexes import make_index
 
 
@@ -38,7 +39,7 @@ def test_vllm_seat_leaves_a_prompt_past_the_budget_waiting_without_chunking() ->
     assert not seat.kv.manager.running()
 
 
-def test_sglang_seat_room_is_free_plus_evictable_less_the_locked_hit() -> None:
+def test_sglang_seat_asks_the_prefill_adder_over_free_plus_evictable_less_the_locked_hit() -> None:
     seat = make_seat("prefill_first", make_index("radix", 4), 4)  # 16 tokens of pages
     assert isinstance(seat, SglangSeat)
     prompt = list(range(1, 13))
@@ -46,10 +47,18 @@ def test_sglang_seat_room_is_free_plus_evictable_less_the_locked_hit() -> None:
     seat.sampled("a", 99)
     seat.prefilled("a", 12)
     seat.finish("a", 12)  # 3 pages cached, evictable; 1 free
-    uncached, room = seat.room(prompt + [7, 7, 7, 7])
-    assert (uncached, room) == (16 - 12, 16 - 12)  # the hit's own pages are locked
-    uncached, room = seat.room([50, 51, 52, 53])
-    assert (uncached, room) == (4, 16)
+    adder = seat.prefill_adder([], rem_input_tokens=64, rem_chunk_tokens=64)
+    assert adder.rem_total_tokens == 16
+    # The 12-token hit is locked while it is weighed: 4 uncached + a page >= 16 - 12.
+    res = seat.add_one_req(adder, "b", prompt + [7, 7, 7, 7], 0, 0)
+    assert res is AddReqResult.NO_TOKEN and not adder.can_run_list
+    assert seat.cache.evictable_size() == 12  # the pin was dropped
+    # Unrelated: 4 + 7 to decode + a page < 16; admitted, its 15 tokens promised.
+    assert seat.add_one_req(adder, "c", [50, 51, 52, 53], 7, 0) is AddReqResult.CONTINUE
+    assert [a.rid for a in adder.can_run_list] == ["c"] and adder.rem_total_tokens == 1
+    adder.release()
+    # SGLang clips max_new_tokens on arrival to what the pool holds beside the prompt.
+    assert seat.max_new_tokens(4, 100) == 16 - 4 - 4 - 1
     seat.check_invariants()
 
 

@@ -16,15 +16,18 @@ that runs inside the engine, and admits whatever the class admits:
   forward pass.
 - ``prefill_first`` batching follows SGLang's ``get_next_batch_to_run``: a step
   prefills (the unfinished chunked request, then new admissions) whenever it can,
-  and decodes every running request otherwise. A request is admitted only if its
-  uncached prompt plus the tokens it will decode (clipped at 4096) fit what the
-  free and evictable pool keeps after the running requests' remaining decode
-  (``PrefillAdder``; requests have fixed lengths, so the new-token ratio is 1).
-  Prefill chunks are registered after their step (``cache_unfinished_req``),
-  decoded tokens when the request finishes (``cache_finished_req``). The whole
-  prompt's pages are allocated at admission (``alloc_for_extend``). Short of a
-  page while decoding, requests are retracted in SGLang's order (fewest output
-  tokens, then longest prompt, first) to the back of the waiting queue.
+  and decodes every running request otherwise. Which requests a prefill step takes
+  is SGLang's ``PrefillAdder``, asked of the seat (``adapters.sglang.prefill_adder``):
+  the running requests' remaining decode is reserved, and a request is admitted
+  while its extend, its decode and a page fit what is left of the free and evictable
+  pool. Once a request is refused for want of pages, no pass is tried until a
+  running request leaves (SGLang's ``batch_is_full``). The pass's chunks are
+  allocated after it (``alloc_for_extend`` for a new request, ``alloc_for_chunk``
+  for the next chunk of a chunked one). Prefill chunks
+  are registered after their step (``cache_unfinished_req``), decoded tokens when
+  the request finishes (``cache_finished_req``). Short of a page while decoding,
+  requests are retracted in SGLang's order (fewest output tokens, then longest
+  prompt, first) to the back of the waiting queue.
 - the waiting queue is FCFS or ``lpm`` (:mod:`.queue_order`).
 """
 
@@ -34,10 +37,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from prefixkv.adapters.sglang.prefill_adder import AddReqResult, PrefillAdder, RunningReq
 from prefixkv.indexes.tokens import TokenKey
 
 from .config import SimSettings
-from .errors import SimError
+from .errors import SimError, SimSettingsError
 from .metrics import RequestRow
 from .profile import CostProfile, attention_pairs
 from .queue_order import sort_by_longest_prefix
@@ -45,16 +49,12 @@ from .requests import SimRequest
 from .seats import Seat, SglangSeat, VllmSeat
 
 __all__ = [
-    "CLIP_MAX_NEW_TOKENS",
     "Chunk",
     "ReplicaScheduler",
     "SimSeq",
     "StepPlan",
     "StepWork",
 ]
-
-CLIP_MAX_NEW_TOKENS = 4096
-"""SGLang: admission counts at most this many of a request's tokens still to decode."""
 
 
 @dataclass(slots=True, eq=False)
@@ -156,15 +156,31 @@ class ReplicaScheduler:
             ``mixed`` batching, :class:`SglangSeat` for ``prefill_first``).
         config: the scheduler's settings.
         profile: prices prefill for the per-request GPU-seconds.
+
+    Raises:
+        SimSettingsError: SGLang's chunked prefill with a budget under a page.
     """
 
     def __init__(self, seat: Seat, config: SimSettings, profile: CostProfile) -> None:
+        if (
+            isinstance(seat, SglangSeat)
+            and config.enable_chunked_prefill
+            and config.max_num_batched_tokens < seat.block_size
+        ):
+            raise SimSettingsError(
+                f"max_num_batched_tokens {config.max_num_batched_tokens} is under the page "
+                f"size {seat.block_size}: SGLang cuts a chunked prompt at a whole page, so "
+                "no prompt past the budget could start"
+            )
         self.seat = seat
         self.index = seat.index
         self.config = config
         self.profile = profile
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
+        # SGLang's running_batch.batch_is_full: no admission pass until a running
+        # request leaves.
+        self.batch_is_full = False
 
     def add(self, seq: SimSeq) -> None:
         """Queue a new request at the back."""
@@ -235,37 +251,93 @@ class ReplicaScheduler:
     # ----------------------------------------------------------- SGLang's order
 
     def _schedule_prefill_first(self, seat: SglangSeat, now: float) -> StepPlan:
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
+        # SGLang's get_new_batch_prefill: one PrefillAdder pass (the unfinished
+        # chunked request, then the waiting queue in order) unless the batch was
+        # found full, then the pass's chunks are allocated; a step that prefills
+        # nothing decodes.
+        chunked = next((s for s in self.running if s.num_computed < s.prefill_end), None)
+        if not self.running:
+            self.batch_is_full = False  # nothing left to leave: admission reopens
+        if chunked is None and (self.batch_is_full or not self.waiting):
+            return self._decode_or_retract(seat)
+        adder = self._prefill_adder(seat, chunked)
+        admitted = [] if self.batch_is_full else self._add_waiting(seat, adder, chunked)
+        # Allocate the pass's chunks in order (ScheduleBatch.prepare_for_extend), then
+        # drop the adder's pins. The new admissions are the head of the queue.
         chunks: list[Chunk] = []
-        for seq in self.running:  # the unfinished chunked prefill goes on first
-            if seq.num_computed < seq.prefill_end and budget > 0:
-                n = min(seq.prefill_end - seq.num_computed, budget)
-                chunks.append(Chunk(seq, seq.num_computed, n))
-                budget -= n
-        self._order_waiting()
-        # SGLang's PrefillAdder: what the running requests will still decode is
-        # reserved; a new request's extend plus its own decode must fit the rest.
-        reserved = sum(_to_decode(s) for s in self.running)
-        while self.waiting and len(self.running) < cfg.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            tokens = seq.waiting_key().tokens
-            uncached, room = seat.room(tokens)
-            if not cfg.enable_chunked_prefill and uncached > budget:
+        new = adder.can_run_list
+        if chunked is not None:
+            adm, new = new[0], new[1:]
+            if seat.chunk(chunked.request.id, adm.extend_len):
+                chunks.append(Chunk(chunked, chunked.num_computed, adm.extend_len))
+        for seq, adm in zip(admitted, new, strict=True):
+            hit = seat.admit(seq.request.id, seq.waiting_key().tokens, extend_len=adm.extend_len)
+            if hit is None:  # pragma: no cover - the adder admitted what fits
                 break
-            # Alone, a servable request always fits: the reservation holds back company.
-            if (self.running or chunks) and uncached + _to_decode(seq) >= room - reserved:
-                break
-            hit = seat.admit(seq.request.id, tokens)
-            if hit is None:
-                break
-            n = min(len(tokens) - hit, budget)
-            chunks.append(self._start(seq, hit, n, now))
-            budget -= n
-            reserved += len(tokens) - hit + _to_decode(seq)
+            chunks.append(self._start(seq, hit, adm.extend_len, now))
+        adder.release()
         if chunks:
             return StepPlan(chunks, [])
         return self._decode_or_retract(seat)
+
+    def _prefill_adder(self, seat: SglangSeat, chunked: SimSeq | None) -> PrefillAdder:
+        # The pass's adder: the running batch (the chunked request apart) reserved,
+        # the chunked request's next chunk taken first.
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        # A request past its clipped max_new_tokens (SGLang would have stopped it)
+        # reserves nothing more.
+        running = [
+            RunningReq(max(self._max_new_tokens(seat, s), s.num_output), s.num_output)
+            for s in self.running
+            if s is not chunked
+        ]
+        adder = seat.prefill_adder(
+            running,
+            rem_input_tokens=budget,
+            rem_chunk_tokens=budget if cfg.enable_chunked_prefill else None,
+        )
+        if chunked is not None:
+            adder.add_chunked_req(
+                chunked.request.id,
+                chunked.prefill_end,
+                chunked.num_computed,
+                self._max_new_tokens(seat, chunked),
+            )
+        return adder
+
+    def _add_waiting(
+        self, seat: SglangSeat, adder: PrefillAdder, chunked: SimSeq | None
+    ) -> list[SimSeq]:
+        # The waiting queue's turn of the pass: the requests admitted, in order.
+        self._order_waiting()
+        num_running = len(self.running) - (chunked is not None)
+        admitted: list[SimSeq] = []
+        for seq in self.waiting:
+            if adder.budget_state() is AddReqResult.OTHER:
+                break
+            if len(adder.can_run_list) >= self.config.max_num_seqs - num_running:
+                self.batch_is_full = True
+                break
+            got = len(adder.can_run_list)
+            res = seat.add_one_req(
+                adder,
+                seq.request.id,
+                seq.waiting_key().tokens,
+                self._max_new_tokens(seat, seq),
+                seq.num_output,
+            )
+            if len(adder.can_run_list) > got:
+                admitted.append(seq)
+            if res is AddReqResult.NO_TOKEN:
+                # Full until a running request leaves (finishes or is retracted).
+                self.batch_is_full = bool(adder.can_run_list) or num_running > 0
+            if res is not AddReqResult.CONTINUE:
+                break
+        return admitted
+
+    def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
+        return seat.max_new_tokens(len(seq.request.prompt), seq.request.output_len)
 
     def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
         chunks: list[Chunk] = []
@@ -286,6 +358,7 @@ class ReplicaScheduler:
                 self.running.remove(victim)
                 self._release(victim, front=False)
                 retracted.append(victim)
+                self.batch_is_full = False
                 chunks = [c for c in chunks if c.seq is not victim]
                 if victim is seq:
                     break
@@ -372,9 +445,5 @@ class ReplicaScheduler:
         if finished:
             done = {id(s) for s in finished}
             self.running = [s for s in self.running if id(s) not in done]
+            self.batch_is_full = False
         return finished
-
-
-def _to_decode(seq: SimSeq) -> int:
-    """Tokens ``seq`` will still generate, clipped as SGLang's admission counts them."""
-    return min(seq.request.output_len - seq.num_output, CLIP_MAX_NEW_TOKENS)

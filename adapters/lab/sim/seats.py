@@ -9,10 +9,11 @@ The lab measures the classes that run inside the engines, never a model of them:
   ``allocate_slots(req, n)`` for each further chunk and decode step (full blocks are
   registered there, before the forward pass), ``free`` to preempt or finish.
 - :class:`SglangSeat` is prefixkv's SGLang ``PrefixCache`` on its simulated pools,
-  driven as SGLang 0.5.23's scheduler drives ``RadixCache``: ``alloc_for_extend`` to
-  admit, ``checkpoint`` after a prefill chunk (``cache_unfinished_req``),
-  ``alloc_for_decode`` each decode step, ``cache_finished_req`` at the end and
-  ``retract`` when short of pages.
+  driven as SGLang 0.5.23's scheduler drives ``RadixCache``: its ``PrefillAdder``
+  (``adapters.sglang.prefill_adder``) decides a prefill pass, ``alloc_for_extend``
+  and ``alloc_for_chunk`` allocate its chunks, ``checkpoint`` after a prefill chunk
+  (``cache_unfinished_req``), ``alloc_for_decode`` each decode step,
+  ``cache_finished_req`` at the end and ``retract`` when short of pages.
 
 Whether a request fits is the class's answer (``None`` or ``False``, nothing
 changed); the seat keeps no copy of an engine's admission rule.
@@ -37,7 +38,18 @@ from prefixkv.adapters.observer import CacheObserver
 from prefixkv.adapters.requests import SimpleReq
 from prefixkv.adapters.sglang import PrefixCache
 from prefixkv.adapters.sglang.pools import PagePool
-from prefixkv.adapters.sglang.simulated import alloc_for_decode, alloc_for_extend, retract
+from prefixkv.adapters.sglang.prefill_adder import (
+    AddReqResult,
+    PrefillAdder,
+    RunningReq,
+    init_req_max_new_tokens,
+)
+from prefixkv.adapters.sglang.simulated import (
+    alloc_for_chunk,
+    alloc_for_decode,
+    alloc_for_extend,
+    retract,
+)
 from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
@@ -380,21 +392,57 @@ class SglangSeat(_PoolSeat):
     def totals(self) -> CacheTotals:
         return self.cache.totals
 
-    def room(self, tokens: Any) -> tuple[int, int]:
-        """The prefill adder's view of a waiting request: its uncached tokens and the
-        tokens the cache can give once its hit is locked (free plus evictable)."""
-        cache = self.cache
-        match = cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
-        lock = cache.lock(match.last_node)
-        room = cache.available_size() + cache.evictable_size()
-        cache.unlock(lock)
-        return len(tokens) - match.prefix_len, room
+    def max_new_tokens(self, prompt_len: int, output_len: int) -> int:
+        """The ``max_new_tokens`` SGLang sets on a request's arrival (clipped to what
+        the pool holds beside its prompt): what its admission reserves."""
+        return init_req_max_new_tokens(
+            prompt_len,
+            output_len,
+            page_size=self.block_size,
+            max_total_num_tokens=self.num_blocks * self.block_size,
+        )
 
-    def admit(self, request_id: str, tokens: Any, times: CallTimes | None = None) -> int | None:
-        """``alloc_for_extend`` (booked in ``times`` when given): the hit tokens, or
-        ``None`` (nothing changed)."""
+    def prefill_adder(
+        self, running: list[RunningReq], *, rem_input_tokens: int, rem_chunk_tokens: int | None
+    ) -> PrefillAdder:
+        """A prefill pass's ``PrefillAdder`` over the cache. The lab's requests have
+        fixed lengths (SGLang's ``ignore_eos``), so their whole decode is reserved."""
+        return PrefillAdder(
+            self.cache,
+            running,
+            new_token_ratio=1.0,
+            rem_input_tokens=rem_input_tokens,
+            rem_chunk_tokens=rem_chunk_tokens,
+        )
+
+    def add_one_req(
+        self,
+        adder: PrefillAdder,
+        request_id: str,
+        tokens: Any,
+        max_new_tokens: int,
+        num_output: int,
+    ) -> AddReqResult:
+        """Match a waiting request (``init_next_round_input``), then ask ``adder``."""
+        match = self.cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
+        return adder.add_one_req(
+            request_id, len(tokens), match.prefix_len, match.last_node, max_new_tokens, num_output
+        )
+
+    def admit(
+        self,
+        request_id: str,
+        tokens: Any,
+        times: CallTimes | None = None,
+        extend_len: int | None = None,
+    ) -> int | None:
+        """``alloc_for_extend`` (booked in ``times`` when given; the first
+        ``extend_len`` tokens past the hit, when given): the hit tokens, or ``None``
+        (nothing changed)."""
         req, cache = SimpleReq(request_id, tokens), self.cache
-        if times is None:
+        if extend_len is not None:
+            hit = alloc_for_extend(cache, req, extend_len)
+        elif times is None:
             hit = alloc_for_extend(cache, req)
         else:
             hit = times.call("alloc_for_extend", alloc_for_extend, cache, req)
@@ -406,6 +454,11 @@ class SglangSeat(_PoolSeat):
         """A prefill chunk ending at ``end`` was computed: checkpoint it
         (``cache_unfinished_req``)."""
         self.cache.checkpoint(self.requests[request_id], up_to=end)
+
+    def chunk(self, request_id: str, extend_len: int) -> bool:
+        """``alloc_for_chunk``: slots for a chunked prefill's next ``extend_len``
+        tokens; ``False`` (nothing changed) when they cannot be had."""
+        return alloc_for_chunk(self.cache, self.requests[request_id], extend_len)
 
     def grow(self, request_id: str) -> bool:
         """``alloc_for_decode``: ``False`` (nothing changed) when no page can be had."""
