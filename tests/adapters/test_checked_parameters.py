@@ -209,7 +209,8 @@ def _alloc_for_chunk(**bad: Any) -> object:
     c, _ = _sglang()
     req = SimpleReq("n", [7, 8, 9, 10])
     alloc_for_extend(c, req, 2)
-    return alloc_for_chunk(c, req, **{"extend_len": 1, **bad})
+    _ready()
+    return alloc_for_chunk(**{"cache": c, "req": req, "extend_len": 1, **bad})
 
 
 def _allocate_slots(**bad: Any) -> object:
@@ -323,9 +324,6 @@ CALLS: dict[str, Call] = {
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.unlock": _sglang_call("unlock", lock=None),
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.checkpoint": _checkpoint,
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.cache_finished_req": _cache_finished_req,
-    f"{ADAPTERS}sglang.simulated:alloc_for_extend": lambda **b: alloc_for_extend(
-        _sglang()[0], SimpleReq("n", [1, 2, 3, 4, 9]), **b
-    ),
     f"{ADAPTERS}sglang.simulated:alloc_for_chunk": lambda **b: _alloc_for_chunk(**b),
     f"{ADAPTERS}sglang.page_rows:PageRows.__init__": lambda **b: PageRows(**b),
     f"{ADAPTERS}sglang.page_rows:PageRows.free": _with(_rows, "free", row=0),
