@@ -655,6 +655,25 @@ class PrefixCache:
         """Free tokens in the pool (SGLang's ``token_to_kv_pool_allocator.available_size``)."""
         return self.pool.num_free_blocks * self.page_size
 
+    def token_usage(self, max_total_num_tokens: int) -> float:
+        """The share of a pool of ``max_total_num_tokens`` tokens in use, as SGLang
+        0.5.23's scheduler reports it (``token_usage``, ``_get_token_info`` in
+        ``managers/scheduler_components/pool_stats_observer.py``)::
+
+            num_used = self.max_total_num_tokens - (available_size + evictable_size)
+            token_usage = num_used / self.max_total_num_tokens
+
+        Evictable cached tokens count as free, locked ones as used. The capacity is the
+        scheduler's (SGLang's tree cache does not know it); the simulated pool's is its
+        pages times the page size.
+
+        Raises:
+            PrefixKVError: ``max_total_num_tokens`` is not an int >= 1.
+        """
+        total = check_count("max_total_num_tokens", max_total_num_tokens, lo=1)
+        num_used = total - (self.available_size() + self.evictable_size())
+        return num_used / total
+
     def supports_prefix_sharing(self) -> bool:
         """Whether the index keeps anything (``False`` for the ``none`` index)."""
         return self._caches

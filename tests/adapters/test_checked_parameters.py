@@ -314,6 +314,9 @@ CALLS: dict[str, Call] = {
         "insert", token_ids=[8, 9], value=lambda c: c.pool.allocate(2)
     ),
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.evict": _sglang_call("evict", num_tokens=1),
+    f"{ADAPTERS}sglang.prefix_cache:PrefixCache.token_usage": _sglang_call(
+        "token_usage", max_total_num_tokens=64
+    ),
     f"{ADAPTERS}sglang.prefix_cache:PrefixCache.inc_lock_ref": _sglang_call(
         "inc_lock_ref", node=_node
     ),

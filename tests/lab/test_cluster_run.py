@@ -324,26 +324,49 @@ def test_ctrl_c_keeps_an_experiments_finished_runs(
     assert stop.value.planned == 6
 
 
-def test_a_replicas_kv_usage_is_its_vllm_classs_usage_to_the_last_bit(
-    requests: list[SimRequest],
+def _engine_usage(seat: object) -> float:
+    """The usage each engine reports, written from its own source over the seat's sizes."""
+    from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat
+
+    if isinstance(seat, VllmSeat):
+        # vLLM 0.33 BlockPool.get_usage: 1.0 - get_num_free_blocks() / (num_gpu_blocks - 1),
+        # its free queue holding the evictable cached blocks
+        pool = seat.kv.manager.allocator
+        free = pool.num_free_blocks + seat.index.stats().num_evictable_blocks
+        return 1.0 - free / (pool.num_blocks - 1)
+    assert isinstance(seat, SglangSeat)
+    # SGLang 0.5.23 _get_token_info: num_used = max_total_num_tokens - (available_size +
+    # evictable_size); token_usage = num_used / max_total_num_tokens
+    page = seat.block_size
+    max_total_num_tokens = seat.cache.pool.num_blocks * page
+    available = seat.cache.pool.num_free_blocks * page
+    evictable = seat.index.stats().num_evictable_blocks * page
+    return (max_total_num_tokens - (available + evictable)) / max_total_num_tokens
+
+
+@pytest.mark.parametrize("batching", ["mixed", "prefill_first"])
+def test_a_replica_reports_its_engines_own_kv_usage_at_every_step(
+    requests: list[SimRequest], batching: str
 ) -> None:
-    # One definition: what vLLM's KVCacheManager.usage (BlockPool.get_usage) answers,
-    # 1 - free / usable blocks. held / blocks is the same fraction but can differ in
-    # its last bit (3 / 10 != 1 - 7 / 10), and a router breaks ties on it.
+    # One definition per engine, the one its engine class answers: a router reads what
+    # each replica's engine reports, to the last bit (1 - 7 / 10 != 3 / 10: a router
+    # breaks ties on it).
     from prefixkv.adapters.lab.cluster.fleet import ReplicaSpec
     from prefixkv.adapters.lab.cluster.sim_replica import SimReplica
     from prefixkv.adapters.lab.sim.profile import load_profile
-    from prefixkv.adapters.lab.sim.seats import VllmSeat
 
-    cfg = dataclasses.replace(CFG, capacity_tokens=1600, check=False)  # 100 usable blocks
+    sim = dataclasses.replace(CFG.sim, batching=batching)
+    cfg = dataclasses.replace(CFG, capacity_tokens=1600, check=False, sim=sim)  # 100 blocks
     replica = SimReplica(ReplicaSpec(cfg, load_profile()), 0)
     seat = replica.seat
-    assert isinstance(seat, VllmSeat) and seat.num_blocks == 100
+    assert seat.num_blocks == 100
     for r in requests[:12]:
         replica.add(r, sent=0.0)
-    seen = set()
+    held, evictable = set(), set()
     while replica.has_unfinished():
-        report = replica.advance(replica.now + 0.005)
-        assert report.kv_usage == seat.kv.usage
-        seen.add(seat.num_held_blocks())
-    assert any(1.0 - (100 - h) / 100 != h / 100 for h in seen)  # where the two definitions part
+        replica.step()
+        assert seat.usage == _engine_usage(seat)
+        assert replica.advance(replica.now).kv_usage == seat.usage  # reports, steps none
+        held.add(seat.num_held_blocks())
+        evictable.add(seat.index.stats().num_evictable_blocks)
+    assert len(held) > 5 and max(evictable) > 0  # the pool filled and drained, blocks cached

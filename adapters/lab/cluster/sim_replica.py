@@ -87,9 +87,10 @@ class ReplicaReport(NamedTuple):
         finished: records of requests that finished.
         num_waiting: waiting requests now.
         num_running: running requests now.
-        kv_usage: vLLM's KV-cache usage (``KVCacheManager.usage``,
-            ``BlockPool.get_usage``): 1 - free / usable blocks, evictable cached
-            blocks counting as free (the null block is not usable).
+        kv_usage: the KV-cache usage its engine reports (the seat's ``usage``):
+            vLLM's ``KVCacheManager.usage`` (``BlockPool.get_usage``, 1 - free /
+            usable blocks) or SGLang's ``token_usage`` (used / max_total_num_tokens),
+            evictable cached blocks counting as free in both.
         busy_s: seconds spent in steps since the replica started.
         violations: admissions that hit blocks the replica never announced.
     """
@@ -238,8 +239,6 @@ class SimReplica(Replica):
         self._batches.append(self.publisher.publish(batch))
 
     def _report(self) -> ReplicaReport:
-        seat = self.seat
-        free = seat.num_blocks - seat.num_held_blocks()
         report = ReplicaReport(
             self.replica_id,
             self.now,
@@ -248,7 +247,7 @@ class SimReplica(Replica):
             self._finished,
             len(self.schedule.waiting),
             len(self.schedule.running),
-            1.0 - free / seat.num_blocks,  # as vLLM computes it, to the last bit
+            self.seat.usage,  # as its engine computes it, to the last bit
             self.busy_s,
             self._violations,
         )

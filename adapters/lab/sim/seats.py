@@ -111,6 +111,11 @@ class Seat(Protocol):
         """The class's counters (hits, evictions, rejections)."""
         ...
 
+    @property
+    def usage(self) -> float:
+        """The KV-cache usage its engine reports, in [0, 1] (the engine's own formula)."""
+        ...
+
     def prefilled(self, request_id: str, end: int) -> None:
         """A prefill chunk ending at ``end`` was computed."""
         ...
@@ -236,6 +241,12 @@ class VllmSeat(_PoolSeat):
     @property
     def totals(self) -> CacheTotals:
         return self.kv.manager.totals
+
+    @property
+    def usage(self) -> float:
+        """vLLM's ``KVCacheManager.usage`` (``BlockPool.get_usage``): 1 - free / usable
+        blocks, evictable cached blocks counting as free, the null block not usable."""
+        return self.kv.usage
 
     def admit(
         self, request_id: str, tokens: Any, budget: int, *, chunked: bool, scheduled: bool
@@ -391,6 +402,12 @@ class SglangSeat(_PoolSeat):
     @property
     def totals(self) -> CacheTotals:
         return self.cache.totals
+
+    @property
+    def usage(self) -> float:
+        """SGLang's ``token_usage``: used tokens over ``max_total_num_tokens`` (the
+        pool's pages times the page size), evictable cached tokens counting as free."""
+        return self.cache.token_usage(self.num_blocks * self.block_size)
 
     def max_new_tokens(self, prompt_len: int, output_len: int) -> int:
         """The ``max_new_tokens`` SGLang sets on a request's arrival (clipped to what
@@ -558,6 +575,11 @@ class ManagerSeat(_PoolSeat):
     @property
     def totals(self) -> CacheTotals:
         return self.manager.totals
+
+    @property
+    def usage(self) -> float:
+        """``CacheManager.usage`` (vLLM's rule: evictable cached blocks count as free)."""
+        return self.manager.usage
 
     def start(
         self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
