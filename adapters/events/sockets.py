@@ -15,6 +15,7 @@ from prefixkv.indexes.errors import PrefixKVError
 __all__ = [
     "END_SEQ",
     "MAX_SEQ",
+    "MAX_TCP_PORT",
     "TransportError",
     "bind",
     "bound_connection",
@@ -23,6 +24,7 @@ __all__ = [
     "check_endpoint",
     "check_seconds",
     "is_bind_endpoint",
+    "is_tcp_port",
     "offset_endpoint_port",
     "read_seq",
 ]
@@ -33,6 +35,9 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MAX_SEQ = 2**63 - 1
 """The largest sequence number: vLLM's are 8-byte big-endian counts from 0, and the
 end marker is -1 as a signed 8-byte int, so a frame at or above 2**63 is no batch's."""
+
+MAX_TCP_PORT = 65535
+"""The largest tcp port (libzmq takes ``:99999`` without a word and uses its low 16 bits)."""
 
 
 class TransportError(PrefixKVError):
@@ -69,10 +74,18 @@ def bind(sock: zmq.Socket[Any], endpoint: str) -> str:
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
+def is_tcp_port(port: str, lowest: int = 0) -> bool:
+    """Whether ``port``, the text after a tcp address's last colon, is ``*`` (a free port,
+    bound) or a number in ``[lowest, MAX_TCP_PORT]`` written in ASCII digits."""
+    return port == "*" or (
+        port.isascii() and port.isdigit() and lowest <= int(port) <= MAX_TCP_PORT
+    )
+
+
 def check_endpoint(name: str, value: object) -> str:
     """``value`` if it is a non-empty str whose tcp port, when it has one, is ``*`` or
-    a number ZeroMQ can use (0-65535: libzmq takes ``:99999`` without a word and
-    connects or binds another port). The rest of the address ZeroMQ checks itself,
+    a number ZeroMQ can use (:func:`is_tcp_port`: 0-65535; vLLM takes ``tcp://*:0``,
+    a free port bound on the node's address). The rest of the address ZeroMQ checks itself,
     where the socket is opened.
 
     Raises:
@@ -83,10 +96,8 @@ def check_endpoint(name: str, value: object) -> str:
     transport, sep, address = value.partition("://")
     if not sep:
         raise TransportError(f"{name} {value!r:.80} is no ZeroMQ address (transport://address)")
-    if transport == "tcp":
-        port = address.rpartition(":")[2]
-        if port != "*" and not (port.isdigit() and port.isascii() and int(port) <= 65535):
-            raise TransportError(f"{name} {value!r:.80} needs a tcp port in 0-65535 or *")
+    if transport == "tcp" and not is_tcp_port(address.rpartition(":")[2]):
+        raise TransportError(f"{name} {value!r:.80} needs a tcp port in 0-{MAX_TCP_PORT} or *")
     return value
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import msgspec
 import pytest
 from helpers import TEST_DATA
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_event_drivers import SGLangDriver, VllmDriver, attach_recorder, run_k_live
 
 import prefixkv.adapters.lab.cli as cli
@@ -266,6 +268,33 @@ def test_replay_refuses_a_port_that_is_not_one(
     _, err = capsys.readouterr()
     assert code == 2 and f"{flag} {bad}" in err and "1-65535" in err, err
     assert len(err.splitlines()) == 1 and not out.exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(max_size=8)
+    | st.integers(-2, 70000).map(str)
+    | st.sampled_from(["0", "00", "1", "65535", "65536", "*", "٣", "+1", " 1"])
+)
+def test_the_cli_takes_the_publishers_tcp_ports_but_port_0(port: str) -> None:
+    # One port rule: the publisher's (check_endpoint), less port 0, which the CLI
+    # refuses by name (ZeroMQ connects to it and reaches nothing; * binds a free one).
+    from prefixkv.adapters.events.sockets import TransportError, check_endpoint
+    from prefixkv.adapters.lab.cli.args import CLIUsageError
+    from prefixkv.adapters.lab.cli.replay import parse_endpoint
+
+    endpoint = f"tcp://127.0.0.1:{port}"
+    try:
+        check_endpoint("endpoint", endpoint)
+        product = not (port.isdigit() and int(port) == 0)
+    except TransportError:
+        product = False
+    try:
+        cli_takes = parse_endpoint(endpoint) == endpoint
+    except CLIUsageError as e:
+        assert "give 1-65535, or * for a free one" in str(e)  # main prints it on one line
+        cli_takes = False
+    assert cli_takes == product
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1", "tcp://:5557", "tcp://5557"])

@@ -164,16 +164,22 @@ def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
 
 
 def _check_tcp_port(address: str, value: str, flag: str) -> None:
-    # ZeroMQ keeps a port's low 16 bits: tcp://127.0.0.1:99999 would bind port 34463.
+    # The publisher's own port rule (ZeroMQ keeps a port's low 16 bits: :99999 would
+    # bind 34463), less port 0: a host address is connected to, and ZeroMQ takes a
+    # connect to port 0 and never reaches anything; vLLM binds tcp://*:0 at a free port
+    # of the node's address, where * here binds one on every address and prints it.
+    from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
+
     host, colon, port = address.rpartition(":")
     if not colon or not host:
         raise CLIUsageError(
             f"{flag} {value}: a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, "
             "or tcp://127.0.0.1:* for a free port)"
         )
-    if port != "*" and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+    if not is_tcp_port(port, lowest=1):
         raise CLIUsageError(
-            f"{flag} {value}: port {port[:20]!r} is not a port; give 1-65535, or * for a free one"
+            f"{flag} {value}: port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * "
+            "for a free one"
         )
 
 
