@@ -135,7 +135,10 @@ def test_no_help_text_restates_its_flags_default_by_hand() -> None:
             default = action.default
             if default in (None, False, "", [], argparse.SUPPRESS) or not action.help:
                 continue
-            if re.search(rf"default:? {re.escape(str(default))}\b", action.help):
+            # as Python writes it, and as %g and a thousands comma would (300.0 as 300)
+            number = type(default) in (int, float)
+            spellings = {str(default), *((f"{default:g}", f"{default:,}") if number else ())}
+            if any(re.search(rf"default:? {re.escape(t)}\b", action.help) for t in spellings):
                 stale.append(f"{name} {action.option_strings[0]}")
     assert stale == []
 

@@ -28,12 +28,16 @@ from ..extras import require_extra
 from ..progress import progress
 from ..sim import CostProfile, available_profiles, load_profile, save_profile
 from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from ..sim.http_limits import RequestLimits
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
 from .args import CLIUsageError, parse_token_count, positive_float, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
+
+_LIMITS = RequestLimits()
+"""What one request to a served engine may cost by default (its help states it)."""
 
 
 def add_arguments(cal: argparse.ArgumentParser) -> None:
@@ -122,10 +126,11 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--request-timeout",
         type=positive_float,
-        default=300.0,
+        default=_LIMITS.deadline_s,
         metavar="S",
         help="with --server: seconds one request may take, its whole answer included, "
-        "however slowly it streams (default 300); each answer is also capped at 64 MiB",
+        "however slowly it streams (default %(default)g); each answer is also capped at "
+        f"{_LIMITS.max_response_bytes >> 20} MiB",
     )
     src.add_argument(
         "--rounds",
@@ -193,7 +198,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
 def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
     """``--server``: ``--rounds`` calibrations of the server, pooled when several."""
     from ..sim.calibration_rounds import pool_rounds
-    from ..sim.http_limits import RequestLimits
     from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
 
     base = QUICK_SWEEP if args.quick else ServerSweep()
