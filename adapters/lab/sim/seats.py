@@ -576,11 +576,6 @@ class ManagerSeat(_PoolSeat):
     def totals(self) -> CacheTotals:
         return self.manager.totals
 
-    @property
-    def usage(self) -> float:
-        """``CacheManager.usage`` (vLLM's rule: evictable cached blocks count as free)."""
-        return self.manager.usage
-
     def start(
         self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
     ) -> int | None:
