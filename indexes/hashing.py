@@ -144,7 +144,7 @@ class BlockHasher:
         # The last few sequences hashed from block 0, newest first: the bytes of their
         # full blocks then and of block 0, their hash memo, namespace and tokens. A key's memo and
         # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
-        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int]]] = []
+        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int], int]] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -178,6 +178,9 @@ class BlockHasher:
             pos = self._reuse(hashes, data, tokens, extra_key) * step
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
+        if pos == 0 and len(data) == step:  # one block (a decode step filled it): no slice
+            hashes.append(digest(parent + data))
+            return
         while pos < len(data):  # compiled, range() with a variable step is a Python call
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
@@ -188,7 +191,7 @@ class BlockHasher:
         from (their token bytes, token arrays and hash lists; a finished request's stay
         alive here until _RECENT newer ones push them out) and the namespaces' roots."""
         total = sys.getsizeof(self._recent) + sys.getsizeof(self._namespace_roots)
-        for seen, head, memo, _, tokens in self._recent:
+        for seen, head, memo, _, tokens, _ in self._recent:
             total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tokens)
             total += sys.getsizeof(memo) + sum(sys.getsizeof(h) for h in memo)
         return total + sum(sys.getsizeof(r) for r in self._namespace_roots.values())
@@ -215,12 +218,12 @@ class BlockHasher:
         best: list[bytes] | None = None
         best_n = 0
         best_tokens = tokens
-        newest: tuple[bytes, list[bytes]] | None = None
-        for seen, head, memo, ns, seen_tokens in self._recent:
+        newest: tuple[bytes, list[bytes], int] | None = None
+        for seen, head, memo, ns, seen_tokens, shared in self._recent:
             if (ns is not extra_key and ns != extra_key) or not data.startswith(head):
                 continue  # another namespace, or block 0 differs: nothing shared
             if newest is None:
-                newest = (seen, memo)
+                newest = (seen, memo, shared)
             n = len(seen) // step
             if best_n < n <= last and data.startswith(seen):  # a memcmp, no copy
                 best, best_n, best_tokens = memo, n, seen_tokens
@@ -232,25 +235,35 @@ class BlockHasher:
                 best_n = k
         elif newest is not None:
             best = newest[1]
-            best_n = _common_blocks(data, newest[0], step)
+            best_n = _common_blocks(data, newest[0], step, newest[2])
         if best is not None:
             best_n = min(best_n, len(best))
             if best_n:
                 hashes += best[:best_n]
         recent = self._recent
-        recent.insert(0, (data, data[:step], hashes, extra_key, tokens))
+        recent.insert(0, (data, data[:step], hashes, extra_key, tokens, best_n))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n
 
 
-def _common_blocks(a: bytes, b: bytes, step: int) -> int:
-    """How many leading ``step``-byte blocks ``a`` and ``b`` share: a binary search of
+def _common_blocks(a: bytes, b: bytes, step: int, guess: int) -> int:
+    """How many leading ``step``-byte blocks ``a`` and ``b`` share: ``guess`` blocks
+    tried first (what ``b`` shared with the sequence before it: requests that share a
+    system prompt or a document share it with each other alike), then a binary search of
     compares (memcmp) of equal pieces. Compiled, a slice and a compare are native calls,
     where ``startswith`` at an offset was a Python method call."""
     lo, hi = 0, min(len(a), len(b)) // step
     if a.startswith(b[: hi * step]):
         return hi
+    if 0 < guess < hi:  # two compares settle it when the guess is right
+        g = guess * step
+        if not a.startswith(b[:g]):
+            hi = guess
+        elif a[g : g + step] != b[g : g + step]:
+            return guess
+        else:
+            lo = guess + 1
     while hi - lo > 1:  # a, b agree on lo blocks and differ within the first hi
         mid = (lo + hi) // 2
         if a[lo * step : mid * step] == b[lo * step : mid * step]:

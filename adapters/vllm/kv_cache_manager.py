@@ -466,10 +466,9 @@ class KVCacheManager:
                 ):
                     mgr.totals.num_rejected += 1
                     return None
-        adm = mgr.admit(rid, key, num_tokens=max(min(slots, len(key)), 1), lookup=lookup)
-        if adm is None:
+        new = mgr.admit_looked_up(rid, lookup, max(min(slots, len(key)), 1))
+        if new is None:
             return None
-        new = adm.block_table[have:]
         if slots > len(key):  # lookahead slots past the prompt
             grown = mgr.advance(rid, slots)
             if grown is None:
@@ -503,19 +502,26 @@ class KVCacheManager:
         self._lookups.pop(rid, None)
         mgr = self.manager
         if rid in mgr:
-            # The key learns tokens only when a block fills; tell the manager (and its
-            # observers) what the request computed past it, registering nothing: vLLM
-            # registers no block at free, and under async scheduling a preempted
-            # request may have computed a block whose tokens were never confirmed.
-            if held is not None:
-                _learn(held[1], request, request.num_tokens)
-            done = mgr.num_computed_tokens(rid)
-            bs = self.block_size
-            computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
-            computed = min(computed, (done // bs + 1) * bs - 1)
-            if computed > done:
-                mgr.advance(rid, computed, computed, swap_duplicates=False)
+            if mgr.observed:
+                self._report_computed(request, None if held is None else held[1])
             mgr.abort(rid)
+
+    def _report_computed(self, request: RequestLike, key: TokenKey | None) -> None:
+        # The key learns tokens only when a block fills; tell the manager's observers
+        # (nothing else reads it: the request is released next) what the request
+        # computed past it, registering nothing: vLLM registers no block at free, and
+        # under async scheduling a preempted request may have computed a block whose
+        # tokens were never confirmed.
+        rid = request.request_id
+        mgr = self.manager
+        if key is not None:
+            _learn(key, request, request.num_tokens)
+        done = mgr.num_computed_tokens(rid)
+        bs = self.block_size
+        computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
+        computed = min(computed, (done // bs + 1) * bs - 1)
+        if computed > done:
+            mgr.advance(rid, computed, computed, swap_duplicates=False)
 
     # --------------------------------------------------------------- queries
 
