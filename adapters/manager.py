@@ -310,23 +310,17 @@ class CacheManager:
             return None
         return Admission(request_id, m.num_tokens, list(table))
 
-    def admit_looked_up(
+    def _admit_looked_up(
         self, request_id: RequestId, lookup: Lookup, num_tokens: int
     ) -> list[int] | None:
-        """``admit(request_id, lookup.key, num_tokens=num_tokens, lookup=lookup)``
-        answering only the blocks added past the hit (a fresh list), or ``None``.
-
-        vLLM's engine class admits this way: it hands the scheduler just the new
-        blocks, so no ``Admission`` (nor a copy of the whole table) is made for it.
-
-        Raises:
-            as ``admit``.
-        """
-        if type(lookup) is not Lookup:
-            raise PrefixKVError(f"lookup must be what match() returned, got {lookup!r:.80}")
+        # admit(request_id, lookup.key, num_tokens=num_tokens, lookup=lookup) answering
+        # only the blocks added past the hit (a fresh list), or None: vLLM's engine class
+        # hands the scheduler just those, so it needs no Admission (a NamedTuple, built
+        # through a Python-level call compiled) nor a copy of the whole table. Raises as
+        # admit does.
         key = self._new_key(request_id, lookup.key, None, None)
         want = check_count("num_tokens", num_tokens, len(key), lo=1)
-        m = lookup.match
+        m = self._lookup_for(key, lookup)
         table = self._take_in(request_id, key, m, want, 0)
         return None if table is None else table[len(m.block_ids) :]
 

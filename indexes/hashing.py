@@ -219,9 +219,16 @@ class BlockHasher:
         best_n = 0
         best_tokens = tokens
         newest: tuple[bytes, list[bytes], int] | None = None
+        # Sequences that share block 0 share its bytes object (see the insert below), so
+        # once one is found equal, the others with it are known equal without a compare.
+        head0: bytes | None = None
         for seen, head, memo, ns, seen_tokens, shared in self._recent:
-            if (ns is not extra_key and ns != extra_key) or not data.startswith(head):
-                continue  # another namespace, or block 0 differs: nothing shared
+            if ns is not extra_key and ns != extra_key:
+                continue  # another namespace: nothing shared
+            if head is not head0:
+                if not data.startswith(head):
+                    continue  # block 0 differs: nothing shared
+                head0 = head
             if newest is None:
                 newest = (seen, memo, shared)
             n = len(seen) // step
@@ -241,7 +248,8 @@ class BlockHasher:
             if best_n:
                 hashes += best[:best_n]
         recent = self._recent
-        recent.insert(0, (data, data[:step], hashes, extra_key, tokens, best_n))
+        head = data[:step] if head0 is None else head0  # equal bytes: data starts with it
+        recent.insert(0, (data, head, hashes, extra_key, tokens, best_n))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n

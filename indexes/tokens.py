@@ -261,7 +261,7 @@ def as_token_array(tokens: Iterable[int], offset: int = 0) -> array[int]:
             message gives its position and value.
     """
     if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
-        return array(TOKEN_TYPECODE, tokens)
+        return tokens[:]  # a plain array('I') copy, one memcpy (the constructor parses)
     if _small_valid(tokens):
         return array(TOKEN_TYPECODE, tokens)
     if isinstance(tokens, (list, tuple)):

@@ -466,7 +466,7 @@ class KVCacheManager:
                 ):
                     mgr.totals.num_rejected += 1
                     return None
-        new = mgr.admit_looked_up(rid, lookup, max(min(slots, len(key)), 1))
+        new = mgr._admit_looked_up(rid, lookup, max(min(slots, len(key)), 1))
         if new is None:
             return None
         if slots > len(key):  # lookahead slots past the prompt
