@@ -340,10 +340,12 @@ class CacheManager:
     def _lock_and_take(self, m: PrefixMatch, want: int, reserve: int) -> list[int] | None:
         # Lock the hit and take blocks for the rest of ``want`` tokens, or change nothing
         # (None). Whether they fit is decided now: the hit's blocks that are evictable
-        # now are the ones locking protects.
-        hit_evictable = self.index.count_evictable(m.handle)
+        # now are the ones locking protects, counted only when the free blocks fall
+        # short (a stale handle raises in lock then, as in count_evictable).
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
-        if not self._fits(need, hit_evictable):
+        if need > self.allocator.num_free_blocks and not self._fits(
+            need, self.index.count_evictable(m.handle)
+        ):
             return None
         self.index.lock(m.handle)
         new = self._take_blocks(need, reserve)
