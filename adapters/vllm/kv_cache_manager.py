@@ -35,6 +35,10 @@ _EAGER_BLOCKS: Final = 1 << 16
 """Block objects made at construction; larger pools make the rest as ids are handed out."""
 _NO_CAP: Final = 1 << 60
 """``max_model_len`` when none is given: no cap (and a short int, compared fast)."""
+_ZERO: Final[object] = 0
+"""The int 0 (the counts' default): a count that *is* it is an int 0, told by one pointer
+compare where a type test and an unboxed compare cost a few dozen instructions each; an
+equal value that is another object (a bool, an IntEnum) takes the checked path."""
 _NOT_RUNNING: Final = object()
 """What ``_grow_running`` answers when the checked path must (no blocks: None is "does
 not fit")."""
@@ -320,12 +324,10 @@ class KVCacheManager:
         """
         if (  # a running request's decode step or prefill chunk, O(1) with no new block
             type(num_new_tokens) is int and num_new_tokens > 0
-            and type(num_new_computed_tokens) is int and num_new_computed_tokens == 0
-            and type(num_lookahead_tokens) is int and num_lookahead_tokens == 0
-            and type(reserved_blocks) is int and reserved_blocks == 0 and not self.watermark_blocks
-            and type(num_external_computed_tokens) is int and num_external_computed_tokens == 0
+            and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
+            and reserved_blocks is _ZERO and not self.watermark_blocks
+            and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
             and delay_cache_blocks is False
-            and type(num_encoder_tokens) is int and num_encoder_tokens == 0
         ):  # fmt: skip
             grown = self._grow_running(request, num_new_tokens)
             if grown is not _NOT_RUNNING:
