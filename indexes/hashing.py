@@ -208,9 +208,11 @@ class BlockHasher:
         trusted. Requests share prefixes with the ones just before them (a system prompt,
         a conversation's previous turn, a document). A sequence whose whole first hashing
         starts ``data`` is taken (with its decoded blocks, where ``data`` goes on with
-        them), else the common prefix (a binary search of memcmps) of the newest one
-        with the same block 0 (another document's request shares nothing). The
-        sequence then joins the recent ones. O(len(data)) in C, O(_RECENT) in Python.
+        them), else the common prefix of the newest one with the same block 0 (the
+        prefix that one shared with its own predecessor tried first, then a binary
+        search of memcmps; another document's request shares nothing). The sequence
+        then joins the recent ones, sharing block 0's bytes object with those it
+        matched. O(len(data)) in C, O(_RECENT) in Python.
         """
         bs = self.block_size
         step = bs * TOKEN_BYTES
