@@ -42,6 +42,11 @@ a conversation's next turn or a document's next question often came after 16 oth
 with 32, 19 and 14), each scanned entry costing far less than a block's hash."""
 
 
+_Recent = tuple[bytes, bytes, bytes, list[bytes], "ExtraKey | None", "array[int]", int]
+"""A recently hashed sequence (``BlockHasher._recent``): its full blocks' bytes, block 0's,
+the last block's, its hash memo, namespace, tokens and the blocks it shared on arrival."""
+
+
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
@@ -142,9 +147,10 @@ class BlockHasher:
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
         # The last few sequences hashed from block 0, newest first: the bytes of their
-        # full blocks then and of block 0, their hash memo, namespace and tokens. A key's memo and
-        # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
-        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int], int]] = []
+        # full blocks then, of block 0 and of the last of them, their hash memo, namespace,
+        # tokens, and the blocks they shared with an earlier one. A key's memo and tokens
+        # grow only by appending, so memo[i] stays the hash of block i; see _reuse.
+        self._recent: list[_Recent] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -191,8 +197,9 @@ class BlockHasher:
         from (their token bytes, token arrays and hash lists; a finished request's stay
         alive here until _RECENT newer ones push them out) and the namespaces' roots."""
         total = sys.getsizeof(self._recent) + sys.getsizeof(self._namespace_roots)
-        for seen, head, memo, _, tokens, _ in self._recent:
-            total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tokens)
+        for seen, head, tail, memo, _, tokens, _ in self._recent:
+            total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tail)
+            total += sys.getsizeof(tokens)
             total += sys.getsizeof(memo) + sum(sys.getsizeof(h) for h in memo)
         return total + sum(sys.getsizeof(r) for r in self._namespace_roots.values())
 
@@ -224,7 +231,7 @@ class BlockHasher:
         # Sequences that share block 0 share its bytes object (see the insert below), so
         # once one is found equal, the others with it are known equal without a compare.
         head0: bytes | None = None
-        for seen, head, memo, ns, seen_tokens, shared in self._recent:
+        for seen, head, tail, memo, ns, seen_tokens, shared in self._recent:
             if ns is not extra_key and ns != extra_key:
                 continue  # another namespace: nothing shared
             if head is not head0:
@@ -234,7 +241,7 @@ class BlockHasher:
             if newest is None:
                 newest = (seen, memo, shared)
             n = len(seen) // step
-            if best_n < n <= last and data.startswith(seen):  # a memcmp, no copy
+            if best_n < n <= last and _starts_with(data, seen, tail, n * step):
                 best, best_n, best_tokens = memo, n, seen_tokens
         if best is not None:
             k = min(len(best), last)  # its blocks decoded since, where data goes on
@@ -251,10 +258,17 @@ class BlockHasher:
                 hashes += best[:best_n]
         recent = self._recent
         head = data[:step] if head0 is None else head0  # equal bytes: data starts with it
-        recent.insert(0, (data, head, hashes, extra_key, tokens, best_n))
+        recent.insert(0, (data, head, data[-step:], hashes, extra_key, tokens, best_n))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n
+
+
+def _starts_with(data: bytes, seen: bytes, tail: bytes, end: int) -> bool:
+    """``data.startswith(seen)``, ``tail`` (``seen``'s last block, ``end`` its length)
+    compared first: sequences that share a system prompt or a document part right after
+    it, and one block decides that for less than the whole compare costs."""
+    return data[end - len(tail) : end] == tail and data.startswith(seen)
 
 
 def _common_blocks(a: bytes, b: bytes, step: int, guess: int) -> int:
