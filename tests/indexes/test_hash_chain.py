@@ -148,6 +148,15 @@ def test_hashes_reused_from_recent_sequences_equal_the_chain(
             assert k.block_hashes(h) == _chain(full, 4, ns)
 
 
+def test_reuse_compares_the_whole_recent_sequence_not_its_ends() -> None:
+    """A recent sequence whose first and last blocks recur in a new one at the same
+    places, a block between them differing, lends the new one its first block only."""
+    h = BlockHasher(4, seed=5)
+    TokenKey([1] * 4 + [2] * 4 + [3] * 4).block_hashes(h)
+    second = [1] * 4 + [9] * 4 + [3] * 4 + [4] * 4
+    assert TokenKey(second).block_hashes(h) == _chain(second, 4, None)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(0, 2), max_size=24),
