@@ -41,6 +41,7 @@ from prefixkv.indexes.errors import (
     PrefixKVError,
     RequestStateError,
 )
+from prefixkv.indexes.hash_chain import HashChainIndex
 from prefixkv.indexes.tokens import (
     TOKEN_TYPECODE,
     ExtraKey,
@@ -76,16 +77,27 @@ class Admission(NamedTuple):
     block_table: list[int]
 
 
-class Lookup(NamedTuple):
+class Lookup:
     """A lookup bound to the key it was made for (``CacheManager.match``).
 
     vLLM's scheduler looks a request up first and allocates second; ``admit`` takes
     the lookup back and validates it against the state at allocation time (a stale
     one raises ``StaleHandleError``), so it can never be applied to another key.
+
+    A plain class, not a NamedTuple: one is made per lookup, and compiled, a
+    NamedTuple is built (and its properties read) through Python-level calls, a few
+    thousand instructions a request.
+
+    Attributes:
+        key: the key looked up.
+        match: what the index answered.
     """
 
-    key: TokenKey
-    match: PrefixMatch
+    __slots__ = ("key", "match")
+
+    def __init__(self, key: TokenKey, match: PrefixMatch) -> None:
+        self.key = key
+        self.match = match
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +108,9 @@ class Lookup(NamedTuple):
     def block_ids(self) -> list[int]:
         """The hit's blocks."""
         return self.match.block_ids
+
+    def __repr__(self) -> str:
+        return f"Lookup(key={self.key!r}, match={self.match!r})"
 
 
 class _Seq:
@@ -176,6 +191,9 @@ class CacheManager:
         self._extend_locked: Callable[..., CacheHandle | None] | None = (
             ix.extend_locked if isinstance(ix, SupportsExtendLocked) else None
         )
+        # The hash chain itself, called directly (compiled, a native call: the bound
+        # method above is a generic one, with its arguments parsed at every decoded block).
+        self._chain: HashChainIndex | None = ix if type(ix) is HashChainIndex else None
         self.totals = CacheTotals()
         self._seqs: dict[RequestId, _Seq] = {}
         self._key_holders: dict[int, RequestId] = {}  # id(key) -> its running request
@@ -290,19 +308,47 @@ class CacheManager:
         )
         reserve = check_count("reserve_blocks", reserve_blocks, self.allocator.num_blocks)
         m = self._lookup_for(key, lookup)
+        table = self._take_in(request_id, key, m, want, reserve)
+        if table is None:
+            return None
+        return Admission(request_id, m.num_tokens, list(table))
+
+    def _admit_looked_up(
+        self, request_id: RequestId, lookup: Lookup, num_tokens: int
+    ) -> list[int] | None:
+        # admit(request_id, lookup.key, num_tokens=num_tokens, lookup=lookup) answering
+        # only the blocks added past the hit (a fresh list), or None: vLLM's engine class
+        # hands the scheduler just those, so it needs no Admission (a NamedTuple, built
+        # through a Python-level call compiled) nor a copy of the whole table. Raises as
+        # admit does.
+        key = self._new_key(request_id, lookup.key, None, None)
+        want = check_count("num_tokens", num_tokens, len(key), lo=1)
+        m = self._lookup_for(key, lookup)
+        table = self._take_in(request_id, key, m, want, 0)
+        return None if table is None else table[len(m.block_ids) :]
+
+    def _take_in(
+        self, request_id: RequestId, key: TokenKey, m: PrefixMatch, want: int, reserve: int
+    ) -> list[int] | None:
+        # admit's change of state, its arguments checked: the hit locked, blocks taken
+        # for the rest, the request recorded; its table (the record's own list), or None.
         new = self._lock_and_take(m, want, reserve)
         if new is None:
             self.totals.num_rejected += 1
             return None
-        return self._record_admission(request_id, key, m, [*m.block_ids, *new])
+        table = [*m.block_ids, *new]
+        self._record_admission(request_id, key, m, table)
+        return table
 
     def _lock_and_take(self, m: PrefixMatch, want: int, reserve: int) -> list[int] | None:
         # Lock the hit and take blocks for the rest of ``want`` tokens, or change nothing
         # (None). Whether they fit is decided now: the hit's blocks that are evictable
-        # now are the ones locking protects.
-        hit_evictable = self.index.count_evictable(m.handle)
+        # now are the ones locking protects, counted only when the free blocks fall
+        # short (a stale handle raises in lock then, as in count_evictable).
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
-        if not self._fits(need, hit_evictable):
+        if need > self.allocator.num_free_blocks and not self._fits(
+            need, self.index.count_evictable(m.handle)
+        ):
             return None
         self.index.lock(m.handle)
         new = self._take_blocks(need, reserve)
@@ -312,7 +358,7 @@ class CacheManager:
 
     def _record_admission(
         self, request_id: RequestId, key: TokenKey, m: PrefixMatch, table: list[int]
-    ) -> Admission:
+    ) -> None:
         # An admitted request: its record, its key's holder, the totals, the observer.
         self._seqs[request_id] = _Seq(
             key, len(key), table, m.handle, m.num_tokens, len(m.block_ids)
@@ -324,7 +370,6 @@ class CacheManager:
         t.num_hit_tokens += m.num_tokens
         if self._observer is not None:
             self._observer.on_admit(request_id, key, m.block_ids, m.num_tokens)
-        return Admission(request_id, m.num_tokens, list(table))
 
     def _new_key(
         self,
@@ -419,7 +464,11 @@ class CacheManager:
         # A running request's insert continues from its own node (O(new blocks)); the
         # last one walks the whole path, which restamps it (SGLang's cache_finished_req).
         if not whole and self._extend_locked is not None:
-            handle = self._extend_locked(seq.key, seq.table, num_tokens, seq.handle)
+            chain = self._chain
+            if chain is not None:
+                handle = chain.extend_locked(seq.key, seq.table, num_tokens, seq.handle)
+            else:
+                handle = self._extend_locked(seq.key, seq.table, num_tokens, seq.handle)
             if handle is not None:  # the index's own blocks are the table's: no duplicates
                 self._registered(seq, handle, num_tokens // self.block_size)
                 return
@@ -736,6 +785,12 @@ class CacheManager:
     def running(self) -> list[RequestId]:
         """Requests admitted and not finished, oldest first."""
         return list(self._seqs)
+
+    @property
+    def observed(self) -> bool:
+        """Whether observers hear this manager's changes (else what only they would
+        read, a released request's last computed tokens, need not be told). O(1)."""
+        return self._observer is not None
 
     def __contains__(self, request_id: object) -> bool:
         try:

@@ -42,6 +42,11 @@ a conversation's next turn or a document's next question often came after 16 oth
 with 32, 19 and 14), each scanned entry costing far less than a block's hash."""
 
 
+_Recent = tuple[bytes, bytes, bytes, list[bytes], "ExtraKey | None", "array[int]", int]
+"""A recently hashed sequence (``BlockHasher._recent``): its full blocks' bytes, block 0's,
+the last block's, its hash memo, namespace, tokens and the blocks it shared on arrival."""
+
+
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
@@ -144,9 +149,10 @@ class BlockHasher:
         self.root = _checked_digest(self._digest, b"prefixkv-root\x00" + _seed_bytes(seed))
         self._namespace_roots: dict[ExtraKey | None, bytes] = {}
         # The last few sequences hashed from block 0, newest first: the bytes of their
-        # full blocks then and of block 0, their hash memo, namespace and tokens. A key's memo and
-        # tokens grow only by appending, so memo[i] stays the hash of block i; see _reuse.
-        self._recent: list[tuple[bytes, bytes, list[bytes], ExtraKey | None, array[int]]] = []
+        # full blocks then, of block 0 and of the last of them, their hash memo, namespace,
+        # tokens, and the blocks they shared with an earlier one. A key's memo and tokens
+        # grow only by appending, so memo[i] stays the hash of block i; see _reuse.
+        self._recent: list[_Recent] = []
 
     def _parent_of_block_zero(self, extra_key: ExtraKey | None) -> bytes:
         # root || namespace acts as the "parent hash" of block 0; cached per namespace.
@@ -180,6 +186,9 @@ class BlockHasher:
             pos = self._reuse(hashes, data, tokens, extra_key) * step
         digest = self._digest
         parent = hashes[-1] if hashes else self._parent_of_block_zero(extra_key)
+        if pos == 0 and len(data) == step:  # one block (a decode step filled it): no slice
+            hashes.append(digest(parent + data))
+            return
         while pos < len(data):  # compiled, range() with a variable step is a Python call
             parent = digest(parent + data[pos : pos + step])
             hashes.append(parent)
@@ -190,8 +199,9 @@ class BlockHasher:
         from (their token bytes, token arrays and hash lists; a finished request's stay
         alive here until _RECENT newer ones push them out) and the namespaces' roots."""
         total = sys.getsizeof(self._recent) + sys.getsizeof(self._namespace_roots)
-        for seen, head, memo, _, tokens in self._recent:
-            total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tokens)
+        for seen, head, tail, memo, _, tokens, _ in self._recent:
+            total += sys.getsizeof(seen) + sys.getsizeof(head) + sys.getsizeof(tail)
+            total += sys.getsizeof(tokens)
             total += sys.getsizeof(memo) + sum(sys.getsizeof(h) for h in memo)
         return total + sum(sys.getsizeof(r) for r in self._namespace_roots.values())
 
@@ -207,9 +217,11 @@ class BlockHasher:
         trusted. Requests share prefixes with the ones just before them (a system prompt,
         a conversation's previous turn, a document). A sequence whose whole first hashing
         starts ``data`` is taken (with its decoded blocks, where ``data`` goes on with
-        them), else the common prefix (a binary search of memcmps) of the newest one
-        with the same block 0 (another document's request shares nothing). The
-        sequence then joins the recent ones. O(len(data)) in C, O(_RECENT) in Python.
+        them), else the common prefix of the newest one with the same block 0 (the
+        prefix that one shared with its own predecessor tried first, then a binary
+        search of memcmps; another document's request shares nothing). The sequence
+        then joins the recent ones, sharing block 0's bytes object with those it
+        matched. O(len(data)) in C, O(_RECENT) in Python.
         """
         bs = self.block_size
         step = bs * TOKEN_BYTES
@@ -217,14 +229,21 @@ class BlockHasher:
         best: list[bytes] | None = None
         best_n = 0
         best_tokens = tokens
-        newest: tuple[bytes, list[bytes]] | None = None
-        for seen, head, memo, ns, seen_tokens in self._recent:
-            if (ns is not extra_key and ns != extra_key) or not data.startswith(head):
-                continue  # another namespace, or block 0 differs: nothing shared
+        newest: tuple[bytes, list[bytes], int] | None = None
+        # Sequences that share block 0 share its bytes object (see the insert below), so
+        # once one is found equal, the others with it are known equal without a compare.
+        head0: bytes | None = None
+        for seen, head, tail, memo, ns, seen_tokens, shared in self._recent:
+            if ns is not extra_key and ns != extra_key:
+                continue  # another namespace: nothing shared
+            if head is not head0:
+                if not data.startswith(head):
+                    continue  # block 0 differs: nothing shared
+                head0 = head
             if newest is None:
-                newest = (seen, memo)
+                newest = (seen, memo, shared)
             n = len(seen) // step
-            if best_n < n <= last and data.startswith(seen):  # a memcmp, no copy
+            if best_n < n <= last and _starts_with(data, seen, tail, n * step):
                 best, best_n, best_tokens = memo, n, seen_tokens
         if best is not None:
             k = min(len(best), last)  # its blocks decoded since, where data goes on
@@ -234,25 +253,43 @@ class BlockHasher:
                 best_n = k
         elif newest is not None:
             best = newest[1]
-            best_n = _common_blocks(data, newest[0], step)
+            best_n = _common_blocks(data, newest[0], step, newest[2])
         if best is not None:
             best_n = min(best_n, len(best))
             if best_n:
                 hashes += best[:best_n]
         recent = self._recent
-        recent.insert(0, (data, data[:step], hashes, extra_key, tokens))
+        head = data[:step] if head0 is None else head0  # equal bytes: data starts with it
+        recent.insert(0, (data, head, data[-step:], hashes, extra_key, tokens, best_n))
         if len(recent) > _RECENT:
             recent.pop()
         return best_n
 
 
-def _common_blocks(a: bytes, b: bytes, step: int) -> int:
-    """How many leading ``step``-byte blocks ``a`` and ``b`` share: a binary search of
+def _starts_with(data: bytes, seen: bytes, tail: bytes, end: int) -> bool:
+    """``data.startswith(seen)``, ``tail`` (``seen``'s last block, ``end`` its length)
+    compared first: sequences that share a system prompt or a document part right after
+    it, and one block decides that for less than the whole compare costs."""
+    return data[end - len(tail) : end] == tail and data.startswith(seen)
+
+
+def _common_blocks(a: bytes, b: bytes, step: int, guess: int) -> int:
+    """How many leading ``step``-byte blocks ``a`` and ``b`` share: ``guess`` blocks
+    tried first (what ``b`` shared with the sequence before it: requests that share a
+    system prompt or a document share it with each other alike), then a binary search of
     compares (memcmp) of equal pieces. Compiled, a slice and a compare are native calls,
     where ``startswith`` at an offset was a Python method call."""
     lo, hi = 0, min(len(a), len(b)) // step
     if a.startswith(b[: hi * step]):
         return hi
+    if 0 < guess < hi:  # two compares settle it when the guess is right
+        g = guess * step
+        if not a.startswith(b[:g]):
+            hi = guess
+        elif a[g : g + step] != b[g : g + step]:
+            return guess
+        else:
+            lo = guess + 1
     while hi - lo > 1:  # a, b agree on lo blocks and differ within the first hi
         mid = (lo + hi) // 2
         if a[lo * step : mid * step] == b[lo * step : mid * step]:

@@ -263,7 +263,7 @@ def as_token_array(tokens: Iterable[int], offset: int = 0) -> array[int]:
             message gives its position and value.
     """
     if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
-        return array(TOKEN_TYPECODE, tokens)
+        return tokens[:]  # a plain array('I') copy, one memcpy (the constructor parses)
     if _small_valid(tokens):
         return array(TOKEN_TYPECODE, tokens)
     if isinstance(tokens, (list, tuple)):
@@ -340,6 +340,7 @@ class TokenKey:
 
     __slots__ = (
         "_extra_key",
+        "_hash_block_size",
         "_hash_memo",
         "_hash_owner",
         "_index_memo",
@@ -362,6 +363,7 @@ class TokenKey:
         self.priority = priority
         self._hash_owner: ChainHasher | None = None
         self._hash_memo: list[bytes] = []
+        self._hash_block_size = 1  # the owner's block size
         self._index_owner: object = None
         self._index_memo: object = None
 
@@ -420,8 +422,9 @@ class TokenKey:
         if self._hash_owner is not hasher:
             self._hash_owner = hasher
             self._hash_memo = []
+            self._hash_block_size = hasher.block_size  # read once: a protocol attribute
         memo = self._hash_memo
-        if len(memo) < len(self.tokens) // hasher.block_size:
+        if len(memo) < len(self.tokens) // self._hash_block_size:
             hasher.extend(memo, self.tokens, self._extra_key)
         return memo
 

@@ -35,6 +35,10 @@ _EAGER_BLOCKS: Final = 1 << 16
 """Block objects made at construction; larger pools make the rest as ids are handed out."""
 _NO_CAP: Final = 1 << 60
 """``max_model_len`` when none is given: no cap (and a short int, compared fast)."""
+_ZERO: Final[object] = 0
+"""The int 0 (the counts' default): a count that *is* it is an int 0, told by one pointer
+compare where a type test and an unboxed compare cost a few dozen instructions each; an
+equal value that is another object (a bool, an IntEnum) takes the checked path."""
 _NOT_RUNNING: Final = object()
 """What ``_grow_running`` answers when the checked path must (no blocks: None is "does
 not fit")."""
@@ -323,12 +327,10 @@ class KVCacheManager:
         """
         if (  # a running request's decode step or prefill chunk, O(1) with no new block
             type(num_new_tokens) is int and num_new_tokens > 0
-            and type(num_new_computed_tokens) is int and num_new_computed_tokens == 0
-            and type(num_lookahead_tokens) is int and num_lookahead_tokens == 0
-            and type(reserved_blocks) is int and reserved_blocks == 0 and not self.watermark_blocks
-            and type(num_external_computed_tokens) is int and num_external_computed_tokens == 0
+            and num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO
+            and reserved_blocks is _ZERO and not self.watermark_blocks
+            and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
             and delay_cache_blocks is False
-            and type(num_encoder_tokens) is int and num_encoder_tokens == 0
         ):  # fmt: skip
             grown = self._grow_running(request, num_new_tokens)
             if grown is not _NOT_RUNNING:
@@ -469,10 +471,9 @@ class KVCacheManager:
                 ):
                     mgr.totals.num_rejected += 1
                     return None
-        adm = mgr.admit(rid, key, num_tokens=max(min(slots, len(key)), 1), lookup=lookup)
-        if adm is None:
+        new = mgr._admit_looked_up(rid, lookup, max(min(slots, len(key)), 1))
+        if new is None:
             return None
-        new = adm.block_table[have:]
         if slots > len(key):  # lookahead slots past the prompt
             grown = mgr.advance(rid, slots)
             if grown is None:
@@ -507,19 +508,26 @@ class KVCacheManager:
         self._lookups.pop(rid, None)
         mgr = self.manager
         if rid in mgr:
-            # The key learns tokens only when a block fills; tell the manager (and its
-            # observers) what the request computed past it, registering nothing: vLLM
-            # registers no block at free, and under async scheduling a preempted
-            # request may have computed a block whose tokens were never confirmed.
-            if held is not None:
-                _learn(held[1], request, request.num_tokens)
-            done = mgr.num_computed_tokens(rid)
-            bs = self.block_size
-            computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
-            computed = min(computed, (done // bs + 1) * bs - 1)
-            if computed > done:
-                mgr.advance(rid, computed, computed, swap_duplicates=False)
+            if mgr.observed:
+                self._report_computed(request, None if held is None else held[1])
             mgr.abort(rid)
+
+    def _report_computed(self, request: RequestLike, key: TokenKey | None) -> None:
+        # The key learns tokens only when a block fills; tell the manager's observers
+        # (nothing else reads it: the request is released next) what the request
+        # computed past it, registering nothing: vLLM registers no block at free, and
+        # under async scheduling a preempted request may have computed a block whose
+        # tokens were never confirmed.
+        rid = request.request_id
+        mgr = self.manager
+        if key is not None:
+            _learn(key, request, request.num_tokens)
+        done = mgr.num_computed_tokens(rid)
+        bs = self.block_size
+        computed = min(request.num_computed_tokens, len(mgr.key(rid).tokens))
+        computed = min(computed, (done // bs + 1) * bs - 1)
+        if computed > done:
+            mgr.advance(rid, computed, computed, swap_duplicates=False)
 
     # --------------------------------------------------------------- queries
 

@@ -455,3 +455,20 @@ def test_step_if_running_is_step_in_place_for_a_running_request_and_none_otherwi
     assert kv.allocate_slots(request("waiting", [1, 2, 3]), 3) is not None
     assert "waiting" in mgr
     kv.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "count", ["num_new_computed_tokens", "num_lookahead_tokens", "reserved_blocks"]
+)
+@pytest.mark.parametrize("value", [False, 0.0])
+def test_a_running_requests_step_checks_its_zero_counts(count: str, value: object) -> None:
+    """A decode step's counts other than the new tokens take the O(1) path only as the
+    int 0; an equal bool or float gets the named error, the state unchanged."""
+    kv = KVCacheManager(make_index("hash_chain", block_size=4, seed=1), 16)
+    req = request("r", [1, 2, 3, 4, 5, 6])
+    assert admit(kv, req) is not None
+    req.append_output_token_ids(7)
+    before = _state(kv, ["r"])
+    with pytest.raises(PrefixKVError, match=count):
+        kv.allocate_slots(req, 1, **{count: value})
+    assert _state(kv, ["r"]) == before

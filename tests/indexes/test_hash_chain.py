@@ -148,6 +148,37 @@ def test_hashes_reused_from_recent_sequences_equal_the_chain(
             assert k.block_hashes(h) == _chain(full, 4, ns)
 
 
+def test_reuse_compares_the_whole_recent_sequence_not_its_ends() -> None:
+    """A recent sequence whose first and last blocks recur in a new one at the same
+    places, a block between them differing, lends the new one its first block only."""
+    h = BlockHasher(4, seed=5)
+    TokenKey([1] * 4 + [2] * 4 + [3] * 4).block_hashes(h)
+    second = [1] * 4 + [9] * 4 + [3] * 4 + [4] * 4
+    assert TokenKey(second).block_hashes(h) == _chain(second, 4, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 2), max_size=24),
+    st.lists(st.integers(0, 2), max_size=24),
+    st.integers(0, 14),
+)
+def test_common_blocks_counts_the_shared_blocks_whatever_the_guess(
+    a: list[int], b: list[int], guess: int
+) -> None:
+    """The blocks two byte strings share, found whether the guess (the blocks the older
+    one shared with its own predecessor) is right, short, long or out of range."""
+    from prefixkv.indexes.hashing import _common_blocks
+
+    step = 2
+    shared = 0
+    while (shared + 1) * step <= min(len(a), len(b)) and (
+        a[shared * step : (shared + 1) * step] == b[shared * step : (shared + 1) * step]
+    ):
+        shared += 1
+    assert _common_blocks(bytes(a), bytes(b), step, guess) == shared
+
+
 def test_hc_04_first_miss_stops_lookup() -> None:
     index = HashChainIndex(4, seed=0)
     a = list(range(1, 13))  # three blocks
