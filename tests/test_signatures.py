@@ -215,6 +215,8 @@ UNCHECKED = {
     "prefixkv.adapters.vllm.engine_types": "stand-ins for vLLM's own KVCacheBlock, "
     "KVCacheBlocks, PrefixCacheStats and managers, with vLLM's signatures and, as vLLM's, "
     "no checks; the engine class makes a KVCacheBlock per block",
+    "prefixkv.adapters.manager:Lookup": "CacheManager.match's answer, made at every lookup "
+    "from the key it checked and its index's PrefixMatch; callers read it and hand it back",
     "prefixkv.adapters.sglang.prefix_cache:PrefixNode": "the cache's own record of a "
     "prefix, made at every match; callers read it",
     "prefixkv.adapters.sglang.page_rows:PageRows.append_page": "alloc_for_decode's call "
