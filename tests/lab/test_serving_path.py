@@ -325,9 +325,16 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
 
     server = MetricsServer()
     engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
-    sweep = dataclasses.replace(QUICK_SWEEP, seed=3, serving_repeats=3)
+    sweep = dataclasses.replace(
+        QUICK_SWEEP, seed=3, serving_repeats=3, decoding_pauses_s=(0.0, 0.01)
+    )
     p = calibrate_server("http://fake", sweep=sweep, engine=engine)
     path = p.fit["serving_path"]
+    # the decoding requests: 3 of each pause, in turn, each streaming the long ones' tokens
+    decoding = path["samples"]["decoding"]
+    assert [s["idle_s"] for s in decoding] == [0.0, 0.01] * 3
+    assert {s["num_tokens"] for s in decoding} == {path["samples"]["long"][0]["num_tokens"]}
+    assert path["decoding_samples_kept"] == 6 and len(p.decoding_request_spread_s) == 21
     assert path["engine_side"] == "metrics"
     assert path["hops"]["engine"] == pytest.approx(MetricsServer.ENGINE_TTFT)
     assert path["hops"]["frontend"] == pytest.approx(0.0, abs=1e-12)
@@ -348,10 +355,13 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
     said = capsys.readouterr().out.splitlines()
     (line,) = [x for x in said if x.startswith("serving path (engine side from metrics): ")]
     assert "stream_token_s 0.100 ms" in line and "engine 4.0 ms" in line
-    assert said[-2].startswith("outside the engine, sent to an idle server: p50 ")
-    assert said[-1].startswith("outside the engine, sent to a busy server: p50 ")
+    assert said[-3].startswith("outside the engine, sent to an idle server: p50 ")
+    assert said[-2].startswith("outside the engine, sent to a busy server: p50 ")
+    assert said[-1].startswith(
+        "a decoding request's first token beyond its step, sent to an idle server: p50 "
+    )
     # the mock decodes at one pace: every lone decode at 1x the median
-    assert said[-3].startswith("engine pace from request to request (lone decodes, x their "
+    assert said[-4].startswith("engine pace from request to request (lone decodes, x their "
                                "median): p10 1.00, p50 1.00, p90 1.00, over ")  # fmt: skip
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
@@ -571,11 +581,11 @@ def test_each_busy_request_meets_a_young_stream_of_its_own_at_its_point() -> Non
 
     async def run() -> list[HopSample]:
         async with engine.client() as client:
-            *_, busy = await measure_serving_path(
+            hops = await measure_serving_path(
                 engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
-                repeats=3, long_tokens=32, idle_pauses_s=(),
+                repeats=3, long_tokens=32, idle_pauses_s=(), decoding_pauses_s=(),
             )  # fmt: skip
-        return busy
+        return list(hops.busy)
 
     busy = asyncio.run(run())
     n = BUSY_PER_REPEAT * 3
