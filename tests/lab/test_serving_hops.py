@@ -37,7 +37,7 @@ def test_the_table_gives_each_arm_and_kind_its_percentiles_bursts_and_cpu() -> N
     assert cells[4] == "30.0 / 76.0"  # p50, p90 (linear between order statistics)
     assert cells[5] == "-"  # not measured
     # the client's run-queue wait, p50 / p90
-    assert cells[-3] == "2.0 / 3.6"
+    assert cells[-3] == "3.0 / 7.6"
     assert cells[-2] == "1/5"
     assert cells[-1] == "0.010 / 0.050 / 0.100"
     assert any(ln.startswith("| nospin | lone | 1 |") for ln in lines)
