@@ -610,3 +610,49 @@ def test_busy_requests_are_sent_at_several_points_each_ending_before_its_backgro
     assert max(points) + 32 <= 96 // 2 + 32 < 96
     # a background too short to hold one still gives a point within it
     assert all(1 <= busy_into(k, 4, 32) <= 4 for k in range(BUSY_INTO_STEPS))
+
+
+class ClockedServer(MetricsServer):
+    """:class:`MetricsServer` noting when each ``/metrics`` read and each completion
+    came (the client's monotonic clock: the same process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int, float]] = []
+
+    async def __call__(self, request: Any) -> Any:
+        import time
+
+        tokens = json.loads(request.content)["max_tokens"] if request.method == "POST" else 0
+        self.seen.append((request.url.path, tokens, time.monotonic()))
+        return await super().__call__(request)
+
+
+def test_a_paused_request_is_what_wakes_the_server_not_the_metrics_read_before_it() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.serving_path import measure_serving_path
+
+    server = ClockedServer()
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
+    ids = iter(range(10**6))
+
+    async def run() -> HopSamples:
+        async with engine.client() as client:
+            return await measure_serving_path(
+                engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
+                repeats=1, long_tokens=16, idle_pauses_s=(0.03,), decoding_pauses_s=(0.04,),
+                busy_background_tokens=0,
+            )  # fmt: skip
+
+    hops = asyncio.run(run())
+    assert [s.idle_s for s in hops.idle] == [0.03] and [s.idle_s for s in hops.decoding] == [0.04]
+    # the idle and the decoding request: the last two completions; between the read
+    # just before each and the request itself the server idled its pause
+    posts = [k for k, (path, _, _) in enumerate(server.seen) if path == "/v1/completions"]
+    for k, pause in zip(posts[-2:], (0.03, 0.04), strict=True):
+        assert server.seen[k - 1][0] == "/metrics"
+        assert server.seen[k][2] - server.seen[k - 1][2] >= pause - 1e-3
+    assert server.seen[posts[-1]][1] == 16  # the decoding request decodes on

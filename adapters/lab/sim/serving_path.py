@@ -501,10 +501,15 @@ async def _timed(
     scrape_cpu_s: float,
     *,
     load: bool = False,
+    idle_s: float = 0.0,
 ) -> HopSample:
     """One request with ``/metrics`` read before and after (until its figures are in,
-    a few reads at most). ``load``: keep the API server busy meanwhile."""
+    a few reads at most). ``load``: keep the API server busy meanwhile. ``idle_s``:
+    the server idles that long after the read before, so that the request, not the
+    read, is what wakes it (as nothing precedes a sweep's lone request)."""
     before = await _metrics(client)
+    if idle_s:
+        await asyncio.sleep(idle_s)
     cpu0 = time.process_time()
     stop = asyncio.Event()
 
@@ -653,9 +658,11 @@ async def _idle(
     in_turn: bool = False,
 ) -> list[HopSample]:
     """``repeats`` requests of ``tokens`` tokens after each of ``pauses_s``, each sent
-    once the server idled that long: all of one pause, then the next, or (``in_turn``)
-    one of each pause in turn, so that a drift of the machine's pace meets every pause
-    alike."""
+    once the server idled that long (after the ``/metrics`` read before it: a read
+    just before the request woke the API server for it, and on a 2-core CPU vLLM
+    sweep requests that nothing woke took 1-2 ms more than such probes): all of one
+    pause, then the next, or (``in_turn``) one of each pause in turn, so that a drift
+    of the machine's pace meets every pause alike."""
     plan = (
         [p for _ in range(repeats) for p in pauses_s]
         if in_turn
@@ -663,8 +670,8 @@ async def _idle(
     )
     idle = []
     for pause in plan:
-        await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
-        s = await _timed(engine, client, prompt(), tokens, scrape_cpu_s)
+        # the server idles first, as between sparse arrivals
+        s = await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause)
         idle.append(s._replace(idle_s=pause))
         tick()
     return idle
