@@ -659,10 +659,10 @@ async def _idle(
 ) -> list[HopSample]:
     """``repeats`` requests of ``tokens`` tokens after each of ``pauses_s``, each sent
     once the server idled that long (after the ``/metrics`` read before it: a read
-    just before the request woke the API server for it, and on a 2-core CPU vLLM
-    sweep requests that nothing woke took 1-2 ms more than such probes): all of one
-    pause, then the next, or (``in_turn``) one of each pause in turn, so that a drift
-    of the machine's pace meets every pause alike."""
+    just before the request would wake the API server for it, where nothing wakes it
+    before a sweep's lone request): all of one pause, then the next, or (``in_turn``)
+    one of each pause in turn, so that a drift of the machine's pace meets every pause
+    alike."""
     plan = (
         [p for _ in range(repeats) for p in pauses_s]
         if in_turn
