@@ -12,6 +12,9 @@ since the last request ended. Every request is an 8-token fresh prompt decoding
   until its time among others asleep, nothing read before it.
 - ``sweep-read``: the sweep's client with the probe's ``/metrics`` read before the gap.
 - ``one-token``: the probe decoding one token (the calibration's idle requests).
+- ``cached``: as ``sweep``, a sweep-length prompt: 192 cached tokens and 8 fresh.
+- ``newconn``: as ``sweep``, on a client of its own opened for it (a new TCP
+  connection, as where uvicorn's 5 s keep-alive closed the last one).
 
 Each request records the client's run-queue wait (``/proc/self/schedstat``) up to its
 first token. Gaps ``--gaps`` alternate by round.
@@ -46,7 +49,12 @@ from prefixkv.adapters.lab.sim.serving_path import _metrics  # noqa: E402
 
 PROMPT_TOKENS = 8
 WARM_CONNECTIONS = 32
-VARIANTS = ("probe", "sweep", "sweep-read", "one-token")
+VARIANTS = ("probe", "sweep", "sweep-read", "one-token", "cached", "newconn")
+PROBE_CLIENT = {"probe", "one-token"}
+"""Variants sent on the calibration's client (the others on the sweep's)."""
+UNREAD = {"sweep", "cached", "newconn"}
+"""Variants with no ``/metrics`` read before their gap (as a sweep's requests)."""
+CACHED_TOKENS = 192
 SLEEPERS = 64
 """Other tasks asleep on the sweep client's loop, as a replay's pending requests are."""
 
@@ -88,6 +96,8 @@ async def run(
         warm = [[3 + (k * 7919 + i) % 31000 for i in range(16)] for k in range(WARM_CONNECTIONS)]
         await asyncio.gather(*(engine.complete(sweep, p, 2) for p in warm))
         await engine.complete(probe, fresh(), 2)
+        prefix = [rng.randrange(3, 32000) for _ in range(CACHED_TOKENS)]
+        await engine.complete(sweep, prefix + fresh(), 2)  # cached from now on
         sleepers = [asyncio.ensure_future(asyncio.sleep(3600)) for _ in range(SLEEPERS)]
         try:
             for r in range(rounds):
@@ -95,12 +105,17 @@ async def run(
                 order = list(variants)
                 rng.shuffle(order)
                 for variant in order:
-                    client = sweep if variant.startswith("sweep") else probe
-                    if variant != "sweep":
-                        await _metrics(client)
                     n = 1 if variant == "one-token" else tokens
-                    at = loop.time() + gap
-                    row = await asyncio.ensure_future(timed(client, at, fresh(), n))
+                    prompt = prefix + fresh() if variant == "cached" else fresh()
+                    if variant == "newconn":
+                        async with engine.client() as own:
+                            row = await timed(own, loop.time() + gap, prompt, n)
+                    else:
+                        client = probe if variant in PROBE_CLIENT else sweep
+                        if variant not in UNREAD:
+                            await _metrics(client)
+                        at = loop.time() + gap
+                        row = await asyncio.ensure_future(timed(client, at, prompt, n))
                     row.update(
                         tokens=n, variant=variant, round=r, gap_s=gap, load=os.getloadavg()[0]
                     )
