@@ -1,5 +1,5 @@
 """The client-path experiment's parts that run without a server: which streams were
-read in one burst, its table, the client's run-queue wait, its arguments."""
+read in one burst, its table, its arguments."""
 
 from __future__ import annotations
 
@@ -46,13 +46,6 @@ def test_the_table_leaves_bursts_out_of_each_variant_and_gaps_percentiles() -> N
 def test_the_table_says_dash_where_every_request_was_held() -> None:
     lines = client_paths.table([row("sweep", 80.0, client_decode_s=0.0)]).splitlines()
     assert [c.strip() for c in lines[2].strip("|").split("|")][3:6] == ["1", "-", "-"]
-
-
-@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="Linux schedstat")
-def test_the_run_queue_wait_is_seconds_that_never_go_back() -> None:
-    a = client_paths.run_queue_wait_s()
-    b = client_paths.run_queue_wait_s()
-    assert 0.0 <= a <= b
 
 
 def test_an_unknown_variant_is_refused_before_any_server_starts(

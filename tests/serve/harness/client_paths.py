@@ -42,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from serving_hops import run_queue_wait_s  # noqa: E402
 from sim_to_real import vllm_server  # noqa: E402
 
 from prefixkv.adapters.lab.sim.served import ServedEngine  # noqa: E402
@@ -125,11 +126,6 @@ async def run(
                 sleeper.cancel()
             await asyncio.gather(*sleepers, return_exceptions=True)
     return out
-
-
-def run_queue_wait_s() -> float:
-    """Seconds this process has waited on a run queue (Linux ``/proc/self/schedstat``)."""
-    return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
 
 
 def _ms(rows: list[dict[str, Any]], key: str, q: int) -> str:
