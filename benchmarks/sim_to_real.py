@@ -380,17 +380,24 @@ def busy_probe(profile: CostProfile) -> dict[str, Any]:
     """What a run's profile says of the calibration's busy requests: the tokens each
     decoded (``busy_probe_tokens``; 1 for profiles made before they streamed, 0 for
     none), their p90 outside the engine core (``busy_probe_p90_s``, NaN: none) and how
-    many the client read in one burst, left out of it (``busy_probe_bursts``)."""
+    many the client read in one burst, left out of it (``busy_probe_bursts``); and of
+    its lone decoding requests (sent to an idle server): how many were kept
+    (``decoding_probe_kept``; 0 for profiles made before they were sent) and their
+    first token's p50 beyond its charged step (``decoding_probe_p50_s``)."""
     path = profile.fit.get("serving_path")
     path = path if isinstance(path, dict) else {}
     kept = path.get("busy_samples_kept") or 0
     tokens = path.get("busy_tokens", 1 if kept else 0)
     bursts = path.get("busy_bursts", 0)
     table = profile.busy_request_spread_s
+    decoding = profile.decoding_request_spread_s
+    lone = path.get("decoding_samples_kept", 0)
     return {
         "busy_probe_tokens": int(tokens) if isinstance(tokens, int) else 0,
         "busy_probe_p90_s": float(table[18]) if table else math.nan,
         "busy_probe_bursts": int(bursts) if isinstance(bursts, int) else 0,
+        "decoding_probe_kept": int(lone) if isinstance(lone, int) and decoding else 0,
+        "decoding_probe_p50_s": float(decoding[10]) if decoding else math.nan,
     }
 
 
@@ -402,6 +409,8 @@ def _busy_probe_of(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "busy_probe_tokens": first.get("busy_probe_tokens", 0),
         "busy_probe_p90_s": first.get("busy_probe_p90_s", math.nan),
         "busy_probe_bursts": first.get("busy_probe_bursts", 0),
+        "decoding_probe_kept": first.get("decoding_probe_kept", 0),
+        "decoding_probe_p50_s": first.get("decoding_probe_p50_s", math.nan),
         "busy_wait": any(r.get("busy_wait", False) for r in runs),
     }
 
@@ -561,10 +570,13 @@ def _calibrate(args: argparse.Namespace, url: str, out: Path, tag: str) -> CostP
     save_profile(profile, out / f"profile{tag}.json")
     path = profile.fit.get("serving_path", {})
     hops = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in path.get("hops", {}).items())
+    tables = (
+        ("idle", profile.request_spread_s),
+        ("busy", profile.busy_request_spread_s),
+        ("decoding, sent idle (beyond its step)", profile.decoding_request_spread_s),
+    )
     spread = ", ".join(
-        f"{what} p50 {t[10] * 1e3:.1f} / p90 {t[18] * 1e3:.1f} ms"
-        for what, t in (("idle", profile.request_spread_s), ("busy", profile.busy_request_spread_s))
-        if t
+        f"{what} p50 {t[10] * 1e3:.1f} / p90 {t[18] * 1e3:.1f} ms" for what, t in tables if t
     )
     print(f"profile{tag}: request_s {profile.request_s * 1e3:.2f} ms, admit_s "
           f"{profile.admit_s * 1e3:.2f} ms, stream_token_s "

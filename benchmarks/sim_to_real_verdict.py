@@ -21,7 +21,10 @@ the measured requests alone (nothing is fitted to them):
   a decoding request's first token reaches the client late; with those waits napping
   instead the delay all but went;
 - **idle requests**: TTFT p50 is off; the requests sent to an idle server, measured
-  and simulated (the serving path and the prefill step, no queue);
+  and simulated (the serving path and the prefill step, no queue), and what priced
+  their first token: the calibration's lone requests that went on decoding (their p50
+  beyond the charged step), or, in a profile made before they were sent, its one-token
+  requests (a request that goes on decoding paid 2.1-2.4 ms more on a CPU vLLM);
 - **pace from request to request**: TPOT p90 is off by over 10 points more than p50
   is; the ratio of TPOT p90 to p50, measured and simulated (the step model prices
   every step of a shape alike; the server's pace varies from one request to the
@@ -145,7 +148,7 @@ def _why(
         if off.get(90, 0.0) < -WITHIN:
             why += _busy_tail(row, pooled)
         if 50 in off:
-            why += _idle(pooled)
+            why += _idle(row, pooled)
     else:
         if drift:
             why.append(f"the server's steps ran {pace} than calibrated")
@@ -200,13 +203,26 @@ def _busy_probe(row: dict[str, Any]) -> str:
     return said
 
 
-def _idle(pooled: dict[str, list[Any]]) -> list[str]:
+def _idle(row: dict[str, Any], pooled: dict[str, list[Any]]) -> list[str]:
     busy = pooled["busy"]
     meas = [t for t, b in zip(pooled["ttft_measured"], busy, strict=True) if not b]
     sim = [t for t, b in zip(pooled["ttft_sim"], busy, strict=True) if not b]
     if not meas:
         return []
-    return [f"sent to an idle server: p50 {_ms(_pct(meas, 50))} / {_ms(_pct(sim, 50))} ms"]
+    said = f"sent to an idle server: p50 {_ms(_pct(meas, 50))} / {_ms(_pct(sim, 50))} ms"
+    kept = row.get("decoding_probe_kept") or 0
+    p50 = row.get("decoding_probe_p50_s", math.nan)
+    if kept and not math.isnan(p50):
+        said += (
+            f" (their first token priced from {kept} lone decoding requests of the "
+            f"calibration, {_ms(p50)} ms beyond their step at p50)"
+        )
+    else:
+        said += (
+            " (priced as the calibration's one-token requests: its profile has no lone "
+            "requests that went on decoding, which paid 2.1-2.4 ms more on a CPU vLLM)"
+        )
+    return [said]
 
 
 def _pace(pooled: dict[str, list[Any]]) -> list[str]:

@@ -24,7 +24,10 @@ def row(arm: str, kind: str, ttft: float, **more: Any) -> dict[str, Any]:
 
 
 def test_the_table_gives_each_arm_and_kind_its_percentiles_bursts_and_cpu() -> None:
-    rows = [row("spin", "busy", t, burst=t > 50) for t in (10.0, 20.0, 30.0, 40.0, 100.0)]
+    rows = [
+        row("spin", "busy", t, burst=t > 50, client_wait_ms=t / 10)
+        for t in (10.0, 20.0, 30.0, 40.0, 100.0)
+    ]
     rows.append(row("nospin", "lone", 5.0))
     lines = serving_hops.table(rows).splitlines()
     assert len(lines) == 4  # head, rule, two groups
@@ -33,9 +36,17 @@ def test_the_table_gives_each_arm_and_kind_its_percentiles_bursts_and_cpu() -> N
     assert cells[3] == "1.50-1.50"
     assert cells[4] == "30.0 / 76.0"  # p50, p90 (linear between order statistics)
     assert cells[5] == "-"  # not measured
+    # the client's run-queue wait, p50 / p90
+    assert cells[-3] == "3.0 / 7.6"
     assert cells[-2] == "1/5"
     assert cells[-1] == "0.010 / 0.050 / 0.100"
     assert any(ln.startswith("| nospin | lone | 1 |") for ln in lines)
+
+
+def test_the_clients_run_queue_wait_only_grows() -> None:
+    before = serving_hops.run_queue_wait_s()
+    sum(range(10**5))  # some work: time on a core, maybe a wait for one
+    assert serving_hops.run_queue_wait_s() >= before >= 0.0
 
 
 def test_process_cpu_reads_the_processes_of_a_group() -> None:

@@ -325,9 +325,16 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
 
     server = MetricsServer()
     engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
-    sweep = dataclasses.replace(QUICK_SWEEP, seed=3, serving_repeats=3)
+    sweep = dataclasses.replace(
+        QUICK_SWEEP, seed=3, serving_repeats=3, decoding_pauses_s=(0.0, 0.01)
+    )
     p = calibrate_server("http://fake", sweep=sweep, engine=engine)
     path = p.fit["serving_path"]
+    # the decoding requests: 3 of each pause, in turn, each streaming the long ones' tokens
+    decoding = path["samples"]["decoding"]
+    assert [s["idle_s"] for s in decoding] == [0.0, 0.01] * 3
+    assert {s["num_tokens"] for s in decoding} == {path["samples"]["long"][0]["num_tokens"]}
+    assert path["decoding_samples_kept"] == 6 and len(p.decoding_request_spread_s) == 21
     assert path["engine_side"] == "metrics"
     assert path["hops"]["engine"] == pytest.approx(MetricsServer.ENGINE_TTFT)
     assert path["hops"]["frontend"] == pytest.approx(0.0, abs=1e-12)
@@ -348,10 +355,13 @@ def test_calibrate_server_measures_the_serving_path_from_the_servers_metrics(
     said = capsys.readouterr().out.splitlines()
     (line,) = [x for x in said if x.startswith("serving path (engine side from metrics): ")]
     assert "stream_token_s 0.100 ms" in line and "engine 4.0 ms" in line
-    assert said[-2].startswith("outside the engine, sent to an idle server: p50 ")
-    assert said[-1].startswith("outside the engine, sent to a busy server: p50 ")
+    assert said[-3].startswith("outside the engine, sent to an idle server: p50 ")
+    assert said[-2].startswith("outside the engine, sent to a busy server: p50 ")
+    assert said[-1].startswith(
+        "a decoding request's first token beyond its step, sent to an idle server: p50 "
+    )
     # the mock decodes at one pace: every lone decode at 1x the median
-    assert said[-3].startswith("engine pace from request to request (lone decodes, x their "
+    assert said[-4].startswith("engine pace from request to request (lone decodes, x their "
                                "median): p10 1.00, p50 1.00, p90 1.00, over ")  # fmt: skip
     off = calibrate_server(
         "http://fake", sweep=dataclasses.replace(sweep, serving_repeats=0), engine=engine
@@ -571,11 +581,11 @@ def test_each_busy_request_meets_a_young_stream_of_its_own_at_its_point() -> Non
 
     async def run() -> list[HopSample]:
         async with engine.client() as client:
-            *_, busy = await measure_serving_path(
+            hops = await measure_serving_path(
                 engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
-                repeats=3, long_tokens=32, idle_pauses_s=(),
+                repeats=3, long_tokens=32, idle_pauses_s=(), decoding_pauses_s=(),
             )  # fmt: skip
-        return busy
+        return list(hops.busy)
 
     busy = asyncio.run(run())
     n = BUSY_PER_REPEAT * 3
@@ -600,3 +610,49 @@ def test_busy_requests_are_sent_at_several_points_each_ending_before_its_backgro
     assert max(points) + 32 <= 96 // 2 + 32 < 96
     # a background too short to hold one still gives a point within it
     assert all(1 <= busy_into(k, 4, 32) <= 4 for k in range(BUSY_INTO_STEPS))
+
+
+class ClockedServer(MetricsServer):
+    """:class:`MetricsServer` noting when each ``/metrics`` read and each completion
+    came (the client's monotonic clock: the same process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int, float]] = []
+
+    async def __call__(self, request: Any) -> Any:
+        import time
+
+        tokens = json.loads(request.content)["max_tokens"] if request.method == "POST" else 0
+        self.seen.append((request.url.path, tokens, time.monotonic()))
+        return await super().__call__(request)
+
+
+def test_a_paused_request_is_what_wakes_the_server_not_the_metrics_read_before_it() -> None:
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine
+    from prefixkv.adapters.lab.sim.serving_path import measure_serving_path
+
+    server = ClockedServer()
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(server))
+    ids = iter(range(10**6))
+
+    async def run() -> HopSamples:
+        async with engine.client() as client:
+            return await measure_serving_path(
+                engine, client, lambda n: [next(ids) % 900 + 1 for _ in range(n)],
+                repeats=1, long_tokens=16, idle_pauses_s=(0.03,), decoding_pauses_s=(0.04,),
+                busy_background_tokens=0,
+            )  # fmt: skip
+
+    hops = asyncio.run(run())
+    assert [s.idle_s for s in hops.idle] == [0.03] and [s.idle_s for s in hops.decoding] == [0.04]
+    # the idle and the decoding request: the last two completions; between the read
+    # just before each and the request itself the server idled its pause
+    posts = [k for k, (path, _, _) in enumerate(server.seen) if path == "/v1/completions"]
+    for k, pause in zip(posts[-2:], (0.03, 0.04), strict=True):
+        assert server.seen[k - 1][0] == "/metrics"
+        assert server.seen[k][2] - server.seen[k - 1][2] >= pause - 1e-3
+    assert server.seen[posts[-1]][1] == 16  # the decoding request decodes on

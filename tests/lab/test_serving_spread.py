@@ -67,11 +67,17 @@ def test_the_draw_is_fixed_by_the_request_id_and_uniform_over_ids() -> None:
 
 
 def test_a_request_draws_from_its_engines_state_table_or_falls_back() -> None:
-    assert serving_delay(0.005)("r", True) == serving_delay(0.005)("r", False) == 0.005
+    plain = serving_delay(0.005)
+    assert plain("r", True, True) == plain("r", False, False) == 0.005
     idle_only = serving_delay(0.005, flat(0.002))
-    assert idle_only("r", False) == idle_only("r", True) == 0.002  # busy falls back to idle
+    # busy falls back to idle, and so does a decoding request sent to an idle engine
+    assert idle_only("r", False, True) == idle_only("r", True, False) == 0.002
     both = serving_delay(0.005, flat(0.002), flat(0.030))
-    assert both("r", False) == 0.002 and both("r", True) == 0.030
+    assert both("r", False, False) == 0.002 and both("r", True, True) == 0.030
+    # the decoding table: only a request that goes on decoding, sent to an idle engine
+    three = serving_delay(0.005, flat(0.002), flat(0.030), flat(0.004))
+    assert three("r", False, True) == 0.004
+    assert three("r", False, False) == 0.002 and three("r", True, True) == 0.030
 
 
 def test_a_profile_keeps_its_spread_tables_and_refuses_bad_ones() -> None:

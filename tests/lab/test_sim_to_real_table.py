@@ -64,9 +64,16 @@ def test_the_verdict_names_what_is_off_and_says_saturated_before_it() -> None:
     row = sim_to_real.summarize_rate(1.0, [low])
     assert row["ttft_p50_error"] == pytest.approx(-2 / 3)
     assert row["verdict"] == (
-        "TTFT off (p50 -67%, p90 -67%): sent to an idle server: p50 60.0 / 20.0 ms; "
+        "TTFT off (p50 -67%, p90 -67%): sent to an idle server: p50 60.0 / 20.0 ms (priced "
+        "as the calibration's one-token requests: its profile has no lone requests that "
+        "went on decoding, which paid 2.1-2.4 ms more on a CPU vLLM); "
         "TPOT off (p50 +15%, p90 +15%): the server's steps ran faster than calibrated"
     )
+    # a profile with lone decoding requests says what they took
+    probed = {**low, "decoding_probe_kept": 18, "decoding_probe_p50_s": 0.0042}
+    assert "sent to an idle server: p50 60.0 / 20.0 ms (their first token priced from 18 " \
+        "lone decoding requests of the calibration, 4.2 ms beyond their step at p50); " in (
+        sim_to_real.summarize_rate(1.0, [probed])["verdict"])  # fmt: skip
     busy = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[0.1], busy=0.95, achieved=8)])
     assert busy["verdict"].startswith("saturated (sim busy 95%, served 100% of offered)")
     behind = sim_to_real.summarize_rate(8.0, [run(ttft=[1.0], ttft_sim=[1.0], achieved=6.0)])
@@ -188,10 +195,13 @@ def test_a_runs_profile_says_what_its_busy_requests_decoded() -> None:
     older = dataclasses.replace(
         base, busy_request_spread_s=table, fit={"serving_path": {"busy_samples_kept": 9}}
     )
-    assert sim_to_real.busy_probe(older) == {
+    said = sim_to_real.busy_probe(older)
+    assert math.isnan(said.pop("decoding_probe_p50_s"))  # made before they were sent
+    assert said == {
         "busy_probe_tokens": 1,
         "busy_probe_p90_s": pytest.approx(table[18]),
         "busy_probe_bursts": 0,
+        "decoding_probe_kept": 0,
     }
     newer = dataclasses.replace(
         older,
@@ -199,6 +209,14 @@ def test_a_runs_profile_says_what_its_busy_requests_decoded() -> None:
     )
     assert sim_to_real.busy_probe(newer)["busy_probe_tokens"] == 32
     assert sim_to_real.busy_probe(newer)["busy_probe_bursts"] == 4
+    lone = dataclasses.replace(
+        newer,
+        decoding_request_spread_s=table,
+        fit={"serving_path": {"decoding_samples_kept": 17}},
+    )
+    said = sim_to_real.busy_probe(lone)
+    assert said["decoding_probe_kept"] == 17
+    assert said["decoding_probe_p50_s"] == pytest.approx(table[10])
 
 
 def test_a_tpot_p90_off_beyond_its_p50_says_how_the_pace_varies() -> None:

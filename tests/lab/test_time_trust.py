@@ -683,10 +683,13 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
     # Then a short request timed twice under 0 and under 8 background streams, and
     # the serving path: a short, a long and a loaded request, twice, then a short one
     # after each of the 4 idle pauses, twice, then 2 x 2 busy ones, each while a
-    # background request of its own decodes.
+    # background request of its own decodes, then a long one after each of the 2
+    # decoding pauses, in turn, twice.
     busy = 2 * (2 * 2)
+    decoding = 2 * 2
     assert (
-        len(fake.prompts) == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2 + busy
+        len(fake.prompts)
+        == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2 + busy + decoding
     )
     assert p.fit["serving_path"]["engine_side"] == "step model"  # no vLLM histograms here
 

@@ -225,8 +225,10 @@ def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    # short, long and loaded requests, and short ones after each idle pause and busy
-    serving = (3 + len(IDLE_PAUSES_S) + BUSY_PER_REPEAT) * sweep.serving_repeats
+    # short, long and loaded requests, short ones after each idle pause, busy ones and
+    # decoding ones after each of their pauses
+    per_repeat = 3 + len(IDLE_PAUSES_S) + BUSY_PER_REPEAT + len(sweep.decoding_pauses_s)
+    serving = per_repeat * sweep.serving_repeats
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
 
 
@@ -260,12 +262,15 @@ def _print_fit(profile: CostProfile, out: Path) -> None:
             print(f"engine pace from request to request (lone decodes, x their median): "
                   f"p10 {p10:.2f}, p50 {p50:.2f}, p90 {p90:.2f}, over "
                   f"{profile.pace_window_s * 1e3:.0f} ms")  # fmt: skip
-        for what, table in (("an idle", profile.request_spread_s),
-                            ("a busy", profile.busy_request_spread_s)):  # fmt: skip
+        for what, table in (
+            ("outside the engine, sent to an idle server", profile.request_spread_s),
+            ("outside the engine, sent to a busy server", profile.busy_request_spread_s),
+            ("a decoding request's first token beyond its step, sent to an idle server",
+             profile.decoding_request_spread_s),
+        ):  # fmt: skip
             if table:  # the quantiles at 0, 5, ..., 100%: p50, p90, p100
                 p50, p90, top = (table[k] * 1e3 for k in (10, 18, 20))
-                print(f"outside the engine, sent to {what} server: p50 {p50:.1f} ms, "
-                      f"p90 {p90:.1f} ms, max {top:.1f} ms")  # fmt: skip
+                print(f"{what}: p50 {p50:.1f} ms, p90 {p90:.1f} ms, max {top:.1f} ms")
 
 
 def list_profiles() -> str:

@@ -88,7 +88,12 @@ SERVING_TERMS = (
 )
 """The serving path's terms (outside the engine's steps), each 0 when not measured."""
 
-SPREAD_TABLES = ("request_spread_s", "busy_request_spread_s", "pace_spread")
+SPREAD_TABLES = (
+    "request_spread_s",
+    "busy_request_spread_s",
+    "pace_spread",
+    "decoding_request_spread_s",
+)
 """The serving path's spread: quantiles of the seconds a request spends outside the
 engine, sent to an idle and to a busy server (:mod:`.serving_spread`), and of the
 engine's pace (a factor, :mod:`.engine_pace`); empty when not measured."""
@@ -159,6 +164,10 @@ class CostProfile:
             measured).
         busy_request_spread_s: the same for a request sent while the engine has
             requests to run (empty: the idle table stands for it).
+        decoding_request_spread_s: quantiles of what a request that decodes more than
+            one token, sent to an idle server, takes to its first token beyond what
+            its first step and streaming are charged (:mod:`.decoding_start`; empty:
+            the idle table stands for it).
         pace_spread: quantiles of the factor a step's priced time is multiplied by
             (the engine's pace drifting over time, :mod:`.engine_pace`; empty: 1).
         pace_window_s: the seconds one pace holds (0: not measured).
@@ -201,6 +210,7 @@ class CostProfile:
     admit_s: float = 0.0
     request_spread_s: Sequence[float] = ()
     busy_request_spread_s: Sequence[float] = ()
+    decoding_request_spread_s: Sequence[float] = ()
     pace_spread: Sequence[float] = ()
     pace_window_s: float = 0.0
     measured_on: Mapping[str, str] = field(default_factory=dict)

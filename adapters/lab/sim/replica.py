@@ -92,7 +92,12 @@ def simulate(
     prof = load_profile() if profile is None else profile
     index, seat = pool_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
-    delay = serving_delay(prof.request_s, prof.request_spread_s, prof.busy_request_spread_s)
+    delay = serving_delay(
+        prof.request_s,
+        prof.request_spread_s,
+        prof.busy_request_spread_s,
+        prof.decoding_request_spread_s,
+    )
     records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
@@ -211,11 +216,11 @@ class _SessionGate:
 
     Requests are read lazily in arrival order. A turn whose predecessor is still
     unfinished waits here; one whose predecessor never appeared is sent at its
-    arrival. Each request reaches the scheduler ``delay(request, busy)`` after it is
-    sent, and not before one sent before it; ``busy`` when the engine was computing a
-    step then (it was sent before the clock it is read at: a request sent while the
-    engine idles is read at its own time; a closed-loop turn counts as sent to an idle
-    engine).
+    arrival. Each request reaches the scheduler ``delay(request, busy, continues)``
+    after it is sent, and not before one sent before it (``continues``: it decodes
+    more than one token); ``busy`` when the engine was computing a step then (it was
+    sent before the clock it is read at: a request sent while the engine idles is read
+    at its own time; a closed-loop turn counts as sent to an idle engine).
     """
 
     def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
@@ -234,7 +239,7 @@ class _SessionGate:
         self.last_sent = self.last_reach = -math.inf
 
     def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:
-        reach = sent + self.delay(request.id, busy)
+        reach = sent + self.delay(request.id, busy, request.output_len > 1)
         if sent >= self.last_sent:
             reach = max(reach, self.last_reach)
             self.last_sent, self.last_reach = sent, reach

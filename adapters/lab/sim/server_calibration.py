@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
+from .decoding_start import decoding_excess
 from .engine_admit import fit_admit_s
 from .engine_decode import decode_samples
 from .engine_pace import pace_table, pace_window
@@ -51,6 +52,7 @@ from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import (
+    DECODING_PAUSES_S,
     PROMPT_TOKENS,
     EngineModel,
     HopSample,
@@ -95,6 +97,8 @@ class ServerSweep:
             nothing a server cached from an earlier sweep hits.
         serving_repeats: requests of each kind timing the serving path
             (:mod:`.serving_path`); 0 leaves it to the fit.
+        decoding_pauses_s: seconds the server idles before each of the serving
+            path's decoding requests, ``serving_repeats`` of each (empty: none sent).
     """
 
     prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
@@ -108,6 +112,7 @@ class ServerSweep:
     vocab_size: int = 32000
     seed: int | None = None
     serving_repeats: int = 10
+    decoding_pauses_s: tuple[float, ...] = DECODING_PAUSES_S
 
     def __post_init__(self) -> None:
         if type(self.serving_repeats) is not int or not 0 <= self.serving_repeats <= 1000:
@@ -126,6 +131,13 @@ class ServerSweep:
                 raise ProfileError(f"{name} must be a positive int, got {value!r}")
         if self.decode_tokens < 8:
             raise ProfileError(f"decode_tokens must be >= 8, got {self.decode_tokens}")
+        if any(
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 60
+            for p in self.decoding_pauses_s
+        ):
+            raise ProfileError(
+                f"decoding_pauses_s must be seconds in [0, 60], got {self.decoding_pauses_s!r}"
+            )
 
 
 QUICK_SWEEP = ServerSweep(
@@ -367,6 +379,7 @@ def calibrate_server(
             seed=sweep.seed,
             vocab_size=sweep.vocab_size,
             progress=progress,
+            decoding_pauses_s=sweep.decoding_pauses_s,
         )
     return fit_server(samples, hops, **_described(info, sweep, samples, name))
 
@@ -476,21 +489,8 @@ def _with_serving_path(
     # The engine's pace, request to request: the lone long requests' decode as the
     # engine core timed it.
     pace = pace_table(hops.long)
-    fitted = {
-        **profile.fit,
-        **saved,
-        "serving_path": {
-            **path.as_dict(),
-            "admit_s": admit_s,
-            "busy_samples_kept": len(busy_outside),
-            "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
-            "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
-            "samples": hops.to_json(),
-        },
-    }
-    return dataclasses.replace(
+    served = dataclasses.replace(
         profile,
-        fit=fitted,
         admit_s=admit_s or 0.0,
         request_spread_s=idle_spread,
         busy_request_spread_s=busy_spread,
@@ -501,6 +501,24 @@ def _with_serving_path(
         wake_s=path.wake_s or 0.0,
         wake_after_s=path.wake_after_s or 0.0,
     )
+    # A lone request that goes on decoding, sent to an idle server: what its first
+    # token took beyond what the profile now charges its first step and streaming.
+    excess = decoding_excess(hops.decoding, engine_model(profile), served)
+    fitted = {
+        **profile.fit,
+        **saved,
+        "serving_path": {
+            **path.as_dict(),
+            "admit_s": admit_s,
+            "busy_samples_kept": len(busy_outside),
+            "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
+            "busy_tokens": max((s.num_tokens for s in hops.busy), default=0),
+            "decoding_samples_kept": len(excess),
+            "decoding_bursts": sum(1 for s in hops.decoding if is_burst(s)),
+            "samples": hops.to_json(),
+        },
+    }
+    return dataclasses.replace(served, fit=fitted, decoding_request_spread_s=quantile_table(excess))
 
 
 def _admit_beyond_share(

@@ -34,6 +34,14 @@ one request at a time (light load), from both ends:
   reached their first token at the client tens of ms after the API server had it,
   where one-token requests sent the same way did not (their stream ends with that
   token: nothing streams while they wait on it).
+- **decoding**: long requests (``k`` tokens each, streamed) sent one at a time after the
+  server idled (:data:`DECODING_PAUSES_S`, in turn), ``repeats`` of each pause: a
+  served request that goes on decoding after its first token, sent to an idle server,
+  as a sweep's lone requests are. Their first token is what :mod:`.decoding_start`
+  prices. The long requests above are sent right after another request and, on a
+  2-core CPU vLLM, the client read 8 of 10 of them in one burst at their stream's end
+  (its process waited to run for the whole stream while the engine core and worker
+  busy-waited); after a pause of 0.3 s or more, 1-2 of 10.
 - **share**: one long request alone, then again while the client keeps the API
   server busy with ``/metrics`` reads: the engine core's decode time grows by
   ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
@@ -70,6 +78,7 @@ __all__ = [
     "BUSY_BACKGROUND_TOKENS",
     "BUSY_INTO_STEPS",
     "BUSY_PER_REPEAT",
+    "DECODING_PAUSES_S",
     "IDLE_PAUSES_S",
     "METRICS",
     "PROMPT_TOKENS",
@@ -105,6 +114,12 @@ IDLE_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
 each). In two recorded sweeps on a 2-core CPU server, a lone request that came 0.4 s or
 more after the last one finished took 5-6 ms longer to its first token than one that
 came within 0.05 s."""
+
+DECODING_PAUSES_S = (0.3, 1.2)
+"""Seconds the server idles before each decoding request, in turn (``repeats`` of
+each): one inside and one past the second for which vLLM's shared-memory queue readers
+(its engine core and worker) busy-wait after their last read before they sleep on a
+socket, as a sweep's lone requests come on either side of it."""
 
 BUSY_PER_REPEAT = 2
 """Busy requests per repeat (twice the others: the spread's upper quantiles need them)."""
@@ -486,10 +501,15 @@ async def _timed(
     scrape_cpu_s: float,
     *,
     load: bool = False,
+    idle_s: float = 0.0,
 ) -> HopSample:
     """One request with ``/metrics`` read before and after (until its figures are in,
-    a few reads at most). ``load``: keep the API server busy meanwhile."""
+    a few reads at most). ``load``: keep the API server busy meanwhile. ``idle_s``:
+    the server idles that long after the read before, so that the request, not the
+    read, is what wakes it (as nothing precedes a sweep's lone request)."""
     before = await _metrics(client)
+    if idle_s:
+        await asyncio.sleep(idle_s)
     cpu0 = time.process_time()
     stop = asyncio.Event()
 
@@ -539,8 +559,10 @@ async def measure_serving_path(
     idle_pauses_s: Sequence[float] = IDLE_PAUSES_S,
     progress: Callable[[int], object] | None = None,
     busy_background_tokens: int = BUSY_BACKGROUND_TOKENS,
-) -> tuple[list[HopSample], list[HopSample], list[SharePair], list[HopSample], list[HopSample]]:
-    """Send the short, long, share, idle and busy requests (see the module docstring).
+    decoding_pauses_s: Sequence[float] = DECODING_PAUSES_S,
+) -> HopSamples:
+    """Send the short, long, share, idle, busy and decoding requests (see the module
+    docstring).
 
     Args:
         engine: the server.
@@ -554,6 +576,8 @@ async def measure_serving_path(
         progress: called with 1 after each request.
         busy_background_tokens: tokens each busy request's background request decodes
             (the busy ones decode ``long_tokens`` each; 0: none sent).
+        decoding_pauses_s: seconds the server idles before each decoding request
+            (``long_tokens`` each), in turn, ``repeats`` of each (empty: none sent).
 
     Raises:
         ServerError: the server fails a request.
@@ -576,13 +600,17 @@ async def measure_serving_path(
         engine, client, prompt, repeats, long_tokens, scrape_cpu_s, tick
     )
     idle = await _idle(engine, client, prompt, idle_pauses_s, repeats, scrape_cpu_s, tick)
+    decoding = await _idle(
+        engine, client, prompt, decoding_pauses_s, repeats, scrape_cpu_s, tick,
+        tokens=long_tokens, in_turn=True,
+    )  # fmt: skip
     busy = []
     if busy_background_tokens:
         busy = await _busy(
             engine, client, prompt, BUSY_PER_REPEAT * repeats, busy_background_tokens,
             scrape_cpu_s, tick, long_tokens,
         )  # fmt: skip
-    return short, long, share, idle, busy
+    return HopSamples(short, long, share, idle, busy, decoding)
 
 
 async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
@@ -625,16 +653,27 @@ async def _idle(
     repeats: int,
     scrape_cpu_s: float,
     tick: Callable[[], None],
+    *,
+    tokens: int = 1,
+    in_turn: bool = False,
 ) -> list[HopSample]:
-    """``repeats`` one-token requests after each of ``pauses_s``, each sent once the
-    server idled that long."""
+    """``repeats`` requests of ``tokens`` tokens after each of ``pauses_s``, each sent
+    once the server idled that long (after the ``/metrics`` read before it: a read
+    just before the request would wake the API server for it, where nothing wakes it
+    before a sweep's lone request): all of one pause, then the next, or (``in_turn``)
+    one of each pause in turn, so that a drift of the machine's pace meets every pause
+    alike."""
+    plan = (
+        [p for _ in range(repeats) for p in pauses_s]
+        if in_turn
+        else [p for p in pauses_s for _ in range(repeats)]
+    )
     idle = []
-    for pause in pauses_s:
-        for _ in range(repeats):
-            await asyncio.sleep(pause)  # the server idles first, as between sparse arrivals
-            s = await _timed(engine, client, prompt(), 1, scrape_cpu_s)
-            idle.append(s._replace(idle_s=pause))
-            tick()
+    for pause in plan:
+        # the server idles first, as between sparse arrivals
+        s = await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause)
+        idle.append(s._replace(idle_s=pause))
+        tick()
     return idle
 
 
@@ -700,10 +739,8 @@ async def _busy(
 
 async def _measure(
     engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
-    progress: Callable[[int], object] | None,
-) -> tuple[
-    list[HopSample], list[HopSample], list[SharePair], list[HopSample], list[HopSample]
-]:  # fmt: skip
+    progress: Callable[[int], object] | None, decoding_pauses_s: Sequence[float],
+) -> HopSamples:  # fmt: skip
     rng = random.Random(seed if seed is not None else os.urandom(16))
 
     def fresh(n: int) -> list[int]:
@@ -711,20 +748,25 @@ async def _measure(
 
     async with engine.client() as client:
         await engine.info(client)
-        return await measure_serving_path(engine, client, fresh, repeats=repeats, progress=progress)
+        return await measure_serving_path(
+            engine, client, fresh, repeats=repeats, progress=progress,
+            decoding_pauses_s=decoding_pauses_s,
+        )  # fmt: skip
 
 
 class HopSamples(NamedTuple):
     """What :func:`measure_hops` sent: the short, long and share requests, short ones
-    after the server idled, and long ones while another streamed (``busy``; one-token
+    after the server idled, long ones while another streamed (``busy``; one-token
     ones in profiles made before they streamed; none in those made before they were
-    sent)."""
+    sent) and long ones after the server idled (``decoding``; none in profiles made
+    before they were sent)."""
 
     short: list[HopSample]
     long: list[HopSample]
     share: list[SharePair]
     idle: Sequence[HopSample] = ()
     busy: Sequence[HopSample] = ()
+    decoding: Sequence[HopSample] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object (a profile keeps it, so that it can be fitted again)."""
@@ -734,6 +776,7 @@ class HopSamples(NamedTuple):
             "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
             "idle": [s._asdict() for s in self.idle],
             "busy": [s._asdict() for s in self.busy],
+            "decoding": [s._asdict() for s in self.decoding],
         }
 
     @classmethod
@@ -750,6 +793,7 @@ class HopSamples(NamedTuple):
                 [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
                 [_hop(s) for s in data.get("idle", [])],
                 [_hop(s) for s in data.get("busy", [])],
+                [_hop(s) for s in data.get("decoding", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(
@@ -776,6 +820,7 @@ def measure_hops(
     seed: int | None = None,
     vocab_size: int = 32000,
     progress: Callable[[int], object] | None = None,
+    decoding_pauses_s: Sequence[float] = DECODING_PAUSES_S,
 ) -> HopSamples:
     """Measure the serving path of ``engine`` (fresh random prompts, ``seed``-ed); fit
     them with :func:`fit_serving_path`.
@@ -783,4 +828,4 @@ def measure_hops(
     Raises:
         ServerError: the server fails a request.
     """
-    return HopSamples(*asyncio.run(_measure(engine, repeats, seed, vocab_size, progress)))
+    return asyncio.run(_measure(engine, repeats, seed, vocab_size, progress, decoding_pauses_s))

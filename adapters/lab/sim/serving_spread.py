@@ -17,13 +17,17 @@ token (``stream_token_s``, which the simulator adds after the step):
   the short ones, sent back to back, where a profile has none);
 - ``busy_request_spread_s``: requests sent while another request decodes (the busy
   ones: each streams ``k`` tokens while a long request streams meanwhile), but for
-  streams the client read in one burst (:func:`is_burst`).
+  streams the client read in one burst (:func:`is_burst`);
+- ``decoding_request_spread_s``: requests that go on decoding, sent to an idle server
+  (:mod:`.decoding_start`: what their first token takes beyond what the simulator
+  charges their first step).
 
 The simulator draws each request's time outside the engine from the table of the state
 the engine is in when it is sent (busy: it has requests to run; the busy table falls
-back to the idle one, and both to ``request_s``). The draw is a pure function of the
-request's id (:func:`draw_fraction`), so a run stays a pure function of its inputs and
-two simulators of the same requests draw alike.
+back to the idle one, and both to ``request_s``), and for a request sent to an idle
+engine that decodes more than one token, from the decoding table where there is one.
+The draw is a pure function of the request's id (:func:`draw_fraction`), so a run stays
+a pure function of its inputs and two simulators of the same requests draw alike.
 """
 
 from __future__ import annotations
@@ -92,21 +96,25 @@ def spread_at(table: Sequence[float], u: float) -> float:
     return float(table[lo] + (table[hi] - table[lo]) * (pos - lo))
 
 
-ServingDelay = Callable[[str, bool], float]
-"""``(request id, sent while the engine was busy) -> seconds`` the request spends
-outside the engine before the scheduler sees it."""
+ServingDelay = Callable[[str, bool, bool], float]
+"""``(request id, sent while the engine was busy, decodes more than one token) ->
+seconds`` the request spends outside the engine before the scheduler sees it."""
 
 
 def serving_delay(
-    request_s: float, idle: Sequence[float] = (), busy: Sequence[float] = ()
+    request_s: float,
+    idle: Sequence[float] = (),
+    busy: Sequence[float] = (),
+    decoding: Sequence[float] = (),
 ) -> ServingDelay:
     """Each request's time outside the engine: drawn by its id from the table of the
-    engine's state when it was sent (``busy`` falls back to ``idle``), or ``request_s``
-    where there is no table."""
+    engine's state when it was sent (``busy`` falls back to ``idle``; sent to an idle
+    engine, a request that goes on decoding draws from ``decoding`` where there is
+    one), or ``request_s`` where there is no table."""
     busy = busy or idle
 
-    def delay(request_id: str, is_busy: bool) -> float:
-        table = busy if is_busy else idle
+    def delay(request_id: str, is_busy: bool, continues: bool) -> float:
+        table = busy if is_busy else (decoding if continues and decoding else idle)
         return spread_at(table, draw_fraction(request_id)) if table else request_s
 
     return delay

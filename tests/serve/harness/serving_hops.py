@@ -14,7 +14,11 @@ spent over it (``/proc/PID/stat``). So a request's time splits into:
   core and back);
 - ``to_client``: the client's TTFT less the API server's (HTTP in, the SSE chunk out);
 - ``burst``: the stream reached the client in one burst (its chunks over less than a
-  quarter of the engine core's decode time).
+  quarter of the engine core's decode time);
+- ``client_wait``: the seconds the client process was ready to run but waited for a
+  core over the request (``/proc/self/schedstat``, Linux): a stream read in one burst
+  whose client waited about as long as the stream lasted was held by the client not
+  getting a core, not by the server.
 
 Kinds: ``lone`` (one at a time, the server idle 0.3 s in between: its shm queue
 readers still spin), ``lone-after-1.5s`` (idle 1.5 s in between: past their 1 s of
@@ -84,6 +88,15 @@ def process_cpu(pgid: int) -> dict[str, float]:
     return out
 
 
+def run_queue_wait_s() -> float:
+    """Seconds this process's thread waited for a core so far (0 where the kernel does
+    not say: ``/proc/self/schedstat``, Linux with schedstats)."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 async def metrics(client: Any) -> dict[str, float]:
     r = await client.get("/metrics")
     return metric_totals(r.text)
@@ -101,7 +114,9 @@ async def timed(
 ) -> dict[str, Any]:
     before = await metrics(client)
     cpu0 = process_cpu(pgid)
+    wait0 = run_queue_wait_s()
     c = await engine.complete(client, prompt, tokens)
+    wait1 = run_queue_wait_s()
     cpu1 = process_cpu(pgid)
     after = await metrics(client)
     for _ in range(20):
@@ -116,6 +131,7 @@ async def timed(
         "client_decode_ms": 1e3 * decode_client,
         "client_tpot_ms": 1e3 * decode_client / max(1, len(c.itl_s)),
         "chunks": len(c.itl_s) + 1,
+        "client_wait_ms": 1e3 * (wait1 - wait0),
         "cpu_s": {k: round(cpu1.get(k, 0.0) - v, 3) for k, v in cpu0.items()},
     }
     if whole:
@@ -179,7 +195,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 HOPS = ("client_ttft_ms", "engine_queue_ms", "engine_prefill_ms", "api_ms", "to_client_ms",
-        "client_tpot_ms", "engine_decode_ms")  # fmt: skip
+        "client_tpot_ms", "engine_decode_ms", "client_wait_ms")  # fmt: skip
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
