@@ -92,13 +92,7 @@ def simulate(
     prof = load_profile() if profile is None else profile
     index, seat = pool_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
-    delay = serving_delay(
-        prof.request_s,
-        prof.request_spread_s,
-        prof.busy_request_spread_s,
-        prof.decoding_request_spread_s,
-    )
-    records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
+    records, reached = _run(replica, _SessionGate(iter(requests), _delay(prof)), progress)
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": index.block_size,
@@ -208,6 +202,16 @@ def _reach(reached: dict[str, int], work: StepWork) -> None:
         reached["context_tokens"] = work.max_context
     if work.num_decode > reached["batch_size"]:
         reached["batch_size"] = work.num_decode
+
+
+def _delay(prof: CostProfile) -> ServingDelay:
+    # Each request's time outside the engine, from the profile's tables.
+    return serving_delay(
+        prof.request_s,
+        prof.request_spread_s,
+        prof.busy_request_spread_s,
+        prof.decoding_request_spread_s,
+    )
 
 
 class _SessionGate:

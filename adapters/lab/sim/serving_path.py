@@ -56,6 +56,7 @@ unmeasured (``None``) and the profile's fit (or 0) stands for it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import os
@@ -582,20 +583,14 @@ async def measure_serving_path(
     Raises:
         ServerError: the server fails a request.
     """
-    if repeats < 1 or prompt_tokens < 1 or long_tokens < 2:
-        raise ServerError(
-            f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
-            f"{repeats}, {prompt_tokens}, {long_tokens}"
-        )
+    _check_sizes(repeats, prompt_tokens, long_tokens)
     scrape_cpu_s = await _scrape_cpu_s(client)
 
     def tick() -> None:
         if progress is not None:
             progress(1)
 
-    def prompt() -> list[int]:
-        return fresh(prompt_tokens)
-
+    prompt = functools.partial(fresh, prompt_tokens)
     short, long, share = await _short_long_and_share(
         engine, client, prompt, repeats, long_tokens, scrape_cpu_s, tick
     )
@@ -611,6 +606,14 @@ async def measure_serving_path(
             scrape_cpu_s, tick, long_tokens,
         )  # fmt: skip
     return HopSamples(short, long, share, idle, busy, decoding)
+
+
+def _check_sizes(repeats: int, prompt_tokens: int, long_tokens: int) -> None:
+    if repeats < 1 or prompt_tokens < 1 or long_tokens < 2:
+        raise ServerError(
+            f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
+            f"{repeats}, {prompt_tokens}, {long_tokens}"
+        )
 
 
 async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
