@@ -105,7 +105,8 @@ def test_the_lab_writes_no_engine_default_by_hand() -> None:
         r"\b8192\b"
         r"|(max.num.seqs|max.running).*\b256\b"
         r"|(buffer.steps|replay).*\b10_?000\b"
-        r"|(memory.utilization).*\b0\.9\b",
+        r"|(memory.utilization).*\b0\.9\b"
+        r"|block.size\b.*\bor 16\b",
         re.IGNORECASE,
     )
     homes = {"sim/config.py", "sim/profile.py", "cluster/config.py"}

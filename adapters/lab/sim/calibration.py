@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefixkv.storage.extras import TORCH_EXTRA, extra_imports
 
+from .config import DEFAULT_BLOCK_SIZE
 from .errors import SimSettingsError
 from .profile import COEFFICIENTS, CostProfile, attention_pairs
 
@@ -142,7 +143,7 @@ def estimate_bytes(
     per_layer = 2 * hidden + 2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * mlp
     weights = 2 * vocab * hidden + m.num_layers * per_layer + hidden
     largest = max(vocab * hidden, hidden * mlp, hidden * q_width)
-    bs = config.block_size or 16
+    bs = config.block_size or DEFAULT_BLOCK_SIZE
     kv_blocks = tokens = scores = 0
     for pre, dec in steps:
         rows = [*pre, *((1, c) for c in dec)]
@@ -199,7 +200,7 @@ def measure_engine(
     _check_counts(
         repeats=(repeats, 1, 1000), warmup=(warmup, 0, 1000), max_bytes=(max_bytes, 1, 2**63)
     )
-    bs = cfg.block_size or 16
+    bs = cfg.block_size or DEFAULT_BLOCK_SIZE
     # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
     steps = _steps(prefill, decode, mixed)
     _check_memory(cfg, steps, max_bytes)
@@ -479,7 +480,8 @@ def calibrate(
         source=f"measured by prefixkv calibrate (torch {torch.__version__})",
         notes=(
             f"Forward pass only (least of {repeats} runs), block size "
-            f"{config.block_size or 16}; the scheduler's own time is not included."
+            f"{config.block_size or DEFAULT_BLOCK_SIZE}; the scheduler's own time is not "
+            "included."
         ),
     )
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calibration import StepSample, fit_profile
+from .config import DEFAULT_BLOCK_SIZE
 from .decoding_start import decoding_excess
 from .engine_admit import fit_admit_s
 from .engine_decode import decode_samples
@@ -221,7 +222,7 @@ async def measure_server(
 
     async with engine.client() as client:
         info = await engine.info(client)
-        bs = info.block_size or 16
+        bs = info.block_size or DEFAULT_BLOCK_SIZE
         longest = max(*sweep.prompt_lengths, *sweep.decode_contexts) + sweep.decode_tokens
         if info.max_model_len and longest > info.max_model_len:
             raise ServerError(
