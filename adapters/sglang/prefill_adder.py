@@ -31,7 +31,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from prefixkv.adapters.errors import EngineSettingsError
-from prefixkv.indexes.validation import check_count
+from prefixkv.indexes.validation import ceil_div, check_count
 
 from .prefix_cache import PrefixCache, PrefixNode
 
@@ -104,7 +104,7 @@ def init_req_max_new_tokens(
     pool always passes :meth:`PrefillAdder.add_one_req`.
     """
     max_req_len = max_total_num_tokens - 1
-    paged_input = -(-input_len // page_size) * page_size
+    paged_input = ceil_div(input_len, page_size) * page_size
     clipped = max(0, min(max_new_tokens, max_req_len - input_len - 1))
     return max(0, min(clipped, max_total_num_tokens - paged_input - page_size - 1))
 
@@ -186,7 +186,7 @@ class PrefillAdder:
 
     def ceil_paged_tokens(self, tokens: int) -> int:
         """``tokens`` rounded up to whole pages."""
-        return -(-tokens // self.page_size) * self.page_size
+        return ceil_div(tokens, self.page_size) * self.page_size
 
     def budget_state(self) -> AddReqResult:
         """SGLang's ``budget_state``: ``NO_TOKEN`` when the pool is promised away,
@@ -290,12 +290,14 @@ class PrefillAdder:
             admission = self._select_prefill_admission(
                 rid, prefix_len, extend_len, total_tokens, max_new_tokens
             )
-        finally:
+        except BaseException:
             cache.unlock(lock)
+            raise
         if isinstance(admission, AddReqResult):
+            cache.unlock(lock)
             return admission
         adm, max_new_reserved = admission
-        adm = adm._replace(lock=cache.lock(last_node))
+        adm = adm._replace(lock=lock)  # admitted: the hit stays pinned until release()
         self.can_run_list.append(adm)
         if adm.is_chunked:
             self.new_chunked_req = adm

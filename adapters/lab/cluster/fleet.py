@@ -65,10 +65,6 @@ class ReplicaSpec:
         """This spec with some of its fleet settings changed (a mismatched replica)."""
         return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **settings))
 
-    def build(self, replica_id: int) -> SimReplica:
-        """The replica."""
-        return SimReplica(self, replica_id)
-
 
 class Fleet(Protocol):
     """The replicas of a run, as the driver drives them."""
@@ -124,7 +120,7 @@ class LocalFleet:
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
         """Build (or rebuild, empty) the replica."""
-        self.replicas[replica] = spec.build(replica)
+        self.replicas[replica] = SimReplica(spec, replica)
 
     def add(self, replica: int, request: SimRequest) -> None:
         """Queue the request on the replica."""

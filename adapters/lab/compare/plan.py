@@ -16,6 +16,7 @@ from ..backends import (
     BackendSpec,
     CompareError,
     check_pool,
+    check_positive,
     min_capacity,
     roomy_capacity,
 )
@@ -82,9 +83,7 @@ class CompareSettings:
         if not self.backends:
             raise CompareError("no backend to compare")
         for name in ("concurrency", "max_pool_blocks"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise CompareError(f"{name} must be a positive int, got {value!r}")
+            check_positive(name, getattr(self, name))
         if self.capacities is not None and (
             not self.capacities or any(type(c) is not int or c < 1 for c in self.capacities)
         ):

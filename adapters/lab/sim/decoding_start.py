@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .runner import step_charge
 from .serving_spread import is_burst
 
 if TYPE_CHECKING:
@@ -50,19 +51,22 @@ def decoding_excess(
     TTFT less what the simulator charges it with ``profile``'s serving terms and
     ``model``'s price of its first step, but for streams read in one burst.
 
-    The charge: ``step + admit_s + wake_s`` (``wake_s`` where ``idle_s >=
-    wake_after_s``), plus the front end's share of that step (``frontend_cpu_share x``
-    at most ``frontend_request_cpu_s`` of it, as :class:`~.runner.Replica` charges a
-    step the front end is busy in), plus ``stream_token_s``.
+    The charge: the first step as :class:`~.runner.Replica` charges it
+    (:func:`~.runner.step_charge`: waking where ``idle_s >= wake_after_s``, taking the
+    request in, the front end busy with it for ``frontend_request_cpu_s``), plus
+    ``stream_token_s``.
     """
     p = profile
     out = []
     for s in decoding:
         if is_burst(s):
             continue
-        step = model(s.prompt_tokens, 1)[0] + p.admit_s
-        if s.idle_s >= p.wake_after_s:
-            step += p.wake_s
-        step += p.frontend_cpu_share * min(p.frontend_request_cpu_s, step)
+        step = step_charge(
+            p,
+            model(s.prompt_tokens, 1)[0],
+            wakes=s.idle_s >= p.wake_after_s,
+            admits=True,
+            frontend_busy_s=p.frontend_request_cpu_s,
+        )
         out.append(s.client_ttft_s - step - p.stream_token_s)
     return out

@@ -54,6 +54,21 @@ class Step(NamedTuple):
     finished: list[SimSeq]
 
 
+def step_charge(
+    p: CostProfile, seconds: float, *, wakes: bool, admits: bool, frontend_busy_s: float
+) -> float:
+    """A step's seconds as the simulator charges them: ``seconds`` of computing, plus
+    waking an engine idle for ``wake_after_s`` or more (``wakes``), plus taking a request
+    in (``admits``, once a step), plus the front end's share of the part of the step it
+    is busy for (``frontend_busy_s`` from the step's start, at most the step's length).
+    """
+    if wakes:
+        seconds += p.wake_s
+    if admits:
+        seconds += p.admit_s
+    return seconds + p.frontend_cpu_share * min(max(0.0, frontend_busy_s), seconds)
+
+
 class Replica:
     """A seat, its schedule and a cost profile, on a clock.
 
@@ -142,17 +157,15 @@ class Replica:
         seconds = self._pace(start) * p.step_time(
             work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
         )
-        # A step that wakes an engine idle for long enough pays for waking it.
-        if self._idle_since is not None and start - self._idle_since >= p.wake_after_s:
-            seconds += p.wake_s
+        wakes = self._idle_since is not None and start - self._idle_since >= p.wake_after_s
         self._idle_since = None
-        # A step that first schedules a request pays for taking it in (once a step).
-        if any(c.seq.metrics.first_scheduled_s == start for c in plan.chunks):
-            seconds += p.admit_s
-        # The front end slows the step only while it is busy, at most the step's length.
-        if self.stream:
-            busy = min(max(0.0, self._frontend_free - start), seconds)
-            seconds += p.frontend_cpu_share * busy
+        seconds = step_charge(
+            p,
+            seconds,
+            wakes=wakes,
+            admits=any(c.seq.metrics.first_scheduled_s == start for c in plan.chunks),
+            frontend_busy_s=self._frontend_free - start if self.stream else 0.0,
+        )
         self.now = end = start + seconds
         self.busy_s += seconds
         self.num_steps += 1

@@ -457,12 +457,10 @@ class SglangSeat(_PoolSeat):
         ``extend_len`` tokens past the hit, when given): the hit tokens, or ``None``
         (nothing changed)."""
         req, cache = SimpleReq(request_id, tokens), self.cache
-        if extend_len is not None:
+        if times is None:
             hit = alloc_for_extend(cache, req, extend_len)
-        elif times is None:
-            hit = alloc_for_extend(cache, req)
         else:
-            hit = times.call("alloc_for_extend", alloc_for_extend, cache, req)
+            hit = times.call("alloc_for_extend", alloc_for_extend, cache, req, extend_len)
         if hit is not None:
             self.requests[request_id] = req
         return hit

@@ -479,7 +479,8 @@ def _with_serving_path(
     # What the engine core's own time for a lone request holds beyond the fitted step
     # model's price of its step: taking the request in (priced once a step). Sent back
     # to back (the short requests): no waking in it.
-    admit_s = _admit_beyond_share(hops.short, engine_model(profile), path)
+    model = engine_model(profile)  # the steps' price: the serving terms below leave it
+    admit_s = _admit_beyond_share(hops.short, model, path)
     # How the time outside the engine varies, sent to an idle and to a busy server:
     # a request sent to an idle server came after it idled (the idle requests; the
     # short ones where none were sent).
@@ -504,7 +505,7 @@ def _with_serving_path(
     )
     # A lone request that goes on decoding, sent to an idle server: what its first
     # token took beyond what the profile now charges its first step and streaming.
-    excess = decoding_excess(hops.decoding, engine_model(profile), served)
+    excess = decoding_excess(hops.decoding, model, served)
     fitted = {
         **profile.fit,
         **saved,

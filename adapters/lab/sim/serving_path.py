@@ -546,6 +546,7 @@ async def _timed(
         engine_decode_s=_delta(after, before, "decode") if whole else None,
         frontend_cpu_s=None if cpu is None else cpu - scrape_cpu_s,
         client_cpu_s=client_cpu,
+        idle_s=idle_s,
     )
 
 
@@ -674,8 +675,7 @@ async def _idle(
     idle = []
     for pause in plan:
         # the server idles first, as between sparse arrivals
-        s = await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause)
-        idle.append(s._replace(idle_s=pause))
+        idle.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause))
         tick()
     return idle
 
