@@ -1,7 +1,7 @@
 """A lone request that goes on decoding, sent to an idle server: the calibration's
 decoding requests, what their first token takes beyond what the simulator charges
-(:mod:`~prefixkv.adapters.lab.sim.decoding_start`), and the simulator drawing a
-continuing request's first token from them."""
+(:func:`~prefixkv.adapters.lab.sim.server_calibration.decoding_excess`), and the
+simulator drawing a continuing request's first token from them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from hypothesis import strategies as st
 from make_sim_to_real_fixture import hops, samples
 
 from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, simulate
-from prefixkv.adapters.lab.sim.decoding_start import decoding_excess
-from prefixkv.adapters.lab.sim.server_calibration import fit_server, refit_server_profile
+from prefixkv.adapters.lab.sim.server_calibration import (
+    decoding_excess,
+    fit_server,
+    refit_server_profile,
+)
 from prefixkv.adapters.lab.sim.serving_path import HopSample, HopSamples, engine_model
 from prefixkv.indexes import make_index
 

@@ -13,9 +13,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.sim import CostProfile, SimRequest, simulate
-from prefixkv.adapters.lab.sim.engine_pace import pace_ratios, pace_table, pace_window, step_pace
 from prefixkv.adapters.lab.sim.serving_path import HopSample
-from prefixkv.adapters.lab.sim.serving_spread import QUANTILES, quantile_table
+from prefixkv.adapters.lab.sim.serving_spread import (
+    QUANTILES,
+    pace_ratios,
+    pace_table,
+    pace_window,
+    quantile_table,
+    step_pace,
+)
 from prefixkv.indexes import make_index
 
 BASE = CostProfile("t", "m", "d", 0.002, 1e-5, 0.0, 3e-4, 1e-7)

@@ -1,17 +1,6 @@
-"""``prefixkv calibrate``: fit a cost profile to a served engine, to ``vllm bench
-serve`` results, or to the reference engine here; list the shipped profiles.
-
-- ``--server URL``: a sweep of prompt lengths, cached fractions and batch sizes sent to
-  a running OpenAI-compatible server (prompts as token ids; TTFT and inter-token
-  gaps timed from streamed completions);
-- ``--from-vllm-bench FILE...``: the per-request times ``vllm bench serve
-  --save-result --save-detailed`` wrote;
-- neither: the reference engine's forward pass on prefill, decode and mixed step
-  shapes, timed here (only this path imports torch);
-- ``--list``: the shipped profiles, what each was measured on, the range it covers
-  and the KV its hardware holds.
-
-The profile is written where ``--out`` says; ``compare --profile FILE`` reads it.
+"""``prefixkv calibrate``: fit a cost profile to a served engine (``--server``), to
+``vllm bench serve`` results (``--from-vllm-bench``) or to the reference engine here
+(the default, the only path that imports torch); ``--list`` shows the shipped profiles.
 """
 
 from __future__ import annotations
@@ -36,8 +25,7 @@ from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
 
-_LIMITS = RequestLimits()
-"""What one request to a served engine may cost by default (its help states it)."""
+_LIMITS = RequestLimits()  # the defaults the help states
 
 
 def add_arguments(cal: argparse.ArgumentParser) -> None:
@@ -78,7 +66,6 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
 
 
 def _add_model_flags(cal: argparse.ArgumentParser) -> None:
-    """The reference engine's model: layers, heads, head size."""
     m = cal.add_argument_group("the reference engine's model (its weights are random)")
     m.add_argument(
         "--num-layers",
@@ -100,7 +87,6 @@ def _add_model_flags(cal: argparse.ArgumentParser) -> None:
 
 
 def _add_source_flags(cal: argparse.ArgumentParser) -> None:
-    """What to fit instead of the reference engine: a server, vllm bench results, --list."""
     src = cal.add_argument_group("a served engine instead of the reference engine")
     what = src.add_mutually_exclusive_group()
     what.add_argument(
@@ -153,13 +139,8 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
-    """Run ``prefixkv calibrate``; returns the exit status (``argv``, which the other
-    subcommands record in their reports, is not needed).
-
-    The ``calibrate`` extra (numpy and scipy; httpx with ``--server``), the ``torch``
-    extra for the reference engine, and ``--out`` are checked before any measurement
-    (and before torch loads); Ctrl-C before the fit writes nothing.
-    """
+    """Run ``prefixkv calibrate``; returns the exit status. The extras and ``--out`` are
+    checked before any measurement; Ctrl-C before the fit writes nothing."""
     interrupts = interrupts or Interrupts()
     if args.list:
         print(list_profiles())
@@ -178,10 +159,10 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
             instead="or calibrate from a served engine: --server URL or --from-vllm-bench FILE",
         )
     out = check_output(args.out)
-    if reference:
-        return _reference_engine(args, out, interrupts)
     budget = args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
-    if args.server is not None:
+    if reference:
+        profile = _reference_engine(args)
+    elif args.server is not None:
         profile = _from_server(args, budget)
     else:
         from ..sim.bench_results import calibrate_from_vllm_bench
@@ -196,7 +177,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
 
 
 def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
-    """``--server``: ``--rounds`` calibrations of the server, pooled when several."""
     from ..sim.calibration_rounds import pool_rounds
     from ..sim.server_calibration import QUICK_SWEEP, ServerSweep, calibrate_server
 
@@ -225,8 +205,7 @@ def _from_server(args: argparse.Namespace, budget: int) -> CostProfile:
 def _num_runs(sweep: Any) -> int:
     prefill = len(sweep.prompt_lengths) * len(sweep.cached_fractions)
     decode = len(sweep.batch_sizes) * len(sweep.decode_contexts)
-    # short, long and loaded requests, short ones after each idle pause, busy ones and
-    # decoding ones after each of their pauses
+    # short, long and loaded requests, idle, busy and decoding ones
     per_repeat = 3 + len(IDLE_PAUSES_S) + BUSY_PER_REPEAT + len(sweep.decoding_pauses_s)
     serving = per_repeat * sweep.serving_repeats
     return int((prefill + decode) * sweep.repeats + len(sweep.background_streams) + serving)
@@ -301,7 +280,7 @@ def list_profiles() -> str:
     return "\n\n".join(blocks)
 
 
-def _reference_engine(args: argparse.Namespace, out: Path, interrupts: Interrupts) -> int:
+def _reference_engine(args: argparse.Namespace) -> CostProfile:
     import torch  # only the reference engine's calibration needs torch here
 
     from prefixkv.adapters.engine import EngineConfig, ModelConfig
@@ -335,10 +314,6 @@ def _reference_engine(args: argparse.Namespace, out: Path, interrupts: Interrupt
     bar = progress((1 + repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
                    unit="run")  # fmt: skip
     try:
-        profile = calibrate(config, name=args.name, repeats=repeats, progress=bar.update, **shapes)
+        return calibrate(config, name=args.name, repeats=repeats, progress=bar.update, **shapes)
     finally:
         bar.close()
-    interrupts.hold()  # the profile is measured: write it whole
-    save_profile(profile, out)
-    _print_fit(profile, out)
-    return interrupts.status() if interrupts.received else 0

@@ -1,29 +1,11 @@
 """Fit a cost profile to the per-request results of ``vllm bench serve``.
 
-``vllm bench serve --save-result --save-detailed`` writes one JSON document (several,
-one a line, with ``--append-result``) holding, per request, ``input_lens``,
-``output_lens``, ``start_times`` (the client's ``perf_counter`` when it sent the
-request), ``ttfts``, ``itls`` (the gaps between streamed tokens) and ``errors``
-(vLLM's ``benchmarks/serve.py``). The engine's steps are read back from those times:
-
-- a request that ran alone (no other request in flight between its sending and its
-  first token) gives a TTFT sample: the request overhead plus the steps of its
-  whole prompt's prefill;
-- a decode step is a gap between two consecutive moments at which every request in
-  flight streamed a token, while no request waited for its first token: ``b`` rows,
-  each over its prompt plus the tokens it had generated.
-
-The file does not say how many prompt tokens the server had cached, so the prompts
-count as uncached: run the benchmark with ``--no-enable-prefix-caching`` on the
-server, or a dataset without shared prefixes, for an exact fit. Streams that bundle
-several tokens in one chunk (``--stream-interval`` > 1) are left out.
-
-A results file is input like any other: it must be a regular file (a FIFO, a device or
-a folder is refused before it is opened, so nothing blocks or reads forever), at most
-``max_bytes`` long and holding at most ``max_values`` JSON values (about 100 bytes of
-memory each), and every per-request number must be a finite number in its range (a
-whole prompt length, a TTFT of at least a microsecond, gaps >= 0). Reading is linear in
-the file, and reading the steps back is linear in the tokens after one sort.
+``vllm bench serve --save-result --save-detailed`` writes, per request, ``input_lens``,
+``output_lens``, ``start_times``, ``ttfts``, ``itls`` and ``errors``. The steps are read
+back from those times: a request that ran alone gives a TTFT sample, and a gap between
+two moments at which every request in flight streamed a token, while none waited for its
+first, a decode step. Prompts count as uncached (the file does not say the hits). A
+results file is input: a regular file, bounded in bytes and values, every number checked.
 """
 
 from __future__ import annotations
@@ -44,8 +26,6 @@ from .errors import ProfileError
 from .profile import CostProfile, attention_pairs
 
 __all__ = [
-    "MAX_RESULTS_BYTES",
-    "MAX_RESULTS_VALUES",
     "BenchRequest",
     "CalibrationInputError",
     "bench_samples",
@@ -56,17 +36,14 @@ __all__ = [
 _PER_REQUEST = ("input_lens", "output_lens", "start_times", "ttfts", "itls")
 
 MAX_RESULTS_BYTES = 256 * 2**20
-"""Most bytes of one results file (a run of 10,000 requests of 1,000 tokens is ~220 MB)."""
+"""Most bytes of one results file."""
 MAX_RESULTS_VALUES = 2**24
 """Most JSON values of one results file, counted before it is parsed."""
 
-# The range of each per-request number: past it a number is a fault in the file.
+# past these ranges a per-request number is a fault in the file
 _MAX_TOKENS = 2**24
-"""Most prompt or output tokens of one request (16.7M: past any served context)."""
 _MAX_CLOCK_S = 1e10
-"""Most seconds a start time may be from 0 (``perf_counter`` or the epoch)."""
 _MIN_TTFT_S, _MAX_SPAN_S = 1e-6, 1e6
-"""A TTFT of at least a microsecond; a TTFT or a gap of at most 11 days."""
 _SPACE = re.compile(r"\s*")
 
 
@@ -86,17 +63,11 @@ class BenchRequest(NamedTuple):
 
     def token_times(self) -> list[float]:
         """When each of its tokens streamed."""
-        t = self.start_s + self.ttft_s
-        out = [t]
-        for gap in self.itl_s:
-            t += gap
-            out.append(t)
-        return out
+        return list(itertools.accumulate(self.itl_s, initial=self.start_s + self.ttft_s))
 
 
 def _documents(text: str, where: str) -> list[Mapping[str, Any]]:
-    """The JSON documents of ``text`` one after another (``--append-result`` writes one
-    a line), in one pass."""
+    """The JSON documents of ``text`` one after another (``--append-result``)."""
     decoder = json.JSONDecoder()
     docs, pos = [], 0
     while True:
@@ -144,7 +115,6 @@ def _seconds(value: Any, low: float, high: float) -> float:
 
 
 def _request(p: Any, o: Any, s: Any, t: Any, itl: Any) -> BenchRequest:
-    """One request's numbers, each checked: whole token counts, finite times in range."""
     if not isinstance(itl, list):
         raise ValueError(f"itls {_show(itl)} is not a list")
     return BenchRequest(
@@ -164,8 +134,7 @@ def _show(value: Any) -> str:
 
 
 def _name(value: Any) -> str:
-    """A text field of the run (``model_id``, ``date``) as the profile records it:
-    ``""`` unless it is text of at most 1,024 characters."""
+    """A text field of the run: ``""`` unless text of at most 1,024 characters."""
     return value if isinstance(value, str) and len(value) <= 1024 else ""
 
 
@@ -178,17 +147,10 @@ def read_vllm_bench(
     """The successful requests of a results file, and its run's metadata
     (``model_id``, ``date``, ``backend``, ``request_rate``, ...).
 
-    Args:
-        path: a regular file.
-        max_bytes: the longest file read.
-        max_values: the most JSON values it may hold (counted before parsing).
-
     Raises:
-        CalibrationInputError: not a regular file (a FIFO, a device, a folder), past
-            ``max_bytes`` or ``max_values``, unreadable, not UTF-8 or not JSON, a
-            per-request list missing (the file was saved without ``--save-detailed``),
-            lists of different lengths, or a value of the wrong type or out of range
-            (the message names the file, the result, the request and the value).
+        CalibrationInputError: not a regular file, past ``max_bytes`` or ``max_values``
+            (JSON values, counted before parsing), unreadable, not UTF-8 or JSON, a
+            per-request list missing or of another length, or a bad value.
     """
     where = os.fspath(path)
     requests: list[BenchRequest] = []
@@ -233,19 +195,14 @@ def bench_samples(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     same_step_s: float = 5e-4,
 ) -> tuple[list[StepSample], list[StepSample]]:
-    """``(TTFT samples, decode-step samples)`` read back from the requests' times.
+    """``(TTFT samples, decode-step samples)`` read back from one run's requests.
 
-    Linear in the requests and their tokens after one sort of the token times: each
-    "did another request overlap this one" and "which requests were in flight" is a
-    count of sorted start, first-token and last-token times (binary searches), never
-    a scan of every request.
+    Linear after one sort: who was in flight is a count of sorted times.
 
     Args:
-        requests: from :func:`read_vllm_bench` (one run: one clock).
-        max_num_batched_tokens: the server's step budget (a longer prompt took
-            several steps).
-        same_step_s: tokens streamed within this many seconds of each other count
-            as one step's (>= 0).
+        requests: from :func:`read_vllm_bench`.
+        max_num_batched_tokens: the server's step budget.
+        same_step_s: tokens streamed within this many seconds count as one step's.
     """
     import numpy as np
 
@@ -258,8 +215,7 @@ def bench_samples(
         np.array([t[0] for t in times], dtype=np.float64),
         np.array([t[-1] for t in times], dtype=np.float64),
     )
-    # A request ran alone when no other one was in flight between its sending and its
-    # first token: of those sent by its first token, all but itself ended before it.
+    # alone: of the requests sent by its first token, all but itself ended before it
     in_flight = spans.sent_by(spans.first, "right") - spans.ended_before(spans.start)
     ttft: list[StepSample] = []
     for i in np.flatnonzero(in_flight == 1).tolist():
@@ -271,8 +227,7 @@ def bench_samples(
 
 
 class _Spans:
-    """Each request's start, first-token and last-token times (numpy arrays), and
-    counts of them before a time, from copies sorted once."""
+    """Each request's start, first-token and last-token times, and counts of them."""
 
     def __init__(self, start: Any, first: Any, last: Any) -> None:
         import numpy as np
@@ -281,33 +236,19 @@ class _Spans:
         self._start, self._first, self._last = np.sort(start), np.sort(first), np.sort(last)
 
     def sent_by(self, t: Any, side: Literal["left", "right"]) -> Any:
-        """How many requests were sent before ``t`` (``side="left"``) or by ``t``."""
-        import numpy as np
-
-        return np.searchsorted(self._start, t, side=side)
+        return self._start.searchsorted(t, side=side)
 
     def ended_before(self, t: Any) -> Any:
-        """How many requests streamed their last token before ``t``."""
-        import numpy as np
-
-        return np.searchsorted(self._last, t, side="left")
+        return self._last.searchsorted(t, side="left")
 
     def first_by(self, t: Any) -> Any:
-        """How many requests streamed their first token by ``t``."""
-        import numpy as np
-
-        return np.searchsorted(self._first, t, side="right")
+        return self._first.searchsorted(t, side="right")
 
 
 def _decode_steps(
-    usable: Sequence[BenchRequest],
-    times: Sequence[list[float]],
-    spans: _Spans,
-    same_step_s: float,
+    usable: Sequence[BenchRequest], times: Sequence[list[float]], spans: _Spans, same_step_s: float
 ) -> list[StepSample]:
-    """The pure decode steps: a gap between two consecutive moments at which every
-    request in flight streamed a token (one each, none a first token), while no
-    request waited for its first token."""
+    """The pure decode steps (see the module docstring)."""
     import numpy as np
 
     if not times:
@@ -317,14 +258,12 @@ def _decode_steps(
     nth = np.concatenate([np.arange(len(t)) for t in times])
     order = np.lexsort((nth, who, when))  # by time, then request, then token
     when, who, nth = when[order], who[order], nth[order]
-    # A step is a run of tokens each within same_step_s of the one before.
+    # a step: a run of tokens each within same_step_s of the one before
     cut = np.flatnonzero(np.diff(when) > same_step_s) + 1
     bounds = np.concatenate(([0], cut, [len(when)]))
     ends = when[bounds[1:] - 1]  # each step's last token
     t0, t1 = ends[:-1], ends[1:]  # the gap from each step to the next
-    # With no first token in the later step (checked below): requests sent before t1
-    # that had no first token by t0 were waiting, and the requests in flight through
-    # the gap are those with a first token by t0 less those done before t1.
+    # sent before t1 with no first token by t0: waiting; first token by t0, not done: live
     first_by = spans.first_by(t0)
     waiting = spans.sent_by(t1, "left") - first_by
     live = first_by - spans.ended_before(t1)
@@ -349,15 +288,11 @@ def calibrate_from_vllm_bench(
     name: str | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> CostProfile:
-    """Fit a profile to ``vllm bench serve --save-detailed`` results files.
-
-    Each file is one run (one client clock); their samples are fitted together.
+    """Fit a profile to ``vllm bench serve --save-detailed`` results files (each one run).
 
     Raises:
-        CalibrationInputError: a bad file, or fewer than 3 requests that ran alone
-            or 3 pure decode steps (run part of the benchmark at a low
-            ``--request-rate`` or ``--max-concurrency 1``, and part with several
-            requests at once).
+        CalibrationInputError: a bad file, or under 3 requests that ran alone or 3 pure
+            decode steps.
     """
     ttft: list[StepSample] = []
     decode: list[StepSample] = []

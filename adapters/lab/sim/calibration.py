@@ -1,13 +1,9 @@
 """Measure the reference engine's forward pass and fit a cost profile to it.
 
-The step shapes the profile prices (prefill chunks of ``q`` tokens after ``s``
-cached ones, decode batches of ``b`` rows over ``c`` context tokens, and mixes of
-both) are run through :class:`~prefixkv.adapters.engine.TinyTransformer` over its
-paged KV cache on whatever device is present, timed (the least of several runs,
-after a warm-up, CUDA synchronized), and the five coefficients are fitted by non-negative
-least squares on relative error (``scipy.optimize.nnls``), so short and long
-steps count alike. This is the only module of the simulator that reads a clock or
-imports torch (the ``torch`` extra), numpy and scipy (the ``calibrate`` extra).
+Step shapes (prefill chunks, decode batches, mixes) run through
+:class:`~prefixkv.adapters.engine.TinyTransformer` on whatever device is present, each
+timed as the least of several runs; the coefficients are fitted by non-negative least
+squares on relative error. The only simulator module that reads a clock or imports torch.
 """
 
 from __future__ import annotations
@@ -30,14 +26,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DECODE_SHAPES",
-    "DEFAULT_MAX_BYTES",
     "DEFAULT_MIXED_SHAPES",
     "DEFAULT_PREFILL_SHAPES",
-    "EXACT_WEIGHT",
     "QUICK_SHAPES",
     "StepSample",
     "calibrate",
-    "estimate_bytes",
     "fit_profile",
     "measure_engine",
 ]
@@ -64,25 +57,20 @@ QUICK_SHAPES: dict[str, tuple[tuple[int, ...], ...]] = {
     "decode": ((1, 16), (4, 32), (8, 8)),
     "mixed": ((16, 0, 2, 16),),
 }
-"""A few small shapes (8 samples, enough for the 5 coefficients): a rough profile in
-seconds, for trying the command out and for tests."""
+"""A few small shapes (enough for the 5 coefficients): a rough profile in seconds."""
 
 
 DEFAULT_MAX_BYTES = 8 * 2**30
-"""The most memory a calibration may need (weights, KV cache, one step's activations)
-before it is refused: the reference engine is a small model, and a size typed wrong
-(``--head-dim 1000000000``) must fail in one line, not in the allocator."""
+"""The most memory a calibration may need before it is refused (a size typed wrong
+fails in one line, not in the allocator)."""
 
 
 class StepSample(NamedTuple):
     """One measurement: its work (the profile's units) and its seconds.
 
-    A step of the engine by default; a served request's time to first token is
-    ``num_steps`` steps plus ``num_requests = 1`` request overhead (``request_s``)
-    plus the front end streaming the ``num_streamed`` tokens of its step
-    (``stream_token_s``). ``runs``: how many timed runs its seconds are the median
-    of; the fit weighs a sample by its square root (the standard error of a median
-    falls as one over it), so a time many runs agree on counts for more.
+    One engine step by default; a served request's TTFT is ``num_steps`` steps plus
+    ``num_requests`` request overheads plus ``num_streamed`` streamed tokens. ``runs``:
+    how many timed runs its seconds are the median of (the fit weighs it by the root).
     """
 
     prefill_tokens: int
@@ -101,12 +89,7 @@ def _steps(
     decode: Sequence[tuple[int, int]],
     mixed: Sequence[tuple[int, int, int, int]],
 ) -> list[tuple[list[tuple[int, int]], list[int]]]:
-    """Each step as ``([(q, s)] prefill chunks, [c] decode rows)``, the shapes checked.
-
-    Raises:
-        SimSettingsError: a shape that is not a tuple of ints of its length, ``q`` or
-            ``b`` below 1, ``s`` or ``c`` below 0.
-    """
+    """Each step as ``([(q, s)] prefill chunks, [c] decode rows)``, the shapes checked."""
     kinds = (
         ("prefill", prefill, (1, 0)),
         ("decode", decode, (1, 0)),
@@ -130,12 +113,8 @@ def _steps(
 def estimate_bytes(
     config: EngineConfig, steps: Sequence[tuple[Sequence[tuple[int, int]], Sequence[int]]]
 ) -> int:
-    """An upper estimate of what measuring ``steps`` on ``config``'s model allocates.
-
-    The weights (drawn in float64, then cast), a KV cache for the largest step, and
-    that step's activations and attention scores, with room for temporaries. Pure
-    arithmetic on Python ints: any size can be asked about without allocating.
-    """
+    """An upper estimate of what measuring ``steps`` on ``config``'s model allocates:
+    weights, a KV cache and activations for the largest step (pure int arithmetic)."""
     m = config.model
     elem = 8 if "64" in str(config.torch_dtype) else 4
     hidden, mlp, vocab = m.hidden_size, m.mlp_size, m.vocab_size
@@ -170,19 +149,15 @@ def measure_engine(
     """Time the reference engine's forward pass on each step shape.
 
     Args:
-        config: the engine's settings (its model, dtype, device and block size are
-            used; default ``EngineConfig()``).
-        prefill: ``(q, s)`` shapes (see :data:`DEFAULT_PREFILL_SHAPES`).
-        decode: ``(b, c)`` shapes (see :data:`DEFAULT_DECODE_SHAPES`).
-        mixed: ``(q, s, b, c)`` shapes (see :data:`DEFAULT_MIXED_SHAPES`).
-        repeats: timed runs per shape; the least is kept, the usual estimate of a
-            step's cost on a machine other work disturbs.
+        config: the engine's settings (default ``EngineConfig()``).
+        prefill: ``(q, s)`` shapes.
+        decode: ``(b, c)`` shapes.
+        mixed: ``(q, s, b, c)`` shapes.
+        repeats: timed runs per shape; the least is kept.
         warmup: untimed runs per shape first.
-        clock: seconds, monotonic (``time.perf_counter``).
-        progress: called with 1 after each forward pass (a progress bar's
-            ``update``); there are ``(warmup + repeats) * shapes`` of them.
-        max_bytes: refuse, before allocating anything, a model and shapes that
-            :func:`estimate_bytes` says need more.
+        clock: seconds, monotonic.
+        progress: called with 1 after each forward pass.
+        max_bytes: refuse, before allocating, what :func:`estimate_bytes` says needs more.
 
     Returns:
         One sample per shape, in the order prefill, decode, mixed.
@@ -201,7 +176,6 @@ def measure_engine(
         repeats=(repeats, 1, 1000), warmup=(warmup, 0, 1000), max_bytes=(max_bytes, 1, 2**63)
     )
     bs = cfg.block_size or DEFAULT_BLOCK_SIZE
-    # A step: prefill chunks (q, s), then decode rows, each over c context tokens.
     steps = _steps(prefill, decode, mixed)
     _check_memory(cfg, steps, max_bytes)
     rows = [[*pre, *((1, c) for c in dec)] for pre, dec in steps]
@@ -216,7 +190,6 @@ def measure_engine(
 
 
 def _sample(pre: list[tuple[int, int]], dec: list[int], seconds: float) -> StepSample:
-    # A step of prefill chunks (q, s) and decode rows over c context tokens each.
     return StepSample(
         prefill_tokens=sum(q for q, _ in pre),
         prefill_pairs=sum(attention_pairs(q, s) for q, s in pre),
@@ -227,7 +200,6 @@ def _sample(pre: list[tuple[int, int]], dec: list[int], seconds: float) -> StepS
 
 
 def _check_counts(**counts: tuple[object, int, int]) -> None:
-    # Each name=(value, low, high): value must be an int in [low, high].
     for name, (value, low, high) in counts.items():
         if type(value) is not int or not low <= value <= high:
             raise SimSettingsError(f"{name} must be an int in [{low}, {high}], got {value!r:.60}")
@@ -267,9 +239,7 @@ def _least_seconds(
     sync: Callable[[], object] | None,
     progress: Callable[[int], object] | None,
 ) -> list[float]:
-    # The least time of each forward pass over `repeats` timed runs after `warmup`
-    # untimed ones, round robin over the shapes, so a burst of other work on the
-    # machine does not spoil every run of one shape.
+    # round robin over the shapes, so a burst of other work spoils no shape's every run
     best = [math.inf] * len(forwards)
     for i in range(warmup + repeats):
         for k, forward in enumerate(forwards):
@@ -304,16 +274,10 @@ def fit_profile(
 ) -> CostProfile:
     """Fit the profile's coefficients to measured steps (NNLS on relative error).
 
-    Each sample's relative error counts ``sqrt(runs)`` times, the ``exact`` ones' (a
-    clock inside the engine measured them) :data:`EXACT_WEIGHT` times more: the fit
-    goes through them where the coefficients can, and fits the rest around them.
-
-    ``request_s`` is fitted too when a sample counts a request (a served TTFT), and
-    ``stream_token_s`` when one counts streamed tokens, unless ``known`` gives it
-    (measured apart, :mod:`.serving_path`): its part of each sample is then taken off
-    first, so a fixed cost per request is not traded against ``step_s`` (a single
-    request's TTFT counts one of each). ``metadata`` goes to :class:`CostProfile` as
-    is (``measured_on``, ``covers``, ``kv_bytes_per_token``, the other serving terms).
+    Each sample's error counts ``sqrt(runs)`` times, the ``exact`` ones' (timed inside
+    the engine) :data:`EXACT_WEIGHT` times more. ``request_s`` and ``stream_token_s``
+    are fitted where samples count them, unless ``known`` gives them (then their part is
+    taken off first). ``metadata`` goes to :class:`CostProfile` as is.
 
     Raises:
         ValueError: fewer samples than coefficients; a ``known`` name other than
@@ -349,13 +313,7 @@ def fit_profile(
 def _fitted_names(
     samples: Sequence[StepSample], fixed: Mapping[str, float]
 ) -> tuple[tuple[str, ...], bool, bool]:
-    """The coefficients to fit, and whether ``request_s`` and ``stream_token_s`` are
-    among them (a sample counts them and ``fixed`` does not give them).
-
-    Raises:
-        ValueError: fewer samples than coefficients; a ``fixed`` name other than
-            ``request_s`` or ``stream_token_s``.
-    """
+    """The coefficients to fit, and whether ``request_s`` and ``stream_token_s`` are among them."""
     if not set(fixed) <= {"request_s", "stream_token_s"}:
         raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
     served = "request_s" not in fixed and any(s.num_requests for s in samples)
@@ -371,8 +329,7 @@ def _fitted_names(
 
 
 def _weights(samples: Sequence[StepSample], num_exact: int) -> Any:
-    """Each sample's weight: ``sqrt(runs)``, the last ``num_exact`` ones
-    :data:`EXACT_WEIGHT` times that."""
+    """``sqrt(runs)``, the last ``num_exact`` ones :data:`EXACT_WEIGHT` times that."""
     import numpy as np
 
     weight = np.sqrt([max(1, s.runs) for s in samples])
@@ -383,8 +340,7 @@ def _weights(samples: Sequence[StepSample], num_exact: int) -> Any:
 def _design(
     samples: Sequence[StepSample], served: bool, streamed: bool, fixed: Mapping[str, float]
 ) -> tuple[Any, Any, Any]:
-    """Per sample: its counts of each fitted coefficient's unit, its time, and the part
-    of its time the ``fixed`` (known) terms take."""
+    """Per sample: its units of each fitted coefficient, its time, and the known terms' part."""
     import numpy as np
 
     work = np.array(
@@ -408,16 +364,14 @@ def _design(
 
 
 def _relative_nnls(work: Any, measured: Any, outside: Any, weight: Any = None) -> Any:
-    """Non-negative coefficients of ``work`` (one row per sample) that fit what the
-    steps took, ``measured - outside``, by relative error, each row's error times its
-    ``weight`` (default 1)."""
+    """Non-negative coefficients of ``work`` fitting ``measured - outside`` by weighted
+    relative error."""
     import numpy as np
     from scipy.optimize import nnls
 
-    # What the steps took (a sample the known terms explain whole, within noise, keeps
-    # 1% of its time, so that its weight in the relative fit stays bounded).
+    # a sample the known terms explain whole keeps 1% of its time: its weight stays bounded
     seconds = np.maximum(measured - outside, 0.01 * measured)
-    # Columns are scaled to unit norm first: their units differ by orders of magnitude.
+    # columns scaled to unit norm: their units differ by orders of magnitude
     w = np.ones_like(seconds) if weight is None else np.asarray(weight, dtype=float)
     weighted = work * (w / seconds)[:, None]
     scale = np.linalg.norm(weighted, axis=0)
@@ -438,16 +392,12 @@ def calibrate(
     """Measure the reference engine on ``config``'s device and fit a profile.
 
     Args:
-        config: an ``EngineConfig`` (default: ``EngineConfig()`` on CUDA when
-            available, else on the CPU).
+        config: default ``EngineConfig()`` on CUDA when available, else on the CPU.
         name: the profile's name (default ``reference-engine-<device>``).
         repeats: timed runs per step shape.
         progress: see :func:`measure_engine`.
         max_bytes: see :func:`measure_engine`.
         **shapes: ``prefill=``, ``decode=``, ``mixed=`` as in :func:`measure_engine`.
-
-    Returns:
-        The fitted profile (save it with :func:`~.profile.save_profile`).
 
     Raises:
         SimSettingsError: see :func:`measure_engine`.

@@ -1,31 +1,12 @@
 """Several calibration rounds of one server, combined into one profile.
 
-One calibration of a served engine on a small, shared machine is not repeatable: five
-rounds of ``calibrate --server`` against the same 2-core CPU vLLM, minutes apart,
-timed the same one-request prefill 36-64% apart (max - min over median), and their step
-fits said ``step_s`` 3.9 to 9.2 ms, while the server's TPOT over the same minutes moved
-by 7%. A rate predicted from one round is off by as much as that round was.
-
-:func:`pool_rounds` combines rounds (profiles that keep their samples:
-``calibrate --server``'s) into one fit:
-
-- each round's *speed* is the median, over the sweep's shapes, of the log of its time
-  over the shape's median time across rounds; a round whose speed lies more than
-  :data:`OUTLIER_MADS` scaled median absolute deviations from the rounds' median speed
-  (and more than :data:`MIN_OUTLIER` from it: rounds that agree this well all count) is
-  dropped. With fewer than three rounds none is dropped (no majority to say which);
-- each shape's time is the median over the rounds kept, so a burst that held one
-  round's streams (a decode run timed 6x its usual) is outvoted; it stands for the
-  runs of all of them (the fit weighs it by their number's square root);
-- the serving path's samples (the one-at-a-time requests) are pooled: the spreads and
-  ``admit_s`` come from all of them;
-- the profile says how spread the rounds were (``fit["rounds"]``): each round's speed
-  and fitted ``step_s``, the rounds dropped and why, and the median over shapes of
-  each shape's spread across the rounds kept.
-
-The shapes of a round are its samples' work (everything but the seconds): rounds of
-the same sweep on the same server measure the same shapes; a shape only some rounds
-measured is the median of those.
+One calibration on a small, shared machine is not repeatable. :func:`pool_rounds` fits
+one profile to rounds that keep their samples: each round's *speed* is the median over
+its shapes of the log of its time over the shape's median across rounds; with three or
+more rounds, one whose speed lies more than :data:`OUTLIER_MADS` scaled MADs (and
+:data:`MIN_OUTLIER`) from the median is dropped; each shape's time is the median over
+the rounds kept, and the serving path's samples are pooled. ``fit["rounds"]`` says how
+spread the rounds were.
 """
 
 from __future__ import annotations
@@ -45,16 +26,14 @@ from .serving_path import HopSamples
 __all__ = ["MIN_OUTLIER", "OUTLIER_MADS", "pool_rounds", "round_speeds"]
 
 OUTLIER_MADS = 3.0
-"""A round this many scaled MADs (1.4826 x the median absolute deviation, the standard
-deviation of normal noise) from the rounds' median speed is an outlier."""
+"""A round this many scaled MADs from the rounds' median speed is an outlier."""
 
 MIN_OUTLIER = 0.10
-"""... and at least this far (in log speed, about 10%): rounds closer than that agree."""
+"""... and at least this far (in log speed): rounds closer than that agree."""
 
 _Shape = tuple[StepSample, int]
-"""A sample's work (the sample with its seconds set to 0) and which of its round's
-samples of that work it is (a sweep may measure one shape twice: a 16-token prompt
-with no prefix and with half of it cached, which rounds down to no block)."""
+"""A sample's work (its seconds set to 0) and which of its round's samples of that work
+it is (a sweep may measure one shape twice)."""
 
 
 def _shapes(samples: Sequence[StepSample]) -> list[tuple[_Shape, float]]:
@@ -68,9 +47,7 @@ def _shapes(samples: Sequence[StepSample]) -> list[tuple[_Shape, float]]:
 
 
 def round_speeds(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
-    """Each round's speed against the others: the median over its shapes of
-    ``log(its seconds / the shape's median seconds over all rounds)`` (0: typical,
-    +0.2: about 22% slower)."""
+    """Each round's speed against the others (0: typical, +0.2: about 22% slower)."""
     medians = _shape_medians(rounds)
     return [
         statistics.median(math.log(t / medians[k]) for k, t in _shapes(r)) if r else 0.0
@@ -78,16 +55,19 @@ def round_speeds(rounds: Sequence[Sequence[StepSample]]) -> list[float]:
     ]
 
 
-def _shape_medians(rounds: Sequence[Sequence[StepSample]]) -> dict[_Shape, float]:
+def _by_shape(rounds: Sequence[Sequence[StepSample]]) -> dict[_Shape, list[float]]:
     by_shape: dict[_Shape, list[float]] = {}
     for r in rounds:
         for k, t in _shapes(r):
             by_shape.setdefault(k, []).append(t)
-    return {k: statistics.median(v) for k, v in by_shape.items()}
+    return by_shape
+
+
+def _shape_medians(rounds: Sequence[Sequence[StepSample]]) -> dict[_Shape, float]:
+    return {k: statistics.median(v) for k, v in _by_shape(rounds).items()}
 
 
 def _outliers(speeds: Sequence[float]) -> list[bool]:
-    """Which rounds' speeds are outliers (see the module docstring)."""
     if len(speeds) < 3:
         return [False] * len(speeds)
     center = statistics.median(speeds)
@@ -97,8 +77,8 @@ def _outliers(speeds: Sequence[float]) -> list[bool]:
 
 
 def pool_rounds(profiles: Sequence[CostProfile], *, name: str | None = None) -> CostProfile:
-    """One profile fitted to several calibration rounds of the same server (see the
-    module docstring); the first round's name, provenance and range are kept.
+    """One profile fitted to several calibration rounds of the same server; the first
+    round's name, provenance and range are kept.
 
     Raises:
         ProfileError: no rounds; a round that keeps no samples (not made by
@@ -150,11 +130,7 @@ def _describe(
     out: Sequence[bool],
     use: Sequence[int],
 ) -> dict[str, Any]:
-    """How spread the rounds were (the profile's ``fit["rounds"]``)."""
-    by_shape: dict[_Shape, list[float]] = {}
-    for i in use:
-        for k, t in _shapes(steps[i]):
-            by_shape.setdefault(k, []).append(t)
+    by_shape = _by_shape([steps[i] for i in use])
     spreads = [(max(v) - min(v)) / statistics.median(v) for v in by_shape.values() if len(v) > 1]
     return {
         "count": len(profiles),

@@ -1,22 +1,5 @@
-"""Every answer of a served engine bounded: an overall deadline and a byte budget per
-request, and every number it sends range-checked.
-
-A server is input like a file: it may stream forever, send keep-alive comments or one
-byte every few seconds (each within any per-read timeout), answer a JSON array where
-an object belongs, or report a negative or a 10**12 cached-token count. Here:
-
-- :func:`within` gives each request one overall deadline
-  (:attr:`RequestLimits.deadline_s`, ``calibrate --request-timeout``), however the
-  bytes trickle in;
-- :func:`read_body` and :func:`sse_data` read at most
-  :attr:`RequestLimits.max_response_bytes` of an answer (as sent: a compressed answer
-  is refused, the client asks for none) and at most
-  :attr:`RequestLimits.max_line_bytes` of one stream line;
-- :func:`json_object`, :func:`server_int` and :func:`server_fraction` turn what the
-  server sent into the values the sweep uses, or a :class:`ServerError` that names
-  the URL and the field.
-
-Each failure is one :class:`ServerError` line; nothing raw escapes.
+"""Every answer of a served engine bounded: one deadline and a byte budget per request,
+and every number it sends range-checked; each failure is one :class:`ServerError` line.
 """
 
 from __future__ import annotations
@@ -50,14 +33,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """What one request to a server may cost.
+    """What one request to a server may cost: seconds to the end of its answer, bytes
+    of one answer (a whole stream), bytes of one stream line.
 
-    Attributes:
-        deadline_s: seconds from sending a request to the end of its answer, all
-            reads together (default 300).
-        max_response_bytes: bytes of one answer, a whole stream included (default
-            64 MiB: a streamed token is a few hundred bytes).
-        max_line_bytes: bytes of one line of a stream (default 1 MiB).
+    Raises:
+        SimSettingsError: a bound that is not positive.
     """
 
     deadline_s: float = 300.0
@@ -75,8 +55,7 @@ class RequestLimits:
 
 
 async def within(limits: RequestLimits, where: str, request: Awaitable[T]) -> T:
-    """``await request``, or a :class:`ServerError` once ``limits.deadline_s`` has
-    passed (the request is cancelled, its connection closed)."""
+    """``await request``, or a :class:`ServerError` once ``limits.deadline_s`` passed."""
     try:
         return await asyncio.wait_for(request, limits.deadline_s)
     except asyncio.TimeoutError:
@@ -95,11 +74,8 @@ def _check_encoding(response: httpx.Response, where: str) -> None:
 
 
 async def read_body(response: httpx.Response, limits: RequestLimits, where: str) -> bytes:
-    """The body of ``response`` as sent, at most ``limits.max_response_bytes``.
-
-    Raises:
-        ServerError: the body is longer, or compressed.
-    """
+    """The body of ``response`` as sent; a :class:`ServerError` when longer than
+    ``limits.max_response_bytes`` or compressed."""
     _check_encoding(response, where)
     body = bytearray()
     async for chunk in response.aiter_bytes():
@@ -112,15 +88,8 @@ async def read_body(response: httpx.Response, limits: RequestLimits, where: str)
 async def sse_data(
     response: httpx.Response, limits: RequestLimits, where: str
 ) -> AsyncGenerator[str, None]:
-    """The ``data:`` fields of a server-sent event stream, in order.
-
-    Comments (keep-alives) and other fields are skipped but count in the byte budget;
-    a line is buffered up to ``limits.max_line_bytes``; each chunk is searched once.
-
-    Raises:
-        ServerError: the stream is longer than ``limits.max_response_bytes``, a line
-            longer than ``limits.max_line_bytes``, not UTF-8, or compressed.
-    """
+    """The ``data:`` fields of a server-sent event stream, in order (other lines count
+    in the byte budget); a :class:`ServerError` past a budget, not UTF-8 or compressed."""
     _check_encoding(response, where)
     total = 0
     pending = bytearray()
@@ -176,8 +145,7 @@ def json_object(value: Any, where: str, what: str) -> dict[str, Any]:
 
 
 def server_int(value: Any, where: str, what: str, low: int, high: int) -> int:
-    """``value`` when it is a whole number in ``[low, high]`` (a JSON ``true`` is not
-    one), else a :class:`ServerError` naming ``what`` and the range."""
+    """``value`` when it is a whole number in ``[low, high]``, else a :class:`ServerError`."""
     if type(value) is not int or not low <= value <= high:
         raise ServerError(
             f"{where}: {what} {_show(value)} is not a whole number in [{low:,}, {high:,}]"
@@ -186,8 +154,7 @@ def server_int(value: Any, where: str, what: str, low: int, high: int) -> int:
 
 
 def server_fraction(value: str, where: str, what: str) -> str:
-    """``value`` when it is a number in ``(0, 1]`` written as text, else a
-    :class:`ServerError` (vLLM's ``gpu_memory_utilization`` label)."""
+    """``value`` when it is a number in ``(0, 1]`` written as text, else a :class:`ServerError`."""
     try:
         number = float(value) if len(value) <= 32 else math.nan
     except ValueError:
@@ -198,7 +165,7 @@ def server_fraction(value: str, where: str, what: str) -> str:
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    """``value`` for a message: short, on one line, never a 5,000-digit repr."""
+    """``value`` for a message: short, on one line."""
     if type(value) is int and value.bit_length() > 64:
         return f"({value.bit_length()}-bit number)"
     if isinstance(value, (bytes, bytearray)):

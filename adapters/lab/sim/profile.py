@@ -1,38 +1,19 @@
 """Cost profiles: what one engine step costs on a given model and device.
 
-A step's time is a fixed cost plus what its prefill chunks and decode rows add,
-the decomposition Vidur (MLSys 2024) and roofline models of LLM inference use:
+A step's time is a fixed cost plus what its prefill chunks and decode rows add (the
+decomposition Vidur and roofline models use):
 
     step = step_s
-         + prefill_token_s     * (prefill tokens)                 linear layers, compute bound
-         + prefill_attention_s * (query x attended token pairs)   causal attention
-         + decode_seq_s        * (decode rows)                    per-row linear work, sampling
-         + decode_context_s    * (context tokens decode rows read) KV reads, memory bound
+         + prefill_token_s     * (prefill tokens)
+         + prefill_attention_s * (query x attended token pairs)
+         + decode_seq_s        * (decode rows)
+         + decode_context_s    * (context tokens decode rows read)
 
-A prefill chunk of ``q`` tokens after ``s`` cached ones attends to
-``q * s + q * (q + 1) / 2`` (query, key) pairs, so splitting a prefill into chunks
-does not change its attention term, and a prefix hit of ``h`` tokens saves exactly
-``prefill_s(h, 0)``. A profile is a small JSON file: model, device, coefficients,
-where they come from, what they were measured on and the range the measurements
-cover (a run beyond it extrapolates, and says so once), and, where known, the KV
-bytes a token takes and the device memory, which bound the capacity the hardware holds.
-
-Two costs lie outside the engine's steps, in a serving front end (vLLM's API
-server): ``request_s``, the seconds a served request spends in HTTP, input processing
-and its first chunk, outside the modelled steps (it delays the request's arrival at
-the scheduler), and ``stream_token_s``, the front end's seconds per token it streams.
-The front end works in order, taking requests in (``frontend_request_cpu_s`` each) and
-streaming each step's tokens: a step's tokens reach their clients once it has streamed
-them, ``stream_token_s x (tokens the step sampled)`` after the step ends or after the
-work it queued before them, so a front end that cannot keep up delays the tokens.
-These are 0 for kernel-level data. Where the front end shares the engine's cores (a
-CPU server), it slows the steps only while it is busy: a step lasts
-``frontend_cpu_share x`` (the time the front end is busy during it, at most the step's
-length) longer. A step that starts an engine idle for ``wake_after_s`` or more takes
-``wake_s`` longer: the serving processes sleep when idle, and the first request after
-wakes them. A step that first schedules a request takes ``admit_s`` longer (the engine
-takes the request in; once a step: :mod:`.engine_admit`). These are 0 unless measured
-(:mod:`.serving_path`), so a profile without them prices steps as before.
+A chunk of ``q`` tokens after ``s`` cached ones attends to ``q * s + q * (q + 1) / 2``
+pairs, so chunking does not change the attention term. The serving terms
+(:data:`SERVING_TERMS`, :data:`SPREAD_TABLES`) price a served front end outside the
+steps; they are 0 (empty) unless measured (:mod:`.serving_path`). A profile is a small
+JSON file.
 """
 
 from __future__ import annotations
@@ -55,11 +36,7 @@ __all__ = [
     "COEFFICIENTS",
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "DEFAULT_PROFILE",
-    "HARDWARE",
-    "MAX_COEFFICIENT_S",
     "RANGE_KEYS",
-    "SERVING_TERMS",
-    "SPREAD_TABLES",
     "CostProfile",
     "attention_pairs",
     "available_profiles",
@@ -94,100 +71,56 @@ SPREAD_TABLES = (
     "pace_spread",
     "decoding_request_spread_s",
 )
-"""The serving path's spread: quantiles of the seconds a request spends outside the
-engine, sent to an idle and to a busy server (:mod:`.serving_spread`), and of the
-engine's pace (a factor, :mod:`.engine_pace`); empty when not measured."""
+"""Quantile tables of the serving path's spread (:mod:`.serving_spread`) and of the
+engine's pace; empty when not measured."""
 
 HARDWARE = ("kv_bytes_per_token", "device_memory_bytes", "weight_bytes", "kv_cache_tokens")
-"""The hardware the profile was measured on, each an int or ``None`` (unknown): what
-sizes vLLM's pool (:meth:`CostProfile.kv_capacity_tokens`)."""
+"""The hardware the profile was measured on, each an int or ``None`` (unknown)."""
 
 RANGE_KEYS = ("prefill_tokens", "context_tokens", "batch_size")
-"""What a profile's ``covers`` bounds: tokens prefilled in one step, tokens a query
-attends to (cached + chunk, or a decode row's context), decode rows in one step."""
+"""What a profile's ``covers`` bounds: prefill tokens a step, context tokens, decode rows a step."""
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """vLLM's ``--gpu-memory-utilization`` default: the share of device memory it uses."""
 
 MAX_COEFFICIENT_S = 1e3
-"""The largest coefficient a profile may have, in seconds per unit: a thousand seconds
-a step, a token or a (query, key) pair is far beyond any hardware, and bounding it
-keeps every step time of a run finite (a 1e308 coefficient would overflow to
-infinity mid-run and fail only when the results are written)."""
+"""The largest coefficient a profile may have, in seconds per unit (keeps every step finite)."""
 
 DEFAULT_PROFILE = "llama2-70b-tp2-a100"
-"""The shipped profile used when none is named (derived from Vidur's profiling data)."""
+"""The shipped profile used when none is named."""
 
 
 def attention_pairs(num_tokens: int, start: int) -> int:
-    """(query, key) pairs of causal attention for tokens ``start .. start+num_tokens-1``.
-
-    Token ``i`` attends to ``i + 1`` tokens (itself and all before it).
-    """
+    """(query, key) pairs of causal attention for tokens ``start .. start+num_tokens-1``."""
     return num_tokens * start + num_tokens * (num_tokens + 1) // 2
+
+
+def _is_seconds(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and 0 <= value <= MAX_COEFFICIENT_S  # NaN compares False: refused
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class CostProfile:
     """Coefficients of the step-time model for one model on one device.
 
-    Attributes:
-        name: short identifier (``llama2-70b-tp2-a100``).
-        model: what was measured (model, precision, parallelism).
-        device: where it was measured.
-        step_s: fixed seconds per step (scheduling, launch, the weight reads every
-            forward pass pays).
-        prefill_token_s: seconds per prefill token (its linear layers).
-        prefill_attention_s: seconds per (query, attended key) pair in prefill.
-        decode_seq_s: seconds per decode row in a step.
-        decode_context_s: seconds per context token a decode row reads.
-        source: where the coefficients come from (a citation, a command).
-        notes: method and fit quality, free text.
-        fit: optional numbers about the fit (residuals, ranges), kept as given.
-        request_s: seconds a request spends outside the engine's steps (HTTP,
-            input processing, streaming), added to its TTFT; 0 for kernel-level data.
-        stream_token_s: a serving front end's seconds per streamed token: a step's
-            tokens reach their clients this times the step's sampled tokens after it.
-        frontend_request_cpu_s: the front end's CPU seconds per request (HTTP, input
-            and output processing), 0 unless measured.
-        frontend_cpu_share: the seconds an engine step loses per CPU second the front
-            end spends meanwhile, in ``[0, 1]``: about 1 where they share cores (a CPU
-            server), 0 where the front end has a core of its own (the default).
-        wake_s: the seconds more a step takes that starts an engine idle for at least
-            ``wake_after_s`` (its processes asleep), 0 unless measured.
-        wake_after_s: the idle seconds after which a step pays ``wake_s``.
-        admit_s: the seconds more a step takes that first schedules a request (the
-            engine takes it in: :mod:`.engine_admit`), once a step, 0 unless measured.
-        request_spread_s: quantiles (at :data:`~.serving_spread.QUANTILES`) of the
-            seconds a request sent to an idle server spends outside the engine; each
-            request draws its own from them instead of ``request_s`` (empty: not
-            measured).
-        busy_request_spread_s: the same for a request sent while the engine has
-            requests to run (empty: the idle table stands for it).
-        decoding_request_spread_s: quantiles of what a request that decodes more than
-            one token, sent to an idle server, takes to its first token beyond what
-            its first step and streaming are charged (:mod:`.decoding_start`; empty:
-            the idle table stands for it).
-        pace_spread: quantiles of the factor a step's priced time is multiplied by
-            (the engine's pace drifting over time, :mod:`.engine_pace`; empty: 1).
-        pace_window_s: the seconds one pace holds (0: not measured).
-        measured_on: what was measured: ``server``, ``model``, ``engine``,
-            ``engine_version``, ``date``, ``machine`` (strings, those known).
-        covers: the measured range, ``{key: [low, high]}`` for the keys of
-            :data:`RANGE_KEYS`; empty when unknown.
-        kv_bytes_per_token: the model's KV cache bytes per token (all layers, K
-            and V, the whole replica), or ``None``.
-        device_memory_bytes: the replica's device memory (all its GPUs), or ``None``.
-        weight_bytes: the model's weights in device memory, or ``None`` (0 assumed).
-        kv_cache_tokens: the KV pool of the measured server, in tokens, when it
-            said (``None``: not measured on a server).
+    The five coefficients are seconds per unit of the module's formula. The serving
+    terms: ``request_s`` (a request's time outside the steps), ``stream_token_s`` (the
+    front end's seconds per streamed token), ``frontend_request_cpu_s`` (its CPU per
+    request), ``frontend_cpu_share`` (step seconds lost per front-end CPU second, in
+    ``[0, 1]``), ``wake_s`` (paid by a step that starts an engine idle for
+    ``wake_after_s``), ``admit_s`` (paid by a step that first schedules a request), the
+    spread tables (quantiles at :data:`~.serving_spread.QUANTILES`) and ``pace_window_s``.
+    ``measured_on`` and ``covers`` say what was measured and the range it spans
+    (:data:`RANGE_KEYS`); :data:`HARDWARE` sizes the KV pool.
 
     Raises:
-        ProfileError: a coefficient (or a term of :data:`SERVING_TERMS`) that is
-            not a number in ``[0, MAX_COEFFICIENT_S]`` (a share above 1), or every
-            coefficient zero; a
-            range that is not ``[low, high]`` ints; a byte count that is not an int
-            >= 0.
+        ProfileError: a coefficient or serving term not a number in ``[0,
+            MAX_COEFFICIENT_S]`` (a share above 1), every coefficient zero, a bad range,
+            table or byte count.
     """
 
     name: str
@@ -223,11 +156,7 @@ class CostProfile:
     def __post_init__(self) -> None:
         for name in (*COEFFICIENTS, *SERVING_TERMS):
             value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 <= value <= MAX_COEFFICIENT_S  # NaN compares False: refused
-            ):
+            if not _is_seconds(value):
                 raise ProfileError(
                     f"profile {self.name!r}: {name} must be a number of seconds in "
                     f"[0, {MAX_COEFFICIENT_S:g}], got {value!r:.60}"
@@ -266,18 +195,12 @@ class CostProfile:
                 )
 
     def _spread_table(self, name: str, table: Any) -> tuple[float, ...]:
-        """``table`` as a tuple: empty, or one non-decreasing number of seconds in
-        ``[0, MAX_COEFFICIENT_S]`` per quantile."""
+        """``table`` as a tuple: empty, or non-decreasing seconds, one per quantile."""
         ok = isinstance(table, (list, tuple)) and (
             not table
             or (
                 len(table) == len(QUANTILES)
-                and all(
-                    not isinstance(v, bool)
-                    and isinstance(v, (int, float))
-                    and 0 <= v <= MAX_COEFFICIENT_S
-                    for v in table
-                )
+                and all(_is_seconds(v) for v in table)
                 and all(a <= b for a, b in itertools.pairwise(table))
             )
         )
@@ -288,19 +211,11 @@ class CostProfile:
             )
         return tuple(float(v) for v in table)
 
-    # ----------------------------------------------------------- the hardware
-
     def kv_capacity_tokens(
         self, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     ) -> int | None:
-        """Tokens of KV the profile's hardware holds, as vLLM sizes its pool:
-        ``(utilization x device memory - weights) // KV bytes per token``.
-
-        Activations and the runtime's own memory are not subtracted, so this is an
-        upper bound (vLLM profiles a forward pass to find them). A profile measured
-        on a server without its device memory gives that server's pool
-        (``kv_cache_tokens``), whatever the utilization. ``None`` when the profile
-        says neither.
+        """Tokens of KV the hardware holds, as vLLM sizes its pool (an upper bound:
+        activations are not subtracted); else the measured server's pool; else ``None``.
 
         Raises:
             ProfileError: a utilization outside (0, 1].
@@ -318,7 +233,7 @@ class CostProfile:
 
     def extrapolation(self, reached: Mapping[str, int]) -> list[str]:
         """What of ``reached`` (``{key: highest value a run reached}``) lies beyond the
-        measured range, one phrase per key (empty: within it, or no range known)."""
+        measured range, one phrase per key."""
         out = []
         for key in RANGE_KEYS:
             span = self.covers.get(key)
@@ -332,26 +247,18 @@ class CostProfile:
         return out
 
     def prefill_s(self, num_tokens: int, num_cached: int = 0) -> float:
-        """Marginal seconds to prefill ``num_tokens`` tokens after ``num_cached`` cached ones.
-
-        Excludes ``step_s``, which a step pays once whatever it computes. Additive
-        over chunks: ``prefill_s(a, s) + prefill_s(b, s + a) == prefill_s(a + b, s)``.
-        """
+        """Marginal seconds (no ``step_s``) to prefill ``num_tokens`` after ``num_cached``."""
         pairs = attention_pairs(num_tokens, num_cached)
         return self.prefill_token_s * num_tokens + self.prefill_attention_s * pairs
 
     def decode_s(self, num_seqs: int, num_context_tokens: int) -> float:
-        """Marginal seconds of ``num_seqs`` decode rows reading ``num_context_tokens`` in all."""
+        """Marginal seconds of ``num_seqs`` decode rows reading ``num_context_tokens``."""
         return self.decode_seq_s * num_seqs + self.decode_context_s * num_context_tokens
 
     def step_time(
-        self,
-        prefill_tokens: int,
-        prefill_pairs: int,
-        num_decode: int,
-        decode_context: int,
+        self, prefill_tokens: int, prefill_pairs: int, num_decode: int, decode_context: int
     ) -> float:
-        """Seconds of one step with the given work (see the module docstring)."""
+        """Seconds of one step with the given work."""
         return (
             self.step_s
             + self.prefill_token_s * prefill_tokens
@@ -462,9 +369,6 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Cost
 
 
 def save_profile(profile: CostProfile, path: str | os.PathLike[str]) -> None:
-    """Write ``profile`` as JSON (the form :func:`load_profile` reads), atomically.
-
-    Missing folders are created; an interrupted write leaves the old file.
-    """
+    """Write ``profile`` as JSON (the form :func:`load_profile` reads), atomically."""
     with atomic_writer(path) as f:
         f.write((json.dumps(profile.to_dict(), indent=2) + "\n").encode())

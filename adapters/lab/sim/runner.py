@@ -4,7 +4,7 @@ Every arrival-time run steps its requests through a :class:`Replica`: the one-re
 simulation (:func:`~.replica.simulate`) and each replica of a cluster (a subclass that
 adds an event publisher, ``cluster/sim_replica.py``). A step is planned by the schedule
 (which calls only its seat, the engine class), priced by the cost profile (at the
-engine's pace when the step starts, :mod:`.engine_pace`), and completed at its end::
+engine's pace when the step starts, :mod:`.serving_spread`), and completed at its end::
 
     replica = Replica(make_seat("mixed", index, num_blocks), config, profile)
     replica.add(request, sent)     # its record, filled in as it runs
@@ -24,13 +24,13 @@ from typing import NamedTuple
 from prefixkv.adapters.servable import unservable
 
 from .config import SimSettings
-from .engine_pace import step_pace
 from .errors import SimUnservableError
 from .metrics import RequestRow
 from .profile import CostProfile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .requests import SimRequest
 from .seats import Seat
+from .serving_spread import step_pace
 
 __all__ = ["Replica", "Step"]
 

@@ -1,14 +1,10 @@
 """A running OpenAI-compatible server as the simulator sees it: streamed completions
 timed from the client, and what the server says about itself.
 
-One request is ``POST /v1/completions`` with the prompt as token ids (so a server run
-with ``--skip-tokenizer-init`` serves it), ``temperature 0``, ``ignore_eos`` (so it
-decodes exactly ``max_tokens``, as ``vllm bench serve`` does) and ``stream`` with
-``include_usage``: the time to the first streamed token is the TTFT, the gaps between
-later ones the inter-token latencies, and ``usage.prompt_tokens_details.cached_tokens``
-the prefix-cache hit (vLLM with ``--enable-prompt-tokens-details``). The server's
-block size, KV pool and version come from ``/version``, ``/v1/models`` and vLLM's
-``/metrics`` (``vllm:cache_config_info``). HTTP is httpx's (the ``calibrate`` extra).
+A request is a streamed ``POST /v1/completions`` of token ids, greedy, ``ignore_eos``
+(so it decodes exactly ``max_tokens``) with ``include_usage`` (the prefix-cache hit is
+``usage.prompt_tokens_details.cached_tokens``). The block size, KV pool and version come
+from ``/version``, ``/v1/models`` and vLLM's ``vllm:cache_config_info``.
 """
 
 from __future__ import annotations
@@ -42,19 +38,8 @@ __all__ = ["Completion", "ServedEngine", "ServerError", "ServerInfo", "parse_cac
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
-    """What a server says about itself (fields it does not say are empty).
-
-    Attributes:
-        url: its base URL.
-        model: the served model's id.
-        engine: ``"vllm"`` when ``/version`` answers as vLLM's does, else ``""``.
-        engine_version: the version it reports.
-        max_model_len: the longest sequence it serves (0: unknown).
-        block_size: its KV block size in tokens (0: unknown).
-        num_gpu_blocks: its KV pool in blocks (0: unknown).
-        kv_cache_memory_bytes: the pool's bytes (0: unknown).
-        gpu_memory_utilization: its ``--gpu-memory-utilization`` (``""``: unknown).
-    """
+    """What a server says about itself (fields it does not say are 0 or empty);
+    ``engine`` is ``"vllm"`` when ``/version`` answers as vLLM's does."""
 
     url: str
     model: str
@@ -73,7 +58,7 @@ class ServerInfo:
 
     @property
     def kv_bytes_per_token(self) -> int | None:
-        """KV bytes per token, from the pool's bytes and tokens (``None``: unknown)."""
+        """KV bytes per token (``None``: unknown)."""
         tokens = self.kv_cache_tokens
         if not tokens or not self.kv_cache_memory_bytes:
             return None
@@ -82,17 +67,9 @@ class ServerInfo:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One streamed completion as the client saw it.
-
-    Attributes:
-        sent_s: when the request was sent (the client's monotonic clock).
-        ttft_s: seconds from sending to the first streamed token.
-        itl_s: seconds between consecutive streamed tokens after the first.
-        prompt_tokens: the prompt's length as the server counted it.
-        completion_tokens: tokens generated.
-        cached_tokens: prompt tokens served from its prefix cache (``None``: not
-            reported; vLLM needs ``--enable-prompt-tokens-details``).
-    """
+    """One streamed completion as the client saw it: sent at ``sent_s`` (its monotonic
+    clock), first token ``ttft_s`` later, then gaps ``itl_s``; ``cached_tokens`` is
+    ``None`` where the server does not report it."""
 
     sent_s: float
     ttft_s: float
@@ -112,42 +89,32 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def parse_cache_config(metrics_text: str) -> dict[str, str]:
-    """The labels of vLLM's ``vllm:cache_config_info`` gauge in ``/metrics`` text
-    (``block_size``, ``num_gpu_blocks``, ``kv_cache_memory_bytes``, ...); empty
-    when the gauge is absent."""
+    """The labels of vLLM's ``vllm:cache_config_info`` gauge in ``/metrics`` text."""
     m = _CACHE_INFO.search(metrics_text)
     return dict(_LABEL.findall(m.group("labels"))) if m else {}
 
 
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
-# The ranges a server's numbers must fall in: beyond them a number is a fault, not a
-# measurement (a profile fitted to it would describe no machine).
+# Beyond these ranges a server's number is a fault, not a measurement.
 MAX_TOKENS = 2**31 - 1
-"""Most tokens of one sequence a server may report (prompt, cached, context length)."""
 _MAX_BLOCK_SIZE = 2**20
 _MAX_BLOCKS = 2**40
 _MAX_POOL_BYTES = 2**60
-_MAX_NAME = 1024
-"""Most characters of a model id or version."""
-_EXTRA_TOKEN_CHUNKS = 8
-"""Streamed chunks with choices beyond ``max_tokens`` that are still taken as tokens
-(a closing chunk that carries only a finish reason)."""
+_MAX_NAME = 1024  # characters of a model id or version
+_EXTRA_TOKEN_CHUNKS = 8  # chunks past max_tokens still taken (a closing finish-reason chunk)
 
 
 class ServedEngine:
     """An OpenAI-compatible completions server, timed from the client.
 
-    Every request has one overall deadline and a byte budget (``limits``), and every
-    number the server sends is range-checked: a server that streams forever, drips a
-    byte at a time, answers the wrong JSON shape or reports a negative cached-token
-    count is a :class:`ServerError`, never a hang or a profile of nonsense.
+    Every request has one deadline and a byte budget (``limits``), and every number the
+    server sends is range-checked: a misbehaving server is a :class:`ServerError`.
 
     Args:
         url: the server's base URL (``http://127.0.0.1:8000``).
         model: the model to ask for (default: the first ``/v1/models`` lists).
-        limits: each request's deadline and byte budgets (default
-            ``RequestLimits()``: 300 s, 64 MiB).
+        limits: each request's deadline and byte budgets.
         transport: an httpx transport (tests pass ``httpx.MockTransport``).
 
     Raises:
@@ -176,8 +143,7 @@ class ServedEngine:
         self.transport = transport
 
     def client(self) -> httpx.AsyncClient:
-        """A client for this server (use as ``async with``); it asks for answers
-        uncompressed, so the byte budget counts what the answer holds."""
+        """A client for this server (``async with``), asking for uncompressed answers."""
         import httpx
 
         pool = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -193,9 +159,8 @@ class ServedEngine:
         """Model, engine version, block size and KV pool, as far as the server says.
 
         Raises:
-            ServerError: ``/v1/models`` does not answer, lists no model or answers
-                another shape; a number out of range in ``/v1/models`` or in vLLM's
-                ``cache_config_info``; any answer past its deadline or byte budget.
+            ServerError: ``/v1/models`` lists no model or answers another shape, a
+                number out of range, an answer past its deadline or byte budget.
         """
         where = f"{self.url}/v1/models"
         models = json_object(await self._get_json(client, "/v1/models"), where, "the answer")
@@ -239,7 +204,6 @@ class ServedEngine:
         )
 
     def _label(self, cache: dict[str, str], name: str, high: int) -> int:
-        """A number of vLLM's ``cache_config_info`` (0: absent or ``None``)."""
         value = cache.get(name, "")
         if value in ("", "None"):
             return 0
@@ -253,7 +217,6 @@ class ServedEngine:
         return server_fraction(value, f"{self.url}/metrics", f"cache_config_info {name}")
 
     async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, bytes]:
-        """``(status, body)`` of ``GET path``, within the deadline and byte budget."""
         import httpx
 
         where = f"{self.url}{path}"
@@ -275,12 +238,10 @@ class ServedEngine:
         return parse_json(body, where)
 
     async def _get_text(self, client: httpx.AsyncClient, path: str) -> str:
-        """The text of an optional endpoint (``""`` when it answers no 200)."""
         status, body = await self._get(client, path)
         return body.decode("utf-8", "replace") if status == 200 else ""
 
     def _completion_body(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        """A streamed, greedy completion decoding exactly ``max_tokens``, with usage."""
         return {
             "model": self.model,
             "prompt": list(prompt),
@@ -299,14 +260,11 @@ class ServedEngine:
         on_token: Callable[[int], object] | None = None,
     ) -> Completion:
         """Send one streamed completion of ``prompt`` (token ids), decoding exactly
-        ``max_tokens``, and time it; ``on_token`` is called with the number of token
-        chunks read so far as each one arrives.
+        ``max_tokens``, and time it; ``on_token`` gets the count of token chunks so far.
 
         Raises:
-            ServerError: a refused request, a broken stream, no token streamed, more
-                tokens than asked, the deadline or byte budget passed, a chunk that is
-                not a JSON object, a usage number out of range (``cached_tokens``
-                beyond the prompt, ``completion_tokens`` beyond ``max_tokens``).
+            ServerError: a refused request, a broken stream, no token or too many, the
+                deadline or byte budget passed, a bad chunk or usage number.
         """
         import httpx
 
@@ -350,8 +308,7 @@ class ServedEngine:
 def _take_chunk(
     data: str, where: str, times: list[float], most: int, max_tokens: int
 ) -> dict[str, Any] | None:
-    """One streamed chunk: a token chunk's arrival is appended to ``times`` (at most
-    ``most`` of them); returns the chunk's usage, if it has one."""
+    """Append a token chunk's arrival to ``times`` (at most ``most``); its usage, if any."""
     chunk = json_object(parse_json(data, where), where, "a streamed chunk")
     choices = chunk.get("choices")
     if choices is not None and not isinstance(choices, list):
@@ -370,7 +327,6 @@ def _take_chunk(
 def _usage(
     usage: dict[str, Any], num_prompt: int, max_tokens: int, streamed: int, where: str
 ) -> dict[str, Any]:
-    """The usage numbers of one completion, range-checked against what was sent."""
     prompt = usage.get("prompt_tokens", num_prompt)
     completion = usage.get("completion_tokens", streamed)
     details = usage.get("prompt_tokens_details")

@@ -1,29 +1,11 @@
 """Fit a cost profile to a running OpenAI-compatible server (vLLM, SGLang, ...).
 
-The sweep sends, over HTTP (:mod:`.served`):
-
-- prefill: one request at a time of each prompt length with each cached fraction
-  (a warm-up request first puts the cached prefix in the server's prefix cache; the
-  hit counted is the one the server reports), decoding one token: its TTFT is the
-  request's overhead outside the engine plus the steps of its prefill;
-- decode: ``b`` requests at once over ``c`` prompt tokens each, decoding ``k`` tokens:
-  the time to the slowest one's last token is its request overhead, the batch's
-  prefill steps and ``k - 1`` decode steps of ``b`` rows (:func:`batch_sample`; the
-  gaps between streamed tokens are not used, as a front end under load may deliver
-  a stream in bursts or all at once);
-- streams: a short request's TTFT while ``n`` others stream tokens: its step also
-  decodes ``n`` rows, and the front end streams ``n + 1`` tokens before its first
-  reaches the client (``stream_token_s``; on a machine whose cores the front end
-  shares with the engine this is what grows TTFT faster than the steps do).
-
-Every prompt is fresh random token ids (seeded), so nothing but the planned prefix
-hits. Then the serving path is timed apart, one request at a time, from both ends
-(:mod:`.serving_path`: ``request_s``, and where the server exports vLLM's metrics
-``stream_token_s``, the front end's CPU per request and its share of the cores), and
-the five coefficients of the step model (with ``stream_token_s`` where it was not
-measured) are fitted by :func:`~.calibration.fit_profile` to what is left; the profile
-records the server, model, engine version, date and client machine, and the range of
-prompt lengths, contexts and batch sizes measured.
+The sweep (:func:`measure_server`) sends, over HTTP (:mod:`.served`), fresh random
+prompts: one request at a time of each prompt length and cached fraction (its TTFT),
+``b`` requests at once decoding ``k`` tokens (timed to the slowest one's last token:
+:func:`batch_sample`), and a short request while ``n`` others stream. The serving path
+is timed apart (:mod:`.serving_path`), and :func:`~.calibration.fit_profile` fits the
+step model to what is left (:func:`fit_server`).
 """
 
 from __future__ import annotations
@@ -44,13 +26,12 @@ from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .config import DEFAULT_BLOCK_SIZE
-from .decoding_start import decoding_excess
 from .engine_admit import fit_admit_s
 from .engine_decode import decode_samples
-from .engine_pace import pace_table, pace_window
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
+from .runner import step_charge
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import (
     DECODING_PAUSES_S,
@@ -63,7 +44,7 @@ from .serving_path import (
     fit_serving_path,
     measure_hops,
 )
-from .serving_spread import is_burst, quantile_table
+from .serving_spread import is_burst, pace_table, pace_window, quantile_table
 
 __all__ = [
     "KEPT_FIELDS",
@@ -72,6 +53,8 @@ __all__ = [
     "batch_sample",
     "calibrate_server",
     "client_machine",
+    "cpu_model",
+    "decoding_excess",
     "fit_server",
     "kept_samples",
     "measure_server",
@@ -83,23 +66,13 @@ __all__ = [
 class ServerSweep:
     """What :func:`measure_server` sends.
 
-    Attributes:
-        prompt_lengths: prompt tokens of the prefill requests.
-        cached_fractions: shares of each prompt put in the prefix cache first.
-        batch_sizes: concurrent requests of the decode runs.
-        decode_contexts: prompt tokens of each decode run's requests.
-        decode_tokens: tokens each decode request generates.
-        background_streams: streams running while a short request's TTFT is timed.
-        repeats: runs of each shape; the median is kept.
-        max_num_batched_tokens: the server's step budget (its
-            ``--max-num-batched-tokens``): a longer uncached prompt takes several steps.
-        vocab_size: token ids are drawn from ``[3, vocab_size)``.
-        seed: seeds the token ids; ``None`` (the default) draws a fresh seed, so
-            nothing a server cached from an earlier sweep hits.
-        serving_repeats: requests of each kind timing the serving path
-            (:mod:`.serving_path`); 0 leaves it to the fit.
-        decoding_pauses_s: seconds the server idles before each of the serving
-            path's decoding requests, ``serving_repeats`` of each (empty: none sent).
+    Each shape is run ``repeats`` times and the median kept; ``max_num_batched_tokens``
+    is the server's step budget; ``seed=None`` draws a fresh seed, so nothing cached
+    earlier hits; ``serving_repeats`` requests of each kind time the serving path (0:
+    none), with ``decoding_pauses_s`` before its decoding ones.
+
+    Raises:
+        ProfileError: a size out of range.
     """
 
     prompt_lengths: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048)
@@ -151,22 +124,16 @@ QUICK_SWEEP = ServerSweep(
     repeats=2,
     serving_repeats=2,
 )
-"""A small sweep (a few dozen requests): a rough profile in seconds."""
+"""A small sweep: a rough profile in seconds."""
 
 
 def batch_sample(
     b: int, ctx: int, num_tokens: int, seconds: float, sweep: ServerSweep
 ) -> StepSample:
-    """A decode run as one sample: ``b`` requests of ``ctx`` prompt tokens sent at
-    once, each generating ``num_tokens``, timed to the last token of the slowest.
-
-    Their prefills take ``ceil(b x ctx / budget)`` steps, then ``num_tokens - 1``
-    decode steps of ``b`` rows, the ``j``-th reading ``ctx + j`` tokens a row (the
-    decode rows of requests that finish their prefill early, in the same steps as
-    later prefills, are left out). The last token's arrival does not depend on how
-    the tokens before it were delivered: a front end that streams in bursts, or holds
-    a whole stream under load, moves the gaps between tokens but not this time.
-    """
+    """A decode run as one sample: ``b`` requests of ``ctx`` prompt tokens sent at once,
+    each generating ``num_tokens``, timed to the slowest one's last token (which a front
+    end streaming in bursts does not move): ``ceil(b x ctx / budget)`` prefill steps,
+    then ``num_tokens - 1`` decode steps of ``b`` rows."""
     n = num_tokens - 1
     return StepSample(
         prefill_tokens=b * ctx,
@@ -182,8 +149,7 @@ def batch_sample(
 
 
 def cpu_model() -> str:
-    """The CPU's model name (from ``/proc/cpuinfo`` where there is one), else what
-    :mod:`platform` says."""
+    """The CPU's model name (``/proc/cpuinfo``, else :mod:`platform`)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -206,7 +172,7 @@ async def measure_server(
     *,
     progress: Callable[[int], object] | None = None,
 ) -> tuple[ServerInfo, list[StepSample]]:
-    """Run the sweep against ``engine``; one sample per shape (the median of repeats).
+    """Run the sweep against ``engine``; one sample per shape.
 
     Raises:
         ServerError: the server fails a request, or reports no cached tokens.
@@ -239,7 +205,16 @@ async def measure_server(
                 samples.append(sample)
         for b in sweep.batch_sizes:
             for ctx in sweep.decode_contexts:
-                samples.append(await _decode_sample(engine, client, sweep, b, ctx, fresh, tick))
+                slowest = []  # b requests of ctx tokens at once, timed to the slowest
+                for _ in range(sweep.repeats):
+                    batch = [fresh(ctx) for _ in range(b)]
+                    done = await asyncio.gather(
+                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
+                    )
+                    slowest.append(max(c.latency_s for c in done))
+                    tick()
+                seconds = statistics.median(slowest)
+                samples.append(batch_sample(b, ctx, sweep.decode_tokens, seconds, sweep))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
@@ -257,7 +232,7 @@ async def _prefill_sample(
     tick: Callable[[], None],
 ) -> StepSample:
     """A ``length``-token prompt whose first ``prefix_len`` tokens were sent just before:
-    the median TTFT over the repeats, at the median hit the server reported."""
+    the median TTFT, at the median hit the server reported."""
     runs: list[tuple[float, int]] = []
     for _ in range(sweep.repeats):
         prefix = fresh(prefix_len)
@@ -274,49 +249,17 @@ async def _prefill_sample(
     hit = statistics.median_low(h for _, h in runs)
     q = length - hit
     return StepSample(
-        prefill_tokens=q,
-        prefill_pairs=attention_pairs(q, hit),
-        num_decode=0,
-        decode_context=0,
-        seconds=statistics.median(t for t, _ in runs),
-        num_steps=-(-q // sweep.max_num_batched_tokens),
-        num_requests=1,
-        num_streamed=1,
+        q, attention_pairs(q, hit), 0, 0, statistics.median(t for t, _ in runs),
+        num_steps=-(-q // sweep.max_num_batched_tokens), num_requests=1, num_streamed=1,
         runs=sweep.repeats,
-    )
+    )  # fmt: skip
 
 
-async def _decode_sample(
-    engine: ServedEngine,
-    client: Any,
-    sweep: ServerSweep,
-    b: int,
-    ctx: int,
-    fresh: Callable[[int], list[int]],
-    tick: Callable[[], None],
-) -> StepSample:
-    """``b`` requests of ``ctx`` tokens at once: the median of the slowest's latency."""
-    slowest: list[float] = []
-    for _ in range(sweep.repeats):
-        batch = [fresh(ctx) for _ in range(b)]
-        done = await asyncio.gather(
-            *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
-        )
-        slowest.append(max(c.latency_s for c in done))
-        tick()
-    return batch_sample(b, ctx, sweep.decode_tokens, statistics.median(slowest), sweep)
-
-
-_PROBE, _BACKGROUND = 128, 64
-"""Prompt tokens of the timed request and of each background stream."""
+_PROBE, _BACKGROUND = 128, 64  # prompt tokens of the timed request and of each stream
 
 
 async def _under_streams(
-    engine: ServedEngine,
-    client: Any,
-    n: int,
-    sweep: ServerSweep,
-    fresh: Callable[[int], list[int]],
+    engine: ServedEngine, client: Any, n: int, sweep: ServerSweep, fresh: Callable[[int], list[int]]
 ) -> StepSample:
     """The median TTFT of a short request while ``n`` others stream."""
     background = [
@@ -357,18 +300,12 @@ def calibrate_server(
         sweep: what to send.
         name: the profile's name (default ``served-<model>``).
         progress: called with 1 after each measured shape and repeat.
-        engine: a :class:`ServedEngine` to use instead of one made from ``url``
-            (tests pass one over a mock transport).
-        limits: each request's deadline and byte budgets (default
-            :class:`~.http_limits.RequestLimits`); with ``engine``, its own.
-
-    Returns:
-        The fitted profile, its ``measured_on`` and ``covers`` filled in.
+        engine: used instead of one made from ``url`` (tests pass a mock transport's).
+        limits: each request's deadline and byte budgets (with ``engine``, its own).
 
     Raises:
-        ServerError: the server fails, answers past a request's deadline or byte
-            budget, answers another shape or a number out of range, or does not
-            report cached tokens.
+        ServerError: the server fails, answers past a deadline or byte budget, answers
+            another shape or a number out of range, or reports no cached tokens.
     """
     served = engine or ServedEngine(url, model, limits=limits)
     info, samples = asyncio.run(measure_server(served, sweep, progress=progress))
@@ -396,10 +333,7 @@ def _described(
     covers = {
         "prefill_tokens": [min(per_step), max(per_step)],
         "context_tokens": [min(contexts), max(contexts)],
-        "batch_size": [
-            min(sweep.batch_sizes),
-            max(*sweep.batch_sizes, *sweep.background_streams),
-        ],
+        "batch_size": [min(sweep.batch_sizes), max(*sweep.batch_sizes, *sweep.background_streams)],
     }
     engine_name = f"{info.engine} {info.engine_version}".strip() or "unknown engine"
     return {
@@ -442,32 +376,22 @@ KEPT_FIELDS = (
 def fit_server(
     samples: Sequence[StepSample], hops: HopSamples | None, **described: Any
 ) -> CostProfile:
-    """Fit a server's profile to its sweep's samples and its serving path's.
+    """Fit a server's profile to its sweep's samples and its serving path's (or ``None``).
 
-    The serving path is fitted first (with a profile of the steps alone standing for
-    the engine where the server does not say), then the step coefficients to what
-    is left of each sample. The samples are kept in the profile's ``fit``
-    (``samples``, ``serving_path.samples``), so :func:`refit_server_profile` can fit
-    them again after the model changes.
-
-    Args:
-        samples: the sweep's (:func:`measure_server`).
-        hops: the serving path's (:func:`~.serving_path.measure_hops`), or ``None``.
-        described: the profile's other fields (name, model, device, source, ...).
+    The serving path is fitted first (the steps alone standing for the engine where the
+    server does not say), then the steps to what is left. The samples are kept in the
+    profile's ``fit`` for :func:`refit_server_profile`; ``described`` holds the profile's
+    other fields.
     """
     fit = functools.partial(fit_profile, samples, **described)
     saved = {"samples": [s._asdict() for s in samples]}
     profile = fit()
     if hops is None:
         return dataclasses.replace(profile, fit={**profile.fit, **saved})
-    # request_s is what lies outside the engine core's own queue and prefill time (the
-    # server's /metrics; the sweep's step model where a server does not say); the steps
-    # are then fitted to what lies outside request_s.
     path = fit_serving_path(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
-    # The lone long requests' decode as the engine core timed it: steps no client or
-    # front-end stall lengthened.
+    # the lone long requests' decode as the engine core timed it: no client stall in it
     profile = fit(known=path.known(), exact=decode_samples(hops.long))
     return _with_serving_path(profile, path, hops, saved)
 
@@ -476,20 +400,12 @@ def _with_serving_path(
     profile: CostProfile, path: ServingPath, hops: HopSamples, saved: dict[str, Any]
 ) -> CostProfile:
     """``profile`` (its steps fitted) with the serving path's terms and spreads."""
-    # What the engine core's own time for a lone request holds beyond the fitted step
-    # model's price of its step: taking the request in (priced once a step). Sent back
-    # to back (the short requests): no waking in it.
-    model = engine_model(profile)  # the steps' price: the serving terms below leave it
-    admit_s = _admit_beyond_share(hops.short, model, path)
-    # How the time outside the engine varies, sent to an idle and to a busy server:
-    # a request sent to an idle server came after it idled (the idle requests; the
-    # short ones where none were sent).
+    model = engine_model(profile)
+    admit_s = _admit_beyond_share(hops.short, model, path)  # back to back: no waking
     stream_s = path.stream_token_s or 0.0
     idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
     busy_outside = _outside(hops.busy, stream_s)
     busy_spread = quantile_table(busy_outside)
-    # The engine's pace, request to request: the lone long requests' decode as the
-    # engine core timed it.
     pace = pace_table(hops.long)
     served = dataclasses.replace(
         profile,
@@ -503,8 +419,6 @@ def _with_serving_path(
         wake_s=path.wake_s or 0.0,
         wake_after_s=path.wake_after_s or 0.0,
     )
-    # A lone request that goes on decoding, sent to an idle server: what its first
-    # token took beyond what the profile now charges its first step and streaming.
     excess = decoding_excess(hops.decoding, model, served)
     fitted = {
         **profile.fit,
@@ -526,18 +440,10 @@ def _with_serving_path(
 def _admit_beyond_share(
     lone: Sequence[HopSample], model: EngineModel, path: ServingPath
 ) -> float | None:
-    """``admit_s`` (:func:`~.engine_admit.fit_admit_s`) less the front end's share of
-    the step that takes a lone request in, which the simulator charges that step too
-    (``frontend_cpu_share x`` the front end's busy time in it, at most
-    ``frontend_request_cpu_s``: :class:`~.runner.Replica`); the engine core's own time
-    already holds whatever the front end's work cost it. Without this the simulator
-    priced the calibration's own lone requests 0.2-1.8 ms above what the engine core
-    said they took (share 0.12-0.51 of 1.8-4.1 ms of CPU) on a 2-core CPU vLLM.
-
-    The median over ``lone`` of each request's ``a``, where ``a + share x min(cpu,
-    step + a)`` is what its engine time exceeds its step's price by (``None``: no
-    request says its engine side).
-    """
+    """``admit_s`` less the front end's share of the step that takes a request in (which
+    the simulator charges that step too): the median over ``lone`` of each ``a`` where
+    ``a + share x min(cpu, step + a)`` is what its engine time exceeds its step's price
+    by (``None``: no request says its engine side)."""
     share, cpu = path.frontend_cpu_share or 0.0, path.frontend_request_cpu_s or 0.0
     admits = []
     for s in lone:
@@ -552,12 +458,8 @@ def _admit_beyond_share(
 
 
 def _outside(samples: Sequence[HopSample], stream_s: float) -> list[float]:
-    """What each request spent outside the engine core's queue + prefill (those whose
-    window saw only their own figures: the server says the engine side) less
-    ``stream_s``, the front end's price of streaming its first token back (the
-    simulator adds it after the step: ``request_s`` leaves it out too), but for
-    streams the client read in one burst (:func:`~.serving_spread.is_burst`: the
-    client's stall, which a sweep leaves out of its percentiles as well)."""
+    """What each request spent outside the engine core's queue + prefill, less its first
+    token's streaming (``stream_s``), but for streams the client read in one burst."""
     return [
         s.client_ttft_s - s.engine_ttft_s - stream_s
         for s in samples
@@ -565,13 +467,33 @@ def _outside(samples: Sequence[HopSample], stream_s: float) -> list[float]:
     ]
 
 
-def refit_server_profile(profile: CostProfile) -> CostProfile:
-    """Fit ``profile`` again from the samples ``calibrate --server`` kept in it (the
-    model may have changed since), keeping its name, provenance and range.
+def decoding_excess(
+    decoding: Sequence[HopSample], model: EngineModel, profile: CostProfile
+) -> list[float]:
+    """Each decoding request's client TTFT (sent after the server idled ``idle_s``) less
+    what the simulator charges it: its first step as :func:`~.runner.step_charge` prices
+    it with ``profile``'s serving terms and ``model``'s step, plus ``stream_token_s``;
+    streams read in one burst left out."""
+    p = profile
+    out = []
+    for s in decoding:
+        if is_burst(s):
+            continue
+        step = step_charge(
+            p,
+            model(s.prompt_tokens, 1)[0],
+            wakes=s.idle_s >= p.wake_after_s,
+            admits=True,
+            frontend_busy_s=p.frontend_request_cpu_s,
+        )
+        out.append(s.client_ttft_s - step - p.stream_token_s)
+    return out
 
-    A profile made before the samples were kept has only the medians of its serving
-    path's one-token requests: its ``request_s`` is taken again from those (their
-    client TTFT less the step model's first step), its steps are kept as they are.
+
+def refit_server_profile(profile: CostProfile) -> CostProfile:
+    """Fit ``profile`` again from the samples ``calibrate --server`` kept in it, keeping
+    its name, provenance and range; a profile that kept only its serving path's medians
+    gets its ``request_s`` again from those, its steps as they are.
 
     Raises:
         ProfileError: the profile keeps neither samples nor serving-path medians
@@ -590,8 +512,8 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
 
 
 def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | None]:
-    """The sweep's and the serving path's samples ``calibrate --server`` kept in
-    ``profile`` (``None``: no serving path was timed).
+    """The sweep's and the serving path's samples kept in ``profile`` (``None``: no
+    serving path was timed).
 
     Raises:
         ProfileError: it keeps no samples, or they are not samples.
@@ -624,8 +546,7 @@ _RUNS = re.compile(r"median of (\d{1,4}) runs each")
 
 
 def _recorded_runs(notes: str) -> int:
-    """The runs each sweep sample is the median of, for samples kept before they said
-    it: what the profile's notes say (``median of 3 runs each``), else 1."""
+    """The runs each sample is the median of, for samples kept before they said it."""
     m = _RUNS.search(notes)
     return max(1, int(m.group(1))) if m else 1
 
@@ -645,8 +566,6 @@ def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:
         inside, outside = engine, "engine"
     else:
         inside, outside = engine_model(profile)(PROMPT_TOKENS, 1)[0], "step model"
-    # the first token's streaming is priced apart (stream_token_s), as fit_serving_path
-    # leaves it out
     request_s = max(0.0, ttft - inside - profile.stream_token_s)
     fitted = {
         **profile.fit,

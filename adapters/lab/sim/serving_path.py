@@ -1,56 +1,13 @@
 """The serving path: what a served request costs outside the engine's steps.
 
-A request to an OpenAI-compatible server crosses HTTP and the API-server process
-(input processing, then the hop to the engine core) before the scheduler sees it,
-and the same way back with each token (the hop back, detokenizing, the streamed
-chunk). On a CPU server that front end shares the cores with the engine core. The
-step model prices none of it, so a light-load TTFT can be several times the steps'.
-
-:func:`measure_serving_path` times it on the server the profile is calibrated on,
-one request at a time (light load), from both ends:
-
-- **short**: tiny prompts decoding one token. The engine core's queue and prefill
-  time (vLLM's ``/metrics`` histograms ``vllm:request_queue_time_seconds`` and
-  ``vllm:request_prefill_time_seconds``, read before and after each request) and
-  ``vllm:time_to_first_token_seconds`` (the API server's own TTFT) split the client's
-  TTFT into the HTTP side (client to API server and back), the front end's side (API
-  server to engine core and back) and the engine's (``hops``).
-  The client's TTFT less the engine's queue + prefill time (without them, the step
-  model's price of the request's first step) and less the front end's price of
-  streaming the first token back (``stream_token_s``, which the simulator adds after
-  the step) is the fixed cost per request (``request_s``).
-- **long**: the same, decoding ``k`` tokens (their client TTFT is kept as
-  ``hops["client_ttft_decoding"]``). With the short ones, the API server's
-  CPU time (``process_cpu_seconds_total``, which vLLM's ``/metrics`` exports for
-  its API-server process) gives its CPU seconds per request and per streamed token
-  (``frontend_request_cpu_s``, ``stream_token_s``; means over the repeats, as the
-  counter ticks in 10 ms steps).
-- **busy**: long requests (``k`` tokens each, streamed) sent one at a time, each
-  while a background request of its own decodes and streams to the same client
-  (:data:`BUSY_BACKGROUND_TOKENS`, sent into at several points of it: :func:`busy_into`),
-  :data:`BUSY_PER_REPEAT` x ``repeats`` of them: what a request spends outside the
-  engine core when the server is busy (:mod:`.serving_spread`), shaped like a
-  sweep's requests sent while another runs. On a 2-core CPU vLLM such requests
-  reached their first token at the client tens of ms after the API server had it,
-  where one-token requests sent the same way did not (their stream ends with that
-  token: nothing streams while they wait on it).
-- **decoding**: long requests (``k`` tokens each, streamed) sent one at a time after the
-  server idled (:data:`DECODING_PAUSES_S`, in turn), ``repeats`` of each pause: a
-  served request that goes on decoding after its first token, sent to an idle server,
-  as a sweep's lone requests are. Their first token is what :mod:`.decoding_start`
-  prices. The long requests above are sent right after another request and, on a
-  2-core CPU vLLM, the client read 8 of 10 of them in one burst at their stream's end
-  (its process waited to run for the whole stream while the engine core and worker
-  busy-waited); after a pause of 0.3 s or more, 1-2 of 10.
-- **share**: one long request alone, then again while the client keeps the API
-  server busy with ``/metrics`` reads: the engine core's decode time grows by
-  ``frontend_cpu_share`` seconds per CPU second spent meanwhile by the other
-  processes (the API server's and the client's), about 1 where they share its
-  cores, 0 where they do not.
-
-:func:`fit_serving_path` turns the samples into a :class:`ServingPath` (pure, so
-tests give it timings with a known answer); what a server does not export is left
-unmeasured (``None``) and the profile's fit (or 0) stands for it.
+:func:`measure_serving_path` sends requests one at a time and times each from both ends:
+at the client, and by vLLM's ``/metrics`` (queue, prefill and decode histograms, the
+API server's TTFT and CPU seconds). The kinds: **short** (one token), **long** (``k``
+tokens), **share** (a long one while the API server is kept busy), **idle** (short ones
+after a pause), **busy** (long ones while a background request streams) and
+**decoding** (long ones after a pause). :func:`fit_serving_path` turns them into a
+:class:`ServingPath` (pure); what a server does not export is left ``None``. The lab's
+README (calibration) tells what each kind prices.
 """
 
 from __future__ import annotations
@@ -83,6 +40,7 @@ __all__ = [
     "IDLE_PAUSES_S",
     "METRICS",
     "PROMPT_TOKENS",
+    "EngineModel",
     "HopSample",
     "HopSamples",
     "ServingPath",
@@ -103,41 +61,32 @@ METRICS = {
     "done": "vllm:request_prefill_time_seconds_count",
     "cpu": "process_cpu_seconds_total",
 }
-"""What is read from ``/metrics``: vLLM's per-request histograms (their sums, in
-seconds, and the count that says a request's figures are in) and the API-server
-process's CPU seconds (the Prometheus client's process collector)."""
+"""What is read from ``/metrics``: vLLM's per-request histograms and the API server's CPU."""
 
 PROMPT_TOKENS = 8
-"""Prompt tokens of each request timing the serving path (its default)."""
+"""Prompt tokens of each request timing the serving path."""
 
 IDLE_PAUSES_S = (0.05, 0.1, 0.2, 0.5)
-"""Seconds the server idles before the idle requests, one pause each (``repeats`` of
-each). In two recorded sweeps on a 2-core CPU server, a lone request that came 0.4 s or
-more after the last one finished took 5-6 ms longer to its first token than one that
-came within 0.05 s."""
+"""Seconds the server idles before the idle requests (``repeats`` of each)."""
 
 DECODING_PAUSES_S = (0.3, 1.2)
-"""Seconds the server idles before each decoding request, in turn (``repeats`` of
-each): one inside and one past the second for which vLLM's shared-memory queue readers
-(its engine core and worker) busy-wait after their last read before they sleep on a
-socket, as a sweep's lone requests come on either side of it."""
+"""Seconds the server idles before each decoding request, in turn: either side of the
+second vLLM's shared-memory queue readers busy-wait before they sleep."""
 
 BUSY_PER_REPEAT = 2
-"""Busy requests per repeat (twice the others: the spread's upper quantiles need them)."""
+"""Busy requests per repeat (the spread's upper quantiles need more)."""
 
 BUSY_BACKGROUND_TOKENS = 96
-"""Tokens each busy request's background request decodes (three long requests' worth,
-as long as a multi-turn sweep's longer replies)."""
+"""Tokens each busy request's background request decodes."""
 
 BUSY_INTO_STEPS = 5
-"""The points of its background's stream a busy request is sent at, in turn: after 1
-token and then evenly up to about half of it (:func:`busy_into`)."""
+"""The points of its background's stream a busy request is sent at, in turn."""
 
 
 def busy_into(k: int, background_tokens: int, tokens: int) -> int:
     """After how many of its background's streamed tokens the ``k``-th busy request (of
-    ``tokens`` tokens) is sent: ``1 + (k mod`` :data:`BUSY_INTO_STEPS` ``) x`` a tenth
-    of what the background streams beyond it, so it ends before its background does."""
+    ``tokens`` tokens) is sent: ``1 + (k mod BUSY_INTO_STEPS) x`` a tenth of what the
+    background streams beyond it, so it ends before its background does."""
     step = max(1, (background_tokens - tokens) // (2 * BUSY_INTO_STEPS))
     return min(1 + (k % BUSY_INTO_STEPS) * step, background_tokens)
 
@@ -149,8 +98,8 @@ _SAMPLE = re.compile(
 
 
 def metric_totals(text: str, names: Sequence[str] = tuple(METRICS.values())) -> dict[str, float]:
-    """The value of each metric of ``names`` in Prometheus ``text``, summed over its label
-    sets (a server with several engines or models); a metric absent is left out."""
+    """Each metric of ``names`` in Prometheus ``text``, summed over its label sets (absent
+    ones left out)."""
     wanted = set(names)
     out: dict[str, float] = {}
     for m in _SAMPLE.finditer(text):
@@ -165,20 +114,11 @@ def metric_totals(text: str, names: Sequence[str] = tuple(METRICS.values())) -> 
 
 
 class HopSample(NamedTuple):
-    """One request, timed at both ends (engine-side figures ``None`` when unknown).
+    """One request timed at both ends (engine-side figures ``None`` when unknown).
 
-    Attributes:
-        prompt_tokens: its prompt's length.
-        num_tokens: tokens it decoded.
-        client_ttft_s: sending to the first streamed token, at the client.
-        client_decode_s: first to last streamed token, at the client.
-        server_ttft_s: the API server's TTFT (``vllm:time_to_first_token_seconds``).
-        engine_ttft_s: the engine core's queue + prefill time.
-        engine_decode_s: the engine core's first to last token.
-        frontend_cpu_s: the API server's CPU seconds over the request, less what one
-            ``/metrics`` read costs.
-        client_cpu_s: the client's CPU seconds over the request.
-        idle_s: seconds the server idled before it (0: sent right after another).
+    ``engine_ttft_s`` is the engine core's queue + prefill time, ``frontend_cpu_s`` the
+    API server's CPU over the request less one ``/metrics`` read, ``idle_s`` how long the
+    server idled before it.
     """
 
     prompt_tokens: int
@@ -194,7 +134,7 @@ class HopSample(NamedTuple):
 
 
 class SharePair(NamedTuple):
-    """The same long request alone and under extra CPU load (see the module docstring)."""
+    """The same long request alone and under extra CPU load."""
 
     alone: HopSample
     loaded: HopSample
@@ -202,25 +142,12 @@ class SharePair(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ServingPath:
-    """The serving path's terms, as a profile carries them, and how each hop splits.
+    """The serving path's terms, as a profile carries them (``None``: not measured).
 
-    Attributes:
-        request_s: the fixed seconds per request outside the engine's steps and the
-            first token's streaming.
-        stream_token_s: the front end's seconds per streamed token (``None``:
-            not measured).
-        frontend_request_cpu_s: its CPU seconds per request (``None``: not measured).
-        frontend_cpu_share: step seconds lost per CPU second of the front end
-            (``None``: not measured).
-        hops: medians in seconds of ``client_ttft``, ``http`` (client to API server
-            and back), ``frontend`` (API server to engine core and back) and
-            ``engine`` (queue + prefill), those known.
-        engine_side: ``"metrics"`` (vLLM's histograms) or ``"step model"``.
-        request_s_outside: what ``request_s`` lies outside: ``"step model"`` (the
-            model's price of each request's first step) or ``"engine metrics"``.
-        wake_s: how much longer a request takes after the server idled (``None``:
-            not measured).
-        wake_after_s: the idle seconds after which it does (``None``: not measured).
+    ``hops`` holds the medians in seconds of ``client_ttft``, ``http`` (client to API
+    server and back), ``frontend`` (API server to engine core and back) and ``engine``
+    (queue + prefill), those known; ``engine_side`` and ``request_s_outside`` say whether
+    the engine's time came from the server's metrics or from the step model.
     """
 
     request_s: float
@@ -241,7 +168,7 @@ class ServingPath:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON object for the profile's ``fit`` (``fit["serving_path"]``)."""
+        """A JSON object for the profile's ``fit["serving_path"]``."""
         return {
             "request_s": self.request_s,
             "stream_token_s": self.stream_token_s,
@@ -256,8 +183,7 @@ class ServingPath:
 
 
 EngineModel = Callable[[int, int], tuple[float, float]]
-"""``(prompt tokens, tokens decoded) -> (engine TTFT, engine decode seconds)`` for one
-request alone: what the step model says, used where the server does not say."""
+"""``(prompt tokens, tokens decoded) -> (engine TTFT, engine decode seconds)`` of a lone request."""
 
 
 def engine_model(profile: CostProfile) -> EngineModel:
@@ -281,35 +207,38 @@ def fit_serving_path(
     engine_model: EngineModel | None = None,
     idle: Sequence[HopSample] = (),
 ) -> ServingPath:
-    """The serving path from one-at-a-time requests (see the module docstring).
+    """The serving path from one-at-a-time requests: the medians of what each says.
 
     Args:
         short: requests decoding one token.
-        long: requests decoding ``k > 1`` tokens (the same ``k``), the same prompts'
-            length.
+        long: requests decoding the same ``k > 1`` tokens.
         share: long requests alone and under load.
-        engine_model: the step model, standing for the engine's queue and prefill time
-            where a sample does not say it: ``request_s`` is what lies outside that.
-        idle: short requests sent after the server idled (``idle_s``): ``wake_s`` is
-            how much longer the engine core took for them after the longest pause than
-            for ``short`` (the client's TTFT where the server does not say), and
-            ``wake_after_s`` the shortest pause after which they took over half that.
-
-    Returns:
-        The medians of what each sample says; a term no sample says is ``None``.
+        engine_model: stands for the engine's queue and prefill time where a sample
+            does not say it.
+        idle: short requests sent after the server idled (``wake_s``, ``wake_after_s``).
 
     Raises:
-        ValueError: no short sample, or one without its engine side and no
-            ``engine_model``.
+        ValueError: no short sample, or one without its engine side and no ``engine_model``.
     """
     if not short:
         raise ValueError("need at least one short request")
     cpu_request, cpu_token = _frontend_cpu(short, long)
-    request_s = _request_s(short, engine_model, cpu_token)
-    hops = _client_hops(short, long, engine_model)
+    # The client's TTFT less the engine's queue + prefill, less the first token's
+    # streaming (which the simulator prices apart, after the step).
+    request_s = max(
+        0.0,
+        statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
+        - (cpu_token or 0.0),
+    )
+    hops = {
+        "client_ttft": statistics.median(s.client_ttft_s for s in short),
+        "engine": statistics.median(_engine_ttft(s, engine_model) for s in short),
+    }
+    if long:
+        hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
     wake = _wake(idle, short)
     if wake is not None:
-        hops["client_ttft_after_idle"] = wake.client_ttft
+        hops["client_ttft_after_idle"] = wake[0]
     hops.update(_split_hops(short))
     on_metrics = all(s.engine_ttft_s is not None for s in short)
     return ServingPath(
@@ -320,37 +249,12 @@ def fit_serving_path(
         hops=hops,
         engine_side="metrics" if on_metrics else "step model",
         request_s_outside="engine metrics" if on_metrics else "step model",
-        wake_s=None if wake is None else wake.wake_s,
-        wake_after_s=None if wake is None else wake.wake_after_s,
-    )
-
-
-def _request_s(
-    short: Sequence[HopSample], engine_model: EngineModel | None, cpu_token: float | None
-) -> float:
-    """What a request pays outside the modelled steps (``request_s``)."""
-    # Its client TTFT less the engine core's queue and prefill time where the server
-    # says it (vLLM's /metrics), else less the step model's price of its first step.
-    # (vLLM's queue + prefill also holds the engine core's own work for a new request,
-    # which no modelled step prices; taking the step model's first step as the basis
-    # instead moved nearly all of a step into request_s when a real CPU server was
-    # calibrated: step_s 0.03 ms, TPOT 75% low.) The client's TTFT also holds the front
-    # end streaming the first token back, which the simulator prices apart
-    # (stream_token_s, after the step): it is taken off here, or every request pays it
-    # twice.
-    return max(
-        0.0,
-        statistics.median(s.client_ttft_s - _engine_ttft(s, engine_model) for s in short)
-        - (cpu_token or 0.0),
+        wake_s=None if wake is None else wake[1],
+        wake_after_s=None if wake is None else wake[2],
     )
 
 
 def _engine_ttft(s: HopSample, model: EngineModel | None) -> float:
-    """``s``'s engine queue and prefill time: the server's figure, else ``model``'s.
-
-    Raises:
-        ValueError: the server did not say it and there is no ``model``.
-    """
     if s.engine_ttft_s is not None:
         return s.engine_ttft_s
     if model is None:
@@ -358,44 +262,13 @@ def _engine_ttft(s: HopSample, model: EngineModel | None) -> float:
     return model(s.prompt_tokens, s.num_tokens)[0]
 
 
-def _client_hops(
-    short: Sequence[HopSample], long: Sequence[HopSample], model: EngineModel | None
-) -> dict[str, float]:
-    """The medians of the client's TTFT (``client_ttft``; ``client_ttft_decoding`` for
-    ``long``, if any) and of the engine's queue and prefill time (``engine``)."""
-    hops = {
-        "client_ttft": statistics.median(s.client_ttft_s for s in short),
-        "engine": statistics.median(_engine_ttft(s, model) for s in short),
-    }
-    if long:
-        hops["client_ttft_decoding"] = statistics.median(s.client_ttft_s for s in long)
-    return hops
-
-
-class _Wake(NamedTuple):
-    """What requests sent after the server idled say (see :func:`fit_serving_path`).
-
-    Attributes:
-        client_ttft: their median client TTFT after the longest pause.
-        wake_s: how much longer than the short requests they took after it.
-        wake_after_s: the shortest pause after which they took over half that.
-    """
-
-    client_ttft: float
-    wake_s: float
-    wake_after_s: float
-
-
-def _wake(idle: Sequence[HopSample], short: Sequence[HopSample]) -> _Wake | None:
-    """How much longer than ``short`` (sent back to back) ``idle`` took after the
-    longest pause, and the shortest pause after which they took over half that
-    (``None``: no ``idle``).
-
-    Where the server says every request's engine side, only the engine core's queue +
-    prefill time counts: what waking costs outside the engine core is in the time
-    outside it that the idle requests' spread holds (:mod:`.serving_spread`), and the
-    simulator draws that for a request sent to an idle server; counting it again in
-    the step would price it twice. Else the client's TTFT counts."""
+def _wake(
+    idle: Sequence[HopSample], short: Sequence[HopSample]
+) -> tuple[float, float, float] | None:
+    """``(client TTFT after the longest pause, wake_s, wake_after_s)``: how much longer
+    than ``short`` the idle requests took after the longest pause, and the shortest pause
+    after which they took over half that. Where the server says every engine side, only
+    the engine core's time counts (the time outside it is in the idle spread)."""
     if not idle:
         return None
     engine_side = all(s.engine_ttft_s is not None for s in (*idle, *short))
@@ -411,14 +284,11 @@ def _wake(idle: Sequence[HopSample], short: Sequence[HopSample]) -> _Wake | None
     longest = max(excess)
     wake_s = max(0.0, excess[longest])
     wake_after_s = min((p for p, e in excess.items() if e >= wake_s / 2), default=longest)
-    client_ttft = statistics.median(s.client_ttft_s for s in by_pause[longest])
-    return _Wake(client_ttft, wake_s, wake_after_s)
+    return statistics.median(s.client_ttft_s for s in by_pause[longest]), wake_s, wake_after_s
 
 
 def _split_hops(short: Sequence[HopSample]) -> dict[str, float]:
-    """The medians of the HTTP side (``http``: client to API server and back) and the
-    front end's (``frontend``: API server to engine core and back), those the server
-    says."""
+    """The medians of ``http`` and ``frontend``, those the server says."""
     http = _median(
         [s.client_ttft_s - s.server_ttft_s for s in short if s.server_ttft_s is not None]
     )
@@ -435,15 +305,13 @@ def _split_hops(short: Sequence[HopSample]) -> dict[str, float]:
 def _frontend_cpu(
     short: Sequence[HopSample], long: Sequence[HopSample]
 ) -> tuple[float | None, float | None]:
-    """The front end's CPU seconds per request and per streamed token (``None``: no
-    samples say). The CPU counter ticks in 10 ms steps (Linux clock ticks): means, not
-    medians, so that the ticks average out over the repeats."""
+    """The front end's CPU seconds per request and per streamed token (means: the counter
+    ticks in 10 ms steps)."""
     cpu_short = _mean([s.frontend_cpu_s for s in short if s.frontend_cpu_s is not None])
     cpu_long = _mean([s.frontend_cpu_s for s in long if s.frontend_cpu_s is not None])
     k = statistics.median(s.num_tokens for s in long) if long else 1
     if cpu_short is None or cpu_long is None or k <= 1:
         return None, None
-    # short: one request and one token; long: one request and k tokens
     cpu_token = max(0.0, (cpu_long - cpu_short) / (k - 1))
     return max(0.0, cpu_short - cpu_token), cpu_token
 
@@ -504,10 +372,9 @@ async def _timed(
     load: bool = False,
     idle_s: float = 0.0,
 ) -> HopSample:
-    """One request with ``/metrics`` read before and after (until its figures are in,
-    a few reads at most). ``load``: keep the API server busy meanwhile. ``idle_s``:
-    the server idles that long after the read before, so that the request, not the
-    read, is what wakes it (as nothing precedes a sweep's lone request)."""
+    """One request with ``/metrics`` read before and after. ``load``: keep the API server
+    busy meanwhile; ``idle_s``: idle that long after the read before, so the request,
+    not the read, wakes the server."""
     before = await _metrics(client)
     if idle_s:
         await asyncio.sleep(idle_s)
@@ -563,28 +430,28 @@ async def measure_serving_path(
     busy_background_tokens: int = BUSY_BACKGROUND_TOKENS,
     decoding_pauses_s: Sequence[float] = DECODING_PAUSES_S,
 ) -> HopSamples:
-    """Send the short, long, share, idle, busy and decoding requests (see the module
-    docstring).
+    """Send the short, long, share, idle, busy and decoding requests.
 
     Args:
-        engine: the server.
-        client: its client (``engine.client()``).
+        engine: the server, ``client`` its client (``engine.client()``).
+        client: see ``engine``.
         fresh: fresh prompt token ids of a length (nothing cached hits them).
         repeats: requests of each kind.
         prompt_tokens: each prompt's length.
-        long_tokens: tokens each long request decodes.
-        idle_pauses_s: seconds the server idles before each idle request, ``repeats``
-            of each pause (empty: none sent).
+        long_tokens: tokens each long, busy and decoding request decodes.
+        idle_pauses_s: pauses before the idle requests (empty: none sent).
         progress: called with 1 after each request.
-        busy_background_tokens: tokens each busy request's background request decodes
-            (the busy ones decode ``long_tokens`` each; 0: none sent).
-        decoding_pauses_s: seconds the server idles before each decoding request
-            (``long_tokens`` each), in turn, ``repeats`` of each (empty: none sent).
+        busy_background_tokens: tokens of each busy request's background (0: none sent).
+        decoding_pauses_s: pauses before the decoding requests (empty: none sent).
 
     Raises:
-        ServerError: the server fails a request.
+        ServerError: a bad size, or the server fails a request.
     """
-    _check_sizes(repeats, prompt_tokens, long_tokens)
+    if repeats < 1 or prompt_tokens < 1 or long_tokens < 2:
+        raise ServerError(
+            f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
+            f"{repeats}, {prompt_tokens}, {long_tokens}"
+        )
     scrape_cpu_s = await _scrape_cpu_s(client)
 
     def tick() -> None:
@@ -609,17 +476,8 @@ async def measure_serving_path(
     return HopSamples(short, long, share, idle, busy, decoding)
 
 
-def _check_sizes(repeats: int, prompt_tokens: int, long_tokens: int) -> None:
-    if repeats < 1 or prompt_tokens < 1 or long_tokens < 2:
-        raise ServerError(
-            f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
-            f"{repeats}, {prompt_tokens}, {long_tokens}"
-        )
-
-
 async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
-    """What one ``/metrics`` read costs the API server, to take off each request's CPU
-    (a mean over reads: the counter ticks in 10 ms steps)."""
+    """What one ``/metrics`` read costs the API server (a mean: the counter ticks in 10 ms)."""
     reads = [await _metrics(client) for _ in range(16)]
     cpu = METRICS["cpu"]
     gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
@@ -635,8 +493,7 @@ async def _short_long_and_share(
     scrape_cpu_s: float,
     tick: Callable[[], None],
 ) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
-    """``repeats`` times in turn: a one-token request, a ``long_tokens`` one, and a
-    ``long_tokens`` one while the API server is kept busy (paired with the one before)."""
+    """``repeats`` times: a one-token request, a long one, and a long one under load."""
     short, long, share = [], [], []
     for _ in range(repeats):
         short.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
@@ -661,12 +518,8 @@ async def _idle(
     tokens: int = 1,
     in_turn: bool = False,
 ) -> list[HopSample]:
-    """``repeats`` requests of ``tokens`` tokens after each of ``pauses_s``, each sent
-    once the server idled that long (after the ``/metrics`` read before it: a read
-    just before the request would wake the API server for it, where nothing wakes it
-    before a sweep's lone request): all of one pause, then the next, or (``in_turn``)
-    one of each pause in turn, so that a drift of the machine's pace meets every pause
-    alike."""
+    """``repeats`` requests after each of ``pauses_s``: all of one pause, then the next,
+    or (``in_turn``) one of each pause in turn, so a drift meets every pause alike."""
     plan = (
         [p for _ in range(repeats) for p in pauses_s]
         if in_turn
@@ -674,7 +527,6 @@ async def _idle(
     )
     idle = []
     for pause in plan:
-        # the server idles first, as between sparse arrivals
         idle.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause))
         tick()
     return idle
@@ -690,19 +542,8 @@ async def _busy(
     tick: Callable[[], None],
     tokens: int = 1,
 ) -> list[HopSample]:
-    """``n`` requests of ``tokens`` tokens, one at a time, each while a background
-    request of its own (``background_tokens`` tokens) decodes and streams to the same
-    client: sent once that one streamed :func:`busy_into` tokens, so that each meets a
-    young stream at one of several points, as a sweep's requests meet their neighbours.
-
-    One background stream for all of them (2,048 tokens, as before) made them one
-    sample: on a 2-core CPU vLLM the streams the client read in one burst came in runs
-    as that stream aged (10 of 34 in the first half of the rounds, 24 in the second;
-    one round 14 of its 20), so the rounds' busy p90 ranged 4.3-25.9 ms.
-
-    A request the server drops (a connection it closed under the client, which a
-    loaded server may do) is no sample and the next one is sent; over half of them
-    dropped is the server's failure.
+    """``n`` requests, each sent once a background request of its own has streamed
+    :func:`busy_into` tokens. A request the server drops is no sample.
 
     Raises:
         ServerError: over half the requests failed (the last failure).
@@ -733,36 +574,14 @@ async def _busy(
                 raise
         finally:
             waiter.cancel()
-            # the background runs to its end: the next request meets a server with
-            # nothing else on it
+            # the background runs to its end: the next request meets an idle server
             await asyncio.gather(background, waiter, return_exceptions=True)
         tick()
     return out
 
 
-async def _measure(
-    engine: ServedEngine, repeats: int, seed: int | None, vocab_size: int,
-    progress: Callable[[int], object] | None, decoding_pauses_s: Sequence[float],
-) -> HopSamples:  # fmt: skip
-    rng = random.Random(seed if seed is not None else os.urandom(16))
-
-    def fresh(n: int) -> list[int]:
-        return [rng.randrange(3, vocab_size) for _ in range(n)]
-
-    async with engine.client() as client:
-        await engine.info(client)
-        return await measure_serving_path(
-            engine, client, fresh, repeats=repeats, progress=progress,
-            decoding_pauses_s=decoding_pauses_s,
-        )  # fmt: skip
-
-
 class HopSamples(NamedTuple):
-    """What :func:`measure_hops` sent: the short, long and share requests, short ones
-    after the server idled, long ones while another streamed (``busy``; one-token
-    ones in profiles made before they streamed; none in those made before they were
-    sent) and long ones after the server idled (``decoding``; none in profiles made
-    before they were sent)."""
+    """What :func:`measure_hops` sent (older profiles lack the later kinds)."""
 
     short: list[HopSample]
     long: list[HopSample]
@@ -774,12 +593,10 @@ class HopSamples(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         """A JSON object (a profile keeps it, so that it can be fitted again)."""
         return {
-            "short": [s._asdict() for s in self.short],
-            "long": [s._asdict() for s in self.long],
-            "share": [[p.alone._asdict(), p.loaded._asdict()] for p in self.share],
-            "idle": [s._asdict() for s in self.idle],
-            "busy": [s._asdict() for s in self.busy],
-            "decoding": [s._asdict() for s in self.decoding],
+            f: [[p.alone._asdict(), p.loaded._asdict()] for p in self.share]
+            if f == "share"
+            else [s._asdict() for s in getattr(self, f)]
+            for f in self._fields
         }
 
     @classmethod
@@ -794,9 +611,7 @@ class HopSamples(NamedTuple):
                 [_hop(s) for s in data["short"]],
                 [_hop(s) for s in data["long"]],
                 [SharePair(_hop(a), _hop(b)) for a, b in data["share"]],
-                [_hop(s) for s in data.get("idle", [])],
-                [_hop(s) for s in data.get("busy", [])],
-                [_hop(s) for s in data.get("decoding", [])],
+                *([_hop(s) for s in data.get(f, [])] for f in ("idle", "busy", "decoding")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(
@@ -825,10 +640,22 @@ def measure_hops(
     progress: Callable[[int], object] | None = None,
     decoding_pauses_s: Sequence[float] = DECODING_PAUSES_S,
 ) -> HopSamples:
-    """Measure the serving path of ``engine`` (fresh random prompts, ``seed``-ed); fit
-    them with :func:`fit_serving_path`.
+    """Measure the serving path of ``engine`` with fresh random prompts (``seed``-ed).
 
     Raises:
         ServerError: the server fails a request.
     """
-    return asyncio.run(_measure(engine, repeats, seed, vocab_size, progress, decoding_pauses_s))
+    rng = random.Random(seed if seed is not None else os.urandom(16))
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(3, vocab_size) for _ in range(n)]
+
+    async def measure() -> HopSamples:
+        async with engine.client() as client:
+            await engine.info(client)
+            return await measure_serving_path(
+                engine, client, fresh, repeats=repeats, progress=progress,
+                decoding_pauses_s=decoding_pauses_s,
+            )  # fmt: skip
+
+    return asyncio.run(measure())

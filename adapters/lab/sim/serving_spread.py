@@ -1,39 +1,18 @@
-"""How much the serving path varies request to request, idle and busy.
+"""How the serving path and the engine's pace vary request to request.
 
-``request_s`` is the median time a request spends outside the engine's steps. On a
-served engine it varies: on a 2-core CPU vLLM the one-at-a-time requests of the
-calibration spent 4.5-7.0 ms outside the engine core (p10-p90), and in a recorded sweep
-a request sent while another one decoded reached its first token 14-96 ms later than
-the step model said one time in four (the API server, the client and the engine core's
-processes share the cores; the client keeps reading the other stream). A constant puts
-every request at the median: the simulated p90 came out 24-34% low at 1-2 req/s.
-
-So the calibration keeps the distribution, as quantiles (:data:`QUANTILES`) of what a
-request spent outside the engine core's queue + prefill time (the client's TTFT less
-vLLM's ``/metrics`` figures, :mod:`.serving_path`) and outside the streaming of its first
-token (``stream_token_s``, which the simulator adds after the step):
-
-- ``request_spread_s``: requests sent to an idle server after a pause (the idle ones;
-  the short ones, sent back to back, where a profile has none);
-- ``busy_request_spread_s``: requests sent while another request decodes (the busy
-  ones: each streams ``k`` tokens while a long request streams meanwhile), but for
-  streams the client read in one burst (:func:`is_burst`);
-- ``decoding_request_spread_s``: requests that go on decoding, sent to an idle server
-  (:mod:`.decoding_start`: what their first token takes beyond what the simulator
-  charges their first step).
-
-The simulator draws each request's time outside the engine from the table of the state
-the engine is in when it is sent (busy: it has requests to run; the busy table falls
-back to the idle one, and both to ``request_s``), and for a request sent to an idle
-engine that decodes more than one token, from the decoding table where there is one.
-The draw is a pure function of the request's id (:func:`draw_fraction`), so a run stays
-a pure function of its inputs and two simulators of the same requests draw alike.
+A calibration keeps quantile tables (at :data:`QUANTILES`) of what a request spent
+outside the engine core (sent to an idle server, to a busy one, and decoding after a
+pause) and of the engine's pace (lone decodes' time per token over their median). The
+simulator draws from them by a hash of the request id (:func:`serving_delay`) or of the
+time window a step starts in (:func:`step_pace`), so a run stays a pure function of its
+inputs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -46,31 +25,31 @@ __all__ = [
     "ServingDelay",
     "draw_fraction",
     "is_burst",
+    "pace_ratios",
+    "pace_table",
+    "pace_window",
     "quantile_table",
     "serving_delay",
     "spread_at",
+    "step_pace",
 ]
 
 QUANTILES = tuple(k / 20 for k in range(21))
 """The probabilities a spread table gives the quantiles at: 0, 5%, ..., 100%."""
 
-
 BURST_TPOT_S = 1e-4
-"""A stream whose chunks reached the client this close together, on average, was read
-from a backlog: the client did not read while the server streamed it (no engine
-decodes a stream at 10,000 tokens a second)."""
+"""A stream whose chunks reached the client this close together was read from a backlog."""
 
 
 def is_burst(sample: HopSample) -> bool:
-    """Whether the client read ``sample``'s stream of several tokens in one burst
-    (:data:`BURST_TPOT_S`): its own stall, not the server's time."""
+    """Whether the client read ``sample``'s stream of several tokens in one burst (its
+    own stall, not the server's time)."""
     n = sample.num_tokens - 1
     return n > 0 and sample.client_decode_s / n < BURST_TPOT_S
 
 
 def quantile_table(values: Sequence[float]) -> tuple[float, ...]:
-    """The quantiles of ``values`` at :data:`QUANTILES` (linear between order
-    statistics, numpy's default), each at least 0; empty when ``values`` is."""
+    """The quantiles of ``values`` at :data:`QUANTILES` (numpy's linear), each at least 0."""
     if not values:
         return ()
     import numpy as np  # a calibration's step: the simulator imports without numpy
@@ -86,8 +65,7 @@ def draw_fraction(key: str) -> float:
 
 
 def spread_at(table: Sequence[float], u: float) -> float:
-    """The value of a quantile ``table`` (at :data:`QUANTILES`) at probability ``u``
-    in ``[0, 1]``, linear between its points."""
+    """A quantile ``table``'s value at probability ``u``, linear between its points."""
     if len(table) != len(QUANTILES):
         raise ValueError(f"a spread table has {len(QUANTILES)} quantiles, got {len(table)}")
     pos = min(max(u, 0.0), 1.0) * (len(table) - 1)
@@ -97,8 +75,7 @@ def spread_at(table: Sequence[float], u: float) -> float:
 
 
 ServingDelay = Callable[[str, bool, bool], float]
-"""``(request id, sent while the engine was busy, decodes more than one token) ->
-seconds`` the request spends outside the engine before the scheduler sees it."""
+"""``(request id, sent while busy, decodes more than one token) -> seconds`` outside the engine."""
 
 
 def serving_delay(
@@ -108,9 +85,9 @@ def serving_delay(
     decoding: Sequence[float] = (),
 ) -> ServingDelay:
     """Each request's time outside the engine: drawn by its id from the table of the
-    engine's state when it was sent (``busy`` falls back to ``idle``; sent to an idle
-    engine, a request that goes on decoding draws from ``decoding`` where there is
-    one), or ``request_s`` where there is no table."""
+    engine's state when it was sent (``busy`` falls back to ``idle``; a request that goes
+    on decoding, sent to an idle engine, draws from ``decoding`` where there is one), or
+    ``request_s`` where there is no table."""
     busy = busy or idle
 
     def delay(request_id: str, is_busy: bool, continues: bool) -> float:
@@ -118,3 +95,51 @@ def serving_delay(
         return spread_at(table, draw_fraction(request_id)) if table else request_s
 
     return delay
+
+
+def _lone_decodes(lone: Sequence[HopSample]) -> list[HopSample]:
+    return [
+        s
+        for s in lone
+        if s.engine_decode_s is not None and s.engine_decode_s > 0 and s.num_tokens > 1
+    ]
+
+
+def pace_ratios(lone: Sequence[HopSample]) -> list[float]:
+    """Each request's engine decode seconds per token over the median of its shape's
+    (prompt tokens, tokens decoded), for those the server timed; 1 is the typical pace."""
+    by_shape: dict[tuple[int, int], list[float]] = {}
+    for s in _lone_decodes(lone):
+        assert s.engine_decode_s is not None
+        by_shape.setdefault((s.prompt_tokens, s.num_tokens), []).append(
+            s.engine_decode_s / (s.num_tokens - 1)
+        )
+    out: list[float] = []
+    for paces in by_shape.values():
+        mid = statistics.median(paces)
+        out.extend(p / mid for p in paces)
+    return out
+
+
+def pace_table(lone: Sequence[HopSample]) -> tuple[float, ...]:
+    """The quantiles of :func:`pace_ratios` (empty under three requests)."""
+    ratios = pace_ratios(lone)
+    return quantile_table(ratios) if len(ratios) >= 3 else ()
+
+
+def pace_window(lone: Sequence[HopSample]) -> float:
+    """The median engine decode seconds of the requests :func:`pace_table` reads (0: none)."""
+    times = [s.engine_decode_s for s in _lone_decodes(lone)]
+    return statistics.median(t for t in times if t is not None) if times else 0.0
+
+
+def step_pace(table: Sequence[float], window_s: float) -> Callable[[float], float]:
+    """``step start (s) -> factor`` a step's priced time is multiplied by: the table's
+    value drawn by the window's index; 1 everywhere without a table or a window."""
+    if not table or not window_s > 0 or not math.isfinite(window_s):
+        return lambda _t: 1.0
+
+    def pace(t: float) -> float:
+        return spread_at(table, draw_fraction(f"pace:{math.floor(t / window_s)}"))
+
+    return pace
