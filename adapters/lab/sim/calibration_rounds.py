@@ -23,7 +23,7 @@ from .profile import CostProfile
 from .server_calibration import KEPT_FIELDS, fit_server, kept_samples
 from .serving_path import HopSamples
 
-__all__ = ["MIN_OUTLIER", "OUTLIER_MADS", "pool_rounds", "round_speeds"]
+__all__ = ["pool_rounds", "round_speeds"]
 
 OUTLIER_MADS = 3.0
 """A round this many scaled MADs from the rounds' median speed is an outlier."""

@@ -33,7 +33,7 @@ from .http_limits import (
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["Completion", "ServedEngine", "ServerError", "ServerInfo", "parse_cache_config"]
+__all__ = ["Completion", "ServedEngine", "ServerError", "ServerInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,17 +241,6 @@ class ServedEngine:
         status, body = await self._get(client, path)
         return body.decode("utf-8", "replace") if status == 200 else ""
 
-    def _completion_body(self, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "prompt": list(prompt),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-
     async def complete(
         self,
         client: httpx.AsyncClient,
@@ -269,7 +258,15 @@ class ServedEngine:
         import httpx
 
         where = f"{self.url}/v1/completions"
-        body = self._completion_body(prompt, max_tokens)
+        body = {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,  # decode exactly max_tokens
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         times: list[float] = []
         usage: dict[str, Any] = {}
         most = max_tokens + _EXTRA_TOKEN_CHUNKS

@@ -17,7 +17,6 @@ import functools
 import math
 import os
 import platform
-import random
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ from .serving_path import (
     ServingPath,
     engine_model,
     fit_serving_path,
+    fresh_prompts,
     measure_hops,
 )
 from .serving_spread import is_burst, pace_table, pace_window, quantile_table
@@ -57,7 +57,6 @@ __all__ = [
     "decoding_excess",
     "fit_server",
     "kept_samples",
-    "measure_server",
     "refit_server_profile",
 ]
 
@@ -177,10 +176,7 @@ async def measure_server(
     Raises:
         ServerError: the server fails a request, or reports no cached tokens.
     """
-    rng = random.Random(sweep.seed if sweep.seed is not None else os.urandom(16))
-
-    def fresh(n: int) -> list[int]:
-        return [rng.randrange(3, sweep.vocab_size) for _ in range(n)]
+    fresh = fresh_prompts(sweep.seed, sweep.vocab_size)
 
     def tick() -> None:
         if progress is not None:

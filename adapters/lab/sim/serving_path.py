@@ -48,6 +48,7 @@ __all__ = [
     "busy_into",
     "engine_model",
     "fit_serving_path",
+    "fresh_prompts",
     "measure_hops",
     "measure_serving_path",
     "metric_totals",
@@ -81,6 +82,13 @@ BUSY_BACKGROUND_TOKENS = 96
 
 BUSY_INTO_STEPS = 5
 """The points of its background's stream a busy request is sent at, in turn."""
+
+
+def fresh_prompts(seed: int | None, vocab_size: int) -> Callable[[int], list[int]]:
+    """Fresh random prompts of a length, token ids in ``[3, vocab_size)`` (``seed=None``:
+    a fresh seed, so nothing a server cached earlier hits)."""
+    rng = random.Random(seed if seed is not None else os.urandom(16))
+    return lambda n: [rng.randrange(3, vocab_size) for _ in range(n)]
 
 
 def busy_into(k: int, background_tokens: int, tokens: int) -> int:
@@ -645,10 +653,7 @@ def measure_hops(
     Raises:
         ServerError: the server fails a request.
     """
-    rng = random.Random(seed if seed is not None else os.urandom(16))
-
-    def fresh(n: int) -> list[int]:
-        return [rng.randrange(3, vocab_size) for _ in range(n)]
+    fresh = fresh_prompts(seed, vocab_size)
 
     async def measure() -> HopSamples:
         async with engine.client() as client:
