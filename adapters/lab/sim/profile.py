@@ -23,7 +23,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -269,16 +269,12 @@ class CostProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: metadata and a ``coefficients`` object."""
-        d = asdict(self)
         return {
-            "name": d["name"],
-            "model": d["model"],
-            "device": d["device"],
-            "coefficients": {k: d[k] for k in COEFFICIENTS},
+            **{k: getattr(self, k) for k in ("name", "model", "device")},
+            "coefficients": {k: getattr(self, k) for k in COEFFICIENTS},
             **{k: getattr(self, k) for k in SERVING_TERMS},
             **{k: list(getattr(self, k)) for k in SPREAD_TABLES},
-            "source": d["source"],
-            "notes": d["notes"],
+            **{k: getattr(self, k) for k in ("source", "notes")},
             "measured_on": dict(self.measured_on),
             "covers": {k: list(v) for k, v in self.covers.items()},
             **{k: getattr(self, k) for k in HARDWARE},
@@ -301,7 +297,7 @@ class CostProfile:
         unknown = sorted(set(coefficients) - set(COEFFICIENTS))
         if missing or unknown:
             raise ProfileError(f"{where}: missing coefficients {missing}, unknown {unknown}")
-        meta: dict[str, str] = {}
+        meta: dict[str, Any] = {}
         for k in ("name", "model", "device", "source", "notes"):
             value = data.get(k, "")
             if not isinstance(value, str):
@@ -317,11 +313,7 @@ class CostProfile:
         if any(not isinstance(v, str) for v in measured_on.values()):
             raise ProfileError(f'{where}: "measured_on" must map names to strings')
         return cls(
-            name=meta["name"] or Path(where).stem,
-            model=meta["model"],
-            device=meta["device"],
-            source=meta["source"],
-            notes=meta["notes"],
+            **{**meta, "name": meta["name"] or Path(where).stem},
             fit=objects["fit"],
             **{k: data.get(k, 0.0) for k in SERVING_TERMS},
             **{k: data.get(k, []) for k in SPREAD_TABLES},
