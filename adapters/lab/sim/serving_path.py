@@ -441,8 +441,8 @@ async def measure_serving_path(
     """Send the short, long, share, idle, busy and decoding requests.
 
     Args:
-        engine: the server, ``client`` its client (``engine.client()``).
-        client: see ``engine``.
+        engine: the server.
+        client: its client (``engine.client()``).
         fresh: fresh prompt token ids of a length (nothing cached hits them).
         repeats: requests of each kind.
         prompt_tokens: each prompt's length.
