@@ -1,15 +1,8 @@
 """Arrival-time simulation of one engine replica: queueing, scheduling and a cost model.
 
-``simulate(requests, index_factory, capacity_tokens, config, profile)`` replays
-timed requests through vLLM- or SGLang-style scheduling over a seat of
-:mod:`.seats` (the shipped engine classes: vLLM's ``KVCacheManager``, SGLang's
-``PrefixCache``) on a :class:`~.runner.Replica` and prices every step with a cost profile,
-giving per-request TTFT, queueing delay and end-to-end latency, and per-run
-percentiles, throughput and the prefill GPU-seconds the prefix cache saved.
-
-The names below load their module on first use (:func:`__getattr__`), so a run that
-needs one part (``prefixkv replay``: the K-live seats) does not load the rest (the
-calibration, the arrival-time replica).
+``simulate`` replays timed requests through a seat (:mod:`.seats`) on a
+:class:`~.runner.Replica` and prices each step with a cost profile. Names load their
+module on first use, so ``prefixkv replay`` does not load the arrival-time parts.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ if TYPE_CHECKING:
         poisson_arrivals,
         with_arrivals,
     )
-    from .calibration import StepSample, calibrate, fit_profile
+    from .calibration import StepSample, fit_profile
     from .config import BATCHING_MODES, Batching, SimSettings
     from .errors import (
         ProfileError,
@@ -50,40 +43,24 @@ if TYPE_CHECKING:
     from .requests import SimRequest, from_trace
 
 _HOMES = {
-    "ARRIVAL_PROCESSES": "arrivals",
-    "ArrivalProcess": "arrivals",
-    "BATCHING_MODES": "config",
-    "Batching": "config",
-    "COEFFICIENTS": "profile",
-    "CostProfile": "profile",
-    "DEFAULT_PROFILE": "profile",
-    "IndexFactory": "replica",
-    "ProfileError": "errors",
-    "ProfileRangeWarning": "errors",
-    "QUEUE_ORDERS": "queue_order",
-    "QueueOrder": "queue_order",
-    "SimInputError": "errors",
-    "SimRequest": "requests",
-    "SimResult": "metrics",
-    "SimSettings": "config",
-    "SimSettingsError": "errors",
-    "SimUnservableError": "errors",
-    "StepSample": "calibration",
-    "attention_pairs": "profile",
-    "available_profiles": "profile",
-    "calibrate": "calibration",
-    "fit_profile": "calibration",
-    "fixed_rate_arrivals": "arrivals",
-    "from_trace": "requests",
-    "load_profile": "profile",
-    "percentile": "metrics",
-    "poisson_arrivals": "arrivals",
-    "save_profile": "profile",
-    "simulate": "replica",
-    "with_arrivals": "arrivals",
+    name: home
+    for home, names in {
+        "arrivals": "ARRIVAL_PROCESSES ArrivalProcess fixed_rate_arrivals poisson_arrivals"
+        " with_arrivals",
+        "calibration": "StepSample fit_profile",
+        "config": "BATCHING_MODES Batching SimSettings",
+        "errors": "ProfileError ProfileRangeWarning SimInputError SimSettingsError"
+        " SimUnservableError",
+        "metrics": "SimResult percentile",
+        "profile": "COEFFICIENTS CostProfile DEFAULT_PROFILE attention_pairs available_profiles"
+        " load_profile save_profile",
+        "queue_order": "QUEUE_ORDERS QueueOrder",
+        "replica": "IndexFactory simulate",
+        "requests": "SimRequest from_trace",
+    }.items()
+    for name in names.split()
 }
 """Each name and the module that defines it, loaded on first use."""
-
 
 _lookup = lazy_names(__name__, _HOMES)
 
@@ -114,7 +91,6 @@ __all__ = [
     "StepSample",
     "attention_pairs",
     "available_profiles",
-    "calibrate",
     "fit_profile",
     "fixed_rate_arrivals",
     "from_trace",

@@ -1,15 +1,8 @@
 """Arrival processes: when each request of an arrival-time replay reaches the engine.
 
-Three ways, as in vLLM's ``benchmark_serving`` and SGLang's ``bench_serving``: a
-Poisson process at a request rate (seeded, so a seed names the arrival pattern), a
-fixed rate (evenly spaced), or a trace's own timestamps stretched or squeezed by a
-time scale. All run lazily, so a streamed trace never sits in memory.
-
-:func:`sim_requests` turns trace requests into stamped simulator requests in one call,
-as a cluster run takes them: decoded tokens are the filler token (no later prompt
-quotes them in a hash-id trace), and ``prefill_only`` keeps one output token, as
-Mooncake's cache experiments do ("restrict all request outputs to 1", FAST'25 section
-5.3.2) and as its prefill pool sees requests.
+As in vLLM's ``benchmark_serving`` and SGLang's ``bench_serving``: a seeded Poisson
+process at a request rate, a fixed rate, or a trace's own timestamps times a scale.
+All run lazily, so a streamed trace never sits in memory.
 """
 
 from __future__ import annotations
@@ -28,10 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARRIVAL_PROCESSES",
-    "MAX_REQUEST_RATE",
-    "MAX_TIME_SCALE",
-    "MIN_REQUEST_RATE",
-    "MIN_TIME_SCALE",
     "ArrivalProcess",
     "check_request_rate",
     "check_time_scale",
@@ -43,15 +32,10 @@ __all__ = [
 
 ArrivalProcess = Literal["poisson", "fixed"]
 ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
-"""The request-rate processes :func:`with_arrivals` knows."""
-
 
 MIN_REQUEST_RATE, MAX_REQUEST_RATE = 1e-9, 1e9
-"""Requests per second: one in 30 years to a billion a second. Outside, arrival times
-overflow to infinity or collapse onto one instant."""
-
+"""Outside, arrival times overflow to infinity or collapse onto one instant."""
 MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-9, 1e9
-"""The factor on a trace's timestamps, for the same reason."""
 
 
 def _bounded(name: str, value: object, low: float, high: float) -> float:
@@ -63,33 +47,17 @@ def _bounded(name: str, value: object, low: float, high: float) -> float:
 
 
 def check_request_rate(value: object) -> float:
-    """``value`` as a request rate (requests per second).
-
-    Raises:
-        SimSettingsError: not a number in ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
-    """
+    """``value`` as a request rate; :class:`SimSettingsError` when out of range."""
     return _bounded("request rate", value, MIN_REQUEST_RATE, MAX_REQUEST_RATE)
 
 
 def check_time_scale(value: object) -> float:
-    """``value`` as a time scale (a factor on a trace's timestamps).
-
-    Raises:
-        SimSettingsError: not a number in ``[MIN_TIME_SCALE, MAX_TIME_SCALE]``.
-    """
+    """``value`` as a time scale; :class:`SimSettingsError` when out of range."""
     return _bounded("time scale", value, MIN_TIME_SCALE, MAX_TIME_SCALE)
 
 
 def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
-    """Endless arrival times of a Poisson process: the first at 0, then exponential gaps.
-
-    Args:
-        rate: requests per second.
-        seed: seeds the gaps (``random.Random(seed)``); equal seeds, equal times.
-
-    Raises:
-        SimSettingsError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
-    """
+    """Endless Poisson arrival times at ``rate``: 0, then seeded exponential gaps."""
     lam = check_request_rate(rate)
     return _poisson(lam, random.Random(seed))
 
@@ -102,11 +70,7 @@ def _poisson(lam: float, rng: random.Random) -> Iterator[float]:
 
 
 def fixed_rate_arrivals(rate: float) -> Iterator[float]:
-    """Endless evenly spaced arrival times ``0, 1/rate, 2/rate, ...``.
-
-    Raises:
-        SimSettingsError: a rate out of ``[MIN_REQUEST_RATE, MAX_REQUEST_RATE]``.
-    """
+    """Endless evenly spaced arrival times ``0, 1/rate, 2/rate, ...``."""
     step = 1.0 / check_request_rate(rate)
     return (i * step for i in itertools.count())
 
@@ -123,20 +87,16 @@ def with_arrivals(
 
     Args:
         requests: the requests, in arrival order.
-        request_rate: requests per second from ``process``; replaces any arrival
-            the requests carry.
-        time_scale: keep the requests' own arrivals, relative to the first,
-            multiplied by this.
-        process: ``"poisson"`` (seeded) or ``"fixed"`` (evenly spaced).
+        request_rate: requests per second from ``process``, replacing their arrivals.
+        time_scale: keep their arrivals, relative to the first, times this.
+        process: ``"poisson"`` (seeded by ``seed``) or ``"fixed"``.
         seed: the Poisson process's seed.
 
-    With neither ``request_rate`` nor ``time_scale`` the requests' arrivals are used
-    as they are.
+    Neither knob: the requests' arrivals as they are.
 
     Raises:
-        SimSettingsError: both knobs given, a bad rate, scale or process (at once).
-        SimInputError: a request without an arrival where one is needed (when it
-            is reached).
+        SimSettingsError: both knobs, a bad rate, scale or process (at once).
+        SimInputError: a request without an arrival where one is needed (when reached).
     """
     if request_rate is not None and time_scale is not None:
         raise SimSettingsError("give a request rate or a time scale, not both")
@@ -164,23 +124,11 @@ def sim_requests(
     seed: int = 0,
     closed_loop: bool = True,
 ) -> Iterator[SimRequest]:
-    """The simulator's requests, stamped with arrival times, lazily, in arrival order.
+    """Trace requests as stamped simulator requests, as a cluster run takes them.
 
-    Closed loop, a turn names the request it follows (its ``parent``, or else the
-    previous request of its ``session``) and its think time, and the cluster run
-    routes it once that one finished.
-
-    Args:
-        requests: trace requests in arrival order.
-        prefill_only: one output token each (Mooncake's prefill pool).
-        request_rate: Poisson arrivals at this rate (seeded) instead of the trace's.
-        time_scale: the trace's timestamps times this (``< 1`` is more load).
-        seed: the Poisson process's seed.
-        closed_loop: link each session's turns (see above); ``False``: open loop.
-
-    Raises:
-        SimSettingsError: both a rate and a scale, or a bad one.
-        SimInputError: a request without an arrival where the trace's are used.
+    Decoded tokens are the filler; ``prefill_only`` keeps one output token (Mooncake's
+    prefill pool); closed loop links each session's turns (:func:`~.requests.from_trace`).
+    The other arguments and the errors are :func:`with_arrivals`'.
     """
     return with_arrivals(
         from_trace(

@@ -1,23 +1,10 @@
 """Arrival-time replay of one engine replica: a discrete-event loop in virtual time.
 
-The replica's requests run through its seat, the engine class that runs inside the
-engine (:mod:`.seats`): vLLM's ``KVCacheManager`` under ``mixed`` batching, SGLang's
-``PrefixCache`` under ``prefill_first``.
-
-Two kinds of event move the clock: a request arrives, or a step ends. While the
-replica is busy, steps run back to back and requests that arrived during a step
-join the waiting queue when it ends (where the next ``schedule`` sees them); when
-it is idle, the clock jumps to the next arrival. A step lasts what the cost
-profile says its work costs, plus, where the serving front end shares the engine's
-cores, its share of the time the front end is busy during the step (taking requests
-in, streaming tokens; ``frontend_cpu_share``, 0 by default). Nothing
-reads the wall clock, so a run is a pure function of its requests, arrivals, settings
-and profile.
-
-Sessions replay closed loop: a request that names the one it follows (``after``)
-is sent once that one finished plus its think time, never before its own arrival.
-A run that goes past the profile's measured range warns once
-(:class:`~.errors.ProfileRangeWarning`) and says so in its labels.
+A request arrives or a step ends: while busy, steps run back to back and requests that
+arrived during a step join the queue when it ends; while idle, the clock jumps to the
+next arrival. Sessions replay closed loop: a request that names the one it follows
+(``after``) is sent once that one finished plus its think time, never before its own
+arrival. A run past the profile's measured range warns once and says so in its labels.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
 from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
-from .metrics import RequestRow, RunMetrics, SimResult, summarize
+from .metrics import RequestRow, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import StepWork
 from .requests import SimRequest
@@ -60,22 +47,18 @@ def simulate(
     """Replay ``requests`` at their arrival times through one simulated replica.
 
     Args:
-        requests: in arrival order, each with an arrival time (see
-            :func:`~.arrivals.with_arrivals`); read lazily, so a streamed trace works.
+        requests: in arrival order, each with an arrival time; read lazily.
         index_factory: makes the replica's (empty) prefix index.
-        capacity_tokens: KV pool size in tokens; the pool has
-            ``capacity_tokens // block_size`` blocks.
+        capacity_tokens: KV pool size in tokens (``capacity_tokens // block_size`` blocks).
         config: scheduler settings (default ``SimSettings()``).
         profile: step costs (default: the shipped default profile).
-        labels: extra columns for the result's tables (workload, arrivals, ...).
-        progress: called with a request's prompt tokens when it finishes (a
-            progress bar's ``update``).
+        labels: extra columns for the result's tables.
+        progress: called with a request's prompt tokens when it finishes.
 
     Returns:
-        Per-request records (in the order they were sent) and the run's summary;
-        ``labels`` holds the index, block size, capacity, scheduler settings,
-        profile name, ``profile_range`` (what went past the profile's measured
-        range, empty when nothing did) and ``labels``.
+        Per-request records (in the order sent) and the run's summary, labelled with
+        the index, block size, capacity, settings, profile, ``profile_range`` (what
+        went past the profile's range) and ``labels``.
 
     Warns:
         ProfileRangeWarning: once, when the run went past the profile's range.
@@ -84,15 +67,18 @@ def simulate(
         SimSettingsError: a non-positive capacity.
         SimInputError: a request without an arrival, out of order, or a repeated id.
         SimUnservableError: a request that cannot fit the pool even alone.
-
-    Cost: O(steps x running requests) scheduler work plus the index's operations;
-    a step is O(1) per running request when no block is added.
     """
     cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
     index, seat = pool_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
-    records, reached = _run(replica, _SessionGate(iter(requests), _delay(prof)), progress)
+    delay = serving_delay(
+        prof.request_s,
+        prof.request_spread_s,
+        prof.busy_request_spread_s,
+        prof.decoding_request_spread_s,
+    )
+    records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": index.block_size,
@@ -102,18 +88,11 @@ def simulate(
         "profile_range": "; ".join(_beyond_range(prof, reached)),
         **(labels or {}),
     }
-    return SimResult(all_labels, records, _summary(records, replica))
-
-
-def _summary(records: list[RequestRow], replica: Replica) -> RunMetrics:
-    """The run's row: its records' summary with the replica's busy time, steps and
-    evicted blocks."""
-    return summarize(
-        records,
-        busy_s=replica.busy_s,
-        num_steps=replica.num_steps,
-        evicted_blocks=replica.seat.totals.num_evicted_blocks,
+    evicted = seat.totals.num_evicted_blocks
+    run = summarize(
+        records, busy_s=replica.busy_s, num_steps=replica.num_steps, evicted_blocks=evicted
     )
+    return SimResult(all_labels, records, run)
 
 
 def pool_seat(
@@ -124,16 +103,9 @@ def pool_seat(
     events: bool = False,
     error: type[PrefixKVError] = SimSettingsError,
 ) -> tuple[PrefixIndex, Seat]:
-    """A fresh index and the seat over a pool of ``capacity_tokens // block_size`` blocks
-    (one replica's, or several replicas' shared one).
-
-    Args:
-        batching: picks the engine class (:func:`~.seats.make_seat`).
-        index_factory: makes the (empty) index.
-        capacity_tokens: the pool in tokens.
-        events: the class queues KV events, when the index reports them.
-        error: raised for a capacity that is not a positive int or holds no block.
-    """
+    """A fresh index and the seat (:func:`~.seats.make_seat`) over a pool of
+    ``capacity_tokens // block_size`` blocks; ``error`` is raised for a capacity that is
+    not a positive int or holds no block."""
     if type(capacity_tokens) is not int or capacity_tokens < 1:
         raise error(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
@@ -148,11 +120,8 @@ def pool_seat(
 def _run(
     replica: Replica, gate: _SessionGate, progress: Callable[[int], object] | None
 ) -> tuple[list[RequestRow], dict[str, int]]:
-    """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs.
-
-    Returns the records in the order their requests were sent and the largest step
-    work seen per profile range key.
-    """
+    """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs; the
+    records in the order sent and the largest step work seen per profile range key."""
     records: list[RequestRow] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
     check_invariants = replica.schedule.config.check_invariants
@@ -183,8 +152,7 @@ def _run(
 
 
 def _beyond_range(prof: CostProfile, reached: Mapping[str, int]) -> list[str]:
-    """What the run took past the profile's measured range; warns once (at the caller
-    of :func:`simulate`) when anything did."""
+    """What the run took past the profile's range; warns (at :func:`simulate`'s caller)."""
     beyond = prof.extrapolation(reached)
     if beyond:
         warnings.warn(
@@ -196,35 +164,20 @@ def _beyond_range(prof: CostProfile, reached: Mapping[str, int]) -> list[str]:
 
 
 def _reach(reached: dict[str, int], work: StepWork) -> None:
-    if work.prefill_tokens > reached["prefill_tokens"]:
-        reached["prefill_tokens"] = work.prefill_tokens
-    if work.max_context > reached["context_tokens"]:
-        reached["context_tokens"] = work.max_context
-    if work.num_decode > reached["batch_size"]:
-        reached["batch_size"] = work.num_decode
-
-
-def _delay(prof: CostProfile) -> ServingDelay:
-    # Each request's time outside the engine, from the profile's tables.
-    return serving_delay(
-        prof.request_s,
-        prof.request_spread_s,
-        prof.busy_request_spread_s,
-        prof.decoding_request_spread_s,
-    )
+    for key, value in (
+        ("prefill_tokens", work.prefill_tokens),
+        ("context_tokens", work.max_context),
+        ("batch_size", work.num_decode),
+    ):
+        if value > reached[key]:
+            reached[key] = value
 
 
 class _SessionGate:
     """When each request reaches the engine: open loop at its arrival; closed loop
-    (a request with ``after``) once its predecessor finished plus its think time.
-
-    Requests are read lazily in arrival order. A turn whose predecessor is still
-    unfinished waits here; one whose predecessor never appeared is sent at its
-    arrival. Each request reaches the scheduler ``delay(request, busy, continues)``
-    after it is sent, and not before one sent before it (``continues``: it decodes
-    more than one token); ``busy`` when the engine was computing a step then (it was
-    sent before the clock it is read at: a request sent while the engine idles is read
-    at its own time; a closed-loop turn counts as sent to an idle engine).
+    once its predecessor finished plus its think time (one whose predecessor never
+    appeared is sent at its arrival). A request reaches the scheduler
+    ``delay(id, busy, continues)`` after it is sent, and not before one sent before it.
     """
 
     def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
@@ -237,9 +190,7 @@ class _SessionGate:
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
         self.order = 0
-        # The latest send so far and when it reached the engine: the front end passes
-        # requests on in the order they were sent (one process, one socket to the
-        # engine core), so a request sent no earlier reaches it no earlier.
+        # The front end passes requests on in the order they were sent.
         self.last_sent = self.last_reach = -math.inf
 
     def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:

@@ -1,20 +1,12 @@
 """One engine replica on a virtual clock: a seat, the schedule over it, a cost profile.
 
-Every arrival-time run steps its requests through a :class:`Replica`: the one-replica
-simulation (:func:`~.replica.simulate`) and each replica of a cluster (a subclass that
-adds an event publisher, ``cluster/sim_replica.py``). A step is planned by the schedule
-(which calls only its seat, the engine class), priced by the cost profile (at the
-engine's pace when the step starts, :mod:`.engine_pace`), and completed at its end::
+Every arrival-time run (:func:`~.replica.simulate`, each cluster replica) steps through
+a :class:`Replica`. Nothing reads the wall clock: a run is a pure function of its inputs::
 
     replica = Replica(make_seat("mixed", index, num_blocks), config, profile)
     replica.add(request, sent)     # its record, filled in as it runs
     plan = replica.plan()          # what the step computes (a cluster publishes here)
     step = replica.run(plan)       # the clock moves by the step's cost
-
-The K-live replay has no clock and no cost: its schedule (:class:`~.klive.KLive`) steps
-whole requests through the same seats.
-
-Nothing reads the wall clock: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
@@ -36,16 +28,8 @@ __all__ = ["Replica", "Step"]
 
 
 class Step(NamedTuple):
-    """One computed step.
-
-    Attributes:
-        start: when it started.
-        end: when it ended (the replica's clock now).
-        delivered: when its tokens reached their clients (``end`` plus the streaming
-            cost of the tokens it sampled, when the replica streams).
-        work: what it computed, in the cost profile's units.
-        finished: the requests it finished.
-    """
+    """One computed step: its start and end, when its tokens reached their clients,
+    what it computed and the requests it finished."""
 
     start: float
     end: float
@@ -57,11 +41,9 @@ class Step(NamedTuple):
 def step_charge(
     p: CostProfile, seconds: float, *, wakes: bool, admits: bool, frontend_busy_s: float
 ) -> float:
-    """A step's seconds as the simulator charges them: ``seconds`` of computing, plus
-    waking an engine idle for ``wake_after_s`` or more (``wakes``), plus taking a request
-    in (``admits``, once a step), plus the front end's share of the part of the step it
-    is busy for (``frontend_busy_s`` from the step's start, at most the step's length).
-    """
+    """A step's charged seconds: ``seconds`` of computing, plus waking an idle engine
+    (``wakes``), taking a request in (``admits``, once a step), and the front end's share
+    of the part of the step it is busy for (``frontend_busy_s`` from the step's start)."""
     if wakes:
         seconds += p.wake_s
     if admits:
@@ -76,12 +58,10 @@ class Replica:
         seat: the engine class the requests run through (:func:`~.seats.make_seat`).
         config: the schedule's settings (its batching must be the seat's).
         profile: step costs.
-        start_time: the clock when it starts (a replica started mid-run).
+        start_time: the clock when it starts.
         stream: a serving front end shares the engine's cores: tokens reach their
-            clients once it has streamed them (the profile's per-token cost, after the
-            work it queued before them), and it slows a step by its share of the time
-            it is busy during it; else tokens arrive at the step's end and the front end
-            costs nothing.
+            clients once it has streamed them, and it slows a step by its share of the
+            time it is busy during it; else tokens arrive at the step's end.
     """
 
     def __init__(
@@ -100,22 +80,15 @@ class Replica:
         self.busy_s = 0.0
         self.num_steps = 0
         self.stream = stream
-        # When the serving front end is done with its queued work (taking requests in,
-        # streaming steps' tokens, in order): a front end sharing the engine's cores
-        # slows a step by its share of the time it is busy during it.
-        self._frontend_free = start_time
-        # Since when the engine has had nothing to do (None: busy).
-        self._idle_since: float | None = start_time
-        # The engine's pace over time (a factor on each step's priced time).
+        self._frontend_free = start_time  # when the front end is done with its queued work
+        self._idle_since: float | None = start_time  # None: busy
         self._pace = step_pace(profile.pace_spread, profile.pace_window_s)
 
     def add(self, request: SimRequest, sent: float) -> RequestRow:
-        """Queue a request sent at ``sent`` at the back of the waiting queue (its
-        front-end work counts); returns its record, filled in as it runs.
+        """Queue a request sent at ``sent``; returns its record, filled in as it runs.
 
         Raises:
-            SimUnservableError: it cannot run in this replica's pool even alone
-                (nothing changed).
+            SimUnservableError: it cannot run in this replica's pool even alone.
         """
         seat, cfg = self.seat, self.schedule.config
         reason = unservable(
@@ -136,7 +109,7 @@ class Replica:
         return metrics
 
     def idle_until(self, t: float) -> None:
-        """Move an idle replica's clock to ``t`` (front-end work while idle costs no step)."""
+        """Move an idle replica's clock to ``t``."""
         if self._idle_since is None:
             self._idle_since = self.now
         self.now = max(self.now, t)
@@ -169,7 +142,6 @@ class Replica:
         self.now = end = start + seconds
         self.busy_s += seconds
         self.num_steps += 1
-        # It streams the step's tokens once done with what it had queued before them.
         delivered = end
         if self.stream:
             self._frontend_free = (
