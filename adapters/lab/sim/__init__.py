@@ -1,9 +1,4 @@
-"""Arrival-time simulation of one engine replica: queueing, scheduling and a cost model.
-
-``simulate`` replays timed requests through a seat (:mod:`.seats`) on a
-:class:`~.runner.Replica` and prices each step with a cost profile. Names load their
-module on first use, so ``prefixkv replay`` does not load the arrival-time parts.
-"""
+"""Arrival-time simulation of one engine replica; names load their module on first use."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ if TYPE_CHECKING:
         with_arrivals,
     )
     from .calibration import StepSample, fit_profile
-    from .config import BATCHING_MODES, Batching, SimSettings
+    from .config import BATCHING_MODES, QUEUE_ORDERS, Batching, QueueOrder, SimSettings
     from .errors import (
         ProfileError,
         ProfileRangeWarning,
@@ -38,7 +33,6 @@ if TYPE_CHECKING:
         load_profile,
         save_profile,
     )
-    from .queue_order import QUEUE_ORDERS, QueueOrder
     from .replica import IndexFactory, simulate
     from .requests import SimRequest, from_trace
 
@@ -48,13 +42,12 @@ _HOMES = {
         "arrivals": "ARRIVAL_PROCESSES ArrivalProcess fixed_rate_arrivals poisson_arrivals"
         " with_arrivals",
         "calibration": "StepSample fit_profile",
-        "config": "BATCHING_MODES Batching SimSettings",
+        "config": "BATCHING_MODES Batching QUEUE_ORDERS QueueOrder SimSettings",
         "errors": "ProfileError ProfileRangeWarning SimInputError SimSettingsError"
         " SimUnservableError",
         "metrics": "SimResult percentile",
         "profile": "COEFFICIENTS CostProfile DEFAULT_PROFILE attention_pairs available_profiles"
         " load_profile save_profile",
-        "queue_order": "QUEUE_ORDERS QueueOrder",
         "replica": "IndexFactory simulate",
         "requests": "SimRequest from_trace",
     }.items()
@@ -70,34 +63,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "ARRIVAL_PROCESSES",
-    "BATCHING_MODES",
-    "COEFFICIENTS",
-    "DEFAULT_PROFILE",
-    "QUEUE_ORDERS",
-    "ArrivalProcess",
-    "Batching",
-    "CostProfile",
-    "IndexFactory",
-    "ProfileError",
-    "ProfileRangeWarning",
-    "QueueOrder",
-    "SimInputError",
-    "SimRequest",
-    "SimResult",
-    "SimSettings",
-    "SimSettingsError",
-    "SimUnservableError",
-    "StepSample",
-    "attention_pairs",
-    "available_profiles",
-    "fit_profile",
-    "fixed_rate_arrivals",
-    "from_trace",
-    "load_profile",
-    "percentile",
-    "poisson_arrivals",
-    "save_profile",
-    "simulate",
-    "with_arrivals",
-]
+    "ARRIVAL_PROCESSES", "BATCHING_MODES", "COEFFICIENTS", "DEFAULT_PROFILE", "QUEUE_ORDERS",
+    "ArrivalProcess", "Batching", "CostProfile", "IndexFactory", "ProfileError",
+    "ProfileRangeWarning", "QueueOrder", "SimInputError", "SimRequest", "SimResult", "SimSettings",
+    "SimSettingsError", "SimUnservableError", "StepSample", "attention_pairs",
+    "available_profiles", "fit_profile", "fixed_rate_arrivals", "from_trace", "load_profile",
+    "percentile", "poisson_arrivals", "save_profile", "simulate", "with_arrivals",
+]  # fmt: skip

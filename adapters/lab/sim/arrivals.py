@@ -1,8 +1,5 @@
-"""Arrival processes: when each request of an arrival-time replay reaches the engine.
-
-As in vLLM's ``benchmark_serving`` and SGLang's ``bench_serving``: a seeded Poisson
-process at a request rate, a fixed rate, or a trace's own timestamps times a scale.
-All run lazily, so a streamed trace never sits in memory.
+"""Arrival processes (as ``vllm bench serve``): a seeded Poisson process, a fixed rate,
+or a trace's own timestamps times a scale; all lazy.
 """
 
 from __future__ import annotations
@@ -20,15 +17,9 @@ if TYPE_CHECKING:
     from ..traces import TraceRequest
 
 __all__ = [
-    "ARRIVAL_PROCESSES",
-    "ArrivalProcess",
-    "check_request_rate",
-    "check_time_scale",
-    "fixed_rate_arrivals",
-    "poisson_arrivals",
-    "sim_requests",
-    "with_arrivals",
-]
+    "ARRIVAL_PROCESSES", "ArrivalProcess", "check_request_rate", "check_time_scale",
+    "fixed_rate_arrivals", "poisson_arrivals", "sim_requests", "with_arrivals",
+]  # fmt: skip
 
 ArrivalProcess = Literal["poisson", "fixed"]
 ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
@@ -83,16 +74,8 @@ def with_arrivals(
     process: ArrivalProcess = "poisson",
     seed: int = 0,
 ) -> Iterator[SimRequest]:
-    """Stamp requests with arrival times (lazily, in order).
-
-    Args:
-        requests: the requests, in arrival order.
-        request_rate: requests per second from ``process``, replacing their arrivals.
-        time_scale: keep their arrivals, relative to the first, times this.
-        process: ``"poisson"`` (seeded by ``seed``) or ``"fixed"``.
-        seed: the Poisson process's seed.
-
-    Neither knob: the requests' arrivals as they are.
+    """Stamp requests with arrival times, lazily: ``request_rate`` from ``process``, or
+    their own arrivals relative to the first times ``time_scale``, or as they are.
 
     Raises:
         SimSettingsError: both knobs, a bad rate, scale or process (at once).
@@ -124,12 +107,8 @@ def sim_requests(
     seed: int = 0,
     closed_loop: bool = True,
 ) -> Iterator[SimRequest]:
-    """Trace requests as stamped simulator requests, as a cluster run takes them.
-
-    Decoded tokens are the filler; ``prefill_only`` keeps one output token (Mooncake's
-    prefill pool); closed loop links each session's turns (:func:`~.requests.from_trace`).
-    The other arguments and the errors are :func:`with_arrivals`'.
-    """
+    """Trace requests as stamped simulator requests, as a cluster run takes them (the
+    filler decoded; see :func:`~.requests.from_trace` and :func:`with_arrivals`)."""
     return with_arrivals(
         from_trace(
             requests, closed_loop=closed_loop, output_tokens=False, prefill_only=prefill_only

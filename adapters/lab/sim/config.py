@@ -6,18 +6,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .errors import SimSettingsError
-from .queue_order import QUEUE_ORDERS, QueueOrder
 
 __all__ = [
-    "BATCHING_MODES",
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
-    "DEFAULT_MAX_NUM_SEQS",
-    "MAX_NUM_BATCHED_TOKENS",
-    "MAX_NUM_SEQS",
-    "Batching",
-    "SimSettings",
-]
+    "BATCHING_MODES", "DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS", "QUEUE_ORDERS", "Batching", "QueueOrder", "SimSettings",
+]  # fmt: skip
 
 DEFAULT_BLOCK_SIZE = 16
 """The lab's default tokens per block (vLLM's ``--block-size`` on GPUs)."""
@@ -34,6 +27,10 @@ MAX_NUM_SEQS = 2**20
 MAX_NUM_BATCHED_TOKENS = 2**31 - 1
 """The largest step token budget (an int32 in the engines)."""
 
+QueueOrder = Literal["fcfs", "lpm"]
+"""A waiting-queue order: first come first served, or SGLang's longest prefix match."""
+QUEUE_ORDERS: tuple[QueueOrder, ...] = ("fcfs", "lpm")
+
 Batching = Literal["mixed", "prefill_first"]
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
 """vLLM v1 mixes prefill chunks and decode rows in a step; SGLang prefills first."""
@@ -41,15 +38,8 @@ BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
-    """How the replica schedules (vLLM's knobs, plus the queue order and batching).
-
-    Attributes:
-        max_num_seqs: most requests running at once.
-        max_num_batched_tokens: most tokens computed in one step.
-        enable_chunked_prefill: a prefill may be cut at the step's budget.
-        queue_order: the waiting queue's order, ``"fcfs"`` or ``"lpm"``.
-        batching: ``"mixed"`` (vLLM v1) or ``"prefill_first"`` (SGLang).
-        check_invariants: check the seat's invariants after every step (tests).
+    """How the replica schedules: vLLM's knobs, the waiting queue's order and whether a
+    step mixes prefill chunks with decode rows; ``check_invariants`` after every step.
 
     Raises:
         SimSettingsError: a size out of range, an unknown queue order or batching.

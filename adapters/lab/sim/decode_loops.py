@@ -1,9 +1,5 @@
-"""The K-live seats' decode loops when no hook runs between steps, compiled.
-
-A replay decodes millions of tokens a step each; when nothing is called between two
-steps, a seat (:mod:`.seats`) hands the whole loop here, compiled in the compiled build
-(``[tool.prefixkv.mypyc]``) so each step calls the engine class natively. The steps and
-their order are the seat's own, so the hits are the same on both builds.
+"""The K-live seats' decode loops when no hook runs between steps, compiled in the
+compiled build so each step calls the engine class natively; the steps are the seat's.
 """
 
 from __future__ import annotations

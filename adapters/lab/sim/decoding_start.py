@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .runner import step_charge
+from .replica import step_charge
 from .serving_spread import is_burst
 
 if TYPE_CHECKING:
@@ -51,8 +51,8 @@ def decoding_excess(
     TTFT less what the simulator charges it with ``profile``'s serving terms and
     ``model``'s price of its first step, but for streams read in one burst.
 
-    The charge: the first step as :class:`~.runner.Replica` charges it
-    (:func:`~.runner.step_charge`: waking where ``idle_s >= wake_after_s``, taking the
+    The charge: the first step as :class:`~.replica.Replica` charges it
+    (:func:`~.replica.step_charge`: waking where ``idle_s >= wake_after_s``, taking the
     request in, the front end busy with it for ``frontend_request_cpu_s``), plus
     ``stream_token_s``.
     """

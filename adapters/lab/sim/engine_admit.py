@@ -1,9 +1,7 @@
-"""What a served engine's step costs for taking a new request in, beyond the step model.
+"""A served engine's cost of taking a new request in, beyond the step model.
 
-Taking a request in (the scheduler and input-batch bookkeeping) does not grow with the
-prompt, so the step model prices it at nothing. :func:`fit_admit_s` measures it from the
-serving path's one-token requests sent back to back; the simulator adds it once to a
-step that first schedules a request (:class:`~.runner.Replica`).
+It does not grow with the prompt, so the step model prices it at nothing; the simulator
+adds it once to a step that first schedules a request.
 """
 
 from __future__ import annotations
@@ -17,9 +15,8 @@ __all__ = ["fit_admit_s"]
 
 
 def fit_admit_s(lone: Sequence[HopSample], model: EngineModel) -> float | None:
-    """The median seconds (at least 0) the engine core's queue + prefill time of a lone
-    request exceeds ``model``'s price of its first step; ``None`` when no sample says
-    the engine's side (a server without vLLM's ``/metrics``)."""
+    """The median excess (at least 0) of a lone request's engine queue + prefill time
+    over ``model``'s first step; ``None`` without engine-side samples."""
     excess = [
         s.engine_ttft_s - model(s.prompt_tokens, s.num_tokens)[0]
         for s in lone

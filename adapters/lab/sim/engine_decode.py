@@ -1,7 +1,4 @@
-"""The engine core's own decode time of the serving path's lone requests, as steps.
-
-A lone request's decode as the engine core timed it (vLLM's
-``vllm:request_decode_time_seconds``) holds nothing but its one-row decode steps, free
+"""The engine core's own decode time of the serving path's lone requests, as steps: free
 of the client's and front end's stalls that the sweep's decode runs hold.
 """
 
@@ -17,9 +14,8 @@ __all__ = ["decode_samples"]
 
 
 def decode_samples(lone: Sequence[HopSample]) -> list[StepSample]:
-    """One step sample per shape (prompt tokens, tokens decoded) of ``lone``'s requests
-    whose engine decode time the server said: ``num_tokens - 1`` one-row decode steps,
-    the median of their times (a shape counts once in the fit)."""
+    """One sample per shape (prompt, tokens decoded) of ``num_tokens - 1`` one-row
+    decode steps, the median of its engine decode times (a shape counts once)."""
     times: dict[tuple[int, int], list[float]] = {}
     for s in lone:
         if s.engine_decode_s is not None and s.num_tokens > 1 and s.engine_decode_s > 0:

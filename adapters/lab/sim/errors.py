@@ -5,14 +5,9 @@ from __future__ import annotations
 from prefixkv.indexes.errors import PrefixKVError
 
 __all__ = [
-    "ProfileError",
-    "ProfileRangeWarning",
-    "ServerError",
-    "SimError",
-    "SimInputError",
-    "SimSettingsError",
-    "SimUnservableError",
-]
+    "ProfileError", "ProfileRangeWarning", "ServerError", "SimError", "SimInputError",
+    "SimSettingsError", "SimUnservableError",
+]  # fmt: skip
 
 
 class SimError(PrefixKVError):

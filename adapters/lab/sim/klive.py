@@ -1,13 +1,9 @@
 """The K-live schedule: at most K requests live, the oldest finishes first, no clock.
 
-When a request arrives while K are live, the oldest live one decodes its remaining
-output, one token a step, and finishes. A prompt is prefilled whole in one step that
-samples its first token (SPEC, "Replay used to check fidelity"). Each step is its
-seat's (:mod:`.seats`); the schedule only orders requests and records the answers.
-Requests are consumed as a stream and per-request results kept in compact arrays (or
-not at all), so memory does not grow with the trace::
-
-    result = KLive(driver_seat("vllm", index, num_blocks), concurrency=8).run(requests)
+A prompt is prefilled whole in one step that samples its first token; when a request
+arrives while K are live, the oldest decodes the rest, one token a step, and finishes
+(SPEC, "Replay used to check fidelity"). Requests are streamed and results kept in
+compact arrays (or not at all): ``KLive(driver_seat("vllm", index, n), 8).run(reqs)``.
 """
 
 from __future__ import annotations
@@ -31,16 +27,9 @@ from ...observer import CacheObserver
 from .seats import CallTimes, KLiveSeat, ManagerSeat, SglangSeat, VllmSeat, make_seat
 
 __all__ = [
-    "DRIVERS",
-    "Driver",
-    "HitRow",
-    "KLive",
-    "ReplayError",
-    "ReplayInterrupted",
-    "ReplayRequest",
-    "ReplayResult",
-    "driver_seat",
-]
+    "DRIVERS", "Driver", "HitRow", "KLive", "ReplayError", "ReplayInterrupted", "ReplayRequest",
+    "ReplayResult", "driver_seat",
+]  # fmt: skip
 
 Driver = Literal["vllm", "sglang", "manager"]
 DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
@@ -71,11 +60,8 @@ class ReplayError(PrefixKVError):
 
 @dataclass
 class ReplayResult:
-    """What a replay produced: per-request columns in admission order (empty with
-    ``keep_per_request=False``; the BB-8 ones only when tracked; seconds of index
-    time, all calls and the admitting ones) and the totals. ``partial``: interrupted,
-    only admitted requests counted.
-    """
+    """What a replay produced: per-request columns in admission order (when kept) and
+    the totals; ``partial``: interrupted, only admitted requests counted."""
 
     ids: list[str] = field(default_factory=list)
     prompt_len: array[int] = field(default_factory=lambda: array("q"))
@@ -150,8 +136,7 @@ def driver_seat(
     events: bool = False,
     observers: Sequence[CacheObserver] = (),
 ) -> VllmSeat | SglangSeat | ManagerSeat:
-    """The seat a driver (``"vllm"``, ``"sglang"`` or ``"manager"``: the generic
-    ``CacheManager``) replays through, over ``num_blocks`` usable blocks of ``index``.
+    """The seat a driver replays through (``"manager"``: the generic ``CacheManager``).
 
     Raises:
         PrefixKVError: an unknown driver.
@@ -179,13 +164,9 @@ class _Live:
 class KLive:
     """At most ``concurrency`` requests live over one seat, the oldest finishing first.
 
-    Args:
-        seat: the engine class the requests run through (:func:`driver_seat`).
-        concurrency: K.
-        keep_per_request: keep the per-request columns (else constant memory).
-        tracker: the seat's boundary tracker, for the BB-8 columns.
-        measure_memory: sample the index's ``memory_bytes`` as its peak grows.
-        on_step: called at the end of every scheduler step.
+    ``keep_per_request=False`` keeps totals only (constant memory); ``tracker`` fills the
+    BB-8 columns; ``measure_memory`` samples the index's size as its peak grows;
+    ``on_step`` is called at the end of every scheduler step.
 
     Raises:
         PrefixKVError: a concurrency that is not a positive int.
@@ -225,10 +206,8 @@ class KLive:
         progress: Callable[[int], object] | None = None,
         guard: contextlib.AbstractContextManager[object] | None = None,
     ) -> ReplayResult:
-        """Run ``requests`` (``id``, ``tokens``, ``output``, in order) to their end.
-
-        ``on_admit`` gets each admission's row and ``progress`` its prompt length;
-        each admission and its ``on_admit`` run inside ``guard``.
+        """Run ``requests`` to their end; ``on_admit`` gets each admission's row,
+        ``progress`` its prompt length, and each admission runs inside ``guard``.
 
         Raises:
             ReplayError: a step did not fit even after evicting everything evictable.
@@ -336,9 +315,8 @@ class KLive:
 
 
 class _Collector:
-    """The cyclic collector off during a replay, with a full collection between requests
-    every ``EVERY`` admissions: a cache holds many long-lived records that each young
-    collection would walk, and the indexes make next to no cyclic garbage."""
+    """The cyclic collector off during a replay (it would walk the cache's long-lived
+    records), collecting fully between requests every ``EVERY`` admissions."""
 
     EVERY = 4096
 

@@ -1,16 +1,11 @@
 """Offered vs achieved load, overload and goodput, from a timed run's request records.
 
-What ``vllm bench serve`` reports beside the latencies, the same for a replica and a
-fleet. The offered rate is ``n / (last - first arrival)`` asked for; the sent rate the
-same over the times requests were really sent (closed loop: later); the achieved rate
-finished requests per second, first arrival to last finish; goodput those that met an
-SLO (``vllm bench serve --goodput``; one output token has TPOT 0).
-
-**Overloaded** when, over at least :data:`MIN_REQUESTS` requests, both
-``sent > (1 + m) x achieved`` and the least-squares slope of queueing delay against
-send time exceeds ``m`` (:data:`OVERLOAD_MARGIN`): a queue offered ``lambda`` and
-serving ``mu < lambda`` reads ``lambda / mu - 1`` on both, and each rules out the
-other's false alarms (a slow tail; a drained burst).
+As ``vllm bench serve``: offered rate over the arrivals asked for, sent rate over the
+times sent (closed loop: later), achieved rate to the last finish, goodput of requests
+that met an SLO. **Overloaded**: over :data:`MIN_REQUESTS` or more, ``sent > (1 + m) x
+achieved`` and queueing delay grows faster than ``m`` s per s (``m`` 10%); a queue
+offered ``lambda`` serving ``mu`` reads ``lambda / mu - 1`` on both, and each rules
+out the other's false alarms.
 """
 
 from __future__ import annotations
@@ -22,14 +17,7 @@ from dataclasses import asdict, dataclass
 from .errors import SimSettingsError
 from .metrics import RequestRow
 
-__all__ = [
-    "MIN_REQUESTS",
-    "OVERLOAD_MARGIN",
-    "LoadSummary",
-    "Slo",
-    "least_squares_slope",
-    "summarize_load",
-]
+__all__ = ["MIN_REQUESTS", "LoadSummary", "Slo", "least_squares_slope", "summarize_load"]
 
 OVERLOAD_MARGIN = 0.1
 """The margin ``m`` of both overload tests."""
@@ -40,7 +28,7 @@ MIN_REQUESTS = 8
 
 @dataclass(frozen=True, slots=True)
 class Slo:
-    """A service-level objective: upper bounds in seconds (``None``: no bound).
+    """A service-level objective: upper bounds in seconds.
 
     Raises:
         SimSettingsError: a bound that is not a finite number > 0, or none given.

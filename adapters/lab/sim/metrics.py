@@ -12,14 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "RequestRow",
-    "RunMetrics",
-    "SimResult",
-    "mean",
-    "percentile",
-    "request_table",
-    "summarize",
-]
+    "RequestRow", "RunMetrics", "SimResult", "mean", "percentile", "request_table", "summarize",
+]  # fmt: skip
 
 
 def percentile(values: Sequence[float], q: int) -> float:
@@ -33,15 +27,10 @@ def percentile(values: Sequence[float], q: int) -> float:
 
 @dataclass(slots=True)
 class RequestRow:
-    """What a run records per request, from the K-live replay to the cluster.
-
-    Every run fills ``request_id``, ``prompt_tokens`` and ``hit_tokens``. A run on a
-    clock fills the timeline (virtual seconds: ``arrival_s`` when it reached the
-    engine, ``first_scheduled_s``, ``first_token_s``, ``finish_s``), the recompute
-    counts and the prefill GPU-seconds computed and saved (the cost model's
-    ``prefill_s``); a K-live replay fills the BB-8 boundary accounting (SPEC) and the
-    index times (wall microseconds) instead; a routed request adds its last route.
-    :meth:`as_row` gives the columns of the parts that were filled.
+    """What a run records per request, from the K-live replay to the cluster: the cache's
+    part always; on a clock the timeline (virtual seconds) and prefill GPU-seconds; in a
+    K-live replay the BB-8 accounting and index times (wall us); behind a router, the
+    route. :meth:`as_row` gives the filled parts' columns.
     """
 
     request_id: str

@@ -1,12 +1,8 @@
-"""A model's KV cache size from its Hugging Face ``config.json``, and the pool a GPU holds.
+"""A model's KV cache size from its Hugging Face ``config.json``, as vLLM sizes it.
 
-As vLLM sizes it: a layer's KV page (``kv_cache_interface.py``) is ``2 x block_size x
-num_kv_heads x head_size x dtype bytes`` (MLA: ``block_size x (kv_lora_rank +
-qk_rope_head_dim) x dtype bytes``); the cache gets ``gpu_memory_utilization x memory -
-weights - non_kv_bytes`` (``gpu_worker.determine_available_memory``), cut into tokens.
-The weights are parameters x dtype bytes, the parameters counted from the shapes unless
-the config says; ``non_kv_bytes`` (activations, CUDA graphs) is 0 unless given, so the
-pool is an upper bound. ``sliding_window`` is noted, not applied (an upper bound too).
+Bytes a token: ``2 x layers x kv_heads x head_dim x dtype`` (MLA: ``layers x
+(kv_lora_rank + qk_rope_head_dim) x dtype``). The weights are parameters x dtype bytes;
+the pool an upper bound (activations 0 unless given; a sliding window not applied).
 Nothing is downloaded.
 """
 
@@ -22,12 +18,7 @@ from typing import Any
 
 from .errors import ProfileError
 
-__all__ = [
-    "ModelConfig",
-    "ModelConfigError",
-    "available_model_configs",
-    "load_model_config",
-]
+__all__ = ["ModelConfig", "ModelConfigError", "available_model_configs", "load_model_config"]
 
 _DTYPE_BYTES = {  # vLLM's --dtype auto serves float32 checkpoints in 16 bits
     **dict.fromkeys(("float32", "float", "float16", "half", "bfloat16"), 2),
@@ -205,12 +196,8 @@ def count_parameters(cfg: Mapping[str, Any], head_dim: int, num_kv_heads: int) -
 
 
 def load_model_config(name_or_path: str, kv_cache_dtype: str = "auto") -> ModelConfig:
-    """The :class:`ModelConfig` of a config.json file or folder, a shipped config's
-    name, or an ``org/name`` in the local Hugging Face cache.
-
-    Raises:
-        ModelConfigError: not found or not readable, a field missing or malformed.
-    """
+    """The :class:`ModelConfig` of a config.json (file, folder, shipped name, or
+    ``org/name`` in the local Hugging Face cache); :class:`ModelConfigError` if bad."""
     raw, where = _locate(name_or_path)
     cfg: Mapping[str, Any] = raw
     if isinstance(raw.get("text_config"), dict):

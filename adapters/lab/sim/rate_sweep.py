@@ -1,7 +1,5 @@
-"""A request-rate sweep, whatever runs at each rate: one replica or a fleet.
-
-``1,2,4,8`` runs every listed rate; ``auto`` starts from a rate with room to spare and
-doubles it, stopping each swept thing at its first overloaded rate (:mod:`.load`).
+"""A request-rate sweep, one replica or a fleet at each rate: listed rates, or ``auto``
+doubling from a rate with room to spare until each swept thing overloads.
 """
 
 from __future__ import annotations
@@ -15,14 +13,8 @@ from .load import LoadSummary
 from .profile import CostProfile
 
 __all__ = [
-    "MAX_AUTO_RATES",
-    "Saturation",
-    "Sizes",
-    "rate_schedule",
-    "saturation_of",
-    "start_rate",
-    "sweep_rates",
-]
+    "MAX_AUTO_RATES", "Saturation", "rate_schedule", "saturation_of", "start_rate", "sweep_rates",
+]  # fmt: skip
 
 MAX_AUTO_RATES = 10
 """The most rates ``auto`` tries."""

@@ -1,10 +1,9 @@
 """Arrival-time replay of one engine replica: a discrete-event loop in virtual time.
 
-A request arrives or a step ends: while busy, steps run back to back and requests that
-arrived during a step join the queue when it ends; while idle, the clock jumps to the
-next arrival. Sessions replay closed loop: a request that names the one it follows
-(``after``) is sent once that one finished plus its think time, never before its own
-arrival. A run past the profile's measured range warns once and says so in its labels.
+A :class:`Replica` is a seat, the schedule over it and a cost profile on a clock:
+while busy, steps run back to back; while idle, the clock jumps to the next arrival.
+Sessions replay closed loop (a turn is sent once the one it follows finished plus its
+think time). Nothing reads the wall clock: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
@@ -13,25 +12,32 @@ import heapq
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
 from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
-from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
+from .engine_pace import step_pace
+from .errors import (
+    ProfileRangeWarning,
+    SimError,
+    SimInputError,
+    SimSettingsError,
+    SimUnservableError,
+)
 from .metrics import RequestRow, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
-from .replica_scheduler import StepWork
+from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .requests import SimRequest
-from .runner import Replica
 from .seats import Seat, make_seat
 from .serving_spread import ServingDelay, serving_delay
 
-__all__ = ["IndexFactory", "pool_seat", "simulate"]
+__all__ = ["IndexFactory", "Replica", "pool_seat", "simulate", "step_charge"]
 
 IndexFactory = Callable[[], PrefixIndex]
-"""Makes a fresh, empty index for one run (``BackendSpec.make``, ``lambda: make_index(...)``)."""
+"""Makes a fresh, empty index for one run."""
 
 
 def simulate(
@@ -44,21 +50,13 @@ def simulate(
     labels: Mapping[str, Any] | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> SimResult:
-    """Replay ``requests`` at their arrival times through one simulated replica.
-
-    Args:
-        requests: in arrival order, each with an arrival time; read lazily.
-        index_factory: makes the replica's (empty) prefix index.
-        capacity_tokens: KV pool size in tokens (``capacity_tokens // block_size`` blocks).
-        config: scheduler settings (default ``SimSettings()``).
-        profile: step costs (default: the shipped default profile).
-        labels: extra columns for the result's tables.
-        progress: called with a request's prompt tokens when it finishes.
+    """Replay ``requests`` (stamped, in arrival order, read lazily) through one replica
+    over a pool of ``capacity_tokens``; ``labels`` are extra columns and ``progress``
+    is called with each finished request's prompt tokens.
 
     Returns:
         Per-request records (in the order sent) and the run's summary, labelled with
-        the index, block size, capacity, settings, profile, ``profile_range`` (what
-        went past the profile's range) and ``labels``.
+        the run's settings and ``profile_range`` (what went past the profile's range).
 
     Warns:
         ProfileRangeWarning: once, when the run went past the profile's range.
@@ -174,11 +172,9 @@ def _reach(reached: dict[str, int], work: StepWork) -> None:
 
 
 class _SessionGate:
-    """When each request reaches the engine: open loop at its arrival; closed loop
-    once its predecessor finished plus its think time (one whose predecessor never
-    appeared is sent at its arrival). A request reaches the scheduler
-    ``delay(id, busy, continues)`` after it is sent, and not before one sent before it.
-    """
+    """When each request reaches the engine: sent at its arrival, or closed loop once
+    its predecessor finished plus its think time; it reaches the scheduler ``delay``
+    after it is sent, and not before one sent before it."""
 
     def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
         self.requests = requests
@@ -250,3 +246,122 @@ def _arrival(request: SimRequest, last: float) -> float:
             "requests must come in arrival order"
         )
     return t
+
+
+class Step(NamedTuple):
+    """One computed step (``delivered``: when its tokens reached their clients)."""
+
+    start: float
+    end: float
+    delivered: float
+    work: StepWork
+    finished: list[SimSeq]
+
+
+def step_charge(
+    p: CostProfile, seconds: float, *, wakes: bool, admits: bool, frontend_busy_s: float
+) -> float:
+    """A step's charged seconds: ``seconds`` of computing, plus waking an idle engine
+    (``wakes``), taking a request in (``admits``, once a step), and the front end's share
+    of the part of the step it is busy for (``frontend_busy_s`` from the step's start)."""
+    if wakes:
+        seconds += p.wake_s
+    if admits:
+        seconds += p.admit_s
+    return seconds + p.frontend_cpu_share * min(max(0.0, frontend_busy_s), seconds)
+
+
+class Replica:
+    """A seat, its schedule and a cost profile, on a clock starting at ``start_time``.
+
+    With ``stream``, a serving front end shares the engine's cores: tokens reach their
+    clients once it has streamed them, and it slows a step by its share of the time it
+    is busy during it; else tokens arrive at the step's end.
+    """
+
+    def __init__(
+        self,
+        seat: Seat,
+        config: SimSettings,
+        profile: CostProfile,
+        *,
+        start_time: float = 0.0,
+        stream: bool = True,
+    ) -> None:
+        self.seat = seat
+        self.schedule = ReplicaScheduler(seat, config, profile)
+        self.profile = profile
+        self.now = start_time
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.stream = stream
+        self._frontend_free = start_time  # when the front end is done with its queued work
+        self._idle_since: float | None = start_time  # None: busy
+        self._pace = step_pace(profile.pace_spread, profile.pace_window_s)
+
+    def add(self, request: SimRequest, sent: float) -> RequestRow:
+        """Queue a request sent at ``sent``; its record, filled in as it runs.
+
+        Raises:
+            SimUnservableError: it cannot run in this replica's pool even alone.
+        """
+        seat, cfg = self.seat, self.schedule.config
+        reason = unservable(
+            len(request.prompt),
+            request.output_len,
+            block_size=seat.block_size,
+            num_blocks=seat.num_blocks,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        if reason is not None:
+            raise SimUnservableError(f"request {request.id!r} {reason}")
+        metrics = RequestRow(request.id, sent, len(request.prompt), request.output_len)
+        self.schedule.add(SimSeq(request, metrics))
+        if self.stream:
+            self._frontend_free = max(self._frontend_free, self.now)
+            self._frontend_free += self.profile.frontend_request_cpu_s
+        return metrics
+
+    def idle_until(self, t: float) -> None:
+        """Move an idle replica's clock to ``t``."""
+        if self._idle_since is None:
+            self._idle_since = self.now
+        self.now = max(self.now, t)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
+        return self.schedule.has_unfinished()
+
+    def plan(self) -> StepPlan:
+        """Plan the step that starts now (empty when nothing can be scheduled)."""
+        return self.schedule.schedule(self.now)
+
+    def run(self, plan: StepPlan) -> Step:
+        """Compute ``plan``: the clock moves by its cost, then the step completes."""
+        work = plan.work()
+        p = self.profile
+        start = self.now
+        seconds = self._pace(start) * p.step_time(
+            work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
+        )
+        wakes = self._idle_since is not None and start - self._idle_since >= p.wake_after_s
+        self._idle_since = None
+        seconds = step_charge(
+            p,
+            seconds,
+            wakes=wakes,
+            admits=any(c.seq.metrics.first_scheduled_s == start for c in plan.chunks),
+            frontend_busy_s=self._frontend_free - start if self.stream else 0.0,
+        )
+        self.now = end = start + seconds
+        self.busy_s += seconds
+        self.num_steps += 1
+        delivered = end
+        if self.stream:
+            self._frontend_free = (
+                max(end, self._frontend_free) + p.stream_token_s * work.num_sampled
+            )
+            delivered = self._frontend_free
+        finished = self.schedule.complete(plan, end, delivered)
+        return Step(start, end, delivered, work, finished)

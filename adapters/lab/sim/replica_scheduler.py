@@ -1,34 +1,29 @@
 """One engine replica's scheduler over its seat (:mod:`.seats`), with no model behind it.
 
 It plans steps as the engines do (vLLM 0.33, SGLang 0.5.23, their defaults), calls only
-its seat and admits whatever the engine class admits:
-
-- ``mixed`` follows vLLM v1's ``Scheduler.schedule``: running requests first within
-  the step's token budget, preempting the last running one (recompute, to the front
-  of the waiting queue) until a slot fits; then, only if nothing was preempted,
-  waiting requests while ``max_num_seqs`` and the budget allow.
-- ``prefill_first`` follows SGLang's ``get_next_batch_to_run``: a step prefills (the
-  unfinished chunked request, then new admissions, as its ``PrefillAdder`` decides)
-  whenever it can, else decodes every running request, retracting in SGLang's order
-  (fewest output tokens, then longest prompt, first) when short of a page. Once a
-  request is refused for want of pages, no pass is tried until a running one leaves
-  (``batch_is_full``).
+its seat and admits whatever the engine class admits. ``mixed`` is vLLM v1's
+``Scheduler.schedule``: running requests first within the token budget, preempting the
+last one until a slot fits, then, if nothing was preempted, waiting ones.
+``prefill_first`` is SGLang's ``get_next_batch_to_run``: a step prefills whenever its
+``PrefillAdder`` admits, else decodes, retracting when short of a page. ``lpm`` orders
+the waiting queue as SGLang's ``calc_priority`` (longest cached prefix first; a short
+hit sharing its first 32 tokens with an earlier one waits; over 128 waiting, FCFS).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from prefixkv.adapters.sglang.prefill_adder import AddReqResult, PrefillAdder, RunningReq
-from prefixkv.indexes.tokens import TokenKey
+from prefixkv.indexes.tokens import ExtraKey, TokenKey
 
 from .config import SimSettings
 from .errors import SimError, SimSettingsError
 from .metrics import RequestRow
 from .profile import CostProfile, attention_pairs
-from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
 from .seats import Seat, SglangSeat, VllmSeat
 
@@ -37,12 +32,8 @@ __all__ = ["Chunk", "ReplicaScheduler", "SimSeq", "StepPlan", "StepWork"]
 
 @dataclass(slots=True, eq=False)
 class SimSeq:
-    """A request inside the replica: its progress and its record.
-
-    ``num_output`` is kept across preemptions; ``num_computed`` counts the leading
-    tokens whose K/V exist; positions below ``prefill_end`` (the tokens known at the
-    last admission) are prefill; ``key`` is the key to admit with while waiting.
-    """
+    """A request inside the replica: its progress (positions below ``prefill_end`` are
+    prefill; ``num_computed`` have K/V) and its record."""
 
     request: SimRequest
     metrics: RequestRow
@@ -311,11 +302,25 @@ class ReplicaScheduler:
         return StepPlan(chunks, retracted)
 
     def _order_waiting(self) -> None:
-        if self.config.queue_order == "lpm":
-            index = self.index
-            self.waiting = sort_by_longest_prefix(
-                self.waiting, lambda k: index.match_prefix(k, len(k) - 1).num_tokens
-            )
+        if self.config.queue_order != "lpm" or len(self.waiting) > 128:
+            return
+        index = self.index
+        order: dict[int, float] = {}
+        heads: set[tuple[ExtraKey | None, bytes]] = set()
+        for seq in self.waiting:
+            key = seq.waiting_key()
+            hit = index.match_prefix(key, len(key) - 1).num_tokens
+            order[id(seq)] = -hit
+            if hit > 32 or len(key) < 32:
+                continue
+            # SGLang's page-1 tree of the checked requests: a match of 32 or more
+            # tokens is an earlier one with the same first 32 tokens.
+            head = (key.extra_key, key.tokens[:32].tobytes())
+            if head in heads:
+                order[id(seq)] = math.inf
+            else:
+                heads.add(head)
+        self.waiting = deque(sorted(self.waiting, key=lambda s: order[id(s)]))
 
     def _release(self, seq: SimSeq, *, front: bool) -> None:
         # Recompute: drop the K/V, keep the output.

@@ -15,7 +15,7 @@ from .errors import SimInputError
 if TYPE_CHECKING:
     from ..traces import TraceRequest
 
-__all__ = ["FILLER_TOKEN", "SimRequest", "from_trace"]
+__all__ = ["SimRequest", "from_trace"]
 
 FILLER_TOKEN = 0
 """The id decoded when a request's output tokens are not known (its length is)."""
@@ -25,16 +25,12 @@ FILLER_TOKEN = 0
 class SimRequest:
     """One request of an arrival-time replay.
 
-    Attributes:
-        id: unique within the run.
-        prompt: the prompt's token ids, a non-empty ``array('I')``.
-        output_len: tokens to generate, at least 1 (the first comes with the prefill).
-        arrival: seconds since the run's start (``None`` until :mod:`.arrivals` stamps it).
-        output: the generated tokens when the trace knows them (their K/V is cached),
-            else ``None`` and :data:`FILLER_TOKEN` is decoded.
-        after: closed loop: the request this one follows; it is sent no earlier than
-            that one's finish plus ``think_s``. ``None``: open loop.
-        think_s: seconds between the previous turn's answer and this turn.
+    ``arrival`` is ``None`` until :mod:`.arrivals` stamps it; ``output`` holds the
+    generated tokens when the trace knows them (else :data:`FILLER_TOKEN` is decoded);
+    closed loop, ``after`` names the request this one follows, by ``think_s``.
+
+    Raises:
+        SimInputError: a field out of range.
     """
 
     id: str
@@ -83,17 +79,10 @@ def from_trace(
     output_tokens: bool = True,
     prefill_only: bool = False,
 ) -> Iterator[SimRequest]:
-    """Trace requests as the simulator's requests, lazily, each keeping its arrival.
+    """Trace requests as the simulator's, lazily; an empty output decodes one token.
 
-    An empty output still decodes one token, as an engine does.
-
-    Args:
-        requests: trace requests.
-        closed_loop: a turn follows its ``parent``, or else the previous request of
-            its ``session``, after its think time.
-        output_tokens: decode the recorded output tokens (a later prompt quoting them
-            hits); ``False``: decode :data:`FILLER_TOKEN` as many times.
-        prefill_only: one output token each (Mooncake's prefill pool), the filler.
+    Closed loop, a turn follows its ``parent`` or its session's previous request;
+    ``output_tokens=False`` decodes the filler; ``prefill_only`` one token each.
 
     Raises:
         SimInputError: an empty prompt.

@@ -1,9 +1,6 @@
-"""What a run records as a whole: one row type for every runs table.
-
-A run's row is its labels (what was varied) followed by the parts the run filled
-(:data:`RUN_PARTS`, each a small record with its own columns), so one writer
-(:func:`run_table`) serves every runs table of ``compare`` and ``cluster``. A column
-two parts both name keeps the first one's place and takes the later one's value.
+"""What a run records as a whole: its labels, then the parts it filled (:data:`RUN_PARTS`),
+so one writer serves every runs table. A column two parts both name keeps the first
+one's place and the later one's value.
 """
 
 from __future__ import annotations
@@ -17,16 +14,9 @@ from .load import LoadSummary, Slo
 from .metrics import RequestRow, RunMetrics, request_table
 
 __all__ = [
-    "RUN_PARTS",
-    "FleetSummary",
-    "IndexTimes",
-    "KLiveHits",
-    "RunChecks",
-    "RunPart",
-    "RunRow",
-    "SweepHit",
-    "run_table",
-]
+    "RUN_PARTS", "FleetSummary", "IndexTimes", "KLiveHits", "RunChecks", "RunPart", "RunRow",
+    "SweepHit", "run_table",
+]  # fmt: skip
 
 
 class RunPart(Protocol):
@@ -66,11 +56,8 @@ class KLiveHits:
 
 @dataclass(frozen=True, slots=True)
 class IndexTimes:
-    """A K-live replay's index times (wall clock, the least over the timed replays).
-
-    ``wall_seconds_timed`` becomes the column ``wall_seconds_timed_min`` and
-    ``seconds_by_call`` (the fastest timed replay's) a column ``index_seconds_<call>`` each.
-    """
+    """A K-live replay's index times (wall clock, the least over the timed replays); its
+    two collections become ``wall_seconds_timed_min`` and ``index_seconds_<call>``."""
 
     index_us_p50: float
     index_us_p99: float
@@ -184,8 +171,8 @@ RUN_PARTS: tuple[type[RunPart], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
-    """What a run records: its labels, the parts it filled (of :data:`RUN_PARTS`, at most
-    one of each, kept in that order), its request records and the SLO they are judged by.
+    """A run: its labels, its parts (kept in :data:`RUN_PARTS`' order), its request
+    records and the SLO they are judged by.
 
     Raises:
         TypeError: a part not of :data:`RUN_PARTS`, or one kind given twice.

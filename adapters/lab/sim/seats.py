@@ -1,13 +1,9 @@
 """A replica's seat: the shipped engine class a schedule steps its requests through.
 
-:class:`VllmSeat` drives prefixkv's vLLM ``KVCacheManager`` as vLLM 0.33's ``Scheduler``
-does; :class:`SglangSeat` drives its SGLang ``PrefixCache`` on simulated pools as SGLang
-0.5.23's scheduler drives ``RadixCache`` (its ``PrefillAdder`` decides a prefill pass).
-Whether a request fits is the class's answer (``None`` or ``False``, nothing changed):
-the seat keeps no copy of an engine's admission rule. For the K-live schedule
-(:mod:`.klive`) each seat, and :class:`ManagerSeat` over the generic ``CacheManager``,
-answers ``start``, ``started``, ``decode_rest`` and ``end`` in its engine's own calls,
-each call timed under its engine's name (:class:`CallTimes`).
+:class:`VllmSeat` drives vLLM's ``KVCacheManager`` as vLLM 0.33's ``Scheduler`` does,
+:class:`SglangSeat` SGLang's ``PrefixCache`` as SGLang 0.5.23's scheduler does. Whether
+a request fits is the class's answer (``None`` or ``False``, nothing changed): the seat
+keeps no copy of an engine's admission rule. K-live calls are timed per engine call.
 """
 
 from __future__ import annotations
@@ -40,16 +36,7 @@ from prefixkv.indexes.base import PrefixIndex
 
 from .decode_loops import VllmRequest, sglang_decode, vllm_decode
 
-__all__ = [
-    "CallTimes",
-    "KLiveSeat",
-    "ManagerSeat",
-    "Seat",
-    "SglangSeat",
-    "VllmRequest",
-    "VllmSeat",
-    "make_seat",
-]
+__all__ = ["CallTimes", "KLiveSeat", "ManagerSeat", "Seat", "SglangSeat", "VllmSeat", "make_seat"]
 
 _T = TypeVar("_T")
 
@@ -118,13 +105,9 @@ class VllmSeat(_PoolSeat):
     def admit(
         self, request_id: str, tokens: Any, budget: int, *, chunked: bool, scheduled: bool
     ) -> tuple[int, int] | None:
-        """Admit a waiting request as ``Scheduler.schedule`` does: ``get_computed_blocks``
-        then ``allocate_slots(..., full_sequence_must_fit=True)`` for at most ``budget``
-        tokens (past it only when ``chunked``); ``scheduled``: others are in the step.
-
-        Returns:
-            The hit tokens and the tokens computed this step, or ``None`` (nothing changed).
-        """
+        """Admit a waiting request as ``Scheduler.schedule`` does, at most ``budget``
+        tokens (past it only when ``chunked``): the hit and the tokens computed, or
+        ``None`` (nothing changed)."""
         req = self.requests.get(request_id)
         if req is None or req.num_tokens != len(tokens):
             req = self.requests[request_id] = VllmRequest(request_id, tokens)

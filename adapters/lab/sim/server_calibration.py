@@ -529,7 +529,7 @@ def _admit_beyond_share(
     """``admit_s`` (:func:`~.engine_admit.fit_admit_s`) less the front end's share of
     the step that takes a lone request in, which the simulator charges that step too
     (``frontend_cpu_share x`` the front end's busy time in it, at most
-    ``frontend_request_cpu_s``: :class:`~.runner.Replica`); the engine core's own time
+    ``frontend_request_cpu_s``: :class:`~.replica.Replica`); the engine core's own time
     already holds whatever the front end's work cost it. Without this the simulator
     priced the calibration's own lone requests 0.2-1.8 ms above what the engine core
     said they took (share 0.12-0.51 of 1.8-4.1 ms of CPU) on a 2-core CPU vLLM.
