@@ -111,13 +111,11 @@ class VllmSeat(_PoolSeat):
         req = self.requests.get(request_id)
         if req is None or req.num_tokens != len(tokens):
             req = self.requests[request_id] = VllmRequest(request_id, tokens)
-        kv = self.kv
-        blocks, hit, _ = kv.get_computed_blocks(req)
+        blocks, hit, _ = self.kv.get_computed_blocks(req)
         n = req.num_tokens - hit
-        if n > budget:
-            if not chunked:
-                return None
-            n = budget
+        if n > budget and not chunked:
+            return None
+        n = min(n, budget)
         if self._admit_slots(req, n, hit, blocks, scheduled) is None:
             return None
         req.num_computed_tokens = hit
@@ -134,9 +132,8 @@ class VllmSeat(_PoolSeat):
         self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
     ) -> int | None:
         """K-live: ``get_computed_blocks`` then ``allocate_slots`` for the whole prompt."""
-        kv = self.kv
         req = VllmRequest(request_id, tokens)
-        blocks, hit, _ = times.call("lookup", kv.get_computed_blocks, req)
+        blocks, hit, _ = times.call("lookup", self.kv.get_computed_blocks, req)
         n = req.num_tokens
         new = times.call("allocate_prefill", self._admit_slots, req, n - hit, hit, blocks, live)
         if new is None:
@@ -160,26 +157,20 @@ class VllmSeat(_PoolSeat):
     ) -> bool:
         """K-live: ``allocate_slots(req, 1)`` per remaining token."""
         req = self.requests[request_id]
-        allocate = self.kv.allocate_slots
-        tokens = req.all_token_ids
-        perf = time.perf_counter
-        if step is None:
-            # No hook between steps: one timed loop, compiled where the build is.
+        if step is None:  # one timed loop, compiled where the build is
             return times.call("allocate_decode", vllm_decode, self.kv, req, output)
-        spent = 0.0
+        allocate, perf, spent, ok = self.kv.allocate_slots, time.perf_counter, 0.0, True
         for k in range(1, len(output)):
             t0 = perf()
-            new = allocate(req, 1)
+            ok = allocate(req, 1) is not None
             spent += perf() - t0
-            if new is None:
-                times.book("allocate_decode", spent)
-                return False
+            if not ok:
+                break
             req.num_computed_tokens += 1
-            tokens.append(output[k])
-            req.num_tokens += 1
+            req.append(output[k])
             step()
         times.book("allocate_decode", spent)
-        return True
+        return ok
 
     def end(self, request_id: str, times: CallTimes) -> None:
         """K-live: ``free`` (vLLM registers nothing there)."""
@@ -320,15 +311,12 @@ class SglangSeat(_PoolSeat):
     def started(self, request_id: str, output: Sequence[int], times: CallTimes) -> bool:
         """``cache_unfinished_req``, or ``cache_finished_req`` when its only output token
         was sampled (an empty output samples one throw-away token)."""
-        cache = self.cache
         req = self.requests[request_id]
         req.output_ids.append(output[0] if len(output) else 0)
         if len(output) <= 1:
-            times.call(
-                "cache_finished_req", cache.cache_finished_req, self.requests.pop(request_id)
-            )
+            self.end(request_id, times)
             return False
-        times.call("cache_unfinished_req", cache.cache_unfinished_req, req)
+        times.call("cache_unfinished_req", self.cache.cache_unfinished_req, req)
         return True
 
     def decode_rest(
@@ -339,24 +327,21 @@ class SglangSeat(_PoolSeat):
         step: Callable[[], object] | None,
     ) -> bool:
         """K-live: ``alloc_for_decode`` per remaining token (the last step releases)."""
-        req = self.requests[request_id]
-        cache = self.cache
-        out_ids = req.output_ids
-        perf, spent = time.perf_counter, 0.0
+        req, cache = self.requests[request_id], self.cache
         if step is None:
             return times.call("alloc_for_decode", sglang_decode, cache, req, output)
+        out_ids, perf, spent, ok = req.output_ids, time.perf_counter, 0.0, True
         while len(out_ids) < len(output):
             t0 = perf()
             ok = alloc_for_decode(cache, req)
             spent += perf() - t0
             if not ok:
-                times.book("alloc_for_decode", spent)
-                return False
+                break
             out_ids.append(output[len(out_ids)])
             if len(out_ids) < len(output):
                 step()
         times.book("alloc_for_decode", spent)
-        return True
+        return ok
 
     def end(self, request_id: str, times: CallTimes) -> None:
         """K-live: ``cache_finished_req``."""
