@@ -339,11 +339,10 @@ class _Collector:
     def paused() -> Iterator[None]:
         """The collector off while a seat is built (vLLM's class makes a block object per
         pool block up front, which would set off collections that free nothing)."""
-        if not gc.isenabled():
-            yield
-            return
+        was_enabled = gc.isenabled()
         gc.disable()
         try:
             yield
         finally:
-            gc.enable()
+            if was_enabled:
+                gc.enable()

@@ -7,10 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .load import LoadSummary
 from .profile import CostProfile
+
+if TYPE_CHECKING:
+    from ..traces import TraceStats
 
 __all__ = [
     "MAX_AUTO_RATES", "Saturation", "rate_schedule", "saturation_of", "start_rate", "sweep_rates",
@@ -23,18 +26,7 @@ K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
 
-class Sizes(Protocol):
-    """A workload's totals (:class:`~..traces.TraceStats` has them)."""
-
-    @property
-    def num_requests(self) -> int: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-
-
-def start_rate(stats: Sizes, profile: CostProfile, max_num_batched_tokens: int) -> float:
+def start_rate(stats: TraceStats, profile: CostProfile, max_num_batched_tokens: int) -> float:
     """The power of two at or below ``1 / t`` requests per second, ``t`` the mean
     request's time alone on one replica."""
     n = max(1, stats.num_requests)

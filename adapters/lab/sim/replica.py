@@ -77,13 +77,20 @@ def simulate(
         prof.decoding_request_spread_s,
     )
     records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
+    beyond = prof.extrapolation(reached)
+    if beyond:
+        warnings.warn(
+            f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
+            ProfileRangeWarning,
+            stacklevel=2,
+        )
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": index.block_size,
         "capacity_tokens": capacity_tokens,
         **cfg.as_dict(),
         "profile": prof.name,
-        "profile_range": "; ".join(_beyond_range(prof, reached)),
+        "profile_range": "; ".join(beyond),
         **(labels or {}),
     }
     evicted = seat.totals.num_evicted_blocks
@@ -147,18 +154,6 @@ def _run(
             progress(sum(len(s.request.prompt) for s in step.finished))
         if check_invariants:
             replica.seat.check_invariants()
-
-
-def _beyond_range(prof: CostProfile, reached: Mapping[str, int]) -> list[str]:
-    """What the run took past the profile's range; warns (at :func:`simulate`'s caller)."""
-    beyond = prof.extrapolation(reached)
-    if beyond:
-        warnings.warn(
-            f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
-            ProfileRangeWarning,
-            stacklevel=3,
-        )
-    return beyond
 
 
 def _reach(reached: dict[str, int], work: StepWork) -> None:
@@ -319,8 +314,9 @@ class Replica:
         metrics = RequestRow(request.id, sent, len(request.prompt), request.output_len)
         self.schedule.add(SimSeq(request, metrics))
         if self.stream:
-            self._frontend_free = max(self._frontend_free, self.now)
-            self._frontend_free += self.profile.frontend_request_cpu_s
+            self._frontend_free = (
+                max(self._frontend_free, self.now) + self.profile.frontend_request_cpu_s
+            )
         return metrics
 
     def idle_until(self, t: float) -> None:
