@@ -162,9 +162,10 @@ class VllmSeat(_PoolSeat):
         allocate, perf, spent, ok = self.kv.allocate_slots, time.perf_counter, 0.0, True
         for k in range(1, len(output)):
             t0 = perf()
-            ok = allocate(req, 1) is not None
+            new = allocate(req, 1)
             spent += perf() - t0
-            if not ok:
+            if new is None:
+                ok = False
                 break
             req.num_computed_tokens += 1
             req.append(output[k])
