@@ -49,15 +49,8 @@ def check_time_scale(value: object) -> float:
 
 def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
     """Endless Poisson arrival times at ``rate``: 0, then seeded exponential gaps."""
-    lam = check_request_rate(rate)
-    return _poisson(lam, random.Random(seed))
-
-
-def _poisson(lam: float, rng: random.Random) -> Iterator[float]:
-    t = 0.0
-    while True:
-        yield t
-        t += rng.expovariate(lam)
+    lam, rng = check_request_rate(rate), random.Random(seed)
+    return itertools.accumulate((rng.expovariate(lam) for _ in itertools.count()), initial=0.0)
 
 
 def fixed_rate_arrivals(rate: float) -> Iterator[float]:
