@@ -14,7 +14,7 @@ import pytest
 
 from prefixkv.adapters.lab.sim import CostProfile, SimRequest, SimSettings
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
-from prefixkv.adapters.lab.sim.runner import Replica
+from prefixkv.adapters.lab.sim.replica import Replica
 from prefixkv.adapters.lab.sim.seats import SglangSeat, VllmSeat, make_seat
 from prefixkv.adapters.sglang.prefill_adder import AddReqResult
 from prefixkv.indexes import make_index

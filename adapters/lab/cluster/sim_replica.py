@@ -1,6 +1,6 @@
 """One engine replica of a cluster, stepped in virtual time, publishing its KV events.
 
-A :class:`~prefixkv.adapters.lab.sim.runner.Replica` (its seat, the engine class, the
+A :class:`~prefixkv.adapters.lab.sim.replica.Replica` (its seat, the engine class, the
 schedule over it and the cost profile), with no serving front end, plus an event
 publisher, driven from outside: the cluster adds requests as the router sends them and
 advances every replica to the next routing decision. Each scheduler step publishes one
@@ -27,10 +27,9 @@ from prefixkv.adapters.events.wire import (
 )
 from prefixkv.adapters.lab.sim.errors import SimUnservableError
 from prefixkv.adapters.lab.sim.metrics import RequestRow
-from prefixkv.adapters.lab.sim.replica import IndexFactory, pool_seat
+from prefixkv.adapters.lab.sim.replica import IndexFactory, Replica, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.sim.runner import Replica
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
 

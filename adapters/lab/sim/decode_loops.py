@@ -1,15 +1,5 @@
-"""The K-live seats' decode loops when no hook runs between steps, compiled with the engine classes.
-
-A K-live replay decodes every output token of every request in a step of its own: a
-real trace's replay runs millions of them (Mooncake's conversation trace: 4.1 million).
-When nothing is called between two steps (``prefixkv replay`` without KV events), a
-seat (:mod:`.seats`) hands the whole loop to a function here. This module is compiled
-in the compiled build (``[tool.prefixkv.mypyc]`` in ``pyproject.toml``), so each step
-calls the engine class natively instead of through the interpreter; the steps and their
-order are the seat's own, so the hits are the same on both builds.
-
-Both loops stop at the first step that does not fit and say so (nothing of that step
-changed, as the engine class promises); the seat times the loop as a whole.
+"""The K-live seats' decode loops when no hook runs between steps, compiled in the
+compiled build so each step calls the engine class natively; the steps are the seat's.
 """
 
 from __future__ import annotations
@@ -26,12 +16,8 @@ __all__ = ["VllmRequest", "sglang_decode", "vllm_decode"]
 
 
 class VllmRequest:
-    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields).
-
-    ``num_tokens`` is a plain attribute kept equal to ``len(all_token_ids)`` by
-    :meth:`append`: the manager reads it every decode step. Defined here, beside the
-    loop that steps it, so the compiled loop updates its fields natively.
-    """
+    """What vLLM's ``KVCacheManager`` reads of a request (vLLM ``Request`` fields);
+    ``num_tokens`` is kept equal to ``len(all_token_ids)``."""
 
     __slots__ = ("all_token_ids", "num_computed_tokens", "num_tokens", "request_id")
 
@@ -49,16 +35,7 @@ class VllmRequest:
 
 def vllm_decode(kv: KVCacheManager, req: VllmRequest, output: Sequence[int]) -> bool:
     """``allocate_slots(req, 1)`` for each output token after the first, the token
-    appended once its step fits (vLLM's order: the slot, then the sampled token).
-
-    Args:
-        kv: the manager.
-        req: the running request.
-        output: the request's output tokens; the first was sampled at its prefill.
-
-    Returns:
-        ``False`` when a step's slot did not fit (the request stays running).
-    """
+    appended once its step fits; ``False`` when a slot did not (the request stays)."""
     tokens = req.all_token_ids
     for token in list(output[1:]):  # list items: compiled code reads them unboxed
         if kv.allocate_slots(req, 1) is None:
@@ -70,17 +47,8 @@ def vllm_decode(kv: KVCacheManager, req: VllmRequest, output: Sequence[int]) -> 
 
 
 def sglang_decode(cache: PrefixCache, req: Any, output: Sequence[int]) -> bool:
-    """``alloc_for_decode`` for each output token not yet sampled, the token appended
-    once its step fits.
-
-    Args:
-        cache: the cache (simulated pools).
-        req: a running request with SGLang ``Req`` fields (``output_ids`` a list).
-        output: the request's output tokens.
-
-    Returns:
-        ``False`` when no page could be had for a step (the request stays running).
-    """
+    """``alloc_for_decode`` for each output token not yet sampled (``req`` has SGLang
+    ``Req`` fields), the token appended once its step fits; ``False`` when no page."""
     out_ids: list[int] = req.output_ids
     for token in list(output[len(out_ids) :]):
         if not alloc_for_decode(cache, req):

@@ -1,14 +1,5 @@
-"""The engine core's own decode time of the serving path's lone requests, as steps.
-
-The sweep's decode runs time ``b`` concurrent requests to the slowest one's last token
-at the client, so they hold the client's and the front end's stalls too: on a 2-core
-CPU vLLM, five rounds timed the same run of 16 requests at 0.2 to 2.1 s. A lone
-request's decode, as the engine core timed it (vLLM's
-``vllm:request_decode_time_seconds``: its first token to its last, in the engine
-core), holds nothing but its ``k - 1`` decode steps of one row. The serving path's
-long requests (:mod:`.serving_path`) say it for each of them; :func:`decode_samples`
-makes them step samples, so the step fit sees the decode step a lone request pays
-(the steps a light load is made of) as the engine core paid it.
+"""The engine core's own decode time of the serving path's lone requests, as steps: free
+of the client's and front end's stalls that the sweep's decode runs hold.
 """
 
 from __future__ import annotations
@@ -23,12 +14,8 @@ __all__ = ["decode_samples"]
 
 
 def decode_samples(lone: Sequence[HopSample]) -> list[StepSample]:
-    """One step sample per shape (prompt tokens, tokens decoded) of the requests of
-    ``lone`` whose engine decode time the server said: ``num_tokens - 1`` decode steps
-    of one row, the ``j``-th reading ``prompt_tokens + j`` tokens, taking the median of
-    their times (as the sweep keeps the median of a shape's repeats, so the shape
-    counts once in the fit however many requests or rounds timed it). No request or
-    streaming cost: the engine core's own clock."""
+    """One sample per shape (prompt, tokens decoded) of ``num_tokens - 1`` one-row
+    decode steps, the median of its engine decode times (a shape counts once)."""
     times: dict[tuple[int, int], list[float]] = {}
     for s in lone:
         if s.engine_decode_s is not None and s.num_tokens > 1 and s.engine_decode_s > 0:

@@ -1,22 +1,13 @@
-"""Errors of the arrival-time simulator, all :class:`PrefixKVError` subclasses.
-
-Bad input (a request, an arrival process, a setting, a profile) raises one of these
-before any state changes; "does not fit right now" is not an error, it waits.
-"""
+"""Errors of the arrival-time simulator: bad input raises one before any state changes."""
 
 from __future__ import annotations
 
 from prefixkv.indexes.errors import PrefixKVError
 
 __all__ = [
-    "ProfileError",
-    "ProfileRangeWarning",
-    "ServerError",
-    "SimError",
-    "SimInputError",
-    "SimSettingsError",
-    "SimUnservableError",
-]
+    "ProfileError", "ProfileRangeWarning", "ServerError", "SimError", "SimInputError",
+    "SimSettingsError", "SimUnservableError",
+]  # fmt: skip
 
 
 class SimError(PrefixKVError):
@@ -32,8 +23,7 @@ class SimInputError(SimError):
 
 
 class SimUnservableError(SimError):
-    """A request can never run: the pool (or, without chunked prefill, one step's
-    token budget) is too small for it even with the cache empty."""
+    """A request can never run, even with the cache empty."""
 
 
 class ProfileError(SimError):
@@ -41,11 +31,8 @@ class ProfileError(SimError):
 
 
 class ServerError(SimError):
-    """A served engine cannot be reached, refused a request, answered past its deadline
-    or byte budget, or answered something else than an OpenAI-compatible completion
-    stream with numbers in range."""
+    """A served engine cannot be reached or answered out of bounds or out of protocol."""
 
 
 class ProfileRangeWarning(UserWarning):
-    """A run went past the range its cost profile was measured on (longer prompts or
-    contexts, bigger batches): its times extrapolate the fit."""
+    """A run went past the range its cost profile was measured on."""

@@ -1,20 +1,9 @@
 """The K-live schedule: at most K requests live, the oldest finishes first, no clock.
 
-Requests are admitted in order; when a request arrives while K are live, the oldest
-live one decodes its remaining output one token per step and finishes. The whole
-prompt is prefilled in one step and its first output token is sampled there (SPEC,
-"Replay used to check fidelity"). Each step is its seat's (:mod:`.seats`): prefixkv's
-vLLM ``KVCacheManager`` as vLLM's scheduler drives it, its SGLang ``PrefixCache`` as
-SGLang's scheduler drives ``RadixCache``, or the generic ``CacheManager``; the
-schedule only orders requests and records what the seat answered::
-
-    seat = driver_seat("vllm", index, num_blocks)
-    result = KLive(seat, concurrency=8).run(requests)
-
-Requests are consumed as a stream: the schedule holds the K live requests and the
-cache, never the trace. Per-request results are kept in compact arrays (or not at
-all), and each admission can be streamed out as it happens; ``on_step`` marks the end
-of every scheduler step (where an engine takes its KV events).
+A prompt is prefilled whole in one step that samples its first token; when a request
+arrives while K are live, the oldest decodes the rest, one token a step, and finishes
+(SPEC, "Replay used to check fidelity"). Requests are streamed and results kept in
+compact arrays (or not at all): ``KLive(driver_seat("vllm", index, n), 8).run(reqs)``.
 """
 
 from __future__ import annotations
@@ -38,16 +27,9 @@ from ...observer import CacheObserver
 from .seats import CallTimes, KLiveSeat, ManagerSeat, SglangSeat, VllmSeat, make_seat
 
 __all__ = [
-    "DRIVERS",
-    "Driver",
-    "HitRow",
-    "KLive",
-    "ReplayError",
-    "ReplayInterrupted",
-    "ReplayRequest",
-    "ReplayResult",
-    "driver_seat",
-]
+    "DRIVERS", "Driver", "HitRow", "KLive", "ReplayError", "ReplayInterrupted", "ReplayRequest",
+    "ReplayResult", "driver_seat",
+]  # fmt: skip
 
 Driver = Literal["vllm", "sglang", "manager"]
 DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
@@ -57,19 +39,11 @@ class ReplayRequest(Protocol):
     """One trace line: an id, the prompt, and the tokens decoded after it."""
 
     @property
-    def id(self) -> str:
-        """Unique request id."""
-        ...
-
+    def id(self) -> str: ...
     @property
-    def tokens(self) -> Sequence[int]:
-        """Prompt token ids."""
-        ...
-
+    def tokens(self) -> Sequence[int]: ...
     @property
-    def output(self) -> Sequence[int]:
-        """Output token ids."""
-        ...
+    def output(self) -> Sequence[int]: ...
 
 
 class HitRow(NamedTuple):
@@ -86,32 +60,8 @@ class ReplayError(PrefixKVError):
 
 @dataclass
 class ReplayResult:
-    """What a replay produced.
-
-    Per-request columns are in admission order and empty when the replay was asked
-    not to keep them (``keep_per_request=False``); the totals are always there.
-
-    Attributes:
-        ids: request ids.
-        prompt_len: prompt tokens per request.
-        hit_tokens: tokens served from the cache per request.
-        matched_tokens: BB-8 matched tokens per request (tracked replays only).
-        boundary_lost_tokens: BB-8 block-boundary losses per request (tracked only).
-        cap_lost_tokens: BB-8 last-block losses per request (tracked only).
-        request_seconds: index time per request (all its calls).
-        admit_seconds: the part spent admitting it (lookup, prefill allocation,
-            registering the prompt).
-        num_requests: requests admitted.
-        total_prompt_tokens: their prompt tokens.
-        total_hit_tokens: their hit tokens.
-        seconds_by_call: summed seconds per call kind.
-        evicted_blocks: blocks evicted from the index.
-        peak_cached_blocks: the most blocks the index held at once.
-        index_memory_bytes: the index structures' size near the peak (sampled).
-        wall_seconds: the replay's wall time.
-        partial: the replay was interrupted; only admitted requests are counted and
-            the live ones did not finish.
-    """
+    """What a replay produced: per-request columns in admission order (when kept) and
+    the totals; ``partial``: interrupted, only admitted requests counted."""
 
     ids: list[str] = field(default_factory=list)
     prompt_len: array[int] = field(default_factory=lambda: array("q"))
@@ -133,7 +83,7 @@ class ReplayResult:
 
     @property
     def hits(self) -> list[dict[str, Any]]:
-        """``{"id", "prompt_len", "hit_tokens"}`` per kept request (the oracle format)."""
+        """``{"id", "prompt_len", "hit_tokens"}`` per kept request (the oracles' format)."""
         return [
             {"id": i, "prompt_len": p, "hit_tokens": h}
             for i, p, h in zip(self.ids, self.prompt_len, self.hit_tokens, strict=True)
@@ -171,10 +121,7 @@ class ReplayResult:
 
 
 class ReplayInterrupted(KeyboardInterrupt):
-    """The replay was interrupted (Ctrl-C); ``result`` holds what was finished.
-
-    A ``KeyboardInterrupt``, so code that does not look for it still stops.
-    """
+    """The replay was interrupted (Ctrl-C); ``result`` holds what was finished."""
 
     def __init__(self, result: ReplayResult) -> None:
         super().__init__("replay interrupted")
@@ -189,15 +136,7 @@ def driver_seat(
     events: bool = False,
     observers: Sequence[CacheObserver] = (),
 ) -> VllmSeat | SglangSeat | ManagerSeat:
-    """The seat a driver replays through, over ``num_blocks`` usable blocks of ``index``.
-
-    Args:
-        driver: ``"vllm"`` (vLLM's ``KVCacheManager``), ``"sglang"`` (SGLang's
-            ``PrefixCache``) or ``"manager"`` (the generic ``CacheManager``).
-        index: the (empty) prefix index.
-        num_blocks: usable blocks.
-        events: record KV events for ``take_events``.
-        observers: the class's observers (boundary accounting).
+    """The seat a driver replays through (``"manager"``: the generic ``CacheManager``).
 
     Raises:
         PrefixKVError: an unknown driver.
@@ -211,35 +150,23 @@ def driver_seat(
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
     batching = "mixed" if driver == "vllm" else "prefill_first"
     with _Collector.paused():
-        seat = make_seat(batching, index, num_blocks, events=events, observers=observers)
-    assert isinstance(seat, (VllmSeat, SglangSeat)), seat
-    return seat
+        return make_seat(batching, index, num_blocks, events=events, observers=observers)
 
 
+@dataclass(slots=True)
 class _Live:
-    """A live request: its position in the trace, its id, its output, its seconds."""
-
-    __slots__ = ("output", "position", "request_id", "seconds")
-
-    def __init__(self, position: int, request_id: str, output: Sequence[int], seconds: float):
-        self.position = position
-        self.request_id = request_id
-        self.output = output
-        self.seconds = seconds
+    position: int
+    request_id: str
+    output: Sequence[int]
+    seconds: float
 
 
 class KLive:
     """At most ``concurrency`` requests live over one seat, the oldest finishing first.
 
-    Args:
-        seat: the engine class the requests run through (:func:`driver_seat`).
-        concurrency: K, the most live requests.
-        keep_per_request: keep the per-request columns (``False``: totals only,
-            constant memory however long the stream).
-        tracker: the seat's boundary tracker, whose records fill the BB-8 columns.
-        measure_memory: sample the index's ``memory_bytes`` as its peak grows (at
-            geometric steps: it walks the index) into ``index_memory_bytes``.
-        on_step: called at the end of every scheduler step (the seat says which).
+    ``keep_per_request=False`` keeps totals only (constant memory); ``tracker`` fills the
+    BB-8 columns; ``measure_memory`` samples the index's size as its peak grows;
+    ``on_step`` is called at the end of every scheduler step.
 
     Raises:
         PrefixKVError: a concurrency that is not a positive int.
@@ -279,13 +206,8 @@ class KLive:
         progress: Callable[[int], object] | None = None,
         guard: contextlib.AbstractContextManager[object] | None = None,
     ) -> ReplayResult:
-        """Run ``requests`` (consumed one at a time) to their end.
-
-        Args:
-            requests: ``id``, ``tokens``, ``output``, in arrival order.
-            on_admit: called with each admission's :class:`HitRow`, in order.
-            progress: called with each admitted request's prompt length.
-            guard: a reusable context each admission and its ``on_admit`` run inside.
+        """Run ``requests`` to their end; ``on_admit`` gets each admission's row,
+        ``progress`` its prompt length, and each admission runs inside ``guard``.
 
         Raises:
             ReplayError: a step did not fit even after evicting everything evictable.
@@ -369,8 +291,7 @@ class KLive:
         cached = self.index.stats().num_cached_blocks
         if cached > self.peak_cached:
             self.peak_cached = cached
-            # memory_bytes walks the index: sample it at geometric steps of the peak
-            # (O(log capacity) walks), not at every new peak.
+            # memory_bytes walks the index: sample at geometric steps of the peak.
             if self.measure_memory and cached >= self._next_measure:
                 measure = getattr(self.index, "memory_bytes", None)
                 if measure is not None:
@@ -394,16 +315,8 @@ class KLive:
 
 
 class _Collector:
-    """The cyclic garbage collector during a replay: off, with a full collection
-    between requests every ``EVERY`` admissions.
-
-    A cache holds hundreds of thousands of linked records that live long; with the
-    collector on, every few hundred allocations it walks the young ones and every so
-    often all of them, a fifth of a replay's time on a long trace. The indexes make
-    next to no cyclic garbage per request, so collecting now and then, between
-    requests (never inside a timed call), keeps memory bounded as well. Nothing
-    changes when the collector was off already (a caller's choice).
-    """
+    """The cyclic collector off during a replay (it would walk the cache's long-lived
+    records), collecting fully between requests every ``EVERY`` admissions."""
 
     EVERY = 4096
 
@@ -424,15 +337,12 @@ class _Collector:
     @staticmethod
     @contextlib.contextmanager
     def paused() -> Iterator[None]:
-        """The collector off while a seat is built: vLLM's engine class makes a block
-        object per pool block up front (62,500 for 1M tokens in 16-token blocks), which
-        would otherwise set off some 90 collections, one of them full, that find nothing
-        to free: the objects live as long as the replay."""
-        if not gc.isenabled():
-            yield
-            return
+        """The collector off while a seat is built (vLLM's class makes a block object per
+        pool block up front, which would set off collections that free nothing)."""
+        was_enabled = gc.isenabled()
         gc.disable()
         try:
             yield
         finally:
-            gc.enable()
+            if was_enabled:
+                gc.enable()

@@ -1,13 +1,6 @@
 """What a run measures: one record per request (every kind of run) and one summary per run.
 
-Per request (:class:`RequestRow`), the cache's part (hit tokens, uncached prefill
-tokens) and what the run had to measure: on a clock, the timeline an engine's user
-sees (arrival, first scheduled, first token, finish), preemptions and prefill
-GPU-seconds computed and saved; in a K-live replay, the boundary accounting and the
-index times; behind a router, the route. Per run of a clock, the percentiles
-vLLM's and SGLang's serving benchmarks report (TTFT p50/p90/p99, end-to-end
-latency, throughput) with the cache totals beside them. Percentiles interpolate
-linearly between ranks, as ``numpy.percentile`` does.
+Percentiles interpolate linearly between ranks, as ``numpy.percentile`` does.
 """
 
 from __future__ import annotations
@@ -19,21 +12,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "RequestRow",
-    "RunMetrics",
-    "SimResult",
-    "mean",
-    "percentile",
-    "request_table",
-    "summarize",
-]
+    "RequestRow", "RunMetrics", "SimResult", "mean", "percentile", "request_table", "summarize",
+]  # fmt: skip
 
 
 def percentile(values: Sequence[float], q: int) -> float:
-    """The ``q``-th percentile (an int in 1..99), linear between ranks; NaN for no values.
-
-    Same as ``numpy.percentile(values, q)`` (its default, linear method).
-    """
+    """The ``q``-th percentile (an int in 1..99), as ``numpy.percentile``; NaN for none."""
     if not values:
         return math.nan
     if len(values) == 1:
@@ -43,43 +27,10 @@ def percentile(values: Sequence[float], q: int) -> float:
 
 @dataclass(slots=True)
 class RequestRow:
-    """What a run records per request: one type from the K-live replay to the cluster.
-
-    Every run fills the identity and the cache's part (``request_id``,
-    ``prompt_tokens``, ``hit_tokens``); a run on a clock (arrival time, a cluster
-    replica) fills the timeline and the GPU accounting; a K-live replay fills the
-    boundary accounting and the index times instead; a routed request adds its route.
-    :meth:`as_row` gives the columns of the parts that were filled. Times in virtual
-    seconds (the clock), index and router times in wall microseconds.
-
-    Attributes:
-        request_id: the request.
-        arrival_s: when it reached the engine (NaN: a run without a clock).
-        prompt_tokens: its prompt length.
-        output_tokens: tokens it generated.
-        first_scheduled_s: start of the step that first computed any of it.
-        first_token_s: end of the step that produced its first output token.
-        finish_s: end of the step that produced its last output token.
-        hit_tokens: prompt tokens served from the cache at its first admission.
-        computed_prefill_tokens: prefill tokens computed, recompute after
-            preemptions included.
-        recomputed_tokens: the part of those computed after a preemption.
-        num_preemptions: times it was preempted (recompute mode).
-        prefill_gpu_s: marginal GPU time of the prefill it computed (the cost
-            model's ``prefill_s`` of each chunk; the per-step fixed cost excluded).
-        saved_gpu_s: marginal GPU time its prefix hits saved, over every admission.
-        matched_tokens: tokens equal to cached content (SPEC BB-8; 0 without accounting).
-        boundary_lost_tokens: matched but recomputed at a block boundary (BB-8).
-        cap_lost_tokens: matched but recomputed in the last block (BB-1, BB-3).
-        index_us: index time of all the request's calls (min over timed replays).
-        admit_us: the part spent admitting it.
-        replica: the replica that finished it (``None``: not routed).
-        routes: routing decisions it took (more than 1 after a replica died under it).
-        predicted_hit_tokens: the router index's promise for the last decision
-            (``None``: the policy reads no index).
-        decision_us: wall microseconds of the last decision.
-        hash_us: wall microseconds hashing its blocks for that decision.
-        decision_cpu_us: CPU microseconds of that decision (its thread).
+    """What a run records per request, from the K-live replay to the cluster: the cache's
+    part always; on a clock the timeline (virtual seconds) and prefill GPU-seconds; in a
+    K-live replay the BB-8 accounting and index times (wall us); behind a router, the
+    route. :meth:`as_row` gives the filled parts' columns.
     """
 
     request_id: str
@@ -109,17 +60,17 @@ class RequestRow:
 
     @property
     def queueing_delay_s(self) -> float:
-        """Seconds from arrival to the first step that computed any of it."""
+        """Arrival to the first step that computed any of it."""
         return self.first_scheduled_s - self.arrival_s
 
     @property
     def ttft_s(self) -> float:
-        """Time to first token: arrival to the end of its first token's step."""
+        """Arrival to the end of its first token's step."""
         return self.first_token_s - self.arrival_s
 
     @property
     def e2e_s(self) -> float:
-        """End-to-end latency: arrival to the end of its last token's step."""
+        """Arrival to the end of its last token's step."""
         return self.finish_s - self.arrival_s
 
     @property
@@ -143,15 +94,14 @@ class RequestRow:
         hash_us: float,
         decision_cpu_us: float,
     ) -> RequestRow:
-        """Note the route that brought it to ``replica`` (its last decision); ``self``."""
+        """Note its last route; ``self``."""
         self.replica, self.routes = replica, routes
         self.predicted_hit_tokens = predicted_hit_tokens
         self.decision_us, self.hash_us, self.decision_cpu_us = decision_us, hash_us, decision_cpu_us
         return self
 
     def as_row(self) -> dict[str, Any]:
-        """The filled parts' columns, flat: the timeline and its derived times on a
-        clock (then the route, when routed), else the K-live accounting."""
+        """The filled parts' columns, flat."""
         if math.isnan(self.arrival_s):
             return {name: getattr(self, name) for name in _K_LIVE_COLUMNS}
         row = {name: getattr(self, name) for name in _CLOCK_COLUMNS}
@@ -177,10 +127,8 @@ def request_table(
     keys: Sequence[str] | None = None,
     position: bool = True,
 ) -> list[dict[str, Any]]:
-    """The tidy request rows of one run: its labels (only ``keys`` of them, in that
-    order, when given), the request's ``position`` in arrival order (when asked), then
-    its row's columns (:meth:`RequestRow.as_row`). Rows of many runs stack into one
-    table that ``pandas.read_csv`` loads and ``groupby`` slices."""
+    """The tidy request rows of one run: its labels (``keys`` of them when given), the
+    request's ``position`` (when asked), then :meth:`RequestRow.as_row`."""
     head = dict(labels) if keys is None else {k: labels[k] for k in keys}
     return [
         {**head, **({"position": k} if position else {}), **r.as_row()}
@@ -190,27 +138,9 @@ def request_table(
 
 @dataclass(frozen=True, slots=True)
 class RunMetrics:
-    """One run's summary.
-
-    Attributes:
-        num_requests: requests finished.
-        duration_s: first arrival to last finish.
-        ttft_mean_s, ttft_p50_s, ttft_p90_s, ttft_p99_s: time to first token.
-        e2e_p50_s, e2e_p90_s, e2e_p99_s: end-to-end latency.
-        queueing_mean_s, queueing_p90_s: arrival to first scheduled.
-        tpot_p50_s: median time per output token.
-        request_throughput: finished requests per second of ``duration_s``.
-        output_throughput: generated tokens per second of ``duration_s``.
-        prompt_tokens, hit_tokens, uncached_prefill_tokens: first admissions.
-        hit_ratio: ``hit_tokens / prompt_tokens``.
-        computed_prefill_tokens: prefill tokens computed, recompute included.
-        prefill_gpu_s: marginal GPU-seconds of prefill computed.
-        saved_gpu_s: marginal GPU-seconds of prefill the cache saved.
-        busy_s: seconds the replica spent in steps.
-        num_steps: steps run.
-        num_preemptions: preemptions.
-        evicted_blocks: blocks evicted from the index.
-    """
+    """One run's summary: the percentiles vLLM's and SGLang's serving benchmarks report
+    (seconds; throughputs per second of ``duration_s``, first arrival to last finish)
+    and the cache totals of the requests' first admissions."""
 
     num_requests: int
     duration_s: float
@@ -294,14 +224,7 @@ def summarize(
 
 @dataclass(frozen=True)
 class SimResult:
-    """Everything one simulated run produced.
-
-    Attributes:
-        labels: what the run was (backend, block size, capacity, scheduler
-            settings, profile, and whatever the caller added: workload, arrivals).
-        requests: one record per request, in arrival order.
-        run: the summary.
-    """
+    """One simulated run: its labels, one record per request in arrival order, the summary."""
 
     labels: Mapping[str, Any]
     requests: list[RequestRow] = field(repr=False)

@@ -1,35 +1,9 @@
-"""A model's KV cache size from its Hugging Face ``config.json``, and the pool a GPU holds.
+"""A model's KV cache size from its Hugging Face ``config.json``, as vLLM sizes it.
 
-vLLM sizes its KV pool in two steps. The KV spec of a layer
-(``vllm/v1/kv_cache_interface.py``) gives its page: ``2 x block_size x num_kv_heads x
-head_size x dtype bytes`` for full attention (K and V), and ``block_size x
-(kv_lora_rank + qk_rope_head_dim) x dtype bytes`` for MLA (DeepSeek: one latent
-vector per token, no separate V). Over all layers that is the KV bytes per token.
-The worker (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``)
-then gives the cache ``gpu_memory_utilization x total device memory - weights -
-peak activations - non-torch memory``, and ``kv_cache_utils.py`` cuts it into
-blocks: tokens = that // KV bytes per token.
-
-Read from ``config.json`` (a file, a folder holding one, a model name in the local
-Hugging Face cache, or one of the configs shipped here; nothing is downloaded):
-
-- ``num_hidden_layers``, ``num_attention_heads``; ``num_key_value_heads`` (absent:
-  ``num_attention_heads``, no grouped-query attention); ``head_dim`` (absent:
-  ``hidden_size // num_attention_heads``).
-- the dtype: ``torch_dtype`` (or ``dtype``, newer transformers); float32 counts as 2
-  bytes, as vLLM's ``--dtype auto`` serves float32 checkpoints in 16 bits.
-- MLA when ``kv_lora_rank`` is set (DeepSeek-V2/V3).
-- ``sliding_window`` is noted, not applied: vLLM keeps only the window's KV per
-  request in those layers, so full attention here is an upper bound per request.
-- a multimodal config's ``text_config`` is the language model's.
-
-**Approximations.** The weights are ``parameters x dtype bytes`` with the parameter
-count taken from the config (``num_parameters`` when it says, else counted from the
-shapes of a decoder with gated MLPs: embeddings, untied head, attention, MLP or
-experts, norms; a few biases left out). vLLM also subtracts the activation peak of
-a profiled forward pass, the CUDA graphs and non-torch memory (about 5 GiB for an
-8B model on an H100 at 16K tokens, llm-d's measurements); that is
-``non_kv_bytes`` here, 0 unless given, so the pool is an upper bound.
+Bytes a token: ``2 x layers x kv_heads x head_dim x dtype`` (MLA: ``layers x
+(kv_lora_rank + qk_rope_head_dim) x dtype``). The weights are parameters x dtype bytes;
+the pool an upper bound (activations 0 unless given; a sliding window not applied).
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -44,22 +18,11 @@ from typing import Any
 
 from .errors import ProfileError
 
-__all__ = [
-    "ModelConfig",
-    "ModelConfigError",
-    "available_model_configs",
-    "load_model_config",
-]
+__all__ = ["ModelConfig", "ModelConfigError", "available_model_configs", "load_model_config"]
 
-_DTYPE_BYTES = {
-    "float32": 2,  # vLLM's --dtype auto serves float32 checkpoints in 16 bits
-    "float": 2,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "float8": 1,
-    "float8_e4m3fn": 1,
-    "fp8": 1,
+_DTYPE_BYTES = {  # vLLM's --dtype auto serves float32 checkpoints in 16 bits
+    **dict.fromkeys(("float32", "float", "float16", "half", "bfloat16"), 2),
+    **dict.fromkeys(("float8", "float8_e4m3fn", "fp8"), 1),
 }
 _KV_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
 """vLLM's --kv-cache-dtype choices: auto keeps the model's dtype."""
@@ -71,23 +34,9 @@ class ModelConfigError(ProfileError):
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """What sizes a model's KV cache and weights.
-
-    Attributes:
-        name: the model (``_name_or_path``, else where it was read).
-        num_layers: decoder layers.
-        num_attention_heads: query heads.
-        num_kv_heads: key/value heads (grouped-query attention).
-        head_dim: dimension of a head.
-        dtype_bytes: bytes of a weight and (``kv_cache_dtype`` auto) a KV element.
-        num_parameters: parameters (counted from the shapes when not given).
-        max_position_embeddings: the context the model was trained for
-            (vLLM's default ``max_model_len``), ``None`` when unsaid.
-        mla: ``(kv_lora_rank, qk_rope_head_dim)`` for MLA models, else ``None``.
-        sliding_window: the attention window, when the config has one.
-        kv_dtype_bytes: bytes of a KV element (``--kv-cache-dtype``).
-        source: where the config came from.
-    """
+    """What sizes a model's KV cache and weights (``mla``: ``(kv_lora_rank,
+    qk_rope_head_dim)``; ``max_position_embeddings``: vLLM's default ``max_model_len``;
+    ``source``: where the config came from)."""
 
     name: str
     num_layers: int
@@ -104,20 +53,19 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes a token takes over all layers (the whole model, before tensor
-        parallelism splits the heads)."""
+        """KV bytes a token takes over all layers (before tensor parallelism)."""
         if self.mla is not None:
             return self.num_layers * (self.mla[0] + self.mla[1]) * self.kv_dtype_bytes
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
     def weight_bytes(self) -> int:
-        """The weights' bytes: parameters x dtype bytes."""
+        """Parameters x dtype bytes."""
         return self.num_parameters * self.dtype_bytes
 
     def describe(self) -> str:
-        """``"meta-llama/Meta-Llama-3-8B: 32 layers x 8 KV heads x 128 x K,V x 2 bytes =
-        131,072 bytes a token; 8.03B parameters = 14.96 GiB"``."""
+        """``"<name>: 32 layers x 8 KV heads x 128 x K,V x 2 bytes = 131,072 bytes a token;
+        8.03B parameters = 14.96 GiB"``."""
         if self.mla is not None:
             shape = (
                 f"{self.num_layers} layers x (kv_lora_rank {self.mla[0]} + qk_rope_head_dim "
@@ -152,17 +100,14 @@ def available_model_configs() -> list[str]:
 
 
 def _hf_cache_dirs() -> list[Path]:
-    dirs = []
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            dirs.append(Path(os.environ[var]))
+    env = os.environ
+    dirs = [Path(env[v]) for v in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE") if env.get(v)]
     home = os.environ.get("HF_HOME")
     dirs.append(Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub")
     return dirs
 
 
 def _from_hf_cache(name: str) -> Path | None:
-    """``org/name``'s config.json in the local Hugging Face cache (newest snapshot)."""
     folder = "models--" + name.replace("/", "--")
     for cache in _hf_cache_dirs():
         snapshots = cache / folder / "snapshots"
@@ -230,10 +175,8 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
 
 
 def count_parameters(cfg: Mapping[str, Any], head_dim: int, num_kv_heads: int) -> int:
-    """Parameters of a decoder with gated MLPs (Llama, Mistral, Qwen2, and their MoE
-    kin) from its shapes: embeddings, an untied head, per layer the attention
-    projections, the MLP (or every expert and shared expert) and two norms, the final
-    norm. Biases and routers are left out (under 0.1% for these models)."""
+    """Parameters of a decoder with gated MLPs (and MoE kin) from its shapes; biases and
+    routers left out."""
     hidden = int(cfg.get("hidden_size") or 0)
     vocab = int(cfg.get("vocab_size") or 0)
     layers = int(cfg.get("num_hidden_layers") or 0)
@@ -253,13 +196,8 @@ def count_parameters(cfg: Mapping[str, Any], head_dim: int, num_kv_heads: int) -
 
 
 def load_model_config(name_or_path: str, kv_cache_dtype: str = "auto") -> ModelConfig:
-    """The :class:`ModelConfig` of a config.json file or folder, a shipped config's
-    name, or a ``org/name`` in the local Hugging Face cache.
-
-    Raises:
-        ModelConfigError: not found, not JSON, a field missing or malformed, an
-            unknown dtype or ``kv_cache_dtype``.
-    """
+    """The :class:`ModelConfig` of a config.json (file, folder, shipped name, or
+    ``org/name`` in the local Hugging Face cache); :class:`ModelConfigError` if bad."""
     raw, where = _locate(name_or_path)
     cfg: Mapping[str, Any] = raw
     if isinstance(raw.get("text_config"), dict):

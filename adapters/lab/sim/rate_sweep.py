@@ -1,12 +1,5 @@
-"""A request-rate sweep, whatever runs at each rate: one replica or a fleet.
-
-``1,2,4,8`` runs every listed rate; ``auto`` starts from a rate with room to spare
-(:func:`start_rate`) and doubles it, stopping each swept thing (a backend, a routing
-policy) at its first overloaded rate (:mod:`.load`), at most :data:`MAX_AUTO_RATES`
-rates. :func:`sweep_rates` walks the rates for any runner; :func:`saturation_of`
-reads, per swept thing, the highest rate served without overload and its best
-goodput. ``compare`` (:mod:`~..compare.rates`) and ``cluster``
-(:mod:`~..cluster.rate_sweep`) both sweep through here.
+"""A request-rate sweep, one replica or a fleet at each rate: listed rates, or ``auto``
+doubling from a rate with room to spare until each swept thing overloads.
 """
 
 from __future__ import annotations
@@ -14,43 +7,28 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .load import LoadSummary
 from .profile import CostProfile
 
+if TYPE_CHECKING:
+    from ..traces import TraceStats
+
 __all__ = [
-    "MAX_AUTO_RATES",
-    "Saturation",
-    "Sizes",
-    "rate_schedule",
-    "saturation_of",
-    "start_rate",
-    "sweep_rates",
-]
+    "MAX_AUTO_RATES", "Saturation", "rate_schedule", "saturation_of", "start_rate", "sweep_rates",
+]  # fmt: skip
 
 MAX_AUTO_RATES = 10
-"""The most rates ``auto`` tries (a factor of 512 above its start)."""
+"""The most rates ``auto`` tries."""
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
 
-class Sizes(Protocol):
-    """A workload's totals (:class:`~..traces.TraceStats` has them)."""
-
-    @property
-    def num_requests(self) -> int: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-
-
-def start_rate(stats: Sizes, profile: CostProfile, max_num_batched_tokens: int) -> float:
-    """The power of two (requests per second) at or below ``1 / t``, where ``t`` is the
-    mean request's time alone on one replica: its prefill steps, then a decode step
-    per further output token, plus the profile's per-request time."""
+def start_rate(stats: TraceStats, profile: CostProfile, max_num_batched_tokens: int) -> float:
+    """The power of two at or below ``1 / t`` requests per second, ``t`` the mean
+    request's time alone on one replica."""
     n = max(1, stats.num_requests)
     prompt = max(1, stats.prompt_tokens // n)
     output = max(1, stats.output_tokens // n)
@@ -67,8 +45,8 @@ def start_rate(stats: Sizes, profile: CostProfile, max_num_batched_tokens: int) 
 
 
 def rate_schedule(first: float, listed: Iterable[float] = (), *, auto: bool = False) -> list[float]:
-    """The rates a sweep tries, ascending: ``first`` doubled :data:`MAX_AUTO_RATES` - 1
-    times (``auto``), or ``first`` and ``listed``, each once."""
+    """The rates a sweep tries, ascending: ``first`` doubling (``auto``), else ``first``
+    and ``listed``, each once."""
     if auto:
         return [first * 2**k for k in range(MAX_AUTO_RATES)]
     return sorted({first, *listed})
@@ -83,11 +61,10 @@ def sweep_rates(
     auto: bool = False,
     done: Mapping[tuple[K, float], R] | None = None,
 ) -> Iterator[R]:
-    """Run every key at every rate, rate by rate, yielding each new run as it finishes.
+    """Run every key at every rate, rate by rate, yielding each new run.
 
-    ``run(key, rate)`` makes one run (``None``: it cannot run there, left out). With
-    ``auto`` a key stops after its first overloaded run. ``done`` holds runs already
-    made: they are not run again nor yielded, but count for ``auto``.
+    ``run(key, rate)`` makes one (``None``: left out). With ``auto`` a key stops after
+    its first overloaded run. ``done``'s runs are not run again nor yielded, but count.
     """
     made = done or {}
     busy = list(keys)
@@ -107,17 +84,9 @@ def sweep_rates(
 
 @dataclass(frozen=True, slots=True)
 class Saturation:
-    """Where one swept thing saturates.
-
-    Attributes:
-        name: what was swept (``"hash_chain as vllm"``, a routing policy).
-        sustained_rate: the highest offered rate served without overload (``None``:
-            overloaded at every rate).
-        sustained_achieved: the achieved rate there.
-        overloaded_rate: the lowest offered rate that overloaded it (``None``: none).
-        best_goodput: the highest goodput over the sweep (``None``: no SLO).
-        best_goodput_rate: the offered rate that gave it.
-    """
+    """Where one swept thing saturates: the highest offered rate served without
+    overload and the rate achieved there, the lowest that overloaded it, the best
+    goodput and its rate (``None``: no such rate, or no SLO)."""
 
     name: str
     sustained_rate: float | None
@@ -127,8 +96,7 @@ class Saturation:
     best_goodput_rate: float | None
 
     def describe(self) -> str:
-        """``"hash_chain as vllm: served up to 4 req/s, overloaded from 8 req/s; best
-        goodput 3.1 req/s at 4 req/s"``."""
+        """One line, e.g. ``"p: served up to 4 req/s offered without overload ..."``."""
         served = (
             "overloaded at every rate swept"
             if self.sustained_rate is None
@@ -148,8 +116,7 @@ class Saturation:
 
 
 def saturation_of(points: Iterable[tuple[str, float, LoadSummary]]) -> list[Saturation]:
-    """Per name, in first-seen order, where its ``(name, offered rate, load)`` points
-    saturate."""
+    """Per name, in first-seen order, where its ``(name, rate, load)`` points saturate."""
     groups: dict[str, list[tuple[float, LoadSummary]]] = {}
     for name, rate, load in points:
         groups.setdefault(name, []).append((rate, load))

@@ -1,23 +1,9 @@
 """Arrival-time replay of one engine replica: a discrete-event loop in virtual time.
 
-The replica's requests run through its seat, the engine class that runs inside the
-engine (:mod:`.seats`): vLLM's ``KVCacheManager`` under ``mixed`` batching, SGLang's
-``PrefixCache`` under ``prefill_first``.
-
-Two kinds of event move the clock: a request arrives, or a step ends. While the
-replica is busy, steps run back to back and requests that arrived during a step
-join the waiting queue when it ends (where the next ``schedule`` sees them); when
-it is idle, the clock jumps to the next arrival. A step lasts what the cost
-profile says its work costs, plus, where the serving front end shares the engine's
-cores, its share of the time the front end is busy during the step (taking requests
-in, streaming tokens; ``frontend_cpu_share``, 0 by default). Nothing
-reads the wall clock, so a run is a pure function of its requests, arrivals, settings
-and profile.
-
-Sessions replay closed loop: a request that names the one it follows (``after``)
-is sent once that one finished plus its think time, never before its own arrival.
-A run that goes past the profile's measured range warns once
-(:class:`~.errors.ProfileRangeWarning`) and says so in its labels.
+A :class:`Replica` is a seat, the schedule over it and a cost profile on a clock:
+while busy, steps run back to back; while idle, the clock jumps to the next arrival.
+Sessions replay closed loop (a turn is sent once the one it follows finished plus its
+think time). Nothing reads the wall clock: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
@@ -26,25 +12,32 @@ import heapq
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from prefixkv.adapters.servable import unservable
 from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
 from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
-from .errors import ProfileRangeWarning, SimError, SimInputError, SimSettingsError
-from .metrics import RequestRow, RunMetrics, SimResult, summarize
+from .serving_spread import step_pace
+from .errors import (
+    ProfileRangeWarning,
+    SimError,
+    SimInputError,
+    SimSettingsError,
+    SimUnservableError,
+)
+from .metrics import RequestRow, SimResult, summarize
 from .profile import RANGE_KEYS, CostProfile, load_profile
-from .replica_scheduler import StepWork
+from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .requests import SimRequest
-from .runner import Replica
 from .seats import Seat, make_seat
 from .serving_spread import ServingDelay, serving_delay
 
-__all__ = ["IndexFactory", "pool_seat", "simulate"]
+__all__ = ["IndexFactory", "Replica", "pool_seat", "simulate", "step_charge"]
 
 IndexFactory = Callable[[], PrefixIndex]
-"""Makes a fresh, empty index for one run (``BackendSpec.make``, ``lambda: make_index(...)``)."""
+"""Makes a fresh, empty index for one run."""
 
 
 def simulate(
@@ -57,25 +50,13 @@ def simulate(
     labels: Mapping[str, Any] | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> SimResult:
-    """Replay ``requests`` at their arrival times through one simulated replica.
-
-    Args:
-        requests: in arrival order, each with an arrival time (see
-            :func:`~.arrivals.with_arrivals`); read lazily, so a streamed trace works.
-        index_factory: makes the replica's (empty) prefix index.
-        capacity_tokens: KV pool size in tokens; the pool has
-            ``capacity_tokens // block_size`` blocks.
-        config: scheduler settings (default ``SimSettings()``).
-        profile: step costs (default: the shipped default profile).
-        labels: extra columns for the result's tables (workload, arrivals, ...).
-        progress: called with a request's prompt tokens when it finishes (a
-            progress bar's ``update``).
+    """Replay ``requests`` (stamped, in arrival order, read lazily) through one replica
+    over a pool of ``capacity_tokens``; ``labels`` are extra columns and ``progress``
+    is called with each finished request's prompt tokens.
 
     Returns:
-        Per-request records (in the order they were sent) and the run's summary;
-        ``labels`` holds the index, block size, capacity, scheduler settings,
-        profile name, ``profile_range`` (what went past the profile's measured
-        range, empty when nothing did) and ``labels``.
+        Per-request records (in the order sent) and the run's summary, labelled with
+        the run's settings and ``profile_range`` (what went past the profile's range).
 
     Warns:
         ProfileRangeWarning: once, when the run went past the profile's range.
@@ -84,36 +65,39 @@ def simulate(
         SimSettingsError: a non-positive capacity.
         SimInputError: a request without an arrival, out of order, or a repeated id.
         SimUnservableError: a request that cannot fit the pool even alone.
-
-    Cost: O(steps x running requests) scheduler work plus the index's operations;
-    a step is O(1) per running request when no block is added.
     """
     cfg = SimSettings() if config is None else config
     prof = load_profile() if profile is None else profile
     index, seat = pool_seat(cfg.batching, index_factory, capacity_tokens)
     replica = Replica(seat, cfg, prof)
-    records, reached = _run(replica, _SessionGate(iter(requests), _delay(prof)), progress)
+    delay = serving_delay(
+        prof.request_s,
+        prof.request_spread_s,
+        prof.busy_request_spread_s,
+        prof.decoding_request_spread_s,
+    )
+    records, reached = _run(replica, _SessionGate(iter(requests), delay), progress)
+    beyond = prof.extrapolation(reached)
+    if beyond:
+        warnings.warn(
+            f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
+            ProfileRangeWarning,
+            stacklevel=2,
+        )
     all_labels: dict[str, Any] = {
         "index": type(index).__name__,
         "block_size": index.block_size,
         "capacity_tokens": capacity_tokens,
         **cfg.as_dict(),
         "profile": prof.name,
-        "profile_range": "; ".join(_beyond_range(prof, reached)),
+        "profile_range": "; ".join(beyond),
         **(labels or {}),
     }
-    return SimResult(all_labels, records, _summary(records, replica))
-
-
-def _summary(records: list[RequestRow], replica: Replica) -> RunMetrics:
-    """The run's row: its records' summary with the replica's busy time, steps and
-    evicted blocks."""
-    return summarize(
-        records,
-        busy_s=replica.busy_s,
-        num_steps=replica.num_steps,
-        evicted_blocks=replica.seat.totals.num_evicted_blocks,
+    evicted = seat.totals.num_evicted_blocks
+    run = summarize(
+        records, busy_s=replica.busy_s, num_steps=replica.num_steps, evicted_blocks=evicted
     )
+    return SimResult(all_labels, records, run)
 
 
 def pool_seat(
@@ -124,16 +108,9 @@ def pool_seat(
     events: bool = False,
     error: type[PrefixKVError] = SimSettingsError,
 ) -> tuple[PrefixIndex, Seat]:
-    """A fresh index and the seat over a pool of ``capacity_tokens // block_size`` blocks
-    (one replica's, or several replicas' shared one).
-
-    Args:
-        batching: picks the engine class (:func:`~.seats.make_seat`).
-        index_factory: makes the (empty) index.
-        capacity_tokens: the pool in tokens.
-        events: the class queues KV events, when the index reports them.
-        error: raised for a capacity that is not a positive int or holds no block.
-    """
+    """A fresh index and the seat (:func:`~.seats.make_seat`) over a pool of
+    ``capacity_tokens // block_size`` blocks; ``error`` is raised for a capacity that is
+    not a positive int or holds no block."""
     if type(capacity_tokens) is not int or capacity_tokens < 1:
         raise error(f"capacity_tokens must be a positive int, got {capacity_tokens!r}")
     index = index_factory()
@@ -148,11 +125,8 @@ def pool_seat(
 def _run(
     replica: Replica, gate: _SessionGate, progress: Callable[[int], object] | None
 ) -> tuple[list[RequestRow], dict[str, int]]:
-    """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs.
-
-    Returns the records in the order their requests were sent and the largest step
-    work seen per profile range key.
-    """
+    """Steps ``replica`` until ``gate`` has nothing more to send and nothing runs; the
+    records in the order sent and the largest step work seen per profile range key."""
     records: list[RequestRow] = []
     reached = dict.fromkeys(RANGE_KEYS, 0)
     check_invariants = replica.schedule.config.check_invariants
@@ -182,50 +156,20 @@ def _run(
             replica.seat.check_invariants()
 
 
-def _beyond_range(prof: CostProfile, reached: Mapping[str, int]) -> list[str]:
-    """What the run took past the profile's measured range; warns once (at the caller
-    of :func:`simulate`) when anything did."""
-    beyond = prof.extrapolation(reached)
-    if beyond:
-        warnings.warn(
-            f"profile {prof.name!r} extrapolated beyond its measured range: " + "; ".join(beyond),
-            ProfileRangeWarning,
-            stacklevel=3,
-        )
-    return beyond
-
-
 def _reach(reached: dict[str, int], work: StepWork) -> None:
-    if work.prefill_tokens > reached["prefill_tokens"]:
-        reached["prefill_tokens"] = work.prefill_tokens
-    if work.max_context > reached["context_tokens"]:
-        reached["context_tokens"] = work.max_context
-    if work.num_decode > reached["batch_size"]:
-        reached["batch_size"] = work.num_decode
-
-
-def _delay(prof: CostProfile) -> ServingDelay:
-    # Each request's time outside the engine, from the profile's tables.
-    return serving_delay(
-        prof.request_s,
-        prof.request_spread_s,
-        prof.busy_request_spread_s,
-        prof.decoding_request_spread_s,
-    )
+    for key, value in (
+        ("prefill_tokens", work.prefill_tokens),
+        ("context_tokens", work.max_context),
+        ("batch_size", work.num_decode),
+    ):
+        if value > reached[key]:
+            reached[key] = value
 
 
 class _SessionGate:
-    """When each request reaches the engine: open loop at its arrival; closed loop
-    (a request with ``after``) once its predecessor finished plus its think time.
-
-    Requests are read lazily in arrival order. A turn whose predecessor is still
-    unfinished waits here; one whose predecessor never appeared is sent at its
-    arrival. Each request reaches the scheduler ``delay(request, busy, continues)``
-    after it is sent, and not before one sent before it (``continues``: it decodes
-    more than one token); ``busy`` when the engine was computing a step then (it was
-    sent before the clock it is read at: a request sent while the engine idles is read
-    at its own time; a closed-loop turn counts as sent to an idle engine).
-    """
+    """When each request reaches the engine: sent at its arrival, or closed loop once
+    its predecessor finished plus its think time; it reaches the scheduler ``delay``
+    after it is sent, and not before one sent before it."""
 
     def __init__(self, requests: Iterator[SimRequest], delay: ServingDelay) -> None:
         self.requests = requests
@@ -237,9 +181,7 @@ class _SessionGate:
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
         self.order = 0
-        # The latest send so far and when it reached the engine: the front end passes
-        # requests on in the order they were sent (one process, one socket to the
-        # engine core), so a request sent no earlier reaches it no earlier.
+        # The front end passes requests on in the order they were sent.
         self.last_sent = self.last_reach = -math.inf
 
     def _push(self, request: SimRequest, sent: float, busy: bool = False) -> None:
@@ -299,3 +241,123 @@ def _arrival(request: SimRequest, last: float) -> float:
             "requests must come in arrival order"
         )
     return t
+
+
+class Step(NamedTuple):
+    """One computed step (``delivered``: when its tokens reached their clients)."""
+
+    start: float
+    end: float
+    delivered: float
+    work: StepWork
+    finished: list[SimSeq]
+
+
+def step_charge(
+    p: CostProfile, seconds: float, *, wakes: bool, admits: bool, frontend_busy_s: float
+) -> float:
+    """A step's charged seconds: ``seconds`` of computing, plus waking an idle engine
+    (``wakes``), taking a request in (``admits``, once a step), and the front end's share
+    of the part of the step it is busy for (``frontend_busy_s`` from the step's start)."""
+    if wakes:
+        seconds += p.wake_s
+    if admits:
+        seconds += p.admit_s
+    return seconds + p.frontend_cpu_share * min(max(0.0, frontend_busy_s), seconds)
+
+
+class Replica:
+    """A seat, its schedule and a cost profile, on a clock starting at ``start_time``.
+
+    With ``stream``, a serving front end shares the engine's cores: tokens reach their
+    clients once it has streamed them, and it slows a step by its share of the time it
+    is busy during it; else tokens arrive at the step's end.
+    """
+
+    def __init__(
+        self,
+        seat: Seat,
+        config: SimSettings,
+        profile: CostProfile,
+        *,
+        start_time: float = 0.0,
+        stream: bool = True,
+    ) -> None:
+        self.seat = seat
+        self.schedule = ReplicaScheduler(seat, config, profile)
+        self.profile = profile
+        self.now = start_time
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self.stream = stream
+        self._frontend_free = start_time  # when the front end is done with its queued work
+        self._idle_since: float | None = start_time  # None: busy
+        self._pace = step_pace(profile.pace_spread, profile.pace_window_s)
+
+    def add(self, request: SimRequest, sent: float) -> RequestRow:
+        """Queue a request sent at ``sent``; its record, filled in as it runs.
+
+        Raises:
+            SimUnservableError: it cannot run in this replica's pool even alone.
+        """
+        seat, cfg = self.seat, self.schedule.config
+        reason = unservable(
+            len(request.prompt),
+            request.output_len,
+            block_size=seat.block_size,
+            num_blocks=seat.num_blocks,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        if reason is not None:
+            raise SimUnservableError(f"request {request.id!r} {reason}")
+        metrics = RequestRow(request.id, sent, len(request.prompt), request.output_len)
+        self.schedule.add(SimSeq(request, metrics))
+        if self.stream:
+            self._frontend_free = (
+                max(self._frontend_free, self.now) + self.profile.frontend_request_cpu_s
+            )
+        return metrics
+
+    def idle_until(self, t: float) -> None:
+        """Move an idle replica's clock to ``t``."""
+        if self._idle_since is None:
+            self._idle_since = self.now
+        self.now = max(self.now, t)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
+        return self.schedule.has_unfinished()
+
+    def plan(self) -> StepPlan:
+        """Plan the step that starts now (empty when nothing can be scheduled)."""
+        return self.schedule.schedule(self.now)
+
+    def run(self, plan: StepPlan) -> Step:
+        """Compute ``plan``: the clock moves by its cost, then the step completes."""
+        work = plan.work()
+        p = self.profile
+        start = self.now
+        seconds = self._pace(start) * p.step_time(
+            work.prefill_tokens, work.prefill_pairs, work.num_decode, work.decode_context
+        )
+        wakes = self._idle_since is not None and start - self._idle_since >= p.wake_after_s
+        self._idle_since = None
+        seconds = step_charge(
+            p,
+            seconds,
+            wakes=wakes,
+            admits=any(c.seq.metrics.first_scheduled_s == start for c in plan.chunks),
+            frontend_busy_s=self._frontend_free - start if self.stream else 0.0,
+        )
+        self.now = end = start + seconds
+        self.busy_s += seconds
+        self.num_steps += 1
+        delivered = end
+        if self.stream:
+            self._frontend_free = (
+                max(end, self._frontend_free) + p.stream_token_s * work.num_sampled
+            )
+            delivered = self._frontend_free
+        finished = self.schedule.complete(plan, end, delivered)
+        return Step(start, end, delivered, work, finished)

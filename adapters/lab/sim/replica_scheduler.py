@@ -1,75 +1,39 @@
 """One engine replica's scheduler over its seat (:mod:`.seats`), with no model behind it.
 
-It plans steps the way the engines do (vLLM 0.33, SGLang 0.5.23, their defaults)
-and leaves timing to the cost profile. It calls only its seat, the engine class
-that runs inside the engine, and admits whatever the class admits:
-
-- ``mixed`` batching follows vLLM v1's ``Scheduler.schedule``: running requests
-  first (a decode token each, or the next prefill chunk) within the step's token
-  budget; when a block cannot be found, the last running request is preempted
-  (recompute: its blocks are released, it goes back to the front of the waiting
-  queue) until the block fits; then, only if nothing was preempted, waiting
-  requests are admitted while ``max_num_seqs`` and the budget allow, each as
-  ``allocate_slots(..., full_sequence_must_fit=True)`` answers (vLLM's
-  ``scheduler_reserve_full_isl``, on by default), though only the chunk's blocks
-  are allocated. ``allocate_slots`` registers each step's full blocks before the
-  forward pass.
-- ``prefill_first`` batching follows SGLang's ``get_next_batch_to_run``: a step
-  prefills (the unfinished chunked request, then new admissions) whenever it can,
-  and decodes every running request otherwise. Which requests a prefill step takes
-  is SGLang's ``PrefillAdder``, asked of the seat (``adapters.sglang.prefill_adder``):
-  the running requests' remaining decode is reserved, and a request is admitted
-  while its extend, its decode and a page fit what is left of the free and evictable
-  pool. Once a request is refused for want of pages, no pass is tried until a
-  running request leaves (SGLang's ``batch_is_full``). The pass's chunks are
-  allocated after it (``alloc_for_extend`` for a new request, ``alloc_for_chunk``
-  for the next chunk of a chunked one). Prefill chunks
-  are registered after their step (``cache_unfinished_req``), decoded tokens when
-  the request finishes (``cache_finished_req``). Short of a page while decoding,
-  requests are retracted in SGLang's order (fewest output tokens, then longest
-  prompt, first) to the back of the waiting queue.
-- the waiting queue is FCFS or ``lpm`` (:mod:`.queue_order`).
+It plans steps as the engines do (vLLM 0.33, SGLang 0.5.23, their defaults), calls only
+its seat and admits whatever the engine class admits. ``mixed`` is vLLM v1's
+``Scheduler.schedule``: running requests first within the token budget, preempting the
+last one until a slot fits, then, if nothing was preempted, waiting ones.
+``prefill_first`` is SGLang's ``get_next_batch_to_run``: a step prefills whenever its
+``PrefillAdder`` admits, else decodes, retracting when short of a page. ``lpm`` orders
+the waiting queue as SGLang's ``calc_priority`` (longest cached prefix first; a short
+hit sharing its first 32 tokens with an earlier one waits; over 128 waiting, FCFS).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from prefixkv.adapters.sglang.prefill_adder import AddReqResult, PrefillAdder, RunningReq
-from prefixkv.indexes.tokens import TokenKey
+from prefixkv.indexes.tokens import ExtraKey, TokenKey
 
 from .config import SimSettings
 from .errors import SimError, SimSettingsError
 from .metrics import RequestRow
 from .profile import CostProfile, attention_pairs
-from .queue_order import sort_by_longest_prefix
 from .requests import SimRequest
 from .seats import Seat, SglangSeat, VllmSeat
 
-__all__ = [
-    "Chunk",
-    "ReplicaScheduler",
-    "SimSeq",
-    "StepPlan",
-    "StepWork",
-]
+__all__ = ["Chunk", "ReplicaScheduler", "SimSeq", "StepPlan", "StepWork"]
 
 
 @dataclass(slots=True, eq=False)
 class SimSeq:
-    """A request inside the replica: its progress and its record.
-
-    Attributes:
-        request: the request.
-        metrics: its record, filled in as it runs.
-        num_output: tokens generated so far (kept across preemptions).
-        num_computed: while running, leading tokens whose K/V exist.
-        prefill_end: tokens known at the last admission; positions below are prefill.
-        num_admissions: admissions so far (1 + preemptions once running).
-        key: while waiting, the key to admit it with (prompt + output so far).
-    """
+    """A request inside the replica: its progress (positions below ``prefill_end`` are
+    prefill; ``num_computed`` have K/V) and its record."""
 
     request: SimRequest
     metrics: RequestRow
@@ -84,17 +48,12 @@ class SimSeq:
         """Prompt plus generated tokens."""
         return len(self.request.prompt) + self.num_output
 
-    def tokens(self, start: int, end: int) -> list[int]:
-        """Tokens ``start .. end - 1`` of prompt + output."""
-        prompt = self.request.prompt
-        p = len(prompt)
-        head = prompt[start:end].tolist() if start < p else []
-        return head + [self.request.output_token(i - p) for i in range(max(start, p), end)]
-
     def waiting_key(self) -> TokenKey:
-        """The key to admit with, made once per wait."""
+        """The key to admit with (prompt + output so far), made once per wait."""
         if self.key is None:
-            self.key = TokenKey(self.tokens(0, self.num_tokens))
+            r = self.request
+            output = [r.output_token(i) for i in range(self.num_output)]
+            self.key = TokenKey(r.prompt.tolist() + output)
         return self.key
 
 
@@ -107,12 +66,7 @@ class Chunk(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    """One step's work.
-
-    Attributes:
-        chunks: what is computed, in schedule order.
-        preempted: requests preempted (and requeued) while planning.
-    """
+    """One step's work: the chunks computed, in order, and the requests preempted."""
 
     chunks: list[Chunk]
     preempted: list[SimSeq]
@@ -138,7 +92,7 @@ class StepPlan(NamedTuple):
 
 class StepWork(NamedTuple):
     """One step's work: the cost model's four variables, the longest context and the
-    tokens it samples (every decode row, and each prefill that reaches its end)."""
+    tokens it samples."""
 
     prefill_tokens: int
     prefill_pairs: int
@@ -150,12 +104,6 @@ class StepWork(NamedTuple):
 
 class ReplicaScheduler:
     """Waiting and running queues of one replica, stepped through one seat.
-
-    Args:
-        seat: the engine class the requests run through (:class:`VllmSeat` for
-            ``mixed`` batching, :class:`SglangSeat` for ``prefill_first``).
-        config: the scheduler's settings.
-        profile: prices prefill for the per-request GPU-seconds.
 
     Raises:
         SimSettingsError: SGLang's chunked prefill with a budget under a page.
@@ -178,8 +126,7 @@ class ReplicaScheduler:
         self.profile = profile
         self.waiting: deque[SimSeq] = deque()
         self.running: list[SimSeq] = []
-        # SGLang's running_batch.batch_is_full: no admission pass until a running
-        # request leaves.
+        # SGLang's running_batch.batch_is_full.
         self.batch_is_full = False
 
     def add(self, seq: SimSeq) -> None:
@@ -199,13 +146,11 @@ class ReplicaScheduler:
         return self._schedule_prefill_first(seat, now)
 
     def preempt_all(self) -> None:
-        """Preempt every running request (recompute: back to the waiting queue's
-        front, in order), as vLLM's ``reset_prefix_cache(reset_running_requests=True)``."""
+        """Preempt every running request to the queue's front, in order (vLLM's
+        ``reset_prefix_cache(reset_running_requests=True)``)."""
         for seq in reversed(self.running):
             self._release(seq, front=True)
         self.running.clear()
-
-    # ------------------------------------------------------------ vLLM's order
 
     def _schedule_mixed(self, seat: VllmSeat, now: float) -> StepPlan:
         budget = self.config.max_num_batched_tokens
@@ -248,13 +193,9 @@ class ReplicaScheduler:
                 budget -= n
         return StepPlan(chunks, preempted)
 
-    # ----------------------------------------------------------- SGLang's order
-
     def _schedule_prefill_first(self, seat: SglangSeat, now: float) -> StepPlan:
-        # SGLang's get_new_batch_prefill: one PrefillAdder pass (the unfinished
-        # chunked request, then the waiting queue in order) unless the batch was
-        # found full, then the pass's chunks are allocated; a step that prefills
-        # nothing decodes.
+        # SGLang's get_new_batch_prefill: one PrefillAdder pass, then its chunks are
+        # allocated in order (prepare_for_extend); a step that prefills nothing decodes.
         chunked = next((s for s in self.running if s.num_computed < s.prefill_end), None)
         if not self.running:
             self.batch_is_full = False  # nothing left to leave: admission reopens
@@ -262,8 +203,6 @@ class ReplicaScheduler:
             return self._decode_or_retract(seat)
         adder = self._prefill_adder(seat, chunked)
         admitted = [] if self.batch_is_full else self._add_waiting(seat, adder, chunked)
-        # Allocate the pass's chunks in order (ScheduleBatch.prepare_for_extend), then
-        # drop the adder's pins. The new admissions are the head of the queue.
         chunks: list[Chunk] = []
         new = adder.can_run_list
         if chunked is not None:
@@ -281,12 +220,10 @@ class ReplicaScheduler:
         return self._decode_or_retract(seat)
 
     def _prefill_adder(self, seat: SglangSeat, chunked: SimSeq | None) -> PrefillAdder:
-        # The pass's adder: the running batch (the chunked request apart) reserved,
-        # the chunked request's next chunk taken first.
+        # The running batch (the chunked request apart) reserved, the chunk taken first.
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        # A request past its clipped max_new_tokens (SGLang would have stopped it)
-        # reserves nothing more.
+        # One past its clipped max_new_tokens reserves nothing more.
         running = [
             RunningReq(max(self._max_new_tokens(seat, s), s.num_output), s.num_output)
             for s in self.running
@@ -309,7 +246,6 @@ class ReplicaScheduler:
     def _add_waiting(
         self, seat: SglangSeat, adder: PrefillAdder, chunked: SimSeq | None
     ) -> list[SimSeq]:
-        # The waiting queue's turn of the pass: the requests admitted, in order.
         self._order_waiting()
         num_running = len(self.running) - (chunked is not None)
         admitted: list[SimSeq] = []
@@ -350,8 +286,7 @@ class ReplicaScheduler:
                     raise SimError(  # pragma: no cover - the servability check rules it out
                         f"request {seq.request.id!r} cannot decode alone in the pool"
                     )
-                # SGLang keeps most-output, shortest-prompt requests: the victim is the
-                # last of the minima of (output tokens, -prompt tokens).
+                # The victim: the last of the minima of (output tokens, -prompt tokens).
                 victim = min(
                     reversed(self.running), key=lambda s: (s.num_output, -len(s.request.prompt))
                 )
@@ -366,18 +301,29 @@ class ReplicaScheduler:
                 chunks.append(Chunk(seq, seq.num_computed, 1))
         return StepPlan(chunks, retracted)
 
-    # ------------------------------------------------------------------ shared
-
     def _order_waiting(self) -> None:
-        if self.config.queue_order == "lpm":
-            index = self.index
-            self.waiting = sort_by_longest_prefix(
-                self.waiting, lambda k: index.match_prefix(k, len(k) - 1).num_tokens
-            )
+        if self.config.queue_order != "lpm" or len(self.waiting) > 128:
+            return
+        index = self.index
+        order: dict[int, float] = {}
+        heads: set[tuple[ExtraKey | None, bytes]] = set()
+        for seq in self.waiting:
+            key = seq.waiting_key()
+            hit = index.match_prefix(key, len(key) - 1).num_tokens
+            order[id(seq)] = -hit
+            if hit > 32 or len(key) < 32:
+                continue
+            # SGLang's page-1 tree of the checked requests: a match of 32 or more
+            # tokens is an earlier one with the same first 32 tokens.
+            head = (key.extra_key, key.tokens[:32].tobytes())
+            if head in heads:
+                order[id(seq)] = math.inf
+            else:
+                heads.add(head)
+        self.waiting = deque(sorted(self.waiting, key=lambda s: order[id(s)]))
 
     def _release(self, seq: SimSeq, *, front: bool) -> None:
-        # Recompute mode: drop the K/V, keep the output; the next admission
-        # prefills prompt + output (hitting whatever of it is still cached).
+        # Recompute: drop the K/V, keep the output.
         self.seat.release(seq.request.id)
         seq.num_computed = 0
         seq.metrics.num_preemptions += 1
@@ -400,18 +346,9 @@ class ReplicaScheduler:
         m.saved_gpu_s += self.profile.prefill_s(hit, 0)
         return Chunk(seq, hit, max(1, n))
 
-    # ------------------------------------------------------------------- results
-
     def complete(self, plan: StepPlan, now: float, delivered: float | None = None) -> list[SimSeq]:
-        """Record a computed step that ended at ``now``: checkpoint, sample, finish.
-
-        The step's tokens reach their clients at ``delivered`` (default ``now``; a
-        serving front end streams them after the step): first-token and finish times
-        are those.
-
-        Returns:
-            The requests that finished in this step.
-        """
+        """Record a computed step that ended at ``now`` and reached the clients at
+        ``delivered`` (default ``now``); returns the requests it finished."""
         seat = self.seat
         profile = self.profile
         seen = now if delivered is None else delivered

@@ -1,28 +1,6 @@
-"""What a run records as a whole: one row type for every runs table.
-
-A run's row is its labels (what was varied: workload, backend, capacity, scheduler,
-policy...) followed by the parts the run filled, each a small record of its own:
-
-========================  ====================================================
-part                      filled by
-========================  ====================================================
-:class:`KLiveHits`        a K-live replay: the hit and boundary accounting,
-                          evictions, the peak and the index's memory
-:class:`IndexTimes`       a K-live replay: the index times per request
-:class:`SweepHit`         a point of the K-live capacity sweep
-:class:`~.metrics.RunMetrics`  a run on a clock: latencies and totals
-:class:`~.load.LoadSummary`    a run on a clock: offered/achieved rate,
-                          overload, goodput
-:class:`FleetSummary`     a cluster run: the fleet's latencies, load balance,
-                          the router's times and overlap, its own load figures
-:class:`RunChecks`        a cluster run: its invariants and counters
-========================  ====================================================
-
-:data:`RUN_PARTS` is the schema: :meth:`RunRow.as_row` writes the labels, then the
-filled parts' columns in that order (each part's in its fields' order), so one
-writer (:func:`run_table`) serves ``compare``'s K-live, sweep, arrival-time and
-rate runs and ``cluster``'s runs. A column two parts both name keeps the first one's
-place and takes the later one's value.
+"""What a run records as a whole: its labels, then the parts it filled (:data:`RUN_PARTS`),
+so one writer serves every runs table. A column two parts both name keeps the first
+one's place and the later one's value.
 """
 
 from __future__ import annotations
@@ -36,16 +14,9 @@ from .load import LoadSummary, Slo
 from .metrics import RequestRow, RunMetrics, request_table
 
 __all__ = [
-    "RUN_PARTS",
-    "FleetSummary",
-    "IndexTimes",
-    "KLiveHits",
-    "RunChecks",
-    "RunPart",
-    "RunRow",
-    "SweepHit",
-    "run_table",
-]
+    "RUN_PARTS", "FleetSummary", "IndexTimes", "KLiveHits", "RunChecks", "RunPart", "RunRow",
+    "SweepHit", "run_table",
+]  # fmt: skip
 
 
 class RunPart(Protocol):
@@ -61,16 +32,8 @@ P = TypeVar("P", bound=RunPart)
 
 @dataclass(frozen=True, slots=True)
 class KLiveHits:
-    """A K-live replay's cache accounting (SPEC BB-8 when measured).
-
-    Attributes:
-        num_requests, prompt_tokens, hit_tokens, hit_ratio: the totals.
-        boundary_accounting: whether the BB-8 columns were measured.
-        matched_tokens, boundary_lost_tokens, cap_lost_tokens: BB-8 totals.
-        evicted_blocks, evicted_tokens: what the index evicted.
-        peak_cached_blocks, peak_cached_tokens: the most it held at once.
-        index_memory_bytes: its structures' estimated size at the peak.
-    """
+    """A K-live replay's cache accounting (SPEC BB-8 columns when measured), what its
+    index evicted, the most it held and its structures' size at that peak."""
 
     num_requests: int
     prompt_tokens: int
@@ -93,19 +56,8 @@ class KLiveHits:
 
 @dataclass(frozen=True, slots=True)
 class IndexTimes:
-    """A K-live replay's index times (wall clock: the least over the timed replays).
-
-    Attributes:
-        index_us_p50, index_us_p99, index_us_mean: index time per request.
-        admit_us_p50, admit_us_p99: admission time per request.
-        timing_repeats: timed replays run.
-        timing_runs_agree: every timed replay hit exactly what the first did.
-        wall_seconds_tracked: the first replay's wall time.
-        wall_seconds_timed: each timed replay's wall time (its least is the column
-            ``wall_seconds_timed_min``).
-        seconds_by_call: index seconds per call kind, of the fastest timed replay
-            (a column ``index_seconds_<call>`` each, by name).
-    """
+    """A K-live replay's index times (wall clock, the least over the timed replays); its
+    two collections become ``wall_seconds_timed_min`` and ``index_seconds_<call>``."""
 
     index_us_p50: float
     index_us_p99: float
@@ -119,7 +71,7 @@ class IndexTimes:
     seconds_by_call: Mapping[str, float]
 
     def as_row(self) -> dict[str, Any]:
-        """The fields, the two collections folded as their docstrings say."""
+        """The fields, the two collections folded."""
         row: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)[:-2]}
         row["wall_seconds_timed_min"] = min(self.wall_seconds_timed, default=math.nan)
         for call, seconds in sorted(self.seconds_by_call.items()):
@@ -129,31 +81,21 @@ class IndexTimes:
 
 @dataclass(frozen=True, slots=True)
 class SweepHit:
-    """One point of the K-live capacity sweep (replayed without accounting).
-
-    Attributes:
-        hit_ratio: ``None`` when the requests do not fit the capacity.
-        evicted_blocks: ``None`` likewise.
-    """
+    """One point of the K-live capacity sweep (``None``s: the requests do not fit)."""
 
     hit_ratio: float | None
     evicted_blocks: int | None
 
     def as_row(self) -> dict[str, Any]:
-        """``fits`` (false where the capacity was too small), then the fields."""
+        """``fits``, then the fields."""
         return {"fits": self.hit_ratio is not None, **asdict(self)}
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSummary:
-    """A cluster run's summary (every field a column).
-
-    The latencies and totals are the fleet's requests folded as one replica's
-    (:func:`~.metrics.summarize`); the load figures as
-    :func:`~.load.summarize_load` gives them (:meth:`load`); the rest is the
-    cluster's own: load balance, the router's times and its index's promises,
-    rerouted requests and swept reservations.
-    """
+    """A cluster run's summary (every field a column): the fleet's requests folded as
+    one replica's, the load figures as :func:`~.load.summarize_load` gives them, the
+    load balance, the router's times and promises, reroutes and swept reservations."""
 
     num_requests: int
     num_replicas: int
@@ -196,8 +138,7 @@ class FleetSummary:
     goodput: float | None = None
 
     def load(self) -> LoadSummary:
-        """The run's offered vs achieved load, overload and goodput, as every timed
-        run states them (:meth:`~.load.LoadSummary.verdict`)."""
+        """The run's load figures as a :class:`~.load.LoadSummary`."""
         return LoadSummary(**{f.name: getattr(self, f.name) for f in fields(LoadSummary)})
 
     def as_row(self) -> dict[str, Any]:
@@ -207,14 +148,7 @@ class FleetSummary:
 
 @dataclass(frozen=True, slots=True)
 class RunChecks:
-    """What a cluster run checked and counted.
-
-    Attributes:
-        invariants_hold: every invariant held.
-        phantom_blocks: blocks the router believed cached that were not.
-        stats: counters of the event path, the index and the router (the numeric
-            ones are columns ``stat_<name>``).
-    """
+    """What a cluster run checked and counted (numeric ``stats`` as ``stat_<name>``)."""
 
     invariants_hold: bool
     phantom_blocks: int
@@ -237,15 +171,8 @@ RUN_PARTS: tuple[type[RunPart], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
-    """What a run records: one type from a K-live replay to a cluster run.
-
-    Attributes:
-        labels: what the run was (the leading columns).
-        parts: the parts it filled (of :data:`RUN_PARTS`, at most one of each; kept
-            in the schema's order whatever order they came in).
-        requests: one record per request, in arrival order (none for a sweep point).
-        slo: the objective its requests are judged by (adds ``meets_slo`` to
-            their rows; ``None``: none).
+    """A run: its labels, its parts (kept in :data:`RUN_PARTS`' order), its request
+    records and the SLO they are judged by.
 
     Raises:
         TypeError: a part not of :data:`RUN_PARTS`, or one kind given twice.
@@ -264,11 +191,7 @@ class RunRow:
         object.__setattr__(self, "parts", ordered)
 
     def part(self, kind: type[P]) -> P:
-        """The part of type ``kind``.
-
-        Raises:
-            KeyError: the run did not fill it.
-        """
+        """The part of type ``kind`` (``KeyError``: not filled)."""
         for p in self.parts:
             if type(p) is kind:
                 return p
@@ -282,8 +205,7 @@ class RunRow:
         return row
 
     def request_rows(self) -> list[dict[str, Any]]:
-        """One flat record per request (:func:`~.metrics.request_table`), with
-        ``meets_slo`` under an objective."""
+        """One flat record per request, with ``meets_slo`` under an objective."""
         rows = request_table(self.labels, self.requests)
         if self.slo is not None:
             for row, r in zip(rows, self.requests, strict=True):
@@ -292,6 +214,5 @@ class RunRow:
 
 
 def run_table(runs: Iterable[RunRow]) -> list[dict[str, Any]]:
-    """The runs table: one row per run (:meth:`RunRow.as_row`); rows of every kind
-    stack into one table (a column missing from a run is empty)."""
+    """The runs table: one row per run; a column missing from a run is empty."""
     return [r.as_row() for r in runs]

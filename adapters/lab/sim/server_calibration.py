@@ -30,7 +30,7 @@ from .engine_decode import decode_samples
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
-from .runner import step_charge
+from .replica import step_charge
 from .served import ServedEngine, ServerError, ServerInfo
 from .serving_path import (
     DECODING_PAUSES_S,
@@ -467,7 +467,7 @@ def decoding_excess(
     decoding: Sequence[HopSample], model: EngineModel, profile: CostProfile
 ) -> list[float]:
     """Each decoding request's client TTFT (sent after the server idled ``idle_s``) less
-    what the simulator charges it: its first step as :func:`~.runner.step_charge` prices
+    what the simulator charges it: its first step as :func:`~.replica.step_charge` prices
     it with ``profile``'s serving terms and ``model``'s step, plus ``stream_token_s``;
     streams read in one burst left out."""
     p = profile
