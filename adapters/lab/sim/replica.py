@@ -19,7 +19,6 @@ from prefixkv.indexes.base import PrefixIndex, SupportsEventSink
 from prefixkv.indexes.errors import PrefixKVError
 
 from .config import SimSettings
-from .serving_spread import step_pace
 from .errors import (
     ProfileRangeWarning,
     SimError,
@@ -32,7 +31,7 @@ from .profile import RANGE_KEYS, CostProfile, load_profile
 from .replica_scheduler import ReplicaScheduler, SimSeq, StepPlan, StepWork
 from .requests import SimRequest
 from .seats import Seat, make_seat
-from .serving_spread import ServingDelay, serving_delay
+from .serving_spread import ServingDelay, serving_delay, step_pace
 
 __all__ = ["IndexFactory", "Replica", "pool_seat", "simulate", "step_charge"]
 
