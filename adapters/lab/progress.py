@@ -13,11 +13,9 @@ class Progress(Protocol):
 
     def update(self, n: int = 1) -> object:
         """Advance by ``n`` steps."""
-        ...
 
     def close(self) -> None:
         """Remove the bar."""
-        ...
 
 
 class _NoProgress:

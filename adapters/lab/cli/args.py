@@ -12,6 +12,8 @@ from typing import Any, NoReturn, TypeVar
 
 from prefixkv.indexes.errors import PrefixKVError
 
+T = TypeVar("T")
+
 EXIT_ERROR = 2
 EXIT_INTERNAL = 1
 MAX_TOKEN_COUNT = 2**48
@@ -94,11 +96,24 @@ def token_count_text(count: int) -> str:
     return f"{count:,}"
 
 
+def distinct(values: list[T], text: str, want: str, *, ok: bool = True) -> list[T]:
+    """``values``, read from the comma list ``text``, unless empty, with a duplicate or
+    not ``ok``.
+
+    Raises:
+        argparse.ArgumentTypeError: "want ``want``, got ``text``".
+    """
+    if not ok or not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"want {want}, got {text!r}")
+    return values
+
+
 def parse_token_counts(text: str) -> list[int]:
     """Distinct token counts, comma-separated (``1M,3M,10M``)."""
-    counts = [parse_token_count(p) for p in text.split(",") if p.strip()]
-    if not counts:
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
         raise argparse.ArgumentTypeError(f"want one or more token counts, got {text!r}")
+    counts = [parse_token_count(p) for p in parts]
     if len(set(counts)) != len(counts):
         raise argparse.ArgumentTypeError(f"a capacity is listed twice in {text!r}")
     return counts
@@ -112,9 +127,7 @@ def parse_capacity_tokens(text: str) -> list[int] | str:
 def gib_list(text: str) -> list[float]:
     """Distinct sizes in GiB, comma-separated (``12.5,40``)."""
     values = [positive_float(p) for p in text.split(",") if p.strip()]
-    if not values or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"want distinct sizes in GiB like 12.5,40, got {text!r}")
-    return values
+    return distinct(values, text, "distinct sizes in GiB like 12.5,40")
 
 
 def request_rates(text: str) -> list[float] | str:
@@ -122,11 +135,7 @@ def request_rates(text: str) -> list[float] | str:
     if text.strip().lower() == "auto":
         return "auto"
     rates = [positive_float(p.strip()) for p in text.split(",") if p.strip()]
-    if not rates or len(set(rates)) != len(rates):
-        raise argparse.ArgumentTypeError(
-            f"want distinct request rates > 0 like 1,2,4,8, or auto, got {text!r}"
-        )
-    return rates
+    return distinct(rates, text, "distinct request rates > 0 like 1,2,4,8, or auto")
 
 
 def milliseconds(text: str) -> float:

@@ -15,14 +15,13 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
-from ..admission import admit, length_rule
+from ..admission import AdmissionRule, admit, length_rule
 from ..backends import over_pool_limit
 from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS
 from ..cluster.errors import ClusterSettingsError
@@ -55,6 +54,7 @@ from ..workloads import WORKLOADS, Workload, make_workload, trace_workload
 from . import common
 from .args import (
     CLIUsageError,
+    distinct,
     int_arg,
     parse_capacity_tokens,
     parse_token_count,
@@ -74,8 +74,7 @@ def _replica_counts(text: str) -> list[int]:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"want positive ints like 1,2,4,8, got {text!r}") from None
-    if not values or min(values) < 1 or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"want distinct positive ints like 1,2,4,8, got {text!r}")
+    distinct(values, text, "distinct positive ints like 1,2,4,8", ok=all(v >= 1 for v in values))
     if max(values) > MAX_REPLICAS:
         raise argparse.ArgumentTypeError(
             f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
@@ -233,7 +232,9 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     description, per_id, read = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
-    workload, settings = _admitted(args, read(), model, config.block_size, min(caps))
+    rule = length_rule(common.max_model_len(args, model), min(caps), block_size=config.block_size,
+                       max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    workload, settings = _admitted(args, read(), rule)
     settings = {"capacity_model": sizing, **settings}
     rates = _rates(args, workload, profile)
     settings["slo"] = None if config.slo is None else config.slo.describe()
@@ -247,7 +248,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    source = (f"{description}; arrivals: {rates.describe(args.seed, args.time_scale)}; "
+    source = (f"{description}; arrivals: {rates.text}; "
               f"{'prefill only' if args.prefill_only else 'full outputs'}")  # fmt: skip
     files = write_report(results, args.out, command="prefixkv " + shlex.join(argv),
                          source=source, requests_table=not args.no_requests_table,
@@ -311,21 +312,14 @@ def _settings(
 
 
 def _admitted(
-    args: argparse.Namespace,
-    workload: Workload,
-    model: ModelConfig | None,
-    block_size: int,
-    pool_tokens: int,
+    args: argparse.Namespace, workload: Workload, rule: AdmissionRule | None
 ) -> tuple[Workload, dict[str, Any]]:
-    """The requests every replica can take (within ``--max-model-len`` or the model's
-    context, and ``pool_tokens`` alone) and the rule's report settings; the rejections'
-    note is printed.
+    """The requests every replica can take under ``rule`` (the model's length and the
+    smallest pool) and the report's settings; the rejections' note is printed.
 
     Raises:
         CapacityError: ``--on-long-request abort`` and a request is too long, or all are.
     """
-    rule = length_rule(common.max_model_len(args, model), pool_tokens, block_size=block_size,
-                       max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     if rule is None:
         return workload, {}
     kept, rejected = admit(workload, rule, abort=args.on_long_request == "abort")
@@ -334,36 +328,34 @@ def _admitted(
     return kept, {"admission": rule.describe(), "rejected_requests": rejected.count}
 
 
-@dataclass(frozen=True, slots=True)
-class _Rates:
-    """The experiment's Poisson rate (``None``: the trace's timestamps) and the sweep's
-    (ascending, ``first`` included; ``auto``: doubling until each policy is overloaded)."""
+class _Rates(NamedTuple):
+    """The experiment's Poisson rate (``None``: the trace's timestamps), the sweep's
+    (ascending, ``first`` included; ``auto``: doubling until each policy is overloaded),
+    and the report's words for them."""
 
     first: float | None
-    sweep: tuple[float, ...] = ()
-    auto: bool = False
-
-    def describe(self, seed: int, time_scale: float | None) -> str:
-        if self.first is None:
-            return f"trace timestamps x {time_scale or 1.0}"
-        text = f"Poisson {self.first:g}/s (seed {seed})"
-        if self.auto:
-            return text + ", then doubling until each policy is overloaded"
-        if self.sweep:
-            return text + ", swept at " + ", ".join(f"{r:g}" for r in self.sweep) + " req/s"
-        return text
+    sweep: tuple[float, ...]
+    auto: bool
+    text: str
 
 
 def _rates(args: argparse.Namespace, workload: Workload, profile: CostProfile) -> _Rates:
     """``--request-rate``: ``auto`` starts at the first fleet size times the rate one
     replica serves with room to spare; a built-in workload without one gets 2/s."""
     asked = args.request_rate
+    if asked is None and args.trace is not None:
+        return _Rates(None, (), False, f"trace timestamps x {args.time_scale or 1.0}")
     if asked == "auto":
         first = args.replicas[0] * start_rate(workload.stats, profile, args.max_num_batched_tokens)
-        return _Rates(first, tuple(rate_schedule(first, auto=True)), auto=True)
-    if asked is None:
-        return _Rates(2.0 if args.trace is None else None)
-    return _Rates(asked[0], tuple(rate_schedule(asked[0], asked[1:])) if len(asked) > 1 else ())
+        sweep = rate_schedule(first, auto=True)
+        then = ", then doubling until each policy is overloaded"
+    else:
+        first = 2.0 if asked is None else asked[0]
+        sweep = rate_schedule(first, asked[1:]) if asked and len(asked) > 1 else []
+        then = f", swept at {', '.join(f'{r:g}' for r in sweep)} req/s" if sweep else ""
+    return _Rates(
+        first, tuple(sweep), asked == "auto", f"Poisson {first:g}/s (seed {args.seed}){then}"
+    )
 
 
 def _run_all(

@@ -42,18 +42,6 @@ _EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """The flags ``compare`` and ``replay`` share: the cache, K, the trace input, seed, quiet."""
-    add_cache_flags(p)
-    p.add_argument("--concurrency", "-k", type=positive_int, default=1, metavar="K",
-                   help="at most K live requests; the oldest finishes first (default "
-                   "%(default)s)")  # fmt: skip
-    add_trace_flags(p)
-    p.add_argument("--seed", type=int_arg, default=0,
-                   help="workload seed and hash-id token seed (default %(default)s)")  # fmt: skip
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-
-
-def add_cache_flags(p: argparse.ArgumentParser) -> None:
-    """Block and page size, capacity, hash algorithm, eviction, backend options."""
     g = p.add_argument_group("cache (named like the engines' flags)")
     g.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="N",
                    help="tokens per block for the hash chain and none, as vLLM's --block-size "
@@ -88,6 +76,13 @@ def add_cache_flags(p: argparse.ArgumentParser) -> None:
                    metavar="BACKEND.KEY=VALUE", help="any backend option of make_index, e.g. "
                    "hash_chain.verify=true, hash_chain.seed=0, radix.eviction=lfu "
                    "(repeatable)")  # fmt: skip
+    p.add_argument("--concurrency", "-k", type=positive_int, default=1, metavar="K",
+                   help="at most K live requests; the oldest finishes first (default "
+                   "%(default)s)")  # fmt: skip
+    add_trace_flags(p)
+    p.add_argument("--seed", type=int_arg, default=0,
+                   help="workload seed and hash-id token seed (default %(default)s)")  # fmt: skip
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
 def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:

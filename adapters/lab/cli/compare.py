@@ -46,7 +46,14 @@ from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.model_config import ModelConfig
 from ..workloads import DEFAULT_WORKLOADS, workload_names
 from . import common
-from .args import CLIUsageError, parse_token_count, positive_float, positive_int, request_rates
+from .args import (
+    CLIUsageError,
+    distinct,
+    parse_token_count,
+    positive_float,
+    positive_int,
+    request_rates,
+)
 from .signals import Interrupts
 
 
@@ -145,12 +152,9 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _schedulers(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names or set(names) - set(SCHEDULERS) or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"want distinct names of {', '.join(SCHEDULERS)} (comma-separated), got {text!r}"
-        )
-    return names
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    want = f"distinct names of {', '.join(SCHEDULERS)} (comma-separated)"
+    return tuple(distinct(names, text, want, ok=set(names) <= set(SCHEDULERS)))
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:

@@ -1,10 +1,8 @@
 """The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace,
 ``calibrate`` a cost profile.
 
-Errors are one line on stderr and exit status 2; a stopping signal writes what is
-finished, marked partial, and exits 128 + the signal. Only the standard library and
-:mod:`.signals` load first, so the handler is in place before anything heavy; each
-subcommand (:data:`COMMANDS`) is a module of this package, imported once it is chosen.
+Only the standard library and :mod:`.signals` load first; each subcommand
+(:data:`COMMANDS`) is a module of this package, imported once it is chosen.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType, ModuleType
 
 from .signals import Interrupts
-
-__all__ = ["COMMANDS", "build_parser", "command", "main"]
 
 COMMANDS: Mapping[str, str] = MappingProxyType(
     {
@@ -56,19 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``prefixkv`` command line; returns the exit status.
-
-    Called with ``argv`` the caller's signal handlers are put back at the end; as the
-    program, later signals are ignored while the process exits.
-
-    Args:
-        argv: the arguments after the program name (default: ``sys.argv[1:]``).
-
-    Returns:
-        0 on success; 2 on an error in the input or the flags; 128 + the signal when one
-        stopped it (130 for Ctrl-C); 1 on an internal error (``PREFIXKV_TRACEBACK=1``
-        shows its traceback). Every error is one line on stderr.
-    """
+    """Run ``prefixkv`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status:
+    0, 2 on an error in the input or the flags, 128 + the signal that stopped it (130 for
+    Ctrl-C), 1 on an internal error (``PREFIXKV_TRACEBACK=1`` shows its traceback). Every
+    error is one line on stderr. Called with ``argv`` the caller's signal handlers are put
+    back at the end; as the program, later signals are ignored while it exits."""
     interrupts = Interrupts()
     try:  # from before the first handler goes in: no signal escapes as a traceback
         interrupts.handle_signals()

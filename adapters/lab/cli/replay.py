@@ -107,65 +107,44 @@ def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
     if m is None:
         return None
     scheme, address = m.group(1).lower(), m.group(2)
-    if scheme == "inproc":
-        raise CLIUsageError(
-            f"{flag} {value}: inproc:// reaches only this process, so no subscriber can "
-            "connect; use tcp:// (e.g. tcp://127.0.0.1:*) or ipc://"
-        )
-    if scheme not in ("tcp", "ipc"):
-        raise CLIUsageError(
-            f"{flag} {value}: unknown scheme {m.group(1)!r}; give a file name or a "
-            "tcp:// or ipc:// endpoint"
-        )
-    if not address:
-        raise CLIUsageError(f"{flag} {value}: the endpoint has no address")
-    if scheme == "ipc":
-        _check_ipc_path(address, flag)
-    else:
-        _check_tcp_port(address, value, flag)
-    return f"{scheme}://{address}"
-
-
-def _check_tcp_port(address: str, value: str, flag: str) -> None:
-    # The publisher's port rule less port 0, which ZeroMQ connects to and reaches nothing.
-    from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
-
     host, colon, port = address.rpartition(":")
-    if not colon or not host:
-        raise CLIUsageError(
-            f"{flag} {value}: a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, "
-            "or tcp://127.0.0.1:* for a free port)"
-        )
-    if not is_tcp_port(port, lowest=1):
-        raise CLIUsageError(
-            f"{flag} {value}: port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * "
-            "for a free one"
-        )
-
-
-def _check_ipc_path(path: str, flag: str) -> None:
-    # ZeroMQ unlinks whatever sits at an ipc:// path before binding: only an absent name
-    # or a leftover socket may be used.
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise CLIUsageError(f"{flag} ipc://{path}: {exc.strerror or exc}") from None
-    if not stat.S_ISSOCK(mode):
-        raise CLIUsageError(
-            f"{flag} ipc://{path}: {path} exists and is not a socket; binding there would "
-            "delete it (give a new name)"
-        )
+    if scheme == "tcp":  # the publisher's port rule, less port 0 (a connect reaching nothing)
+        from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
+    problem = None
+    if scheme == "inproc":
+        problem = ("inproc:// reaches only this process, so no subscriber can connect; use "
+                   "tcp:// (e.g. tcp://127.0.0.1:*) or ipc://")  # fmt: skip
+    elif scheme not in ("tcp", "ipc"):
+        problem = (f"unknown scheme {m.group(1)!r}; give a file name or a tcp:// or ipc:// "
+                   "endpoint")  # fmt: skip
+    elif not address:
+        problem = "the endpoint has no address"
+    elif scheme == "ipc":  # ZeroMQ unlinks what is there: only a name or an old socket
+        try:
+            if not stat.S_ISSOCK(os.lstat(address).st_mode):
+                raise CLIUsageError(
+                    f"{flag} ipc://{address}: {address} exists and is not a socket; binding "
+                    "there would delete it (give a new name)"
+                )
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CLIUsageError(f"{flag} ipc://{address}: {exc.strerror or exc}") from None
+    elif not colon or not host:
+        problem = ("a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, or "
+                   "tcp://127.0.0.1:* for a free port)")  # fmt: skip
+    elif not is_tcp_port(port, lowest=1):
+        problem = f"port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * for a free one"
+    if problem:
+        raise CLIUsageError(f"{flag} {value}: {problem}")
+    return f"{scheme}://{address}"
 
 
 class _EventPublisher:
     """Where each step's events go (a file writer or a ZeroMQ publisher), and how many."""
 
     def __init__(self, target: EventFileWriter | ZmqEventPublisher, where: str) -> None:
-        self.target = target
-        self.where = where  # the file, or the endpoint as bound
-        self.num_batches = 0
+        self.target, self.where, self.num_batches = target, where, 0  # where: as bound
 
     def publish(self, events: list[KVEvent]) -> None:
         self.target.publish(KVEventBatch(time.time(), events, None))
@@ -174,11 +153,11 @@ class _EventPublisher:
     def summary(self) -> dict[str, Any]:
         """The summary's ``kv_events`` (read once the publisher has shut down)."""
         doc: dict[str, Any] = {"target": self.where, "batches": self.num_batches}
-        if not isinstance(self.target, EventFileWriter):
-            doc["delivered"] = self.target.num_delivered
-            doc["max_subscribers"] = self.target.max_subscribers
-            doc["replays"] = self.target.num_replays
-        return doc
+        if isinstance(self.target, EventFileWriter):
+            return doc
+        pub = self.target
+        return {**doc, "delivered": pub.num_delivered, "max_subscribers": pub.max_subscribers,
+                "replays": pub.num_replays}  # fmt: skip
 
     def describe(self) -> str:
         """One line: how many batches went where, and who received them."""
@@ -360,18 +339,10 @@ def _replay(
     bar = progress(workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet,
                    unit="tok")  # fmt: skip
     try:
-        result = replay(
-            workload.requests,
-            spec.make(),
-            num_blocks,
-            driver=spec.driver,
-            concurrency=args.concurrency,
-            keep_per_request=False,
-            on_admit=write_row,
-            progress=bar.update,
-            on_events=None if events is None else events.publish,
-            guard=interrupts.deferral,
-        )
+        result = replay(workload.requests, spec.make(), num_blocks, driver=spec.driver,
+                        concurrency=args.concurrency, keep_per_request=False, on_admit=write_row,
+                        progress=bar.update, on_events=events.publish if events else None,
+                        guard=interrupts.deferral)  # fmt: skip
     except ReplayInterrupted as exc:
         return exc.result, True
     except ReplayError as exc:
