@@ -32,15 +32,8 @@ def progress(total: int | None, desc: str, *, quiet: bool = False, unit: str = "
         return _NoProgress()
     from tqdm import tqdm
 
-    bar: Progress = tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        unit_scale=unit not in ("req", "plot"),
-        file=sys.stderr,
-        delay=1.0,
-        leave=False,
-        smoothing=0.0,  # the whole run's rate: the ETA does not jump per request
-        dynamic_ncols=True,
-    )
+    # smoothing 0: the whole run's rate, so the ETA does not jump per request
+    bar: Progress = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit not in ("req", "plot"),
+                         file=sys.stderr, delay=1.0, leave=False, smoothing=0.0,
+                         dynamic_ncols=True)  # fmt: skip
     return bar

@@ -1,9 +1,6 @@
 """``prefixkv cluster``: route a trace over N replicas with each policy; write a report.
-
-The model, length, rate-sweep, SLO and trace-input flags are ``compare``'s. Flags that
-would be ignored are refused, and every value of a sweep is checked before the first run;
-a stopping signal writes the runs that finished, marked partial.
-"""
+Flags that would be ignored are refused, every value of a sweep is checked before the
+first run, and a stopping signal writes the runs that finished, marked partial."""
 
 from __future__ import annotations
 
@@ -179,12 +176,10 @@ def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Wor
         description = f"built-in workload {args.workload} ({len(listed)} requests)"
         return description, None, lambda: Workload(args.workload, description, listed,
                                                    stats_of(listed))  # fmt: skip
-    settings = dataclasses.replace(
-        common.read_settings(args),
-        tokens_per_id=args.tokens_per_id,
-        output=not args.prefill_only,
-        sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
-    )
+    settings = dataclasses.replace(  # replayed at the trace's own times without a rate
+        common.read_settings(args), tokens_per_id=args.tokens_per_id,
+        output=not args.prefill_only, sorted_arrivals=args.request_rate is None,
+    )  # fmt: skip
     source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests,
                         settings=settings)  # fmt: skip
     description = f"{os.path.basename(args.trace)} ({source.format})"
@@ -232,9 +227,10 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     description, per_id, read = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
+    workload = read()  # the trace scanned, every request checked
     rule = length_rule(common.max_model_len(args, model), min(caps), block_size=config.block_size,
                        max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
-    workload, settings = _admitted(args, read(), rule)
+    workload, settings = _admitted(args, workload, rule)
     settings = {"capacity_model": sizing, **settings}
     rates = _rates(args, workload, profile)
     settings["slo"] = None if config.slo is None else config.slo.describe()
@@ -288,13 +284,8 @@ def _settings(
     *,
     faults: bool,
 ) -> ClusterSettings:
-    """The first run's settings (a fault run keeps its token ids), with every run of the
-    sweeps planned and every pool bounded now, before the trace is read.
-
-    Raises:
-        ClusterSettingsError: a bad value anywhere in a sweep, or a pool over
-            ``--max-pool-blocks``.
-    """
+    """The first run's settings (a fault run keeps its token ids); every run of the sweeps
+    is planned, and every pool bounded, now: a bad value is refused before any work."""
     sim = SimSettings(max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
     config = ClusterSettings(
@@ -315,11 +306,7 @@ def _admitted(
     args: argparse.Namespace, workload: Workload, rule: AdmissionRule | None
 ) -> tuple[Workload, dict[str, Any]]:
     """The requests every replica can take under ``rule`` (the model's length and the
-    smallest pool) and the report's settings; the rejections' note is printed.
-
-    Raises:
-        CapacityError: ``--on-long-request abort`` and a request is too long, or all are.
-    """
+    smallest pool) and the report's settings; the rejections' note is printed."""
     if rule is None:
         return workload, {}
     kept, rejected = admit(workload, rule, abort=args.on_long_request == "abort")
@@ -404,16 +391,12 @@ def _arrivals(
 
     def stream(cfg: ClusterSettings | None, request_rate: float | None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
-        per_replica = cfg is not None and args.load_per_replica
-        k = args.replicas[0] / cfg.num_replicas if cfg is not None and per_replica else 1.0
-        return sim_requests(
-            requests,
-            prefill_only=args.prefill_only,
-            request_rate=None if request_rate is None else request_rate / k,
-            time_scale=None if request_rate is not None else (args.time_scale or 1.0) * k,
-            seed=args.seed,
-            closed_loop=not args.open_loop,
-        )
+        k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
+        rate = None if request_rate is None else request_rate / k
+        scale = None if request_rate is not None else (args.time_scale or 1.0) * k
+        return sim_requests(requests, prefill_only=args.prefill_only, request_rate=rate,
+                            time_scale=scale, seed=args.seed,
+                            closed_loop=not args.open_loop)  # fmt: skip
 
     return stream
 
@@ -437,12 +420,7 @@ def _print_run(res: ClusterResult) -> None:
 def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet] | None]:
     """With ``--ray``, a factory of Ray fleets whose ``actors`` replica actors fit the
     cluster's free CPUs (Ray started, and then shut down, if it was not running); else
-    ``None``, the in-process fleet.
-
-    Raises:
-        ClusterSettingsError: Ray unreachable, or ``--ray-cpus`` too large.
-        ExtraNotInstalledError: Ray is not installed.
-    """
+    ``None``, the in-process fleet."""
     if not args.ray:
         yield None
         return

@@ -209,29 +209,19 @@ def backend_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def read_settings(args: argparse.Namespace) -> ReadSettings:
     """How the trace is read; with ``--time-scale``, in arrival order."""
-    return ReadSettings(
-        vocab_size=args.vocab_size,
-        seed=args.seed,
-        limits=TraceLimits(
-            max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens
-        ),
-        sorted_arrivals=getattr(args, "time_scale", None) is not None,
-        session_order=getattr(args, "session_order", "interleaved"),
-    )
+    limits = TraceLimits(max_prompt_tokens=args.max_prompt_tokens,
+                         max_output_tokens=args.max_output_tokens)  # fmt: skip
+    return ReadSettings(vocab_size=args.vocab_size, seed=args.seed, limits=limits,
+                        sorted_arrivals=getattr(args, "time_scale", None) is not None,
+                        session_order=getattr(args, "session_order", "interleaved"))  # fmt: skip
 
 
 def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> list[Workload]:
     """The named built-in workloads, or the trace, as the trace-input flags shape them."""
-    return load_workloads(
-        names,
-        args.trace,
-        max_requests=args.max_requests,
-        tokens_per_id=args.tokens_per_id,
-        seed=args.seed,
-        trace_format=args.trace_format,
-        settings=read_settings(args),
-        quiet=args.quiet,
-    )
+    return load_workloads(names, args.trace, max_requests=args.max_requests,
+                          tokens_per_id=args.tokens_per_id, seed=args.seed,
+                          trace_format=args.trace_format, settings=read_settings(args),
+                          quiet=args.quiet)  # fmt: skip
 
 
 def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> list[int] | None:

@@ -1,10 +1,6 @@
-"""``prefixkv compare``: backends head to head on workloads or a trace; a report.
-
-Each backend replays the workloads (or a trace) at equal capacity: a table per workload,
-``report.md``, ``results.json``, the tidy tables and plots. With ``--request-rate`` or
-``--time-scale`` each also runs at arrival time (TTFT, queueing, GPU time) under one
-scheduler, so only the index varies. A stopping signal writes what is finished.
-"""
+"""``prefixkv compare``: backends head to head on workloads or a trace, at equal capacity
+and, with ``--request-rate`` or ``--time-scale``, at arrival time; a table per workload,
+the tidy tables, ``report.md``, ``results.json`` and plots."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``prefixkv replay``: one trace through one backend; per-request hits, oracle format.
-
-One ``{id, prompt_len, hit_tokens}`` line per request and a final ``{summary}`` line, as
-the vLLM and SGLang reference oracles write them; ``--kv-events`` also writes (or
-publishes over ZeroMQ) the index's KV events, a batch per step, in vLLM 0.33's format.
-"""
+"""``prefixkv replay``: one trace through one backend; per-request hits in the reference
+oracles' format; ``--kv-events`` also writes (or publishes over ZeroMQ) the KV events."""
 
 from __future__ import annotations
 
