@@ -424,8 +424,7 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
     if not args.ray:
         yield None
         return
-    require_extra("cluster", "--ray", ("ray",))
-    import ray as ray_module
+    import ray as ray_module  # its extra checked with the flags
 
     from ..cluster.ray_fleet import RayFleet, actor_cpus, check_ray_address
 
