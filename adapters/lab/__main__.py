@@ -1,4 +1,4 @@
-"""``python -m prefixkv.adapters.lab``: the ``prefixkv`` command line (see :mod:`.cli`)."""
+"""``python -m prefixkv.adapters.lab``: the ``prefixkv`` command line."""
 
 import contextlib
 import os
@@ -9,11 +9,8 @@ from .cli import main
 if __name__ == "__main__":
     status = main()
     if status > 128:
-        # Stopped by a signal (128 + its number). Under ``python -m``, CPython reports an
-        # exit by SIGINT whenever a KeyboardInterrupt once left code run through its
-        # PyRun_* functions (as some C extensions' imports do), even though the command
-        # caught it: leave now, with the status that names the signal. Everything is
-        # written and closed; only the streams' buffers remain.
+        # Stopped by a signal: exit now with its status, since CPython under ``python -m``
+        # would report SIGINT once a caught KeyboardInterrupt left C-run code.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

@@ -1,13 +1,5 @@
-"""Optional extras: which modules each optional part needs, checked before any work.
-
-Every optional part of the lab (plots, progress bars, pandas tables, Parquet, the cost
-fit, Ray, the reference engine's torch) calls :func:`require_extra` first, so a missing
-extra is one line and exit status 2 at start-up, naming the ``pip install
-'prefixkv[EXTRA]'`` that fixes it, never a crash after the runs. The check reads the
-import system's finders (:func:`importlib.util.find_spec`) and imports nothing. The extras mirror
-``[project.optional-dependencies]`` in ``pyproject.toml``; the error and its one line
-are :mod:`prefixkv.storage.extras`' (the storage tensor needs torch, below this layer).
-"""
+"""Optional extras (``[project.optional-dependencies]``), checked before any work: a missing
+one is one line naming its ``pip install 'prefixkv[EXTRA]'``. Nothing is imported to check."""
 
 from __future__ import annotations
 
@@ -29,45 +21,32 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 """Each extra's top-level modules, as ``pyproject.toml`` installs them."""
 
 
-def missing_modules(modules: Sequence[str]) -> list[str]:
-    """The top-level modules of ``modules`` that cannot be imported here (none is imported).
+def _found(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or half-imported package
+        return False
 
-    Complexity: one finder lookup per module.
-    """
-    missing = []
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # a broken or half-imported package
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
+
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The modules of ``modules`` that cannot be imported here (none is imported)."""
+    return [name for name in modules if not _found(name)]
 
 
 def has_extra(extra: str, modules: Sequence[str] | None = None) -> bool:
-    """Whether ``modules`` (default: all of ``extra``'s) can be imported.
-
-    Raises:
-        KeyError: an extra ``pyproject.toml`` does not declare.
-    """
+    """Whether ``modules`` (default: all of ``extra``'s) can be imported."""
     return not missing_modules(EXTRAS[extra] if modules is None else modules)
 
 
 def require_extra(
     extra: str, what: str, modules: Sequence[str] | None = None, *, instead: str = ""
 ) -> None:
-    """Refuse to start ``what`` unless ``modules`` (default: all of ``extra``'s) import.
-
-    Args:
-        extra: the extra that installs them (a key of :data:`EXTRAS`).
-        what: the part that needs them, as the message names it (``"--ray"``).
-        modules: the subset of the extra's modules this part needs.
-        instead: how to do without, appended to the message (``"or give --no-plots"``).
+    """Refuse to start ``what`` (as the message names it) unless ``modules`` (default: all
+    of ``extra``'s) import; ``instead`` (how to do without) ends the message.
 
     Raises:
         ExtraNotInstalledError: a module is missing; nothing was imported or written.
-        KeyError: an extra ``pyproject.toml`` does not declare.
+        KeyError: an extra ``pyproject.toml`` does not declare, or not one of its modules.
     """
     needed = EXTRAS[extra] if modules is None else tuple(modules)
     if not set(needed) <= set(EXTRAS[extra]):

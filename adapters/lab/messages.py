@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
-
 
 def one_line(text: str, limit: int = 120) -> str:
-    """``text`` on one line (runs of white space become one space), cut to ``limit``
-    characters with ``...`` when longer."""
+    """``text`` with white space runs as one space, cut to ``limit`` characters with ``...``."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

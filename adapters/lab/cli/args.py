@@ -1,10 +1,6 @@
-"""The ``prefixkv`` parser, its argument types and exit codes: the standard library and
-prefixkv's error classes only, so the top-level parser is built (and ``prefixkv --help``
-printed) without loading any subcommand.
-
-Sizes are real tokens with vLLM's suffixes (``1k`` = 1,000, ``1K`` = 1,024). A bad
-argument raises :class:`CLIUsageError`, which :func:`~.main.main` prints as one line.
-"""
+"""The ``prefixkv`` parser, its argument types and exit codes (standard library and
+prefixkv's errors only). Sizes are tokens with vLLM's suffixes (``1k`` = 1,000, ``1K`` =
+1,024). A bad argument raises :class:`CLIUsageError`, printed as one line."""
 
 from __future__ import annotations
 
@@ -16,30 +12,12 @@ from typing import Any, NoReturn, TypeVar
 
 from prefixkv.indexes.errors import PrefixKVError
 
-__all__ = [
-    "EXIT_ERROR",
-    "EXIT_INTERNAL",
-    "MAX_TOKEN_COUNT",
-    "CLIUsageError",
-    "CommandParser",
-    "Parser",
-    "gib_list",
-    "index_option",
-    "int_arg",
-    "number_arg",
-    "parse_capacity_tokens",
-    "parse_token_count",
-    "parse_token_counts",
-    "positive_float",
-    "positive_int",
-    "token_count_text",
-    "utilization",
-]
+T = TypeVar("T")
 
 EXIT_ERROR = 2
 EXIT_INTERNAL = 1
 MAX_TOKEN_COUNT = 2**48
-"""No size flag takes more (281 trillion tokens): beyond it a value is a typo."""
+"""No size flag takes more: beyond it a value is a typo."""
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -57,13 +35,8 @@ class Parser(argparse.ArgumentParser):
 
 
 class CommandParser(Parser):
-    """A subcommand's parser, whose module (``add_arguments(parser)``) is imported and
-    adds the flags the first time it parses (or :meth:`add_flags` is called): building
-    the ``prefixkv`` parser loads no subcommand, and running one loads only its own.
-
-    Args:
-        module: the subcommand's module, by its full name.
-    """
+    """A subcommand's parser: its ``module`` (full name) is imported, and its
+    ``add_arguments(parser)`` adds the flags, the first time it parses."""
 
     def __init__(self, *args: Any, module: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -85,32 +58,29 @@ class CommandParser(Parser):
 
 
 def parse_token_count(text: str) -> int:
-    """A token count as vLLM's size flags read it: ``1000``, ``1k`` (1,000), ``25.6k``,
-    ``1K`` (1,024), ``1M`` (1,048,576), ``2m`` (2,000,000); ``_`` separators allowed.
+    """A token count as vLLM's size flags read it: ``1000``, ``1k``, ``25.6k``, ``1K``,
+    ``2m``, ``1M``; ``_`` separators allowed.
 
     Raises:
         argparse.ArgumentTypeError: not such a number, not positive, or over 2**48.
     """
-    value = text.strip().replace("_", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", value)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip().replace("_", ""))
     if m is None:
         raise argparse.ArgumentTypeError(
             f"want a positive token count like 65536, 512K or 1m, got {text!r}"
         )
     number, suffix = m.groups()
-    if suffix in _BINARY:
-        if "." in number:
-            raise argparse.ArgumentTypeError(
-                f"decimals are not allowed with binary suffixes like {suffix} "
-                f"(did you mean {number}{suffix.lower()}?), got {text!r}"
-            )
-        count = int(number) * _BINARY[suffix]
-    elif suffix:
-        count = int(float(number) * _DECIMAL[suffix])
-    elif "." in number:
+    if suffix in _BINARY and "." in number:
+        raise argparse.ArgumentTypeError(
+            f"decimals are not allowed with binary suffixes like {suffix} "
+            f"(did you mean {number}{suffix.lower()}?), got {text!r}"
+        )
+    if not suffix and "." in number:
         raise argparse.ArgumentTypeError(f"a token count is whole, got {text!r}")
+    if suffix in _BINARY:
+        count = int(number) * _BINARY[suffix]
     else:
-        count = int(number)
+        count = int(float(number) * _DECIMAL[suffix]) if suffix else int(number)
     if not 1 <= count <= MAX_TOKEN_COUNT:
         raise argparse.ArgumentTypeError(
             f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
@@ -119,17 +89,27 @@ def parse_token_count(text: str) -> int:
 
 
 def token_count_text(count: int) -> str:
-    """``2097152`` -> ``"2M = 2,097,152"``: a default as :func:`parse_token_count` reads
-    it back, then in full (a count no binary unit divides: in full alone)."""
+    """``2097152`` -> ``"2M = 2,097,152"`` (in full alone when no binary unit divides it)."""
     for suffix, size in reversed(_BINARY.items()):
         if count >= size and count % size == 0:
             return f"{count // size}{suffix} = {count:,}"
     return f"{count:,}"
 
 
+def distinct(values: list[T], text: str, want: str, *, ok: bool = True) -> list[T]:
+    """``values``, read from the comma list ``text``, unless empty, with a duplicate or
+    not ``ok``.
+
+    Raises:
+        argparse.ArgumentTypeError: "want ``want``, got ``text``".
+    """
+    if not ok or not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"want {want}, got {text!r}")
+    return values
+
+
 def parse_token_counts(text: str) -> list[int]:
-    """A comma-separated list of token counts (``1M,3M,10M``), each as
-    :func:`parse_token_count` reads it, duplicates refused."""
+    """Distinct token counts, comma-separated (``1M,3M,10M``)."""
     parts = [p for p in text.split(",") if p.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"want one or more token counts, got {text!r}")
@@ -147,9 +127,25 @@ def parse_capacity_tokens(text: str) -> list[int] | str:
 def gib_list(text: str) -> list[float]:
     """Distinct sizes in GiB, comma-separated (``12.5,40``)."""
     values = [positive_float(p) for p in text.split(",") if p.strip()]
-    if not values or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"want distinct sizes in GiB like 12.5,40, got {text!r}")
-    return values
+    return distinct(values, text, "distinct sizes in GiB like 12.5,40")
+
+
+def request_rates(text: str) -> list[float] | str:
+    """``auto``, or distinct rates > 0, comma-separated."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    rates = [positive_float(p.strip()) for p in text.split(",") if p.strip()]
+    return distinct(rates, text, "distinct request rates > 0 like 1,2,4,8, or auto")
+
+
+def milliseconds(text: str) -> float:
+    """``500`` or ``500ms`` (as vllm bench serve --goodput) or ``0.5s``, in seconds."""
+    value = text.strip().lower()
+    if value.endswith("ms"):
+        return positive_float(value[:-2]) * 1e-3
+    if value.endswith("s"):
+        return positive_float(value[:-1])
+    return positive_float(value) * 1e-3
 
 
 def utilization(text: str) -> float:
@@ -166,8 +162,8 @@ N = TypeVar("N", int, float)
 def number_arg(
     text: str, cast: Callable[[str], N], want: str, bound: str, ok: Callable[[N], bool]
 ) -> N:
-    """``text`` read by ``cast``: refused as not ``want`` when it cannot be read, as
-    not ``bound`` when ``ok`` says no (argparse prints either as the flag's error)."""
+    """``text`` read by ``cast``, refused as not ``want`` when unreadable and as not
+    ``bound`` when ``ok`` says no."""
     try:
         value = cast(text)
     except ValueError:
@@ -183,11 +179,7 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return number_arg(text, float, "a number > 0", "a finite number > 0", _finite_positive)
-
-
-def _finite_positive(value: float) -> bool:
-    return 0 < value < float("inf")
+    return number_arg(text, float, "a number > 0", "a finite number > 0", lambda v: 0 < v < 1e309)
 
 
 def int_arg(text: str) -> int:

@@ -1,15 +1,6 @@
 """``prefixkv cluster``: route a trace over N replicas with each policy; write a report.
-
-The subcommand's flags and its run over the cluster simulation
-(:mod:`prefixkv.adapters.lab.cluster`) live here: :mod:`.main` imports this module
-when ``cluster`` is chosen, for :func:`add_arguments` and :func:`run`. The model,
-length, rate-sweep and SLO flags are ``compare``'s (:mod:`.cluster_load`), and so are the
-trace-input flags (:func:`.common.add_trace_flags`), ``--max-pool-blocks`` bounding each
-replica's pool. Flags that
-would be ignored are refused, ``--out`` is checked before the first run, ``--ray``
-checks that the replica actors fit the Ray cluster's CPUs before starting them, and
-Ctrl-C (or SIGTERM) writes the runs that finished, marked partial.
-"""
+Flags that would be ignored are refused, every value of a sweep is checked before the
+first run, and a stopping signal writes the runs that finished, marked partial."""
 
 from __future__ import annotations
 
@@ -21,22 +12,13 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from prefixkv.adapters.lab.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    SimSettings,
-)
-from prefixkv.adapters.lab.sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
-from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.lab.traces import TraceRequest, TraceSource, open_trace, stats_of
-from prefixkv.adapters.lab.workloads import WORKLOADS, Workload, make_workload, trace_workload
 from prefixkv.adapters.outputs import check_output_folder
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
+from ..admission import AdmissionRule, admit, length_rule
 from ..backends import over_pool_limit
 from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS
 from ..cluster.errors import ClusterSettingsError
@@ -54,33 +36,42 @@ from ..cluster.run import ClusterSettings
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests
+from ..sim.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    SimSettings,
+)
+from ..sim.model_config import ModelConfig
+from ..sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
+from ..sim.rate_sweep import rate_schedule, start_rate
+from ..sim.requests import SimRequest
+from ..traces import TraceRequest, open_trace, stats_of
+from ..workloads import WORKLOADS, Workload, make_workload, trace_workload
+from . import common
 from .args import (
     CLIUsageError,
+    distinct,
     int_arg,
     parse_capacity_tokens,
     parse_token_count,
     positive_float,
     positive_int,
+    request_rates,
 )
-from .cluster_load import Rates, admitted, fleet_capacities, rates_of
-from .common import add_gpu_memory_utilization, add_no_plots, add_trace_flags, read_settings
-from .load_flags import add_slo_flags, request_rates, slo_of
-from .model_flags import add_model_flags, apply_model
 from .signals import Interrupts
 
-__all__ = ["add_arguments", "run"]
-
 DEFAULT_POLICIES = ",".join((*POLICIES, *BOUNDS))
+DEFAULT_CAPACITY = 3_000_000
+"""Each replica's KV tokens when none is given: Mooncake's per-node local cache."""
 
 
 def _replica_counts(text: str) -> list[int]:
-    """``--replicas``: every value checked here, before anything runs."""
     try:
         values = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"want positive ints like 1,2,4,8, got {text!r}") from None
-    if not values or min(values) < 1 or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"want distinct positive ints like 1,2,4,8, got {text!r}")
+    distinct(values, text, "distinct positive ints like 1,2,4,8", ok=all(v >= 1 for v in values))
     if max(values) > MAX_REPLICAS:
         raise argparse.ArgumentTypeError(
             f"at most {MAX_REPLICAS:,} replicas (each one a simulated engine), got {max(values):,}"
@@ -98,63 +89,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="PATH", help="a trace (any format compare reads)")
-    src.add_argument(
-        "--workload",
-        choices=sorted(WORKLOADS),
-        default="multi_turn",
-        help="a built-in workload when no trace is given (default %(default)s)",
-    )
-    add_trace_flags(p)
+    src.add_argument("--workload", choices=sorted(WORKLOADS), default="multi_turn",
+                     help="a built-in workload when no trace is given (default "
+                     "%(default)s)")  # fmt: skip
+    common.add_trace_flags(p)
     _add_fleet_flags(p)
     _add_router_flags(p)
-    _add_runner_flags(p)
-    add_model_flags(p)
+    common.add_model_flags(p)
 
 
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
-    """The replicas: how many, their capacity, index, scheduler and costs."""
     f = p.add_argument_group("fleet")
     f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
-    f.add_argument(
-        "--capacity-tokens",
-        type=parse_capacity_tokens,
-        metavar="T[,T...]|auto",
-        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it; "
-        "auto: the pool vLLM sizes on the profile's hardware, or on --model-config and "
-        "--gpu-memory (default 3m, Mooncake's per-node local cache)",
-    )
-    add_gpu_memory_utilization(f)
-    f.add_argument(
-        "--block-size",
-        type=positive_int,
-        metavar="N",
-        help="tokens per block (default: the hash-id trace's tokens per id, else "
-        f"{DEFAULT_BLOCK_SIZE})",
-    )
-    f.add_argument(
-        "--index",
-        default="hash_chain",
-        metavar="NAME",
-        help="each replica's prefix index (default %(default)s)",
-    )
+    f.add_argument("--capacity-tokens", type=parse_capacity_tokens, metavar="T[,T...]|auto",
+                   help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several "
+                   "sweep it; auto: the pool vLLM sizes on the profile's hardware, or on "
+                   "--model-config and --gpu-memory (default 3m, Mooncake's per-node local "
+                   "cache)")  # fmt: skip
+    common.add_gpu_memory_utilization(f)
+    f.add_argument("--block-size", type=positive_int, metavar="N",
+                   help="tokens per block (default: the hash-id trace's tokens per id, else "
+                   f"{DEFAULT_BLOCK_SIZE})")  # fmt: skip
+    f.add_argument("--index", default="hash_chain", metavar="NAME",
+                   help="each replica's prefix index (default %(default)s)")  # fmt: skip
     f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
-    f.add_argument(
-        "--max-num-batched-tokens",
-        type=parse_token_count,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        metavar="N",
-    )
-    f.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
-    )
-    f.add_argument(
-        "--buffer-steps",
-        type=positive_int,
-        default=DEFAULT_BUFFER_STEPS,
-        metavar="N",
-        help=f"event batches each replica keeps for replay (vLLM's {DEFAULT_BUFFER_STEPS})",
-    )
+    f.add_argument("--max-num-batched-tokens", type=parse_token_count,
+                   default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metavar="N")  # fmt: skip
+    f.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help="cost profile: a shipped name or a file")  # fmt: skip
+    f.add_argument("--buffer-steps", type=positive_int, default=DEFAULT_BUFFER_STEPS,
+                   metavar="N", help="event batches each replica keeps for replay (vLLM's "
+                   f"{DEFAULT_BUFFER_STEPS})")  # fmt: skip
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
     f.add_argument("--open-loop", action="store_true",
@@ -164,92 +130,61 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
-    """Arrivals, the routing policies and the faults."""
+    """Arrivals, the routing policies, the faults and the runner."""
     arrivals = p.add_argument_group("arrivals")
     a = arrivals.add_mutually_exclusive_group()
-    a.add_argument(
-        "--request-rate",
-        type=request_rates,
-        metavar="R[,R...]|auto",
-        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the first and "
-        "sweep every policy over the rest on the first fleet size and capacity; auto starts "
-        "where the fleet has room and doubles until each policy is overloaded (at most 10 "
-        "rates), as compare --request-rate",
-    )
+    a.add_argument("--request-rate", type=request_rates, metavar="R[,R...]|auto",
+                   help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the "
+                   "first and sweep every policy over the rest on the first fleet size and "
+                   "capacity; auto starts where the fleet has room and doubles until each "
+                   "policy is overloaded (at most 10 rates), as compare "
+                   "--request-rate")  # fmt: skip
     a.add_argument("--time-scale", type=positive_float, metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
-    add_slo_flags(arrivals)
-    p.add_argument(
-        "--load-per-replica",
-        action="store_true",
-        help="sweeping --replicas: keep each replica's load, arrivals N/first times as fast",
-    )
+    common.add_slo_flags(arrivals)
+    p.add_argument("--load-per-replica", action="store_true",
+                   help="sweeping --replicas: keep each replica's load, arrivals N/first times "
+                   "as fast")  # fmt: skip
     r = p.add_argument_group("router")
-    r.add_argument(
-        "--policies",
-        default=DEFAULT_POLICIES,
-        metavar="SPEC[,SPEC...]",
-        help="routing policies, each name[@chained|radix|approx][:key=value...]; pooled and "
-        "infinite are the bounds (default: %(default)s)",
-    )
-    r.add_argument(
-        "--faults",
-        metavar="SPEC[,SPEC...]",
-        help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
-        "router_restart@60%%:dump (see the README)",
-    )
-
-
-def _add_runner_flags(p: argparse.ArgumentParser) -> None:
-    """Where the replicas run (in-process or Ray), the seed and the outputs."""
+    r.add_argument("--policies", default=DEFAULT_POLICIES, metavar="SPEC[,SPEC...]",
+                   help="routing policies, each name[@chained|radix|approx][:key=value...]; "
+                   "pooled and infinite are the bounds (default: %(default)s)")  # fmt: skip
+    r.add_argument("--faults", metavar="SPEC[,SPEC...]",
+                   help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
+                   "router_restart@60%%:dump (see the README)")  # fmt: skip
     x = p.add_argument_group("runner")
-    x.add_argument(
-        "--ray",
-        action="store_true",
-        help="one Ray actor per replica (pip install 'prefixkv[cluster]')",
-    )
-    x.add_argument(
-        "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
-    )
+    x.add_argument("--ray", action="store_true",
+                   help="one Ray actor per replica (pip install 'prefixkv[cluster]')")  # fmt: skip
+    x.add_argument("--ray-address", metavar="ADDR",
+                   help="join this Ray cluster (default: start a local one)")  # fmt: skip
     x.add_argument("--ray-cpus", type=positive_float, metavar="C",
                    help="CPUs each replica actor asks for; refused when the actors do not "
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
-    x.add_argument(
-        "--seed", type=int_arg, default=0, help="router, faults, arrivals and workload seed"
-    )
+    x.add_argument("--seed", type=int_arg, default=0,
+                   help="router, faults, arrivals and workload seed")  # fmt: skip
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
-    add_no_plots(x)
+    common.add_no_plots(x)
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
     x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
 
 
-def _source(args: argparse.Namespace) -> tuple[Iterable[TraceRequest], str, int | None]:
-    """Trace requests (re-iterable; a trace opened, not yet read), a description, and
-    tokens per hash id."""
+def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Workload]]:
+    """A description, tokens per hash id, and how to read the requests (a trace is opened
+    now, scanned when read)."""
     if args.trace is None:
-        w = make_workload(args.workload, seed=args.seed)[: args.max_requests]
-        return w, f"built-in workload {args.workload} ({len(w)} requests)", None
-    opts = dataclasses.replace(
-        read_settings(args),
-        tokens_per_id=args.tokens_per_id,
-        output=not args.prefill_only,
-        sorted_arrivals=args.request_rate is None,  # replayed at the trace's own times
-    )
-    source = open_trace(
-        args.trace, args.trace_format, max_requests=args.max_requests, settings=opts
-    )
-    name = os.path.basename(args.trace)
-    return source, f"{name} ({source.format})", source.tokens_per_id
-
-
-def _workload(
-    args: argparse.Namespace, requests: Iterable[TraceRequest], description: str
-) -> Workload:
-    """The requests with their sizes: a trace is scanned once (every request checked)."""
-    if isinstance(requests, TraceSource):
-        return trace_workload(requests, args.trace, quiet=args.quiet)
-    listed = list(requests)
-    return Workload(args.workload, description, listed, stats_of(listed))
+        listed = make_workload(args.workload, seed=args.seed)[: args.max_requests]
+        description = f"built-in workload {args.workload} ({len(listed)} requests)"
+        return description, None, lambda: Workload(args.workload, description, listed,
+                                                   stats_of(listed))  # fmt: skip
+    settings = dataclasses.replace(  # replayed at the trace's own times without a rate
+        common.read_settings(args), tokens_per_id=args.tokens_per_id,
+        output=not args.prefill_only, sorted_arrivals=args.request_rate is None,
+    )  # fmt: skip
+    source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests,
+                        settings=settings)  # fmt: skip
+    description = f"{os.path.basename(args.trace)} ({source.format})"
+    return description, source.tokens_per_id, lambda: trace_workload(source, args.trace,
+                                                                     quiet=args.quiet)  # fmt: skip
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -265,22 +200,16 @@ def _check_flags(args: argparse.Namespace) -> None:
                 "--time-scale stretches a trace's timestamps, and built-in workloads have "
                 "none: give --request-rate R (default 2 requests/s) or a --trace"
             )
-        for flag, default in _trace_only_defaults().items():
-            if getattr(args, flag) != default:
+        # The trace-input flags a workload ignores: all but --max-requests and the pool's.
+        trace_flags = argparse.ArgumentParser(add_help=False)
+        common.add_trace_flags(trace_flags)
+        for flag, default in vars(trace_flags.parse_args([])).items():
+            if flag not in ("max_requests", "max_pool_blocks") and getattr(args, flag) != default:
                 raise CLIUsageError(f"--{flag.replace('_', '-')} needs --trace")
     if not args.ray:
         for flag in ("ray_address", "ray_cpus"):
             if getattr(args, flag) is not None:
                 raise CLIUsageError(f"--{flag.replace('_', '-')} needs --ray")
-
-
-def _trace_only_defaults() -> dict[str, Any]:
-    """The trace-input flags a built-in workload ignores, with their defaults: all but
-    ``--max-requests`` (the first N of a workload too) and ``--max-pool-blocks``."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_trace_flags(p)
-    defaults = vars(p.parse_args([]))
-    return {k: v for k, v in defaults.items() if k not in ("max_requests", "max_pool_blocks")}
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
@@ -293,86 +222,126 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         plan.check(args.replicas[0])
     given = [f for f in (args.profile, args.model_config) if f and os.path.exists(f)]
     check_output_folder(args.out, OUTPUT_NAMES, [args.trace, *given])
-    profile, model = apply_model(args, load_profile(args.profile))
-    capacities = fleet_capacities(args, profile, model)
-    requests, description, per_id = _source(args)
+    profile, model = common.apply_model(args, load_profile(args.profile))
+    caps, sizing = _capacities(args, profile, model)
+    description, per_id, read = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
-    config = _cluster_settings(args, capacities[0], per_id, profile, faults=plan is not None)
-    # Every run's settings, built now: a bad value anywhere in a sweep (--replicas,
-    # --capacity-tokens) is refused before the trace is read or the first run starts.
-    plan_experiment(specs, config, replicas=args.replicas, capacities=capacities)
-    _check_pools(capacities, config.block_size, args.max_pool_blocks)
-    workload, settings = admitted(
-        args, _workload(args, requests, description), model, config.block_size,
-        min(capacities), profile,
-    )  # fmt: skip
-    rates = rates_of(args, workload, profile)
+    config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
+    workload = read()  # the trace scanned, every request checked
+    rule = length_rule(common.max_model_len(args, model), min(caps), block_size=config.block_size,
+                       max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    workload, settings = _admitted(args, workload, rule)
+    settings = {"capacity_model": sizing, **settings}
+    rates = _rates(args, workload, profile)
     settings["slo"] = None if config.slo is None else config.slo.describe()
     stream = _arrivals(args, workload.requests)
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None, rates.first)))
     t0 = time.perf_counter()
-    results, partial = _run_all(args, stream, specs, config, rates, capacities, plan, interrupts)
+    results, partial = _run_all(args, stream, specs, config, rates, caps, plan, interrupts)
     interrupts.hold()  # what finished is written whole, whatever arrives now
     if not results:
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    timing = rates.describe(args.seed, args.time_scale)
-    files = write_report(
-        results,
-        args.out,
-        command="prefixkv " + shlex.join(argv),
-        source=f"{description}; arrivals: {timing}; "
-        f"{'prefill only' if args.prefill_only else 'full outputs'}",
-        requests_table=not args.no_requests_table,
-        plots=not args.no_plots,
-        partial=partial,
-        notes=workload.notes,
-        settings=settings,
-    )
+    source = (f"{description}; arrivals: {rates.text}; "
+              f"{'prefill only' if args.prefill_only else 'full outputs'}")  # fmt: skip
+    files = write_report(results, args.out, command="prefixkv " + shlex.join(argv),
+                         source=source, requests_table=not args.no_requests_table,
+                         plots=not args.no_plots, partial=partial, notes=workload.notes,
+                         settings=settings)  # fmt: skip
     if not args.quiet or partial:
-        wall = time.perf_counter() - t0
         what = f"partial results ({partial})" if partial else f"{len(results)} runs"
-        print(f"{what} in {wall:.1f} s; wrote {len(files)} files to {args.out}")
-    return _exit_status(results, partial, interrupts)
+        print(f"{what} in {time.perf_counter() - t0:.1f} s; wrote {len(files)} files to {args.out}")
+    broken = [r for r in results if r.invariants.broken()]
+    if broken:
+        print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
+        return 1
+    return interrupts.status() if partial or interrupts.received else 0
 
 
-def _check_pools(capacities: Iterable[int], block_size: int, max_pool_blocks: int) -> None:
-    """Refuse a replica pool of more blocks than ``--max-pool-blocks``, the limit
-    ``compare`` and ``replay`` put on a pool.
+def _capacities(
+    args: argparse.Namespace, profile: CostProfile, model: ModelConfig | None
+) -> tuple[list[int], str | None]:
+    """Each replica's capacities in tokens (``auto`` as vLLM sizes the pool) and the
+    model's sizing line, printed with a warning for capacities beyond the hardware."""
+    caps = common.capacities(args, profile) if args.capacity_tokens == "auto" else None
+    caps = caps or args.capacity_tokens or [DEFAULT_CAPACITY]
+    sizing = common.model_line(args, profile, model)
+    if sizing:
+        print(f"capacity: {sizing}")
+        for line in common.capacity_warnings(sorted(set(caps)), profile, args):
+            print(f"prefixkv: warning: {line}", file=sys.stderr)
+    return list(caps), sizing
 
-    Raises:
-        ClusterSettingsError: naming the capacity, its blocks and the limit.
-    """
-    for capacity in capacities:
-        over = over_pool_limit(capacity, block_size, max_pool_blocks, "a replica")
-        if over:
-            raise ClusterSettingsError(over)
 
-
-def _cluster_settings(
+def _settings(
     args: argparse.Namespace,
-    capacity_tokens: int,
+    specs: Sequence[PolicySpec],
+    caps: list[int],
     per_id: int | None,
     profile: CostProfile,
     *,
     faults: bool,
 ) -> ClusterSettings:
-    """The first run's settings, from the flags (a fault run keeps its token ids)."""
-    return ClusterSettings(
-        num_replicas=args.replicas[0],
-        capacity_tokens=capacity_tokens,
-        backend=args.index,
-        block_size=args.block_size or per_id or DEFAULT_BLOCK_SIZE,
-        sim=SimSettings(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
-        ),
-        profile=profile,
-        buffer_steps=args.buffer_steps,
-        seed=args.seed,
-        keep_tokens=faults,
-        slo=slo_of(args),
+    """The first run's settings (a fault run keeps its token ids); every run of the sweeps
+    is planned, and every pool bounded, now: a bad value is refused before any work."""
+    sim = SimSettings(max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    config = ClusterSettings(
+        num_replicas=args.replicas[0], capacity_tokens=caps[0], backend=args.index,
+        block_size=args.block_size or per_id or DEFAULT_BLOCK_SIZE, sim=sim, profile=profile,
+        buffer_steps=args.buffer_steps, seed=args.seed, keep_tokens=faults,
+        slo=common.slo_of(args),
+    )  # fmt: skip
+    plan_experiment(specs, config, replicas=args.replicas, capacities=caps)
+    for capacity in caps:
+        over = over_pool_limit(capacity, config.block_size, args.max_pool_blocks, "a replica")
+        if over:
+            raise ClusterSettingsError(over)
+    return config
+
+
+def _admitted(
+    args: argparse.Namespace, workload: Workload, rule: AdmissionRule | None
+) -> tuple[Workload, dict[str, Any]]:
+    """The requests every replica can take under ``rule`` (the model's length and the
+    smallest pool) and the report's settings; the rejections' note is printed."""
+    if rule is None:
+        return workload, {}
+    kept, rejected = admit(workload, rule, abort=args.on_long_request == "abort")
+    if rejected.count:
+        print(f"note: {rejected.note(workload.stats.num_requests)}")
+    return kept, {"admission": rule.describe(), "rejected_requests": rejected.count}
+
+
+class _Rates(NamedTuple):
+    """The experiment's Poisson rate (``None``: the trace's timestamps), the sweep's
+    (ascending, ``first`` included; ``auto``: doubling until each policy is overloaded),
+    and the report's words for them."""
+
+    first: float | None
+    sweep: tuple[float, ...]
+    auto: bool
+    text: str
+
+
+def _rates(args: argparse.Namespace, workload: Workload, profile: CostProfile) -> _Rates:
+    """``--request-rate``: ``auto`` starts at the first fleet size times the rate one
+    replica serves with room to spare; a built-in workload without one gets 2/s."""
+    asked = args.request_rate
+    if asked is None and args.trace is not None:
+        return _Rates(None, (), False, f"trace timestamps x {args.time_scale or 1.0}")
+    if asked == "auto":
+        first = args.replicas[0] * start_rate(workload.stats, profile, args.max_num_batched_tokens)
+        sweep = rate_schedule(first, auto=True)
+        then = ", then doubling until each policy is overloaded"
+    else:
+        first = 2.0 if asked is None else asked[0]
+        sweep = rate_schedule(first, asked[1:]) if asked and len(asked) > 1 else []
+        then = f", swept at {', '.join(f'{r:g}' for r in sweep)} req/s" if sweep else ""
+    return _Rates(
+        first, tuple(sweep), asked == "auto", f"Poisson {first:g}/s (seed {args.seed}){then}"
     )
 
 
@@ -381,31 +350,31 @@ def _run_all(
     stream: Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]],
     specs: Sequence[PolicySpec],
     config: ClusterSettings,
-    rates: Rates,
-    capacities: list[int],
+    rates: _Rates,
+    caps: list[int],
     plan: FaultPlan | None,
     interrupts: Interrupts,
 ) -> tuple[list[ClusterResult], str]:
     """The experiment's runs, then the rate sweep's; returns the runs that finished
     and, when interrupted, what stopped them (else ``""``)."""
     partial = ""
-    actors = _peak_actors(args, plan) if any(not s.is_bound for s in specs) else 0
+    # The most replica actors alive at once: the largest fleet, or the first (the fault
+    # runs') plus the replicas its scale_up faults add.
+    ups = 0 if plan is None else sum(f.kind == "scale_up" for f in plan.scheduled)
+    peak = max(max(args.replicas), args.replicas[0] + ups)
     results: list[ClusterResult] = []
     on_run = None if args.quiet else _print_run
     try:
-        with _fleet(args, actors) as fleet_factory:
-            runs = plan_experiment(
-                specs, config, replicas=args.replicas, capacities=capacities, faults=plan
-            )
+        with _fleet(args, peak if any(not s.is_bound for s in specs) else 0) as fleet:
+            runs = plan_experiment(specs, config, replicas=args.replicas, capacities=caps,
+                                   faults=plan)  # fmt: skip
             results += run_experiment(
-                lambda cfg: stream(cfg, rates.first), runs, fleet=fleet_factory, on_run=on_run,
+                lambda cfg: stream(cfg, rates.first), runs, fleet=fleet, on_run=on_run,
                 labels={"request_rate": rates.first, "role": "table"},
             )  # fmt: skip
             if rates.sweep:
-                run_rate_sweep(
-                    stream, specs, config, rates.sweep, auto=rates.auto, fleet=fleet_factory,
-                    on_run=on_run, into=results,
-                )  # fmt: skip
+                run_rate_sweep(stream, specs, config, rates.sweep, auto=rates.auto, fleet=fleet,
+                               on_run=on_run, into=results)  # fmt: skip
     except ClusterInterrupted as stop:
         results = stop.results
         partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
@@ -414,50 +383,26 @@ def _run_all(
     return results, partial
 
 
-def _exit_status(results: list[ClusterResult], partial: str, interrupts: Interrupts) -> int:
-    """1 when a run broke an invariant; else 130 or 143 when interrupted; else 0."""
-    broken = [r for r in results if r.invariants.broken()]
-    if broken:
-        print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
-        return 1
-    return interrupts.status() if partial or interrupts.received else 0
-
-
-def _peak_actors(args: argparse.Namespace, plan: FaultPlan | None) -> int:
-    """The most replica actors alive at once: the largest fleet, plus the replicas
-    ``scale_up`` faults add (fault runs use the first fleet size)."""
-    ups = 0 if plan is None else sum(f.kind == "scale_up" for f in plan.scheduled)
-    sizes: list[int] = args.replicas
-    return max(max(sizes), sizes[0] + ups)
-
-
 def _arrivals(
     args: argparse.Namespace, requests: Iterable[TraceRequest]
 ) -> Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]]:
     """The requests with arrival times, for a fleet configuration and a Poisson rate
     (``None``: the trace's timestamps x ``--time-scale``), re-iterable."""
-    first = args.replicas[0]
 
     def stream(cfg: ClusterSettings | None, request_rate: float | None) -> Iterator[SimRequest]:
         # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
-        k = first / cfg.num_replicas if cfg is not None and args.load_per_replica else 1.0
+        k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
         rate = None if request_rate is None else request_rate / k
         scale = None if request_rate is not None else (args.time_scale or 1.0) * k
-        return sim_requests(
-            requests,
-            prefill_only=args.prefill_only,
-            request_rate=rate,
-            time_scale=scale,
-            seed=args.seed,
-            closed_loop=not args.open_loop,
-        )
+        return sim_requests(requests, prefill_only=args.prefill_only, request_rate=rate,
+                            time_scale=scale, seed=args.seed,
+                            closed_loop=not args.open_loop)  # fmt: skip
 
     return stream
 
 
 def _print_run(res: ClusterResult) -> None:
-    """One progress line per finished run: its hit ratio, TTFT, load verdict (offered
-    vs achieved rate, overloaded or not) and, under an SLO, goodput."""
+    """A line per finished run: hit ratio, TTFT, load verdict and, under an SLO, goodput."""
     r, lab = res.run, res.labels
     ok = "ok" if not res.invariants.broken() else "INVARIANTS BROKEN"
     load = r.load()
@@ -474,18 +419,12 @@ def _print_run(res: ClusterResult) -> None:
 @contextlib.contextmanager
 def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet] | None]:
     """With ``--ray``, a factory of Ray fleets whose ``actors`` replica actors fit the
-    cluster's free CPUs (Ray is started, then shut down if this started it);
-    otherwise ``None``, the in-process fleet.
-
-    Raises:
-        ClusterSettingsError: Ray unreachable, or ``--ray-cpus`` too large.
-        ExtraNotInstalledError: Ray is not installed.
-    """
+    cluster's free CPUs (Ray started, and then shut down, if it was not running); else
+    ``None``, the in-process fleet."""
     if not args.ray:
         yield None
         return
-    require_extra("cluster", "--ray", ("ray",))
-    import ray as ray_module
+    import ray as ray_module  # its extra checked with the flags
 
     from ..cluster.ray_fleet import RayFleet, actor_cpus, check_ray_address
 
@@ -497,15 +436,10 @@ def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet
         ray_module.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         resources = ray_module.available_resources()  # type: ignore[no-untyped-call]
-        free = float(resources.get("CPU", 0.0))
-        cpus, note = actor_cpus(actors, free, args.ray_cpus)
+        cpus, note = actor_cpus(actors, float(resources.get("CPU", 0.0)), args.ray_cpus)
         if note:
             print(f"prefixkv: --ray: {note}", file=sys.stderr, flush=True)
-
-        def fleet_factory() -> Fleet:
-            return RayFleet(num_cpus=cpus, init=False)
-
-        yield fleet_factory
+        yield lambda: RayFleet(num_cpus=cpus, init=False)
     finally:
         if started:
             ray_module.shutdown()

@@ -1,13 +1,6 @@
-"""``prefixkv compare``: backends head to head on workloads or a trace; a report.
-
-Replays workloads (or a trace) through each backend at equal capacity, prints a table
-per workload and writes ``report.md``, ``results.json``, the tidy tables and plots.
-With ``--request-rate`` or ``--time-scale`` each backend also runs at arrival time
-(TTFT, queueing, GPU time) under one scheduler, vLLM's, so only the index varies;
-``--scheduler vllm,sglang`` makes the scheduler an axis of its own. Sessions replay
-closed loop (``--open-loop`` to send every request at its own arrival). Ctrl-C writes
-what is finished, marked partial.
-"""
+"""``prefixkv compare``: backends head to head on workloads or a trace, at equal capacity
+and, with ``--request-rate`` or ``--time-scale``, at arrival time; a table per workload,
+the tidy tables, ``report.md``, ``results.json`` and plots."""
 
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ from ..extras import require_extra
 from ..outputs import compare as report
 from ..outputs.markdown import machine_info, package_versions, text_table
 from ..outputs.tables import write_json
-from ..progress import progress
+from ..progress import Progress, progress
 from ..sim import (
     ARRIVAL_PROCESSES,
     BATCHING_MODES,
@@ -48,22 +41,16 @@ from ..sim import (
 from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.model_config import ModelConfig
 from ..workloads import DEFAULT_WORKLOADS, workload_names
-from .args import CLIUsageError, parse_token_count, positive_float, positive_int
-from .common import (
-    add_common,
-    add_no_plots,
-    backend_options,
-    capacities,
-    capacity_rule,
-    capacity_warnings,
-    load_workloads_for,
-    token_bars,
+from . import common
+from .args import (
+    CLIUsageError,
+    distinct,
+    parse_token_count,
+    positive_float,
+    positive_int,
+    request_rates,
 )
-from .load_flags import add_slo_flags, request_rates, slo_of
-from .model_flags import add_model_flags, apply_model, max_model_len, model_line
 from .signals import Interrupts
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(cmp: argparse.ArgumentParser) -> None:
@@ -74,75 +61,39 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep."
     )
     src = cmp.add_mutually_exclusive_group()
-    src.add_argument(
-        "--workload",
-        "-w",
-        action="extend",
-        nargs="+",
-        metavar="NAME",
-        help=f"built-in workloads (several allowed): {', '.join(workload_names())}",
-    )
-    src.add_argument(
-        "--trace",
-        metavar="PATH",
-        help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
-        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
-    )
-    cmp.add_argument(
-        "--index",
-        default=CompareOptions.indexes,
-        metavar="LIST",
-        help="comma-separated backends, NAME or NAME:SIZE "
-        f"(default %(default)s; known: {', '.join(available_indexes())})",
-    )
-    add_common(cmp)
-    _add_k_live_flags(cmp)
+    src.add_argument("--workload", "-w", action="extend", nargs="+", metavar="NAME",
+                     help="built-in workloads (several allowed): "
+                     f"{', '.join(workload_names())}")  # fmt: skip
+    src.add_argument("--trace", metavar="PATH",
+                     help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
+                     "kv-cache-tester conversations (a folder, a .json or a .tar.xz)")  # fmt: skip
+    cmp.add_argument("--index", default=CompareOptions.indexes, metavar="LIST",
+                     help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
+                     f"known: {', '.join(available_indexes())})")  # fmt: skip
+    common.add_common(cmp)
+    cmp.add_argument("--capacity-sweep", action=argparse.BooleanOptionalAction, default=None,
+                     help="also replay at 7 capacities from tight to roomy and plot hit ratio "
+                     "vs capacity (default: on for the built-in set, off otherwise)")  # fmt: skip
+    cmp.add_argument("--capacity-search", action=argparse.BooleanOptionalAction, default=None,
+                     help="find each backend's working set (the smallest capacity reaching the "
+                     "infinite-cache hit ratio) and knee (98%% of it) by bisection over "
+                     "replays, to within 5%%: about 8-16 more replays a backend (default: on "
+                     "for built-in workloads, off for a trace)")  # fmt: skip
+    cmp.add_argument("--timing-repeats", type=lambda t: positive_int(t) if t != "0" else 0,
+                     default=None, metavar="R",
+                     help="timed replays per backend; each request's index time is its minimum "
+                     "over them; 0 times the accounting replay itself (default 3, 1 for a "
+                     "trace)")  # fmt: skip
+    cmp.add_argument("--boundary-accounting", action=argparse.BooleanOptionalAction,
+                     default=None, help="replay once more with the token-level mirror that "
+                     "counts matched-but-recomputed tokens (SPEC BB-8) (default: on, but off "
+                     "for hash-id traces, whose sharing stops at block boundaries by "
+                     "construction)")  # fmt: skip
     _add_time_flags(cmp)
-    add_model_flags(cmp)
-    add_no_plots(cmp)
-    cmp.add_argument(
-        "--out",
-        "-o",
-        default="prefixkv-report",
-        metavar="DIR",
-        help="output folder (default ./prefixkv-report)",
-    )
-
-
-def _add_k_live_flags(cmp: argparse.ArgumentParser) -> None:
-    """The K-live replay's flags beyond the common ones: the sweep, timing, accounting."""
-    cmp.add_argument(
-        "--capacity-sweep",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also replay at 7 capacities from tight to roomy and plot hit ratio "
-        "vs capacity (default: on for the built-in set, off otherwise)",
-    )
-    cmp.add_argument(
-        "--capacity-search",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="find each backend's working set (the smallest capacity reaching the "
-        "infinite-cache hit ratio) and knee (98%% of it) by bisection over replays, to "
-        "within 5%%: about 8-16 more replays a backend (default: on for built-in "
-        "workloads, off for a trace)",
-    )
-    cmp.add_argument(
-        "--timing-repeats",
-        type=lambda t: positive_int(t) if t != "0" else 0,
-        default=None,
-        metavar="R",
-        help="timed replays per backend; each request's index time is its minimum over "
-        "them; 0 times the accounting replay itself (default 3, 1 for a trace)",
-    )
-    cmp.add_argument(
-        "--boundary-accounting",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replay once more with the token-level mirror that counts matched-but-"
-        "recomputed tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose "
-        "sharing stops at block boundaries by construction)",
-    )
+    common.add_model_flags(cmp)
+    common.add_no_plots(cmp)
+    cmp.add_argument("--out", "-o", default="prefixkv-report", metavar="DIR",
+                     help="output folder (default ./prefixkv-report)")  # fmt: skip
 
 
 def _add_time_flags(p: argparse.ArgumentParser) -> None:
@@ -151,129 +102,96 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
     when = g.add_mutually_exclusive_group()
-    when.add_argument(
-        "--request-rate",
-        type=request_rates,
-        metavar="R[,R...]|auto",
-        help="also run each backend at arrival time, requests arriving at R per second "
-        "(as vllm bench serve --request-rate); several (1,2,4,8) sweep the rate at the "
-        "table's capacity, the first being the table's; auto starts where the replica has "
-        "room and doubles until each backend is overloaded (at most 10 rates)",
-    )
-    when.add_argument(
-        "--time-scale",
-        type=positive_float,
-        metavar="S",
-        help="also run each backend at arrival time, at the trace's own timestamps times S "
-        "(S < 1: faster, more load)",
-    )
-    g.add_argument(
-        "--arrival",
-        choices=ARRIVAL_PROCESSES,
-        help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
-    )
-    _add_scheduler_flags(g)
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next turn "
-        "before the previous one finished (default: sessions replay closed loop, each turn "
-        "after the previous answer plus its think time, as kv-cache-tester and AIPerf do)",
-    )
-    add_slo_flags(g)
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
-        "calibrate --list) or a file from prefixkv calibrate (default "
-        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-        "--capacity-gib, and capacities beyond it warn",
-    )
+    when.add_argument("--request-rate", type=request_rates, metavar="R[,R...]|auto",
+                      help="also run each backend at arrival time, requests arriving at R per "
+                      "second (as vllm bench serve --request-rate); several (1,2,4,8) sweep the "
+                      "rate at the table's capacity, the first being the table's; auto starts "
+                      "where the replica has room and doubles until each backend is overloaded "
+                      "(at most 10 rates)")  # fmt: skip
+    when.add_argument("--time-scale", type=positive_float, metavar="S",
+                      help="also run each backend at arrival time, at the trace's own "
+                      "timestamps times S (S < 1: faster, more load)")  # fmt: skip
+    g.add_argument("--arrival", choices=ARRIVAL_PROCESSES,
+                   help="with --request-rate: poisson (seeded by --seed; the default) or fixed "
+                   "spacing")  # fmt: skip
+    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
+                   help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
+                   f"default {DEFAULT_MAX_NUM_SEQS})")  # fmt: skip
+    g.add_argument("--max-num-batched-tokens", type=parse_token_count, metavar="T",
+                   help="most tokens one step computes, as vLLM's flag (SGLang "
+                   "--chunked-prefill-size; default "
+                   f"{DEFAULT_MAX_NUM_BATCHED_TOKENS})")  # fmt: skip
+    g.add_argument("--policy", choices=QUEUE_ORDERS,
+                   help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware "
+                   "lpm (default: fcfs, both engines' default)")  # fmt: skip
+    g.add_argument("--scheduler", type=_schedulers, metavar="LIST",
+                   help="the scheduler every backend runs under: vllm (prefill chunks and "
+                   "decodes mixed in one step; the default, so only the index varies), sglang "
+                   "(a prefill step whenever one fits, else a decode step), both as "
+                   "vllm,sglang (the scheduler becomes an axis), or natural (each backend on "
+                   "the engine it models: hash chain and none as vLLM, radix as SGLang; index "
+                   "and scheduler then move together)")  # fmt: skip
+    g.add_argument("--batching", choices=BATCHING_MODES,
+                   help="same as --scheduler vllm (mixed) or --scheduler sglang "
+                   "(prefill_first)")  # fmt: skip
+    g.add_argument("--open-loop", action="store_true", default=None,
+                   help="send every request at its own arrival time, even a session's next "
+                   "turn before the previous one finished (default: sessions replay closed "
+                   "loop, each turn after the previous answer plus its think time, as "
+                   "kv-cache-tester and AIPerf do)")  # fmt: skip
+    common.add_slo_flags(g)
+    g.add_argument("--profile", metavar="NAME|FILE",
+                   help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
+                   "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
+                   f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+                   "--capacity-gib, and capacities beyond it warn")  # fmt: skip
 
 
-def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
-    """The simulated replica's scheduler: its budgets, queue order and batching."""
-    g.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        metavar="N",
-        help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
-        f"default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=parse_token_count,
-        metavar="T",
-        help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
-        f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
-    )
-    g.add_argument(
-        "--policy",
-        choices=QUEUE_ORDERS,
-        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware lpm "
-        "(default: fcfs, both engines' default)",
-    )
-    g.add_argument(
-        "--scheduler",
-        type=_schedulers,
-        metavar="LIST",
-        help="the scheduler every backend runs under: vllm (prefill chunks and decodes mixed "
-        "in one step; the default, so only the index varies), sglang (a prefill step "
-        "whenever one fits, else a decode step), both as vllm,sglang (the scheduler becomes "
-        "an axis), or natural (each backend on the engine it models: hash chain and none "
-        "as vLLM, radix as SGLang; index and scheduler then move together)",
-    )
-    g.add_argument(
-        "--batching",
-        choices=BATCHING_MODES,
-        help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
-    )
+def _schedulers(text: str) -> tuple[str, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    want = f"distinct names of {', '.join(SCHEDULERS)} (comma-separated)"
+    return tuple(distinct(names, text, want, ok=set(names) <= set(SCHEDULERS)))
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv compare``; returns the exit status (130 or 143: interrupted, partial).
 
-    The plots' extra (unless ``--no-plots``) and ``--out`` are checked before anything
-    runs; once the runs end (or Ctrl-C stops
-    them) signals are only recorded (``interrupts.hold()``) while the report is
-    written.
+    The plots' extra, the backends and ``--out`` are checked before anything runs; once
+    the runs end signals are only recorded while the report is written.
     """
     interrupts = interrupts or Interrupts()
     t0 = time.perf_counter()
     if not args.no_plots:
         require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
-    parse_backends(  # a bad backend is refused before the output folder is looked at
-        args.index,
-        block_size=args.block_size,
-        page_size=args.page_size,
-        options=backend_options(args),
-    )
-    out = _output_folder(args)
+    parse_backends(args.index, block_size=args.block_size, page_size=args.page_size,
+                   options=common.backend_options(args))  # fmt: skip
+    given = [f for f in (args.profile, args.model_config) if f and os.path.exists(f)]
+    out = check_output_folder(args.out, _OUTPUTS, [args.trace, *given])
     _check_time_flags(args)
-    profile, model = apply_model(args, load_profile(args.profile or DEFAULT_PROFILE))
+    profile, model = common.apply_model(args, load_profile(args.profile or DEFAULT_PROFILE))
     options = _options(args, profile, model)
     timed = options.time_settings() is not None  # its values checked before any work
     names = [n for part in args.workload or [] for n in part.split(",") if n]
-    workloads = load_workloads_for(args, names or None)
-    caps = capacities(args, profile)
+    workloads = common.load_workloads_for(args, names or None)
+    caps = common.capacities(args, profile)
     options = dataclasses.replace(options, capacity_tokens=caps)
-    sizing = model_line(args, profile, model)
+    sizing = common.model_line(args, profile, model)
     if sizing:
         print(f"capacity: {sizing}")
     settings = options.settings(workloads)
     rule = options.length_rule(settings)
-    workloads = options.admitted(workloads, settings)
-    plans = plan_comparison(workloads, settings)
-    physical = timed or args.profile is not None or caps is not None or sizing
-    if physical:
+    plans = plan_comparison(options.admitted(workloads, settings), settings)
+    warnings: list[str] = []
+    if timed or args.profile is not None or caps is not None or sizing:
         listed = caps or [p.capacity_tokens for p in plans]
-        comparison_warnings = capacity_warnings(sorted(set(listed)), profile, args)
-    else:
-        comparison_warnings = []
-    comparison = run_comparison(plans, settings, bars=token_bars(args.quiet))
+        warnings = common.capacity_warnings(sorted(set(listed)), profile, args)
+
+    def bars(desc: str, total: int) -> Progress:
+        return progress(total, desc, quiet=args.quiet, unit="tok")
+
+    comparison = run_comparison(plans, settings, bars=bars)
     interrupts.hold()
-    comparison.warnings[:0] = comparison_warnings
+    comparison.warnings[:0] = warnings
     for r in comparison.workloads:
         _print_workload(r)
     for line in comparison.warnings:
@@ -291,16 +209,8 @@ _OUTPUTS = (
 """The files compare writes under these names (the per-workload plots add theirs)."""
 
 
-def _output_folder(args: argparse.Namespace) -> Path:
-    """The ``--out`` folder, checked before anything runs: a folder (or absent), not an
-    input, and none of its report files a link, a device or an input."""
-    profile = args.profile if args.profile and os.path.exists(args.profile) else None
-    model = args.model_config if args.model_config and os.path.exists(args.model_config) else None
-    return check_output_folder(args.out, _OUTPUTS, [args.trace, profile, model])
-
-
 def _print_workload(r: WorkloadResult) -> None:
-    """One workload's K-live table, its notes and its arrival-time table."""
+    """One workload's K-live table, its notes and its arrival-time tables."""
     print(report.workload_title(r))
     if r.backends:
         print(text_table(report.table_rows(r.backends), report.COLUMNS))
@@ -349,16 +259,13 @@ def _write_outputs(
         "plots": {},
         "tables": {},
     }
-    if results:
-        try:
+    try:  # called without main()'s handler, a signal leaves each file whole or absent
+        if results:
             report.write_compare_tables(comparison, out, meta["tables"])
-        except KeyboardInterrupt:  # called without main()'s handler: each table whole or absent
-            interrupted = meta["partial"] = True
-    if not interrupted and not args.no_plots and results:
-        try:
+        if not interrupted and not args.no_plots and results:
             meta["plots"] = _plots(results, out, args.quiet, interrupts)
-        except KeyboardInterrupt:  # each plot is whole or absent; the rest is written
-            interrupted = meta["partial"] = True
+    except KeyboardInterrupt:
+        interrupted = meta["partial"] = True
     meta["elapsed_seconds"] = time.perf_counter() - t0
     write_json(out / "results.json", report.results_document(comparison, meta))
     report.write_report(out / "report.md", results, meta)
@@ -371,29 +278,14 @@ def _write_outputs(
     return interrupts.status() if interrupted else 0
 
 
-_TIME_KNOBS = (
-    "arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching", "scheduler",
-    "open_loop", "slo_ttft", "slo_tpot", "slo_e2el",
-)  # fmt: skip
-
-
-def _schedulers(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in SCHEDULERS]
-    if not names or bad or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"want distinct names of {', '.join(SCHEDULERS)} (comma-separated), got {text!r}"
-        )
-    return names
-
-
 def _check_time_flags(args: argparse.Namespace) -> None:
     """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
-        given = [k for k in _TIME_KNOBS if getattr(args, k) is not None]
+        knobs = ("arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching",
+                 "scheduler", "open_loop", "slo_ttft", "slo_tpot", "slo_e2el")  # fmt: skip
+        given = ", ".join("--" + k.replace("_", "-") for k in knobs if getattr(args, k) is not None)
         if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise CLIUsageError(f"{flags} need --request-rate or --time-scale")
+            raise CLIUsageError(f"{given} need --request-rate or --time-scale")
     elif args.arrival is not None and args.request_rate is None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
     elif args.batching is not None and args.scheduler is not None:
@@ -403,43 +295,33 @@ def _check_time_flags(args: argparse.Namespace) -> None:
 def _options(
     args: argparse.Namespace, profile: CostProfile, model: ModelConfig | None
 ) -> CompareOptions:
-    """The flags as :class:`CompareOptions`, the one place a comparison's settings are
-    resolved (the workloads are loaded, and the capacities sized, by the caller)."""
-    rates = args.request_rate
+    """The flags as :class:`CompareOptions`; a flag not given takes the option's default."""
+    rates, repeats = args.request_rate, args.timing_repeats
     listed = [] if rates is None or rates == "auto" else list(rates)
-    flags: dict[str, Any] = {
-        "workloads": args.workload,
-        "trace": args.trace,
-        "indexes": args.index,
-        "block_size": args.block_size,
-        "page_size": args.page_size,
-        "index_options": backend_options(args),
-        "capacity_sweep": args.capacity_sweep,
-        "capacity_search": args.capacity_search,
-        "max_pool_blocks": args.max_pool_blocks,
-        "concurrency": args.concurrency,
-        "timing_repeats": (1 if args.trace is not None else 3)
-        if args.timing_repeats is None
-        else args.timing_repeats,
-        "boundary_accounting": args.boundary_accounting,
-        "request_rate": listed[0] if listed else None,
-        "rate_sweep": "auto" if rates == "auto" else listed[1:],
-        "slo": slo_of(args),
-        "time_scale": args.time_scale,
-        "arrival": args.arrival,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "queue_order": args.policy,
-        "batching": args.batching,
-        "schedulers": args.scheduler,
-        "closed_loop": not args.open_loop,
-        "profile": profile,
-        "max_model_len": max_model_len(args, model),
-        "on_long_request": args.on_long_request,
-        "seed": args.seed,
-    }
-    # A flag not given takes the option's own default: none is restated here.
+    flags: dict[str, Any] = {name: getattr(args, name) for name in _SAME_NAMED}
+    flags.update(
+        workloads=args.workload,
+        indexes=args.index,
+        index_options=common.backend_options(args),
+        timing_repeats=(1 if args.trace is not None else 3) if repeats is None else repeats,
+        request_rate=listed[0] if listed else None,
+        rate_sweep="auto" if rates == "auto" else listed[1:],
+        slo=common.slo_of(args),
+        queue_order=args.policy,
+        schedulers=args.scheduler,
+        closed_loop=not args.open_loop,
+        profile=profile,
+        max_model_len=common.max_model_len(args, model),
+    )
     return CompareOptions(**{k: v for k, v in flags.items() if v is not None})
+
+
+_SAME_NAMED = (
+    "trace", "block_size", "page_size", "capacity_sweep", "capacity_search", "max_pool_blocks",
+    "concurrency", "boundary_accounting", "time_scale", "arrival", "max_num_seqs",
+    "max_num_batched_tokens", "batching", "on_long_request", "seed",
+)  # fmt: skip
+"""The flags named as the :class:`CompareOptions` fields they set."""
 
 
 def _compare_config(
@@ -459,7 +341,7 @@ def _compare_config(
         "trace_format": args.trace_format,
         "capacity_tokens": None if caps is None else ",".join(str(c) for c in caps),
         "capacity_blocks": args.capacity_blocks,
-        "capacity_rule": capacity_rule(args, caps),
+        "capacity_rule": _capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
         "concurrency": args.concurrency,
         "max_requests": args.max_requests,
@@ -499,23 +381,48 @@ def _compare_config(
     return config
 
 
+def _capacity_rule(args: argparse.Namespace, caps: Sequence[int] | None) -> str:
+    """How the capacities were chosen, as the report says it."""
+    if args.capacity_tokens == "auto" and caps:
+        return (
+            f"auto: {caps[0]:,} tokens, what the profile's hardware holds at "
+            f"--gpu-memory-utilization {common.memory_utilization(args):g}"
+        )
+    if args.capacity_gib is not None and caps:
+        gib = ", ".join(f"{g:g}" for g in args.capacity_gib)
+        return f"{gib} GiB of KV = {', '.join(f'{c:,}' for c in caps)} tokens"
+    if args.capacity_tokens is not None:
+        listed = args.capacity_tokens
+        text = f"{listed[0]:,} tokens for every backend"
+        if len(listed) > 1:
+            text += f"; sweep at {', '.join(f'{c:,}' for c in listed)} tokens"
+        return text
+    if args.capacity_blocks is not None:
+        return (
+            f"{args.capacity_blocks:,} blocks of {args.block_size} tokens = "
+            f"{args.capacity_blocks * args.block_size:,} tokens for every backend"
+        )
+    return "roomy: every request's prompt and output plus two blocks, so nothing is evicted"
+
+
 def _plots(
     results: list[WorkloadResult], out: Path, quiet: bool, interrupts: Interrupts
 ) -> dict[str, str]:
+    """The plots, each whole or absent; held signals stop them between two."""
     from ..outputs import plots  # matplotlib only now, and only if plots are wanted
 
     bar = progress(plots.num_plots(results), "plots", quiet=quiet, unit="plot")
 
     def tick(n: int) -> None:
         bar.update(n)
-        if interrupts.received:  # held signals stop the plots between two of them
+        if interrupts.received:
             raise KeyboardInterrupt
 
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
     try:
         written = plots.write_plots(results, staging, tick=tick)
-        for f in staging.iterdir():  # each plot appears whole or not at all
+        for f in staging.iterdir():
             install_file(f, out / f.name)
         return written
     finally:

@@ -1,10 +1,5 @@
-"""``prefixkv replay``: one trace through one backend; per-request hits, oracle format.
-
-Writes one ``{id, prompt_len, hit_tokens}`` line per request and a final ``{summary}``
-line, as the vLLM and SGLang reference oracles do, so the two diff request by request.
-``--kv-events`` also writes (or publishes over ZeroMQ) the index's KV events, one
-batch per scheduler step, in vLLM 0.33's wire format.
-"""
+"""``prefixkv replay``: one trace through one backend; per-request hits in the reference
+oracles' format; ``--kv-events`` also writes (or publishes over ZeroMQ) the KV events."""
 
 from __future__ import annotations
 
@@ -27,7 +22,7 @@ from prefixkv.indexes.buildinfo import prefixkv_version
 from prefixkv.indexes.registry import available_indexes
 
 from ...events.files import EventFileWriter
-from ...events.wire import EventBatch, KVEvent, KVEventBatch
+from ...events.wire import KVEvent, KVEventBatch
 from ..backends import BackendSpec, CompareError, check_pool, parse_backends, roomy_capacity
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
@@ -39,7 +34,8 @@ from .signals import Interrupts
 if TYPE_CHECKING:
     from ...events.transport import ZmqEventPublisher
 
-__all__ = ["add_arguments", "run"]
+MAX_WAIT_S = 86_400.0
+"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace`` (the publisher's)."""
 
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:
@@ -51,73 +47,38 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
         "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block)."
     )
     rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
-    rep.add_argument(
-        "--index",
-        required=True,
-        metavar="NAME",
-        help=f"the backend: {', '.join(available_indexes())}",
-    )
-    rep.add_argument(
-        "--driver",
-        choices=DRIVERS,
-        help="call order: vllm, sglang or manager (default: the backend's own)",
-    )
+    rep.add_argument("--index", required=True, metavar="NAME",
+                     help=f"the backend: {', '.join(available_indexes())}")  # fmt: skip
+    rep.add_argument("--driver", choices=DRIVERS,
+                     help="call order: vllm, sglang or manager (default: the backend's "
+                     "own)")  # fmt: skip
     add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
-    _add_kv_events_flags(rep)
-
-
-def _add_kv_events_flags(rep: argparse.ArgumentParser) -> None:
-    """Where the replay's KV events go: a file, or a ZeroMQ publisher and its replay."""
     ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
-    ev.add_argument(
-        "--kv-events",
-        metavar="FILE|ENDPOINT",
-        help="write the index's KV events to FILE, one batch per scheduler step as one "
-        "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket "
-        "at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 "
-        "binds, tcp://127.0.0.1:* binds a free port and prints it; a host name connects). "
-        "Any other SCHEME:// is refused, never taken for a file name",
-    )
-    ev.add_argument(
-        "--kv-events-replay",
-        metavar="ENDPOINT",
-        help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
-        "requests (vLLM's replay_endpoint), so late subscribers catch up",
-    )
-    ev.add_argument(
-        "--kv-events-topic",
-        default="",
-        metavar="TOPIC",
-        help="with an ENDPOINT: the topic frame of every message (default empty)",
-    )
-    ev.add_argument(
-        "--kv-events-wait-subscribers",
-        type=positive_int,
-        metavar="N",
-        help="with an ENDPOINT: wait until N subscribers have subscribed before the first "
-        "batch, so none is lost to ZeroMQ's slow joiners (refused after "
-        "--kv-events-wait-timeout)",
-    )
-    ev.add_argument(
-        "--kv-events-wait-timeout",
-        type=_seconds,
-        metavar="S",
-        help="with --kv-events-wait-subscribers: give up after S seconds, exit status 2 "
-        "(default 30)",
-    )
-    ev.add_argument(
-        "--kv-events-grace",
-        type=_seconds,
-        metavar="S",
-        help="with --kv-events-replay: keep answering event replays for S seconds after "
-        "the last batch, so a late subscriber catches up (default 0)",
-    )
-
-
-MAX_WAIT_S = 86_400.0
-"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace``: a day (the
-publisher's bound on every wait)."""
+    ev.add_argument("--kv-events", metavar="FILE|ENDPOINT",
+                    help="write the index's KV events to FILE, one batch per scheduler step as "
+                    "one msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ "
+                    "PUB socket at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher "
+                    "does (tcp://*:5557 binds, tcp://127.0.0.1:* binds a free port and prints "
+                    "it; a host name connects). Any other SCHEME:// is refused, never taken "
+                    "for a file name")  # fmt: skip
+    ev.add_argument("--kv-events-replay", metavar="ENDPOINT",
+                    help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
+                    "requests (vLLM's replay_endpoint), so late subscribers catch up")  # fmt: skip
+    ev.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                    help="with an ENDPOINT: the topic frame of every message (default "
+                    "empty)")  # fmt: skip
+    ev.add_argument("--kv-events-wait-subscribers", type=positive_int, metavar="N",
+                    help="with an ENDPOINT: wait until N subscribers have subscribed before the "
+                    "first batch, so none is lost to ZeroMQ's slow joiners (refused after "
+                    "--kv-events-wait-timeout)")  # fmt: skip
+    ev.add_argument("--kv-events-wait-timeout", type=_seconds, metavar="S",
+                    help="with --kv-events-wait-subscribers: give up after S seconds, exit "
+                    "status 2 (default 30)")  # fmt: skip
+    ev.add_argument("--kv-events-grace", type=_seconds, metavar="S",
+                    help="with --kv-events-replay: keep answering event replays for S seconds "
+                    "after the last batch, so a late subscriber catches up (default "
+                    "0)")  # fmt: skip
 
 
 def _seconds(text: str) -> float:
@@ -125,110 +86,74 @@ def _seconds(text: str) -> float:
     return number_arg(text, float, "seconds", bound, lambda v: 0 < v <= MAX_WAIT_S)
 
 
-ZMQ_SCHEMES = ("tcp", "ipc")
-"""The ZeroMQ transports ``--kv-events`` publishes on (any case: ``TCP://`` too)."""
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
 
 
 def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
     """The ZeroMQ endpoint ``value`` names, its scheme lower-cased, or ``None`` for a file.
 
-    A value that looks like a URL (``scheme://...``) is never a file name: ``tcp`` and
-    ``ipc`` (in any case) are endpoints, and any other scheme is refused by name
-    (``inproc://`` reaches only this process, so no subscriber could ever connect).
+    A ``scheme://`` value is never a file name: ``tcp`` and ``ipc`` (any case) are
+    endpoints, any other scheme is refused (``inproc://`` reaches only this process).
 
     Raises:
-        CLIUsageError: another scheme, or an empty address.
+        CLIUsageError: another scheme, an empty address, a tcp address without a port
+            in 1-65535 (or ``*``), an ipc path that exists and is not a socket.
     """
     m = _URL.fullmatch(value)
     if m is None:
         return None
     scheme, address = m.group(1).lower(), m.group(2)
+    host, colon, port = address.rpartition(":")
+    if scheme == "tcp":  # the publisher's port rule, less port 0 (a connect reaching nothing)
+        from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
+    problem = None
     if scheme == "inproc":
-        raise CLIUsageError(
-            f"{flag} {value}: inproc:// reaches only this process, so no subscriber can "
-            "connect; use tcp:// (e.g. tcp://127.0.0.1:*) or ipc://"
-        )
-    if scheme not in ZMQ_SCHEMES:
-        raise CLIUsageError(
-            f"{flag} {value}: unknown scheme {m.group(1)!r}; give a file name or a "
-            "tcp:// or ipc:// endpoint"
-        )
-    if not address:
-        raise CLIUsageError(f"{flag} {value}: the endpoint has no address")
-    if scheme == "ipc":
-        _check_ipc_path(address, flag)
-    else:
-        _check_tcp_port(address, value, flag)
+        problem = ("inproc:// reaches only this process, so no subscriber can connect; use "
+                   "tcp:// (e.g. tcp://127.0.0.1:*) or ipc://")  # fmt: skip
+    elif scheme not in ("tcp", "ipc"):
+        problem = (f"unknown scheme {m.group(1)!r}; give a file name or a tcp:// or ipc:// "
+                   "endpoint")  # fmt: skip
+    elif not address:
+        problem = "the endpoint has no address"
+    elif scheme == "ipc":  # ZeroMQ unlinks what is there: only a name or an old socket
+        try:
+            if not stat.S_ISSOCK(os.lstat(address).st_mode):
+                raise CLIUsageError(
+                    f"{flag} ipc://{address}: {address} exists and is not a socket; binding "
+                    "there would delete it (give a new name)"
+                )
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CLIUsageError(f"{flag} ipc://{address}: {exc.strerror or exc}") from None
+    elif not colon or not host:
+        problem = ("a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, or "
+                   "tcp://127.0.0.1:* for a free port)")  # fmt: skip
+    elif not is_tcp_port(port, lowest=1):
+        problem = f"port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * for a free one"
+    if problem:
+        raise CLIUsageError(f"{flag} {value}: {problem}")
     return f"{scheme}://{address}"
 
 
-def _check_tcp_port(address: str, value: str, flag: str) -> None:
-    # The publisher's own port rule (ZeroMQ keeps a port's low 16 bits: :99999 would
-    # bind 34463), less port 0: a host address is connected to, and ZeroMQ takes a
-    # connect to port 0 and never reaches anything; vLLM binds tcp://*:0 at a free port
-    # of the node's address, where * here binds one on every address and prints it.
-    from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
-
-    host, colon, port = address.rpartition(":")
-    if not colon or not host:
-        raise CLIUsageError(
-            f"{flag} {value}: a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, "
-            "or tcp://127.0.0.1:* for a free port)"
-        )
-    if not is_tcp_port(port, lowest=1):
-        raise CLIUsageError(
-            f"{flag} {value}: port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * "
-            "for a free one"
-        )
-
-
-def same_endpoint(a: str, b: str) -> bool:
-    """Whether two endpoints :func:`parse_endpoint` returned name one address (an
-    ``ipc://`` path compared as a file, a tcp address as written, wildcard ports never)."""
-    if a.startswith("ipc://") and b.startswith("ipc://"):
-        return os.path.abspath(a[len("ipc://") :]) == os.path.abspath(b[len("ipc://") :])
-    return a == b and not a.endswith(":*")
-
-
-def _check_ipc_path(path: str, flag: str) -> None:
-    # ZeroMQ unlinks whatever sits at an ipc:// path before binding there: only an
-    # absent name or a leftover socket may be used (never a file, a link or a device).
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise CLIUsageError(f"{flag} ipc://{path}: {exc.strerror or exc}") from None
-    if not stat.S_ISSOCK(mode):
-        raise CLIUsageError(
-            f"{flag} ipc://{path}: {path} exists and is not a socket; binding there would "
-            "delete it (give a new name)"
-        )
-
-
 class _EventPublisher:
-    """What the replay hands each step's batch to: a file writer or a ZeroMQ publisher."""
+    """Where each step's events go (a file writer or a ZeroMQ publisher), and how many."""
 
     def __init__(self, target: EventFileWriter | ZmqEventPublisher, where: str) -> None:
-        self.target = target
-        self.where = where
-        """The file, or the endpoint as bound (a wildcard port resolved)."""
-        self.num_batches = 0
+        self.target, self.where, self.num_batches = target, where, 0  # where: as bound
 
-    def publish(self, batch: EventBatch) -> None:
-        self.target.publish(batch)
+    def publish(self, events: list[KVEvent]) -> None:
+        self.target.publish(KVEventBatch(time.time(), events, None))
         self.num_batches += 1
 
     def summary(self) -> dict[str, Any]:
-        """The summary row's ``kv_events``: where, how many batches and, published,
-        how many reached a subscriber (read once the publisher has shut down)."""
+        """The summary's ``kv_events`` (read once the publisher has shut down)."""
         doc: dict[str, Any] = {"target": self.where, "batches": self.num_batches}
-        if not isinstance(self.target, EventFileWriter):
-            doc["delivered"] = self.target.num_delivered
-            doc["max_subscribers"] = self.target.max_subscribers
-            doc["replays"] = self.target.num_replays
-        return doc
+        if isinstance(self.target, EventFileWriter):
+            return doc
+        pub = self.target
+        return {**doc, "delivered": pub.num_delivered, "max_subscribers": pub.max_subscribers,
+                "replays": pub.num_replays}  # fmt: skip
 
     def describe(self) -> str:
         """One line: how many batches went where, and who received them."""
@@ -248,78 +173,65 @@ def _kv_event_stream(
     args: argparse.Namespace, endpoint: str | None, interrupts: Interrupts
 ) -> Iterator[_EventPublisher | None]:
     """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere.
-
     A signal during ``--kv-events-grace`` ends the grace at once."""
     target: str | None = args.kv_events
     if target is None:
         yield None
         return
-    if endpoint is not None:
-        from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
-
-        replay_at = args.kv_events_replay and parse_endpoint(
-            args.kv_events_replay, "--kv-events-replay"
-        )
-        grace = args.kv_events_grace or 0.0
-        pub = ZmqEventPublisher(
-            endpoint=endpoint,
-            replay_endpoint=replay_at,
-            topic=args.kv_events_topic,
-            replay_grace=grace,
-        )
-        where = f" (event replay on {pub.replay_endpoint})" if pub.replay_endpoint else ""
-        print(f"KV events: publishing on {pub.endpoint}{where}", flush=True)
-        try:
-            if args.kv_events_wait_subscribers is not None:
-                _wait_for_subscribers(pub, args.kv_events_wait_subscribers,
-                                      args.kv_events_wait_timeout or 30.0)  # fmt: skip
-            yield _EventPublisher(pub, pub.endpoint)
-        finally:
-            with interrupts.calling(pub.end_grace):
-                # every batch sent before the grace is announced: a subscriber that
-                # comes after this line catches up by replay alone
-                if grace and pub.finish_sending():
-                    print(
-                        f"prefixkv: KV events: answering event replays on "
-                        f"{pub.replay_endpoint} for {grace:g} s after the last batch "
-                        "(Ctrl-C ends it)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                pub.shutdown()
+    if endpoint is None:
+        with atomic_writer(target) as f:
+            writer = EventFileWriter(f)
+            yield _EventPublisher(writer, target)
+            writer.shutdown()
         return
-    with atomic_writer(target) as f:
-        writer = EventFileWriter(f)
-        yield _EventPublisher(writer, target)
-        writer.shutdown()
-
-
-def _wait_for_subscribers(pub: ZmqEventPublisher, n: int, timeout: float) -> None:
-    """Block until ``n`` subscribers receive the topic (the first batch then reaches them).
-
-    Raises:
-        TransportError: fewer than ``n`` after ``timeout`` seconds.
-    """
     from ...events.sockets import TransportError
+    from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
 
-    print(f"KV events: waiting for {n} subscriber{'s' * (n > 1)} (at most {timeout:g} s)",
-          flush=True)  # fmt: skip
-    got = pub.wait_for_subscribers(n, timeout)
-    if got < n:
-        raise TransportError(
-            f"--kv-events-wait-subscribers {n}: {got} subscribed to {pub.endpoint} within "
-            f"{timeout:g} s; nothing was replayed (raise --kv-events-wait-timeout)"
-        )
+    replay_at = args.kv_events_replay and parse_endpoint(args.kv_events_replay,
+                                                         "--kv-events-replay")  # fmt: skip
+    grace = args.kv_events_grace or 0.0
+    pub = ZmqEventPublisher(endpoint=endpoint, replay_endpoint=replay_at,
+                            topic=args.kv_events_topic, replay_grace=grace)  # fmt: skip
+    where = f" (event replay on {pub.replay_endpoint})" if pub.replay_endpoint else ""
+    print(f"KV events: publishing on {pub.endpoint}{where}", flush=True)
+    try:
+        n = args.kv_events_wait_subscribers
+        if n is not None:
+            timeout = args.kv_events_wait_timeout or 30.0
+            print(f"KV events: waiting for {n} subscriber{'s' * (n > 1)} (at most {timeout:g} s)",
+                  flush=True)  # fmt: skip
+            got = pub.wait_for_subscribers(n, timeout)
+            if got < n:
+                raise TransportError(
+                    f"--kv-events-wait-subscribers {n}: {got} subscribed to {pub.endpoint} "
+                    f"within {timeout:g} s; nothing was replayed (raise --kv-events-wait-timeout)"
+                )
+        yield _EventPublisher(pub, pub.endpoint)
+    finally:
+        with interrupts.calling(pub.end_grace):
+            # every batch is sent before the grace is announced: a later subscriber
+            # catches up by replay alone
+            if grace and pub.finish_sending():
+                print(f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
+                      f"for {grace:g} s after the last batch (Ctrl-C ends it)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            pub.shutdown()
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv replay``; returns the exit status (130 or 143: interrupted, partial).
 
-    The outputs are checked before the trace is read; once the replay ends (or Ctrl-C
-    stops it) signals are only recorded while the rows are completed and committed.
+    The outputs are checked before the trace is read; once the replay ends signals are
+    only recorded while the rows are completed and committed.
     """
     interrupts = interrupts or Interrupts()
-    spec, caps = _one_backend(args)
+    specs = parse_backends(args.index, block_size=args.block_size, page_size=args.page_size,
+                           driver=args.driver, options=backend_options(args))  # fmt: skip
+    if len(specs) != 1:
+        raise CompareError(f"replay takes one backend, got {args.index!r}")
+    spec, caps = specs[0], capacities(args)
+    if caps is not None and len(caps) > 1:
+        raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
     out, endpoint = _outputs(args)
     t_load = time.perf_counter()
     (workload,) = load_workloads_for(args, None)
@@ -327,7 +239,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     capacity = roomy_capacity(workload.stats, [spec]) if caps is None else caps[0]
     check_pool(capacity, [spec], args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
-    encoder = msgspec.json.Encoder()
     with atomic_writer(out) as f:
         with _kv_event_stream(args, endpoint, interrupts) as events:
             result, interrupted = _replay(f, args, workload, spec, capacity, events, interrupts)
@@ -336,8 +247,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         summary["scan_seconds"] = load_seconds
         if events is not None:  # shut down: every batch is counted
             summary["kv_events"] = events.summary()
-        f.write(encoder.encode({"summary": summary}))
-        f.write(b"\n")
+        f.write(msgspec.json.encode({"summary": summary}) + b"\n")
     if not args.quiet or interrupted:
         state = " (interrupted: partial)" if interrupted else ""
         print(
@@ -351,23 +261,6 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         for note in workload.notes:
             print(f"note: {note}")
     return interrupts.status() if interrupted or interrupts.received else 0
-
-
-def _one_backend(args: argparse.Namespace) -> tuple[BackendSpec, list[int] | None]:
-    """The backend and the capacity asked for (one of each)."""
-    specs = parse_backends(
-        args.index,
-        block_size=args.block_size,
-        page_size=args.page_size,
-        driver=args.driver,
-        options=backend_options(args),
-    )
-    if len(specs) != 1:
-        raise CompareError(f"replay takes one backend, got {args.index!r}")
-    caps = capacities(args)
-    if caps is not None and len(caps) > 1:
-        raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
-    return specs[0], caps
 
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
@@ -388,7 +281,12 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
             raise CLIUsageError(
                 f"--kv-events-replay {args.kv_events_replay}: give a tcp:// or ipc:// endpoint"
             )
-        if same_endpoint(endpoint, replay_at):
+        # one address: an ipc path compared as a file, a tcp address as written (never *)
+        if endpoint.startswith("ipc://") and replay_at.startswith("ipc://"):
+            same = os.path.abspath(endpoint[6:]) == os.path.abspath(replay_at[6:])
+        else:
+            same = endpoint == replay_at and not endpoint.endswith(":*")
+        if same:
             raise CLIUsageError(
                 f"--kv-events and --kv-events-replay both name {endpoint}; give the replay "
                 "socket its own address"
@@ -407,9 +305,9 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
         if os.path.realpath(events) == os.path.realpath(out):
             raise CLIUsageError("--kv-events and --out name the same file; give two")
         outputs.append(events)
-    for ipc in (endpoint, args.kv_events_replay):
-        if ipc is not None and ipc.lower().startswith("ipc://"):
-            outputs.append(Path(ipc[len("ipc://") :]))
+    for ipc_at in (endpoint, args.kv_events_replay):
+        if ipc_at is not None and ipc_at.lower().startswith("ipc://"):
+            outputs.append(Path(ipc_at[len("ipc://") :]))
     refuse_overwrite(outputs, [args.trace])
     return out, endpoint
 
@@ -423,39 +321,24 @@ def _replay(
     events: _EventPublisher | None,
     interrupts: Interrupts,
 ) -> tuple[ReplayResult, bool]:
-    """Replay, writing a line per request to ``f``; returns the result and whether
-    Ctrl-C cut it short. A signal never falls between a request counted and its row
+    """Replay, writing a line per request to ``f``; returns the result and whether a
+    signal cut it short. A signal never falls between a request counted and its row
     written (``interrupts.deferral``), so the summary counts exactly the rows."""
     encoder = msgspec.json.Encoder()
     num_blocks = spec.num_blocks(capacity)
-    on_events = None
-    if events is not None:
-        stream = events
-
-        def on_events(batch: list[KVEvent]) -> None:
-            stream.publish(KVEventBatch(time.time(), batch, None))
 
     def write_row(row: HitRow) -> None:
         # One write per row: a signal between two writes would tear the line.
         record = {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
         f.write(encoder.encode(record) + b"\n")
 
-    bar = progress(
-        workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet, unit="tok"
-    )
+    bar = progress(workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet,
+                   unit="tok")  # fmt: skip
     try:
-        result = replay(
-            workload.requests,
-            spec.make(),
-            num_blocks,
-            driver=spec.driver,
-            concurrency=args.concurrency,
-            keep_per_request=False,
-            on_admit=write_row,
-            progress=bar.update,
-            on_events=on_events,
-            guard=interrupts.deferral,
-        )
+        result = replay(workload.requests, spec.make(), num_blocks, driver=spec.driver,
+                        concurrency=args.concurrency, keep_per_request=False, on_admit=write_row,
+                        progress=bar.update, on_events=events.publish if events else None,
+                        guard=interrupts.deferral)  # fmt: skip
     except ReplayInterrupted as exc:
         return exc.result, True
     except ReplayError as exc:
@@ -478,26 +361,22 @@ def _replay_summary(
 ) -> dict[str, Any]:
     """The final ``{summary}`` line: the totals and the run's configuration."""
     summary = result.summary()
-    summary.update(
-        {
-            "trace": os.path.basename(os.path.normpath(args.trace)),
-            "trace_source": workload.source,
-            "notes": list(workload.notes),
-            "config": {
-                "command": shlex.join(["prefixkv", *argv]),
-                "index": spec.index,
-                "driver": spec.driver,
-                "block_size": spec.block_size,
-                "options": dict(spec.options),
-                "num_blocks": num_blocks,
-                "capacity_tokens": num_blocks * spec.block_size,
-                "concurrency": args.concurrency,
-                "max_requests": args.max_requests,
-                "tokens_per_id": args.tokens_per_id,
-                "seed": args.seed,
-                "prefixkv": prefixkv_version(),
-                "python": sys.version.split()[0],
-            },
-        }
-    )
+    summary["trace"] = os.path.basename(os.path.normpath(args.trace))
+    summary["trace_source"] = workload.source
+    summary["notes"] = list(workload.notes)
+    summary["config"] = {
+        "command": shlex.join(["prefixkv", *argv]),
+        "index": spec.index,
+        "driver": spec.driver,
+        "block_size": spec.block_size,
+        "options": dict(spec.options),
+        "num_blocks": num_blocks,
+        "capacity_tokens": num_blocks * spec.block_size,
+        "concurrency": args.concurrency,
+        "max_requests": args.max_requests,
+        "tokens_per_id": args.tokens_per_id,
+        "seed": args.seed,
+        "prefixkv": prefixkv_version(),
+        "python": sys.version.split()[0],
+    }
     return summary
