@@ -125,22 +125,6 @@ class CapacityAnchor:
     knee_rule: str = "kneedle"
     search_replays: int = 0
 
-    @property
-    def working_set_text(self) -> str:
-        """The working set as :meth:`describe` gives it, or how to find it."""
-        if self.working_set_tokens is None:
-            return "- (--capacity-search finds it)"
-        return self.describe(self.working_set_tokens)
-
-    @property
-    def knee_text(self) -> str:
-        """The knee as :meth:`describe` gives it, or why there is none."""
-        if self.knee_tokens is not None:
-            return self.describe(self.knee_tokens)
-        if self.num_points < 3:
-            return "- (--capacity-search finds it)"
-        return "- (the sweep has no bend: --capacity-search finds it)"
-
     def gib(self, tokens: int | None) -> float | None:
         """``tokens`` of KV in GiB (``None`` without the bytes per token)."""
         if tokens is None or not self.kv_bytes_per_token:

@@ -1,10 +1,6 @@
-"""Arrival-time runs of a comparison: every backend through :func:`..sim.simulate` (a queue,
-continuous batching, a cost profile) for TTFT, queueing and throughput.
-
-Requests arrive at a Poisson or fixed rate, or at the trace's timestamps times a scale;
-sessions replay closed loop unless asked otherwise. One thing varies at a time: by default
-every backend runs under vLLM's scheduler, so only the index differs; ``schedulers`` adds
-SGLang's as an axis, and ``natural`` runs each backend on the engine it models.
+"""Arrival-time runs of a comparison: every backend through :func:`..sim.simulate` for TTFT,
+queueing and throughput. One thing varies at a time: by default every backend runs under
+vLLM's scheduler, so only the index differs; ``natural`` runs each on the engine it models.
 """
 
 from __future__ import annotations
@@ -55,20 +51,12 @@ class TimeSettings:
     """How a comparison's arrival-time runs go: arrivals, scheduler knobs, cost profile.
 
     Attributes:
-        request_rate: requests per second (``arrival`` process), instead of the trace's
-            timestamps.
+        request_rate: requests per second (``arrival``: poisson or fixed), or
         time_scale: the trace's timestamps times this.
-        arrival: ``"poisson"`` (seeded) or ``"fixed"``.
-        seed: the Poisson process's seed.
-        max_num_seqs: most running requests.
-        max_num_batched_tokens: most tokens a step computes.
         queue_order: force a queue order (``None``: each engine's own).
         batching: force ``"mixed"`` (the ``vllm`` scheduler) or ``"prefill_first"``
             (``sglang``); replaces ``schedulers``.
-        profile: the step costs.
-        schedulers: the scheduler axis (:data:`SCHEDULERS`).
-        closed_loop: sessions replay closed loop.
-        slo: count goodput under this objective.
+        closed_loop: a session's turn waits for its previous answer.
         rates: more request rates to sweep at the table's capacity.
         auto_rates: sweep rates doubling until each backend is overloaded.
 

@@ -20,7 +20,7 @@ from ..sim.load import Slo
 from ..traces import ReadSettings
 from ..workloads import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
-from .plan import CompareSettings, default_boundary_accounting, plan_comparison
+from .plan import CompareSettings, plan_comparison
 from .run import ComparisonTables, run_comparison
 
 __all__ = ["CompareOptions", "compare_backends"]
@@ -28,49 +28,28 @@ __all__ = ["CompareOptions", "compare_backends"]
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """What to compare, as plain values.
+    """What to compare, as plain values (resolved when the comparison runs).
 
     Attributes:
         workloads: built-in workload names (default: the CLI's default set without a trace).
-        trace: a trace file or folder instead (any format ``prefixkv`` reads).
+        trace: a trace file or folder instead.
         indexes: comma-separated backends, ``NAME`` or ``NAME:SIZE``.
-        block_size: the hash chain's (and ``none``'s) block size.
-        page_size: the radix tree's page size.
         index_options: per registry name, options for ``make_index``.
         capacity_tokens: the KV capacity in tokens, or several (a sweep, the first the
             table's); default roomy.
-        capacity_sweep: also sweep capacities (default: when several are given, or for
-            the default set of built-in workloads).
-        capacity_search: find each backend's working set and knee by bisection (default:
-            on for built-in workloads, off for a trace).
-        max_pool_blocks: refuse a capacity of more blocks than this.
-        concurrency: the K of the K-live schedule.
-        timing_repeats: timed K-live replays per backend.
-        boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
-        request_rate: arrival-time runs at this many requests per second.
-        rate_sweep: more request rates at the table's capacity, or ``"auto"`` (doubling
-            until each backend is overloaded; ``request_rate`` may then be ``None``).
-        slo: goodput under this objective (:class:`~..sim.load.Slo`).
-        time_scale: arrival-time runs at the trace's timestamps times this.
-        arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
-        max_num_seqs: most running requests.
-        max_num_batched_tokens: most tokens a step computes.
-        queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's, fcfs).
-        batching: force ``"mixed"`` or ``"prefill_first"`` (replaces ``schedulers``).
-        schedulers: ``("vllm",)`` (only the index varies), ``("vllm", "sglang")`` or
-            ``("natural",)`` (each backend on the engine it models).
-        closed_loop: sessions replay closed loop; ``False``: open loop.
-        profile: a cost profile, a shipped profile's name or a profile file (default: the
-            shipped default); its KV bytes per token also state capacities in GiB.
-        max_requests: use the first this many requests of each workload.
-        tokens_per_id: hash-id traces: tokens each id expands to.
+        capacity_sweep: default: when several capacities are given, or for the default set.
+        capacity_search: default: on for built-in workloads, off for a trace.
+        boundary_accounting: BB-8 accounting (default: off for hash-id traces).
+        rate_sweep: more request rates at the table's capacity, or ``"auto"``.
+        profile: a cost profile, a shipped profile's name or a profile file; its KV bytes
+            per token also state capacities in GiB.
         max_model_len: refuse (count in ``rejected_requests``) requests whose prompt plus
-            output exceed this, as vLLM's front end does, and those that cannot fit the
-            table's capacity alone.
+            output exceed this, and those that cannot fit the table's capacity alone.
         on_long_request: ``"reject"`` (count and go on) or ``"abort"`` (raise
             :class:`~..backends.CapacityError`).
-        seed: workload, token and arrival seed.
-        progress_bars: show progress bars on stderr.
+
+    The other fields are :class:`CompareSettings`' and :class:`TimeSettings`' (arrival-time
+    runs need ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``).
     """
 
     workloads: Sequence[str] | None = None
@@ -119,18 +98,9 @@ class CompareOptions:
         if self.request_rate is None and self.time_scale is None and not auto:
             return None
         return TimeSettings(
-            request_rate=self.request_rate,
-            time_scale=self.time_scale,
-            arrival=self.arrival,
-            seed=self.seed,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            queue_order=self.queue_order,
-            batching=self.batching,
+            **{name: getattr(self, name) for name in _TIME_FIELDS},
             profile=self._profile() or load_profile(),
             schedulers=tuple(self.schedulers),
-            closed_loop=self.closed_loop,
-            slo=self.slo,
             rates=() if sweep is None or isinstance(sweep, str) else tuple(sweep),
             auto_rates=auto,
         )
@@ -170,28 +140,18 @@ class CompareOptions:
         if sweep is None:
             default_set = not self.workloads and self.trace is None
             sweep = (caps is not None and len(caps) > 1) or default_set
-        accounting = self.boundary_accounting
         time = self.time_settings()
         backends = parse_backends(
             self.indexes, block_size=self.block_size, page_size=self.page_size,
             options=self.index_options,
         )  # fmt: skip
+        accounting, search = self.boundary_accounting, self.capacity_search
         return CompareSettings(
-            backends=tuple(backends),
-            capacities=caps,
-            capacity_sweep=sweep,
-            concurrency=self.concurrency,
-            timing_repeats=self.timing_repeats,
-            boundary_accounting=default_boundary_accounting(workloads)
-            if accounting is None
-            else accounting,
-            time=time,
-            max_pool_blocks=self.max_pool_blocks,
-            profile=self._profile() if time is None else time.profile,
-            capacity_search=self.trace is None
-            if self.capacity_search is None
-            else self.capacity_search,
-        )
+            tuple(backends), caps, sweep, self.concurrency, self.timing_repeats,
+            all(w.tokens_per_id is None for w in workloads) if accounting is None else accounting,
+            time, self.max_pool_blocks, self._profile() if time is None else time.profile,
+            self.trace is None if search is None else search,
+        )  # fmt: skip
 
     def admitted(self, workloads: Sequence[Workload], settings: CompareSettings) -> list[Workload]:
         """``workloads`` without the requests :meth:`length_rule` refuses, counted in each
@@ -227,6 +187,10 @@ class CompareOptions:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
+_TIME_FIELDS = (
+    "request_rate", "time_scale", "arrival", "seed", "max_num_seqs", "max_num_batched_tokens",
+    "queue_order", "batching", "closed_loop", "slo",
+)  # fmt: skip
 
 
 def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -> ComparisonTables:

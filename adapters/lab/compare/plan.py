@@ -21,13 +21,8 @@ from ..workloads import Workload
 from .arrival import TimeSettings, check_arrivals
 
 __all__ = [
-    "CompareSettings",
-    "WorkloadPlan",
-    "default_boundary_accounting",
-    "plan_comparison",
-    "roomy_capacity",
-    "sweep_capacities",
-]
+    "CompareSettings", "WorkloadPlan", "plan_comparison", "roomy_capacity", "sweep_capacities",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -35,14 +30,11 @@ class CompareSettings:
     """What a comparison runs, resolved (:class:`CompareOptions` is what a caller writes).
 
     Attributes:
-        backends: the backends, in table order.
         capacities: KV capacities in tokens, the first the table's (``None``: roomy).
         capacity_sweep: also sweep capacities (the listed ones, or 7 from tight to roomy).
         concurrency: the K of the K-live schedule.
-        timing_repeats: timed K-live replays per backend.
         boundary_accounting: count matched-but-recomputed tokens (SPEC BB-8).
         time: arrival-time runs (``None``: none).
-        max_pool_blocks: refuse a capacity of more blocks than this.
         profile: gives capacities in GiB (default: the arrival-time runs').
         capacity_search: find each backend's working set and knee by bisection.
 
@@ -74,18 +66,11 @@ class CompareSettings:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadPlan:
-    """One workload's checked capacities: the table's and the sweep's (ascending; empty:
-    no sweep)."""
+    """One workload's checked capacities: the table's and the sweep's (ascending)."""
 
     workload: Workload
     capacity_tokens: int
     sweep: list[int]
-
-
-def default_boundary_accounting(workloads: Sequence[Workload]) -> bool:
-    """On, except for hash-id traces (they share only whole blocks: the extra replay would
-    measure zeros)."""
-    return all(w.tokens_per_id is None for w in workloads)
 
 
 def plan_comparison(workloads: Sequence[Workload], settings: CompareSettings) -> list[WorkloadPlan]:

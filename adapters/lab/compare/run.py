@@ -1,7 +1,6 @@
 """A comparison's run: per planned workload each backend K-live (the table, the capacity
-sweep, the anchors), then at arrival time (the table's capacity, the sweep's capacities,
-the request-rate sweep of :mod:`~..sim.rate_sweep`). Ctrl-C keeps what finished, marked
-partial; the records give tidy tables (one row per request, one per run).
+sweep, the anchors), then at arrival time (the table's capacity, the sweep's, the request
+rates). Ctrl-C keeps what finished, marked partial.
 """
 
 from __future__ import annotations
@@ -38,21 +37,9 @@ class _Interrupted(KeyboardInterrupt):
 
 @dataclass(slots=True)
 class WorkloadResult:
-    """Everything a comparison measured on one workload.
-
-    Attributes:
-        name, source, notes: the workload, where it came from, what the report must say.
-        num_requests, prompt_tokens, output_tokens: its sizes.
-        capacity_tokens: the table's capacity.
-        concurrency: the K of the K-live schedule.
-        backends: each backend's K-live run at ``capacity_tokens``.
-        sweep: K-live hit ratios at the sweep's capacities.
-        strip_requests: positions of the requests the strip plot shows.
-        arrival_runs: arrival-time runs, the table's capacity first.
-        anchors: per backend, the capacity anchors.
-        partial: Ctrl-C stopped it; what is here finished.
-        rejected_requests: requests left out for their length before any run.
-    """
+    """Everything a comparison measured on one workload: each backend's K-live run at the
+    table's ``capacity_tokens`` (``backends``), the ``sweep``'s, the ``anchors``, the
+    ``arrival_runs`` (the table's capacity first); ``partial`` when Ctrl-C stopped it."""
 
     name: str
     source: str
@@ -82,17 +69,12 @@ class WorkloadResult:
     def row(self) -> dict[str, Scalar]:
         """The workload as one flat record."""
         return {
-            "workload": self.name,
-            "source": self.source,
-            "notes": " ".join(self.notes),
-            "num_requests": self.num_requests,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "capacity_tokens": self.capacity_tokens,
-            "concurrency": self.concurrency,
-            "partial": self.partial,
+            "workload": self.name, "source": self.source, "notes": " ".join(self.notes),
+            "num_requests": self.num_requests, "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens, "capacity_tokens": self.capacity_tokens,
+            "concurrency": self.concurrency, "partial": self.partial,
             "rejected_requests": self.rejected_requests,
-        }
+        }  # fmt: skip
 
     @property
     def runs(self) -> list[RunRow]:
@@ -103,8 +85,7 @@ class WorkloadResult:
 def _compare_workload(
     plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
 ) -> WorkloadResult:
-    """Every backend on one planned workload (a failed sweep point is ``None``, a failed
-    arrival-time point left out).
+    """Every backend on one planned workload.
 
     Raises:
         CapacityError: the plan's capacity cannot hold the requests.

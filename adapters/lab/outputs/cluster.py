@@ -34,14 +34,9 @@ from .markdown import (
 from .tables import request_rows, write_json, write_rows
 
 __all__ = [
-    "GROWTH_LIMIT",
-    "OUTPUT_NAMES",
-    "POLICY_COLUMNS",
-    "POOLED_MEANING",
-    "policy_rows",
-    "report_notes",
-    "write_report",
-]
+    "GROWTH_LIMIT", "OUTPUT_NAMES", "POLICY_COLUMNS", "POOLED_MEANING", "policy_rows",
+    "report_notes", "write_report",
+]  # fmt: skip
 
 OUTPUT_NAMES = (
     "report.md", "results.json", "runs.csv", "requests.csv", "hit_ratio.png", "frontier.png",
@@ -151,26 +146,6 @@ POOLED_MEANING = (
     "limit."
 )
 """What the pooled and infinite rows are."""
-
-
-def _fault_rows(
-    runs: Sequence[ClusterResult], base: dict[tuple[Any, ...], ClusterResult]
-) -> list[list[str]]:
-    """One row per fault run (``base``: fault-free runs by policy, replicas, capacity)."""
-    rows = []
-    for r in runs:
-        b = base.get((r.labels["policy"], *_key(r)))
-        s = r.stats
-        broken = r.invariants.broken()
-        rows.append([
-            r.labels["policy"], f"`{r.labels['faults']}`", fixed(r.run.hit_ratio),
-            fixed(b.run.hit_ratio) if b else "-", fixed(r.run.ttft_mean_s, 2),
-            str(s.get("dropped_batches", 0)),
-            *(str(s.get(k, "-")) for k in ("gaps", "replays", "restarts", "resyncs")),
-            str(r.run.rerouted_requests), str(r.run.swept_reservations),
-            str(r.invariants.phantom_blocks), "hold" if not broken else "; ".join(broken),
-        ])  # fmt: skip
-    return rows
 
 
 def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult]) -> list[str]:
@@ -391,11 +366,28 @@ def _fault_axis(
     if not faulty:
         return []
     base = {(r.labels["policy"], *_key(r)): r for r in clean}
+
+    def fault_free(r: ClusterResult) -> ClusterResult | None:
+        return base.get((r.labels["policy"], *_key(r)))
+
     title = f"Hit ratio with faults against without: {_context(source, faulty[0])}"
-    md = titled_table("## Fault runs", _FAULT_COLUMNS, _fault_rows(faulty, base))
+    rows = []
+    for r in faulty:
+        b, s = fault_free(r), r.stats
+        broken = r.invariants.broken()
+        rows.append([
+            r.labels["policy"], f"`{r.labels['faults']}`", fixed(r.run.hit_ratio),
+            fixed(b.run.hit_ratio) if b else "-", fixed(r.run.ttft_mean_s, 2),
+            str(s.get("dropped_batches", 0)),
+            *(str(s.get(k, "-")) for k in ("gaps", "replays", "restarts", "resyncs")),
+            str(r.run.rerouted_requests), str(r.run.swept_reservations),
+            str(r.invariants.phantom_blocks), "hold" if not broken else "; ".join(broken),
+        ])  # fmt: skip
+    md = titled_table("## Fault runs", _FAULT_COLUMNS, rows)
     md += ["Columns:", "", *definitions(c for c in _FAULT_COLUMNS if c[2])]
-    return md + draw("faults", title, lambda p, t: plots.plot_faults(
-        faulty, lambda r: base.get((r.labels["policy"], *_key(r))), p, title=t))  # fmt: skip
+    return md + draw(
+        "faults", title, lambda p, t: plots.plot_faults(faulty, fault_free, p, title=t)
+    )
 
 
 _LOAD_COLUMNS: tuple[Column, ...] = tuple(

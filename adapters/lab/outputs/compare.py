@@ -35,24 +35,10 @@ from .markdown import (
 from .tables import write_tables
 
 __all__ = [
-    "ANCHOR_COLUMNS",
-    "COLUMNS",
-    "RATE_COLUMNS",
-    "TIME_COLUMNS",
-    "anchor_rows",
-    "capacity_lines",
-    "load_lines",
-    "rate_rows",
-    "rate_runs",
-    "results_document",
-    "saturation_lines",
-    "table_rows",
-    "time_rows",
-    "time_title",
-    "workload_title",
-    "write_compare_tables",
-    "write_report",
-]
+    "ANCHOR_COLUMNS", "COLUMNS", "RATE_COLUMNS", "TIME_COLUMNS", "anchor_rows", "capacity_lines",
+    "load_lines", "rate_rows", "rate_runs", "results_document", "saturation_lines", "table_rows",
+    "time_rows", "time_title", "workload_title", "write_compare_tables", "write_report",
+]  # fmt: skip
 
 _BACKEND: Column = ("backend", "<", "the index, as NAME or NAME:granularity")
 
@@ -232,17 +218,24 @@ def saturation_lines(w: WorkloadResult) -> list[str]:
 
 def anchor_rows(w: WorkloadResult) -> list[list[str]]:
     """One row of :data:`ANCHOR_COLUMNS` cells per backend."""
-    return [
-        [
-            a.backend,
-            f"{a.infinite_hit_ratio:.1%}",
-            a.working_set_text,
-            a.knee_text,
+    rows = []
+    for a in w.anchors:
+        search = "- (--capacity-search finds it)"
+        if a.knee_tokens is not None:
+            knee = a.describe(a.knee_tokens)
+        else:
+            knee = (
+                search
+                if a.num_points < 3
+                else "- (the sweep has no bend: --capacity-search finds it)"
+            )
+        rows.append([
+            a.backend, f"{a.infinite_hit_ratio:.1%}",
+            search if a.working_set_tokens is None else a.describe(a.working_set_tokens), knee,
             "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
             a.describe(a.infinite_capacity_tokens),
-        ]
-        for a in w.anchors
-    ]
+        ])  # fmt: skip
+    return rows
 
 
 def capacity_lines(w: WorkloadResult) -> list[str]:

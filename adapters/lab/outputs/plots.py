@@ -28,18 +28,10 @@ from .markdown import seconds, tokens
 Curve = tuple[str, Sequence[float]]  # a CDF's legend entry and its values
 
 __all__ = [
-    "num_plots",
-    "plot_against",
-    "plot_capacity_sweep",
-    "plot_decision_latency",
-    "plot_faults",
-    "plot_frontier",
-    "plot_hit_ratio",
-    "plot_overlap",
-    "plot_ttft_cdf",
-    "ttft_curves",
+    "num_plots", "plot_against", "plot_capacity_sweep", "plot_decision_latency", "plot_faults",
+    "plot_frontier", "plot_hit_ratio", "plot_overlap", "plot_ttft_cdf", "ttft_curves",
     "write_plots",
-]
+]  # fmt: skip
 
 _COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -89,6 +81,12 @@ def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
     return save_figure(fig, path)
 
 
+def _axes(ax: Any, xlabel: str, ylabel: str, **settings: Any) -> None:
+    """Label the axes, set ``settings`` (scales, limits), draw the grid."""
+    ax.set(xlabel=xlabel, ylabel=ylabel, **settings)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def _decimal_log_axis(ax: Any, values: Sequence[float]) -> None:
     from matplotlib.ticker import FuncFormatter, NullLocator
 
@@ -110,11 +108,7 @@ def plot_ttft_cdf(
             frac = [(k + 1) / len(ttft) for k in range(len(ttft))]
             style = {**_style(i), "marker": None}
             ax.step(ttft, frac, where="post", label=label, **style)
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_ylim(0, 1)
-    ax.grid(True, which="both", alpha=0.3)
+    _axes(ax, "TTFT (s, log scale)", "fraction of requests", xscale="log", ylim=(0, 1))
     ax.legend(loc="lower right", fontsize="x-small")
     return _save(fig, path, title)
 
@@ -157,10 +151,7 @@ def plot_against(
             group = sorted(group, key=lambda r: r[x])
             ax.plot([r[x] for r in group], [r[column] for r in group], label=name, **_style(i))
         _decimal_log_axis(ax, sorted({r[x] for r in rows}))
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(*((0, 1) if "ratio" in column else (0, None)))
-        ax.grid(True, which="both", alpha=0.3)
+        _axes(ax, xlabel, ylabel, ylim=(0, 1) if "ratio" in column else (0, None))
         ax.legend(fontsize="x-small", ncol=2)
     return _save(fig, path, title)
 
@@ -228,11 +219,8 @@ def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
             ax.plot(caps, ys, marker="o", label=_label(b), color=colour)
         ax.axvline(w.capacity_tokens, color="#555555", linestyle=":", linewidth=1)
         _decimal_log_axis(ax, caps)
-        ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{w.name} ({w.num_requests} requests)", fontsize=10)
-        ax.set_xlabel("KV capacity (tokens, log scale)")
-        ax.set_ylabel("hit ratio (tokens)")
-        ax.grid(True, which="both", alpha=0.3)
+        _axes(ax, "KV capacity (tokens, log scale)", "hit ratio (tokens)", ylim=(-0.02, 1.02))
     _legend_below(fig, axes[0])
     _save(fig, path, "Prefix-cache hit ratio vs cache capacity (dotted: the table's capacity)")
     return True
@@ -268,12 +256,9 @@ def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title:
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
         ax.plot(mx, my, color=colour, linewidth=2, marker="o", markersize=3, label=_label(runs[0]))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens, log scale)")
-    ax.set_ylabel("index time (µs, log scale)")
     ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
+    xlabel, ylabel = "prompt length (tokens, log scale)", "index time (µs, log scale)"
+    _axes(ax, xlabel, ylabel, xscale="log", yscale="log")
 
 
 def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
@@ -288,25 +273,19 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     _save(fig, path, title)
 
 
-def _segments(b: RunRow, i: int) -> list[tuple[str, int]]:
-    p = b.requests[i]
-    hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
-    new = p.prompt_tokens - hit - cap - bnd
-    return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
-
-
 def _strip_panel(ax: Any, backends: Sequence[RunRow], i: int, block: int) -> None:
     first = backends[0].requests[i]
     length = first.prompt_tokens
     for row, b in enumerate(backends):
         y = len(backends) - 1 - row
-        segments = _segments(b, i)
+        p = b.requests[i]
+        hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
+        new = p.prompt_tokens - hit - cap - bnd
         left = 0
-        for kind, n in segments:
+        for kind, n in {"hit": hit, "last block": cap, "boundary": bnd, "new": new}.items():
             if n > 0:
                 ax.barh(y, n, left=left, height=0.7, color=_SEGMENTS[kind][0])
             left += n
-        hit, cap, bnd = (n for _, n in segments[:3])
         text = f"hit {hit} · boundary {bnd} · last block {cap}"
         ax.text(length * 1.01, y, text, va="center", fontsize=7)
     if block > 1 and length // block <= 40:
@@ -470,27 +449,6 @@ def plot_frontier(
     return _save(fig, path, title)
 
 
-def _overlap_panel(ax: Any, res: ClusterResult) -> None:
-    bs = res.labels["block_size"]
-    pts = [
-        (r.predicted_hit_tokens, r.hit_tokens)
-        for r in res.requests
-        if r.predicted_hit_tokens is not None
-    ]
-    top = max((max(p) for p in pts), default=1) or 1
-    ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
-    ax.plot([0, top], [0, top], color="grey", linewidth=1)
-    for axis in ("x", "y"):  # most requests hit little: spread the corner
-        getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
-    ax.set_title(
-        f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
-        f"phantom {res.run.phantom_rate:.1%}",
-        fontsize="small",
-    )
-    ax.set_xlabel("predicted (tokens)", fontsize="small")
-    ax.set_ylabel("realized (tokens)", fontsize="small")
-
-
 def plot_overlap(
     results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
@@ -499,7 +457,24 @@ def plot_overlap(
     cols = max(1, min(4, len(runs)))
     fig = _figure(3.2 * cols, 3.0 * max(1, math.ceil(len(runs) / cols)))
     for ax, res in zip(_panels(fig, max(1, len(runs)), cols), runs, strict=False):
-        _overlap_panel(ax, res)
+        bs = res.labels["block_size"]
+        pts = [
+            (r.predicted_hit_tokens, r.hit_tokens)
+            for r in res.requests
+            if r.predicted_hit_tokens is not None
+        ]
+        top = max((max(p) for p in pts), default=1) or 1
+        ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
+        ax.plot([0, top], [0, top], color="grey", linewidth=1)
+        for axis in ("x", "y"):  # most requests hit little: spread the corner
+            getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
+        ax.set_title(
+            f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
+            f"phantom {res.run.phantom_rate:.1%}",
+            fontsize="small",
+        )
+        ax.set_xlabel("predicted (tokens)", fontsize="small")
+        ax.set_ylabel("realized (tokens)", fontsize="small")
     return _save(fig, path, title)
 
 

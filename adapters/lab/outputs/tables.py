@@ -28,15 +28,9 @@ if TYPE_CHECKING:
     from ..cluster.metrics import ClusterResult
 
 __all__ = [
-    "TableFormatError",
-    "json_safe",
-    "request_rows",
-    "run_rows",
-    "to_dataframes",
-    "write_json",
-    "write_rows",
-    "write_tables",
-]
+    "TableFormatError", "json_safe", "request_rows", "run_rows", "to_dataframes", "write_json",
+    "write_rows", "write_tables",
+]  # fmt: skip
 
 _FORMATS = ("csv", "json", "jsonl", "parquet")
 
