@@ -261,30 +261,25 @@ def write_report(
         ],
     }  # fmt: skip
     files.append(write_json(out / "results.json", doc))
-    drawer = _Drawer(out, plots)
-    md = _markdown(results, drawer, doc)
-    return [*files, *drawer.files, write_text(out / "report.md", "\n".join(md) + "\n")]
+    drawn: list[Path] = []
+
+    def draw(name: str, title: str, plot: Callable[[Path, str], Path]) -> list[str]:
+        if not plots:
+            return []
+        drawn.append(plot(out / f"{name}.png", title))
+        return image(title.split(":")[0], f"{name}.png")
+
+    md = _markdown(results, draw, doc)
+    return [*files, *drawn, write_text(out / "report.md", "\n".join(md) + "\n")]
 
 
+_Draw = Callable[[str, str, Callable[[Path, str], Path]], list[str]]
+"""Draws a plot (``name``, ``title``, how) when plots are asked for; gives its link."""
 _REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")  # requests.csv's
 _SETTING_NAMES = {"capacity_model": "model and GPU", "slo": "SLO"}
 
 
-class _Drawer:
-    """Draws a report's plots into its folder (when asked to); gives their links."""
-
-    def __init__(self, out: Path, draw: bool) -> None:
-        self.out, self.draw = out, draw
-        self.files: list[Path] = []
-
-    def __call__(self, name: str, title: str, plot: Callable[[Path, str], Path]) -> list[str]:
-        if not self.draw:
-            return []
-        self.files.append(plot(self.out / f"{name}.png", title))
-        return image(title.split(":")[0], f"{name}.png")
-
-
-def _markdown(results: Sequence[ClusterResult], draw: _Drawer, doc: Mapping[str, Any]) -> list[str]:
+def _markdown(results: Sequence[ClusterResult], draw: _Draw, doc: Mapping[str, Any]) -> list[str]:
     """The report's lines: the run, then a section per axis, drawing its plots."""
     clean = [r for r in results if not r.labels["faults"] and not is_rate_run(r)]
     first, source = results[0], doc["source"]
@@ -313,7 +308,7 @@ def _markdown(results: Sequence[ClusterResult], draw: _Drawer, doc: Mapping[str,
 
 
 def _policy_axis(
-    main: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Drawer, source: str
+    main: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Draw, source: str
 ) -> list[str]:
     if not main:
         return []
@@ -344,7 +339,7 @@ def _policy_axis(
 
 
 def _fleet_axis(
-    clean: Sequence[ClusterResult], key: str, first: ClusterResult, draw: _Drawer, source: str
+    clean: Sequence[ClusterResult], key: str, first: ClusterResult, draw: _Draw, source: str
 ) -> list[str]:
     other = "capacity_tokens" if key == "num_replicas" else "num_replicas"
     sweep = [r for r in clean if r.labels[other] == first.labels[other]]
@@ -361,7 +356,7 @@ def _fleet_axis(
 
 
 def _fault_axis(
-    faulty: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Drawer, source: str
+    faulty: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Draw, source: str
 ) -> list[str]:
     if not faulty:
         return []

@@ -501,17 +501,6 @@ def _arrival_sections(
     return out + image(alt, plots.get(f"time_capacity_{w.name}"))
 
 
-def _front(doc: Mapping[str, Any], has_arrival: bool) -> list[str]:
-    """The title, the partial-results notice, the warnings and what the report compares."""
-    out = ["# prefixkv: prefix-cache backends head to head", ""]
-    if doc.get("partial"):
-        notice = partial_notice("the run was interrupted", "backends and workloads")
-        out += [notice[0] + " Sweeps and plots may be missing.", ""]
-    if doc.get("warnings"):
-        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
-    return out + [_INTRO, "", *([_INTRO_TIME, ""] if has_arrival else [])]
-
-
 def _configuration(doc: Mapping[str, Any]) -> list[str]:
     """The run's settings, the machine and the versions."""
     cfg = doc["config"]
@@ -568,7 +557,14 @@ def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[s
     ``machine``, ``versions``, ``plots``, ``partial``, ``elapsed_seconds``)."""
     plots = doc.get("plots", {})
     has_arrival = any(w.arrival_runs for w in workloads)
-    out = [*_front(doc, has_arrival), *_configuration(doc), "## Columns", "", *definitions(COLUMNS)]
+    out = ["# prefixkv: prefix-cache backends head to head", ""]
+    if doc.get("partial"):
+        notice = partial_notice("the run was interrupted", "backends and workloads")
+        out += [notice[0] + " Sweeps and plots may be missing.", ""]
+    if doc.get("warnings"):
+        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
+    out += [_INTRO, "", *([_INTRO_TIME, ""] if has_arrival else []), *_configuration(doc)]
+    out += ["## Columns", "", *definitions(COLUMNS)]
     if has_arrival:
         out += ["Arrival-time columns:", "", *definitions(TIME_COLUMNS)]
     if plots.get("capacity"):
