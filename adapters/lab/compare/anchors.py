@@ -20,13 +20,9 @@ from ..workloads import Workload
 from .k_live import run_backend, run_sweep
 
 __all__ = [
-    "KNEE_SHARE",
-    "PRECISION",
-    "CapacityAnchor",
-    "CapacitySearch",
-    "knee",
-    "smallest_reaching",
-]
+    "KNEE_SHARE", "PRECISION", "CapacityAnchor", "CapacitySearch", "knee", "smallest_reaching",
+    "workload_anchors",
+]  # fmt: skip
 
 KNEE_SHARE = 0.98
 """The knee is the smallest capacity reaching this share of the infinite-cache hit ratio."""

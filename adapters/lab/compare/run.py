@@ -6,6 +6,7 @@ rates). Ctrl-C keeps what finished, marked partial.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -152,19 +153,14 @@ def _run_arrival_all(
         if time.rates or time.auto_rates:
             args = (workload, backends, capacity_tokens, time, scheduler)
             _run_rate_sweep(*args, table, bars, into=result.arrival_runs)
-    for cap in plan.sweep:
+    for cap, scheduler, b in itertools.product(plan.sweep, time.schedulers, backends):
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        for scheduler in time.schedulers:
-            for b in backends:
-                try:
-                    result.arrival_runs.append(
-                        run_arrival(
-                            workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler
-                        )
-                    )
-                except SimUnservableError:
-                    continue  # left out (plotted as a gap)
+        try:
+            run = run_arrival(workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler)
+        except SimUnservableError:
+            continue  # left out (plotted as a gap)
+        result.arrival_runs.append(run)
 
 
 def _run_rate_sweep(

@@ -385,24 +385,15 @@ def _strips(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     out = []
     if w.strip_requests:
         backends = w.backends
-        headers = [
-            "request",
-            "prompt",
-            *(f"{b.labels['backend']} hit / bnd / last" for b in backends),
-        ]
-        rows = [
-            [
-                backends[0].requests[i].request_id,
-                str(backends[0].requests[i].prompt_tokens),
-                *(
-                    f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}"
-                    for p in (b.requests[i] for b in backends)
-                ),
-            ]
-            for i in w.strip_requests
-        ]
-        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
-        out += [markdown_table(headers, rows, "<>" + ">" * len(backends)), ""]
+        names = [f"{b.labels['backend']} hit / bnd / last" for b in backends]
+        rows = []
+        for i in w.strip_requests:
+            first = backends[0].requests[i]
+            rows.append([first.request_id, str(first.prompt_tokens)])
+            for p in (b.requests[i] for b in backends):
+                rows[-1].append(f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}")
+        grid = markdown_table(["request", "prompt", *names], rows, "<>" + ">" * len(backends))
+        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", "", grid, ""]
     return out + image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
 
 
