@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from prefixkv.adapters.lab.admission import AdmissionRule, admit
 from prefixkv.adapters.lab.backends import CapacityError, CompareError
 from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
-from prefixkv.adapters.lab.compare.capacity_search import (
+from prefixkv.adapters.lab.compare.anchors import (
     KNEE_SHARE,
     PRECISION,
     CapacitySearch,

@@ -1,31 +1,41 @@
-"""Anchors for choosing a capacity: the infinite-cache hit ratio, the working set that
-reaches it and the knee of the hit-vs-capacity curve, each in tokens, blocks and GiB.
+"""Capacity anchors: the infinite-cache hit ratio, the working set that reaches it and the
+knee, each in tokens, blocks and GiB.
 
-The infinite-cache hit ratio is a backend's K-live hit ratio at the roomy capacity
-(every request's KV at once: nothing is evicted), the most any capacity can give it.
-The working set is the smallest capacity that reaches it, and the knee the smallest
-that reaches 98% of it, both found by bisection over replays
-(:mod:`.capacity_search`). Without that search, the knee is the sweep's point
-farthest above the straight line from its tightest to its roomiest point, with
-capacity on a log scale (Kneedle, Satopää et al. 2011): past it, each doubling of the
-cache buys less. GiB need the model's KV bytes per token, which the cost profile (or
-the model config) gives.
+With ``--capacity-search`` the working set and the knee (98% of the infinite-cache hit
+ratio) are found by bisection on a log scale over K-live replays, each capacity replayed
+once; without it the knee is the sweep's point farthest above its chord (Kneedle).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..backends import Scalar
+from ..backends import BackendSpec, Bars, Scalar, min_capacity, roomy_capacity
+from ..sim import CostProfile
+from ..sim.runs import KLiveHits, RunRow, SweepHit
+from ..workloads import Workload
+from .k_live import run_backend, run_sweep
 
-__all__ = ["CapacityAnchor", "knee"]
+__all__ = [
+    "KNEE_SHARE", "PRECISION", "CapacityAnchor", "CapacitySearch", "knee", "smallest_reaching",
+    "workload_anchors",
+]  # fmt: skip
+
+KNEE_SHARE = 0.98
+"""The knee is the smallest capacity reaching this share of the infinite-cache hit ratio."""
+
+PRECISION = 0.05
+"""Each searched anchor is found to within this relative capacity."""
+
+_EXACT = 1e-12  # hit ratios this close are equal
 
 
 def knee(points: Sequence[tuple[int, float]]) -> tuple[int, float] | None:
-    """The knee of ``(capacity, hit ratio)`` points (any order), or ``None`` when
-    there are fewer than three or the curve never rises above its chord."""
+    """The ``(capacity, hit ratio)`` point farthest above the chord, log capacity (``None``:
+    fewer than three points, or none above it)."""
     pts = sorted(points)
     if len(pts) < 3:
         return None
@@ -41,25 +51,60 @@ def knee(points: Sequence[tuple[int, float]]) -> tuple[int, float] | None:
     return best
 
 
+def smallest_reaching(
+    hit_at: Callable[[int], float | None], low: int, high: int, target: float
+) -> int:
+    """The smallest capacity in ``(low, high]`` (within :data:`PRECISION`) whose hit ratio
+    reaches ``target``, ``high`` reaching it and ``low`` not (``None`` misses)."""
+    while high > low * (1 + PRECISION) and high - low > 1:
+        mid = min(max(round(math.sqrt(low * high)), low + 1), high - 1)
+        hit = hit_at(mid)
+        if hit is not None and hit >= target - _EXACT:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+class CapacitySearch:
+    """One backend's replays at the capacities a search asks for, each made once.
+
+    Args:
+        replay: hit ratio of a K-live replay at a capacity (``None``: does not fit).
+        known: ``(capacity, hit ratio)`` pairs already measured.
+    """
+
+    def __init__(
+        self, replay: Callable[[int], float | None], known: Iterable[tuple[int, float | None]] = ()
+    ) -> None:
+        self._replay = replay
+        self.hits: dict[int, float | None] = dict(known)
+        self.replays = 0
+
+    def hit_at(self, capacity: int) -> float | None:
+        """The hit ratio at ``capacity`` (replayed once, then remembered)."""
+        if capacity not in self.hits:
+            self.replays += 1
+            self.hits[capacity] = self._replay(capacity)
+        return self.hits[capacity]
+
+    def smallest(self, target: float, tight: int, roomy: int) -> int:
+        """The smallest capacity (within :data:`PRECISION`) reaching ``target``."""
+        if target <= 0:
+            return tight
+        reached = {c for c, h in self.hits.items() if h is not None and h >= target - _EXACT}
+        high = min((c for c in reached if c <= roomy), default=roomy)
+        low = max((c for c in self.hits if c not in reached and c < high), default=tight - 1)
+        low = max(1, low)
+        return high if low >= high else smallest_reaching(self.hit_at, low, high, target)
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityAnchor:
-    """One backend's capacity anchors on one workload.
+    """One backend's capacity anchors on one workload (tokens; ``None``: not found).
 
-    Attributes:
-        workload, backend: which.
-        block_size: its hit granularity (blocks are of this many tokens).
-        infinite_capacity_tokens: the roomy capacity (nothing evicted).
-        infinite_hit_ratio: its hit ratio there.
-        knee_tokens: the knee's capacity (``None``: no sweep, or no knee).
-        knee_hit_ratio: the hit ratio at the knee.
-        kv_bytes_per_token: the profile's, for GiB (``None``: unknown).
-        model: the model the bytes are of.
-        num_points: the sweep's points the knee was looked for in.
-        working_set_tokens: the smallest capacity reaching the infinite-cache hit
-            ratio (``None``: not searched).
-        knee_rule: how the knee was found (``"98% of infinite"`` by search, or
-            ``"kneedle"`` over the sweep).
-        search_replays: replays the search made.
+    ``infinite_capacity_tokens`` is the roomy capacity (nothing evicted), ``num_points`` the
+    sweep's points the knee was looked for in, ``knee_rule`` how it was found.
     """
 
     workload: str
@@ -75,22 +120,6 @@ class CapacityAnchor:
     working_set_tokens: int | None = None
     knee_rule: str = "kneedle"
     search_replays: int = 0
-
-    @property
-    def working_set_text(self) -> str:
-        """The working set as :meth:`describe` gives it, or how to find it."""
-        if self.working_set_tokens is None:
-            return "- (--capacity-search finds it)"
-        return self.describe(self.working_set_tokens)
-
-    @property
-    def knee_text(self) -> str:
-        """The knee as :meth:`describe` gives it, or why there is none."""
-        if self.knee_tokens is not None:
-            return self.describe(self.knee_tokens)
-        if self.num_points < 3:
-            return "- (--capacity-search finds it)"
-        return "- (the sweep has no bend: --capacity-search finds it)"
 
     def gib(self, tokens: int | None) -> float | None:
         """``tokens`` of KV in GiB (``None`` without the bytes per token)."""
@@ -108,22 +137,90 @@ class CapacityAnchor:
 
     def row(self) -> dict[str, Scalar]:
         """The anchors as one flat record."""
+
+        def size(name: str, tokens: int | None) -> dict[str, Scalar]:
+            blocks = None if tokens is None else tokens // self.block_size
+            return {
+                f"{name}_tokens": tokens,
+                f"{name}_blocks": blocks,
+                f"{name}_gib": self.gib(tokens),
+            }
+
         return {
             "workload": self.workload,
             "backend": self.backend,
             "block_size": self.block_size,
-            **self._size("infinite_capacity", self.infinite_capacity_tokens),
+            **size("infinite_capacity", self.infinite_capacity_tokens),
             "infinite_hit_ratio": self.infinite_hit_ratio,
-            **self._size("knee", self.knee_tokens),
+            **size("knee", self.knee_tokens),
             "knee_hit_ratio": self.knee_hit_ratio,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_model": self.model,
-            **self._size("working_set", self.working_set_tokens),
+            **size("working_set", self.working_set_tokens),
             "knee_rule": self.knee_rule,
             "search_replays": self.search_replays,
         }
 
-    def _size(self, name: str, tokens: int | None) -> dict[str, Scalar]:
-        """``<name>_tokens``, ``<name>_blocks`` and ``<name>_gib``."""
-        blocks = None if tokens is None else tokens // self.block_size
-        return {f"{name}_tokens": tokens, f"{name}_blocks": blocks, f"{name}_gib": self.gib(tokens)}
+
+def workload_anchors(
+    workload: Workload,
+    backends: Sequence[BackendSpec],
+    runs: Sequence[RunRow],
+    sweep: Sequence[RunRow],
+    capacity_tokens: int,
+    *,
+    concurrency: int,
+    search: bool,
+    profile: CostProfile | None,
+    bars: Bars | None,
+) -> list[CapacityAnchor]:
+    """Each backend's anchors, from its table run ``runs`` at ``capacity_tokens``, the
+    sweep, and (``search``) more replays."""
+    roomy = roomy_capacity(workload.stats, backends)
+    out = []
+    for b, run in zip(backends, runs, strict=True):
+        points = [
+            (p.labels["capacity_tokens"], hit)
+            for p in sweep
+            if p.labels["backend"] == b.label and (hit := p.part(SweepHit).hit_ratio) is not None
+        ]
+        at_roomy = [h for c, h in points if c >= roomy]
+        table_hit = run.part(KLiveHits).hit_ratio
+        if capacity_tokens >= roomy:
+            infinite = table_hit
+        elif at_roomy:
+            infinite = at_roomy[-1]
+        else:  # one more replay, with nothing evicted
+            infinite = run_backend(
+                workload, b, roomy, concurrency=concurrency, timing_repeats=0,
+                boundary_accounting=False, bars=bars,
+            ).part(KLiveHits).hit_ratio  # fmt: skip
+        bend = knee(points)
+        working_set: int | None = None
+        rule, replays = "kneedle", 0
+        if search:
+            finder = CapacitySearch(
+                functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
+                [*points, (capacity_tokens, table_hit), (roomy, infinite)],
+            )
+            tight = min_capacity(workload.stats, backends, concurrency)
+            working_set = finder.smallest(infinite, tight, roomy)
+            knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
+            bend = (knee_at, finder.hit_at(knee_at) or 0.0)
+            rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
+        knee_tokens, knee_hit = (None, None) if bend is None else bend
+        kv_bytes, model = (
+            (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
+        )
+        out.append(CapacityAnchor(
+            workload.name, b.label, b.block_size, roomy, infinite, knee_tokens, knee_hit,
+            kv_bytes, model, len(points), working_set, rule, replays,
+        ))  # fmt: skip
+    return out
+
+
+def _hit_ratio(
+    workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
+) -> float | None:
+    (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
+    return point.part(SweepHit).hit_ratio

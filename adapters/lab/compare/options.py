@@ -1,18 +1,6 @@
-"""A comparison from Python: :class:`CompareOptions` says what to compare, and
-:func:`compare_backends` runs it and returns the tidy tables.
-
-What ``prefixkv compare`` runs, without files::
-
-    from prefixkv.adapters.lab.compare import CompareOptions, compare_backends
-
-    t = compare_backends(CompareOptions(["multi_turn"], request_rate=2.0, max_requests=60))
-    t.runs  # one row per run (a DataFrame when pandas is installed)
-
-Options are plain values (names, numbers, a path) as a notebook writes them; they are
-resolved (backends parsed, the profile and the workloads loaded) when the comparison
-runs. ``compare_backends(options, request_rate=4.0)`` runs a copy with those fields
-changed.
-"""
+"""A comparison from Python: :class:`CompareOptions` (plain values, as a notebook writes
+them, resolved when the comparison runs) and :func:`compare_backends`, which runs it and
+returns the tidy tables (see the lab's README)."""
 
 from __future__ import annotations
 
@@ -32,7 +20,7 @@ from ..sim.load import Slo
 from ..traces import ReadSettings
 from ..workloads import Workload, load_workloads
 from .arrival import Scheduler, TimeSettings
-from .plan import CompareSettings, default_boundary_accounting, plan_comparison
+from .plan import CompareSettings, plan_comparison
 from .run import ComparisonTables, run_comparison
 
 __all__ = ["CompareOptions", "compare_backends"]
@@ -40,56 +28,28 @@ __all__ = ["CompareOptions", "compare_backends"]
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """What to compare, as plain values.
+    """What to compare, as plain values (resolved when the comparison runs).
 
     Attributes:
-        workloads: built-in workload names (default: the CLI's default set when no
-            trace is given).
-        trace: a trace file or folder instead (any format ``prefixkv`` reads).
+        workloads: built-in workload names (default: the CLI's default set without a trace).
+        trace: a trace file or folder instead.
         indexes: comma-separated backends, ``NAME`` or ``NAME:SIZE``.
-        block_size: the hash chain's (and ``none``'s) block size.
-        page_size: the radix tree's page size.
         index_options: per registry name, options for ``make_index``.
-        capacity_tokens: the KV capacity in tokens, or several (a sweep, the first
-            being the table's); default roomy.
-        capacity_sweep: also sweep capacities (default: when several are given, or
-            for the default set of built-in workloads).
-        capacity_search: find each backend's working set and knee by bisection over
-            replays (default: on for built-in workloads, off for a trace).
-        max_pool_blocks: refuse a capacity of more blocks than this.
-        concurrency: the K of the K-live schedule.
-        timing_repeats: timed K-live replays per backend.
-        boundary_accounting: BB-8 accounting (default: on, off for hash-id traces).
-        request_rate: arrival-time runs at this many requests per second.
-        rate_sweep: more request rates to run at the table's capacity, or ``"auto"``
-            (double from a rate the replica serves with room until each backend is
-            overloaded; ``request_rate`` may then be ``None``).
-        slo: goodput under this objective (:class:`~..sim.load.Slo`).
-        time_scale: arrival-time runs at the trace's timestamps times this.
-        arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
-        max_num_seqs: most running requests.
-        max_num_batched_tokens: most tokens a step computes.
-        queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's, fcfs).
-        batching: force ``"mixed"`` or ``"prefill_first"`` (the ``vllm`` or
-            ``sglang`` scheduler; replaces ``schedulers``).
-        schedulers: the scheduler axis: ``("vllm",)`` (the default: only the index
-            varies), ``("vllm", "sglang")`` (each backend under each), or
-            ``("natural",)`` (each backend on the engine it models).
-        closed_loop: sessions replay closed loop (default); ``False``: open loop.
-        profile: a cost profile, a shipped profile's name or a profile file
-            (default: the shipped default); when given, its KV bytes per token also
-            state capacities in GiB.
-        max_requests: use the first this many requests of each workload.
-        tokens_per_id: hash-id traces: tokens each id expands to.
-        max_model_len: refuse requests whose prompt plus output exceed this many
-            tokens, as vLLM's front end does; requests that cannot fit the table's
-            capacity alone (``capacity_tokens``' first) are refused too. Refused
-            requests are counted (``rejected_requests`` of the workload's record) and
-            left out of every figure.
-        on_long_request: ``"reject"`` (count such a request and go on, as vLLM answers
-            400) or ``"abort"`` (raise :class:`~..backends.CapacityError` naming it).
-        seed: workload, token and arrival seed.
-        progress_bars: show progress bars on stderr (tqdm).
+        capacity_tokens: the KV capacity in tokens, or several (a sweep, the first the
+            table's); default roomy.
+        capacity_sweep: default: when several capacities are given, or for the default set.
+        capacity_search: default: on for built-in workloads, off for a trace.
+        boundary_accounting: BB-8 accounting (default: off for hash-id traces).
+        rate_sweep: more request rates at the table's capacity, or ``"auto"``.
+        profile: a cost profile, a shipped profile's name or a profile file; its KV bytes
+            per token also state capacities in GiB.
+        max_model_len: refuse (count in ``rejected_requests``) requests whose prompt plus
+            output exceed this, and those that cannot fit the table's capacity alone.
+        on_long_request: ``"reject"`` (count and go on) or ``"abort"`` (raise
+            :class:`~..backends.CapacityError`).
+
+    The other fields are :class:`CompareSettings`' and :class:`TimeSettings`' (arrival-time
+    runs need ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``).
     """
 
     workloads: Sequence[str] | None = None
@@ -135,32 +95,17 @@ class CompareOptions:
         auto = sweep == "auto"
         if isinstance(sweep, str) and not auto:
             raise SimSettingsError(f"rate_sweep is rates or 'auto', got {sweep!r}")
-        rates = () if sweep is None or isinstance(sweep, str) else tuple(sweep)
         if self.request_rate is None and self.time_scale is None and not auto:
             return None
         return TimeSettings(
-            request_rate=self.request_rate,
-            time_scale=self.time_scale,
-            arrival=self.arrival,
-            seed=self.seed,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            queue_order=self.queue_order,
-            batching=self.batching,
-            profile=self.cost_profile() or load_profile(),
+            **{name: getattr(self, name) for name in _TIME_FIELDS},
+            profile=self._profile() or load_profile(),
             schedulers=tuple(self.schedulers),
-            closed_loop=self.closed_loop,
-            slo=self.slo,
-            rates=rates,
+            rates=() if sweep is None or isinstance(sweep, str) else tuple(sweep),
             auto_rates=auto,
         )
 
-    def cost_profile(self) -> CostProfile | None:
-        """``profile`` loaded (``None`` when none was given).
-
-        Raises:
-            ProfileError: a profile that cannot be read.
-        """
+    def _profile(self) -> CostProfile | None:
         profile = self.profile
         if profile is None or isinstance(profile, CostProfile):
             return profile
@@ -195,40 +140,27 @@ class CompareOptions:
         if sweep is None:
             default_set = not self.workloads and self.trace is None
             sweep = (caps is not None and len(caps) > 1) or default_set
-        accounting = self.boundary_accounting
         time = self.time_settings()
+        backends = parse_backends(
+            self.indexes, block_size=self.block_size, page_size=self.page_size,
+            options=self.index_options,
+        )  # fmt: skip
+        accounting, search = self.boundary_accounting, self.capacity_search
         return CompareSettings(
-            backends=tuple(
-                parse_backends(
-                    self.indexes,
-                    block_size=self.block_size,
-                    page_size=self.page_size,
-                    options=self.index_options,
-                )
-            ),
-            capacities=caps,
-            capacity_sweep=sweep,
-            concurrency=self.concurrency,
-            timing_repeats=self.timing_repeats,
-            boundary_accounting=default_boundary_accounting(workloads)
-            if accounting is None
-            else accounting,
-            time=time,
-            max_pool_blocks=self.max_pool_blocks,
-            profile=self.cost_profile() if time is None else time.profile,
-            capacity_search=self.trace is None
-            if self.capacity_search is None
-            else self.capacity_search,
-        )
+            tuple(backends), caps, sweep, self.concurrency, self.timing_repeats,
+            all(w.tokens_per_id is None for w in workloads) if accounting is None else accounting,
+            time, self.max_pool_blocks, self._profile() if time is None else time.profile,
+            self.trace is None if search is None else search,
+        )  # fmt: skip
 
     def admitted(self, workloads: Sequence[Workload], settings: CompareSettings) -> list[Workload]:
-        """``workloads`` without the requests too long for ``max_model_len`` or the
-        table's capacity alone, counted in each workload's ``rejected_requests``.
+        """``workloads`` without the requests :meth:`length_rule` refuses, counted in each
+        workload's ``rejected_requests``.
 
         Raises:
             CompareError: a bad ``max_model_len`` or ``on_long_request``.
-            CapacityError: ``on_long_request="abort"`` and a request is too long, or
-                every request is.
+            CapacityError: ``on_long_request="abort"`` and a request is too long, or every
+                request is.
         """
         if self.on_long_request not in ("reject", "abort"):
             raise CompareError(
@@ -237,12 +169,11 @@ class CompareOptions:
         rule = self.length_rule(settings)
         if rule is None:
             return list(workloads)
-        abort = self.on_long_request == "abort"
-        return [admit(w, rule, abort=abort)[0] for w in workloads]
+        return [admit(w, rule, abort=self.on_long_request == "abort")[0] for w in workloads]
 
     def length_rule(self, settings: CompareSettings) -> AdmissionRule | None:
-        """The rule :meth:`admitted` applies: ``max_model_len`` and the table's capacity
-        alone, in the coarsest block of the backends (``None``: no bound).
+        """``max_model_len`` and the table's capacity alone, in the backends' coarsest
+        block (``None``: no bound).
 
         Raises:
             CompareError: a bad ``max_model_len``.
@@ -256,16 +187,15 @@ class CompareOptions:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
+_TIME_FIELDS = (
+    "request_rate", "time_scale", "arrival", "seed", "max_num_seqs", "max_num_batched_tokens",
+    "queue_order", "batching", "closed_loop", "slo",
+)  # fmt: skip
 
 
 def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -> ComparisonTables:
-    """Compare backends on built-in workloads or a trace; return the tidy tables.
-
-    Each backend's K-live replay at equal capacity and, with ``request_rate`` or
-    ``time_scale``, its arrival-time run under each scheduler of ``schedulers``
-    (default vLLM's alone: only the index varies). Requests too long for
-    ``max_model_len`` or the table's capacity are first rejected and counted (or,
-    with ``on_long_request="abort"``, raise), as ``prefixkv compare`` does.
+    """Compare backends on built-in workloads or a trace, as ``prefixkv compare`` does;
+    return the tidy tables.
 
     Args:
         options: what to compare (default: ``CompareOptions()``).
@@ -279,11 +209,15 @@ def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -
         PrefixKVError: a bad option, workload, trace or capacity (a named subclass).
         KeyboardInterrupt: Ctrl-C.
     """
-    options = _options(options, changes)
+    unknown = sorted(set(changes) - _FIELDS)
+    if unknown:
+        raise CompareError(
+            f"CompareOptions has no {', '.join(unknown)}; it has: {', '.join(sorted(_FIELDS))}"
+        )
+    options = dataclasses.replace(options or CompareOptions(), **changes)
     loaded = options.load_workloads()
     settings = options.settings(loaded)
-    loaded = options.admitted(loaded, settings)
-    plans = plan_comparison(loaded, settings)
+    plans = plan_comparison(options.admitted(loaded, settings), settings)
     quiet = not options.progress_bars
 
     def bars(desc: str, total: int) -> Any:
@@ -293,12 +227,3 @@ def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -
     if comparison.partial:
         raise KeyboardInterrupt("comparison interrupted")
     return comparison.tables()
-
-
-def _options(options: CompareOptions | None, changes: dict[str, Any]) -> CompareOptions:
-    unknown = sorted(set(changes) - _FIELDS)
-    if unknown:
-        raise CompareError(
-            f"CompareOptions has no {', '.join(unknown)}; it has: {', '.join(sorted(_FIELDS))}"
-        )
-    return dataclasses.replace(options or CompareOptions(), **changes)

@@ -1,10 +1,6 @@
-"""A comparison's plan: the capacities each workload runs at, checked before anything runs.
-
-The table's capacity defaults to roomy (every request's KV at once: nothing is
-evicted); a sweep spans tight (the K largest requests live at once) to roomy on a
-log scale. :func:`plan_comparison` fixes each workload's capacities from the
-resolved :class:`CompareSettings` and refuses a pool that holds no block or too many.
-"""
+"""A comparison's plan: the resolved settings and the capacities each workload runs at,
+checked before anything runs (the table's default is roomy: nothing evicted; a sweep spans
+tight to roomy on a log scale)."""
 
 from __future__ import annotations
 
@@ -25,44 +21,22 @@ from ..workloads import Workload
 from .arrival import TimeSettings, check_arrivals
 
 __all__ = [
-    "SWEEP_POINTS",
-    "CompareSettings",
-    "WorkloadPlan",
-    "check_pool",
-    "default_boundary_accounting",
-    "min_capacity",
-    "plan_capacities",
-    "plan_comparison",
-    "roomy_capacity",
-    "sweep_capacities",
-]
-
-
-SWEEP_POINTS = 7
-"""Capacities of a sweep from tight to roomy, when none are listed."""
+    "CompareSettings", "WorkloadPlan", "plan_comparison", "roomy_capacity", "sweep_capacities",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class CompareSettings:
-    """What a comparison runs, resolved: parsed backends, capacities in tokens, the
-    arrival-time settings (:class:`CompareOptions` is what a caller writes, and
-    ``prefixkv compare`` builds this from its flags).
+    """What a comparison runs, resolved (:class:`CompareOptions` is what a caller writes).
 
     Attributes:
-        backends: the backends, in table order.
-        capacities: KV capacities in tokens; the first is the table's, and several
-            are the sweep's. ``None``: roomy (nothing is evicted).
-        capacity_sweep: also sweep capacities (the listed ones, or
-            :data:`SWEEP_POINTS` from tight to roomy).
+        capacities: KV capacities in tokens, the first the table's (``None``: roomy).
+        capacity_sweep: also sweep capacities (the listed ones, or 7 from tight to roomy).
         concurrency: the K of the K-live schedule.
-        timing_repeats: timed K-live replays per backend.
         boundary_accounting: count matched-but-recomputed tokens (SPEC BB-8).
         time: arrival-time runs (``None``: none).
-        max_pool_blocks: refuse a capacity of more blocks than this.
-        profile: the cost profile whose KV bytes per token give capacities in GiB
-            (default: the arrival-time runs' profile, if any).
-        capacity_search: find each backend's working set and knee by bisection
-            over K-live replays (:mod:`.capacity_search`).
+        profile: gives capacities in GiB (default: the arrival-time runs').
+        capacity_search: find each backend's working set and knee by bisection.
 
     Raises:
         CompareError: no backend, a non-positive capacity, concurrency or limit.
@@ -89,31 +63,14 @@ class CompareSettings:
         ):
             raise CompareError(f"capacities must be positive ints, got {self.capacities!r}")
 
-    @property
-    def listed_sweep(self) -> bool:
-        """Whether the sweep's capacities are the listed ones."""
-        return self.capacities is not None and len(self.capacities) > 1
-
 
 @dataclass(frozen=True, slots=True)
 class WorkloadPlan:
-    """One workload's capacities, checked.
-
-    Attributes:
-        workload: the requests.
-        capacity_tokens: the table's capacity.
-        sweep: the sweep's capacities, ascending (empty: no sweep).
-    """
+    """One workload's checked capacities: the table's and the sweep's (ascending)."""
 
     workload: Workload
     capacity_tokens: int
     sweep: list[int]
-
-
-def default_boundary_accounting(workloads: Sequence[Workload]) -> bool:
-    """On, except for hash-id traces (their sharing stops at block boundaries by
-    construction, so the accounting's extra replay would only measure zeros)."""
-    return all(w.tokens_per_id is None for w in workloads)
 
 
 def plan_comparison(workloads: Sequence[Workload], settings: CompareSettings) -> list[WorkloadPlan]:
@@ -123,22 +80,20 @@ def plan_comparison(workloads: Sequence[Workload], settings: CompareSettings) ->
         CapacityError: a capacity that holds no block or too many.
         SimSettingsError: ``--time-scale`` for requests without a usable clock.
     """
-    caps = settings.capacities
+    caps, backends = settings.capacities, settings.backends
+    listed = caps is not None and len(caps) > 1
     plans = []
     for w in workloads:
-        cap, points = plan_capacities(
-            w,
-            settings.backends,
-            capacity_tokens=None if caps is None else caps[0],
-            concurrency=settings.concurrency,
-            sweep_points=SWEEP_POINTS
-            if settings.capacity_sweep and not settings.listed_sweep
-            else 0,
-        )
-        if settings.capacity_sweep and caps is not None and settings.listed_sweep:
+        roomy = roomy_capacity(w.stats, backends)
+        cap = roomy if caps is None else caps[0]
+        points: list[int] = []
+        if settings.capacity_sweep and caps is not None and listed:
             points = sorted(caps)
+        elif settings.capacity_sweep:
+            tight = min_capacity(w.stats, backends, settings.concurrency)
+            points = sweep_capacities(tight, max(roomy, cap))
         for c in [cap, *points]:
-            check_pool(c, settings.backends, settings.max_pool_blocks)
+            check_pool(c, backends, settings.max_pool_blocks)
         if settings.time is not None:
             check_arrivals(w, settings.time)
         plans.append(WorkloadPlan(w, cap, points))
@@ -149,27 +104,4 @@ def sweep_capacities(low: int, high: int, points: int = 7) -> list[int]:
     """``points`` capacities from ``low`` to ``high``, evenly spaced on a log scale."""
     if high <= low:
         return [high]
-    ratio = high / low
-    caps = [round(low * ratio ** (i / (points - 1))) for i in range(points)]
-    return sorted(set(caps))
-
-
-def plan_capacities(
-    workload: Workload,
-    backends: Sequence[BackendSpec],
-    *,
-    capacity_tokens: int | None = None,
-    concurrency: int = 1,
-    sweep_points: int = 0,
-) -> tuple[int, list[int]]:
-    """The capacity of the table (default: roomy) and of the sweep (tight to roomy).
-
-    Returns:
-        ``(capacity_tokens, sweep)``; the sweep is empty when ``sweep_points`` is 0.
-    """
-    roomy = roomy_capacity(workload.stats, backends)
-    cap = roomy if capacity_tokens is None else capacity_tokens
-    if not sweep_points:
-        return cap, []
-    tight = min_capacity(workload.stats, backends, concurrency)
-    return cap, sweep_capacities(tight, max(roomy, cap), sweep_points)
+    return sorted({round(low * (high / low) ** (i / (points - 1))) for i in range(points)})

@@ -1,16 +1,8 @@
-"""The cluster report: tables (CSV, JSON), plots and ``report.md`` for a set of runs.
+"""The cluster report: runs.csv, requests.csv, results.json, the plots and report.md.
 
-Runs fall in four groups, told apart by their labels: fault-free runs at the main fleet
-size and capacity (the policy comparison), the sweeps over fleet size and capacity,
-fault runs, and the request-rate sweep's runs (role ``rate``; their load table is
-:mod:`.cluster_load`'s). Ratios are reported against round
-robin and the pooled figure of the same fleet ("efficiency" = hit / pooled hit, the
-honest global-vs-local number). As compare's report does, it defines every column,
-titles every plot with the trace, the fleet and the arrivals, says what the pooled
-figure is, and says in notes when the fleet is overloaded or a policy is above the
-pooled or infinite figure (a bound only when admissions happen at the same times); an
-interrupted experiment's report says it is partial. Every file is written whole or not
-at all.
+Runs fall in groups by their labels: fault-free runs at the main fleet (the policy
+comparison), the sweeps over fleet size and capacity, fault runs, and the request-rate
+sweep's runs. Hit ratios are set against round robin and the pooled figure of the same fleet.
 """
 
 from __future__ import annotations
@@ -18,16 +10,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..cluster.experiment import is_rate_run
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
+from ..sim.rate_sweep import saturation_of
 from ..sim.runs import run_table
 from . import plots
-from .cluster_load import header_lines, load_section
 from .markdown import (
     Column,
     definitions,
@@ -35,36 +26,27 @@ from .markdown import (
     image,
     machine_info,
     partial_notice,
+    rate,
+    table,
     titled_table,
     write_text,
 )
 from .tables import request_rows, write_json, write_rows
 
 __all__ = [
-    "FAULT_COLUMNS",
-    "GROWTH_LIMIT",
-    "OUTPUT_NAMES",
-    "POLICY_COLUMNS",
-    "POOLED_MEANING",
-    "RESULTS_FORMAT",
-    "report_notes",
-    "write_report",
-]
-
-RESULTS_FORMAT = "prefixkv-cluster/2"
-"""The ``format`` of results.json: version 2 is an object (the command, ``partial``,
-``runs``); version 1 was the bare list of runs."""
+    "GROWTH_LIMIT", "OUTPUT_NAMES", "POLICY_COLUMNS", "POOLED_MEANING", "policy_rows",
+    "report_notes", "write_report",
+]  # fmt: skip
 
 OUTPUT_NAMES = (
     "report.md", "results.json", "runs.csv", "requests.csv", "hit_ratio.png", "frontier.png",
     "ttft_cdf.png", "overlap.png", "decision_latency.png", "hit_vs_replicas.png",
     "hit_vs_capacity.png", "faults.png",
 )  # fmt: skip
-"""Every file :func:`write_report` may write (checked before the first run)."""
+"""Every file :func:`write_report` may write."""
 
 GROWTH_LIMIT = 3.0
-"""TTFT growth (last quarter of arrivals over the first) above which a run is called
-overloaded even when its offered load is below 1."""
+"""TTFT growth (last quarter of arrivals over the first) above which a run is overloaded."""
 
 POLICY_COLUMNS: tuple[Column, ...] = (
     ("policy", "<", "the routing policy (`name[@index][:key=value]`); pooled and infinite "
@@ -94,9 +76,9 @@ POLICY_COLUMNS: tuple[Column, ...] = (
     ("phantom", ">", "share of predictions above the realized hit: blocks the router "
      "believed cached that were not (stale information)"),
 )  # fmt: skip
-"""The policy table's columns and their definitions (the report prints both)."""
+"""The policy table's columns."""
 
-FAULT_COLUMNS: tuple[Column, ...] = (
+_FAULT_COLUMNS: tuple[Column, ...] = (
     ("policy", "<", ""),
     ("faults", "<", "the injected faults (`--faults`)"),
     ("hit ratio", ">", ""),
@@ -113,7 +95,6 @@ FAULT_COLUMNS: tuple[Column, ...] = (
     ("invariants", "<", "no lost or duplicated request, no decision for a dead replica, "
      "every view converged: `hold`, or what broke"),
 )  # fmt: skip
-"""The fault table's columns (those without a meaning are the policy table's)."""
 
 
 def _key(res: ClusterResult) -> tuple[Any, ...]:
@@ -164,70 +145,53 @@ POOLED_MEANING = (
     "of what they share is cached, and can beat it. infinite: the same with no capacity "
     "limit."
 )
-"""What the pooled and infinite rows are (the report prints it under the table)."""
-
-
-def fault_rows(
-    runs: Sequence[ClusterResult], base: dict[tuple[Any, ...], ClusterResult]
-) -> list[list[str]]:
-    """One row of :data:`FAULT_COLUMNS` cells per fault run (``base``: the fault-free
-    runs by policy, replicas and capacity)."""
-    rows = []
-    for r in runs:
-        b = base.get((r.labels["policy"], *_key(r)))
-        s = r.stats
-        broken = r.invariants.broken()
-        rows.append([
-            r.labels["policy"], f"`{r.labels['faults']}`", fixed(r.run.hit_ratio),
-            fixed(b.run.hit_ratio) if b else "-", fixed(r.run.ttft_mean_s, 2),
-            str(s.get("dropped_batches", 0)),
-            *(str(s.get(k, "-")) for k in ("gaps", "replays", "restarts", "resyncs")),
-            str(r.run.rerouted_requests), str(r.run.swept_reservations),
-            str(r.invariants.phantom_blocks), "hold" if not broken else "; ".join(broken),
-        ])  # fmt: skip
-    return rows
-
-
-def _overloaded(r: ClusterResult) -> bool:
-    run = r.run
-    return run.offered_load > 1 or run.ttft_growth > GROWTH_LIMIT or run.overloaded
+"""What the pooled and infinite rows are."""
 
 
 def report_notes(runs: Sequence[ClusterResult], all_runs: Sequence[ClusterResult]) -> list[str]:
-    """The warnings a reader needs before trusting the table: overload (offered load
-    above 1 or TTFT growing through the run) and policies above a bound.
-
-    Args:
-        runs: the fault-free runs of one fleet (size and capacity).
-        all_runs: every fault-free run (where the bounds are found).
-
-    Returns:
-        One paragraph per note (empty when there is nothing to say).
-    """
+    """One paragraph per warning about the fault-free ``runs`` of one fleet: overload and
+    policies above a bound (found among ``all_runs``)."""
     ref = _refs(all_runs)
     policies = [r for r in runs if r.labels["policy"] not in ("pooled", "infinite")]
-    above_pooled = [
-        (r, p)
+    hot = [
+        r
+        for r in policies
+        if r.run.offered_load > 1 or r.run.ttft_growth > GROWTH_LIMIT or r.run.overloaded
+    ]
+    notes = [_overload_note(hot, len(policies))] if hot else []
+    above = [
+        f"{r.labels['policy']} {fixed(r.run.hit_ratio)} > {fixed(p.run.hit_ratio)}"
         for r in policies
         if (p := ref["pooled"].get(_key(r))) is not None and r.run.hit_ratio > p.run.hit_ratio
     ]
-    above_infinite = [
-        r
+    if above:
+        notes.append(
+            f"**Above the pooled figure.** {', '.join(above)}. Pooled is one LRU cache of N x "
+            "capacity fed in arrival order: a reference, not an optimum. Routing that "
+            "keeps each session on its own replica shields it from other sessions' "
+            "evictions and can beat one shared LRU, most with interleaved long sessions "
+            "(agentic traces replayed open-loop), and replicas that queue requests admit "
+            "them later, after more of what they share is cached. Infinite (no eviction) "
+            "is the upper bound for admissions at the same times."
+        )
+    above = [
+        r.labels["policy"]
         for r in policies
         if (i := ref["infinite"].get(_key(r))) is not None
         and r.run.hit_ratio > i.run.hit_ratio + 1e-12
     ]
-    notes = [
-        _overload_note([r for r in policies if _overloaded(r)], len(policies)),
-        _above_pooled_note(above_pooled),
-        _above_infinite_note(above_infinite),
-    ]
-    return [note for note in notes if note]
+    if above:
+        notes.append(
+            f"**Above the infinite bound: {', '.join(above)}.** "
+            "No policy can hit more than a cache that never evicts when its requests are "
+            "admitted at the same times; above it, the policy's replicas admitted requests "
+            "later (queueing), after more of their prefixes were cached. On a fleet that is "
+            "not overloaded this is a bug: please report it with this report."
+        )
+    return notes
 
 
 def _overload_note(hot: Sequence[ClusterResult], num_policies: int) -> str:
-    if not hot:
-        return ""
     worst = max(hot, key=lambda r: (r.run.offered_load, r.run.ttft_growth))
     names = ", ".join(
         f"{r.labels['policy']} (load {fixed(r.run.offered_load, 2)}, "
@@ -243,36 +207,6 @@ def _overload_note(hot: Sequence[ClusterResult], num_policies: int) -> str:
         f"{fixed(worst.run.ttft_mean_s, 1)} s), so TTFT measures the backlog more than "
         "the routing. Lower `--request-rate`, raise `--time-scale`, or add replicas "
         "to compare policies in a steady state."
-    )
-
-
-def _above_pooled_note(above: Sequence[tuple[ClusterResult, ClusterResult]]) -> str:
-    if not above:
-        return ""
-    names = ", ".join(
-        f"{r.labels['policy']} {fixed(r.run.hit_ratio)} > {fixed(p.run.hit_ratio)}"
-        for r, p in above
-    )
-    return (
-        f"**Above the pooled figure.** {names}. Pooled is one LRU cache of N x "
-        "capacity fed in arrival order: a reference, not an optimum. Routing that "
-        "keeps each session on its own replica shields it from other sessions' "
-        "evictions and can beat one shared LRU, most with interleaved long sessions "
-        "(agentic traces replayed open-loop), and replicas that queue requests admit "
-        "them later, after more of what they share is cached. Infinite (no eviction) "
-        "is the upper bound for admissions at the same times."
-    )
-
-
-def _above_infinite_note(above: Sequence[ClusterResult]) -> str:
-    if not above:
-        return ""
-    return (
-        f"**Above the infinite bound: {', '.join(r.labels['policy'] for r in above)}.** "
-        "No policy can hit more than a cache that never evicts when its requests are "
-        "admitted at the same times; above it, the policy's replicas admitted requests "
-        "later (queueing), after more of their prefixes were cached. On a fleet that is "
-        "not overloaded this is a bug: please report it with this report."
     )
 
 
@@ -294,31 +228,16 @@ def write_report(
     notes: Sequence[str] = (),
     settings: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write ``runs.csv``, ``requests.csv``, ``results.json``, the plots and ``report.md``.
+    """Write ``runs.csv``, ``requests.csv`` (with ``requests_table``), ``results.json``, the
+    plots (with ``plots``) and ``report.md``; returns the files written.
 
-    Args:
-        results: every run (at least one).
-        out_dir: the folder (created).
-        command: the command line, quoted in the report.
-        source: what the requests were (trace, arrivals); plots carry it in their title.
-        requests_table: also write one row per request of every run.
-        partial: when the experiment was cut short, what happened (e.g.
-            ``"interrupted (Ctrl-C) after 2 of 9 runs"``); the report and
-            results.json say the results are partial.
-        plots: draw the PNG plots (they need matplotlib); without them the report
-            has its tables only.
-        notes: what the reader must know about the requests (those rejected for
-            their length), one paragraph each.
-        settings: what the runs were sized for (``capacity_model``, ``admission``,
-            ``rejected_requests``, ``slo``), listed in the report's header and kept
-            in results.json.
-
-    Returns:
-        The files written.
+    ``source`` says what the requests were (plots carry it in their title); ``partial``,
+    when the experiment was cut short, what happened; ``notes`` are paragraphs the reader
+    must know; ``settings`` what the runs were sized for (``capacity_model``,
+    ``admission``, ``rejected_requests``, ``slo``).
 
     Raises:
-        ExtraNotInstalledError: ``plots`` without matplotlib (checked before anything
-            is written).
+        ExtraNotInstalledError: ``plots`` without matplotlib (nothing written).
     """
     if plots:
         require_extra("report", "the cluster report's plots", ("matplotlib",))
@@ -327,92 +246,70 @@ def write_report(
     files = [write_rows(out / "runs.csv", run_table(r.run_row() for r in results))]
     if requests_table:
         files.append(write_rows(out / "requests.csv", request_rows(results, _REQUEST_LABELS)))
-    about = _About(command, source, partial, tuple(notes), dict(settings or {}))
-    files.append(write_json(out / "results.json", _results_doc(results, about)))
-    drawer = _Drawer(out, plots)
-    md = _markdown(results, drawer, about)
-    return [*files, *drawer.files, write_text(out / "report.md", "\n".join(md) + "\n")]
-
-
-@dataclass(frozen=True, slots=True)
-class _About:
-    """What a report says about its runs besides their rows: :func:`write_report`'s
-    ``command``, ``source``, ``partial``, ``notes`` and ``settings``."""
-
-    command: str
-    source: str
-    partial: str
-    notes: tuple[str, ...]
-    settings: dict[str, Any]
-
-
-def _results_doc(results: Sequence[ClusterResult], about: _About) -> dict[str, Any]:
-    """results.json: what ran, on what, whether it is partial, and every run's row."""
-    return {
-        "format": RESULTS_FORMAT,
-        "command": about.command,
-        "source": about.source,
-        "partial": bool(about.partial),
-        "partial_reason": about.partial or None,
-        "settings": dict(about.settings),
-        "notes": list(about.notes),
+    doc = {
+        "format": "prefixkv-cluster/2",
+        "command": command,
+        "source": source,
+        "partial": bool(partial),
+        "partial_reason": partial or None,
+        "settings": dict(settings or {}),
+        "notes": list(notes),
         "runs": [
             {"labels": dict(r.labels), "run": r.run_row().as_row(), "stats": r.stats,
              "invariants_broken": r.invariants.broken()}
             for r in results
         ],
     }  # fmt: skip
+    files.append(write_json(out / "results.json", doc))
+    drawn: list[Path] = []
 
-
-_REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")
-"""requests.csv's run columns: the run's policy and fleet (then the request's record
-and route)."""
-
-
-class _Drawer:
-    """Draws a report's plots into its folder (when asked to) and links them."""
-
-    def __init__(self, out: Path, draw: bool) -> None:
-        self.out, self.draw = out, draw
-        self.files: list[Path] = []
-
-    def __call__(self, name: str, title: str, plot: Callable[[Path, str], Path]) -> list[str]:
-        """``plot(path, title)`` into ``<name>.png``; the link (nothing when not drawing)."""
-        if not self.draw:
+    def draw(name: str, title: str, plot: Callable[[Path, str], Path]) -> list[str]:
+        if not plots:
             return []
-        self.files.append(plot(self.out / f"{name}.png", title))
+        drawn.append(plot(out / f"{name}.png", title))
         return image(title.split(":")[0], f"{name}.png")
 
+    md = _markdown(results, draw, doc)
+    return [*files, *drawn, write_text(out / "report.md", "\n".join(md) + "\n")]
 
-def _markdown(results: Sequence[ClusterResult], draw: _Drawer, about: _About) -> list[str]:
-    """The report's lines: the run, then a section per axis (policy, fleet size,
-    capacity, faults), drawing the plots each shows."""
+
+_Draw = Callable[[str, str, Callable[[Path, str], Path]], list[str]]
+"""Draws a plot (``name``, ``title``, how) when plots are asked for; gives its link."""
+_REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")  # requests.csv's
+_SETTING_NAMES = {"capacity_model": "model and GPU", "slo": "SLO"}
+
+
+def _markdown(results: Sequence[ClusterResult], draw: _Draw, doc: Mapping[str, Any]) -> list[str]:
+    """The report's lines: the run, then a section per axis, drawing its plots."""
     clean = [r for r in results if not r.labels["faults"] and not is_rate_run(r)]
-    first, source = results[0], about.source
+    first, source = results[0], doc["source"]
     m = machine_info()
     md = ["# prefixkv cluster report", ""]
-    if about.partial:
-        md += partial_notice(about.partial, "runs")
+    if doc["partial_reason"]:
+        md += partial_notice(doc["partial_reason"], "runs")
     md += [
         *([f"- requests: {source}"] if source else []),
-        *([f"- command: `{about.command}`"] if about.command else []),
+        *([f"- command: `{doc['command']}`"] if doc["command"] else []),
         f"- machine: {m['machine']}, {m['cpu_count']} CPUs, Python {m['python']}, {m['platform']}",
         f"- fleet: {first.labels['backend']} replicas, block size {first.labels['block_size']}",
-        *header_lines(about.settings),
+        *(
+            f"- {_SETTING_NAMES.get(k, k.replace('_', ' '))}: {v}"
+            for k, v in doc["settings"].items()
+            if v is not None and v != ""
+        ),
         "",
-        *(line for note in about.notes for line in (note, "")),
+        *(line for note in doc["notes"] for line in (note, "")),
     ]
     md += _policy_axis([r for r in clean if _key(r) == _key(first)], clean, draw, source)
-    md += load_section(results, _key(first))
+    md += _load_section(results, _key(first))
     for key in ("num_replicas", "capacity_tokens"):
         md += _fleet_axis(clean, key, first, draw, source)
     return md + _fault_axis([r for r in results if r.labels["faults"]], clean, draw, source)
 
 
 def _policy_axis(
-    main: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Drawer, source: str
+    main: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Draw, source: str
 ) -> list[str]:
-    """Every policy on the main fleet: the table, its notes, its definitions, five plots."""
     if not main:
         return []
     replicas, capacity = _key(main[0])
@@ -442,9 +339,8 @@ def _policy_axis(
 
 
 def _fleet_axis(
-    clean: Sequence[ClusterResult], key: str, first: ClusterResult, draw: _Drawer, source: str
+    clean: Sequence[ClusterResult], key: str, first: ClusterResult, draw: _Draw, source: str
 ) -> list[str]:
-    """Hit ratio against the fleet size or the capacity, when the experiment swept it."""
     other = "capacity_tokens" if key == "num_replicas" else "num_replicas"
     sweep = [r for r in clean if r.labels[other] == first.labels[other]]
     if len({r.labels[key] for r in sweep}) < 2:
@@ -460,14 +356,91 @@ def _fleet_axis(
 
 
 def _fault_axis(
-    faulty: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Drawer, source: str
+    faulty: Sequence[ClusterResult], clean: Sequence[ClusterResult], draw: _Draw, source: str
 ) -> list[str]:
-    """Each fault run beside its fault-free run, and whether the invariants held."""
     if not faulty:
         return []
     base = {(r.labels["policy"], *_key(r)): r for r in clean}
+
+    def fault_free(r: ClusterResult) -> ClusterResult | None:
+        return base.get((r.labels["policy"], *_key(r)))
+
     title = f"Hit ratio with faults against without: {_context(source, faulty[0])}"
-    md = titled_table("## Fault runs", FAULT_COLUMNS, fault_rows(faulty, base))
-    md += ["Columns:", "", *definitions(c for c in FAULT_COLUMNS if c[2])]
-    return md + draw("faults", title, lambda p, t: plots.plot_faults(
-        faulty, lambda r: base.get((r.labels["policy"], *_key(r))), p, title=t))  # fmt: skip
+    rows = []
+    for r in faulty:
+        b, s = fault_free(r), r.stats
+        broken = r.invariants.broken()
+        rows.append([
+            r.labels["policy"], f"`{r.labels['faults']}`", fixed(r.run.hit_ratio),
+            fixed(b.run.hit_ratio) if b else "-", fixed(r.run.ttft_mean_s, 2),
+            str(s.get("dropped_batches", 0)),
+            *(str(s.get(k, "-")) for k in ("gaps", "replays", "restarts", "resyncs")),
+            str(r.run.rerouted_requests), str(r.run.swept_reservations),
+            str(r.invariants.phantom_blocks), "hold" if not broken else "; ".join(broken),
+        ])  # fmt: skip
+    md = titled_table("## Fault runs", _FAULT_COLUMNS, rows)
+    md += ["Columns:", "", *definitions(c for c in _FAULT_COLUMNS if c[2])]
+    return md + draw(
+        "faults", title, lambda p, t: plots.plot_faults(faulty, fault_free, p, title=t)
+    )
+
+
+_LOAD_COLUMNS: tuple[Column, ...] = tuple(
+    (header, "-", "")
+    for header in (
+        "policy", "request rate", "req/s offered", "sent", "achieved", "goodput",
+        "TTFT p50 (s)", "TTFT p90 (s)", "hit ratio", "verdict",
+    )
+)  # fmt: skip
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else rate(value)
+
+
+def _load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> list[str]:
+    """The load table of fleet ``key``'s fault-free runs, and where each policy saturates."""
+    runs = [r for r in results if not r.labels["faults"] and _key(r) == key]
+    if not runs:
+        return []
+    order = {p: k for k, p in enumerate(dict.fromkeys(r.labels["policy"] for r in runs))}
+    runs.sort(key=lambda r: (order[r.labels["policy"]], r.labels.get("request_rate") or 0.0))
+    rates = {r.labels.get("request_rate") for r in runs}
+    slo = next((r.run.slo for r in runs if r.run.slo), "")
+    title = "## Load" + (" and the request-rate sweep" if len(rates) > 1 else "")
+    rows = []
+    for r in runs:
+        run, load = r.run, r.run.load()
+        verdict = "overloaded" if load.overloaded else "held back" if load.held_back else "ok"
+        rows.append(
+            [r.labels["policy"], _num(r.labels.get("request_rate")), _num(load.offered_rate),
+             _num(load.sent_rate), _num(load.achieved_rate), _num(load.goodput),
+             _num(run.ttft_p50_s), _num(run.ttft_p90_s), f"{run.hit_ratio:.3f}", verdict]
+        )  # fmt: skip
+    lines = [
+        f"{title} at {key[0]} replicas x {key[1]:,} tokens each",
+        "",
+        table(_LOAD_COLUMNS, rows),
+        "",
+        "Request rate: the Poisson rate asked for (`-`: the trace's timestamps). Offered: "
+        "requests per second of the arrival window asked for; sent: as sent (closed loop, a "
+        "session's turn waits for its previous answer plus think time: `held back`); "
+        "achieved: finished per second from the first arrival to the last finish. "
+        "`overloaded`: the achieved rate falls more than 10% short of the sent rate and "
+        "queueing grows by more than 0.1 s per s of run (queues grow without bound). "
+        + (
+            f"Goodput: finished requests per second meeting the SLO ({slo}), as "
+            "`vllm bench serve --goodput`."
+            if slo
+            else "Goodput needs an SLO (`--slo-ttft`, `--slo-tpot`, `--slo-e2el`)."
+        ),
+        "",
+    ]
+    if len(rates) > 1:
+        points = [
+            (r.labels["policy"], float(r.labels["request_rate"]), r.run.load())
+            for r in runs
+            if r.labels.get("request_rate") is not None
+        ]
+        lines += [f"- {s.describe()}" for s in saturation_of(points)] + [""]
+    return lines

@@ -1,28 +1,23 @@
 """``compare``'s outputs: its tables (terminal and report.md), results.json, tidy tables.
 
-Everything here reads the typed records :mod:`prefixkv.adapters.lab.compare` returns;
-one column list per table serves the terminal and Markdown, so the two never drift.
-report.md has a section per axis that moved: per workload the index (the K-live
-table), the capacity (sweep and anchors), the scheduler (the arrival-time table and
-its headline) and the request rate.
-The analysable outputs are flat: ``requests.csv`` (one row per request x backend x
-configuration), ``runs.csv`` (one row per run), Parquet twins when pyarrow is
-installed, and ``results.json``, whose ``runs`` and ``workloads`` are lists of flat
-records (``pandas.json_normalize`` gives one column per field).
+One column list per table serves the terminal and Markdown; report.md has a section per
+axis that moved: per workload the index (the K-live table), the capacity (sweep and
+anchors), the scheduler (the arrival-time table and its headline) and the request rate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from prefixkv.indexes.registry import describe_index
 
-from ..compare.run import Comparison, WorkloadResult, saturation
+from ..compare.run import Comparison, WorkloadResult
 from ..extras import has_extra
 from ..sim.load import LoadSummary
 from ..sim.metrics import RunMetrics
+from ..sim.rate_sweep import saturation_of
 from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from .markdown import (
     Column,
@@ -40,37 +35,15 @@ from .markdown import (
 from .tables import write_tables
 
 __all__ = [
-    "ANCHOR_COLUMNS",
-    "COLUMNS",
-    "RATE_COLUMNS",
-    "RESULTS_FORMAT",
-    "TIME_COLUMNS",
-    "anchor_rows",
-    "capacity_lines",
-    "load_lines",
-    "rate_rows",
-    "rate_runs",
-    "results_document",
-    "saturation_lines",
-    "sweep_table",
-    "table_rows",
-    "time_headline",
-    "time_rows",
-    "time_sweep_table",
-    "time_title",
-    "workload_title",
-    "write_compare_tables",
-    "write_report",
-]
+    "ANCHOR_COLUMNS", "COLUMNS", "RATE_COLUMNS", "TIME_COLUMNS", "anchor_rows", "capacity_lines",
+    "load_lines", "rate_rows", "rate_runs", "results_document", "saturation_lines", "table_rows",
+    "time_rows", "time_title", "workload_title", "write_compare_tables", "write_report",
+]  # fmt: skip
 
-RESULTS_FORMAT = "prefixkv-compare/2"
-"""The ``format`` of results.json: version 2 holds flat ``runs`` and ``workloads``."""
-
-BACKEND: Column = ("backend", "<", "the index, as NAME or NAME:granularity")
-"""The backend column every compare table opens with."""
+_BACKEND: Column = ("backend", "<", "the index, as NAME or NAME:granularity")
 
 COLUMNS: tuple[Column, ...] = (
-    BACKEND,
+    _BACKEND,
     ("driver", "<", "the scheduler it is driven like: vllm, sglang or the generic manager"),
     ("unit", ">", "tokens per block (hash chain, none) or page (radix): the hit granularity"),
     ("hit ratio", ">", "prompt tokens served from the cache / all prompt tokens"),
@@ -88,10 +61,10 @@ COLUMNS: tuple[Column, ...] = (
     ("peak blk", ">", "most blocks (pages) the index held at once"),
     ("index mem", ">", "estimated bytes of the index structures at the peak (not the KV)"),
 )  # fmt: skip
-"""The K-live table's columns: (header, alignment, meaning), the meaning in report.md."""
+"""The K-live table's columns."""
 
 TIME_COLUMNS: tuple[Column, ...] = (
-    BACKEND,
+    _BACKEND,
     ("engine", "<", "the scheduler it runs as: vllm (prefill chunks and decode rows mixed in "
      "a step) or sglang (a prefill step whenever one fits, else a decode step), and its "
      "queue order"),
@@ -114,81 +87,7 @@ TIME_COLUMNS: tuple[Column, ...] = (
     ("evicted blk", ">", "blocks (pages) evicted from the index"),
     ("preempt", ">", "preemptions (vLLM) or retractions (SGLang): requests recomputed"),
 )  # fmt: skip
-"""Columns of the arrival-time table, as :data:`COLUMNS`."""
-
-
-def _us(value: float) -> str:
-    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
-
-
-def table_rows(backends: Sequence[RunRow]) -> list[list[str]]:
-    """One row of :data:`COLUMNS` cells per backend's K-live run."""
-    return [_table_row(b.labels, b.part(KLiveHits), b.part(IndexTimes)) for b in backends]
-
-
-def _table_row(labels: Mapping[str, Any], h: KLiveHits, t: IndexTimes) -> list[str]:
-    return [
-        labels["backend"],
-        labels["driver"],
-        str(labels["block_size"]),
-        f"{h.hit_ratio:.1%}",
-        f"{h.hit_tokens:,}",
-        f"{h.boundary_lost_tokens:,}",
-        f"{h.cap_lost_tokens:,}",
-        f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
-        f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
-        f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
-        f"{h.peak_cached_blocks:,}",
-        human_bytes(h.index_memory_bytes),
-    ]
-
-
-def _gpu_s(value: float) -> str:
-    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def time_rows(runs: Sequence[RunRow]) -> list[list[str]]:
-    """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
-    rows = []
-    for t in runs:
-        r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append(
-            [
-                t.labels["backend"],
-                f"{t.labels['engine']}, {t.labels['policy']}",
-                f"{r.hit_ratio:.1%}",
-                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
-                f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
-                seconds(r.e2e_p50_s),
-                f"{r.request_throughput:.3g}",
-                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-                "-" if load.goodput is None else rate(load.goodput),
-                _load_word(load),
-                f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
-                f"{r.evicted_blocks:,}",
-                f"{r.num_preemptions:,}",
-            ]
-        )
-    return rows
-
-
-def _load_word(load: LoadSummary) -> str:
-    if load.overloaded:
-        return "OVERLOADED"
-    if load.held_back:
-        return "closed loop"
-    return "ok"
-
-
-def load_lines(w: WorkloadResult) -> list[str]:
-    """One line per arrival-time run at the table's capacity and rate that is
-    overloaded or held back by closed-loop sessions (empty: all in a steady state)."""
-    out = []
-    for t in w.arrival_at_table():
-        load = t.part(LoadSummary)
-        if load.overloaded or load.held_back:
-            out.append(f"{w.name}, {_as_engine(t)}: {load.verdict()}")
-    return out
+"""The arrival-time table's columns."""
 
 
 RATE_COLUMNS: tuple[Column, ...] = (
@@ -201,16 +100,88 @@ RATE_COLUMNS: tuple[Column, ...] = (
     ("hit ratio", ">", "prompt tokens served from the cache"),
     ("load", "<", "ok, closed loop, or OVERLOADED (queues grow without bound)"),
 )
-"""Columns of the request-rate sweep table."""
+"""The request-rate sweep table's columns."""
+
+ANCHOR_COLUMNS: tuple[Column, ...] = (
+    _BACKEND,
+    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity "
+     "gives"),
+    ("working set (capacity needed)", ">", "the smallest capacity that reaches the "
+     "infinite-cache hit ratio (within 5%, by bisection over replays): the largest live "
+     "plus reusable footprint, above which the hit ratio stops improving"),
+    ("knee", ">", "the smallest capacity reaching 98% of the infinite-cache hit ratio (by "
+     "bisection); without --capacity-search, the sweep's point farthest above the line "
+     "from its tightest to its roomiest point (log capacity)"),
+    ("hit at knee", ">", "hit ratio at the knee"),
+    ("all requests' KV", ">", "every request's prompt and output at once (nothing evicted): "
+     "the sum, not what is needed"),
+)  # fmt: skip
+"""The capacity anchors table's columns."""
+
+
+def _us(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _gpu_s(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def _load_word(load: LoadSummary) -> str:
+    return "OVERLOADED" if load.overloaded else "closed loop" if load.held_back else "ok"
 
 
 def _as_engine(t: RunRow) -> str:
     return f"{t.labels['backend']} as {t.labels['engine']}"
 
 
+def table_rows(backends: Sequence[RunRow]) -> list[list[str]]:
+    """One row of :data:`COLUMNS` cells per backend's K-live run."""
+    rows = []
+    for b in backends:
+        h, t = b.part(KLiveHits), b.part(IndexTimes)
+        rows.append([
+            b.labels["backend"], b.labels["driver"], str(b.labels["block_size"]),
+            f"{h.hit_ratio:.1%}", f"{h.hit_tokens:,}", f"{h.boundary_lost_tokens:,}",
+            f"{h.cap_lost_tokens:,}", f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
+            f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
+            f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
+            f"{h.peak_cached_blocks:,}", human_bytes(h.index_memory_bytes),
+        ])  # fmt: skip
+    return rows
+
+
+def time_rows(runs: Sequence[RunRow]) -> list[list[str]]:
+    """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
+    rows = []
+    for t in runs:
+        r, load = t.part(RunMetrics), t.part(LoadSummary)
+        rows.append([
+            t.labels["backend"], f"{t.labels['engine']}, {t.labels['policy']}",
+            f"{r.hit_ratio:.1%}",
+            f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
+            f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
+            seconds(r.e2e_p50_s), f"{r.request_throughput:.3g}",
+            f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+            "-" if load.goodput is None else rate(load.goodput), _load_word(load),
+            f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
+            f"{r.evicted_blocks:,}", f"{r.num_preemptions:,}",
+        ])  # fmt: skip
+    return rows
+
+
+def load_lines(w: WorkloadResult) -> list[str]:
+    """One line per run at the table's capacity and rate that is overloaded or held back
+    by closed-loop sessions."""
+    return [
+        f"{w.name}, {_as_engine(t)}: {load.verdict()}"
+        for t in w.arrival_at_table()
+        if (load := t.part(LoadSummary)).overloaded or load.held_back
+    ]
+
+
 def rate_runs(w: WorkloadResult) -> list[RunRow]:
-    """The runs of a rate sweep at the table's capacity, by rate then backend
-    (empty without a sweep)."""
+    """The rate sweep's runs at the table's capacity, by rate then backend (empty: no sweep)."""
     if not any(t.labels["role"] == "rate" for t in w.arrival_runs):
         return []
     runs = [t for t in w.arrival_runs if t.labels["role"] in ("table", "rate")]
@@ -225,67 +196,55 @@ def rate_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     rows = []
     for t in runs:
         r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append(
-            [
-                f"{t.labels['request_rate'] or 0.0:g}",
-                _as_engine(t),
-                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-                "-" if load.goodput is None else rate(load.goodput),
-                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
-                seconds(r.tpot_p50_s),
-                f"{r.hit_ratio:.1%}",
-                _load_word(load),
-            ]
-        )
+        rows.append([
+            f"{t.labels['request_rate'] or 0.0:g}", _as_engine(t),
+            f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+            "-" if load.goodput is None else rate(load.goodput),
+            f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}", seconds(r.tpot_p50_s),
+            f"{r.hit_ratio:.1%}", _load_word(load),
+        ])  # fmt: skip
     return rows
 
 
 def saturation_lines(w: WorkloadResult) -> list[str]:
-    """Per backend, where the rate sweep saturates it (empty without a sweep)."""
-    runs = rate_runs(w)
-    return [s.describe() for s in saturation(runs)] if runs else []
-
-
-ANCHOR_COLUMNS: tuple[Column, ...] = (
-    BACKEND,
-    ("infinite-cache hit", ">", "hit ratio with nothing ever evicted: the most any capacity "
-     "gives"),
-    ("working set (capacity needed)", ">", "the smallest capacity that reaches the "
-     "infinite-cache hit ratio (within 5%, by bisection over replays): the largest live "
-     "plus reusable footprint, above which the hit ratio stops improving"),
-    ("knee", ">", "the smallest capacity reaching 98% of the infinite-cache hit ratio (by "
-     "bisection); without --capacity-search, the sweep's point farthest above the line "
-     "from its tightest to its roomiest point (log capacity)"),
-    ("hit at knee", ">", "hit ratio at the knee"),
-    ("all requests' KV", ">", "every request's prompt and output at once (nothing evicted): "
-     "the sum, not what is needed"),
-)  # fmt: skip
-"""Columns of the capacity anchors table, as :data:`COLUMNS`."""
+    """Per backend and engine, where the rate sweep saturates it (empty without a sweep)."""
+    points = [
+        (_as_engine(r), rps, r.part(LoadSummary))
+        for r in rate_runs(w)
+        if (rps := r.labels["request_rate"]) is not None
+    ]
+    return [s.describe() for s in saturation_of(points)]
 
 
 def anchor_rows(w: WorkloadResult) -> list[list[str]]:
     """One row of :data:`ANCHOR_COLUMNS` cells per backend."""
-    return [
-        [
-            a.backend,
-            f"{a.infinite_hit_ratio:.1%}",
-            a.working_set_text,
-            a.knee_text,
+    rows = []
+    for a in w.anchors:
+        search = "- (--capacity-search finds it)"
+        if a.knee_tokens is not None:
+            knee = a.describe(a.knee_tokens)
+        else:
+            knee = (
+                search
+                if a.num_points < 3
+                else "- (the sweep has no bend: --capacity-search finds it)"
+            )
+        rows.append([
+            a.backend, f"{a.infinite_hit_ratio:.1%}",
+            search if a.working_set_tokens is None else a.describe(a.working_set_tokens), knee,
             "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
             a.describe(a.infinite_capacity_tokens),
-        ]
-        for a in w.anchors
-    ]
+        ])  # fmt: skip
+    return rows
 
 
 def capacity_lines(w: WorkloadResult) -> list[str]:
-    """Per backend with a working set found: what the table's capacity gives against
-    what the reuse needs (``"hash_chain: 467,291 tokens give 25.0% of prompt tokens from
-    the cache; all the reuse (38.8%) needs 11,499,473 tokens = ...; 98% of it ..."``)."""
+    """Per backend with a working set found: what the table's capacity gives against what
+    the reuse needs."""
     out = []
-    table = {b.labels["backend"]: b.part(KLiveHits) for b in w.backends}
+    hits = {b.labels["backend"]: b.part(KLiveHits) for b in w.backends}
     for a in w.anchors:
-        run = table.get(a.backend)
+        run = hits.get(a.backend)
         if a.working_set_tokens is None or run is None:
             continue
         text = (
@@ -300,7 +259,7 @@ def capacity_lines(w: WorkloadResult) -> list[str]:
 
 
 def workload_title(w: WorkloadResult) -> str:
-    """``"few_shot: 200 requests, 117,023 prompt tokens, capacity 128,615 tokens, K=1"``."""
+    """``"few_shot: 200 requests, 117,023 prompt tokens, capacity 128,615 tokens, ..."``."""
     text = (
         f"{w.name}: {w.num_requests:,} requests, {w.prompt_tokens:,} prompt tokens, "
         f"capacity {w.capacity_tokens:,} tokens, concurrency {w.concurrency}"
@@ -309,7 +268,7 @@ def workload_title(w: WorkloadResult) -> str:
 
 
 def time_title(w: WorkloadResult) -> str | None:
-    """``"arrival time: Poisson, 4 req/s (seed 0); profile ...; capacity ..."``."""
+    """``"arrival time: Poisson, 4 req/s (seed 0); ...; capacity ..."`` (``None``: no runs)."""
     runs = w.arrival_at_table()
     if not runs:
         return None
@@ -322,56 +281,19 @@ def time_title(w: WorkloadResult) -> str | None:
 
 
 def _capacity_grid(
-    caps: Sequence[int], labels: Sequence[str], cell: Callable[[str, int], str | None]
-) -> list[list[str]]:
-    # One row per capacity, one cell per backend; a point that did not fit says so.
-    return [[f"{cap:,}", *(cell(label, cap) or "does not fit" for label in labels)] for cap in caps]
-
-
-def sweep_table(w: WorkloadResult) -> str | None:
-    """Hit ratio per backend at each sweep capacity, as Markdown (``None``: no sweep)."""
-    if not w.sweep:
-        return None
-    labels = list(dict.fromkeys(p.labels["backend"] for p in w.sweep))
-    ratio = {
-        (p.labels["backend"], p.labels["capacity_tokens"]): f"{hit:.1%}"
-        for p in w.sweep
-        if (hit := p.part(SweepHit).hit_ratio) is not None
-    }
-    rows = _capacity_grid(w.sweep_capacities, labels, lambda x, cap: ratio.get((x, cap)))
-    return markdown_table(["capacity (tokens)", *labels], rows, ">" * (1 + len(labels)))
-
-
-def time_sweep_table(w: WorkloadResult) -> str | None:
-    """Hit ratio and TTFT p90 per backend at each capacity of the arrival-time runs,
-    as Markdown (``None`` unless there are several capacities)."""
-    runs = [t for t in w.arrival_runs if t.labels["role"] != "rate"]
-    caps = sorted({t.labels["capacity_tokens"] for t in runs})
-    if len(caps) < 2:
-        return None
-    labels = list(dict.fromkeys(t.labels["backend"] for t in runs))
-    by = {}
-    for t in runs:
-        r = t.part(RunMetrics)
-        by[t.labels["backend"], t.labels["capacity_tokens"]] = (
-            f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
-        )
-    rows = _capacity_grid(caps, labels, lambda x, cap: by.get((x, cap)))
-    headers = ["capacity (tokens)", *(f"{x} hit / TTFT p90" for x in labels)]
+    caps: Sequence[int], labels: Sequence[str], cells: Mapping[tuple[str, int], str], what: str
+) -> str:
+    """One row per capacity, one cell per backend (a missing point does not fit)."""
+    rows = [[f"{cap:,}", *(cells.get((x, cap)) or "does not fit" for x in labels)] for cap in caps]
+    headers = ["capacity (tokens)", *(f"{x}{what}" for x in labels)]
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
 
 
 def write_compare_tables(
     comparison: Comparison, out: Path, written: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and ``.parquet`` twins when
-    pyarrow is installed), each atomically.
-
-    Args:
-        comparison: what the comparison measured.
-        out: the folder.
-        written: filled in as each file is complete (so an interrupted caller
-            knows which are this run's).
+    """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and Parquet twins when pyarrow
+    is installed); ``written`` is filled in as each file is complete.
 
     Returns:
         ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
@@ -384,47 +306,44 @@ def write_compare_tables(
 
 
 def results_document(comparison: Comparison, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """results.json's content: ``meta`` (config, machine, versions, plots, ...), then
-    ``workloads`` and ``runs`` as lists of flat records (no list or dict inside)."""
-    workloads = comparison.workloads
+    """results.json's content: ``meta``, then ``workloads``, ``runs`` and ``anchors`` as
+    lists of flat records."""
     return {
-        "format": RESULTS_FORMAT,
+        "format": "prefixkv-compare/2",
         **meta,
-        "workloads": [w.row() for w in workloads],
+        "workloads": [w.row() for w in comparison.workloads],
         "runs": comparison.run_rows(),
-        "anchors": [a.row() for w in workloads for a in w.anchors],
+        "anchors": [a.row() for w in comparison.workloads for a in w.anchors],
     }
 
 
-def _delta_line(w: WorkloadResult) -> str | None:
-    by_engine: dict[str | None, RunRow] = {}  # the first backend modelled on each engine
+def _delta_line(w: WorkloadResult) -> list[str]:
+    """The first SGLang-modelled backend's hits against the first vLLM-modelled one's."""
+    by_engine: dict[str | None, RunRow] = {}
     for b in w.backends:
         by_engine.setdefault(describe_index(b.labels["index"]).models, b)
     hc_run, rx_run = by_engine.get("vllm"), by_engine.get("sglang")
     if hc_run is None or rx_run is None:
-        return None
+        return []
     hc, rx = hc_run.part(KLiveHits), rx_run.part(KLiveHits)
     hc_name, rx_name = hc_run.labels["backend"], rx_run.labels["backend"]
     gain = rx.hit_tokens - hc.hit_tokens
-    return (
+    return [
         f"{rx_name} served {gain:+,} prompt tokens from the cache relative to "
         f"{hc_name} ({gain / max(1, w.prompt_tokens):+.1%} of all prompt tokens). "
         f"Matched but recomputed: {hc_name} {hc.boundary_lost_tokens:,} at block "
         f"boundaries and {hc.cap_lost_tokens:,} in last blocks; {rx_name} "
-        f"{rx.boundary_lost_tokens:,} and {rx.cap_lost_tokens:,}."
-    )
+        f"{rx.boundary_lost_tokens:,} and {rx.cap_lost_tokens:,}.",
+        "",
+    ]
 
 
-def time_headline(w: WorkloadResult) -> list[str]:
-    """The arrival-time headline: one sentence per axis that moved.
+_ENGINE_LABEL = {"vllm": "vLLM-style", "sglang": "SGLang-style", "natural": "natural"}
 
-    Under one scheduler the backends differ only by their index; with several,
-    each backend's runs differ only by the scheduler; ``natural`` moves both and
-    says so.
-    """
-    runs = w.arrival_at_table()
-    if not runs:
-        return []
+
+def _time_headline(runs: Sequence[RunRow]) -> list[str]:
+    """One paragraph per axis that moved: the index under each scheduler (``natural``
+    moves both and says so), then the scheduler per index."""
     out = []
     by_sched: dict[str, list[RunRow]] = {}
     for t in runs:
@@ -458,24 +377,24 @@ def time_headline(w: WorkloadResult) -> list[str]:
                 if t.labels["backend"] == label and t.labels["scheduler"] in scheds
             )
             out.append(f"Scheduler axis, index held at {label}: TTFT p50 {cells}.")
-    return out
+    return [x for line in out for x in (line, "")]
 
 
-_ENGINE_LABEL = {"vllm": "vLLM-style", "sglang": "SGLang-style", "natural": "natural"}
-
-
-def _strip_table(w: WorkloadResult) -> str:
-    backends = w.backends
-    headers = ["request", "prompt", *(f"{b.labels['backend']} hit / bnd / last" for b in backends)]
-    rows = []
-    for i in w.strip_requests:
-        first = backends[0].requests[i]
-        row = [first.request_id, str(first.prompt_tokens)]
-        for b in backends:
-            p = b.requests[i]
-            row.append(f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}")
-        rows.append(row)
-    return markdown_table(headers, rows, "<>" + ">" * len(backends))
+def _strips(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """The selected requests' hit, boundary-lost and last-block-lost tokens."""
+    out = []
+    if w.strip_requests:
+        backends = w.backends
+        names = [f"{b.labels['backend']} hit / bnd / last" for b in backends]
+        rows = []
+        for i in w.strip_requests:
+            first = backends[0].requests[i]
+            rows.append([first.request_id, str(first.prompt_tokens)])
+            for p in (b.requests[i] for b in backends):
+                rows[-1].append(f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}")
+        grid = markdown_table(["request", "prompt", *names], rows, "<>" + ">" * len(backends))
+        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", "", grid, ""]
+    return out + image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
 
 
 def _seed_paragraph(w: WorkloadResult) -> list[str]:
@@ -508,9 +427,37 @@ def _seed_paragraph(w: WorkloadResult) -> list[str]:
     ]
 
 
-def _scheduler_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
-    """The arrival-time table at the table's capacity: the index and scheduler axes."""
+def _workload_sections(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
+    """One workload: a section per axis that moved (index, capacity, scheduler, rate)."""
+    out = [f"## {w.name}", "", f"{workload_title(w)}. Source: {w.source}.", ""]
+    for note in w.notes:
+        out += [f"> Note: {note}", ""]
+    out += [table(COLUMNS, table_rows(w.backends)), "", *_delta_line(w)]
+    if w.name == "seed":
+        out += _seed_paragraph(w)
+    if w.sweep:
+        labels = list(dict.fromkeys(p.labels["backend"] for p in w.sweep))
+        ratio = {
+            (p.labels["backend"], p.labels["capacity_tokens"]): f"{hit:.1%}"
+            for p in w.sweep
+            if (hit := p.part(SweepHit).hit_ratio) is not None
+        }
+        grid = _capacity_grid(w.sweep_capacities, labels, ratio, "")
+        out += ["Hit ratio at each capacity of the sweep:", "", grid, ""]
+    if w.anchors:
+        a = w.anchors[0]
+        gib = f" (GiB of KV for {a.model})" if a.model and a.kv_bytes_per_token else ""
+        notes = [f"- **Capacity.** {line}." for line in capacity_lines(w)]
+        out += titled_table(f"Capacity anchors{gib}:", ANCHOR_COLUMNS, anchor_rows(w), notes)
+    out += _strips(w, plots)
     runs = w.arrival_at_table()
+    return out + (_arrival_sections(w, runs, plots) if runs else [])
+
+
+def _arrival_sections(
+    w: WorkloadResult, runs: Sequence[RunRow], plots: Mapping[str, str]
+) -> list[str]:
+    """The arrival-time table (index and scheduler axes), the rate sweep, the capacities."""
     engines = "; ".join(
         f"{_as_engine(t)} ({t.labels['batching']} batching, {t.labels['policy']})" for t in runs
     )
@@ -521,97 +468,28 @@ def _scheduler_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
         "",
         table(TIME_COLUMNS, time_rows(runs)),
         "",
+        *_time_headline(runs),
+        *(x for line in load_lines(w) for x in (f"**Load.** {line}.", "")),
+        *image(f"TTFT CDF for {w.name}", plots.get(f"ttft_cdf_{w.name}")),
     ]
-    for line in time_headline(w):
-        out += [line, ""]
-    for line in load_lines(w):
-        out += [f"**Load.** {line}.", ""]
-    return out + image(f"TTFT CDF for {w.name}", plots.get(f"ttft_cdf_{w.name}"))
-
-
-def _rate_axis(w: WorkloadResult) -> list[str]:
-    """The request-rate sweep at the table's capacity (nothing without one)."""
     swept = rate_runs(w)
-    if not swept:
-        return []
-    notes = [f"- {line}" for line in saturation_lines(w)]
-    return titled_table(
-        "Request-rate sweep at the table's capacity:", RATE_COLUMNS, rate_rows(swept), notes
-    )
-
-
-def _time_capacity_axis(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
-    """Hit ratio and TTFT p90 at each capacity of the arrival-time runs."""
-    swept = time_sweep_table(w)
-    out = ["Hit ratio and TTFT p90 at each capacity:", "", swept, ""] if swept else []
+    if swept:
+        notes = [f"- {line}" for line in saturation_lines(w)]
+        title = "Request-rate sweep at the table's capacity:"
+        out += titled_table(title, RATE_COLUMNS, rate_rows(swept), notes)
+    by_cap = [t for t in w.arrival_runs if t.labels["role"] != "rate"]
+    caps = sorted({t.labels["capacity_tokens"] for t in by_cap})
+    if len(caps) >= 2:
+        labels = list(dict.fromkeys(t.labels["backend"] for t in by_cap))
+        cells = {}
+        for t in by_cap:
+            r = t.part(RunMetrics)
+            key = (t.labels["backend"], t.labels["capacity_tokens"])
+            cells[key] = f"{r.hit_ratio:.1%} / {seconds(r.ttft_p90_s)}"
+        grid = _capacity_grid(caps, labels, cells, " hit / TTFT p90")
+        out += ["Hit ratio and TTFT p90 at each capacity:", "", grid, ""]
     alt = f"hit ratio and TTFT p90 vs capacity for {w.name}"
     return out + image(alt, plots.get(f"time_capacity_{w.name}"))
-
-
-def _index_axis(w: WorkloadResult) -> list[str]:
-    """The K-live table: every backend at one capacity, with what it lost where."""
-    out = [f"## {w.name}", "", f"{workload_title(w)}. Source: {w.source}.", ""]
-    for note in w.notes:
-        out += [f"> Note: {note}", ""]
-    out += [table(COLUMNS, table_rows(w.backends)), ""]
-    delta = _delta_line(w)
-    if delta:
-        out += [delta, ""]
-    return out + (_seed_paragraph(w) if w.name == "seed" else [])
-
-
-def _capacity_axis(w: WorkloadResult) -> list[str]:
-    """The K-live capacity sweep and the capacity anchors."""
-    swept = sweep_table(w)
-    out = ["Hit ratio at each capacity of the sweep:", "", swept, ""] if swept else []
-    if not w.anchors:
-        return out
-    model = w.anchors[0].model
-    gib = f" (GiB of KV for {model})" if model and w.anchors[0].kv_bytes_per_token else ""
-    notes = [f"- **Capacity.** {line}." for line in capacity_lines(w)]
-    return out + titled_table(f"Capacity anchors{gib}:", ANCHOR_COLUMNS, anchor_rows(w), notes)
-
-
-def _strips(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
-    """The selected requests, token by token."""
-    out = []
-    if w.strip_requests:
-        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", ""]
-        out += [_strip_table(w), ""]
-    return out + image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
-
-
-def _workload_sections(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
-    """One workload: a section per axis that moved (index, capacity, scheduler, rate)."""
-    out = [*_index_axis(w), *_capacity_axis(w), *_strips(w, plots)]
-    if w.arrival_at_table():
-        out += [*_scheduler_axis(w, plots), *_rate_axis(w), *_time_capacity_axis(w, plots)]
-    return out
-
-
-_INTRO = (
-    "Every backend replays the same requests with its natural scheduler's call order, at "
-    "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
-    "share a block with different ones; a token-granular radix tree does not."
-)
-_INTRO_TIME = (
-    "Each backend also runs at arrival time: requests queue, are batched and "
-    "prefilled in chunks, and every step costs what the cost profile says, giving "
-    "TTFT, queueing and the GPU time prefix hits save. One thing varies at a time: "
-    "all backends under the same scheduler unless the scheduler is swept, and the "
-    "headline of each table says which axis moved."
-)
-
-
-def _front(doc: Mapping[str, Any], has_arrival: bool) -> list[str]:
-    """The title, the partial-results notice, the warnings and what the report compares."""
-    out = ["# prefixkv: prefix-cache backends head to head", ""]
-    if doc.get("partial"):
-        notice = partial_notice("the run was interrupted", "backends and workloads")
-        out += [notice[0] + " Sweeps and plots may be missing.", ""]
-    if doc.get("warnings"):
-        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
-    return out + [_INTRO, "", *([_INTRO_TIME, ""] if has_arrival else [])]
 
 
 def _configuration(doc: Mapping[str, Any]) -> list[str]:
@@ -651,9 +529,33 @@ def _configuration(doc: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _columns_and_overview(plots: Mapping[str, str], has_arrival: bool) -> list[str]:
-    """What each column means, then the plots over every workload."""
-    out = ["## Columns", "", *definitions(COLUMNS)]
+_INTRO = (
+    "Every backend replays the same requests with its natural scheduler's call order, at "
+    "the same KV capacity in tokens. Block-granular caching loses matched tokens that "
+    "share a block with different ones; a token-granular radix tree does not."
+)
+_INTRO_TIME = (
+    "Each backend also runs at arrival time: requests queue, are batched and "
+    "prefilled in chunks, and every step costs what the cost profile says, giving "
+    "TTFT, queueing and the GPU time prefix hits save. One thing varies at a time: "
+    "all backends under the same scheduler unless the scheduler is swept, and the "
+    "headline of each table says which axis moved."
+)
+
+
+def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[str, Any]) -> None:
+    """Write report.md from the records and results.json's metadata ``doc`` (``config``,
+    ``machine``, ``versions``, ``plots``, ``partial``, ``elapsed_seconds``)."""
+    plots = doc.get("plots", {})
+    has_arrival = any(w.arrival_runs for w in workloads)
+    out = ["# prefixkv: prefix-cache backends head to head", ""]
+    if doc.get("partial"):
+        notice = partial_notice("the run was interrupted", "backends and workloads")
+        out += [notice[0] + " Sweeps and plots may be missing.", ""]
+    if doc.get("warnings"):
+        out += ["**Warnings:**", "", *(f"- {line}" for line in doc["warnings"]), ""]
+    out += [_INTRO, "", *([_INTRO_TIME, ""] if has_arrival else []), *_configuration(doc)]
+    out += ["## Columns", "", *definitions(COLUMNS)]
     if has_arrival:
         out += ["Arrival-time columns:", "", *definitions(TIME_COLUMNS)]
     if plots.get("capacity"):
@@ -662,25 +564,6 @@ def _columns_and_overview(plots: Mapping[str, str], has_arrival: bool) -> list[s
     if plots.get("index_time"):
         alt = "index time vs prompt length"
         out += ["## Index time vs prompt length", "", *image(alt, plots["index_time"])]
-    return out
-
-
-def write_report(path: Path, workloads: Sequence[WorkloadResult], doc: Mapping[str, Any]) -> None:
-    """Write report.md: configuration, machine, the tables, and the plots (relative links).
-
-    Args:
-        path: the file.
-        workloads: what the comparison measured.
-        doc: results.json's metadata (``config``, ``machine``, ``versions``,
-            ``plots``, ``partial``, ``elapsed_seconds``).
-    """
-    plots = doc.get("plots", {})
-    has_arrival = any(w.arrival_runs for w in workloads)
-    out = [
-        *_front(doc, has_arrival),
-        *_configuration(doc),
-        *_columns_and_overview(plots, has_arrival),
-    ]
     for w in workloads:
         out += _workload_sections(w, plots)
     write_text(path, "\n".join(out))

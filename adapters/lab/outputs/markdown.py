@@ -1,10 +1,5 @@
-"""One table writer for every report: Markdown and aligned text over column specs.
-
-A column is ``(header, alignment, meaning)``, alignment ``<``, ``>`` or ``-`` (none). The terminal's
-aligned text, report.md's tables and the report's column definitions read the same
-list, so a header is defined by construction and the two renderings never drift.
-Beside it: the number formats the reports share, the partial-results notice, the
-machine a report was made on, and a whole-file text writer.
+"""One table writer for every report: Markdown and aligned text over column specs, so the
+terminal, report.md and the column definitions read one list; and the shared number formats.
 """
 
 from __future__ import annotations
@@ -23,26 +18,13 @@ from prefixkv.indexes.buildinfo import installed_version
 from ..sim.server_calibration import cpu_model
 
 __all__ = [
-    "Column",
-    "definitions",
-    "fixed",
-    "human_bytes",
-    "image",
-    "machine_info",
-    "markdown_table",
-    "package_versions",
-    "partial_notice",
-    "rate",
-    "seconds",
-    "table",
-    "text_table",
-    "titled_table",
-    "tokens",
-    "write_text",
-]
+    "Column", "definitions", "fixed", "human_bytes", "image", "machine_info", "markdown_table",
+    "package_versions", "partial_notice", "rate", "seconds", "table", "text_table",
+    "titled_table", "tokens", "write_text",
+]  # fmt: skip
 
 Column = tuple[str, str, str]
-"""``(header, "<", ">" or "-" (unaligned), meaning)``."""
+"""``(header, alignment, meaning)``; alignment ``<``, ``>`` or ``-`` (none)."""
 
 
 def human_bytes(n: int) -> str:
@@ -56,7 +38,7 @@ def human_bytes(n: int) -> str:
 
 
 def seconds(value: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"``, ``4.5`` -> ``"4.50 s"``, ``1234.5`` -> ``"1,234 s"``."""
+    """``0.0123`` -> ``"12.3 ms"``, ``4.5`` -> ``"4.5 s"``, ``1234.5`` -> ``"1,234 s"``."""
     if math.isnan(value):
         return "-"
     if value < 1:
@@ -70,12 +52,12 @@ def fixed(value: float, digits: int = 3) -> str:
 
 
 def rate(value: float) -> str:
-    """Three significant digits (``"2.5"``); NaN is ``"-"``."""
+    """Three significant digits; NaN is ``"-"``."""
     return "-" if math.isnan(value) else f"{value:.3g}"
 
 
 def tokens(value: float) -> str:
-    """``8000`` -> ``"8k"``: decimal, as capacities are given (vLLM's 8k = 8,000)."""
+    """``8000`` -> ``"8k"`` (decimal, as capacities are given)."""
     for unit, size in (("M", 10**6), ("k", 10**3)):
         if value >= size:
             return f"{value / size:.3g}{unit}"
@@ -83,10 +65,9 @@ def tokens(value: float) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A Markdown table; ``align`` holds one ``<``, ``>`` or ``-`` (unaligned) per column
-    (default: left)."""
+    """A Markdown table; ``align`` holds one ``<``, ``>`` or ``-`` per column (default left)."""
     align = align or "<" * len(headers)
-    if set(align) == {"-"}:  # unaligned: the compact rule
+    if set(align) == {"-"}:
         rule = "|---" * len(headers) + "|"
     else:
         rule = "| " + " | ".join(":---" if a == "<" else "---:" for a in align) + " |"
@@ -120,10 +101,7 @@ def titled_table(
     title: str, columns: Sequence[Column], rows: Sequence[Sequence[str]], notes: Sequence[str] = ()
 ) -> list[str]:
     """A report section's lines: ``title``, the table, then one paragraph per note."""
-    out = [title, "", table(columns, rows), ""]
-    for note in notes:
-        out += [note, ""]
-    return out
+    return [title, "", table(columns, rows), "", *(x for note in notes for x in (note, ""))]
 
 
 def definitions(columns: Iterable[Column]) -> list[str]:
@@ -138,12 +116,12 @@ def image(alt: str, name: str | None) -> list[str]:
 
 
 def partial_notice(reason: str, what: str) -> list[str]:
-    """``**Partial results**: <reason>; only the <what> below finished.`` (a paragraph)."""
+    """The partial-results paragraph."""
     return [f"**Partial results**: {reason}; only the {what} below finished.", ""]
 
 
 def machine_info() -> dict[str, Any]:
-    """Platform, Python and CPU, for a report's reproducibility section."""
+    """Platform, Python and CPU."""
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -161,7 +139,7 @@ def package_versions() -> dict[str, str | None]:
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8), whole or not at all; returns ``path``."""
+    """Write ``text`` (UTF-8), whole or not at all."""
     with atomic_writer(path) as f:
         f.write(text.encode("utf-8"))
     return path

@@ -1,16 +1,8 @@
 """Every PNG plot the lab draws, over one figure, palette and title rule.
 
-Two shapes serve every command: :func:`plot_ttft_cdf` (an empirical CDF per curve, log
-time axis) and :func:`plot_against` (one line per label against a swept value, a panel
-per measure). Beside them, what only one command draws: ``compare``'s hit ratio vs
-capacity, index time vs prompt length and per-request strips (:func:`write_plots`), and
-``cluster``'s hit ratio per policy, the hit / imbalance frontier, predicted against
-realized overlap, decision latency and the fault runs.
-
-matplotlib is imported inside each function (``Figure`` objects rendered by Agg, no
-pyplot state), so a command runs without it until a plot is asked for. Every plot
-takes a ``title`` (what it shows and the run's context: trace, fleet, arrivals), so a
-plot pasted on its own keeps it; each file is written whole or not at all.
+Two shapes serve every command, :func:`plot_ttft_cdf` and :func:`plot_against`; beside them
+what only ``compare`` (:func:`write_plots`) or ``cluster`` draws. matplotlib is imported
+only when a plot is drawn; each file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -33,30 +25,13 @@ from ..sim.metrics import RequestRow, RunMetrics, SimResult
 from ..sim.runs import RunRow, SweepHit, run_table
 from .markdown import seconds, tokens
 
-Tick = Callable[[int], object]
-Curve = tuple[str, Sequence[float]]
-"""A CDF's legend entry and its values."""
+Curve = tuple[str, Sequence[float]]  # a CDF's legend entry and its values
 
 __all__ = [
-    "SEGMENT_COLOURS",
-    "Curve",
-    "backend_colour",
-    "num_plots",
-    "plot_against",
-    "plot_capacity",
-    "plot_capacity_sweep",
-    "plot_decision_latency",
-    "plot_faults",
-    "plot_frontier",
-    "plot_hit_ratio",
-    "plot_index_time",
-    "plot_overlap",
-    "plot_strips",
-    "plot_time",
-    "plot_ttft_cdf",
-    "ttft_curves",
+    "num_plots", "plot_against", "plot_capacity_sweep", "plot_decision_latency", "plot_faults",
+    "plot_frontier", "plot_hit_ratio", "plot_overlap", "plot_ttft_cdf", "ttft_curves",
     "write_plots",
-]
+]  # fmt: skip
 
 _COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -66,26 +41,15 @@ _COLOURS = (
 _DASHES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
-SEGMENT_COLOURS: Mapping[str, str] = {
-    "hit": "#2ca02c",
-    "boundary": "#ff7f0e",
-    "last block": "#d62728",
-    "new": "#d0d0d0",
+_SEGMENTS = {  # strip-plot colour and legend per kind of prompt token
+    "hit": ("#2ca02c", "hit (served from the cache)"),
+    "boundary": ("#ff7f0e", "matched, recomputed: block boundary"),
+    "last block": ("#d62728", "matched, recomputed: last block (len-1 cap)"),
+    "new": ("#d0d0d0", "new (not cached)"),
 }
-"""Strip-plot colours per kind of prompt token."""
-
 _ENGINE_COLOURS = {"vllm": "#1f77b4", "sglang": "#ff7f0e"}  # by IndexDescription.models
 _NO_CACHE_COLOUR = "#7f7f7f"
 _SPARE_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#2ca02c")
-_SEGMENT_LABELS = {
-    "hit": "hit (served from the cache)",
-    "boundary": "matched, recomputed: block boundary",
-    "last block": "matched, recomputed: last block (len-1 cap)",
-    "new": "new (not cached)",
-}
-
-
-# ------------------------------------------------------------------------ the shared parts
 
 
 def _figure(width: float, height: float) -> Any:
@@ -95,18 +59,15 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _per_run(n: int, per: float = 0.6, height: float = 4.0) -> Any:
-    """One axes on a figure wide enough for ``n`` runs side by side."""
     return _figure(max(6.0, per * n + 2), height).subplots()
 
 
 def _run_ticks(ax: Any, labels: Sequence[str], start: int = 0, fontsize: str = "small") -> None:
-    """One slanted label per run along the x axis, from position ``start``."""
     ticks = range(start, start + len(labels))
     ax.set_xticks(ticks, labels, rotation=30, ha="right", fontsize=fontsize)
 
 
 def _style(i: int) -> dict[str, str]:
-    """The ``i``-th line's colour, dash and marker."""
     return {
         "color": _COLOURS[i % len(_COLOURS)],
         "linestyle": _DASHES[i % len(_DASHES)],
@@ -120,8 +81,13 @@ def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
     return save_figure(fig, path)
 
 
+def _axes(ax: Any, xlabel: str, ylabel: str, **settings: Any) -> None:
+    """Label the axes, set ``settings`` (scales, limits), draw the grid."""
+    ax.set(xlabel=xlabel, ylabel=ylabel, **settings)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def _decimal_log_axis(ax: Any, values: Sequence[float]) -> None:
-    """A log x axis ticked at ``values``, labelled ``8k``, ``1.5M``."""
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     ax.set_xscale("log")
@@ -142,11 +108,7 @@ def plot_ttft_cdf(
             frac = [(k + 1) / len(ttft) for k in range(len(ttft))]
             style = {**_style(i), "marker": None}
             ax.step(ttft, frac, where="post", label=label, **style)
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_ylim(0, 1)
-    ax.grid(True, which="both", alpha=0.3)
+    _axes(ax, "TTFT (s, log scale)", "fraction of requests", xscale="log", ylim=(0, 1))
     ax.legend(loc="lower right", fontsize="x-small")
     return _save(fig, path, title)
 
@@ -154,8 +116,7 @@ def plot_ttft_cdf(
 def ttft_curves(
     results: Sequence[SimResult | ClusterResult], label_key: str = "backend"
 ) -> list[Curve]:
-    """Each timed run's TTFTs (one replica's or a fleet's), named by its ``label_key``
-    label (else its index and block size) and its median."""
+    """Each run's TTFTs, named by its ``label_key`` label (else index and block size)."""
     out: list[Curve] = []
     for res in results:
         labels = res.labels
@@ -178,16 +139,8 @@ def plot_against(
     xlabel: str,
     title: str = "",
 ) -> Path:
-    """One line per ``label_key`` value against ``x`` (log axis), a panel per measure.
-
-    Args:
-        rows: flat run rows, several values of ``x`` per label.
-        path: the PNG to write.
-        x: the swept column (``capacity_tokens``, ``num_replicas``).
-        measures: ``(column, axis label)`` per panel; a ratio column is drawn 0..1.
-        label_key: the column that tells the lines apart.
-        xlabel, title: the x axis's label and the figure's title.
-    """
+    """One line per ``label_key`` value of flat run ``rows`` against column ``x`` (log
+    axis), a panel per ``(column, axis label)`` of ``measures`` (a ratio drawn 0..1)."""
     lines: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         lines.setdefault(str(row[label_key]), []).append(row)
@@ -198,10 +151,7 @@ def plot_against(
             group = sorted(group, key=lambda r: r[x])
             ax.plot([r[x] for r in group], [r[column] for r in group], label=name, **_style(i))
         _decimal_log_axis(ax, sorted({r[x] for r in rows}))
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(*((0, 1) if "ratio" in column else (0, None)))
-        ax.grid(True, which="both", alpha=0.3)
+        _axes(ax, xlabel, ylabel, ylim=(0, 1) if "ratio" in column else (0, None))
         ax.legend(fontsize="x-small", ncol=2)
     return _save(fig, path, title)
 
@@ -213,8 +163,7 @@ def plot_capacity_sweep(
     label_key: str = "backend",
     title: str = "What KV capacity buys",
 ) -> Path:
-    """Hit ratio and TTFT p90 against KV capacity, one line per ``label_key`` (run rows
-    of :func:`~.tables.run_rows`, several capacities each)."""
+    """Hit ratio and TTFT p90 against KV capacity, one line per ``label_key``."""
     return plot_against(
         runs, path, x="capacity_tokens", label_key=label_key, title=title,
         measures=(("hit_ratio", "prefix hit ratio"), ("ttft_p90_s", "TTFT p90 (s)")),
@@ -222,11 +171,8 @@ def plot_capacity_sweep(
     )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------- compare
-
-
-def backend_colour(index: str, position: int) -> str:
-    """A stable colour per engine modelled (grey: no cache); the ``position``-th spare otherwise."""
+def _colour(index: str, position: int) -> str:
+    """A colour per engine modelled (grey: no cache), else the ``position``-th spare."""
     description = describe_index(index)
     if not description.caches:
         return _NO_CACHE_COLOUR
@@ -241,7 +187,6 @@ def _label(b: RunRow) -> str:
 
 
 def _panels(fig: Any, n: int, cols: int) -> list[Any]:
-    """``n`` axes in rows of ``cols``, the spare ones hidden."""
     axes = list(fig.subplots(math.ceil(n / cols), cols, squeeze=False).flat)
     for ax in axes[n:]:
         ax.set_visible(False)
@@ -255,11 +200,7 @@ def _legend_below(fig: Any, ax: Any, fontsize: str = "medium") -> None:
 
 
 def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
-    """Hit ratio vs capacity in tokens (log x), one panel per workload with a sweep.
-
-    Returns:
-        Whether a file was written (``False`` when no workload has a sweep).
-    """
+    """Hit ratio vs capacity, a panel per workload with a sweep; whether one was drawn."""
     swept = [w for w in workloads if w.sweep]
     if not swept:
         return False
@@ -274,15 +215,12 @@ def plot_capacity(workloads: Sequence[WorkloadResult], path: Path) -> bool:
         }
         for pos, b in enumerate(w.backends):
             ys = [ratio.get((b.labels["backend"], c), math.nan) for c in caps]
-            colour = backend_colour(b.labels["index"], pos)
+            colour = _colour(b.labels["index"], pos)
             ax.plot(caps, ys, marker="o", label=_label(b), color=colour)
         ax.axvline(w.capacity_tokens, color="#555555", linestyle=":", linewidth=1)
         _decimal_log_axis(ax, caps)
-        ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{w.name} ({w.num_requests} requests)", fontsize=10)
-        ax.set_xlabel("KV capacity (tokens, log scale)")
-        ax.set_ylabel("hit ratio (tokens)")
-        ax.grid(True, which="both", alpha=0.3)
+        _axes(ax, "KV capacity (tokens, log scale)", "hit ratio (tokens)", ylim=(-0.02, 1.02))
     _legend_below(fig, axes[0])
     _save(fig, path, "Prefix-cache hit ratio vs cache capacity (dotted: the table's capacity)")
     return True
@@ -314,25 +252,17 @@ def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title:
         for b in runs:
             xs += [r.prompt_tokens for r in b.requests]
             ys += [max(getattr(r, field), 0.01) for r in b.requests]
-        colour = backend_colour(runs[0].labels["index"], pos)
+        colour = _colour(runs[0].labels["index"], pos)
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
         ax.plot(mx, my, color=colour, linewidth=2, marker="o", markersize=3, label=_label(runs[0]))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens, log scale)")
-    ax.set_ylabel("index time (µs, log scale)")
     ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
+    xlabel, ylabel = "prompt length (tokens, log scale)", "index time (µs, log scale)"
+    _axes(ax, xlabel, ylabel, xscale="log", yscale="log")
 
 
 def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
-    """Per-request index time vs prompt length, all workloads pooled, per backend.
-
-    Left: admission (lookup with hashing, prefill allocation, prompt registration);
-    right: every cache call of the request, decode steps included. Dots are
-    requests; lines are medians over log-spaced prompt-length bins.
-    """
+    """Per-request index time vs prompt length, per backend: admission, whole request."""
     fig = _figure(12.0, 4.9)
     left, right = fig.subplots(1, 2, sharey=True)
     _time_panel(left, workloads, "admit_us", "admission: lookup + prefill allocation + insert")
@@ -343,26 +273,19 @@ def plot_index_time(workloads: Sequence[WorkloadResult], path: Path) -> None:
     _save(fig, path, title)
 
 
-def _segments(b: RunRow, i: int) -> list[tuple[str, int]]:
-    p = b.requests[i]
-    hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
-    new = p.prompt_tokens - hit - cap - bnd
-    return [("hit", hit), ("last block", cap), ("boundary", bnd), ("new", new)]
-
-
 def _strip_panel(ax: Any, backends: Sequence[RunRow], i: int, block: int) -> None:
-    """Request ``i``'s prompt tokens by fate, one bar per backend."""
     first = backends[0].requests[i]
     length = first.prompt_tokens
     for row, b in enumerate(backends):
         y = len(backends) - 1 - row
-        segments = _segments(b, i)
+        p = b.requests[i]
+        hit, cap, bnd = p.hit_tokens, p.cap_lost_tokens, p.boundary_lost_tokens
+        new = p.prompt_tokens - hit - cap - bnd
         left = 0
-        for kind, n in segments:
+        for kind, n in {"hit": hit, "last block": cap, "boundary": bnd, "new": new}.items():
             if n > 0:
-                ax.barh(y, n, left=left, height=0.7, color=SEGMENT_COLOURS[kind])
+                ax.barh(y, n, left=left, height=0.7, color=_SEGMENTS[kind][0])
             left += n
-        hit, cap, bnd = (n for _, n in segments[:3])
         text = f"hit {hit} · boundary {bnd} · last block {cap}"
         ax.text(length * 1.01, y, text, va="center", fontsize=7)
     if block > 1 and length // block <= 40:
@@ -379,15 +302,7 @@ def _strip_panel(ax: Any, backends: Sequence[RunRow], i: int, block: int) -> Non
 
 
 def plot_strips(w: WorkloadResult, path: Path) -> bool:
-    """A few requests as bars of prompt tokens, coloured by fate, backends side by side.
-
-    Each request gets its own panel and x range (tokens 0..prompt length), so a
-    14-token boundary loss stays visible; dotted lines mark the largest block size
-    when the prompt has at most 40 such blocks.
-
-    Returns:
-        Whether a file was written (``False`` when no request was selected).
-    """
+    """A few requests as bars of prompt tokens by fate, a panel each (whether drawn)."""
     chosen: list[int] = list(w.strip_requests)
     if not chosen:
         return False
@@ -400,7 +315,7 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
     axes[-1].set_xlabel("prompt token position")
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=SEGMENT_COLOURS[k], label=_SEGMENT_LABELS[k]) for k in SEGMENT_COLOURS]
+    handles = [Patch(color=colour, label=label) for colour, label in _SEGMENTS.values()]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
     title = f"{w.name}: what happened to each prompt token"
     if block > 1:
@@ -410,13 +325,8 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
 
 
 def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
-    """The arrival-time plots of one workload: the TTFT CDF per backend at the table's
-    capacity, and hit ratio and TTFT p90 against capacity when there are several.
-
-    Returns:
-        ``{"ttft_cdf_<workload>": file, "time_capacity_<workload>": file}`` for the
-        files written (none without arrival-time runs).
-    """
+    """One workload's arrival-time plots: the TTFT CDF, and hit ratio and TTFT p90 against
+    capacity when there are several; the files written by what they show."""
     written: dict[str, str] = {}
     table = w.arrival_at_table()
     if not table:
@@ -445,7 +355,7 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
 
 
 def num_plots(workloads: Sequence[WorkloadResult]) -> int:
-    """How many plot steps :func:`write_plots` reports through ``tick``."""
+    """How many steps :func:`write_plots` reports through ``tick``."""
     return 2 + 2 * len(workloads)
 
 
@@ -454,14 +364,9 @@ def _file_part(name: str) -> str:
 
 
 def write_plots(
-    workloads: Sequence[WorkloadResult], out: Path, *, tick: Tick | None = None
+    workloads: Sequence[WorkloadResult], out: Path, *, tick: Callable[[int], object] | None = None
 ) -> dict[str, str]:
-    """Write every plot of a comparison into ``out``.
-
-    Returns:
-        File names relative to ``out``, by what they show: ``capacity`` (when some
-        workload has a sweep), ``index_time``, ``strips_<workload>``, and with
-        arrival-time runs ``ttft_cdf_<workload>`` and ``time_capacity_<workload>``.
+    """Write every plot of a comparison into ``out``; the file names by what they show.
 
     Raises:
         ExtraNotInstalledError: matplotlib is not installed (nothing written).
@@ -483,9 +388,6 @@ def write_plots(
         written.update(plot_time(w, out))
         step(1)
     return written
-
-
-# ------------------------------------------------------------------------------- cluster
 
 
 def _hit_axis(ax: Any, legend: str = "small") -> None:
@@ -527,8 +429,7 @@ def plot_hit_ratio(
 def plot_frontier(
     results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
-    """Hit ratio against load imbalance (CV of busy time), one point per run: good
-    policies sit top left; the pooled bound marks the best balanced hit ratio."""
+    """Hit ratio against load imbalance (CV of busy time), a point per run."""
     fig = _figure(6.8, 4.6)
     ax = fig.subplots()
     for i, r in enumerate(results):
@@ -548,27 +449,6 @@ def plot_frontier(
     return _save(fig, path, title)
 
 
-def _overlap_panel(ax: Any, res: ClusterResult) -> None:
-    bs = res.labels["block_size"]
-    pts = [
-        (r.predicted_hit_tokens, r.hit_tokens)
-        for r in res.requests
-        if r.predicted_hit_tokens is not None
-    ]
-    top = max((max(p) for p in pts), default=1) or 1
-    ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
-    ax.plot([0, top], [0, top], color="grey", linewidth=1)
-    for axis in ("x", "y"):  # most requests hit little: spread the corner
-        getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
-    ax.set_title(
-        f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
-        f"phantom {res.run.phantom_rate:.1%}",
-        fontsize="small",
-    )
-    ax.set_xlabel("predicted (tokens)", fontsize="small")
-    ax.set_ylabel("realized (tokens)", fontsize="small")
-
-
 def plot_overlap(
     results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
@@ -577,15 +457,31 @@ def plot_overlap(
     cols = max(1, min(4, len(runs)))
     fig = _figure(3.2 * cols, 3.0 * max(1, math.ceil(len(runs) / cols)))
     for ax, res in zip(_panels(fig, max(1, len(runs)), cols), runs, strict=False):
-        _overlap_panel(ax, res)
+        bs = res.labels["block_size"]
+        pts = [
+            (r.predicted_hit_tokens, r.hit_tokens)
+            for r in res.requests
+            if r.predicted_hit_tokens is not None
+        ]
+        top = max((max(p) for p in pts), default=1) or 1
+        ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
+        ax.plot([0, top], [0, top], color="grey", linewidth=1)
+        for axis in ("x", "y"):  # most requests hit little: spread the corner
+            getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
+        ax.set_title(
+            f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
+            f"phantom {res.run.phantom_rate:.1%}",
+            fontsize="small",
+        )
+        ax.set_xlabel("predicted (tokens)", fontsize="small")
+        ax.set_ylabel("realized (tokens)", fontsize="small")
     return _save(fig, path, title)
 
 
 def plot_decision_latency(
     results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
-    """Router decision time per policy, CPU (box: p25-p75, whiskers p1-p99) and wall
-    clock (p99 marked), hashing apart."""
+    """Router decision time per policy: CPU (box, whiskers p1-p99) and wall-clock p99."""
     runs = [r for r in results if r.requests]
     ax = _per_run(len(runs))
     data = [[max(q.decision_cpu_us, 1e-2) for q in r.requests] for r in runs]
