@@ -1,9 +1,4 @@
-"""A simulated replica's KV-event publisher: vLLM's ``ZmqEventPublisher`` minus the sockets.
-
-It numbers, encodes and buffers the batches a router's
-:class:`~prefixkv.adapters.router.StreamTracker` follows, so a virtual-time run can
-drop, delay and reorder them and the router recovers as it does from a real engine.
-"""
+"""A simulated replica's KV-event publisher: vLLM's ``ZmqEventPublisher`` minus the sockets."""
 
 from __future__ import annotations
 
@@ -20,8 +15,8 @@ __all__ = ["EventPublisher"]
 
 
 class EventPublisher:
-    """Numbers, encodes and buffers one replica's batches (``ZmqEventPublisher`` minus the
-    sockets).
+    """Numbers, encodes and buffers one replica's batches, so a virtual-time run can drop,
+    delay and reorder them and the router recovers as from a real engine.
 
     Args:
         buffer_steps: batches kept for replay (vLLM's default).
