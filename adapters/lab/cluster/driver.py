@@ -1,9 +1,8 @@
 """The virtual-time driver of a cluster run: the fleet, the lossy channel, the router, faults.
 
-It advances the fleet to each arrival, delivers what happened by then (event batches,
-first tokens, completions), applies the faults due and routes the request, so a run is
-a pure function of its requests, settings, seed and faults. A replica that dies voids
-the steps it had not finished; its requests are routed again, their arrival unchanged.
+It advances the fleet to each arrival, delivers what happened by then, applies the faults
+due and routes the request. A replica that dies voids the steps it had not finished; its
+requests are routed again, their arrival unchanged.
 """
 
 from __future__ import annotations

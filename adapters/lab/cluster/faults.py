@@ -1,11 +1,8 @@
 """Faults a cluster run injects, and the lossy channel between replicas and the router.
 
-``--faults`` is a comma list (the lab's README has the table): stream faults act on every
-batch in flight (``drop``, ``delay``, ``jitter``, ``drop_removals``, ``lose_completions``),
-scheduled faults on replicas and the router (``kill=R@T``, ``router_restart@T:dump`` ...),
-``mismatch=R:block_size|hash`` configures a replica unlike the rest. Times are seconds or
-``P%`` of the arrival span. Every number is checked where it enters (no NaN, infinity,
-sign or ``_``), and a fault given twice is refused.
+``--faults`` is a comma list (the lab's README has the table) of stream faults
+(``drop=P``, ``delay=S`` ...), scheduled ones (``kill=R@T``, ``router_restart@T:dump`` ...)
+and ``mismatch=R:block_size|hash``; times are seconds or ``P%`` of the arrival span.
 """
 
 from __future__ import annotations
@@ -103,16 +100,10 @@ class FaultPlan:
 
     def check(self, num_replicas: int) -> None:
         """Raise :class:`FaultSpecError` for a replica out of ``0 .. num_replicas - 1``."""
-        for f in self.scheduled:
-            if f.replica is not None and not 0 <= f.replica < num_replicas:
-                raise FaultSpecError(
-                    f"fault {f.kind} names replica {f.replica}; replicas are 0..{num_replicas - 1}"
-                )
-        for r in self.mismatch:
+        named = [(f"fault {f.kind}", f.replica) for f in self.scheduled if f.replica is not None]
+        for who, r in named + [("mismatch", r) for r in self.mismatch]:
             if not 0 <= r < num_replicas:
-                raise FaultSpecError(
-                    f"mismatch names replica {r}; replicas are 0..{num_replicas - 1}"
-                )
+                raise FaultSpecError(f"{who} names replica {r}; replicas are 0..{num_replicas - 1}")
 
 
 def _what(rate: bool) -> str:
