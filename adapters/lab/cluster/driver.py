@@ -238,28 +238,26 @@ class ClusterDriver:
     def _replica_died(self, replica: int, t: float, *, restart: bool) -> None:
         lost = self._void_after(replica, t)
         if restart:  # the new process counts its busy time from 0: keep the old one's
-            self.busy_base[replica] = self.busy_base.get(replica, 0.0) + self.busy_s.get(
-                replica, 0.0
-            )
-            self.busy_s[replica] = 0.0
+            base = self.busy_base.get(replica, 0.0) + self.busy_s[replica]
+            self.busy_base[replica], self.busy_s[replica] = base, 0.0
             self._start(replica, t)
             for router in self._routers():
                 router.replica_restarted(replica)
         else:
-            self.live.discard(replica)
-            self.gone.add(replica)
-            for router in self._routers():
-                router.remove_replica(replica, dead=True)
+            self._remove(replica, dead=True)
         for req in sorted(lost, key=lambda q: (q.arrival or 0.0, q.id)):
             del self.in_flight[req.id]
             self.route(req, t)
 
-    def _retire(self, replica: int) -> None:
+    def _remove(self, replica: int, *, dead: bool) -> None:
         for router in self._routers():
-            router.remove_replica(replica, dead=False)
-        self.draining.discard(replica)
+            router.remove_replica(replica, dead=dead)
         self.live.discard(replica)
         self.gone.add(replica)
+
+    def _retire(self, replica: int) -> None:
+        self._remove(replica, dead=False)
+        self.draining.discard(replica)
         self.fleet.kill(replica)
 
     def apply(self, fault: ScheduledFault) -> None:

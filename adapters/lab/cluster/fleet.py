@@ -125,11 +125,9 @@ class PooledFleet(Fleet):
         )
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """A scheduler over the shared cache."""
         self.replicas[replica] = SimReplica(spec, replica, pool=self.pool)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Step the schedulers in global time order (they share the cache)."""
         live: list[SimReplica] = [self.replicas[r] for r in replicas if r in self.replicas]
         blocked: set[int] = set()
         while ready := [

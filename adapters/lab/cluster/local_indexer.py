@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from array import array
 
-from prefixkv.adapters.events.wire import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-)
+from prefixkv.adapters.events.wire import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from prefixkv.adapters.router.cluster_index import wire_int
 from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE
 

@@ -118,15 +118,13 @@ def _grpc_answer(sock: socket.socket, deadline: float) -> bytes:
 
 class RayFleet(Fleet):
     """Replicas as Ray actors (``num_cpus`` each), advanced in parallel; ``init`` starts a
-    local Ray (``ray_init`` options) unless one is up.
+    local Ray unless one is up (and shuts it down on ``close``).
 
     Raises:
         ExtraNotInstalledError: Ray is not installed.
     """
 
-    def __init__(
-        self, *, num_cpus: float = 1, init: bool = True, ray_init: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, *, num_cpus: float = 1, init: bool = True) -> None:
         require_extra("cluster", "RayFleet", ("ray",))
         import ray
 
@@ -134,8 +132,7 @@ class RayFleet(Fleet):
         self._ray = ray
         self._started_ray = False
         if init and not ray.is_initialized():
-            options = {"include_dashboard": False, "log_to_driver": False, **(ray_init or {})}
-            ray.init(**options)
+            ray.init(include_dashboard=False, log_to_driver=False)
             self._started_ray = True
         self._cls = ray.remote(num_cpus=num_cpus)(SimReplica)
 
@@ -150,14 +147,12 @@ class RayFleet(Fleet):
             raise ReplicaDeadError(f"replica {replica} died: {e}") from None
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """Start (or replace with an empty one) the replica's actor."""
         old = self.replicas.pop(replica, None)
         if old is not None:
             self._ray.kill(old)
         self.replicas[replica] = self._cls.remote(spec, replica)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Advance every listed replica in parallel."""
         ray = self._ray
         dead = [r for r in replicas if r not in self.replicas]
         refs = {r: self.replicas[r].advance.remote(until) for r in replicas if r in self.replicas}
@@ -171,13 +166,11 @@ class RayFleet(Fleet):
         return reports, dead
 
     def kill(self, replica: int) -> None:
-        """``ray.kill`` the actor."""
         actor = self.replicas.pop(replica, None)
         if actor is not None:
             self._ray.kill(actor, no_restart=True)
 
     def close(self) -> None:
-        """Kill the actors; shut Ray down if this fleet started it."""
         for actor in self.replicas.values():
             self._ray.kill(actor)
         self.replicas.clear()
