@@ -74,10 +74,8 @@ class ClusterSettings:
                     f"{name} must be an int in [1, {top:,}], got {value!r:.60}"
                 )
         for name in ("hash_seed", "seed"):
-            if type(getattr(self, name)) is not int:
-                raise ClusterSettingsError(
-                    f"{name} must be an int, got {getattr(self, name)!r:.60}"
-                )
+            if type(value := getattr(self, name)) is not int:
+                raise ClusterSettingsError(f"{name} must be an int, got {value!r:.60}")
         ttl = self.reservation_ttl
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 1e9:
             raise ClusterSettingsError(
@@ -94,7 +92,5 @@ class ClusterSettings:
             if not isinstance(value, cls) and (value is not None or name == "sim"):
                 raise ClusterSettingsError(f"{name} must be {what}, got {value!r:.60}")
         for name in ("check", "keep_tokens"):
-            if type(getattr(self, name)) is not bool:
-                raise ClusterSettingsError(
-                    f"{name} must be a bool, got {getattr(self, name)!r:.60}"
-                )
+            if type(value := getattr(self, name)) is not bool:
+                raise ClusterSettingsError(f"{name} must be a bool, got {value!r:.60}")

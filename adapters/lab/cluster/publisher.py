@@ -15,12 +15,8 @@ __all__ = ["EventPublisher"]
 
 
 class EventPublisher:
-    """Numbers, encodes and buffers one replica's batches, so a virtual-time run can drop,
-    delay and reorder them and the router recovers as from a real engine.
-
-    Args:
-        buffer_steps: batches kept for replay (vLLM's default).
-    """
+    """Numbers, encodes and keeps the last ``buffer_steps`` of one replica's batches, so a
+    run can drop, delay and reorder them and the router recovers as from a real engine."""
 
     __slots__ = ("_buffer", "_encoder", "next_seq")
 

@@ -34,13 +34,11 @@ def run_cluster(
     labels: Mapping[str, Any] | None = None,
 ) -> ClusterResult:
     """Route ``requests`` (streamed, in arrival order) over a fleet with one policy (or a
-    bound), injecting ``faults`` (percentages resolved first). Bounds run in-process;
+    bound), injecting ``faults`` (percentages resolved first); bounds run in-process,
     the others on ``fleet`` (default in this process).
 
     Raises:
-        UnknownPolicyError: an unknown policy, index or parameter.
-        FaultSpecError: a bad fault spec.
-        ClusterSettingsError: bad settings.
+        UnknownPolicyError, FaultSpecError, ClusterSettingsError: bad input.
     """
     cfg = ClusterSettings() if config is None else config
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, tuple(POLICIES))

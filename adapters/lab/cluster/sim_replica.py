@@ -33,11 +33,8 @@ __all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
 
 class SharedPool:
     """One replica's seat (its engine class over an index and a pool), or one ``shared``
-    by several (the pooled bound: no ``events``; a replica may wait for another).
-
-    Raises:
-        ClusterSettingsError: a capacity holding no block.
-    """
+    by several (the pooled bound: no ``events``); :class:`ClusterSettingsError` for a
+    capacity holding no block."""
 
     def __init__(
         self,
@@ -73,14 +70,9 @@ class ReplicaReport(NamedTuple):
 
 class SimReplica(Replica):
     """A replica in virtual time: ``add`` requests, ``advance`` to a time, read reports.
-
     With ``settings.check`` (tests), each first admission's hit is checked against the
-    blocks its events announced. ``pool``: a seat shared with other replicas (no events,
-    no check); by default its own.
-
-    Raises:
-        ClusterSettingsError: a capacity holding no block.
-    """
+    blocks its events announced; ``pool`` is a seat shared with others (no events, no
+    check). Raises :class:`ClusterSettingsError` for a capacity holding no block."""
 
     def __init__(
         self, spec: ReplicaSpec, replica_id: int, *, pool: SharedPool | None = None
@@ -107,11 +99,8 @@ class SimReplica(Replica):
         self._rng = random.Random(cfg.seed * 1_000_003 + replica_id)
 
     def add(self, request: SimRequest, sent: float | None = None) -> RequestRow:
-        """Queue a request sent at ``sent`` (default its arrival or now) for the next step.
-
-        Raises:
-            SimUnservableError: it cannot fit this replica's pool even alone.
-        """
+        """Queue a request sent at ``sent`` (default its arrival or now) for the next step;
+        :class:`SimUnservableError` if it cannot fit this replica's pool even alone."""
         if sent is None:
             sent = request.arrival if request.arrival is not None else self.now
         idle = not self.has_unfinished()
