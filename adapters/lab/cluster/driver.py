@@ -1,17 +1,8 @@
-"""The virtual-time driver of a cluster run: the fleet, the channel, the router, faults.
+"""The virtual-time driver of a cluster run: the fleet, the lossy channel, the router, faults.
 
-The driver advances the fleet to each request's arrival, delivers what happened by
-then (event batches through the lossy channel, first tokens and completions to the
-router), applies the faults due, and routes the request. Replicas never see the
-future and the router never sees a batch before it arrives, so a run is a pure
-function of its requests, settings, seed and faults.
-
-When a replica dies (killed, or restarted empty) the steps it had not finished by
-then are void: their outputs are discarded and its requests are routed again, their
-arrival unchanged (the TTFT they see includes the lost time). At the end, every
-request must have finished exactly once and, once the streams are synced, each live
-replica's view in the router must equal what the replica holds
-(:class:`~.metrics.Invariants`).
+It advances the fleet to each arrival, delivers what happened by then, applies the faults
+due and routes the request. A replica that dies voids the steps it had not finished; its
+requests are routed again, their arrival unchanged.
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ from .sim_replica import ReplicaReport
 
 __all__ = ["ClusterDriver"]
 
-
-_FIRST, _FINISH = 0, 1
+_BATCH, _FIRST, _FINISH = -1, 0, 1
 
 
 class ClusterDriver:
@@ -64,15 +54,15 @@ class ClusterDriver:
         self.plan = plan
         self.fleet = fleet
         self.replica_spec = replica_spec
-        self.profile = replica_spec.profile
         self.scheme = replica_spec.scheme()
         self.channel = EventChannel(plan, config.seed + 1)
         self.rng = random.Random(config.seed + 2)
-        self.bound = spec.is_bound
         late = any(f.kind == "late_join" for f in plan.scheduled)
         self.router: Router | None = None if late else self._new_router()
         # Before a late router joins, a plain round-robin balancer sends requests.
-        self.bootstrap = Router(RoundRobin(), None, self.scheme, self.profile, seed=config.seed)
+        self.bootstrap = Router(
+            RoundRobin(), None, self.scheme, replica_spec.profile, seed=config.seed
+        )
         self.outputs: list[tuple[float, int, int, int, Any]] = []  # time, kind, order, replica, x
         self.order = 0
         self.live: set[int] = set()
@@ -93,36 +83,31 @@ class ClusterDriver:
             ("batches", "dispatch_failures", "lost_completions", "stale_outputs"), 0
         )
 
-    # ------------------------------------------------------------ set-up
-
     def _new_router(self) -> Router:
-        policy: RoutingPolicy
-        if self.bound:
-            policy = LeastOutstanding(by="tokens")
-            index = None
-        else:
-            policy = make_policy(self.spec)
-            index = make_cluster_index(self.spec, self.scheme)
+        bound = self.spec.is_bound
+        policy: RoutingPolicy = LeastOutstanding(by="tokens") if bound else make_policy(self.spec)
+        index = None if bound else make_cluster_index(self.spec, self.scheme)
         return Router(
             policy,
             index,
             self.scheme,
-            self.profile,
+            self.replica_spec.profile,
             seed=self.config.seed,
             reservation_ttl=self.config.reservation_ttl,
         )
 
-    def _spec_for(self, replica: int) -> ReplicaSpec:
-        kind = self.plan.mismatch.get(replica)
+    def _start(self, replica: int, at: float) -> None:
         base = self.replica_spec
+        kind = self.plan.mismatch.get(replica)
         if kind == "block_size":
-            return base.replace(block_size=base.settings.block_size * 2)
-        if kind == "hash":
-            return base.replace(hash_seed=base.settings.hash_seed + 1)
-        return base
+            base = base.replace(block_size=base.settings.block_size * 2)
+        elif kind == "hash":
+            base = base.replace(hash_seed=base.settings.hash_seed + 1)
+        self.fleet.start(replica, dataclasses.replace(base, start_time=at))
 
     def start_replica(self, replica: int, at: float) -> None:
-        self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=at))
+        """Start ``replica`` at ``at`` and tell the routers."""
+        self._start(replica, at)
         self.live.add(replica)
         self.busy_s.setdefault(replica, 0.0)
         for router in self._routers():
@@ -138,8 +123,6 @@ class ClusterDriver:
 
     def _routers(self) -> list[Router]:
         return [self.bootstrap] if self.router is None else [self.bootstrap, self.router]
-
-    # ------------------------------------------------------------ time
 
     def advance_to(self, t: float) -> None:
         """Advance the fleet to ``t`` and deliver everything due by then."""
@@ -178,17 +161,13 @@ class ClusterDriver:
         self.order += 1
 
     def _deliver(self, t: float) -> None:
-        batches = self.channel.due(t)
-        outputs = []
+        due: list[tuple[float, int, int, int, Any]] = [
+            (at, _BATCH, i, r, b) for i, (at, r, b) in enumerate(self.channel.due(t))
+        ]
         while self.outputs and self.outputs[0][0] <= t:
-            outputs.append(heapq.heappop(self.outputs))
-        merged = sorted(
-            [(at, -1, i, r, b) for i, (at, r, b) in enumerate(batches)]
-            + [(o[0], o[1], o[2], o[3], o[4]) for o in outputs],
-            key=lambda e: (e[0], e[1], e[2]),
-        )
-        for at, kind, _, r, x in merged:
-            if kind == -1:
+            due.append(heapq.heappop(self.outputs))
+        for at, kind, _, r, x in sorted(due, key=lambda e: e[:3]):
+            if kind == _BATCH:
                 if self.router is not None:
                     self.router.now = at
                     self.router.receive(r, x.seq, x.payload)
@@ -225,8 +204,6 @@ class ClusterDriver:
         for router in self._routers():
             router.finished(rid)
 
-    # ------------------------------------------------------------ routing
-
     def route(self, request: SimRequest, t: float) -> None:
         """Route (and dispatch) one request at ``t``, retrying past dead replicas."""
         if request.id not in self.routes:
@@ -260,33 +237,28 @@ class ClusterDriver:
 
     def _replica_died(self, replica: int, t: float, *, restart: bool) -> None:
         lost = self._void_after(replica, t)
-        if restart:
-            # the new process counts its busy time from 0: keep the old one's
-            self.busy_base[replica] = self.busy_base.get(replica, 0.0) + self.busy_s.get(
-                replica, 0.0
-            )
-            self.busy_s[replica] = 0.0
-            self.fleet.start(replica, dataclasses.replace(self._spec_for(replica), start_time=t))
+        if restart:  # the new process counts its busy time from 0: keep the old one's
+            base = self.busy_base.get(replica, 0.0) + self.busy_s[replica]
+            self.busy_base[replica], self.busy_s[replica] = base, 0.0
+            self._start(replica, t)
             for router in self._routers():
                 router.replica_restarted(replica)
         else:
-            self.live.discard(replica)
-            self.gone.add(replica)
-            for router in self._routers():
-                router.remove_replica(replica, dead=True)
+            self._remove(replica, dead=True)
         for req in sorted(lost, key=lambda q: (q.arrival or 0.0, q.id)):
             del self.in_flight[req.id]
             self.route(req, t)
 
-    def _retire(self, replica: int) -> None:
+    def _remove(self, replica: int, *, dead: bool) -> None:
         for router in self._routers():
-            router.remove_replica(replica, dead=False)
-        self.draining.discard(replica)
+            router.remove_replica(replica, dead=dead)
         self.live.discard(replica)
         self.gone.add(replica)
-        self.fleet.kill(replica)
 
-    # ------------------------------------------------------------ faults
+    def _retire(self, replica: int) -> None:
+        self._remove(replica, dead=False)
+        self.draining.discard(replica)
+        self.fleet.kill(replica)
 
     def apply(self, fault: ScheduledFault) -> None:
         """Apply a timed fault at its time (the fleet is advanced there first)."""
@@ -318,31 +290,24 @@ class ClusterDriver:
             self._deliver(t)
 
     def _warm_up(self, mode: str, t: float, kind: str) -> None:
-        self.router = self._new_router()
-        self.router.now = t
+        self.router = router = self._new_router()
+        router.now = t
         for r in sorted(self.live):
-            self._join(self.router, r)
+            self._join(router, r)
         for r in sorted(self.draining):
-            self.router.drain(r)
+            router.drain(r)
         t0 = time.perf_counter()
-        for tracker in self.router.trackers.values():
+        for tracker in router.trackers.values():
             if mode == "dump":
                 tracker.resync()
             else:
                 tracker.sync()
-        stats = self.router.stream_stats()
+        stats = router.stream_stats()
+        wall_ms = (time.perf_counter() - t0) * 1e3
         self.warmups.append(
-            {
-                "kind": kind,
-                "mode": mode,
-                "at_s": t,
-                "wall_ms": (time.perf_counter() - t0) * 1e3,
-                "batches_replayed": stats.get("delivered", 0),
-                "dumps": stats.get("resyncs", 0),
-            }
-        )
-
-    # ------------------------------------------------------------ the end
+            {"kind": kind, "mode": mode, "at_s": t, "wall_ms": wall_ms,
+             "batches_replayed": stats.get("delivered", 0), "dumps": stats.get("resyncs", 0)}
+        )  # fmt: skip
 
     def drain(self, faults: list[ScheduledFault]) -> None:
         """Apply the remaining faults, then run every replica dry and sync the streams."""
@@ -356,7 +321,7 @@ class ClusterDriver:
                 tracker.sync()
 
     def check_views(self) -> None:
-        """Compare the router's view of each replica with what it holds."""
+        """Compare the router's view of each live replica with what it holds."""
         router = self.router
         if router is None or router.cluster_index is None or not router.cluster_index.event_fed:
             return
@@ -378,6 +343,4 @@ class ClusterDriver:
                     f"replica {r}: {len(missing)} blocks held but not indexed, "
                     f"{len(phantom)} indexed but not held"
                 )
-        for r in sorted(self.gone):
-            if index.held(Worker(r)):
-                self.inv.stale_view.append(r)
+        self.inv.stale_view += [r for r in sorted(self.gone) if index.held(Worker(r))]

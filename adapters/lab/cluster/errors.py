@@ -1,27 +1,10 @@
-"""Errors of the cluster simulation: the router's, and two of its own.
-
-Bad input (a fault spec, a setting) raises one of these before any state changes. A
-replica that is gone is not an input error: the driver catches
-:class:`ReplicaDeadError` and routes the request elsewhere.
-"""
+"""The cluster simulation's errors (the router's, plus two of its own)."""
 
 from __future__ import annotations
 
-from prefixkv.adapters.router.errors import (
-    ClusterError,
-    ClusterSettingsError,
-    NoReplicaError,
-    UnknownPolicyError,
-)
+from prefixkv.adapters.router.errors import ClusterError, ClusterSettingsError, UnknownPolicyError
 
-__all__ = [
-    "ClusterError",
-    "ClusterSettingsError",
-    "FaultSpecError",
-    "NoReplicaError",
-    "ReplicaDeadError",
-    "UnknownPolicyError",
-]
+__all__ = ["ClusterSettingsError", "FaultSpecError", "ReplicaDeadError", "UnknownPolicyError"]
 
 
 class FaultSpecError(ClusterError):

@@ -1,24 +1,12 @@
-"""Many cluster runs on one request stream: policies x fleet sizes x capacities, and faults.
-
-The fault-free runs cover every (replicas, capacity) pair for every policy; the fault
-runs (when faults are given) repeat every policy, bounds excepted, at the first pair.
-Requests are re-read for each run (a trace is streamed, never held). Ctrl-C keeps the
-runs that finished (:class:`ClusterInterrupted`); a deadline skips the runs it leaves
-no time for, and says which.
-
-``prefixkv cluster --request-rate 1,2,4,8`` also runs every policy (bounds included) at
-each further rate, on the first fleet size and capacity, without faults
-(:func:`run_rate_sweep`): the walk over rates and the overload verdict are
-:mod:`~prefixkv.adapters.lab.sim.rate_sweep`'s, one rule for a replica and a fleet. Each
-run carries the labels ``request_rate`` and ``role`` (``table`` or ``rate``).
-"""
+"""Many cluster runs on one request stream: policies x fleet sizes x capacities, faults
+and rates. Requests are re-read for each run; Ctrl-C keeps the runs that finished."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from prefixkv.adapters.lab.sim.rate_sweep import sweep_rates
@@ -56,11 +44,7 @@ class PlannedRun(NamedTuple):
 
 
 class ClusterInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM) during an experiment; ``results`` holds the runs that
-    finished, ``planned`` how many there were to run.
-
-    A ``KeyboardInterrupt``, so code that does not look for it still stops.
-    """
+    """Ctrl-C during an experiment: the runs that finished, of how many planned."""
 
     def __init__(self, results: list[ClusterResult], planned: int) -> None:
         super().__init__("cluster experiment interrupted")
@@ -71,11 +55,10 @@ class ClusterInterrupted(KeyboardInterrupt):
 def arrival_span(requests: Iterable[SimRequest]) -> float:
     """Seconds from the first arrival to the last (for faults at a percentage)."""
     first = last = None
-    for r in requests:
-        if r.arrival is None:
-            continue
-        first = r.arrival if first is None else first
-        last = r.arrival
+    for r in requests:  # streamed: a trace is never held
+        if r.arrival is not None:
+            first = r.arrival if first is None else first
+            last = r.arrival
     return 0.0 if first is None or last is None else last - first
 
 
@@ -88,18 +71,9 @@ def plan_experiment(
     faults: FaultPlan | None = None,
     fault_free: bool = True,
 ) -> list[PlannedRun]:
-    """Every policy at every fleet size and capacity, then the fault runs: the runs
-    :func:`run_experiment` makes, in order. Building each run's settings checks every
-    value of a sweep before anything runs.
-
-    Args:
-        policies: the policy (and bound) specs.
-        config: the base settings; ``replicas``/``capacities`` override its sizes.
-        replicas: fleet sizes (default: the config's).
-        capacities: per-replica capacities in tokens (default: the config's).
-        faults: a resolved fault plan for the fault runs (every policy but the bounds,
-            at the first size and capacity), or ``None``.
-        fault_free: plan the fault-free runs (off: the fault runs only).
+    """Every policy at every fleet size and capacity (default: the config's), then, with
+    ``faults``, every policy but the bounds at the first pair: the runs in order, each
+    value of the sweep checked before anything runs.
     """
     sizes = list(replicas) or [config.num_replicas]
     caps = list(capacities) or [config.capacity_tokens]
@@ -126,50 +100,25 @@ def run_experiment(
     on_skip: Callable[[PlannedRun], None] | None = None,
     labels: Mapping[str, Any] | None = None,
 ) -> list[ClusterResult]:
-    """Make the runs of ``plan`` (:func:`plan_experiment`), in order.
-
-    Args:
-        requests: makes a fresh request stream for each run's settings (the arrivals
-            may depend on the fleet size).
-        plan: the runs.
-        fleet: makes the fleet of each run (Ray); default in-process.
-        on_run: called with each result as it finishes (progress).
-        deadline: a ``time.monotonic()`` instant after which no run starts (a run
-            under way finishes); ``None``: no limit.
-        on_skip: called with each run the deadline skipped.
-        labels: extra columns for every result (e.g. the request rate).
-
-    Returns:
-        Every result, in the plan's order (without the skipped runs).
+    """Make the runs of ``plan`` in order, each on a fresh request stream and fleet
+    (default in-process); none starts past ``deadline`` (``time.monotonic()``).
 
     Raises:
         ClusterInterrupted: Ctrl-C; it holds the runs that finished.
     """
     out: list[ClusterResult] = []
     try:
-        for planned in _before(plan, deadline, on_skip):
-            res = _run_planned(planned, requests, fleet, labels)
-            out.append(res)
+        for planned in plan:
+            if deadline is not None and time.monotonic() >= deadline:
+                if on_skip is not None:
+                    on_skip(planned)
+                continue
+            out.append(_run_planned(planned, requests, fleet, labels))
             if on_run is not None:
-                on_run(res)
+                on_run(out[-1])
     except KeyboardInterrupt:
         raise ClusterInterrupted(out, len(plan)) from None
     return out
-
-
-def _before(
-    plan: Sequence[PlannedRun],
-    deadline: float | None,
-    on_skip: Callable[[PlannedRun], None] | None,
-) -> Iterator[PlannedRun]:
-    """The runs of ``plan`` due to start before ``deadline`` (checked as each comes up);
-    ``on_skip`` is called with each of the others."""
-    for planned in plan:
-        if deadline is not None and time.monotonic() >= deadline:
-            if on_skip is not None:
-                on_skip(planned)
-            continue
-        yield planned
 
 
 def _run_planned(
@@ -178,9 +127,8 @@ def _run_planned(
     fleet: Callable[[], Fleet] | None,
     labels: Mapping[str, Any] | None,
 ) -> ClusterResult:
-    """One run of the plan, on a fresh fleet (a bound runs in-process), with ``labels``."""
     cfg, spec, fault_plan = planned
-    run_fleet = fleet() if fleet is not None and not spec.is_bound else None
+    run_fleet = fleet() if fleet is not None and not spec.is_bound else None  # bounds: in-process
     return run_cluster(requests(cfg), spec, cfg, fault_plan, fleet=run_fleet, labels=labels)
 
 
@@ -200,19 +148,9 @@ def run_rate_sweep(
     on_run: Callable[[ClusterResult], None] | None = None,
     into: list[ClusterResult],
 ) -> None:
-    """Every policy at every rate (ascending), fault-free, on ``config``'s fleet.
-
-    Args:
-        requests: a fresh request stream for a fleet and a Poisson rate.
-        policies: the policy (and bound) specs.
-        config: the fleet (its size and capacity).
-        rates: the rates, ascending (:func:`~..sim.rate_sweep.rate_schedule`).
-        auto: stop each policy after its first overloaded run.
-        fleet: makes the fleet of each run (Ray); default in-process.
-        on_run: called with each new result as it finishes.
-        into: the runs already made, to which each new one is appended as it finishes
-            (so Ctrl-C keeps the finished ones); those of this fleet, without faults,
-            with a ``request_rate`` label are not run again but count for ``auto``.
+    """Every policy at every rate (ascending), fault-free, on ``config``'s fleet; with
+    ``auto``, each policy stops after its first overloaded run. Each run is appended to
+    ``into`` as it finishes; those already there for this fleet are not run again.
     """
     specs = {s.text: s for s in policies}
 
@@ -232,7 +170,6 @@ def run_rate_sweep(
         and r.labels["num_replicas"] == config.num_replicas
         and r.labels["capacity_tokens"] == config.capacity_tokens
     }
-    # extend appends each run as the sweep yields it: an interrupt keeps those made
     into.extend(
         sweep_rates(list(specs), rates, run, lambda r: r.run.overloaded, auto=auto, done=made)
     )

@@ -1,25 +1,8 @@
-"""Faults a cluster run injects, and the lossy channel between replicas and router.
+"""Faults a cluster run injects, and the lossy channel between replicas and the router.
 
-Stream faults act on every batch in flight (:class:`EventChannel`): ``drop=P`` loses a
-batch with probability P (a full high-water mark), ``delay=S`` and ``jitter=S`` hold it
-for S plus up to S seconds (later batches overtake earlier ones), ``gap=R@T`` loses
-replica R's next ``buffer_steps + 1`` batches from T (more than replay can bridge).
-``drop_removals=P`` makes replicas lose each ``BlockRemoved`` before it is published
-(replay cannot bring it back: only a dump can); ``lose_completions=P`` loses a
-request's completion on its way back to the router (the reservation stays open
-until swept). Scheduled faults act on replicas and the router: ``kill=R@T``,
-``restart=R@T`` (same replica, sequence back at 0, cache empty), ``clear=R@T``
-(``AllBlocksCleared``), ``scale_up@T``, ``scale_down=R@T``, ``router_restart@T`` and
-``late_join@T`` (warm-up ``:replay`` from sequence 0, the default, or ``:dump``), and
-``mismatch=R:block_size`` or ``mismatch=R:hash`` configures replica R unlike the rest.
-Times are seconds, or ``P%`` of the run's arrival span.
-
-Every number is checked where it enters, by :func:`parse_faults` and by
-:class:`FaultPlan` itself: rates are in ``[0, 1]``, seconds finite and at most
-:data:`MAX_FAULT_SECONDS`, percentages in ``[0, 100]`` (NaN and infinity nowhere).
-On the command line a number is ASCII digits with an optional point and exponent
-(no sign, ``_``, ``nan`` or ``inf``), and a fault given twice is refused rather than
-the last one silently kept.
+``--faults`` is a comma list (the lab's README has the table) of stream faults
+(``drop=P``, ``delay=S`` ...), scheduled ones (``kill=R@T``, ``router_restart@T:dump`` ...)
+and ``mismatch=R:block_size|hash``; times are seconds or ``P%`` of the arrival span.
 """
 
 from __future__ import annotations
@@ -35,44 +18,23 @@ from prefixkv.adapters.router.stream_tracker import SeqBatch
 from .config import MAX_REPLICAS
 from .errors import FaultSpecError
 
-__all__ = [
-    "MAX_FAULT_SECONDS",
-    "SCHEDULED_FAULTS",
-    "EventChannel",
-    "FaultPlan",
-    "ScheduledFault",
-    "parse_faults",
-]
+__all__ = ["EventChannel", "FaultPlan", "ScheduledFault", "parse_faults"]
 
-SCHEDULED_FAULTS = (
-    "kill",
-    "restart",
-    "clear",
-    "gap",
-    "scale_up",
-    "scale_down",
-    "router_restart",
-    "late_join",
-)
+SCHEDULED_FAULTS = ("kill", "restart", "clear", "gap", "scale_up", "scale_down",
+                    "router_restart", "late_join")  # fmt: skip
 MAX_FAULT_SECONDS = 1e9
-"""The latest fault time and the longest delay or jitter, in seconds (about 32 years):
-beyond any run, and finite, so no fault is accepted that could never happen."""
 
 _RATES = ("drop", "drop_removals", "lose_completions")
 _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
+_DECIMAL = re.compile(  # what float() takes, less nan, inf, signs and _
+    r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+)
 
 
 class ScheduledFault(NamedTuple):
-    """A fault at a time.
-
-    Attributes:
-        kind: one of :data:`SCHEDULED_FAULTS`.
-        at: seconds (after :meth:`FaultPlan.resolve`), or a fraction of the span.
-        replica: the replica it hits (``None`` for router faults and scale up).
-        mode: ``"replay"`` or ``"dump"`` for router warm-ups.
-        relative: ``at`` is a fraction of the arrival span.
-    """
+    """A fault at a time: ``at`` seconds, or a fraction of the arrival span (``relative``);
+    ``replica`` ``None`` for router faults and scale up; ``mode`` a router's warm-up."""
 
     kind: str
     at: float
@@ -83,18 +45,8 @@ class ScheduledFault(NamedTuple):
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Every fault of one run (the default: none).
-
-    Attributes:
-        drop: probability each batch is lost in transit.
-        drop_removals: probability each ``BlockRemoved`` is never published.
-        delay: seconds every batch takes.
-        jitter: up to this many more seconds, uniformly (reorders).
-        lose_completions: probability a completion never reaches the router.
-        scheduled: faults at given times.
-        mismatch: replica -> ``"block_size"`` or ``"hash"``.
-        text: the spec as given.
-    """
+    """Every fault of one run (the default: none): rates, seconds, the scheduled faults,
+    the mismatched replicas and the spec as given (``text``)."""
 
     drop: float = 0.0
     drop_removals: float = 0.0
@@ -106,10 +58,8 @@ class FaultPlan:
     text: str = ""
 
     def __post_init__(self) -> None:
-        for name in _RATES:
-            _check_number(getattr(self, name), name, rate=True)
-        for name in _SECONDS:
-            _check_number(getattr(self, name), name, rate=False)
+        for name in (*_RATES, *_SECONDS):
+            _check_number(getattr(self, name), name, rate=name in _RATES)
         if not isinstance(self.scheduled, tuple):
             raise FaultSpecError(
                 f"scheduled must be a tuple of ScheduledFault, got {self.scheduled!r:.80}"
@@ -149,29 +99,21 @@ class FaultPlan:
         return replace(self, scheduled=tuple(sorted(scheduled, key=lambda f: f.at)))
 
     def check(self, num_replicas: int) -> None:
-        """Reject faults naming replicas that do not exist.
-
-        Raises:
-            FaultSpecError: a replica id out of ``0 .. num_replicas - 1``.
-        """
-        for f in self.scheduled:
-            if f.replica is not None and not 0 <= f.replica < num_replicas:
-                raise FaultSpecError(
-                    f"fault {f.kind} names replica {f.replica}; replicas are 0..{num_replicas - 1}"
-                )
-        for r in self.mismatch:
+        """Raise :class:`FaultSpecError` for a replica out of ``0 .. num_replicas - 1``."""
+        named = [(f"fault {f.kind}", f.replica) for f in self.scheduled if f.replica is not None]
+        for who, r in named + [("mismatch", r) for r in self.mismatch]:
             if not 0 <= r < num_replicas:
-                raise FaultSpecError(
-                    f"mismatch names replica {r}; replicas are 0..{num_replicas - 1}"
-                )
+                raise FaultSpecError(f"{who} names replica {r}; replicas are 0..{num_replicas - 1}")
+
+
+def _what(rate: bool) -> str:
+    return "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
 
 
 def _check_number(value: object, where: str, *, rate: bool) -> float:
-    """``value`` if it is a number in ``[0, 1]`` (a rate) or ``[0, MAX_FAULT_SECONDS]``."""
     top = 1.0 if rate else MAX_FAULT_SECONDS
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
-        what = "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
-        raise FaultSpecError(f"{where}: must be {what}, got {value!r:.60}")  # NaN: refused too
+        raise FaultSpecError(f"{where}: must be {_what(rate)}, got {value!r:.60}")  # NaN too
     return float(value)
 
 
@@ -195,11 +137,6 @@ def _check_scheduled(f: object) -> None:
         raise FaultSpecError(f"{where}: warm-up {f.mode!r} is not replay or dump")
 
 
-_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-"""A number as ``--faults`` spells it. ``float`` alone would also take ``nan``,
-``-inf``, ``1_000``, surrounding blanks and non-ASCII digits."""
-
-
 def _time(text: str, where: str) -> tuple[float, bool]:
     relative = text.endswith("%")
     number = text[:-1] if relative else text
@@ -207,7 +144,7 @@ def _time(text: str, where: str) -> tuple[float, bool]:
         raise FaultSpecError(f"{where}: time {text!r:.40} is not seconds or a percentage")
     value = float(number)  # 1e400 is inf: refused below
     top = 100.0 if relative else MAX_FAULT_SECONDS
-    if not 0 <= value <= top:  # NaN and infinity too
+    if not 0 <= value <= top:
         unit = "a percentage in [0, 100]" if relative else f"seconds in [0, {top:g}]"
         raise FaultSpecError(f"{where}: time {text!r} is not {unit}")
     return (value / 100, True) if relative else (value, False)
@@ -221,19 +158,11 @@ def _replica(text: str, where: str) -> int:
     return int(text)
 
 
-def _number(text: str, where: str, *, rate: bool) -> float:
-    if not _DECIMAL.fullmatch(text):
-        what = "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
-        raise FaultSpecError(f"{where}: {text!r:.40} is not a number; give {what}")
-    return _check_number(float(text), where, rate=rate)
-
-
 def parse_faults(text: str) -> FaultPlan:
-    """Parse ``--faults``: comma-separated entries (see the module docstring).
+    """Parse ``--faults`` (see the module docstring).
 
     Raises:
-        FaultSpecError: an unknown fault, a malformed entry or number, a number out of
-            range, or a stream fault or mismatch given twice.
+        FaultSpecError: an unknown, malformed, out-of-range or repeated entry.
     """
     values: dict[str, Any] = {}  # the rates and seconds given (the others stay 0)
     scheduled: list[ScheduledFault] = []
@@ -245,14 +174,18 @@ def parse_faults(text: str) -> FaultPlan:
         if "@" in name:  # scale_up@T, router_restart@T[:mode]
             name, _, at_text = name.partition("@")
             arg, sep = f"@{at_text}", "="
-        if name in values or (name == "mismatch" and arg.partition(":")[0] in _names(mismatch)):
+        if name in values or (
+            name == "mismatch" and arg.partition(":")[0] in {str(r) for r in mismatch}
+        ):
             raise FaultSpecError(f"{entry}: given twice in --faults {text!r:.80}")
         if name in _RATES or name in _SECONDS:
-            values[name] = (
-                1.0
-                if not sep and name == "drop_removals"
-                else _number(arg, entry, rate=name in _RATES)
-            )
+            rate = name in _RATES
+            if not sep and name == "drop_removals":
+                values[name] = 1.0
+            elif not _DECIMAL.fullmatch(arg):
+                raise FaultSpecError(f"{entry}: {arg!r:.40} is not a number; give {_what(rate)}")
+            else:
+                values[name] = _check_number(float(arg), entry, rate=rate)
         elif name == "mismatch":
             who, _, kind = arg.partition(":")
             if kind not in ("block_size", "hash"):
@@ -280,17 +213,8 @@ def parse_faults(text: str) -> FaultPlan:
     return FaultPlan(**values, scheduled=ordered, mismatch=mismatch, text=text)
 
 
-def _names(mismatch: dict[int, str]) -> set[str]:
-    return {str(r) for r in mismatch}
-
-
 class EventChannel:
-    """Batches in flight from replicas to the router, lost, delayed or reordered.
-
-    Args:
-        plan: the faults.
-        seed: seeds the losses and delays.
-    """
+    """Batches in flight from replicas to the router, lost, delayed or reordered."""
 
     def __init__(self, plan: FaultPlan, seed: int) -> None:
         self.plan = plan
@@ -327,9 +251,8 @@ class EventChannel:
     def due(self, until: float) -> list[tuple[float, int, SeqBatch]]:
         """``(time, replica, batch)`` arriving by ``until``, in arrival order."""
         out = []
-        heap = self._heap
-        while heap and heap[0][0] <= until:
-            at, _, replica, batch = heapq.heappop(heap)
+        while self._heap and self._heap[0][0] <= until:
+            at, _, replica, batch = heapq.heappop(self._heap)
             out.append((at, replica, batch))
         return out
 

@@ -1,11 +1,4 @@
-"""Fleets: the replicas a cluster run drives, in-process or pooled (Ray: :mod:`.ray_fleet`).
-
-The driver talks to every fleet through one interface, so the in-process fleet (the
-deterministic mode) and the Ray fleet run the same decisions on the same reports. A
-replica is built from a :class:`ReplicaSpec` (picklable, so a Ray actor can build it).
-:class:`PooledFleet` is the pooled bound: N schedulers over one cache of N x capacity,
-stepped in global time order because they share it.
-"""
+"""Fleets: the replicas a cluster run drives, in-process, pooled (the bounds) or on Ray."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, cast
 
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
@@ -32,17 +25,7 @@ __all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaSpec"]
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """How to build one replica.
-
-    Attributes:
-        settings: the fleet's settings: the replica's index (``backend``), block size,
-            hash seed, KV pool, scheduler settings, buffered event batches, whether it
-            keeps block tokens for dumps and checks admissions against the blocks it
-            announced (``check``, tests), and the seed of its event loss.
-        profile: step costs.
-        drop_removals: probability a ``BlockRemoved`` is never published.
-        start_time: the replica's clock when it starts.
-    """
+    """How to build one replica (picklable, so a Ray actor can build it)."""
 
     settings: ClusterSettings
     profile: CostProfile
@@ -62,117 +45,76 @@ class ReplicaSpec:
         return HashScheme.for_index(self.index_factory()())
 
     def replace(self, **settings: Any) -> ReplicaSpec:
-        """This spec with some of its fleet settings changed (a mismatched replica)."""
+        """This spec with some fleet settings changed (a mismatched replica)."""
         return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **settings))
 
 
-class Fleet(Protocol):
-    """The replicas of a run, as the driver drives them."""
-
-    def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """Start (or restart, empty) ``replica`` from ``spec``."""
-        ...
-
-    def add(self, replica: int, request: SimRequest) -> None:
-        """Send a request. Raises :class:`ReplicaDeadError` if the replica is gone."""
-        ...
-
-    def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Advance replicas to ``until``: their reports, and those found dead."""
-        ...
-
-    def replay(self, replica: int, start: int, until: float) -> list[SeqBatch] | None:
-        """A replica's buffered batches (None: unreachable)."""
-        ...
-
-    def dump(self, replica: int) -> Dump | None:
-        """A replica's cache as a dump (None: unreachable)."""
-        ...
-
-    def kill(self, replica: int) -> None:
-        """Kill a replica (its state is lost)."""
-        ...
-
-    def reset_prefix_cache(self, replica: int) -> None:
-        """Reset a replica's prefix cache (it publishes ``AllBlocksCleared``)."""
-        ...
-
-    def held(self, replica: int) -> dict[int, int]:
-        """Hash -> copies a live replica holds ({} for a dead one)."""
-        ...
-
-    def close(self) -> None:
-        """Release the fleet."""
-        ...
-
-
-class LocalFleet:
-    """Every replica a :class:`SimReplica` in this process: the deterministic mode."""
+class Fleet:
+    """The replicas of a run as the driver calls them, each a :class:`SimReplica` in this
+    process (deterministic); :class:`~.ray_fleet.RayFleet` answers the same calls from Ray
+    actors. A call to a replica that is gone raises :class:`ReplicaDeadError`; a read
+    answers ``None`` (``{}`` for ``held``)."""
 
     def __init__(self) -> None:
-        self.replicas: dict[int, SimReplica] = {}
+        self.replicas: dict[int, Any] = {}
 
-    def _get(self, replica: int) -> SimReplica:
+    def _call(self, replica: int, method: str, *args: Any) -> Any:
         rep = self.replicas.get(replica)
         if rep is None:
             raise ReplicaDeadError(f"replica {replica} is not running")
-        return rep
+        return getattr(rep, method)(*args)
+
+    def _read(self, replica: int, dead: Any, method: str, *args: Any) -> Any:
+        try:
+            return self._call(replica, method, *args)
+        except ReplicaDeadError:
+            return dead
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """Build (or rebuild, empty) the replica."""
+        """Start (or restart, empty) ``replica`` from ``spec``."""
         self.replicas[replica] = SimReplica(spec, replica)
 
     def add(self, replica: int, request: SimRequest) -> None:
         """Queue the request on the replica."""
-        self._get(replica).add(request)
+        self._call(replica, "add", request)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Advance each live one in turn (they share nothing)."""
-        reports, dead = [], []
-        for r in replicas:
-            rep = self.replicas.get(r)
-            if rep is None:
-                dead.append(r)
-            else:
-                reports.append(rep.advance(until))
-        return reports, dead
+        """Advance the replicas to ``until``: their reports, and those found dead."""
+        live = [self.replicas[r] for r in replicas if r in self.replicas]
+        return [rep.advance(until) for rep in live], [r for r in replicas if r not in self.replicas]
 
     def replay(self, replica: int, start: int, until: float) -> list[SeqBatch] | None:
-        """From the replica's buffer."""
-        rep = self.replicas.get(replica)
-        return None if rep is None else rep.replay(start, until)
+        """A replica's buffered batches from ``start`` published by ``until``."""
+        return cast("list[SeqBatch] | None", self._read(replica, None, "replay", start, until))
 
     def dump(self, replica: int) -> Dump | None:
-        """From the replica's local indexer."""
-        rep = self.replicas.get(replica)
-        return None if rep is None else rep.dump()
+        """A replica's cache as a dump."""
+        return cast("Dump | None", self._read(replica, None, "dump"))
 
     def kill(self, replica: int) -> None:
-        """Drop the replica."""
+        """Kill a replica (its state is lost)."""
         self.replicas.pop(replica, None)
 
     def reset_prefix_cache(self, replica: int) -> None:
-        """Reset its cache."""
-        self._get(replica).reset_prefix_cache()
+        """Reset a replica's prefix cache (it publishes ``AllBlocksCleared``)."""
+        self._call(replica, "reset_prefix_cache")
 
     def held(self, replica: int) -> dict[int, int]:
-        """What its events say it holds."""
-        rep = self.replicas.get(replica)
-        return {} if rep is None else rep.held()
+        """Hash -> copies a replica's events say it holds."""
+        return cast("dict[int, int]", self._read(replica, {}, "held"))
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Release the fleet."""
         self.replicas.clear()
 
 
-class PooledFleet(LocalFleet):
-    """N schedulers sharing one cache of N x capacity (or an unbounded one): the bounds.
+LocalFleet = Fleet
+"""The in-process fleet, the default."""
 
-    Args:
-        spec: the per-replica spec (its capacity is multiplied by ``num_replicas``).
-        num_replicas: how many schedulers.
-        infinite: give the shared cache 2**24 blocks (nothing is evicted).
-    """
+
+class PooledFleet(Fleet):
+    """The bounds: N schedulers sharing one cache of N x capacity (``infinite``: 2**24
+    blocks, nothing evicted), stepped in global time order."""
 
     def __init__(self, spec: ReplicaSpec, num_replicas: int, *, infinite: bool = False) -> None:
         super().__init__()
@@ -181,24 +123,18 @@ class PooledFleet(LocalFleet):
         self.pool = SharedPool(
             spec.index_factory(), capacity, cfg.sim.batching, events=False, shared=True
         )
-        self.spec = spec
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """A scheduler over the shared cache."""
         self.replicas[replica] = SimReplica(spec, replica, pool=self.pool)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Step the schedulers in global time order (they share the cache)."""
-        live = [self.replicas[r] for r in replicas if r in self.replicas]
+        live: list[SimReplica] = [self.replicas[r] for r in replicas if r in self.replicas]
         blocked: set[int] = set()
-        while True:
-            ready = [
-                rep
-                for rep in live
-                if rep.has_unfinished() and rep.now < until and rep.replica_id not in blocked
-            ]
-            if not ready:
-                break
+        while ready := [
+            rep
+            for rep in live
+            if rep.has_unfinished() and rep.now < until and rep.replica_id not in blocked
+        ]:
             rep = min(ready, key=lambda rep: (rep.now, rep.replica_id))
             if rep.step():
                 blocked.clear()
@@ -214,6 +150,4 @@ class PooledFleet(LocalFleet):
                 rep.now = min(others)
             else:
                 blocked.add(rep.replica_id)
-        return [rep.advance(-math.inf) for rep in live], [
-            r for r in replicas if r not in self.replicas
-        ]
+        return super().advance(replicas, -math.inf)  # the reports, stepping none

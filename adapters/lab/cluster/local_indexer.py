@@ -1,22 +1,10 @@
-"""What a replica's own events say it holds: Dynamo's local indexer, for dumps and checks.
-
-Dynamo keeps, on each worker, a radix tree plus a buffer of its events, so a router
-that missed events can ask for the worker's whole state (a "tree dump") instead of a
-replay. :class:`LocalIndexer` is that state for a simulated replica: every block its
-published events announced (with copies, parent and tokens), rebuilt from the events
-alone, dumped as ``BlockStored`` events parents first.
-"""
+"""What a replica's own events say it holds: Dynamo's local indexer, for dumps and checks."""
 
 from __future__ import annotations
 
 from array import array
 
-from prefixkv.adapters.events.wire import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-)
+from prefixkv.adapters.events.wire import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from prefixkv.adapters.router.cluster_index import wire_int
 from prefixkv.indexes.tokens import TOKEN_BYTES, TOKEN_TYPECODE
 
@@ -36,13 +24,8 @@ class _Block:
 
 
 class LocalIndexer:
-    """The blocks a replica's own events say it holds (Dynamo's ``LocalKvIndexer``).
-
-    Args:
-        block_size: tokens per block.
-        keep_tokens: keep each block's tokens (4 bytes a token) so a dump carries
-            them, as a radix cluster index needs; without, a dump is hash-only.
-    """
+    """The blocks a replica's events announced, with copies, parent and tokens (Dynamo's
+    ``LocalKvIndexer``), for dumps; without ``keep_tokens``, a dump is hash-only."""
 
     __slots__ = ("_blocks", "block_size", "keep_tokens")
 
@@ -96,20 +79,21 @@ class LocalIndexer:
             n += 1
         return n
 
-    def dump_events(self, group_idx: int = 0) -> list[KVEvent]:
-        """The held blocks as ``BlockStored`` events, parents before children, each
-        repeated per copy. O(blocks log blocks)."""
-        out: list[KVEvent] = []
+    def dump_events(self) -> list[KVEvent]:
+        """The held blocks as ``BlockStored`` events, parents first, each repeated per
+        copy. O(blocks log blocks)."""
         bs = self.block_size
-        for h, b in sorted(self._blocks.items(), key=lambda item: item[1].depth):
-            tokens = list(array(TOKEN_TYPECODE, b.tokens)) if b.tokens else []
-            for _ in range(b.copies):
-                out.append(
-                    BlockStored(
-                        [h], b.parent, tokens, bs, None, MEDIUM_GPU, None, group_idx=group_idx
-                    )
-                )
-        return out
-
-    def __len__(self) -> int:
-        return len(self._blocks)
+        return [
+            BlockStored(
+                [h],
+                b.parent,
+                list(array(TOKEN_TYPECODE, b.tokens)),
+                bs,
+                None,
+                MEDIUM_GPU,
+                None,
+                group_idx=0,
+            )
+            for h, b in sorted(self._blocks.items(), key=lambda item: item[1].depth)
+            for _ in range(b.copies)
+        ]

@@ -1,9 +1,4 @@
-"""A simulated replica's KV-event publisher: vLLM's ``ZmqEventPublisher`` minus the sockets.
-
-It numbers, encodes and buffers the batches a router's
-:class:`~prefixkv.adapters.router.StreamTracker` follows, so a virtual-time run can
-drop, delay and reorder them and the router recovers as it does from a real engine.
-"""
+"""A simulated replica's KV-event publisher: vLLM's ``ZmqEventPublisher`` minus the sockets."""
 
 from __future__ import annotations
 
@@ -20,12 +15,8 @@ __all__ = ["EventPublisher"]
 
 
 class EventPublisher:
-    """Numbers, encodes and buffers one replica's batches (``ZmqEventPublisher`` minus the
-    sockets).
-
-    Args:
-        buffer_steps: batches kept for replay (vLLM's default).
-    """
+    """Numbers, encodes and keeps the last ``buffer_steps`` of one replica's batches, so a
+    run can drop, delay and reorder them and the router recovers as from a real engine."""
 
     __slots__ = ("_buffer", "_encoder", "next_seq")
 

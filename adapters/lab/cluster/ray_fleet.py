@@ -1,20 +1,6 @@
-"""The fleet on Ray: one actor per replica, advanced in parallel.
-
-Each replica is a :class:`SimReplica` (built from its spec) as a Ray actor (``num_cpus``
-each, default 1); the driver (the router's process) calls the actors exactly as the in-process fleet
-calls its objects, so a fault-free run gives the same decisions and hit ratios.
-Advancing fans out to every busy replica at once and gathers the reports; event
-batches cross as vLLM's msgpack bytes with their sequence numbers. A killed actor
-(``ray.kill``) raises ``RayActorError`` on its next call: the driver treats the
-replica as dead and routes its requests elsewhere. Ray is imported only here, and
-only when a Ray run is asked for (``pip install 'prefixkv[cluster]'``).
-
-On a multi-node cluster, call ``ray.init(address="auto")`` (or set ``RAY_ADDRESS``)
-before the run; the actors are scheduled across the nodes unchanged.
-
-Ray waits forever for resources it cannot place and for a head node that is not
-there; :func:`actor_cpus` and :func:`check_ray_address` turn both into an error (or a
-smaller CPU share) before anything starts.
+"""The fleet on Ray: one actor per replica, called as the in-process fleet calls its
+replicas. Ray is imported only here. Ray waits forever for CPUs it cannot place and for a
+head node that is not there: :func:`actor_cpus` and :func:`check_ray_address` say so first.
 """
 
 from __future__ import annotations
@@ -24,41 +10,26 @@ import socket
 import time
 from typing import Any
 
-from prefixkv.adapters.lab.sim.requests import SimRequest
-from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
-
 from ..extras import require_extra
 from .errors import ClusterSettingsError, ReplicaDeadError
-from .fleet import ReplicaSpec
+from .fleet import Fleet, ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
 
-__all__ = ["RAY_CPU_STEP", "RayFleet", "actor_cpus", "check_ray_address"]
+__all__ = ["RayFleet", "actor_cpus", "check_ray_address"]
 
-RAY_CPU_STEP = 1e-4
-"""The finest fractional CPU share Ray accepts."""
+_CPU_STEP = 1e-4  # the finest fractional CPU share Ray accepts
 
 
 def actor_cpus(actors: int, free_cpus: float, requested: float | None) -> tuple[float, str]:
-    """The CPUs each of ``actors`` replica actors may ask for so that all fit at once.
-
-    Ray places an actor only when its CPUs are free and otherwise waits, silently and
-    forever: 4 actors of 1 CPU on 2 cores never all start. A share the caller chose
-    (``requested``) is kept or refused; the default (1 CPU) is lowered to fit.
-
-    Args:
-        actors: the most replica actors alive at once.
-        free_cpus: the Ray cluster's free CPUs (``ray.available_resources()``).
-        requested: ``--ray-cpus``, or ``None`` for the default.
-
-    Returns:
-        The share, and a one-line note when the default was lowered (else ``""``).
+    """The CPUs each of ``actors`` replica actors may ask for so that all fit at once, and
+    a note when the default (1 CPU) was lowered to fit.
 
     Raises:
-        ClusterSettingsError: the requested share does not fit, or no CPU is free.
+        ClusterSettingsError: the ``requested`` share does not fit, or no CPU is free.
     """
     if actors < 1:
         return requested or 1.0, ""
-    fit = round(math.floor(free_cpus / actors / RAY_CPU_STEP) * RAY_CPU_STEP, 4)
+    fit = round(math.floor(free_cpus / actors / _CPU_STEP) * _CPU_STEP, 4)
     if requested is not None:
         if requested * actors > free_cpus + 1e-9:
             hint = f"--ray-cpus {fit:.4g} or fewer replicas" if fit > 0 else "fewer replicas"
@@ -87,22 +58,12 @@ _SETTINGS_TYPE = 4
 
 
 def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
-    """Refuse a Ray address where no Ray answers, within ``timeout_s``.
-
-    ``ray.init`` retries an unreachable head node for minutes without a word, and waits
-    as long at a port that accepts connections but is not Ray. Ray's head (the GCS, or
-    the Ray client server behind ``ray://``) speaks gRPC, so the probe opens a TCP
-    connection, sends HTTP/2's client preface and expects the server's SETTINGS frame
-    back: milliseconds from a Ray head, and a named error from anything else. ``auto``
-    and ``local`` are Ray's to resolve (they fail fast by themselves).
-
-    Args:
-        address: ``HOST:PORT``, ``ray://HOST:PORT``, ``auto`` or ``local``.
-        timeout_s: the longest the probe waits (connecting, then the answer).
+    """Refuse a Ray address (``HOST:PORT``, ``ray://HOST:PORT``; ``auto`` and ``local`` are
+    Ray's) where no Ray answers within ``timeout_s``. Ray's head speaks gRPC: the probe
+    sends HTTP/2's preface and expects a SETTINGS frame back.
 
     Raises:
-        ClusterSettingsError: a malformed address, no answer in time, or an answer that
-            is not a gRPC server's.
+        ClusterSettingsError: a malformed address, no answer, or not a gRPC server's.
     """
     if address in ("auto", "local"):
         return
@@ -141,12 +102,6 @@ def check_ray_address(address: str, timeout_s: float = 10.0) -> None:
 
 
 def _grpc_answer(sock: socket.socket, deadline: float) -> bytes:
-    """The first 9 bytes (one frame header) a server sends after HTTP/2's preface;
-    fewer when it closes first.
-
-    Raises:
-        TimeoutError: not all of them by ``deadline`` (``time.monotonic()``).
-    """
     sock.sendall(_HTTP2_PREFACE + _HTTP2_SETTINGS)
     answer = b""
     while len(answer) < 9:
@@ -161,104 +116,63 @@ def _grpc_answer(sock: socket.socket, deadline: float) -> bytes:
     return answer
 
 
-class RayFleet:
-    """Replicas as Ray actors.
-
-    Args:
-        num_cpus: CPUs each actor asks for.
-        init: call ``ray.init`` (local, ``ray_init`` options) unless Ray is already up.
-        ray_init: options for ``ray.init`` (e.g. ``num_cpus``, ``address``).
+class RayFleet(Fleet):
+    """Replicas as Ray actors (``num_cpus`` each), advanced in parallel; ``init`` starts a
+    local Ray unless one is up (and shuts it down on ``close``).
 
     Raises:
         ExtraNotInstalledError: Ray is not installed.
     """
 
-    def __init__(
-        self, *, num_cpus: float = 1, init: bool = True, ray_init: dict[str, Any] | None = None
-    ) -> None:
+    def __init__(self, *, num_cpus: float = 1, init: bool = True) -> None:
         require_extra("cluster", "RayFleet", ("ray",))
         import ray
 
+        super().__init__()
         self._ray = ray
         self._started_ray = False
         if init and not ray.is_initialized():
-            options = {"include_dashboard": False, "log_to_driver": False, **(ray_init or {})}
-            ray.init(**options)
+            ray.init(include_dashboard=False, log_to_driver=False)
             self._started_ray = True
         self._cls = ray.remote(num_cpus=num_cpus)(SimReplica)
-        self.actors: dict[int, Any] = {}
 
     def _call(self, replica: int, method: str, *args: Any) -> Any:
-        actor = self.actors.get(replica)
+        actor = self.replicas.get(replica)
         if actor is None:
             raise ReplicaDeadError(f"replica {replica} is not running")
         try:
             return self._ray.get(getattr(actor, method).remote(*args))
         except self._ray.exceptions.RayActorError as e:
-            self.actors.pop(replica, None)
+            self.replicas.pop(replica, None)
             raise ReplicaDeadError(f"replica {replica} died: {e}") from None
 
-    def _call_live(self, replica: int, dead: Any, method: str, *args: Any) -> Any:
-        # A read of a replica that may be gone: ``dead`` when it is.
-        try:
-            return self._call(replica, method, *args)
-        except ReplicaDeadError:
-            return dead
-
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        """Start (or replace with an empty one) the replica's actor."""
-        old = self.actors.pop(replica, None)
+        old = self.replicas.pop(replica, None)
         if old is not None:
             self._ray.kill(old)
-        self.actors[replica] = self._cls.remote(spec, replica)
-
-    def add(self, replica: int, request: SimRequest) -> None:
-        """Send the request (waits for the actor to take it, so a dead one is known)."""
-        self._call(replica, "add", request)
+        self.replicas[replica] = self._cls.remote(spec, replica)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
-        """Advance every listed replica in parallel."""
         ray = self._ray
-        dead = [r for r in replicas if r not in self.actors]
-        refs = {r: self.actors[r].advance.remote(until) for r in replicas if r in self.actors}
+        dead = [r for r in replicas if r not in self.replicas]
+        refs = {r: self.replicas[r].advance.remote(until) for r in replicas if r in self.replicas}
         reports = []
         for r, ref in refs.items():
             try:
                 reports.append(ray.get(ref))
             except ray.exceptions.RayActorError:
-                self.actors.pop(r, None)
+                self.replicas.pop(r, None)
                 dead.append(r)
         return reports, dead
 
-    def replay(self, replica: int, start: int, until: float) -> list[SeqBatch] | None:
-        """The actor's buffered batches."""
-        out: list[SeqBatch] | None = self._call_live(replica, None, "replay", start, until)
-        return out
-
-    def dump(self, replica: int) -> Dump | None:
-        """The actor's dump."""
-        out: Dump | None = self._call_live(replica, None, "dump")
-        return out
-
     def kill(self, replica: int) -> None:
-        """``ray.kill`` the actor."""
-        actor = self.actors.pop(replica, None)
+        actor = self.replicas.pop(replica, None)
         if actor is not None:
             self._ray.kill(actor, no_restart=True)
 
-    def reset_prefix_cache(self, replica: int) -> None:
-        """Reset the actor's cache."""
-        self._call(replica, "reset_prefix_cache")
-
-    def held(self, replica: int) -> dict[int, int]:
-        """What the actor's events say it holds."""
-        out: dict[int, int] = self._call_live(replica, {}, "held")
-        return out
-
     def close(self) -> None:
-        """Kill the actors; shut Ray down if this fleet started it."""
-        for actor in self.actors.values():
+        for actor in self.replicas.values():
             self._ray.kill(actor)
-        self.actors.clear()
+        self.replicas.clear()
         if self._started_ray:
             self._ray.shutdown()

@@ -1,12 +1,4 @@
-"""A cluster run: requests routed over N replicas in virtual time, with faults.
-
-:func:`run_cluster` builds the fleet (in-process, pooled for the bounds, or the one
-given, e.g. Ray's), the router and the fault plan, drives the requests through
-:class:`~.driver.ClusterDriver`, and folds the outcome into a
-:class:`~.metrics.ClusterResult`. A run is a pure function of its requests, settings,
-seed and faults: the in-process fleet gives the same results on every run, and the
-Ray fleet the same decisions too.
-"""
+"""A cluster run: requests routed over N replicas in virtual time, with faults."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 from .config import ClusterSettings
 from .driver import ClusterDriver
 from .errors import ClusterSettingsError
-from .faults import FaultPlan, parse_faults
+from .faults import FaultPlan, ScheduledFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
 
@@ -41,26 +33,12 @@ def run_cluster(
     fleet: Fleet | None = None,
     labels: Mapping[str, Any] | None = None,
 ) -> ClusterResult:
-    """Route ``requests`` over a fleet of replicas with one policy (or a bound).
-
-    Args:
-        requests: in arrival order, each with an arrival (streamed).
-        policy: a policy spec (``"dynamo"``, ``"sglang@radix"``, ``"pooled"`` ...).
-        config: the fleet and router settings.
-        faults: what to inject (a plan or a ``--faults`` string); times given as
-            percentages need :meth:`FaultPlan.resolve` first.
-        fleet: where replicas run (default: in this process; a
-            :class:`~.ray_fleet.RayFleet` for Ray). Bounds always run in-process.
-        labels: extra columns for the result.
-
-    Returns:
-        Per-request records, per-replica summaries, the run summary, the checked
-        invariants and the event-path counters.
+    """Route ``requests`` (streamed, in arrival order) over a fleet with one policy (or a
+    bound), injecting ``faults`` (percentages resolved first); bounds run in-process,
+    the others on ``fleet`` (default in this process).
 
     Raises:
-        UnknownPolicyError: an unknown policy, index or parameter.
-        FaultSpecError: a bad fault spec.
-        ClusterSettingsError: bad settings.
+        UnknownPolicyError, FaultSpecError, ClusterSettingsError: bad input.
     """
     cfg = ClusterSettings() if config is None else config
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, tuple(POLICIES))
@@ -68,7 +46,7 @@ def run_cluster(
     if plan.needs_relative:
         raise ClusterSettingsError("fault times given as percentages: resolve the plan first")
     plan.check(cfg.num_replicas)
-    rspec = _replica_spec(cfg, plan)
+    rspec = ReplicaSpec(cfg, cfg.profile or load_profile(), plan.drop_removals)
     if spec.is_bound:
         fleet = PooledFleet(rspec, cfg.num_replicas, infinite=spec.name == "infinite")
     elif fleet is None:
@@ -77,57 +55,30 @@ def run_cluster(
     asked = array("d")  # the arrivals asked for: the offered rate, closed loop or not
     t_start = time.perf_counter()
     try:
-        closed_loop = _drive(run, requests, plan, cfg, asked)
+        for r in range(cfg.num_replicas):
+            run.start_replica(r, 0.0)
+        pending = list(plan.scheduled)
+        sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
+        for req in requests:
+            if req.arrival is None:
+                raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
+            asked.append(req.arrival)
+            sessions.advance(req.arrival)
+            sessions.offer(req, req.arrival)
+        sessions.finish()
+        run.drain(pending)
+        run.check_views()
     finally:
         fleet.close()
     wall = time.perf_counter() - t_start
-    return _result(run, spec, cfg, plan, wall, labels, asked, closed_loop)
-
-
-def _drive(
-    run: ClusterDriver,
-    requests: Iterable[SimRequest],
-    plan: FaultPlan,
-    cfg: ClusterSettings,
-    asked: array[float],
-) -> bool:
-    """Start the replicas, route each request at its arrival (sessions closed loop;
-    each arrival asked for is appended to ``asked``), apply the faults on the way,
-    drain, and compare the router's views with the truth; whether sessions ran
-    closed loop."""
-    for r in range(cfg.num_replicas):
-        run.start_replica(r, 0.0)
-    pending = list(plan.scheduled)
-    sessions = _Sessions(run, pending, cfg.closed_loop_tick_s)
-    for req in requests:
-        t = req.arrival
-        if t is None:
-            raise ClusterSettingsError(f"request {req.id!r} has no arrival time")
-        asked.append(t)
-        sessions.advance(t)
-        sessions.offer(req, t)
-    sessions.finish()
-    run.drain(pending)
-    run.check_views()
-    return sessions.closed
-
-
-def _replica_spec(cfg: ClusterSettings, plan: FaultPlan) -> ReplicaSpec:
-    """Each replica of the fleet, as the settings and the fault plan make it."""
-    return ReplicaSpec(cfg, cfg.profile or load_profile(), plan.drop_removals)
+    return _result(run, cfg, wall, labels, asked, sessions.closed)
 
 
 class _Sessions:
-    """Closed-loop turns of a cluster run: a request that names the one it follows
-    (``after``) is routed once that one finished, plus its think time, never before
-    its own arrival.
+    """Closed-loop turns: a request that follows another (``after``) is routed once that
+    one finished, plus its think time; the fleet advances by ``tick_s`` while it waits."""
 
-    The driver learns a finish only by advancing the fleet, so while a turn waits
-    the fleet advances in steps of at most ``tick_s``: a turn is routed at most that
-    late, never early. Scheduled faults are applied on the way.
-    """
-
-    def __init__(self, run: ClusterDriver, faults: list[Any], tick_s: float) -> None:
+    def __init__(self, run: ClusterDriver, faults: list[ScheduledFault], tick_s: float) -> None:
         self.run = run
         self.faults = faults
         self.tick_s = tick_s
@@ -144,13 +95,15 @@ class _Sessions:
         self.run.advance_to(t)
         self.now = max(self.now, t)
 
+    def _ready(self, send: float, req: SimRequest) -> None:
+        heapq.heappush(self.ready, (send, self.order, req))
+        self.order += 1
+
     def _release(self) -> None:
         for parent in [p for p in self.held if p in self.run.done]:
             finish = self.run.done[parent].finish_s
             for r in self.held.pop(parent):
-                send = max(r.arrival or 0.0, finish + r.think_s)
-                heapq.heappush(self.ready, (send, self.order, r))
-                self.order += 1
+                self._ready(max(r.arrival or 0.0, finish + r.think_s), r)
 
     def _route_due(self, t: float) -> None:
         while self.ready and self.ready[0][0] <= t:
@@ -179,9 +132,7 @@ class _Sessions:
         elif after not in self.run.done:
             self.held.setdefault(after, []).append(req)
         else:
-            send = max(t, self.run.done[after].finish_s + req.think_s)
-            heapq.heappush(self.ready, (send, self.order, req))
-            self.order += 1
+            self._ready(max(t, self.run.done[after].finish_s + req.think_s), req)
             self._route_due(t)
 
     def finish(self) -> None:
@@ -203,25 +154,22 @@ class _Sessions:
 
 def _result(
     run: ClusterDriver,
-    spec: PolicySpec,
     cfg: ClusterSettings,
-    plan: FaultPlan,
     wall: float,
     labels: Mapping[str, Any] | None,
     asked: Sequence[float],
     closed_loop: bool,
 ) -> ClusterResult:
-    inv = run.inv
     requests = [run.done[rid] for rid in run.arrival_order if rid in run.done]
-    inv.lost_requests = [rid for rid in run.arrival_order if rid not in run.done]
-    per: dict[int, ReplicaSummary] = {
-        r: ReplicaSummary(r, 0, 0, 0, 0, busy + run.busy_base.get(r, 0.0))
+    run.inv.lost_requests = [rid for rid in run.arrival_order if rid not in run.done]
+    per = {
+        r: ReplicaSummary(r, busy_s=busy + run.busy_base.get(r, 0.0))
         for r, busy in sorted(run.busy_s.items())
     }
     for rr in requests:
         if rr.replica is None:  # never: the driver routes every request it finishes
             continue
-        s = per.setdefault(rr.replica, ReplicaSummary(rr.replica, 0, 0, 0, 0, 0.0))
+        s = per.setdefault(rr.replica, ReplicaSummary(rr.replica))
         s.requests += 1
         s.prompt_tokens += rr.prompt_tokens
         s.hit_tokens += rr.hit_tokens
@@ -235,11 +183,10 @@ def _result(
             stats.update({f"index_{k}": v for k, v in router.cluster_index.stats().items()})
             stats["incompatible"] = dict(router.cluster_index.incompatible)
     stats["warmups"] = run.warmups
-    swept = router.loads.num_swept if router is not None else 0
-    index_kind = policy_index(spec)[0] if not spec.is_bound else None
+    spec, plan = run.spec, run.plan
     all_labels: dict[str, Any] = {
         "policy": spec.text,
-        "index": index_kind or "none",
+        "index": (None if spec.is_bound else policy_index(spec)[0]) or "none",
         "num_replicas": cfg.num_replicas,
         "capacity_tokens": cfg.capacity_tokens,
         "backend": cfg.backend,
@@ -250,7 +197,7 @@ def _result(
         **(labels or {}),
     }
     summary = summarize_run(
-        requests, list(per.values()), swept=swept,
+        requests, list(per.values()), swept=router.loads.num_swept if router is not None else 0,
         offered_arrivals=asked, slo=cfg.slo, closed_loop=closed_loop,
     )  # fmt: skip
-    return ClusterResult(all_labels, requests, list(per.values()), summary, inv, stats)
+    return ClusterResult(all_labels, requests, list(per.values()), summary, run.inv, stats)
