@@ -19,21 +19,14 @@ from .workloads import Workload
 
 __all__ = ["AdmissionRule", "admit", "length_rule"]
 
-_NAMED = 5
-"""Rejected requests named in the note."""
+_NAMED = 5  # rejected requests named in the note
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionRule:
-    """What a request must fit.
-
-    Attributes:
-        max_model_len: prompt plus output tokens at most this (``None``: no limit).
-        pool_tokens: the KV pool in tokens (``None``: no limit); a request must fit
-            it alone, in whole blocks of ``block_size``.
-        block_size: the coarsest block of the backends compared.
-        max_num_batched_tokens: the step's token budget (chunked prefill is on).
-    """
+    """What a request must fit: prompt plus output tokens at most ``max_model_len``, and
+    alone a KV pool of ``pool_tokens`` in blocks of ``block_size`` (the coarsest of the
+    backends) with chunked prefill under ``max_num_batched_tokens`` (``None``: no limit)."""
 
     max_model_len: int | None = None
     pool_tokens: int | None = None
@@ -78,12 +71,8 @@ def length_rule(
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> AdmissionRule | None:
-    """The rule of ``max_model_len`` and a pool of ``pool_tokens`` (the smallest any
-    run uses), or ``None`` when neither bounds anything.
-
-    Raises:
-        CompareError: a bound or size that is not a positive int.
-    """
+    """The rule of ``max_model_len`` and the smallest pool any run uses, or ``None``
+    when neither bounds anything; a bound that is not a positive int is a CompareError."""
     for name, value in (
         ("max_model_len", max_model_len),
         ("pool_tokens", pool_tokens),
@@ -139,8 +128,7 @@ def admit(
     what was refused; a trace's sizes are read without building tokens.
 
     Raises:
-        CapacityError: ``abort`` and a request is refused (naming it and why), or every
-            request is refused.
+        CapacityError: ``abort`` and a request is refused, or every request is.
     """
     rejected = Rejections(rule)
     stats = TraceStats()

@@ -36,8 +36,7 @@ __all__ = [
 Scalar = str | int | float | bool | None
 """A table cell: rows hold only these, so every format has one column per field."""
 
-_NATURAL_DRIVERS: dict[str | None, Driver] = {"vllm": "vllm", "sglang": "sglang"}
-"""The driver of a backend by the engine it models (others: the manager)."""
+_NATURAL_DRIVERS: dict[str | None, Driver] = {"vllm": "vllm", "sglang": "sglang"}  # else manager
 
 MAX_POOL_BLOCKS = 2**24
 """Default bound on one replay's pool in blocks; larger is refused up front."""
@@ -56,15 +55,8 @@ class CapacityError(CompareError):
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
-    """One backend of a comparison.
-
-    Attributes:
-        label: the name shown in tables and plots (``radix``, ``radix:16``).
-        index: the registry name.
-        block_size: hit granularity in tokens (the radix tree's page size).
-        driver: the replay driver.
-        options: ``make_index`` options (``hash_algorithm``, ``eviction``, ...).
-    """
+    """One backend of a comparison: its label in tables (``radix:16``), registry name,
+    hit granularity in tokens, replay driver and ``make_index`` options."""
 
     label: str
     index: str
@@ -108,11 +100,7 @@ class BackendSpec:
 
 
 def check_positive(name: str, value: object) -> int:
-    """``value``, refused unless it is a positive int (a bool is not).
-
-    Raises:
-        CompareError: naming ``name`` and the value.
-    """
+    """``value``, refused (:class:`CompareError`) unless it is a positive int."""
     if type(value) is not int or value < 1:
         raise CompareError(f"{name} must be a positive int, got {value!r:.60}")
     return value
@@ -126,14 +114,9 @@ def parse_backends(
     driver: Driver | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[BackendSpec]:
-    """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity.
-
-    Args:
-        text: comma-separated registry names, each optionally ``:SIZE``.
-        block_size: granularity of the backends whose unit is a block (vLLM's).
-        page_size: granularity of the backends whose unit is a page (SGLang's).
-        driver: one driver for all (default: each backend's natural one).
-        options: per registry name, ``make_index`` options (checked by building each).
+    """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity,
+    else ``block_size`` (a block's unit) or ``page_size`` (a page's). ``driver`` forces
+    one driver on all; ``options`` are ``make_index``'s, by registry name.
 
     Raises:
         CompareError: an empty list, a bad size, a repeated backend or driver, an
@@ -193,11 +176,8 @@ def min_capacity(stats: TraceStats, backends: Sequence[BackendSpec], concurrency
 def check_pool(
     capacity_tokens: int, backends: Sequence[BackendSpec], max_pool_blocks: int = MAX_POOL_BLOCKS
 ) -> None:
-    """Refuse a capacity that holds no block, or more blocks than ``max_pool_blocks``.
-
-    Raises:
-        CapacityError: naming the backend, the capacity and the limit.
-    """
+    """Refuse (:class:`CapacityError`) a capacity that holds no block, or more blocks
+    than ``max_pool_blocks``."""
     for b in backends:
         if b.num_blocks(capacity_tokens) < 1:
             raise CapacityError(

@@ -63,9 +63,7 @@ def replay(
         track_boundaries: fill the BB-8 columns (matched and lost tokens).
         keep_per_request: keep the per-request columns (``False``: totals only).
         measure_memory: sample the index's ``memory_bytes`` as its peak grows.
-        on_admit: called with each admission's :class:`HitRow`, in admission order.
         progress: called with each admitted request's prompt length.
-        on_step: called at the end of every scheduler step.
         on_events: turns KV events on; called with each step's non-empty batch.
         guard: a context around each admission and its ``on_admit`` call.
 

@@ -58,8 +58,7 @@ __all__ = [
 
 P = ParamSpec("P")
 
-LengthRange = tuple[int, int]
-"""An inclusive ``(low, high)`` range of token counts."""
+LengthRange = tuple[int, int]  # inclusive
 
 
 class WorkloadError(PrefixKVError):
@@ -71,9 +70,8 @@ class UnknownWorkloadError(WorkloadError):
 
 
 class _Tokens:
-    """Token draws from one seeded RNG. Every fresh segment starts with a head token no
-    earlier segment of its kind used (while the vocabulary lasts), so unrelated segments
-    share not even one token by chance."""
+    """Token draws from one seeded RNG; a fresh segment's head token is new for its kind
+    (while the vocabulary lasts), so unrelated segments share not one token by chance."""
 
     def __init__(self, vocab_size: int, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -103,7 +101,6 @@ class _Tokens:
 
 
 _MINIMUM = dict(system_len=0, depth=0, output_len=0, root_len=2, thought_len=2, vocab_size=2)
-"""The knobs whose least value is not 1."""
 
 
 def _checked(generator: Callable[P, list[TraceRequest]]) -> Callable[P, list[TraceRequest]]:
@@ -337,7 +334,6 @@ def make_workload(name: str, **kwargs: Any) -> list[TraceRequest]:
 
     Raises:
         UnknownWorkloadError: no such workload (the message lists the names).
-        WorkloadError: a knob is out of range.
     """
     generator = WORKLOADS.get(name)
     if generator is None:
@@ -347,8 +343,7 @@ def make_workload(name: str, **kwargs: Any) -> list[TraceRequest]:
     return generator(**kwargs)
 
 
-_SEED = "seed"
-"""The seed document's example: A (80 tokens), B = A[:30] + 50 new, A again."""
+_SEED = "seed"  # the seed document's example
 
 DEFAULT_WORKLOADS = (_SEED, "shared_system_prompt", "multi_turn", "tree_of_thought", "few_shot")
 """What ``prefixkv compare`` runs when neither a workload nor a trace is named."""
@@ -356,19 +351,9 @@ DEFAULT_WORKLOADS = (_SEED, "shared_system_prompt", "multi_turn", "tree_of_thoug
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Requests to compare on, where they came from, and their sizes.
-
-    Attributes:
-        name: workload name or trace file name.
-        source: how it was made (generator call, or the trace and its format).
-        requests: the requests in arrival order, re-iterable (a list, or a
-            :class:`~prefixkv.adapters.lab.traces.TraceSource` read again on each pass).
-        stats: counts and sizes.
-        notes: what the report must say about it.
-        path: the trace file, ``None`` for built-in workloads.
-        tokens_per_id: a hash-id trace's tokens per id, else ``None``.
-        rejected_requests: requests left out for their length, as vLLM refuses them.
-    """
+    """Requests to compare on (in arrival order, re-iterable: a list or a
+    :class:`~prefixkv.adapters.lab.traces.TraceSource`), where they came from, their
+    sizes, the report's notes on them, and the requests left out for their length."""
 
     name: str
     source: str
@@ -406,11 +391,7 @@ def workload_names() -> list[str]:
 
 def trace_workload(source: TraceSource, trace: str, *, quiet: bool = True) -> Workload:
     """An opened trace as a workload, scanned once (every request validated) with a
-    progress bar over its bytes.
-
-    Raises:
-        TraceFormatError: a malformed trace (the message names file and line).
-    """
+    progress bar over its bytes."""
     bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
     try:
         stats = source.scan(bar.update)
@@ -434,17 +415,8 @@ def load_workloads(
     quiet: bool = True,
 ) -> list[Workload]:
     """The workloads of a comparison: named generators (default
-    :data:`DEFAULT_WORKLOADS`), or one trace (:func:`trace_workload`).
-
-    Args:
-        names: generator names.
-        trace: a trace file or folder instead.
-        max_requests: keep the first this many requests of each.
-        tokens_per_id: hash-id traces: tokens each id expands to.
-        seed: generator seed, and the hash-id traces' token seed.
-        trace_format: the trace's format (default: detected).
-        settings: the trace reader's settings; ``tokens_per_id`` and ``seed`` replace theirs.
-        quiet: no progress bar.
+    :data:`DEFAULT_WORKLOADS`) or one trace (:func:`trace_workload`), the first
+    ``max_requests`` of each; ``tokens_per_id`` and ``seed`` replace ``settings``'.
 
     Raises:
         WorkloadError: both a trace and names, a bad ``max_requests``.

@@ -19,18 +19,10 @@ class TraceOptionError(PrefixKVError):
 
 
 class TraceRequest(NamedTuple):
-    """One request of a trace: token arrays (``array('I')`` from readers) and its links.
-
-    Attributes:
-        id: unique request id (non-empty, encodable as UTF-8).
-        tokens: the prompt's token ids (non-empty).
-        output: the token ids decoded after the prompt (may be empty).
-        arrival: seconds from the trace's (or conversation's) start; ``None``: none said.
-        session: the conversation the request belongs to, where the format says.
-        parent: the id of the request this one continues (the previous turn).
-        turn: the turn number within its session (1 for the first).
-        think_s: seconds between the previous turn's answer and this request.
-    """
+    """One request of a trace: its prompt and output tokens (``array('I')`` from the
+    readers), and where the format says them, its arrival in seconds from the trace's
+    (or conversation's) start, its session, the request it continues, its turn (from 1)
+    and the seconds between the previous turn's answer and it."""
 
     id: str
     tokens: Sequence[int]
@@ -86,14 +78,8 @@ def make_request(
 
 @dataclass(frozen=True, slots=True)
 class TraceLimits:
-    """Bounds on one request, checked before anything is built, so a small line that
-    claims a huge size is a one-line error.
-
-    Attributes:
-        max_prompt_tokens: most prompt tokens of one request.
-        max_output_tokens: most output tokens of one request.
-        max_document_bytes: most bytes of one JSON line or document.
-    """
+    """Bounds on one request's tokens and one JSON line or document's bytes, checked
+    before anything is built, so a small line that claims a huge size is a one-line error."""
 
     max_prompt_tokens: int = 2**21
     max_output_tokens: int = 2**17
@@ -105,18 +91,17 @@ class TraceLimits:
             if type(value) is not int or value < 1:
                 raise TraceOptionError(f"{name} must be a positive int, got {value!r}")
 
-    def fault(self, prompt: int, output: int) -> str | None:
-        """What is over a limit in a request of these sizes, or ``None``."""
+    def check(self, prompt: int, output: int, where: str) -> None:
+        """Refuse a request of these sizes past a limit: a TraceFormatError after ``where``."""
         for what, length, limit in (
             ("prompt", prompt, self.max_prompt_tokens),
             ("output", output, self.max_output_tokens),
         ):
             if length > limit:
-                return (
-                    f"{what} of {length:,} tokens exceeds the limit of {limit:,} "
+                raise TraceFormatError(
+                    f"{where}: {what} of {length:,} tokens exceeds the limit of {limit:,} "
                     f"(--max-{what}-tokens)"
                 )
-        return None
 
     def line_bytes(self, numbers: int, number_bytes: int) -> tuple[int, str]:
         """The longest line a request within these limits can need (``numbers`` numbers
@@ -131,7 +116,7 @@ class TraceLimits:
 
 
 SESSION_ORDERS = ("interleaved", "sequential")
-"""kv-cache-tester conversations: merged by time, or one after another."""
+"""kv-cache-tester conversations: merged by time (concurrent agents), or one after another."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +125,11 @@ class ReadSettings:
 
     Attributes:
         tokens_per_id: tokens each hash id stands for (``None``: the format's block size).
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: selects the token content.
+        seed: selects the token content of hash ids.
         output: ``False`` empties every output (prompt-only replay).
-        limits: size bounds checked before anything is built.
         block_cache_bytes: token bytes of recent hash-id blocks kept for reuse.
         sorted_arrivals: refuse a request that arrives before the one read before it
             (not checked for kv-cache-tester, whose times restart per conversation).
-        session_order: kv-cache-tester conversations ``"interleaved"`` by their time
-            from their start, as concurrent agents, or ``"sequential"``.
     """
 
     tokens_per_id: int | None = None
@@ -161,26 +142,19 @@ class ReadSettings:
     session_order: str = "interleaved"
 
     def __post_init__(self) -> None:
-        if self.session_order not in SESSION_ORDERS:
-            raise TraceOptionError(
-                f"session_order must be one of {', '.join(SESSION_ORDERS)}, "
-                f"got {self.session_order!r}"
-            )
-        per_id = self.tokens_per_id
-        if per_id is not None and (type(per_id) is not int or per_id < 1):
-            raise TraceOptionError(f"tokens_per_id must be None or a positive int, got {per_id!r}")
-        if type(self.vocab_size) is not int or self.vocab_size < 2:
-            raise TraceOptionError(f"vocab_size must be an int >= 2, got {self.vocab_size!r}")
-        if type(self.seed) is not int:
-            raise TraceOptionError(f"seed must be an int, got {self.seed!r}")
-        if type(self.block_cache_bytes) is not int or self.block_cache_bytes < 0:
-            raise TraceOptionError(
-                f"block_cache_bytes must be an int >= 0, got {self.block_cache_bytes!r}"
-            )
-        if not isinstance(self.limits, TraceLimits):
-            raise TraceOptionError(f"limits must be a TraceLimits, got {self.limits!r}")
-        if type(self.sorted_arrivals) is not bool:
-            raise TraceOptionError(f"sorted_arrivals must be a bool, got {self.sorted_arrivals!r}")
+        p, v, c = self.tokens_per_id, self.vocab_size, self.block_cache_bytes
+        orders = ", ".join(SESSION_ORDERS)
+        for name, ok, want in (
+            ("session_order", self.session_order in SESSION_ORDERS, f"one of {orders}"),
+            ("tokens_per_id", p is None or (type(p) is int and p > 0), "None or a positive int"),
+            ("vocab_size", type(v) is int and v >= 2, "an int >= 2"),
+            ("seed", type(self.seed) is int, "an int"),
+            ("block_cache_bytes", type(c) is int and c >= 0, "an int >= 0"),
+            ("limits", isinstance(self.limits, TraceLimits), "a TraceLimits"),
+            ("sorted_arrivals", type(self.sorted_arrivals) is bool, "a bool"),
+        ):
+            if not ok:
+                raise TraceOptionError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
 
 class ArrivalOrder:

@@ -121,8 +121,7 @@ class BlockTokens:
     def prompt(self, scope: str, hash_ids: Sequence[int], length: int) -> array[int]:
         """The blocks of ``hash_ids`` in order, cut to ``length`` tokens (at most theirs).
 
-        ``scope`` namespaces the ids (``""``: global to the trace); the blocks not in
-        the LRU are derived in one vectorized call.
+        ``scope`` namespaces the ids (``""``: global to the trace).
         """
         cache = self._cache
         keys: Sequence[object] = [(scope, h) for h in hash_ids] if scope else hash_ids
@@ -133,34 +132,18 @@ class BlockTokens:
             for pos, key in enumerate(keys):
                 if parts[pos] is not None:
                     cache.move_to_end(key)
-        if missing:
-            rows = self._fill(scope, hash_ids, keys, missing, parts)
+        if missing:  # derived in one vectorized call, each block copied out once
+            name = f"{self._prefix}{scope}:" if scope else self._prefix
+            rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
+            data = rows.data.cast("B")
+            width = 4 * self.tokens_per_id
+            for i, p in enumerate(missing):
+                parts[p] = cache[keys[p]] = data[i * width : (i + 1) * width].tobytes()
+            while len(cache) > self._capacity:
+                cache.popitem(last=False)
             if len(missing) == len(parts):  # none cached: straight from the rows
-                out.frombytes(rows.data.cast("B")[: 4 * length])
+                out.frombytes(data[: 4 * length])
                 return out
-        data = b"".join(cast("list[bytes]", parts))
-        out.frombytes(data if len(data) == 4 * length else memoryview(data)[: 4 * length])
+        joined = b"".join(cast("list[bytes]", parts))
+        out.frombytes(joined if len(joined) == 4 * length else memoryview(joined)[: 4 * length])
         return out
-
-    def _fill(
-        self,
-        scope: str,
-        hash_ids: Sequence[int],
-        keys: Sequence[object],
-        missing: list[int],
-        parts: list[bytes | None],
-    ) -> np.ndarray:
-        name = f"{self._prefix}{scope}:" if scope else self._prefix
-        rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
-        data = rows.data.cast("B")
-        width = 4 * self.tokens_per_id
-        cache = self._cache
-        at = 0
-        for p in missing:
-            block = data[at : at + width].tobytes()
-            at += width
-            parts[p] = block
-            cache[keys[p]] = block
-        while len(cache) > self._capacity:
-            cache.popitem(last=False)
-        return rows

@@ -103,9 +103,7 @@ def _plans(
         prompt = s * (expected - 1) + -(-partial * s // block)
         output = -(-record.output_length * s // block) if opts.output else 0
         rid = record.names(lineno)[0]
-        fault = limits.fault(prompt, output)
-        if fault:
-            raise TraceFormatError(f"{where}: request {rid!r}: {fault}")
+        limits.check(prompt, output, f"{where}: request {rid!r}")
         n = count_items(record.hash_ids)  # an array far longer than said is never built
         hash_ids: list[int] = []
         if n <= expected:  # decoded inside their key, so a fault names $.hash_ids[i]

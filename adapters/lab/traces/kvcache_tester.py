@@ -16,6 +16,7 @@ Input: a folder of ``.json`` files, one ``.json``, or a ``.tar.xz`` (``.tar.gz``
 from __future__ import annotations
 
 import heapq
+import itertools
 import lzma
 import tarfile
 import zlib
@@ -67,20 +68,21 @@ class _Conversation(msgspec.Struct):
 
 
 @dataclass(slots=True)
-class _Item:
-    arrival: float
-    session: str
-    where: str
-    request: _Request
-
-
-@dataclass(slots=True)
 class _Context:
     """One conversation's id scope, block size and tokens per id."""
 
     scope: str
     block: int
     tokens_per_id: int
+
+
+@dataclass(slots=True)
+class _Item:
+    arrival: float
+    session: str
+    where: str
+    request: _Request
+    conversation: _Context
 
 
 def is_archive(path: StrPath) -> bool:
@@ -172,7 +174,7 @@ def _read_member(
     return data
 
 
-def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
+def _flatten(conv: _Conversation, conv_id: str, where: str, ctx: _Context) -> list[_Item]:
     items: list[_Item] = []
 
     def walk(requests: list[_Request], base: float, session: str, path: str) -> None:
@@ -182,58 +184,45 @@ def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
                 agent = r.agent_id or f"agent{k}"
                 walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
             else:
-                items.append(_Item(base + r.t, session, f"{where}: {here}", r))
+                items.append(_Item(base + r.t, session, f"{where}: {here}", r, ctx))
 
     walk(conv.requests, 0.0, conv_id, "$.requests")
     items.sort(key=lambda item: item.arrival)  # stable: ties keep the file's order
     return items
 
 
-def _conversations(
-    path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[_Context, list[_Item]]]:
-    """Each conversation's settings and requests in time order, one document at a time."""
+def _in_order(path: StrPath, opts: ReadSettings, progress: Progress | None) -> Iterator[_Item]:
+    """Every request in replay order: conversation by conversation, or all starting
+    together, merged by time (ties keep the conversations' order)."""
     decoder = msgspec.json.Decoder(_Conversation)
-    for where, stem, data in _documents(path, opts.limits.max_document_bytes, progress):
-        conv = decode(decoder, data, where)
-        conv_id = stem if conv.id is None else str(conv.id)
-        if conv.hash_id_scope not in ("local", "global"):
-            raise TraceFormatError(
-                f'{where}: "hash_id_scope" must be "local" or "global", got {conv.hash_id_scope!r}'
-            )
-        scope = "" if conv.hash_id_scope == "global" else conv_id
-        per_id = conv.block_size if opts.tokens_per_id is None else opts.tokens_per_id
-        yield _Context(scope, conv.block_size, per_id), _flatten(conv, conv_id, where)
 
+    def conversations() -> Iterator[list[_Item]]:
+        for where, stem, data in _documents(path, opts.limits.max_document_bytes, progress):
+            conv = decode(decoder, data, where)
+            conv_id = stem if conv.id is None else str(conv.id)
+            scope = conv.hash_id_scope
+            if scope not in ("local", "global"):
+                raise TraceFormatError(
+                    f'{where}: "hash_id_scope" must be "local" or "global", got {scope!r}'
+                )
+            per_id = conv.block_size if opts.tokens_per_id is None else opts.tokens_per_id
+            ctx = _Context("" if scope == "global" else conv_id, conv.block_size, per_id)
+            yield _flatten(conv, conv_id, where, ctx)
 
-def _in_order(
-    path: StrPath, opts: ReadSettings, progress: Progress | None
-) -> Iterator[tuple[_Context, _Item]]:
-    """Every request in replay order (``opts.session_order``)."""
-    conversations = _conversations(path, opts, progress)
     if opts.session_order == "sequential":
-        for ctx, items in conversations:
-            for item in items:
-                yield ctx, item
-        return
-    streams = [  # all conversations start together; ties keep their order
-        [((item.arrival, k, j), ctx, item) for j, item in enumerate(items)]
-        for k, (ctx, items) in enumerate(conversations)
-    ]
-    for _, ctx, item in heapq.merge(*streams, key=lambda entry: entry[0]):
-        yield ctx, item
+        return itertools.chain.from_iterable(conversations())
+    return heapq.merge(*conversations(), key=lambda item: item.arrival)
 
 
 def _plans(
     path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[str, TraceRequest, _Context, list[int], int, int, int]]:
-    """Per request, checked against the schema and the limits: ``(where, the request
-    without tokens, its conversation, hash ids, prompt, tail and output tokens)``."""
+) -> Iterator[tuple[_Item, TraceRequest, list[int], int, int, int]]:
+    """Per request, checked against the schema and the limits: ``(item, the request
+    without tokens, hash ids, prompt, tail and output tokens)``."""
     limits = opts.limits
-    last: dict[str, tuple[str, int]] = {}
-    previous: dict[str, _Item] = {}
-    for ctx, item in _in_order(path, opts, progress):
-        block, s = ctx.block, ctx.tokens_per_id
+    previous: dict[str, tuple[_Item, str, int]] = {}  # a session's last request, id, turn
+    for item in _in_order(path, opts, progress):
+        block, s = item.conversation.block, item.conversation.tokens_per_id
         r = item.request
         if r.in_ is None or r.out is None or not r.hash_ids:
             raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
@@ -243,12 +232,10 @@ def _plans(
         tail = -(-(r.in_ - block * full) * s // block)
         prompt = s * full + tail
         output = -(-r.out * s // block) if opts.output else 0
-        prev = last.get(item.session)
-        turn = 1 if prev is None else prev[1] + 1
+        before = previous.get(item.session)
+        turn = 1 if before is None else before[2] + 1
         rid = f"{item.session}/{turn}"
-        fault = limits.fault(prompt, output)  # the sizes first, then the ids
-        if fault:
-            raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
+        limits.check(prompt, output, f"{item.where}: request {rid!r}")  # before the ids
         n = count_items(r.hash_ids)
         hash_ids: list[int] = []
         if n <= full:
@@ -258,21 +245,13 @@ def _plans(
             raise TraceFormatError(
                 f'{item.where}: {n} "hash_ids" but "in" {r.in_} needs {r.in_} // {block} = {full}'
             )
-        last[item.session] = (rid, turn)
-        think = _think_time(r, previous.get(item.session), item.arrival)
-        previous[item.session] = item
-        parent = None if prev is None else prev[0]
+        think = r.think_time  # else the gap after the previous request's answer
+        if think is None and before is not None and before[0].request.api_time is not None:
+            think = max(0.0, item.arrival - before[0].arrival - before[0].request.api_time)
+        previous[item.session] = (item, rid, turn)
+        parent = None if before is None else before[1]
         request = TraceRequest(rid, (), (), item.arrival, item.session, parent, turn, think)
-        yield item.where, request, ctx, hash_ids, prompt, tail, output
-
-
-def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | None:
-    """``think_time``; else, after a request with an ``api_time``, the gap less it."""
-    if r.think_time is not None:
-        return r.think_time
-    if before is None or before.request.api_time is None:
-        return None
-    return max(0.0, arrival - before.arrival - before.request.api_time)
+        yield item, request, hash_ids, prompt, tail, output
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
@@ -289,14 +268,11 @@ def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequ
     seed = opts.seed
     deriver = TokenDeriver(opts.vocab_size)
     blocks: dict[int, BlockTokens] = {}
-    for _, request, ctx, hash_ids, prompt, tail, output in _plans(path, opts):
-        s = ctx.tokens_per_id
-        expander = blocks.get(s)
-        if expander is None:
-            expander = blocks[s] = BlockTokens(
-                deriver, f"kvct-block:{seed}:", s, opts.block_cache_bytes
-            )
-        tokens = expander.prompt(ctx.scope, hash_ids, prompt - tail)
+    for item, request, hash_ids, prompt, tail, output in _plans(path, opts):
+        s = item.conversation.tokens_per_id
+        if s not in blocks:
+            blocks[s] = BlockTokens(deriver, f"kvct-block:{seed}:", s, opts.block_cache_bytes)
+        tokens = blocks[s].prompt(item.conversation.scope, hash_ids, prompt - tail)
         if tail:
             tokens += deriver.named(f"kvct-tail:{seed}:{request.id}", tail)
         out = deriver.named(f"kvct-output:{seed}:{request.id}", output)
@@ -307,5 +283,5 @@ def sizes_kvcache_tester(
     path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[RequestSize]:
     """Every request's id and sizes, validated as :func:`iter_kvcache_tester` does."""
-    for where, request, _, _, prompt, _, output in _plans(path, opts, progress):
-        yield RequestSize(request.id, prompt, output, where)
+    for item, request, _, prompt, _, output in _plans(path, opts, progress):
+        yield RequestSize(request.id, prompt, output, item.where)

@@ -72,17 +72,13 @@ def _records(
         where = f"{path}:{lineno}"
         if line.count(b",") > most + _OTHER_NUMBERS:
             counts = decode(_COUNTS, line, where)
-            fault = limits.fault(count_items(counts.tokens), count_items(counts.output))
-            if fault:
-                raise TraceFormatError(f"{where}: {fault}")
+            limits.check(count_items(counts.tokens), count_items(counts.output), where)
         record = decode(decoder, line, where)
         try:
             record.id = check_request_id(record.id)
         except TraceFormatError as exc:
             raise TraceFormatError(f"{where}: {exc}") from None
-        fault = limits.fault(len(record.tokens), len(record.output))
-        if fault:
-            raise TraceFormatError(f"{where}: request {record.id!r}: {fault}")
+        limits.check(len(record.tokens), len(record.output), f"{where}: request {record.id!r}")
         order.check(record.arrival, where, record.id)
         yield where, record
 

@@ -19,7 +19,7 @@ import xxhash
 from prefixkv.adapters.inputs import StrPath
 
 from .base import ReadSettings, TraceFormatError, TraceOptionError, TraceRequest
-from .hashid import BAILIAN, MOONCAKE, iter_hashid, sizes_hashid
+from .hashid import BAILIAN, MOONCAKE, HashIdFormat, iter_hashid, sizes_hashid
 from .kvcache_tester import (
     KVCT_BLOCK_SIZE,
     conversation_files,
@@ -33,9 +33,7 @@ from .reading import Progress, decode, iter_lines
 TraceFormat = Literal["prefixkv", "mooncake", "bailian", "kv-cache-tester"]
 FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
 
-_LARGEST = 256
-"""How many of the largest requests the scan remembers (the tight capacity's K)."""
-
+_LARGEST = 256  # the largest requests a scan remembers (the tight capacity's K)
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
@@ -46,39 +44,26 @@ class _Reader(NamedTuple):
     sizes: Callable[[StrPath, ReadSettings, Progress | None], Iterator[RequestSize]]
 
 
+def _hashid(description: str, fmt: HashIdFormat) -> _Reader:
+    return _Reader(
+        description, fmt.block_size, partial(iter_hashid, fmt), partial(sizes_hashid, fmt)
+    )
+
+
 _READERS: dict[TraceFormat, _Reader] = {
     "prefixkv": _Reader("prefixkv token trace", None, iter_prefixkv, sizes_prefixkv),
-    "mooncake": _Reader(
-        "Mooncake hash-id trace",
-        MOONCAKE.block_size,
-        partial(iter_hashid, MOONCAKE),
-        partial(sizes_hashid, MOONCAKE),
-    ),
-    "bailian": _Reader(
-        "Qwen-Bailian hash-id trace",
-        BAILIAN.block_size,
-        partial(iter_hashid, BAILIAN),
-        partial(sizes_hashid, BAILIAN),
-    ),
+    "mooncake": _hashid("Mooncake hash-id trace", MOONCAKE),
+    "bailian": _hashid("Qwen-Bailian hash-id trace", BAILIAN),
     "kv-cache-tester": _Reader(
-        "kv-cache-tester agentic trace",
-        KVCT_BLOCK_SIZE,
-        iter_kvcache_tester,
-        sizes_kvcache_tester,
+        "kv-cache-tester agentic trace", KVCT_BLOCK_SIZE, iter_kvcache_tester, sizes_kvcache_tester
     ),
 }
 
 
 @dataclass(slots=True)
 class TraceStats:
-    """What a scan learns of a trace: counts and sizes, no tokens.
-
-    Attributes:
-        num_requests: requests (after ``max_requests``).
-        prompt_tokens: all prompt tokens.
-        output_tokens: all output tokens.
-        largest: prompt + output tokens of the 256 largest requests, largest first.
-    """
+    """What a scan learns of a trace: counts, token totals, and the prompt + output
+    tokens of the 256 largest requests (largest first once finished)."""
 
     num_requests: int = 0
     prompt_tokens: int = 0
@@ -148,13 +133,8 @@ def detect_format(path: StrPath) -> TraceFormat:
 
 class TraceSource:
     """A trace file (or folder) read lazily, as often as needed: each iteration
-    re-reads it and yields the first ``max_requests`` requests one at a time.
-
-    Args:
-        path: the trace (a file, or a folder/archive for kv-cache-tester).
-        trace_format: the format; ``None`` detects it (:func:`detect_format`).
-        max_requests: stop after this many requests (``None``: all).
-        settings: token content, outputs and size limits.
+    re-reads it and yields the first ``max_requests`` requests one at a time
+    (``trace_format`` ``None``: :func:`detect_format`).
 
     Raises:
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
@@ -210,10 +190,8 @@ class TraceSource:
         return None if is_archive(p) else os.path.getsize(p)
 
     def scan(self, progress: Progress | None = None) -> TraceStats:
-        """Read the whole trace once, checking every request; return its sizes.
-
-        Duplicate ids are found by a 64-bit hash of each id, then located by a second
-        pass only when there is one.
+        """Read the whole trace once, checking every request (ids by a 64-bit hash, a
+        second pass locating a duplicate); return its sizes.
 
         Raises:
             TraceFormatError: the first malformed request (file and line), a duplicate
@@ -291,12 +269,5 @@ class TraceSource:
         return f"TraceSource({str(self.path)!r}, {self.format!r})"
 
 
-def open_trace(
-    path: StrPath,
-    trace_format: TraceFormat | None = None,
-    *,
-    max_requests: int | None = None,
-    settings: ReadSettings | None = None,
-) -> TraceSource:
-    """Open a trace for streaming; see :class:`TraceSource`."""
-    return TraceSource(path, trace_format, max_requests=max_requests, settings=settings)
+open_trace = TraceSource
+"""Open a trace for streaming: ``open_trace(path, trace_format, *, max_requests, settings)``."""
