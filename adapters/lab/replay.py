@@ -56,21 +56,16 @@ def replay(
     guard: contextlib.AbstractContextManager[object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (consumed one at a time) through a fresh ``index`` of
-    ``num_blocks`` blocks with at most ``concurrency`` live.
+    ``num_blocks`` blocks with at most ``concurrency`` live, in ``driver``'s order.
 
-    Args:
-        driver: ``"vllm"``, ``"sglang"`` (their schedulers' order) or ``"manager"``.
-        track_boundaries: fill the BB-8 columns (matched and lost tokens).
-        keep_per_request: keep the per-request columns (``False``: totals only).
-        measure_memory: sample the index's ``memory_bytes`` as its peak grows.
-        progress: called with each admitted request's prompt length.
-        on_events: turns KV events on; called with each step's non-empty batch.
-        guard: a context around each admission and its ``on_admit`` call.
+    ``track_boundaries`` fills the BB-8 columns; ``keep_per_request=False`` keeps totals
+    only; ``measure_memory`` samples the index's memory as its peak grows; ``on_events``
+    turns KV events on and gets each step's non-empty batch; ``guard`` is a context
+    around each admission and its ``on_admit`` call.
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.
         ReplayInterrupted: Ctrl-C; its ``result`` holds the admitted requests.
-        PrefixKVError: bad arguments.
     """
     tracker = None
     if track_boundaries:

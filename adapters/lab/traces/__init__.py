@@ -59,11 +59,10 @@ def load_any(
     output: bool = True,
     session_order: str = "interleaved",
 ) -> list[TraceRequest]:
-    """A small trace of any format as a list, validated by a scan first (for long
-    traces iterate :func:`open_trace` instead); the options are :class:`ReadSettings`'.
+    """A small trace of any format as a list, validated by a scan first (long traces:
+    iterate :func:`open_trace`); the options are :class:`ReadSettings`'.
 
     Raises:
-        TraceFormatError: as :meth:`TraceSource.scan`.
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
     """
     settings = ReadSettings(tokens_per_id, vocab_size, seed, output, session_order=session_order)

@@ -35,11 +35,8 @@ class TraceRequest(NamedTuple):
 
 
 def check_request_id(value: object) -> str:
-    """A request id as a non-empty str that encodes as UTF-8 (ints become strs).
-
-    Raises:
-        TraceFormatError: a bool, an empty or non-str/int id, or a lone surrogate.
-    """
+    """A request id as a non-empty str that encodes as UTF-8 (ints become strs), else a
+    TraceFormatError."""
     if type(value) is int:
         return str(value)
     if not isinstance(value, str) or not value:
@@ -63,12 +60,8 @@ def make_request(
     parent: str | None = None,
     turn: int | None = None,
 ) -> TraceRequest:
-    """A validated :class:`TraceRequest` with its tokens copied into ``array('I')``.
-
-    Raises:
-        TraceFormatError: a bad id or an empty prompt.
-        InvalidTokenError: a bad token id.
-    """
+    """A :class:`TraceRequest` with its tokens copied into ``array('I')``; a bad id or
+    an empty prompt is a TraceFormatError, a bad token an InvalidTokenError."""
     rid = check_request_id(request_id)
     prompt = as_token_array(tokens)
     if not prompt:

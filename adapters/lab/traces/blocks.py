@@ -1,10 +1,8 @@
 """Deterministic token content for hash-id traces: each block id becomes a fixed block.
 
-A block id stands for pseudo-random tokens derived from its name ``tag:seed:[scope:]id``.
-Token ``j`` depends on the name and ``j`` only, so a partial block is a prefix of the
-full block at any tokens-per-id, and the content is the same on any platform: the first
-:data:`HEAD_TOKENS` come from SHAKE-128 of the name (as recorded fixtures pin them), the
-rest from an xxh3 key of the name mixed with a per-position sequence, vectorized in numpy.
+A block named ``tag:seed:[scope:]id`` has tokens that depend on the name and position
+only (the first :data:`HEAD_TOKENS` from SHAKE-128, the rest from its xxh3 key mixed in
+numpy), so a partial block is a prefix of the full one, the same on any platform.
 """
 
 from __future__ import annotations
@@ -92,14 +90,8 @@ class TokenDeriver:
 
 
 class BlockTokens:
-    """The tokens of hash-id blocks, ``tokens_per_id`` a block, cached in a bounded LRU.
-
-    Args:
-        deriver: the token source.
-        prefix: every block's name starts with it (format and seed).
-        tokens_per_id: tokens a block stands for.
-        cache_bytes: token bytes of recent blocks kept (with ~150 bytes each of
-            bookkeeping); 0 keeps none.
+    """The tokens of hash-id blocks, ``tokens_per_id`` a block, in an LRU of ``cache_bytes``
+    (0: none kept) whose names start with ``prefix`` (format and seed).
 
     Raises:
         TraceOptionError: a bad ``tokens_per_id``.

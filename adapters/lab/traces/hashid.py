@@ -1,16 +1,9 @@
-"""Hash-id JSON-lines traces: Mooncake (512-token blocks) and Qwen-Bailian (16-token blocks).
+"""Hash-id JSON-lines traces: Mooncake FAST'25 (512-token blocks, ids ``mc-<line>``)
+and Qwen-Bailian (16-token blocks, ids ``chat-<chat_id>``, ``parent_chat_id`` links).
 
-Both give per request one integer per block of prompt tokens (equal ids: equal prefixes
-through that block), ``ceil(input_length / block)`` ids, and an output length:
-
-- Mooncake FAST'25: ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``;
-  ids ``mc-<line>``.
-- Qwen-Bailian: ``{"chat_id", "parent_chat_id" (-1 for a root), "timestamp": s,
-  "input_length", "output_length", "type", "turn", "hash_ids"}``; ids ``chat-<chat_id>``.
-
-Each id expands to tokens (:mod:`.blocks`) at the format's block size, or at
-``tokens_per_id`` (the last block and the output scaled alike, rounding up). The sizes
-are checked before ``hash_ids`` are built.
+Each line gives one id per block of prompt tokens (equal ids: equal prefixes),
+``ceil(input_length / block)`` of them; each expands to tokens (:mod:`.blocks`) at the
+block size or at ``tokens_per_id`` (the last block and the output scaled alike).
 """
 
 from __future__ import annotations
@@ -121,11 +114,9 @@ def _plans(
 def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
     """Yield a hash-id trace as token requests, one line at a time.
 
-    Equal id prefixes give equal token prefixes; the output is derived from the request.
-
     Raises:
-        TraceFormatError: a line that is not the schema, a wrong number of
-            ``hash_ids``, or sizes past ``opts.limits``; the message names the line.
+        TraceFormatError: a line that is not the schema, a wrong number of ``hash_ids``
+            or sizes past ``opts.limits``, naming the line.
     """
     per_id = fmt.block_size if opts.tokens_per_id is None else opts.tokens_per_id
     deriver = TokenDeriver(opts.vocab_size)

@@ -1,16 +1,11 @@
 """kv-cache-tester's agentic coding traces (Claude Code conversations with sub-agents).
 
-One JSON document per conversation, ``{"id", "block_size": 64, "hash_id_scope": "local" |
-"global", "requests": [...]}``; a request is ``{"t": s from the conversation's start,
-"type", "in", "out", "hash_ids"}`` with one id per *full* block of its input; an entry
+One JSON document per conversation (``{"id", "block_size", "hash_id_scope", "requests"}``),
+read from a folder of ``.json`` files, one ``.json``, or a ``.tar.xz`` (``.tar.gz``,
+``.tar``) of them. A request has one hash id per *full* block of its input; an entry
 with ``agent_id`` and ``requests`` of its own is a sub-agent, timed from its start.
-
-Conversations run concurrently by default (``session_order="interleaved"``): their
-requests merge by time from each conversation's start, every document read first.
-``"sequential"`` replays one conversation after another, one document in memory. Local
-ids are namespaced by conversation; the input past the last full block is fresh content.
-Input: a folder of ``.json`` files, one ``.json``, or a ``.tar.xz`` (``.tar.gz``,
-``.tar``) of them. The README of ``adapters/lab`` has the long story.
+Conversations are interleaved by time from their start (concurrent agents) or replayed
+one after another (``session_order``); local ids are namespaced by conversation.
 """
 
 from __future__ import annotations
@@ -255,15 +250,12 @@ def _plans(
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
-    """Yield the requests of kv-cache-tester traces in ``opts.session_order``.
-
-    Ids are ``<conversation>/<turn>`` and ``<conversation>/<agent>/<turn>``; the session
-    is the conversation (or sub-agent), the parent its previous request.
+    """Yield the requests of kv-cache-tester traces, ids ``<conversation>[/<agent>]/<turn>``.
 
     Raises:
-        TraceFormatError: a document that is not the schema, a request without
-            ``in``/``out``/``hash_ids``, ``len(hash_ids) != in // block_size``, sizes
-            past the limits, a corrupt archive; the message names file and JSON path.
+        TraceFormatError: a document not of the schema, a request without ``in``,
+            ``out`` or the right number of ``hash_ids``, sizes past the limits, a
+            corrupt archive; the message names the file and the JSON path.
     """
     seed = opts.seed
     deriver = TokenDeriver(opts.vocab_size)

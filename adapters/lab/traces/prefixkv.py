@@ -87,8 +87,8 @@ def iter_prefixkv(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
     """Yield the requests of a prefixkv trace, one line at a time.
 
     Raises:
-        TraceFormatError: a line that is not the schema, a bad id, a size past the
-            limits or an arrival out of order; the message names the line.
+        TraceFormatError: a line not of the schema, a bad id, a size past the limits or
+            an arrival out of order, naming the line.
     """
     for _, r in _records(path, opts):
         out = array("I", r.output) if opts.output else array("I")
@@ -106,10 +106,8 @@ def sizes_prefixkv(
 
 
 def write_trace(path: StrPath, requests: Iterable[TraceRequest]) -> int:
-    """Write requests as a prefixkv trace, atomically (gzip when the name ends in ``.gz``).
-
-    Returns:
-        The number of requests written.
+    """Write requests as a prefixkv trace, atomically (gzip when the name ends in ``.gz``);
+    return how many.
 
     Raises:
         TraceFormatError: a bad or repeated id, an empty prompt or a bad token, naming

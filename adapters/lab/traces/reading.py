@@ -32,11 +32,7 @@ _UNREAD = {b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 def open_stream(raw: IO[bytes], path: StrPath) -> tuple[IO[bytes], str]:
     """``raw`` decompressed by its magic bytes (not its suffix), and the compression's
-    name (``"plain"``, ``"gzip"``, ``"xz"``).
-
-    Raises:
-        TraceFormatError: a bzip2, zstd or zip file.
-    """
+    name; a bzip2, zstd or zip file is a TraceFormatError."""
     head = raw.read(6)
     raw.seek(0)
     if head.startswith(b"\x1f\x8b"):
@@ -63,9 +59,8 @@ def iter_lines(
     gzip or xz file; ``progress`` is told the file bytes each line consumed.
 
     Raises:
-        TraceFormatError: not a regular file, a corrupt stream, a compression prefixkv
-            does not read, a line longer than ``max_line_bytes`` (``limit_name``), or a
-            read that fails.
+        TraceFormatError: an unreadable or corrupt file, or a line longer than
+            ``max_line_bytes`` (``limit_name`` says what bounds it).
     """
     with open_input(path, what="trace", error=TraceFormatError) as raw:
         f, kind = open_stream(raw, path)
@@ -110,12 +105,8 @@ def count_items(raw: bytes | msgspec.Raw) -> int:
 
 
 def decode(decoder: msgspec.json.Decoder[T], data: bytes | bytearray, where: str) -> T:
-    """Decode one JSON document with a typed msgspec decoder.
-
-    Raises:
-        TraceFormatError: ``where``, then what is wrong (not JSON, or msgspec's message
-            naming the JSON path of a bad field).
-    """
+    """Decode one JSON document with a typed msgspec decoder; a fault is a
+    TraceFormatError after ``where`` (msgspec names the JSON path of a bad field)."""
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:

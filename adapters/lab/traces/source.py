@@ -96,11 +96,9 @@ def stats_of(requests: Iterable[TraceRequest]) -> TraceStats:
 
 
 def detect_format(path: StrPath) -> TraceFormat:
-    """The format of a trace, from its shape and its first record's keys.
-
-    A folder, a tar archive, a first record with ``"requests"`` or a ``.json`` whose
-    first line is not a whole object is kv-cache-tester's; ``"tokens"`` prefixkv's;
-    ``"hash_ids"`` Qwen-Bailian's with ``"chat_id"``, else Mooncake's.
+    """The format of a trace from its shape and first record's keys: a folder, an archive,
+    ``"requests"`` or a ``.json`` of many lines is kv-cache-tester's, ``"tokens"``
+    prefixkv's, ``"hash_ids"`` Qwen-Bailian's with ``"chat_id"``, else Mooncake's.
 
     Raises:
         TraceFormatError: an empty file, or a first record of no known format.
