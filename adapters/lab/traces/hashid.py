@@ -57,8 +57,7 @@ class _Ids(msgspec.Struct):
 
 
 _IDS = msgspec.json.Decoder(_Ids)
-_ID_BYTES = 23
-"""Text of one hash id at most: 20 digits, a sign and ``", "``."""
+_ID_BYTES = 23  # text of one hash id at most: 20 digits, a sign and ", "
 
 
 class HashIdFormat(NamedTuple):

@@ -43,10 +43,8 @@ class _Counts(msgspec.Struct):
 
 
 _COUNTS = msgspec.json.Decoder(_Counts)
-_TOKEN_BYTES = 12
-"""Text of one token id at most: 10 digits and ``", "``."""
-_OTHER_NUMBERS = 64
-"""Commas a line may hold outside its token lists before they are counted first."""
+_TOKEN_BYTES = 12  # text of one token id at most: 10 digits and ", "
+_OTHER_NUMBERS = 64  # commas a line may hold outside its token lists before they are counted
 
 
 class RequestSize(msgspec.Struct, frozen=True):
