@@ -1,23 +1,14 @@
 """Requests an engine would refuse for their length, rejected where they come in.
 
-vLLM refuses a request before it is scheduled when it is longer than the model
-takes: its OpenAI front end answers 400 when the prompt plus ``max_tokens`` exceed
-``max_model_len`` ("This model's maximum context length is ..."), and the input
-processor refuses a prompt over it. A request whose KV cannot fit the whole pool
-even alone can never run either (vLLM refuses at start-up to serve a
-``max_model_len`` larger than its pool). The server goes on with the other
-requests: a rejection is counted, not an abort.
-
-:func:`admit` does the same to a workload, before any replica sees it: the
-requests that fit are kept (re-iterable, streamed for a trace), the others are
-counted with the first few named, and their sizes leave the workload's stats. With
-``abort=True`` the first such request stops the run instead, naming it.
+vLLM answers 400 to a request whose prompt plus ``max_tokens`` exceed ``max_model_len``,
+and never runs one whose KV cannot fit the whole pool alone; the server goes on with
+the others. :func:`admit` does the same to a workload before any replica sees it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prefixkv.adapters.servable import unservable
 
@@ -26,23 +17,16 @@ from .sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from .traces import TraceRequest, TraceSource, TraceStats
 from .workloads import Workload
 
-__all__ = ["AdmissionRule", "Rejections", "admit", "length_rule"]
+__all__ = ["AdmissionRule", "admit", "length_rule"]
 
-_NAMED = 5
-"""Rejected requests named in the note."""
+_NAMED = 5  # rejected requests named in the note
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionRule:
-    """What a request must fit.
-
-    Attributes:
-        max_model_len: prompt plus output tokens at most this (``None``: no limit).
-        pool_tokens: the KV pool in tokens (``None``: no limit); a request must fit
-            it alone, in whole blocks of ``block_size``.
-        block_size: the coarsest block of the backends compared.
-        max_num_batched_tokens: the step's token budget (chunked prefill is on).
-    """
+    """What a request must fit: prompt plus output tokens at most ``max_model_len``, and
+    alone a KV pool of ``pool_tokens`` in blocks of ``block_size`` (the coarsest of the
+    backends) with chunked prefill under ``max_num_batched_tokens`` (``None``: no limit)."""
 
     max_model_len: int | None = None
     pool_tokens: int | None = None
@@ -52,24 +36,22 @@ class AdmissionRule:
     def reason(self, prompt_tokens: int, output_tokens: int) -> str | None:
         """Why a request of these sizes is refused, or ``None``."""
         output = max(1, output_tokens)  # an engine decodes at least one token
-        total = prompt_tokens + output
-        if self.max_model_len is not None and total > self.max_model_len:
+        if self.max_model_len is not None and prompt_tokens + output > self.max_model_len:
             return (
                 f"{prompt_tokens:,} prompt + {output:,} output tokens exceed max_model_len "
                 f"{self.max_model_len:,}"
             )
-        if self.pool_tokens is not None:
-            why = unservable(
-                prompt_tokens,
-                output,
-                block_size=self.block_size,
-                num_blocks=self.pool_tokens // self.block_size,
-                enable_chunked_prefill=True,
-                max_num_batched_tokens=self.max_num_batched_tokens,
-            )
-            if why is not None:
-                return f"{prompt_tokens:,} prompt + {output:,} output tokens {why}"
-        return None
+        if self.pool_tokens is None:
+            return None
+        why = unservable(
+            prompt_tokens,
+            output,
+            block_size=self.block_size,
+            num_blocks=self.pool_tokens // self.block_size,
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+        return None if why is None else f"{prompt_tokens:,} prompt + {output:,} output tokens {why}"
 
     def describe(self) -> str:
         """``"prompt + output <= max_model_len 8,192, and alone in the KV pool (capacity
@@ -89,12 +71,8 @@ def length_rule(
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> AdmissionRule | None:
-    """The rule of ``max_model_len`` and a pool of ``pool_tokens`` (the smallest any
-    run uses), or ``None`` when neither bounds anything.
-
-    Raises:
-        CompareError: a bound or size that is not a positive int.
-    """
+    """The rule of ``max_model_len`` and the smallest pool any run uses, or ``None``
+    when neither bounds anything; a bound that is not a positive int is a CompareError."""
     for name, value in (
         ("max_model_len", max_model_len),
         ("pool_tokens", pool_tokens),
@@ -110,14 +88,8 @@ def length_rule(
 
 @dataclass(slots=True)
 class Rejections:
-    """The requests a workload lost to its :class:`AdmissionRule`.
-
-    Attributes:
-        rule: the rule.
-        count: requests rejected.
-        prompt_tokens: their prompt tokens.
-        named: the first few, as ``"id: why"``.
-    """
+    """The requests a workload lost to its rule: how many, their prompt tokens, and
+    the first few as ``"id (why)"``."""
 
     rule: AdmissionRule
     count: int = 0
@@ -126,24 +98,23 @@ class Rejections:
 
     def note(self, total: int) -> str:
         """The report's line: how many were rejected, why, and the first ones."""
-        first = "; ".join(self.named)
-        more = (
-            "" if self.count <= len(self.named) else f"; and {self.count - len(self.named):,} more"
-        )
+        left = self.count - len(self.named)
+        more = f"; and {left:,} more" if left > 0 else ""
         return (
             f"{self.count:,} of {total:,} requests rejected before scheduling, as vLLM "
             f"refuses them (a 400, not an abort), for their length: each must fit "
             f"{self.rule.describe()}. Their {self.prompt_tokens:,} prompt tokens are out of "
-            f"every figure. Rejected: {first}{more} (--on-long-request abort stops instead)"
+            f"every figure. Rejected: {'; '.join(self.named)}{more} (--on-long-request "
+            "abort stops instead)"
         )
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class _Admitted:
     """The requests of ``source`` that ``rule`` admits, re-iterable (a trace streams)."""
 
-    def __init__(self, source: Iterable[TraceRequest], rule: AdmissionRule) -> None:
-        self.source = source
-        self.rule = rule
+    source: Iterable[TraceRequest]
+    rule: AdmissionRule
 
     def __iter__(self) -> Iterator[TraceRequest]:
         reason = self.rule.reason
@@ -153,18 +124,20 @@ class _Admitted:
 def admit(
     workload: Workload, rule: AdmissionRule, *, abort: bool = False
 ) -> tuple[Workload, Rejections]:
-    """The workload without the requests ``rule`` refuses, and what was refused.
-
-    Sizes are read without building tokens where the workload is a trace. The
-    workload comes back unchanged when nothing is refused.
+    """The workload without the requests ``rule`` refuses (unchanged when none is), and
+    what was refused; a trace's sizes are read without building tokens.
 
     Raises:
-        CapacityError: ``abort`` and a request is refused (naming it and why), or every
-            request is refused.
+        CapacityError: ``abort`` and a request is refused, or every request is.
     """
     rejected = Rejections(rule)
     stats = TraceStats()
-    for rid, prompt, output in _sizes(workload):
+    requests = workload.requests
+    if isinstance(requests, TraceSource):
+        sizes = ((s.id, s.prompt_tokens, s.output_tokens) for s in requests.sizes())
+    else:
+        sizes = ((r.id, len(r.tokens), len(r.output)) for r in requests)
+    for rid, prompt, output in sizes:
         why = rule.reason(prompt, output)
         if why is None:
             stats.add(prompt, output)
@@ -186,24 +159,11 @@ def admit(
             f"{rule.describe()}; the first: {rejected.named[0]}. Raise the capacity or "
             "--max-model-len"
         )
-    kept = Workload(
-        name=workload.name,
-        source=workload.source,
+    kept = replace(
+        workload,
         requests=_Admitted(workload.requests, rule),
         stats=stats.finish(),
         notes=(*workload.notes, rejected.note(workload.stats.num_requests)),
-        path=workload.path,
-        tokens_per_id=workload.tokens_per_id,
         rejected_requests=workload.rejected_requests + rejected.count,
     )
     return kept, rejected
-
-
-def _sizes(workload: Workload) -> Iterator[tuple[str, int, int]]:
-    source = workload.requests
-    if isinstance(source, TraceSource):
-        for s in source.sizes():
-            yield s.id, s.prompt_tokens, s.output_tokens
-    else:
-        for r in source:
-            yield r.id, len(r.tokens), len(r.output)

@@ -1,21 +1,13 @@
-"""The backends a lab run replays: their specs, how a list of them is parsed, the
-capacities that fit them, the errors.
-
-A spec names a registry backend, its hit granularity (vLLM's block size or SGLang's
-page size), the driver whose call order replays it and its ``make_index`` options;
-:func:`parse_backends` reads ``"hash_chain,radix:16,none"``. ``prefixkv replay`` runs
-one, and :mod:`prefixkv.adapters.lab.compare` builds its comparisons on these; this
-module loads neither the comparison nor the simulator.
-"""
+"""The backends a lab run replays: their specs, how a list of them is parsed
+(``"hash_chain,radix:16,none"``), the capacities that fit them, the errors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from prefixkv.indexes.base import IndexDescription, PrefixIndex
+from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
@@ -28,7 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_POOL_BLOCKS",
-    "NATURAL_DRIVERS",
     "BackendSpec",
     "Bars",
     "CapacityError",
@@ -45,14 +36,10 @@ __all__ = [
 Scalar = str | int | float | bool | None
 """A table cell: rows hold only these, so every format has one column per field."""
 
-NATURAL_DRIVERS: Mapping[str | None, Driver] = MappingProxyType(
-    {"vllm": "vllm", "sglang": "sglang", None: "manager"}
-)
-"""The scheduler order that drives a backend, by the engine it models (its
-``IndexDescription.models``): a backend modelled on no engine runs through the manager."""
+_NATURAL_DRIVERS: dict[str | None, Driver] = {"vllm": "vllm", "sglang": "sglang"}  # else manager
 
 MAX_POOL_BLOCKS = 2**24
-"""Default bound on one replay's pool (16,777,216 blocks); larger is refused up front."""
+"""Default bound on one replay's pool in blocks; larger is refused up front."""
 
 Bars = Callable[[str, int], Progress]
 """Makes one progress bar: ``bars(description, total prompt tokens)``."""
@@ -68,16 +55,8 @@ class CapacityError(CompareError):
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
-    """One backend of a comparison.
-
-    Attributes:
-        label: the name shown in tables and plots (``radix``, ``radix:16``).
-        index: the registry name.
-        block_size: hit granularity in tokens (the radix tree's page size).
-        driver: the replay driver.
-        options: backend options passed to ``make_index`` (``hash_algorithm``,
-            ``eviction``, ...).
-    """
+    """One backend of a comparison: its label in tables (``radix:16``), registry name,
+    hit granularity in tokens, replay driver and ``make_index`` options."""
 
     label: str
     index: str
@@ -97,8 +76,7 @@ class BackendSpec:
     def run_labels(
         self, workload: str, schedule: str, role: str, capacity_tokens: int, *, options: bool = True
     ) -> dict[str, Scalar]:
-        """The leading columns of a run's row: which run, in the tables' order (a
-        K-live sweep point's leave ``options`` out)."""
+        """The leading columns of a run's row (a K-live sweep point's leave ``options`` out)."""
         num_blocks = self.num_blocks(capacity_tokens)
         return {
             "workload": workload,
@@ -113,25 +91,16 @@ class BackendSpec:
             "pool_tokens": num_blocks * self.block_size,
         }
 
-    @property
-    def description(self) -> IndexDescription:
-        """What the backend says about itself."""
-        return describe_index(self.index)
-
     def describe(self) -> str:
         """``"hash_chain (vllm driver, 16-token blocks)"``."""
-        unit = self.description.unit
+        unit = describe_index(self.index).unit
         plural = "" if self.block_size == 1 else "s"
         opts = "".join(f", {k}={v}" for k, v in self.options)
         return f"{self.label} ({self.driver} driver, {self.block_size}-token {unit}{plural}{opts})"
 
 
 def check_positive(name: str, value: object) -> int:
-    """``value``, refused unless it is a positive int (a bool is not).
-
-    Raises:
-        CompareError: naming ``name`` and the value (its first 60 characters).
-    """
+    """``value``, refused (:class:`CompareError`) unless it is a positive int."""
     if type(value) is not int or value < 1:
         raise CompareError(f"{name} must be a positive int, got {value!r:.60}")
     return value
@@ -145,15 +114,9 @@ def parse_backends(
     driver: Driver | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[BackendSpec]:
-    """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity.
-
-    Args:
-        text: comma-separated registry names, each optionally ``:SIZE``.
-        block_size: granularity of the backends whose unit is a block (vLLM's).
-        page_size: granularity of the backends whose unit is a page (SGLang's).
-        driver: force one driver for all (default: each backend's natural one).
-        options: per registry name, options for ``make_index`` (checked here by
-            building each backend once).
+    """Parse ``"hash_chain,radix,none"``; ``NAME:SIZE`` sets one backend's granularity,
+    else ``block_size`` (a block's unit) or ``page_size`` (a page's). ``driver`` forces
+    one driver on all; ``options`` are ``make_index``'s, by registry name.
 
     Raises:
         CompareError: an empty list, a bad size, a repeated backend or driver, an
@@ -166,23 +129,25 @@ def parse_backends(
         raise CompareError(f"unknown driver {driver!r}; known: {', '.join(DRIVERS)}")
     opts = options or {}
     specs: list[BackendSpec] = []
-    for part in text.split(","):
-        label = part.strip()
-        if not label:
-            continue
+    for label in filter(None, (part.strip() for part in text.split(","))):
         name, _, size_text = label.partition(":")
-        size = _backend_size(label, name, size_text, block_size, page_size)
+        if not size_text:
+            size = page_size if describe_index(name).unit == "page" else block_size
+        elif not size_text.isdigit() or int(size_text) < 1:
+            raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
+        else:
+            size = int(size_text)
         if any(s.label == label for s in specs):
             raise CompareError(f"backend {label!r} is listed twice")
         chosen = tuple(sorted(opts.get(name, {}).items()))
-        spec = BackendSpec(
-            label,
-            name,
-            size,
-            driver or NATURAL_DRIVERS.get(describe_index(name).models, "manager"),
-            chosen,
-        )
-        _check_builds(spec)
+        natural = driver or _NATURAL_DRIVERS.get(describe_index(name).models, "manager")
+        spec = BackendSpec(label, name, size, natural, chosen)
+        try:  # an unknown option fails here, before anything runs
+            spec.make()
+        except ValueError as exc:
+            if isinstance(exc, PrefixKVError):
+                raise
+            raise CompareError(f"backend {label!r}: bad option in {dict(chosen)}: {exc}") from None
         specs.append(spec)
     if not specs:
         raise CompareError(f"no backend named in {text!r}")
@@ -192,30 +157,8 @@ def parse_backends(
     return specs
 
 
-def _backend_size(label: str, name: str, size_text: str, block_size: int, page_size: int) -> int:
-    """``NAME:SIZE``'s size, or the granularity of the backend's unit (block or page)."""
-    if not size_text:
-        return page_size if describe_index(name).unit == "page" else block_size
-    if not size_text.isdigit() or int(size_text) < 1:
-        raise CompareError(f"bad size in backend {label!r}: want NAME:POSITIVE_INT")
-    return int(size_text)
-
-
-def _check_builds(spec: BackendSpec) -> None:
-    """Build the backend once: an unknown name or option fails here, before anything runs."""
-    try:
-        spec.make()
-    except PrefixKVError:
-        raise
-    except ValueError as exc:
-        raise CompareError(
-            f"backend {spec.label!r}: bad option in {dict(spec.options)}: {exc}"
-        ) from None
-
-
 def _spare(backends: Sequence[BackendSpec]) -> int:
-    # A spare block each end of every request: a partial last block, and SGLang's
-    # extend + page_size over-estimate for paged prefill.
+    # a spare block each end of a request: a partial last block, SGLang's page over-estimate
     return 2 * max(b.block_size for b in backends)
 
 
@@ -233,14 +176,10 @@ def min_capacity(stats: TraceStats, backends: Sequence[BackendSpec], concurrency
 def check_pool(
     capacity_tokens: int, backends: Sequence[BackendSpec], max_pool_blocks: int = MAX_POOL_BLOCKS
 ) -> None:
-    """Refuse a capacity that holds no block, or more blocks than ``max_pool_blocks``.
-
-    Raises:
-        CapacityError: naming the backend, the capacity and the limit.
-    """
+    """Refuse (:class:`CapacityError`) a capacity that holds no block, or more blocks
+    than ``max_pool_blocks``."""
     for b in backends:
-        blocks = b.num_blocks(capacity_tokens)
-        if blocks < 1:
+        if b.num_blocks(capacity_tokens) < 1:
             raise CapacityError(
                 f"capacity {capacity_tokens:,} tokens holds no {b.block_size}-token block "
                 f"of {b.label}"
@@ -251,8 +190,8 @@ def check_pool(
 
 
 def over_pool_limit(capacity_tokens: int, block_size: int, max_pool_blocks: int, whose: str) -> str:
-    """Why a pool of ``capacity_tokens`` in ``block_size`` blocks is refused (``whose``
-    pool: ``"for radix"``, ``"a replica"``), or ``""`` within ``max_pool_blocks``."""
+    """Why a pool of ``capacity_tokens`` is refused (``whose``: ``"for radix"``, ``"a
+    replica"``), or ``""`` within ``max_pool_blocks``."""
     blocks = capacity_tokens // block_size
     if blocks <= max_pool_blocks:
         return ""

@@ -1,21 +1,12 @@
 """Where a run's requests come from: seeded built-in workloads, the seed example, traces.
 
-The generators below are synthetic workloads with known prefix-sharing structure, as
-trace requests; :func:`load_workloads` turns names (or a trace) into
-:class:`Workload` s, and the seed example is the seed document's three requests
-(SPEC BB-2, BB-3).
-
-Each generator is a pure function of its arguments: it draws from its own
-``random.Random(seed)``, so a seed names a workload the way a file names a trace.
-The shapes follow the usual prefix-cache benchmarks (SGLang's and vLLM's).
-
-Every generator also takes ``output_len``, the inclusive range of each request's
-output length; ``vocab_size``, token ids are drawn from ``[1, vocab_size)``; and
-``seed``, the workload's seed. Its size knobs are checked before anything is drawn:
-a count is an int (at least 1, or 0 for ``system_len`` and ``depth``), a range an
-inclusive ``(low, high)`` pair of ints with ``low`` at least 1 (0 for ``output_len``,
-2 for ``root_len`` and ``thought_len``); ``vocab_size`` is at least 2. A knob out of
-range raises :class:`WorkloadError` naming it.
+Each generator is a pure function of its arguments, drawing from its own
+``random.Random(seed)``, with the prefix-sharing shapes of SGLang's and vLLM's
+benchmarks. Every generator takes ``output_len`` (an inclusive range), ``vocab_size``
+(ids in ``[1, vocab_size)``) and ``seed``. Its knobs are checked before anything is
+drawn (:class:`WorkloadError` names the bad one): a count is an int >= 1 (>= 0 for
+``system_len`` and ``depth``), a range an inclusive ``(low, high)`` pair of ints with
+``low`` >= 1 (0 for ``output_len``, 2 for ``root_len`` and ``thought_len``).
 """
 
 from __future__ import annotations
@@ -48,7 +39,6 @@ from .traces import (
 
 __all__ = [
     "DEFAULT_WORKLOADS",
-    "SEED_WORKLOAD",
     "WORKLOADS",
     "UnknownWorkloadError",
     "Workload",
@@ -68,8 +58,7 @@ __all__ = [
 
 P = ParamSpec("P")
 
-LengthRange = tuple[int, int]
-"""An inclusive ``(low, high)`` range of token counts."""
+LengthRange = tuple[int, int]  # inclusive
 
 
 class WorkloadError(PrefixKVError):
@@ -81,12 +70,8 @@ class UnknownWorkloadError(WorkloadError):
 
 
 class _Tokens:
-    """Token draws for one workload: ids in ``[1, vocab_size)`` from one seeded RNG.
-
-    Every fresh segment starts with a head token no earlier segment of the same
-    kind used (while the vocabulary lasts), so unrelated segments share no prefix
-    at all, not even one token by chance, and the intended sharing is exact.
-    """
+    """Token draws from one seeded RNG; a fresh segment's head token is new for its kind
+    (while the vocabulary lasts), so unrelated segments share not one token by chance."""
 
     def __init__(self, vocab_size: int, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -94,7 +79,6 @@ class _Tokens:
         self._heads: dict[str, set[int]] = {}
 
     def length(self, bounds: LengthRange) -> int:
-        """A length drawn uniformly from the inclusive range."""
         return self.rng.randint(bounds[0], bounds[1])
 
     def fresh(self, n: int, kind: str, avoid: Collection[int] = ()) -> list[int]:
@@ -111,32 +95,17 @@ class _Tokens:
         used.add(head)
         return [head, *self.rng.choices(self._ids, k=n - 1)]
 
-
-_MINIMUM: Mapping[str, int] = MappingProxyType(
-    {"system_len": 0, "depth": 0, "output_len": 0, "root_len": 2, "thought_len": 2, "vocab_size": 2}
-)
-"""The knobs whose least value is not 1."""
+    def output(self, bounds: LengthRange) -> list[int]:
+        """A fresh output of a length drawn from ``bounds``."""
+        return self.fresh(self.length(bounds), "output")
 
 
-def _check_range(name: str, value: object, minimum: int) -> None:
-    ok = (
-        isinstance(value, (tuple, list))
-        and len(value) == 2
-        and all(type(v) is int for v in value)
-        and minimum <= value[0] <= value[1]
-    )
-    if not ok:
-        raise WorkloadError(
-            f"{name} must be a (low, high) pair of ints with {minimum} <= low <= high, "
-            f"got {value!r}"
-        )
+_MINIMUM = dict(system_len=0, depth=0, output_len=0, root_len=2, thought_len=2, vocab_size=2)
 
 
 def _checked(generator: Callable[P, list[TraceRequest]]) -> Callable[P, list[TraceRequest]]:
-    """``generator`` with its knobs checked first, in signature order (module docstring).
-
-    A knob whose default is a pair is a range, any other but ``seed`` a count.
-    """
+    """``generator`` with its knobs checked first, in signature order: a knob whose
+    default is a pair is a range, any other but ``seed`` a count."""
     signature = inspect.signature(generator)
     knobs = [
         (name, isinstance(p.default, tuple), _MINIMUM.get(name, 1))
@@ -148,12 +117,20 @@ def _checked(generator: Callable[P, list[TraceRequest]]) -> Callable[P, list[Tra
     def checked(*args: P.args, **kwargs: P.kwargs) -> list[TraceRequest]:
         values = signature.bind(*args, **kwargs)
         values.apply_defaults()
-        for name, is_range, minimum in knobs:
+        for name, is_range, low in knobs:
             value = values.arguments[name]
-            if is_range:
-                _check_range(name, value, minimum)
-            else:
-                check_count(name, value, lo=minimum, error=WorkloadError)
+            if not is_range:
+                check_count(name, value, lo=low, error=WorkloadError)
+            elif not (
+                isinstance(value, (tuple, list))
+                and len(value) == 2
+                and all(type(v) is int for v in value)
+                and low <= value[0] <= value[1]
+            ):
+                raise WorkloadError(
+                    f"{name} must be a (low, high) pair of ints with {low} <= low <= high, "
+                    f"got {value!r}"
+                )
         return generator(*args, **kwargs)
 
     return checked
@@ -169,27 +146,12 @@ def shared_system_prompt(
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[TraceRequest]:
-    """Requests that share one system prompt and then ask something unique.
-
-    Structure: every prompt is the same ``system_len`` tokens followed by a user part;
-    any two prompts share exactly ``system_len`` leading tokens.
-
-    Args:
-        num_requests: number of requests.
-        system_len: tokens of the common system prompt.
-        user_len: range of the unique user part's length.
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
-    """
+    """Requests that share exactly one ``system_len``-token system prompt, then a user part."""
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
     return [
         make_request(
-            f"sys-{i}",
-            system + draw.fresh(draw.length(user_len), "user"),
-            draw.fresh(draw.length(output_len), "output"),
+            f"sys-{i}", system + draw.fresh(draw.length(user_len), "user"), draw.output(output_len)
         )
         for i in range(num_requests)
     ]
@@ -208,20 +170,9 @@ def multi_turn(
 ) -> list[TraceRequest]:
     """Chat sessions whose turns each resend the whole history, interleaved.
 
-    Structure: turn ``k + 1``'s prompt is turn ``k``'s prompt, then turn ``k``'s
-    output, then a new user message; different sessions share only the optional
-    system prompt. Requests are ordered by a random interleaving of the sessions that
-    keeps each session's turns in order. Ids: ``chat-<session>-<turn>``.
-
-    Args:
-        num_sessions: number of sessions.
-        turns: range of turns per session.
-        system_len: tokens of a system prompt all sessions start with (0: none).
-        user_len: range of each user message's length.
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
+    Turn ``k + 1``'s prompt is turn ``k``'s prompt and output and a new user message;
+    sessions share only the optional system prompt. The order is a random interleaving
+    that keeps each session's turns in order. Ids: ``chat-<session>-<turn>``.
     """
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
@@ -231,24 +182,20 @@ def multi_turn(
         session: list[TraceRequest] = []
         for t in range(draw.length(turns)):
             prompt = history + draw.fresh(draw.length(user_len), "user")
-            reply = draw.fresh(draw.length(output_len), "output")
-            rid = f"chat-{s}-{t}"
+            reply = draw.output(output_len)
             parent = session[-1].id if session else None
             session.append(
-                make_request(rid, prompt, reply, session=f"chat-{s}", parent=parent, turn=t + 1)
+                make_request(
+                    f"chat-{s}-{t}", prompt, reply, session=f"chat-{s}", parent=parent, turn=t + 1
+                )
             )
             history = prompt + reply
         sessions.append(session)
-    # Draw the next session in proportion to its remaining turns: a uniform shuffle
-    # of all turns, with each session's own turns kept in order.
+    # a uniform shuffle of all turns, each session's own kept in order
     slots = [s for s, session in enumerate(sessions) for _ in session]
     draw.rng.shuffle(slots)
-    cursor = [0] * num_sessions
-    order: list[TraceRequest] = []
-    for s in slots:
-        order.append(sessions[s][cursor[s]])
-        cursor[s] += 1
-    return order
+    turns_left = [iter(session) for session in sessions]
+    return [next(turns_left[s]) for s in slots]
 
 
 @_checked
@@ -263,23 +210,8 @@ def few_shot(
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[TraceRequest]:
-    """Few-shot prompts: one of a handful of example templates, then a question.
-
-    Structure: each template is a run of worked examples; a request picks a template
-    uniformly and appends its own question, so requests on the same template share
-    exactly that template and requests on different templates share nothing.
-
-    Args:
-        num_requests: number of requests.
-        num_templates: number of distinct templates.
-        examples: range of examples per template.
-        example_len: range of each example's length.
-        question_len: range of each question's length.
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
-    """
+    """Few-shot prompts: one of ``num_templates`` runs of worked examples, then a question;
+    requests on one template share exactly it, others nothing."""
     draw = _Tokens(vocab_size, seed)
     templates: list[list[int]] = []
     for _ in range(num_templates):
@@ -291,9 +223,7 @@ def few_shot(
     for i in range(num_requests):
         template = templates[draw.rng.randrange(num_templates)]
         prompt = template + draw.fresh(draw.length(question_len), "question")
-        requests.append(
-            make_request(f"fewshot-{i}", prompt, draw.fresh(draw.length(output_len), "output"))
-        )
+        requests.append(make_request(f"fewshot-{i}", prompt, draw.output(output_len)))
     return requests
 
 
@@ -312,27 +242,11 @@ def tree_of_thought(
 ) -> list[TraceRequest]:
     """Branching reasoning: each node's prompt forks its parent's at an unaligned position.
 
-    Structure: a tree's root is a fresh prompt. A child of a node takes the node's
-    first ``p`` tokens and appends a fresh thought, where ``p`` is drawn from the
-    node's own part (past the node's own fork point; for the root's children, from
-    its second half) and is never a multiple of ``unaligned_to``. So any two prompts
-    of a tree agree on exactly the first ``p`` tokens for some fork ``p`` (the
-    lowest fork between them): the hit ends inside a block, which is where hash
-    chains and radix trees differ. Trees share nothing. Requests come tree by tree,
-    breadth first; ids ``tot-<tree>-r`` for a root, ``tot-<tree>-<path>`` below
-    it (e.g. ``tot-3-0.2``: child 2 of the root's child 0).
-
-    Args:
-        num_trees: number of independent trees.
-        depth: levels below the root.
-        branching: range of children per node.
-        root_len: range of the root prompt's length (at least 2).
-        thought_len: range of each appended thought's length (at least 2).
-        unaligned_to: fork positions avoid multiples of this (1: no constraint).
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
+    A child takes its node's first ``p`` tokens, ``p`` drawn past the node's own fork
+    point (for the root's children, in its second half) and never a multiple of
+    ``unaligned_to``, then a fresh thought: hits end inside a block, where hash chains
+    and radix trees differ. Trees share nothing; they come tree by tree, breadth first,
+    ids ``tot-<tree>-r`` for a root and ``tot-<tree>-<path>`` below (``tot-3-0.2``).
     """
     draw = _Tokens(vocab_size, seed)
     requests: list[TraceRequest] = []
@@ -343,37 +257,20 @@ def tree_of_thought(
         for d in range(depth + 1):
             next_level: list[tuple[str, list[int], int]] = []
             for path, prompt, own_start in level:
-                out = draw.fresh(draw.length(output_len), "output")
-                requests.append(make_request(f"tot-{tree}-{path}", prompt, out))
-                if d < depth:
-                    node = (path, prompt, own_start)
-                    next_level += _thoughts(draw, node, branching, thought_len, unaligned_to)
+                requests.append(make_request(f"tot-{tree}-{path}", prompt, draw.output(output_len)))
+                if d == depth:
+                    continue
+                # of two consecutive positions at most one is a multiple: a choice exists
+                span = range(own_start, len(prompt) + 1)
+                forks = [x for x in span if x % unaligned_to] if unaligned_to > 1 else span
+                for c in range(draw.length(branching)):
+                    p = draw.rng.choice(forks)
+                    # a thought never starts with the parent's token at p: the fork is at p
+                    thought = draw.fresh(draw.length(thought_len), "thought", prompt[p : p + 1])
+                    child = str(c) if path == "r" else f"{path}.{c}"
+                    next_level.append((child, prompt[:p] + thought, p + 1))
             level = next_level
     return requests
-
-
-def _thoughts(
-    draw: _Tokens,
-    node: tuple[str, list[int], int],
-    branching: LengthRange,
-    thought_len: LengthRange,
-    unaligned_to: int,
-) -> list[tuple[str, list[int], int]]:
-    """A tree-of-thought node's children: each forks the node's own part at an
-    unaligned position and appends a fresh thought."""
-    path, prompt, own_start = node
-    children = []
-    for c in range(draw.length(branching)):
-        # own_start < len(prompt) always (roots have >= 2 tokens, thoughts >= 2), and
-        # of two consecutive positions at most one is a multiple: a choice exists.
-        lo, hi = own_start, len(prompt)
-        p = draw.rng.choice([x for x in range(lo, hi + 1) if unaligned_to == 1 or x % unaligned_to])
-        # The thought must not start with the parent's token at p, so the fork is
-        # exactly at p; siblings' heads differ as fresh heads do.
-        thought = draw.fresh(draw.length(thought_len), "thought", prompt[p : p + 1])
-        child_path = str(c) if path == "r" else f"{path}.{c}"
-        children.append((child_path, prompt[:p] + thought, p + 1))
-    return children
 
 
 @_checked
@@ -385,25 +282,11 @@ def no_sharing(
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[TraceRequest]:
-    """Unrelated prompts: the baseline where a prefix cache can only lose.
-
-    Structure: prompts start with pairwise different tokens (while fewer than
-    ``vocab_size - 1`` requests), so no two share even one leading token.
-
-    Args:
-        num_requests: number of requests.
-        prompt_len: range of each prompt's length.
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
-    """
+    """Unrelated prompts (pairwise different first tokens): a prefix cache can only lose."""
     draw = _Tokens(vocab_size, seed)
     return [
         make_request(
-            f"unique-{i}",
-            draw.fresh(draw.length(prompt_len), "prompt"),
-            draw.fresh(draw.length(output_len), "output"),
+            f"unique-{i}", draw.fresh(draw.length(prompt_len), "prompt"), draw.output(output_len)
         )
         for i in range(num_requests)
     ]
@@ -420,31 +303,15 @@ def long_document(
     vocab_size: int = 32000,
     seed: int = 0,
 ) -> list[TraceRequest]:
-    """Long-document QA: several questions asked after each of a few long documents.
-
-    Structure: a request is a document followed by a question; requests on the same
-    document share exactly the document, others nothing. Questions of all documents
-    arrive shuffled, so documents compete for the cache. Ids ``doc-<doc>-<question>``.
-
-    Args:
-        num_documents: number of documents.
-        questions: range of questions per document.
-        document_len: range of each document's length.
-        question_len: range of each question's length.
-        output_len, vocab_size, seed: as every workload's (module docstring).
-
-    Raises:
-        WorkloadError: a knob is out of range.
-    """
+    """Long-document QA: questions after each of a few long documents, shuffled, so the
+    documents compete for the cache. Ids ``doc-<doc>-<question>``."""
     draw = _Tokens(vocab_size, seed)
     requests: list[TraceRequest] = []
     for d in range(num_documents):
         document = draw.fresh(draw.length(document_len), "document")
         for q in range(draw.length(questions)):
             prompt = document + draw.fresh(draw.length(question_len), "question")
-            requests.append(
-                make_request(f"doc-{d}-{q}", prompt, draw.fresh(draw.length(output_len), "output"))
-            )
+            requests.append(make_request(f"doc-{d}-{q}", prompt, draw.output(output_len)))
     draw.rng.shuffle(requests)
     return requests
 
@@ -459,19 +326,14 @@ WORKLOADS: Mapping[str, Callable[..., list[TraceRequest]]] = MappingProxyType(
         "long_document": long_document,
     }
 )
-"""Workload generators by name (read-only), for the CLI and benchmarks."""
+"""Workload generators by name (read-only)."""
 
 
 def make_workload(name: str, **kwargs: Any) -> list[TraceRequest]:
-    """Generate the workload ``name`` with the generator's keyword arguments.
-
-    Args:
-        name: a key of :data:`WORKLOADS`.
-        **kwargs: passed to the generator (size knobs, ``vocab_size``, ``seed``).
+    """Generate the workload ``name`` of :data:`WORKLOADS` with the generator's keywords.
 
     Raises:
         UnknownWorkloadError: no such workload (the message lists the names).
-        WorkloadError: a knob is out of range.
     """
     generator = WORKLOADS.get(name)
     if generator is None:
@@ -481,37 +343,17 @@ def make_workload(name: str, **kwargs: Any) -> list[TraceRequest]:
     return generator(**kwargs)
 
 
-SEED_WORKLOAD = "seed"
-"""The seed document's example: A (80 tokens), B = A[:30] + 50 new, A again."""
+_SEED = "seed"  # the seed document's example
 
-DEFAULT_WORKLOADS: tuple[str, ...] = (
-    SEED_WORKLOAD,
-    "shared_system_prompt",
-    "multi_turn",
-    "tree_of_thought",
-    "few_shot",
-)
+DEFAULT_WORKLOADS = (_SEED, "shared_system_prompt", "multi_turn", "tree_of_thought", "few_shot")
 """What ``prefixkv compare`` runs when neither a workload nor a trace is named."""
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """Requests to compare on, where they came from, and their sizes.
-
-    Attributes:
-        name: workload name or trace file name.
-        source: how it was made (generator call, or the trace and its format).
-        requests: the requests in arrival order, re-iterable: a list for built-in
-            workloads, a :class:`~prefixkv.adapters.lab.traces.TraceSource` (read
-            again on each pass, never held whole) for traces.
-        stats: counts and sizes, from a scan (traces) or the list.
-        notes: what the report must say about it (a hash-id trace's granularity).
-        path: the trace file, ``None`` for built-in workloads.
-        tokens_per_id: a hash-id trace's tokens per id (its sharing granularity);
-            ``None`` for token traces and built-in workloads.
-        rejected_requests: requests left out for their length
-            (:func:`~prefixkv.adapters.lab.admission.admit`), as vLLM refuses them.
-    """
+    """Requests to compare on (in arrival order, re-iterable: a list or a
+    :class:`~prefixkv.adapters.lab.traces.TraceSource`), where they came from, their
+    sizes, the report's notes on them, and the requests left out for their length."""
 
     name: str
     source: str
@@ -524,13 +366,8 @@ class Workload:
 
 
 def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest]:
-    """The seed document's example (SPEC BB-2, BB-3) as three requests.
-
-    ``A`` is 80 random tokens, ``B`` is ``A[:30]`` followed by 50 new tokens (the
-    first of them differs from ``A[30]``), then ``A`` again. At block size 16 the
-    hash chain hits 16 of B (tokens 16..29 are recomputed) and 64 of A again; the
-    radix tree at page size 1 hits 30 and 79. Each request decodes 4 tokens.
-    """
+    """The seed document's example (SPEC BB-2, BB-3): ``A`` (80 random tokens), ``B``
+    (``A[:30]`` and 50 new tokens), ``A`` again; each decodes 4 tokens."""
     rng = random.Random(seed)
 
     def draw(n: int) -> list[int]:
@@ -549,17 +386,12 @@ def seed_example(seed: int = 0, *, vocab_size: int = 32000) -> list[TraceRequest
 
 def workload_names() -> list[str]:
     """Every name ``--workload`` accepts."""
-    return sorted([*WORKLOADS, SEED_WORKLOAD])
+    return sorted([*WORKLOADS, _SEED])
 
 
 def trace_workload(source: TraceSource, trace: str, *, quiet: bool = True) -> Workload:
-    """An opened trace as a workload: scanned once (sizes only, every request
-    validated) with a progress bar over its bytes.
-
-    Raises:
-        TraceFormatError: a malformed trace (the message names file and line).
-        OSError: the trace cannot be read.
-    """
+    """An opened trace as a workload, scanned once (every request validated) with a
+    progress bar over its bytes."""
     bar = progress(source.input_bytes(), "loading", quiet=quiet, unit="B")
     try:
         stats = source.scan(bar.update)
@@ -567,15 +399,8 @@ def trace_workload(source: TraceSource, trace: str, *, quiet: bool = True) -> Wo
         bar.close()
     notes = tuple(n for n in (source.order_note(), source.granularity_note()) if n)
     name = os.path.basename(os.path.normpath(trace))
-    return Workload(
-        name,
-        f"{trace} ({source.describe()})",
-        source,
-        stats,
-        notes,
-        str(trace),
-        source.tokens_per_id,
-    )
+    description = f"{trace} ({source.describe()})"
+    return Workload(name, description, source, stats, notes, str(trace), source.tokens_per_id)
 
 
 def load_workloads(
@@ -589,29 +414,15 @@ def load_workloads(
     settings: ReadSettings | None = None,
     quiet: bool = True,
 ) -> list[Workload]:
-    """Build the workloads of a comparison: named generators, or one trace.
-
-    A trace is opened as a stream and scanned once (sizes only, every request
-    validated) with a progress bar over its bytes.
-
-    Args:
-        names: generator names (``None`` and no trace: :data:`DEFAULT_WORKLOADS`).
-        trace: a trace file or folder instead (any format :func:`open_trace` reads).
-        max_requests: keep the first this many requests of each.
-        tokens_per_id: hash-id traces: tokens each id expands to (default: the
-            format's block size).
-        seed: generator seed, and the hash-id traces' token seed.
-        trace_format: the trace's format (default: detected).
-        settings: the trace reader's settings (limits, vocabulary, outputs); its
-            ``tokens_per_id`` and ``seed`` are replaced by the arguments above.
-        quiet: no progress bar.
+    """The workloads of a comparison: named generators (default
+    :data:`DEFAULT_WORKLOADS`) or one trace (:func:`trace_workload`), the first
+    ``max_requests`` of each; ``tokens_per_id`` and ``seed`` replace ``settings``'.
 
     Raises:
         WorkloadError: both a trace and names, a bad ``max_requests``.
         UnknownWorkloadError: a name that is neither a generator nor ``seed``.
         TraceOptionError: ``tokens_per_id`` without a hash-id trace.
         TraceFormatError: a malformed trace (the message names file and line).
-        OSError: the trace cannot be read.
     """
     if max_requests is not None and (type(max_requests) is not int or max_requests < 1):
         raise WorkloadError(f"max_requests must be a positive int, got {max_requests!r}")
@@ -627,23 +438,17 @@ def load_workloads(
             f"tokens_per_id={tokens_per_id} applies to hash-id traces (--trace) only"
         )
     out: list[Workload] = []
-    for name in names or DEFAULT_WORKLOADS:
-        if not any(w.name == name for w in out):
-            out.append(_generated_workload(name, seed, max_requests))
-    return out
-
-
-def _generated_workload(name: str, seed: int, max_requests: int | None) -> Workload:
-    """A built-in generator's requests (or the seed example), the first ``max_requests``."""
-    if name == SEED_WORKLOAD:
-        requests = seed_example(seed)
-        source_text = f"seed document example (seed={seed})"
-    else:
-        if name not in WORKLOADS:
+    for name in dict.fromkeys(names or DEFAULT_WORKLOADS):
+        if name == _SEED:
+            requests = seed_example(seed)
+            source_text = f"seed document example (seed={seed})"
+        elif name in WORKLOADS:
+            requests = make_workload(name, seed=seed)
+            source_text = f"{name}(seed={seed}), default sizes"
+        else:
             raise UnknownWorkloadError(
                 f"unknown workload {name!r}; known: {', '.join(workload_names())}"
             )
-        requests = make_workload(name, seed=seed)
-        source_text = f"{name}(seed={seed}), default sizes"
-    kept = requests[:max_requests]
-    return Workload(name, source_text, kept, stats_of(kept))
+        kept = requests[:max_requests]
+        out.append(Workload(name, source_text, kept, stats_of(kept)))
+    return out

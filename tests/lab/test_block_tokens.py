@@ -57,7 +57,7 @@ def _reference(name: str, n: int, vocab: int) -> bytes:
 
 
 def _alone(deriver: TokenDeriver, name: str, n: int) -> bytes:
-    got = deriver.tokens([name], n)
+    got = deriver.named(name, n).tobytes()
     assert got == _reference(name, n, deriver.vocab_size)
     return got
 

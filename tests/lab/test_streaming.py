@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.lab.replay import _Collector, replay
+from prefixkv.adapters.lab.replay import replay
+from prefixkv.adapters.lab.sim.klive import _Collector
 from prefixkv.adapters.lab.traces import ReadSettings, TraceRequest, open_trace
 from prefixkv.indexes import PrefixMatch, TokenKey, make_index
 from prefixkv.indexes.wrapper import IndexWrapper

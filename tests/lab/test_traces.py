@@ -21,20 +21,18 @@ import pytest
 from helpers import TEST_DATA, common_prefix
 
 from prefixkv.adapters.lab.traces import (
-    OutputError,
     ReadSettings,
     TraceFormatError,
     TraceLimits,
     TraceOptionError,
     TraceRequest,
-    atomic_writer,
     detect_format,
     load_any,
     make_request,
     open_trace,
-    refuse_overwrite,
     write_trace,
 )
+from prefixkv.adapters.outputs import OutputError, atomic_writer, refuse_overwrite
 from prefixkv.indexes.errors import PrefixKVError
 
 DATA = TEST_DATA / "traces"

@@ -1,33 +1,13 @@
-"""The record every trace format yields, its errors, and the size limits readers enforce.
-
-A :class:`TraceRequest` carries compact token arrays (``array('I')``), never Python int
-lists, plus what a trace says about time and sessions: the arrival in seconds and the
-session/parent/turn links where the format has them (Qwen-Bailian's ``chat_id``
-chain, a Claude Code conversation and its sub-agents).
-"""
+"""The record every trace format yields, its errors, and the size limits readers enforce."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.tokens import as_token_array
-
-__all__ = [
-    "LINE_SLACK_BYTES",
-    "ArrivalOrder",
-    "ReadSettings",
-    "TraceFormatError",
-    "TraceLimits",
-    "TraceOptionError",
-    "TraceRequest",
-    "check_request_id",
-    "make_request",
-    "tokens_of",
-]
 
 
 class TraceFormatError(PrefixKVError):
@@ -39,21 +19,10 @@ class TraceOptionError(PrefixKVError):
 
 
 class TraceRequest(NamedTuple):
-    """One request of a trace.
-
-    Attributes:
-        id: unique request id (non-empty, encodable as UTF-8).
-        tokens: the prompt's token ids (non-empty); readers give ``array('I')``.
-        output: the token ids decoded after the prompt (may be empty).
-        arrival: arrival time in seconds from the trace's (or, for per-conversation
-            traces, the conversation's) start; ``None`` when the format has none.
-        session: the conversation the request belongs to, where the format says.
-        parent: the id of the request this one continues (the previous turn).
-        turn: the turn number within its session (1 for the first).
-        think_s: seconds between the previous turn's answer and this request, where
-            the trace says (kv-cache-tester's ``think_time``); closed-loop replay
-            waits that long after the previous turn finished.
-    """
+    """One request of a trace: its prompt and output tokens (``array('I')`` from the
+    readers), and where the format says them, its arrival in seconds from the trace's
+    (or conversation's) start, its session, the request it continues, its turn (from 1)
+    and the seconds between the previous turn's answer and it."""
 
     id: str
     tokens: Sequence[int]
@@ -65,25 +34,9 @@ class TraceRequest(NamedTuple):
     think_s: float | None = None
 
 
-def tokens_of(values: Iterable[int]) -> array[int]:
-    """Token ids as a fresh ``array('I')`` (validated).
-
-    Raises:
-        InvalidTokenError: an id that is not an int in ``[0, 2**32)``.
-    """
-    return as_token_array(values)
-
-
 def check_request_id(value: object) -> str:
-    """A request id as a non-empty str that encodes as UTF-8 (ints become strs).
-
-    Checked when a request is read, so an id a result file cannot hold (a lone
-    surrogate) fails at load, not after the run.
-
-    Raises:
-        TraceFormatError: a bool, an empty or non-str/int id, or one with a lone
-            surrogate; the message holds no file position (callers add it).
-    """
+    """A request id as a non-empty str that encodes as UTF-8 (ints become strs), else a
+    TraceFormatError."""
     if type(value) is int:
         return str(value)
     if not isinstance(value, str) or not value:
@@ -107,32 +60,19 @@ def make_request(
     parent: str | None = None,
     turn: int | None = None,
 ) -> TraceRequest:
-    """A validated :class:`TraceRequest` with its tokens copied into ``array('I')``.
-
-    Raises:
-        TraceFormatError: a bad id or an empty prompt.
-        InvalidTokenError: a bad token id.
-    """
+    """A :class:`TraceRequest` with its tokens copied into ``array('I')``; a bad id or
+    an empty prompt is a TraceFormatError, a bad token an InvalidTokenError."""
     rid = check_request_id(request_id)
-    prompt = tokens_of(tokens)
+    prompt = as_token_array(tokens)
     if not prompt:
         raise TraceFormatError(f"request {rid!r}: the prompt must not be empty")
-    return TraceRequest(rid, prompt, tokens_of(output), arrival, session, parent, turn)
+    return TraceRequest(rid, prompt, as_token_array(output), arrival, session, parent, turn)
 
 
 @dataclass(frozen=True, slots=True)
 class TraceLimits:
-    """Bounds on what one trace request may ask for, checked before anything is built.
-
-    A trace line is small but may claim huge sizes (a 76-byte Mooncake line with
-    ``output_length`` 10**9); these limits turn such a line into a one-line error
-    instead of gigabytes of tokens. The defaults cover today's longest contexts.
-
-    Attributes:
-        max_prompt_tokens: most prompt tokens of one request (default 2**21 = 2,097,152).
-        max_output_tokens: most output tokens of one request (default 2**17 = 131,072).
-        max_document_bytes: most bytes of one JSON line or document (default 512 MiB).
-    """
+    """Bounds on one request's tokens and one JSON line or document's bytes, checked
+    before anything is built, so a small line that claims a huge size is a one-line error."""
 
     max_prompt_tokens: int = 2**21
     max_output_tokens: int = 2**17
@@ -144,23 +84,23 @@ class TraceLimits:
             if type(value) is not int or value < 1:
                 raise TraceOptionError(f"{name} must be a positive int, got {value!r}")
 
-    def check_prompt(self, length: int) -> str | None:
-        """The fault of a prompt of ``length`` tokens, or ``None`` when it is within bounds."""
-        return _over_limit("prompt", length, self.max_prompt_tokens)
-
-    def check_output(self, length: int) -> str | None:
-        """The fault of an output of ``length`` tokens, or ``None`` when it is within bounds."""
-        return _over_limit("output", length, self.max_output_tokens)
+    def check(self, prompt: int, output: int, where: str) -> None:
+        """Refuse a request of these sizes past a limit: a TraceFormatError after ``where``."""
+        for what, length, limit in (
+            ("prompt", prompt, self.max_prompt_tokens),
+            ("output", output, self.max_output_tokens),
+        ):
+            if length > limit:
+                raise TraceFormatError(
+                    f"{where}: {what} of {length:,} tokens exceeds the limit of {limit:,} "
+                    f"(--max-{what}-tokens)"
+                )
 
     def line_bytes(self, numbers: int, number_bytes: int) -> tuple[int, str]:
-        """The longest line a request within these limits can need, and what bounds it.
-
-        A line listing ``numbers`` numbers of at most ``number_bytes`` bytes each
-        (digits and a ``", "``), plus 1 MiB for its other fields; at most
-        ``max_document_bytes``. Reading stops there, so a line claiming a huge
-        request costs this much, not its size.
+        """The longest line a request within these limits can need (``numbers`` numbers
+        of at most ``number_bytes`` bytes, plus 1 MiB for other fields), and what bounds it.
         """
-        need = numbers * number_bytes + LINE_SLACK_BYTES
+        need = numbers * number_bytes + 2**20
         if need >= self.max_document_bytes:
             return self.max_document_bytes, "the document size limit"
         return need, (
@@ -168,38 +108,21 @@ class TraceLimits:
         )
 
 
-def _over_limit(what: str, length: int, limit: int) -> str | None:
-    if length <= limit:
-        return None
-    return f"{what} of {length:,} tokens exceeds the limit of {limit:,} (--max-{what}-tokens)"
-
-
-LINE_SLACK_BYTES = 2**20
-"""What :meth:`TraceLimits.line_bytes` allows a line beyond its numbers (ids, other keys)."""
-
 SESSION_ORDERS = ("interleaved", "sequential")
-"""How kv-cache-tester conversations are ordered: merged by time, or one after another."""
+"""kv-cache-tester conversations: merged by time (concurrent agents), or one after another."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReadSettings:
-    """How a reader builds requests: token content of hash ids, outputs, size limits.
+    """How a reader builds requests.
 
     Attributes:
-        tokens_per_id: tokens each id stands for (``None``: the format's block size).
-        vocab_size: ids are drawn from ``[1, vocab_size)``.
-        seed: selects the token content.
+        tokens_per_id: tokens each hash id stands for (``None``: the format's block size).
+        seed: selects the token content of hash ids.
         output: ``False`` empties every output (prompt-only replay).
-        limits: size bounds checked before anything is built.
-        sorted_arrivals: refuse, at its ``file:line``, a request that arrives before
-            the one read before it (what a replay at the trace's own timestamps, e.g.
-            under a time scale, needs); formats whose times restart per conversation
-            (kv-cache-tester) are not checked.
-        block_cache_bytes: token bytes of recently expanded hash-id blocks kept for
-            reuse (default 4 MiB); the reader's only memory that outlives a request.
-        session_order: kv-cache-tester conversations ``"interleaved"`` by their time
-            from their start, as concurrent agents (the default), or
-            ``"sequential"``, one after another.
+        block_cache_bytes: token bytes of recent hash-id blocks kept for reuse.
+        sorted_arrivals: refuse a request that arrives before the one read before it
+            (not checked for kv-cache-tester, whose times restart per conversation).
     """
 
     tokens_per_id: int | None = None
@@ -212,34 +135,23 @@ class ReadSettings:
     session_order: str = "interleaved"
 
     def __post_init__(self) -> None:
-        if self.session_order not in SESSION_ORDERS:
-            raise TraceOptionError(
-                f"session_order must be one of {', '.join(SESSION_ORDERS)}, "
-                f"got {self.session_order!r}"
-            )
-        per_id = self.tokens_per_id
-        if per_id is not None and (type(per_id) is not int or per_id < 1):
-            raise TraceOptionError(f"tokens_per_id must be None or a positive int, got {per_id!r}")
-        if type(self.vocab_size) is not int or self.vocab_size < 2:
-            raise TraceOptionError(f"vocab_size must be an int >= 2, got {self.vocab_size!r}")
-        if type(self.seed) is not int:
-            raise TraceOptionError(f"seed must be an int, got {self.seed!r}")
-        if type(self.block_cache_bytes) is not int or self.block_cache_bytes < 0:
-            raise TraceOptionError(
-                f"block_cache_bytes must be an int >= 0, got {self.block_cache_bytes!r}"
-            )
-        if not isinstance(self.limits, TraceLimits):
-            raise TraceOptionError(f"limits must be a TraceLimits, got {self.limits!r}")
-        if type(self.sorted_arrivals) is not bool:
-            raise TraceOptionError(f"sorted_arrivals must be a bool, got {self.sorted_arrivals!r}")
+        p, v, c = self.tokens_per_id, self.vocab_size, self.block_cache_bytes
+        orders = ", ".join(SESSION_ORDERS)
+        for name, ok, want in (
+            ("session_order", self.session_order in SESSION_ORDERS, f"one of {orders}"),
+            ("tokens_per_id", p is None or (type(p) is int and p > 0), "None or a positive int"),
+            ("vocab_size", type(v) is int and v >= 2, "an int >= 2"),
+            ("seed", type(self.seed) is int, "an int"),
+            ("block_cache_bytes", type(c) is int and c >= 0, "an int >= 0"),
+            ("limits", isinstance(self.limits, TraceLimits), "a TraceLimits"),
+            ("sorted_arrivals", type(self.sorted_arrivals) is bool, "a bool"),
+        ):
+            if not ok:
+                raise TraceOptionError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
 
 class ArrivalOrder:
-    """Checks that requests come in arrival order, naming both places when not.
-
-    Args:
-        enabled: ``False`` makes :meth:`check` do nothing.
-    """
+    """Checks that requests come in arrival order (when ``enabled``), naming both places."""
 
     __slots__ = ("_enabled", "_last", "_where")
 

@@ -1,21 +1,8 @@
 """Deterministic token content for hash-id traces: each block id becomes a fixed block.
 
-Hash-id traces (Mooncake, Qwen-Bailian, kv-cache-tester) publish one integer per
-block of tokens, equal ids meaning equal prefixes. To replay them through token- and
-block-granular indexes alike, a block id stands for pseudo-random tokens derived from
-its name ``tag:seed:[scope:]id``. Token ``j`` depends on the name and ``j`` only, so a
-partial block is a prefix of the full block with the same id at any tokens-per-id,
-and the content is the same in any process on any platform:
-
-- the first :data:`HEAD_TOKENS` tokens are SHAKE-128 of the name read as
-  little-endian 32-bit words ``w``, each ``w % (vocab_size - 1) + 1`` — the
-  derivation first published, kept because where two different blocks agree by
-  chance decides token-granular hits, and recorded fixtures pin those;
-- the rest come from a 64-bit key (xxh3 of the name) mixed with a fixed per-seed
-  sequence in numpy's fixed-width arithmetic, vectorized over every new block of a
-  request (hashing whole blocks with SHAKE costs 20 µs a 512-token block).
-
-A bounded LRU keeps recent blocks, so memory never grows with the trace.
+A block named ``tag:seed:[scope:]id`` has tokens that depend on the name and position
+only (the first :data:`HEAD_TOKENS` from SHAKE-128, the rest from its xxh3 key mixed in
+numpy), so a partial block is a prefix of the full one, the same on any platform.
 """
 
 from __future__ import annotations
@@ -32,8 +19,6 @@ import xxhash
 
 from .base import TraceOptionError
 
-__all__ = ["HEAD_TOKENS", "BlockTokens", "TokenDeriver"]
-
 HEAD_TOKENS = 4
 """Leading tokens of every derived run that come from SHAKE-128."""
 
@@ -47,7 +32,7 @@ _HIGH_WORD = 1 if sys.byteorder == "little" else 0
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer, elementwise (uint64 wraps modulo 2**64)."""
+    """SplitMix64's finalizer, elementwise."""
     z = z ^ (z >> np.uint64(30))
     z *= _MIX1
     z ^= z >> np.uint64(27)
@@ -57,10 +42,7 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
 
 
 class TokenDeriver:
-    """Token ids in ``[1, vocab_size)`` derived from names, reproducibly anywhere.
-
-    Args:
-        vocab_size: ids are drawn from ``[1, vocab_size)`` (2 to 2**32).
+    """Token ids in ``[1, vocab_size)`` (``vocab_size`` 2 to 2**32) derived from names.
 
     Raises:
         TraceOptionError: a bad ``vocab_size``.
@@ -80,23 +62,8 @@ class TokenDeriver:
             self._table = _splitmix64(np.arange(1, size + 1, dtype=np.uint64) * _GOLDEN)
         return self._table[:n]
 
-    def tokens(self, names: Sequence[str], n: int) -> bytes:
-        """``n`` tokens for each name, concatenated, as native ``uint32`` bytes.
-
-        Complexity: O(len(names) * n) in numpy, plus a SHAKE-128 call per name.
-        """
-        if not names or n <= 0:
-            return b""
-        return self.rows(names, n).tobytes()
-
     def rows(self, names: Sequence[str], n: int) -> np.ndarray:
-        """``n`` tokens for each name: a ``(len(names), n)`` C-contiguous ``uint32``
-        array (non-empty ``names``, ``n >= 1``), what :meth:`tokens` returns as bytes.
-
-        Five passes over the tail in place, then a copy of each element's high word
-        into the ``uint32`` rows: each pass is a loop over every element, so the fewer
-        the faster.
-        """
+        """``n >= 1`` tokens for each of ``names``: a C-contiguous ``uint32`` array."""
         head = min(n, HEAD_TOKENS)
         raw = [name.encode() for name in names]
         out = np.empty((len(raw), n), dtype=np.uint32)
@@ -104,14 +71,11 @@ class TokenDeriver:
         out[:, :head] = (words % np.uint32(self.vocab_size - 1) + np.uint32(1)).reshape(-1, head)
         if n > head:
             keys = np.fromiter(map(xxhash.xxh3_64_intdigest, raw), np.uint64, count=len(raw))
-            # xor, not add: with z = (key + step) * c two keys would differ by one
-            # constant at every position, and close keys would give whole equal blocks.
+            # xor, not add: with add, close keys would give whole equal blocks
             z = keys[:, None] ^ self._steps(n)[None, head:]
             z *= _MIX1
             z >>= _HIGH
-            # Lemire's multiply-shift onto [1, V): z * (V - 1) < 2**64 - 2**32, so adding
-            # 2**32 adds 1 to the high word, and the high words are the tokens: copied
-            # out as they lie, no shift and no cast.
+            # Lemire's multiply-shift onto [1, V): the high words are the tokens
             z *= np.uint64(self.vocab_size - 1)
             z += _ONE_HIGH
             out[:, head:] = z.view(np.uint32)[:, _HIGH_WORD::2]
@@ -126,16 +90,8 @@ class TokenDeriver:
 
 
 class BlockTokens:
-    """The tokens of hash-id blocks, ``tokens_per_id`` a block, cached in a bounded LRU.
-
-    Args:
-        deriver: the token source (vocabulary).
-        prefix: every block's name starts with it (``"mooncake-block:0:"``: format
-            and seed), so traces of different formats never share content by accident.
-        tokens_per_id: tokens a block stands for (the format's block size, or an
-            override that keeps the sharing pattern at another granularity).
-        cache_bytes: token bytes of recent blocks kept (each entry also costs about
-            150 bytes of bookkeeping, counted too); 0 keeps none.
+    """The tokens of hash-id blocks, ``tokens_per_id`` a block, in an LRU of ``cache_bytes``
+    (0: none kept) whose names start with ``prefix`` (format and seed).
 
     Raises:
         TraceOptionError: a bad ``tokens_per_id``.
@@ -155,18 +111,9 @@ class BlockTokens:
         self._capacity = cache_bytes // (4 * tokens_per_id + 150)
 
     def prompt(self, scope: str, hash_ids: Sequence[int], length: int) -> array[int]:
-        """The blocks of ``hash_ids`` in order, cut to ``length`` tokens.
+        """The blocks of ``hash_ids`` in order, cut to ``length`` tokens (at most theirs).
 
-        Args:
-            scope: a namespace for the ids (``""`` when ids are global to the trace;
-                a conversation id when they are local to it).
-            hash_ids: the block ids.
-            length: tokens wanted, at most ``len(hash_ids) * tokens_per_id``; the
-                caller bounds it.
-
-        Complexity: O(length) copying; one vectorized derivation for the blocks not
-        in the LRU. A request none of whose blocks is cached (most of a long trace's)
-        is copied out of the derived rows once, never joined.
+        ``scope`` namespaces the ids (``""``: global to the trace).
         """
         cache = self._cache
         keys: Sequence[object] = [(scope, h) for h in hash_ids] if scope else hash_ids
@@ -177,36 +124,18 @@ class BlockTokens:
             for pos, key in enumerate(keys):
                 if parts[pos] is not None:
                     cache.move_to_end(key)
-        if missing:
-            rows = self._fill(scope, hash_ids, keys, missing, parts)
+        if missing:  # derived in one vectorized call, each block copied out once
+            name = f"{self._prefix}{scope}:" if scope else self._prefix
+            rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
+            data = rows.data.cast("B")
+            width = 4 * self.tokens_per_id
+            for i, p in enumerate(missing):
+                parts[p] = cache[keys[p]] = data[i * width : (i + 1) * width].tobytes()
+            while len(cache) > self._capacity:
+                cache.popitem(last=False)
             if len(missing) == len(parts):  # none cached: straight from the rows
-                out.frombytes(rows.data.cast("B")[: 4 * length])
+                out.frombytes(data[: 4 * length])
                 return out
-        data = b"".join(cast("list[bytes]", parts))
-        out.frombytes(data if len(data) == 4 * length else memoryview(data)[: 4 * length])
+        joined = b"".join(cast("list[bytes]", parts))
+        out.frombytes(joined if len(joined) == 4 * length else memoryview(joined)[: 4 * length])
         return out
-
-    def _fill(
-        self,
-        scope: str,
-        hash_ids: Sequence[int],
-        keys: Sequence[object],
-        missing: list[int],
-        parts: list[bytes | None],
-    ) -> np.ndarray:
-        # One vectorized pass over every missing block of the request: numpy's
-        # per-call overhead would otherwise exceed the arithmetic. Returns their rows.
-        name = f"{self._prefix}{scope}:" if scope else self._prefix
-        rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)
-        data = rows.data.cast("B")  # each block copied out once, the rows never whole
-        width = 4 * self.tokens_per_id
-        cache = self._cache
-        at = 0
-        for p in missing:
-            block = data[at : at + width].tobytes()
-            at += width
-            parts[p] = block
-            cache[keys[p]] = block
-        while len(cache) > self._capacity:
-            cache.popitem(last=False)
-        return rows

@@ -1,30 +1,17 @@
 """kv-cache-tester's agentic coding traces (Claude Code conversations with sub-agents).
 
-From ``callanjfox/kv-cache-tester`` (``traces/``, ``docs/trace_replay_tester.md``): one
-JSON document per conversation, ``{"id", "block_size": 64, "hash_id_scope": "local" |
-"global", "requests": [...]}``. A request is ``{"t": s from the conversation's start,
-"type": "n" | "s", "in", "out", "hash_ids", ...}`` with one id per *full* block of its
-input (``len(hash_ids) == in // block_size``); an entry with an ``agent_id`` and
-``requests`` of its own (``{"t", "agent_id", "requests": [...]}``, its ``type`` naming
-the kind) holds a sub-agent's requests, timed from its start.
-
-A conversation's requests (its sub-agents' included) are in time order. By default
-(``session_order="interleaved"``) the conversations run concurrently, as the agents
-of kv-cache-tester's replay do: all start together and their requests merge by
-their time from the conversation's start, so a cache sees the sessions interleaved
-(every document is then read before the first request comes out; memory holds the
-documents' JSON). ``"sequential"`` replays conversation after conversation (files in
-name order, or archive order), one document in memory at a time: the easy case for
-any cache, where each conversation finds its own blocks still cached. Local ids
-are namespaced by conversation, so conversations share content only under
-``"global"`` scope; the input past the last full block is fresh content per request.
-Input: a folder of ``.json`` files, one ``.json`` file, or a ``.tar.xz`` (``.tar.gz``,
-``.tar``) of them, read one document at a time.
+One JSON document per conversation (``{"id", "block_size", "hash_id_scope", "requests"}``),
+read from a folder of ``.json`` files, one ``.json``, or a ``.tar.xz`` (``.tar.gz``,
+``.tar``) of them. A request has one hash id per *full* block of its input; an entry
+with ``agent_id`` and ``requests`` of its own is a sub-agent, timed from its start.
+Conversations are interleaved by time from their start (concurrent agents) or replayed
+one after another (``session_order``); local ids are namespaced by conversation.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import lzma
 import tarfile
 import zlib
@@ -35,33 +22,25 @@ from typing import IO, Annotated, Any, cast
 
 import msgspec
 
-from prefixkv.adapters.inputs import read_input
+from prefixkv.adapters.inputs import StrPath, open_input, read_input
 
 from ..messages import one_line
 from .base import ReadSettings, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
 from .prefixkv import RequestSize
-from .reading import (
-    Progress,
-    StrPath,
-    count_items,
-    decode,
-    open_stream,
-    open_trace_file,
-)
-
-__all__ = [
-    "KVCT_BLOCK_SIZE",
-    "conversation_files",
-    "is_archive",
-    "iter_kvcache_tester",
-    "sizes_kvcache_tester",
-]
+from .reading import Progress, count_items, decode, open_stream
 
 KVCT_BLOCK_SIZE = 64
 """Tokens per hash id in the published traces (each document states its own)."""
 
+EXPANSION_FLOOR_BYTES = 32 * 2**20
+"""Bytes any member of a compressed archive may decompress to, whatever its ratio."""
+MAX_EXPANSION = 100
+"""Past the floor, the most bytes a member may decompress to per compressed byte read:
+a compression bomb stops early, a genuine larger conversation is read extracted."""
+
 _ARCHIVE_SUFFIXES = (".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar")
+_IDS = msgspec.json.Decoder(list[int])
 
 
 class _Request(msgspec.Struct):
@@ -84,11 +63,21 @@ class _Conversation(msgspec.Struct):
 
 
 @dataclass(slots=True)
+class _Context:
+    """One conversation's id scope, block size and tokens per id."""
+
+    scope: str
+    block: int
+    tokens_per_id: int
+
+
+@dataclass(slots=True)
 class _Item:
     arrival: float
     session: str
     where: str
     request: _Request
+    conversation: _Context
 
 
 def is_archive(path: StrPath) -> bool:
@@ -112,7 +101,7 @@ def _documents(
     p = Path(path)
     if p.is_dir() or not is_archive(p):
         for f in conversation_files(p) if p.is_dir() else [p]:
-            data = _read_file(f, max_bytes)
+            data = read_input(f, max_bytes, what="document", error=TraceFormatError)
             yield str(f), f.stem, data
             if progress is not None:
                 progress(len(data))
@@ -120,27 +109,11 @@ def _documents(
         yield from _archive(p, max_bytes)
 
 
-def _read_file(path: Path, max_bytes: int) -> bytes:
-    return read_input(path, max_bytes, what="document", error=TraceFormatError)
-
-
-EXPANSION_FLOOR_BYTES = 32 * 2**20
-"""Bytes any member of a compressed archive may decompress to, whatever its ratio
-(kv-cache-tester's published conversations are a few KB to a few MB)."""
-MAX_EXPANSION = 100
-"""Past :data:`EXPANSION_FLOOR_BYTES`, the most bytes a member may decompress to per
-compressed byte read for it: a bomb (gzip reaches ~1,000 to 1, xz ~7,000 on a run of
-one byte: a 77 KB archive holding a 500 MB member) stops within the floor and a
-hundred times its size, while a genuine larger conversation can be read from the
-extracted folder."""
-
-
 def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytearray]]:
-    """The ``.json`` members of a tar archive (plain, gzip or xz, known by its magic
-    bytes), one at a time, each read within the document limit and a decompression
-    budget counted while it streams (not taken from the member's header)."""
+    """The ``.json`` members of a tar archive (plain, gzip or xz by its magic bytes),
+    one at a time, each within the document limit and the decompression budget."""
     found = False
-    with open_trace_file(path) as raw:
+    with open_input(path, what="trace", error=TraceFormatError) as raw:
         stream, kind = open_stream(raw, path)
         try:
             with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -173,19 +146,14 @@ def _archive(path: Path, max_bytes: int) -> Iterator[tuple[str, str, bytearray]]
         raise TraceFormatError(f"{path}: no .json conversation file in the archive")
 
 
-_CHUNK = 2**20
-
-
 def _read_member(
     f: IO[bytes], compressed: IO[bytes] | None, where: str, max_bytes: int
 ) -> bytearray:
-    """A member's bytes, read a chunk at a time: at most ``max_bytes``, and, from a
-    compressed archive (``compressed`` is its file), at most
-    :data:`EXPANSION_FLOOR_BYTES` + :data:`MAX_EXPANSION` bytes per compressed byte
-    read meanwhile, so a small archive cannot cost much memory."""
+    """A member's bytes, at most ``max_bytes`` and (from ``compressed``, the archive's
+    file) the expansion budget of the compressed bytes read meanwhile."""
     start = compressed.tell() if compressed is not None else 0
     data = bytearray()
-    while chunk := f.read(_CHUNK):
+    while chunk := f.read(2**20):
         data += chunk
         if len(data) > max_bytes:
             raise TraceFormatError(f"{where}: more than the document limit of {max_bytes:,} bytes")
@@ -201,7 +169,7 @@ def _read_member(
     return data
 
 
-def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
+def _flatten(conv: _Conversation, conv_id: str, where: str, ctx: _Context) -> list[_Item]:
     items: list[_Item] = []
 
     def walk(requests: list[_Request], base: float, session: str, path: str) -> None:
@@ -211,94 +179,45 @@ def _flatten(conv: _Conversation, conv_id: str, where: str) -> list[_Item]:
                 agent = r.agent_id or f"agent{k}"
                 walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
             else:
-                items.append(_Item(base + r.t, session, f"{where}: {here}", r))
+                items.append(_Item(base + r.t, session, f"{where}: {here}", r, ctx))
 
     walk(conv.requests, 0.0, conv_id, "$.requests")
     items.sort(key=lambda item: item.arrival)  # stable: ties keep the file's order
     return items
 
 
-_IDS = msgspec.json.Decoder(list[int])
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One request, checked: what it is called, where it sits, what it will hold."""
-
-    where: str
-    id: str
-    item: _Item
-    scope: str
-    tokens_per_id: int
-    parent: str | None
-    turn: int
-    hash_ids: list[int]
-    tail: int
-    prompt: int
-    output: int
-    think_s: float | None
-
-
-@dataclass(slots=True)
-class _Context:
-    """One conversation's reading settings."""
-
-    where: str
-    scope: str
-    block: int
-    tokens_per_id: int
-
-
-def _conversations(
-    path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[_Context, list[_Item]]]:
-    """Each conversation's settings and requests in time order, one document at a time."""
+def _in_order(path: StrPath, opts: ReadSettings, progress: Progress | None) -> Iterator[_Item]:
+    """Every request in replay order: conversation by conversation, or all starting
+    together, merged by time (ties keep the conversations' order)."""
     decoder = msgspec.json.Decoder(_Conversation)
-    for where, stem, data in _documents(path, opts.limits.max_document_bytes, progress):
-        conv = decode(decoder, data, where)
-        conv_id = stem if conv.id is None else str(conv.id)
-        if conv.hash_id_scope not in ("local", "global"):
-            raise TraceFormatError(
-                f'{where}: "hash_id_scope" must be "local" or "global", got {conv.hash_id_scope!r}'
-            )
-        scope = "" if conv.hash_id_scope == "global" else conv_id
-        block = conv.block_size
-        per_id = block if opts.tokens_per_id is None else opts.tokens_per_id
-        yield _Context(where, scope, block, per_id), _flatten(conv, conv_id, where)
+
+    def conversations() -> Iterator[list[_Item]]:
+        for where, stem, data in _documents(path, opts.limits.max_document_bytes, progress):
+            conv = decode(decoder, data, where)
+            conv_id = stem if conv.id is None else str(conv.id)
+            scope = conv.hash_id_scope
+            if scope not in ("local", "global"):
+                raise TraceFormatError(
+                    f'{where}: "hash_id_scope" must be "local" or "global", got {scope!r}'
+                )
+            per_id = conv.block_size if opts.tokens_per_id is None else opts.tokens_per_id
+            ctx = _Context("" if scope == "global" else conv_id, conv.block_size, per_id)
+            yield _flatten(conv, conv_id, where, ctx)
+
+    if opts.session_order == "sequential":
+        return itertools.chain.from_iterable(conversations())
+    return heapq.merge(*conversations(), key=lambda item: item.arrival)
 
 
-def _interleaved(
-    conversations: Iterator[tuple[_Context, list[_Item]]],
-) -> Iterator[tuple[_Context, _Item]]:
-    """Every conversation's requests merged by their time from the conversation's start
-    (all conversations start together; ties keep the conversations' order). Every
-    document is read before the first request comes out."""
-    held = list(conversations)
-    streams = [
-        [((item.arrival, k, j), ctx, item) for j, item in enumerate(items)]
-        for k, (ctx, items) in enumerate(held)
-    ]
-    for _, ctx, item in heapq.merge(*streams, key=lambda entry: entry[0]):
-        yield ctx, item
-
-
-def _sequential(
-    conversations: Iterator[tuple[_Context, list[_Item]]],
-) -> Iterator[tuple[_Context, _Item]]:
-    for ctx, items in conversations:
-        for item in items:
-            yield ctx, item
-
-
-def _plans(path: StrPath, opts: ReadSettings, progress: Progress | None = None) -> Iterator[_Plan]:
-    """Every request in replay order, checked against the schema and the limits."""
+def _plans(
+    path: StrPath, opts: ReadSettings, progress: Progress | None = None
+) -> Iterator[tuple[_Item, TraceRequest, list[int], int, int, int]]:
+    """Per request, checked against the schema and the limits: ``(item, the request
+    without tokens, hash ids, prompt, tail and output tokens)``."""
     limits = opts.limits
-    conversations = _conversations(path, opts, progress)
-    order = _sequential if opts.session_order == "sequential" else _interleaved
-    last: dict[str, tuple[str, int]] = {}
-    previous: dict[str, _Item] = {}
-    for ctx, item in order(conversations):
-        block, s = ctx.block, ctx.tokens_per_id
+    previous: dict[str, tuple[_Item, str, int]] = {}  # a session's last request, id, turn
+    for item in _in_order(path, opts, progress):
+        block, s = item.conversation.block, item.conversation.tokens_per_id
         r = item.request
         if r.in_ is None or r.out is None or not r.hash_ids:
             raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
@@ -308,13 +227,10 @@ def _plans(path: StrPath, opts: ReadSettings, progress: Progress | None = None) 
         tail = -(-(r.in_ - block * full) * s // block)
         prompt = s * full + tail
         output = -(-r.out * s // block) if opts.output else 0
-        prev = last.get(item.session)
-        turn = 1 if prev is None else prev[1] + 1
+        before = previous.get(item.session)
+        turn = 1 if before is None else before[2] + 1
         rid = f"{item.session}/{turn}"
-        # the sizes first, then the ids, counted before they are built
-        fault = limits.check_prompt(prompt) or limits.check_output(output)
-        if fault:
-            raise TraceFormatError(f"{item.where}: request {rid!r}: {fault}")
+        limits.check(prompt, output, f"{item.where}: request {rid!r}")  # before the ids
         n = count_items(r.hash_ids)
         hash_ids: list[int] = []
         if n <= full:
@@ -324,66 +240,40 @@ def _plans(path: StrPath, opts: ReadSettings, progress: Progress | None = None) 
             raise TraceFormatError(
                 f'{item.where}: {n} "hash_ids" but "in" {r.in_} needs {r.in_} // {block} = {full}'
             )
-        last[item.session] = (rid, turn)
-        parent = None if prev is None else prev[0]
-        think = _think_time(r, previous.get(item.session), item.arrival)
-        previous[item.session] = item
-        yield _Plan(
-            item.where, rid, item, ctx.scope, s, parent, turn, hash_ids, tail, prompt, output,
-            think,
-        )  # fmt: skip
-
-
-def _think_time(r: _Request, before: _Item | None, arrival: float) -> float | None:
-    """The request's ``think_time``; else, after a request with an ``api_time``, the
-    gap between the two less that answer's time; else unknown."""
-    if r.think_time is not None:
-        return r.think_time
-    if before is None or before.request.api_time is None:
-        return None
-    return max(0.0, arrival - before.arrival - before.request.api_time)
+        think = r.think_time  # else the gap after the previous request's answer
+        if think is None and before is not None and before[0].request.api_time is not None:
+            think = max(0.0, item.arrival - before[0].arrival - before[0].request.api_time)
+        previous[item.session] = (item, rid, turn)
+        parent = None if before is None else before[1]
+        request = TraceRequest(rid, (), (), item.arrival, item.session, parent, turn, think)
+        yield item, request, hash_ids, prompt, tail, output
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
-    """Yield the requests of kv-cache-tester traces, interleaved by their time from
-    each conversation's start, or conversation by conversation
-    (``opts.session_order``).
-
-    Ids are ``<conversation>/<turn>`` and ``<conversation>/<agent>/<turn>``; the session
-    is the conversation (or sub-agent), the parent the session's previous request, the
-    arrival the seconds from the conversation's start, and the think time the
-    request's ``think_time`` (else the gap after the previous request's ``api_time``).
-
-    Memory: one conversation document and one request's tokens at a time.
+    """Yield the requests of kv-cache-tester traces, ids ``<conversation>[/<agent>]/<turn>``.
 
     Raises:
-        TraceFormatError: a document that is not JSON or not the schema, a request
-            without ``in``/``out``/``hash_ids``, ``len(hash_ids) != in // block_size``,
-            sizes past the limits, a corrupt archive; the message names the file and
-            the JSON path of the request.
-        OSError: a file cannot be read.
+        TraceFormatError: a document not of the schema, a request without ``in``,
+            ``out`` or the right number of ``hash_ids``, sizes past the limits, a
+            corrupt archive; the message names the file and the JSON path.
     """
     seed = opts.seed
     deriver = TokenDeriver(opts.vocab_size)
     blocks: dict[int, BlockTokens] = {}
-    for p in _plans(path, opts):
-        expander = blocks.get(p.tokens_per_id)
-        if expander is None:
-            expander = blocks[p.tokens_per_id] = BlockTokens(
-                deriver, f"kvct-block:{seed}:", p.tokens_per_id, opts.block_cache_bytes
-            )
-        tokens = expander.prompt(p.scope, p.hash_ids, p.prompt - p.tail)
-        if p.tail:
-            tokens += deriver.named(f"kvct-tail:{seed}:{p.id}", p.tail)
-        out = deriver.named(f"kvct-output:{seed}:{p.id}", p.output)
-        yield TraceRequest(
-            p.id, tokens, out, p.item.arrival, p.item.session, p.parent, p.turn, p.think_s
-        )
+    for item, request, hash_ids, prompt, tail, output in _plans(path, opts):
+        s = item.conversation.tokens_per_id
+        if s not in blocks:
+            blocks[s] = BlockTokens(deriver, f"kvct-block:{seed}:", s, opts.block_cache_bytes)
+        tokens = blocks[s].prompt(item.conversation.scope, hash_ids, prompt - tail)
+        if tail:
+            tokens += deriver.named(f"kvct-tail:{seed}:{request.id}", tail)
+        out = deriver.named(f"kvct-output:{seed}:{request.id}", output)
+        yield request._replace(tokens=tokens, output=out)
 
 
 def sizes_kvcache_tester(
     path: StrPath, opts: ReadSettings, progress: Progress | None = None
 ) -> Iterator[RequestSize]:
     """Every request's id and sizes, validated as :func:`iter_kvcache_tester` does."""
-    for p in _plans(path, opts, progress):
-        yield RequestSize(p.id, p.prompt, p.output, p.where)
+    for item, request, _, prompt, _, output in _plans(path, opts, progress):
+        yield RequestSize(request.id, prompt, output, item.where)

@@ -1,11 +1,4 @@
-"""A trace on disk as a re-readable stream of requests, with a cheap sizes-only scan.
-
-:func:`open_trace` detects the format (or takes it), and the :class:`TraceSource` it
-returns yields requests one at a time each time it is iterated, so a replay holds one
-request's tokens, never the trace. :meth:`TraceSource.scan` reads the trace once
-without building tokens: it validates every request (format, limits, ids, duplicate
-ids) and returns the sizes that capacity planning and progress bars need.
-"""
+"""A trace on disk as a re-readable stream of requests, with a cheap sizes-only scan."""
 
 from __future__ import annotations
 
@@ -13,17 +6,20 @@ import heapq
 import itertools
 import os
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import msgspec
 import numpy as np
 import xxhash
 
+from prefixkv.adapters.inputs import StrPath
+
 from .base import ReadSettings, TraceFormatError, TraceOptionError, TraceRequest
-from .hashid import BAILIAN, MOONCAKE, iter_hashid, sizes_hashid
+from .hashid import BAILIAN, MOONCAKE, HashIdFormat, iter_hashid, sizes_hashid
 from .kvcache_tester import (
     KVCT_BLOCK_SIZE,
     conversation_files,
@@ -32,38 +28,42 @@ from .kvcache_tester import (
     sizes_kvcache_tester,
 )
 from .prefixkv import RequestSize, iter_prefixkv, sizes_prefixkv
-from .reading import Progress, StrPath, decode, iter_lines
-
-__all__ = [
-    "FORMATS",
-    "TraceFormat",
-    "TraceSource",
-    "TraceStats",
-    "detect_format",
-    "open_trace",
-    "stats_of",
-]
+from .reading import Progress, decode, iter_lines
 
 TraceFormat = Literal["prefixkv", "mooncake", "bailian", "kv-cache-tester"]
 FORMATS: tuple[TraceFormat, ...] = get_args(TraceFormat)
 
-_LARGEST = 256
-"""How many of the largest requests the scan remembers (the tight capacity's K)."""
-
+_LARGEST = 256  # the largest requests a scan remembers (the tight capacity's K)
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+class _Reader(NamedTuple):
+    description: str
+    native_tokens_per_id: int | None
+    requests: Callable[[StrPath, ReadSettings], Iterator[TraceRequest]]
+    sizes: Callable[[StrPath, ReadSettings, Progress | None], Iterator[RequestSize]]
+
+
+def _hashid(description: str, fmt: HashIdFormat) -> _Reader:
+    return _Reader(
+        description, fmt.block_size, partial(iter_hashid, fmt), partial(sizes_hashid, fmt)
+    )
+
+
+_READERS: dict[TraceFormat, _Reader] = {
+    "prefixkv": _Reader("prefixkv token trace", None, iter_prefixkv, sizes_prefixkv),
+    "mooncake": _hashid("Mooncake hash-id trace", MOONCAKE),
+    "bailian": _hashid("Qwen-Bailian hash-id trace", BAILIAN),
+    "kv-cache-tester": _Reader(
+        "kv-cache-tester agentic trace", KVCT_BLOCK_SIZE, iter_kvcache_tester, sizes_kvcache_tester
+    ),
+}
 
 
 @dataclass(slots=True)
 class TraceStats:
-    """What a scan learns of a trace: counts and sizes, no tokens.
-
-    Attributes:
-        num_requests: requests (after ``max_requests``).
-        prompt_tokens: all prompt tokens.
-        output_tokens: all output tokens.
-        largest: prompt + output tokens of the largest requests, largest first
-            (at most 256 of them).
-    """
+    """What a scan learns of a trace: counts, token totals, and the prompt + output
+    tokens of the 256 largest requests (largest first once finished)."""
 
     num_requests: int = 0
     prompt_tokens: int = 0
@@ -96,17 +96,12 @@ def stats_of(requests: Iterable[TraceRequest]) -> TraceStats:
 
 
 def detect_format(path: StrPath) -> TraceFormat:
-    """Tell the format of a trace from its shape and its first record's keys.
-
-    A folder or a tar archive is kv-cache-tester's; otherwise the first non-blank
-    line decides: ``"requests"`` kv-cache-tester, ``"tokens"`` prefixkv,
-    ``"hash_ids"`` with ``"chat_id"`` Qwen-Bailian, ``"hash_ids"`` alone Mooncake. A
-    ``.json`` file whose first line is not a whole object is a pretty-printed
-    kv-cache-tester conversation.
+    """The format of a trace from its shape and first record's keys: a folder, an archive,
+    ``"requests"`` or a ``.json`` of many lines is kv-cache-tester's, ``"tokens"``
+    prefixkv's, ``"hash_ids"`` Qwen-Bailian's with ``"chat_id"``, else Mooncake's.
 
     Raises:
         TraceFormatError: an empty file, or a first record of no known format.
-        OSError: the path cannot be read.
     """
     p = Path(path)
     if p.is_dir() or is_archive(p):
@@ -134,38 +129,14 @@ def detect_format(path: StrPath) -> TraceFormat:
     raise TraceFormatError(f"{p}: empty trace (no non-blank line)")
 
 
-_NATIVE_TOKENS_PER_ID: dict[TraceFormat, int | None] = {
-    "prefixkv": None,
-    "mooncake": MOONCAKE.block_size,
-    "bailian": BAILIAN.block_size,
-    "kv-cache-tester": KVCT_BLOCK_SIZE,
-}
-
-_DESCRIPTIONS: dict[TraceFormat, str] = {
-    "prefixkv": "prefixkv token trace",
-    "mooncake": "Mooncake hash-id trace",
-    "bailian": "Qwen-Bailian hash-id trace",
-    "kv-cache-tester": "kv-cache-tester agentic trace",
-}
-
-
 class TraceSource:
-    """A trace file (or folder) read lazily, as often as needed.
-
-    Iterating yields :class:`TraceRequest` one at a time (the first ``max_requests``);
-    each iteration re-reads the file, so several replays of one trace hold no more
-    than one does.
-
-    Args:
-        path: the trace (a file, or a folder/archive for kv-cache-tester).
-        trace_format: the format; ``None`` detects it (:func:`detect_format`).
-        max_requests: stop after this many requests (``None``: all).
-        settings: token content, outputs and size limits.
+    """A trace file (or folder) read lazily, as often as needed: each iteration
+    re-reads it and yields the first ``max_requests`` requests one at a time
+    (``trace_format`` ``None``: :func:`detect_format`).
 
     Raises:
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
         TraceFormatError: the format cannot be detected.
-        OSError: the path cannot be read.
     """
 
     def __init__(
@@ -188,6 +159,7 @@ class TraceSource:
         self.format: TraceFormat = detect_format(path) if trace_format is None else trace_format
         self.max_requests = max_requests
         self.settings = ReadSettings() if settings is None else settings
+        self._reader = _READERS[self.format]
         if self.format == "prefixkv" and self.settings.tokens_per_id is not None:
             raise TraceOptionError(
                 f"tokens_per_id={self.settings.tokens_per_id!r} applies to hash-id traces only; "
@@ -195,53 +167,17 @@ class TraceSource:
             )
 
     @property
-    def native_tokens_per_id(self) -> int | None:
-        """Tokens per hash id in the published trace (``None`` for token traces)."""
-        return _NATIVE_TOKENS_PER_ID[self.format]
-
-    @property
     def tokens_per_id(self) -> int | None:
         """Tokens each hash id expands to here (``None`` for token traces)."""
-        if self.native_tokens_per_id is None:
-            return None
-        return self.settings.tokens_per_id or self.native_tokens_per_id
+        native = self._reader.native_tokens_per_id
+        return None if native is None else self.settings.tokens_per_id or native
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        opts = self.settings
-        it: Iterator[TraceRequest]
-        if self.format == "prefixkv":
-            it = iter_prefixkv(
-                self.path,
-                limits=opts.limits,
-                output=opts.output,
-                sorted_arrivals=opts.sorted_arrivals,
-            )
-        elif self.format == "mooncake":
-            it = iter_hashid(MOONCAKE, self.path, opts)
-        elif self.format == "bailian":
-            it = iter_hashid(BAILIAN, self.path, opts)
-        else:
-            it = iter_kvcache_tester(self.path, opts)
-        return itertools.islice(it, self.max_requests)
+        return itertools.islice(self._reader.requests(self.path, self.settings), self.max_requests)
 
     def sizes(self, progress: Progress | None = None) -> Iterator[RequestSize]:
         """Each request's id and sizes, validated, without building tokens."""
-        opts = self.settings
-        it: Iterator[RequestSize]
-        if self.format == "prefixkv":
-            it = sizes_prefixkv(
-                self.path,
-                limits=opts.limits,
-                output=opts.output,
-                progress=progress,
-                sorted_arrivals=opts.sorted_arrivals,
-            )
-        elif self.format == "mooncake":
-            it = sizes_hashid(MOONCAKE, self.path, opts, progress)
-        elif self.format == "bailian":
-            it = sizes_hashid(BAILIAN, self.path, opts, progress)
-        else:
-            it = sizes_kvcache_tester(self.path, opts, progress)
+        it = self._reader.sizes(self.path, self.settings, progress)
         return itertools.islice(it, self.max_requests)
 
     def input_bytes(self) -> int | None:
@@ -249,19 +185,15 @@ class TraceSource:
         p = Path(self.path)
         if p.is_dir():
             return sum(f.stat().st_size for f in conversation_files(p))
-        if is_archive(p):
-            return None
-        return os.path.getsize(p)
+        return None if is_archive(p) else os.path.getsize(p)
 
     def scan(self, progress: Progress | None = None) -> TraceStats:
-        """Read the whole trace once, checking every request; return its sizes.
-
-        Duplicate ids are found through 8 bytes a request (a 64-bit hash of each id),
-        then located by a second pass only when there is one.
+        """Read the whole trace once, checking every request (ids by a 64-bit hash, a
+        second pass locating a duplicate); return its sizes.
 
         Raises:
-            TraceFormatError: the first malformed request (file and line), or a
-                duplicate id (both places), or a trace with no request.
+            TraceFormatError: the first malformed request (file and line), a duplicate
+                id (both places), or a trace with no request.
         """
         stats = TraceStats()
         digests: array[int] = array("Q")
@@ -270,16 +202,13 @@ class TraceSource:
             digests.append(xxhash.xxh3_64_intdigest(size.id.encode()))
         if not stats.num_requests:
             raise TraceFormatError(f"{self.path}: the trace holds no request")
-        self._check_unique(digests)
+        ordered = np.sort(np.frombuffer(digests, dtype=np.uint64))
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(repeats):
+            self._locate_duplicate({int(x) for x in repeats[:64]})
         return stats.finish()
 
-    def _check_unique(self, digests: array[int]) -> None:
-        values = np.frombuffer(digests, dtype=np.uint64)
-        ordered = np.sort(values)
-        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
-        if not len(repeats):
-            return
-        wanted = set(int(x) for x in repeats[:64])
+    def _locate_duplicate(self, wanted: set[int]) -> None:
         first: dict[str, str] = {}
         for size in self.sizes():
             if xxhash.xxh3_64_intdigest(size.id.encode()) not in wanted:
@@ -292,13 +221,13 @@ class TraceSource:
 
     def describe(self) -> str:
         """``"Mooncake hash-id trace, 512 tokens per id"``."""
-        text = _DESCRIPTIONS[self.format]
+        text = self._reader.description
         if self.format == "kv-cache-tester":
             text += f", conversations {self.settings.session_order}"
         per_id = self.tokens_per_id
         if per_id is None:
             return text
-        native = self.native_tokens_per_id
+        native = self._reader.native_tokens_per_id
         if per_id == native:
             return f"{text}, {per_id} tokens per id"
         return f"{text}, {per_id} tokens per id (published: {native})"
@@ -326,7 +255,7 @@ class TraceSource:
         if per_id is None:
             return None
         return (
-            f"{_DESCRIPTIONS[self.format]}: the trace only says which {per_id}-token blocks "
+            f"{self._reader.description}: the trace only says which {per_id}-token blocks "
             "requests share, so prompts here share whole blocks and nothing in between by "
             "construction. A radix tree at page size 1 therefore cannot show any sub-block "
             "gain over block-granular caching on this trace; where their hits differ, it is "
@@ -338,12 +267,5 @@ class TraceSource:
         return f"TraceSource({str(self.path)!r}, {self.format!r})"
 
 
-def open_trace(
-    path: StrPath,
-    trace_format: TraceFormat | None = None,
-    *,
-    max_requests: int | None = None,
-    settings: ReadSettings | None = None,
-) -> TraceSource:
-    """Open a trace for streaming; see :class:`TraceSource`."""
-    return TraceSource(path, trace_format, max_requests=max_requests, settings=settings)
+open_trace = TraceSource
+"""Open a trace for streaming: ``open_trace(path, trace_format, *, max_requests, settings)``."""
