@@ -1,4 +1,5 @@
-"""One replica of a cluster: a :class:`~prefixkv.adapters.lab.sim.replica.Replica` plus an event publisher.
+"""One replica of a cluster: a simulated :class:`~..sim.replica.Replica` plus an event
+publisher.
 
 Driven from outside, in virtual time. Each step publishes one batch stamped with its
 start (vLLM publishes once per step); the events of the step after which the replica
