@@ -33,7 +33,15 @@ def progress(total: int | None, desc: str, *, quiet: bool = False, unit: str = "
     from tqdm import tqdm
 
     # smoothing 0: the whole run's rate, so the ETA does not jump per request
-    bar: Progress = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit not in ("req", "plot"),
-                         file=sys.stderr, delay=1.0, leave=False, smoothing=0.0,
-                         dynamic_ncols=True)  # fmt: skip
+    bar: Progress = tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit not in ("req", "plot"),
+        file=sys.stderr,
+        delay=1.0,
+        leave=False,
+        smoothing=0.0,
+        dynamic_ncols=True,
+    )
     return bar

@@ -89,9 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="PATH", help="a trace (any format compare reads)")
-    src.add_argument("--workload", choices=sorted(WORKLOADS), default="multi_turn",
-                     help="a built-in workload when no trace is given (default "
-                     "%(default)s)")  # fmt: skip
+    src.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="multi_turn",
+        help="a built-in workload when no trace is given (default %(default)s)",
+    )
     common.add_trace_flags(p)
     _add_fleet_flags(p)
     _add_router_flags(p)
@@ -102,25 +105,46 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fleet")
     f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
                    help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
-    f.add_argument("--capacity-tokens", type=parse_capacity_tokens, metavar="T[,T...]|auto",
-                   help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several "
-                   "sweep it; auto: the pool vLLM sizes on the profile's hardware, or on "
-                   "--model-config and --gpu-memory (default 3m, Mooncake's per-node local "
-                   "cache)")  # fmt: skip
+    f.add_argument(
+        "--capacity-tokens",
+        type=parse_capacity_tokens,
+        metavar="T[,T...]|auto",
+        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several "
+        "sweep it; auto: the pool vLLM sizes on the profile's hardware, or on "
+        "--model-config and --gpu-memory (default 3m, Mooncake's per-node local "
+        "cache)",
+    )
     common.add_gpu_memory_utilization(f)
-    f.add_argument("--block-size", type=positive_int, metavar="N",
-                   help="tokens per block (default: the hash-id trace's tokens per id, else "
-                   f"{DEFAULT_BLOCK_SIZE})")  # fmt: skip
-    f.add_argument("--index", default="hash_chain", metavar="NAME",
-                   help="each replica's prefix index (default %(default)s)")  # fmt: skip
+    f.add_argument(
+        "--block-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per block (default: the hash-id trace's tokens per id, else "
+        f"{DEFAULT_BLOCK_SIZE})",
+    )
+    f.add_argument(
+        "--index",
+        default="hash_chain",
+        metavar="NAME",
+        help="each replica's prefix index (default %(default)s)",
+    )
     f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
-    f.add_argument("--max-num-batched-tokens", type=parse_token_count,
-                   default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metavar="N")  # fmt: skip
-    f.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help="cost profile: a shipped name or a file")  # fmt: skip
-    f.add_argument("--buffer-steps", type=positive_int, default=DEFAULT_BUFFER_STEPS,
-                   metavar="N", help="event batches each replica keeps for replay (vLLM's "
-                   f"{DEFAULT_BUFFER_STEPS})")  # fmt: skip
+    f.add_argument(
+        "--max-num-batched-tokens",
+        type=parse_token_count,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        metavar="N",
+    )
+    f.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
+    )
+    f.add_argument(
+        "--buffer-steps",
+        type=positive_int,
+        default=DEFAULT_BUFFER_STEPS,
+        metavar="N",
+        help=f"event batches each replica keeps for replay (vLLM's {DEFAULT_BUFFER_STEPS})",
+    )
     f.add_argument("--prefill-only", action="store_true",
                    help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
     f.add_argument("--open-loop", action="store_true",
@@ -133,35 +157,53 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
     """Arrivals, the routing policies, the faults and the runner."""
     arrivals = p.add_argument_group("arrivals")
     a = arrivals.add_mutually_exclusive_group()
-    a.add_argument("--request-rate", type=request_rates, metavar="R[,R...]|auto",
-                   help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the "
-                   "first and sweep every policy over the rest on the first fleet size and "
-                   "capacity; auto starts where the fleet has room and doubles until each "
-                   "policy is overloaded (at most 10 rates), as compare "
-                   "--request-rate")  # fmt: skip
+    a.add_argument(
+        "--request-rate",
+        type=request_rates,
+        metavar="R[,R...]|auto",
+        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the "
+        "first and sweep every policy over the rest on the first fleet size and "
+        "capacity; auto starts where the fleet has room and doubles until each "
+        "policy is overloaded (at most 10 rates), as compare "
+        "--request-rate",
+    )
     a.add_argument("--time-scale", type=positive_float, metavar="S",
                    help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
     common.add_slo_flags(arrivals)
-    p.add_argument("--load-per-replica", action="store_true",
-                   help="sweeping --replicas: keep each replica's load, arrivals N/first times "
-                   "as fast")  # fmt: skip
+    p.add_argument(
+        "--load-per-replica",
+        action="store_true",
+        help="sweeping --replicas: keep each replica's load, arrivals N/first times as fast",
+    )
     r = p.add_argument_group("router")
-    r.add_argument("--policies", default=DEFAULT_POLICIES, metavar="SPEC[,SPEC...]",
-                   help="routing policies, each name[@chained|radix|approx][:key=value...]; "
-                   "pooled and infinite are the bounds (default: %(default)s)")  # fmt: skip
-    r.add_argument("--faults", metavar="SPEC[,SPEC...]",
-                   help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
-                   "router_restart@60%%:dump (see the README)")  # fmt: skip
+    r.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        metavar="SPEC[,SPEC...]",
+        help="routing policies, each name[@chained|radix|approx][:key=value...]; "
+        "pooled and infinite are the bounds (default: %(default)s)",
+    )
+    r.add_argument(
+        "--faults",
+        metavar="SPEC[,SPEC...]",
+        help="also run every policy with these faults, e.g. drop=0.05,kill=1@50%%,"
+        "router_restart@60%%:dump (see the README)",
+    )
     x = p.add_argument_group("runner")
-    x.add_argument("--ray", action="store_true",
-                   help="one Ray actor per replica (pip install 'prefixkv[cluster]')")  # fmt: skip
-    x.add_argument("--ray-address", metavar="ADDR",
-                   help="join this Ray cluster (default: start a local one)")  # fmt: skip
+    x.add_argument(
+        "--ray",
+        action="store_true",
+        help="one Ray actor per replica (pip install 'prefixkv[cluster]')",
+    )
+    x.add_argument(
+        "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
+    )
     x.add_argument("--ray-cpus", type=positive_float, metavar="C",
                    help="CPUs each replica actor asks for; refused when the actors do not "
                    "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
-    x.add_argument("--seed", type=int_arg, default=0,
-                   help="router, faults, arrivals and workload seed")  # fmt: skip
+    x.add_argument(
+        "--seed", type=int_arg, default=0, help="router, faults, arrivals and workload seed"
+    )
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
     common.add_no_plots(x)
     x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
@@ -174,17 +216,24 @@ def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Wor
     if args.trace is None:
         listed = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         description = f"built-in workload {args.workload} ({len(listed)} requests)"
-        return description, None, lambda: Workload(args.workload, description, listed,
-                                                   stats_of(listed))  # fmt: skip
+        return (
+            description,
+            None,
+            lambda: Workload(args.workload, description, listed, stats_of(listed)),
+        )
     settings = dataclasses.replace(  # replayed at the trace's own times without a rate
         common.read_settings(args), tokens_per_id=args.tokens_per_id,
         output=not args.prefill_only, sorted_arrivals=args.request_rate is None,
     )  # fmt: skip
-    source = open_trace(args.trace, args.trace_format, max_requests=args.max_requests,
-                        settings=settings)  # fmt: skip
+    source = open_trace(
+        args.trace, args.trace_format, max_requests=args.max_requests, settings=settings
+    )
     description = f"{os.path.basename(args.trace)} ({source.format})"
-    return description, source.tokens_per_id, lambda: trace_workload(source, args.trace,
-                                                                     quiet=args.quiet)  # fmt: skip
+    return (
+        description,
+        source.tokens_per_id,
+        lambda: trace_workload(source, args.trace, quiet=args.quiet),
+    )
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -228,8 +277,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
     workload = read()  # the trace scanned, every request checked
-    rule = length_rule(common.max_model_len(args, model), min(caps), block_size=config.block_size,
-                       max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    rule = length_rule(
+        common.max_model_len(args, model),
+        min(caps),
+        block_size=config.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     workload, settings = _admitted(args, workload, rule)
     settings = {"capacity_model": sizing, **settings}
     rates = _rates(args, workload, profile)
@@ -244,12 +297,21 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    source = (f"{description}; arrivals: {rates.text}; "
-              f"{'prefill only' if args.prefill_only else 'full outputs'}")  # fmt: skip
-    files = write_report(results, args.out, command="prefixkv " + shlex.join(argv),
-                         source=source, requests_table=not args.no_requests_table,
-                         plots=not args.no_plots, partial=partial, notes=workload.notes,
-                         settings=settings)  # fmt: skip
+    source = (
+        f"{description}; arrivals: {rates.text}; "
+        f"{'prefill only' if args.prefill_only else 'full outputs'}"
+    )
+    files = write_report(
+        results,
+        args.out,
+        command="prefixkv " + shlex.join(argv),
+        source=source,
+        requests_table=not args.no_requests_table,
+        plots=not args.no_plots,
+        partial=partial,
+        notes=workload.notes,
+        settings=settings,
+    )
     if not args.quiet or partial:
         what = f"partial results ({partial})" if partial else f"{len(results)} runs"
         print(f"{what} in {time.perf_counter() - t0:.1f} s; wrote {len(files)} files to {args.out}")
@@ -286,8 +348,9 @@ def _settings(
 ) -> ClusterSettings:
     """The first run's settings (a fault run keeps its token ids); every run of the sweeps
     is planned, and every pool bounded, now: a bad value is refused before any work."""
-    sim = SimSettings(max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens)  # fmt: skip
+    sim = SimSettings(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+    )
     config = ClusterSettings(
         num_replicas=args.replicas[0], capacity_tokens=caps[0], backend=args.index,
         block_size=args.block_size or per_id or DEFAULT_BLOCK_SIZE, sim=sim, profile=profile,
@@ -366,15 +429,24 @@ def _run_all(
     on_run = None if args.quiet else _print_run
     try:
         with _fleet(args, peak if any(not s.is_bound for s in specs) else 0) as fleet:
-            runs = plan_experiment(specs, config, replicas=args.replicas, capacities=caps,
-                                   faults=plan)  # fmt: skip
+            runs = plan_experiment(
+                specs, config, replicas=args.replicas, capacities=caps, faults=plan
+            )
             results += run_experiment(
                 lambda cfg: stream(cfg, rates.first), runs, fleet=fleet, on_run=on_run,
                 labels={"request_rate": rates.first, "role": "table"},
             )  # fmt: skip
             if rates.sweep:
-                run_rate_sweep(stream, specs, config, rates.sweep, auto=rates.auto, fleet=fleet,
-                               on_run=on_run, into=results)  # fmt: skip
+                run_rate_sweep(
+                    stream,
+                    specs,
+                    config,
+                    rates.sweep,
+                    auto=rates.auto,
+                    fleet=fleet,
+                    on_run=on_run,
+                    into=results,
+                )
     except ClusterInterrupted as stop:
         results = stop.results
         partial = f"{interrupts.name()} after {len(results)} of {stop.planned} runs"
@@ -394,9 +466,14 @@ def _arrivals(
         k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
         rate = None if request_rate is None else request_rate / k
         scale = None if request_rate is not None else (args.time_scale or 1.0) * k
-        return sim_requests(requests, prefill_only=args.prefill_only, request_rate=rate,
-                            time_scale=scale, seed=args.seed,
-                            closed_loop=not args.open_loop)  # fmt: skip
+        return sim_requests(
+            requests,
+            prefill_only=args.prefill_only,
+            request_rate=rate,
+            time_scale=scale,
+            seed=args.seed,
+            closed_loop=not args.open_loop,
+        )
 
     return stream
 

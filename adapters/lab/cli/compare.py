@@ -61,39 +61,72 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep."
     )
     src = cmp.add_mutually_exclusive_group()
-    src.add_argument("--workload", "-w", action="extend", nargs="+", metavar="NAME",
-                     help="built-in workloads (several allowed): "
-                     f"{', '.join(workload_names())}")  # fmt: skip
-    src.add_argument("--trace", metavar="PATH",
-                     help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
-                     "kv-cache-tester conversations (a folder, a .json or a .tar.xz)")  # fmt: skip
-    cmp.add_argument("--index", default=CompareOptions.indexes, metavar="LIST",
-                     help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
-                     f"known: {', '.join(available_indexes())})")  # fmt: skip
+    src.add_argument(
+        "--workload",
+        "-w",
+        action="extend",
+        nargs="+",
+        metavar="NAME",
+        help=f"built-in workloads (several allowed): {', '.join(workload_names())}",
+    )
+    src.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
+        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
+    )
+    cmp.add_argument(
+        "--index",
+        default=CompareOptions.indexes,
+        metavar="LIST",
+        help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
+        f"known: {', '.join(available_indexes())})",
+    )
     common.add_common(cmp)
-    cmp.add_argument("--capacity-sweep", action=argparse.BooleanOptionalAction, default=None,
-                     help="also replay at 7 capacities from tight to roomy and plot hit ratio "
-                     "vs capacity (default: on for the built-in set, off otherwise)")  # fmt: skip
-    cmp.add_argument("--capacity-search", action=argparse.BooleanOptionalAction, default=None,
-                     help="find each backend's working set (the smallest capacity reaching the "
-                     "infinite-cache hit ratio) and knee (98%% of it) by bisection over "
-                     "replays, to within 5%%: about 8-16 more replays a backend (default: on "
-                     "for built-in workloads, off for a trace)")  # fmt: skip
-    cmp.add_argument("--timing-repeats", type=lambda t: positive_int(t) if t != "0" else 0,
-                     default=None, metavar="R",
-                     help="timed replays per backend; each request's index time is its minimum "
-                     "over them; 0 times the accounting replay itself (default 3, 1 for a "
-                     "trace)")  # fmt: skip
-    cmp.add_argument("--boundary-accounting", action=argparse.BooleanOptionalAction,
-                     default=None, help="replay once more with the token-level mirror that "
-                     "counts matched-but-recomputed tokens (SPEC BB-8) (default: on, but off "
-                     "for hash-id traces, whose sharing stops at block boundaries by "
-                     "construction)")  # fmt: skip
+    cmp.add_argument(
+        "--capacity-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also replay at 7 capacities from tight to roomy and plot hit ratio "
+        "vs capacity (default: on for the built-in set, off otherwise)",
+    )
+    cmp.add_argument(
+        "--capacity-search",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="find each backend's working set (the smallest capacity reaching the "
+        "infinite-cache hit ratio) and knee (98%% of it) by bisection over "
+        "replays, to within 5%%: about 8-16 more replays a backend (default: on "
+        "for built-in workloads, off for a trace)",
+    )
+    cmp.add_argument(
+        "--timing-repeats",
+        type=lambda t: positive_int(t) if t != "0" else 0,
+        default=None,
+        metavar="R",
+        help="timed replays per backend; each request's index time is its minimum "
+        "over them; 0 times the accounting replay itself (default 3, 1 for a "
+        "trace)",
+    )
+    cmp.add_argument(
+        "--boundary-accounting",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay once more with the token-level mirror that "
+        "counts matched-but-recomputed tokens (SPEC BB-8) (default: on, but off "
+        "for hash-id traces, whose sharing stops at block boundaries by "
+        "construction)",
+    )
     _add_time_flags(cmp)
     common.add_model_flags(cmp)
     common.add_no_plots(cmp)
-    cmp.add_argument("--out", "-o", default="prefixkv-report", metavar="DIR",
-                     help="output folder (default ./prefixkv-report)")  # fmt: skip
+    cmp.add_argument(
+        "--out",
+        "-o",
+        default="prefixkv-report",
+        metavar="DIR",
+        help="output folder (default ./prefixkv-report)",
+    )
 
 
 def _add_time_flags(p: argparse.ArgumentParser) -> None:
@@ -102,49 +135,83 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
     when = g.add_mutually_exclusive_group()
-    when.add_argument("--request-rate", type=request_rates, metavar="R[,R...]|auto",
-                      help="also run each backend at arrival time, requests arriving at R per "
-                      "second (as vllm bench serve --request-rate); several (1,2,4,8) sweep the "
-                      "rate at the table's capacity, the first being the table's; auto starts "
-                      "where the replica has room and doubles until each backend is overloaded "
-                      "(at most 10 rates)")  # fmt: skip
-    when.add_argument("--time-scale", type=positive_float, metavar="S",
-                      help="also run each backend at arrival time, at the trace's own "
-                      "timestamps times S (S < 1: faster, more load)")  # fmt: skip
-    g.add_argument("--arrival", choices=ARRIVAL_PROCESSES,
-                   help="with --request-rate: poisson (seeded by --seed; the default) or fixed "
-                   "spacing")  # fmt: skip
-    g.add_argument("--max-num-seqs", type=positive_int, metavar="N",
-                   help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
-                   f"default {DEFAULT_MAX_NUM_SEQS})")  # fmt: skip
-    g.add_argument("--max-num-batched-tokens", type=parse_token_count, metavar="T",
-                   help="most tokens one step computes, as vLLM's flag (SGLang "
-                   "--chunked-prefill-size; default "
-                   f"{DEFAULT_MAX_NUM_BATCHED_TOKENS})")  # fmt: skip
-    g.add_argument("--policy", choices=QUEUE_ORDERS,
-                   help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware "
-                   "lpm (default: fcfs, both engines' default)")  # fmt: skip
-    g.add_argument("--scheduler", type=_schedulers, metavar="LIST",
-                   help="the scheduler every backend runs under: vllm (prefill chunks and "
-                   "decodes mixed in one step; the default, so only the index varies), sglang "
-                   "(a prefill step whenever one fits, else a decode step), both as "
-                   "vllm,sglang (the scheduler becomes an axis), or natural (each backend on "
-                   "the engine it models: hash chain and none as vLLM, radix as SGLang; index "
-                   "and scheduler then move together)")  # fmt: skip
-    g.add_argument("--batching", choices=BATCHING_MODES,
-                   help="same as --scheduler vllm (mixed) or --scheduler sglang "
-                   "(prefill_first)")  # fmt: skip
-    g.add_argument("--open-loop", action="store_true", default=None,
-                   help="send every request at its own arrival time, even a session's next "
-                   "turn before the previous one finished (default: sessions replay closed "
-                   "loop, each turn after the previous answer plus its think time, as "
-                   "kv-cache-tester and AIPerf do)")  # fmt: skip
+    when.add_argument(
+        "--request-rate",
+        type=request_rates,
+        metavar="R[,R...]|auto",
+        help="also run each backend at arrival time, requests arriving at R per "
+        "second (as vllm bench serve --request-rate); several (1,2,4,8) sweep the "
+        "rate at the table's capacity, the first being the table's; auto starts "
+        "where the replica has room and doubles until each backend is overloaded "
+        "(at most 10 rates)",
+    )
+    when.add_argument(
+        "--time-scale",
+        type=positive_float,
+        metavar="S",
+        help="also run each backend at arrival time, at the trace's own "
+        "timestamps times S (S < 1: faster, more load)",
+    )
+    g.add_argument(
+        "--arrival",
+        choices=ARRIVAL_PROCESSES,
+        help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        metavar="N",
+        help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
+        f"default {DEFAULT_MAX_NUM_SEQS})",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=parse_token_count,
+        metavar="T",
+        help="most tokens one step computes, as vLLM's flag (SGLang "
+        "--chunked-prefill-size; default "
+        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    g.add_argument(
+        "--policy",
+        choices=QUEUE_ORDERS,
+        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware "
+        "lpm (default: fcfs, both engines' default)",
+    )
+    g.add_argument(
+        "--scheduler",
+        type=_schedulers,
+        metavar="LIST",
+        help="the scheduler every backend runs under: vllm (prefill chunks and "
+        "decodes mixed in one step; the default, so only the index varies), sglang "
+        "(a prefill step whenever one fits, else a decode step), both as "
+        "vllm,sglang (the scheduler becomes an axis), or natural (each backend on "
+        "the engine it models: hash chain and none as vLLM, radix as SGLang; index "
+        "and scheduler then move together)",
+    )
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
+    )
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next "
+        "turn before the previous one finished (default: sessions replay closed "
+        "loop, each turn after the previous answer plus its think time, as "
+        "kv-cache-tester and AIPerf do)",
+    )
     common.add_slo_flags(g)
-    g.add_argument("--profile", metavar="NAME|FILE",
-                   help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
-                   "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
-                   f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-                   "--capacity-gib, and capacities beyond it warn")  # fmt: skip
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
+        "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
+    )
 
 
 def _schedulers(text: str) -> tuple[str, ...]:
@@ -163,8 +230,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     t0 = time.perf_counter()
     if not args.no_plots:
         require_extra("report", "compare's plots", ("matplotlib",), instead="(or give --no-plots)")
-    parse_backends(args.index, block_size=args.block_size, page_size=args.page_size,
-                   options=common.backend_options(args))  # fmt: skip
+    parse_backends(
+        args.index,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        options=common.backend_options(args),
+    )
     given = [f for f in (args.profile, args.model_config) if f and os.path.exists(f)]
     out = check_output_folder(args.out, _OUTPUTS, [args.trace, *given])
     _check_time_flags(args)
@@ -281,8 +352,18 @@ def _write_outputs(
 def _check_time_flags(args: argparse.Namespace) -> None:
     """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
-        knobs = ("arrival", "max_num_seqs", "max_num_batched_tokens", "policy", "batching",
-                 "scheduler", "open_loop", "slo_ttft", "slo_tpot", "slo_e2el")  # fmt: skip
+        knobs = (
+            "arrival",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "policy",
+            "batching",
+            "scheduler",
+            "open_loop",
+            "slo_ttft",
+            "slo_tpot",
+            "slo_e2el",
+        )
         given = ", ".join("--" + k.replace("_", "-") for k in knobs if getattr(args, k) is not None)
         if given:
             raise CLIUsageError(f"{given} need --request-rate or --time-scale")

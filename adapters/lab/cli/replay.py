@@ -47,38 +47,65 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
         "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block)."
     )
     rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
-    rep.add_argument("--index", required=True, metavar="NAME",
-                     help=f"the backend: {', '.join(available_indexes())}")  # fmt: skip
-    rep.add_argument("--driver", choices=DRIVERS,
-                     help="call order: vllm, sglang or manager (default: the backend's "
-                     "own)")  # fmt: skip
+    rep.add_argument(
+        "--index",
+        required=True,
+        metavar="NAME",
+        help=f"the backend: {', '.join(available_indexes())}",
+    )
+    rep.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        help="call order: vllm, sglang or manager (default: the backend's own)",
+    )
     add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
     ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
-    ev.add_argument("--kv-events", metavar="FILE|ENDPOINT",
-                    help="write the index's KV events to FILE, one batch per scheduler step as "
-                    "one msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ "
-                    "PUB socket at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher "
-                    "does (tcp://*:5557 binds, tcp://127.0.0.1:* binds a free port and prints "
-                    "it; a host name connects). Any other SCHEME:// is refused, never taken "
-                    "for a file name")  # fmt: skip
-    ev.add_argument("--kv-events-replay", metavar="ENDPOINT",
-                    help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
-                    "requests (vLLM's replay_endpoint), so late subscribers catch up")  # fmt: skip
-    ev.add_argument("--kv-events-topic", default="", metavar="TOPIC",
-                    help="with an ENDPOINT: the topic frame of every message (default "
-                    "empty)")  # fmt: skip
-    ev.add_argument("--kv-events-wait-subscribers", type=positive_int, metavar="N",
-                    help="with an ENDPOINT: wait until N subscribers have subscribed before the "
-                    "first batch, so none is lost to ZeroMQ's slow joiners (refused after "
-                    "--kv-events-wait-timeout)")  # fmt: skip
-    ev.add_argument("--kv-events-wait-timeout", type=_seconds, metavar="S",
-                    help="with --kv-events-wait-subscribers: give up after S seconds, exit "
-                    "status 2 (default 30)")  # fmt: skip
-    ev.add_argument("--kv-events-grace", type=_seconds, metavar="S",
-                    help="with --kv-events-replay: keep answering event replays for S seconds "
-                    "after the last batch, so a late subscriber catches up (default "
-                    "0)")  # fmt: skip
+    ev.add_argument(
+        "--kv-events",
+        metavar="FILE|ENDPOINT",
+        help="write the index's KV events to FILE, one batch per scheduler step as "
+        "one msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ "
+        "PUB socket at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher "
+        "does (tcp://*:5557 binds, tcp://127.0.0.1:* binds a free port and prints "
+        "it; a host name connects). Any other SCHEME:// is refused, never taken "
+        "for a file name",
+    )
+    ev.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="with an ENDPOINT: also bind a ROUTER socket here that answers replay "
+        "requests (vLLM's replay_endpoint), so late subscribers catch up",
+    )
+    ev.add_argument(
+        "--kv-events-topic",
+        default="",
+        metavar="TOPIC",
+        help="with an ENDPOINT: the topic frame of every message (default empty)",
+    )
+    ev.add_argument(
+        "--kv-events-wait-subscribers",
+        type=positive_int,
+        metavar="N",
+        help="with an ENDPOINT: wait until N subscribers have subscribed before the "
+        "first batch, so none is lost to ZeroMQ's slow joiners (refused after "
+        "--kv-events-wait-timeout)",
+    )
+    ev.add_argument(
+        "--kv-events-wait-timeout",
+        type=_seconds,
+        metavar="S",
+        help="with --kv-events-wait-subscribers: give up after S seconds, exit "
+        "status 2 (default 30)",
+    )
+    ev.add_argument(
+        "--kv-events-grace",
+        type=_seconds,
+        metavar="S",
+        help="with --kv-events-replay: keep answering event replays for S seconds "
+        "after the last batch, so a late subscriber catches up (default "
+        "0)",
+    )
 
 
 def _seconds(text: str) -> float:
@@ -108,8 +135,10 @@ def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
         from ...events.sockets import MAX_TCP_PORT, is_tcp_port  # ZeroMQ only when publishing
     problem = None
     if scheme == "inproc":
-        problem = ("inproc:// reaches only this process, so no subscriber can connect; use "
-                   "tcp:// (e.g. tcp://127.0.0.1:*) or ipc://")  # fmt: skip
+        problem = (
+            "inproc:// reaches only this process, so no subscriber can connect; use "
+            "tcp:// (e.g. tcp://127.0.0.1:*) or ipc://"
+        )
     elif scheme not in ("tcp", "ipc"):
         problem = (f"unknown scheme {m.group(1)!r}; give a file name or a tcp:// or ipc:// "
                    "endpoint")  # fmt: skip
@@ -127,8 +156,10 @@ def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
         except OSError as exc:
             raise CLIUsageError(f"{flag} ipc://{address}: {exc.strerror or exc}") from None
     elif not colon or not host:
-        problem = ("a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, or "
-                   "tcp://127.0.0.1:* for a free port)")  # fmt: skip
+        problem = (
+            "a tcp:// endpoint is HOST:PORT (e.g. tcp://127.0.0.1:5557, or "
+            "tcp://127.0.0.1:* for a free port)"
+        )
     elif not is_tcp_port(port, lowest=1):
         problem = f"port {port[:20]!r} is not a port; give 1-{MAX_TCP_PORT}, or * for a free one"
     if problem:
@@ -152,8 +183,12 @@ class _EventPublisher:
         if isinstance(self.target, EventFileWriter):
             return doc
         pub = self.target
-        return {**doc, "delivered": pub.num_delivered, "max_subscribers": pub.max_subscribers,
-                "replays": pub.num_replays}  # fmt: skip
+        return {
+            **doc,
+            "delivered": pub.num_delivered,
+            "max_subscribers": pub.max_subscribers,
+            "replays": pub.num_replays,
+        }
 
     def describe(self) -> str:
         """One line: how many batches went where, and who received them."""
@@ -187,11 +222,13 @@ def _kv_event_stream(
     from ...events.sockets import TransportError
     from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
 
-    replay_at = args.kv_events_replay and parse_endpoint(args.kv_events_replay,
-                                                         "--kv-events-replay")  # fmt: skip
+    replay_at = args.kv_events_replay and parse_endpoint(
+        args.kv_events_replay, "--kv-events-replay"
+    )
     grace = args.kv_events_grace or 0.0
-    pub = ZmqEventPublisher(endpoint=endpoint, replay_endpoint=replay_at,
-                            topic=args.kv_events_topic, replay_grace=grace)  # fmt: skip
+    pub = ZmqEventPublisher(
+        endpoint=endpoint, replay_endpoint=replay_at, topic=args.kv_events_topic, replay_grace=grace
+    )
     where = f" (event replay on {pub.replay_endpoint})" if pub.replay_endpoint else ""
     print(f"KV events: publishing on {pub.endpoint}{where}", flush=True)
     try:
@@ -212,9 +249,12 @@ def _kv_event_stream(
             # every batch is sent before the grace is announced: a later subscriber
             # catches up by replay alone
             if grace and pub.finish_sending():
-                print(f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
-                      f"for {grace:g} s after the last batch (Ctrl-C ends it)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"prefixkv: KV events: answering event replays on {pub.replay_endpoint} "
+                    f"for {grace:g} s after the last batch (Ctrl-C ends it)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             pub.shutdown()
 
 
@@ -225,8 +265,13 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     only recorded while the rows are completed and committed.
     """
     interrupts = interrupts or Interrupts()
-    specs = parse_backends(args.index, block_size=args.block_size, page_size=args.page_size,
-                           driver=args.driver, options=backend_options(args))  # fmt: skip
+    specs = parse_backends(
+        args.index,
+        block_size=args.block_size,
+        page_size=args.page_size,
+        driver=args.driver,
+        options=backend_options(args),
+    )
     if len(specs) != 1:
         raise CompareError(f"replay takes one backend, got {args.index!r}")
     spec, caps = specs[0], capacities(args)
@@ -332,13 +377,22 @@ def _replay(
         record = {"id": row.id, "prompt_len": row.prompt_len, "hit_tokens": row.hit_tokens}
         f.write(encoder.encode(record) + b"\n")
 
-    bar = progress(workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet,
-                   unit="tok")  # fmt: skip
+    bar = progress(
+        workload.stats.prompt_tokens, f"replay {spec.label}", quiet=args.quiet, unit="tok"
+    )
     try:
-        result = replay(workload.requests, spec.make(), num_blocks, driver=spec.driver,
-                        concurrency=args.concurrency, keep_per_request=False, on_admit=write_row,
-                        progress=bar.update, on_events=events.publish if events else None,
-                        guard=interrupts.deferral)  # fmt: skip
+        result = replay(
+            workload.requests,
+            spec.make(),
+            num_blocks,
+            driver=spec.driver,
+            concurrency=args.concurrency,
+            keep_per_request=False,
+            on_admit=write_row,
+            progress=bar.update,
+            on_events=events.publish if events else None,
+            guard=interrupts.deferral,
+        )
     except ReplayInterrupted as exc:
         return exc.result, True
     except ReplayError as exc:

@@ -18,8 +18,20 @@ from typing import Any
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 """Exit status after Ctrl-C (SIGINT): 130, as a shell reports it."""
 
-_NAMES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM",
-          "SIGPROF", "SIGXCPU", "SIGIO", "SIGPWR")  # fmt: skip
+_NAMES = (
+    "SIGINT",
+    "SIGTERM",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGXCPU",
+    "SIGIO",
+    "SIGPWR",
+)
 HANDLED: tuple[signal.Signals, ...] = tuple(
     getattr(signal, n) for n in _NAMES if hasattr(signal, n)
 )

@@ -20,8 +20,16 @@ from .errors import FaultSpecError
 
 __all__ = ["EventChannel", "FaultPlan", "ScheduledFault", "parse_faults"]
 
-SCHEDULED_FAULTS = ("kill", "restart", "clear", "gap", "scale_up", "scale_down",
-                    "router_restart", "late_join")  # fmt: skip
+SCHEDULED_FAULTS = (
+    "kill",
+    "restart",
+    "clear",
+    "gap",
+    "scale_up",
+    "scale_down",
+    "router_restart",
+    "late_join",
+)
 MAX_FAULT_SECONDS = 1e9
 
 _RATES = ("drop", "drop_removals", "lose_completions")

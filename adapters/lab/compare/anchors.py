@@ -20,9 +20,14 @@ from ..workloads import Workload
 from .k_live import run_backend, run_sweep
 
 __all__ = [
-    "KNEE_SHARE", "PRECISION", "CapacityAnchor", "CapacitySearch", "knee", "smallest_reaching",
+    "KNEE_SHARE",
+    "PRECISION",
+    "CapacityAnchor",
+    "CapacitySearch",
+    "knee",
+    "smallest_reaching",
     "workload_anchors",
-]  # fmt: skip
+]
 
 KNEE_SHARE = 0.98
 """The knee is the smallest capacity reaching this share of the infinite-cache hit ratio."""
@@ -191,10 +196,19 @@ def workload_anchors(
         elif at_roomy:
             infinite = at_roomy[-1]
         else:  # one more replay, with nothing evicted
-            infinite = run_backend(
-                workload, b, roomy, concurrency=concurrency, timing_repeats=0,
-                boundary_accounting=False, bars=bars,
-            ).part(KLiveHits).hit_ratio  # fmt: skip
+            infinite = (
+                run_backend(
+                    workload,
+                    b,
+                    roomy,
+                    concurrency=concurrency,
+                    timing_repeats=0,
+                    boundary_accounting=False,
+                    bars=bars,
+                )
+                .part(KLiveHits)
+                .hit_ratio
+            )
         bend = knee(points)
         working_set: int | None = None
         rule, replays = "kneedle", 0
@@ -212,10 +226,23 @@ def workload_anchors(
         kv_bytes, model = (
             (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
         )
-        out.append(CapacityAnchor(
-            workload.name, b.label, b.block_size, roomy, infinite, knee_tokens, knee_hit,
-            kv_bytes, model, len(points), working_set, rule, replays,
-        ))  # fmt: skip
+        out.append(
+            CapacityAnchor(
+                workload.name,
+                b.label,
+                b.block_size,
+                roomy,
+                infinite,
+                knee_tokens,
+                knee_hit,
+                kv_bytes,
+                model,
+                len(points),
+                working_set,
+                rule,
+                replays,
+            )
+        )
     return out
 
 

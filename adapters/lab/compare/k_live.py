@@ -137,24 +137,31 @@ def _parts(
     prompt, hit = first.total_prompt_tokens, first.total_hit_tokens
     index_us, admit_us = [r.index_us for r in rows], [r.admit_us for r in rows]
     return KLiveHits(
-        num_requests=first.num_requests, prompt_tokens=prompt, hit_tokens=hit,
-        hit_ratio=hit / prompt if prompt else 0.0, boundary_accounting=boundary_accounting,
+        num_requests=first.num_requests,
+        prompt_tokens=prompt,
+        hit_tokens=hit,
+        hit_ratio=hit / prompt if prompt else 0.0,
+        boundary_accounting=boundary_accounting,
         matched_tokens=sum(r.matched_tokens for r in rows),
         boundary_lost_tokens=sum(r.boundary_lost_tokens for r in rows),
         cap_lost_tokens=sum(r.cap_lost_tokens for r in rows),
-        evicted_blocks=first.evicted_blocks, evicted_tokens=first.evicted_blocks * bs,
+        evicted_blocks=first.evicted_blocks,
+        evicted_tokens=first.evicted_blocks * bs,
         peak_cached_blocks=first.peak_cached_blocks,
-        peak_cached_tokens=first.peak_cached_blocks * bs, index_memory_bytes=memory,
+        peak_cached_tokens=first.peak_cached_blocks * bs,
+        index_memory_bytes=memory,
     ), IndexTimes(
-        index_us_p50=percentile(index_us, 50), index_us_p99=percentile(index_us, 99),
+        index_us_p50=percentile(index_us, 50),
+        index_us_p99=percentile(index_us, 99),
         index_us_mean=sum(index_us) / len(index_us) if index_us else 0.0,
-        admit_us_p50=percentile(admit_us, 50), admit_us_p99=percentile(admit_us, 99),
+        admit_us_p50=percentile(admit_us, 50),
+        admit_us_p99=percentile(admit_us, 99),
         timing_repeats=repeats,
         timing_runs_agree=all(t.hit_tokens == first.hit_tokens for t in timed),
         wall_seconds_tracked=first.wall_seconds,
         wall_seconds_timed=tuple(t.wall_seconds for t in timed),
         seconds_by_call=dict(min(timed, key=lambda t: t.wall_seconds).seconds_by_call),
-    )  # fmt: skip
+    )
 
 
 def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[RequestRow]:
@@ -166,16 +173,27 @@ def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[Re
 
     return [
         RequestRow(
-            rid, prompt_tokens=prompt, hit_tokens=hit, matched_tokens=matched,
-            boundary_lost_tokens=boundary, cap_lost_tokens=cap, index_us=index, admit_us=admit,
+            rid,
+            prompt_tokens=prompt,
+            hit_tokens=hit,
+            matched_tokens=matched,
+            boundary_lost_tokens=boundary,
+            cap_lost_tokens=cap,
+            index_us=index,
+            admit_us=admit,
         )
         for rid, prompt, hit, matched, boundary, cap, index, admit in zip(
-            first.ids, first.prompt_len.tolist(), first.hit_tokens.tolist(),
-            column(first.matched_tokens), column(first.boundary_lost_tokens),
-            column(first.cap_lost_tokens), _min_us([t.request_seconds for t in timed]),
-            _min_us([t.admit_seconds for t in timed]), strict=True,
+            first.ids,
+            first.prompt_len.tolist(),
+            first.hit_tokens.tolist(),
+            column(first.matched_tokens),
+            column(first.boundary_lost_tokens),
+            column(first.cap_lost_tokens),
+            _min_us([t.request_seconds for t in timed]),
+            _min_us([t.admit_seconds for t in timed]),
+            strict=True,
         )
-    ]  # fmt: skip
+    ]
 
 
 def run_sweep(

@@ -142,16 +142,24 @@ class CompareOptions:
             sweep = (caps is not None and len(caps) > 1) or default_set
         time = self.time_settings()
         backends = parse_backends(
-            self.indexes, block_size=self.block_size, page_size=self.page_size,
+            self.indexes,
+            block_size=self.block_size,
+            page_size=self.page_size,
             options=self.index_options,
-        )  # fmt: skip
+        )
         accounting, search = self.boundary_accounting, self.capacity_search
         return CompareSettings(
-            tuple(backends), caps, sweep, self.concurrency, self.timing_repeats,
+            tuple(backends),
+            caps,
+            sweep,
+            self.concurrency,
+            self.timing_repeats,
             all(w.tokens_per_id is None for w in workloads) if accounting is None else accounting,
-            time, self.max_pool_blocks, self._profile() if time is None else time.profile,
+            time,
+            self.max_pool_blocks,
+            self._profile() if time is None else time.profile,
             self.trace is None if search is None else search,
-        )  # fmt: skip
+        )
 
     def admitted(self, workloads: Sequence[Workload], settings: CompareSettings) -> list[Workload]:
         """``workloads`` without the requests :meth:`length_rule` refuses, counted in each
@@ -188,9 +196,17 @@ class CompareOptions:
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
 _TIME_FIELDS = (
-    "request_rate", "time_scale", "arrival", "seed", "max_num_seqs", "max_num_batched_tokens",
-    "queue_order", "batching", "closed_loop", "slo",
-)  # fmt: skip
+    "request_rate",
+    "time_scale",
+    "arrival",
+    "seed",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "queue_order",
+    "batching",
+    "closed_loop",
+    "slo",
+)
 
 
 def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -> ComparisonTables:

@@ -21,8 +21,12 @@ from ..workloads import Workload
 from .arrival import TimeSettings, check_arrivals
 
 __all__ = [
-    "CompareSettings", "WorkloadPlan", "plan_comparison", "roomy_capacity", "sweep_capacities",
-]  # fmt: skip
+    "CompareSettings",
+    "WorkloadPlan",
+    "plan_comparison",
+    "roomy_capacity",
+    "sweep_capacities",
+]
 
 
 @dataclass(frozen=True)

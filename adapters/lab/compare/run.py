@@ -70,12 +70,17 @@ class WorkloadResult:
     def row(self) -> dict[str, Scalar]:
         """The workload as one flat record."""
         return {
-            "workload": self.name, "source": self.source, "notes": " ".join(self.notes),
-            "num_requests": self.num_requests, "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens, "capacity_tokens": self.capacity_tokens,
-            "concurrency": self.concurrency, "partial": self.partial,
+            "workload": self.name,
+            "source": self.source,
+            "notes": " ".join(self.notes),
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "capacity_tokens": self.capacity_tokens,
+            "concurrency": self.concurrency,
+            "partial": self.partial,
             "rejected_requests": self.rejected_requests,
-        }  # fmt: skip
+        }
 
     @property
     def runs(self) -> list[RunRow]:

@@ -34,9 +34,14 @@ from .markdown import (
 from .tables import request_rows, write_json, write_rows
 
 __all__ = [
-    "GROWTH_LIMIT", "OUTPUT_NAMES", "POLICY_COLUMNS", "POOLED_MEANING", "policy_rows",
-    "report_notes", "write_report",
-]  # fmt: skip
+    "GROWTH_LIMIT",
+    "OUTPUT_NAMES",
+    "POLICY_COLUMNS",
+    "POOLED_MEANING",
+    "policy_rows",
+    "report_notes",
+    "write_report",
+]
 
 OUTPUT_NAMES = (
     "report.md", "results.json", "runs.csv", "requests.csv", "hit_ratio.png", "frontier.png",

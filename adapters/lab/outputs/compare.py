@@ -35,10 +35,24 @@ from .markdown import (
 from .tables import write_tables
 
 __all__ = [
-    "ANCHOR_COLUMNS", "COLUMNS", "RATE_COLUMNS", "TIME_COLUMNS", "anchor_rows", "capacity_lines",
-    "load_lines", "rate_rows", "rate_runs", "results_document", "saturation_lines", "table_rows",
-    "time_rows", "time_title", "workload_title", "write_compare_tables", "write_report",
-]  # fmt: skip
+    "ANCHOR_COLUMNS",
+    "COLUMNS",
+    "RATE_COLUMNS",
+    "TIME_COLUMNS",
+    "anchor_rows",
+    "capacity_lines",
+    "load_lines",
+    "rate_rows",
+    "rate_runs",
+    "results_document",
+    "saturation_lines",
+    "table_rows",
+    "time_rows",
+    "time_title",
+    "workload_title",
+    "write_compare_tables",
+    "write_report",
+]
 
 _BACKEND: Column = ("backend", "<", "the index, as NAME or NAME:granularity")
 
@@ -140,14 +154,22 @@ def table_rows(backends: Sequence[RunRow]) -> list[list[str]]:
     rows = []
     for b in backends:
         h, t = b.part(KLiveHits), b.part(IndexTimes)
-        rows.append([
-            b.labels["backend"], b.labels["driver"], str(b.labels["block_size"]),
-            f"{h.hit_ratio:.1%}", f"{h.hit_tokens:,}", f"{h.boundary_lost_tokens:,}",
-            f"{h.cap_lost_tokens:,}", f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
-            f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
-            f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
-            f"{h.peak_cached_blocks:,}", human_bytes(h.index_memory_bytes),
-        ])  # fmt: skip
+        rows.append(
+            [
+                b.labels["backend"],
+                b.labels["driver"],
+                str(b.labels["block_size"]),
+                f"{h.hit_ratio:.1%}",
+                f"{h.hit_tokens:,}",
+                f"{h.boundary_lost_tokens:,}",
+                f"{h.cap_lost_tokens:,}",
+                f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
+                f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
+                f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
+                f"{h.peak_cached_blocks:,}",
+                human_bytes(h.index_memory_bytes),
+            ]
+        )
     return rows
 
 
@@ -156,17 +178,23 @@ def time_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     rows = []
     for t in runs:
         r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append([
-            t.labels["backend"], f"{t.labels['engine']}, {t.labels['policy']}",
-            f"{r.hit_ratio:.1%}",
-            f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
-            f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
-            seconds(r.e2e_p50_s), f"{r.request_throughput:.3g}",
-            f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-            "-" if load.goodput is None else rate(load.goodput), _load_word(load),
-            f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
-            f"{r.evicted_blocks:,}", f"{r.num_preemptions:,}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                t.labels["backend"],
+                f"{t.labels['engine']}, {t.labels['policy']}",
+                f"{r.hit_ratio:.1%}",
+                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
+                f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
+                seconds(r.e2e_p50_s),
+                f"{r.request_throughput:.3g}",
+                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+                "-" if load.goodput is None else rate(load.goodput),
+                _load_word(load),
+                f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
+                f"{r.evicted_blocks:,}",
+                f"{r.num_preemptions:,}",
+            ]
+        )
     return rows
 
 
@@ -196,13 +224,18 @@ def rate_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     rows = []
     for t in runs:
         r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append([
-            f"{t.labels['request_rate'] or 0.0:g}", _as_engine(t),
-            f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-            "-" if load.goodput is None else rate(load.goodput),
-            f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}", seconds(r.tpot_p50_s),
-            f"{r.hit_ratio:.1%}", _load_word(load),
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"{t.labels['request_rate'] or 0.0:g}",
+                _as_engine(t),
+                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+                "-" if load.goodput is None else rate(load.goodput),
+                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
+                seconds(r.tpot_p50_s),
+                f"{r.hit_ratio:.1%}",
+                _load_word(load),
+            ]
+        )
     return rows
 
 
@@ -229,12 +262,16 @@ def anchor_rows(w: WorkloadResult) -> list[list[str]]:
                 if a.num_points < 3
                 else "- (the sweep has no bend: --capacity-search finds it)"
             )
-        rows.append([
-            a.backend, f"{a.infinite_hit_ratio:.1%}",
-            search if a.working_set_tokens is None else a.describe(a.working_set_tokens), knee,
-            "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
-            a.describe(a.infinite_capacity_tokens),
-        ])  # fmt: skip
+        rows.append(
+            [
+                a.backend,
+                f"{a.infinite_hit_ratio:.1%}",
+                search if a.working_set_tokens is None else a.describe(a.working_set_tokens),
+                knee,
+                "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+                a.describe(a.infinite_capacity_tokens),
+            ]
+        )
     return rows
 
 

@@ -18,10 +18,23 @@ from prefixkv.indexes.buildinfo import installed_version
 from ..sim.server_calibration import cpu_model
 
 __all__ = [
-    "Column", "definitions", "fixed", "human_bytes", "image", "machine_info", "markdown_table",
-    "package_versions", "partial_notice", "rate", "seconds", "table", "text_table",
-    "titled_table", "tokens", "write_text",
-]  # fmt: skip
+    "Column",
+    "definitions",
+    "fixed",
+    "human_bytes",
+    "image",
+    "machine_info",
+    "markdown_table",
+    "package_versions",
+    "partial_notice",
+    "rate",
+    "seconds",
+    "table",
+    "text_table",
+    "titled_table",
+    "tokens",
+    "write_text",
+]
 
 Column = tuple[str, str, str]
 """``(header, alignment, meaning)``; alignment ``<``, ``>`` or ``-`` (none)."""

@@ -28,9 +28,15 @@ if TYPE_CHECKING:
     from ..cluster.metrics import ClusterResult
 
 __all__ = [
-    "TableFormatError", "json_safe", "request_rows", "run_rows", "to_dataframes", "write_json",
-    "write_rows", "write_tables",
-]  # fmt: skip
+    "TableFormatError",
+    "json_safe",
+    "request_rows",
+    "run_rows",
+    "to_dataframes",
+    "write_json",
+    "write_rows",
+    "write_tables",
+]
 
 _FORMATS = ("csv", "json", "jsonl", "parquet")
 

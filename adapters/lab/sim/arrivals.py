@@ -17,9 +17,15 @@ if TYPE_CHECKING:
     from ..traces import TraceRequest
 
 __all__ = [
-    "ARRIVAL_PROCESSES", "ArrivalProcess", "check_request_rate", "check_time_scale",
-    "fixed_rate_arrivals", "poisson_arrivals", "sim_requests", "with_arrivals",
-]  # fmt: skip
+    "ARRIVAL_PROCESSES",
+    "ArrivalProcess",
+    "check_request_rate",
+    "check_time_scale",
+    "fixed_rate_arrivals",
+    "poisson_arrivals",
+    "sim_requests",
+    "with_arrivals",
+]
 
 ArrivalProcess = Literal["poisson", "fixed"]
 ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")

@@ -8,9 +8,15 @@ from typing import Any, Literal
 from .errors import SimSettingsError
 
 __all__ = [
-    "BATCHING_MODES", "DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
-    "DEFAULT_MAX_NUM_SEQS", "QUEUE_ORDERS", "Batching", "QueueOrder", "SimSettings",
-]  # fmt: skip
+    "BATCHING_MODES",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "DEFAULT_MAX_NUM_SEQS",
+    "QUEUE_ORDERS",
+    "Batching",
+    "QueueOrder",
+    "SimSettings",
+]
 
 DEFAULT_BLOCK_SIZE = 16
 """The lab's default tokens per block (vLLM's ``--block-size`` on GPUs)."""

@@ -5,9 +5,14 @@ from __future__ import annotations
 from prefixkv.indexes.errors import PrefixKVError
 
 __all__ = [
-    "ProfileError", "ProfileRangeWarning", "ServerError", "SimError", "SimInputError",
-    "SimSettingsError", "SimUnservableError",
-]  # fmt: skip
+    "ProfileError",
+    "ProfileRangeWarning",
+    "ServerError",
+    "SimError",
+    "SimInputError",
+    "SimSettingsError",
+    "SimUnservableError",
+]
 
 
 class SimError(PrefixKVError):

@@ -27,9 +27,16 @@ from ...observer import CacheObserver
 from .seats import CallTimes, KLiveSeat, ManagerSeat, SglangSeat, VllmSeat, make_seat
 
 __all__ = [
-    "DRIVERS", "Driver", "HitRow", "KLive", "ReplayError", "ReplayInterrupted", "ReplayRequest",
-    "ReplayResult", "driver_seat",
-]  # fmt: skip
+    "DRIVERS",
+    "Driver",
+    "HitRow",
+    "KLive",
+    "ReplayError",
+    "ReplayInterrupted",
+    "ReplayRequest",
+    "ReplayResult",
+    "driver_seat",
+]
 
 Driver = Literal["vllm", "sglang", "manager"]
 DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")

@@ -12,8 +12,14 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = [
-    "RequestRow", "RunMetrics", "SimResult", "mean", "percentile", "request_table", "summarize",
-]  # fmt: skip
+    "RequestRow",
+    "RunMetrics",
+    "SimResult",
+    "mean",
+    "percentile",
+    "request_table",
+    "summarize",
+]
 
 
 def percentile(values: Sequence[float], q: int) -> float:

@@ -16,8 +16,13 @@ if TYPE_CHECKING:
     from ..traces import TraceStats
 
 __all__ = [
-    "MAX_AUTO_RATES", "Saturation", "rate_schedule", "saturation_of", "start_rate", "sweep_rates",
-]  # fmt: skip
+    "MAX_AUTO_RATES",
+    "Saturation",
+    "rate_schedule",
+    "saturation_of",
+    "start_rate",
+    "sweep_rates",
+]
 
 MAX_AUTO_RATES = 10
 """The most rates ``auto`` tries."""

@@ -14,9 +14,16 @@ from .load import LoadSummary, Slo
 from .metrics import RequestRow, RunMetrics, request_table
 
 __all__ = [
-    "RUN_PARTS", "FleetSummary", "IndexTimes", "KLiveHits", "RunChecks", "RunPart", "RunRow",
-    "SweepHit", "run_table",
-]  # fmt: skip
+    "RUN_PARTS",
+    "FleetSummary",
+    "IndexTimes",
+    "KLiveHits",
+    "RunChecks",
+    "RunPart",
+    "RunRow",
+    "SweepHit",
+    "run_table",
+]
 
 
 class RunPart(Protocol):
