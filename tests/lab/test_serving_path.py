@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, StepSample, simulate
 from prefixkv.adapters.lab.sim.calibration import fit_profile
+from prefixkv.adapters.lab.sim.profile import COEFFICIENTS
 from prefixkv.adapters.lab.sim.serving_path import (
     IDLE_PAUSES_S,
     METRICS,
@@ -406,13 +407,14 @@ def calibrated_on_a_mock(seed: int, serving_repeats: int) -> CostProfile:
 
 
 def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
-    from prefixkv.adapters.lab.sim.server_calibration import refit_server_profile
+    from prefixkv.adapters.lab.sim.server_calibration import is_under_streams, refit_server_profile
 
     p = calibrated_on_a_mock(seed=5, serving_repeats=2)
     kept = p.fit["serving_path"]["samples"]
-    # the sweep's samples and the long requests' decode as the engine core timed it
-    # (one shape: their median)
-    assert len(p.fit["samples"]) + 1 == p.fit["num_samples"]
+    # the sweep's samples but its TTFTs under streams (kept, not fitted) and the long
+    # requests' decode as the engine core timed it (one shape: their median)
+    under = sum(is_under_streams(StepSample(**s)) for s in p.fit["samples"])
+    assert under == 1 and len(p.fit["samples"]) - under + 1 == p.fit["num_samples"]
     assert len(kept["short"]) == 2 and len(kept["idle"]) == 2 * len(IDLE_PAUSES_S)
     assert "client_ttft_after_idle" in p.fit["serving_path"]["hops"]
     # samples kept before the idle requests were sent read as none
@@ -423,6 +425,26 @@ def test_the_profile_keeps_its_samples_and_refits_to_itself() -> None:
                 "wake_s", "wake_after_s", "admit_s"):  # fmt: skip
         assert getattr(again, key) == pytest.approx(getattr(p, key), rel=1e-9, abs=1e-15)
     assert again.name == p.name and again.measured_on == p.measured_on
+
+
+def test_a_ttft_under_streams_does_not_move_the_step_fit() -> None:
+    """The client's wait for a core in a TTFT under streams (1.17 s on a 2-core CPU
+    server) once set every per-token coefficient to 0; the busy table prices it."""
+    from prefixkv.adapters.lab.sim.server_calibration import (
+        KEPT_FIELDS,
+        fit_server,
+        is_under_streams,
+        kept_samples,
+    )
+
+    p = calibrated_on_a_mock(seed=5, serving_repeats=2)
+    samples, hops = kept_samples(p)
+    stalled = [s._replace(seconds=1.17) if is_under_streams(s) else s for s in samples]
+    assert stalled != samples
+    described = {k: getattr(p, k) for k in KEPT_FIELDS}
+    a, b = fit_server(samples, hops, **described), fit_server(stalled, hops, **described)
+    assert [getattr(a, k) for k in COEFFICIENTS] == [getattr(b, k) for k in COEFFICIENTS]
+    assert a.fit["num_samples"] == b.fit["num_samples"]
 
 
 def test_a_profile_without_samples_refits_request_s_from_its_medians_or_says_it_cannot() -> None:

@@ -675,7 +675,8 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
         "context_tokens": (32, 1024),
         "batch_size": (1, 8),
     }
-    assert p.fit["num_samples"] == 3 * 2 + 2 * 2 + 2  # prefill, decode, under 0 and 8 streams
+    # prefill, decode and under 0 streams fitted; the TTFT under 8 streams kept, not fitted
+    assert p.fit["num_samples"] == 3 * 2 + 2 * 2 + 1 and len(p.fit["samples"]) == 12
     # Prompts are token ids; a warm-up put each planned prefix in the cache first.
     assert all(isinstance(t, int) for prompt in fake.prompts for t in prompt)
     # 3 lengths x 2 fractions x 2 repeats, warm-ups where the prefix holds a block

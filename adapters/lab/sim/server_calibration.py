@@ -56,6 +56,7 @@ __all__ = [
     "cpu_model",
     "decoding_excess",
     "fit_server",
+    "is_under_streams",
     "kept_samples",
     "refit_server_profile",
 ]
@@ -254,6 +255,12 @@ async def _prefill_sample(
 _PROBE, _BACKGROUND = 128, 64  # prompt tokens of the timed request and of each stream
 
 
+def is_under_streams(sample: StepSample) -> bool:
+    """Whether ``sample`` is a TTFT taken while other requests streamed (one step that
+    both prefills and decodes: only :func:`_under_streams` makes those)."""
+    return sample.num_steps == 1 and sample.num_decode > 0
+
+
 async def _under_streams(
     engine: ServedEngine, client: Any, n: int, sweep: ServerSweep, fresh: Callable[[int], list[int]]
 ) -> StepSample:
@@ -375,15 +382,23 @@ def fit_server(
     """Fit a server's profile to its sweep's samples and its serving path's (or ``None``).
 
     The serving path is fitted first (the steps alone standing for the engine where the
-    server does not say), then the steps to what is left. The samples are kept in the
+    server does not say), then the steps to what is left, without the TTFTs taken under
+    streams (:func:`is_under_streams`; the serving path's busy table prices a request
+    sent while others stream). All the samples are kept in the
     profile's ``fit`` for :func:`refit_server_profile`; ``described`` holds the profile's
     other fields.
     """
-    fit = functools.partial(fit_profile, samples, **described)
     saved = {"samples": [s._asdict() for s in samples]}
-    profile = fit()
     if hops is None:
+        profile = fit_profile(samples, **described)
         return dataclasses.replace(profile, fit={**profile.fit, **saved})
+    # the serving path prices a request sent while others stream (its busy table); its
+    # TTFT under streams holds the client's and the front end's wait for a core, which
+    # no step coefficient can fit (on a 2-core CPU server it set every per-token one to 0)
+    fit = functools.partial(
+        fit_profile, [s for s in samples if not is_under_streams(s)], **described
+    )
+    profile = fit()
     path = fit_serving_path(
         hops.short, hops.long, hops.share, engine_model=engine_model(profile), idle=hops.idle
     )
