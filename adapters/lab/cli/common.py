@@ -43,6 +43,29 @@ _EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 def add_common(p: argparse.ArgumentParser) -> None:
     """The flags ``compare`` and ``replay`` share: the cache, K, the trace input, seed, quiet."""
     g = p.add_argument_group("cache (named like the engines' flags)")
+    _add_capacity_flags(g)
+    add_gpu_memory_utilization(g)
+    _add_index_flags(g)
+    p.add_argument(
+        "--concurrency",
+        "-k",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="at most K live requests; the oldest finishes first (default %(default)s)",
+    )
+    add_trace_flags(p)
+    p.add_argument(
+        "--seed",
+        type=int_arg,
+        default=0,
+        help="workload seed and hash-id token seed (default %(default)s)",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+
+
+def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
+    """The block and page sizes, and the KV capacity in tokens, GiB or blocks (one of them)."""
     g.add_argument(
         "--block-size",
         type=positive_int,
@@ -83,7 +106,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
     )
-    add_gpu_memory_utilization(g)
+
+
+def _add_index_flags(g: argparse._ArgumentGroup) -> None:
+    """The backends' own options: the hash chain's hash, the radix tree's eviction, any other."""
     g.add_argument(
         "--prefix-caching-hash-algo",
         choices=_HASH_ALGOS,
@@ -110,22 +136,6 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "hash_chain.verify=true, hash_chain.seed=0, radix.eviction=lfu "
         "(repeatable)",
     )
-    p.add_argument(
-        "--concurrency",
-        "-k",
-        type=positive_int,
-        default=1,
-        metavar="K",
-        help="at most K live requests; the oldest finishes first (default %(default)s)",
-    )
-    add_trace_flags(p)
-    p.add_argument(
-        "--seed",
-        type=int_arg,
-        default=0,
-        help="workload seed and hash-id token seed (default %(default)s)",
-    )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
 def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
@@ -150,7 +160,6 @@ def add_no_plots(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 def add_trace_flags(p: argparse.ArgumentParser) -> None:
     """The trace's format, size limits and hash-id expansion."""
     t = p.add_argument_group("trace input")
-    limits = TraceLimits()
     t.add_argument(
         "--trace-format",
         choices=FORMATS,
@@ -183,6 +192,12 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         metavar="V",
         help="hash-id traces: token ids are drawn from [1, V) (default %(default)s)",
     )
+    _add_trace_limits(t)
+
+
+def _add_trace_limits(t: argparse._ArgumentGroup) -> None:
+    """The largest prompt, output and pool a trace may ask for; past them it is refused."""
+    limits = TraceLimits()
     t.add_argument(
         "--max-prompt-tokens",
         type=parse_token_count,

@@ -60,6 +60,23 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "print a table per workload and write a report. Default: the built-in set "
         f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep."
     )
+    _add_source_flags(cmp)
+    common.add_common(cmp)
+    _add_replay_flags(cmp)
+    _add_time_flags(cmp)
+    common.add_model_flags(cmp)
+    common.add_no_plots(cmp)
+    cmp.add_argument(
+        "--out",
+        "-o",
+        default="prefixkv-report",
+        metavar="DIR",
+        help="output folder (default ./prefixkv-report)",
+    )
+
+
+def _add_source_flags(cmp: argparse.ArgumentParser) -> None:
+    """What to replay (built-in workloads or a trace) and through which backends."""
     src = cmp.add_mutually_exclusive_group()
     src.add_argument(
         "--workload",
@@ -82,7 +99,10 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
         f"known: {', '.join(available_indexes())})",
     )
-    common.add_common(cmp)
+
+
+def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
+    """The extra replays: capacity sweep and search, timing repeats, boundary accounting."""
     cmp.add_argument(
         "--capacity-sweep",
         action=argparse.BooleanOptionalAction,
@@ -117,16 +137,6 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         "for hash-id traces, whose sharing stops at block boundaries by "
         "construction)",
     )
-    _add_time_flags(cmp)
-    common.add_model_flags(cmp)
-    common.add_no_plots(cmp)
-    cmp.add_argument(
-        "--out",
-        "-o",
-        default="prefixkv-report",
-        metavar="DIR",
-        help="output folder (default ./prefixkv-report)",
-    )
 
 
 def _add_time_flags(p: argparse.ArgumentParser) -> None:
@@ -134,6 +144,30 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
+    _add_arrival_flags(g)
+    _add_scheduler_flags(g)
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next "
+        "turn before the previous one finished (default: sessions replay closed "
+        "loop, each turn after the previous answer plus its think time, as "
+        "kv-cache-tester and AIPerf do)",
+    )
+    common.add_slo_flags(g)
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
+        "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
+        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
+        "--capacity-gib, and capacities beyond it warn",
+    )
+
+
+def _add_arrival_flags(g: argparse._ArgumentGroup) -> None:
+    """When requests arrive: at a rate (or a rate sweep) or at the trace's own times, scaled."""
     when = g.add_mutually_exclusive_group()
     when.add_argument(
         "--request-rate",
@@ -157,6 +191,10 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         choices=ARRIVAL_PROCESSES,
         help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
     )
+
+
+def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
+    """The engine's step: its batch limits, queue order and scheduler."""
     g.add_argument(
         "--max-num-seqs",
         type=positive_int,
@@ -193,24 +231,6 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         "--batching",
         choices=BATCHING_MODES,
         help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
-    )
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next "
-        "turn before the previous one finished (default: sessions replay closed "
-        "loop, each turn after the previous answer plus its think time, as "
-        "kv-cache-tester and AIPerf do)",
-    )
-    common.add_slo_flags(g)
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
-        "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
-        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-        "--capacity-gib, and capacities beyond it warn",
     )
 
 

@@ -60,6 +60,11 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
     )
     add_common(rep)
     rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    _add_kv_event_flags(rep)
+
+
+def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
+    """Where the index's KV events go (a file or a ZeroMQ endpoint) and how it is served."""
     ev = rep.add_argument_group("KV events (vLLM 0.33's wire format)")
     ev.add_argument(
         "--kv-events",

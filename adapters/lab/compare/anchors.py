@@ -184,44 +184,21 @@ def workload_anchors(
     roomy = roomy_capacity(workload.stats, backends)
     out = []
     for b, run in zip(backends, runs, strict=True):
-        points = [
-            (p.labels["capacity_tokens"], hit)
-            for p in sweep
-            if p.labels["backend"] == b.label and (hit := p.part(SweepHit).hit_ratio) is not None
-        ]
-        at_roomy = [h for c, h in points if c >= roomy]
+        points = _sweep_points(sweep, b.label)
         table_hit = run.part(KLiveHits).hit_ratio
-        if capacity_tokens >= roomy:
-            infinite = table_hit
-        elif at_roomy:
-            infinite = at_roomy[-1]
-        else:  # one more replay, with nothing evicted
-            infinite = (
-                run_backend(
-                    workload,
-                    b,
-                    roomy,
-                    concurrency=concurrency,
-                    timing_repeats=0,
-                    boundary_accounting=False,
-                    bars=bars,
-                )
-                .part(KLiveHits)
-                .hit_ratio
-            )
+        infinite = (
+            table_hit
+            if capacity_tokens >= roomy
+            else _roomy_hit_ratio(workload, b, points, roomy, concurrency=concurrency, bars=bars)
+        )
         bend = knee(points)
         working_set: int | None = None
         rule, replays = "kneedle", 0
         if search:
-            finder = CapacitySearch(
-                functools.partial(_hit_ratio, workload, b, concurrency=concurrency, bars=bars),
-                [*points, (capacity_tokens, table_hit), (roomy, infinite)],
+            known = [*points, (capacity_tokens, table_hit), (roomy, infinite)]
+            bend, working_set, rule, replays = _searched_knee(
+                workload, b, backends, known, infinite, roomy, concurrency=concurrency, bars=bars
             )
-            tight = min_capacity(workload.stats, backends, concurrency)
-            working_set = finder.smallest(infinite, tight, roomy)
-            knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
-            bend = (knee_at, finder.hit_at(knee_at) or 0.0)
-            rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
         knee_tokens, knee_hit = (None, None) if bend is None else bend
         kv_bytes, model = (
             (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
@@ -244,6 +221,69 @@ def workload_anchors(
             )
         )
     return out
+
+
+def _sweep_points(sweep: Sequence[RunRow], label: str) -> list[tuple[int, float]]:
+    """The backend ``label``'s sweep points as (capacity in tokens, hit ratio), those
+    without a hit ratio left out."""
+    return [
+        (p.labels["capacity_tokens"], hit)
+        for p in sweep
+        if p.labels["backend"] == label and (hit := p.part(SweepHit).hit_ratio) is not None
+    ]
+
+
+def _searched_knee(
+    workload: Workload,
+    spec: BackendSpec,
+    backends: Sequence[BackendSpec],
+    known: Sequence[tuple[int, float]],
+    infinite: float,
+    roomy: int,
+    *,
+    concurrency: int,
+    bars: Bars | None,
+) -> tuple[tuple[int, float], int, str, int]:
+    """The knee (the smallest capacity reaching ``KNEE_SHARE`` of ``infinite``, with its hit
+    ratio), the working set (the smallest reaching ``infinite``), the rule's name and the
+    replays it took, bisecting from the ``known`` points."""
+    finder = CapacitySearch(
+        functools.partial(_hit_ratio, workload, spec, concurrency=concurrency, bars=bars), known
+    )
+    tight = min_capacity(workload.stats, backends, concurrency)
+    working_set = finder.smallest(infinite, tight, roomy)
+    knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
+    bend = (knee_at, finder.hit_at(knee_at) or 0.0)
+    return bend, working_set, f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
+
+
+def _roomy_hit_ratio(
+    workload: Workload,
+    spec: BackendSpec,
+    points: Sequence[tuple[int, float]],
+    roomy: int,
+    *,
+    concurrency: int,
+    bars: Bars | None,
+) -> float:
+    """The hit ratio with nothing evicted, the table's capacity being tighter than ``roomy``:
+    the sweep's last point at or past ``roomy``, else one more replay at ``roomy``."""
+    at_roomy = [h for c, h in points if c >= roomy]
+    if at_roomy:
+        return at_roomy[-1]
+    return (
+        run_backend(
+            workload,
+            spec,
+            roomy,
+            concurrency=concurrency,
+            timing_repeats=0,
+            boundary_accounting=False,
+            bars=bars,
+        )
+        .part(KLiveHits)
+        .hit_ratio
+    )
 
 
 def _hit_ratio(
