@@ -382,11 +382,11 @@ def fit_server(
     """Fit a server's profile to its sweep's samples and its serving path's (or ``None``).
 
     The serving path is fitted first (the steps alone standing for the engine where the
-    server does not say), then the steps to what is left, without the TTFTs taken under
-    streams (:func:`is_under_streams`; the serving path's busy table prices a request
-    sent while others stream). All the samples are kept in the
-    profile's ``fit`` for :func:`refit_server_profile`; ``described`` holds the profile's
-    other fields.
+    server does not say), then the steps to what is left. With ``hops``, both step fits
+    leave out the TTFTs taken under streams (:func:`is_under_streams`): the serving
+    path's busy table prices a request sent while others stream. All the samples are
+    kept in the profile's ``fit`` for :func:`refit_server_profile`; ``described`` holds
+    the profile's other fields.
     """
     saved = {"samples": [s._asdict() for s in samples]}
     if hops is None:
