@@ -34,7 +34,11 @@ def missing_modules(modules: Sequence[str]) -> list[str]:
 
 
 def has_extra(extra: str, modules: Sequence[str] | None = None) -> bool:
-    """Whether ``modules`` (default: all of ``extra``'s) can be imported."""
+    """Whether ``modules`` (default: all of ``extra``'s) can be imported.
+
+    Raises:
+        KeyError: an ``extra`` that pyproject.toml does not declare.
+    """
     return not missing_modules(EXTRAS[extra] if modules is None else modules)
 
 

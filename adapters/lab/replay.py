@@ -63,9 +63,16 @@ def replay(
     turns KV events on and gets each step's non-empty batch; ``guard`` is a context
     around each admission and its ``on_admit`` call.
 
+    Args:
+        driver: ``"vllm"`` or ``"sglang"`` (that scheduler's order), ``"manager"`` (generic).
+        on_admit: called with each admission's :class:`HitRow`, in admission order.
+        progress: called with each admitted request's prompt length.
+        on_step: called at the end of every scheduler step.
+
     Raises:
         ReplayError: an allocation failed even after evicting everything.
         ReplayInterrupted: Ctrl-C; its ``result`` holds the admitted requests.
+        PrefixKVError: bad arguments (concurrency, driver, num_blocks).
     """
     tracker = None
     if track_boundaries:

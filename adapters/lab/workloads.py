@@ -353,7 +353,13 @@ DEFAULT_WORKLOADS = (_SEED, "shared_system_prompt", "multi_turn", "tree_of_thoug
 class Workload:
     """Requests to compare on (in arrival order, re-iterable: a list or a
     :class:`~prefixkv.adapters.lab.traces.TraceSource`), where they came from, their
-    sizes, the report's notes on them, and the requests left out for their length."""
+    sizes, the report's notes on them, and the requests left out for their length.
+
+    Attributes:
+        path: the trace file, ``None`` for built-in workloads.
+        tokens_per_id: a hash-id trace's tokens per id; ``None`` for token traces and
+            built-in workloads (the boundary-accounting default reads it).
+    """
 
     name: str
     source: str

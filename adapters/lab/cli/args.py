@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -179,7 +180,9 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return number_arg(text, float, "a number > 0", "a finite number > 0", lambda v: 0 < v < 1e309)
+    return number_arg(
+        text, float, "a number > 0", "a finite number > 0", lambda v: v > 0 and math.isfinite(v)
+    )
 
 
 def int_arg(text: str) -> int:

@@ -321,7 +321,8 @@ class ClusterDriver:
                 tracker.sync()
 
     def check_views(self) -> None:
-        """Compare the router's view of each live replica with what it holds."""
+        """Compare the router's view of each live replica with what it holds, and the gone
+        ones the index still holds."""
         router = self.router
         if router is None or router.cluster_index is None or not router.cluster_index.event_fed:
             return

@@ -39,6 +39,7 @@ def run_cluster(
 
     Raises:
         UnknownPolicyError, FaultSpecError, ClusterSettingsError: bad input.
+        NoReplicaError: every replica dead while requests remain.
     """
     cfg = ClusterSettings() if config is None else config
     spec = policy if isinstance(policy, PolicySpec) else parse_policy(policy, tuple(POLICIES))

@@ -51,12 +51,21 @@ class TimeSettings:
     """How a comparison's arrival-time runs go: arrivals, scheduler knobs, cost profile.
 
     Attributes:
-        request_rate: requests per second (``arrival``: poisson or fixed), or
-        time_scale: the trace's timestamps times this.
+        request_rate: requests per second (the ``arrival`` process); replaces the trace's
+            timestamps.
+        time_scale: keep the trace's timestamps, relative to the first request, times this
+            (``< 1``: more load).
+        arrival: ``"poisson"`` (seeded) or ``"fixed"`` (evenly spaced).
+        seed: the Poisson process's seed.
+        max_num_seqs: most running requests (vLLM ``--max-num-seqs``).
+        max_num_batched_tokens: most tokens a step computes (vLLM ``--max-num-batched-tokens``).
         queue_order: force a queue order (``None``: each engine's own).
         batching: force ``"mixed"`` (the ``vllm`` scheduler) or ``"prefill_first"``
             (``sglang``); replaces ``schedulers``.
+        profile: the step costs.
+        schedulers: the scheduler axis (:data:`SCHEDULERS`); each backend under each.
         closed_loop: a session's turn waits for its previous answer.
+        slo: count goodput under this objective (``None``: no goodput).
         rates: more request rates to sweep at the table's capacity.
         auto_rates: sweep rates doubling until each backend is overloaded.
 

@@ -30,26 +30,47 @@ __all__ = ["CompareOptions", "compare_backends"]
 class CompareOptions:
     """What to compare, as plain values (resolved when the comparison runs).
 
+    Arrival-time runs need ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``.
+
     Attributes:
         workloads: built-in workload names (default: the CLI's default set without a trace).
         trace: a trace file or folder instead.
         indexes: comma-separated backends, ``NAME`` or ``NAME:SIZE``.
+        block_size: the hash chain's (and ``none``'s) block size.
+        page_size: the radix tree's page size.
         index_options: per registry name, options for ``make_index``.
         capacity_tokens: the KV capacity in tokens, or several (a sweep, the first the
             table's); default roomy.
-        capacity_sweep: default: when several capacities are given, or for the default set.
-        capacity_search: default: on for built-in workloads, off for a trace.
+        capacity_sweep: also sweep capacities (default: when several are given, or for the
+            default set).
+        capacity_search: find each backend's working set and knee (default: on for built-in
+            workloads, off for a trace).
+        max_pool_blocks: refuse a capacity of more blocks than this.
+        concurrency: the K of the K-live schedule.
+        timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: off for hash-id traces).
+        request_rate: arrival-time runs at this many requests per second.
         rate_sweep: more request rates at the table's capacity, or ``"auto"``.
+        slo: count goodput under this objective (``None``: no goodput).
+        time_scale: arrival-time runs at the trace's timestamps times this.
+        arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens a step computes.
+        queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's own).
+        batching: force ``"mixed"`` or ``"prefill_first"``; replaces ``schedulers``.
+        schedulers: ``("vllm",)``: only the index varies; ``("vllm", "sglang")``: each
+            backend under each; ``("natural",)``: each backend on its own engine.
+        closed_loop: sessions replay closed loop (default); ``False``: open loop.
         profile: a cost profile, a shipped profile's name or a profile file; its KV bytes
             per token also state capacities in GiB.
+        max_requests: use the first this many requests of each workload (``None``: all).
+        tokens_per_id: hash-id traces: tokens each id expands to.
         max_model_len: refuse (count in ``rejected_requests``) requests whose prompt plus
             output exceed this, and those that cannot fit the table's capacity alone.
         on_long_request: ``"reject"`` (count and go on) or ``"abort"`` (raise
             :class:`~..backends.CapacityError`).
-
-    The other fields are :class:`CompareSettings`' and :class:`TimeSettings`' (arrival-time
-    runs need ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``).
+        seed: workload, token and arrival seed.
+        progress_bars: show progress bars on stderr.
     """
 
     workloads: Sequence[str] | None = None

@@ -34,11 +34,14 @@ class CompareSettings:
     """What a comparison runs, resolved (:class:`CompareOptions` is what a caller writes).
 
     Attributes:
+        backends: the backends compared, in table order.
         capacities: KV capacities in tokens, the first the table's (``None``: roomy).
         capacity_sweep: also sweep capacities (the listed ones, or 7 from tight to roomy).
         concurrency: the K of the K-live schedule.
+        timing_repeats: timed K-live replays per backend.
         boundary_accounting: count matched-but-recomputed tokens (SPEC BB-8).
         time: arrival-time runs (``None``: none).
+        max_pool_blocks: refuse a capacity of more blocks than this.
         profile: gives capacities in GiB (default: the arrival-time runs').
         capacity_search: find each backend's working set and knee by bisection.
 

@@ -40,7 +40,12 @@ class _Interrupted(KeyboardInterrupt):
 class WorkloadResult:
     """Everything a comparison measured on one workload: each backend's K-live run at the
     table's ``capacity_tokens`` (``backends``), the ``sweep``'s, the ``anchors``, the
-    ``arrival_runs`` (the table's capacity first); ``partial`` when Ctrl-C stopped it."""
+    ``arrival_runs`` (the table's capacity first); ``partial`` when Ctrl-C stopped it.
+
+    Attributes:
+        num_requests: the requests run; ``rejected_requests`` excluded.
+        capacity_tokens: the capacity asked for (each backend uses the whole blocks that fit).
+    """
 
     name: str
     source: str

@@ -29,6 +29,7 @@ __all__ = [
 
 ArrivalProcess = Literal["poisson", "fixed"]
 ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
+"""The arrival processes: Poisson (exponential gaps) or a fixed gap of ``1 / rate``."""
 
 MIN_REQUEST_RATE, MAX_REQUEST_RATE = 1e-9, 1e9
 """Outside, arrival times overflow to infinity or collapse onto one instant."""

@@ -36,6 +36,7 @@ MAX_NUM_BATCHED_TOKENS = 2**31 - 1
 QueueOrder = Literal["fcfs", "lpm"]
 """A waiting-queue order: first come first served, or SGLang's longest prefix match."""
 QUEUE_ORDERS: tuple[QueueOrder, ...] = ("fcfs", "lpm")
+"""The known waiting-queue orders (``SimSettings.queue_order``)."""
 
 Batching = Literal["mixed", "prefill_first"]
 BATCHING_MODES: tuple[Batching, ...] = ("mixed", "prefill_first")

@@ -43,7 +43,13 @@ DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
 
 
 class ReplayRequest(Protocol):
-    """One trace line: an id, the prompt, and the tokens decoded after it."""
+    """One trace line.
+
+    Attributes:
+        id: the request id, unique in the trace.
+        tokens: the prompt's token ids.
+        output: the tokens decoded after it.
+    """
 
     @property
     def id(self) -> str: ...
@@ -68,7 +74,15 @@ class ReplayError(PrefixKVError):
 @dataclass
 class ReplayResult:
     """What a replay produced: per-request columns in admission order (when kept) and
-    the totals; ``partial``: interrupted, only admitted requests counted."""
+    the totals; ``partial``: interrupted, only admitted requests counted.
+
+    Attributes:
+        matched_tokens, boundary_lost_tokens, cap_lost_tokens: the BB-8 columns, filled
+            only with a tracker.
+        request_seconds: all index calls of the request.
+        admit_seconds: its admission: lookup, prefill allocation and registration.
+        index_memory_bytes: the index's memory sampled near the peak; only with ``measure_memory``.
+    """
 
     ids: list[str] = field(default_factory=list)
     prompt_len: array[int] = field(default_factory=lambda: array("q"))

@@ -37,6 +37,15 @@ class RequestRow:
     part always; on a clock the timeline (virtual seconds) and prefill GPU-seconds; in a
     K-live replay the BB-8 accounting and index times (wall us); behind a router, the
     route. :meth:`as_row` gives the filled parts' columns.
+
+    Attributes:
+        arrival_s: NaN for a K-live row (no clock).
+        hit_tokens: prompt tokens served from the cache, counted at its first admission.
+        prefill_gpu_s: marginal GPU time of its prefill chunks; the per-step ``step_s`` left out.
+        replica: the replica that finished it; ``None``: not routed.
+        routes: routing decisions; more than 1: rerouted after a replica died.
+        predicted_hit_tokens: the router index's promise; ``None``: the policy reads no index.
+        decision_cpu_us: CPU (not wall) microseconds of the last decision.
     """
 
     request_id: str
@@ -146,7 +155,8 @@ def request_table(
 class RunMetrics:
     """One run's summary: the percentiles vLLM's and SGLang's serving benchmarks report
     (seconds; throughputs per second of ``duration_s``, first arrival to last finish)
-    and the cache totals of the requests' first admissions."""
+    and the cache totals: prompt and hit tokens at each request's first admission;
+    computed prefill includes recompute; saved GPU-seconds over every admission."""
 
     num_requests: int
     duration_s: float

@@ -115,7 +115,12 @@ class CostProfile:
     ``wake_after_s``), ``admit_s`` (paid by a step that first schedules a request), the
     spread tables (quantiles at :data:`~.serving_spread.QUANTILES`) and ``pace_window_s``.
     ``measured_on`` and ``covers`` say what was measured and the range it spans
-    (:data:`RANGE_KEYS`); :data:`HARDWARE` sizes the KV pool.
+    (:data:`RANGE_KEYS`); :data:`HARDWARE` sizes the KV pool. Unmeasured values:
+    ``weight_bytes=None`` is taken as 0 by ``kv_capacity_tokens``; ``kv_cache_tokens=None``:
+    not measured on a server; empty ``busy_request_spread_s`` or ``decoding_request_spread_s``:
+    the idle table (``request_spread_s``) stands in; empty ``pace_spread``: factor 1;
+    ``pace_window_s=0``: not measured. ``request_spread_s``, when present, replaces
+    ``request_s`` (each request draws its own).
 
     Raises:
         ProfileError: a coefficient or serving term not a number in ``[0,

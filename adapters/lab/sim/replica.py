@@ -270,7 +270,8 @@ class Replica:
 
     With ``stream``, a serving front end shares the engine's cores: tokens reach their
     clients once it has streamed them, and it slows a step by its share of the time it
-    is busy during it; else tokens arrive at the step's end.
+    is busy during it; else tokens arrive at the step's end. ``config.batching`` must
+    match the seat: the schedule is picked by the seat's type.
     """
 
     def __init__(

@@ -187,9 +187,11 @@ class VllmSeat(_PoolSeat):
         """Nothing to do: ``allocate_slots`` registered the chunk's full blocks."""
 
     def sampled(self, request_id: str, token: int) -> None:
+        """A running request sampled ``token`` (its KV is computed next step)."""
         self.requests[request_id].append(token)
 
     def finish(self, request_id: str, num_computed: int) -> None:
+        """Release a finished request that computed ``num_computed`` tokens (``free``)."""
         req = self.requests.pop(request_id)
         req.num_computed_tokens = num_computed
         self.kv.free(req)
@@ -295,9 +297,11 @@ class SglangSeat(_PoolSeat):
         return alloc_for_decode(self.cache, self.requests[request_id])
 
     def sampled(self, request_id: str, token: int) -> None:
+        """A running request sampled ``token`` (its KV is computed next step)."""
         self.requests[request_id].output_ids.append(token)
 
     def finish(self, request_id: str, num_computed: int) -> None:
+        """``cache_finished_req``: insert what it computed, release it."""
         self.cache.cache_finished_req(self.requests.pop(request_id))
 
     def release(self, request_id: str) -> None:

@@ -118,11 +118,14 @@ class ReadSettings:
 
     Attributes:
         tokens_per_id: tokens each hash id stands for (``None``: the format's block size).
+        vocab_size: token ids are drawn from ``[1, vocab_size)``.
         seed: selects the token content of hash ids.
         output: ``False`` empties every output (prompt-only replay).
+        limits: size bounds checked before anything is built.
         block_cache_bytes: token bytes of recent hash-id blocks kept for reuse.
         sorted_arrivals: refuse a request that arrives before the one read before it
             (not checked for kv-cache-tester, whose times restart per conversation).
+        session_order: kv-cache-tester conversations ``"interleaved"`` or ``"sequential"``.
     """
 
     tokens_per_id: int | None = None

@@ -71,7 +71,9 @@ class HashIdFormat(NamedTuple):
 
 
 MOONCAKE = HashIdFormat("mooncake", 512, _MooncakeLine, 1e-3)
+"""Mooncake FAST'25 traces: 512 tokens per hash id, timestamps in milliseconds."""
 BAILIAN = HashIdFormat("bailian", 16, _BailianLine, 1.0)
+"""Qwen-Bailian usage traces: 16 tokens per hash id, timestamps in seconds."""
 
 
 def _plans(

@@ -132,7 +132,8 @@ def detect_format(path: StrPath) -> TraceFormat:
 class TraceSource:
     """A trace file (or folder) read lazily, as often as needed: each iteration
     re-reads it and yields the first ``max_requests`` requests one at a time
-    (``trace_format`` ``None``: :func:`detect_format`).
+    (``max_requests=None``: all; ``trace_format`` ``None``: :func:`detect_format`);
+    ``settings`` holds the token content, outputs and size limits.
 
     Raises:
         TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
