@@ -347,7 +347,8 @@ def _described(
         "notes": (
             f"{len(pre)} prefill shapes (one request at a time, TTFT), {num_decode_runs} decode "
             f"runs (concurrent requests, timed to the slowest one's last token) and TTFT under "
-            f"{', '.join(map(str, sweep.background_streams))} streams, median of "
+            f"{', '.join(map(str, sweep.background_streams))} streams (fitted under streams "
+            f"only where the serving path is not timed), median of "
             f"{sweep.repeats} runs each; step budget {sweep.max_num_batched_tokens:,} "
             "tokens; request_s and stream_token_s are the serving front end's time outside "
             "the engine's steps (HTTP, input processing, streaming), as the client sees it."
