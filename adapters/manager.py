@@ -342,13 +342,9 @@ class CacheManager:
 
     def _lock_and_take(self, m: PrefixMatch, want: int, reserve: int) -> list[int] | None:
         # Lock the hit and take blocks for the rest of ``want`` tokens, or change nothing
-        # (None). Whether they fit is decided now: the hit's blocks that are evictable
-        # now are the ones locking protects, counted only when the free blocks fall
-        # short (a stale handle raises in lock then, as in count_evictable).
+        # (None). Whether they fit is decided now, before the lock.
         need = self._blocks_for(max(want, m.num_tokens)) - len(m.block_ids)
-        if need > self.allocator.num_free_blocks and not self._fits(
-            need, self.index.count_evictable(m.handle)
-        ):
+        if not self._fits(need, m):
             return None
         self.index.lock(m.handle)
         new = self._take_blocks(need, reserve)
@@ -403,12 +399,15 @@ class CacheManager:
             f"lookup must be what match(key) returned for this request's key, got {lookup!r:.80}"
         )
 
-    def _fits(self, need: int, hit_evictable: int) -> bool:
-        # Locking the hit protects its evictable blocks, so they do not count.
-        if need <= self.allocator.num_free_blocks:
+    def _fits(self, need: int, hit: PrefixMatch | None = None) -> bool:
+        # Free blocks, then the evictable ones but the hit's (locking it protects them),
+        # counted only when the free blocks fall short (a stale handle raises here then,
+        # in count_evictable, as it would in lock).
+        free = self.allocator.num_free_blocks
+        if need <= free:
             return True
-        evictable = self._num_evictable() - hit_evictable
-        return need <= self.allocator.num_free_blocks + evictable
+        hit_evictable = 0 if hit is None else self.index.count_evictable(hit.handle)
+        return need <= free + self._num_evictable() - hit_evictable
 
     def _take_blocks(self, need: int, reserve: int = 0) -> list[int] | None:
         # Free blocks first, then evicted ones (vLLM pops unhashed free blocks before
@@ -718,7 +717,7 @@ class CacheManager:
         need = self._blocks_for(slots) - len(seq.table)
         if need <= 0 and reserve <= 0:
             return []
-        if need > 0 and not self._fits(need, 0):
+        if need > 0 and not self._fits(need):
             return None
         new = self._take_blocks(max(need, 0), reserve)
         if new is None:

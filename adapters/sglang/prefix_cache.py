@@ -505,9 +505,7 @@ class PrefixCache:
 
     def _checkpoint(self, req: ReqLike, up_to: object, final: bool) -> None:
         kv = req.kv
-        row = kv.req_pool_idx
-        if row is None:
-            raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
+        row = held_row(req)
         ps = self.page_size
         n = check_count("up_to", up_to, kv.kv_allocated_len)
         protected = kv.cache_protected_len
@@ -569,9 +567,7 @@ class PrefixCache:
             InvalidTokenError: a bad token among the new ones. Nothing changes.
         """
         kv = req.kv
-        row = kv.req_pool_idx
-        if row is None:
-            raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
+        row = held_row(req)
         if check_bool("is_insert", is_insert):
             self._checkpoint(req, kv.kv_committed_len, True)
         lock = req.lock
@@ -734,6 +730,18 @@ class PrefixCache:
             f"pages leak or double count: free {free} + cached {cached} + private "
             f"{len(seen)} != {pool.num_blocks}"
         )
+
+
+def held_row(req: ReqLike) -> int:
+    """``req``'s ``req_to_token`` row.
+
+    Raises:
+        RequestStateError: ``req`` holds no row (not admitted, or released).
+    """
+    row = req.kv.req_pool_idx
+    if row is None:
+        raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
+    return row
 
 
 def _tokens(req: ReqLike, start: int, stop: int) -> Sequence[int]:

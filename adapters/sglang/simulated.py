@@ -37,7 +37,7 @@ from prefixkv.storage.block_table import slot_mapping
 
 from ..requests import ReqLike
 from .page_rows import PageRows
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, held_row
 
 __all__ = ["alloc_for_chunk", "alloc_for_decode", "alloc_for_extend", "req_to_token", "retract"]
 
@@ -116,7 +116,7 @@ def alloc_for_chunk(cache: PrefixCache, req: ReqLike, extend_len: int) -> bool:
     """
     cache = _check_cache(cache)
     kv = req.kv
-    row = _held_row(req)
+    row = held_row(req)
     start = kv.kv_allocated_len
     left = len(req.origin_input_ids) - start
     end = start + check_count("extend_len", extend_len, left, lo=1)
@@ -178,7 +178,7 @@ def req_to_token(cache: PrefixCache, req: ReqLike) -> list[int]:
         PrefixKVError: ``cache`` is not a ``PrefixCache``.
     """
     cache = _check_cache(cache)
-    row = _held_row(req)
+    row = held_row(req)
     n = req.kv.kv_committed_len
     ps = cache.page_size
     return slot_mapping(cache.rows.read(row, 0, ceil_div(n, ps)), 0, n, ps)
@@ -199,14 +199,6 @@ def _check_cache(cache: object) -> PrefixCache:
     if not isinstance(cache, PrefixCache):
         raise PrefixKVError(f"cache must be a PrefixCache, got {cache!r:.80}")
     return cache
-
-
-def _held_row(req: ReqLike) -> int:
-    # The request's req_to_token row: it must hold one (admitted, not released).
-    row = req.kv.req_pool_idx
-    if row is None:
-        raise RequestStateError(f"request {req.rid!r:.80} holds no row: not admitted")
-    return row
 
 
 def _waiting_len(req: ReqLike) -> int:
