@@ -327,8 +327,7 @@ def _capacities(
 ) -> tuple[list[int], str | None]:
     """Each replica's capacities in tokens (``auto`` as vLLM sizes the pool) and the
     model's sizing line, printed with a warning for capacities beyond the hardware."""
-    caps = common.capacities(args, profile) if args.capacity_tokens == "auto" else None
-    caps = caps or args.capacity_tokens or [DEFAULT_CAPACITY]
+    caps = common.capacities(args, profile) or [DEFAULT_CAPACITY]
     sizing = common.model_line(args, profile, model)
     if sizing:
         print(f"capacity: {sizing}")

@@ -385,9 +385,8 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
         return [int(g * 2**30) // per for g in args.capacity_gib]
     if args.capacity_tokens is not None:
         return list(args.capacity_tokens)
-    if args.capacity_blocks is not None:
-        return [int(args.capacity_blocks) * int(args.block_size)]
-    return None
+    blocks = getattr(args, "capacity_blocks", None)  # cluster has no --capacity-blocks
+    return None if blocks is None else [int(blocks) * int(args.block_size)]
 
 
 def memory_utilization(args: argparse.Namespace) -> float:

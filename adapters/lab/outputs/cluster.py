@@ -399,10 +399,6 @@ _LOAD_COLUMNS: tuple[Column, ...] = tuple(
 )  # fmt: skip
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else rate(value)
-
-
 def _load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> list[str]:
     """The load table of fleet ``key``'s fault-free runs, and where each policy saturates."""
     runs = [r for r in results if not r.labels["faults"] and _key(r) == key]
@@ -418,9 +414,9 @@ def _load_section(results: Sequence[ClusterResult], key: tuple[Any, ...]) -> lis
         run, load = r.run, r.run.load()
         verdict = "overloaded" if load.overloaded else "held back" if load.held_back else "ok"
         rows.append(
-            [r.labels["policy"], _num(r.labels.get("request_rate")), _num(load.offered_rate),
-             _num(load.sent_rate), _num(load.achieved_rate), _num(load.goodput),
-             _num(run.ttft_p50_s), _num(run.ttft_p90_s), f"{run.hit_ratio:.3f}", verdict]
+            [r.labels["policy"], rate(r.labels.get("request_rate")), rate(load.offered_rate),
+             rate(load.sent_rate), rate(load.achieved_rate), rate(load.goodput),
+             rate(run.ttft_p50_s), rate(run.ttft_p90_s), f"{run.hit_ratio:.3f}", verdict]
         )  # fmt: skip
     lines = [
         f"{title} at {key[0]} replicas x {key[1]:,} tokens each",

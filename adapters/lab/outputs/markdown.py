@@ -64,9 +64,9 @@ def fixed(value: float, digits: int = 3) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def rate(value: float) -> str:
-    """Three significant digits; NaN is ``"-"``."""
-    return "-" if math.isnan(value) else f"{value:.3g}"
+def rate(value: float | None) -> str:
+    """Three significant digits; ``None`` or NaN is ``"-"``."""
+    return "-" if value is None or math.isnan(value) else f"{value:.3g}"
 
 
 def tokens(value: float) -> str:

@@ -42,6 +42,7 @@ class SimSeq:
     prefill_end: int = 0
     num_admissions: int = 0
     key: TokenKey | None = None
+    max_new_tokens: int | None = None  # SGLang's, fixed on arrival: set on first use
 
     @property
     def num_tokens(self) -> int:
@@ -273,7 +274,11 @@ class ReplicaScheduler:
         return admitted
 
     def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
-        return seat.max_new_tokens(len(seq.request.prompt), seq.request.output_len)
+        if seq.max_new_tokens is None:  # SGLang clips it once, when the request arrives
+            seq.max_new_tokens = seat.max_new_tokens(
+                len(seq.request.prompt), seq.request.output_len
+            )
+        return seq.max_new_tokens
 
     def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
         chunks: list[Chunk] = []

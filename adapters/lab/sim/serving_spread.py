@@ -97,9 +97,10 @@ def serving_delay(
     return delay
 
 
-def _lone_decodes(lone: Sequence[HopSample]) -> list[HopSample]:
+def _lone_decodes(lone: Sequence[HopSample]) -> list[tuple[HopSample, float]]:
+    # The requests that decoded on, with the engine's decode seconds (where it timed them).
     return [
-        s
+        (s, s.engine_decode_s)
         for s in lone
         if s.engine_decode_s is not None and s.engine_decode_s > 0 and s.num_tokens > 1
     ]
@@ -109,10 +110,9 @@ def pace_ratios(lone: Sequence[HopSample]) -> list[float]:
     """Each request's engine decode seconds per token over the median of its shape's
     (prompt tokens, tokens decoded), for those the server timed; 1 is the typical pace."""
     by_shape: dict[tuple[int, int], list[float]] = {}
-    for s in _lone_decodes(lone):
-        assert s.engine_decode_s is not None
+    for s, seconds in _lone_decodes(lone):
         by_shape.setdefault((s.prompt_tokens, s.num_tokens), []).append(
-            s.engine_decode_s / (s.num_tokens - 1)
+            seconds / (s.num_tokens - 1)
         )
     out: list[float] = []
     for paces in by_shape.values():
@@ -129,8 +129,8 @@ def pace_table(lone: Sequence[HopSample]) -> tuple[float, ...]:
 
 def pace_window(lone: Sequence[HopSample]) -> float:
     """The median engine decode seconds of the requests :func:`pace_table` reads (0: none)."""
-    times = [s.engine_decode_s for s in _lone_decodes(lone)]
-    return statistics.median(t for t in times if t is not None) if times else 0.0
+    times = [seconds for _, seconds in _lone_decodes(lone)]
+    return statistics.median(times) if times else 0.0
 
 
 def step_pace(table: Sequence[float], window_s: float) -> Callable[[float], float]:
