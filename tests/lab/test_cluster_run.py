@@ -10,6 +10,7 @@ replica's cache after the run); each fault also has its own assertion.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections.abc import Callable
 
 import pytest
@@ -370,3 +371,27 @@ def test_a_replica_reports_its_engines_own_kv_usage_at_every_step(
         held.add(seat.num_held_blocks())
         evictable.add(seat.index.stats().num_evictable_blocks)
     assert len(held) > 5 and max(evictable) > 0  # the pool filled and drained, blocks cached
+
+
+@pytest.mark.parametrize("gap", [0.5, 5.0])
+def test_a_cluster_replica_pays_the_wake_after_an_idle_as_a_lone_replica_does(gap: float) -> None:
+    # A request sent to a replica that has idled wake_after_s or longer pays wake_s in its
+    # first step, in a cluster as in simulate(); one sent sooner does not.
+    from prefixkv.adapters.lab.cluster.fleet import ReplicaSpec
+    from prefixkv.adapters.lab.cluster.sim_replica import SimReplica
+    from prefixkv.adapters.lab.sim.profile import load_profile
+
+    def second_ttft(wake_s: float) -> float:
+        profile = dataclasses.replace(load_profile(), wake_s=wake_s, wake_after_s=1.0)
+        replica = SimReplica(ReplicaSpec(dataclasses.replace(CFG, check=False), profile), 0)
+        first = replica.add(SimRequest("a", array("I", range(40)), 2, arrival=0.0))
+        replica.advance(float("inf"))
+        assert first.finish_s is not None
+        sent = first.finish_s + gap
+        second = replica.add(SimRequest("b", array("I", range(100, 140)), 2, arrival=sent))
+        replica.advance(float("inf"))
+        assert second.first_token_s is not None
+        return second.first_token_s - sent
+
+    paid = second_ttft(0.25) - second_ttft(0.0)
+    assert paid == pytest.approx(0.25 if gap >= 1.0 else 0.0, abs=1e-9)

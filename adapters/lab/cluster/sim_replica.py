@@ -106,7 +106,7 @@ class SimReplica(Replica):
         idle = not self.has_unfinished()
         metrics = super().add(request, sent)
         if idle:
-            self.now = max(self.now, sent)
+            self.idle_until(sent)
         if self.check_scheme is not None:
             self._hashes[request.id] = self.check_scheme.block_hashes(request.prompt)
         return metrics
