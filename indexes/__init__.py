@@ -1,4 +1,9 @@
-"""Prefix-cache indexes: the Protocol, hashing, and the backends (pure Python, no torch)."""
+"""Prefix-cache indexes: the Protocol, hashing, and the backends (pure Python, no torch).
+
+The backends, hashing and the registry load on first use of their names, so that an
+engine running one backend never loads the others."""
+
+from typing import TYPE_CHECKING
 
 from .base import (
     CacheHandle,
@@ -29,15 +34,19 @@ from .errors import (
     StaleHandleError,
     UnknownIndexError,
 )
-from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
-from .hash_chain import HashChainIndex
-from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
-from .null import NoPrefixIndex
-from .radix import RadixIndex
-from .registry import available_indexes, describe_index, make_index, register_index
-from .sync import SynchronizedIndex
-from .tokens import ExtraKey, TokenKey, make_extra_key
-from .wrapper import IndexWrapper
+from .lazy import lazy_names
+
+if TYPE_CHECKING:
+    from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
+    from .hash_chain import HashChainIndex
+    from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
+    from .null import NoPrefixIndex
+    from .radix import RadixIndex
+    from .registry import available_indexes, describe_index, make_index, register_index
+    from .sync import SynchronizedIndex
+    from .tokens import ExtraKey, TokenKey, make_extra_key
+    from .wrapper import IndexWrapper
+
 
 __all__ = [
     "BLOCK_HASH_ALGORITHMS",
@@ -85,3 +94,32 @@ __all__ = [
     "make_index",
     "register_index",
 ]
+
+_HOMES = {
+    "EVICTION_POLICIES": "eviction",
+    "EvictionPolicy": "eviction",
+    "make_eviction_policy": "eviction",
+    "HashChainIndex": "hash_chain",
+    "BLOCK_HASH_ALGORITHMS": "hashing",
+    "HASH_ALGORITHMS": "hashing",
+    "BlockHasher": "hashing",
+    "make_block_hasher": "hashing",
+    "NoPrefixIndex": "null",
+    "RadixIndex": "radix",
+    "available_indexes": "registry",
+    "describe_index": "registry",
+    "make_index": "registry",
+    "register_index": "registry",
+    "SynchronizedIndex": "sync",
+    "ExtraKey": "tokens",
+    "TokenKey": "tokens",
+    "make_extra_key": "tokens",
+    "IndexWrapper": "wrapper",
+}
+"""The names loaded on first use, by the module each lives in."""
+
+_lookup = lazy_names(__name__, _HOMES)
+
+
+def __getattr__(name: str) -> object:
+    return _lookup(name)

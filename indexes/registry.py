@@ -8,12 +8,13 @@ entry point in the ``prefixkv.indexes`` group that is loaded on first use.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
 from .base import Described, IndexDescription, PrefixIndex
 from .errors import IndexOptionError, PrefixKVError, UnknownIndexError
+from .lazy import load_attr
 
 __all__ = [
     "IndexRegistry",
@@ -30,11 +31,13 @@ IndexFactory = Callable[..., PrefixIndex]
 
 
 class IndexRegistry:
-    """A name -> factory table. ``default_registry`` is the process-wide one."""
+    """A name -> factory table; ``homes`` names factories as ``"module:attr"``, each
+    imported when first named. ``default_registry`` is the process-wide one."""
 
-    def __init__(self) -> None:
+    def __init__(self, homes: Mapping[str, str] | None = None) -> None:
         self._factories: dict[str, IndexFactory] = {}
         self._descriptions: dict[str, IndexDescription] = {}
+        self._homes = dict(homes or {})  # name -> "module:attr", imported on first use
         self._entry_points_loaded = False
 
     def register(
@@ -59,10 +62,11 @@ class IndexRegistry:
         """
         if not isinstance(name, str) or not name:
             raise PrefixKVError(f"index name must be a non-empty str, got {name!r}")
-        if name in self._factories and not replace:
+        if (name in self._factories or name in self._homes) and not replace:
             raise PrefixKVError(f"an index named {name!r} is registered already")
         if description is None:
             description = factory.DESCRIPTION if isinstance(factory, Described) else None
+        self._homes.pop(name, None)
         self._factories[name] = factory
         self._descriptions[name] = description or IndexDescription()
 
@@ -86,7 +90,7 @@ class IndexRegistry:
     def names(self) -> list[str]:
         """Registered names, sorted."""
         self._load_entry_points()
-        return sorted(self._factories)
+        return sorted({*self._factories, *self._homes})
 
     def make(self, name: str, block_size: int | None = None, **options: Any) -> PrefixIndex:
         """Build the backend ``name``; ``block_size=None`` takes the backend's default.
@@ -101,6 +105,9 @@ class IndexRegistry:
         return factory(**options)
 
     def _factory(self, name: str) -> IndexFactory:
+        home = self._homes.get(name)
+        if home is not None:
+            self.register(name, load_attr(home), replace=True)
         factory = self._factories.get(name)
         if factory is None:
             self._load_entry_points()
@@ -116,7 +123,7 @@ class IndexRegistry:
             return
         self._entry_points_loaded = True
         for ep in entry_points(group="prefixkv.indexes"):
-            if ep.name not in self._factories:
+            if ep.name not in self._factories and ep.name not in self._homes:
                 self.register(ep.name, ep.load())
 
 
@@ -150,19 +157,15 @@ def _check_options(name: str, factory: IndexFactory, options: dict[str, Any]) ->
         ) from None
 
 
-def _builtin() -> IndexRegistry:
-    from .hash_chain import HashChainIndex
-    from .null import NoPrefixIndex
-    from .radix import RadixIndex
+_BUILTINS = {
+    "hash_chain": "prefixkv.indexes.hash_chain:HashChainIndex",
+    "radix": "prefixkv.indexes.radix:RadixIndex",
+    "none": "prefixkv.indexes.null:NoPrefixIndex",
+}
+"""The backends prefixkv ships, each imported when first named: an engine running one
+never loads the others."""
 
-    reg = IndexRegistry()
-    reg.register("hash_chain", HashChainIndex)
-    reg.register("radix", RadixIndex)
-    reg.register("none", NoPrefixIndex)
-    return reg
-
-
-default_registry = _builtin()
+default_registry = IndexRegistry(_BUILTINS)
 """The registry ``make_index`` uses."""
 
 

@@ -85,23 +85,23 @@ def _package(name: str, *modules: str) -> set[str]:
     return {name, *(f"{name}.{m}" for m in modules)}
 
 
-_INDEXES = _package(
-    "prefixkv.indexes", "base", "block_map", "errors", "eviction", "free_queue", "hash_chain",
-    "hashing", "null", "radix", "records", "registry", "sglang_hashing", "sync", "tokens",
-    "validation", "vllm_hashing", "wrapper",
-)  # fmt: skip
 _LIFECYCLE = {
     "prefixkv",
-    *_INDEXES,
+    *_package("prefixkv.indexes", "base", "errors", "lazy", "records", "tokens", "validation"),
     *_package("prefixkv.storage", "allocator", "block_table", "errors"),
-    *_package("prefixkv.adapters", "lazy", "observer", "totals"),
-    *_package("prefixkv.adapters.events", "dialects", "wire", "recorder", "sglang_recorder"),
-    *_package("prefixkv.adapters.events", "sglang_wire", "codec"),
+    *_package("prefixkv.adapters", "observer", "totals"),
+    *_package("prefixkv.adapters.events", "dialects", "wire"),
+}
+_HASH_CHAIN = {
+    f"prefixkv.indexes.{m}"
+    for m in ("block_map", "free_queue", "hash_chain", "hashing", "vllm_hashing")
 }
 ENGINE_PATHS = {
-    "prefixkv.adapters.manager": {*_LIFECYCLE, "prefixkv.adapters.manager"},
+    "prefixkv.adapters.manager": {*_LIFECYCLE, *_HASH_CHAIN, "prefixkv.adapters.manager"},
     "prefixkv.adapters.vllm": {
         *_LIFECYCLE,
+        *_HASH_CHAIN,
+        "prefixkv.indexes.registry",
         "prefixkv.adapters.manager",
         "prefixkv.adapters.requests",
         "prefixkv.adapters.errors",  # UnsupportedEngineFeatureError: inputs not modelled
@@ -109,14 +109,16 @@ ENGINE_PATHS = {
     },
     "prefixkv.adapters.sglang": {
         *_LIFECYCLE,
+        "prefixkv.indexes.registry",
         "prefixkv.adapters.requests",
         *_package("prefixkv.adapters.sglang", "_mypyc", "page_rows", "pools", "prefix_cache"),
     },
 }
 """Every prefixkv module importing an engine-facing package may load: the request
-lifecycle (the manager or engine class, the index and storage beneath it, the observer
-hooks, the totals, the packages' lazy names (``adapters.lazy``), the recorder its index
-speaks, the event structs). A module added to a path must be added here, on purpose."""
+lifecycle (the manager or engine class, the index contract and storage beneath it, the
+observer hooks, the totals, the event structs and the dialect table). The backends and
+the event recorders load when an engine first names them. A module added to a path must
+be added here, on purpose."""
 
 OFF_THE_ENGINE_PATH = (
     "prefixkv.adapters.events.files",
@@ -141,6 +143,38 @@ def test_the_engine_path_loads_only_the_request_lifecycle(module: str) -> None:
     assert not beyond
     off = {m for m in mods for o in OFF_THE_ENGINE_PATH if m == o or m.startswith(f"{o}.")}
     assert not off
+
+
+_OTHER_ENGINE = {
+    "vllm": ("radix", "sglang_hashing", "sglang_recorder", "sglang_wire", "codec"),
+    "sglang": ("hash_chain", "block_map", "free_queue", "vllm_hashing", "events.recorder"),
+}
+"""Modules of the other engine's backend and events that a run of one never loads."""
+
+
+@pytest.mark.parametrize(
+    ("engine", "statement"),
+    [
+        (
+            "vllm",
+            "from prefixkv.adapters.vllm import KVCacheManager; "
+            "m = KVCacheManager('hash_chain', 9, 4, enable_kv_cache_events=True); "
+            "m.take_events()",
+        ),
+        (
+            "sglang",
+            "from prefixkv.adapters.sglang import PrefixCache; "
+            "c = PrefixCache.create_simulated('radix', capacity_tokens=64, page_size=1, "
+            "enable_kv_cache_events=True); c.take_events()",
+        ),
+    ],
+)
+def test_an_engine_running_its_backend_never_loads_the_other_engines(
+    engine: str, statement: str
+) -> None:
+    mods = _modules_after(statement)
+    ours = {m for m in mods if m.startswith("prefixkv.")}
+    assert not {m for m in ours for o in _OTHER_ENGINE[engine] if m.endswith(o)}
 
 
 def test_the_events_face_names_each_name_from_its_home_module() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy_names
+from prefixkv.indexes.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .codec import EventDecodeError, EventDecoder, encode, encode_json, from_sglang

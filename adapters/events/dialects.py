@@ -16,13 +16,11 @@ from typing import Any, Protocol
 
 from prefixkv.indexes.base import EventSink, SupportsEventSink
 from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.indexes.lazy import load_attr
 
-from .recorder import VllmEventRecorder
-from .sglang_recorder import SGLangEventRecorder
 from .wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 __all__ = [
-    "EVENT_RECORDERS",
     "EventRecorder",
     "EventsUnsupportedError",
     "attach_event_recorder",
@@ -46,11 +44,12 @@ class EventRecorder(EventSink, Protocol):
         ...
 
 
-EVENT_RECORDERS: Mapping[str, Callable[..., EventRecorder]] = {
-    "vllm": VllmEventRecorder,
-    "sglang": SGLangEventRecorder,
+_RECORDERS: Mapping[str, str] = {
+    "vllm": "prefixkv.adapters.events.recorder:VllmEventRecorder",
+    "sglang": "prefixkv.adapters.events.sglang_recorder:SGLangEventRecorder",
 }
-"""Recorder factories by ``kv_event_dialect``."""
+"""Recorder classes by ``kv_event_dialect``, each imported when an index first speaks it:
+an engine never loads the other engine's."""
 
 
 def make_event_recorder(index: object, **options: Any) -> EventRecorder:
@@ -70,12 +69,13 @@ def make_event_recorder(index: object, **options: Any) -> EventRecorder:
             f"{type(index).__name__} reports no KV events (it has no set_event_sink)"
         )
     dialect = index.kv_event_dialect
-    factory = EVENT_RECORDERS.get(dialect)
-    if factory is None:
+    home = _RECORDERS.get(dialect)
+    if home is None:
         raise EventsUnsupportedError(
             f"{type(index).__name__} speaks KV-event dialect {dialect!r}; "
-            f"recorders exist for {', '.join(sorted(EVENT_RECORDERS))}"
+            f"recorders exist for {', '.join(sorted(_RECORDERS))}"
         )
+    factory: Callable[..., EventRecorder] = load_attr(home)
     return factory(**options)
 
 

@@ -17,8 +17,11 @@ import pytest
 from prefixkv.adapters.manager import CacheManager
 from prefixkv.indexes import (
     BlockOwnershipError,
+    HashChainIndex,
     IndexWrapper,
+    NoPrefixIndex,
     PrefixIndex,
+    PrefixKVError,
     TokenKey,
     available_indexes,
     make_index,
@@ -38,6 +41,19 @@ CACHING_CASES = [pytest.param(n, bs, id=f"{n}-bs{bs}") for n in CACHING for bs i
 
 def test_builtin_backends_are_registered() -> None:
     assert {"hash_chain", "radix", "none"} <= set(BACKENDS)
+
+
+def test_a_registry_imports_a_backend_when_first_named_and_counts_it_taken_before() -> None:
+    homes = {"lazy_chain": "prefixkv.indexes.hash_chain:HashChainIndex"}
+    registry = IndexRegistry(homes)
+    assert registry.names() == ["lazy_chain"] and not registry._factories  # nothing loaded
+    with pytest.raises(PrefixKVError, match="registered already"):
+        registry.register("lazy_chain", HashChainIndex)
+    assert isinstance(registry.make("lazy_chain", 4), HashChainIndex)
+    assert registry.describe("lazy_chain") == HashChainIndex.DESCRIPTION
+    replaced = IndexRegistry(homes)
+    replaced.register("lazy_chain", NoPrefixIndex, replace=True)  # before its first use
+    assert isinstance(replaced.make("lazy_chain", 4), NoPrefixIndex)
 
 
 def new_index(name: str, block_size: int) -> PrefixIndex:
