@@ -42,6 +42,7 @@ __all__ = [
     "available_profiles",
     "load_profile",
     "save_profile",
+    "shipped_json",
 ]
 
 COEFFICIENTS = (
@@ -329,15 +330,15 @@ class CostProfile:
         )
 
 
-def _builtin_dir() -> Any:
-    return importlib.resources.files(__package__) / "profiles"
+def shipped_json(folder: str) -> dict[str, Any]:
+    """The JSON files shipped in this package's ``folder``, by name (no ``.json``)."""
+    files = (importlib.resources.files(__package__) / folder).iterdir()
+    return {p.name.removesuffix(".json"): p for p in files if p.name.endswith(".json")}
 
 
 def available_profiles() -> list[str]:
     """Names of the shipped profiles."""
-    return sorted(
-        p.name.removesuffix(".json") for p in _builtin_dir().iterdir() if p.name.endswith(".json")
-    )
+    return sorted(shipped_json("profiles"))
 
 
 def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> CostProfile:
@@ -347,15 +348,15 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Cost
         ProfileError: no such profile, unreadable JSON, or a bad profile.
     """
     text_name = os.fspath(name_or_path)
-    if text_name in available_profiles():
-        resource = _builtin_dir() / f"{text_name}.json"
-        where, text = f"profile {text_name}", resource.read_text(encoding="utf-8")
+    shipped = shipped_json("profiles")
+    if text_name in shipped:
+        where, text = f"profile {text_name}", shipped[text_name].read_text(encoding="utf-8")
     else:
         path = Path(text_name)
         if not path.is_file():
             raise ProfileError(
                 f"no profile {text_name!r}: not a file, and not one of the shipped "
-                f"profiles ({', '.join(available_profiles())})"
+                f"profiles ({', '.join(sorted(shipped))})"
             )
         where, text = str(path), path.read_text(encoding="utf-8")
     try:

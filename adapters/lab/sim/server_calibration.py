@@ -415,15 +415,13 @@ def _with_serving_path(
     model = engine_model(profile)
     admit_s = _admit_beyond_share(hops.short, model, path)  # back to back: no waking
     stream_s = path.stream_token_s or 0.0
-    idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
     busy_outside = _outside(hops.busy, stream_s)
-    busy_spread = quantile_table(busy_outside)
     pace = pace_table(hops.long)
     served = dataclasses.replace(
         profile,
         admit_s=admit_s or 0.0,
-        request_spread_s=idle_spread,
-        busy_request_spread_s=busy_spread,
+        request_spread_s=quantile_table(_outside(hops.idle or hops.short, stream_s)),
+        busy_request_spread_s=quantile_table(busy_outside),
         pace_spread=pace,
         pace_window_s=pace_window(hops.long) if pace else 0.0,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
@@ -436,7 +434,7 @@ def _with_serving_path(
         **profile.fit,
         **saved,
         "serving_path": {
-            **path.as_dict(),
+            **dataclasses.asdict(path),
             "admit_s": admit_s,
             "busy_samples_kept": len(busy_outside),
             "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
