@@ -303,28 +303,22 @@ class CostProfile:
         unknown = sorted(set(coefficients) - set(COEFFICIENTS))
         if missing or unknown:
             raise ProfileError(f"{where}: missing coefficients {missing}, unknown {unknown}")
-        meta: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         for k in ("name", "model", "device", "source", "notes"):
-            value = data.get(k, "")
-            if not isinstance(value, str):
-                raise ProfileError(f'{where}: "{k}" must be a string, got {value!r:.80}')
-            meta[k] = value
-        objects = {}
+            given[k] = data.get(k, "")
+            if not isinstance(given[k], str):
+                raise ProfileError(f'{where}: "{k}" must be a string, got {given[k]!r:.80}')
         for k in ("fit", "measured_on", "covers"):
             value = data.get(k, {})
             if not isinstance(value, Mapping):
                 raise ProfileError(f'{where}: "{k}" must be an object, got {value!r:.80}')
-            objects[k] = dict(value)
-        measured_on = objects["measured_on"]
-        if any(not isinstance(v, str) for v in measured_on.values()):
+            given[k] = dict(value)
+        if any(not isinstance(v, str) for v in given["measured_on"].values()):
             raise ProfileError(f'{where}: "measured_on" must map names to strings')
         return cls(
-            **{**meta, "name": meta["name"] or Path(where).stem},
-            fit=objects["fit"],
+            **{**given, "name": given["name"] or Path(where).stem},
             **{k: data.get(k, 0.0) for k in SERVING_TERMS},
             **{k: data.get(k, []) for k in SPREAD_TABLES},
-            measured_on=measured_on,
-            covers=objects["covers"],
             **{k: data[k] for k in HARDWARE if k in data},
             **{k: coefficients[k] for k in COEFFICIENTS},
         )

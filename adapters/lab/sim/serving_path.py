@@ -353,59 +353,67 @@ def _delta(after: Mapping[str, float], before: Mapping[str, float], *keys: str) 
     return sum(after[n] - before[n] for n in names)
 
 
-async def _timed(
-    engine: ServedEngine,
-    client: httpx.AsyncClient,
-    prompt: Sequence[int],
-    num_tokens: int,
-    scrape_cpu_s: float,
-    *,
-    load: bool = False,
-    idle_s: float = 0.0,
-) -> HopSample:
-    """One request with ``/metrics`` read before and after. ``load``: keep the API server
-    busy meanwhile; ``idle_s``: idle that long after the read before, so the request,
-    not the read, wakes the server."""
-    before = await _metrics(client)
-    if idle_s:
-        await asyncio.sleep(idle_s)
-    cpu0 = time.process_time()
-    stop = asyncio.Event()
+@dataclass(frozen=True, slots=True)
+class _Sender:
+    """Fresh prompts to one server, each request timed at both ends."""
 
-    async def busy() -> None:
-        while not stop.is_set():
-            await _metrics(client)
-            await asyncio.sleep(0)  # a transport that answers at once still lets go
+    engine: ServedEngine
+    client: httpx.AsyncClient
+    prompt: Callable[[], list[int]]
+    scrape_cpu_s: float
+    progress: Callable[[int], object] | None
 
-    loader = asyncio.ensure_future(busy()) if load else None
-    try:
-        c = await engine.complete(client, prompt, num_tokens)
-    finally:
-        stop.set()
-        if loader is not None:
-            await loader
-    client_cpu = time.process_time() - cpu0
-    after = await _metrics(client)
-    for _ in range(20):  # the API server records a request's figures as it finishes it
-        counted = _delta(after, before, "done")
-        if counted is None or counted >= 1:
-            break
-        await asyncio.sleep(0.01)
+    async def timed(self, num_tokens: int, *, load: bool = False, idle_s: float = 0.0) -> HopSample:
+        """One request with ``/metrics`` read before and after, then :meth:`tick`. ``load``:
+        keep the API server busy meanwhile; ``idle_s``: idle that long after the read
+        before, so the request, not the read, wakes the server."""
+        prompt, client = self.prompt(), self.client
+        before = await _metrics(client)
+        if idle_s:
+            await asyncio.sleep(idle_s)
+        cpu0 = time.process_time()
+        stop = asyncio.Event()
+
+        async def busy() -> None:
+            while not stop.is_set():
+                await _metrics(client)
+                await asyncio.sleep(0)  # a transport that answers at once still lets go
+
+        loader = asyncio.ensure_future(busy()) if load else None
+        try:
+            c = await self.engine.complete(client, prompt, num_tokens)
+        finally:
+            stop.set()
+            if loader is not None:
+                await loader
+        client_cpu = time.process_time() - cpu0
         after = await _metrics(client)
-    whole = _delta(after, before, "done") == 1  # exactly this request's figures
-    cpu = _delta(after, before, "cpu")
-    return HopSample(
-        prompt_tokens=len(prompt),
-        num_tokens=num_tokens,
-        client_ttft_s=c.ttft_s,
-        client_decode_s=c.latency_s - c.ttft_s,
-        server_ttft_s=_delta(after, before, "server_ttft") if whole else None,
-        engine_ttft_s=_delta(after, before, "queue", "prefill") if whole else None,
-        engine_decode_s=_delta(after, before, "decode") if whole else None,
-        frontend_cpu_s=None if cpu is None else cpu - scrape_cpu_s,
-        client_cpu_s=client_cpu,
-        idle_s=idle_s,
-    )
+        for _ in range(20):  # the API server records a request's figures as it finishes it
+            counted = _delta(after, before, "done")
+            if counted is None or counted >= 1:
+                break
+            await asyncio.sleep(0.01)
+            after = await _metrics(client)
+        whole = _delta(after, before, "done") == 1  # exactly this request's figures
+        cpu = _delta(after, before, "cpu")
+        self.tick()
+        return HopSample(
+            prompt_tokens=len(prompt),
+            num_tokens=num_tokens,
+            client_ttft_s=c.ttft_s,
+            client_decode_s=c.latency_s - c.ttft_s,
+            server_ttft_s=_delta(after, before, "server_ttft") if whole else None,
+            engine_ttft_s=_delta(after, before, "queue", "prefill") if whole else None,
+            engine_decode_s=_delta(after, before, "decode") if whole else None,
+            frontend_cpu_s=None if cpu is None else cpu - self.scrape_cpu_s,
+            client_cpu_s=client_cpu,
+            idle_s=idle_s,
+        )
+
+    def tick(self) -> None:
+        """Count one request in ``progress``."""
+        if self.progress is not None:
+            self.progress(1)
 
 
 async def measure_serving_path(
@@ -456,31 +464,6 @@ async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
     cpu = METRICS["cpu"]
     gaps = [b[cpu] - a[cpu] for a, b in itertools.pairwise(reads) if cpu in a and cpu in b]
     return statistics.fmean(gaps) if gaps else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Sender:
-    """Fresh prompts to one server, each request timed by :func:`_timed`."""
-
-    engine: ServedEngine
-    client: httpx.AsyncClient
-    prompt: Callable[[], list[int]]
-    scrape_cpu_s: float
-    progress: Callable[[int], object] | None
-
-    async def timed(self, tokens: int, *, load: bool = False, idle_s: float = 0.0) -> HopSample:
-        """A fresh request of ``tokens`` timed, then counted in ``progress``."""
-        prompt = self.prompt()
-        sample = await _timed(
-            self.engine, self.client, prompt, tokens, self.scrape_cpu_s, load=load, idle_s=idle_s
-        )
-        self.tick()
-        return sample
-
-    def tick(self) -> None:
-        """Count one request in ``progress``."""
-        if self.progress is not None:
-            self.progress(1)
 
 
 async def _idle(
