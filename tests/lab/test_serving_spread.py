@@ -238,8 +238,9 @@ def test_a_busy_request_the_server_drops_is_no_sample_and_most_dropped_is_its_fa
         return timed
 
     def busy(fails: set[int]) -> list[HopSample]:
-        monkeypatch.setattr(serving_path, "_timed", probes(fails))
-        run = serving_path._busy(Background(), None, lambda: [5] * 8, 6, 100, 0.0, lambda: None)  # type: ignore[arg-type]
+        monkeypatch.setattr(serving_path._Sender, "timed", probes(fails))
+        sender = serving_path._Sender(Background(), None, lambda: [5] * 8, 0.0, None)  # type: ignore[arg-type]
+        run = serving_path._busy(sender, 6, 100)
         return asyncio.run(run)
 
     assert len(busy(set())) == 6

@@ -67,23 +67,18 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
 
 def _add_model_flags(cal: argparse.ArgumentParser) -> None:
     m = cal.add_argument_group("the reference engine's model (its weights are random)")
-    m.add_argument(
-        "--num-layers",
-        type=positive_int,
-        default=2,
-        metavar="N",
-        help="layers (default %(default)s)",
-    )
-    m.add_argument(
-        "--num-heads",
-        type=positive_int,
-        default=4,
-        metavar="N",
-        help="attention heads, as many KV heads (default %(default)s)",
-    )
-    m.add_argument(
-        "--head-dim", type=positive_int, default=32, metavar="N", help="even (default %(default)s)"
-    )
+    for flag, default, what in (
+        ("--num-layers", 2, "layers"),
+        ("--num-heads", 4, "attention heads, as many KV heads"),
+        ("--head-dim", 32, "even"),
+    ):
+        m.add_argument(
+            flag,
+            type=positive_int,
+            default=default,
+            metavar="N",
+            help=f"{what} (default %(default)s)",
+        )
 
 
 def _add_source_flags(cal: argparse.ArgumentParser) -> None:
@@ -302,14 +297,8 @@ def _reference_engine(args: argparse.Namespace) -> CostProfile:
     )
     config = EngineConfig(model=model, dtype=args.dtype, device=device)
     shapes: dict[str, Any] = dict(QUICK_SHAPES) if args.quick else {}
-    num_shapes = sum(
-        len(shapes.get(k, default))
-        for k, default in (
-            ("prefill", DEFAULT_PREFILL_SHAPES),
-            ("decode", DEFAULT_DECODE_SHAPES),
-            ("mixed", DEFAULT_MIXED_SHAPES),
-        )
-    )
+    defaults = (DEFAULT_PREFILL_SHAPES, DEFAULT_DECODE_SHAPES, DEFAULT_MIXED_SHAPES)
+    num_shapes = sum(map(len, shapes.values() if args.quick else defaults))
     repeats = args.repeats or 5
     bar = progress((1 + repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
                    unit="run")  # fmt: skip

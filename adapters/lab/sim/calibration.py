@@ -146,25 +146,14 @@ def measure_engine(
     progress: Callable[[int], object] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[StepSample]:
-    """Time the reference engine's forward pass on each step shape.
-
-    Args:
-        config: the engine's settings (default ``EngineConfig()``).
-        prefill: ``(q, s)`` shapes.
-        decode: ``(b, c)`` shapes.
-        mixed: ``(q, s, b, c)`` shapes.
-        repeats: timed runs per shape; the least is kept.
-        warmup: untimed runs per shape first.
-        clock: seconds, monotonic.
-        progress: called with 1 after each forward pass.
-        max_bytes: refuse, before allocating, what :func:`estimate_bytes` says needs more.
-
-    Returns:
-        One sample per shape, in the order prefill, decode, mixed.
+    """Time the reference engine's forward pass (``config``: default ``EngineConfig()``)
+    on each step shape, the least of ``repeats`` timed runs after ``warmup`` untimed ones;
+    one sample per shape, prefill, decode, then mixed. ``progress`` is called with 1 after
+    each forward pass.
 
     Raises:
         SimSettingsError: a bad shape, ``repeats`` or ``warmup``, or a model and
-            shapes needing more than ``max_bytes``.
+            shapes needing more than ``max_bytes`` (by :func:`estimate_bytes`).
     """
     with extra_imports(*TORCH_EXTRA, _WHAT):
         import torch
@@ -256,6 +245,17 @@ def _least_seconds(
     return best
 
 
+_UNITS = {
+    "step_s": "num_steps",
+    "prefill_token_s": "prefill_tokens",
+    "prefill_attention_s": "prefill_pairs",
+    "decode_seq_s": "num_decode",
+    "decode_context_s": "decode_context",
+    "request_s": "num_requests",
+    "stream_token_s": "num_streamed",
+}
+"""The :class:`StepSample` field each fitted coefficient multiplies."""
+
 EXACT_WEIGHT = 1000.0
 """How many times an ``exact`` sample's relative error counts in :func:`fit_profile`."""
 
@@ -286,10 +286,16 @@ def fit_profile(
     import numpy as np
 
     fixed = dict(known or {})
-    names, served, streamed = _fitted_names(samples, fixed)
+    names = _fitted_names(samples, fixed)
     samples = [*samples, *exact]
-    work, measured, outside = _design(samples, served, streamed, fixed)
-    coef = _relative_nnls(work, measured, outside, _weights(samples, len(exact)))
+    work = np.array([[getattr(s, _UNITS[k]) for k in names] for s in samples], dtype=float)
+    measured = np.array([s.seconds for s in samples])
+    outside = np.array(
+        [sum(v * getattr(s, _UNITS[k]) for k, v in fixed.items()) for s in samples], dtype=float
+    )
+    weight = np.sqrt([max(1, s.runs) for s in samples])
+    weight[len(samples) - len(exact) :] *= EXACT_WEIGHT
+    coef = _relative_nnls(work, measured, outside, weight)
     error = np.abs(work @ coef + outside - measured) / measured
     fitted: dict[str, Any] = {k: float(v) for k, v in zip(names, coef, strict=True)}
     fitted.update(fixed)
@@ -310,60 +316,21 @@ def fit_profile(
     )
 
 
-def _fitted_names(
-    samples: Sequence[StepSample], fixed: Mapping[str, float]
-) -> tuple[tuple[str, ...], bool, bool]:
-    """The coefficients to fit, and whether ``request_s`` and ``stream_token_s`` are among them."""
+def _fitted_names(samples: Sequence[StepSample], fixed: Mapping[str, float]) -> list[str]:
+    """The coefficients to fit: the step's, and ``request_s`` and ``stream_token_s`` where
+    ``samples`` count them and ``fixed`` does not give them."""
     if not set(fixed) <= {"request_s", "stream_token_s"}:
         raise ValueError(f"known: only request_s and stream_token_s, got {sorted(fixed)}")
-    served = "request_s" not in fixed and any(s.num_requests for s in samples)
-    streamed = "stream_token_s" not in fixed and any(s.num_streamed for s in samples)
-    names = (
-        *COEFFICIENTS,
-        *(["request_s"] if served else []),
-        *(["stream_token_s"] if streamed else []),
-    )
+    names = [*COEFFICIENTS]
+    for k in ("request_s", "stream_token_s"):
+        if k not in fixed and any(getattr(s, _UNITS[k]) for s in samples):
+            names.append(k)
     if len(samples) < len(names):
         raise ValueError(f"need at least {len(names)} samples, got {len(samples)}")
-    return names, served, streamed
+    return names
 
 
-def _weights(samples: Sequence[StepSample], num_exact: int) -> Any:
-    """``sqrt(runs)``, the last ``num_exact`` ones :data:`EXACT_WEIGHT` times that."""
-    import numpy as np
-
-    weight = np.sqrt([max(1, s.runs) for s in samples])
-    weight[len(samples) - num_exact :] *= EXACT_WEIGHT
-    return weight
-
-
-def _design(
-    samples: Sequence[StepSample], served: bool, streamed: bool, fixed: Mapping[str, float]
-) -> tuple[Any, Any, Any]:
-    """Per sample: its units of each fitted coefficient, its time, and the known terms' part."""
-    import numpy as np
-
-    work = np.array(
-        [
-            [s.num_steps, s.prefill_tokens, s.prefill_pairs, s.num_decode, s.decode_context]
-            + ([s.num_requests] if served else [])
-            + ([s.num_streamed] if streamed else [])
-            for s in samples
-        ],
-        dtype=float,
-    )
-    measured = np.array([s.seconds for s in samples])
-    outside = np.array(
-        [
-            fixed.get("request_s", 0.0) * s.num_requests
-            + fixed.get("stream_token_s", 0.0) * s.num_streamed
-            for s in samples
-        ]
-    )
-    return work, measured, outside
-
-
-def _relative_nnls(work: Any, measured: Any, outside: Any, weight: Any = None) -> Any:
+def _relative_nnls(work: Any, measured: Any, outside: Any, weight: Any) -> Any:
     """Non-negative coefficients of ``work`` fitting ``measured - outside`` by weighted
     relative error."""
     import numpy as np
@@ -372,11 +339,10 @@ def _relative_nnls(work: Any, measured: Any, outside: Any, weight: Any = None) -
     # a sample the known terms explain whole keeps 1% of its time: its weight stays bounded
     seconds = np.maximum(measured - outside, 0.01 * measured)
     # columns scaled to unit norm: their units differ by orders of magnitude
-    w = np.ones_like(seconds) if weight is None else np.asarray(weight, dtype=float)
-    weighted = work * (w / seconds)[:, None]
+    weighted = work * (weight / seconds)[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(weighted / scale, w)
+    coef, _ = nnls(weighted / scale, weight)
     return coef / scale
 
 
@@ -389,15 +355,9 @@ def calibrate(
     max_bytes: int = DEFAULT_MAX_BYTES,
     **shapes: Sequence[tuple[int, ...]],
 ) -> CostProfile:
-    """Measure the reference engine on ``config``'s device and fit a profile.
-
-    Args:
-        config: default ``EngineConfig()`` on CUDA when available, else on the CPU.
-        name: the profile's name (default ``reference-engine-<device>``).
-        repeats: timed runs per step shape.
-        progress: see :func:`measure_engine`.
-        max_bytes: see :func:`measure_engine`.
-        **shapes: ``prefill=``, ``decode=``, ``mixed=`` as in :func:`measure_engine`.
+    """Measure the reference engine (``config``: default ``EngineConfig()`` on CUDA when
+    available, else on the CPU) by :func:`measure_engine` and fit a profile (``name``:
+    default ``reference-engine-<device>``).
 
     Raises:
         SimSettingsError: see :func:`measure_engine`.

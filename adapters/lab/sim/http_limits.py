@@ -55,13 +55,18 @@ class RequestLimits:
 
 
 async def within(limits: RequestLimits, where: str, request: Awaitable[T]) -> T:
-    """``await request``, or a :class:`ServerError` once ``limits.deadline_s`` passed."""
+    """``await request``, or a :class:`ServerError` once ``limits.deadline_s`` passed or
+    the transport failed."""
+    import httpx
+
     try:
         return await asyncio.wait_for(request, limits.deadline_s)
     except asyncio.TimeoutError:
         raise ServerError(
             f"{where}: no whole answer within {limits.deadline_s:g} s (calibrate --request-timeout)"
         ) from None
+    except httpx.HTTPError as exc:
+        raise ServerError(f"{where}: {type(exc).__name__}: {exc}") from None
 
 
 def _check_encoding(response: httpx.Response, where: str) -> None:
@@ -134,7 +139,8 @@ def parse_json(text: str | bytes, where: str) -> Any:
     try:
         return json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise ServerError(f"{where}: not JSON ({_one_line(exc)}): {_show(text)}") from None
+        reason = _show(str(exc), 120).strip("'\"")
+        raise ServerError(f"{where}: not JSON ({reason}): {_show(text)}") from None
 
 
 def json_object(value: Any, where: str, what: str) -> dict[str, Any]:
@@ -171,7 +177,3 @@ def _show(value: Any, limit: int = 60) -> str:
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value[: limit * 4]).decode("utf-8", "replace")
     return one_line(repr(value if not isinstance(value, str) else value[: limit * 4]), limit)
-
-
-def _one_line(exc: BaseException) -> str:
-    return _show(str(exc), 120).strip("'\"")

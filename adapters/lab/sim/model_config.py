@@ -12,11 +12,11 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .errors import ProfileError
+from .profile import shipped_json
 
 __all__ = ["ModelConfig", "ModelConfigError", "available_model_configs", "load_model_config"]
 
@@ -88,15 +88,9 @@ class ModelConfig:
         return text
 
 
-def _shipped() -> Any:
-    return resources.files("prefixkv.adapters.lab.sim").joinpath("models")
-
-
 def available_model_configs() -> list[str]:
     """Names of the shipped model configs."""
-    return sorted(
-        p.name.removesuffix(".json") for p in _shipped().iterdir() if p.name.endswith(".json")
-    )
+    return sorted(shipped_json("models"))
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -127,15 +121,16 @@ def _locate(name_or_path: str) -> tuple[Mapping[str, Any], str]:
         path = path / "config.json"
     if path.is_file():
         return _read(path), str(path)
-    if name_or_path in available_model_configs():
-        text = _shipped().joinpath(f"{name_or_path}.json").read_text()
+    shipped = shipped_json("models")
+    if name_or_path in shipped:
+        text = shipped[name_or_path].read_text()
         return _parse(text, name_or_path), f"shipped config {name_or_path}"
     cached = _from_hf_cache(name_or_path) if "/" in name_or_path else None
     if cached is not None:
         return _read(cached), str(cached)
     raise ModelConfigError(
         f"no model config {name_or_path!r}: not a config.json file or folder, not a shipped "
-        f"config ({', '.join(available_model_configs())}), not in the local Hugging Face "
+        f"config ({', '.join(sorted(shipped))}), not in the local Hugging Face "
         "cache (nothing is downloaded; give the path of its config.json)"
     )
 

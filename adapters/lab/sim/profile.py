@@ -42,6 +42,7 @@ __all__ = [
     "available_profiles",
     "load_profile",
     "save_profile",
+    "shipped_json",
 ]
 
 COEFFICIENTS = (
@@ -302,42 +303,36 @@ class CostProfile:
         unknown = sorted(set(coefficients) - set(COEFFICIENTS))
         if missing or unknown:
             raise ProfileError(f"{where}: missing coefficients {missing}, unknown {unknown}")
-        meta: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         for k in ("name", "model", "device", "source", "notes"):
-            value = data.get(k, "")
-            if not isinstance(value, str):
-                raise ProfileError(f'{where}: "{k}" must be a string, got {value!r:.80}')
-            meta[k] = value
-        objects = {}
+            given[k] = data.get(k, "")
+            if not isinstance(given[k], str):
+                raise ProfileError(f'{where}: "{k}" must be a string, got {given[k]!r:.80}')
         for k in ("fit", "measured_on", "covers"):
             value = data.get(k, {})
             if not isinstance(value, Mapping):
                 raise ProfileError(f'{where}: "{k}" must be an object, got {value!r:.80}')
-            objects[k] = dict(value)
-        measured_on = objects["measured_on"]
-        if any(not isinstance(v, str) for v in measured_on.values()):
+            given[k] = dict(value)
+        if any(not isinstance(v, str) for v in given["measured_on"].values()):
             raise ProfileError(f'{where}: "measured_on" must map names to strings')
         return cls(
-            **{**meta, "name": meta["name"] or Path(where).stem},
-            fit=objects["fit"],
+            **{**given, "name": given["name"] or Path(where).stem},
             **{k: data.get(k, 0.0) for k in SERVING_TERMS},
             **{k: data.get(k, []) for k in SPREAD_TABLES},
-            measured_on=measured_on,
-            covers=objects["covers"],
             **{k: data[k] for k in HARDWARE if k in data},
             **{k: coefficients[k] for k in COEFFICIENTS},
         )
 
 
-def _builtin_dir() -> Any:
-    return importlib.resources.files(__package__) / "profiles"
+def shipped_json(folder: str) -> dict[str, Any]:
+    """The JSON files shipped in this package's ``folder``, by name (no ``.json``)."""
+    files = (importlib.resources.files(__package__) / folder).iterdir()
+    return {p.name.removesuffix(".json"): p for p in files if p.name.endswith(".json")}
 
 
 def available_profiles() -> list[str]:
     """Names of the shipped profiles."""
-    return sorted(
-        p.name.removesuffix(".json") for p in _builtin_dir().iterdir() if p.name.endswith(".json")
-    )
+    return sorted(shipped_json("profiles"))
 
 
 def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> CostProfile:
@@ -347,15 +342,15 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Cost
         ProfileError: no such profile, unreadable JSON, or a bad profile.
     """
     text_name = os.fspath(name_or_path)
-    if text_name in available_profiles():
-        resource = _builtin_dir() / f"{text_name}.json"
-        where, text = f"profile {text_name}", resource.read_text(encoding="utf-8")
+    shipped = shipped_json("profiles")
+    if text_name in shipped:
+        where, text = f"profile {text_name}", shipped[text_name].read_text(encoding="utf-8")
     else:
         path = Path(text_name)
         if not path.is_file():
             raise ProfileError(
                 f"no profile {text_name!r}: not a file, and not one of the shipped "
-                f"profiles ({', '.join(available_profiles())})"
+                f"profiles ({', '.join(sorted(shipped))})"
             )
         where, text = str(path), path.read_text(encoding="utf-8")
     try:

@@ -163,7 +163,10 @@ class ServedEngine:
                 number out of range, an answer past its deadline or byte budget.
         """
         where = f"{self.url}/v1/models"
-        models = json_object(await self._get_json(client, "/v1/models"), where, "the answer")
+        status, body = await self._get(client, "/v1/models")
+        if status != 200:
+            raise ServerError(f"{where}: HTTP {status}: {_text(body)}")
+        models = json_object(parse_json(body, where), where, "the answer")
         data = models.get("data")
         if not isinstance(data, list) or not data:
             raise ServerError(f"{where} lists no model: {models!r:.200}")
@@ -190,7 +193,8 @@ class ServedEngine:
             )
             if isinstance(v.get("version"), str):
                 version, engine = v["version"][:_MAX_NAME], "vllm"
-        cache = parse_cache_config(await self._get_text(client, "/metrics"))
+        status, body = await self._get(client, "/metrics")
+        cache = parse_cache_config(body.decode("utf-8", "replace") if status == 200 else "")
         return ServerInfo(
             url=self.url,
             model=self.model,
@@ -217,29 +221,13 @@ class ServedEngine:
         return server_fraction(value, f"{self.url}/metrics", f"cache_config_info {name}")
 
     async def _get(self, client: httpx.AsyncClient, path: str) -> tuple[int, bytes]:
-        import httpx
-
         where = f"{self.url}{path}"
 
         async def get() -> tuple[int, bytes]:
             async with client.stream("GET", path) as r:
                 return r.status_code, await read_body(r, self.limits, where)
 
-        try:
-            return await within(self.limits, where, get())
-        except httpx.HTTPError as exc:
-            raise ServerError(f"{where}: {type(exc).__name__}: {exc}") from None
-
-    async def _get_json(self, client: httpx.AsyncClient, path: str) -> Any:
-        status, body = await self._get(client, path)
-        where = f"{self.url}{path}"
-        if status != 200:
-            raise ServerError(f"{where}: HTTP {status}: {_text(body)}")
-        return parse_json(body, where)
-
-    async def _get_text(self, client: httpx.AsyncClient, path: str) -> str:
-        status, body = await self._get(client, path)
-        return body.decode("utf-8", "replace") if status == 200 else ""
+        return await within(self.limits, where, get())
 
     async def complete(
         self,
@@ -255,8 +243,6 @@ class ServedEngine:
             ServerError: a refused request, a broken stream, no token or too many, the
                 deadline or byte budget passed, a bad chunk or usage number.
         """
-        import httpx
-
         where = f"{self.url}/v1/completions"
         body = {
             "model": self.model,
@@ -288,10 +274,7 @@ class ServedEngine:
                             on_token(len(times))
 
         sent = time.perf_counter()
-        try:
-            await within(self.limits, where, stream())
-        except httpx.HTTPError as exc:
-            raise ServerError(f"{where}: {type(exc).__name__}: {exc}") from None
+        await within(self.limits, where, stream())
         if not times:
             raise ServerError(f"{where}: the stream held no token")
         return Completion(

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import itertools
 import math
 import os
 import platform
@@ -193,25 +194,22 @@ async def measure_server(
                 f"{longest:,}"
             )
         samples = []
-        for length in sweep.prompt_lengths:
-            for fraction in sweep.cached_fractions:
-                prefix_len = int(length * fraction) // bs * bs
-                sample = await _prefill_sample(
-                    engine, client, info, sweep, length, prefix_len, fresh, tick
+        for length, fraction in itertools.product(sweep.prompt_lengths, sweep.cached_fractions):
+            prefix_len = int(length * fraction) // bs * bs
+            samples.append(
+                await _prefill_sample(engine, client, sweep, length, prefix_len, fresh, tick)
+            )
+        for b, ctx in itertools.product(sweep.batch_sizes, sweep.decode_contexts):
+            slowest = []  # b requests of ctx tokens at once, timed to the slowest
+            for _ in range(sweep.repeats):
+                batch = [fresh(ctx) for _ in range(b)]
+                done = await asyncio.gather(
+                    *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
                 )
-                samples.append(sample)
-        for b in sweep.batch_sizes:
-            for ctx in sweep.decode_contexts:
-                slowest = []  # b requests of ctx tokens at once, timed to the slowest
-                for _ in range(sweep.repeats):
-                    batch = [fresh(ctx) for _ in range(b)]
-                    done = await asyncio.gather(
-                        *(engine.complete(client, p, sweep.decode_tokens) for p in batch)
-                    )
-                    slowest.append(max(c.latency_s for c in done))
-                    tick()
-                seconds = statistics.median(slowest)
-                samples.append(batch_sample(b, ctx, sweep.decode_tokens, seconds, sweep))
+                slowest.append(max(c.latency_s for c in done))
+                tick()
+            seconds = statistics.median(slowest)
+            samples.append(batch_sample(b, ctx, sweep.decode_tokens, seconds, sweep))
         for n in sweep.background_streams:
             samples.append(await _under_streams(engine, client, n, sweep, fresh))
             tick()
@@ -221,7 +219,6 @@ async def measure_server(
 async def _prefill_sample(
     engine: ServedEngine,
     client: Any,
-    info: ServerInfo,
     sweep: ServerSweep,
     length: int,
     prefix_len: int,
@@ -238,7 +235,7 @@ async def _prefill_sample(
         c = await engine.complete(client, [*prefix, *fresh(length - prefix_len)], 1)
         if c.cached_tokens is None:
             raise ServerError(
-                f"{info.url} reports no cached tokens; start vLLM with "
+                f"{engine.url} reports no cached tokens; start vLLM with "
                 "--enable-prompt-tokens-details"
             )
         runs.append((c.ttft_s, c.cached_tokens))
@@ -295,16 +292,11 @@ def calibrate_server(
     engine: ServedEngine | None = None,
     limits: RequestLimits | None = None,
 ) -> CostProfile:
-    """Measure a running server with the sweep and fit a profile to it.
+    """Measure the server at ``url`` with ``sweep`` and fit a profile to it.
 
-    Args:
-        url: the server's base URL.
-        model: the model to ask for (default: the first it serves).
-        sweep: what to send.
-        name: the profile's name (default ``served-<model>``).
-        progress: called with 1 after each measured shape and repeat.
-        engine: used instead of one made from ``url`` (tests pass a mock transport's).
-        limits: each request's deadline and byte budgets (with ``engine``, its own).
+    ``model``: default the first it serves; ``name``: default ``served-<model>``;
+    ``progress`` is called with 1 after each measured shape and repeat; ``engine`` stands
+    in for one made from ``url`` and ``limits`` (tests pass a mock transport's).
 
     Raises:
         ServerError: the server fails, answers past a deadline or byte budget, answers
@@ -415,15 +407,13 @@ def _with_serving_path(
     model = engine_model(profile)
     admit_s = _admit_beyond_share(hops.short, model, path)  # back to back: no waking
     stream_s = path.stream_token_s or 0.0
-    idle_spread = quantile_table(_outside(hops.idle or hops.short, stream_s))
     busy_outside = _outside(hops.busy, stream_s)
-    busy_spread = quantile_table(busy_outside)
     pace = pace_table(hops.long)
     served = dataclasses.replace(
         profile,
         admit_s=admit_s or 0.0,
-        request_spread_s=idle_spread,
-        busy_request_spread_s=busy_spread,
+        request_spread_s=quantile_table(_outside(hops.idle or hops.short, stream_s)),
+        busy_request_spread_s=quantile_table(busy_outside),
         pace_spread=pace,
         pace_window_s=pace_window(hops.long) if pace else 0.0,
         frontend_request_cpu_s=path.frontend_request_cpu_s or 0.0,
@@ -436,7 +426,7 @@ def _with_serving_path(
         **profile.fit,
         **saved,
         "serving_path": {
-            **path.as_dict(),
+            **dataclasses.asdict(path),
             "admit_s": admit_s,
             "busy_samples_kept": len(busy_outside),
             "busy_bursts": sum(1 for s in hops.busy if is_burst(s)),
@@ -523,6 +513,9 @@ def refit_server_profile(profile: CostProfile) -> CostProfile:
         ) from None
 
 
+_RUNS = re.compile(r"median of (\d{1,4}) runs each")
+
+
 def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | None]:
     """The sweep's and the serving path's samples kept in ``profile`` (``None``: no
     serving path was timed).
@@ -537,7 +530,8 @@ def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | N
             f"{where} keeps no calibration samples (not made by calibrate --server); "
             "calibrate --server again"
         )
-    runs = _recorded_runs(profile.notes)
+    m = _RUNS.search(profile.notes)  # the runs of samples kept before they said it
+    runs = max(1, int(m.group(1))) if m else 1
     try:
         samples = [StepSample(**{"runs": runs, **row}) for row in rows]
     except TypeError as exc:
@@ -552,15 +546,6 @@ def kept_samples(profile: CostProfile) -> tuple[list[StepSample], HopSamples | N
     if isinstance(path, dict) and "samples" in path:
         hops = HopSamples.from_json(path["samples"], f"{where}: serving path samples")
     return samples, hops
-
-
-_RUNS = re.compile(r"median of (\d{1,4}) runs each")
-
-
-def _recorded_runs(notes: str) -> int:
-    """The runs each sample is the median of, for samples kept before they said it."""
-    m = _RUNS.search(notes)
-    return max(1, int(m.group(1))) if m else 1
 
 
 def _refit_from_hops(profile: CostProfile, where: str) -> CostProfile:

@@ -175,20 +175,6 @@ class ServingPath:
             out["stream_token_s"] = self.stream_token_s
         return out
 
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON object for the profile's ``fit["serving_path"]``."""
-        return {
-            "request_s": self.request_s,
-            "stream_token_s": self.stream_token_s,
-            "frontend_request_cpu_s": self.frontend_request_cpu_s,
-            "frontend_cpu_share": self.frontend_cpu_share,
-            "hops": dict(self.hops),
-            "engine_side": self.engine_side,
-            "request_s_outside": self.request_s_outside,
-            "wake_s": self.wake_s,
-            "wake_after_s": self.wake_after_s,
-        }
-
 
 EngineModel = Callable[[int, int], tuple[float, float]]
 """``(prompt tokens, tokens decoded) -> (engine TTFT, engine decode seconds)`` of a lone request."""
@@ -217,13 +203,10 @@ def fit_serving_path(
 ) -> ServingPath:
     """The serving path from one-at-a-time requests: the medians of what each says.
 
-    Args:
-        short: requests decoding one token.
-        long: requests decoding the same ``k > 1`` tokens.
-        share: long requests alone and under load.
-        engine_model: stands for the engine's queue and prefill time where a sample
-            does not say it.
-        idle: short requests sent after the server idled (``wake_s``, ``wake_after_s``).
+    ``short`` requests decode one token, ``long`` ones the same ``k > 1`` tokens, ``share``
+    pairs a long one alone and under load, ``idle`` short ones follow a pause (``wake_s``,
+    ``wake_after_s``); ``engine_model`` stands for the engine's queue and prefill time
+    where a sample does not say it.
 
     Raises:
         ValueError: no short sample, or one without its engine side and no ``engine_model``.
@@ -370,59 +353,67 @@ def _delta(after: Mapping[str, float], before: Mapping[str, float], *keys: str) 
     return sum(after[n] - before[n] for n in names)
 
 
-async def _timed(
-    engine: ServedEngine,
-    client: httpx.AsyncClient,
-    prompt: Sequence[int],
-    num_tokens: int,
-    scrape_cpu_s: float,
-    *,
-    load: bool = False,
-    idle_s: float = 0.0,
-) -> HopSample:
-    """One request with ``/metrics`` read before and after. ``load``: keep the API server
-    busy meanwhile; ``idle_s``: idle that long after the read before, so the request,
-    not the read, wakes the server."""
-    before = await _metrics(client)
-    if idle_s:
-        await asyncio.sleep(idle_s)
-    cpu0 = time.process_time()
-    stop = asyncio.Event()
+@dataclass(frozen=True, slots=True)
+class _Sender:
+    """Fresh prompts to one server, each request timed at both ends."""
 
-    async def busy() -> None:
-        while not stop.is_set():
-            await _metrics(client)
-            await asyncio.sleep(0)  # a transport that answers at once still lets go
+    engine: ServedEngine
+    client: httpx.AsyncClient
+    prompt: Callable[[], list[int]]
+    scrape_cpu_s: float
+    progress: Callable[[int], object] | None
 
-    loader = asyncio.ensure_future(busy()) if load else None
-    try:
-        c = await engine.complete(client, prompt, num_tokens)
-    finally:
-        stop.set()
-        if loader is not None:
-            await loader
-    client_cpu = time.process_time() - cpu0
-    after = await _metrics(client)
-    for _ in range(20):  # the API server records a request's figures as it finishes it
-        counted = _delta(after, before, "done")
-        if counted is None or counted >= 1:
-            break
-        await asyncio.sleep(0.01)
+    async def timed(self, num_tokens: int, *, load: bool = False, idle_s: float = 0.0) -> HopSample:
+        """One request with ``/metrics`` read before and after, then :meth:`tick`. ``load``:
+        keep the API server busy meanwhile; ``idle_s``: idle that long after the read
+        before, so the request, not the read, wakes the server."""
+        prompt, client = self.prompt(), self.client
+        before = await _metrics(client)
+        if idle_s:
+            await asyncio.sleep(idle_s)
+        cpu0 = time.process_time()
+        stop = asyncio.Event()
+
+        async def busy() -> None:
+            while not stop.is_set():
+                await _metrics(client)
+                await asyncio.sleep(0)  # a transport that answers at once still lets go
+
+        loader = asyncio.ensure_future(busy()) if load else None
+        try:
+            c = await self.engine.complete(client, prompt, num_tokens)
+        finally:
+            stop.set()
+            if loader is not None:
+                await loader
+        client_cpu = time.process_time() - cpu0
         after = await _metrics(client)
-    whole = _delta(after, before, "done") == 1  # exactly this request's figures
-    cpu = _delta(after, before, "cpu")
-    return HopSample(
-        prompt_tokens=len(prompt),
-        num_tokens=num_tokens,
-        client_ttft_s=c.ttft_s,
-        client_decode_s=c.latency_s - c.ttft_s,
-        server_ttft_s=_delta(after, before, "server_ttft") if whole else None,
-        engine_ttft_s=_delta(after, before, "queue", "prefill") if whole else None,
-        engine_decode_s=_delta(after, before, "decode") if whole else None,
-        frontend_cpu_s=None if cpu is None else cpu - scrape_cpu_s,
-        client_cpu_s=client_cpu,
-        idle_s=idle_s,
-    )
+        for _ in range(20):  # the API server records a request's figures as it finishes it
+            counted = _delta(after, before, "done")
+            if counted is None or counted >= 1:
+                break
+            await asyncio.sleep(0.01)
+            after = await _metrics(client)
+        whole = _delta(after, before, "done") == 1  # exactly this request's figures
+        cpu = _delta(after, before, "cpu")
+        self.tick()
+        return HopSample(
+            prompt_tokens=len(prompt),
+            num_tokens=num_tokens,
+            client_ttft_s=c.ttft_s,
+            client_decode_s=c.latency_s - c.ttft_s,
+            server_ttft_s=_delta(after, before, "server_ttft") if whole else None,
+            engine_ttft_s=_delta(after, before, "queue", "prefill") if whole else None,
+            engine_decode_s=_delta(after, before, "decode") if whole else None,
+            frontend_cpu_s=None if cpu is None else cpu - self.scrape_cpu_s,
+            client_cpu_s=client_cpu,
+            idle_s=idle_s,
+        )
+
+    def tick(self) -> None:
+        """Count one request in ``progress``."""
+        if self.progress is not None:
+            self.progress(1)
 
 
 async def measure_serving_path(
@@ -438,19 +429,11 @@ async def measure_serving_path(
     busy_background_tokens: int = BUSY_BACKGROUND_TOKENS,
     decoding_pauses_s: Sequence[float] = DECODING_PAUSES_S,
 ) -> HopSamples:
-    """Send the short, long, share, idle, busy and decoding requests.
-
-    Args:
-        engine: the server.
-        client: its client (``engine.client()``).
-        fresh: fresh prompt token ids of a length (nothing cached hits them).
-        repeats: requests of each kind.
-        prompt_tokens: each prompt's length.
-        long_tokens: tokens each long, busy and decoding request decodes.
-        idle_pauses_s: pauses before the idle requests (empty: none sent).
-        progress: called with 1 after each request.
-        busy_background_tokens: tokens of each busy request's background (0: none sent).
-        decoding_pauses_s: pauses before the decoding requests (empty: none sent).
+    """Send ``engine`` (through ``client``) ``repeats`` short, long, share, idle, busy and
+    decoding requests of ``prompt_tokens`` fresh tokens each (``fresh``: nothing cached
+    hits them). ``long_tokens``: what each long, busy and decoding request decodes; an
+    empty ``idle_pauses_s`` or ``decoding_pauses_s``, or ``busy_background_tokens=0``,
+    sends none of that kind; ``progress`` is called with 1 after each request.
 
     Raises:
         ServerError: a bad size, or the server fails a request.
@@ -460,27 +443,18 @@ async def measure_serving_path(
             f"serving path: repeats >= 1, prompt_tokens >= 1 and long_tokens >= 2, got "
             f"{repeats}, {prompt_tokens}, {long_tokens}"
         )
-    scrape_cpu_s = await _scrape_cpu_s(client)
-
-    def tick() -> None:
-        if progress is not None:
-            progress(1)
-
     prompt = functools.partial(fresh, prompt_tokens)
-    short, long, share = await _short_long_and_share(
-        engine, client, prompt, repeats, long_tokens, scrape_cpu_s, tick
-    )
-    idle = await _idle(engine, client, prompt, idle_pauses_s, repeats, scrape_cpu_s, tick)
-    decoding = await _idle(
-        engine, client, prompt, decoding_pauses_s, repeats, scrape_cpu_s, tick,
-        tokens=long_tokens, in_turn=True,
-    )  # fmt: skip
+    sender = _Sender(engine, client, prompt, await _scrape_cpu_s(client), progress)
+    short, long, share = [], [], []
+    for _ in range(repeats):  # a one-token request, a long one, and a long one under load
+        short.append(await sender.timed(1))
+        long.append(await sender.timed(long_tokens))
+        share.append(SharePair(long[-1], await sender.timed(long_tokens, load=True)))
+    idle = await _idle(sender, idle_pauses_s, repeats)
+    decoding = await _idle(sender, decoding_pauses_s, repeats, tokens=long_tokens, in_turn=True)
     busy = []
     if busy_background_tokens:
-        busy = await _busy(
-            engine, client, prompt, BUSY_PER_REPEAT * repeats, busy_background_tokens,
-            scrape_cpu_s, tick, long_tokens,
-        )  # fmt: skip
+        busy = await _busy(sender, BUSY_PER_REPEAT * repeats, busy_background_tokens, long_tokens)
     return HopSamples(short, long, share, idle, busy, decoding)
 
 
@@ -492,36 +466,10 @@ async def _scrape_cpu_s(client: httpx.AsyncClient) -> float:
     return statistics.fmean(gaps) if gaps else 0.0
 
 
-async def _short_long_and_share(
-    engine: ServedEngine,
-    client: httpx.AsyncClient,
-    prompt: Callable[[], list[int]],
-    repeats: int,
-    long_tokens: int,
-    scrape_cpu_s: float,
-    tick: Callable[[], None],
-) -> tuple[list[HopSample], list[HopSample], list[SharePair]]:
-    """``repeats`` times: a one-token request, a long one, and a long one under load."""
-    short, long, share = [], [], []
-    for _ in range(repeats):
-        short.append(await _timed(engine, client, prompt(), 1, scrape_cpu_s))
-        tick()
-        long.append(await _timed(engine, client, prompt(), long_tokens, scrape_cpu_s))
-        tick()
-        loaded = await _timed(engine, client, prompt(), long_tokens, scrape_cpu_s, load=True)
-        share.append(SharePair(long[-1], loaded))
-        tick()
-    return short, long, share
-
-
 async def _idle(
-    engine: ServedEngine,
-    client: httpx.AsyncClient,
-    prompt: Callable[[], list[int]],
+    sender: _Sender,
     pauses_s: Sequence[float],
     repeats: int,
-    scrape_cpu_s: float,
-    tick: Callable[[], None],
     *,
     tokens: int = 1,
     in_turn: bool = False,
@@ -533,22 +481,11 @@ async def _idle(
         if in_turn
         else [p for p in pauses_s for _ in range(repeats)]
     )
-    idle = []
-    for pause in plan:
-        idle.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s, idle_s=pause))
-        tick()
-    return idle
+    return [await sender.timed(tokens, idle_s=pause) for pause in plan]
 
 
 async def _busy(
-    engine: ServedEngine,
-    client: httpx.AsyncClient,
-    prompt: Callable[[], list[int]],
-    n: int,
-    background_tokens: int,
-    scrape_cpu_s: float,
-    tick: Callable[[], None],
-    tokens: int = 1,
+    sender: _Sender, n: int, background_tokens: int, tokens: int = 1
 ) -> list[HopSample]:
     """``n`` requests, each sent once a background request of its own has streamed
     :func:`busy_into` tokens. A request the server drops is no sample.
@@ -567,7 +504,7 @@ async def _busy(
                 streamed.set()
 
         background = asyncio.ensure_future(
-            engine.complete(client, prompt(), background_tokens, on_token=seen)
+            sender.engine.complete(sender.client, sender.prompt(), background_tokens, on_token=seen)
         )
         waiter = asyncio.ensure_future(streamed.wait())
         try:
@@ -575,16 +512,16 @@ async def _busy(
             if not streamed.is_set():
                 await background  # its failure, if it failed
                 raise ServerError(f"a background request ended before its token {into}")
-            out.append(await _timed(engine, client, prompt(), tokens, scrape_cpu_s))
+            out.append(await sender.timed(tokens))
         except ServerError:
             dropped += 1
             if 2 * dropped > n:
                 raise
+            sender.tick()
         finally:
             waiter.cancel()
             # the background runs to its end: the next request meets an idle server
             await asyncio.gather(background, waiter, return_exceptions=True)
-        tick()
     return out
 
 
