@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..backends import BackendSpec, Bars, Scalar, min_capacity, roomy_capacity
+from ..replay import ReplayError
 from ..sim import CostProfile
 from ..sim.runs import KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
-from .k_live import run_backend, run_sweep
+from .k_live import replay_hit_ratio
 
 __all__ = [
     "KNEE_SHARE",
@@ -182,27 +183,34 @@ def workload_anchors(
     """Each backend's anchors, from its table run ``runs`` at ``capacity_tokens``, the
     sweep, and (``search``) more replays."""
     roomy = roomy_capacity(workload.stats, backends)
+    kv_bytes, model = (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
     out = []
     for b, run in zip(backends, runs, strict=True):
-        points = _sweep_points(sweep, b.label)
-        table_hit = run.part(KLiveHits).hit_ratio
-        infinite = (
-            table_hit
-            if capacity_tokens >= roomy
-            else _roomy_hit_ratio(workload, b, points, roomy, concurrency=concurrency, bars=bars)
-        )
-        bend = knee(points)
-        working_set: int | None = None
-        rule, replays = "kneedle", 0
-        if search:
-            known = [*points, (capacity_tokens, table_hit), (roomy, infinite)]
-            bend, working_set, rule, replays = _searched_knee(
-                workload, b, backends, known, infinite, roomy, concurrency=concurrency, bars=bars
+        points = [
+            (p.labels["capacity_tokens"], hit)
+            for p in sweep
+            if p.labels["backend"] == b.label and (hit := p.part(SweepHit).hit_ratio) is not None
+        ]
+        infinite = table_hit = run.part(KLiveHits).hit_ratio
+        if capacity_tokens < roomy:  # the sweep's last point at or past roomy, else a replay
+            at_roomy = [h for c, h in points if c >= roomy]
+            infinite = (
+                at_roomy[-1]
+                if at_roomy
+                else replay_hit_ratio(workload, b, roomy, concurrency, bars, "1/1")[0]
             )
-        knee_tokens, knee_hit = (None, None) if bend is None else bend
-        kv_bytes, model = (
-            (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
-        )
+        bend, working_set, rule, replays = knee(points), None, "kneedle", 0
+        if search:
+            finder = CapacitySearch(
+                functools.partial(_hit_ratio, workload, b, concurrency, bars),
+                [*points, (capacity_tokens, table_hit), (roomy, infinite)],
+            )
+            tight = min_capacity(workload.stats, backends, concurrency)
+            working_set = finder.smallest(infinite, tight, roomy)
+            knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
+            bend = (knee_at, finder.hit_at(knee_at) or 0.0)
+            rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
+        knee_tokens, knee_hit = bend or (None, None)
         out.append(
             CapacityAnchor(
                 workload.name,
@@ -223,71 +231,11 @@ def workload_anchors(
     return out
 
 
-def _sweep_points(sweep: Sequence[RunRow], label: str) -> list[tuple[int, float]]:
-    """The backend ``label``'s sweep points as (capacity in tokens, hit ratio), those
-    without a hit ratio left out."""
-    return [
-        (p.labels["capacity_tokens"], hit)
-        for p in sweep
-        if p.labels["backend"] == label and (hit := p.part(SweepHit).hit_ratio) is not None
-    ]
-
-
-def _searched_knee(
-    workload: Workload,
-    spec: BackendSpec,
-    backends: Sequence[BackendSpec],
-    known: Sequence[tuple[int, float]],
-    infinite: float,
-    roomy: int,
-    *,
-    concurrency: int,
-    bars: Bars | None,
-) -> tuple[tuple[int, float], int, str, int]:
-    """The knee (the smallest capacity reaching ``KNEE_SHARE`` of ``infinite``, with its hit
-    ratio), the working set (the smallest reaching ``infinite``), the rule's name and the
-    replays it took, bisecting from the ``known`` points."""
-    finder = CapacitySearch(
-        functools.partial(_hit_ratio, workload, spec, concurrency=concurrency, bars=bars), known
-    )
-    tight = min_capacity(workload.stats, backends, concurrency)
-    working_set = finder.smallest(infinite, tight, roomy)
-    knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
-    bend = (knee_at, finder.hit_at(knee_at) or 0.0)
-    return bend, working_set, f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
-
-
-def _roomy_hit_ratio(
-    workload: Workload,
-    spec: BackendSpec,
-    points: Sequence[tuple[int, float]],
-    roomy: int,
-    *,
-    concurrency: int,
-    bars: Bars | None,
-) -> float:
-    """The hit ratio with nothing evicted, the table's capacity being tighter than ``roomy``:
-    the sweep's last point at or past ``roomy``, else one more replay at ``roomy``."""
-    at_roomy = [h for c, h in points if c >= roomy]
-    if at_roomy:
-        return at_roomy[-1]
-    return (
-        run_backend(
-            workload,
-            spec,
-            roomy,
-            concurrency=concurrency,
-            timing_repeats=0,
-            boundary_accounting=False,
-            bars=bars,
-        )
-        .part(KLiveHits)
-        .hit_ratio
-    )
-
-
 def _hit_ratio(
-    workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
+    workload: Workload, spec: BackendSpec, concurrency: int, bars: Bars | None, capacity: int
 ) -> float | None:
-    (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
-    return point.part(SweepHit).hit_ratio
+    what = f"sweep {capacity:,} tok"
+    try:
+        return replay_hit_ratio(workload, spec, capacity, concurrency, bars, what)[0]
+    except ReplayError:
+        return None

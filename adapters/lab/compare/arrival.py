@@ -50,22 +50,11 @@ _ENGINES: dict[EngineMode, tuple[Batching, str]] = {
 class TimeSettings:
     """How a comparison's arrival-time runs go: arrivals, scheduler knobs, cost profile.
 
+    The fields are :class:`~.options.CompareOptions`' of the same names, and:
+
     Attributes:
-        request_rate: requests per second (the ``arrival`` process); replaces the trace's
-            timestamps.
-        time_scale: keep the trace's timestamps, relative to the first request, times this
-            (``< 1``: more load).
-        arrival: ``"poisson"`` (seeded) or ``"fixed"`` (evenly spaced).
-        seed: the Poisson process's seed.
-        max_num_seqs: most running requests (vLLM ``--max-num-seqs``).
-        max_num_batched_tokens: most tokens a step computes (vLLM ``--max-num-batched-tokens``).
-        queue_order: force a queue order (``None``: each engine's own).
-        batching: force ``"mixed"`` (the ``vllm`` scheduler) or ``"prefill_first"``
-            (``sglang``); replaces ``schedulers``.
         profile: the step costs.
         schedulers: the scheduler axis (:data:`SCHEDULERS`); each backend under each.
-        closed_loop: a session's turn waits for its previous answer.
-        slo: count goodput under this objective (``None``: no goodput).
         rates: more request rates to sweep at the table's capacity.
         auto_rates: sweep rates doubling until each backend is overloaded.
 
@@ -126,35 +115,28 @@ class TimeSettings:
             raise SimSettingsError(f"seed must be an int, got {self.seed!r}")
         if not isinstance(self.profile, CostProfile):
             raise SimSettingsError(f"profile must be a CostProfile, got {self.profile!r:.80}")
-        # The knobs are checked now, not at the first run.
-        SimSettings(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            queue_order=self.queue_order or "fcfs",
-            batching=self.batching or "mixed",
-        )
+        self.sim_settings(self.batching or "mixed")  # the knobs checked now, not at a run
 
-    def engine(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> EngineMode:
-        """The engine ``spec`` runs as under ``scheduler`` (default: the first)."""
-        chosen = self.schedulers[0] if scheduler is None else scheduler
-        if chosen == "natural":
-            return "sglang" if spec.driver == "sglang" else "vllm"
-        return chosen
-
-    def config(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> SimSettings:
-        """The scheduler settings of ``spec``'s runs under ``scheduler``."""
+    def sim_settings(self, batching: Batching) -> SimSettings:
+        """The replica's scheduler settings under ``batching``."""
         return SimSettings(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             queue_order=self.queue_order or "fcfs",
-            batching=_ENGINES[self.engine(spec, scheduler)][0],
+            batching=batching,
         )
 
-    def describe_engine(self, spec: BackendSpec, scheduler: Scheduler | None = None) -> str:
+    def engine(self, spec: BackendSpec, scheduler: Scheduler) -> EngineMode:
+        """The engine ``spec`` runs as under ``scheduler``."""
+        if scheduler == "natural":
+            return "sglang" if spec.driver == "sglang" else "vllm"
+        return scheduler
+
+    def describe_engine(self, spec: BackendSpec, scheduler: Scheduler) -> str:
         """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
-        cfg = self.config(spec, scheduler)
-        name = _ENGINES[self.engine(spec, scheduler)][1]
-        return f"{spec.label}: {name}-style ({cfg.batching} batching, {cfg.queue_order} queue)"
+        batching, name = _ENGINES[self.engine(spec, scheduler)]
+        queue = self.queue_order or "fcfs"
+        return f"{spec.label}: {name}-style ({batching} batching, {queue} queue)"
 
     def row(self) -> dict[str, Scalar]:
         """The settings as table columns (every arrival-time row carries them)."""
@@ -223,35 +205,42 @@ def run_arrival(
     spec: BackendSpec,
     capacity_tokens: int,
     settings: TimeSettings,
+    scheduler: Scheduler,
     *,
     role: str = "table",
     bars: Bars | None = None,
-    scheduler: Scheduler | None = None,
 ) -> RunRow:
     """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens`` under
-    ``scheduler`` (default: the first of ``settings.schedulers``).
+    ``scheduler``.
 
     Raises:
         SimInputError: requests out of arrival order (a trace's timestamps).
         SimUnservableError: a request that cannot fit the pool even alone.
         KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
     """
-    sched: Scheduler = settings.schedulers[0] if scheduler is None else scheduler
-    config, engine = settings.config(spec, sched), settings.engine(spec, sched)
-    stamped, asked, closed = _arrivals(workload, settings)
-    labels = {
-        "workload": workload.name,
-        "backend": spec.label,
-        "legend": f"{spec.label} as {engine}",
-    }
+    engine = settings.engine(spec, scheduler)
+    config = settings.sim_settings(_ENGINES[engine][0])
+    closed = settings.closed_loop and any(
+        r.session is not None or r.parent is not None
+        for r in itertools.islice(workload.requests, 64)
+    )
+    asked: list[float] = []  # the offered load, filled as the requests are read
+    stamped = with_arrivals(
+        from_trace(workload.requests, closed_loop=closed),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+    legend = f"{spec.label} as {engine}"
+    labels = {"workload": workload.name, "backend": spec.label, "legend": legend}
     note = f" @ {capacity_tokens:,} tok" if role != "table" else ""
     if role == "rate":
         note = f" @ {settings.request_rate:g} req/s"
-    desc = f"{workload.name} {labels['legend']}{note}"
-    bar = bars(desc, workload.stats.prompt_tokens) if bars else None
+    bar = bars(f"{workload.name} {legend}{note}", workload.stats.prompt_tokens) if bars else None
     try:
         result = simulate(
-            stamped, spec.make, capacity_tokens, config, settings.profile,
+            _tally(stamped, asked), spec.make, capacity_tokens, config, settings.profile,
             labels=labels, progress=None if bar is None else bar.update,
         )  # fmt: skip
     finally:
@@ -262,7 +251,7 @@ def run_arrival(
         "engine": engine,
         **config.as_dict(),
         **settings.row(),
-        "scheduler": sched,
+        "scheduler": scheduler,
         "closed_loop": closed,
         "profile_range": result.labels.get("profile_range", ""),
     }
@@ -270,26 +259,6 @@ def run_arrival(
         result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
     )
     return RunRow(row_labels, (result.run, load), result.requests, slo=settings.slo)
-
-
-def _arrivals(
-    workload: Workload, settings: TimeSettings
-) -> tuple[Iterator[SimRequest], list[float], bool]:
-    """The requests stamped with arrival times, the list of the times asked for (the
-    offered load, filled as they are read), and whether sessions run closed loop."""
-    closed = settings.closed_loop and any(
-        r.session is not None or r.parent is not None
-        for r in itertools.islice(workload.requests, 64)
-    )
-    asked: list[float] = []
-    stamped = with_arrivals(
-        from_trace(workload.requests, closed_loop=closed),
-        request_rate=settings.request_rate,
-        time_scale=settings.time_scale,
-        process=settings.arrival,
-        seed=settings.seed,
-    )
-    return _tally(stamped, asked), asked, closed
 
 
 def _tally(requests: Iterator[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:

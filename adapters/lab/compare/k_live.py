@@ -8,6 +8,7 @@ are re-read on every run (a trace is never held whole).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -21,7 +22,13 @@ from ..sim.metrics import RequestRow
 from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
 
-__all__ = ["percentile", "run_backend", "run_sweep", "select_strip_requests"]
+__all__ = [
+    "percentile",
+    "replay_hit_ratio",
+    "run_backend",
+    "run_sweep",
+    "select_strip_requests",
+]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -196,6 +203,23 @@ def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[Re
     ]
 
 
+def replay_hit_ratio(
+    workload: Workload,
+    spec: BackendSpec,
+    capacity_tokens: int,
+    concurrency: int,
+    bars: Bars | None,
+    what: str,
+) -> tuple[float, int]:
+    """One replay without accounting: its hit ratio and evicted blocks.
+
+    Raises:
+        ReplayError: the requests do not fit ``capacity_tokens``.
+    """
+    result, _ = _replay(workload, spec, capacity_tokens, concurrency, False, bars, what)
+    return result.summary()["hit_ratio"], result.evicted_blocks
+
+
 def run_sweep(
     workload: Workload,
     backends: Sequence[BackendSpec],
@@ -207,22 +231,17 @@ def run_sweep(
     """Hit ratio and evictions of each backend at each capacity, without accounting
     (``None`` where a backend cannot run), capacity by capacity."""
     points: list[RunRow] = []
-    for cap in capacities:
-        for spec in backends:
-            ratio: float | None = None
-            evicted: int | None = None
-            try:
-                result, _ = _replay(
-                    workload, spec, cap, concurrency, False, bars, f"sweep {cap:,} tok"
-                )
-                ratio, evicted = result.summary()["hit_ratio"], result.evicted_blocks
-            except ReplayError:
-                pass
-            labels = {
-                **spec.run_labels(workload.name, "k_live", "sweep", cap, options=False),
-                "concurrency": concurrency,
-            }
-            points.append(RunRow(labels, (SweepHit(ratio, evicted),)))
+    for cap, spec in itertools.product(capacities, backends):
+        what = f"sweep {cap:,} tok"
+        try:
+            hit = SweepHit(*replay_hit_ratio(workload, spec, cap, concurrency, bars, what))
+        except ReplayError:
+            hit = SweepHit(None, None)
+        labels = {
+            **spec.run_labels(workload.name, "k_live", "sweep", cap, options=False),
+            "concurrency": concurrency,
+        }
+        points.append(RunRow(labels, (hit,)))
     return points
 
 

@@ -5,35 +5,26 @@ rates). Ctrl-C keeps what finished, marked partial.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
-from ..replay import ReplayInterrupted
 from ..sim import ProfileRangeWarning, SimUnservableError
 from ..sim.load import LoadSummary
 from ..sim.rate_sweep import rate_schedule, start_rate, sweep_rates
 from ..sim.runs import RunRow, run_table
-from ..workloads import Workload
 from .anchors import CapacityAnchor, workload_anchors
 from .arrival import Scheduler, TimeSettings, run_arrival
 from .k_live import run_backend, run_sweep, select_strip_requests
 from .plan import CompareSettings, WorkloadPlan
 
 __all__ = ["Comparison", "ComparisonTables", "WorkloadResult", "run_comparison"]
-
-
-class _Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a workload; ``workload`` holds what finished."""
-
-    def __init__(self, workload: WorkloadResult) -> None:
-        super().__init__("comparison interrupted")
-        self.workload = workload
 
 
 @dataclass(slots=True)
@@ -94,54 +85,44 @@ class WorkloadResult:
 
 
 def _compare_workload(
-    plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
-) -> WorkloadResult:
-    """Every backend on one planned workload.
+    result: WorkloadResult, plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
+) -> None:
+    """Every backend on one planned workload, into ``result``.
 
     Raises:
         CapacityError: the plan's capacity cannot hold the requests.
-        _Interrupted: Ctrl-C, with what finished.
+        KeyboardInterrupt: Ctrl-C, ``result`` holding what finished.
     """
     w, backends, k = plan.workload, settings.backends, settings.concurrency
-    stats = w.stats
-    result = WorkloadResult(
-        w.name, w.source, tuple(w.notes), stats.num_requests, stats.prompt_tokens,
-        stats.output_tokens, plan.capacity_tokens, k, rejected_requests=w.rejected_requests,
-    )  # fmt: skip
-    try:
-        for b in backends:
-            result.backends.append(
-                run_backend(
-                    w, b, plan.capacity_tokens, concurrency=k,
-                    timing_repeats=settings.timing_repeats,
-                    boundary_accounting=settings.boundary_accounting, bars=bars,
-                )
-            )  # fmt: skip
-        result.strip_requests = select_strip_requests(result.backends)
-        if plan.sweep:
-            result.sweep = run_sweep(w, backends, plan.sweep, concurrency=k, bars=bars)
-        result.anchors = workload_anchors(
-            w, backends, result.backends, result.sweep, plan.capacity_tokens, concurrency=k,
-            search=settings.capacity_search, bars=bars,
-            profile=settings.profile or (settings.time.profile if settings.time else None),
+    for b in backends:
+        result.backends.append(
+            run_backend(
+                w, b, plan.capacity_tokens, concurrency=k,
+                timing_repeats=settings.timing_repeats,
+                boundary_accounting=settings.boundary_accounting, bars=bars,
+            )
         )  # fmt: skip
-        if settings.time is not None:
-            _run_arrival_all(result, plan, backends, settings.time, bars)
-    except (ReplayInterrupted, KeyboardInterrupt):
-        result.partial = True
-        if result.backends:
-            result.strip_requests = select_strip_requests(result.backends)
-        raise _Interrupted(result) from None
-    return result
+    result.strip_requests = select_strip_requests(result.backends)
+    if plan.sweep:
+        result.sweep = run_sweep(w, backends, plan.sweep, concurrency=k, bars=bars)
+    result.anchors = workload_anchors(
+        w, backends, result.backends, result.sweep, plan.capacity_tokens, concurrency=k,
+        search=settings.capacity_search, bars=bars,
+        profile=settings.profile or (settings.time.profile if settings.time else None),
+    )  # fmt: skip
+    if settings.time is not None:
+        _run_arrival_all(result.arrival_runs, plan, backends, settings.time, bars)
 
 
 def _run_arrival_all(
-    result: WorkloadResult,
+    runs: list[RunRow],
     plan: WorkloadPlan,
     backends: Sequence[BackendSpec],
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
+    """Per scheduler each backend at the table's capacity, then at the request rates; then
+    each at the sweep's other capacities; appended to ``runs`` as each finishes."""
     workload, capacity_tokens = plan.workload, plan.capacity_tokens
     if time.auto_rates and time.request_rate is None:
         first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
@@ -150,66 +131,51 @@ def _run_arrival_all(
         table = []
         for b in backends:
             try:
-                run = run_arrival(
-                    workload, b, capacity_tokens, time, bars=bars, scheduler=scheduler
-                )
+                table.append(run_arrival(workload, b, capacity_tokens, time, scheduler, bars=bars))
             except SimUnservableError as exc:
                 raise CapacityError(
                     f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
-            table.append(run)
-            result.arrival_runs.append(run)
+            runs.append(table[-1])
         if time.rates or time.auto_rates:
-            args = (workload, backends, capacity_tokens, time, scheduler)
-            _run_rate_sweep(*args, table, bars, into=result.arrival_runs)
+            runs.extend(_rate_sweep(plan, backends, time, scheduler, table, bars))
     for cap, scheduler, b in itertools.product(plan.sweep, time.schedulers, backends):
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        try:
-            run = run_arrival(workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler)
-        except SimUnservableError:
-            continue  # left out (plotted as a gap)
-        result.arrival_runs.append(run)
+        with contextlib.suppress(SimUnservableError):  # left out (plotted as a gap)
+            runs.append(run_arrival(workload, b, cap, time, scheduler, role="sweep", bars=bars))
 
 
-def _run_rate_sweep(
-    workload: Workload,
+def _rate_sweep(
+    plan: WorkloadPlan,
     backends: Sequence[BackendSpec],
-    capacity_tokens: int,
     settings: TimeSettings,
     scheduler: Scheduler,
     table: Sequence[RunRow],
     bars: Bars | None,
-    *,
-    into: list[RunRow],
-) -> None:
-    """Each backend at each rate of the sweep (role ``rate``), appended to ``into`` as it
-    finishes; ``auto`` stops a backend at its first overloaded rate. The ``table``'s runs
-    are not made again; a rate at which a request cannot fit is left out."""
-    first = settings.request_rate
-    rates = rate_schedule(first or 1.0, auto=True) if settings.auto_rates else sorted(
-        {*settings.rates, *([] if first is None else [first])}
-    )  # fmt: skip
+) -> Iterator[RunRow]:
+    """Each backend at each rate of the sweep (role ``rate``) as it finishes; ``auto`` stops
+    a backend at its first overloaded rate. The ``table``'s runs are not made again; a rate
+    at which a request cannot fit is left out."""
+    rates = rate_schedule(settings.request_rate or 1.0, settings.rates, auto=settings.auto_rates)
     by_label = {b.label: b for b in backends}
 
     def run(label: str, rate: float) -> RunRow | None:
         point = dataclasses.replace(settings, request_rate=rate, rates=(), auto_rates=False)
         try:
             return run_arrival(
-                workload, by_label[label], capacity_tokens, point, role="rate", bars=bars,
-                scheduler=scheduler,
+                plan.workload, by_label[label], plan.capacity_tokens, point, scheduler,
+                role="rate", bars=bars,
             )  # fmt: skip
         except SimUnservableError:
             return None
 
+    def overloaded(run: RunRow) -> bool:
+        return run.part(LoadSummary).overloaded
+
     made = {(r.labels["backend"], r.labels["request_rate"] or 0.0): r for r in table}
-    into.extend(
-        sweep_rates(
-            list(by_label), rates, run, lambda r: r.part(LoadSummary).overloaded,
-            auto=settings.auto_rates, done=made,
-        )
-    )  # fmt: skip
+    return sweep_rates(list(by_label), rates, run, overloaded, auto=settings.auto_rates, done=made)
 
 
 class ComparisonTables(NamedTuple):
@@ -261,13 +227,22 @@ def run_comparison(
     comparison = Comparison()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileRangeWarning)
-        try:
-            for plan in plans:
-                comparison.workloads.append(_compare_workload(plan, settings, bars))
-        except _Interrupted as exc:
-            comparison.partial = True
-            if exc.workload.backends:
-                comparison.workloads.append(exc.workload)
+        for plan in plans:
+            workload, stats = plan.workload, plan.workload.stats
+            result = WorkloadResult(
+                workload.name, workload.source, tuple(workload.notes), stats.num_requests,
+                stats.prompt_tokens, stats.output_tokens, plan.capacity_tokens,
+                settings.concurrency, rejected_requests=workload.rejected_requests,
+            )  # fmt: skip
+            try:
+                _compare_workload(result, plan, settings, bars)
+            except KeyboardInterrupt:
+                comparison.partial = result.partial = True
+                if result.backends:
+                    result.strip_requests = select_strip_requests(result.backends)
+                    comparison.workloads.append(result)
+                break
+            comparison.workloads.append(result)
     for w in caught:  # a profile's range once for the whole comparison; others as they were
         if not issubclass(w.category, ProfileRangeWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
