@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..backends import BackendSpec, Bars, Scalar, min_capacity, roomy_capacity
 from ..replay import ReplayError
@@ -73,12 +73,8 @@ def smallest_reaching(
 
 
 class CapacitySearch:
-    """One backend's replays at the capacities a search asks for, each made once.
-
-    Args:
-        replay: hit ratio of a K-live replay at a capacity (``None``: does not fit).
-        known: ``(capacity, hit ratio)`` pairs already measured.
-    """
+    """One backend's K-live replays at the capacities a search asks for, each made once
+    (``known``: ``(capacity, hit ratio)`` pairs measured before; ``None``: does not fit)."""
 
     def __init__(
         self, replay: Callable[[int], float | None], known: Iterable[tuple[int, float | None]] = ()
@@ -93,6 +89,13 @@ class CapacitySearch:
             self.replays += 1
             self.hits[capacity] = self._replay(capacity)
         return self.hits[capacity]
+
+    def anchors(self, infinite: float, tight: int, roomy: int) -> tuple[tuple[int, float], int]:
+        """The knee (the smallest capacity reaching :data:`KNEE_SHARE` of ``infinite``, with
+        its hit ratio) and the working set (the smallest reaching ``infinite``)."""
+        working_set = self.smallest(infinite, tight, roomy)
+        knee_at = self.smallest(KNEE_SHARE * infinite, tight, working_set)
+        return (knee_at, self.hit_at(knee_at) or 0.0), working_set
 
     def smallest(self, target: float, tight: int, roomy: int) -> int:
         """The smallest capacity (within :data:`PRECISION`) reaching ``target``."""
@@ -142,30 +145,20 @@ class CapacityAnchor:
         return text if gib is None else f"{text} = {gib:,.1f} GiB"
 
     def row(self) -> dict[str, Scalar]:
-        """The anchors as one flat record."""
+        """The anchors as one flat record, each size in tokens, blocks and GiB."""
+        row: dict[str, Scalar] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _SIZES:
+                stem = f.name.removesuffix("_tokens")
+                blocks = None if value is None else value // self.block_size
+                row |= {f.name: value, f"{stem}_blocks": blocks, f"{stem}_gib": self.gib(value)}
+            elif f.name != "num_points":
+                row["kv_model" if f.name == "model" else f.name] = value
+        return row
 
-        def size(name: str, tokens: int | None) -> dict[str, Scalar]:
-            blocks = None if tokens is None else tokens // self.block_size
-            return {
-                f"{name}_tokens": tokens,
-                f"{name}_blocks": blocks,
-                f"{name}_gib": self.gib(tokens),
-            }
 
-        return {
-            "workload": self.workload,
-            "backend": self.backend,
-            "block_size": self.block_size,
-            **size("infinite_capacity", self.infinite_capacity_tokens),
-            "infinite_hit_ratio": self.infinite_hit_ratio,
-            **size("knee", self.knee_tokens),
-            "knee_hit_ratio": self.knee_hit_ratio,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_model": self.model,
-            **size("working_set", self.working_set_tokens),
-            "knee_rule": self.knee_rule,
-            "search_replays": self.search_replays,
-        }
+_SIZES = ("infinite_capacity_tokens", "knee_tokens", "working_set_tokens")
 
 
 def workload_anchors(
@@ -183,6 +176,7 @@ def workload_anchors(
     """Each backend's anchors, from its table run ``runs`` at ``capacity_tokens``, the
     sweep, and (``search``) more replays."""
     roomy = roomy_capacity(workload.stats, backends)
+    tight = min_capacity(workload.stats, backends, concurrency)
     kv_bytes, model = (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
     out = []
     for b, run in zip(backends, runs, strict=True):
@@ -205,10 +199,7 @@ def workload_anchors(
                 functools.partial(_hit_ratio, workload, b, concurrency, bars),
                 [*points, (capacity_tokens, table_hit), (roomy, infinite)],
             )
-            tight = min_capacity(workload.stats, backends, concurrency)
-            working_set = finder.smallest(infinite, tight, roomy)
-            knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
-            bend = (knee_at, finder.hit_at(knee_at) or 0.0)
+            bend, working_set = finder.anchors(infinite, tight, roomy)
             rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
         knee_tokens, knee_hit = bend or (None, None)
         out.append(

@@ -12,8 +12,6 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from prefixkv.indexes.registry import describe_index
 
 from ..backends import BackendSpec, Bars, CapacityError, CompareError
@@ -76,8 +74,7 @@ def _replay(
 
 
 def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
-    stacked = np.vstack([np.asarray(c, dtype=np.float64) for c in columns])
-    return (stacked.min(axis=0) * 1e6).tolist()  # type: ignore[no-any-return]
+    return [min(seconds) * 1e6 for seconds in zip(*columns, strict=True)]
 
 
 def run_backend(
@@ -90,11 +87,9 @@ def run_backend(
     boundary_accounting: bool = True,
     bars: Bars | None = None,
 ) -> RunRow:
-    """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it.
-
-    Hits come from the first replay, index times from the others (each request's the least
-    over them; with ``timing_repeats=0``, from the first). Without ``boundary_accounting``
-    there are ``max(1, timing_repeats)`` replays, all timed, and the BB-8 columns are zero.
+    """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it
+    (``0``: times from the first; without accounting ``max(1, timing_repeats)`` replays, all
+    timed, and the BB-8 columns zero).
 
     Raises:
         CapacityError: the capacity cannot hold the requests.
@@ -124,11 +119,8 @@ def run_backend(
         "concurrency": concurrency,
     }
     rows = _request_rows(first, timed)
-    return RunRow(
-        labels,
-        _parts(first, timed, rows, memory, spec.block_size, timing_repeats, boundary_accounting),
-        rows,
-    )
+    parts = _parts(first, timed, rows, memory, spec.block_size, timing_repeats, boundary_accounting)
+    return RunRow(labels, parts, rows)
 
 
 def _parts(
@@ -211,11 +203,8 @@ def replay_hit_ratio(
     bars: Bars | None,
     what: str,
 ) -> tuple[float, int]:
-    """One replay without accounting: its hit ratio and evicted blocks.
-
-    Raises:
-        ReplayError: the requests do not fit ``capacity_tokens``.
-    """
+    """One replay without accounting: its hit ratio and evicted blocks (ReplayError: the
+    requests do not fit)."""
     result, _ = _replay(workload, spec, capacity_tokens, concurrency, False, bars, what)
     return result.summary()["hit_ratio"], result.evicted_blocks
 
@@ -251,8 +240,7 @@ def select_strip_requests(results: Sequence[RunRow], limit: int = 6) -> list[int
     backends, then those with a recomputed last block, then the rest."""
     per = [r.requests for r in results]
     n = len(per[0]) if per else 0
-    indexes = [r.labels["index"] for r in results]
-    cached = [p for p, i in zip(per, indexes, strict=True) if describe_index(i).caches] or per
+    cached = [r.requests for r in results if describe_index(r.labels["index"]).caches] or per
     tests: tuple[Callable[[int], bool], ...] = (
         lambda i: any(p[i].boundary_lost_tokens for p in cached),
         lambda i: len({p[i].hit_tokens for p in cached}) > 1,

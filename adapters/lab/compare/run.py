@@ -1,6 +1,6 @@
 """A comparison's run: per planned workload each backend K-live (the table, the capacity
-sweep, the anchors), then at arrival time (the table's capacity, the sweep's, the request
-rates). Ctrl-C keeps what finished, marked partial.
+sweep, the anchors), then at arrival time through :func:`..sim.simulate` (the table's
+capacity, the sweep's, the request rates). Ctrl-C keeps what finished, marked partial.
 """
 
 from __future__ import annotations
@@ -9,34 +9,33 @@ import contextlib
 import dataclasses
 import itertools
 import warnings
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
-from ..sim import ProfileRangeWarning, SimUnservableError
-from ..sim.load import LoadSummary
+from ..sim import ProfileRangeWarning, SimRequest, SimUnservableError, simulate, with_arrivals
+from ..sim.load import LoadSummary, summarize_load
 from ..sim.rate_sweep import rate_schedule, start_rate, sweep_rates
+from ..sim.requests import from_trace
 from ..sim.runs import RunRow, run_table
+from ..workloads import Workload
 from .anchors import CapacityAnchor, workload_anchors
-from .arrival import Scheduler, TimeSettings, run_arrival
 from .k_live import run_backend, run_sweep, select_strip_requests
-from .plan import CompareSettings, WorkloadPlan
+from .plan import CompareSettings, Scheduler, TimeSettings, WorkloadPlan
 
 __all__ = ["Comparison", "ComparisonTables", "WorkloadResult", "run_comparison"]
 
 
 @dataclass(slots=True)
 class WorkloadResult:
-    """Everything a comparison measured on one workload: each backend's K-live run at the
-    table's ``capacity_tokens`` (``backends``), the ``sweep``'s, the ``anchors``, the
-    ``arrival_runs`` (the table's capacity first); ``partial`` when Ctrl-C stopped it.
-
-    Attributes:
-        num_requests: the requests run; ``rejected_requests`` excluded.
-        capacity_tokens: the capacity asked for (each backend uses the whole blocks that fit).
-    """
+    """Everything a comparison measured on one workload, ``partial`` when Ctrl-C stopped it:
+    each backend's K-live run at the table's ``capacity_tokens`` (``backends``), the
+    ``sweep``'s, the ``anchors``, the ``arrival_runs`` (the table's capacity first).
+    ``num_requests`` excludes ``rejected_requests``; each backend uses the whole blocks that
+    fit ``capacity_tokens``."""
 
     name: str
     source: str
@@ -64,19 +63,13 @@ class WorkloadResult:
         return [t for t in self.arrival_runs if t.labels["role"] == "table"]
 
     def row(self) -> dict[str, Scalar]:
-        """The workload as one flat record."""
-        return {
-            "workload": self.name,
-            "source": self.source,
-            "notes": " ".join(self.notes),
-            "num_requests": self.num_requests,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "capacity_tokens": self.capacity_tokens,
-            "concurrency": self.concurrency,
-            "partial": self.partial,
-            "rejected_requests": self.rejected_requests,
-        }
+        """The workload as one flat record: the fields but the runs, ``name`` as ``workload``."""
+        row: dict[str, Scalar] = {"workload": self.name}
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if not isinstance(value, list):
+                row[f.name] = " ".join(value) if f.name == "notes" else value
+        return row
 
     @property
     def runs(self) -> list[RunRow]:
@@ -87,12 +80,7 @@ class WorkloadResult:
 def _compare_workload(
     result: WorkloadResult, plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
 ) -> None:
-    """Every backend on one planned workload, into ``result``.
-
-    Raises:
-        CapacityError: the plan's capacity cannot hold the requests.
-        KeyboardInterrupt: Ctrl-C, ``result`` holding what finished.
-    """
+    """Every backend on one planned workload, into ``result`` (Ctrl-C: what finished)."""
     w, backends, k = plan.workload, settings.backends, settings.concurrency
     for b in backends:
         result.backends.append(
@@ -178,6 +166,73 @@ def _rate_sweep(
     return sweep_rates(list(by_label), rates, run, overloaded, auto=settings.auto_rates, done=made)
 
 
+def run_arrival(
+    workload: Workload,
+    spec: BackendSpec,
+    capacity_tokens: int,
+    settings: TimeSettings,
+    scheduler: Scheduler,
+    *,
+    role: str = "table",
+    bars: Bars | None = None,
+) -> RunRow:
+    """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens`` under
+    ``scheduler``.
+
+    Raises:
+        SimInputError: requests out of arrival order (a trace's timestamps).
+        SimUnservableError: a request that cannot fit the pool even alone.
+        KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
+    """
+    engine, config = settings.engine(spec, scheduler), settings.config(spec, scheduler)
+    closed = settings.closed_loop and any(
+        r.session is not None or r.parent is not None
+        for r in itertools.islice(workload.requests, 64)
+    )
+    asked: list[float] = []  # the offered load, filled as the requests are read
+    stamped = with_arrivals(
+        from_trace(workload.requests, closed_loop=closed),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+    legend = f"{spec.label} as {engine}"
+    labels = {"workload": workload.name, "backend": spec.label, "legend": legend}
+    note = f" @ {capacity_tokens:,} tok" if role != "table" else ""
+    if role == "rate":
+        note = f" @ {settings.request_rate:g} req/s"
+    bar = bars(f"{workload.name} {legend}{note}", workload.stats.prompt_tokens) if bars else None
+    try:
+        result = simulate(
+            _tally(stamped, asked), spec.make, capacity_tokens, config, settings.profile,
+            labels=labels, progress=None if bar is None else bar.update,
+        )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    row_labels: dict[str, Any] = {
+        **spec.run_labels(workload.name, "arrival", role, capacity_tokens),
+        "engine": engine,
+        **config.as_dict(),
+        **settings.row(),
+        "scheduler": scheduler,
+        "closed_loop": closed,
+        "profile_range": result.labels.get("profile_range", ""),
+    }
+    load = summarize_load(
+        result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
+    )
+    return RunRow(row_labels, (result.run, load), result.requests, slo=settings.slo)
+
+
+def _tally(requests: Iterator[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:
+    for r in requests:
+        if r.arrival is not None:
+            arrivals.append(r.arrival)
+        yield r
+
+
 class ComparisonTables(NamedTuple):
     """A comparison's tidy tables: ``requests`` (one row per request x backend x
     configuration) and ``runs`` (one per run), pandas DataFrames when pandas is installed
@@ -253,21 +308,18 @@ def run_comparison(
 def _range_notes(comparison: Comparison) -> list[str]:
     """One line per profile a run took past its measured range, with the farthest each
     quantity went (a run's note: ``"<what> up to N, measured up to M (Fx)"``, ``; ``-joined)."""
-    runs: dict[str, int] = {}
-    farthest: dict[str, dict[str, tuple[int, str]]] = {}
-    for w in comparison.workloads:
-        for t in w.arrival_runs:
-            note = str(t.labels["profile_range"])
-            if not note:
-                continue
-            name = str(t.labels["profile"])
-            runs[name] = runs.get(name, 0) + 1
-            for phrase in note.split("; "):
-                what, _, rest = phrase.partition(" up to ")
-                value = int("".join(ch for ch in rest.split(", measured")[0] if ch.isdigit()))
-                best = farthest.setdefault(name, {}).get(what)
-                if best is None or value > best[0]:
-                    farthest[name][what] = (value, phrase)
+    runs: Counter[str] = Counter()
+    farthest: defaultdict[str, dict[str, tuple[int, str]]] = defaultdict(dict)
+    for t in (t for w in comparison.workloads for t in w.arrival_runs):
+        note, name = str(t.labels["profile_range"]), str(t.labels["profile"])
+        if not note:
+            continue
+        runs[name] += 1
+        for phrase in note.split("; "):
+            what, _, rest = phrase.partition(" up to ")
+            value = int("".join(ch for ch in rest.split(", measured")[0] if ch.isdigit()))
+            if value > farthest[name].get(what, (-1, ""))[0]:
+                farthest[name][what] = (value, phrase)
     return [
         f"profile {name!r} extrapolated beyond its measured range in {runs[name]} "
         f"arrival-time run(s): {'; '.join(p for _, p in farthest[name].values())}; "
