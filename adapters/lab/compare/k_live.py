@@ -165,33 +165,20 @@ def _parts(
 
 def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[RequestRow]:
     """One row per request: hits from ``first``, times the least over ``timed``."""
-    n = first.num_requests
-
-    def column(values: Sequence[int]) -> list[int]:
-        return list(values) if len(values) == n else [0] * n
-
+    index_us = _min_us([t.request_seconds for t in timed])
+    admit_us = _min_us([t.admit_seconds for t in timed])
     return [
         RequestRow(
-            rid,
-            prompt_tokens=prompt,
-            hit_tokens=hit,
-            matched_tokens=matched,
-            boundary_lost_tokens=boundary,
-            cap_lost_tokens=cap,
+            r.request_id,
+            prompt_tokens=r.prompt_len,
+            hit_tokens=r.hit_tokens,
+            matched_tokens=r.matched_tokens,
+            boundary_lost_tokens=r.boundary_lost_tokens,
+            cap_lost_tokens=r.cap_lost_tokens,
             index_us=index,
             admit_us=admit,
         )
-        for rid, prompt, hit, matched, boundary, cap, index, admit in zip(
-            first.ids,
-            first.prompt_len.tolist(),
-            first.hit_tokens.tolist(),
-            column(first.matched_tokens),
-            column(first.boundary_lost_tokens),
-            column(first.cap_lost_tokens),
-            _min_us([t.request_seconds for t in timed]),
-            _min_us([t.admit_seconds for t in timed]),
-            strict=True,
-        )
+        for r, index, admit in zip(first.records, index_us, admit_us, strict=True)
     ]
 
 

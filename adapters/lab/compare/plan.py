@@ -124,10 +124,6 @@ class TimeSettings:
             raise SimSettingsError(f"profile must be a CostProfile, got {self.profile!r:.80}")
         self._sim_settings(self.batching or "mixed")  # the knobs checked now, not at a run
 
-    def config(self, spec: BackendSpec, scheduler: Scheduler) -> SimSettings:
-        """The scheduler settings of ``spec``'s runs under ``scheduler``."""
-        return self._sim_settings(_ENGINES[self.engine(spec, scheduler)][0])
-
     def _sim_settings(self, batching: Batching) -> SimSettings:
         return SimSettings(
             max_num_seqs=self.max_num_seqs,
@@ -136,17 +132,18 @@ class TimeSettings:
             batching=batching,
         )
 
-    def engine(self, spec: BackendSpec, scheduler: Scheduler) -> EngineMode:
-        """The engine ``spec`` runs as under ``scheduler``."""
-        if scheduler == "natural":
-            return "sglang" if spec.driver == "sglang" else "vllm"
-        return scheduler
+    def engine(self, spec: BackendSpec, scheduler: Scheduler) -> tuple[EngineMode, SimSettings]:
+        """The engine ``spec`` runs as under ``scheduler``, and its scheduler settings."""
+        mode: EngineMode = "sglang" if spec.driver == "sglang" else "vllm"
+        if scheduler != "natural":
+            mode = scheduler
+        return mode, self._sim_settings(_ENGINES[mode][0])
 
     def describe_engine(self, spec: BackendSpec, scheduler: Scheduler) -> str:
         """``"radix: SGLang-style (prefill_first batching, fcfs queue)"``."""
-        batching, name = _ENGINES[self.engine(spec, scheduler)]
-        queue = self.queue_order or "fcfs"
-        return f"{spec.label}: {name}-style ({batching} batching, {queue} queue)"
+        mode, config = self.engine(spec, scheduler)
+        style = f"{config.batching} batching, {config.queue_order} queue"
+        return f"{spec.label}: {_ENGINES[mode][1]}-style ({style})"
 
     def row(self) -> dict[str, Scalar]:
         """The settings as table columns (every arrival-time row carries them)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import warnings
 from collections import Counter, defaultdict
@@ -90,7 +91,6 @@ def _compare_workload(
                 boundary_accounting=settings.boundary_accounting, bars=bars,
             )
         )  # fmt: skip
-    result.strip_requests = select_strip_requests(result.backends)
     if plan.sweep:
         result.sweep = run_sweep(w, backends, plan.sweep, concurrency=k, bars=bars)
     result.anchors = workload_anchors(
@@ -109,61 +109,52 @@ def _run_arrival_all(
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
-    """Per scheduler each backend at the table's capacity, then at the request rates; then
-    each at the sweep's other capacities; appended to ``runs`` as each finishes."""
+    """Per scheduler each backend at the table's capacity, then at each swept request rate
+    (``auto``: a backend stops at its first overloaded rate); then each at the sweep's other
+    capacities. Appended to ``runs`` as each finishes; a rate or a swept capacity at which
+    a request cannot fit is left out."""
     workload, capacity_tokens = plan.workload, plan.capacity_tokens
     if time.auto_rates and time.request_rate is None:
         first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
         time = dataclasses.replace(time, request_rate=first)
+    by_label = {b.label: b for b in backends}
+
+    def at_rate(scheduler: Scheduler, label: str, rate: float) -> RunRow | None:
+        point = dataclasses.replace(time, request_rate=rate, rates=(), auto_rates=False)
+        with contextlib.suppress(SimUnservableError):
+            return run_arrival(
+                workload, by_label[label], capacity_tokens, point, scheduler, role="rate", bars=bars
+            )
+        return None
+
     for scheduler in time.schedulers:
-        table = []
+        made = {}
         for b in backends:
             try:
-                table.append(run_arrival(workload, b, capacity_tokens, time, scheduler, bars=bars))
+                run = run_arrival(workload, b, capacity_tokens, time, scheduler, bars=bars)
             except SimUnservableError as exc:
                 raise CapacityError(
                     f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
-            runs.append(table[-1])
+            made[b.label, run.labels["request_rate"] or 0.0] = run
+            runs.append(run)
         if time.rates or time.auto_rates:
-            runs.extend(_rate_sweep(plan, backends, time, scheduler, table, bars))
+            rates = rate_schedule(time.request_rate or 1.0, time.rates, auto=time.auto_rates)
+            run_at = functools.partial(at_rate, scheduler)
+            auto = time.auto_rates
+            runs.extend(
+                sweep_rates(list(by_label), rates, run_at, _overloaded, auto=auto, done=made)
+            )
     for cap, scheduler, b in itertools.product(plan.sweep, time.schedulers, backends):
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        with contextlib.suppress(SimUnservableError):  # left out (plotted as a gap)
+        with contextlib.suppress(SimUnservableError):
             runs.append(run_arrival(workload, b, cap, time, scheduler, role="sweep", bars=bars))
 
 
-def _rate_sweep(
-    plan: WorkloadPlan,
-    backends: Sequence[BackendSpec],
-    settings: TimeSettings,
-    scheduler: Scheduler,
-    table: Sequence[RunRow],
-    bars: Bars | None,
-) -> Iterator[RunRow]:
-    """Each backend at each rate of the sweep (role ``rate``) as it finishes; ``auto`` stops
-    a backend at its first overloaded rate. The ``table``'s runs are not made again; a rate
-    at which a request cannot fit is left out."""
-    rates = rate_schedule(settings.request_rate or 1.0, settings.rates, auto=settings.auto_rates)
-    by_label = {b.label: b for b in backends}
-
-    def run(label: str, rate: float) -> RunRow | None:
-        point = dataclasses.replace(settings, request_rate=rate, rates=(), auto_rates=False)
-        try:
-            return run_arrival(
-                plan.workload, by_label[label], plan.capacity_tokens, point, scheduler,
-                role="rate", bars=bars,
-            )  # fmt: skip
-        except SimUnservableError:
-            return None
-
-    def overloaded(run: RunRow) -> bool:
-        return run.part(LoadSummary).overloaded
-
-    made = {(r.labels["backend"], r.labels["request_rate"] or 0.0): r for r in table}
-    return sweep_rates(list(by_label), rates, run, overloaded, auto=settings.auto_rates, done=made)
+def _overloaded(run: RunRow) -> bool:
+    return run.part(LoadSummary).overloaded
 
 
 def run_arrival(
@@ -184,7 +175,7 @@ def run_arrival(
         SimUnservableError: a request that cannot fit the pool even alone.
         KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
     """
-    engine, config = settings.engine(spec, scheduler), settings.config(spec, scheduler)
+    engine, config = settings.engine(spec, scheduler)
     closed = settings.closed_loop and any(
         r.session is not None or r.parent is not None
         for r in itertools.islice(workload.requests, 64)
@@ -264,11 +255,11 @@ class Comparison:
         """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
         requests: Any = self.request_rows()
         runs: Any = self.run_rows()
-        if not has_extra("pandas"):
-            return ComparisonTables(requests, runs, self)
-        import pandas
+        if has_extra("pandas"):
+            import pandas
 
-        return ComparisonTables(pandas.DataFrame(requests), pandas.DataFrame(runs), self)
+            requests, runs = pandas.DataFrame(requests), pandas.DataFrame(runs)
+        return ComparisonTables(requests, runs, self)
 
 
 def run_comparison(
@@ -293,11 +284,11 @@ def run_comparison(
                 _compare_workload(result, plan, settings, bars)
             except KeyboardInterrupt:
                 comparison.partial = result.partial = True
-                if result.backends:
-                    result.strip_requests = select_strip_requests(result.backends)
-                    comparison.workloads.append(result)
+            if result.backends:  # none when Ctrl-C came before the first run ended
+                result.strip_requests = select_strip_requests(result.backends)
+                comparison.workloads.append(result)
+            if comparison.partial:
                 break
-            comparison.workloads.append(result)
     for w in caught:  # a profile's range once for the whole comparison; others as they were
         if not issubclass(w.category, ProfileRangeWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
