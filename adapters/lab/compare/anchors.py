@@ -1,10 +1,6 @@
 """Capacity anchors: the infinite-cache hit ratio, the working set that reaches it and the
-knee, each in tokens, blocks and GiB.
-
-With ``--capacity-search`` the working set and the knee (98% of the infinite-cache hit
-ratio) are found by bisection on a log scale over K-live replays, each capacity replayed
-once; without it the knee is the sweep's point farthest above its chord (Kneedle).
-"""
+knee, each in tokens, blocks and GiB; with ``--capacity-search`` found by bisection over
+K-live replays, else the knee is the sweep's point farthest above its chord (Kneedle)."""
 
 from __future__ import annotations
 
@@ -186,13 +182,11 @@ def workload_anchors(
             if p.labels["backend"] == b.label and (hit := p.part(SweepHit).hit_ratio) is not None
         ]
         infinite = table_hit = run.part(KLiveHits).hit_ratio
-        if capacity_tokens < roomy:  # the sweep's last point at or past roomy, else a replay
-            at_roomy = [h for c, h in points if c >= roomy]
-            infinite = (
-                at_roomy[-1]
-                if at_roomy
-                else replay_hit_ratio(workload, b, roomy, concurrency, bars, "1/1")[0]
-            )
+        at_roomy = [h for c, h in points if c >= roomy]
+        if capacity_tokens < roomy and at_roomy:  # the sweep's last point at or past roomy
+            infinite = at_roomy[-1]
+        elif capacity_tokens < roomy:  # else one more replay there
+            infinite = replay_hit_ratio(workload, b, roomy, concurrency, bars, "1/1")[0]
         bend, working_set, rule, replays = knee(points), None, "kneedle", 0
         if search:
             finder = CapacitySearch(

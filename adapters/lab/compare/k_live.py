@@ -1,10 +1,7 @@
 """K-live runs of a comparison: each backend replays the same requests through its natural
-driver at equal capacity, at most K requests live.
-
-Hits and evictions come from one replay (with boundary accounting, SPEC BB-8, when asked),
-index times from timed replays, each request's the least over them. A workload's requests
-are re-read on every run (a trace is never held whole).
-"""
+driver at equal capacity, at most K live; hits from one replay (with SPEC BB-8 accounting
+when asked), index times each request's least over timed replays. A workload's requests
+are re-read on every run (a trace is never held whole)."""
 
 from __future__ import annotations
 
@@ -20,13 +17,7 @@ from ..sim.metrics import RequestRow
 from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
 
-__all__ = [
-    "percentile",
-    "replay_hit_ratio",
-    "run_backend",
-    "run_sweep",
-    "select_strip_requests",
-]
+__all__ = ["percentile", "replay_hit_ratio", "run_backend", "run_sweep", "select_strip_requests"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -45,8 +36,8 @@ def _replay(
     track: bool,
     bars: Bars | None,
     what: str,
-) -> tuple[ReplayResult, int]:
-    """One replay and the index's peak bytes."""
+) -> ReplayResult:
+    """One replay, its ``index_memory_bytes`` the index's peak."""
     index = spec.make()
     num_blocks = spec.num_blocks(capacity_tokens)
     if num_blocks < 1:
@@ -70,7 +61,8 @@ def _replay(
     # The replay samples the index's size now and then; the end state is exact.
     measure = getattr(index, "memory_bytes", None)
     end_bytes = int(measure()) if measure is not None else 0
-    return result, max(result.index_memory_bytes, end_bytes)
+    result.index_memory_bytes = max(result.index_memory_bytes, end_bytes)
+    return result
 
 
 def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
@@ -103,8 +95,8 @@ def run_backend(
     extra = timing_repeats if boundary_accounting else max(0, timing_repeats - 1)
     args = (workload, spec, capacity_tokens, concurrency)
     try:
-        first, memory = _replay(*args, boundary_accounting, bars, f"1/{1 + extra}")
-        timed = [_replay(*args, False, bars, f"{k + 2}/{1 + extra}")[0] for k in range(extra)]
+        first = _replay(*args, boundary_accounting, bars, f"1/{1 + extra}")
+        timed = [_replay(*args, False, bars, f"{k + 2}/{1 + extra}") for k in range(extra)]
     except ReplayError as exc:
         raise CapacityError(
             f"capacity {capacity_tokens} tokens ({spec.num_blocks(capacity_tokens)} × "
@@ -119,7 +111,7 @@ def run_backend(
         "concurrency": concurrency,
     }
     rows = _request_rows(first, timed)
-    parts = _parts(first, timed, rows, memory, spec.block_size, timing_repeats, boundary_accounting)
+    parts = _parts(first, timed, rows, spec.block_size, timing_repeats, boundary_accounting)
     return RunRow(labels, parts, rows)
 
 
@@ -127,7 +119,6 @@ def _parts(
     first: ReplayResult,
     timed: Sequence[ReplayResult],
     rows: Sequence[RequestRow],
-    memory: int,
     bs: int,
     repeats: int,
     boundary_accounting: bool,
@@ -148,7 +139,7 @@ def _parts(
         evicted_tokens=first.evicted_blocks * bs,
         peak_cached_blocks=first.peak_cached_blocks,
         peak_cached_tokens=first.peak_cached_blocks * bs,
-        index_memory_bytes=memory,
+        index_memory_bytes=first.index_memory_bytes,
     ), IndexTimes(
         index_us_p50=percentile(index_us, 50),
         index_us_p99=percentile(index_us, 99),
@@ -192,7 +183,7 @@ def replay_hit_ratio(
 ) -> tuple[float, int]:
     """One replay without accounting: its hit ratio and evicted blocks (ReplayError: the
     requests do not fit)."""
-    result, _ = _replay(workload, spec, capacity_tokens, concurrency, False, bars, what)
+    result = _replay(workload, spec, capacity_tokens, concurrency, False, bars, what)
     return result.summary()["hit_ratio"], result.evicted_blocks
 
 

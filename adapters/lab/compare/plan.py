@@ -1,8 +1,7 @@
-"""A comparison's plan: the resolved settings (the arrival-time runs' too) and the
-capacities each workload runs at, checked before anything runs (the table's default is
-roomy: nothing evicted; a sweep spans tight to roomy on a log scale). One thing varies at
-a time: by default every backend runs under vLLM's scheduler, so only the index differs;
-``natural`` runs each on the engine it models."""
+"""A comparison's plan: the resolved settings (the arrival-time runs' too: by default every
+backend under vLLM's scheduler, so only the index differs) and each workload's capacities,
+checked before anything runs (the table's default roomy: nothing evicted; a sweep spans
+tight to roomy on a log scale)."""
 
 from __future__ import annotations
 
