@@ -198,8 +198,8 @@ def mode_memory(args: argparse.Namespace) -> None:
 
 
 def mode_profile(args: argparse.Namespace) -> None:
+    from prefixkv.adapters.lab.backends import roomy_capacity
     from prefixkv.adapters.lab.compare import parse_backends
-    from prefixkv.adapters.lab.compare.plan import roomy_capacity
     from prefixkv.adapters.lab.replay import replay
     from prefixkv.adapters.lab.traces import open_trace
 

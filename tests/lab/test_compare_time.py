@@ -18,7 +18,7 @@ from helpers import ROOT, TEST_DATA, interrupt_after, results_doc, run_cli
 
 from prefixkv.adapters.lab.cli import main
 from prefixkv.adapters.lab.compare import CompareError, CompareOptions, compare_backends
-from prefixkv.adapters.lab.compare import arrival as arrival_module
+from prefixkv.adapters.lab.compare import run as run_module
 from prefixkv.adapters.lab.sim import load_profile
 
 MOONCAKE_HEAD = TEST_DATA / "fidelity" / "mooncake_conversation_head.jsonl"
@@ -242,7 +242,7 @@ def test_ctrl_c_in_an_arrival_time_run_keeps_what_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the radix tree's run, halfway through the backends
-    interrupt_after(monkeypatch, arrival_module, "simulate", 2)
+    interrupt_after(monkeypatch, run_module, "simulate", 2)
     code, stdout, _ = _run(capsys, "compare", "-w", "few_shot", "--index", "hash_chain,radix",
                            "--request-rate", "2", *SMALL[:4], "--out", str(tmp_path))  # fmt: skip
     assert code == 130 and "partial results" in stdout

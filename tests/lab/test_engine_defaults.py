@@ -20,7 +20,7 @@ from prefixkv.adapters.lab.cli.main import build_parser, main
 from prefixkv.adapters.lab.cluster.config import DEFAULT_BUFFER_STEPS, ClusterSettings
 from prefixkv.adapters.lab.cluster.publisher import EventPublisher
 from prefixkv.adapters.lab.compare import CompareOptions
-from prefixkv.adapters.lab.compare.arrival import TimeSettings
+from prefixkv.adapters.lab.compare.plan import TimeSettings
 from prefixkv.adapters.lab.sim.bench_results import bench_samples, calibrate_from_vllm_bench
 from prefixkv.adapters.lab.sim.config import (
     DEFAULT_BLOCK_SIZE,

@@ -20,9 +20,8 @@ from prefixkv.adapters.outputs import check_output_folder, install_file
 from prefixkv.indexes.registry import available_indexes
 
 from ..backends import parse_backends
-from ..compare.arrival import SCHEDULERS
 from ..compare.options import CompareOptions
-from ..compare.plan import CompareSettings, plan_comparison
+from ..compare.plan import SCHEDULERS, CompareSettings, plan_comparison
 from ..compare.run import Comparison, WorkloadResult, run_comparison
 from ..extras import require_extra
 from ..outputs import compare as report

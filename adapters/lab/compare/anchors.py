@@ -1,23 +1,20 @@
 """Capacity anchors: the infinite-cache hit ratio, the working set that reaches it and the
-knee, each in tokens, blocks and GiB.
-
-With ``--capacity-search`` the working set and the knee (98% of the infinite-cache hit
-ratio) are found by bisection on a log scale over K-live replays, each capacity replayed
-once; without it the knee is the sweep's point farthest above its chord (Kneedle).
-"""
+knee, each in tokens, blocks and GiB; with ``--capacity-search`` found by bisection over
+K-live replays, else the knee is the sweep's point farthest above its chord (Kneedle)."""
 
 from __future__ import annotations
 
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..backends import BackendSpec, Bars, Scalar, min_capacity, roomy_capacity
+from ..replay import ReplayError
 from ..sim import CostProfile
 from ..sim.runs import KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
-from .k_live import run_backend, run_sweep
+from .k_live import replay_hit_ratio
 
 __all__ = [
     "KNEE_SHARE",
@@ -72,12 +69,8 @@ def smallest_reaching(
 
 
 class CapacitySearch:
-    """One backend's replays at the capacities a search asks for, each made once.
-
-    Args:
-        replay: hit ratio of a K-live replay at a capacity (``None``: does not fit).
-        known: ``(capacity, hit ratio)`` pairs already measured.
-    """
+    """One backend's K-live replays at the capacities a search asks for, each made once
+    (``known``: ``(capacity, hit ratio)`` pairs measured before; ``None``: does not fit)."""
 
     def __init__(
         self, replay: Callable[[int], float | None], known: Iterable[tuple[int, float | None]] = ()
@@ -92,6 +85,13 @@ class CapacitySearch:
             self.replays += 1
             self.hits[capacity] = self._replay(capacity)
         return self.hits[capacity]
+
+    def anchors(self, infinite: float, tight: int, roomy: int) -> tuple[tuple[int, float], int]:
+        """The knee (the smallest capacity reaching :data:`KNEE_SHARE` of ``infinite``, with
+        its hit ratio) and the working set (the smallest reaching ``infinite``)."""
+        working_set = self.smallest(infinite, tight, roomy)
+        knee_at = self.smallest(KNEE_SHARE * infinite, tight, working_set)
+        return (knee_at, self.hit_at(knee_at) or 0.0), working_set
 
     def smallest(self, target: float, tight: int, roomy: int) -> int:
         """The smallest capacity (within :data:`PRECISION`) reaching ``target``."""
@@ -141,30 +141,20 @@ class CapacityAnchor:
         return text if gib is None else f"{text} = {gib:,.1f} GiB"
 
     def row(self) -> dict[str, Scalar]:
-        """The anchors as one flat record."""
+        """The anchors as one flat record, each size in tokens, blocks and GiB."""
+        row: dict[str, Scalar] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _SIZES:
+                stem = f.name.removesuffix("_tokens")
+                blocks = None if value is None else value // self.block_size
+                row |= {f.name: value, f"{stem}_blocks": blocks, f"{stem}_gib": self.gib(value)}
+            elif f.name != "num_points":
+                row["kv_model" if f.name == "model" else f.name] = value
+        return row
 
-        def size(name: str, tokens: int | None) -> dict[str, Scalar]:
-            blocks = None if tokens is None else tokens // self.block_size
-            return {
-                f"{name}_tokens": tokens,
-                f"{name}_blocks": blocks,
-                f"{name}_gib": self.gib(tokens),
-            }
 
-        return {
-            "workload": self.workload,
-            "backend": self.backend,
-            "block_size": self.block_size,
-            **size("infinite_capacity", self.infinite_capacity_tokens),
-            "infinite_hit_ratio": self.infinite_hit_ratio,
-            **size("knee", self.knee_tokens),
-            "knee_hit_ratio": self.knee_hit_ratio,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_model": self.model,
-            **size("working_set", self.working_set_tokens),
-            "knee_rule": self.knee_rule,
-            "search_replays": self.search_replays,
-        }
+_SIZES = ("infinite_capacity_tokens", "knee_tokens", "working_set_tokens")
 
 
 def workload_anchors(
@@ -182,27 +172,30 @@ def workload_anchors(
     """Each backend's anchors, from its table run ``runs`` at ``capacity_tokens``, the
     sweep, and (``search``) more replays."""
     roomy = roomy_capacity(workload.stats, backends)
+    tight = min_capacity(workload.stats, backends, concurrency)
+    kv_bytes, model = (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
     out = []
     for b, run in zip(backends, runs, strict=True):
-        points = _sweep_points(sweep, b.label)
-        table_hit = run.part(KLiveHits).hit_ratio
-        infinite = (
-            table_hit
-            if capacity_tokens >= roomy
-            else _roomy_hit_ratio(workload, b, points, roomy, concurrency=concurrency, bars=bars)
-        )
-        bend = knee(points)
-        working_set: int | None = None
-        rule, replays = "kneedle", 0
+        points = [
+            (p.labels["capacity_tokens"], hit)
+            for p in sweep
+            if p.labels["backend"] == b.label and (hit := p.part(SweepHit).hit_ratio) is not None
+        ]
+        infinite = table_hit = run.part(KLiveHits).hit_ratio
+        at_roomy = [h for c, h in points if c >= roomy]
+        if capacity_tokens < roomy and at_roomy:  # the sweep's last point at or past roomy
+            infinite = at_roomy[-1]
+        elif capacity_tokens < roomy:  # else one more replay there
+            infinite = replay_hit_ratio(workload, b, roomy, concurrency, bars, "1/1")[0]
+        bend, working_set, rule, replays = knee(points), None, "kneedle", 0
         if search:
-            known = [*points, (capacity_tokens, table_hit), (roomy, infinite)]
-            bend, working_set, rule, replays = _searched_knee(
-                workload, b, backends, known, infinite, roomy, concurrency=concurrency, bars=bars
+            finder = CapacitySearch(
+                functools.partial(_hit_ratio, workload, b, concurrency, bars),
+                [*points, (capacity_tokens, table_hit), (roomy, infinite)],
             )
-        knee_tokens, knee_hit = (None, None) if bend is None else bend
-        kv_bytes, model = (
-            (None, "") if profile is None else (profile.kv_bytes_per_token, profile.model)
-        )
+            bend, working_set = finder.anchors(infinite, tight, roomy)
+            rule, replays = f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
+        knee_tokens, knee_hit = bend or (None, None)
         out.append(
             CapacityAnchor(
                 workload.name,
@@ -223,71 +216,11 @@ def workload_anchors(
     return out
 
 
-def _sweep_points(sweep: Sequence[RunRow], label: str) -> list[tuple[int, float]]:
-    """The backend ``label``'s sweep points as (capacity in tokens, hit ratio), those
-    without a hit ratio left out."""
-    return [
-        (p.labels["capacity_tokens"], hit)
-        for p in sweep
-        if p.labels["backend"] == label and (hit := p.part(SweepHit).hit_ratio) is not None
-    ]
-
-
-def _searched_knee(
-    workload: Workload,
-    spec: BackendSpec,
-    backends: Sequence[BackendSpec],
-    known: Sequence[tuple[int, float]],
-    infinite: float,
-    roomy: int,
-    *,
-    concurrency: int,
-    bars: Bars | None,
-) -> tuple[tuple[int, float], int, str, int]:
-    """The knee (the smallest capacity reaching ``KNEE_SHARE`` of ``infinite``, with its hit
-    ratio), the working set (the smallest reaching ``infinite``), the rule's name and the
-    replays it took, bisecting from the ``known`` points."""
-    finder = CapacitySearch(
-        functools.partial(_hit_ratio, workload, spec, concurrency=concurrency, bars=bars), known
-    )
-    tight = min_capacity(workload.stats, backends, concurrency)
-    working_set = finder.smallest(infinite, tight, roomy)
-    knee_at = finder.smallest(KNEE_SHARE * infinite, tight, working_set)
-    bend = (knee_at, finder.hit_at(knee_at) or 0.0)
-    return bend, working_set, f"{KNEE_SHARE:.0%} of the infinite-cache hit ratio", finder.replays
-
-
-def _roomy_hit_ratio(
-    workload: Workload,
-    spec: BackendSpec,
-    points: Sequence[tuple[int, float]],
-    roomy: int,
-    *,
-    concurrency: int,
-    bars: Bars | None,
-) -> float:
-    """The hit ratio with nothing evicted, the table's capacity being tighter than ``roomy``:
-    the sweep's last point at or past ``roomy``, else one more replay at ``roomy``."""
-    at_roomy = [h for c, h in points if c >= roomy]
-    if at_roomy:
-        return at_roomy[-1]
-    return (
-        run_backend(
-            workload,
-            spec,
-            roomy,
-            concurrency=concurrency,
-            timing_repeats=0,
-            boundary_accounting=False,
-            bars=bars,
-        )
-        .part(KLiveHits)
-        .hit_ratio
-    )
-
-
 def _hit_ratio(
-    workload: Workload, spec: BackendSpec, capacity: int, *, concurrency: int, bars: Bars | None
+    workload: Workload, spec: BackendSpec, concurrency: int, bars: Bars | None, capacity: int
 ) -> float | None:
-    (point,) = run_sweep(workload, [spec], [capacity], concurrency=concurrency, bars=bars)
-    return point.part(SweepHit).hit_ratio
+    what = f"sweep {capacity:,} tok"
+    try:
+        return replay_hit_ratio(workload, spec, capacity, concurrency, bars, what)[0]
+    except ReplayError:
+        return None

@@ -1,17 +1,13 @@
 """K-live runs of a comparison: each backend replays the same requests through its natural
-driver at equal capacity, at most K requests live.
-
-Hits and evictions come from one replay (with boundary accounting, SPEC BB-8, when asked),
-index times from timed replays, each request's the least over them. A workload's requests
-are re-read on every run (a trace is never held whole).
-"""
+driver at equal capacity, at most K live; hits from one replay (with SPEC BB-8 accounting
+when asked), index times each request's least over timed replays. A workload's requests
+are re-read on every run (a trace is never held whole)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
-
-import numpy as np
 
 from prefixkv.indexes.registry import describe_index
 
@@ -21,7 +17,7 @@ from ..sim.metrics import RequestRow
 from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from ..workloads import Workload
 
-__all__ = ["percentile", "run_backend", "run_sweep", "select_strip_requests"]
+__all__ = ["percentile", "replay_hit_ratio", "run_backend", "run_sweep", "select_strip_requests"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -40,8 +36,8 @@ def _replay(
     track: bool,
     bars: Bars | None,
     what: str,
-) -> tuple[ReplayResult, int]:
-    """One replay and the index's peak bytes."""
+) -> ReplayResult:
+    """One replay, its ``index_memory_bytes`` the index's peak."""
     index = spec.make()
     num_blocks = spec.num_blocks(capacity_tokens)
     if num_blocks < 1:
@@ -65,12 +61,12 @@ def _replay(
     # The replay samples the index's size now and then; the end state is exact.
     measure = getattr(index, "memory_bytes", None)
     end_bytes = int(measure()) if measure is not None else 0
-    return result, max(result.index_memory_bytes, end_bytes)
+    result.index_memory_bytes = max(result.index_memory_bytes, end_bytes)
+    return result
 
 
 def _min_us(columns: Sequence[Sequence[float]]) -> list[float]:
-    stacked = np.vstack([np.asarray(c, dtype=np.float64) for c in columns])
-    return (stacked.min(axis=0) * 1e6).tolist()  # type: ignore[no-any-return]
+    return [min(seconds) * 1e6 for seconds in zip(*columns, strict=True)]
 
 
 def run_backend(
@@ -83,11 +79,9 @@ def run_backend(
     boundary_accounting: bool = True,
     bars: Bars | None = None,
 ) -> RunRow:
-    """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it.
-
-    Hits come from the first replay, index times from the others (each request's the least
-    over them; with ``timing_repeats=0``, from the first). Without ``boundary_accounting``
-    there are ``max(1, timing_repeats)`` replays, all timed, and the BB-8 columns are zero.
+    """Replay with boundary accounting (BB-8), then ``timing_repeats`` times without it
+    (``0``: times from the first; without accounting ``max(1, timing_repeats)`` replays, all
+    timed, and the BB-8 columns zero).
 
     Raises:
         CapacityError: the capacity cannot hold the requests.
@@ -101,8 +95,8 @@ def run_backend(
     extra = timing_repeats if boundary_accounting else max(0, timing_repeats - 1)
     args = (workload, spec, capacity_tokens, concurrency)
     try:
-        first, memory = _replay(*args, boundary_accounting, bars, f"1/{1 + extra}")
-        timed = [_replay(*args, False, bars, f"{k + 2}/{1 + extra}")[0] for k in range(extra)]
+        first = _replay(*args, boundary_accounting, bars, f"1/{1 + extra}")
+        timed = [_replay(*args, False, bars, f"{k + 2}/{1 + extra}") for k in range(extra)]
     except ReplayError as exc:
         raise CapacityError(
             f"capacity {capacity_tokens} tokens ({spec.num_blocks(capacity_tokens)} × "
@@ -117,18 +111,14 @@ def run_backend(
         "concurrency": concurrency,
     }
     rows = _request_rows(first, timed)
-    return RunRow(
-        labels,
-        _parts(first, timed, rows, memory, spec.block_size, timing_repeats, boundary_accounting),
-        rows,
-    )
+    parts = _parts(first, timed, rows, spec.block_size, timing_repeats, boundary_accounting)
+    return RunRow(labels, parts, rows)
 
 
 def _parts(
     first: ReplayResult,
     timed: Sequence[ReplayResult],
     rows: Sequence[RequestRow],
-    memory: int,
     bs: int,
     repeats: int,
     boundary_accounting: bool,
@@ -149,7 +139,7 @@ def _parts(
         evicted_tokens=first.evicted_blocks * bs,
         peak_cached_blocks=first.peak_cached_blocks,
         peak_cached_tokens=first.peak_cached_blocks * bs,
-        index_memory_bytes=memory,
+        index_memory_bytes=first.index_memory_bytes,
     ), IndexTimes(
         index_us_p50=percentile(index_us, 50),
         index_us_p99=percentile(index_us, 99),
@@ -166,34 +156,35 @@ def _parts(
 
 def _request_rows(first: ReplayResult, timed: Sequence[ReplayResult]) -> list[RequestRow]:
     """One row per request: hits from ``first``, times the least over ``timed``."""
-    n = first.num_requests
-
-    def column(values: Sequence[int]) -> list[int]:
-        return list(values) if len(values) == n else [0] * n
-
+    index_us = _min_us([t.request_seconds for t in timed])
+    admit_us = _min_us([t.admit_seconds for t in timed])
     return [
         RequestRow(
-            rid,
-            prompt_tokens=prompt,
-            hit_tokens=hit,
-            matched_tokens=matched,
-            boundary_lost_tokens=boundary,
-            cap_lost_tokens=cap,
+            r.request_id,
+            prompt_tokens=r.prompt_len,
+            hit_tokens=r.hit_tokens,
+            matched_tokens=r.matched_tokens,
+            boundary_lost_tokens=r.boundary_lost_tokens,
+            cap_lost_tokens=r.cap_lost_tokens,
             index_us=index,
             admit_us=admit,
         )
-        for rid, prompt, hit, matched, boundary, cap, index, admit in zip(
-            first.ids,
-            first.prompt_len.tolist(),
-            first.hit_tokens.tolist(),
-            column(first.matched_tokens),
-            column(first.boundary_lost_tokens),
-            column(first.cap_lost_tokens),
-            _min_us([t.request_seconds for t in timed]),
-            _min_us([t.admit_seconds for t in timed]),
-            strict=True,
-        )
+        for r, index, admit in zip(first.records, index_us, admit_us, strict=True)
     ]
+
+
+def replay_hit_ratio(
+    workload: Workload,
+    spec: BackendSpec,
+    capacity_tokens: int,
+    concurrency: int,
+    bars: Bars | None,
+    what: str,
+) -> tuple[float, int]:
+    """One replay without accounting: its hit ratio and evicted blocks (ReplayError: the
+    requests do not fit)."""
+    result = _replay(workload, spec, capacity_tokens, concurrency, False, bars, what)
+    return result.summary()["hit_ratio"], result.evicted_blocks
 
 
 def run_sweep(
@@ -207,22 +198,17 @@ def run_sweep(
     """Hit ratio and evictions of each backend at each capacity, without accounting
     (``None`` where a backend cannot run), capacity by capacity."""
     points: list[RunRow] = []
-    for cap in capacities:
-        for spec in backends:
-            ratio: float | None = None
-            evicted: int | None = None
-            try:
-                result, _ = _replay(
-                    workload, spec, cap, concurrency, False, bars, f"sweep {cap:,} tok"
-                )
-                ratio, evicted = result.summary()["hit_ratio"], result.evicted_blocks
-            except ReplayError:
-                pass
-            labels = {
-                **spec.run_labels(workload.name, "k_live", "sweep", cap, options=False),
-                "concurrency": concurrency,
-            }
-            points.append(RunRow(labels, (SweepHit(ratio, evicted),)))
+    for cap, spec in itertools.product(capacities, backends):
+        what = f"sweep {cap:,} tok"
+        try:
+            hit = SweepHit(*replay_hit_ratio(workload, spec, cap, concurrency, bars, what))
+        except ReplayError:
+            hit = SweepHit(None, None)
+        labels = {
+            **spec.run_labels(workload.name, "k_live", "sweep", cap, options=False),
+            "concurrency": concurrency,
+        }
+        points.append(RunRow(labels, (hit,)))
     return points
 
 
@@ -232,8 +218,7 @@ def select_strip_requests(results: Sequence[RunRow], limit: int = 6) -> list[int
     backends, then those with a recomputed last block, then the rest."""
     per = [r.requests for r in results]
     n = len(per[0]) if per else 0
-    indexes = [r.labels["index"] for r in results]
-    cached = [p for p, i in zip(per, indexes, strict=True) if describe_index(i).caches] or per
+    cached = [r.requests for r in results if describe_index(r.labels["index"]).caches] or per
     tests: tuple[Callable[[int], bool], ...] = (
         lambda i: any(p[i].boundary_lost_tokens for p in cached),
         lambda i: len({p[i].hit_tokens for p in cached}) > 1,

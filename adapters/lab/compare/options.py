@@ -19,8 +19,7 @@ from ..sim.errors import SimSettingsError
 from ..sim.load import Slo
 from ..traces import ReadSettings
 from ..workloads import Workload, load_workloads
-from .arrival import Scheduler, TimeSettings
-from .plan import CompareSettings, plan_comparison
+from .plan import CompareSettings, Scheduler, TimeSettings, plan_comparison
 from .run import ComparisonTables, run_comparison
 
 __all__ = ["CompareOptions", "compare_backends"]
@@ -30,46 +29,23 @@ __all__ = ["CompareOptions", "compare_backends"]
 class CompareOptions:
     """What to compare, as plain values (resolved when the comparison runs).
 
-    Arrival-time runs need ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``.
+    A field means what the ``prefixkv compare`` flag of its name does (``indexes`` is
+    ``--index``, ``capacity_tokens`` one or several capacities, ``rate_sweep`` the rates after
+    ``--request-rate``'s first, ``schedulers`` ``--scheduler``, ``slo`` the ``--slo-*`` flags,
+    ``on_long_request`` ``"reject"`` or ``"abort"``); arrival-time runs need
+    ``request_rate``, ``time_scale`` or ``rate_sweep="auto"``.
 
     Attributes:
         workloads: built-in workload names (default: the CLI's default set without a trace).
-        trace: a trace file or folder instead.
-        indexes: comma-separated backends, ``NAME`` or ``NAME:SIZE``.
-        block_size: the hash chain's (and ``none``'s) block size.
-        page_size: the radix tree's page size.
         index_options: per registry name, options for ``make_index``.
-        capacity_tokens: the KV capacity in tokens, or several (a sweep, the first the
-            table's); default roomy.
         capacity_sweep: also sweep capacities (default: when several are given, or for the
             default set).
         capacity_search: find each backend's working set and knee (default: on for built-in
             workloads, off for a trace).
-        max_pool_blocks: refuse a capacity of more blocks than this.
-        concurrency: the K of the K-live schedule.
-        timing_repeats: timed K-live replays per backend.
         boundary_accounting: BB-8 accounting (default: off for hash-id traces).
-        request_rate: arrival-time runs at this many requests per second.
-        rate_sweep: more request rates at the table's capacity, or ``"auto"``.
-        slo: count goodput under this objective (``None``: no goodput).
-        time_scale: arrival-time runs at the trace's timestamps times this.
-        arrival: ``"poisson"`` or ``"fixed"`` (with ``request_rate``).
-        max_num_seqs: most running requests.
-        max_num_batched_tokens: most tokens a step computes.
         queue_order: force ``"fcfs"`` or ``"lpm"`` (default: each engine's own).
-        batching: force ``"mixed"`` or ``"prefill_first"``; replaces ``schedulers``.
-        schedulers: ``("vllm",)``: only the index varies; ``("vllm", "sglang")``: each
-            backend under each; ``("natural",)``: each backend on its own engine.
         closed_loop: sessions replay closed loop (default); ``False``: open loop.
-        profile: a cost profile, a shipped profile's name or a profile file; its KV bytes
-            per token also state capacities in GiB.
-        max_requests: use the first this many requests of each workload (``None``: all).
-        tokens_per_id: hash-id traces: tokens each id expands to.
-        max_model_len: refuse (count in ``rejected_requests``) requests whose prompt plus
-            output exceed this, and those that cannot fit the table's capacity alone.
-        on_long_request: ``"reject"`` (count and go on) or ``"abort"`` (raise
-            :class:`~..backends.CapacityError`).
-        seed: workload, token and arrival seed.
+        profile: a cost profile, a shipped profile's name or a profile file.
         progress_bars: show progress bars on stderr.
     """
 
@@ -216,30 +192,14 @@ class CompareOptions:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(CompareOptions))
-_TIME_FIELDS = (
-    "request_rate",
-    "time_scale",
-    "arrival",
-    "seed",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "queue_order",
-    "batching",
-    "closed_loop",
-    "slo",
-)
+# The fields TimeSettings takes as they are; its profile and schedulers are resolved.
+_TIME_FIELDS = _FIELDS & {f.name for f in dataclasses.fields(TimeSettings)}
+_TIME_FIELDS -= {"profile", "schedulers"}
 
 
 def compare_backends(options: CompareOptions | None = None, /, **changes: Any) -> ComparisonTables:
-    """Compare backends on built-in workloads or a trace, as ``prefixkv compare`` does;
-    return the tidy tables.
-
-    Args:
-        options: what to compare (default: ``CompareOptions()``).
-        **changes: fields of :class:`CompareOptions` to change for this run.
-
-    Returns:
-        The tables (DataFrames when pandas is installed) and the typed records.
+    """Compare backends as ``prefixkv compare`` does, ``options`` (default:
+    ``CompareOptions()``) with the fields in ``changes`` changed; return the tidy tables.
 
     Raises:
         CompareError: a field :class:`CompareOptions` does not have.

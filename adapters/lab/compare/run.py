@@ -1,51 +1,42 @@
 """A comparison's run: per planned workload each backend K-live (the table, the capacity
-sweep, the anchors), then at arrival time (the table's capacity, the sweep's, the request
-rates). Ctrl-C keeps what finished, marked partial.
+sweep, the anchors), then at arrival time through :func:`..sim.simulate` (the table's
+capacity, the sweep's, the request rates). Ctrl-C keeps what finished, marked partial.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
-from ..replay import ReplayInterrupted
-from ..sim import ProfileRangeWarning, SimUnservableError
-from ..sim.load import LoadSummary
+from ..sim import ProfileRangeWarning, SimRequest, SimUnservableError, simulate, with_arrivals
+from ..sim.load import LoadSummary, summarize_load
 from ..sim.rate_sweep import rate_schedule, start_rate, sweep_rates
+from ..sim.requests import from_trace
 from ..sim.runs import RunRow, run_table
 from ..workloads import Workload
 from .anchors import CapacityAnchor, workload_anchors
-from .arrival import Scheduler, TimeSettings, run_arrival
 from .k_live import run_backend, run_sweep, select_strip_requests
-from .plan import CompareSettings, WorkloadPlan
+from .plan import CompareSettings, Scheduler, TimeSettings, WorkloadPlan
 
 __all__ = ["Comparison", "ComparisonTables", "WorkloadResult", "run_comparison"]
 
 
-class _Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a workload; ``workload`` holds what finished."""
-
-    def __init__(self, workload: WorkloadResult) -> None:
-        super().__init__("comparison interrupted")
-        self.workload = workload
-
-
 @dataclass(slots=True)
 class WorkloadResult:
-    """Everything a comparison measured on one workload: each backend's K-live run at the
-    table's ``capacity_tokens`` (``backends``), the ``sweep``'s, the ``anchors``, the
-    ``arrival_runs`` (the table's capacity first); ``partial`` when Ctrl-C stopped it.
-
-    Attributes:
-        num_requests: the requests run; ``rejected_requests`` excluded.
-        capacity_tokens: the capacity asked for (each backend uses the whole blocks that fit).
-    """
+    """Everything a comparison measured on one workload, ``partial`` when Ctrl-C stopped it:
+    each backend's K-live run at the table's ``capacity_tokens`` (``backends``), the
+    ``sweep``'s, the ``anchors``, the ``arrival_runs`` (the table's capacity first).
+    ``num_requests`` excludes ``rejected_requests``; each backend uses the whole blocks that
+    fit ``capacity_tokens``."""
 
     name: str
     source: str
@@ -73,19 +64,13 @@ class WorkloadResult:
         return [t for t in self.arrival_runs if t.labels["role"] == "table"]
 
     def row(self) -> dict[str, Scalar]:
-        """The workload as one flat record."""
-        return {
-            "workload": self.name,
-            "source": self.source,
-            "notes": " ".join(self.notes),
-            "num_requests": self.num_requests,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "capacity_tokens": self.capacity_tokens,
-            "concurrency": self.concurrency,
-            "partial": self.partial,
-            "rejected_requests": self.rejected_requests,
-        }
+        """The workload as one flat record: the fields but the runs, ``name`` as ``workload``."""
+        row: dict[str, Scalar] = {"workload": self.name}
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if not isinstance(value, list):
+                row[f.name] = " ".join(value) if f.name == "notes" else value
+        return row
 
     @property
     def runs(self) -> list[RunRow]:
@@ -94,122 +79,149 @@ class WorkloadResult:
 
 
 def _compare_workload(
-    plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
-) -> WorkloadResult:
-    """Every backend on one planned workload.
-
-    Raises:
-        CapacityError: the plan's capacity cannot hold the requests.
-        _Interrupted: Ctrl-C, with what finished.
-    """
+    result: WorkloadResult, plan: WorkloadPlan, settings: CompareSettings, bars: Bars | None
+) -> None:
+    """Every backend on one planned workload, into ``result`` (Ctrl-C: what finished)."""
     w, backends, k = plan.workload, settings.backends, settings.concurrency
-    stats = w.stats
-    result = WorkloadResult(
-        w.name, w.source, tuple(w.notes), stats.num_requests, stats.prompt_tokens,
-        stats.output_tokens, plan.capacity_tokens, k, rejected_requests=w.rejected_requests,
-    )  # fmt: skip
-    try:
-        for b in backends:
-            result.backends.append(
-                run_backend(
-                    w, b, plan.capacity_tokens, concurrency=k,
-                    timing_repeats=settings.timing_repeats,
-                    boundary_accounting=settings.boundary_accounting, bars=bars,
-                )
-            )  # fmt: skip
-        result.strip_requests = select_strip_requests(result.backends)
-        if plan.sweep:
-            result.sweep = run_sweep(w, backends, plan.sweep, concurrency=k, bars=bars)
-        result.anchors = workload_anchors(
-            w, backends, result.backends, result.sweep, plan.capacity_tokens, concurrency=k,
-            search=settings.capacity_search, bars=bars,
-            profile=settings.profile or (settings.time.profile if settings.time else None),
+    for b in backends:
+        result.backends.append(
+            run_backend(
+                w, b, plan.capacity_tokens, concurrency=k,
+                timing_repeats=settings.timing_repeats,
+                boundary_accounting=settings.boundary_accounting, bars=bars,
+            )
         )  # fmt: skip
-        if settings.time is not None:
-            _run_arrival_all(result, plan, backends, settings.time, bars)
-    except (ReplayInterrupted, KeyboardInterrupt):
-        result.partial = True
-        if result.backends:
-            result.strip_requests = select_strip_requests(result.backends)
-        raise _Interrupted(result) from None
-    return result
+    if plan.sweep:
+        result.sweep = run_sweep(w, backends, plan.sweep, concurrency=k, bars=bars)
+    result.anchors = workload_anchors(
+        w, backends, result.backends, result.sweep, plan.capacity_tokens, concurrency=k,
+        search=settings.capacity_search, bars=bars,
+        profile=settings.profile or (settings.time.profile if settings.time else None),
+    )  # fmt: skip
+    if settings.time is not None:
+        _run_arrival_all(result.arrival_runs, plan, backends, settings.time, bars)
 
 
 def _run_arrival_all(
-    result: WorkloadResult,
+    runs: list[RunRow],
     plan: WorkloadPlan,
     backends: Sequence[BackendSpec],
     time: TimeSettings,
     bars: Bars | None,
 ) -> None:
+    """Per scheduler each backend at the table's capacity, then at each swept request rate
+    (``auto``: a backend stops at its first overloaded rate); then each at the sweep's other
+    capacities. Appended to ``runs`` as each finishes; a rate or a swept capacity at which
+    a request cannot fit is left out."""
     workload, capacity_tokens = plan.workload, plan.capacity_tokens
     if time.auto_rates and time.request_rate is None:
         first = start_rate(workload.stats, time.profile, time.max_num_batched_tokens)
         time = dataclasses.replace(time, request_rate=first)
+    by_label = {b.label: b for b in backends}
+
+    def at_rate(scheduler: Scheduler, label: str, rate: float) -> RunRow | None:
+        point = dataclasses.replace(time, request_rate=rate, rates=(), auto_rates=False)
+        with contextlib.suppress(SimUnservableError):
+            return run_arrival(
+                workload, by_label[label], capacity_tokens, point, scheduler, role="rate", bars=bars
+            )
+        return None
+
     for scheduler in time.schedulers:
-        table = []
+        made = {}
         for b in backends:
             try:
-                run = run_arrival(
-                    workload, b, capacity_tokens, time, bars=bars, scheduler=scheduler
-                )
+                run = run_arrival(workload, b, capacity_tokens, time, scheduler, bars=bars)
             except SimUnservableError as exc:
                 raise CapacityError(
                     f"capacity {capacity_tokens:,} tokens is too small for {workload.name!r} "
                     f"with {b.label} in the arrival-time run: {exc}"
                 ) from None
-            table.append(run)
-            result.arrival_runs.append(run)
+            made[b.label, run.labels["request_rate"] or 0.0] = run
+            runs.append(run)
         if time.rates or time.auto_rates:
-            args = (workload, backends, capacity_tokens, time, scheduler)
-            _run_rate_sweep(*args, table, bars, into=result.arrival_runs)
+            rates = rate_schedule(time.request_rate or 1.0, time.rates, auto=time.auto_rates)
+            run_at = functools.partial(at_rate, scheduler)
+            auto = time.auto_rates
+            runs.extend(
+                sweep_rates(list(by_label), rates, run_at, _overloaded, auto=auto, done=made)
+            )
     for cap, scheduler, b in itertools.product(plan.sweep, time.schedulers, backends):
         if cap == capacity_tokens:
             continue  # the table's run is that point
-        try:
-            run = run_arrival(workload, b, cap, time, role="sweep", bars=bars, scheduler=scheduler)
-        except SimUnservableError:
-            continue  # left out (plotted as a gap)
-        result.arrival_runs.append(run)
+        with contextlib.suppress(SimUnservableError):
+            runs.append(run_arrival(workload, b, cap, time, scheduler, role="sweep", bars=bars))
 
 
-def _run_rate_sweep(
+def _overloaded(run: RunRow) -> bool:
+    return run.part(LoadSummary).overloaded
+
+
+def run_arrival(
     workload: Workload,
-    backends: Sequence[BackendSpec],
+    spec: BackendSpec,
     capacity_tokens: int,
     settings: TimeSettings,
     scheduler: Scheduler,
-    table: Sequence[RunRow],
-    bars: Bars | None,
     *,
-    into: list[RunRow],
-) -> None:
-    """Each backend at each rate of the sweep (role ``rate``), appended to ``into`` as it
-    finishes; ``auto`` stops a backend at its first overloaded rate. The ``table``'s runs
-    are not made again; a rate at which a request cannot fit is left out."""
-    first = settings.request_rate
-    rates = rate_schedule(first or 1.0, auto=True) if settings.auto_rates else sorted(
-        {*settings.rates, *([] if first is None else [first])}
-    )  # fmt: skip
-    by_label = {b.label: b for b in backends}
+    role: str = "table",
+    bars: Bars | None = None,
+) -> RunRow:
+    """Simulate ``workload`` arriving at ``spec``'s replica of ``capacity_tokens`` under
+    ``scheduler``.
 
-    def run(label: str, rate: float) -> RunRow | None:
-        point = dataclasses.replace(settings, request_rate=rate, rates=(), auto_rates=False)
-        try:
-            return run_arrival(
-                workload, by_label[label], capacity_tokens, point, role="rate", bars=bars,
-                scheduler=scheduler,
-            )  # fmt: skip
-        except SimUnservableError:
-            return None
+    Raises:
+        SimInputError: requests out of arrival order (a trace's timestamps).
+        SimUnservableError: a request that cannot fit the pool even alone.
+        KeyboardInterrupt: Ctrl-C (nothing of this run is kept).
+    """
+    engine, config = settings.engine(spec, scheduler)
+    closed = settings.closed_loop and any(
+        r.session is not None or r.parent is not None
+        for r in itertools.islice(workload.requests, 64)
+    )
+    asked: list[float] = []  # the offered load, filled as the requests are read
+    stamped = with_arrivals(
+        from_trace(workload.requests, closed_loop=closed),
+        request_rate=settings.request_rate,
+        time_scale=settings.time_scale,
+        process=settings.arrival,
+        seed=settings.seed,
+    )
+    legend = f"{spec.label} as {engine}"
+    labels = {"workload": workload.name, "backend": spec.label, "legend": legend}
+    note = f" @ {capacity_tokens:,} tok" if role != "table" else ""
+    if role == "rate":
+        note = f" @ {settings.request_rate:g} req/s"
+    bar = bars(f"{workload.name} {legend}{note}", workload.stats.prompt_tokens) if bars else None
+    try:
+        result = simulate(
+            _tally(stamped, asked), spec.make, capacity_tokens, config, settings.profile,
+            labels=labels, progress=None if bar is None else bar.update,
+        )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
+    row_labels: dict[str, Any] = {
+        **spec.run_labels(workload.name, "arrival", role, capacity_tokens),
+        "engine": engine,
+        **config.as_dict(),
+        **settings.row(),
+        "scheduler": scheduler,
+        "closed_loop": closed,
+        "profile_range": result.labels.get("profile_range", ""),
+    }
+    load = summarize_load(
+        result.requests, offered_arrivals=asked, slo=settings.slo, closed_loop=closed
+    )
+    return RunRow(row_labels, (result.run, load), result.requests, slo=settings.slo)
 
-    made = {(r.labels["backend"], r.labels["request_rate"] or 0.0): r for r in table}
-    into.extend(
-        sweep_rates(
-            list(by_label), rates, run, lambda r: r.part(LoadSummary).overloaded,
-            auto=settings.auto_rates, done=made,
-        )
-    )  # fmt: skip
+
+def _tally(requests: Iterator[SimRequest], arrivals: list[float]) -> Iterator[SimRequest]:
+    for r in requests:
+        if r.arrival is not None:
+            arrivals.append(r.arrival)
+        yield r
 
 
 class ComparisonTables(NamedTuple):
@@ -243,11 +255,11 @@ class Comparison:
         """The tidy tables: DataFrames when pandas is installed, row lists otherwise."""
         requests: Any = self.request_rows()
         runs: Any = self.run_rows()
-        if not has_extra("pandas"):
-            return ComparisonTables(requests, runs, self)
-        import pandas
+        if has_extra("pandas"):
+            import pandas
 
-        return ComparisonTables(pandas.DataFrame(requests), pandas.DataFrame(runs), self)
+            requests, runs = pandas.DataFrame(requests), pandas.DataFrame(runs)
+        return ComparisonTables(requests, runs, self)
 
 
 def run_comparison(
@@ -261,13 +273,22 @@ def run_comparison(
     comparison = Comparison()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ProfileRangeWarning)
-        try:
-            for plan in plans:
-                comparison.workloads.append(_compare_workload(plan, settings, bars))
-        except _Interrupted as exc:
-            comparison.partial = True
-            if exc.workload.backends:
-                comparison.workloads.append(exc.workload)
+        for plan in plans:
+            workload, stats = plan.workload, plan.workload.stats
+            result = WorkloadResult(
+                workload.name, workload.source, tuple(workload.notes), stats.num_requests,
+                stats.prompt_tokens, stats.output_tokens, plan.capacity_tokens,
+                settings.concurrency, rejected_requests=workload.rejected_requests,
+            )  # fmt: skip
+            try:
+                _compare_workload(result, plan, settings, bars)
+            except KeyboardInterrupt:
+                comparison.partial = result.partial = True
+            if result.backends:  # none when Ctrl-C came before the first run ended
+                result.strip_requests = select_strip_requests(result.backends)
+                comparison.workloads.append(result)
+            if comparison.partial:
+                break
     for w in caught:  # a profile's range once for the whole comparison; others as they were
         if not issubclass(w.category, ProfileRangeWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -278,21 +299,18 @@ def run_comparison(
 def _range_notes(comparison: Comparison) -> list[str]:
     """One line per profile a run took past its measured range, with the farthest each
     quantity went (a run's note: ``"<what> up to N, measured up to M (Fx)"``, ``; ``-joined)."""
-    runs: dict[str, int] = {}
-    farthest: dict[str, dict[str, tuple[int, str]]] = {}
-    for w in comparison.workloads:
-        for t in w.arrival_runs:
-            note = str(t.labels["profile_range"])
-            if not note:
-                continue
-            name = str(t.labels["profile"])
-            runs[name] = runs.get(name, 0) + 1
-            for phrase in note.split("; "):
-                what, _, rest = phrase.partition(" up to ")
-                value = int("".join(ch for ch in rest.split(", measured")[0] if ch.isdigit()))
-                best = farthest.setdefault(name, {}).get(what)
-                if best is None or value > best[0]:
-                    farthest[name][what] = (value, phrase)
+    runs: Counter[str] = Counter()
+    farthest: defaultdict[str, dict[str, tuple[int, str]]] = defaultdict(dict)
+    for t in (t for w in comparison.workloads for t in w.arrival_runs):
+        note, name = str(t.labels["profile_range"]), str(t.labels["profile"])
+        if not note:
+            continue
+        runs[name] += 1
+        for phrase in note.split("; "):
+            what, _, rest = phrase.partition(" up to ")
+            value = int("".join(ch for ch in rest.split(", measured")[0] if ch.isdigit()))
+            if value > farthest[name].get(what, (-1, ""))[0]:
+                farthest[name][what] = (value, phrase)
     return [
         f"profile {name!r} extrapolated beyond its measured range in {runs[name]} "
         f"arrival-time run(s): {'; '.join(p for _, p in farthest[name].values())}; "
