@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
 from prefixkv.adapters.lab.cluster.sim_replica import SharedPool
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
@@ -39,6 +38,7 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
 from prefixkv.adapters.lab.sim.replica import pool_seat
 from prefixkv.adapters.lab.traces import TraceRequest
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.indexes import InvalidTokenError
 from prefixkv.indexes.registry import make_index
 

@@ -27,9 +27,8 @@ from prefixkv.adapters.router.router import Decision, Router
 from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
 from .config import ClusterSettings
-from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
-from .fleet import Fleet, ReplicaSpec
+from .fleet import Fleet, ReplicaDeadError, ReplicaSpec
 from .metrics import Invariants
 from .sim_replica import ReplicaReport
 
@@ -97,13 +96,14 @@ class ClusterDriver:
         )
 
     def _start(self, replica: int, at: float) -> None:
-        base = self.replica_spec
+        cfg = self.config
         kind = self.plan.mismatch.get(replica)
         if kind == "block_size":
-            base = base.replace(block_size=base.settings.block_size * 2)
+            cfg = dataclasses.replace(cfg, block_size=cfg.block_size * 2)
         elif kind == "hash":
-            base = base.replace(hash_seed=base.settings.hash_seed + 1)
-        self.fleet.start(replica, dataclasses.replace(base, start_time=at))
+            cfg = dataclasses.replace(cfg, hash_seed=cfg.hash_seed + 1)
+        spec = dataclasses.replace(self.replica_spec, settings=cfg, start_time=at)
+        self.fleet.start(replica, spec)
 
     def start_replica(self, replica: int, at: float) -> None:
         """Start ``replica`` at ``at`` and tell the routers."""
@@ -298,10 +298,7 @@ class ClusterDriver:
             router.drain(r)
         t0 = time.perf_counter()
         for tracker in router.trackers.values():
-            if mode == "dump":
-                tracker.resync()
-            else:
-                tracker.sync()
+            (tracker.resync if mode == "dump" else tracker.sync)()
         stats = router.stream_stats()
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.warmups.append(

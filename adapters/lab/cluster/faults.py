@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from prefixkv.adapters.router.errors import ClusterError
 from prefixkv.adapters.router.stream_tracker import SeqBatch
 
 from .config import MAX_REPLICAS
-from .errors import FaultSpecError
 
-__all__ = ["EventChannel", "FaultPlan", "ScheduledFault", "parse_faults"]
+__all__ = ["EventChannel", "FaultPlan", "FaultSpecError", "ScheduledFault", "parse_faults"]
 
 SCHEDULED_FAULTS = (
     "kill",
@@ -38,6 +38,10 @@ _WARMUPS = ("replay", "dump")
 _DECIMAL = re.compile(  # what float() takes, less nan, inf, signs and _
     r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 )
+
+
+class FaultSpecError(ClusterError):
+    """A ``--faults`` entry cannot be parsed or names a replica that does not exist."""
 
 
 class ScheduledFault(NamedTuple):

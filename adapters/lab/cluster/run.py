@@ -11,12 +11,12 @@ from typing import Any
 
 from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.policies import POLICIES, policy_index
 from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
 from .config import ClusterSettings
 from .driver import ClusterDriver
-from .errors import ClusterSettingsError
 from .faults import FaultPlan, ScheduledFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run

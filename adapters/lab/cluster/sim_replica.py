@@ -18,10 +18,10 @@ from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.sim.replica import IndexFactory, Replica, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import SupportsEventSink
 
-from .errors import ClusterSettingsError
 from .local_indexer import KVEvent, LocalIndexer
 from .publisher import EventPublisher
 
