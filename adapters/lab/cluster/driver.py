@@ -69,10 +69,9 @@ class ClusterDriver:
         self.draining: set[int] = set()
         self.gone: set[int] = set()
         self.in_flight: dict[str, tuple[int, SimRequest]] = {}
-        self.routes: dict[str, int] = {}
+        self.routes: dict[str, int] = {}  # times routed, keyed in arrival order
         self.decisions: dict[str, Decision] = {}
         self.done: dict[str, RequestRow] = {}
-        self.arrival_order: list[str] = []
         self.busy_s: dict[int, float] = {}
         self.busy_base: dict[int, float] = {}
         self.inv = Invariants()
@@ -206,9 +205,7 @@ class ClusterDriver:
 
     def route(self, request: SimRequest, t: float) -> None:
         """Route (and dispatch) one request at ``t``, retrying past dead replicas."""
-        if request.id not in self.routes:
-            self.arrival_order.append(request.id)
-            self.routes[request.id] = 0
+        self.routes.setdefault(request.id, 0)
         while True:
             router = self.router or self.bootstrap
             decision = router.route(request, t)

@@ -35,6 +35,7 @@ MAX_FAULT_SECONDS = 1e9
 _RATES = ("drop", "drop_removals", "lose_completions")
 _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
+_MISMATCHES = ("block_size", "hash")
 _DECIMAL = re.compile(  # what float() takes, less nan, inf, signs and _
     r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 )
@@ -81,11 +82,7 @@ class FaultPlan:
         if not isinstance(self.mismatch, dict):
             raise FaultSpecError(f"mismatch must be a dict, got {self.mismatch!r:.80}")
         for r, kind in self.mismatch.items():
-            if (
-                type(r) is not int
-                or not 0 <= r < MAX_REPLICAS
-                or kind not in ("block_size", "hash")
-            ):
+            if not _is_replica(r) or kind not in _MISMATCHES:
                 raise FaultSpecError(
                     f"mismatch maps a replica (an int in [0, {MAX_REPLICAS - 1}]) to block_size "
                     f"or hash, got {r!r:.40}: {kind!r:.40}"
@@ -118,6 +115,10 @@ class FaultPlan:
                 raise FaultSpecError(f"{who} names replica {r}; replicas are 0..{num_replicas - 1}")
 
 
+def _is_replica(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_REPLICAS
+
+
 def _what(rate: bool) -> str:
     return "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
 
@@ -140,7 +141,7 @@ def _check_scheduled(f: object) -> None:
     if type(f.relative) is not bool:
         raise FaultSpecError(f"{where}: relative must be a bool, got {f.relative!r}")
     _check_number(f.at, where, rate=f.relative)  # a fraction of the span, or seconds
-    if f.replica is not None and (type(f.replica) is not int or not 0 <= f.replica < MAX_REPLICAS):
+    if f.replica is not None and not _is_replica(f.replica):
         raise FaultSpecError(
             f"{where}: replica must be None or an int in [0, {MAX_REPLICAS - 1}], "
             f"got {f.replica!r:.40}"
@@ -200,7 +201,7 @@ def parse_faults(text: str) -> FaultPlan:
                 values[name] = _check_number(float(arg), entry, rate=rate)
         elif name == "mismatch":
             who, _, kind = arg.partition(":")
-            if kind not in ("block_size", "hash"):
+            if kind not in _MISMATCHES:
                 raise FaultSpecError(f"{entry}: mismatch is R:block_size or R:hash")
             mismatch[_replica(who, entry)] = kind
         elif name in SCHEDULED_FAULTS:

@@ -17,7 +17,7 @@ from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .config import ClusterSettings
-from .sim_replica import ReplicaReport, SharedPool, SimReplica
+from .sim_replica import ReplicaReport, SimReplica, replica_seat
 
 __all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaDeadError", "ReplicaSpec"]
 
@@ -119,12 +119,10 @@ class PooledFleet(Fleet):
         super().__init__()
         cfg = spec.settings
         capacity = (1 << 24) * cfg.block_size if infinite else cfg.capacity_tokens * num_replicas
-        self.pool = SharedPool(
-            spec.index_factory(), capacity, cfg.sim.batching, events=False, shared=True
-        )
+        self.seat = replica_seat(spec.index_factory(), capacity, cfg.sim.batching, events=False)
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        self.replicas[replica] = SimReplica(spec, replica, pool=self.pool)
+        self.replicas[replica] = SimReplica(spec, replica, seat=self.seat)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
         live: list[SimReplica] = [self.replicas[r] for r in replicas if r in self.replicas]

@@ -161,8 +161,8 @@ def _result(
     asked: Sequence[float],
     closed_loop: bool,
 ) -> ClusterResult:
-    requests = [run.done[rid] for rid in run.arrival_order if rid in run.done]
-    run.inv.lost_requests = [rid for rid in run.arrival_order if rid not in run.done]
+    requests = [run.done[rid] for rid in run.routes if rid in run.done]
+    run.inv.lost_requests = [rid for rid in run.routes if rid not in run.done]
     per = {
         r: ReplicaSummary(r, busy_s=busy + run.busy_base.get(r, 0.0))
         for r, busy in sorted(run.busy_s.items())
