@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import random
 import time
@@ -63,7 +64,7 @@ class ClusterDriver:
             RoundRobin(), None, self.scheme, replica_spec.profile, seed=config.seed
         )
         self.outputs: list[tuple[float, int, int, int, Any]] = []  # time, kind, order, replica, x
-        self.order = 0
+        self.order = itertools.count()
         self.live: set[int] = set()
         self.busy: set[int] = set()
         self.draining: set[int] = set()
@@ -156,8 +157,7 @@ class ClusterDriver:
             )
 
     def _output(self, at: float, kind: int, replica: int, x: Any) -> None:
-        heapq.heappush(self.outputs, (at, kind, self.order, replica, x))
-        self.order += 1
+        heapq.heappush(self.outputs, (at, kind, next(self.order), replica, x))
 
     def _deliver(self, t: float) -> None:
         due: list[tuple[float, int, int, int, Any]] = [

@@ -8,6 +8,7 @@ and ``mismatch=R:block_size|hash``; times are seconds or ``P%`` of the arrival s
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -233,7 +234,7 @@ class EventChannel:
         self.plan = plan
         self._rng = random.Random(seed)
         self._heap: list[tuple[float, int, int, SeqBatch]] = []
-        self._order = 0
+        self._order = itertools.count()
         self._blackout: dict[int, int] = {}  # replica -> batches still to lose
         self.num_dropped = 0
 
@@ -258,8 +259,7 @@ class EventChannel:
             self.num_dropped += 1
             return
         at = batch.ts + plan.delay + (self._rng.uniform(0, plan.jitter) if plan.jitter else 0.0)
-        heapq.heappush(self._heap, (at, self._order, replica, batch))
-        self._order += 1
+        heapq.heappush(self._heap, (at, next(self._order), replica, batch))
 
     def due(self, until: float) -> list[tuple[float, int, SeqBatch]]:
         """``(time, replica, batch)`` arriving by ``until``, in arrival order."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -87,7 +88,7 @@ class _Sessions:
         self.seen: set[str] = set()
         self.held: dict[str, list[SimRequest]] = {}
         self.ready: list[tuple[float, int, SimRequest]] = []
-        self.order = 0
+        self.order = itertools.count()
         self.closed = False  # some turn waited for the one it follows
 
     def _to(self, t: float) -> None:
@@ -97,8 +98,7 @@ class _Sessions:
         self.now = max(self.now, t)
 
     def _ready(self, send: float, req: SimRequest) -> None:
-        heapq.heappush(self.ready, (send, self.order, req))
-        self.order += 1
+        heapq.heappush(self.ready, (send, next(self.order), req))
 
     def _release(self) -> None:
         for parent in [p for p in self.held if p in self.run.done]:
