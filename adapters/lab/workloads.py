@@ -99,6 +99,14 @@ class _Tokens:
         """A fresh output of a length drawn from ``bounds``."""
         return self.fresh(self.length(bounds), "output")
 
+    def ask(
+        self, rid: str, prefix: list[int], bounds: LengthRange, kind: str, output: LengthRange
+    ) -> TraceRequest:
+        """Request ``rid``: ``prefix`` and a fresh ``kind`` part, then a fresh output."""
+        return make_request(
+            rid, prefix + self.fresh(self.length(bounds), kind), self.output(output)
+        )
+
 
 _MINIMUM = dict(system_len=0, depth=0, output_len=0, root_len=2, thought_len=2, vocab_size=2)
 
@@ -149,12 +157,7 @@ def shared_system_prompt(
     """Requests that share exactly one ``system_len``-token system prompt, then a user part."""
     draw = _Tokens(vocab_size, seed)
     system = draw.fresh(system_len, "system")
-    return [
-        make_request(
-            f"sys-{i}", system + draw.fresh(draw.length(user_len), "user"), draw.output(output_len)
-        )
-        for i in range(num_requests)
-    ]
+    return [draw.ask(f"sys-{i}", system, user_len, "user", output_len) for i in range(num_requests)]
 
 
 @_checked
@@ -222,8 +225,7 @@ def few_shot(
     requests = []
     for i in range(num_requests):
         template = templates[draw.rng.randrange(num_templates)]
-        prompt = template + draw.fresh(draw.length(question_len), "question")
-        requests.append(make_request(f"fewshot-{i}", prompt, draw.output(output_len)))
+        requests.append(draw.ask(f"fewshot-{i}", template, question_len, "question", output_len))
     return requests
 
 
@@ -285,10 +287,7 @@ def no_sharing(
     """Unrelated prompts (pairwise different first tokens): a prefix cache can only lose."""
     draw = _Tokens(vocab_size, seed)
     return [
-        make_request(
-            f"unique-{i}", draw.fresh(draw.length(prompt_len), "prompt"), draw.output(output_len)
-        )
-        for i in range(num_requests)
+        draw.ask(f"unique-{i}", [], prompt_len, "prompt", output_len) for i in range(num_requests)
     ]
 
 
@@ -310,8 +309,8 @@ def long_document(
     for d in range(num_documents):
         document = draw.fresh(draw.length(document_len), "document")
         for q in range(draw.length(questions)):
-            prompt = document + draw.fresh(draw.length(question_len), "question")
-            requests.append(make_request(f"doc-{d}-{q}", prompt, draw.output(output_len)))
+            rid = f"doc-{d}-{q}"
+            requests.append(draw.ask(rid, document, question_len, "question", output_len))
     draw.rng.shuffle(requests)
     return requests
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 import pytest
 
 from prefixkv.adapters.lab.cluster import driver, experiment
-from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
 from prefixkv.adapters.lab.cluster.experiment import plan_experiment, run_experiment
 from prefixkv.adapters.lab.cluster.faults import parse_faults
 from prefixkv.adapters.lab.cluster.metrics import ClusterResult
@@ -24,6 +23,7 @@ from prefixkv.adapters.lab.cluster.run import ClusterSettings, run_cluster
 from prefixkv.adapters.lab.sim.arrivals import sim_requests
 from prefixkv.adapters.lab.sim.requests import SimRequest
 from prefixkv.adapters.lab.workloads import make_workload
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import parse_policies
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
 from prefixkv.adapters.lab.cluster.ray_fleet import check_ray_address
+from prefixkv.adapters.router.errors import ClusterSettingsError
 
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.errors import ClusterSettingsError
-from prefixkv.adapters.lab.cluster.sim_replica import SharedPool
+from prefixkv.adapters.lab.cluster.sim_replica import replica_seat
 from prefixkv.adapters.lab.sim import (
     COEFFICIENTS,
     DEFAULT_PROFILE,
@@ -39,6 +38,7 @@ from prefixkv.adapters.lab.sim import (
 from prefixkv.adapters.lab.sim.calibration import StepSample, calibrate, fit_profile
 from prefixkv.adapters.lab.sim.replica import pool_seat
 from prefixkv.adapters.lab.traces import TraceRequest
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.indexes import InvalidTokenError
 from prefixkv.indexes.registry import make_index
 
@@ -102,7 +102,7 @@ def test_a_pool_that_holds_no_block_is_refused_with_each_rooms_error() -> None:
     with pytest.raises(SimSettingsError, match="15 holds no block of 16 tokens"):
         pool_seat("prefill_first", factory, 15)
     with pytest.raises(ClusterSettingsError, match="15 holds no block of 16 tokens"):
-        SharedPool(factory, 15, "mixed", events=True)
+        replica_seat(factory, 15, "mixed", events=True)
     index, seat = pool_seat("mixed", factory, 32)
     assert index.block_size == 16 and seat.num_blocks == 2
 

@@ -12,14 +12,10 @@ from array import array
 
 import pytest
 
-from prefixkv.adapters.lab.cluster.errors import (
-    ClusterSettingsError,
-    FaultSpecError,
-    UnknownPolicyError,
-)
-from prefixkv.adapters.lab.cluster.faults import parse_faults
+from prefixkv.adapters.lab.cluster.faults import FaultSpecError, parse_faults
 from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.router.approx import ApproxIndex
+from prefixkv.adapters.router.errors import ClusterSettingsError, UnknownPolicyError
 from prefixkv.adapters.router.keys import HashScheme, RouteKeys, Worker
 from prefixkv.adapters.router.load import LoadTracker
 from prefixkv.adapters.router.policies import (

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from prefixkv.adapters.outputs import check_output_folder
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
 from ..admission import AdmissionRule, admit, length_rule
 from ..backends import over_pool_limit
-from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS
-from ..cluster.errors import ClusterSettingsError
+from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS, ClusterSettings
 from ..cluster.experiment import (
     ClusterInterrupted,
     arrival_span,
@@ -32,7 +32,6 @@ from ..cluster.experiment import (
 from ..cluster.faults import FaultPlan, parse_faults
 from ..cluster.fleet import Fleet
 from ..cluster.metrics import ClusterResult
-from ..cluster.run import ClusterSettings
 from ..extras import require_extra
 from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests

@@ -4,9 +4,11 @@
 point; the lab's README tells the story.
 """
 
+from prefixkv.adapters.router.errors import ClusterSettingsError
+
 from ..sim.arrivals import sim_requests
 from .config import ClusterSettings
-from .errors import ClusterSettingsError, FaultSpecError
+from .faults import FaultSpecError
 from .fleet import LocalFleet
 from .metrics import ClusterResult
 from .ray_fleet import RayFleet

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prefixkv.adapters.lab.sim.config import DEFAULT_BLOCK_SIZE, SimSettings
 from prefixkv.adapters.lab.sim.load import Slo
 from prefixkv.adapters.lab.sim.profile import CostProfile
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.indexes.validation import MAX_BLOCK_SIZE, MAX_BLOCKS
-
-from .errors import ClusterSettingsError
 
 __all__ = ["DEFAULT_BUFFER_STEPS", "MAX_REPLICAS", "ClusterSettings"]
 
@@ -59,38 +59,34 @@ class ClusterSettings:
     slo: Slo | None = None
 
     def __post_init__(self) -> None:
-        tick = self.closed_loop_tick_s
-        if isinstance(tick, bool) or not isinstance(tick, (int, float)) or not 0 < tick < 1e9:
-            raise ClusterSettingsError(f"closed_loop_tick_s must be a number > 0, got {tick!r:.60}")
-        for name, top in (
-            ("num_replicas", MAX_REPLICAS),
-            ("block_size", MAX_BLOCK_SIZE),
-            ("buffer_steps", MAX_BUFFER_STEPS),
-            ("capacity_tokens", 0),  # checked once the block size is
-        ):
-            value, top = getattr(self, name), top or MAX_BLOCKS * self.block_size
-            if type(value) is not int or not 1 <= value <= top:
-                raise ClusterSettingsError(
-                    f"{name} must be an int in [1, {top:,}], got {value!r:.60}"
-                )
+        for name, ok, want in self._checks():
+            if not ok:
+                value = getattr(self, name)
+                raise ClusterSettingsError(f"{name} must be {want}, got {value!r:.60}")
+
+    def _checks(self) -> Iterator[tuple[str, bool, str]]:
+        """``(field, valid, what it must be)`` in order, lazily: the capacity's bound is
+        computed only once the block size passed."""
+        tick, ttl = self.closed_loop_tick_s, self.reservation_ttl
+        yield "closed_loop_tick_s", _is_number(tick) and 0 < tick < 1e9, "a number > 0"
+        yield self._int_in("num_replicas", MAX_REPLICAS)
+        yield self._int_in("block_size", MAX_BLOCK_SIZE)
+        yield self._int_in("buffer_steps", MAX_BUFFER_STEPS)
+        yield self._int_in("capacity_tokens", MAX_BLOCKS * self.block_size)
         for name in ("hash_seed", "seed"):
-            if type(value := getattr(self, name)) is not int:
-                raise ClusterSettingsError(f"{name} must be an int, got {value!r:.60}")
-        ttl = self.reservation_ttl
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 1e9:
-            raise ClusterSettingsError(
-                f"reservation_ttl must be seconds in (0, 1e9], got {ttl!r:.60}"
-            )
-        if not isinstance(self.backend, str) or not self.backend:
-            raise ClusterSettingsError(f"backend must be an index name, got {self.backend!r:.60}")
-        for name, cls, what in (
-            ("sim", SimSettings, "a SimSettings"),
-            ("slo", Slo, "an Slo"),
-            ("profile", CostProfile, "a CostProfile"),
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, cls) and (value is not None or name == "sim"):
-                raise ClusterSettingsError(f"{name} must be {what}, got {value!r:.60}")
+            yield name, type(getattr(self, name)) is int, "an int"
+        yield "reservation_ttl", _is_number(ttl) and 0 < ttl <= 1e9, "seconds in (0, 1e9]"
+        yield "backend", isinstance(self.backend, str) and bool(self.backend), "an index name"
+        yield "sim", isinstance(self.sim, SimSettings), "a SimSettings"
+        for name, cls, what in (("slo", Slo, "an Slo"), ("profile", CostProfile, "a CostProfile")):
+            yield name, isinstance(getattr(self, name), (cls, type(None))), what
         for name in ("check", "keep_tokens"):
-            if type(value := getattr(self, name)) is not bool:
-                raise ClusterSettingsError(f"{name} must be a bool, got {value!r:.60}")
+            yield name, type(getattr(self, name)) is bool, "a bool"
+
+    def _int_in(self, name: str, top: int) -> tuple[str, bool, str]:
+        value = getattr(self, name)
+        return name, type(value) is int and 1 <= value <= top, f"an int in [1, {top:,}]"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

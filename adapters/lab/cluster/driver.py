@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import random
 import time
@@ -27,9 +28,8 @@ from prefixkv.adapters.router.router import Decision, Router
 from prefixkv.adapters.router.routing import PolicySpec, RoutingPolicy
 
 from .config import ClusterSettings
-from .errors import ReplicaDeadError
 from .faults import EventChannel, FaultPlan, ScheduledFault
-from .fleet import Fleet, ReplicaSpec
+from .fleet import Fleet, ReplicaDeadError, ReplicaSpec
 from .metrics import Invariants
 from .sim_replica import ReplicaReport
 
@@ -64,16 +64,15 @@ class ClusterDriver:
             RoundRobin(), None, self.scheme, replica_spec.profile, seed=config.seed
         )
         self.outputs: list[tuple[float, int, int, int, Any]] = []  # time, kind, order, replica, x
-        self.order = 0
+        self.order = itertools.count()
         self.live: set[int] = set()
         self.busy: set[int] = set()
         self.draining: set[int] = set()
         self.gone: set[int] = set()
         self.in_flight: dict[str, tuple[int, SimRequest]] = {}
-        self.routes: dict[str, int] = {}
+        self.routes: dict[str, int] = {}  # times routed, keyed in arrival order
         self.decisions: dict[str, Decision] = {}
         self.done: dict[str, RequestRow] = {}
-        self.arrival_order: list[str] = []
         self.busy_s: dict[int, float] = {}
         self.busy_base: dict[int, float] = {}
         self.inv = Invariants()
@@ -97,13 +96,14 @@ class ClusterDriver:
         )
 
     def _start(self, replica: int, at: float) -> None:
-        base = self.replica_spec
+        cfg = self.config
         kind = self.plan.mismatch.get(replica)
         if kind == "block_size":
-            base = base.replace(block_size=base.settings.block_size * 2)
+            cfg = dataclasses.replace(cfg, block_size=cfg.block_size * 2)
         elif kind == "hash":
-            base = base.replace(hash_seed=base.settings.hash_seed + 1)
-        self.fleet.start(replica, dataclasses.replace(base, start_time=at))
+            cfg = dataclasses.replace(cfg, hash_seed=cfg.hash_seed + 1)
+        spec = dataclasses.replace(self.replica_spec, settings=cfg, start_time=at)
+        self.fleet.start(replica, spec)
 
     def start_replica(self, replica: int, at: float) -> None:
         """Start ``replica`` at ``at`` and tell the routers."""
@@ -157,8 +157,7 @@ class ClusterDriver:
             )
 
     def _output(self, at: float, kind: int, replica: int, x: Any) -> None:
-        heapq.heappush(self.outputs, (at, kind, self.order, replica, x))
-        self.order += 1
+        heapq.heappush(self.outputs, (at, kind, next(self.order), replica, x))
 
     def _deliver(self, t: float) -> None:
         due: list[tuple[float, int, int, int, Any]] = [
@@ -206,9 +205,7 @@ class ClusterDriver:
 
     def route(self, request: SimRequest, t: float) -> None:
         """Route (and dispatch) one request at ``t``, retrying past dead replicas."""
-        if request.id not in self.routes:
-            self.arrival_order.append(request.id)
-            self.routes[request.id] = 0
+        self.routes.setdefault(request.id, 0)
         while True:
             router = self.router or self.bootstrap
             decision = router.route(request, t)
@@ -298,10 +295,7 @@ class ClusterDriver:
             router.drain(r)
         t0 = time.perf_counter()
         for tracker in router.trackers.values():
-            if mode == "dump":
-                tracker.resync()
-            else:
-                tracker.sync()
+            (tracker.resync if mode == "dump" else tracker.sync)()
         stats = router.stream_stats()
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.warmups.append(

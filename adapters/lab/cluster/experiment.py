@@ -22,7 +22,6 @@ __all__ = [
     "ClusterInterrupted",
     "PlannedRun",
     "arrival_span",
-    "is_rate_run",
     "plan_experiment",
     "run_experiment",
     "run_rate_sweep",
@@ -130,11 +129,6 @@ def _run_planned(
     cfg, spec, fault_plan = planned
     run_fleet = fleet() if fleet is not None and not spec.is_bound else None  # bounds: in-process
     return run_cluster(requests(cfg), spec, cfg, fault_plan, fleet=run_fleet, labels=labels)
-
-
-def is_rate_run(res: ClusterResult) -> bool:
-    """Whether ``res`` is a point of the rate sweep beyond the experiment's own rate."""
-    return res.labels.get("role") == "rate"
 
 
 def run_rate_sweep(

@@ -8,17 +8,18 @@ and ``mismatch=R:block_size|hash``; times are seconds or ``P%`` of the arrival s
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from prefixkv.adapters.router.errors import ClusterError
 from prefixkv.adapters.router.stream_tracker import SeqBatch
 
 from .config import MAX_REPLICAS
-from .errors import FaultSpecError
 
-__all__ = ["EventChannel", "FaultPlan", "ScheduledFault", "parse_faults"]
+__all__ = ["EventChannel", "FaultPlan", "FaultSpecError", "ScheduledFault", "parse_faults"]
 
 SCHEDULED_FAULTS = (
     "kill",
@@ -35,9 +36,14 @@ MAX_FAULT_SECONDS = 1e9
 _RATES = ("drop", "drop_removals", "lose_completions")
 _SECONDS = ("delay", "jitter")
 _WARMUPS = ("replay", "dump")
+_MISMATCHES = ("block_size", "hash")
 _DECIMAL = re.compile(  # what float() takes, less nan, inf, signs and _
     r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 )
+
+
+class FaultSpecError(ClusterError):
+    """A ``--faults`` entry cannot be parsed or names a replica that does not exist."""
 
 
 class ScheduledFault(NamedTuple):
@@ -77,11 +83,7 @@ class FaultPlan:
         if not isinstance(self.mismatch, dict):
             raise FaultSpecError(f"mismatch must be a dict, got {self.mismatch!r:.80}")
         for r, kind in self.mismatch.items():
-            if (
-                type(r) is not int
-                or not 0 <= r < MAX_REPLICAS
-                or kind not in ("block_size", "hash")
-            ):
+            if not _is_replica(r) or kind not in _MISMATCHES:
                 raise FaultSpecError(
                     f"mismatch maps a replica (an int in [0, {MAX_REPLICAS - 1}]) to block_size "
                     f"or hash, got {r!r:.40}: {kind!r:.40}"
@@ -114,6 +116,10 @@ class FaultPlan:
                 raise FaultSpecError(f"{who} names replica {r}; replicas are 0..{num_replicas - 1}")
 
 
+def _is_replica(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_REPLICAS
+
+
 def _what(rate: bool) -> str:
     return "a rate in [0, 1]" if rate else f"seconds in [0, {MAX_FAULT_SECONDS:g}]"
 
@@ -136,7 +142,7 @@ def _check_scheduled(f: object) -> None:
     if type(f.relative) is not bool:
         raise FaultSpecError(f"{where}: relative must be a bool, got {f.relative!r}")
     _check_number(f.at, where, rate=f.relative)  # a fraction of the span, or seconds
-    if f.replica is not None and (type(f.replica) is not int or not 0 <= f.replica < MAX_REPLICAS):
+    if f.replica is not None and not _is_replica(f.replica):
         raise FaultSpecError(
             f"{where}: replica must be None or an int in [0, {MAX_REPLICAS - 1}], "
             f"got {f.replica!r:.40}"
@@ -196,7 +202,7 @@ def parse_faults(text: str) -> FaultPlan:
                 values[name] = _check_number(float(arg), entry, rate=rate)
         elif name == "mismatch":
             who, _, kind = arg.partition(":")
-            if kind not in ("block_size", "hash"):
+            if kind not in _MISMATCHES:
                 raise FaultSpecError(f"{entry}: mismatch is R:block_size or R:hash")
             mismatch[_replica(who, entry)] = kind
         elif name in SCHEDULED_FAULTS:
@@ -228,7 +234,7 @@ class EventChannel:
         self.plan = plan
         self._rng = random.Random(seed)
         self._heap: list[tuple[float, int, int, SeqBatch]] = []
-        self._order = 0
+        self._order = itertools.count()
         self._blackout: dict[int, int] = {}  # replica -> batches still to lose
         self.num_dropped = 0
 
@@ -253,8 +259,7 @@ class EventChannel:
             self.num_dropped += 1
             return
         at = batch.ts + plan.delay + (self._rng.uniform(0, plan.jitter) if plan.jitter else 0.0)
-        heapq.heappush(self._heap, (at, self._order, replica, batch))
-        self._order += 1
+        heapq.heappush(self._heap, (at, next(self._order), replica, batch))
 
     def due(self, until: float) -> list[tuple[float, int, SeqBatch]]:
         """``(time, replica, batch)`` arriving by ``until``, in arrival order."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -11,16 +10,20 @@ from typing import Any, cast
 from prefixkv.adapters.lab.sim.errors import SimError
 from prefixkv.adapters.lab.sim.profile import CostProfile
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.errors import ClusterError
 from prefixkv.adapters.router.keys import HashScheme
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
 from prefixkv.indexes.base import PrefixIndex
 from prefixkv.indexes.registry import make_index, pool_owned_options
 
 from .config import ClusterSettings
-from .errors import ReplicaDeadError
-from .sim_replica import ReplicaReport, SharedPool, SimReplica
+from .sim_replica import ReplicaReport, SimReplica, replica_seat
 
-__all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaSpec"]
+__all__ = ["Fleet", "LocalFleet", "PooledFleet", "ReplicaDeadError", "ReplicaSpec"]
+
+
+class ReplicaDeadError(ClusterError):
+    """A call reached a replica that was killed (or whose actor died)."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,6 @@ class ReplicaSpec:
     def scheme(self) -> HashScheme:
         """The hash scheme the replica's index publishes events with."""
         return HashScheme.for_index(self.index_factory()())
-
-    def replace(self, **settings: Any) -> ReplicaSpec:
-        """This spec with some fleet settings changed (a mismatched replica)."""
-        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **settings))
 
 
 class Fleet:
@@ -120,12 +119,10 @@ class PooledFleet(Fleet):
         super().__init__()
         cfg = spec.settings
         capacity = (1 << 24) * cfg.block_size if infinite else cfg.capacity_tokens * num_replicas
-        self.pool = SharedPool(
-            spec.index_factory(), capacity, cfg.sim.batching, events=False, shared=True
-        )
+        self.seat = replica_seat(spec.index_factory(), capacity, cfg.sim.batching, events=False)
 
     def start(self, replica: int, spec: ReplicaSpec) -> None:
-        self.replicas[replica] = SimReplica(spec, replica, pool=self.pool)
+        self.replicas[replica] = SimReplica(spec, replica, seat=self.seat)
 
     def advance(self, replicas: list[int], until: float) -> tuple[list[ReplicaReport], list[int]]:
         live: list[SimReplica] = [self.replicas[r] for r in replicas if r in self.replicas]

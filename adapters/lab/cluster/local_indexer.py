@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 
 from prefixkv.adapters.events.wire import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from prefixkv.adapters.router.cluster_index import wire_int
@@ -13,14 +14,12 @@ __all__ = ["KVEvent", "LocalIndexer"]
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
+@dataclass(slots=True)
 class _Block:
-    __slots__ = ("copies", "depth", "parent", "tokens")
-
-    def __init__(self, parent: int | None, tokens: bytes, depth: int) -> None:
-        self.parent = parent
-        self.tokens = tokens
-        self.depth = depth
-        self.copies = 1
+    parent: int | None
+    tokens: bytes
+    depth: int
+    copies: int = 1
 
 
 class LocalIndexer:
@@ -58,13 +57,12 @@ class LocalIndexer:
                     parent = key
                     depth += 1
             elif isinstance(event, BlockRemoved):
-                for h in event.block_hashes:
-                    held = blocks.get(wire_int(h))
-                    if held is None:
-                        continue
-                    held.copies -= 1
-                    if not held.copies:
-                        del blocks[wire_int(h)]
+                for key in map(wire_int, event.block_hashes):
+                    held = blocks.get(key)
+                    if held is not None:
+                        held.copies -= 1
+                        if not held.copies:
+                            del blocks[key]
             elif isinstance(event, AllBlocksCleared):
                 blocks.clear()
 
@@ -74,10 +72,7 @@ class LocalIndexer:
 
     def prefix(self, hashes: list[int]) -> int:
         """Leading hashes held. O(prefix)."""
-        n = 0
-        while n < len(hashes) and hashes[n] in self._blocks:
-            n += 1
-        return n
+        return next((n for n, h in enumerate(hashes) if h not in self._blocks), len(hashes))
 
     def dump_events(self) -> list[KVEvent]:
         """The held blocks as ``BlockStored`` events, parents first, each repeated per

@@ -10,9 +10,10 @@ import socket
 import time
 from typing import Any
 
+from prefixkv.adapters.router.errors import ClusterSettingsError
+
 from ..extras import require_extra
-from .errors import ClusterSettingsError, ReplicaDeadError
-from .fleet import Fleet, ReplicaSpec
+from .fleet import Fleet, ReplicaDeadError, ReplicaSpec
 from .sim_replica import ReplicaReport, SimReplica
 
 __all__ = ["RayFleet", "actor_cpus", "check_ray_address"]

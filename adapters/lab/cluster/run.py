@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,12 +12,12 @@ from typing import Any
 
 from prefixkv.adapters.lab.sim.profile import load_profile
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.policies import POLICIES, policy_index
 from prefixkv.adapters.router.routing import PolicySpec, parse_policy
 
 from .config import ClusterSettings
 from .driver import ClusterDriver
-from .errors import ClusterSettingsError
 from .faults import FaultPlan, ScheduledFault, parse_faults
 from .fleet import Fleet, LocalFleet, PooledFleet, ReplicaSpec
 from .metrics import ClusterResult, ReplicaSummary, summarize_run
@@ -87,7 +88,7 @@ class _Sessions:
         self.seen: set[str] = set()
         self.held: dict[str, list[SimRequest]] = {}
         self.ready: list[tuple[float, int, SimRequest]] = []
-        self.order = 0
+        self.order = itertools.count()
         self.closed = False  # some turn waited for the one it follows
 
     def _to(self, t: float) -> None:
@@ -97,8 +98,7 @@ class _Sessions:
         self.now = max(self.now, t)
 
     def _ready(self, send: float, req: SimRequest) -> None:
-        heapq.heappush(self.ready, (send, self.order, req))
-        self.order += 1
+        heapq.heappush(self.ready, (send, next(self.order), req))
 
     def _release(self) -> None:
         for parent in [p for p in self.held if p in self.run.done]:
@@ -161,8 +161,8 @@ def _result(
     asked: Sequence[float],
     closed_loop: bool,
 ) -> ClusterResult:
-    requests = [run.done[rid] for rid in run.arrival_order if rid in run.done]
-    run.inv.lost_requests = [rid for rid in run.arrival_order if rid not in run.done]
+    requests = [run.done[rid] for rid in run.routes if rid in run.done]
+    run.inv.lost_requests = [rid for rid in run.routes if rid not in run.done]
     per = {
         r: ReplicaSummary(r, busy_s=busy + run.busy_base.get(r, 0.0))
         for r, busy in sorted(run.busy_s.items())

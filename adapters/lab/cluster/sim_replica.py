@@ -18,38 +18,28 @@ from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.sim.replica import IndexFactory, Replica, pool_seat
 from prefixkv.adapters.lab.sim.replica_scheduler import Chunk
 from prefixkv.adapters.lab.sim.requests import SimRequest
+from prefixkv.adapters.lab.sim.seats import Seat
+from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.stream_tracker import Dump, SeqBatch
-from prefixkv.indexes.base import SupportsEventSink
 
-from .errors import ClusterSettingsError
 from .local_indexer import KVEvent, LocalIndexer
 from .publisher import EventPublisher
 
 if TYPE_CHECKING:
     from .fleet import ReplicaSpec
 
-__all__ = ["ReplicaReport", "SharedPool", "SimReplica"]
+__all__ = ["ReplicaReport", "SimReplica", "replica_seat"]
 
 
-class SharedPool:
-    """One replica's seat (its engine class over an index and a pool), or one ``shared``
-    by several (the pooled bound: no ``events``); :class:`ClusterSettingsError` for a
-    capacity holding no block."""
-
-    def __init__(
-        self,
-        index_factory: IndexFactory,
-        capacity_tokens: int,
-        batching: str,
-        *,
-        events: bool,
-        shared: bool = False,
-    ) -> None:
-        index, self.seat = pool_seat(
-            batching, index_factory, capacity_tokens, events=events, error=ClusterSettingsError
-        )
-        self.events = events and isinstance(index, SupportsEventSink)  # ``none`` reports none
-        self.shared = shared
+def replica_seat(
+    index_factory: IndexFactory, capacity_tokens: int, batching: str, *, events: bool
+) -> Seat:
+    """A replica's seat: its engine class over an index and a pool (shared by the pooled
+    bound, which publishes no events); ClusterSettingsError for a capacity holding no block."""
+    _, seat = pool_seat(
+        batching, index_factory, capacity_tokens, events=events, error=ClusterSettingsError
+    )
+    return seat
 
 
 class ReplicaReport(NamedTuple):
@@ -71,25 +61,22 @@ class ReplicaReport(NamedTuple):
 class SimReplica(Replica):
     """A replica in virtual time: ``add`` requests, ``advance`` to a time, read reports.
     With ``settings.check`` (tests), each first admission's hit is checked against the
-    blocks its events announced; ``pool`` is a seat shared with others (no events, no
+    blocks its events announced; ``seat`` is one shared with others (no events, no
     check). Raises :class:`ClusterSettingsError` for a capacity holding no block."""
 
-    def __init__(
-        self, spec: ReplicaSpec, replica_id: int, *, pool: SharedPool | None = None
-    ) -> None:
+    def __init__(self, spec: ReplicaSpec, replica_id: int, *, seat: Seat | None = None) -> None:
         cfg = spec.settings
-        check = cfg.check and pool is None
-        if pool is None:
-            pool = SharedPool(
+        self.shared = seat is not None
+        if seat is None:
+            seat = replica_seat(
                 spec.index_factory(), cfg.capacity_tokens, cfg.sim.batching, events=True
             )
         # Tokens reach the router at the step's end: no streaming front end.
-        super().__init__(pool.seat, cfg.sim, spec.profile, start_time=spec.start_time, stream=False)
-        self.pool = pool
+        super().__init__(seat, cfg.sim, spec.profile, start_time=spec.start_time, stream=False)
         self.replica_id = replica_id
         self.publisher = EventPublisher(cfg.buffer_steps)
-        self.local = LocalIndexer(pool.seat.block_size, keep_tokens=cfg.keep_tokens)
-        self.check_scheme = spec.scheme() if check else None
+        self.local = LocalIndexer(seat.block_size, keep_tokens=cfg.keep_tokens)
+        self.check_scheme = spec.scheme() if cfg.check and not self.shared else None
         self._batches: list[SeqBatch] = []
         self._first: list[tuple[str, float]] = []
         self._finished: list[RequestRow] = []
@@ -135,7 +122,7 @@ class SimReplica(Replica):
         start = self.now
         plan = self.plan()
         if not plan.chunks:
-            if self.pool.shared:
+            if self.shared:
                 return False
             raise SimUnservableError(  # pragma: no cover - add() checks servability
                 f"replica {self.replica_id}: nothing schedulable at t={start:.6f}"
@@ -171,9 +158,7 @@ class SimReplica(Replica):
                 )
 
     def _publish(self, ts: float) -> None:
-        if not self.pool.events:
-            return
-        events: list[KVEvent] = self.seat.take_events()
+        events: list[KVEvent] = self.seat.take_events()  # none from a shared seat
         if not events:
             return
         self.local.apply(events)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cluster.experiment import is_rate_run
 from ..cluster.metrics import ClusterResult
 from ..extras import require_extra
 from ..sim.rate_sweep import saturation_of
@@ -286,7 +285,7 @@ _SETTING_NAMES = {"capacity_model": "model and GPU", "slo": "SLO"}
 
 def _markdown(results: Sequence[ClusterResult], draw: _Draw, doc: Mapping[str, Any]) -> list[str]:
     """The report's lines: the run, then a section per axis, drawing its plots."""
-    clean = [r for r in results if not r.labels["faults"] and not is_rate_run(r)]
+    clean = [r for r in results if not r.labels["faults"] and r.labels.get("role") != "rate"]
     first, source = results[0], doc["source"]
     m = machine_info()
     md = ["# prefixkv cluster report", ""]

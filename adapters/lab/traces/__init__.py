@@ -60,17 +60,8 @@ def load_any(
     session_order: str = "interleaved",
 ) -> list[TraceRequest]:
     """A small trace of any format as a list, validated by a scan first (long traces:
-    iterate :func:`open_trace`); the other options are :class:`ReadSettings`'.
-
-    Args:
-        max_requests: read the first this many requests (``None``: all).
-        vocab_size: token ids are drawn from ``[1, vocab_size)``.
-        session_order: kv-cache-tester conversations ``"interleaved"`` or ``"sequential"``.
-
-    Raises:
-        TraceFormatError: as :meth:`TraceSource.scan`.
-        TraceOptionError: a bad option, or ``tokens_per_id`` for a token trace.
-    """
+    iterate :func:`open_trace`); the options are :class:`ReadSettings`' and
+    :class:`TraceSource`'s, and it raises what they and :meth:`TraceSource.scan` raise."""
     settings = ReadSettings(tokens_per_id, vocab_size, seed, output, session_order=session_order)
     source = open_trace(path, trace_format, max_requests=max_requests, settings=settings)
     if max_requests == 0:

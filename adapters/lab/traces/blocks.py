@@ -120,10 +120,9 @@ class BlockTokens:
         parts: list[bytes | None] = list(map(cache.get, keys))
         missing = [pos for pos, block in enumerate(parts) if block is None]
         out: array[int] = array("I")
-        if len(missing) < len(parts):
-            for pos, key in enumerate(keys):
-                if parts[pos] is not None:
-                    cache.move_to_end(key)
+        for key, block in zip(keys, parts, strict=True):
+            if block is not None:
+                cache.move_to_end(key)
         if missing:  # derived in one vectorized call, each block copied out once
             name = f"{self._prefix}{scope}:" if scope else self._prefix
             rows = self._deriver.rows([f"{name}{hash_ids[p]}" for p in missing], self.tokens_per_id)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 
 from prefixkv.adapters.inputs import StrPath
+from prefixkv.indexes.validation import ceil_div
 
 from .base import ArrivalOrder, ReadSettings, TraceFormatError, TraceRequest
 from .blocks import BlockTokens, TokenDeriver
@@ -76,11 +77,11 @@ BAILIAN = HashIdFormat("bailian", 16, _BailianLine, 1.0)
 """Qwen-Bailian usage traces: 16 tokens per hash id, timestamps in seconds."""
 
 
-def _plans(
+def rows_hashid(
     fmt: HashIdFormat, path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[int, str, Any, list[int], int, int]]:
-    """Per line: ``(lineno, where, record, hash ids, prompt tokens, output tokens)``,
-    checked: the sizes before the ids are built."""
+) -> Iterator[tuple[RequestSize, tuple[int, Any, list[int]]]]:
+    """Per line, checked (the sizes before the ids are built): its sizes, and its line
+    number, record and hash ids."""
     decoder = msgspec.json.Decoder(fmt.line_type)
     block = fmt.block_size
     limits = opts.limits
@@ -92,10 +93,9 @@ def _plans(
             continue
         where = f"{path}:{lineno}"
         record = decode(decoder, line, where)
-        expected = -(-record.input_length // block)
-        partial = record.input_length - block * (expected - 1)
-        prompt = s * (expected - 1) + -(-partial * s // block)
-        output = -(-record.output_length * s // block) if opts.output else 0
+        expected = ceil_div(record.input_length, block)
+        prompt = ceil_div(record.input_length * s, block)
+        output = ceil_div(record.output_length * s, block) if opts.output else 0
         rid = record.names(lineno)[0]
         limits.check(prompt, output, f"{where}: request {rid!r}")
         n = count_items(record.hash_ids)  # an array far longer than said is never built
@@ -109,7 +109,7 @@ def _plans(
                 f"ceil({record.input_length} / {block}) = {expected}"
             )
         order.check(record.timestamp * fmt.seconds_per_unit, where, rid)
-        yield lineno, where, record, hash_ids, prompt, output
+        yield RequestSize(rid, prompt, output, where), (lineno, record, hash_ids)
 
 
 def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
@@ -122,17 +122,9 @@ def iter_hashid(fmt: HashIdFormat, path: StrPath, opts: ReadSettings) -> Iterato
     per_id = fmt.block_size if opts.tokens_per_id is None else opts.tokens_per_id
     deriver = TokenDeriver(opts.vocab_size)
     blocks = BlockTokens(deriver, f"{fmt.tag}-block:{opts.seed}:", per_id, opts.block_cache_bytes)
-    for lineno, _, record, hash_ids, prompt_len, output_len in _plans(fmt, path, opts):
+    for size, (lineno, record, hash_ids) in rows_hashid(fmt, path, opts):
         rid, output_name, parent, turn = record.names(lineno)
-        tokens = blocks.prompt("", hash_ids, prompt_len)
-        out = deriver.named(f"{fmt.tag}-output:{opts.seed}:{output_name}", output_len)
+        tokens = blocks.prompt("", hash_ids, size.prompt_tokens)
+        out = deriver.named(f"{fmt.tag}-output:{opts.seed}:{output_name}", size.output_tokens)
         arrival = record.timestamp * fmt.seconds_per_unit
         yield TraceRequest(rid, tokens, out, arrival, None, parent, turn)
-
-
-def sizes_hashid(
-    fmt: HashIdFormat, path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[RequestSize]:
-    """Every request's id and sizes, validated as :func:`iter_hashid` does."""
-    for lineno, where, record, _, prompt_len, output_len in _plans(fmt, path, opts, progress):
-        yield RequestSize(record.names(lineno)[0], prompt_len, output_len, where)

@@ -16,13 +16,13 @@ import lzma
 import tarfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated, Any, cast
+from typing import IO, Annotated, Any, NamedTuple, cast
 
 import msgspec
 
 from prefixkv.adapters.inputs import StrPath, open_input, read_input
+from prefixkv.indexes.validation import ceil_div
 
 from ..messages import one_line
 from .base import ReadSettings, TraceFormatError, TraceRequest
@@ -62,22 +62,16 @@ class _Conversation(msgspec.Struct):
     hash_id_scope: str = "local"
 
 
-@dataclass(slots=True)
-class _Context:
-    """One conversation's id scope, block size and tokens per id."""
+class _Item(NamedTuple):
+    """A request at its time, with its conversation's id scope, block size and tokens per id."""
 
-    scope: str
-    block: int
-    tokens_per_id: int
-
-
-@dataclass(slots=True)
-class _Item:
     arrival: float
     session: str
     where: str
     request: _Request
-    conversation: _Context
+    scope: str
+    block: int
+    tokens_per_id: int
 
 
 def is_archive(path: StrPath) -> bool:
@@ -169,7 +163,9 @@ def _read_member(
     return data
 
 
-def _flatten(conv: _Conversation, conv_id: str, where: str, ctx: _Context) -> list[_Item]:
+def _flatten(
+    conv: _Conversation, conv_id: str, where: str, ctx: tuple[str, int, int]
+) -> list[_Item]:
     items: list[_Item] = []
 
     def walk(requests: list[_Request], base: float, session: str, path: str) -> None:
@@ -179,7 +175,7 @@ def _flatten(conv: _Conversation, conv_id: str, where: str, ctx: _Context) -> li
                 agent = r.agent_id or f"agent{k}"
                 walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
             else:
-                items.append(_Item(base + r.t, session, f"{where}: {here}", r, ctx))
+                items.append(_Item(base + r.t, session, f"{where}: {here}", r, *ctx))
 
     walk(conv.requests, 0.0, conv_id, "$.requests")
     items.sort(key=lambda item: item.arrival)  # stable: ties keep the file's order
@@ -201,7 +197,7 @@ def _in_order(path: StrPath, opts: ReadSettings, progress: Progress | None) -> I
                     f'{where}: "hash_id_scope" must be "local" or "global", got {scope!r}'
                 )
             per_id = conv.block_size if opts.tokens_per_id is None else opts.tokens_per_id
-            ctx = _Context("" if scope == "global" else conv_id, conv.block_size, per_id)
+            ctx = ("" if scope == "global" else conv_id, conv.block_size, per_id)
             yield _flatten(conv, conv_id, where, ctx)
 
     if opts.session_order == "sequential":
@@ -209,24 +205,24 @@ def _in_order(path: StrPath, opts: ReadSettings, progress: Progress | None) -> I
     return heapq.merge(*conversations(), key=lambda item: item.arrival)
 
 
-def _plans(
+def rows_kvcache_tester(
     path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[_Item, TraceRequest, list[int], int, int, int]]:
-    """Per request, checked against the schema and the limits: ``(item, the request
-    without tokens, hash ids, prompt, tail and output tokens)``."""
+) -> Iterator[tuple[RequestSize, tuple[_Item, TraceRequest, list[int], int]]]:
+    """Per request, checked against the schema and the limits: its sizes, and its item,
+    the request without tokens, its hash ids and its tail tokens."""
     limits = opts.limits
     previous: dict[str, tuple[_Item, str, int]] = {}  # a session's last request, id, turn
     for item in _in_order(path, opts, progress):
-        block, s = item.conversation.block, item.conversation.tokens_per_id
+        block, s = item.block, item.tokens_per_id
         r = item.request
         if r.in_ is None or r.out is None or not r.hash_ids:
             raise TraceFormatError(f'{item.where}: a request needs "in", "out" and "hash_ids"')
         if r.in_ == 0:
             raise TraceFormatError(f'{item.where}: "in" must be >= 1')
         full = r.in_ // block
-        tail = -(-(r.in_ - block * full) * s // block)
-        prompt = s * full + tail
-        output = -(-r.out * s // block) if opts.output else 0
+        prompt = ceil_div(r.in_ * s, block)
+        tail = prompt - s * full
+        output = ceil_div(r.out * s, block) if opts.output else 0
         before = previous.get(item.session)
         turn = 1 if before is None else before[2] + 1
         rid = f"{item.session}/{turn}"
@@ -246,7 +242,7 @@ def _plans(
         previous[item.session] = (item, rid, turn)
         parent = None if before is None else before[1]
         request = TraceRequest(rid, (), (), item.arrival, item.session, parent, turn, think)
-        yield item, request, hash_ids, prompt, tail, output
+        yield RequestSize(rid, prompt, output, item.where), (item, request, hash_ids, tail)
 
 
 def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
@@ -260,20 +256,12 @@ def iter_kvcache_tester(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequ
     seed = opts.seed
     deriver = TokenDeriver(opts.vocab_size)
     blocks: dict[int, BlockTokens] = {}
-    for item, request, hash_ids, prompt, tail, output in _plans(path, opts):
-        s = item.conversation.tokens_per_id
+    for size, (item, request, hash_ids, tail) in rows_kvcache_tester(path, opts):
+        s = item.tokens_per_id
         if s not in blocks:
             blocks[s] = BlockTokens(deriver, f"kvct-block:{seed}:", s, opts.block_cache_bytes)
-        tokens = blocks[s].prompt(item.conversation.scope, hash_ids, prompt - tail)
+        tokens = blocks[s].prompt(item.scope, hash_ids, size.prompt_tokens - tail)
         if tail:
             tokens += deriver.named(f"kvct-tail:{seed}:{request.id}", tail)
-        out = deriver.named(f"kvct-output:{seed}:{request.id}", output)
+        out = deriver.named(f"kvct-output:{seed}:{request.id}", size.output_tokens)
         yield request._replace(tokens=tokens, output=out)
-
-
-def sizes_kvcache_tester(
-    path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[RequestSize]:
-    """Every request's id and sizes, validated as :func:`iter_kvcache_tester` does."""
-    for item, request, _, prompt, _, output in _plans(path, opts, progress):
-        yield RequestSize(request.id, prompt, output, item.where)

@@ -56,9 +56,11 @@ class RequestSize(msgspec.Struct, frozen=True):
     where: str
 
 
-def _records(
+def rows_prefixkv(
     path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[tuple[str, _Line]]:
+) -> Iterator[tuple[RequestSize, _Line]]:
+    """Per line, checked against the schema, the limits and the arrival order: its
+    sizes and its record."""
     decoder = msgspec.json.Decoder(_Line)
     limits = opts.limits
     most = limits.max_prompt_tokens + limits.max_output_tokens
@@ -73,12 +75,13 @@ def _records(
             limits.check(count_items(counts.tokens), count_items(counts.output), where)
         record = decode(decoder, line, where)
         try:
-            record.id = check_request_id(record.id)
+            record.id = rid = check_request_id(record.id)
         except TraceFormatError as exc:
             raise TraceFormatError(f"{where}: {exc}") from None
-        limits.check(len(record.tokens), len(record.output), f"{where}: request {record.id!r}")
-        order.check(record.arrival, where, record.id)
-        yield where, record
+        limits.check(len(record.tokens), len(record.output), f"{where}: request {rid!r}")
+        order.check(record.arrival, where, rid)
+        output = len(record.output) if opts.output else 0
+        yield RequestSize(rid, len(record.tokens), output, where), record
 
 
 def iter_prefixkv(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
@@ -88,19 +91,11 @@ def iter_prefixkv(path: StrPath, opts: ReadSettings) -> Iterator[TraceRequest]:
         TraceFormatError: a line not of the schema, a bad id, a size past the limits or
             an arrival out of order, naming the line.
     """
-    for _, r in _records(path, opts):
+    for _, r in rows_prefixkv(path, opts):
         out = array("I", r.output) if opts.output else array("I")
         yield TraceRequest(
             str(r.id), array("I", r.tokens), out, r.arrival, r.session, r.parent, r.turn, r.think_s
         )
-
-
-def sizes_prefixkv(
-    path: StrPath, opts: ReadSettings, progress: Progress | None = None
-) -> Iterator[RequestSize]:
-    """Every request's id and sizes, validated as :func:`iter_prefixkv` does."""
-    for where, r in _records(path, opts, progress):
-        yield RequestSize(str(r.id), len(r.tokens), len(r.output) if opts.output else 0, where)
 
 
 def write_trace(path: StrPath, requests: Iterable[TraceRequest]) -> int:

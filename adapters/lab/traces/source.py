@@ -19,15 +19,15 @@ import xxhash
 from prefixkv.adapters.inputs import StrPath
 
 from .base import ReadSettings, TraceFormatError, TraceOptionError, TraceRequest
-from .hashid import BAILIAN, MOONCAKE, HashIdFormat, iter_hashid, sizes_hashid
+from .hashid import BAILIAN, MOONCAKE, HashIdFormat, iter_hashid, rows_hashid
 from .kvcache_tester import (
     KVCT_BLOCK_SIZE,
     conversation_files,
     is_archive,
     iter_kvcache_tester,
-    sizes_kvcache_tester,
+    rows_kvcache_tester,
 )
-from .prefixkv import RequestSize, iter_prefixkv, sizes_prefixkv
+from .prefixkv import RequestSize, iter_prefixkv, rows_prefixkv
 from .reading import Progress, decode, iter_lines
 
 TraceFormat = Literal["prefixkv", "mooncake", "bailian", "kv-cache-tester"]
@@ -41,21 +41,21 @@ class _Reader(NamedTuple):
     description: str
     native_tokens_per_id: int | None
     requests: Callable[[StrPath, ReadSettings], Iterator[TraceRequest]]
-    sizes: Callable[[StrPath, ReadSettings, Progress | None], Iterator[RequestSize]]
+    rows: Callable[[StrPath, ReadSettings, Progress | None], Iterator[tuple[RequestSize, object]]]
 
 
 def _hashid(description: str, fmt: HashIdFormat) -> _Reader:
     return _Reader(
-        description, fmt.block_size, partial(iter_hashid, fmt), partial(sizes_hashid, fmt)
+        description, fmt.block_size, partial(iter_hashid, fmt), partial(rows_hashid, fmt)
     )
 
 
 _READERS: dict[TraceFormat, _Reader] = {
-    "prefixkv": _Reader("prefixkv token trace", None, iter_prefixkv, sizes_prefixkv),
+    "prefixkv": _Reader("prefixkv token trace", None, iter_prefixkv, rows_prefixkv),
     "mooncake": _hashid("Mooncake hash-id trace", MOONCAKE),
     "bailian": _hashid("Qwen-Bailian hash-id trace", BAILIAN),
     "kv-cache-tester": _Reader(
-        "kv-cache-tester agentic trace", KVCT_BLOCK_SIZE, iter_kvcache_tester, sizes_kvcache_tester
+        "kv-cache-tester agentic trace", KVCT_BLOCK_SIZE, iter_kvcache_tester, rows_kvcache_tester
     ),
 }
 
@@ -178,8 +178,8 @@ class TraceSource:
 
     def sizes(self, progress: Progress | None = None) -> Iterator[RequestSize]:
         """Each request's id and sizes, validated, without building tokens."""
-        it = self._reader.sizes(self.path, self.settings, progress)
-        return itertools.islice(it, self.max_requests)
+        rows = self._reader.rows(self.path, self.settings, progress)
+        return itertools.islice((size for size, _ in rows), self.max_requests)
 
     def input_bytes(self) -> int | None:
         """Bytes a scan reads (for a progress bar); ``None`` when unknown (archives)."""
