@@ -132,13 +132,9 @@ def write_tables(
     formats: Sequence[str] = ("csv",),
     written: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write ``<name>.<fmt>`` for each table and format into ``out_dir``, format by format.
-
-    Args:
-        tables: rows by table name.
-        out_dir: the folder (created).
-        formats: file formats (suffixes).
-        written: filled in as each file is complete (``{"requests_csv": "requests.csv"}``).
+    """Write ``<name>.<fmt>`` for each table (rows by name) and format into ``out_dir``
+    (created), format by format; ``written`` gets each file's name as it is complete
+    (``{"requests_csv": "requests.csv"}``).
 
     Raises:
         TableFormatError: an unknown format.
