@@ -97,7 +97,8 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
             f"cannot write {out.name!r}: the suffix must be one of "
             f"{', '.join('.' + f for f in _FORMATS)}"
         )
-    columns = list({k: None for row in rows for k in row})  # the union, first seen first
+    columns = list(dict.fromkeys(k for row in rows for k in row))  # the union, first seen first
+    records = [{k: row.get(k) for k in columns} for row in rows]
     if fmt == "parquet":
         require_extra(
             "parquet", f"writing {out.name!r}", ("pyarrow",), instead="(CSV and JSON do not)"
@@ -105,7 +106,7 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
+        table = pa.Table.from_pylist(records)
         with atomic_writer(out) as raw:
             pq.write_table(table, raw)
         return out
@@ -114,13 +115,11 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
         if fmt == "csv":
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows(records)
+        elif fmt == "json":
+            json.dump(json_safe(records), f, allow_nan=False)
         else:
-            records = [{k: json_safe(row.get(k)) for k in columns} for row in rows]
-            if fmt == "json":
-                json.dump(records, f, allow_nan=False)
-            else:
-                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            f.writelines(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records)
         f.flush()
         f.detach()  # the writer closes the file itself, after syncing it
     return out
