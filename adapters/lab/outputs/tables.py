@@ -88,7 +88,8 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
     ``.parquet``), one column per key of any row, whole or not at all.
 
     Raises:
-        TableFormatError: another suffix, or ``.parquet`` without pyarrow.
+        TableFormatError: another suffix.
+        ExtraNotInstalledError: ``.parquet`` without pyarrow.
     """
     out = Path(path)
     fmt = out.suffix.removeprefix(".").lower()
