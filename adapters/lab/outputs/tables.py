@@ -44,7 +44,7 @@ Row = Mapping[str, Any]
 
 
 class TableFormatError(SimError):
-    """An unknown table format, or Parquet without pyarrow installed."""
+    """An unknown table format (a file suffix no writer knows)."""
 
 
 def request_rows(
