@@ -7,6 +7,7 @@ sweep's runs. Hit ratios are set against round robin and the pooled figure of th
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -281,6 +282,13 @@ _Draw = Callable[[str, str, Callable[[Path, str], Path]], list[str]]
 """Draws a plot (``name``, ``title``, how) when plots are asked for; gives its link."""
 _REQUEST_LABELS = ("policy", "num_replicas", "capacity_tokens", "faults")  # requests.csv's
 _SETTING_NAMES = {"capacity_model": "model and GPU", "slo": "SLO"}
+_POLICY_FIGURES = (
+    ("hit_ratio", "Prefix hit ratio per policy", plots.plot_hit_ratio),
+    ("frontier", "Hit ratio against load imbalance", plots.plot_frontier),
+    ("ttft_cdf", "TTFT distribution per policy", plots.plot_policy_ttft),
+    ("overlap", "Predicted against realized hit tokens", plots.plot_overlap),
+    ("decision_latency", "Router decision time", plots.plot_decision_latency),
+)
 
 
 def _markdown(results: Sequence[ClusterResult], draw: _Draw, doc: Mapping[str, Any]) -> list[str]:
@@ -325,20 +333,8 @@ def _policy_axis(
     )
     md += ["Columns:", "", *definitions(POLICY_COLUMNS)]
     context = _context(source, main[0])
-    figures: tuple[tuple[str, str, Callable[[Path, str], Path]], ...] = (
-        ("hit_ratio", "Prefix hit ratio per policy",
-         lambda p, t: plots.plot_hit_ratio(main, p, title=t)),
-        ("frontier", "Hit ratio against load imbalance",
-         lambda p, t: plots.plot_frontier(main, p, title=t)),
-        ("ttft_cdf", "TTFT distribution per policy",
-         lambda p, t: plots.plot_ttft_cdf(plots.ttft_curves(main, "policy"), p, title=t)),
-        ("overlap", "Predicted against realized hit tokens",
-         lambda p, t: plots.plot_overlap(main, p, title=t)),
-        ("decision_latency", "Router decision time",
-         lambda p, t: plots.plot_decision_latency(main, p, title=t)),
-    )  # fmt: skip
-    for name, what, plot in figures:
-        md += draw(name, f"{what}: {context}", plot)
+    for name, what, plot in _POLICY_FIGURES:
+        md += draw(name, f"{what}: {context}", functools.partial(plot, main))
     return md
 
 
@@ -384,9 +380,7 @@ def _fault_axis(
         ])  # fmt: skip
     md = titled_table("## Fault runs", _FAULT_COLUMNS, rows)
     md += ["Columns:", "", *definitions(c for c in _FAULT_COLUMNS if c[2])]
-    return md + draw(
-        "faults", title, lambda p, t: plots.plot_faults(faulty, fault_free, p, title=t)
-    )
+    return md + draw("faults", title, functools.partial(plots.plot_faults, faulty, fault_free))
 
 
 _LOAD_COLUMNS: tuple[Column, ...] = tuple(

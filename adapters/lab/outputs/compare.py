@@ -13,6 +13,7 @@ from typing import Any
 
 from prefixkv.indexes.registry import describe_index
 
+from ..compare.anchors import CapacityAnchor
 from ..compare.run import Comparison, WorkloadResult
 from ..extras import has_extra
 from ..sim.load import LoadSummary
@@ -151,51 +152,47 @@ def _as_engine(t: RunRow) -> str:
 
 def table_rows(backends: Sequence[RunRow]) -> list[list[str]]:
     """One row of :data:`COLUMNS` cells per backend's K-live run."""
-    rows = []
-    for b in backends:
-        h, t = b.part(KLiveHits), b.part(IndexTimes)
-        rows.append(
-            [
-                b.labels["backend"],
-                b.labels["driver"],
-                str(b.labels["block_size"]),
-                f"{h.hit_ratio:.1%}",
-                f"{h.hit_tokens:,}",
-                f"{h.boundary_lost_tokens:,}",
-                f"{h.cap_lost_tokens:,}",
-                f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
-                f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
-                f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
-                f"{h.peak_cached_blocks:,}",
-                human_bytes(h.index_memory_bytes),
-            ]
-        )
-    return rows
+    return [_k_live_row(b.labels, b.part(KLiveHits), b.part(IndexTimes)) for b in backends]
+
+
+def _k_live_row(labels: Mapping[str, Any], h: KLiveHits, t: IndexTimes) -> list[str]:
+    return [
+        labels["backend"],
+        labels["driver"],
+        str(labels["block_size"]),
+        f"{h.hit_ratio:.1%}",
+        f"{h.hit_tokens:,}",
+        f"{h.boundary_lost_tokens:,}",
+        f"{h.cap_lost_tokens:,}",
+        f"{h.evicted_blocks:,} / {h.evicted_tokens:,}",
+        f"{_us(t.admit_us_p50)} / {_us(t.admit_us_p99)}",
+        f"{_us(t.index_us_p50)} / {_us(t.index_us_p99)}",
+        f"{h.peak_cached_blocks:,}",
+        human_bytes(h.index_memory_bytes),
+    ]
 
 
 def time_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     """One row of :data:`TIME_COLUMNS` cells per arrival-time run."""
-    rows = []
-    for t in runs:
-        r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append(
-            [
-                t.labels["backend"],
-                f"{t.labels['engine']}, {t.labels['policy']}",
-                f"{r.hit_ratio:.1%}",
-                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
-                f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
-                seconds(r.e2e_p50_s),
-                f"{r.request_throughput:.3g}",
-                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-                rate(load.goodput),
-                _load_word(load),
-                f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
-                f"{r.evicted_blocks:,}",
-                f"{r.num_preemptions:,}",
-            ]
-        )
-    return rows
+    return [_time_row(t.labels, t.part(RunMetrics), t.part(LoadSummary)) for t in runs]
+
+
+def _time_row(labels: Mapping[str, Any], r: RunMetrics, load: LoadSummary) -> list[str]:
+    return [
+        labels["backend"],
+        f"{labels['engine']}, {labels['policy']}",
+        f"{r.hit_ratio:.1%}",
+        f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)} / {seconds(r.ttft_p99_s)}",
+        f"{seconds(r.queueing_mean_s)} / {seconds(r.queueing_p90_s)}",
+        seconds(r.e2e_p50_s),
+        f"{r.request_throughput:.3g}",
+        f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+        rate(load.goodput),
+        _load_word(load),
+        f"{_gpu_s(r.prefill_gpu_s)} / {_gpu_s(r.saved_gpu_s)}",
+        f"{r.evicted_blocks:,}",
+        f"{r.num_preemptions:,}",
+    ]
 
 
 def load_lines(w: WorkloadResult) -> list[str]:
@@ -221,22 +218,20 @@ def rate_runs(w: WorkloadResult) -> list[RunRow]:
 
 def rate_rows(runs: Sequence[RunRow]) -> list[list[str]]:
     """One row of :data:`RATE_COLUMNS` cells per run."""
-    rows = []
-    for t in runs:
-        r, load = t.part(RunMetrics), t.part(LoadSummary)
-        rows.append(
-            [
-                f"{t.labels['request_rate'] or 0.0:g}",
-                _as_engine(t),
-                f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
-                rate(load.goodput),
-                f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
-                seconds(r.tpot_p50_s),
-                f"{r.hit_ratio:.1%}",
-                _load_word(load),
-            ]
-        )
-    return rows
+    return [_rate_row(t, t.part(RunMetrics), t.part(LoadSummary)) for t in runs]
+
+
+def _rate_row(t: RunRow, r: RunMetrics, load: LoadSummary) -> list[str]:
+    return [
+        f"{t.labels['request_rate'] or 0.0:g}",
+        _as_engine(t),
+        f"{rate(load.offered_rate)} / {rate(load.achieved_rate)}",
+        rate(load.goodput),
+        f"{seconds(r.ttft_p50_s)} / {seconds(r.ttft_p90_s)}",
+        seconds(r.tpot_p50_s),
+        f"{r.hit_ratio:.1%}",
+        _load_word(load),
+    ]
 
 
 def saturation_lines(w: WorkloadResult) -> list[str]:
@@ -249,30 +244,24 @@ def saturation_lines(w: WorkloadResult) -> list[str]:
     return [s.describe() for s in saturation_of(points)]
 
 
+_SEARCH = "- (--capacity-search finds it)"
+
+
 def anchor_rows(w: WorkloadResult) -> list[list[str]]:
     """One row of :data:`ANCHOR_COLUMNS` cells per backend."""
-    rows = []
-    for a in w.anchors:
-        search = "- (--capacity-search finds it)"
-        if a.knee_tokens is not None:
-            knee = a.describe(a.knee_tokens)
-        else:
-            knee = (
-                search
-                if a.num_points < 3
-                else "- (the sweep has no bend: --capacity-search finds it)"
-            )
-        rows.append(
-            [
-                a.backend,
-                f"{a.infinite_hit_ratio:.1%}",
-                search if a.working_set_tokens is None else a.describe(a.working_set_tokens),
-                knee,
-                "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
-                a.describe(a.infinite_capacity_tokens),
-            ]
-        )
-    return rows
+    return [_anchor_row(a) for a in w.anchors]
+
+
+def _anchor_row(a: CapacityAnchor) -> list[str]:
+    knee = _SEARCH if a.num_points < 3 else "- (the sweep has no bend: --capacity-search finds it)"
+    return [
+        a.backend,
+        f"{a.infinite_hit_ratio:.1%}",
+        _SEARCH if a.working_set_tokens is None else a.describe(a.working_set_tokens),
+        knee if a.knee_tokens is None else a.describe(a.knee_tokens),
+        "-" if a.knee_hit_ratio is None else f"{a.knee_hit_ratio:.1%}",
+        a.describe(a.infinite_capacity_tokens),
+    ]
 
 
 def capacity_lines(w: WorkloadResult) -> list[str]:
@@ -304,12 +293,10 @@ def workload_title(w: WorkloadResult) -> str:
     return text + (" (interrupted: partial)" if w.partial else "")
 
 
-def time_title(w: WorkloadResult) -> str | None:
-    """``"arrival time: Poisson, 4 req/s (seed 0); ...; capacity ..."`` (``None``: no runs)."""
-    runs = w.arrival_at_table()
-    if not runs:
-        return None
-    t = runs[0].labels
+def time_title(w: WorkloadResult) -> str:
+    """``"arrival time: Poisson, 4 req/s (seed 0); ...; capacity ..."`` (``w`` ran at arrival
+    time)."""
+    t = w.arrival_at_table()[0].labels
     return (
         f"arrival time: {t['arrivals']}; max_num_seqs {t['max_num_seqs']}, "
         f"max_num_batched_tokens {t['max_num_batched_tokens']:,}; "
@@ -326,20 +313,13 @@ def _capacity_grid(
     return markdown_table(headers, rows, ">" * (1 + len(labels)))
 
 
-def write_compare_tables(
-    comparison: Comparison, out: Path, written: dict[str, str] | None = None
-) -> dict[str, str]:
+def write_compare_tables(comparison: Comparison, out: Path, written: dict[str, str]) -> None:
     """Write ``requests.csv`` and ``runs.csv`` into ``out`` (and Parquet twins when pyarrow
-    is installed); ``written`` is filled in as each file is complete.
-
-    Returns:
-        ``{"requests_csv": "requests.csv", ...}``: the names written, relative to ``out``.
-    """
+    is installed); ``written`` gets each file's name (``{"requests_csv": "requests.csv"}``)
+    as it is complete."""
     tables = {"requests": comparison.request_rows(), "runs": comparison.run_rows()}
     formats = ("csv", "parquet") if has_extra("parquet", ("pyarrow",)) else ("csv",)
-    written = {} if written is None else written
     write_tables(tables, out, formats, written)
-    return written
 
 
 def results_document(comparison: Comparison, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -419,19 +399,23 @@ def _time_headline(runs: Sequence[RunRow]) -> list[str]:
 
 def _strips(w: WorkloadResult, plots: Mapping[str, str]) -> list[str]:
     """The selected requests' hit, boundary-lost and last-block-lost tokens."""
-    out = []
-    if w.strip_requests:
-        backends = w.backends
-        names = [f"{b.labels['backend']} hit / bnd / last" for b in backends]
-        rows = []
-        for i in w.strip_requests:
-            first = backends[0].requests[i]
-            rows.append([first.request_id, str(first.prompt_tokens)])
-            for p in (b.requests[i] for b in backends):
-                rows[-1].append(f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}")
-        grid = markdown_table(["request", "prompt", *names], rows, "<>" + ">" * len(backends))
-        out += ["Selected requests (hit / boundary-lost / last-block-lost tokens):", "", grid, ""]
-    return out + image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
+    link = image(f"per-request strips for {w.name}", plots.get(f"strips_{w.name}"))
+    if not w.strip_requests:
+        return link
+    rows = []
+    for i in w.strip_requests:
+        seen = [b.requests[i] for b in w.backends]
+        fates = (f"{p.hit_tokens} / {p.boundary_lost_tokens} / {p.cap_lost_tokens}" for p in seen)
+        rows.append([seen[0].request_id, str(seen[0].prompt_tokens), *fates])
+    names = [f"{b.labels['backend']} hit / bnd / last" for b in w.backends]
+    grid = markdown_table(["request", "prompt", *names], rows, "<>" + ">" * len(names))
+    return [
+        "Selected requests (hit / boundary-lost / last-block-lost tokens):",
+        "",
+        grid,
+        "",
+        *link,
+    ]
 
 
 def _seed_paragraph(w: WorkloadResult) -> list[str]:

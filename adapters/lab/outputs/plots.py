@@ -1,21 +1,20 @@
-"""Every PNG plot the lab draws, over one figure, palette and title rule.
-
-Two shapes serve every command, :func:`plot_ttft_cdf` and :func:`plot_against`; beside them
-what only ``compare`` (:func:`write_plots`) or ``cluster`` draws. matplotlib is imported
-only when a plot is drawn; each file is written whole or not at all.
+"""Every PNG plot the lab draws, over one figure, palette and title rule: two shapes for
+every command (:func:`plot_ttft_cdf`, :func:`plot_against`), then what only ``compare``
+(:func:`write_plots`) or ``cluster`` draws. matplotlib is imported only when a plot is
+drawn; each file is written whole or not at all.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import os
+import statistics
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixkv.adapters.outputs import save_figure
+from prefixkv.adapters.outputs import StrPath, save_figure
 from prefixkv.indexes.registry import describe_index
 
 from ..cluster.metrics import ClusterResult
@@ -29,8 +28,8 @@ Curve = tuple[str, Sequence[float]]  # a CDF's legend entry and its values
 
 __all__ = [
     "num_plots", "plot_against", "plot_capacity_sweep", "plot_decision_latency", "plot_faults",
-    "plot_frontier", "plot_hit_ratio", "plot_overlap", "plot_ttft_cdf", "ttft_curves",
-    "write_plots",
+    "plot_frontier", "plot_hit_ratio", "plot_overlap", "plot_policy_ttft", "plot_ttft_cdf",
+    "ttft_curves", "write_plots",
 ]  # fmt: skip
 
 _COLOURS = (
@@ -75,7 +74,7 @@ def _style(i: int) -> dict[str, str]:
     }
 
 
-def _save(fig: Any, path: str | os.PathLike[str], title: str) -> Path:
+def _save(fig: Any, path: StrPath, title: str) -> Path:
     if title:
         fig.suptitle(textwrap.fill(title, 100), fontsize="small")
     return save_figure(fig, path)
@@ -97,11 +96,10 @@ def _decimal_log_axis(ax: Any, values: Sequence[float]) -> None:
 
 
 def plot_ttft_cdf(
-    curves: Sequence[Curve], path: str | os.PathLike[str], *, title: str = "Time to first token"
+    curves: Sequence[Curve], path: StrPath, *, title: str = "Time to first token"
 ) -> Path:
     """One empirical CDF of TTFT per curve (``(legend, seconds)``), on a log time axis."""
-    fig = _figure(6.8, 4.2)
-    ax = fig.subplots()
+    ax = _figure(6.8, 4.2).subplots()
     for i, (label, values) in enumerate(curves):
         ttft = sorted(max(v, 1e-4) for v in values)
         if ttft:
@@ -110,7 +108,7 @@ def plot_ttft_cdf(
             ax.step(ttft, frac, where="post", label=label, **style)
     _axes(ax, "TTFT (s, log scale)", "fraction of requests", xscale="log", ylim=(0, 1))
     ax.legend(loc="lower right", fontsize="x-small")
-    return _save(fig, path, title)
+    return _save(ax.figure, path, title)
 
 
 def ttft_curves(
@@ -131,7 +129,7 @@ def _curve(name: str, requests: Sequence[RequestRow], ttft_p50_s: float) -> Curv
 
 def plot_against(
     rows: Sequence[Mapping[str, Any]],
-    path: str | os.PathLike[str],
+    path: StrPath,
     *,
     x: str,
     measures: Sequence[tuple[str, str]],
@@ -157,15 +155,11 @@ def plot_against(
 
 
 def plot_capacity_sweep(
-    runs: Sequence[Mapping[str, Any]],
-    path: str | os.PathLike[str],
-    *,
-    label_key: str = "backend",
-    title: str = "What KV capacity buys",
+    runs: Sequence[Mapping[str, Any]], path: StrPath, *, title: str = "What KV capacity buys"
 ) -> Path:
-    """Hit ratio and TTFT p90 against KV capacity, one line per ``label_key``."""
+    """Hit ratio and TTFT p90 against KV capacity, one line per backend."""
     return plot_against(
-        runs, path, x="capacity_tokens", label_key=label_key, title=title,
+        runs, path, x="capacity_tokens", label_key="backend", title=title,
         measures=(("hit_ratio", "prefix hit ratio"), ("ttft_p90_s", "TTFT p90 (s)")),
         xlabel="KV capacity (tokens, log scale)",
     )  # fmt: skip
@@ -231,27 +225,25 @@ def _binned_medians(xs: Sequence[int], ys: Sequence[float]) -> tuple[list[float]
         return [], []
     lo, hi = max(1, min(xs)), max(xs)
     if hi <= lo:
-        return [float(lo)], [sorted(ys)[len(ys) // 2]]
+        return [float(lo)], [statistics.median_high(ys)]
     edges = [lo * (hi / lo) ** (i / 12) for i in range(13)]
     edges[-1] = hi + 1
     mx, my = [], []
     for left, right in itertools.pairwise(edges):
-        sel = sorted(y for x, y in zip(xs, ys, strict=True) if left <= x < right)
+        sel = [y for x, y in zip(xs, ys, strict=True) if left <= x < right]
         if sel:
             mx.append(math.sqrt(left * right))
-            my.append(sel[len(sel) // 2])
+            my.append(statistics.median_high(sel))
     return mx, my
 
 
 def _time_panel(ax: Any, workloads: Sequence[WorkloadResult], field: str, title: str) -> None:
     labels = [b.labels["backend"] for b in workloads[0].backends]
     for pos, label in enumerate(labels):
-        xs: list[int] = []
-        ys: list[float] = []
         runs = [b for w in workloads for b in w.backends if b.labels["backend"] == label]
-        for b in runs:
-            xs += [r.prompt_tokens for r in b.requests]
-            ys += [max(getattr(r, field), 0.01) for r in b.requests]
+        requests = [r for b in runs for r in b.requests]
+        xs = [r.prompt_tokens for r in requests]
+        ys = [max(getattr(r, field), 0.01) for r in requests]
         colour = _colour(runs[0].labels["index"], pos)
         ax.scatter(xs, ys, s=6, alpha=0.25, color=colour, linewidths=0)
         mx, my = _binned_medians(xs, ys)
@@ -303,7 +295,7 @@ def _strip_panel(ax: Any, backends: Sequence[RunRow], i: int, block: int) -> Non
 
 def plot_strips(w: WorkloadResult, path: Path) -> bool:
     """A few requests as bars of prompt tokens by fate, a panel each (whether drawn)."""
-    chosen: list[int] = list(w.strip_requests)
+    chosen = w.strip_requests
     if not chosen:
         return False
     backends = w.backends
@@ -327,12 +319,10 @@ def plot_strips(w: WorkloadResult, path: Path) -> bool:
 def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
     """One workload's arrival-time plots: the TTFT CDF, and hit ratio and TTFT p90 against
     capacity when there are several; the files written by what they show."""
-    written: dict[str, str] = {}
     table = w.arrival_at_table()
     if not table:
-        return written
-    part = _file_part(w.name)
-    labels = table[0].labels
+        return {}
+    part, labels = _file_part(w.name), table[0].labels
     arrivals = labels["arrivals"]
     title = (
         f"{w.name}: time to first token\n{arrivals}, {w.capacity_tokens:,} tokens of KV, "
@@ -343,8 +333,8 @@ def plot_time(w: WorkloadResult, out: Path) -> dict[str, str]:
                r.part(RunMetrics).ttft_p50_s)
         for r in table
     ]  # fmt: skip
-    plot_ttft_cdf(curves, out / f"ttft_cdf_{part}.png", title=title)
-    written[f"ttft_cdf_{w.name}"] = f"ttft_cdf_{part}.png"
+    written = {f"ttft_cdf_{w.name}": f"ttft_cdf_{part}.png"}
+    plot_ttft_cdf(curves, out / written[f"ttft_cdf_{w.name}"], title=title)
     by_capacity = [r for r in w.arrival_runs if r.labels["role"] != "rate"]
     if len({r.labels["capacity_tokens"] for r in by_capacity}) > 1:
         name = f"time_vs_capacity_{part}.png"
@@ -364,7 +354,7 @@ def _file_part(name: str) -> str:
 
 
 def write_plots(
-    workloads: Sequence[WorkloadResult], out: Path, *, tick: Callable[[int], object] | None = None
+    workloads: Sequence[WorkloadResult], out: Path, *, tick: Callable[[int], object]
 ) -> dict[str, str]:
     """Write every plot of a comparison into ``out``; the file names by what they show.
 
@@ -372,21 +362,20 @@ def write_plots(
         ExtraNotInstalledError: matplotlib is not installed (nothing written).
     """
     require_extra("report", "write_plots", ("matplotlib",))
-    step = tick or (lambda n: None)
     written: dict[str, str] = {}
     if plot_capacity(workloads, out / "hit_ratio_vs_capacity.png"):
         written["capacity"] = "hit_ratio_vs_capacity.png"
-    step(1)
+    tick(1)
     plot_index_time(workloads, out / "index_time_vs_prompt_length.png")
     written["index_time"] = "index_time_vs_prompt_length.png"
-    step(1)
+    tick(1)
     for w in workloads:
         name = f"strips_{_file_part(w.name)}.png"
         if plot_strips(w, out / name):
             written[f"strips_{w.name}"] = name
-        step(1)
+        tick(1)
         written.update(plot_time(w, out))
-        step(1)
+        tick(1)
     return written
 
 
@@ -404,9 +393,7 @@ def _bound(results: Sequence[ClusterResult], name: str) -> ClusterResult | None:
     return next((r for r in results if r.labels["policy"] == name), None)
 
 
-def plot_hit_ratio(
-    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
-) -> Path:
+def plot_hit_ratio(results: Sequence[ClusterResult], path: Path, title: str) -> Path:
     """Hit ratio per policy (bars), with round robin's and the bounds' as lines."""
     ax = _per_run(len(results))
     policies = [r for r in results if r.labels["policy"] not in ("pooled", "infinite")]
@@ -426,12 +413,14 @@ def plot_hit_ratio(
     return _save(ax.figure, path, title)
 
 
-def plot_frontier(
-    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
-) -> Path:
+def plot_policy_ttft(results: Sequence[ClusterResult], path: Path, title: str) -> Path:
+    """One TTFT CDF per policy."""
+    return plot_ttft_cdf(ttft_curves(results, "policy"), path, title=title)
+
+
+def plot_frontier(results: Sequence[ClusterResult], path: Path, title: str) -> Path:
     """Hit ratio against load imbalance (CV of busy time), a point per run."""
-    fig = _figure(6.8, 4.6)
-    ax = fig.subplots()
+    ax = _figure(6.8, 4.6).subplots()
     for i, r in enumerate(results):
         style = _style(i)
         ax.scatter([r.run.load_cv], [r.run.hit_ratio], color=style["color"],
@@ -446,18 +435,15 @@ def plot_frontier(
     ax.set_xlabel("load imbalance: CV of replica busy time")
     ax.grid(True, alpha=0.3)
     _hit_axis(ax, "x-small")
-    return _save(fig, path, title)
+    return _save(ax.figure, path, title)
 
 
-def plot_overlap(
-    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
-) -> Path:
+def plot_overlap(results: Sequence[ClusterResult], path: Path, title: str) -> Path:
     """Predicted against realized hit tokens, one panel per policy that predicts."""
     runs = [r for r in results if r.run.overlap_predictions]
     cols = max(1, min(4, len(runs)))
     fig = _figure(3.2 * cols, 3.0 * max(1, math.ceil(len(runs) / cols)))
     for ax, res in zip(_panels(fig, max(1, len(runs)), cols), runs, strict=False):
-        bs = res.labels["block_size"]
         pts = [
             (r.predicted_hit_tokens, r.hit_tokens)
             for r in res.requests
@@ -467,20 +453,16 @@ def plot_overlap(
         ax.scatter([p for p, _ in pts], [h for _, h in pts], s=4, alpha=0.3)
         ax.plot([0, top], [0, top], color="grey", linewidth=1)
         for axis in ("x", "y"):  # most requests hit little: spread the corner
-            getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(bs, 1))
-        ax.set_title(
-            f"{_policy(res)}\nMAE {res.run.overlap_mae_tokens:.0f} tok, "
-            f"phantom {res.run.phantom_rate:.1%}",
-            fontsize="small",
-        )
+            getattr(ax, f"set_{axis}scale")("symlog", linthresh=max(res.labels["block_size"], 1))
+        run = res.run
+        mae = f"MAE {run.overlap_mae_tokens:.0f} tok, phantom {run.phantom_rate:.1%}"
+        ax.set_title(f"{_policy(res)}\n{mae}", fontsize="small")
         ax.set_xlabel("predicted (tokens)", fontsize="small")
         ax.set_ylabel("realized (tokens)", fontsize="small")
     return _save(fig, path, title)
 
 
-def plot_decision_latency(
-    results: Sequence[ClusterResult], path: str | os.PathLike[str], *, title: str = ""
-) -> Path:
+def plot_decision_latency(results: Sequence[ClusterResult], path: Path, title: str) -> Path:
     """Router decision time per policy: CPU (box, whiskers p1-p99) and wall-clock p99."""
     runs = [r for r in results if r.requests]
     ax = _per_run(len(runs))
@@ -499,9 +481,8 @@ def plot_decision_latency(
 def plot_faults(
     results: Sequence[ClusterResult],
     baseline: Callable[[ClusterResult], ClusterResult | None],
-    path: str | os.PathLike[str],
-    *,
-    title: str = "",
+    path: Path,
+    title: str,
 ) -> Path:
     """Hit ratio of each fault run beside its fault-free run; broken invariants in red."""
     ax = _per_run(len(results), per=0.7, height=4.2)

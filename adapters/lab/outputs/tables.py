@@ -44,7 +44,7 @@ Row = Mapping[str, Any]
 
 
 class TableFormatError(SimError):
-    """An unknown table format, or Parquet without pyarrow installed."""
+    """An unknown table format (a file suffix no writer knows)."""
 
 
 def request_rows(
@@ -88,7 +88,8 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
     ``.parquet``), one column per key of any row, whole or not at all.
 
     Raises:
-        TableFormatError: another suffix, or ``.parquet`` without pyarrow.
+        TableFormatError: another suffix.
+        ExtraNotInstalledError: ``.parquet`` without pyarrow.
     """
     out = Path(path)
     fmt = out.suffix.removeprefix(".").lower()
@@ -97,7 +98,8 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
             f"cannot write {out.name!r}: the suffix must be one of "
             f"{', '.join('.' + f for f in _FORMATS)}"
         )
-    columns = list({k: None for row in rows for k in row})  # the union, first seen first
+    columns = list(dict.fromkeys(k for row in rows for k in row))  # the union, first seen first
+    records = [{k: row.get(k) for k in columns} for row in rows]
     if fmt == "parquet":
         require_extra(
             "parquet", f"writing {out.name!r}", ("pyarrow",), instead="(CSV and JSON do not)"
@@ -105,7 +107,7 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pylist([{k: row.get(k) for k in columns} for row in rows])
+        table = pa.Table.from_pylist(records)
         with atomic_writer(out) as raw:
             pq.write_table(table, raw)
         return out
@@ -114,13 +116,11 @@ def write_rows(path: str | os.PathLike[str], rows: Sequence[Row]) -> Path:
         if fmt == "csv":
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows(records)
+        elif fmt == "json":
+            json.dump(json_safe(records), f, allow_nan=False)
         else:
-            records = [{k: json_safe(row.get(k)) for k in columns} for row in rows]
-            if fmt == "json":
-                json.dump(records, f, allow_nan=False)
-            else:
-                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            f.writelines(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in records)
         f.flush()
         f.detach()  # the writer closes the file itself, after syncing it
     return out
@@ -132,13 +132,9 @@ def write_tables(
     formats: Sequence[str] = ("csv",),
     written: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write ``<name>.<fmt>`` for each table and format into ``out_dir``, format by format.
-
-    Args:
-        tables: rows by table name.
-        out_dir: the folder (created).
-        formats: file formats (suffixes).
-        written: filled in as each file is complete (``{"requests_csv": "requests.csv"}``).
+    """Write ``<name>.<fmt>`` for each table (rows by name) and format into ``out_dir``
+    (created), format by format; ``written`` gets each file's name as it is complete
+    (``{"requests_csv": "requests.csv"}``).
 
     Raises:
         TableFormatError: an unknown format.
