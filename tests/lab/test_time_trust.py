@@ -607,7 +607,10 @@ class FakeServer:
     """An OpenAI-compatible completions server over httpx.MockTransport: a prefix
     cache of 32-token blocks, streamed tokens, vLLM's /version and /metrics."""
 
-    def __init__(self, *, report_cached: bool = True, fail: bool = False) -> None:
+    def __init__(
+        self, *, report_cached: bool = True, fail: bool = False, max_model_len: int = 4096
+    ) -> None:
+        self.max_model_len = max_model_len
         self.blocks: set[tuple[int, ...]] = set()
         self.report_cached = report_cached
         self.fail = fail
@@ -626,7 +629,8 @@ class FakeServer:
 
         path = request.url.path
         if path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "tiny", "max_model_len": 4096}]})
+            models = [{"id": "tiny", "max_model_len": self.max_model_len}]
+            return httpx.Response(200, json={"data": models})
         if path == "/version":
             return httpx.Response(200, json={"version": "0.32.0"})
         if path == "/metrics":
@@ -693,6 +697,26 @@ def test_calibrate_server_sweeps_over_http_and_records_what_it_measured() -> Non
         == 3 * 2 * 2 + 2 * 2 + (1 + 8) * 2 * 2 + (0 + 2) + (8 + 2) + 7 * 2 + busy + decoding
     )
     assert p.fit["serving_path"]["engine_side"] == "step model"  # no vLLM histograms here
+
+
+def test_a_server_too_short_for_any_request_of_the_sweep_is_refused_before_the_first() -> None:
+    # The background streams of the TTFT under streams (64 prompt + 1,024 decoded tokens)
+    # are the quick sweep's longest requests: a server serving fewer is told so at once,
+    # not after minutes of sweep by a failed stream.
+    pytest.importorskip("httpx")
+    import httpx
+
+    from prefixkv.adapters.lab.sim.served import ServedEngine, ServerError
+    from prefixkv.adapters.lab.sim.server_calibration import QUICK_SWEEP, calibrate_server
+
+    fake = FakeServer(max_model_len=1087)
+    engine = ServedEngine("http://fake", transport=httpx.MockTransport(fake))
+    with pytest.raises(ServerError, match="serves at most 1,087 tokens; the sweep needs 1,088"):
+        calibrate_server("http://fake", sweep=QUICK_SWEEP, engine=engine)
+    assert not fake.prompts
+    quiet = dataclasses.replace(QUICK_SWEEP, background_streams=(0,), serving_repeats=0)
+    calibrate_server("http://fake", sweep=quiet, engine=engine)  # no stream: it fits
+    assert fake.prompts
 
 
 def test_a_decode_run_is_timed_to_its_last_token_as_prefill_and_decode_steps() -> None:

@@ -187,7 +187,7 @@ async def measure_server(
     async with engine.client() as client:
         info = await engine.info(client)
         bs = info.block_size or DEFAULT_BLOCK_SIZE
-        longest = max(*sweep.prompt_lengths, *sweep.decode_contexts) + sweep.decode_tokens
+        longest = _longest_request(sweep)
         if info.max_model_len and longest > info.max_model_len:
             raise ServerError(
                 f"{info.url} serves at most {info.max_model_len:,} tokens; the sweep needs "
@@ -250,6 +250,15 @@ async def _prefill_sample(
 
 
 _PROBE, _BACKGROUND = 128, 64  # prompt tokens of the timed request and of each stream
+_STREAMED = 1024  # tokens each background stream decodes
+
+
+def _longest_request(sweep: ServerSweep) -> int:
+    """The most tokens, prompt and output, that one request of ``sweep`` holds."""
+    longest = max(*sweep.prompt_lengths, *sweep.decode_contexts) + sweep.decode_tokens
+    if any(sweep.background_streams):
+        longest = max(longest, _BACKGROUND + _STREAMED)
+    return longest
 
 
 def is_under_streams(sample: StepSample) -> bool:
@@ -263,7 +272,8 @@ async def _under_streams(
 ) -> StepSample:
     """The median TTFT of a short request while ``n`` others stream."""
     background = [
-        asyncio.ensure_future(engine.complete(client, fresh(_BACKGROUND), 1024)) for _ in range(n)
+        asyncio.ensure_future(engine.complete(client, fresh(_BACKGROUND), _STREAMED))
+        for _ in range(n)
     ]
     try:
         await asyncio.sleep(0.05 + 0.01 * n)  # every stream past its prefill
