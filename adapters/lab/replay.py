@@ -16,27 +16,9 @@ from prefixkv.indexes.base import PrefixIndex, describe
 
 from ..accounting import BoundaryTracker
 from ..events.wire import KVEvent
-from .sim.klive import (
-    DRIVERS,
-    Driver,
-    HitRow,
-    KLive,
-    ReplayError,
-    ReplayInterrupted,
-    ReplayRequest,
-    ReplayResult,
-    driver_seat,
-)
+from .sim.klive import Driver, HitRow, KLive, ReplayRequest, ReplayResult, driver_seat
 
-__all__ = [
-    "DRIVERS",
-    "Driver",
-    "HitRow",
-    "ReplayError",
-    "ReplayInterrupted",
-    "ReplayResult",
-    "replay",
-]
+__all__ = ["replay"]
 
 
 def replay(

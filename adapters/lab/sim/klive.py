@@ -43,13 +43,7 @@ DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
 
 
 class ReplayRequest(Protocol):
-    """One trace line.
-
-    Attributes:
-        id: the request id, unique in the trace.
-        tokens: the prompt's token ids.
-        output: the tokens decoded after it.
-    """
+    """One trace line: its id (unique in the trace), prompt tokens and decoded tokens."""
 
     @property
     def id(self) -> str: ...
@@ -113,16 +107,10 @@ class ReplayResult:
     @property
     def records(self) -> list[RequestRecord]:
         """Per kept request, the accounting record (BB-8 fields when tracked)."""
-        tracked = len(self.matched_tokens) == len(self.ids)
-        out = []
-        for k, rid in enumerate(self.ids):
-            rec = RequestRecord(rid, self.prompt_len[k], self.hit_tokens[k])
-            if tracked:
-                rec.matched_tokens = self.matched_tokens[k]
-                rec.boundary_lost_tokens = self.boundary_lost_tokens[k]
-                rec.cap_lost_tokens = self.cap_lost_tokens[k]
-            out.append(rec)
-        return out
+        columns: list[Sequence[Any]] = [self.ids, self.prompt_len, self.hit_tokens]
+        if len(self.matched_tokens) == len(self.ids):  # tracked
+            columns += [self.matched_tokens, self.cap_lost_tokens, self.boundary_lost_tokens]
+        return [RequestRecord(*row) for row in zip(*columns, strict=True)]
 
     def summary(self) -> dict[str, Any]:
         """Totals for a result file's last line."""
@@ -162,15 +150,15 @@ def driver_seat(
     Raises:
         PrefixKVError: an unknown driver.
     """
-    if driver == "manager":
-        allocator = BlockAllocator(num_blocks)
-        return ManagerSeat(
-            CacheManager(index, allocator, observers=observers, enable_kv_cache_events=events)
-        )
-    if driver not in ("vllm", "sglang"):
+    if driver not in DRIVERS:
         raise PrefixKVError(f"unknown replay driver {driver!r}; known: {', '.join(DRIVERS)}")
-    batching = "mixed" if driver == "vllm" else "prefill_first"
-    with _Collector.paused():
+    with _collector_off():
+        if driver == "manager":
+            allocator = BlockAllocator(num_blocks)
+            return ManagerSeat(
+                CacheManager(index, allocator, observers=observers, enable_kv_cache_events=events)
+            )
+        batching = "mixed" if driver == "vllm" else "prefill_first"
         return make_seat(batching, index, num_blocks, events=events, observers=observers)
 
 
@@ -238,27 +226,26 @@ class KLive:
         step_guard: contextlib.AbstractContextManager[object] = (
             contextlib.nullcontext() if guard is None else guard
         )
-        collector = _Collector()
         t0 = time.perf_counter()
-        try:
-            for i, rec in enumerate(requests):
-                while len(self.live) >= self.concurrency:
+        with _collector_off() as collect:
+            try:
+                for i, rec in enumerate(requests):
+                    while len(self.live) >= self.concurrency:
+                        self.finish_oldest()
+                    if collect and i and i % COLLECT_EVERY == 0:
+                        gc.collect()
+                    with step_guard:
+                        row = self.admit(i, rec)
+                        if on_admit is not None:
+                            on_admit(row)
+                    if progress is not None:
+                        progress(row.prompt_len)
+                while self.live:
                     self.finish_oldest()
-                collector.between_requests(i)
-                with step_guard:
-                    row = self.admit(i, rec)
-                    if on_admit is not None:
-                        on_admit(row)
-                if progress is not None:
-                    progress(row.prompt_len)
-            while self.live:
-                self.finish_oldest()
-        except KeyboardInterrupt:
-            result.partial = True
-            self._close(t0)
-            raise ReplayInterrupted(result) from None
-        finally:
-            collector.close()
+            except KeyboardInterrupt:
+                result.partial = True
+                self._close(t0)
+                raise ReplayInterrupted(result) from None
         self._close(t0)
         return result
 
@@ -335,35 +322,18 @@ class KLive:
         result.index_memory_bytes = self.peak_memory
 
 
-class _Collector:
-    """The cyclic collector off during a replay (it would walk the cache's long-lived
-    records), collecting fully between requests every ``EVERY`` admissions."""
+COLLECT_EVERY = 4096
+"""Admissions between the full collections of a replay (its collector is off)."""
 
-    EVERY = 4096
 
-    def __init__(self) -> None:
-        self.active = gc.isenabled()
-        if self.active:
-            gc.disable()
-
-    def between_requests(self, i: int) -> None:
-        if self.active and i and i % self.EVERY == 0:
-            gc.collect()
-
-    def close(self) -> None:
-        if self.active:
+@contextlib.contextmanager
+def _collector_off() -> Iterator[bool]:
+    """The cyclic collector off (it would walk the cache's long-lived records, and vLLM's
+    class makes a block object per pool block up front); yields whether it was on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield was_on
+    finally:
+        if was_on:
             gc.enable()
-            self.active = False
-
-    @staticmethod
-    @contextlib.contextmanager
-    def paused() -> Iterator[None]:
-        """The collector off while a seat is built (vLLM's class makes a block object per
-        pool block up front, which would set off collections that free nothing)."""
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            yield
-        finally:
-            if was_enabled:
-                gc.enable()

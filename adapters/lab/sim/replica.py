@@ -50,15 +50,10 @@ def simulate(
     progress: Callable[[int], object] | None = None,
 ) -> SimResult:
     """Replay ``requests`` (stamped, in arrival order, read lazily) through one replica
-    over a pool of ``capacity_tokens``; ``labels`` are extra columns and ``progress``
-    is called with each finished request's prompt tokens.
-
-    Returns:
-        Per-request records (in the order sent) and the run's summary, labelled with
-        the run's settings and ``profile_range`` (what went past the profile's range).
-
-    Warns:
-        ProfileRangeWarning: once, when the run went past the profile's range.
+    over a pool of ``capacity_tokens``: the records in the order sent and the summary,
+    labelled with the settings, ``labels`` and ``profile_range`` (what went past the
+    profile's range, warned once as :class:`ProfileRangeWarning`); ``progress`` gets each
+    finished request's prompt tokens.
 
     Raises:
         SimSettingsError: a non-positive capacity.
@@ -156,13 +151,9 @@ def _run(
 
 
 def _reach(reached: dict[str, int], work: StepWork) -> None:
-    for key, value in (
-        ("prefill_tokens", work.prefill_tokens),
-        ("context_tokens", work.max_context),
-        ("batch_size", work.num_decode),
-    ):
-        if value > reached[key]:
-            reached[key] = value
+    reached["prefill_tokens"] = max(reached["prefill_tokens"], work.prefill_tokens)
+    reached["context_tokens"] = max(reached["context_tokens"], work.max_context)
+    reached["batch_size"] = max(reached["batch_size"], work.num_decode)
 
 
 class _SessionGate:
