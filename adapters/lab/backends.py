@@ -12,8 +12,8 @@ from prefixkv.indexes.errors import PrefixKVError
 from prefixkv.indexes.registry import describe_index, make_index, pool_owned_options
 
 from .progress import Progress
+from .replay import DRIVERS, Driver
 from .sim.config import DEFAULT_BLOCK_SIZE
-from .sim.klive import DRIVERS, Driver
 
 if TYPE_CHECKING:
     from .traces import TraceStats

@@ -40,8 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixkv.adapters.lab.replay import replay
-from prefixkv.adapters.lab.sim.klive import Driver, ReplayResult
+from prefixkv.adapters.lab.replay import Driver, ReplayResult, replay
 from prefixkv.adapters.lab.traces import TraceRequest, load_any, write_trace
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index

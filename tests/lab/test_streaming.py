@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.lab.replay import replay
-from prefixkv.adapters.lab.sim.klive import COLLECT_EVERY
+from prefixkv.adapters.lab.replay import COLLECT_EVERY, replay
 from prefixkv.adapters.lab.traces import ReadSettings, TraceRequest, open_trace
 from prefixkv.indexes import PrefixMatch, TokenKey, make_index
 from prefixkv.indexes.wrapper import IndexWrapper
@@ -151,7 +150,7 @@ def test_building_a_seat_sets_off_no_collection_and_restores_the_collector(
     # vLLM's engine class makes a block object per pool block up front: built with the
     # collector on, 62,500 of them set off some 90 collections (one full) that free
     # nothing.
-    from prefixkv.adapters.lab.sim.klive import driver_seat
+    from prefixkv.adapters.lab.replay import driver_seat
 
     starts: list[int] = []
 

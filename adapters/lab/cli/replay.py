@@ -25,8 +25,7 @@ from ...events.files import EventFileWriter
 from ...events.wire import KVEvent, KVEventBatch
 from ..backends import BackendSpec, CompareError, check_pool, parse_backends, roomy_capacity
 from ..progress import progress
-from ..replay import replay
-from ..sim.klive import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult
+from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from ..workloads import Workload
 from .args import CLIUsageError, number_arg, positive_int
 from .common import add_common, backend_options, capacities, load_workloads_for

@@ -16,8 +16,7 @@ import numpy as np
 from prefixkv.indexes.registry import describe_index
 
 from ..backends import BackendSpec, Bars, CapacityError, CompareError
-from ..replay import replay
-from ..sim.klive import ReplayError, ReplayResult
+from ..replay import ReplayError, ReplayResult, replay
 from ..sim.metrics import RequestRow
 from ..sim.runs import IndexTimes, KLiveHits, RunRow, SweepHit
 from ..workloads import Workload

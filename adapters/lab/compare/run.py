@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
 from ..extras import has_extra
+from ..replay import ReplayInterrupted
 from ..sim import ProfileRangeWarning, SimUnservableError
-from ..sim.klive import ReplayInterrupted
 from ..sim.load import LoadSummary
 from ..sim.rate_sweep import rate_schedule, start_rate, sweep_rates
 from ..sim.runs import RunRow, run_table

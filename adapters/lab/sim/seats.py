@@ -375,10 +375,10 @@ class ManagerSeat(_PoolSeat):
 Seat = VllmSeat | SglangSeat
 """A seat of the arrival-time schedules."""
 KLiveSeat = VllmSeat | SglangSeat | ManagerSeat
-"""A seat of the K-live schedule (:mod:`.klive`): ``start`` admits a whole prompt in one
-step (the hit, or ``None``: nothing changed); ``started``: it still runs after sampling
-its first token; ``decode_rest`` decodes the rest (``False``: a slot did not fit);
-``end`` releases it."""
+"""A seat of ``replay``'s K-live schedule: ``start`` admits a whole prompt in one step
+(the hit, or ``None``: nothing changed); ``started``: it still runs after sampling its
+first token; ``decode_rest`` decodes the rest (``False``: a slot did not fit); ``end``
+releases it."""
 
 
 def make_seat(
