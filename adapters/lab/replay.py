@@ -178,7 +178,6 @@ class _Live:
 
 class KLive:
     """At most ``concurrency`` requests live over one seat, the oldest finishing first.
-
     ``keep_per_request=False`` keeps totals only (constant memory); ``tracker`` fills the
     BB-8 columns; ``measure_memory`` samples the index's size as its peak grows;
     ``on_step`` is called at the end of every scheduler step.
@@ -209,8 +208,6 @@ class KLive:
         self.result = ReplayResult()
         self.times = CallTimes(self.result.seconds_by_call)
         self.live: deque[_Live] = deque()
-        self.peak_cached = 0
-        self.peak_memory = 0
         self._next_measure = 64
 
     def run(
@@ -302,14 +299,14 @@ class KLive:
             self.on_step()
 
     def _note_size(self) -> None:
-        cached = self.index.stats().num_cached_blocks
-        if cached > self.peak_cached:
-            self.peak_cached = cached
+        cached, r = self.index.stats().num_cached_blocks, self.result
+        if cached > r.peak_cached_blocks:
+            r.peak_cached_blocks = cached
             # memory_bytes walks the index: sample at geometric steps of the peak.
             if self.measure_memory and cached >= self._next_measure:
                 measure = getattr(self.index, "memory_bytes", None)
                 if measure is not None:
-                    self.peak_memory = max(self.peak_memory, int(measure()))
+                    r.index_memory_bytes = max(r.index_memory_bytes, int(measure()))
                 self._next_measure = cached + cached // 4 + 1
 
     def _fail(self, what: str) -> ReplayError:
@@ -321,11 +318,8 @@ class KLive:
         )
 
     def _close(self, t0: float) -> None:
-        result = self.result
-        result.wall_seconds = time.perf_counter() - t0
-        result.evicted_blocks = self.seat.totals.num_evicted_blocks
-        result.peak_cached_blocks = self.peak_cached
-        result.index_memory_bytes = self.peak_memory
+        self.result.wall_seconds = time.perf_counter() - t0
+        self.result.evicted_blocks = self.seat.totals.num_evicted_blocks
 
 
 COLLECT_EVERY = 4096
@@ -362,18 +356,11 @@ def replay(
     guard: contextlib.AbstractContextManager[object] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (consumed one at a time) through a fresh ``index`` of
-    ``num_blocks`` blocks with at most ``concurrency`` live, in ``driver``'s order.
-
-    ``track_boundaries`` fills the BB-8 columns; ``keep_per_request=False`` keeps totals
-    only; ``measure_memory`` samples the index's memory as its peak grows; ``on_events``
-    turns KV events on and gets each step's non-empty batch; ``guard`` is a context
-    around each admission and its ``on_admit`` call.
-
-    Args:
-        driver: ``"vllm"`` or ``"sglang"`` (that scheduler's order), ``"manager"`` (generic).
-        on_admit: called with each admission's :class:`HitRow`, in admission order.
-        progress: called with each admitted request's prompt length.
-        on_step: called at the end of every scheduler step.
+    ``num_blocks`` blocks with at most ``concurrency`` live, through ``driver``'s engine
+    class (``"manager"``: the generic ``CacheManager``); the rest as :class:`KLive` takes
+    it. ``track_boundaries`` fills the BB-8 columns; ``on_events`` turns KV events on and
+    gets each step's non-empty batch; ``on_admit`` gets each admission's :class:`HitRow`
+    and runs with it inside ``guard``; ``progress`` gets its prompt length.
 
     Raises:
         ReplayError: an allocation failed even after evicting everything.

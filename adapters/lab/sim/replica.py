@@ -9,6 +9,7 @@ think time). Nothing reads the wall clock: a run is a pure function of its input
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -170,7 +171,7 @@ class _SessionGate:
         self.finish: dict[str, float] = {}
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
-        self.order = 0
+        self.order = itertools.count()
         # The front end passes requests on in the order they were sent.
         self.last_sent = self.last_reach = -math.inf
 
@@ -179,8 +180,7 @@ class _SessionGate:
         if sent >= self.last_sent:
             reach = max(reach, self.last_reach)
             self.last_sent, self.last_reach = sent, reach
-        heapq.heappush(self.heap, (reach, self.order, sent, request))
-        self.order += 1
+        heapq.heappush(self.heap, (reach, next(self.order), sent, request))
 
     def _read(self, now: float) -> None:
         while self.pending is not None and _arrival(self.pending, self.last_arrival) <= now:

@@ -74,18 +74,16 @@ class StepPlan(NamedTuple):
 
     def work(self) -> StepWork:
         """What the step computes, in the cost profile's units."""
-        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = 0
-        sampled = 0
-        for seq, start, n in self.chunks:
+        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = sampled = 0
+        for seq, start, n in self.chunks:  # a decode chunk is one token
             sampled += start + n == seq.num_tokens
+            max_context = max(max_context, start + n)
             if start < seq.prefill_end:
                 prefill_tokens += n
                 prefill_pairs += attention_pairs(n, start)
-                max_context = max(max_context, start + n)
             else:
                 num_decode += 1
                 decode_context += start + 1
-                max_context = max(max_context, start + 1)
         return StepWork(
             prefill_tokens, prefill_pairs, num_decode, decode_context, max_context, sampled
         )
