@@ -239,12 +239,17 @@ class SglangSeat(_PoolSeat):
         )
 
     def add_one_req(
-        self, adder: PrefillAdder, request_id: str, tokens: Any, max_new: int, num_output: int
+        self,
+        adder: PrefillAdder,
+        request_id: str,
+        tokens: Any,
+        max_new_tokens: int,
+        num_output: int,
     ) -> AddReqResult:
         """Match a waiting request (``init_next_round_input``), then ask ``adder``."""
         match = self.cache.match_prefix(tokens, max_prefix_len=len(tokens) - 1)
         return adder.add_one_req(
-            request_id, len(tokens), match.prefix_len, match.last_node, max_new, num_output
+            request_id, len(tokens), match.prefix_len, match.last_node, max_new_tokens, num_output
         )
 
     def admit(
@@ -376,9 +381,10 @@ Seat = VllmSeat | SglangSeat
 """A seat of the arrival-time schedules."""
 KLiveSeat = VllmSeat | SglangSeat | ManagerSeat
 """A seat of ``replay``'s K-live schedule: ``start`` admits a whole prompt in one step
-(the hit, or ``None``: nothing changed); ``started``: it still runs after sampling its
-first token; ``decode_rest`` decodes the rest (``False``: a slot did not fit); ``end``
-releases it."""
+(the hit, or ``None``: nothing changed; ``live``: others run in the step); ``started``:
+it still runs after sampling its first token; ``decode_rest`` decodes the rest, calling
+``step`` after each step but a release (``False``: a slot did not fit, the request stays
+running); ``end`` releases it."""
 
 
 def make_seat(
