@@ -19,7 +19,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from prefixkv.indexes.base import PrefixIndex, describe
 from prefixkv.indexes.errors import PrefixKVError
@@ -31,6 +31,9 @@ from ..manager import CacheManager
 from ..observer import CacheObserver
 from .sim.seats import CallTimes, KLiveSeat, ManagerSeat, SglangSeat, VllmSeat, make_seat
 
+if TYPE_CHECKING:
+    from .traces import TraceRequest
+
 __all__ = [
     "DRIVERS",
     "Driver",
@@ -38,7 +41,6 @@ __all__ = [
     "KLive",
     "ReplayError",
     "ReplayInterrupted",
-    "ReplayRequest",
     "ReplayResult",
     "driver_seat",
     "replay",
@@ -46,17 +48,6 @@ __all__ = [
 
 Driver = Literal["vllm", "sglang", "manager"]
 DRIVERS: tuple[Driver, ...] = ("vllm", "sglang", "manager")
-
-
-class ReplayRequest(Protocol):
-    """One trace line: its id (unique in the trace), prompt tokens and decoded tokens."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def tokens(self) -> Sequence[int]: ...
-    @property
-    def output(self) -> Sequence[int]: ...
 
 
 class HitRow(NamedTuple):
@@ -212,7 +203,7 @@ class KLive:
 
     def run(
         self,
-        requests: Iterable[ReplayRequest],
+        requests: Iterable[TraceRequest],
         *,
         on_admit: Callable[[HitRow], object] | None = None,
         progress: Callable[[int], object] | None = None,
@@ -252,7 +243,7 @@ class KLive:
         self._close(t0)
         return result
 
-    def admit(self, i: int, rec: ReplayRequest) -> HitRow:
+    def admit(self, i: int, rec: TraceRequest) -> HitRow:
         """Admit and prefill request ``i`` in one step; it samples its first token."""
         seat, times, r = self.seat, self.times, self.result
         rid = str(rec.id)
@@ -340,7 +331,7 @@ def _collector_off() -> Iterator[bool]:
 
 
 def replay(
-    requests: Iterable[ReplayRequest],
+    requests: Iterable[TraceRequest],
     index: PrefixIndex,
     num_blocks: int,
     *,
