@@ -42,7 +42,7 @@ class SimSeq:
     prefill_end: int = 0
     num_admissions: int = 0
     key: TokenKey | None = None
-    max_new_tokens: int | None = None  # SGLang's, fixed on arrival: set on first use
+    max_new_tokens: int = 0  # SGLang's, clipped when the request arrives
 
     @property
     def num_tokens(self) -> int:
@@ -129,7 +129,10 @@ class ReplicaScheduler:
         self.batch_is_full = False
 
     def add(self, seq: SimSeq) -> None:
-        """Queue a new request at the back."""
+        """Queue a new request at the back (SGLang clips its ``max_new_tokens`` now)."""
+        if isinstance(self.seat, SglangSeat):
+            r = seq.request
+            seq.max_new_tokens = self.seat.max_new_tokens(len(r.prompt), r.output_len)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -224,7 +227,7 @@ class ReplicaScheduler:
         budget = cfg.max_num_batched_tokens
         # One past its clipped max_new_tokens reserves nothing more.
         running = [
-            RunningReq(max(self._max_new_tokens(seat, s), s.num_output), s.num_output)
+            RunningReq(max(s.max_new_tokens, s.num_output), s.num_output)
             for s in self.running
             if s is not chunked
         ]
@@ -238,7 +241,7 @@ class ReplicaScheduler:
                 chunked.request.id,
                 chunked.prefill_end,
                 chunked.num_computed,
-                self._max_new_tokens(seat, chunked),
+                chunked.max_new_tokens,
             )
         return adder
 
@@ -256,11 +259,7 @@ class ReplicaScheduler:
                 break
             got = len(adder.can_run_list)
             res = seat.add_one_req(
-                adder,
-                seq.request.id,
-                seq.waiting_key().tokens,
-                self._max_new_tokens(seat, seq),
-                seq.num_output,
+                adder, seq.request.id, seq.waiting_key().tokens, seq.max_new_tokens, seq.num_output
             )
             if len(adder.can_run_list) > got:
                 admitted.append(seq)
@@ -270,13 +269,6 @@ class ReplicaScheduler:
             if res is not AddReqResult.CONTINUE:
                 break
         return admitted
-
-    def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
-        if seq.max_new_tokens is None:  # SGLang clips it once, when the request arrives
-            seq.max_new_tokens = seat.max_new_tokens(
-                len(seq.request.prompt), seq.request.output_len
-            )
-        return seq.max_new_tokens
 
     def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
         chunks: list[Chunk] = []
