@@ -31,27 +31,27 @@ ArrivalProcess = Literal["poisson", "fixed"]
 ARRIVAL_PROCESSES: tuple[ArrivalProcess, ...] = ("poisson", "fixed")
 """The arrival processes: Poisson (exponential gaps) or a fixed gap of ``1 / rate``."""
 
-LOW, HIGH = 1e-9, 1e9
-"""A request rate's and a time scale's range: outside, arrival times overflow to infinity
-or collapse onto one instant."""
+MIN_REQUEST_RATE, MAX_REQUEST_RATE = 1e-9, 1e9
+"""Outside, arrival times overflow to infinity or collapse onto one instant."""
+MIN_TIME_SCALE, MAX_TIME_SCALE = 1e-9, 1e9
 
 
-def _bounded(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not LOW <= value <= HIGH:
+def _bounded(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         raise SimSettingsError(  # NaN and infinity compare out of range too
-            f"{name} must be a finite number > 0, in [{LOW:g}, {HIGH:g}], got {value!r:.60}"
+            f"{name} must be a finite number > 0, in [{low:g}, {high:g}], got {value!r:.60}"
         )
     return float(value)
 
 
 def check_request_rate(value: object) -> float:
     """``value`` as a request rate; :class:`SimSettingsError` when out of range."""
-    return _bounded("request rate", value)
+    return _bounded("request rate", value, MIN_REQUEST_RATE, MAX_REQUEST_RATE)
 
 
 def check_time_scale(value: object) -> float:
     """``value`` as a time scale; :class:`SimSettingsError` when out of range."""
-    return _bounded("time scale", value)
+    return _bounded("time scale", value, MIN_TIME_SCALE, MAX_TIME_SCALE)
 
 
 def poisson_arrivals(rate: float, *, seed: int = 0) -> Iterator[float]:
