@@ -120,7 +120,6 @@ class ReplicaScheduler:
                 "no prompt past the budget could start"
             )
         self.seat = seat
-        self.index = seat.index
         self.config = config
         self.profile = profile
         self.waiting: deque[SimSeq] = deque()
@@ -299,7 +298,7 @@ class ReplicaScheduler:
     def _order_waiting(self) -> None:
         if self.config.queue_order != "lpm" or len(self.waiting) > 128:
             return
-        index = self.index
+        index = self.seat.index
         order: dict[int, float] = {}
         heads: set[tuple[ExtraKey | None, bytes]] = set()
         for seq in self.waiting:
