@@ -56,7 +56,7 @@ def test_replay_loads_neither_compare_cluster_calibration_nor_plots() -> None:
         "'-o', 'hits.jsonl'])\n"
         "assert args.command == 'replay' and callable(command(args.command).run)"
     )
-    assert f"{LAB}.cli.replay" in mods and f"{LAB}.sim.klive" in mods  # what it runs
+    assert f"{LAB}.cli.replay" in mods and f"{LAB}.replay" in mods  # what it runs
     assert not _under(mods, *REPLAY_NEVER)
 
 
@@ -86,7 +86,7 @@ def test_a_subcommand_does_not_load_the_others(name: str, others: tuple[str, ...
 
 
 def test_the_simulator_package_loads_a_part_only_when_it_is_used() -> None:
-    mods = _modules_after("import prefixkv.adapters.lab.sim.klive")
+    mods = _modules_after("import prefixkv.adapters.lab.replay")
     assert not _under(mods, f"{LAB}.sim.calibration", f"{LAB}.sim.replica", f"{LAB}.sim.profile")
     mods = _modules_after("from prefixkv.adapters.lab.sim import CostProfile, simulate")
     assert {f"{LAB}.sim.profile", f"{LAB}.sim.replica"} <= mods

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim.klive import Driver, KLive, ReplayError, ReplayResult, driver_seat
+from prefixkv.adapters.lab.replay import Driver, KLive, ReplayError, ReplayResult, driver_seat
 from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes import make_index
 from prefixkv.indexes.base import PrefixIndex

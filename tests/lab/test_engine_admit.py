@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixkv.adapters.lab.sim import CostProfile, ProfileError, SimRequest, simulate
-from prefixkv.adapters.lab.sim.engine_admit import fit_admit_s
+from prefixkv.adapters.lab.sim.engine_decode import fit_admit_s
 from prefixkv.adapters.lab.sim.serving_path import HopSample, engine_model
 from prefixkv.indexes import make_index
 

@@ -1,16 +1,19 @@
 """The vLLM seat's decode loop books its time whether or not a step hook runs.
 
-Without a hook the loop is timed once per request, with one per step; either way
-``allocate_decode`` holds the decode steps' time, the hits and the cache are the same,
-and a hook is called once per decode step.
+The loop is timed once per request; ``allocate_decode`` holds the decode steps' time
+and not a hook's, the hits and the cache are the same, and a hook is called once per
+decode step.
 """
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim.klive import KLive, driver_seat
+from prefixkv.adapters.lab.replay import KLive, driver_seat
 from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes import make_index
 
@@ -41,3 +44,22 @@ def test_decode_time_is_booked_with_and_without_a_step_hook(
     assert quiet.evicted_blocks == hooked.evicted_blocks
     assert quiet.peak_cached_blocks == hooked.peak_cached_blocks
     assert len(steps) == len(outputs) * 2 + decodes  # prefill, decodes, free
+
+
+def test_a_step_hooks_own_time_is_not_booked_to_the_engine_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A clock that moves only inside the hook: every engine call books exactly 0 s,
+    # the decode loop's too, though the hook runs inside it.
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def hook() -> None:
+        clock[0] += 100.0
+
+    request = TraceRequest("r0", [1, 2, 3, 4, 5, 6, 7, 8], list(range(100, 110)))
+    for driver, index in (("vllm", "hash_chain"), ("sglang", "radix"), ("manager", "radix")):
+        seat = driver_seat(driver, make_index(index, 4), 64)  # type: ignore[arg-type]
+        result = KLive(seat, 1, on_step=hook).run([request])
+        assert result.seconds_by_call and set(result.seconds_by_call.values()) == {0.0}, driver
+        assert result.wall_seconds > 0  # the hooks' time is the replay's

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.sim.klive import DRIVERS, Driver, KLive, driver_seat
+from prefixkv.adapters.lab.replay import DRIVERS, Driver, KLive, driver_seat
 from prefixkv.adapters.lab.traces import TraceRequest
 from prefixkv.indexes import make_index
 

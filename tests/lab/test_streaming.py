@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv.adapters.lab.replay import replay
-from prefixkv.adapters.lab.sim.klive import _Collector
+from prefixkv.adapters.lab.replay import COLLECT_EVERY, replay
 from prefixkv.adapters.lab.traces import ReadSettings, TraceRequest, open_trace
 from prefixkv.indexes import PrefixMatch, TokenKey, make_index
 from prefixkv.indexes.wrapper import IndexWrapper
@@ -121,7 +120,7 @@ def test_a_replay_collects_cycles_between_requests_and_restores_the_collector(
     # The replay runs with the cyclic collector off and collects every EVERY
     # admissions: another index's cycles stay bounded. A caller who turned the
     # collector off keeps it off (and then nothing is collected).
-    n = 3 * _Collector.EVERY + 100
+    n = 3 * COLLECT_EVERY + 100
     gc.collect()
     _Cycle.alive = 0
     seen: list[tuple[bool, int]] = []  # the collector's state, cycles alive
@@ -137,7 +136,7 @@ def test_a_replay_collects_cycles_between_requests_and_restores_the_collector(
         assert gc.isenabled() is enabled
         assert not any(on for on, _ in seen)
         peak = max(alive for _, alive in seen)
-        assert peak <= _Collector.EVERY + 2 if enabled else peak == n, peak
+        assert peak <= COLLECT_EVERY + 2 if enabled else peak == n, peak
     finally:
         if was:
             gc.enable()
@@ -151,7 +150,7 @@ def test_building_a_seat_sets_off_no_collection_and_restores_the_collector(
     # vLLM's engine class makes a block object per pool block up front: built with the
     # collector on, 62,500 of them set off some 90 collections (one full) that free
     # nothing.
-    from prefixkv.adapters.lab.sim.klive import driver_seat
+    from prefixkv.adapters.lab.replay import driver_seat
 
     starts: list[int] = []
 

@@ -27,12 +27,6 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 """The lab's default step token budget (vLLM's ``max_num_batched_tokens`` on an H100)."""
 
-MAX_NUM_SEQS = 2**20
-"""The most running requests a replica may be given."""
-
-MAX_NUM_BATCHED_TOKENS = 2**31 - 1
-"""The largest step token budget (an int32 in the engines)."""
-
 QueueOrder = Literal["fcfs", "lpm"]
 """A waiting-queue order: first come first served, or SGLang's longest prefix match."""
 QUEUE_ORDERS: tuple[QueueOrder, ...] = ("fcfs", "lpm")
@@ -60,10 +54,8 @@ class SimSettings:
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
-        for name, top in (
-            ("max_num_seqs", MAX_NUM_SEQS),
-            ("max_num_batched_tokens", MAX_NUM_BATCHED_TOKENS),
-        ):
+        # At most 2**20 running requests; a step budget is an int32 in the engines.
+        for name, top in (("max_num_seqs", 2**20), ("max_num_batched_tokens", 2**31 - 1)):
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= top:
                 raise SimSettingsError(f"{name} must be an int in [1, {top:,}], got {value!r:.60}")

@@ -1,18 +1,21 @@
-"""The K-live seats' decode loops when no hook runs between steps, compiled in the
-compiled build so each step calls the engine class natively; the steps are the seat's.
+"""The K-live seats' decode loops, compiled in the compiled build so each step calls the
+engine class natively; a step hook, when given, runs after each step but a release.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefixkv.adapters.sglang.prefix_cache import PrefixCache
 from prefixkv.adapters.sglang.simulated import alloc_for_decode
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 
-__all__ = ["VllmRequest", "sglang_decode", "vllm_decode"]
+__all__ = ["StepHook", "VllmRequest", "sglang_decode", "vllm_decode"]
+
+StepHook = Callable[[], object] | None
+"""Called at the end of a scheduler step (``None``: nothing to call)."""
 
 
 class VllmRequest:
@@ -33,7 +36,9 @@ class VllmRequest:
         self.num_tokens += 1
 
 
-def vllm_decode(kv: KVCacheManager, req: VllmRequest, output: Sequence[int]) -> bool:
+def vllm_decode(
+    kv: KVCacheManager, req: VllmRequest, output: Sequence[int], step: StepHook = None
+) -> bool:
     """``allocate_slots(req, 1)`` for each output token after the first, the token
     appended once its step fits; ``False`` when a slot did not (the request stays)."""
     tokens = req.all_token_ids
@@ -43,10 +48,14 @@ def vllm_decode(kv: KVCacheManager, req: VllmRequest, output: Sequence[int]) -> 
         req.num_computed_tokens += 1
         tokens.append(token)
         req.num_tokens += 1
+        if step is not None:
+            step()
     return True
 
 
-def sglang_decode(cache: PrefixCache, req: Any, output: Sequence[int]) -> bool:
+def sglang_decode(
+    cache: PrefixCache, req: Any, output: Sequence[int], step: StepHook = None
+) -> bool:
     """``alloc_for_decode`` for each output token not yet sampled (``req`` has SGLang
     ``Req`` fields), the token appended once its step fits; ``False`` when no page."""
     out_ids: list[int] = req.output_ids
@@ -54,4 +63,6 @@ def sglang_decode(cache: PrefixCache, req: Any, output: Sequence[int]) -> bool:
         if not alloc_for_decode(cache, req):
             return False
         out_ids.append(token)
+        if step is not None and len(out_ids) < len(output):
+            step()
     return True

@@ -1,5 +1,7 @@
-"""The engine core's own decode time of the serving path's lone requests, as steps: free
-of the client's and front end's stalls that the sweep's decode runs hold.
+"""The engine core's own times of the serving path's lone requests: its cost of taking a
+request in, beyond the step model (which prices it at nothing, as it does not grow with
+the prompt; the simulator adds it once to a step that first schedules a request), and its
+decode steps, free of the client's and front end's stalls that the sweep's runs hold.
 """
 
 from __future__ import annotations
@@ -8,9 +10,20 @@ import statistics
 from collections.abc import Sequence
 
 from .calibration import StepSample
-from .serving_path import HopSample
+from .serving_path import EngineModel, HopSample
 
-__all__ = ["decode_samples"]
+__all__ = ["decode_samples", "fit_admit_s"]
+
+
+def fit_admit_s(lone: Sequence[HopSample], model: EngineModel) -> float | None:
+    """The median excess (at least 0) of a lone request's engine queue + prefill time
+    over ``model``'s first step; ``None`` without engine-side samples."""
+    excess = [
+        s.engine_ttft_s - model(s.prompt_tokens, s.num_tokens)[0]
+        for s in lone
+        if s.engine_ttft_s is not None
+    ]
+    return max(0.0, statistics.median(excess)) if excess else None
 
 
 def decode_samples(lone: Sequence[HopSample]) -> list[StepSample]:

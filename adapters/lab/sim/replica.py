@@ -9,6 +9,7 @@ think time). Nothing reads the wall clock: a run is a pure function of its input
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,15 +51,10 @@ def simulate(
     progress: Callable[[int], object] | None = None,
 ) -> SimResult:
     """Replay ``requests`` (stamped, in arrival order, read lazily) through one replica
-    over a pool of ``capacity_tokens``; ``labels`` are extra columns and ``progress``
-    is called with each finished request's prompt tokens.
-
-    Returns:
-        Per-request records (in the order sent) and the run's summary, labelled with
-        the run's settings and ``profile_range`` (what went past the profile's range).
-
-    Warns:
-        ProfileRangeWarning: once, when the run went past the profile's range.
+    over a pool of ``capacity_tokens``: the records in the order sent and the summary,
+    labelled with the settings, ``labels`` and ``profile_range`` (what went past the
+    profile's range, warned once as :class:`ProfileRangeWarning`); ``progress`` gets each
+    finished request's prompt tokens.
 
     Raises:
         SimSettingsError: a non-positive capacity.
@@ -156,13 +152,9 @@ def _run(
 
 
 def _reach(reached: dict[str, int], work: StepWork) -> None:
-    for key, value in (
-        ("prefill_tokens", work.prefill_tokens),
-        ("context_tokens", work.max_context),
-        ("batch_size", work.num_decode),
-    ):
-        if value > reached[key]:
-            reached[key] = value
+    reached["prefill_tokens"] = max(reached["prefill_tokens"], work.prefill_tokens)
+    reached["context_tokens"] = max(reached["context_tokens"], work.max_context)
+    reached["batch_size"] = max(reached["batch_size"], work.num_decode)
 
 
 class _SessionGate:
@@ -179,7 +171,7 @@ class _SessionGate:
         self.finish: dict[str, float] = {}
         self.blocked: dict[str, list[SimRequest]] = {}
         self.heap: list[tuple[float, int, float, SimRequest]] = []
-        self.order = 0
+        self.order = itertools.count()
         # The front end passes requests on in the order they were sent.
         self.last_sent = self.last_reach = -math.inf
 
@@ -188,8 +180,7 @@ class _SessionGate:
         if sent >= self.last_sent:
             reach = max(reach, self.last_reach)
             self.last_sent, self.last_reach = sent, reach
-        heapq.heappush(self.heap, (reach, self.order, sent, request))
-        self.order += 1
+        heapq.heappush(self.heap, (reach, next(self.order), sent, request))
 
     def _read(self, now: float) -> None:
         while self.pending is not None and _arrival(self.pending, self.last_arrival) <= now:

@@ -42,7 +42,7 @@ class SimSeq:
     prefill_end: int = 0
     num_admissions: int = 0
     key: TokenKey | None = None
-    max_new_tokens: int | None = None  # SGLang's, fixed on arrival: set on first use
+    max_new_tokens: int = 0  # SGLang's, clipped when the request arrives
 
     @property
     def num_tokens(self) -> int:
@@ -74,18 +74,16 @@ class StepPlan(NamedTuple):
 
     def work(self) -> StepWork:
         """What the step computes, in the cost profile's units."""
-        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = 0
-        sampled = 0
-        for seq, start, n in self.chunks:
+        prefill_tokens = prefill_pairs = num_decode = decode_context = max_context = sampled = 0
+        for seq, start, n in self.chunks:  # a decode chunk is one token
             sampled += start + n == seq.num_tokens
+            max_context = max(max_context, start + n)
             if start < seq.prefill_end:
                 prefill_tokens += n
                 prefill_pairs += attention_pairs(n, start)
-                max_context = max(max_context, start + n)
             else:
                 num_decode += 1
                 decode_context += start + 1
-                max_context = max(max_context, start + 1)
         return StepWork(
             prefill_tokens, prefill_pairs, num_decode, decode_context, max_context, sampled
         )
@@ -122,7 +120,6 @@ class ReplicaScheduler:
                 "no prompt past the budget could start"
             )
         self.seat = seat
-        self.index = seat.index
         self.config = config
         self.profile = profile
         self.waiting: deque[SimSeq] = deque()
@@ -131,7 +128,10 @@ class ReplicaScheduler:
         self.batch_is_full = False
 
     def add(self, seq: SimSeq) -> None:
-        """Queue a new request at the back."""
+        """Queue a new request at the back (SGLang clips its ``max_new_tokens`` now)."""
+        if isinstance(self.seat, SglangSeat):
+            r = seq.request
+            seq.max_new_tokens = self.seat.max_new_tokens(len(r.prompt), r.output_len)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -226,7 +226,7 @@ class ReplicaScheduler:
         budget = cfg.max_num_batched_tokens
         # One past its clipped max_new_tokens reserves nothing more.
         running = [
-            RunningReq(max(self._max_new_tokens(seat, s), s.num_output), s.num_output)
+            RunningReq(max(s.max_new_tokens, s.num_output), s.num_output)
             for s in self.running
             if s is not chunked
         ]
@@ -240,7 +240,7 @@ class ReplicaScheduler:
                 chunked.request.id,
                 chunked.prefill_end,
                 chunked.num_computed,
-                self._max_new_tokens(seat, chunked),
+                chunked.max_new_tokens,
             )
         return adder
 
@@ -258,11 +258,7 @@ class ReplicaScheduler:
                 break
             got = len(adder.can_run_list)
             res = seat.add_one_req(
-                adder,
-                seq.request.id,
-                seq.waiting_key().tokens,
-                self._max_new_tokens(seat, seq),
-                seq.num_output,
+                adder, seq.request.id, seq.waiting_key().tokens, seq.max_new_tokens, seq.num_output
             )
             if len(adder.can_run_list) > got:
                 admitted.append(seq)
@@ -272,13 +268,6 @@ class ReplicaScheduler:
             if res is not AddReqResult.CONTINUE:
                 break
         return admitted
-
-    def _max_new_tokens(self, seat: SglangSeat, seq: SimSeq) -> int:
-        if seq.max_new_tokens is None:  # SGLang clips it once, when the request arrives
-            seq.max_new_tokens = seat.max_new_tokens(
-                len(seq.request.prompt), seq.request.output_len
-            )
-        return seq.max_new_tokens
 
     def _decode_or_retract(self, seat: SglangSeat) -> StepPlan:
         chunks: list[Chunk] = []
@@ -309,7 +298,7 @@ class ReplicaScheduler:
     def _order_waiting(self) -> None:
         if self.config.queue_order != "lpm" or len(self.waiting) > 128:
             return
-        index = self.index
+        index = self.seat.index
         order: dict[int, float] = {}
         heads: set[tuple[ExtraKey | None, bytes]] = set()
         for seq in self.waiting:

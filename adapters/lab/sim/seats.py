@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prefixkv.adapters.events.wire import KVEvent
@@ -34,22 +35,20 @@ from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
-from .decode_loops import VllmRequest, sglang_decode, vllm_decode
+from .decode_loops import StepHook, VllmRequest, sglang_decode, vllm_decode
 
 __all__ = ["CallTimes", "KLiveSeat", "ManagerSeat", "Seat", "SglangSeat", "VllmSeat", "make_seat"]
 
 _T = TypeVar("_T")
 
 
+@dataclass(slots=True)
 class CallTimes:
     """Seconds per engine call kind (``by_call``) and those booked since the caller last
     set ``spent`` (one request's share)."""
 
-    __slots__ = ("by_call", "spent")
-
-    def __init__(self, by_call: dict[str, float]) -> None:
-        self.by_call = by_call
-        self.spent = 0.0
+    by_call: dict[str, float]
+    spent: float = 0.0
 
     def call(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``, its time booked as ``kind``."""
@@ -59,18 +58,35 @@ class CallTimes:
         return out
 
     def book(self, kind: str, seconds: float) -> None:
-        """Book seconds measured in place (a decode loop times each call inline)."""
-        by = self.by_call
-        by[kind] = by.get(kind, 0.0) + seconds
+        """Book ``seconds`` as ``kind``."""
+        self.by_call[kind] = self.by_call.get(kind, 0.0) + seconds
         self.spent += seconds
+
+    def untimed(self, kind: str, step: StepHook) -> StepHook:
+        """``step`` with its own seconds taken back off ``kind`` (a hook that runs inside
+        a call timed as ``kind``)."""
+        if step is None:
+            return None
+
+        def untimed_step() -> None:
+            t0 = time.perf_counter()
+            step()
+            self.book(kind, t0 - time.perf_counter())
+
+        return untimed_step
 
 
 class _PoolSeat:
-    """What every seat reads off its pool."""
+    """What every seat reads off its engine class: its index, pool and totals."""
 
-    pool: PagePool
-    index: PrefixIndex
-    num_blocks: int
+    def __init__(
+        self, index: PrefixIndex, pool: PagePool, totals: CacheTotals, num_blocks: int
+    ) -> None:
+        self.index = index
+        self.block_size = index.block_size
+        self.pool = pool
+        self.totals = totals
+        self.num_blocks = num_blocks
 
     def pool_size(self) -> tuple[int, int]:
         """Free and total blocks of the pool."""
@@ -86,16 +102,10 @@ class VllmSeat(_PoolSeat):
     """prefixkv's vLLM ``KVCacheManager`` as a seat (its block 0 is vLLM's null block)."""
 
     def __init__(self, kv: KVCacheManager) -> None:
+        m = kv.manager
+        super().__init__(m.index, m.allocator, m.totals, m.allocator.num_blocks - 1)
         self.kv = kv
-        self.index = kv.manager.index
-        self.block_size = self.index.block_size
-        self.pool = kv.manager.allocator
-        self.num_blocks = self.pool.num_blocks - 1
         self.requests: dict[str, VllmRequest] = {}
-
-    @property
-    def totals(self) -> CacheTotals:
-        return self.kv.manager.totals
 
     @property
     def usage(self) -> float:
@@ -149,29 +159,12 @@ class VllmSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self,
-        request_id: str,
-        output: Sequence[int],
-        times: CallTimes,
-        step: Callable[[], object] | None,
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
     ) -> bool:
         """K-live: ``allocate_slots(req, 1)`` per remaining token."""
-        req = self.requests[request_id]
-        if step is None:  # one timed loop, compiled where the build is
-            return times.call("allocate_decode", vllm_decode, self.kv, req, output)
-        allocate, perf, spent, ok = self.kv.allocate_slots, time.perf_counter, 0.0, True
-        for k in range(1, len(output)):
-            t0 = perf()
-            new = allocate(req, 1)
-            spent += perf() - t0
-            if new is None:
-                ok = False
-                break
-            req.num_computed_tokens += 1
-            req.append(output[k])
-            step()
-        times.book("allocate_decode", spent)
-        return ok
+        kind = "allocate_decode"
+        req, hook = self.requests[request_id], times.untimed(kind, step)
+        return times.call(kind, vllm_decode, self.kv, req, output, hook)
 
     def end(self, request_id: str, times: CallTimes) -> None:
         """K-live: ``free`` (vLLM registers nothing there)."""
@@ -215,16 +208,9 @@ class SglangSeat(_PoolSeat):
     """prefixkv's SGLang ``PrefixCache`` on its simulated pools as a seat."""
 
     def __init__(self, cache: PrefixCache) -> None:
+        super().__init__(cache.index, cache.pool, cache.totals, cache.pool.num_blocks)
         self.cache = cache
-        self.index = cache.index
-        self.block_size = self.index.block_size
-        self.pool = cache.pool
-        self.num_blocks = self.pool.num_blocks
         self.requests: dict[str, SimpleReq] = {}
-
-    @property
-    def totals(self) -> CacheTotals:
-        return self.cache.totals
 
     @property
     def usage(self) -> float:
@@ -325,34 +311,17 @@ class SglangSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self,
-        request_id: str,
-        output: Sequence[int],
-        times: CallTimes,
-        step: Callable[[], object] | None,
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
     ) -> bool:
         """K-live: ``alloc_for_decode`` per remaining token (the last step releases)."""
-        req, cache = self.requests[request_id], self.cache
-        if step is None:
-            return times.call("alloc_for_decode", sglang_decode, cache, req, output)
-        out_ids, perf, spent, ok = req.output_ids, time.perf_counter, 0.0, True
-        while len(out_ids) < len(output):
-            t0 = perf()
-            ok = alloc_for_decode(cache, req)
-            spent += perf() - t0
-            if not ok:
-                break
-            out_ids.append(output[len(out_ids)])
-            if len(out_ids) < len(output):
-                step()
-        times.book("alloc_for_decode", spent)
-        return ok
+        kind = "alloc_for_decode"
+        req, hook = self.requests[request_id], times.untimed(kind, step)
+        return times.call(kind, sglang_decode, self.cache, req, output, hook)
 
     def end(self, request_id: str, times: CallTimes) -> None:
         """K-live: ``cache_finished_req``."""
-        times.call(
-            "cache_finished_req", self.cache.cache_finished_req, self.requests.pop(request_id)
-        )
+        req = self.requests.pop(request_id)
+        times.call("cache_finished_req", self.cache.cache_finished_req, req)
 
     def take_events(self) -> list[KVEvent]:
         return self.cache.take_events()
@@ -368,14 +337,9 @@ class ManagerSeat(_PoolSeat):
     """prefixkv's generic ``CacheManager`` as a K-live seat."""
 
     def __init__(self, manager: CacheManager) -> None:
+        pool = manager.allocator
+        super().__init__(manager.index, pool, manager.totals, pool.num_blocks)
         self.manager = manager
-        self.index = manager.index
-        self.pool = manager.allocator
-        self.num_blocks = self.pool.num_blocks
-
-    @property
-    def totals(self) -> CacheTotals:
-        return self.manager.totals
 
     def start(
         self, request_id: str, tokens: Sequence[int], live: bool, times: CallTimes
@@ -393,11 +357,7 @@ class ManagerSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self,
-        request_id: str,
-        output: Sequence[int],
-        times: CallTimes,
-        step: Callable[[], object] | None,
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
     ) -> bool:
         """``append`` and ``commit`` each output token but the last (it gets no KV)."""
         m = self.manager
@@ -420,14 +380,11 @@ class ManagerSeat(_PoolSeat):
 Seat = VllmSeat | SglangSeat
 """A seat of the arrival-time schedules."""
 KLiveSeat = VllmSeat | SglangSeat | ManagerSeat
-"""A seat of the K-live schedule (:mod:`.klive`): whole requests, one step each call.
-
-``start`` admits a whole prompt in one step (the hit tokens, or ``None``: refused,
-nothing changed; ``live``: others are scheduled in the step); ``started`` says whether
-it still runs after that step sampled its first token; ``decode_rest`` decodes the rest,
-calling ``step`` after each step but a release (``False``: a slot did not fit, the
-request stays running); ``end`` releases it.
-"""
+"""A seat of ``replay``'s K-live schedule: ``start`` admits a whole prompt in one step
+(the hit, or ``None``: nothing changed; ``live``: others run in the step); ``started``:
+it still runs after sampling its first token; ``decode_rest`` decodes the rest, calling
+``step`` after each step but a release (``False``: a slot did not fit, the request stays
+running); ``end`` releases it."""
 
 
 def make_seat(

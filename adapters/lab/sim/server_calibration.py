@@ -26,8 +26,7 @@ from typing import Any
 
 from .calibration import StepSample, fit_profile
 from .config import DEFAULT_BLOCK_SIZE
-from .engine_admit import fit_admit_s
-from .engine_decode import decode_samples
+from .engine_decode import decode_samples, fit_admit_s
 from .errors import ProfileError
 from .http_limits import RequestLimits
 from .profile import CostProfile, attention_pairs
