@@ -21,6 +21,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 """Each extra's top-level modules, as ``pyproject.toml`` installs them."""
 
 
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The modules of ``modules`` that cannot be imported here (none is imported)."""
+    return [name for name in modules if not _found(name)]
+
+
 def _found(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -28,17 +33,9 @@ def _found(name: str) -> bool:
         return False
 
 
-def missing_modules(modules: Sequence[str]) -> list[str]:
-    """The modules of ``modules`` that cannot be imported here (none is imported)."""
-    return [name for name in modules if not _found(name)]
-
-
 def has_extra(extra: str, modules: Sequence[str] | None = None) -> bool:
-    """Whether ``modules`` (default: all of ``extra``'s) can be imported.
-
-    Raises:
-        KeyError: an ``extra`` that pyproject.toml does not declare.
-    """
+    """Whether ``modules`` (default: all of ``extra``'s) can be imported; ``KeyError`` for
+    an ``extra`` that pyproject.toml does not declare."""
     return not missing_modules(EXTRAS[extra] if modules is None else modules)
 
 

@@ -1,8 +1,8 @@
 """The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace,
 ``calibrate`` a cost profile.
 
-Only the standard library and :mod:`.signals` load first; each subcommand
-(:data:`COMMANDS`) is a module of this package, imported once it is chosen.
+Only the standard library and :mod:`.signals` load first; each subcommand is a module of
+this package, imported once it is chosen.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType, ModuleType
+from collections.abc import Sequence
+from types import ModuleType
 
 from .signals import Interrupts
 
-COMMANDS: Mapping[str, str] = MappingProxyType(
-    {
-        "compare": "run backends head to head; write tables, report.md, results.json and plots",
-        "replay": "replay one trace through one backend; write per-request hits (oracle format)",
-        "calibrate": "fit a cost profile to a served engine, vllm bench serve results or the "
-        "reference engine; --list the shipped profiles",
-        "cluster": "route a trace over N replicas with each routing policy; write a report",
-    }
-)
+COMMANDS = {
+    "compare": "run backends head to head; write tables, report.md, results.json and plots",
+    "replay": "replay one trace through one backend; write per-request hits (oracle format)",
+    "calibrate": "fit a cost profile to a served engine, vllm bench serve results or the "
+    "reference engine; --list the shipped profiles",
+    "cluster": "route a trace over N replicas with each routing policy; write a report",
+}
 """Each subcommand and its ``--help`` line; its module defines ``add_arguments(parser)``
 and ``run(args, argv, interrupts)``."""
 
