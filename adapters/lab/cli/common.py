@@ -180,23 +180,15 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         metavar="V",
         help="hash-id traces: token ids are drawn from [1, V) (default %(default)s)",
     )
-    limits = TraceLimits()
-    t.add_argument(
-        "--max-prompt-tokens",
-        type=parse_token_count,
-        default=limits.max_prompt_tokens,
-        metavar="T",
-        help="refuse a trace with a longer prompt "
-        f"(default {token_count_text(limits.max_prompt_tokens)})",
-    )
-    t.add_argument(
-        "--max-output-tokens",
-        type=parse_token_count,
-        default=limits.max_output_tokens,
-        metavar="T",
-        help="refuse a trace with a longer output "
-        f"(default {token_count_text(limits.max_output_tokens)})",
-    )
+    for part in ("prompt", "output"):
+        most = getattr(TraceLimits(), f"max_{part}_tokens")
+        t.add_argument(
+            f"--max-{part}-tokens",
+            type=parse_token_count,
+            default=most,
+            metavar="T",
+            help=f"refuse a trace with a longer {part} (default {token_count_text(most)})",
+        )
     t.add_argument(
         "--max-pool-blocks",
         type=parse_token_count,

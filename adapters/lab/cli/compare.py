@@ -102,8 +102,8 @@ def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
         "--capacity-sweep",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also replay at 7 capacities from tight to roomy and plot hit ratio "
-        "vs capacity (default: on for the built-in set, off otherwise)",
+        help="also replay at 7 capacities from tight to roomy and plot hit ratio vs capacity "
+        "(default: on for the built-in set, off otherwise)",
     )
     cmp.add_argument(
         "--capacity-search",
@@ -417,10 +417,7 @@ def _compare_config(
         "capacity_blocks": args.capacity_blocks,
         "capacity_rule": _capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
-        "concurrency": args.concurrency,
-        "max_requests": args.max_requests,
-        "tokens_per_id": args.tokens_per_id,
-        "seed": args.seed,
+        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
         "timing_repeats": repeats,
         "boundary_accounting": compare.boundary_accounting,
         "timing": (

@@ -50,11 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``prefixkv`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status:
-    0, 2 on an error in the input or the flags, 128 + the signal that stopped it (130 for
-    Ctrl-C), 1 on an internal error (``PREFIXKV_TRACEBACK=1`` shows its traceback). Every
-    error is one line on stderr. Called with ``argv`` the caller's signal handlers are put
-    back at the end; as the program, later signals are ignored while it exits."""
+    """Run ``prefixkv`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0,
+    2 on an error in the input or the flags, 128 + the signal that stopped it (130 for Ctrl-C),
+    1 on an internal error (``PREFIXKV_TRACEBACK=1`` shows its traceback). Every error is one
+    line on stderr; the caller's signal handlers are put back (as the program: ignored)."""
     interrupts = Interrupts()
     try:  # from before the first handler goes in: no signal escapes as a traceback
         interrupts.handle_signals()
@@ -87,8 +86,7 @@ def _run(args_list: list[str], interrupts: Interrupts) -> int:
 
     try:
         args = build_parser().parse_args(args_list)
-        status: int = command(args.command).run(args, args_list, interrupts)
-        return status
+        return int(command(args.command).run(args, args_list, interrupts))
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error

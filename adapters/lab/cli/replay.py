@@ -34,9 +34,6 @@ from .signals import Interrupts
 if TYPE_CHECKING:
     from ...events.transport import ZmqEventPublisher
 
-MAX_WAIT_S = 86_400.0
-"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace`` (the publisher's)."""
-
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:
     """Give the ``replay`` subcommand's parser its description and flags."""
@@ -111,8 +108,8 @@ def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
 
 
 def _seconds(text: str) -> float:
-    bound = f"seconds in (0, {MAX_WAIT_S:g}]"
-    return number_arg(text, float, "seconds", bound, lambda v: 0 < v <= MAX_WAIT_S)
+    """Seconds in (0, one day]: the longest wait or grace the publisher takes."""
+    return number_arg(text, float, "seconds", "seconds in (0, 86400]", lambda v: 0 < v <= 86_400)
 
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
@@ -405,12 +402,11 @@ def _replay_summary(
     summary["notes"] = list(workload.notes)
     summary["config"] = {
         "command": shlex.join(["prefixkv", *argv]),
-        **{name: getattr(spec, name) for name in ("index", "driver", "block_size")},
+        **{k: getattr(spec, k) for k in ("index", "driver", "block_size")},
         "options": dict(spec.options),
         "num_blocks": num_blocks,
         "capacity_tokens": num_blocks * spec.block_size,
-        **{name: getattr(args, name) for name in ("concurrency", "max_requests", "tokens_per_id")},
-        "seed": args.seed,
+        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
         "prefixkv": prefixkv_version(),
         "python": sys.version.split()[0],
     }

@@ -24,15 +24,9 @@ HANDLED: tuple[signal.Signals, ...] = tuple(
 
 class Interrupts:
     """The command's handler of every signal in :data:`HANDLED`: the first raises
-    ``KeyboardInterrupt`` (unless held), later ones only wake a held wait (:meth:`calling`).
-
-    Attributes:
-        signum: the first signal received (``None``: none yet).
-        held: signals no longer raise (the command is writing what it has).
-
-    ``with interrupts:`` a first signal inside is raised as the block ends, so a step (a
-    replay row counted, then written) is never cut in two.
-    """
+    ``KeyboardInterrupt`` (unless ``held``: the command is writing what it has), later ones
+    only wake a held wait (:meth:`calling`); ``signum`` is the first. ``with interrupts:``
+    a first signal inside is raised as the block ends, so a step is never cut in two."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
