@@ -264,18 +264,17 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     check_output_folder(args.out, OUTPUT_NAMES, [args.trace, *given])
     profile, model = common.apply_model(args, load_profile(args.profile))
     caps = common.capacities(args, profile) or [DEFAULT_CAPACITY]
-    sizing = common.model_line(args, profile, model)
-    if sizing:
+    if sizing := common.model_line(args, profile, model):
         print(f"capacity: {sizing}")
         for line in common.capacity_warnings(sorted(set(caps)), profile, args):
             print(f"prefixkv: warning: {line}", file=sys.stderr)
     description, per_id, read = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
-    workload, settings = _admitted(args, read(), model, min(caps), config.block_size)
-    settings = {"capacity_model": sizing, **settings}
+    workload, admission = _admitted(args, read(), model, min(caps), config.block_size)
     rates = _rates(args, workload, profile)
-    settings["slo"] = None if config.slo is None else config.slo.describe()
+    slo = None if config.slo is None else config.slo.describe()
+    settings = {"capacity_model": sizing, **admission, "slo": slo}
     stream = functools.partial(_arrivals, args, workload.requests)
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None, rates.first)))
@@ -286,15 +285,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    source = (
-        f"{description}; arrivals: {rates.text}; "
-        f"{'prefill only' if args.prefill_only else 'full outputs'}"
-    )
+    outputs = "prefill only" if args.prefill_only else "full outputs"
     files = write_report(
         results,
         args.out,
         command="prefixkv " + shlex.join(argv),
-        source=source,
+        source=f"{description}; arrivals: {rates.text}; {outputs}",
         requests_table=not args.no_requests_table,
         plots=not args.no_plots,
         partial=partial,
@@ -304,8 +300,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     if not args.quiet or partial:
         what = f"partial results ({partial})" if partial else f"{len(results)} runs"
         print(f"{what} in {time.perf_counter() - t0:.1f} s; wrote {len(files)} files to {args.out}")
-    broken = [r for r in results if r.invariants.broken()]
-    if broken:
+    if broken := [r for r in results if r.invariants.broken()]:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1
     return interrupts.status() if partial or interrupts.received else 0
@@ -333,8 +328,7 @@ def _settings(
     )  # fmt: skip
     plan_experiment(specs, config, replicas=args.replicas, capacities=caps)
     for capacity in caps:
-        over = over_pool_limit(capacity, config.block_size, args.max_pool_blocks, "a replica")
-        if over:
+        if over := over_pool_limit(capacity, config.block_size, args.max_pool_blocks, "a replica"):
             raise ClusterSettingsError(over)
     return config
 

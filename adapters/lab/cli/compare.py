@@ -246,8 +246,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     workloads = common.load_workloads_for(args, names or None)
     caps = common.capacities(args, profile)
     options = dataclasses.replace(options, capacity_tokens=caps)
-    sizing = common.model_line(args, profile, model)
-    if sizing:
+    if sizing := common.model_line(args, profile, model):
         print(f"capacity: {sizing}")
     settings = options.settings(workloads)
     rule = options.length_rule(settings)
@@ -293,15 +292,13 @@ def _print_workload(r: WorkloadResult) -> None:
         print(text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
         for line in report.capacity_lines(r):
             print(f"capacity: {line}")
-    arrival = r.arrival_at_table()
-    if arrival:
+    if arrival := r.arrival_at_table():
         print()
         print(report.time_title(r))
         print(text_table(report.time_rows(arrival), report.TIME_COLUMNS))
         for line in report.load_lines(r):
             print(f"load: {line}")
-    swept = report.rate_runs(r)
-    if swept:
+    if swept := report.rate_runs(r):
         print()
         print(f"{r.name}: request-rate sweep at {r.capacity_tokens:,} tokens")
         print(text_table(report.rate_rows(swept), report.RATE_COLUMNS))
@@ -456,12 +453,10 @@ def _capacity_rule(args: argparse.Namespace, caps: Sequence[int] | None) -> str:
     if args.capacity_gib is not None and caps:
         gib = ", ".join(f"{g:g}" for g in args.capacity_gib)
         return f"{gib} GiB of KV = {', '.join(f'{c:,}' for c in caps)} tokens"
-    if args.capacity_tokens is not None:
-        listed = args.capacity_tokens
-        text = f"{listed[0]:,} tokens for every backend"
-        if len(listed) > 1:
-            text += f"; sweep at {', '.join(f'{c:,}' for c in listed)} tokens"
-        return text
+    if listed := args.capacity_tokens:
+        swept = ", ".join(f"{c:,}" for c in listed)
+        sweep = f"; sweep at {swept} tokens" if len(listed) > 1 else ""
+        return f"{listed[0]:,} tokens for every backend{sweep}"
     if args.capacity_blocks is not None:
         return (
             f"{args.capacity_blocks:,} blocks of {args.block_size} tokens = "

@@ -72,10 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence(sys.stdout, sys.stderr)
         return interrupts.status()
     finally:
-        if argv is None:
-            interrupts.ignore()
-        else:
-            interrupts.restore()
+        interrupts.restore(ignore=argv is None)
 
 
 def _run(args_list: list[str], interrupts: Interrupts) -> int:

@@ -55,17 +55,13 @@ class Interrupts:
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
-    def restore(self) -> None:
-        """Put back the handlers :meth:`handle_signals` replaced."""
+    def restore(self, *, ignore: bool = False) -> None:
+        """Put back the handlers :meth:`handle_signals` replaced; with ``ignore`` (the process
+        is exiting) ignore the signals, as a Python handler reset to the default action
+        during shutdown would let a signal kill it."""
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, signal.SIG_IGN if ignore else previous)
         self._previous.clear()
-
-    def ignore(self) -> None:
-        """Ignore the handled signals from now on: the process is exiting, and a Python
-        handler reset to the default action during shutdown would let a signal kill it."""
-        for signum in self._previous:
-            signal.signal(signum, signal.SIG_IGN)
 
     @contextlib.contextmanager
     def calling(self, callback: Callable[[], None]) -> Iterator[None]:
