@@ -19,16 +19,16 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 """Each extra's top-level modules, as ``pyproject.toml`` installs them."""
 
 
-def missing_modules(modules: Sequence[str]) -> list[str]:
-    """The modules of ``modules`` that cannot be imported here (none is imported)."""
-    return [name for name in modules if not _found(name)]
-
-
 def _found(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):  # a broken or half-imported package
         return False
+
+
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The modules of ``modules`` that cannot be imported here (none is imported)."""
+    return [name for name in modules if not _found(name)]
 
 
 def has_extra(extra: str, modules: Sequence[str] | None = None) -> bool:

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from prefixkv.indexes.eviction import EVICTION_POLICIES
 from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..backends import MAX_POOL_BLOCKS
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from ..sim.profile import CostProfile
 
 _HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
-_EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -55,10 +55,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--radix-eviction-policy",
-        choices=_EVICTION_POLICIES,
+        choices=tuple(EVICTION_POLICIES),
         metavar="POLICY",
         help=f"the radix tree's eviction, as SGLang's flag: "
-        f"{', '.join(_EVICTION_POLICIES)} (default lru)",
+        f"{', '.join(EVICTION_POLICIES)} (default lru)",
     )
     g.add_argument(
         "--index-option",
@@ -180,8 +180,9 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         metavar="V",
         help="hash-id traces: token ids are drawn from [1, V) (default %(default)s)",
     )
+    limits = TraceLimits()
     for part in ("prompt", "output"):
-        most = getattr(TraceLimits(), f"max_{part}_tokens")
+        most = getattr(limits, f"max_{part}_tokens")
         t.add_argument(
             f"--max-{part}-tokens",
             type=parse_token_count,
