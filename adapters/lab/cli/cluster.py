@@ -210,8 +210,7 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Workload]]:
-    """A description, tokens per hash id, and how to read the requests (a trace is opened
-    now, scanned when read)."""
+    """A description, tokens per hash id, and the requests' reader (a trace opened, not read)."""
     if args.trace is None:
         listed = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         description = f"built-in workload {args.workload} ({len(listed)} requests)"
@@ -340,8 +339,7 @@ def _admitted(
     pool: int,
     block_size: int,
 ) -> tuple[Workload, dict[str, Any]]:
-    """The requests of the scanned ``workload`` every replica can take (within the model's
-    length and the smallest ``pool``) and the report's settings; prints the rejections."""
+    """The requests every replica can take and the report's settings; prints the rejections."""
     max_len = common.max_model_len(args, model)
     rule = length_rule(
         max_len, pool, block_size=block_size, max_num_batched_tokens=args.max_num_batched_tokens
@@ -393,8 +391,7 @@ def _run_all(
     plan: FaultPlan | None,
     interrupts: Interrupts,
 ) -> tuple[list[ClusterResult], str]:
-    """The experiment's runs, then the rate sweep's; returns those that finished and, when
-    interrupted, what stopped them (else ``""``)."""
+    """The experiment's runs, then the rate sweep's, and what stopped them (``""``: nothing)."""
     partial = ""
     # The most replica actors alive at once: the largest fleet, or the first (the fault
     # runs') plus the replicas its scale_up faults add.
@@ -436,8 +433,7 @@ def _arrivals(
     cfg: ClusterSettings | None,
     request_rate: float | None,
 ) -> Iterator[SimRequest]:
-    """The requests with arrival times, for a fleet configuration and a Poisson rate
-    (``None``: the trace's timestamps x ``--time-scale``)."""
+    """The requests with arrival times for a fleet and a Poisson rate (``None``: the trace's)."""
     # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
     k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
     rate = None if request_rate is None else request_rate / k

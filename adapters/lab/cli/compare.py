@@ -315,8 +315,7 @@ def _write_outputs(
     t0: float,
     interrupts: Interrupts,
 ) -> int:
-    """Tables, plots, ``results.json`` and ``report.md``, every file whole; a signal
-    while the plots are drawn stops the plots, never the rest."""
+    """Tables, plots, ``results.json`` and ``report.md``, each whole; a signal stops only plots."""
     interrupted = comparison.partial or interrupts.received
     results = comparison.workloads
     meta: dict[str, Any] = {
