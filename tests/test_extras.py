@@ -14,13 +14,9 @@ import pytest
 
 from prefixkv.adapters.lab import extras
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.extras import (
-    ExtraNotInstalledError,
-    has_extra,
-    missing_modules,
-    require_extra,
-)
+from prefixkv.adapters.lab.extras import has_extra, missing_modules, require_extra
 from prefixkv.indexes.errors import PrefixKVError
+from prefixkv.storage.extras import ExtraNotInstalledError
 
 
 def _without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:

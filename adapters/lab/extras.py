@@ -8,8 +8,6 @@ from collections.abc import Sequence
 
 from prefixkv.storage.extras import TORCH_EXTRA, ExtraNotInstalledError, missing_extra_message
 
-__all__ = ["EXTRAS", "ExtraNotInstalledError", "has_extra", "missing_modules", "require_extra"]
-
 EXTRAS: dict[str, tuple[str, ...]] = {
     "report": ("matplotlib", "tqdm"),
     "pandas": ("pandas",),
@@ -34,11 +32,8 @@ def missing_modules(modules: Sequence[str]) -> list[str]:
 
 
 def has_extra(extra: str, modules: Sequence[str] | None = None) -> bool:
-    """Whether ``modules`` (default: all of ``extra``'s) can be imported.
-
-    Raises:
-        KeyError: an ``extra`` that pyproject.toml does not declare.
-    """
+    """Whether ``modules`` (default: all of ``extra``'s) can be imported; ``KeyError`` for
+    an ``extra`` that pyproject.toml does not declare."""
     return not missing_modules(EXTRAS[extra] if modules is None else modules)
 
 
@@ -55,6 +50,5 @@ def require_extra(
     needed = EXTRAS[extra] if modules is None else tuple(modules)
     if not set(needed) <= set(EXTRAS[extra]):
         raise KeyError(f"the {extra!r} extra does not install {sorted(set(needed))}")
-    missing = missing_modules(needed)
-    if missing:
+    if missing := missing_modules(needed):
         raise ExtraNotInstalledError(missing_extra_message(extra, what, missing, instead))

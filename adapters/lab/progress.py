@@ -9,13 +9,11 @@ from .extras import has_extra
 
 
 class Progress(Protocol):
-    """What the CLI needs of a bar (tqdm's own methods)."""
+    """What the CLI needs of a bar: tqdm's ``update(n)`` and ``close()``."""
 
-    def update(self, n: int = 1) -> object:
-        """Advance by ``n`` steps."""
+    def update(self, n: int = 1) -> object: ...
 
-    def close(self) -> None:
-        """Remove the bar."""
+    def close(self) -> None: ...
 
 
 class _NoProgress:

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixkv.adapters.lab.extras import ExtraNotInstalledError
 from prefixkv.adapters.lab.outputs.plots import plot_capacity_sweep, plot_ttft_cdf, ttft_curves
 from prefixkv.adapters.lab.outputs.tables import (
     TableFormatError,
@@ -26,6 +25,7 @@ from prefixkv.adapters.lab.sim import SimResult, SimSettings, from_trace, simula
 from prefixkv.adapters.lab.sim.metrics import RequestRow
 from prefixkv.adapters.lab.workloads import make_workload
 from prefixkv.indexes import make_index
+from prefixkv.storage.extras import ExtraNotInstalledError
 
 BACKENDS = (("hash_chain", 16), ("radix", 1))
 

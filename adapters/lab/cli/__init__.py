@@ -1,8 +1,6 @@
 """The ``prefixkv`` command line, a module per subcommand; importing it loads only
 :mod:`.main` and :mod:`.signals`, so the signal handler is in before anything heavy."""
 
-from __future__ import annotations
-
 from .main import main
 
 __all__ = ["main"]

@@ -59,12 +59,8 @@ class CommandParser(Parser):
 
 
 def parse_token_count(text: str) -> int:
-    """A token count as vLLM's size flags read it: ``1000``, ``1k``, ``25.6k``, ``1K``,
-    ``2m``, ``1M``; ``_`` separators allowed.
-
-    Raises:
-        argparse.ArgumentTypeError: not such a number, not positive, or over 2**48.
-    """
+    """A token count as vLLM's size flags read it (``1000``, ``25.6k``, ``1K``, ``2m``,
+    ``1M``, ``_`` separators); else :class:`argparse.ArgumentTypeError`."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", text.strip().replace("_", ""))
     if m is None:
         raise argparse.ArgumentTypeError(
@@ -78,10 +74,10 @@ def parse_token_count(text: str) -> int:
         )
     if not suffix and "." in number:
         raise argparse.ArgumentTypeError(f"a token count is whole, got {text!r}")
-    if suffix in _BINARY:
-        count = int(number) * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        count = int(float(number) * _DECIMAL[suffix])
     else:
-        count = int(float(number) * _DECIMAL[suffix]) if suffix else int(number)
+        count = int(number) * _BINARY.get(suffix, 1)
     if not 1 <= count <= MAX_TOKEN_COUNT:
         raise argparse.ArgumentTypeError(
             f"want a token count from 1 to 2**48, got {text!r} = {count:,}"
@@ -98,12 +94,8 @@ def token_count_text(count: int) -> str:
 
 
 def distinct(values: list[T], text: str, want: str, *, ok: bool = True) -> list[T]:
-    """``values``, read from the comma list ``text``, unless empty, with a duplicate or
-    not ``ok``.
-
-    Raises:
-        argparse.ArgumentTypeError: "want ``want``, got ``text``".
-    """
+    """``values``, read from the comma list ``text``; when empty, with a duplicate or not
+    ``ok``, :class:`argparse.ArgumentTypeError` "want ``want``, got ``text``"."""
     if not ok or not values or len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"want {want}, got {text!r}")
     return values

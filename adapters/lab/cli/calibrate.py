@@ -165,7 +165,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         profile = calibrate_from_vllm_bench(
             args.from_vllm_bench, name=args.name, max_num_batched_tokens=budget
         )
-    interrupts.hold()  # the profile is measured: write it whole
+    interrupts.held = True  # the profile is measured: write it whole
     save_profile(profile, out)
     _print_fit(profile, out)
     return interrupts.status() if interrupts.received else 0

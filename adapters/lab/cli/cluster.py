@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import shlex
 import sys
@@ -19,7 +20,7 @@ from prefixkv.adapters.router.errors import ClusterSettingsError
 from prefixkv.adapters.router.policies import POLICIES
 from prefixkv.adapters.router.routing import BOUNDS, PolicySpec, parse_policies
 
-from ..admission import AdmissionRule, admit, length_rule
+from ..admission import admit, length_rule
 from ..backends import over_pool_limit
 from ..cluster.config import DEFAULT_BUFFER_STEPS, MAX_REPLICAS, ClusterSettings
 from ..cluster.experiment import (
@@ -108,10 +109,9 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         "--capacity-tokens",
         type=parse_capacity_tokens,
         metavar="T[,T...]|auto",
-        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several "
-        "sweep it; auto: the pool vLLM sizes on the profile's hardware, or on "
-        "--model-config and --gpu-memory (default 3m, Mooncake's per-node local "
-        "cache)",
+        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it; auto: "
+        "the pool vLLM sizes on the profile's hardware, or on --model-config and --gpu-memory "
+        "(default 3m, Mooncake's per-node local cache)",
     )
     common.add_gpu_memory_utilization(f)
     f.add_argument(
@@ -160,10 +160,9 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
         "--request-rate",
         type=request_rates,
         metavar="R[,R...]|auto",
-        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the "
-        "first and sweep every policy over the rest on the first fleet size and "
-        "capacity; auto starts where the fleet has room and doubles until each "
-        "policy is overloaded (at most 10 rates), as compare "
+        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the first and sweep "
+        "every policy over the rest on the first fleet size and capacity; auto starts where the "
+        "fleet has room and doubles until each policy is overloaded (at most 10 rates), as compare "
         "--request-rate",
     )
     a.add_argument("--time-scale", type=positive_float, metavar="S",
@@ -210,16 +209,12 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Workload]]:
-    """A description, tokens per hash id, and how to read the requests (a trace is opened
-    now, scanned when read)."""
+    """A description, tokens per hash id, and the requests' reader (a trace opened, not read)."""
     if args.trace is None:
         listed = make_workload(args.workload, seed=args.seed)[: args.max_requests]
         description = f"built-in workload {args.workload} ({len(listed)} requests)"
-        return (
-            description,
-            None,
-            lambda: Workload(args.workload, description, listed, stats_of(listed)),
-        )
+        workload = Workload(args.workload, description, listed, stats_of(listed))
+        return description, None, lambda: workload
     settings = dataclasses.replace(  # replayed at the trace's own times without a rate
         common.read_settings(args), tokens_per_id=args.tokens_per_id,
         output=not args.prefill_only, sorted_arrivals=args.request_rate is None,
@@ -227,12 +222,8 @@ def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Wor
     source = open_trace(
         args.trace, args.trace_format, max_requests=args.max_requests, settings=settings
     )
-    description = f"{os.path.basename(args.trace)} ({source.format})"
-    return (
-        description,
-        source.tokens_per_id,
-        lambda: trace_workload(source, args.trace, quiet=args.quiet),
-    )
+    read = functools.partial(trace_workload, source, args.trace, quiet=args.quiet)
+    return f"{os.path.basename(args.trace)} ({source.format})", source.tokens_per_id, read
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -261,8 +252,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
-    """Run ``prefixkv cluster``; returns the exit status (errors raise; 130 or 143:
-    interrupted, the finished runs written and marked partial)."""
+    """Run ``prefixkv cluster``; returns the exit status (130 or 143: interrupted, partial)."""
     interrupts = interrupts or Interrupts()
     _check_flags(args)
     plan = parse_faults(args.faults) if args.faults else None  # before the trace is opened
@@ -271,40 +261,34 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     given = [f for f in (args.profile, args.model_config) if f and os.path.exists(f)]
     check_output_folder(args.out, OUTPUT_NAMES, [args.trace, *given])
     profile, model = common.apply_model(args, load_profile(args.profile))
-    caps, sizing = _capacities(args, profile, model)
+    caps = common.capacities(args, profile) or [DEFAULT_CAPACITY]
+    if sizing := common.model_line(args, profile, model):
+        print(f"capacity: {sizing}")
+        for line in common.capacity_warnings(sorted(set(caps)), profile, args):
+            print(f"prefixkv: warning: {line}", file=sys.stderr)
     description, per_id, read = _source(args)
     specs = parse_policies(args.policies, tuple(POLICIES))
     config = _settings(args, specs, caps, per_id, profile, faults=plan is not None)
-    workload = read()  # the trace scanned, every request checked
-    rule = length_rule(
-        common.max_model_len(args, model),
-        min(caps),
-        block_size=config.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
-    workload, settings = _admitted(args, workload, rule)
-    settings = {"capacity_model": sizing, **settings}
+    workload, admission = _admitted(args, read(), model, min(caps), config.block_size)
     rates = _rates(args, workload, profile)
-    settings["slo"] = None if config.slo is None else config.slo.describe()
-    stream = _arrivals(args, workload.requests)
+    slo = None if config.slo is None else config.slo.describe()
+    settings = {"capacity_model": sizing, **admission, "slo": slo}
+    stream = functools.partial(_arrivals, args, workload.requests)
     if plan is not None and plan.needs_relative:
         plan = plan.resolve(arrival_span(stream(None, rates.first)))
     t0 = time.perf_counter()
     results, partial = _run_all(args, stream, specs, config, rates, caps, plan, interrupts)
-    interrupts.hold()  # what finished is written whole, whatever arrives now
+    interrupts.held = True  # what finished is written whole, whatever arrives now
     if not results:
         print(f"prefixkv: {interrupts.name()} before any run finished; nothing written",
               file=sys.stderr)  # fmt: skip
         return interrupts.status()
-    source = (
-        f"{description}; arrivals: {rates.text}; "
-        f"{'prefill only' if args.prefill_only else 'full outputs'}"
-    )
+    outputs = "prefill only" if args.prefill_only else "full outputs"
     files = write_report(
         results,
         args.out,
         command="prefixkv " + shlex.join(argv),
-        source=source,
+        source=f"{description}; arrivals: {rates.text}; {outputs}",
         requests_table=not args.no_requests_table,
         plots=not args.no_plots,
         partial=partial,
@@ -314,25 +298,10 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     if not args.quiet or partial:
         what = f"partial results ({partial})" if partial else f"{len(results)} runs"
         print(f"{what} in {time.perf_counter() - t0:.1f} s; wrote {len(files)} files to {args.out}")
-    broken = [r for r in results if r.invariants.broken()]
-    if broken:
+    if broken := [r for r in results if r.invariants.broken()]:
         print(f"prefixkv: {len(broken)} runs broke an invariant (see report.md)", file=sys.stderr)
         return 1
     return interrupts.status() if partial or interrupts.received else 0
-
-
-def _capacities(
-    args: argparse.Namespace, profile: CostProfile, model: ModelConfig | None
-) -> tuple[list[int], str | None]:
-    """Each replica's capacities in tokens (``auto`` as vLLM sizes the pool) and the
-    model's sizing line, printed with a warning for capacities beyond the hardware."""
-    caps = common.capacities(args, profile) or [DEFAULT_CAPACITY]
-    sizing = common.model_line(args, profile, model)
-    if sizing:
-        print(f"capacity: {sizing}")
-        for line in common.capacity_warnings(sorted(set(caps)), profile, args):
-            print(f"prefixkv: warning: {line}", file=sys.stderr)
-    return list(caps), sizing
 
 
 def _settings(
@@ -357,17 +326,23 @@ def _settings(
     )  # fmt: skip
     plan_experiment(specs, config, replicas=args.replicas, capacities=caps)
     for capacity in caps:
-        over = over_pool_limit(capacity, config.block_size, args.max_pool_blocks, "a replica")
-        if over:
+        if over := over_pool_limit(capacity, config.block_size, args.max_pool_blocks, "a replica"):
             raise ClusterSettingsError(over)
     return config
 
 
 def _admitted(
-    args: argparse.Namespace, workload: Workload, rule: AdmissionRule | None
+    args: argparse.Namespace,
+    workload: Workload,
+    model: ModelConfig | None,
+    pool: int,
+    block_size: int,
 ) -> tuple[Workload, dict[str, Any]]:
-    """The requests every replica can take under ``rule`` (the model's length and the
-    smallest pool) and the report's settings; the rejections' note is printed."""
+    """The requests every replica can take and the report's settings; prints the rejections."""
+    max_len = common.max_model_len(args, model)
+    rule = length_rule(
+        max_len, pool, block_size=block_size, max_num_batched_tokens=args.max_num_batched_tokens
+    )
     if rule is None:
         return workload, {}
     kept, rejected = admit(workload, rule, abort=args.on_long_request == "abort")
@@ -378,8 +353,7 @@ def _admitted(
 
 class _Rates(NamedTuple):
     """The experiment's Poisson rate (``None``: the trace's timestamps), the sweep's
-    (ascending, ``first`` included; ``auto``: doubling until each policy is overloaded),
-    and the report's words for them."""
+    (``auto``: doubling until each policy is overloaded), and the report's words."""
 
     first: float | None
     sweep: tuple[float, ...]
@@ -416,8 +390,7 @@ def _run_all(
     plan: FaultPlan | None,
     interrupts: Interrupts,
 ) -> tuple[list[ClusterResult], str]:
-    """The experiment's runs, then the rate sweep's; returns the runs that finished
-    and, when interrupted, what stopped them (else ``""``)."""
+    """The experiment's runs, then the rate sweep's, and what stopped them (``""``: nothing)."""
     partial = ""
     # The most replica actors alive at once: the largest fleet, or the first (the fault
     # runs') plus the replicas its scale_up faults add.
@@ -454,26 +427,24 @@ def _run_all(
 
 
 def _arrivals(
-    args: argparse.Namespace, requests: Iterable[TraceRequest]
-) -> Callable[[ClusterSettings | None, float | None], Iterator[SimRequest]]:
-    """The requests with arrival times, for a fleet configuration and a Poisson rate
-    (``None``: the trace's timestamps x ``--time-scale``), re-iterable."""
-
-    def stream(cfg: ClusterSettings | None, request_rate: float | None) -> Iterator[SimRequest]:
-        # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
-        k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
-        rate = None if request_rate is None else request_rate / k
-        scale = None if request_rate is not None else (args.time_scale or 1.0) * k
-        return sim_requests(
-            requests,
-            prefill_only=args.prefill_only,
-            request_rate=rate,
-            time_scale=scale,
-            seed=args.seed,
-            closed_loop=not args.open_loop,
-        )
-
-    return stream
+    args: argparse.Namespace,
+    requests: Iterable[TraceRequest],
+    cfg: ClusterSettings | None,
+    request_rate: float | None,
+) -> Iterator[SimRequest]:
+    """The requests with arrival times for a fleet and a Poisson rate (``None``: the trace's)."""
+    # --load-per-replica: N replicas see the arrivals of the first size, N/first faster
+    k = args.replicas[0] / cfg.num_replicas if cfg and args.load_per_replica else 1.0
+    rate = None if request_rate is None else request_rate / k
+    scale = None if request_rate is not None else (args.time_scale or 1.0) * k
+    return sim_requests(
+        requests,
+        prefill_only=args.prefill_only,
+        request_rate=rate,
+        time_scale=scale,
+        seed=args.seed,
+        closed_loop=not args.open_loop,
+    )
 
 
 def _print_run(res: ClusterResult) -> None:
@@ -493,9 +464,8 @@ def _print_run(res: ClusterResult) -> None:
 
 @contextlib.contextmanager
 def _fleet(args: argparse.Namespace, actors: int) -> Iterator[Callable[[], Fleet] | None]:
-    """With ``--ray``, a factory of Ray fleets whose ``actors`` replica actors fit the
-    cluster's free CPUs (Ray started, and then shut down, if it was not running); else
-    ``None``, the in-process fleet."""
+    """With ``--ray``, a factory of Ray fleets whose ``actors`` fit the free CPUs (Ray started
+    and shut down if it was not running); else ``None``, the in-process fleet."""
     if not args.ray:
         yield None
         return

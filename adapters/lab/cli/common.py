@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from prefixkv.indexes.eviction import EVICTION_POLICIES
 from prefixkv.indexes.registry import available_indexes, index_options
 
 from ..backends import MAX_POOL_BLOCKS
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from ..sim.profile import CostProfile
 
 _HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
-_EVICTION_POLICIES = ("lru", "lfu", "priority", "fifo")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,30 @@ def add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cache (named like the engines' flags)")
     _add_capacity_flags(g)
     add_gpu_memory_utilization(g)
-    _add_index_flags(g)
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=_HASH_ALGOS,
+        metavar="ALGO",
+        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
+        "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's own "
+        "xxh3_128 (the default, fastest) or sha256_raw; hits are the same with any",
+    )
+    g.add_argument(
+        "--radix-eviction-policy",
+        choices=tuple(EVICTION_POLICIES),
+        metavar="POLICY",
+        help=f"the radix tree's eviction, as SGLang's flag: "
+        f"{', '.join(EVICTION_POLICIES)} (default lru)",
+    )
+    g.add_argument(
+        "--index-option",
+        type=index_option,
+        action="append",
+        default=[],
+        metavar="BACKEND.KEY=VALUE",
+        help="any backend option of make_index, e.g. hash_chain.verify=true, hash_chain.seed=0, "
+        "radix.eviction=lfu (repeatable)",
+    )
     p.add_argument(
         "--concurrency",
         "-k",
@@ -86,19 +109,17 @@ def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
         "--capacity-tokens",
         type=parse_capacity_tokens,
         metavar="T[,T...]|auto",
-        help="KV capacity in tokens, the same for every backend (blocks = T // "
-        "size); suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. "
-        "Several (1m,3m,10m): compare's table uses the first and its sweep all of "
-        "them. auto: what the cost profile's hardware holds at "
-        "--gpu-memory-utilization (compare)",
+        help="KV capacity in tokens, the same for every backend (blocks = T // size); suffixes as "
+        "vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, 1M = 2**20. Several (1m,3m,10m): compare's "
+        "table uses the first and its sweep all of them. auto: what the cost profile's hardware "
+        "holds at --gpu-memory-utilization (compare)",
     )
     cap.add_argument(
         "--capacity-gib",
         type=gib_list,
         metavar="G[,G...]",
-        help="KV capacity in GiB of KV cache, turned into tokens by the cost "
-        "profile's KV bytes per token (compare; --profile names the "
-        "model)",
+        help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV bytes "
+        "per token (compare; --profile names the model)",
     )
     cap.add_argument(
         "--capacity-blocks",
@@ -108,45 +129,14 @@ def _add_capacity_flags(g: argparse._ArgumentGroup) -> None:
     )
 
 
-def _add_index_flags(g: argparse._ArgumentGroup) -> None:
-    """The backends' own options: the hash chain's hash, the radix tree's eviction, any other."""
-    g.add_argument(
-        "--prefix-caching-hash-algo",
-        choices=_HASH_ALGOS,
-        metavar="ALGO",
-        help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, "
-        "xxhash_cbor (bit-identical to vLLM 0.33's, for KV events a router can "
-        "match), or prefixkv's own xxh3_128 (the default, fastest) or sha256_raw; "
-        "hits are the same with any",
-    )
-    g.add_argument(
-        "--radix-eviction-policy",
-        choices=_EVICTION_POLICIES,
-        metavar="POLICY",
-        help=f"the radix tree's eviction, as SGLang's flag: "
-        f"{', '.join(_EVICTION_POLICIES)} (default lru)",
-    )
-    g.add_argument(
-        "--index-option",
-        type=index_option,
-        action="append",
-        default=[],
-        metavar="BACKEND.KEY=VALUE",
-        help="any backend option of make_index, e.g. "
-        "hash_chain.verify=true, hash_chain.seed=0, radix.eviction=lfu "
-        "(repeatable)",
-    )
-
-
 def add_gpu_memory_utilization(g: argparse._ArgumentGroup) -> None:
     """``--gpu-memory-utilization``, which ``--capacity-tokens auto`` reads."""
     g.add_argument(
         "--gpu-memory-utilization",
         type=utilization,
         metavar="U",
-        help="with --capacity-tokens auto: the share of device memory the engine "
-        "uses, as vLLM's flag (default "
-        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g})",
+        help="with --capacity-tokens auto: the share of device memory the engine uses, as vLLM's "
+        f"flag (default {DEFAULT_GPU_MEMORY_UTILIZATION:g})",
     )
 
 
@@ -172,18 +162,16 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         "--session-order",
         choices=SESSION_ORDERS,
         default="interleaved",
-        help="kv-cache-tester conversations: interleaved by their time from each "
-        "one's start, all starting together, as concurrent agents (default), or "
-        "sequential, one after another (each finds its own blocks cached: "
-        "optimistic for sizing)",
+        help="kv-cache-tester conversations: interleaved by their time from each one's start, all "
+        "starting together, as concurrent agents (default), or sequential, one after another (each "
+        "finds its own blocks cached: optimistic for sizing)",
     )
     t.add_argument(
         "--tokens-per-id",
         type=positive_int,
         metavar="S",
-        help="hash-id traces: tokens each hash id expands to, keeping the sharing "
-        "pattern (default: the format's own: Mooncake 512, Qwen-Bailian 16, "
-        "kv-cache-tester 64)",
+        help="hash-id traces: tokens each hash id expands to, keeping the sharing pattern "
+        "(default: the format's own: Mooncake 512, Qwen-Bailian 16, kv-cache-tester 64)",
     )
     t.add_argument(
         "--vocab-size",
@@ -192,35 +180,22 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
         metavar="V",
         help="hash-id traces: token ids are drawn from [1, V) (default %(default)s)",
     )
-    _add_trace_limits(t)
-
-
-def _add_trace_limits(t: argparse._ArgumentGroup) -> None:
-    """The largest prompt, output and pool a trace may ask for; past them it is refused."""
     limits = TraceLimits()
-    t.add_argument(
-        "--max-prompt-tokens",
-        type=parse_token_count,
-        default=limits.max_prompt_tokens,
-        metavar="T",
-        help="refuse a trace with a longer prompt "
-        f"(default {token_count_text(limits.max_prompt_tokens)})",
-    )
-    t.add_argument(
-        "--max-output-tokens",
-        type=parse_token_count,
-        default=limits.max_output_tokens,
-        metavar="T",
-        help="refuse a trace with a longer output "
-        f"(default {token_count_text(limits.max_output_tokens)})",
-    )
+    for part in ("prompt", "output"):
+        most = getattr(limits, f"max_{part}_tokens")
+        t.add_argument(
+            f"--max-{part}-tokens",
+            type=parse_token_count,
+            default=most,
+            metavar="T",
+            help=f"refuse a trace with a longer {part} (default {token_count_text(most)})",
+        )
     t.add_argument(
         "--max-pool-blocks",
         type=parse_token_count,
         default=MAX_POOL_BLOCKS,
         metavar="N",
-        help="refuse a capacity of more blocks than this, the pool "
-        "being built up front (default "
+        help="refuse a capacity of more blocks than this, the pool being built up front (default "
         f"{token_count_text(MAX_POOL_BLOCKS)})",
     )
 
@@ -257,12 +232,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model-config",
         metavar="FILE|NAME",
-        help="a Hugging Face config.json (or its folder, or org/name in the local "
-        "Hugging Face cache; nothing is downloaded; shipped: "
-        f"{', '.join(available_model_configs())}): its KV bytes per token (2 x "
-        "layers x KV heads x head dim x dtype bytes; MLA: layers x (kv_lora_rank + "
-        "qk_rope_head_dim) x dtype bytes) and weights replace the "
-        "profile's",
+        help="a Hugging Face config.json (or its folder, or org/name in the local Hugging Face "
+        f"cache; nothing is downloaded; shipped: {', '.join(available_model_configs())}): its KV "
+        "bytes per token (2 x layers x KV heads x head dim x dtype bytes; MLA: layers x "
+        "(kv_lora_rank + qk_rope_head_dim) x dtype bytes) and weights replace the profile's",
     )
     g.add_argument(
         "--gpu-memory",
@@ -297,18 +270,16 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         "--max-model-len",
         type=parse_token_count,
         metavar="T",
-        help="refuse requests whose prompt plus output exceed T tokens, as vLLM's "
-        "front end does (default: the model config's max_position_embeddings, else "
-        "no limit); requests that cannot fit the table's KV pool alone are refused "
-        "too",
+        help="refuse requests whose prompt plus output exceed T tokens, as vLLM's front end does "
+        "(default: the model config's max_position_embeddings, else no limit); requests that "
+        "cannot fit the table's KV pool alone are refused too",
     )
     g.add_argument(
         "--on-long-request",
         choices=("reject", "abort"),
         default="reject",
-        help="reject (count it and go on, as vLLM answers 400) or abort the run on "
-        "a request too long for --max-model-len or the pool (default "
-        "%(default)s)",
+        help="reject (count it and go on, as vLLM answers 400) or abort the run on a request too "
+        "long for --max-model-len or the pool (default %(default)s)",
     )
 
 
@@ -358,12 +329,8 @@ def load_workloads_for(args: argparse.Namespace, names: list[str] | None) -> lis
 
 
 def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> list[int] | None:
-    """The capacities asked for, in tokens; ``None`` for the roomy default.
-
-    Raises:
-        CLIUsageError: ``auto`` or GiB without a profile that says its KV bytes per
-            token (and, for ``auto``, its memory).
-    """
+    """The capacities asked for, in tokens (``None``: the roomy default); CLIUsageError for
+    ``auto`` or GiB without a profile that says its KV bytes per token (and memory)."""
     if args.capacity_tokens == "auto":
         if profile is None:
             raise CLIUsageError("--capacity-tokens auto needs a cost profile: use compare")
@@ -391,8 +358,7 @@ def capacities(args: argparse.Namespace, profile: CostProfile | None = None) -> 
 
 def memory_utilization(args: argparse.Namespace) -> float:
     """``--gpu-memory-utilization``, or vLLM's default share."""
-    value = getattr(args, "gpu_memory_utilization", None)
-    return DEFAULT_GPU_MEMORY_UTILIZATION if value is None else float(value)
+    return float(args.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION)
 
 
 def capacity_warnings(
@@ -414,13 +380,8 @@ def capacity_warnings(
 def apply_model(
     args: argparse.Namespace, profile: CostProfile
 ) -> tuple[CostProfile, ModelConfig | None]:
-    """``profile`` with the hardware of ``--model-config``/``--gpu-memory``.
-
-    Raises:
-        ModelConfigError: the config cannot be found or read.
-        CLIUsageError: a model flag without ``--model-config`` or ``--gpu-memory``;
-            ``--capacity-tokens auto`` for a model without ``--gpu-memory``.
-    """
+    """``profile`` with the hardware of ``--model-config``/``--gpu-memory``; ModelConfigError
+    for a config not found or read, CLIUsageError for a flag missing what it needs."""
     model = None
     if args.model_config is not None:
         model = load_model_config(args.model_config, args.kv_cache_dtype)

@@ -27,7 +27,7 @@ from ..extras import require_extra
 from ..outputs import compare as report
 from ..outputs.markdown import machine_info, package_versions, text_table
 from ..outputs.tables import write_json
-from ..progress import Progress, progress
+from ..progress import progress
 from ..sim import (
     ARRIVAL_PROCESSES,
     BATCHING_MODES,
@@ -55,27 +55,10 @@ from .signals import Interrupts
 def add_arguments(cmp: argparse.ArgumentParser) -> None:
     """Give the ``compare`` subcommand's parser its description and flags."""
     cmp.description = (
-        "Replay workloads (or a trace) through each backend at equal capacity, "
-        "print a table per workload and write a report. Default: the built-in set "
-        f"{', '.join(DEFAULT_WORKLOADS)} with a capacity sweep."
+        "Replay workloads (or a trace) through each backend at equal capacity, print a table "
+        f"per workload and write a report. Default: the built-in set {', '.join(DEFAULT_WORKLOADS)}"
+        " with a capacity sweep."
     )
-    _add_source_flags(cmp)
-    common.add_common(cmp)
-    _add_replay_flags(cmp)
-    _add_time_flags(cmp)
-    common.add_model_flags(cmp)
-    common.add_no_plots(cmp)
-    cmp.add_argument(
-        "--out",
-        "-o",
-        default="prefixkv-report",
-        metavar="DIR",
-        help="output folder (default ./prefixkv-report)",
-    )
-
-
-def _add_source_flags(cmp: argparse.ArgumentParser) -> None:
-    """What to replay (built-in workloads or a trace) and through which backends."""
     src = cmp.add_mutually_exclusive_group()
     src.add_argument(
         "--workload",
@@ -98,6 +81,18 @@ def _add_source_flags(cmp: argparse.ArgumentParser) -> None:
         help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
         f"known: {', '.join(available_indexes())})",
     )
+    common.add_common(cmp)
+    _add_replay_flags(cmp)
+    _add_time_flags(cmp)
+    common.add_model_flags(cmp)
+    common.add_no_plots(cmp)
+    cmp.add_argument(
+        "--out",
+        "-o",
+        default="prefixkv-report",
+        metavar="DIR",
+        help="output folder (default ./prefixkv-report)",
+    )
 
 
 def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
@@ -106,35 +101,32 @@ def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
         "--capacity-sweep",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also replay at 7 capacities from tight to roomy and plot hit ratio "
-        "vs capacity (default: on for the built-in set, off otherwise)",
+        help="also replay at 7 capacities from tight to roomy and plot hit ratio vs capacity "
+        "(default: on for the built-in set, off otherwise)",
     )
     cmp.add_argument(
         "--capacity-search",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="find each backend's working set (the smallest capacity reaching the "
-        "infinite-cache hit ratio) and knee (98%% of it) by bisection over "
-        "replays, to within 5%%: about 8-16 more replays a backend (default: on "
-        "for built-in workloads, off for a trace)",
+        help="find each backend's working set (the smallest capacity reaching the infinite-cache "
+        "hit ratio) and knee (98%% of it) by bisection over replays, to within 5%%: about 8-16 "
+        "more replays a backend (default: on for built-in workloads, off for a trace)",
     )
     cmp.add_argument(
         "--timing-repeats",
         type=lambda t: positive_int(t) if t != "0" else 0,
         default=None,
         metavar="R",
-        help="timed replays per backend; each request's index time is its minimum "
-        "over them; 0 times the accounting replay itself (default 3, 1 for a "
-        "trace)",
+        help="timed replays per backend; each request's index time is its minimum over them; "
+        "0 times the accounting replay itself (default 3, 1 for a trace)",
     )
     cmp.add_argument(
         "--boundary-accounting",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="replay once more with the token-level mirror that "
-        "counts matched-but-recomputed tokens (SPEC BB-8) (default: on, but off "
-        "for hash-id traces, whose sharing stops at block boundaries by "
-        "construction)",
+        help="replay once more with the token-level mirror that counts matched-but-recomputed "
+        "tokens (SPEC BB-8) (default: on, but off for hash-id traces, whose sharing stops at "
+        "block boundaries by construction)",
     )
 
 
@@ -143,52 +135,45 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
-    _add_arrival_flags(g)
-    _add_scheduler_flags(g)
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next "
-        "turn before the previous one finished (default: sessions replay closed "
-        "loop, each turn after the previous answer plus its think time, as "
-        "kv-cache-tester and AIPerf do)",
-    )
-    common.add_slo_flags(g)
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; "
-        "prefixkv calibrate --list) or a file from prefixkv calibrate (default "
-        f"{DEFAULT_PROFILE}); its hardware also sizes --capacity-tokens auto and "
-        "--capacity-gib, and capacities beyond it warn",
-    )
-
-
-def _add_arrival_flags(g: argparse._ArgumentGroup) -> None:
-    """When requests arrive: at a rate (or a rate sweep) or at the trace's own times, scaled."""
     when = g.add_mutually_exclusive_group()
     when.add_argument(
         "--request-rate",
         type=request_rates,
         metavar="R[,R...]|auto",
-        help="also run each backend at arrival time, requests arriving at R per "
-        "second (as vllm bench serve --request-rate); several (1,2,4,8) sweep the "
-        "rate at the table's capacity, the first being the table's; auto starts "
-        "where the replica has room and doubles until each backend is overloaded "
-        "(at most 10 rates)",
+        help="also run each backend at arrival time, requests arriving at R per second (as "
+        "vllm bench serve --request-rate); several (1,2,4,8) sweep the rate at the table's "
+        "capacity, the first being the table's; auto starts where the replica has room and "
+        "doubles until each backend is overloaded (at most 10 rates)",
     )
     when.add_argument(
         "--time-scale",
         type=positive_float,
         metavar="S",
-        help="also run each backend at arrival time, at the trace's own "
-        "timestamps times S (S < 1: faster, more load)",
+        help="also run each backend at arrival time, at the trace's own timestamps times S "
+        "(S < 1: faster, more load)",
     )
     g.add_argument(
         "--arrival",
         choices=ARRIVAL_PROCESSES,
         help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
+    )
+    _add_scheduler_flags(g)
+    g.add_argument(
+        "--open-loop",
+        action="store_true",
+        default=None,
+        help="send every request at its own arrival time, even a session's next turn before "
+        "the previous one finished (default: sessions replay closed loop, each turn after the "
+        "previous answer plus its think time, as kv-cache-tester and AIPerf do)",
+    )
+    common.add_slo_flags(g)
+    g.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
+        f"calibrate --list) or a file from prefixkv calibrate (default {DEFAULT_PROFILE}); its "
+        "hardware also sizes --capacity-tokens auto and --capacity-gib, and capacities beyond "
+        "it warn",
     )
 
 
@@ -205,26 +190,24 @@ def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
         "--max-num-batched-tokens",
         type=parse_token_count,
         metavar="T",
-        help="most tokens one step computes, as vLLM's flag (SGLang "
-        "--chunked-prefill-size; default "
-        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+        help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
+        f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
     )
     g.add_argument(
         "--policy",
         choices=QUEUE_ORDERS,
-        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware "
-        "lpm (default: fcfs, both engines' default)",
+        help="waiting-queue order for every backend: fcfs, or SGLang's cache-aware lpm "
+        "(default: fcfs, both engines' default)",
     )
     g.add_argument(
         "--scheduler",
         type=_schedulers,
         metavar="LIST",
-        help="the scheduler every backend runs under: vllm (prefill chunks and "
-        "decodes mixed in one step; the default, so only the index varies), sglang "
-        "(a prefill step whenever one fits, else a decode step), both as "
-        "vllm,sglang (the scheduler becomes an axis), or natural (each backend on "
-        "the engine it models: hash chain and none as vLLM, radix as SGLang; index "
-        "and scheduler then move together)",
+        help="the scheduler every backend runs under: vllm (prefill chunks and decodes mixed in "
+        "one step; the default, so only the index varies), sglang (a prefill step whenever one "
+        "fits, else a decode step), both as vllm,sglang (the scheduler becomes an axis), or "
+        "natural (each backend on the engine it models: hash chain and none as vLLM, radix as "
+        "SGLang; index and scheduler then move together)",
     )
     g.add_argument(
         "--batching",
@@ -241,10 +224,7 @@ def _schedulers(text: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
     """Run ``prefixkv compare``; returns the exit status (130 or 143: interrupted, partial).
-
-    The plots' extra, the backends and ``--out`` are checked before anything runs; once
-    the runs end signals are only recorded while the report is written.
-    """
+    Plots' extra, backends and ``--out`` are checked before anything runs."""
     interrupts = interrupts or Interrupts()
     t0 = time.perf_counter()
     if not args.no_plots:
@@ -265,8 +245,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     workloads = common.load_workloads_for(args, names or None)
     caps = common.capacities(args, profile)
     options = dataclasses.replace(options, capacity_tokens=caps)
-    sizing = common.model_line(args, profile, model)
-    if sizing:
+    if sizing := common.model_line(args, profile, model):
         print(f"capacity: {sizing}")
     settings = options.settings(workloads)
     rule = options.length_rule(settings)
@@ -276,11 +255,12 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
         listed = caps or [p.capacity_tokens for p in plans]
         warnings = common.capacity_warnings(sorted(set(listed)), profile, args)
 
-    def bars(desc: str, total: int) -> Progress:
-        return progress(total, desc, quiet=args.quiet, unit="tok")
-
-    comparison = run_comparison(plans, settings, bars=bars)
-    interrupts.hold()
+    comparison = run_comparison(
+        plans,
+        settings,
+        bars=lambda desc, total: progress(total, desc, quiet=args.quiet, unit="tok"),
+    )
+    interrupts.held = True
     comparison.warnings[:0] = warnings
     for r in comparison.workloads:
         _print_workload(r)
@@ -311,15 +291,13 @@ def _print_workload(r: WorkloadResult) -> None:
         print(text_table(report.anchor_rows(r), report.ANCHOR_COLUMNS))
         for line in report.capacity_lines(r):
             print(f"capacity: {line}")
-    arrival = r.arrival_at_table()
-    if arrival:
+    if arrival := r.arrival_at_table():
         print()
         print(report.time_title(r))
         print(text_table(report.time_rows(arrival), report.TIME_COLUMNS))
         for line in report.load_lines(r):
             print(f"load: {line}")
-    swept = report.rate_runs(r)
-    if swept:
+    if swept := report.rate_runs(r):
         print()
         print(f"{r.name}: request-rate sweep at {r.capacity_tokens:,} tokens")
         print(text_table(report.rate_rows(swept), report.RATE_COLUMNS))
@@ -336,8 +314,7 @@ def _write_outputs(
     t0: float,
     interrupts: Interrupts,
 ) -> int:
-    """Tables, plots, ``results.json`` and ``report.md``, every file whole; a signal
-    while the plots are drawn stops the plots, never the rest."""
+    """Tables, plots, ``results.json`` and ``report.md``, each whole; a signal stops only plots."""
     interrupted = comparison.partial or interrupts.received
     results = comparison.workloads
     meta: dict[str, Any] = {
@@ -371,19 +348,11 @@ def _write_outputs(
 def _check_time_flags(args: argparse.Namespace) -> None:
     """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
-        knobs = (
-            "arrival",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "policy",
-            "batching",
-            "scheduler",
-            "open_loop",
-            "slo_ttft",
-            "slo_tpot",
-            "slo_e2el",
+        knobs = "arrival max_num_seqs max_num_batched_tokens policy batching scheduler open_loop"
+        knobs += " slo_ttft slo_tpot slo_e2el"
+        given = ", ".join(
+            "--" + k.replace("_", "-") for k in knobs.split() if getattr(args, k) is not None
         )
-        given = ", ".join("--" + k.replace("_", "-") for k in knobs if getattr(args, k) is not None)
         if given:
             raise CLIUsageError(f"{given} need --request-rate or --time-scale")
     elif args.arrival is not None and args.request_rate is None:
@@ -443,10 +412,7 @@ def _compare_config(
         "capacity_blocks": args.capacity_blocks,
         "capacity_rule": _capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
-        "concurrency": args.concurrency,
-        "max_requests": args.max_requests,
-        "tokens_per_id": args.tokens_per_id,
-        "seed": args.seed,
+        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
         "timing_repeats": repeats,
         "boundary_accounting": compare.boundary_accounting,
         "timing": (
@@ -461,22 +427,16 @@ def _compare_config(
     if settings is not None:
         prof = settings.profile
         config.update(
-            {
-                **settings.row(),
-                "engines": [
-                    settings.describe_engine(b, sched)
-                    for sched in settings.schedulers
-                    for b in backends
-                ],
-                "schedulers": ",".join(settings.schedulers),
-                "max_num_seqs": settings.max_num_seqs,
-                "max_num_batched_tokens": settings.max_num_batched_tokens,
-                "policy": settings.queue_order,
-                "batching": settings.batching,
-                "profile_model": prof.model,
-                "profile_device": prof.device,
-                "profile_source": prof.source,
-            }
+            settings.row(),
+            engines=[settings.describe_engine(b, s) for s in settings.schedulers for b in backends],
+            schedulers=",".join(settings.schedulers),
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            policy=settings.queue_order,
+            batching=settings.batching,
+            profile_model=prof.model,
+            profile_device=prof.device,
+            profile_source=prof.source,
         )
     return config
 
@@ -491,12 +451,10 @@ def _capacity_rule(args: argparse.Namespace, caps: Sequence[int] | None) -> str:
     if args.capacity_gib is not None and caps:
         gib = ", ".join(f"{g:g}" for g in args.capacity_gib)
         return f"{gib} GiB of KV = {', '.join(f'{c:,}' for c in caps)} tokens"
-    if args.capacity_tokens is not None:
-        listed = args.capacity_tokens
-        text = f"{listed[0]:,} tokens for every backend"
-        if len(listed) > 1:
-            text += f"; sweep at {', '.join(f'{c:,}' for c in listed)} tokens"
-        return text
+    if listed := args.capacity_tokens:
+        swept = ", ".join(f"{c:,}" for c in listed)
+        sweep = f"; sweep at {swept} tokens" if len(listed) > 1 else ""
+        return f"{listed[0]:,} tokens for every backend{sweep}"
     if args.capacity_blocks is not None:
         return (
             f"{args.capacity_blocks:,} blocks of {args.block_size} tokens = "

@@ -1,8 +1,8 @@
 """The ``prefixkv`` command line: ``compare`` backends head to head, ``replay`` one trace,
 ``calibrate`` a cost profile.
 
-Only the standard library and :mod:`.signals` load first; each subcommand
-(:data:`COMMANDS`) is a module of this package, imported once it is chosen.
+Only the standard library and :mod:`.signals` load first; each subcommand is a module of
+this package, imported once it is chosen.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType, ModuleType
+from collections.abc import Sequence
+from types import ModuleType
 
 from .signals import Interrupts
 
-COMMANDS: Mapping[str, str] = MappingProxyType(
-    {
-        "compare": "run backends head to head; write tables, report.md, results.json and plots",
-        "replay": "replay one trace through one backend; write per-request hits (oracle format)",
-        "calibrate": "fit a cost profile to a served engine, vllm bench serve results or the "
-        "reference engine; --list the shipped profiles",
-        "cluster": "route a trace over N replicas with each routing policy; write a report",
-    }
-)
+COMMANDS = {
+    "compare": "run backends head to head; write tables, report.md, results.json and plots",
+    "replay": "replay one trace through one backend; write per-request hits (oracle format)",
+    "calibrate": "fit a cost profile to a served engine, vllm bench serve results or the "
+    "reference engine; --list the shipped profiles",
+    "cluster": "route a trace over N replicas with each routing policy; write a report",
+}
 """Each subcommand and its ``--help`` line; its module defines ``add_arguments(parser)``
 and ``run(args, argv, interrupts)``."""
 
@@ -52,11 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``prefixkv`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status:
-    0, 2 on an error in the input or the flags, 128 + the signal that stopped it (130 for
-    Ctrl-C), 1 on an internal error (``PREFIXKV_TRACEBACK=1`` shows its traceback). Every
-    error is one line on stderr. Called with ``argv`` the caller's signal handlers are put
-    back at the end; as the program, later signals are ignored while it exits."""
+    """Run ``prefixkv`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0,
+    2 on an error in the input or the flags, 128 + the signal that stopped it (130 for Ctrl-C),
+    1 on an internal error (``PREFIXKV_TRACEBACK=1`` shows its traceback). Every error is one
+    line on stderr; the caller's signal handlers are put back (as the program: ignored)."""
     interrupts = Interrupts()
     try:  # from before the first handler goes in: no signal escapes as a traceback
         interrupts.handle_signals()
@@ -75,10 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence(sys.stdout, sys.stderr)
         return interrupts.status()
     finally:
-        if argv is None:
-            interrupts.ignore()
-        else:
-            interrupts.restore()
+        interrupts.restore(ignore=argv is None)
 
 
 def _run(args_list: list[str], interrupts: Interrupts) -> int:
@@ -89,8 +83,7 @@ def _run(args_list: list[str], interrupts: Interrupts) -> int:
 
     try:
         args = build_parser().parse_args(args_list)
-        status: int = command(args.command).run(args, args_list, interrupts)
-        return status
+        return int(command(args.command).run(args, args_list, interrupts))
     except SystemExit as exc:  # --help and --version exit through argparse
         return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:  # `prefixkv compare | head`: the reader left, not an error

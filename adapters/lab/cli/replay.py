@@ -34,9 +34,6 @@ from .signals import Interrupts
 if TYPE_CHECKING:
     from ...events.transport import ZmqEventPublisher
 
-MAX_WAIT_S = 86_400.0
-"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace`` (the publisher's)."""
-
 
 def add_arguments(rep: argparse.ArgumentParser) -> None:
     """Give the ``replay`` subcommand's parser its description and flags."""
@@ -69,12 +66,11 @@ def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
     ev.add_argument(
         "--kv-events",
         metavar="FILE|ENDPOINT",
-        help="write the index's KV events to FILE, one batch per scheduler step as "
-        "one msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ "
-        "PUB socket at a tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher "
-        "does (tcp://*:5557 binds, tcp://127.0.0.1:* binds a free port and prints "
-        "it; a host name connects). Any other SCHEME:// is refused, never taken "
-        "for a file name",
+        help="write the index's KV events to FILE, one batch per scheduler step as one "
+        "msgspec-JSON line (vLLM's KVEventBatch), or publish them on a ZeroMQ PUB socket at a "
+        "tcp:// or ipc:// ENDPOINT as vLLM's ZmqEventPublisher does (tcp://*:5557 binds, "
+        "tcp://127.0.0.1:* binds a free port and prints it; a host name connects). Any other "
+        "SCHEME:// is refused, never taken for a file name",
     )
     ev.add_argument(
         "--kv-events-replay",
@@ -92,9 +88,8 @@ def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
         "--kv-events-wait-subscribers",
         type=positive_int,
         metavar="N",
-        help="with an ENDPOINT: wait until N subscribers have subscribed before the "
-        "first batch, so none is lost to ZeroMQ's slow joiners (refused after "
-        "--kv-events-wait-timeout)",
+        help="with an ENDPOINT: wait until N subscribers have subscribed before the first batch, "
+        "so none is lost to ZeroMQ's slow joiners (refused after --kv-events-wait-timeout)",
     )
     ev.add_argument(
         "--kv-events-wait-timeout",
@@ -107,30 +102,23 @@ def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
         "--kv-events-grace",
         type=_seconds,
         metavar="S",
-        help="with --kv-events-replay: keep answering event replays for S seconds "
-        "after the last batch, so a late subscriber catches up (default "
-        "0)",
+        help="with --kv-events-replay: keep answering event replays for S seconds after the last "
+        "batch, so a late subscriber catches up (default 0)",
     )
 
 
 def _seconds(text: str) -> float:
-    bound = f"seconds in (0, {MAX_WAIT_S:g}]"
-    return number_arg(text, float, "seconds", bound, lambda v: 0 < v <= MAX_WAIT_S)
+    """Seconds in (0, one day]: the longest wait or grace the publisher takes."""
+    return number_arg(text, float, "seconds", "seconds in (0, 86400]", lambda v: 0 < v <= 86_400)
 
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
 
 
 def parse_endpoint(value: str, flag: str = "--kv-events") -> str | None:
-    """The ZeroMQ endpoint ``value`` names, its scheme lower-cased, or ``None`` for a file.
-
-    A ``scheme://`` value is never a file name: ``tcp`` and ``ipc`` (any case) are
-    endpoints, any other scheme is refused (``inproc://`` reaches only this process).
-
-    Raises:
-        CLIUsageError: another scheme, an empty address, a tcp address without a port
-            in 1-65535 (or ``*``), an ipc path that exists and is not a socket.
-    """
+    """The ZeroMQ endpoint ``value`` names (``tcp://`` or ``ipc://``, the scheme lower-cased),
+    or ``None`` for a file name; :class:`CLIUsageError` for another scheme, an empty address,
+    a tcp port not in 1-65535 or ``*``, or an ipc path that exists and is not a socket."""
     m = _URL.fullmatch(value)
     if m is None:
         return None
@@ -185,15 +173,13 @@ class _EventPublisher:
     def summary(self) -> dict[str, Any]:
         """The summary's ``kv_events`` (read once the publisher has shut down)."""
         doc: dict[str, Any] = {"target": self.where, "batches": self.num_batches}
-        if isinstance(self.target, EventFileWriter):
-            return doc
-        pub = self.target
-        return {
-            **doc,
-            "delivered": pub.num_delivered,
-            "max_subscribers": pub.max_subscribers,
-            "replays": pub.num_replays,
-        }
+        if not isinstance(pub := self.target, EventFileWriter):
+            doc.update(
+                delivered=pub.num_delivered,
+                max_subscribers=pub.max_subscribers,
+                replays=pub.num_replays,
+            )
+        return doc
 
     def describe(self) -> str:
         """One line: how many batches went where, and who received them."""
@@ -210,10 +196,9 @@ class _EventPublisher:
 
 @contextlib.contextmanager
 def _kv_event_stream(
-    args: argparse.Namespace, endpoint: str | None, interrupts: Interrupts
+    args: argparse.Namespace, endpoint: str | None, replay_at: str | None, interrupts: Interrupts
 ) -> Iterator[_EventPublisher | None]:
-    """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere.
-    A signal during ``--kv-events-grace`` ends the grace at once."""
+    """Where ``--kv-events`` sends each step's batch: a file, a ZeroMQ socket, or nowhere."""
     target: str | None = args.kv_events
     if target is None:
         yield None
@@ -227,9 +212,6 @@ def _kv_event_stream(
     from ...events.sockets import TransportError
     from ...events.transport import ZmqEventPublisher  # ZeroMQ only when publishing
 
-    replay_at = args.kv_events_replay and parse_endpoint(
-        args.kv_events_replay, "--kv-events-replay"
-    )
     grace = args.kv_events_grace or 0.0
     pub = ZmqEventPublisher(
         endpoint=endpoint, replay_endpoint=replay_at, topic=args.kv_events_topic, replay_grace=grace
@@ -264,11 +246,7 @@ def _kv_event_stream(
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:
-    """Run ``prefixkv replay``; returns the exit status (130 or 143: interrupted, partial).
-
-    The outputs are checked before the trace is read; once the replay ends signals are
-    only recorded while the rows are completed and committed.
-    """
+    """Run ``prefixkv replay``; returns the exit status (130 or 143: interrupted, partial)."""
     interrupts = interrupts or Interrupts()
     specs = parse_backends(
         args.index,
@@ -282,7 +260,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     spec, caps = specs[0], capacities(args)
     if caps is not None and len(caps) > 1:
         raise CLIUsageError("replay takes one capacity; give several to compare for a sweep")
-    out, endpoint = _outputs(args)
+    out, endpoint, replay_at = _outputs(args)
     t_load = time.perf_counter()
     (workload,) = load_workloads_for(args, None)
     load_seconds = time.perf_counter() - t_load
@@ -290,9 +268,9 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     check_pool(capacity, [spec], args.max_pool_blocks)
     num_blocks = spec.num_blocks(capacity)
     with atomic_writer(out) as f:
-        with _kv_event_stream(args, endpoint, interrupts) as events:
+        with _kv_event_stream(args, endpoint, replay_at, interrupts) as events:
             result, interrupted = _replay(f, args, workload, spec, capacity, events, interrupts)
-            interrupts.hold()  # the finished rows are in f: nothing may discard them now
+            interrupts.held = True  # the finished rows are in f: nothing may discard them now
         summary = _replay_summary(args, argv, workload, spec, num_blocks, result)
         summary["scan_seconds"] = load_seconds
         if events is not None:  # shut down: every batch is counted
@@ -313,13 +291,13 @@ def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | 
     return interrupts.status() if interrupted or interrupts.received else 0
 
 
-def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
-    """The ``--out`` file and the ``--kv-events`` endpoint (``None``: a file or no
-    events), checked before the trace is read: regular files, not each other, not the
-    trace."""
+def _outputs(args: argparse.Namespace) -> tuple[Path, str | None, str | None]:
+    """The ``--out`` file and the ``--kv-events`` and ``--kv-events-replay`` endpoints
+    (``None``: a file or none), checked before the trace is read."""
     out = check_output(args.out)
     outputs = [out]
     endpoint = None if args.kv_events is None else parse_endpoint(args.kv_events)
+    replay_at = None
     if args.kv_events_replay is not None:
         if args.kv_events is None:
             raise CLIUsageError("--kv-events-replay needs --kv-events ENDPOINT")
@@ -359,7 +337,7 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, str | None]:
         if ipc_at is not None and ipc_at.lower().startswith("ipc://"):
             outputs.append(Path(ipc_at[len("ipc://") :]))
     refuse_overwrite(outputs, [args.trace])
-    return out, endpoint
+    return out, endpoint, replay_at
 
 
 def _replay(
@@ -371,9 +349,8 @@ def _replay(
     events: _EventPublisher | None,
     interrupts: Interrupts,
 ) -> tuple[ReplayResult, bool]:
-    """Replay, writing a line per request to ``f``; returns the result and whether a
-    signal cut it short. A signal never falls between a request counted and its row
-    written (``interrupts.deferral``), so the summary counts exactly the rows."""
+    """Replay, writing a line per request to ``f``; returns the result and whether a signal
+    cut it short (never between a request counted and its row written)."""
     encoder = msgspec.json.Encoder()
     num_blocks = spec.num_blocks(capacity)
 
@@ -396,7 +373,7 @@ def _replay(
             on_admit=write_row,
             progress=bar.update,
             on_events=events.publish if events else None,
-            guard=interrupts.deferral,
+            guard=interrupts,
         )
     except ReplayInterrupted as exc:
         return exc.result, True
@@ -425,16 +402,11 @@ def _replay_summary(
     summary["notes"] = list(workload.notes)
     summary["config"] = {
         "command": shlex.join(["prefixkv", *argv]),
-        "index": spec.index,
-        "driver": spec.driver,
-        "block_size": spec.block_size,
+        **{k: getattr(spec, k) for k in ("index", "driver", "block_size")},
         "options": dict(spec.options),
         "num_blocks": num_blocks,
         "capacity_tokens": num_blocks * spec.block_size,
-        "concurrency": args.concurrency,
-        "max_requests": args.max_requests,
-        "tokens_per_id": args.tokens_per_id,
-        "seed": args.seed,
+        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
         "prefixkv": prefixkv_version(),
         "python": sys.version.split()[0],
     }

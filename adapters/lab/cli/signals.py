@@ -2,7 +2,7 @@
 
 The first stopping signal (:data:`HANDLED`) raises ``KeyboardInterrupt`` where the command
 is; later ones raise nothing, so partial results being written cannot be torn. Once a
-command holds its results (:meth:`Interrupts.hold`) even the first is only recorded; it
+command holds its results (:attr:`Interrupts.held`) even the first is only recorded; it
 exits 128 + the signal. Standard library only: the handler goes in before any heavy import.
 """
 
@@ -15,39 +15,18 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-EXIT_INTERRUPTED = 128 + signal.SIGINT
-"""Exit status after Ctrl-C (SIGINT): 130, as a shell reports it."""
-
-_NAMES = (
-    "SIGINT",
-    "SIGTERM",
-    "SIGHUP",
-    "SIGQUIT",
-    "SIGUSR1",
-    "SIGUSR2",
-    "SIGALRM",
-    "SIGVTALRM",
-    "SIGPROF",
-    "SIGXCPU",
-    "SIGIO",
-    "SIGPWR",
-)
+_NAMES = "SIGINT SIGTERM SIGHUP SIGQUIT SIGUSR1 SIGUSR2 SIGALRM SIGVTALRM SIGPROF SIGXCPU SIGIO"
 HANDLED: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, n) for n in _NAMES if hasattr(signal, n)
+    getattr(signal, n) for n in (*_NAMES.split(), "SIGPWR") if hasattr(signal, n)
 )
 """The signals handled: each one that ends the process by default and a user can send."""
 
 
 class Interrupts:
     """The command's handler of every signal in :data:`HANDLED`: the first raises
-    ``KeyboardInterrupt`` (unless held), later ones only wake a held wait (:meth:`calling`).
-
-    Attributes:
-        signum: the first signal received (``None``: none yet).
-        held: signals no longer raise (the command is writing what it has).
-        deferral: ``with interrupts.deferral:`` a first signal inside is raised as the
-            block ends, so a step (a replay row counted, then written) is never cut in two.
-    """
+    ``KeyboardInterrupt`` (unless ``held``: the command is writing what it has), later ones
+    only wake a held wait (:meth:`calling`); ``signum`` is the first. ``with interrupts:``
+    a first signal inside is raised as the block ends, so a step is never cut in two."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -56,32 +35,33 @@ class Interrupts:
         self._callbacks: list[Callable[[], None]] = []
         self._deferring = False
         self._owed = False
-        self.deferral = _Deferral(self)
+
+    def __enter__(self) -> None:
+        self._deferring = True
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._deferring = False
+        if self._owed:
+            self._owed = False
+            if exc_type is None and not self.held:
+                raise KeyboardInterrupt
 
     def handle_signals(self) -> None:
         """Handle :data:`HANDLED` until :meth:`restore`; call it inside the ``try`` that
         catches ``KeyboardInterrupt``. Outside the main thread nothing is installed."""
         if threading.current_thread() is not threading.main_thread():
             return
-        with self.deferral:
+        with self:
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
-    def restore(self) -> None:
-        """Put back the handlers :meth:`handle_signals` replaced."""
+    def restore(self, *, ignore: bool = False) -> None:
+        """Put back the handlers :meth:`handle_signals` replaced; with ``ignore`` (the process
+        is exiting) ignore the signals, as a Python handler reset to the default action
+        during shutdown would let a signal kill it."""
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, signal.SIG_IGN if ignore else previous)
         self._previous.clear()
-
-    def ignore(self) -> None:
-        """Ignore the handled signals from now on: the process is exiting, and a Python
-        handler reset to the default action during shutdown would let a signal kill it."""
-        for signum in self._previous:
-            signal.signal(signum, signal.SIG_IGN)
-
-    def hold(self) -> None:
-        """From now on a signal is only recorded: the command is writing its results."""
-        self.held = True
 
     @contextlib.contextmanager
     def calling(self, callback: Callable[[], None]) -> Iterator[None]:
@@ -102,7 +82,7 @@ class Interrupts:
 
     def status(self) -> int:
         """128 + the first signal's number (130, Ctrl-C's, when none was received)."""
-        return EXIT_INTERRUPTED if self.signum is None else 128 + self.signum
+        return 128 + (self.signum or signal.SIGINT)
 
     def name(self) -> str:
         """What stopped the command, for its one-line message."""
@@ -119,26 +99,6 @@ class Interrupts:
             return  # the command is already stopping: let it finish writing
         self.signum = signum
         if self._deferring:
-            self._owed = True  # raised as the deferral ends, unless held by then
+            self._owed = True  # raised as the block ends, unless held by then
         elif not self.held:
             raise KeyboardInterrupt
-
-
-class _Deferral:
-    """:attr:`Interrupts.deferral`: one reusable context, cheap enough for every request."""
-
-    __slots__ = ("_owner",)
-
-    def __init__(self, owner: Interrupts) -> None:
-        self._owner = owner
-
-    def __enter__(self) -> None:
-        self._owner._deferring = True
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        owner = self._owner
-        owner._deferring = False
-        if owner._owed:
-            owner._owed = False
-            if exc_type is None and not owner.held:
-                raise KeyboardInterrupt
