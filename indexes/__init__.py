@@ -1,42 +1,42 @@
 """Prefix-cache indexes: the Protocol, hashing, and the backends (pure Python, no torch).
 
-The backends, hashing and the registry load on first use of their names, so that an
-engine running one backend never loads the others."""
+Every name loads its module on first use, so that an engine running one backend never
+loads the others."""
 
 from typing import TYPE_CHECKING
 
-from .base import (
-    CacheHandle,
-    Described,
-    EventSink,
-    IndexDescription,
-    IndexStats,
-    InsertResult,
-    PrefixIndex,
-    PrefixMatch,
-    SupportsCachedBlocks,
-    SupportsCommonPrefix,
-    SupportsEventSink,
-    SupportsEvictBlocks,
-    SupportsMemoryBytes,
-    describe,
-)
-from .errors import (
-    BlockOwnershipError,
-    CacheInUseError,
-    IndexOptionError,
-    InvalidHandleError,
-    InvalidTokenError,
-    LockStateError,
-    NamespaceConflictError,
-    PrefixKVError,
-    RequestStateError,
-    StaleHandleError,
-    UnknownIndexError,
-)
 from .lazy import lazy_names
 
 if TYPE_CHECKING:
+    from .base import (
+        CacheHandle,
+        Described,
+        EventSink,
+        IndexDescription,
+        IndexStats,
+        InsertResult,
+        PrefixIndex,
+        PrefixMatch,
+        SupportsCachedBlocks,
+        SupportsCommonPrefix,
+        SupportsEventSink,
+        SupportsEvictBlocks,
+        SupportsMemoryBytes,
+        describe,
+    )
+    from .errors import (
+        BlockOwnershipError,
+        CacheInUseError,
+        IndexOptionError,
+        InvalidHandleError,
+        InvalidTokenError,
+        LockStateError,
+        NamespaceConflictError,
+        PrefixKVError,
+        RequestStateError,
+        StaleHandleError,
+        UnknownIndexError,
+    )
     from .eviction import EVICTION_POLICIES, EvictionPolicy, make_eviction_policy
     from .hash_chain import HashChainIndex
     from .hashing import BLOCK_HASH_ALGORITHMS, HASH_ALGORITHMS, BlockHasher, make_block_hasher
@@ -96,6 +96,31 @@ __all__ = [
 ]
 
 _HOMES = {
+    "CacheHandle": "base",
+    "Described": "base",
+    "EventSink": "base",
+    "IndexDescription": "base",
+    "IndexStats": "base",
+    "InsertResult": "base",
+    "PrefixIndex": "base",
+    "PrefixMatch": "base",
+    "SupportsCachedBlocks": "base",
+    "SupportsCommonPrefix": "base",
+    "SupportsEventSink": "base",
+    "SupportsEvictBlocks": "base",
+    "SupportsMemoryBytes": "base",
+    "describe": "base",
+    "BlockOwnershipError": "errors",
+    "CacheInUseError": "errors",
+    "IndexOptionError": "errors",
+    "InvalidHandleError": "errors",
+    "InvalidTokenError": "errors",
+    "LockStateError": "errors",
+    "NamespaceConflictError": "errors",
+    "PrefixKVError": "errors",
+    "RequestStateError": "errors",
+    "StaleHandleError": "errors",
+    "UnknownIndexError": "errors",
     "EVICTION_POLICIES": "eviction",
     "EvictionPolicy": "eviction",
     "make_eviction_policy": "eviction",
