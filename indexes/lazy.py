@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 
 def lazy_names(package: str, homes: Mapping[str, str]) -> Callable[[str], object]:
@@ -23,9 +22,3 @@ def lazy_names(package: str, homes: Mapping[str, str]) -> Callable[[str], object
         return value
 
     return lookup
-
-
-def load_attr(home: str) -> Any:
-    """The object ``home`` names as ``"package.module:attr"``, importing its module."""
-    module, _, attr = home.partition(":")
-    return getattr(importlib.import_module(module), attr)

@@ -8,13 +8,13 @@ entry point in the ``prefixkv.indexes`` group that is loaded on first use.
 from __future__ import annotations
 
 import inspect
+import pkgutil
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
 from .base import Described, IndexDescription, PrefixIndex
 from .errors import IndexOptionError, PrefixKVError, UnknownIndexError
-from .lazy import load_attr
 
 __all__ = [
     "IndexRegistry",
@@ -66,9 +66,10 @@ class IndexRegistry:
             raise PrefixKVError(f"an index named {name!r} is registered already")
         if description is None:
             description = factory.DESCRIPTION if isinstance(factory, Described) else None
-        self._homes.pop(name, None)
-        self._factories[name] = factory
+        # Described, then listed, then off the lazy table: a lookup between never misses it.
         self._descriptions[name] = description or IndexDescription()
+        self._factories[name] = factory
+        self._homes.pop(name, None)
 
     def options(self, name: str) -> list[str]:
         """The options backend ``name`` takes (its factory's keyword arguments).
@@ -107,7 +108,7 @@ class IndexRegistry:
     def _factory(self, name: str) -> IndexFactory:
         home = self._homes.get(name)
         if home is not None:
-            self.register(name, load_attr(home), replace=True)
+            self.register(name, pkgutil.resolve_name(home), replace=True)
         factory = self._factories.get(name)
         if factory is None:
             self._load_entry_points()

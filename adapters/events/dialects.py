@@ -11,12 +11,12 @@ step (vLLM's ``KVCacheManager.take_events``).
 
 from __future__ import annotations
 
+import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from prefixkv.indexes.base import EventSink, SupportsEventSink
 from prefixkv.indexes.errors import PrefixKVError
-from prefixkv.indexes.lazy import load_attr
 
 from .wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -75,7 +75,7 @@ def make_event_recorder(index: object, **options: Any) -> EventRecorder:
             f"{type(index).__name__} speaks KV-event dialect {dialect!r}; "
             f"recorders exist for {', '.join(sorted(_RECORDERS))}"
         )
-    factory: Callable[..., EventRecorder] = load_attr(home)
+    factory: Callable[..., EventRecorder] = pkgutil.resolve_name(home)
     return factory(**options)
 
 

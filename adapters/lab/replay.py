@@ -104,10 +104,16 @@ class ReplayResult:
     @property
     def records(self) -> list[RequestRecord]:
         """Per kept request, the accounting record (BB-8 fields when tracked)."""
-        columns: list[Sequence[Any]] = [self.ids, self.prompt_len, self.hit_tokens]
-        if len(self.matched_tokens) == len(self.ids):  # tracked
-            columns += [self.matched_tokens, self.cap_lost_tokens, self.boundary_lost_tokens]
-        return [RequestRecord(*row) for row in zip(*columns, strict=True)]
+        tracked = len(self.matched_tokens) == len(self.ids)
+        out = []
+        for k, rid in enumerate(self.ids):
+            rec = RequestRecord(rid, self.prompt_len[k], self.hit_tokens[k])
+            if tracked:
+                rec.matched_tokens = self.matched_tokens[k]
+                rec.boundary_lost_tokens = self.boundary_lost_tokens[k]
+                rec.cap_lost_tokens = self.cap_lost_tokens[k]
+            out.append(rec)
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Totals for a result file's last line."""

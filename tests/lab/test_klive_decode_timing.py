@@ -63,3 +63,30 @@ def test_a_step_hooks_own_time_is_not_booked_to_the_engine_calls(
         result = KLive(seat, 1, on_step=hook).run([request])
         assert result.seconds_by_call and set(result.seconds_by_call.values()) == {0.0}, driver
         assert result.wall_seconds > 0  # the hooks' time is the replay's
+
+
+@pytest.mark.parametrize(("driver", "index"), [("vllm", "hash_chain"), ("sglang", "radix")])
+def test_an_interrupt_inside_a_decode_loop_leaves_no_negative_engine_seconds(
+    monkeypatch: pytest.MonkeyPatch, driver: str, index: str
+) -> None:
+    # The hook's time is taken back off the decode call while the loop runs; a Ctrl-C in
+    # the hook must not leave that take-back without the call's own time beside it.
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    calls = [0]
+
+    def hook() -> None:
+        clock[0] += 1.0
+        calls[0] += 1
+        if calls[0] == 4:  # inside the first request's decode loop
+            raise KeyboardInterrupt
+
+    requests = [
+        TraceRequest(f"r{i}", [1, 2, 3, 4, 5, 6, 7, 8 + i], list(range(100, 110))) for i in range(3)
+    ]
+    seat = driver_seat(driver, make_index(index, 4), 64)  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt) as info:
+        KLive(seat, 1, on_step=hook).run(requests)
+    partial = getattr(info.value, "result", None)
+    assert partial is not None
+    assert partial.seconds_by_call and min(partial.seconds_by_call.values()) >= 0.0

@@ -15,9 +15,22 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-_NAMES = "SIGINT SIGTERM SIGHUP SIGQUIT SIGUSR1 SIGUSR2 SIGALRM SIGVTALRM SIGPROF SIGXCPU SIGIO"
+_NAMES = [
+    "SIGINT",
+    "SIGTERM",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGXCPU",
+    "SIGIO",
+    "SIGPWR",
+]
 HANDLED: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, n) for n in (*_NAMES.split(), "SIGPWR") if hasattr(signal, n)
+    getattr(signal, n) for n in _NAMES if hasattr(signal, n)
 )
 """The signals handled: each one that ends the process by default and a user can send."""
 

@@ -96,7 +96,7 @@ class ClusterDriver:
         )
 
     def _start(self, replica: int, at: float) -> None:
-        cfg = self.config
+        cfg = self.replica_spec.settings
         kind = self.plan.mismatch.get(replica)
         if kind == "block_size":
             cfg = dataclasses.replace(cfg, block_size=cfg.block_size * 2)
@@ -295,7 +295,10 @@ class ClusterDriver:
             router.drain(r)
         t0 = time.perf_counter()
         for tracker in router.trackers.values():
-            (tracker.resync if mode == "dump" else tracker.sync)()
+            if mode == "dump":
+                tracker.resync()
+            else:
+                tracker.sync()
         stats = router.stream_stats()
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.warmups.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..backends import BackendSpec, Bars, Scalar, min_capacity, roomy_capacity
 from ..replay import ReplayError
@@ -141,20 +141,30 @@ class CapacityAnchor:
         return text if gib is None else f"{text} = {gib:,.1f} GiB"
 
     def row(self) -> dict[str, Scalar]:
-        """The anchors as one flat record, each size in tokens, blocks and GiB."""
-        row: dict[str, Scalar] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _SIZES:
-                stem = f.name.removesuffix("_tokens")
-                blocks = None if value is None else value // self.block_size
-                row |= {f.name: value, f"{stem}_blocks": blocks, f"{stem}_gib": self.gib(value)}
-            elif f.name != "num_points":
-                row["kv_model" if f.name == "model" else f.name] = value
-        return row
+        """The anchors as one flat record."""
 
+        def size(name: str, tokens: int | None) -> dict[str, Scalar]:
+            blocks = None if tokens is None else tokens // self.block_size
+            return {
+                f"{name}_tokens": tokens,
+                f"{name}_blocks": blocks,
+                f"{name}_gib": self.gib(tokens),
+            }
 
-_SIZES = ("infinite_capacity_tokens", "knee_tokens", "working_set_tokens")
+        return {
+            "workload": self.workload,
+            "backend": self.backend,
+            "block_size": self.block_size,
+            **size("infinite_capacity", self.infinite_capacity_tokens),
+            "infinite_hit_ratio": self.infinite_hit_ratio,
+            **size("knee", self.knee_tokens),
+            "knee_hit_ratio": self.knee_hit_ratio,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_model": self.model,
+            **size("working_set", self.working_set_tokens),
+            "knee_rule": self.knee_rule,
+            "search_replays": self.search_replays,
+        }
 
 
 def workload_anchors(

@@ -12,7 +12,7 @@ import itertools
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..backends import BackendSpec, Bars, CapacityError, Scalar
@@ -64,13 +64,19 @@ class WorkloadResult:
         return [t for t in self.arrival_runs if t.labels["role"] == "table"]
 
     def row(self) -> dict[str, Scalar]:
-        """The workload as one flat record: the fields but the runs, ``name`` as ``workload``."""
-        row: dict[str, Scalar] = {"workload": self.name}
-        for f in fields(self)[1:]:
-            value = getattr(self, f.name)
-            if not isinstance(value, list):
-                row[f.name] = " ".join(value) if f.name == "notes" else value
-        return row
+        """The workload as one flat record."""
+        return {
+            "workload": self.name,
+            "source": self.source,
+            "notes": " ".join(self.notes),
+            "num_requests": self.num_requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "capacity_tokens": self.capacity_tokens,
+            "concurrency": self.concurrency,
+            "partial": self.partial,
+            "rejected_requests": self.rejected_requests,
+        }
 
     @property
     def runs(self) -> list[RunRow]:

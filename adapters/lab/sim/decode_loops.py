@@ -12,10 +12,10 @@ from prefixkv.adapters.sglang.prefix_cache import PrefixCache
 from prefixkv.adapters.sglang.simulated import alloc_for_decode
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 
-__all__ = ["StepHook", "VllmRequest", "sglang_decode", "vllm_decode"]
+__all__ = ["DecodeStep", "VllmRequest", "sglang_decode", "vllm_decode"]
 
-StepHook = Callable[[], object] | None
-"""Called at the end of a scheduler step (``None``: nothing to call)."""
+DecodeStep = Callable[[], object]
+"""A hook called at the end of each scheduler step of a decode loop."""
 
 
 class VllmRequest:
@@ -37,7 +37,7 @@ class VllmRequest:
 
 
 def vllm_decode(
-    kv: KVCacheManager, req: VllmRequest, output: Sequence[int], step: StepHook = None
+    kv: KVCacheManager, req: VllmRequest, output: Sequence[int], step: DecodeStep | None = None
 ) -> bool:
     """``allocate_slots(req, 1)`` for each output token after the first, the token
     appended once its step fits; ``False`` when a slot did not (the request stays)."""
@@ -54,7 +54,7 @@ def vllm_decode(
 
 
 def sglang_decode(
-    cache: PrefixCache, req: Any, output: Sequence[int], step: StepHook = None
+    cache: PrefixCache, req: Any, output: Sequence[int], step: DecodeStep | None = None
 ) -> bool:
     """``alloc_for_decode`` for each output token not yet sampled (``req`` has SGLang
     ``Req`` fields), the token appended once its step fits; ``False`` when no page."""

@@ -35,7 +35,7 @@ from prefixkv.adapters.totals import CacheTotals
 from prefixkv.adapters.vllm.kv_cache_manager import KVCacheManager
 from prefixkv.indexes.base import PrefixIndex
 
-from .decode_loops import StepHook, VllmRequest, sglang_decode, vllm_decode
+from .decode_loops import DecodeStep, VllmRequest, sglang_decode, vllm_decode
 
 __all__ = ["CallTimes", "KLiveSeat", "ManagerSeat", "Seat", "SglangSeat", "VllmSeat", "make_seat"]
 
@@ -53,16 +53,17 @@ class CallTimes:
     def call(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``, its time booked as ``kind``."""
         t0 = time.perf_counter()
-        out = fn(*args)
-        self.book(kind, time.perf_counter() - t0)
-        return out
+        try:
+            return fn(*args)
+        finally:  # an interrupted call books what it spent, so a hook's take-back never wins
+            self.book(kind, time.perf_counter() - t0)
 
     def book(self, kind: str, seconds: float) -> None:
         """Book ``seconds`` as ``kind``."""
         self.by_call[kind] = self.by_call.get(kind, 0.0) + seconds
         self.spent += seconds
 
-    def untimed(self, kind: str, step: StepHook) -> StepHook:
+    def untimed(self, kind: str, step: DecodeStep | None) -> DecodeStep | None:
         """``step`` with its own seconds taken back off ``kind`` (a hook that runs inside
         a call timed as ``kind``)."""
         if step is None:
@@ -70,8 +71,10 @@ class CallTimes:
 
         def untimed_step() -> None:
             t0 = time.perf_counter()
-            step()
-            self.book(kind, t0 - time.perf_counter())
+            try:
+                step()
+            finally:
+                self.book(kind, t0 - time.perf_counter())
 
         return untimed_step
 
@@ -159,7 +162,7 @@ class VllmSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: DecodeStep | None
     ) -> bool:
         """K-live: ``allocate_slots(req, 1)`` per remaining token."""
         kind = "allocate_decode"
@@ -311,7 +314,7 @@ class SglangSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: DecodeStep | None
     ) -> bool:
         """K-live: ``alloc_for_decode`` per remaining token (the last step releases)."""
         kind = "alloc_for_decode"
@@ -357,7 +360,7 @@ class ManagerSeat(_PoolSeat):
         return True
 
     def decode_rest(
-        self, request_id: str, output: Sequence[int], times: CallTimes, step: StepHook
+        self, request_id: str, output: Sequence[int], times: CallTimes, step: DecodeStep | None
     ) -> bool:
         """``append`` and ``commit`` each output token but the last (it gets no KV)."""
         m = self.manager

@@ -164,7 +164,7 @@ def _read_member(
 
 
 def _flatten(
-    conv: _Conversation, conv_id: str, where: str, ctx: tuple[str, int, int]
+    conv: _Conversation, conv_id: str, where: str, scope: str, tokens_per_id: int
 ) -> list[_Item]:
     items: list[_Item] = []
 
@@ -175,7 +175,16 @@ def _flatten(
                 agent = r.agent_id or f"agent{k}"
                 walk(r.requests or [], base + r.t, f"{session}/{agent}", f"{here}.requests")
             else:
-                items.append(_Item(base + r.t, session, f"{where}: {here}", r, *ctx))
+                item = _Item(
+                    base + r.t,
+                    session,
+                    f"{where}: {here}",
+                    r,
+                    scope=scope,
+                    block=conv.block_size,
+                    tokens_per_id=tokens_per_id,
+                )
+                items.append(item)
 
     walk(conv.requests, 0.0, conv_id, "$.requests")
     items.sort(key=lambda item: item.arrival)  # stable: ties keep the file's order
@@ -197,8 +206,7 @@ def _in_order(path: StrPath, opts: ReadSettings, progress: Progress | None) -> I
                     f'{where}: "hash_id_scope" must be "local" or "global", got {scope!r}'
                 )
             per_id = conv.block_size if opts.tokens_per_id is None else opts.tokens_per_id
-            ctx = ("" if scope == "global" else conv_id, conv.block_size, per_id)
-            yield _flatten(conv, conv_id, where, ctx)
+            yield _flatten(conv, conv_id, where, "" if scope == "global" else conv_id, per_id)
 
     if opts.session_order == "sequential":
         return itertools.chain.from_iterable(conversations())
