@@ -15,7 +15,7 @@ import pytest
 
 from prefixkv.adapters.lab.admission import AdmissionRule, length_rule
 from prefixkv.adapters.lab.backends import parse_backends
-from prefixkv.adapters.lab.cli import calibrate, cluster, common, compare
+from prefixkv.adapters.lab.cli import cluster, common, flags
 from prefixkv.adapters.lab.cli.main import build_parser, main
 from prefixkv.adapters.lab.cluster.config import DEFAULT_BUFFER_STEPS, ClusterSettings
 from prefixkv.adapters.lab.cluster.publisher import EventPublisher
@@ -76,12 +76,12 @@ def test_the_cluster_flags_default_to_the_named_constants() -> None:
 @pytest.mark.parametrize(
     ("command", "module", "constant", "shown"),
     [
-        ("compare", compare, "DEFAULT_MAX_NUM_SEQS", "(SGLang --max-running-requests; default 77)"),
-        ("compare", compare, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77"),
-        ("calibrate", calibrate, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "(default 77; vLLM serve"),
+        ("compare", flags, "DEFAULT_MAX_NUM_SEQS", "(SGLang --max-running-requests; default 77)"),
+        ("compare", flags, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77)"),
+        ("calibrate", flags, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77)"),
         ("cluster", cluster, "DEFAULT_BUFFER_STEPS", "(vLLM's 77)"),
-        ("cluster", cluster, "DEFAULT_BLOCK_SIZE", "tokens per id, else 77)"),
-        ("cluster", common, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
+        ("cluster", flags, "DEFAULT_BLOCK_SIZE", "tokens per id, else 77)"),
+        ("cluster", flags, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
     ],
 )
 def test_a_help_text_quotes_its_constant(
@@ -144,13 +144,36 @@ def test_no_help_text_restates_its_flags_default_by_hand() -> None:
     assert stale == []
 
 
-def test_a_flag_several_subcommands_take_reads_its_value_one_way() -> None:
-    # --max-num-batched-tokens 8k or --seed 2**64 means the same to compare and cluster.
+def _by_flag(value: Any) -> dict[str, set[Any]]:
+    """``value(action)`` for each subcommand's action, gathered by flag."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    types: dict[str, set[object]] = {}
+    values: dict[str, set[Any]] = {}
     for command in sub.choices.values():
         for action in command.add_flags()._actions:
             for flag in action.option_strings:
-                types.setdefault(flag, set()).add(action.type)
+                values.setdefault(flag, set()).add(value(action))
+    return values
+
+
+def test_a_flag_several_subcommands_take_reads_its_value_one_way() -> None:
+    # --max-num-batched-tokens 8k or --seed 2**64 means the same to compare and cluster.
+    types = _by_flag(lambda action: action.type)
     assert {flag: t for flag, t in types.items() if len(t) > 1} == {}
+
+
+def _words(action: argparse.Action) -> str:
+    """A help text less the default it names."""
+    text = (action.help or "").replace("%(default)s", "D")
+    return re.sub(r";? ?default:? [^;)]*", "", text)
+
+
+def test_a_flag_several_subcommands_take_has_one_help_text() -> None:
+    # One definition per concept: the same words wherever a flag is taken, but for the
+    # default it shows. --out is a folder or one file; --workload several or one.
+    helps = _by_flag(_words)
+    assert {flag for flag, words in helps.items() if len(words) > 1} == {
+        "--out",
+        "-o",
+        "--workload",
+    }
