@@ -98,8 +98,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fleet")
-    f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
-                   help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
+    f.add_argument(
+        "--replicas",
+        type=_replica_counts,
+        default=[8],
+        metavar="N[,N...]",
+        help="replicas; several sweep the fleet size (default 8)",
+    )
     flags.add_capacity_tokens(f)
     flags.add_gpu_memory_utilization(f)
     flags.add_block_size(f, given_only=True)
@@ -113,8 +118,11 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"event batches each replica keeps for replay (vLLM's {DEFAULT_BUFFER_STEPS})",
     )
-    f.add_argument("--prefill-only", action="store_true",
-                   help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
+    f.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="one output token per request (Mooncake's prefill pool)",
+    )
     flags.add_open_loop(f)
 
 
@@ -151,9 +159,13 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
     )
-    x.add_argument("--ray-cpus", type=positive_float, metavar="C",
-                   help="CPUs each replica actor asks for; refused when the actors do not "
-                   "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
+    x.add_argument(
+        "--ray-cpus",
+        type=positive_float,
+        metavar="C",
+        help="CPUs each replica actor asks for; refused when the actors do not "
+        "fit the cluster's free CPUs (default 1, lowered to fit)",
+    )
     flags.add_seed(x)
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
     flags.add_no_plots(x)

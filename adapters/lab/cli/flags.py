@@ -1,9 +1,7 @@
-"""Every flag two or more ``prefixkv`` subcommands take, defined once: a function per group
-of flags, called by each subcommand that takes them, with one help text per flag. Where
-subcommands default a flag differently, the help shows the flag's own default through
-``%(default)s``; a flag that stays ``None`` unless given (``given_only``) names what unset
-means instead. It loads the trace readers' names, never the comparison or the simulator:
-``prefixkv replay`` imports it."""
+"""Every flag two or more ``prefixkv`` subcommands take, defined once with one help text: a
+function per flag group, called by each subcommand that takes it. A default that differs
+shows through ``%(default)s``; a flag ``None`` unless given (``given_only``) says what unset
+means. Light: ``prefixkv replay`` imports it, never the comparison or the simulator."""
 
 from __future__ import annotations
 
@@ -62,9 +60,9 @@ def add_index(g: Group, *, default: str | None, metavar: str = "NAME") -> None:
         default=default,
         required=default is None,
         metavar=metavar,
-        help="the prefix index: one NAME or NAME:SIZE (SIZE: its block or page size in tokens) "
-        "for replay, one NAME for every replica of cluster, a comma-separated list that "
-        f"compare runs head to head (known: {', '.join(available_indexes())}"
+        help="the prefix index, NAME or NAME:SIZE (SIZE: its block or page size in tokens): "
+        "one for replay, a comma-separated list that compare runs head to head, one NAME "
+        f"(no SIZE) for every replica of cluster (known: {', '.join(available_indexes())}"
         + (")" if default is None else "; default %(default)s)"),
     )
 
@@ -179,6 +177,7 @@ def add_gpu_memory_utilization(g: Group) -> None:
 
 
 def add_seed(g: Group) -> None:
+    """``--seed``: every random choice of a run."""
     g.add_argument(
         "--seed",
         type=int_arg,
@@ -189,6 +188,7 @@ def add_seed(g: Group) -> None:
 
 
 def add_quiet(g: Group) -> None:
+    """``--quiet``: no progress."""
     g.add_argument(
         "--quiet",
         "-q",
@@ -310,6 +310,7 @@ def add_engine_limits(g: Group, *, given_only: bool = False) -> None:
 
 
 def add_max_num_batched_tokens(g: Group, *, given_only: bool = False) -> None:
+    """``--max-num-batched-tokens``: an engine step's token budget."""
     g.add_argument(
         "--max-num-batched-tokens",
         type=parse_token_count,
@@ -337,6 +338,7 @@ def add_profile(g: Group, *, given_only: bool = False) -> None:
 
 
 def add_open_loop(g: Group, *, given_only: bool = False) -> None:
+    """``--open-loop``: sessions' turns at their arrival times, not after each answer."""
     g.add_argument(
         "--open-loop",
         action="store_true",
