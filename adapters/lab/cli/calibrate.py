@@ -35,7 +35,7 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
         "Fit the cost model's coefficients to a running OpenAI-compatible server "
         "(--server), to vllm bench serve results (--from-vllm-bench), or to the reference "
         "engine's forward pass timed here (the default), and write them as a profile that "
-        "compare --profile FILE reads. --list shows the shipped profiles."
+        "compare and cluster read (--profile FILE). --list shows the shipped profiles."
     )
     cal.add_argument(
         "--device",
@@ -60,13 +60,7 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
     )
     cal.add_argument("--name", metavar="NAME", help="the profile's name (default from the device)")
     flags.add_quiet(cal)
-    cal.add_argument(
-        "--out",
-        "-o",
-        metavar="FILE",
-        help="the output FILE: the profile (JSON) that compare --profile reads; required but "
-        "with --list (compare and cluster write a folder instead)",
-    )
+    flags.add_out(cal, file="the profile (JSON); required but with --list", required=False)
     _add_source_flags(cal)
 
 
@@ -128,7 +122,7 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
         "profile says how spread they were). A small or shared machine's timings move "
         "between minutes: 3 rounds of --quick are steadier than one full sweep",
     )
-    flags.add_max_num_batched_tokens(src, given_only=True)
+    flags.add_max_num_batched_tokens(src, given_only=True, served=True)
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:

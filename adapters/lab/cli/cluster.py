@@ -45,7 +45,7 @@ from ..sim.profile import CostProfile, load_profile
 from ..sim.rate_sweep import rate_schedule, start_rate
 from ..sim.requests import SimRequest
 from ..traces import TraceRequest, open_trace, stats_of
-from ..workloads import WORKLOADS, Workload, make_workload, trace_workload
+from ..workloads import Workload, make_workload, trace_workload
 from . import common, flags
 from .args import (
     CLIUsageError,
@@ -83,13 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     src = p.add_mutually_exclusive_group()
     flags.add_trace(src)
-    src.add_argument(
-        "--workload",
-        choices=sorted(WORKLOADS),
-        default="multi_turn",
-        help="one built-in workload (compare takes several) when no trace is given "
-        "(default %(default)s)",
-    )
+    flags.add_workload(src, default="multi_turn")
     flags.add_trace_flags(p)
     _add_fleet_flags(p)
     _add_router_flags(p)
@@ -105,12 +99,21 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="N[,N...]",
         help="replicas; several sweep the fleet size (default 8)",
     )
-    flags.add_capacity_tokens(f)
+    flags.add_capacity_tokens(
+        f,
+        per=", each replica's",
+        sweep="every policy running at each on every fleet size",
+        default="3m, Mooncake's per-node local cache",
+    )
     flags.add_gpu_memory_utilization(f)
-    flags.add_block_size(f, given_only=True)
-    flags.add_index(f, default="hash_chain")
+    flags.add_block_size(f, of="every replica's index and the router", given_only=True)
+    flags.add_index(f, default="hash_chain", per_replica=True)
     flags.add_engine_limits(f)
-    flags.add_profile(f)
+    flags.add_profile(
+        f,
+        sizes="--capacity-tokens auto, and with --model-config or --gpu-memory capacities "
+        "beyond it warn",
+    )
     f.add_argument(
         "--buffer-steps",
         type=positive_int,
@@ -129,7 +132,14 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     """Arrivals, the routing policies, the faults and the runner."""
     arrivals = p.add_argument_group("arrivals")
-    flags.add_rate_flags(arrivals)
+    flags.add_rate_flags(
+        arrivals,
+        spacing="Poisson",
+        sweep="run every fleet size, capacity and fault at the first and sweep every policy "
+        "over the rest on the first fleet size and capacity",
+        auto="the fleet has room and doubles until every policy is overloaded",
+        default="2 for a built-in workload, a trace's own timestamps for a trace",
+    )
     flags.add_slo_flags(arrivals)
     p.add_argument(
         "--load-per-replica",
@@ -166,11 +176,15 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
         help="CPUs each replica actor asks for; refused when the actors do not "
         "fit the cluster's free CPUs (default 1, lowered to fit)",
     )
-    flags.add_seed(x)
+    flags.add_seed(
+        x,
+        seeds="the built-in workload, hash-id traces' tokens, Poisson arrivals, the router "
+        "and the faults",
+    )
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
     flags.add_no_plots(x)
-    flags.add_out_folder(x, "prefixkv-cluster")
-    flags.add_quiet(x)
+    flags.add_out(x, folder="prefixkv-cluster")
+    flags.add_quiet(x, also=", no line per run, and no closing line unless interrupted")
 
 
 def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Workload]]:

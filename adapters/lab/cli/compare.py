@@ -35,7 +35,7 @@ from ..sim import (
     load_profile,
 )
 from ..sim.model_config import ModelConfig
-from ..workloads import DEFAULT_WORKLOADS, workload_names
+from ..workloads import DEFAULT_WORKLOADS
 from . import common, flags
 from .args import (
     CLIUsageError,
@@ -53,23 +53,17 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         " with a capacity sweep."
     )
     src = cmp.add_mutually_exclusive_group()
-    src.add_argument(
-        "--workload",
-        "-w",
-        action="extend",
-        nargs="+",
-        metavar="NAME",
-        help="built-in workloads, several (cluster takes one), space- or comma-separated: "
-        f"{', '.join(workload_names())}",
-    )
+    flags.add_workload(src, many=True)
     flags.add_trace(src)
-    flags.add_index(cmp, default=CompareOptions.indexes, metavar="LIST")
-    flags.add_common(cmp)
+    flags.add_index(cmp, default=CompareOptions.indexes, many=True)
+    flags.add_common(cmp, many=True)
+    flags.add_seed(cmp, seeds="the built-in workloads, hash-id traces' tokens and Poisson arrivals")
+    flags.add_quiet(cmp)
     _add_replay_flags(cmp)
     _add_time_flags(cmp)
     flags.add_model_flags(cmp)
     flags.add_no_plots(cmp)
-    flags.add_out_folder(cmp, "prefixkv-report")
+    flags.add_out(cmp, folder="prefixkv-report")
 
 
 def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
@@ -112,7 +106,13 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
-    flags.add_rate_flags(g)
+    flags.add_rate_flags(
+        g,
+        runs="also run each backend at arrival time",
+        spacing="Poisson or --arrival fixed",
+        sweep="sweep the rate at the table's capacity, the first being the table's",
+        auto="one replica has room and doubles until every backend is overloaded",
+    )
     g.add_argument(
         "--arrival",
         choices=ARRIVAL_PROCESSES,
@@ -121,7 +121,11 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     _add_scheduler_flags(g)
     flags.add_open_loop(g, given_only=True)
     flags.add_slo_flags(g)
-    flags.add_profile(g, given_only=True)
+    flags.add_profile(
+        g,
+        sizes="--capacity-tokens auto and --capacity-gib, and capacities beyond it warn",
+        given_only=True,
+    )
 
 
 def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:

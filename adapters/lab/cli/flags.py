@@ -1,7 +1,9 @@
-"""Every flag two or more ``prefixkv`` subcommands take, defined once with one help text: a
-function per flag group, called by each subcommand that takes it. A default that differs
-shows through ``%(default)s``; a flag ``None`` unless given (``given_only``) says what unset
-means. Light: ``prefixkv replay`` imports it, never the comparison or the simulator."""
+"""Every flag two or more ``prefixkv`` subcommands take, defined once: a function per flag
+group, called by each subcommand that takes it. What a flag means to one subcommand only
+(how many values, what it seeds or silences, its default) comes from the caller as a
+keyword, so each subcommand's help speaks of itself alone. A flag ``None`` unless given
+(``given_only``) says what unset means. Light: ``prefixkv replay`` imports it, never the
+comparison or the simulator."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..sim.model_config import available_model_configs
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_PROFILE, available_profiles
 from ..traces import FORMATS, TraceLimits
 from ..traces.base import SESSION_ORDERS
+from ..workloads import WORKLOADS, workload_names
 from .args import (
     gib_list,
     index_option,
@@ -48,29 +51,60 @@ def add_trace(g: Group, *, positional: bool = False) -> None:
         "trace" if positional else "--trace",
         metavar="TRACE" if positional else "PATH",
         help="a trace: prefixkv, Mooncake or Qwen-Bailian JSONL (gzip or xz allowed), or "
-        "kv-cache-tester conversations (a folder, a .json or a .tar.xz); every subcommand "
-        "reads every format",
+        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
     )
 
 
-def add_index(g: Group, *, default: str | None, metavar: str = "NAME") -> None:
-    """``--index``: the prefix index (required when ``default`` is ``None``)."""
+def add_workload(g: Group, *, many: bool = False, default: str | None = None) -> None:
+    """``--workload``: ``many`` built-in workloads (also ``-w``), or one, ``default`` unless
+    given."""
+    if many:
+        g.add_argument(
+            "--workload",
+            "-w",
+            action="extend",
+            nargs="+",
+            metavar="NAME",
+            help=f"built-in workloads, space- or comma-separated: {', '.join(workload_names())}",
+        )
+        return
+    g.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default=default,
+        help="a built-in workload when no trace is given (default %(default)s)",
+    )
+
+
+def add_index(
+    g: Group, *, default: str | None = None, many: bool = False, per_replica: bool = False
+) -> None:
+    """``--index`` (required when ``default`` is ``None``): one prefix index, ``many`` run
+    head to head, or the one index of every replica (by name: ``--block-size`` sizes it)."""
+    size = "NAME or NAME:SIZE (SIZE: its block or page size in tokens)"
+    if many:
+        what = f"the prefix indexes to run head to head, comma-separated, each {size}"
+    elif per_replica:
+        what = "every replica's prefix index, a NAME (--block-size sets its block size)"
+    else:
+        what = f"the prefix index, {size}"
     g.add_argument(
         "--index",
         default=default,
         required=default is None,
-        metavar=metavar,
-        help="the prefix index, NAME or NAME:SIZE (SIZE: its block or page size in tokens): "
-        "one for replay, a comma-separated list that compare runs head to head, one NAME "
-        f"(no SIZE) for every replica of cluster (known: {', '.join(available_indexes())}"
-        + (")" if default is None else "; default %(default)s)"),
+        metavar="LIST" if many else "NAME",
+        help=f"{what}; known: {', '.join(available_indexes())}"
+        + ("" if default is None else "; default %(default)s"),
     )
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """The flags ``compare`` and ``replay`` share: the cache, K, the trace input, seed, quiet."""
+def add_common(p: argparse.ArgumentParser, *, many: bool = False) -> None:
+    """The flags ``compare`` and ``replay`` share: the cache, K and the trace input. ``many``:
+    several backends at one capacity, which may also be several (swept, the table using the
+    first), ``auto`` or in GiB, sized by the cost profile; else one value in tokens or
+    blocks."""
     g = p.add_argument_group("cache (named like the engines' flags)")
-    add_block_size(g)
+    add_block_size(g, of="the hash chain and none (the radix tree takes --page-size)")
     g.add_argument(
         "--page-size",
         type=positive_int,
@@ -79,21 +113,28 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="the radix tree's page size in tokens, as SGLang's --page-size (default %(default)s)",
     )
     cap = g.add_mutually_exclusive_group()
-    add_capacity_tokens(cap)
-    cap.add_argument(
-        "--capacity-gib",
-        type=gib_list,
-        metavar="G[,G...]",
-        help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV bytes "
-        "per token (compare; --profile names the model)",
+    add_capacity_tokens(
+        cap,
+        per=", the same for every backend" if many else "",
+        sweep="the table using the first" if many else None,
+        default="roomy, nothing evicted",
     )
+    if many:
+        cap.add_argument(
+            "--capacity-gib",
+            type=gib_list,
+            metavar="G[,G...]",
+            help="KV capacity in GiB of KV cache, turned into tokens by the cost profile's KV "
+            "bytes per token (--profile names the model)",
+        )
     cap.add_argument(
         "--capacity-blocks",
         type=positive_int,
         metavar="N",
         help="KV capacity as N blocks of --block-size tokens (N * block size tokens)",
     )
-    add_gpu_memory_utilization(g)
+    if many:
+        add_gpu_memory_utilization(g)
     _add_index_options(g)
     p.add_argument(
         "--concurrency",
@@ -104,8 +145,6 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="at most K live requests; the oldest finishes first (default %(default)s)",
     )
     add_trace_flags(p)
-    add_seed(p)
-    add_quiet(p)
 
 
 def _add_index_options(g: Group) -> None:
@@ -136,32 +175,38 @@ def _add_index_options(g: Group) -> None:
     )
 
 
-def add_block_size(g: Group, *, given_only: bool = False) -> None:
-    """``--block-size``; ``given_only``: ``None`` unless given, as cluster takes it."""
+def add_block_size(g: Group, *, of: str, given_only: bool = False) -> None:
+    """``--block-size`` of the indexes ``of`` names; ``given_only``: ``None`` unless given,
+    then a hash-id trace's tokens per id."""
     unset = f"a hash-id trace's tokens per id, else {DEFAULT_BLOCK_SIZE}"
     g.add_argument(
         "--block-size",
         type=positive_int,
         default=None if given_only else DEFAULT_BLOCK_SIZE,
         metavar="N",
-        help="tokens per block, as vLLM's --block-size: the hash chain's and none's (compare's "
-        "and replay's radix tree takes --page-size), every replica's index and the router's in "
-        f"cluster (default: {_default(given_only, unset)})",
+        help=f"tokens per block of {of}, as vLLM's --block-size (default "
+        f"{_default(given_only, unset)})",
     )
 
 
-def add_capacity_tokens(g: Group) -> None:
-    """``--capacity-tokens``: the KV pool in tokens, several for a sweep, or ``auto``."""
+def add_capacity_tokens(g: Group, *, per: str = "", sweep: str | None = None, default: str) -> None:
+    """``--capacity-tokens`` (``per``: whose pool). With ``sweep`` (what else several values
+    do), several values or ``auto``; without, one value."""
+    text = (
+        f"KV capacity in tokens{per} (blocks = T // size); suffixes as vLLM's: 1k = 1,000, "
+        "1K = 1,024, 1m = 10**6, 1M = 2**20"
+    )
+    if sweep is not None:
+        text += (
+            f"; several (1m,3m,10m) are swept, {sweep}; auto: the pool vLLM sizes at "
+            "--gpu-memory-utilization on the cost profile's hardware, or on --model-config "
+            "and --gpu-memory"
+        )
     g.add_argument(
         "--capacity-tokens",
         type=parse_capacity_tokens,
-        metavar="T[,T...]|auto",
-        help="KV capacity in tokens, the same for every backend (cluster: each replica's; "
-        "blocks = T // size); suffixes as vLLM's: 1k = 1,000, 1K = 1,024, 1m = 10**6, "
-        "1M = 2**20. Several (1m,3m,10m) sweep it: compare's table uses the first, cluster "
-        "runs each. auto (compare, cluster): the pool vLLM sizes at --gpu-memory-utilization "
-        "on the cost profile's hardware, or on --model-config and --gpu-memory. Default: "
-        "roomy, nothing evicted (compare, replay); 3m, Mooncake's per-node local cache (cluster)",
+        metavar="T" if sweep is None else "T[,T...]|auto",
+        help=f"{text} (default {default})",
     )
 
 
@@ -176,37 +221,37 @@ def add_gpu_memory_utilization(g: Group) -> None:
     )
 
 
-def add_seed(g: Group) -> None:
-    """``--seed``: every random choice of a run."""
+def add_seed(g: Group, *, seeds: str) -> None:
+    """``--seed`` of the random choices ``seeds`` names."""
     g.add_argument(
-        "--seed",
-        type=int_arg,
-        default=0,
-        help="the run's seed: built-in workloads, hash-id traces' tokens, Poisson arrivals, and "
-        "cluster's router and faults (default %(default)s)",
+        "--seed", type=int_arg, default=0, help=f"the seed of {seeds} (default %(default)s)"
     )
 
 
-def add_quiet(g: Group) -> None:
-    """``--quiet``: no progress."""
+def add_quiet(g: Group, *, also: str = "") -> None:
+    """``--quiet``: no progress bars, and ``also`` what else it silences."""
     g.add_argument(
         "--quiet",
         "-q",
         action="store_true",
-        help="no progress bars; replay also prints no closing line or notes, cluster no line "
-        "per run or closing line (warnings, errors and an interruption always print)",
+        help=f"no progress bars{also} (warnings and errors still print)",
     )
 
 
-def add_out_folder(g: Group, default: str) -> None:
-    """``--out DIR``: the report's folder (replay and calibrate write one file instead)."""
+def add_out(g: Group, *, folder: str = "", file: str = "", required: bool = True) -> None:
+    """``--out``: the report's ``folder`` (its default name), or the one ``file`` (what it
+    holds) a run writes."""
+    if folder:
+        g.add_argument(
+            "--out",
+            "-o",
+            default=folder,
+            metavar="DIR",
+            help="the output folder: the report, its tables and plots (default ./%(default)s)",
+        )
+        return
     g.add_argument(
-        "--out",
-        "-o",
-        default=default,
-        metavar="DIR",
-        help="the output folder for the report, tables and plots (default ./%(default)s); "
-        "replay and calibrate write one FILE instead",
+        "--out", "-o", required=required, metavar="FILE", help=f"the output file: {file}"
     )
 
 
@@ -270,29 +315,28 @@ def add_trace_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_rate_flags(g: Group) -> None:
-    """``--request-rate`` or ``--time-scale``: when requests arrive (one of them)."""
+def add_rate_flags(
+    g: Group, *, runs: str = "", spacing: str, sweep: str, auto: str, default: str = ""
+) -> None:
+    """``--request-rate`` or ``--time-scale``: when requests arrive (one of them). The caller
+    says what a rate ``runs``, the ``spacing``, what several rates do (``sweep``), what
+    ``auto`` doubles until, and what runs when neither is given (``default``)."""
+    runs = f"{runs}: " if runs else ""
     when = g.add_mutually_exclusive_group()
     when.add_argument(
         "--request-rate",
         type=request_rates,
         metavar="R[,R...]|auto",
-        help="requests arrive at R per second, Poisson (compare: or --arrival fixed), as vllm "
-        "bench serve --request-rate; compare then also runs each backend at arrival time. "
-        "Several (1,2,4,8): compare sweeps the rate at the table's capacity, the first being "
-        "the table's; cluster runs every fleet size, capacity and fault at the first and "
-        "sweeps every policy over the rest on the first fleet size and capacity. auto starts "
-        "where a replica (cluster: the fleet) has room and doubles until each backend (cluster: "
-        "policy) is overloaded (at most 10 rates). Default: compare runs no arrival time; "
-        "cluster 2 for a built-in workload, a trace's own timestamps",
+        help=f"{runs}requests arrive at R per second ({spacing}), as vllm bench serve "
+        f"--request-rate; several (1,2,4,8) {sweep}; auto starts where {auto} (at most 10 "
+        f"rates{f'; default {default}' if default else ''})",
     )
     when.add_argument(
         "--time-scale",
         type=positive_float,
         metavar="S",
-        help="requests arrive at the trace's own timestamps times S (S < 1: faster, more "
-        "load); compare then also runs each backend at arrival time (cluster's default for a "
-        "trace: 1)",
+        help=f"{runs}requests arrive at the trace's own timestamps times S (S < 1: faster, "
+        "more load)",
     )
 
 
@@ -309,22 +353,23 @@ def add_engine_limits(g: Group, *, given_only: bool = False) -> None:
     add_max_num_batched_tokens(g, given_only=given_only)
 
 
-def add_max_num_batched_tokens(g: Group, *, given_only: bool = False) -> None:
-    """``--max-num-batched-tokens``: an engine step's token budget."""
+def add_max_num_batched_tokens(g: Group, *, given_only: bool = False, served: bool = False) -> None:
+    """``--max-num-batched-tokens``: an engine step's token budget; ``served``: the budget
+    a served engine was started with, not the simulated one's."""
     g.add_argument(
         "--max-num-batched-tokens",
         type=parse_token_count,
         default=None if given_only else DEFAULT_MAX_NUM_BATCHED_TOKENS,
         metavar="T",
         help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
-        f"default {_default(given_only, DEFAULT_MAX_NUM_BATCHED_TOKENS)}): the simulated "
-        "engine's, or for calibrate the served engine's, as it was started (vLLM serve on a "
-        "CPU: 2048)",
+        f"default {_default(given_only, DEFAULT_MAX_NUM_BATCHED_TOKENS)})"
+        + (": the server's, as it was started (vLLM serve on a CPU: 2048)" if served else ""),
     )
 
 
-def add_profile(g: Group, *, given_only: bool = False) -> None:
-    """``--profile``: the cost profile; ``given_only``: ``None`` unless given."""
+def add_profile(g: Group, *, sizes: str, given_only: bool = False) -> None:
+    """``--profile``: the cost profile, whose hardware also ``sizes`` what the caller says;
+    ``given_only``: ``None`` unless given."""
     g.add_argument(
         "--profile",
         default=None if given_only else DEFAULT_PROFILE,
@@ -332,8 +377,7 @@ def add_profile(g: Group, *, given_only: bool = False) -> None:
         help=f"the cost profile that times each engine step: a shipped one "
         f"({', '.join(available_profiles())}; prefixkv calibrate --list) or a file from prefixkv "
         f"calibrate (default {_default(given_only, DEFAULT_PROFILE)}); its hardware also sizes "
-        "--capacity-tokens auto and compare's --capacity-gib, and capacities beyond it warn "
-        "(cluster: with --model-config or --gpu-memory)",
+        f"{sizes}",
     )
 
 

@@ -44,21 +44,16 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
         "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block)."
     )
     flags.add_trace(rep, positional=True)
-    flags.add_index(rep, default=None)
+    flags.add_index(rep)
     rep.add_argument(
         "--driver",
         choices=DRIVERS,
         help="call order: vllm, sglang or manager (default: the backend's own)",
     )
     flags.add_common(rep)
-    rep.add_argument(
-        "--out",
-        "-o",
-        required=True,
-        metavar="FILE",
-        help="the output FILE: one JSON line per request and the summary line (compare and "
-        "cluster write a folder instead)",
-    )
+    flags.add_seed(rep, seeds="hash-id traces' tokens")
+    flags.add_quiet(rep, also=", and no closing line or notes unless interrupted")
+    flags.add_out(rep, file="one JSON line per request, then the summary line")
     _add_kv_event_flags(rep)
 
 
