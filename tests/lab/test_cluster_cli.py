@@ -12,7 +12,7 @@ import pytest
 from helpers import TEST_DATA
 
 from prefixkv.adapters.lab.cli import main
-from prefixkv.adapters.lab.cli.common import add_trace_flags
+from prefixkv.adapters.lab.cli.flags import add_trace_flags
 from prefixkv.adapters.lab.cli.main import build_parser
 from prefixkv.adapters.lab.cluster.faults import FaultSpecError, parse_faults
 

@@ -154,7 +154,7 @@ def test_engine_knobs_reach_every_backend(
     code, stdout, err = _run(
         capsys, "compare", "-w", "shared_system_prompt", "--index", "hash_chain,radix",
         "--request-rate", "3", "--arrival", "fixed", "--max-num-seqs", "2",
-        "--max-num-batched-tokens", "512", "--policy", "lpm", "--batching", "prefill_first",
+        "--max-num-batched-tokens", "512", "--policy", "lpm", "--scheduler", "sglang",
         *SMALL, "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import inspect
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from prefixkv.adapters.lab.admission import AdmissionRule, length_rule
 from prefixkv.adapters.lab.backends import parse_backends
-from prefixkv.adapters.lab.cli import calibrate, cluster, common, compare
+from prefixkv.adapters.lab.cli import cluster, common, flags
 from prefixkv.adapters.lab.cli.main import build_parser, main
 from prefixkv.adapters.lab.cluster.config import DEFAULT_BUFFER_STEPS, ClusterSettings
 from prefixkv.adapters.lab.cluster.publisher import EventPublisher
@@ -76,12 +77,12 @@ def test_the_cluster_flags_default_to_the_named_constants() -> None:
 @pytest.mark.parametrize(
     ("command", "module", "constant", "shown"),
     [
-        ("compare", compare, "DEFAULT_MAX_NUM_SEQS", "(SGLang --max-running-requests; default 77)"),
-        ("compare", compare, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77"),
-        ("calibrate", calibrate, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "(default 77; vLLM serve"),
+        ("compare", flags, "DEFAULT_MAX_NUM_SEQS", "(SGLang --max-running-requests; default 77)"),
+        ("compare", flags, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77)"),
+        ("calibrate", flags, "DEFAULT_MAX_NUM_BATCHED_TOKENS", "prefill-size; default 77)"),
         ("cluster", cluster, "DEFAULT_BUFFER_STEPS", "(vLLM's 77)"),
-        ("cluster", cluster, "DEFAULT_BLOCK_SIZE", "tokens per id, else 77)"),
-        ("cluster", common, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
+        ("cluster", flags, "DEFAULT_BLOCK_SIZE", "tokens per id, else 77)"),
+        ("cluster", flags, "DEFAULT_GPU_MEMORY_UTILIZATION", "vLLM's flag (default 77)"),
     ],
 )
 def test_a_help_text_quotes_its_constant(
@@ -144,13 +145,72 @@ def test_no_help_text_restates_its_flags_default_by_hand() -> None:
     assert stale == []
 
 
-def test_a_flag_several_subcommands_take_reads_its_value_one_way() -> None:
-    # --max-num-batched-tokens 8k or --seed 2**64 means the same to compare and cluster.
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser, its flags added."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    types: dict[str, set[object]] = {}
-    for command in sub.choices.values():
-        for action in command.add_flags()._actions:
+    return {name: command.add_flags() for name, command in sub.choices.items()}
+
+
+def _by_flag(value: Any) -> dict[str, set[Any]]:
+    """``value(action)`` for each subcommand's action, gathered by flag."""
+    values: dict[str, set[Any]] = {}
+    for command in _commands().values():
+        for action in command._actions:
             for flag in action.option_strings:
-                types.setdefault(flag, set()).add(action.type)
+                values.setdefault(flag, set()).add(value(action))
+    return values
+
+
+def test_a_flag_several_subcommands_take_reads_its_value_one_way() -> None:
+    # --max-num-batched-tokens 8k or --seed 2**64 means the same to compare and cluster.
+    types = _by_flag(lambda action: action.type)
     assert {flag: t for flag, t in types.items() if len(t) > 1} == {}
+
+
+def test_a_flag_several_subcommands_take_is_defined_in_flags_py_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One definition per flag: what differs between subcommands is a keyword of its
+    # function in cli/flags.py, never a second add_argument in a subcommand's module.
+    where: dict[str, set[str]] = {}
+    add = argparse._ActionsContainer.add_argument
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = add(self, *args, **kwargs)
+        caller = Path(sys._getframe(1).f_code.co_filename).name
+        for flag in action.option_strings:
+            where.setdefault(flag, set()).add(caller)
+        return action
+
+    monkeypatch.setattr(argparse._ActionsContainer, "add_argument", recorded)
+    taken: dict[str, int] = {}
+    for command in _commands().values():
+        for flag in {f for action in command._actions for f in action.option_strings}:
+            taken[flag] = taken.get(flag, 0) + 1
+    shared = {flag for flag, count in taken.items() if count > 1} - {"-h", "--help"}
+    assert {"--seed", "--quiet", "--out", "--index", "--workload"} <= shared
+    assert {flag: where[flag] for flag in shared if where[flag] != {"flags.py"}} == {}
+
+
+_SUBCOMMAND = re.compile(r"\b(compare|replay|cluster|calibrate)\b")
+_MAY_NAME_ANOTHER = {
+    # --profile says where a profile file comes from: the command that writes one.
+    r"prefixkv calibrate": ("compare", "cluster"),
+    # calibrate's description says who reads what it writes.
+    r"compare and cluster read": ("calibrate",),
+    # to replay requests through a cache, or KV events to a late router: the verb.
+    r"\breplay (at|once|itself|closed)\b|\bfor replay\b": ("compare", "cluster"),
+}
+
+
+def test_no_subcommands_help_names_another_subcommand() -> None:
+    # compare --help says what --seed, --quiet or --index mean to compare, not to cluster.
+    named = []
+    for name, command in _commands().items():
+        text = " ".join(command.format_help().split())
+        for allowed, where in _MAY_NAME_ANOTHER.items():
+            if name in where:
+                text = re.sub(allowed, "", text)
+        named += [f"{name}: {m[0]}" for m in _SUBCOMMAND.finditer(text) if m[0] != name]
+    assert named == []

@@ -150,7 +150,6 @@ def test_natural_engines_are_labelled_as_moving_both_axes(
 @pytest.mark.parametrize(
     ("flags", "fault"),
     [
-        (("--scheduler", "vllm", "--batching", "mixed"), "--scheduler or --batching"),
         (("--scheduler", "vllm,vllm"), "distinct names"),
         (("--scheduler", "trt"), "distinct names"),
     ],

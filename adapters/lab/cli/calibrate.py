@@ -20,7 +20,8 @@ from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from ..sim.http_limits import RequestLimits
 from ..sim.profile import DEFAULT_GPU_MEMORY_UTILIZATION
 from ..sim.serving_path import BUSY_PER_REPEAT, IDLE_PAUSES_S
-from .args import CLIUsageError, parse_token_count, positive_float, positive_int
+from . import flags
+from .args import CLIUsageError, positive_float, positive_int
 from .signals import Interrupts
 
 __all__ = ["add_arguments", "run"]
@@ -34,7 +35,7 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
         "Fit the cost model's coefficients to a running OpenAI-compatible server "
         "(--server), to vllm bench serve results (--from-vllm-bench), or to the reference "
         "engine's forward pass timed here (the default), and write them as a profile that "
-        "compare --profile FILE reads. --list shows the shipped profiles."
+        "compare and cluster read (--profile FILE). --list shows the shipped profiles."
     )
     cal.add_argument(
         "--device",
@@ -58,10 +59,8 @@ def add_arguments(cal: argparse.ArgumentParser) -> None:
         help="8 small shapes instead of 22: a rough profile in seconds",
     )
     cal.add_argument("--name", metavar="NAME", help="the profile's name (default from the device)")
-    cal.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    cal.add_argument(
-        "--out", "-o", metavar="FILE", help="the profile (JSON); required but with --list"
-    )
+    flags.add_quiet(cal)
+    flags.add_out(cal, file="the profile (JSON); required but with --list", required=False)
     _add_source_flags(cal)
 
 
@@ -123,14 +122,7 @@ def _add_source_flags(cal: argparse.ArgumentParser) -> None:
         "profile says how spread they were). A small or shared machine's timings move "
         "between minutes: 3 rounds of --quick are steadier than one full sweep",
     )
-    src.add_argument(
-        "--max-num-batched-tokens",
-        type=parse_token_count,
-        metavar="T",
-        help="the server's step budget, its --max-num-batched-tokens (default "
-        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; vLLM "
-        "serve on a CPU: 2048)",
-    )
+    flags.add_max_num_batched_tokens(src, given_only=True, served=True)
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], interrupts: Interrupts | None = None) -> int:

@@ -38,26 +38,20 @@ from ..outputs.cluster import OUTPUT_NAMES, write_report
 from ..sim.arrivals import sim_requests
 from ..sim.config import (
     DEFAULT_BLOCK_SIZE,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
     SimSettings,
 )
 from ..sim.model_config import ModelConfig
-from ..sim.profile import DEFAULT_PROFILE, CostProfile, load_profile
+from ..sim.profile import CostProfile, load_profile
 from ..sim.rate_sweep import rate_schedule, start_rate
 from ..sim.requests import SimRequest
 from ..traces import TraceRequest, open_trace, stats_of
-from ..workloads import WORKLOADS, Workload, make_workload, trace_workload
-from . import common
+from ..workloads import Workload, make_workload, trace_workload
+from . import common, flags
 from .args import (
     CLIUsageError,
     distinct,
-    int_arg,
-    parse_capacity_tokens,
-    parse_token_count,
     positive_float,
     positive_int,
-    request_rates,
 )
 from .signals import Interrupts
 
@@ -88,54 +82,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in-process by default; --ray runs one Ray actor per replica."
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", metavar="PATH", help="a trace (any format compare reads)")
-    src.add_argument(
-        "--workload",
-        choices=sorted(WORKLOADS),
-        default="multi_turn",
-        help="a built-in workload when no trace is given (default %(default)s)",
-    )
-    common.add_trace_flags(p)
+    flags.add_trace(src)
+    flags.add_workload(src, default="multi_turn")
+    flags.add_trace_flags(p)
     _add_fleet_flags(p)
     _add_router_flags(p)
-    common.add_model_flags(p)
+    flags.add_model_flags(p)
 
 
 def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fleet")
-    f.add_argument("--replicas", type=_replica_counts, default=[8], metavar="N[,N...]",
-                   help="replicas; several sweep the fleet size (default 8)")  # fmt: skip
     f.add_argument(
-        "--capacity-tokens",
-        type=parse_capacity_tokens,
-        metavar="T[,T...]|auto",
-        help="KV capacity per replica in tokens (1m = 10**6, 1M = 2**20); several sweep it; auto: "
-        "the pool vLLM sizes on the profile's hardware, or on --model-config and --gpu-memory "
-        "(default 3m, Mooncake's per-node local cache)",
+        "--replicas",
+        type=_replica_counts,
+        default=[8],
+        metavar="N[,N...]",
+        help="replicas; several sweep the fleet size (default 8)",
     )
-    common.add_gpu_memory_utilization(f)
-    f.add_argument(
-        "--block-size",
-        type=positive_int,
-        metavar="N",
-        help="tokens per block (default: the hash-id trace's tokens per id, else "
-        f"{DEFAULT_BLOCK_SIZE})",
+    flags.add_capacity_tokens(
+        f,
+        per=", each replica's",
+        sweep="every policy running at each on every fleet size",
+        default="3m, Mooncake's per-node local cache",
     )
-    f.add_argument(
-        "--index",
-        default="hash_chain",
-        metavar="NAME",
-        help="each replica's prefix index (default %(default)s)",
-    )
-    f.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N")
-    f.add_argument(
-        "--max-num-batched-tokens",
-        type=parse_token_count,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        metavar="N",
-    )
-    f.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help="cost profile: a shipped name or a file"
+    flags.add_gpu_memory_utilization(f)
+    flags.add_block_size(f, of="every replica's index and the router", given_only=True)
+    flags.add_index(f, default="hash_chain", per_replica=True)
+    flags.add_engine_limits(f)
+    flags.add_profile(
+        f,
+        sizes="--capacity-tokens auto, and with --model-config or --gpu-memory capacities "
+        "beyond it warn",
     )
     f.add_argument(
         "--buffer-steps",
@@ -144,30 +121,26 @@ def _add_fleet_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"event batches each replica keeps for replay (vLLM's {DEFAULT_BUFFER_STEPS})",
     )
-    f.add_argument("--prefill-only", action="store_true",
-                   help="one output token per request (Mooncake's prefill pool)")  # fmt: skip
-    f.add_argument("--open-loop", action="store_true",
-                   help="send every request at its own arrival, even a session's next turn "
-                   "before the previous one finished (default: sessions replay closed loop, "
-                   "each turn after the previous answer plus its think time)")  # fmt: skip
+    f.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="one output token per request (Mooncake's prefill pool)",
+    )
+    flags.add_open_loop(f)
 
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     """Arrivals, the routing policies, the faults and the runner."""
     arrivals = p.add_argument_group("arrivals")
-    a = arrivals.add_mutually_exclusive_group()
-    a.add_argument(
-        "--request-rate",
-        type=request_rates,
-        metavar="R[,R...]|auto",
-        help="Poisson, R requests/s; several (1,2,4,8) run the experiment at the first and sweep "
-        "every policy over the rest on the first fleet size and capacity; auto starts where the "
-        "fleet has room and doubles until each policy is overloaded (at most 10 rates), as compare "
-        "--request-rate",
+    flags.add_rate_flags(
+        arrivals,
+        spacing="Poisson",
+        sweep="run every fleet size, capacity and fault at the first and sweep every policy "
+        "over the rest on the first fleet size and capacity",
+        auto="the fleet has room and doubles until every policy is overloaded",
+        default="2 for a built-in workload, a trace's own timestamps for a trace",
     )
-    a.add_argument("--time-scale", type=positive_float, metavar="S",
-                   help="the trace's timestamps x S (< 1: more load)")  # fmt: skip
-    common.add_slo_flags(arrivals)
+    flags.add_slo_flags(arrivals)
     p.add_argument(
         "--load-per-replica",
         action="store_true",
@@ -196,16 +169,22 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--ray-address", metavar="ADDR", help="join this Ray cluster (default: start a local one)"
     )
-    x.add_argument("--ray-cpus", type=positive_float, metavar="C",
-                   help="CPUs each replica actor asks for; refused when the actors do not "
-                   "fit the cluster's free CPUs (default 1, lowered to fit)")  # fmt: skip
     x.add_argument(
-        "--seed", type=int_arg, default=0, help="router, faults, arrivals and workload seed"
+        "--ray-cpus",
+        type=positive_float,
+        metavar="C",
+        help="CPUs each replica actor asks for; refused when the actors do not "
+        "fit the cluster's free CPUs (default 1, lowered to fit)",
+    )
+    flags.add_seed(
+        x,
+        seeds="the built-in workload, hash-id traces' tokens, Poisson arrivals, the router "
+        "and the faults",
     )
     x.add_argument("--no-requests-table", action="store_true", help="skip requests.csv")
-    common.add_no_plots(x)
-    x.add_argument("--out", "-o", default="prefixkv-cluster", metavar="DIR", help="output folder")
-    x.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    flags.add_no_plots(x)
+    flags.add_out(x, folder="prefixkv-cluster")
+    flags.add_quiet(x, also=", no line per run, and no closing line unless interrupted")
 
 
 def _source(args: argparse.Namespace) -> tuple[str, int | None, Callable[[], Workload]]:
@@ -241,7 +220,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             )
         # The trace-input flags a workload ignores: all but --max-requests and the pool's.
         trace_flags = argparse.ArgumentParser(add_help=False)
-        common.add_trace_flags(trace_flags)
+        flags.add_trace_flags(trace_flags)
         for flag, default in vars(trace_flags.parse_args([])).items():
             if flag not in ("max_requests", "max_pool_blocks") and getattr(args, flag) != default:
                 raise CLIUsageError(f"--{flag.replace('_', '-')} needs --trace")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from prefixkv.adapters.outputs import check_output_folder, install_file
-from prefixkv.indexes.registry import available_indexes
 
 from ..backends import parse_backends
 from ..compare.options import CompareOptions
@@ -30,24 +29,18 @@ from ..outputs.tables import write_json
 from ..progress import progress
 from ..sim import (
     ARRIVAL_PROCESSES,
-    BATCHING_MODES,
     DEFAULT_PROFILE,
     QUEUE_ORDERS,
     CostProfile,
-    available_profiles,
     load_profile,
 )
-from ..sim.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from ..sim.model_config import ModelConfig
-from ..workloads import DEFAULT_WORKLOADS, workload_names
-from . import common
+from ..workloads import DEFAULT_WORKLOADS
+from . import common, flags
 from .args import (
     CLIUsageError,
     distinct,
-    parse_token_count,
-    positive_float,
     positive_int,
-    request_rates,
 )
 from .signals import Interrupts
 
@@ -60,39 +53,17 @@ def add_arguments(cmp: argparse.ArgumentParser) -> None:
         " with a capacity sweep."
     )
     src = cmp.add_mutually_exclusive_group()
-    src.add_argument(
-        "--workload",
-        "-w",
-        action="extend",
-        nargs="+",
-        metavar="NAME",
-        help=f"built-in workloads (several allowed): {', '.join(workload_names())}",
-    )
-    src.add_argument(
-        "--trace",
-        metavar="PATH",
-        help="a trace: prefixkv or Mooncake/Qwen-Bailian JSONL (gzip allowed), or "
-        "kv-cache-tester conversations (a folder, a .json or a .tar.xz)",
-    )
-    cmp.add_argument(
-        "--index",
-        default=CompareOptions.indexes,
-        metavar="LIST",
-        help="comma-separated backends, NAME or NAME:SIZE (default %(default)s; "
-        f"known: {', '.join(available_indexes())})",
-    )
-    common.add_common(cmp)
+    flags.add_workload(src, many=True)
+    flags.add_trace(src)
+    flags.add_index(cmp, default=CompareOptions.indexes, many=True)
+    flags.add_common(cmp, many=True)
+    flags.add_seed(cmp, seeds="the built-in workloads, hash-id traces' tokens and Poisson arrivals")
+    flags.add_quiet(cmp)
     _add_replay_flags(cmp)
     _add_time_flags(cmp)
-    common.add_model_flags(cmp)
-    common.add_no_plots(cmp)
-    cmp.add_argument(
-        "--out",
-        "-o",
-        default="prefixkv-report",
-        metavar="DIR",
-        help="output folder (default ./prefixkv-report)",
-    )
+    flags.add_model_flags(cmp)
+    flags.add_no_plots(cmp)
+    flags.add_out(cmp, folder="prefixkv-report")
 
 
 def _add_replay_flags(cmp: argparse.ArgumentParser) -> None:
@@ -135,22 +106,12 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "arrival time (TTFT, queueing, GPU time): give --request-rate or --time-scale"
     )
-    when = g.add_mutually_exclusive_group()
-    when.add_argument(
-        "--request-rate",
-        type=request_rates,
-        metavar="R[,R...]|auto",
-        help="also run each backend at arrival time, requests arriving at R per second (as "
-        "vllm bench serve --request-rate); several (1,2,4,8) sweep the rate at the table's "
-        "capacity, the first being the table's; auto starts where the replica has room and "
-        "doubles until each backend is overloaded (at most 10 rates)",
-    )
-    when.add_argument(
-        "--time-scale",
-        type=positive_float,
-        metavar="S",
-        help="also run each backend at arrival time, at the trace's own timestamps times S "
-        "(S < 1: faster, more load)",
+    flags.add_rate_flags(
+        g,
+        runs="also run each backend at arrival time",
+        spacing="Poisson or --arrival fixed",
+        sweep="sweep the rate at the table's capacity, the first being the table's",
+        auto="one replica has room and doubles until every backend is overloaded",
     )
     g.add_argument(
         "--arrival",
@@ -158,41 +119,18 @@ def _add_time_flags(p: argparse.ArgumentParser) -> None:
         help="with --request-rate: poisson (seeded by --seed; the default) or fixed spacing",
     )
     _add_scheduler_flags(g)
-    g.add_argument(
-        "--open-loop",
-        action="store_true",
-        default=None,
-        help="send every request at its own arrival time, even a session's next turn before "
-        "the previous one finished (default: sessions replay closed loop, each turn after the "
-        "previous answer plus its think time, as kv-cache-tester and AIPerf do)",
-    )
-    common.add_slo_flags(g)
-    g.add_argument(
-        "--profile",
-        metavar="NAME|FILE",
-        help=f"the cost profile: a shipped one ({', '.join(available_profiles())}; prefixkv "
-        f"calibrate --list) or a file from prefixkv calibrate (default {DEFAULT_PROFILE}); its "
-        "hardware also sizes --capacity-tokens auto and --capacity-gib, and capacities beyond "
-        "it warn",
+    flags.add_open_loop(g, given_only=True)
+    flags.add_slo_flags(g)
+    flags.add_profile(
+        g,
+        sizes="--capacity-tokens auto and --capacity-gib, and capacities beyond it warn",
+        given_only=True,
     )
 
 
 def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
     """The engine's step: its batch limits, queue order and scheduler."""
-    g.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        metavar="N",
-        help="most running requests, as vLLM's flag (SGLang --max-running-requests; "
-        f"default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=parse_token_count,
-        metavar="T",
-        help="most tokens one step computes, as vLLM's flag (SGLang --chunked-prefill-size; "
-        f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
-    )
+    flags.add_engine_limits(g, given_only=True)
     g.add_argument(
         "--policy",
         choices=QUEUE_ORDERS,
@@ -208,11 +146,6 @@ def _add_scheduler_flags(g: argparse._ArgumentGroup) -> None:
         "fits, else a decode step), both as vllm,sglang (the scheduler becomes an axis), or "
         "natural (each backend on the engine it models: hash chain and none as vLLM, radix as "
         "SGLang; index and scheduler then move together)",
-    )
-    g.add_argument(
-        "--batching",
-        choices=BATCHING_MODES,
-        help="same as --scheduler vllm (mixed) or --scheduler sglang (prefill_first)",
     )
 
 
@@ -348,7 +281,7 @@ def _write_outputs(
 def _check_time_flags(args: argparse.Namespace) -> None:
     """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
-        knobs = "arrival max_num_seqs max_num_batched_tokens policy batching scheduler open_loop"
+        knobs = "arrival max_num_seqs max_num_batched_tokens policy scheduler open_loop"
         knobs += " slo_ttft slo_tpot slo_e2el"
         given = ", ".join(
             "--" + k.replace("_", "-") for k in knobs.split() if getattr(args, k) is not None
@@ -357,8 +290,6 @@ def _check_time_flags(args: argparse.Namespace) -> None:
             raise CLIUsageError(f"{given} need --request-rate or --time-scale")
     elif args.arrival is not None and args.request_rate is None:
         raise CLIUsageError("--arrival goes with --request-rate (--time-scale keeps the trace's)")
-    elif args.batching is not None and args.scheduler is not None:
-        raise CLIUsageError("give --scheduler or --batching, not both")
 
 
 def _options(
@@ -367,8 +298,8 @@ def _options(
     """The flags as :class:`CompareOptions`; a flag not given takes the option's default."""
     rates, repeats = args.request_rate, args.timing_repeats
     listed = [] if rates is None or rates == "auto" else list(rates)
-    flags: dict[str, Any] = {name: getattr(args, name) for name in _SAME_NAMED}
-    flags.update(
+    fields: dict[str, Any] = {name: getattr(args, name) for name in _SAME_NAMED}
+    fields.update(
         workloads=args.workload,
         indexes=args.index,
         index_options=common.backend_options(args),
@@ -382,13 +313,13 @@ def _options(
         profile=profile,
         max_model_len=common.max_model_len(args, model),
     )
-    return CompareOptions(**{k: v for k, v in flags.items() if v is not None})
+    return CompareOptions(**{k: v for k, v in fields.items() if v is not None})
 
 
 _SAME_NAMED = (
     "trace", "block_size", "page_size", "capacity_sweep", "capacity_search", "max_pool_blocks",
     "concurrency", "boundary_accounting", "time_scale", "arrival", "max_num_seqs",
-    "max_num_batched_tokens", "batching", "on_long_request", "seed",
+    "max_num_batched_tokens", "on_long_request", "seed",
 )  # fmt: skip
 """The flags named as the :class:`CompareOptions` fields they set."""
 

@@ -19,7 +19,6 @@ import msgspec
 
 from prefixkv.adapters.outputs import atomic_writer, check_output, refuse_overwrite
 from prefixkv.indexes.buildinfo import prefixkv_version
-from prefixkv.indexes.registry import available_indexes
 
 from ...events.files import EventFileWriter
 from ...events.wire import KVEvent, KVEventBatch
@@ -27,8 +26,9 @@ from ..backends import BackendSpec, CompareError, check_pool, parse_backends, ro
 from ..progress import progress
 from ..replay import DRIVERS, HitRow, ReplayError, ReplayInterrupted, ReplayResult, replay
 from ..workloads import Workload
+from . import flags
 from .args import CLIUsageError, number_arg, positive_int
-from .common import add_common, backend_options, capacities, load_workloads_for
+from .common import backend_options, capacities, load_workloads_for
 from .signals import Interrupts
 
 if TYPE_CHECKING:
@@ -43,20 +43,17 @@ def add_arguments(rep: argparse.ArgumentParser) -> None:
         "reference oracles do. Default capacity: roomy (no eviction). vLLM's oracle "
         "--num-blocks N matches --capacity-blocks N-1 (its block 0 is the null block)."
     )
-    rep.add_argument("trace", metavar="TRACE", help="a trace (any format compare --trace reads)")
-    rep.add_argument(
-        "--index",
-        required=True,
-        metavar="NAME",
-        help=f"the backend: {', '.join(available_indexes())}",
-    )
+    flags.add_trace(rep, positional=True)
+    flags.add_index(rep)
     rep.add_argument(
         "--driver",
         choices=DRIVERS,
         help="call order: vllm, sglang or manager (default: the backend's own)",
     )
-    add_common(rep)
-    rep.add_argument("--out", "-o", required=True, metavar="FILE", help="result JSONL")
+    flags.add_common(rep)
+    flags.add_seed(rep, seeds="hash-id traces' tokens")
+    flags.add_quiet(rep, also=", and no closing line or notes unless interrupted")
+    flags.add_out(rep, file="one JSON line per request, then the summary line")
     _add_kv_event_flags(rep)
 
 
