@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import pkgutil
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from .base import Described, IndexDescription, PrefixIndex
@@ -123,6 +122,8 @@ class IndexRegistry:
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
+        from importlib.metadata import entry_points  # a large import: only once one is asked for
+
         for ep in entry_points(group="prefixkv.indexes"):
             if ep.name not in self._factories and ep.name not in self._homes:
                 self.register(ep.name, ep.load())

@@ -143,6 +143,7 @@ def test_the_engine_path_loads_only_the_request_lifecycle(module: str) -> None:
     assert not beyond
     off = {m for m in mods for o in OFF_THE_ENGINE_PATH if m == o or m.startswith(f"{o}.")}
     assert not off
+    assert "importlib.metadata" not in mods  # the registry reads entry points when asked
 
 
 _OTHER_ENGINE = {
