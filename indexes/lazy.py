@@ -3,7 +3,7 @@ a package costs only what its caller uses."""
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import sys
 from collections.abc import Callable, Mapping
 
@@ -17,7 +17,7 @@ def lazy_names(package: str, homes: Mapping[str, str]) -> Callable[[str], object
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{home}"), name)
+        value = pkgutil.resolve_name(f"{package}.{home}:{name}")
         setattr(sys.modules[package], name, value)
         return value
 
