@@ -288,9 +288,14 @@ def _reference_engine(args: argparse.Namespace) -> CostProfile:
         head_dim=args.head_dim,
     )
     config = EngineConfig(model=model, dtype=args.dtype, device=device)
-    shapes: dict[str, Any] = dict(QUICK_SHAPES) if args.quick else {}
-    defaults = (DEFAULT_PREFILL_SHAPES, DEFAULT_DECODE_SHAPES, DEFAULT_MIXED_SHAPES)
-    num_shapes = sum(map(len, shapes.values() if args.quick else defaults))
+    shapes: dict[str, Any] = {
+        "prefill": DEFAULT_PREFILL_SHAPES,
+        "decode": DEFAULT_DECODE_SHAPES,
+        "mixed": DEFAULT_MIXED_SHAPES,
+    }
+    if args.quick:
+        shapes.update(QUICK_SHAPES)
+    num_shapes = sum(map(len, shapes.values()))
     repeats = args.repeats or 5
     bar = progress((1 + repeats) * num_shapes, f"calibrate on {device}", quiet=args.quiet,
                    unit="run")  # fmt: skip

@@ -278,13 +278,25 @@ def _write_outputs(
     return interrupts.status() if interrupted else 0
 
 
+_TIME_KNOBS = (
+    "arrival",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "policy",
+    "scheduler",
+    "open_loop",
+    "slo_ttft",
+    "slo_tpot",
+    "slo_e2el",
+)
+"""The arrival-time flags, each refused without --request-rate or --time-scale."""
+
+
 def _check_time_flags(args: argparse.Namespace) -> None:
     """The arrival-time flags go together: refused alone or in a pair that clashes."""
     if args.request_rate is None and args.time_scale is None:
-        knobs = "arrival max_num_seqs max_num_batched_tokens policy scheduler open_loop"
-        knobs += " slo_ttft slo_tpot slo_e2el"
         given = ", ".join(
-            "--" + k.replace("_", "-") for k in knobs.split() if getattr(args, k) is not None
+            "--" + k.replace("_", "-") for k in _TIME_KNOBS if getattr(args, k) is not None
         )
         if given:
             raise CLIUsageError(f"{given} need --request-rate or --time-scale")
@@ -343,7 +355,10 @@ def _compare_config(
         "capacity_blocks": args.capacity_blocks,
         "capacity_rule": _capacity_rule(args, caps),
         "capacity_sweep": compare.capacity_sweep,
-        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
+        "concurrency": args.concurrency,
+        "max_requests": args.max_requests,
+        "tokens_per_id": args.tokens_per_id,
+        "seed": args.seed,
         "timing_repeats": repeats,
         "boundary_accounting": compare.boundary_accounting,
         "timing": (

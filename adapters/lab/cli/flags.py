@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from prefixkv.indexes.eviction import EVICTION_POLICIES
+from prefixkv.indexes.hashing import BLOCK_HASH_ALGORITHMS
 from prefixkv.indexes.registry import available_indexes
 
 from ..backends import MAX_POOL_BLOCKS
@@ -35,8 +36,6 @@ from .args import (
 
 Group = argparse.ArgumentParser | argparse._ArgumentGroup
 """Where a flag goes: a parser, one of its groups or a mutually exclusive group."""
-
-_HASH_ALGOS = ("xxh3_128", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "sha256_raw")
 
 
 def _default(given_only: bool, unset: object) -> str:
@@ -151,7 +150,7 @@ def _add_index_options(g: Group) -> None:
     """The engine-named index options, then any other through ``--index-option``."""
     g.add_argument(
         "--prefix-caching-hash-algo",
-        choices=_HASH_ALGOS,
+        choices=BLOCK_HASH_ALGORITHMS,
         metavar="ALGO",
         help="the hash chain's block hash: vLLM's sha256, sha256_cbor, xxhash, xxhash_cbor "
         "(bit-identical to vLLM 0.33's, for KV events a router can match), or prefixkv's own "

@@ -106,8 +106,12 @@ def _add_kv_event_flags(rep: argparse.ArgumentParser) -> None:
 
 def _seconds(text: str) -> float:
     """Seconds in (0, one day]: the longest wait or grace the publisher takes."""
-    return number_arg(text, float, "seconds", "seconds in (0, 86400]", lambda v: 0 < v <= 86_400)
+    bound = f"seconds in (0, {MAX_WAIT_S:g}]"
+    return number_arg(text, float, "seconds", bound, lambda v: 0 < v <= MAX_WAIT_S)
 
+
+MAX_WAIT_S = 86_400.0
+"""The longest ``--kv-events-wait-timeout`` or ``--kv-events-grace`` (the publisher's)."""
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", re.DOTALL)
 
@@ -370,7 +374,7 @@ def _replay(
             on_admit=write_row,
             progress=bar.update,
             on_events=events.publish if events else None,
-            guard=interrupts,
+            guard=interrupts.deferral,
         )
     except ReplayInterrupted as exc:
         return exc.result, True
@@ -399,11 +403,16 @@ def _replay_summary(
     summary["notes"] = list(workload.notes)
     summary["config"] = {
         "command": shlex.join(["prefixkv", *argv]),
-        **{k: getattr(spec, k) for k in ("index", "driver", "block_size")},
+        "index": spec.index,
+        "driver": spec.driver,
+        "block_size": spec.block_size,
         "options": dict(spec.options),
         "num_blocks": num_blocks,
         "capacity_tokens": num_blocks * spec.block_size,
-        **{k: getattr(args, k) for k in ("concurrency", "max_requests", "tokens_per_id", "seed")},
+        "concurrency": args.concurrency,
+        "max_requests": args.max_requests,
+        "tokens_per_id": args.tokens_per_id,
+        "seed": args.seed,
         "prefixkv": prefixkv_version(),
         "python": sys.version.split()[0],
     }

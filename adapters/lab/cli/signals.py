@@ -38,8 +38,9 @@ HANDLED: tuple[signal.Signals, ...] = tuple(
 class Interrupts:
     """The command's handler of every signal in :data:`HANDLED`: the first raises
     ``KeyboardInterrupt`` (unless ``held``: the command is writing what it has), later ones
-    only wake a held wait (:meth:`calling`); ``signum`` is the first. ``with interrupts:``
-    a first signal inside is raised as the block ends, so a step is never cut in two."""
+    only wake a held wait (:meth:`calling`); ``signum`` is the first. ``with
+    interrupts.deferral:`` a first signal inside is raised as the block ends, so a step is
+    never cut in two."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -48,23 +49,14 @@ class Interrupts:
         self._callbacks: list[Callable[[], None]] = []
         self._deferring = False
         self._owed = False
-
-    def __enter__(self) -> None:
-        self._deferring = True
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        self._deferring = False
-        if self._owed:
-            self._owed = False
-            if exc_type is None and not self.held:
-                raise KeyboardInterrupt
+        self.deferral = _Deferral(self)
 
     def handle_signals(self) -> None:
         """Handle :data:`HANDLED` until :meth:`restore`; call it inside the ``try`` that
         catches ``KeyboardInterrupt``. Outside the main thread nothing is installed."""
         if threading.current_thread() is not threading.main_thread():
             return
-        with self:
+        with self.deferral:
             for signum in HANDLED:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -115,3 +107,23 @@ class Interrupts:
             self._owed = True  # raised as the block ends, unless held by then
         elif not self.held:
             raise KeyboardInterrupt
+
+
+class _Deferral:
+    """:attr:`Interrupts.deferral`: one reusable context, cheap enough for every request."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Interrupts) -> None:
+        self._owner = owner
+
+    def __enter__(self) -> None:
+        self._owner._deferring = True
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        owner = self._owner
+        owner._deferring = False
+        if owner._owed:
+            owner._owed = False
+            if exc_type is None and not owner.held:
+                raise KeyboardInterrupt
